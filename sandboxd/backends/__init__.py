@@ -1,0 +1,6 @@
+"""Execution backends: ``restricted`` (RestrictedPython in a confined worker), ``container``
+(Docker), and ``workspace`` (file tools, in-daemon with descriptor-based path confinement)."""
+
+from sandboxd.backends.base import Backend, BackendUnavailable
+
+__all__ = ["Backend", "BackendUnavailable"]

@@ -1,0 +1,45 @@
+"""The backend interface: one small protocol, several implementations (like httpx transports).
+
+A backend executes an :class:`~sandboxd.models.Invocation` that the policy engine has already
+allowed, under the effective :class:`~sandboxd.models.Limits`, and must finish by ``deadline``
+(a ``time.monotonic()`` value). Whatever happens - success, crash, timeout, memory limit, or
+cancellation of the awaiting task - it returns (or, on cancellation, raises after cleaning up)
+only once every process / container it started is gone, and reports that in
+``Result.cleanup.verified``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from sandboxd.models import Invocation, Limits, ProbeReport, Result
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run anything on this host (e.g. no Docker engine, missing image)."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the daemon needs from an execution backend."""
+
+    #: short name used in policies and results: "restricted", "container", "workspace"
+    name: str
+
+    async def start(self) -> None:
+        """Prepare (zygote, warm pool, start-up sweep of leftovers). Called once at start-up."""
+
+    async def close(self) -> None:
+        """Stop everything this backend started. Called once at shutdown."""
+
+    def availability(self) -> tuple[bool, str | None]:
+        """``(True, None)`` when the backend can run calls now, else ``(False, reason)``."""
+
+    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+        """Execute one call. On ``asyncio.CancelledError`` clean up fully, then re-raise."""
+
+    async def close_session(self, session_id: str) -> None:
+        """Release anything kept for a session (e.g. its container). Idempotent."""
+
+    async def probe(self) -> ProbeReport:
+        """Prove that confinement holds by running probes through the backend (readiness)."""

@@ -1,0 +1,176 @@
+"""Daemon settings: defaults < optional YAML config file < ``SANDBOXD_*`` environment < CLI flags.
+
+The YAML file is ``/etc/sandboxd/sandboxd.yaml`` when it exists, or the file named by
+``SANDBOXD_CONFIG`` / ``--config``. Keys are the field names below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+DEFAULT_CONFIG_FILE = Path("/etc/sandboxd/sandboxd.yaml")
+
+
+def _default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandboxd")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sandboxd"
+
+
+class ConfigFileError(ValueError):
+    """The YAML config file is unreadable or not a mapping."""
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Reads the optional YAML config file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            data = yaml.safe_load(self.path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigFileError(f"{self.path}: {exc}") from exc
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ConfigFileError(f"{self.path}: the config file must be a mapping of settings")
+        return data
+
+
+class Settings(BaseSettings):
+    """Every setting of the daemon. Environment variables are ``SANDBOXD_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDBOXD_", extra="forbid")
+
+    # --- listening
+    host: str = "127.0.0.1"
+    port: int = 8765
+    uds: Path | None = Field(default=None, description="Listen on this unix socket instead of TCP")
+    allow_public_bind: bool = Field(
+        default=False, description="Allow binding a non-loopback address (needs tokens)"
+    )
+
+    # --- files
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    policies_dir: Path | None = Field(
+        default=None, description="Directory of policy YAML files (None: the embedded default)"
+    )
+    audit_log: Path | None = Field(default=None, description="None: <state_dir>/audit.jsonl")
+    audit_max_bytes: int = Field(default=64 * 1024 * 1024, description="Rotate past this size")
+    tokens_file: Path | None = Field(
+        default=None, description="Token hashes -> client names; None: loopback-only, client 'local'"
+    )
+
+    # --- scheduler
+    max_concurrency: int = Field(default=4, ge=1)
+    queue_size: int = Field(default=64, ge=0)
+    queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait for a slot")
+
+    # --- HTTP
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    rate_limit_per_minute: int = Field(default=600, ge=0, description="Per client; 0 = off")
+    drain_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM: in-flight grace")
+
+    # --- sessions
+    session_ttl_s: float = Field(default=3600.0, gt=0)
+    session_quota_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    max_sessions_per_client: int = Field(default=16, ge=1)
+
+    # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
+    sandbox_uid: int = 10001
+    sandbox_gid: int = 10001
+
+    # --- restricted backend
+    restricted_enabled: bool = True
+    cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"))
+
+    # --- container backend
+    container_enabled: bool = True
+    docker_url: str | None = Field(default=None, description="None: DOCKER_HOST or the default")
+    instance: str | None = Field(
+        default=None, description="Label value for our containers; None: derived from state_dir"
+    )
+    python_image: str = "sandboxd/python:latest"
+    shell_image: str = "sandboxd/python:latest"
+    warm_pool_size: int = Field(default=2, ge=0)
+    seccomp_profile: Path | None = Field(
+        default=None, description="None: the shipped policies/seccomp.json"
+    )
+
+    # --- start-up
+    allow_unconfined: bool = Field(
+        default=False, description="Serve even when the default backend fails its self-test"
+    )
+
+    @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", mode="after")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return value.expanduser().absolute() if value is not None else None
+
+    @property
+    def audit_path(self) -> Path:
+        return self.audit_log or self.state_dir / "audit.jsonl"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        return self.state_dir / "workspaces"
+
+    @property
+    def instance_name(self) -> str:
+        """A stable name for this daemon instance (labels, cgroup names)."""
+        if self.instance:
+            return self.instance
+        import hashlib
+
+        return hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = os.environ.get("SANDBOXD_CONFIG")
+        path = Path(config) if config else DEFAULT_CONFIG_FILE
+        return (init_settings, env_settings, _YamlFileSource(settings_cls, path))
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from the config file (``config_file`` wins over ``SANDBOXD_CONFIG``), the
+    environment, and explicit overrides (``None`` values are ignored)."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if config_file is not None:
+        old = os.environ.get("SANDBOXD_CONFIG")
+        os.environ["SANDBOXD_CONFIG"] = str(config_file)
+        try:
+            if not config_file.exists():
+                raise ConfigFileError(f"{config_file}: no such config file")
+            return Settings(**clean)
+        finally:
+            if old is None:
+                os.environ.pop("SANDBOXD_CONFIG", None)
+            else:
+                os.environ["SANDBOXD_CONFIG"] = old
+    return Settings(**clean)

@@ -1,0 +1,301 @@
+"""Typed models shared by every layer: requests, limits, invocations, decisions and results.
+
+Nothing here knows about HTTP, Docker or RestrictedPython. The single result format
+(design section 9) is :class:`Result`; every backend and every outcome produces it.
+
+Status / termination mapping (the one place it is written down):
+
+=============  =========================================================
+status         termination.reason
+=============  =========================================================
+``ok``         ``exited`` with exit code 0 (python: no exception)
+``error``      ``exited`` with a non-zero exit code or an exception
+``denied``     ``policy`` (the policy engine said no; nothing ran)
+``rejected``   ``policy`` (a backend refused before running, e.g. a path
+               outside the workspace or forbidden syntax)
+``timeout``    ``wall_timeout`` or ``cpu_limit``
+``killed``     ``memory_limit``, ``pids_limit``, ``output_limit`` or
+               ``cancelled``
+=============  =========================================================
+"""
+
+from __future__ import annotations
+
+import secrets
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def new_id(prefix: str) -> str:
+    """A random, URL-safe identifier such as ``inv_3q9v...``."""
+    return f"{prefix}_{secrets.token_urlsafe(12).replace('-', 'x').replace('_', 'y')}"
+
+
+class Status(StrEnum):
+    """Outcome of an invocation as a whole."""
+
+    ok = "ok"
+    error = "error"
+    denied = "denied"
+    timeout = "timeout"
+    killed = "killed"
+    rejected = "rejected"
+
+
+class Reason(StrEnum):
+    """Why the execution ended."""
+
+    exited = "exited"
+    wall_timeout = "wall_timeout"
+    cpu_limit = "cpu_limit"
+    memory_limit = "memory_limit"
+    pids_limit = "pids_limit"
+    output_limit = "output_limit"
+    policy = "policy"
+    cancelled = "cancelled"
+
+
+STATUS_FOR_REASON: dict[Reason, Status] = {
+    Reason.wall_timeout: Status.timeout,
+    Reason.cpu_limit: Status.timeout,
+    Reason.memory_limit: Status.killed,
+    Reason.pids_limit: Status.killed,
+    Reason.output_limit: Status.killed,
+    Reason.cancelled: Status.killed,
+}
+
+
+def status_for(reason: Reason, exit_code: int | None = None) -> Status:
+    """The status that goes with a termination reason (see the module table)."""
+    if reason is Reason.exited:
+        return Status.ok if exit_code == 0 else Status.error
+    if reason is Reason.policy:
+        return Status.denied
+    return STATUS_FOR_REASON[reason]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- limits
+
+
+class LimitsRequest(_Model):
+    """Limits a caller asks for. Each may only lower the effective limit, never raise it."""
+
+    timeout_s: float | None = Field(default=None, gt=0, description="Wall-clock timeout, seconds")
+    memory_bytes: int | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+    output_bytes: int | None = Field(default=None, gt=0)
+
+
+class Limits(_Model):
+    """Effective limits of one execution: min(request, tool, policy maximum)."""
+
+    timeout_s: float = 60.0
+    memory_bytes: int = 256 * 1024 * 1024
+    cpus: float = 1.0
+    pids: int = 64
+    output_bytes: int = 1024 * 1024
+    network: bool = False
+
+    def lowered_by(self, request: LimitsRequest | None) -> Limits:
+        """These limits, lowered (never raised) by what a request asks for."""
+        if request is None:
+            return self
+        update: dict[str, Any] = {}
+        for name, wanted in request.model_dump(exclude_none=True).items():
+            update[name] = min(getattr(self, name), wanted)
+        return self.model_copy(update=update)
+
+
+# ---------------------------------------------------------------- requests
+
+
+class InvokeRequest(_Model):
+    """Body of ``POST /v1/tools/{name}/invoke``."""
+
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    session: str | None = None
+    limits: LimitsRequest | None = None
+
+
+class ToolKind(StrEnum):
+    """What a backend is asked to do."""
+
+    python = "python"  # run arguments["code"]
+    command = "command"  # run Invocation.argv
+    read_file = "read_file"
+    write_file = "write_file"
+    list_files = "list_files"
+
+
+class Invocation(_Model):
+    """One call, fully resolved by the policy engine, as a backend receives it."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    id: str = Field(default_factory=lambda: new_id("inv"))
+    tool: str
+    kind: ToolKind
+    client: str
+    session: str | None = None
+    workspace: Path
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    # command tools (shell, admin-defined): the exact argv to execute, never a shell string
+    argv: list[str] | None = None
+    # python tool: module names the import hook admits (and explicitly denies)
+    imports_allow: list[str] = Field(default_factory=list)
+    imports_deny: list[str] = Field(default_factory=list)
+    # container backend: image to use (None = the backend's default for the kind)
+    image: str | None = None
+    # named Docker network granted by the policy (None = no network at all)
+    network: str | None = None
+    # file tools: largest file that may be read or written
+    max_file_bytes: int = 1024 * 1024
+
+
+# ---------------------------------------------------------------- decisions
+
+
+class PolicyRef(_Model):
+    """Which policy file and rule made a decision."""
+
+    decision: Literal["allow", "deny"]
+    source: str
+    rule: str
+
+
+class Decision(_Model):
+    """What the policy engine decided for one call, and why."""
+
+    allowed: bool
+    source: str  # policy file, e.g. "policies/default.yaml"
+    rule: str  # rule path, e.g. "tools.shell.commands.deny[2]"
+    message: str = ""  # for a denial: phrased so that a model can act on it
+    policy_name: str = ""
+    backend: str | None = None  # "restricted" | "container" | "workspace"
+    limits: Limits | None = None  # effective limits (allowed calls only)
+    kind: ToolKind | None = None
+    argv: list[str] | None = None
+    imports_allow: list[str] = Field(default_factory=list)
+    imports_deny: list[str] = Field(default_factory=list)
+    image: str | None = None
+    network: str | None = None
+    max_file_bytes: int = 1024 * 1024
+
+    @property
+    def ref(self) -> PolicyRef:
+        return PolicyRef(
+            decision="allow" if self.allowed else "deny", source=self.source, rule=self.rule
+        )
+
+
+# ---------------------------------------------------------------- results
+
+
+class Termination(_Model):
+    reason: Reason
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+class Truncated(_Model):
+    stdout: bool = False
+    stderr: bool = False
+
+
+class Resources(_Model):
+    wall_ms: int = 0
+    cpu_ms: int = 0
+    peak_memory_bytes: int = 0
+
+
+class Cleanup(_Model):
+    verified: bool = False
+    detail: str | None = None
+
+
+class Result(_Model):
+    """The single result format of every backend and every outcome (design section 9)."""
+
+    id: str
+    tool: str
+    session: str | None = None
+    backend: str | None = None
+    status: Status
+    termination: Termination
+    stdout: str = ""
+    stderr: str = ""
+    truncated: Truncated = Field(default_factory=Truncated)
+    value: Any = None
+    resources: Resources = Field(default_factory=Resources)
+    limits: Limits | None = None
+    policy: PolicyRef | None = None
+    cleanup: Cleanup = Field(default_factory=Cleanup)
+    message: str | None = None  # human/model-readable explanation for non-ok outcomes
+
+    @classmethod
+    def denied(cls, invocation_id: str, tool: str, decision: Decision,
+               session: str | None = None) -> Result:
+        """A call the policy refused: nothing ran, so cleanup is trivially verified."""
+        return cls(
+            id=invocation_id,
+            tool=tool,
+            session=session,
+            backend=decision.backend,
+            status=Status.denied,
+            termination=Termination(reason=Reason.policy),
+            policy=decision.ref,
+            limits=decision.limits,
+            cleanup=Cleanup(verified=True),
+            message=decision.message,
+        )
+
+
+# ---------------------------------------------------------------- tools
+
+
+class ToolSpec(_Model):
+    """A tool as ``GET /v1/tools`` lists it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    backend: str | None = None
+    available: bool = True
+    unavailable_reason: str | None = None
+
+    def openai(self) -> dict[str, Any]:
+        """This tool exactly as the OpenAI ``tools`` request field expects it."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+# ---------------------------------------------------------------- readiness
+
+
+class ProbeCheck(_Model):
+    name: str  # e.g. "socket_blocked", "write_outside_blocked", "memory_limit", "unprivileged"
+    ok: bool
+    detail: str = ""
+
+
+class ProbeReport(_Model):
+    """Whether a backend's confinement holds, as proven by running probes through it."""
+
+    backend: str
+    ok: bool
+    checks: list[ProbeCheck] = Field(default_factory=list)
+    detail: str = ""

@@ -1,0 +1,140 @@
+"""The built-in tools: names, descriptions, JSON Schemas of their arguments, and kinds.
+
+Admin-defined tools come from policy files (``custom_tools``); the policy engine turns them
+into :class:`~sandboxd.models.ToolSpec` objects of the same shape. Arguments are validated
+against a tool's schema (:func:`validate_arguments`) before the policy engine or any backend
+sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from sandboxd.models import ToolKind
+
+
+@dataclass(frozen=True)
+class BuiltinTool:
+    """A tool the daemon knows without any policy file."""
+
+    name: str
+    kind: ToolKind
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+BUILTIN_TOOLS: dict[str, BuiltinTool] = {
+    t.name: t
+    for t in (
+        BuiltinTool(
+            "python",
+            ToolKind.python,
+            "Run Python code in a sandbox. Returns stdout, stderr and the value of the last "
+            "expression. Only allowlisted modules can be imported; there is no network.",
+            _object(
+                {"code": {"type": "string", "minLength": 1, "description": "Python source code"}},
+                ["code"],
+            ),
+        ),
+        BuiltinTool(
+            "shell",
+            ToolKind.command,
+            "Run one command line in a sandbox (no shell: pipes, redirects and ';' are refused "
+            "unless the policy allows them). Only allowlisted programs can run.",
+            _object(
+                {"command": {"type": "string", "minLength": 1, "description": "Command line"}},
+                ["command"],
+            ),
+        ),
+        BuiltinTool(
+            "read_file",
+            ToolKind.read_file,
+            "Read a text file from the session workspace.",
+            _object(
+                {"path": {"type": "string", "minLength": 1,
+                          "description": "Path relative to the workspace"}},
+                ["path"],
+            ),
+        ),
+        BuiltinTool(
+            "write_file",
+            ToolKind.write_file,
+            "Write (create or replace) a text file in the session workspace.",
+            _object(
+                {
+                    "path": {"type": "string", "minLength": 1,
+                             "description": "Path relative to the workspace"},
+                    "content": {"type": "string", "description": "The whole new content"},
+                },
+                ["path", "content"],
+            ),
+        ),
+        BuiltinTool(
+            "list_files",
+            ToolKind.list_files,
+            "List the files and directories of a workspace directory.",
+            _object(
+                {"path": {"type": "string", "default": ".",
+                          "description": "Directory relative to the workspace"}},
+                [],
+            ),
+        ),
+    )
+}
+
+
+class ArgumentsInvalid(ValueError):
+    """Arguments do not match a tool's schema. ``field`` names the offending argument."""
+
+    def __init__(self, tool: str, field: str, message: str) -> None:
+        super().__init__(f"{tool}: argument '{field}': {message}")
+        self.tool = tool
+        self.field = field
+        self.detail = message
+
+
+def check_schema(schema: dict[str, Any]) -> None:
+    """Raise ``SchemaError`` when ``schema`` is not a valid JSON Schema (for policy loading)."""
+    Draft202012Validator.check_schema(schema)
+
+
+def validate_arguments(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:
+    """Validate ``arguments`` against ``schema``; raise :class:`ArgumentsInvalid` on the first
+    problem (deterministically: the shallowest, then alphabetically first, error)."""
+    try:
+        validator = Draft202012Validator(schema)
+    except SchemaError as exc:  # pragma: no cover - policies are checked at load time
+        raise ArgumentsInvalid(tool, "(schema)", str(exc)) from exc
+    errors = sorted(
+        validator.iter_errors(arguments),
+        key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path], e.message),
+    )
+    if not errors:
+        return
+    err = errors[0]
+    path = ".".join(str(p) for p in err.absolute_path)
+    if not path and err.validator == "required":
+        missing = [name for name in err.validator_value if name not in arguments]
+        path = missing[0] if missing else "(arguments)"
+        raise ArgumentsInvalid(tool, path, "is required")
+    if not path and err.validator == "additionalProperties":
+        allowed = sorted((schema.get("properties") or {}).keys())
+        extra = sorted(set(arguments) - set(allowed))
+        name = extra[0] if extra else "(arguments)"
+        raise ArgumentsInvalid(
+            tool, name, f"is not a parameter of this tool (parameters: {', '.join(allowed)})"
+        )
+    raise ArgumentsInvalid(tool, path or "(arguments)", err.message)
