@@ -1,0 +1,5 @@
+"""``python -m sandboxd`` runs the CLI."""
+
+from sandboxd.cli import main
+
+main()

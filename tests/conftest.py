@@ -1,0 +1,51 @@
+"""Shared fixtures: a real daemon subprocess, and a real Docker engine (never skipped in CI)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import RunningDaemon, running_daemon
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(condition: bool, why: str) -> None:
+    """Skip outside CI when ``condition`` is false; in CI (CI=true) fail loudly instead."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required in CI: {why}", pytrace=False)
+    pytest.skip(why)  # outside CI only: in CI the line above fails instead
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
+    """A real ``sandboxd serve`` on a free port with the default policy."""
+    with running_daemon(tmp_path) as d:
+        yield d
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    """A docker.DockerClient connected to a running engine with the sandbox images built."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "no engine"
+        require(False, f"a running Docker engine ({exc})")
+        raise
+    from sandboxd.config import Settings
+
+    image = Settings().python_image
+    try:
+        client.images.get(image)
+    except Exception:  # noqa: BLE001
+        require(False, f"the sandbox image {image} (run `sandboxd images build --offline`)")
+    yield client
+    client.close()

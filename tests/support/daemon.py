@@ -1,0 +1,112 @@
+"""Start a real ``sandboxd serve`` subprocess on a free loopback port for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningDaemon:
+    """A daemon subprocess and an HTTP client bound to it."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    audit_path: Path
+    log_path: Path
+    client: httpx.Client
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        """What the daemon printed so far (stdout and stderr)."""
+        return self.log_path.read_text(errors="replace")
+
+    def invoke(self, tool: str, arguments: dict, **body: object) -> httpx.Response:
+        """POST /v1/tools/{tool}/invoke."""
+        return self.client.post(f"/v1/tools/{tool}/invoke", json={"arguments": arguments, **body})
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Send ``sig`` and wait for the process; returns its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_daemon(
+    tmp_path: Path,
+    *,
+    policies_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    state_dir: Path | None = None,
+    token: str | None = None,
+    ready_timeout: float = 60.0,
+) -> RunningDaemon:
+    """Start ``python -m sandboxd serve`` and wait until ``/healthz`` answers."""
+    state_dir = state_dir or tmp_path / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = tmp_path / f"daemon-{port}.log"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    full_env.update(env or {})
+    cmd = [
+        sys.executable, "-m", "sandboxd", "serve",
+        "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
+    ]
+    if policies_dir is not None:
+        cmd += ["--policies", str(policies_dir)]
+    cmd += list(args)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"daemon did not become healthy:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    audit = Path(full_env.get("SANDBOXD_AUDIT_LOG", state_dir / "audit.jsonl"))
+    client = httpx.Client(base_url=url, headers=headers, timeout=120.0)
+    return RunningDaemon(url, proc, state_dir, audit, log_path, client, headers)
+
+
+@contextlib.contextmanager
+def running_daemon(tmp_path: Path, **kwargs: object) -> Iterator[RunningDaemon]:
+    """Context manager around :func:`start_daemon`; stops the daemon (SIGTERM) on exit."""
+    daemon = start_daemon(tmp_path, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield daemon
+    finally:
+        daemon.client.close()
+        daemon.stop()
