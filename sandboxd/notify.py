@@ -1,0 +1,117 @@
+"""A tiny ``sd_notify(3)``: tell systemd (``Type=notify``) that the daemon is ready or stopping.
+
+The protocol is one datagram of ``KEY=value`` lines sent to the ``AF_UNIX`` socket named by
+``$NOTIFY_SOCKET`` (a path, or ``@name`` for an abstract socket). Without ``$NOTIFY_SOCKET``
+(not started by systemd) every function here is a no-op that returns ``False``. A failure to
+send is logged and swallowed: notification must never take the daemon down.
+
+Usage::
+
+    from sandboxd import notify
+    notify.ready("serving on /run/sandboxd/sandboxd.sock")   # after the self-test passed
+    notify.stopping()                                        # on SIGTERM, before draining
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+log = logging.getLogger(__name__)
+
+ENV_SOCKET = "NOTIFY_SOCKET"
+ENV_WATCHDOG_USEC = "WATCHDOG_USEC"
+ENV_WATCHDOG_PID = "WATCHDOG_PID"
+
+
+def _address(raw: str) -> str | bytes:
+    """The socket address: abstract sockets start with ``@`` (a NUL byte on the wire)."""
+    if raw.startswith("@"):
+        return b"\0" + raw[1:].encode()
+    return raw
+
+
+def notify(*fields: str, unset_environment: bool = False) -> bool:
+    """Send ``fields`` (e.g. ``"READY=1"``, ``"STATUS=..."``) to systemd.
+
+    Returns ``True`` when a datagram was sent, ``False`` when there is no notify socket or the
+    send failed. ``unset_environment`` removes ``$NOTIFY_SOCKET`` afterwards (children must not
+    inherit it).
+    """
+    raw = os.environ.get(ENV_SOCKET, "")
+    if unset_environment:
+        os.environ.pop(ENV_SOCKET, None)
+    if not raw or not fields:
+        return False
+    if not (raw.startswith("/") or raw.startswith("@")):
+        log.warning("ignoring NOTIFY_SOCKET=%r: not a path or an abstract socket name", raw)
+        return False
+    for field in fields:
+        if "=" not in field or "\n" in field:
+            raise ValueError(f"invalid sd_notify field {field!r}: one KEY=value without newlines")
+    message = "\n".join(fields).encode()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(_address(raw))
+            sock.sendall(message)
+    except OSError as exc:
+        log.warning("sd_notify to %s failed: %s", raw, exc)
+        return False
+    return True
+
+
+def _status(text: str) -> str:
+    return "STATUS=" + " ".join(text.split())  # one line
+
+
+def ready(status: str | None = None) -> bool:
+    """``READY=1`` (plus ``MAINPID`` and an optional ``STATUS``): start-up is complete."""
+    fields = ["READY=1", f"MAINPID={os.getpid()}"]
+    if status:
+        fields.append(_status(status))
+    return notify(*fields)
+
+
+def stopping(status: str | None = None) -> bool:
+    """``STOPPING=1``: the daemon has begun to shut down (draining)."""
+    fields = ["STOPPING=1"]
+    if status:
+        fields.append(_status(status))
+    return notify(*fields)
+
+
+def reloading(status: str | None = None) -> bool:
+    """``RELOADING=1``: configuration (policies) is being reloaded; send :func:`ready` after."""
+    fields = ["RELOADING=1"]
+    if status:
+        fields.append(_status(status))
+    return notify(*fields)
+
+
+def status(text: str) -> bool:
+    """``STATUS=...``: a one-line free-form status shown by ``systemctl status``."""
+    return notify(_status(text))
+
+
+def watchdog_interval() -> float | None:
+    """Seconds between keep-alive pings systemd expects (``WatchdogSec=``), or ``None``.
+
+    Ping at half this interval with :func:`watchdog`.
+    """
+    usec = os.environ.get(ENV_WATCHDOG_USEC)
+    if not usec:
+        return None
+    pid = os.environ.get(ENV_WATCHDOG_PID)
+    if pid and pid != str(os.getpid()):
+        return None  # meant for another process (e.g. our parent)
+    try:
+        value = int(usec)
+    except ValueError:
+        return None
+    return value / 1_000_000 if value > 0 else None
+
+
+def watchdog() -> bool:
+    """``WATCHDOG=1``: the keep-alive ping."""
+    return notify("WATCHDOG=1")

@@ -1,0 +1,102 @@
+"""sd_notify over a real AF_UNIX datagram socket, as systemd's manager receives it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxd import notify
+
+
+@pytest.fixture
+def receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
+    """A bound datagram socket standing in for systemd; ``$NOTIFY_SOCKET`` points at it."""
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    yield sock
+    sock.close()
+
+
+def _fields(sock: socket.socket) -> dict[str, str]:
+    data = sock.recv(4096).decode()
+    return dict(line.split("=", 1) for line in data.split("\n"))
+
+
+def test_ready_sends_ready_mainpid_and_status(receiver: socket.socket) -> None:
+    assert notify.ready("serving on\n/run/sandboxd/sandboxd.sock") is True
+    fields = _fields(receiver)
+    assert fields["READY"] == "1"
+    assert fields["MAINPID"] == str(os.getpid())
+    assert fields["STATUS"] == "serving on /run/sandboxd/sandboxd.sock"  # newline flattened
+
+
+def test_stopping_reloading_status_watchdog(receiver: socket.socket) -> None:
+    assert notify.stopping("draining 3 calls")
+    assert _fields(receiver) == {"STOPPING": "1", "STATUS": "draining 3 calls"}
+    assert notify.reloading()
+    assert _fields(receiver) == {"RELOADING": "1"}
+    assert notify.status("4 slots busy")
+    assert _fields(receiver) == {"STATUS": "4 slots busy"}
+    assert notify.watchdog()
+    assert _fields(receiver) == {"WATCHDOG": "1"}
+
+
+def test_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"sandboxd-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(b"\0" + name.encode())
+        sock.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        assert notify.ready()
+        assert _fields(sock)["READY"] == "1"
+
+
+def test_no_socket_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert notify.ready() is False
+    assert notify.stopping() is False
+
+
+def test_dead_socket_is_swallowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens.sock"))
+    assert notify.ready() is False  # logged, not raised
+    monkeypatch.setenv("NOTIFY_SOCKET", "relative/path")
+    assert notify.ready() is False
+
+
+def test_unset_environment(receiver: socket.socket) -> None:
+    assert notify.notify("READY=1", unset_environment=True)
+    assert "NOTIFY_SOCKET" not in os.environ
+    assert notify.notify("READY=1") is False
+
+
+def test_invalid_field_is_refused(receiver: socket.socket) -> None:
+    with pytest.raises(ValueError):
+        notify.notify("READY")
+    with pytest.raises(ValueError):
+        notify.notify("STATUS=a\nREADY=1")
+
+
+def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    assert notify.watchdog_interval() is None
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    assert notify.watchdog_interval() == 30.0
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    assert notify.watchdog_interval() == 30.0
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid() + 1))
+    assert notify.watchdog_interval() is None
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    monkeypatch.setenv("WATCHDOG_USEC", "junk")
+    assert notify.watchdog_interval() is None
