@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     audit_log: Path | None = Field(default=None, description="None: <state_dir>/audit.jsonl")
     audit_max_bytes: int = Field(default=64 * 1024 * 1024, description="Rotate past this size")
     tokens_file: Path | None = Field(
-        default=None, description="Token hashes -> client names; None: loopback-only, client 'local'"
+        default=None, description="Token hashes -> clients; None: loopback only, client 'local'"
     )
 
     # --- scheduler

@@ -1,0 +1,139 @@
+"""The FastAPI application factory and its lifespan (start/stop the :class:`Sandboxd` service)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandboxd import __version__
+from sandboxd.api import problems
+from sandboxd.api.routes import router
+from sandboxd.config import Settings
+from sandboxd.service import DEFAULT_BACKEND, Sandboxd
+
+log = logging.getLogger("sandboxd")
+
+
+class StartupRefused(RuntimeError):
+    """The default backend failed its confinement self-test and --allow-unconfined is off."""
+
+
+class BodySizeLimit:
+    """Refuse request bodies over ``max_bytes`` with 413 problem+json (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise problems.Problem(413, "too-large", "Request too large", self._detail())
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _detail(self) -> str:
+        return f"the request body is larger than {self.max_bytes} bytes"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problems.problem_response(
+            problems.Problem(413, "too-large", "Request too large", self._detail()))
+        await response(scope, receive, send)
+
+
+def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAPI:
+    """The ASGI app; the service starts in the lifespan and stops (drained) at shutdown."""
+    service = service or Sandboxd(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            await _self_test(service, settings)
+            loop = asyncio.get_running_loop()
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGHUP, service.policy.reload)
+            _notify("READY=1\nSTATUS=serving")
+            yield
+        finally:
+            _notify("STOPPING=1")
+            await service.drain(settings.drain_grace_s)
+            await service.close()
+
+    app = FastAPI(
+        title="sandboxd",
+        version=__version__,
+        description="Hardened sandboxed execution of AI-agent tool calls.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.tokens = _load_tokens(settings)
+    app.state.rate_limiter = _rate_limiter(settings)
+    problems.install(app)
+    app.include_router(router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+async def _self_test(service: Sandboxd, settings: Settings) -> None:
+    state = await service.readiness(fresh=True)
+    default = state["backends"].get(DEFAULT_BACKEND, {})
+    if default.get("available") and default.get("ok"):
+        return
+    failing = [c["name"] for c in default.get("checks", []) if not c.get("ok")]
+    why = (default.get("reason") or default.get("detail") or
+           f"failing probes: {', '.join(failing) or 'unknown'}")
+    if settings.allow_unconfined:
+        log.critical("CONFINEMENT SELF-TEST FAILED for the %s backend (%s); serving anyway "
+                     "because --allow-unconfined is set", DEFAULT_BACKEND, why)
+        service.audit.write("unconfined_start", backend=DEFAULT_BACKEND, reason=why)
+        return
+    raise StartupRefused(
+        f"the {DEFAULT_BACKEND} backend failed its confinement self-test ({why}); "
+        "refusing to serve (use --allow-unconfined to override, at your own risk)"
+    )
+
+
+def _load_tokens(settings: Settings):  # type: ignore[no-untyped-def]
+    if settings.tokens_file is None:
+        return None
+    from sandboxd.auth import TokenStore
+
+    return TokenStore.load(settings.tokens_file)
+
+
+def _rate_limiter(settings: Settings):  # type: ignore[no-untyped-def]
+    if settings.rate_limit_per_minute <= 0:
+        return None
+    from sandboxd.auth import RateLimiter
+
+    return RateLimiter(settings.rate_limit_per_minute)
+
+
+def _notify(message: str) -> None:
+    try:
+        from sandboxd.notify import notify
+    except ImportError:
+        return
+    with contextlib.suppress(Exception):
+        notify(message)

@@ -1,0 +1,152 @@
+"""The routes. Each handler is a thin translation between HTTP and :class:`Sandboxd` calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxd import __version__
+from sandboxd.api.auth import authenticate
+from sandboxd.models import InvokeRequest, LimitsRequest, Result, ToolSpec
+from sandboxd.service import Sandboxd
+
+router = APIRouter()
+
+
+def _service(request: Request) -> Sandboxd:
+    return request.app.state.service
+
+
+class SessionCreate(BaseModel):
+    """Body of ``POST /v1/sessions`` (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: float | None = Field(default=None, gt=0, description="Lowered to the daemon maximum")
+
+
+class ExplainRequest(BaseModel):
+    """Body of ``POST /v1/policy/explain``."""
+
+    model_config = ConfigDict(extra="forbid")
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    limits: LimitsRequest | None = None
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, str]:
+    """Alive (the process answers). Says nothing about confinement: see /readyz."""
+    return {"status": "ok", "version": __version__}
+
+
+@router.get("/readyz", tags=["health"])
+async def readyz(request: Request) -> JSONResponse:
+    """Ready when every available backend proves its confinement (self-test probes)."""
+    state = await _service(request).readiness()
+    return JSONResponse(state, status_code=200 if state["ready"] else 503)
+
+
+@router.get("/metrics", tags=["health"])
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics."""
+    m = _service(request).metrics
+    return Response(m.render(), media_type=m.content_type)
+
+
+@router.get("/v1/tools", tags=["tools"], response_model=None)
+async def list_tools(
+    request: Request,
+    format: Literal["sandboxd", "openai"] = Query(default="sandboxd"),
+    client: str = Depends(authenticate),
+) -> list[ToolSpec] | list[dict[str, Any]]:
+    """The client's tools; ``?format=openai`` gives the OpenAI ``tools`` request field."""
+    tools = _service(request).tools(client)
+    if format == "openai":
+        return [t.openai() for t in tools if t.available]
+    return tools
+
+
+@router.get("/v1/tools/{name}", tags=["tools"])
+async def get_tool(name: str, request: Request,
+                   client: str = Depends(authenticate)) -> ToolSpec:
+    """One tool."""
+    service = _service(request)
+    for tool in service.tools(client):
+        if tool.name == name:
+            return tool
+    from sandboxd.service import UnknownTool
+
+    raise UnknownTool(name, [t.name for t in service.tools(client)])
+
+
+@router.post("/v1/tools/{name}/invoke", tags=["tools"], response_model=None)
+async def invoke(name: str, body: InvokeRequest, request: Request,
+                 client: str = Depends(authenticate)) -> Result | Response:
+    """Run a tool call. A policy denial is a 200 with ``status: denied``.
+
+    If the caller disconnects before the result is ready, the call is cancelled and its
+    processes or container are cleaned up."""
+    service = _service(request)
+    call = asyncio.create_task(service.invoke(client, name, body))
+    gone = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if call not in done:
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await call
+        return Response(status_code=499)  # nobody is listening any more
+    return call.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+@router.post("/v1/sessions", tags=["sessions"], status_code=201)
+async def create_session(request: Request, body: SessionCreate | None = None,
+                         client: str = Depends(authenticate)) -> dict[str, Any]:
+    """A new session with its own workspace."""
+    service = _service(request)
+    session = await service.create_session(client, body.ttl_s if body else None)
+    return session.public(0)
+
+
+@router.get("/v1/sessions/{session_id}", tags=["sessions"])
+async def get_session(session_id: str, request: Request,
+                      client: str = Depends(authenticate)) -> dict[str, Any]:
+    """A session of the caller's (another client's session is "not found")."""
+    from sandboxd.sessions import directory_usage
+
+    session = _service(request).sessions.get(session_id, client)
+    from pathlib import Path
+
+    usage = await asyncio.to_thread(directory_usage, Path(session.workspace))
+    return session.public(usage)
+
+
+@router.delete("/v1/sessions/{session_id}", tags=["sessions"], status_code=204)
+async def delete_session(session_id: str, request: Request,
+                         client: str = Depends(authenticate)) -> Response:
+    """Delete a session, its workspace and anything a backend kept for it."""
+    await _service(request).delete_session(client, session_id)
+    return Response(status_code=204)
+
+
+@router.post("/v1/policy/explain", tags=["policy"])
+async def explain(body: ExplainRequest, request: Request,
+                  client: str = Depends(authenticate)) -> dict[str, Any]:
+    """The decision a call would get, and the rule that makes it, without running anything."""
+    decision = _service(request).explain(client, body.tool, body.arguments, body.limits)
+    return {"client": client, "tool": body.tool, **decision.model_dump(mode="json")}

@@ -1,0 +1,289 @@
+"""The ``workspace`` backend: the file tools (read_file, write_file, list_files), in the daemon.
+
+No code runs, so no process is needed; the danger is the path. Paths are confined by walking
+them one component at a time with directory descriptors (``openat`` with ``O_NOFOLLOW``):
+
+* absolute paths are refused unless they are under ``/workspace/`` (the container mount point,
+  which models tend to use), ``..`` components, NUL bytes and empty paths are refused;
+* a symlink anywhere on the path is refused (``ELOOP``/``ENOTDIR`` on ``O_NOFOLLOW``), so nothing
+  can lead out of the workspace, whatever a sandboxed program planted there;
+* only regular files are read (no FIFOs, devices or sockets: ``O_NONBLOCK`` plus ``fstat``);
+* writes go to a temporary file that is renamed into place, capped at ``max_file_bytes`` and by
+  the session quota, and are owned by the sandbox user when the daemon is root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import stat
+import time
+from pathlib import PurePosixPath
+
+from sandboxd.config import Settings
+from sandboxd.models import (
+    Cleanup,
+    Invocation,
+    Limits,
+    ProbeReport,
+    Reason,
+    Resources,
+    Result,
+    Status,
+    Termination,
+    ToolKind,
+    Truncated,
+    new_id,
+)
+from sandboxd.sessions import directory_usage
+
+MAX_LIST_ENTRIES = 1000
+
+
+class PathRefused(ValueError):
+    """The path is not allowed (outside the workspace, symlink, ...)."""
+
+
+class FileToolError(ValueError):
+    """The operation failed for an ordinary reason (not found, too large, ...)."""
+
+
+def split_workspace_path(raw: str) -> list[str]:
+    """The components of a workspace-relative path, or :class:`PathRefused`."""
+    if "\x00" in raw:
+        raise PathRefused("the path contains a NUL byte")
+    path = raw.strip()
+    if path.startswith("/"):
+        if path == "/workspace" or path.startswith("/workspace/"):
+            path = path[len("/workspace"):]
+        else:
+            raise PathRefused(
+                f"absolute path '{raw}' is outside the workspace; use a relative path"
+            )
+    parts = [p for p in PurePosixPath("/" + path).parts[1:] if p not in ("", ".")]
+    if ".." in parts:
+        raise PathRefused(
+            f"'..' is not allowed in paths ('{raw}'); use a path inside the workspace"
+        )
+    return parts
+
+
+def _open_dir(root: str, parts: list[str], *, create: bool = False,
+              owner: tuple[int, int] | None = None) -> int:
+    """A descriptor of the directory ``root/parts...``, never following a symlink."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o700, dir_fd=fd)
+                if owner is not None:
+                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _explain(exc: OSError, raw: str) -> Exception:
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        return PathRefused(f"'{raw}' is or passes through a symbolic link, which is not allowed")
+    if exc.errno == errno.ENOTDIR:
+        return PathRefused(f"'{raw}': a component of the path is not a directory (or a symlink)")
+    if exc.errno == errno.ENOENT:
+        return FileToolError(f"'{raw}' does not exist in the workspace")
+    if exc.errno == errno.EISDIR:
+        return FileToolError(f"'{raw}' is a directory")
+    return FileToolError(f"'{raw}': {os.strerror(exc.errno or 0)}")
+
+
+def read_file(root: str, raw: str, max_bytes: int) -> str:
+    """The text of a regular file in the workspace."""
+    parts = split_workspace_path(raw)
+    if not parts:
+        raise FileToolError("the workspace root is a directory; name a file")
+    try:
+        dfd = _open_dir(root, parts[:-1])
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise _explain(exc, raw) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise FileToolError(f"'{raw}' is a directory; use list_files")
+        if not stat.S_ISREG(st.st_mode):
+            raise PathRefused(f"'{raw}' is not a regular file")
+        if st.st_size > max_bytes:
+            raise FileToolError(f"'{raw}' is {st.st_size} bytes; the limit is {max_bytes} bytes")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise FileToolError(f"'{raw}' is larger than the limit of {max_bytes} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileToolError(f"'{raw}' is not UTF-8 text ({len(data)} bytes)") from None
+
+
+def write_file(root: str, raw: str, content: str, max_bytes: int, quota_left: int | None,
+               owner: tuple[int, int] | None) -> int:
+    """Create or replace a file atomically; returns the bytes written."""
+    parts = split_workspace_path(raw)
+    if not parts:
+        raise FileToolError("name a file to write, not the workspace root")
+    data = content.encode("utf-8")
+    if len(data) > max_bytes:
+        raise FileToolError(f"content is {len(data)} bytes; the limit is {max_bytes} bytes")
+    if quota_left is not None and len(data) > quota_left:
+        raise FileToolError(
+            f"content is {len(data)} bytes but only {max(quota_left, 0)} bytes of the session "
+            "quota are left"
+        )
+    try:
+        dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
+    except OSError as exc:
+        raise _explain(exc, raw) from None
+    tmp = f".sandboxd-{new_id('w')}.tmp"
+    try:
+        try:
+            existing = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(existing.st_mode):
+                raise FileToolError(f"'{raw}' is a directory")
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                if owner is not None:
+                    os.fchown(fh.fileno(), *owner)
+            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    except OSError as exc:
+        raise _explain(exc, raw) from None
+    finally:
+        os.close(dfd)
+    return len(data)
+
+
+def list_files(root: str, raw: str) -> list[dict[str, object]]:
+    """The entries of a workspace directory (name, type, size), sorted by name."""
+    parts = split_workspace_path(raw or ".")
+    try:
+        dfd = _open_dir(root, parts)
+    except OSError as exc:
+        raise _explain(exc, raw) from None
+    try:
+        entries = []
+        with os.scandir(dfd) as it:
+            for entry in it:
+                if entry.name.startswith(".sandboxd-"):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                kind = ("dir" if stat.S_ISDIR(st.st_mode) else
+                        "file" if stat.S_ISREG(st.st_mode) else
+                        "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+                entries.append({"name": entry.name, "type": kind, "size": st.st_size})
+                if len(entries) >= MAX_LIST_ENTRIES:
+                    break
+    finally:
+        os.close(dfd)
+    return sorted(entries, key=lambda e: str(e["name"]))
+
+
+class WorkspaceBackend:
+    """File tools on the session workspace, confined by descriptor-based path walking."""
+
+    name = "workspace"
+
+    def __init__(self, settings: Settings) -> None:
+        self.owner = ((settings.sandbox_uid, settings.sandbox_gid)
+                      if os.geteuid() == 0 else None)
+        self.quota_bytes = settings.session_quota_bytes
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def availability(self) -> tuple[bool, str | None]:
+        return True, None
+
+    async def close_session(self, session_id: str) -> None:
+        return None
+
+    async def probe(self) -> ProbeReport:
+        return ProbeReport(backend=self.name, ok=True, detail="file tools run in the daemon; "
+                           "paths are confined with O_NOFOLLOW descriptor walks")
+
+    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+        """Perform one file operation (in a thread: file I/O blocks)."""
+        return await asyncio.to_thread(self._run, invocation, limits)
+
+    def _run(self, inv: Invocation, limits: Limits) -> Result:
+        started = time.monotonic()
+        root = str(inv.workspace)
+        args = inv.arguments
+        stdout, value, status, message = "", None, Status.ok, None
+        reason, exit_code = Reason.exited, 0
+        try:
+            if inv.kind is ToolKind.read_file:
+                stdout = read_file(root, args["path"], inv.max_file_bytes)
+                value = {"path": args["path"], "bytes": len(stdout.encode())}
+            elif inv.kind is ToolKind.write_file:
+                quota_left = None
+                if inv.session is not None:
+                    quota_left = self.quota_bytes - directory_usage(inv.workspace)
+                written = write_file(root, args["path"], args["content"], inv.max_file_bytes,
+                                     quota_left, self.owner)
+                value = {"path": args["path"], "bytes": written}
+                stdout = f"wrote {written} bytes to {args['path']}"
+            elif inv.kind is ToolKind.list_files:
+                entries = list_files(root, args.get("path", "."))
+                value = entries
+                stdout = "\n".join(
+                    f"{e['name']}{'/' if e['type'] == 'dir' else ''}\t{e['size']}" for e in entries
+                )
+            else:
+                raise FileToolError(f"the workspace backend cannot run '{inv.kind}' tools")
+        except PathRefused as exc:
+            status, reason, exit_code, message = Status.rejected, Reason.policy, None, str(exc)
+        except FileToolError as exc:
+            status, exit_code, message = Status.error, 1, str(exc)
+        truncated = len(stdout.encode()) > limits.output_bytes
+        if truncated:
+            stdout = stdout.encode()[: limits.output_bytes].decode("utf-8", "ignore")
+        return Result(
+            id=inv.id,
+            tool=inv.tool,
+            session=inv.session,
+            backend=self.name,
+            status=status,
+            termination=Termination(reason=reason, exit_code=exit_code),
+            stdout=stdout,
+            stderr=message or "",
+            truncated=Truncated(stdout=truncated),
+            value=value,
+            resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
+            limits=limits,
+            cleanup=Cleanup(verified=True, detail="no process was started"),
+            message=message,
+        )

@@ -1,0 +1,256 @@
+"""``sandboxd serve``, ``tools``, ``invoke`` and ``version``."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import typer
+
+from sandboxd import __version__
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"sandboxd: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    host: str | None = typer.Option(None, help="Address to bind (default 127.0.0.1)"),
+    port: int | None = typer.Option(None, help="TCP port (default 8765)"),
+    uds: Path | None = typer.Option(None, help="Listen on this unix socket instead of TCP"),
+    state_dir: Path | None = typer.Option(None, help="Sessions, workspaces, audit log"),
+    policies: Path | None = typer.Option(None, help="Directory of policy YAML files"),
+    audit_log: Path | None = typer.Option(None, help="Audit log file (JSON Lines)"),
+    tokens_file: Path | None = typer.Option(None, help="Tokens file (hashes -> clients)"),
+    config: Path | None = typer.Option(None, help="YAML config file"),
+    allow_unconfined: bool = typer.Option(
+        False, "--allow-unconfined", help="Serve even if the confinement self-test fails"),
+    log_level: str = typer.Option("info", help="debug, info, warning, error"),
+) -> None:
+    """Run the daemon (loopback only unless configured otherwise)."""
+    from pydantic import ValidationError
+
+    from sandboxd.config import ConfigFileError, load_settings
+
+    try:
+        settings = load_settings(
+            config, host=host, port=port, uds=uds, state_dir=state_dir, policies_dir=policies,
+            audit_log=audit_log, tokens_file=tokens_file,
+            allow_unconfined=allow_unconfined or None,
+        )
+    except (ConfigFileError, ValidationError) as exc:
+        _fail(f"bad settings: {exc}")
+        return
+    if settings.uds is None and not _is_loopback(settings.host):
+        if settings.tokens_file is None:
+            _fail(f"refusing to listen on {settings.host}: a non-loopback address needs auth "
+                  "tokens (--tokens-file; create one with `sandboxd token add NAME`)")
+        logging.getLogger("sandboxd").warning(
+            "listening on non-loopback address %s: every caller needs a token", settings.host)
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code = asyncio.run(_serve(settings, log_level))
+    except Exception as exc:
+        _fail(str(exc), 1)
+        return
+    raise typer.Exit(code)
+
+
+async def _serve(settings: Any, log_level: str) -> int:
+    import uvicorn
+
+    from sandboxd.api.app import create_app
+
+    app = create_app(settings)
+    if settings.uds is not None:
+        settings.uds.parent.mkdir(parents=True, exist_ok=True)
+        config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level,
+                                proxy_headers=False, server_header=False)
+    else:
+        config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                                log_level=log_level, proxy_headers=False, server_header=False)
+    server = DrainingServer(config, app.state.service, settings.drain_grace_s)
+    await server.serve()
+    if settings.uds is not None:
+        settings.uds.unlink(missing_ok=True)
+    return 0 if server.started else 1
+
+
+def _draining_server_class() -> type:
+    import uvicorn
+
+    class _DrainingServer(uvicorn.Server):
+        """uvicorn, but SIGTERM/SIGINT first drain (new calls get 503, in-flight calls finish
+        within the grace period), then stop and exit 0. A second signal stops at once."""
+
+        def __init__(self, config: uvicorn.Config, service: Any, grace_s: float) -> None:
+            super().__init__(config)
+            self.service = service
+            self.grace_s = grace_s
+            self._draining = False
+            self._loop: asyncio.AbstractEventLoop | None = None
+
+        async def serve(self, sockets: Any = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            if self.config.uds:
+                os.umask(0o077)  # the socket file: owner only (grant access by group/ACL)
+            await super().serve(sockets)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self._draining or self._loop is None:
+                self.should_exit = True
+                self.force_exit = self._draining
+                return
+            self._draining = True
+            self.service.draining = True
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+
+        async def _drain(self) -> None:
+            await self.service.drain(self.grace_s)
+            self.should_exit = True
+
+    return _DrainingServer
+
+
+def DrainingServer(config: Any, service: Any, grace_s: float) -> Any:
+    """A uvicorn server that drains on SIGTERM (see the class docstring)."""
+    return _draining_server_class()(config, service, grace_s)
+
+
+def _client(url: str, token: str | None) -> Any:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if url.startswith("unix:"):
+        transport = httpx.HTTPTransport(uds=url[len("unix:"):])
+        return httpx.Client(base_url="http://sandboxd", transport=transport, headers=headers,
+                            timeout=330)
+    return httpx.Client(base_url=url, headers=headers, timeout=330)
+
+
+def _show_error(response: Any) -> None:
+    try:
+        body = response.json()
+        detail = body.get("detail") or body
+    except ValueError:
+        detail = response.text
+    _fail(f"HTTP {response.status_code}: {detail}", 1)
+
+
+URL_OPTION = typer.Option(DEFAULT_URL, "--url", envvar="SANDBOXD_URL",
+                          help="Daemon URL, or unix:/path/to.sock")
+TOKEN_OPTION = typer.Option(None, "--token", envvar="SANDBOXD_TOKEN", help="Bearer token")
+
+
+def tools(
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    openai: bool = typer.Option(False, "--openai", help="Print the OpenAI `tools` JSON"),
+) -> None:
+    """List the tools a running daemon offers you."""
+    import httpx
+
+    try:
+        with _client(url, token) as client:
+            response = client.get("/v1/tools", params={"format": "openai"} if openai else None)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the daemon at {url}: {exc}", 1)
+        return
+    if response.status_code != 200:
+        _show_error(response)
+    data = response.json()
+    if openai:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    for tool in data:
+        mark = "" if tool["available"] else f"  [unavailable: {tool['unavailable_reason']}]"
+        typer.echo(f"{tool['name']:<14} {tool['backend'] or '-':<11} {tool['description']}{mark}")
+
+
+def invoke(
+    tool: str = typer.Argument(..., help="Tool name"),
+    arg: list[str] = typer.Option([], "--arg", "-a", help="key=value (repeatable)"),
+    json_args: str | None = typer.Option(None, "--json", help="Arguments as a JSON object"),
+    session: str | None = typer.Option(None, help="Session id"),
+    timeout: float | None = typer.Option(None, help="Lower the timeout (seconds)"),
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    raw: bool = typer.Option(False, "--raw", help="Print the whole result JSON"),
+) -> None:
+    """Invoke a tool on a running daemon and print its output. Exit 0 only for status ok."""
+    import httpx
+
+    arguments: dict[str, Any] = {}
+    if json_args is not None:
+        try:
+            arguments = json.loads(json_args)
+        except ValueError as exc:
+            _fail(f"--json is not valid JSON: {exc}")
+        if not isinstance(arguments, dict):
+            _fail("--json must be a JSON object")
+    for item in arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--arg '{item}' must look like key=value")
+        arguments[key] = value
+    body: dict[str, Any] = {"arguments": arguments, "session": session}
+    if timeout is not None:
+        body["limits"] = {"timeout_s": timeout}
+    try:
+        with _client(url, token) as client:
+            response = client.post(f"/v1/tools/{tool}/invoke", json=body)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the daemon at {url}: {exc}", 1)
+        return
+    if response.status_code != 200:
+        _show_error(response)
+    result = response.json()
+    if raw:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        if result.get("stdout"):
+            sys.stdout.write(result["stdout"])
+            if not result["stdout"].endswith("\n"):
+                sys.stdout.write("\n")
+        if result.get("stderr"):
+            sys.stderr.write(result["stderr"])
+        if result.get("value") is not None and result["tool"] == "python":
+            typer.echo(f"=> {json.dumps(result['value'])}")
+        if result["status"] != "ok":
+            message = result.get("message") or result["termination"]["reason"]
+            typer.echo(f"[{result['status']}] {message}", err=True)
+    raise typer.Exit(0 if result["status"] == "ok" else 1)
+
+
+def version() -> None:
+    """Print the version."""
+    typer.echo(f"sandboxd {__version__}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add serve, tools, invoke and version to the main app."""
+    app.command()(serve)
+    app.command()(tools)
+    app.command()(invoke)
+    app.command()(version)
+

@@ -1,0 +1,42 @@
+"""Prometheus metrics of one daemon (own registry, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """Invocations by tool and status, durations, queue depth, slots in use."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, queued: Callable[[], float], in_use: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        self.invocations = Counter(
+            "sandboxd_invocations", "Tool invocations by tool and status",
+            ["tool", "status"], registry=self.registry,
+        )
+        self.duration = Histogram(
+            "sandboxd_invocation_duration_seconds", "Wall time of invocations (queue included)",
+            ["tool"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.rejections = Counter(
+            "sandboxd_rejections", "Calls refused before running (queue full, rate limit, ...)",
+            ["reason"], registry=self.registry,
+        )
+        self.auth_failures = Counter(
+            "sandboxd_auth_failures", "Requests with a missing or unknown token",
+            registry=self.registry,
+        )
+        queue = Gauge("sandboxd_queue_depth", "Calls waiting for a slot", registry=self.registry)
+        queue.set_function(queued)
+        slots = Gauge("sandboxd_slots_in_use", "Executions running now", registry=self.registry)
+        slots.set_function(in_use)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

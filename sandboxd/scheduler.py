@@ -1,0 +1,143 @@
+"""Admission control: at most N executions at once, a bounded queue that is fair between clients.
+
+* ``max_concurrency`` slots (default 4). A call that finds a free slot and nobody waiting runs
+  at once.
+* Otherwise it waits in its client's FIFO queue. When a slot frees, clients are served round-robin
+  (one call per client in turn), so one chatty client cannot starve the others.
+* The queue holds at most ``queue_size`` calls in total; beyond that :class:`QueueFull`.
+* A call waits at most ``queue_timeout_s`` (:class:`QueueTimeout`), and never past its own
+  deadline (:class:`DeadlineExpired`): the deadline counts from admission, so queueing cannot
+  stretch it.
+* Cancelling a waiting task removes it from the queue; a slot handed to a task that is being
+  cancelled is passed on to the next waiter, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class Overloaded(Exception):
+    """Base of the scheduler's refusals. ``retry_after`` is a hint in whole seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFull(Overloaded):
+    """Every slot is busy and the queue is full."""
+
+
+class QueueTimeout(Overloaded):
+    """The call waited ``queue_timeout_s`` without getting a slot."""
+
+
+class DeadlineExpired(Exception):
+    """The call's own deadline passed while it was still queued."""
+
+
+class Scheduler:
+    """Slots and a fair bounded queue; use :meth:`slot` as an async context manager."""
+
+    def __init__(self, max_concurrency: int = 4, queue_size: int = 64,
+                 queue_timeout_s: float = 30.0) -> None:
+        self.max_concurrency = max_concurrency
+        self.queue_size = queue_size
+        self.queue_timeout_s = queue_timeout_s
+        self._in_use = 0
+        self._waiting = 0
+        self._queues: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._avg_run_s = 1.0  # exponentially weighted mean execution time, for Retry-After
+
+    @property
+    def in_use(self) -> int:
+        """Slots executing now."""
+        return self._in_use
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a slot."""
+        return self._waiting
+
+    def retry_after(self) -> int:
+        """A hint for ``Retry-After``: roughly when a queue place should be free again."""
+        waves = (self._waiting + 1) / self.max_concurrency
+        return max(1, min(60, math.ceil(self._avg_run_s * waves)))
+
+    @asynccontextmanager
+    async def slot(self, client: str, deadline: float) -> AsyncIterator[None]:
+        """Hold one execution slot for the body of the ``async with``."""
+        await self._acquire(client, deadline)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._avg_run_s = 0.8 * self._avg_run_s + 0.2 * (time.monotonic() - started)
+            self._release()
+
+    async def _acquire(self, client: str, deadline: float) -> None:
+        if self._in_use < self.max_concurrency and self._waiting == 0:
+            self._in_use += 1
+            return
+        if self._waiting >= self.queue_size:
+            raise QueueFull(
+                f"all {self.max_concurrency} execution slots are busy and the queue is full "
+                f"({self.queue_size} waiting); retry later",
+                self.retry_after(),
+            )
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExpired("the call's deadline passed before it could run")
+        wait = min(self.queue_timeout_s, remaining)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(client, deque()).append(future)
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(wait):
+                await future
+        except BaseException as exc:
+            if future.done() and not future.cancelled():
+                self._release()  # granted at the last moment: hand the slot on
+            else:
+                future.cancel()
+                self._forget(client, future)
+            if isinstance(exc, TimeoutError):
+                if wait >= remaining:
+                    raise DeadlineExpired(
+                        "the call's deadline passed while it waited for a slot"
+                    ) from None
+                raise QueueTimeout(
+                    f"no execution slot became free within {self.queue_timeout_s:g} s; "
+                    "retry later",
+                    self.retry_after(),
+                ) from None
+            raise
+
+    def _forget(self, client: str, future: asyncio.Future[None]) -> None:
+        queue = self._queues.get(client)
+        if queue is not None and future in queue:
+            queue.remove(future)
+            self._waiting -= 1
+            if not queue:
+                del self._queues[client]
+
+    def _release(self) -> None:
+        """Give the freed slot to the next client in round-robin order, or free it."""
+        while self._queues:
+            client, queue = next(iter(self._queues.items()))
+            future = queue.popleft()
+            self._waiting -= 1
+            if queue:
+                self._queues.move_to_end(client)  # this client goes to the back of the line
+            else:
+                del self._queues[client]
+            if not future.done():
+                future.set_result(None)  # the slot passes directly to the waiter
+                return
+        self._in_use -= 1

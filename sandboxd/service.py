@@ -1,0 +1,415 @@
+"""The orchestrator: one call from an authenticated client to an audited result.
+
+    client, tool, request
+      -> tool lookup (policy: enabled tools of this client) -> schema check
+      -> policy decision -> audit "decision"
+      -> scheduler slot (deadline counted from admission) -> backend.run
+      -> audit "result" -> Result
+
+Nothing here knows about HTTP: failures are typed exceptions that the API maps to problem+json.
+A call whose decision or result cannot be audited fails (no unaudited execution).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sandboxd.audit import AuditLog
+from sandboxd.backends.base import Backend
+from sandboxd.config import Settings
+from sandboxd.metrics import Metrics
+from sandboxd.models import (
+    Cleanup,
+    Decision,
+    InvokeRequest,
+    Limits,
+    LimitsRequest,
+    ProbeReport,
+    Reason,
+    Result,
+    Status,
+    Termination,
+    ToolKind,
+    ToolSpec,
+    new_id,
+)
+from sandboxd.policy import PolicyStore
+from sandboxd.registry import validate_arguments
+from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
+from sandboxd.sessions import Session, SessionManager
+
+log = logging.getLogger("sandboxd")
+
+READINESS_CACHE_S = 10.0
+DEFAULT_BACKEND = "restricted"
+
+
+class ServiceError(Exception):
+    """Base of the errors the API turns into problem+json."""
+
+
+class UnknownTool(ServiceError):
+    def __init__(self, tool: str, available: list[str]) -> None:
+        names = ", ".join(available) or "(none)"
+        super().__init__(f"there is no tool '{tool}' for this client; available tools: {names}")
+        self.tool = tool
+        self.available = available
+
+
+class ToolUnavailable(ServiceError):
+    """The tool's backend cannot run calls on this host right now."""
+
+
+class Draining(ServiceError):
+    """The daemon is shutting down and takes no new calls."""
+
+
+class AuditFailure(ServiceError):
+    """The audit log could not be written; the call was not run or its result is withheld."""
+
+
+class ExecutionFailure(ServiceError):
+    """A backend failed unexpectedly (a bug, not a sandbox outcome)."""
+
+
+def _build_backends(settings: Settings) -> dict[str, Backend]:
+    from sandboxd.backends.workspace import WorkspaceBackend
+
+    backends: dict[str, Backend] = {"workspace": WorkspaceBackend(settings)}
+    if settings.restricted_enabled:
+        try:
+            from sandboxd.backends.restricted import RestrictedBackend
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            log.error("restricted backend unavailable: %s", exc)
+        else:
+            backends["restricted"] = RestrictedBackend(settings)
+    if settings.container_enabled:
+        try:
+            from sandboxd.backends.container import ContainerBackend
+        except ImportError as exc:  # pragma: no cover
+            log.error("container backend unavailable: %s", exc)
+        else:
+            backends["container"] = ContainerBackend(settings)
+    return backends
+
+
+class Sandboxd:
+    """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics."""
+
+    def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
+        self.settings = settings
+        settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.audit = AuditLog(settings.audit_path, max_bytes=settings.audit_max_bytes)
+        self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
+        self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
+                                   settings.queue_timeout_s)
+        owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+        self.sessions = SessionManager(
+            settings.state_dir, ttl_s=settings.session_ttl_s,
+            quota_bytes=settings.session_quota_bytes,
+            max_per_client=settings.max_sessions_per_client, owner=owner,
+        )
+        self.backends = backends if backends is not None else _build_backends(settings)
+        self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use)
+        self.draining = False
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._readiness: tuple[float, dict[str, Any]] | None = None
+        self._started = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Load policies, sweep leftovers of a crash, start backends and background loops."""
+        self.policy.load()
+        interrupted = _interrupted_calls(self.settings.audit_path)
+        swept = self.sessions.sweep()
+        if interrupted:
+            self.audit.write("interrupted", requests=interrupted,
+                             detail="calls in flight when the previous daemon stopped")
+        for name, backend in self.backends.items():
+            try:
+                await backend.start()
+            except Exception as exc:
+                log.error("backend %s failed to start: %s", name, exc)
+        self.audit.write(
+            "startup", pid=os.getpid(), instance=self.settings.instance_name,
+            backends={n: self._availability(b) for n, b in self.backends.items()},
+            sessions_recovered=swept["recovered"], sessions_expired=swept["expired"],
+            workspaces_removed=len(swept["removed"]),
+        )
+        self._tasks = [
+            asyncio.create_task(self.policy.watch(), name="policy-watch"),
+            asyncio.create_task(self.sessions.expire_loop(self._expire_session),
+                                name="session-expiry"),
+        ]
+        self._started = True
+
+    async def close(self) -> None:
+        """Stop background loops and backends; write the shutdown record."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.close()
+        if self._started:
+            with contextlib.suppress(Exception):
+                self.audit.write("shutdown", pid=os.getpid())
+        self.audit.close()
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them."""
+        self.draining = True
+        pending = set(self._inflight)
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=grace_s)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=30)
+
+    # ------------------------------------------------------------ tools
+
+    def tools(self, client: str) -> list[ToolSpec]:
+        """The client's tools, with availability from their backends."""
+        specs = []
+        for spec in self.policy.tools_for(client):
+            ok, reason = self._availability(self.backends.get(spec.backend or ""), spec.backend)
+            specs.append(spec.model_copy(update={"available": ok, "unavailable_reason": reason}))
+        return specs
+
+    def _availability(self, backend: Backend | None,
+                      name: str | None = None) -> tuple[bool, str | None]:
+        if backend is None:
+            return False, f"backend '{name}' is not installed or disabled on this host"
+        return backend.availability()
+
+    def explain(self, client: str, tool: str, arguments: dict[str, Any],
+                limits: LimitsRequest | None) -> Decision:
+        """The decision for a call, without running anything."""
+        spec = self._spec(client, tool)
+        validate_arguments(tool, spec.parameters, arguments)
+        return self.policy.decide(client, tool, arguments, limits)
+
+    def _spec(self, client: str, tool: str) -> ToolSpec:
+        specs = {s.name: s for s in self.policy.tools_for(client)}
+        if tool not in specs:
+            raise UnknownTool(tool, sorted(specs))
+        return specs[tool]
+
+    # ------------------------------------------------------------ invoke
+
+    async def invoke(self, client: str, tool: str, request: InvokeRequest) -> Result:
+        """Run one call end to end (see the module docstring)."""
+        if self.draining:
+            raise Draining("the daemon is shutting down; retry on another instance or later")
+        admitted = time.monotonic()
+        spec = self._spec(client, tool)
+        validate_arguments(tool, spec.parameters, request.arguments)
+        session = (self.sessions.get(request.session, client)
+                   if request.session is not None else None)
+        invocation_id = new_id("inv")
+        decision = self.policy.decide(client, tool, request.arguments, request.limits)
+        self._audit(self.audit.decision, request_id=invocation_id, client=client, tool=tool,
+                    session=request.session, arguments=request.arguments, decision=decision)
+        if not decision.allowed:
+            result = Result.denied(invocation_id, tool, decision, request.session)
+            return self._finish(client, result, admitted)
+        backend = self.backends.get(decision.backend or "")
+        ok, why = self._availability(backend, decision.backend)
+        if not ok or backend is None:
+            result = self._outcome(invocation_id, tool, decision, request.session, Status.error,
+                                   Reason.policy, f"tool '{tool}' is unavailable: {why}")
+            self._finish(client, result, admitted)
+            raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
+        if session is not None and decision.kind in (ToolKind.python, ToolKind.command):
+            self.sessions.check_quota(session)
+        assert decision.limits is not None
+        limits = decision.limits
+        deadline = admitted + limits.timeout_s
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            result = await self._execute(client, invocation_id, tool, decision, backend,
+                                         session, request, limits, deadline)
+        except Overloaded as exc:
+            self.metrics.rejections.labels(reason=type(exc).__name__).inc()
+            result = self._outcome(invocation_id, tool, decision, request.session,
+                                   Status.rejected, Reason.policy, str(exc))
+            self._finish(client, result, admitted)
+            raise
+        except asyncio.CancelledError:
+            result = self._outcome(invocation_id, tool, decision, request.session,
+                                   Status.killed, Reason.cancelled,
+                                   "the call was cancelled (client went away or shutdown)")
+            with contextlib.suppress(ServiceError):
+                self._finish(client, result, admitted)
+            raise
+        except Exception as exc:
+            log.exception("backend %s failed on %s", decision.backend, invocation_id)
+            result = self._outcome(invocation_id, tool, decision, request.session,
+                                   Status.error, Reason.exited, f"internal error: {exc}")
+            self._finish(client, result, admitted)
+            raise ExecutionFailure(f"the {decision.backend} backend failed: {exc}") from exc
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+        if session is not None:
+            self.sessions.touch(session)
+        return self._finish(client, result, admitted)
+
+    async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
+                       backend: Backend, session: Session | None, request: InvokeRequest,
+                       limits: Limits, deadline: float) -> Result:
+        try:
+            async with self.scheduler.slot(client, deadline):
+                with self._workspace(session, invocation_id) as workspace:
+                    from sandboxd.models import Invocation
+
+                    invocation = Invocation(
+                        id=invocation_id, tool=tool, kind=decision.kind or ToolKind.python,
+                        client=client, session=request.session, workspace=workspace,
+                        arguments=request.arguments, argv=decision.argv,
+                        imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
+                        image=decision.image, network=decision.network,
+                        max_file_bytes=decision.max_file_bytes,
+                    )
+                    result = await backend.run(invocation, limits, deadline)
+        except DeadlineExpired as exc:
+            return self._outcome(invocation_id, tool, decision, request.session, Status.timeout,
+                                 Reason.wall_timeout, str(exc))
+        return result.model_copy(update={"policy": decision.ref,
+                                         "limits": result.limits or limits})
+
+    @contextlib.contextmanager
+    def _workspace(self, session: Session | None, invocation_id: str) -> Iterator[Path]:
+        if session is not None:
+            yield Path(session.workspace)
+        else:
+            with self.sessions.temporary(invocation_id) as path:
+                yield path
+
+    def _outcome(self, invocation_id: str, tool: str, decision: Decision, session: str | None,
+                 status: Status, reason: Reason, message: str) -> Result:
+        return Result(
+            id=invocation_id, tool=tool, session=session, backend=decision.backend,
+            status=status, termination=Termination(reason=reason), limits=decision.limits,
+            policy=decision.ref, cleanup=Cleanup(verified=status is not Status.killed),
+            message=message,
+        )
+
+    def _finish(self, client: str, result: Result, admitted: float) -> Result:
+        self._audit(self.audit.result, request_id=result.id, client=client, result=result)
+        self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
+        self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
+        return result
+
+    def _audit(self, write: Any, **fields: Any) -> None:
+        try:
+            write(**fields)
+        except Exception as exc:
+            log.error("audit write failed: %s", exc)
+            raise AuditFailure(
+                "the audit log could not be written, so the call was refused; "
+                "the administrator must fix the audit log"
+            ) from exc
+
+    # ------------------------------------------------------------ sessions
+
+    async def create_session(self, client: str, ttl_s: float | None) -> Session:
+        session = self.sessions.create(client, ttl_s)
+        self.audit.write("session_created", client=client, session=session.id)
+        return session
+
+    async def delete_session(self, client: str, session_id: str) -> None:
+        session = self.sessions.get(session_id, client)
+        await self._close_session_backends(session)
+        self.sessions.delete(session_id, client)
+        self.audit.write("session_deleted", client=client, session=session_id)
+
+    async def _expire_session(self, session: Session) -> None:
+        await self._close_session_backends(session)
+        with contextlib.suppress(Exception):
+            self.audit.write("session_expired", client=session.client, session=session.id)
+
+    async def _close_session_backends(self, session: Session) -> None:
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.close_session(session.id)
+
+    # ------------------------------------------------------------ readiness
+
+    async def readiness(self, *, fresh: bool = False) -> dict[str, Any]:
+        """Run each available backend's confinement probe (cached briefly)."""
+        now = time.monotonic()
+        if not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S:
+            return self._readiness[1]
+        reports: dict[str, Any] = {}
+        ready = True
+        for name, backend in self.backends.items():
+            ok, why = backend.availability()
+            if not ok:
+                reports[name] = {"available": False, "reason": why, "ok": name != DEFAULT_BACKEND}
+                ready = ready and name != DEFAULT_BACKEND
+                continue
+            try:
+                report: ProbeReport = await backend.probe()
+            except Exception as exc:
+                report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
+            reports[name] = {"available": True, **report.model_dump()}
+            ready = ready and report.ok
+        if DEFAULT_BACKEND not in self.backends:
+            ready = False
+        state = {"ready": ready and not self.draining, "draining": self.draining,
+                 "backends": reports}
+        self._readiness = (now, state)
+        return state
+
+    # ------------------------------------------------------------ policy events
+
+    def _policy_event(self, event: str, fields: dict[str, Any]) -> None:
+        try:
+            self.audit.write(event, **fields)
+        except Exception as exc:
+            log.error("could not audit %s: %s", event, exc)
+        if event == "policy_refused":
+            log.error("policy refused, previous policy stays in force: %s", fields)
+
+
+def _interrupted_calls(audit_path: Path) -> list[str]:
+    """Request ids with a decision but no result since the last startup (a crash)."""
+    try:
+        with open(audit_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 4 * 1024 * 1024))
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    open_calls: dict[str, None] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        event = record.get("event")
+        rid = record.get("request_id")
+        if event in ("startup", "shutdown"):
+            open_calls.clear()
+        elif event == "decision" and rid and record.get("decision") == "allow":
+            open_calls[rid] = None
+        elif event == "result" and rid:
+            open_calls.pop(rid, None)
+    return list(open_calls)
