@@ -1,0 +1,57 @@
+# sandboxd — the two commands: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8765
+STATE ?= .state
+
+.PHONY: run test venv venv-dev docker images lint bench clean
+
+# A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+	  (echo "installing python3-venv"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	@touch $@
+
+$(BIN)/.installed-dev: $(BIN)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/.installed
+venv-dev: $(BIN)/.installed-dev
+
+## make run: install into a virtualenv and start the daemon on its embedded default
+## (restricted-interpreter backend, default policy, loopback only).
+run: venv
+	@echo "sandboxd: serving on http://$(HOST):$(PORT) (state in $(STATE)/). Try:"
+	@echo "  curl -s $(HOST):$(PORT)/v1/tools/python/invoke -H 'content-type: application/json' -d '{\"arguments\":{\"code\":\"print(6*7)\"}}'"
+	@echo "  curl -s $(HOST):$(PORT)/v1/tools?format=openai"
+	@echo "  $(BIN)/sandboxd invoke python --arg code='print(6*7)'"
+	@echo "Stop with Ctrl-C."
+	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE)
+
+## Docker engine (Debian's docker.io, dockerd started if not running) and the sandbox images.
+docker:
+	scripts/ensure-docker.sh
+
+images: venv docker
+	$(BIN)/sandboxd images build --offline --if-missing
+
+## make test: everything the tests need (dev tools, Docker engine, sandbox images), then pytest.
+test: venv-dev docker images
+	$(BIN)/pytest -ra
+
+lint: venv-dev
+	$(BIN)/ruff check sandboxd tests bench
+
+bench: venv images
+	$(BIN)/python bench/bench_restricted.py
+	$(BIN)/python bench/bench_container.py
+
+clean:
+	rm -rf $(VENV) $(STATE) .pytest_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""The scheduler on a real event loop: cap, fairness, bounded queue, deadlines, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sandboxd.scheduler import DeadlineExpired, QueueFull, QueueTimeout, Scheduler
+
+
+async def _work(s: Scheduler, client: str, log: list, running: list, peak: list,
+                hold: float = 0.05) -> None:
+    async with s.slot(client, time.monotonic() + 30):
+        running.append(1)
+        peak.append(len(running))
+        log.append(client)
+        await asyncio.sleep(hold)
+        running.pop()
+
+
+async def test_never_more_than_max_concurrency() -> None:
+    s = Scheduler(max_concurrency=4, queue_size=64)
+    log: list[str] = []
+    running: list[int] = []
+    peak: list[int] = []
+    await asyncio.gather(*(_work(s, "a", log, running, peak) for _ in range(16)))
+    assert max(peak) == 4
+    assert len(log) == 16
+    assert s.in_use == 0 and s.queued == 0
+
+
+async def test_round_robin_between_clients() -> None:
+    s = Scheduler(max_concurrency=1, queue_size=64)
+    log: list[str] = []
+    running: list[int] = []
+    peak: list[int] = []
+    blocker = asyncio.create_task(_work(s, "x", log, running, peak, hold=0.1))
+    await asyncio.sleep(0.01)
+    # client a floods the queue first, b arrives later: b must not wait for all of a
+    tasks = [asyncio.create_task(_work(s, "a", log, running, peak)) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    tasks += [asyncio.create_task(_work(s, "b", log, running, peak)) for _ in range(2)]
+    await asyncio.gather(blocker, *tasks)
+    order = log[1:]
+    assert order[:4] == ["a", "b", "a", "b"], order
+
+
+async def test_queue_full_raises_with_retry_after() -> None:
+    s = Scheduler(max_concurrency=1, queue_size=2)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with s.slot("c", time.monotonic() + 30):
+            await release.wait()
+
+    tasks = [asyncio.create_task(hold()) for _ in range(3)]  # 1 running + 2 queued
+    await asyncio.sleep(0.01)
+    assert s.in_use == 1 and s.queued == 2
+    with pytest.raises(QueueFull) as info:
+        async with s.slot("c", time.monotonic() + 30):
+            pass
+    assert info.value.retry_after >= 1
+    release.set()
+    await asyncio.gather(*tasks)
+    assert s.in_use == 0 and s.queued == 0
+
+
+async def test_queue_timeout_and_deadline() -> None:
+    s = Scheduler(max_concurrency=1, queue_size=8, queue_timeout_s=0.1)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with s.slot("c", time.monotonic() + 30):
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0.01)
+    with pytest.raises(QueueTimeout):
+        async with s.slot("c", time.monotonic() + 30):
+            pass
+    with pytest.raises(DeadlineExpired):  # the call's own deadline is shorter than the wait
+        async with s.slot("c", time.monotonic() + 0.05):
+            pass
+    assert s.queued == 0
+    release.set()
+    await holder
+    assert s.in_use == 0
+
+
+async def test_cancelled_waiter_leaves_queue_and_slot_is_not_lost() -> None:
+    s = Scheduler(max_concurrency=1, queue_size=8)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with s.slot("c", time.monotonic() + 30):
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(hold())
+    await asyncio.sleep(0.01)
+    assert s.queued == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert s.queued == 0
+    release.set()
+    await holder
+    assert s.in_use == 0
+    async with s.slot("c", time.monotonic() + 1):  # the slot is usable again
+        assert s.in_use == 1
