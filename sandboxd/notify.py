@@ -35,6 +35,8 @@ def _address(raw: str) -> str | bytes:
 def notify(*fields: str, unset_environment: bool = False) -> bool:
     """Send ``fields`` (e.g. ``"READY=1"``, ``"STATUS=..."``) to systemd.
 
+    A field may hold several newline-separated ``KEY=value`` lines (``"READY=1\\nSTATUS=up"``).
+
     Returns ``True`` when a datagram was sent, ``False`` when there is no notify socket or the
     send failed. ``unset_environment`` removes ``$NOTIFY_SOCKET`` afterwards (children must not
     inherit it).
@@ -47,10 +49,11 @@ def notify(*fields: str, unset_environment: bool = False) -> bool:
     if not (raw.startswith("/") or raw.startswith("@")):
         log.warning("ignoring NOTIFY_SOCKET=%r: not a path or an abstract socket name", raw)
         return False
-    for field in fields:
-        if "=" not in field or "\n" in field:
-            raise ValueError(f"invalid sd_notify field {field!r}: one KEY=value without newlines")
-    message = "\n".join(fields).encode()
+    lines = [line for field in fields for line in field.split("\n") if line]
+    for line in lines:
+        if "=" not in line:
+            raise ValueError(f"invalid sd_notify field {line!r}: expected KEY=value")
+    message = "\n".join(lines).encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(_address(raw))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -84,7 +85,13 @@ def test_invalid_field_is_refused(receiver: socket.socket) -> None:
     with pytest.raises(ValueError):
         notify.notify("READY")
     with pytest.raises(ValueError):
-        notify.notify("STATUS=a\nREADY=1")
+        notify.notify("STATUS=a\nREADY")
+
+
+def test_multi_line_message(receiver: socket.socket) -> None:
+    """One argument may carry several fields, as the daemon's lifespan sends them."""
+    assert notify.notify("READY=1\nSTATUS=serving")
+    assert _fields(receiver) == {"READY": "1", "STATUS": "serving"}
 
 
 def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,3 +107,28 @@ def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
     monkeypatch.setenv("WATCHDOG_USEC", "junk")
     assert notify.watchdog_interval() is None
+
+
+def test_daemon_notifies_ready_then_stopping(tmp_path: Path) -> None:
+    """A real `sandboxd serve` tells its (fake) service manager READY=1, then STOPPING=1."""
+    from tests.support.daemon import start_daemon
+
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(60)
+        daemon = start_daemon(tmp_path, env={"NOTIFY_SOCKET": str(path)})
+        try:
+            first = _fields(sock)
+            assert first.get("READY") == "1", first
+            assert daemon.client.get("/healthz").status_code == 200
+        finally:
+            daemon.client.close()
+            code = daemon.stop()
+        seen: list[dict[str, str]] = []
+        sock.settimeout(5)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                seen.append(_fields(sock))
+        assert any(f.get("STOPPING") == "1" for f in seen), seen
+        assert code == 0, daemon.log()
