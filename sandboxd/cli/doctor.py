@@ -1,7 +1,342 @@
-"""`sandboxd doctor` (placeholder: the owning issue fills this in)."""
+"""``sandboxd doctor``: prove, on this host and with these settings, that confinement holds.
+
+It builds every enabled backend from the settings exactly as the daemon does, starts it, runs
+its ``probe()`` in-process (the same self-test as ``GET /readyz``), and prints one line per
+check::
+
+    BACKEND     CHECK                   RESULT  DETAIL
+    restricted  socket_blocked          ok      socket(AF_INET) -> EPERM
+    restricted  memory_limit            FAIL    allocated 512 MiB under a 64 MiB limit
+    container   -                       n/a     unavailable: no Docker engine
+
+Before the backends it lists host facts an admin needs when a probe fails (user, cgroup
+version and write access, seccomp, Docker socket ownership). Exit status: 1 when the default
+backend is unavailable or fails a check (the daemon would refuse to start), 1 with
+``--strict`` when any enabled backend does, 2 for bad settings, else 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes.util
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
 
 import typer
 
+from sandboxd.models import ProbeCheck, ProbeReport
+
+PROBE_TIMEOUT_S = 120.0
+
+
+def _default_backend() -> str:
+    try:
+        from sandboxd.service import DEFAULT_BACKEND
+    except ImportError:  # pragma: no cover - the service module is part of the package
+        return "restricted"
+    return DEFAULT_BACKEND
+
+
+def _construct(name: str, settings: Any) -> Any:
+    """One backend object, built the way the daemon builds it."""
+    if name == "restricted":
+        from sandboxd.backends.restricted import RestrictedBackend
+
+        return RestrictedBackend(settings)
+    if name == "container":
+        from sandboxd.backends.container import ContainerBackend
+
+        return ContainerBackend(settings)
+    raise ValueError(f"unknown backend {name!r}")
+
+
+def enabled_backends(settings: Any) -> list[str]:
+    """Names of the execution backends the settings enable, default backend first."""
+    names = []
+    if settings.restricted_enabled:
+        names.append("restricted")
+    if settings.container_enabled:
+        names.append("container")
+    default = _default_backend()
+    return sorted(names, key=lambda n: n != default)
+
+
+async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
+    """``(available, report)`` for one backend: construct, start, probe, close."""
+    try:
+        backend = _construct(name, settings)
+    except Exception as exc:
+        return False, ProbeReport(backend=name, ok=False, detail=f"cannot load: {exc}")
+    try:
+        try:
+            await asyncio.wait_for(backend.start(), PROBE_TIMEOUT_S)
+        except Exception as exc:
+            return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
+        ok, why = backend.availability()
+        if not ok:
+            return False, ProbeReport(backend=name, ok=False, detail=f"unavailable: {why}")
+        try:
+            report = await asyncio.wait_for(backend.probe(), PROBE_TIMEOUT_S)
+        except TimeoutError:
+            report = ProbeReport(backend=name, ok=False, detail="probe timed out")
+        except Exception as exc:
+            report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
+        return True, report
+    finally:
+        try:
+            await asyncio.wait_for(backend.close(), PROBE_TIMEOUT_S)
+        except Exception as exc:
+            typer.echo(f"sandboxd doctor: closing the {name} backend failed: {exc}", err=True)
+
+
+# ------------------------------------------------------------------ host facts
+
+
+def _cgroup_facts(root: Path) -> list[ProbeCheck]:
+    checks: list[ProbeCheck] = []
+    if (root / "cgroup.controllers").exists():
+        own = _own_cgroup_v2()
+        target = root / own.lstrip("/") if own else root
+        writable = os.access(target, os.W_OK)
+        checks.append(
+            ProbeCheck(
+                name="cgroup",
+                ok=writable,
+                detail=f"v2; own cgroup {own or '?'} is {'writable' if writable else 'read-only'}"
+                + ("" if writable else " (under systemd use Delegate=yes)"),
+            )
+        )
+        return checks
+    controllers = [c for c in ("memory", "cpu", "pids") if (root / c).is_dir()]
+    if not controllers:
+        checks.append(ProbeCheck(name="cgroup", ok=False, detail=f"no cgroup fs at {root}"))
+        return checks
+    writable = [c for c in controllers if os.access(root / c, os.W_OK)]
+    checks.append(
+        ProbeCheck(
+            name="cgroup",
+            ok=len(writable) == len(controllers),
+            detail=f"v1; writable controllers: {', '.join(writable) or 'none'} of "
+            f"{', '.join(controllers)}",
+        )
+    )
+    return checks
+
+
+def _own_cgroup_v2() -> str | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+    except OSError:
+        return None
+    return None
+
+
+def _status_field(key: str) -> str | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def host_checks(settings: Any) -> list[ProbeCheck]:
+    """Facts about the host and the daemon's own confinement (informational)."""
+    checks = [
+        ProbeCheck(
+            name="user",
+            ok=True,
+            detail=f"uid={os.geteuid()} gid={os.getegid()}"
+            + (
+                f" (root: code runs as {settings.sandbox_uid}:{settings.sandbox_gid})"
+                if os.geteuid() == 0
+                else " (non-root: workers keep this uid, confined by seccomp/rlimits/cgroups)"
+            ),
+        ),
+    ]
+    checks += _cgroup_facts(Path(settings.cgroup_root))
+    lib = ctypes.util.find_library("seccomp")
+    checks.append(
+        ProbeCheck(
+            name="libseccomp", ok=lib is not None, detail=lib or "not found (apt: libseccomp2)"
+        )
+    )
+    mode = _status_field("Seccomp")
+    nnp = _status_field("NoNewPrivs")
+    checks.append(
+        ProbeCheck(
+            name="daemon_confinement",
+            ok=True,
+            detail=f"own seccomp mode {mode or '?'} (2 = filtered, e.g. by systemd), "
+            f"no_new_privs={nnp or '?'}"
+            + (", under systemd" if os.environ.get("INVOCATION_ID") else ""),
+        )
+    )
+    state = Path(settings.state_dir)
+    probe_dir = state if state.exists() else state.parent
+    checks.append(
+        ProbeCheck(
+            name="state_dir",
+            ok=os.access(probe_dir, os.W_OK),
+            detail=f"{state} ({'writable' if os.access(probe_dir, os.W_OK) else 'NOT writable'})",
+        )
+    )
+    audit_dir = Path(settings.audit_path).parent
+    audit_target = audit_dir if audit_dir.exists() else audit_dir.parent
+    checks.append(
+        ProbeCheck(
+            name="audit_log",
+            ok=os.access(audit_target, os.W_OK),
+            detail=f"{settings.audit_path} "
+            f"({'writable' if os.access(audit_target, os.W_OK) else 'NOT writable'})",
+        )
+    )
+    if settings.container_enabled:
+        checks.append(_docker_socket_check(settings))
+    return checks
+
+
+def _docker_socket_check(settings: Any) -> ProbeCheck:
+    url = settings.docker_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not url.startswith("unix://"):
+        return ProbeCheck(name="docker_socket", ok=True, detail=f"{url} (not a unix socket)")
+    path = Path(url[len("unix://") :])
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return ProbeCheck(name="docker_socket", ok=False, detail=f"{path}: {exc.strerror}")
+    rootful = st.st_uid == 0
+    detail = f"{path} owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}"
+    if rootful:
+        detail += " - rootful engine: access to it is root-equivalent (prefer rootless Docker)"
+    return ProbeCheck(name="docker_socket", ok=True, detail=detail)
+
+
+# ------------------------------------------------------------------ output
+
+
+def _table(rows: list[tuple[str, str, str, str]]) -> str:
+    header = ("BACKEND", "CHECK", "RESULT", "DETAIL")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    lines = []
+    for row in [header, *rows]:
+        cells = [row[i].ljust(widths[i]) for i in range(3)]
+        lines.append("  ".join([*cells, row[3]]).rstrip())
+    return "\n".join(lines)
+
+
+def _rows(name: str, available: bool, report: ProbeReport) -> list[tuple[str, str, str, str]]:
+    if not report.checks:
+        result = "FAIL" if not report.ok else "ok"
+        if not available:
+            result = "n/a"
+        return [(name, "-", result, report.detail or ("ok" if report.ok else "failed"))]
+    rows = [(name, c.name, "ok" if c.ok else "FAIL", c.detail) for c in report.checks]
+    if report.detail:
+        rows.append((name, "(summary)", "ok" if report.ok else "FAIL", report.detail))
+    return rows
+
+
+async def run_doctor(settings: Any, names: list[str]) -> list[tuple[str, bool, ProbeReport]]:
+    """Probe each named backend in turn (never in parallel: probes measure limits)."""
+    results = []
+    for name in names:
+        available, report = await probe_backend(name, settings)
+        results.append((name, available, report))
+    return results
+
+
+def doctor(
+    config: Path | None = typer.Option(None, "--config", help="YAML config file"),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="State directory"),
+    backend: list[str] = typer.Option(
+        [], "--backend", "-b", help="Probe only this backend (repeatable)"
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Exit 1 when any enabled backend fails, not only the default"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON"),
+) -> None:
+    """Run each enabled backend's confinement self-test here and print every check."""
+    from pydantic import ValidationError
+
+    from sandboxd.config import ConfigFileError, load_settings
+
+    try:
+        # No warm pool: the doctor starts a backend only to probe it once.
+        settings = load_settings(config, state_dir=state_dir, warm_pool_size=0)
+    except (ConfigFileError, ValidationError) as exc:
+        typer.echo(f"sandboxd doctor: bad settings: {exc}", err=True)
+        raise typer.Exit(2) from None
+    names = enabled_backends(settings)
+    unknown = [b for b in backend if b not in ("restricted", "container")]
+    if unknown:
+        typer.echo(
+            f"sandboxd doctor: unknown backend {unknown[0]!r} (choose restricted or container)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if backend:
+        names = [n for n in names if n in backend]
+        missing = [b for b in backend if b not in names]
+        if missing:
+            typer.echo(
+                f"sandboxd doctor: backend {missing[0]!r} is disabled in the settings", err=True
+            )
+            raise typer.Exit(2)
+    default = _default_backend()
+    results = asyncio.run(run_doctor(settings, names))
+    host = host_checks(settings)
+
+    failed_default = default in names and not any(
+        n == default and a and r.ok for n, a, r in results
+    )
+    if default not in enabled_backends(settings):
+        failed_default = True
+    failed_any = any(not (a and r.ok) for n, a, r in results if n != default)
+
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "default_backend": default,
+                    "ok": not failed_default and not (strict and failed_any),
+                    "host": [c.model_dump() for c in host],
+                    "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
+                },
+                indent=2,
+            )
+        )
+    else:
+        rows = [("host", c.name, "ok" if c.ok else "warn", c.detail) for c in host]
+        for name, available, report in results:
+            rows += _rows(name, available, report)
+        typer.echo(_table(rows))
+        typer.echo("")
+        if default not in enabled_backends(settings):
+            typer.echo(f"FAIL: the default backend '{default}' is disabled in the settings")
+        for name, available, report in results:
+            label = "default backend" if name == default else "backend"
+            if available and report.ok:
+                typer.echo(f"ok: {label} '{name}': confinement holds")
+            elif name == default:
+                typer.echo(
+                    f"FAIL: {label} '{name}': confinement NOT proven - the daemon "
+                    "refuses to start without --allow-unconfined"
+                )
+            else:
+                verdict = "unavailable" if not available else "confinement NOT proven"
+                typer.echo(f"warn: {label} '{name}': {verdict} - its tools are unavailable")
+    if failed_default or (strict and failed_any):
+        raise typer.Exit(1)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's command(s) to the main app."""
+    """Add ``sandboxd doctor`` to the main app."""
+    app.command()(doctor)

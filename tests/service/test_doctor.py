@@ -1,0 +1,101 @@
+"""`sandboxd doctor` runs the real backends' probes in-process and reports every check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV_KEEP = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+
+
+def _doctor(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, config: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "sandboxd", "doctor", "--state-dir", str(tmp_path / "state")]
+    if config is not None:
+        path = tmp_path / "sandboxd.yaml"
+        path.write_text(config)
+        cmd += ["--config", str(path)]
+    return subprocess.run(
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**ENV_KEEP, "SANDBOXD_CONTAINER_ENABLED": "false", **(env or {})},
+        check=False,
+    )
+
+
+def test_restricted_backend_passes_every_check(tmp_path: Path) -> None:
+    proc = _doctor(tmp_path, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ok"] is True and data["default_backend"] == "restricted"
+    (report,) = data["backends"]
+    assert report["backend"] == "restricted" and report["available"] and report["ok"]
+    names = {c["name"] for c in report["checks"]}
+    assert len(names) >= 3, names  # socket, write outside, memory, privileges, seccomp...
+    assert all(c["ok"] for c in report["checks"]), report["checks"]
+    assert {c["name"] for c in data["host"]} >= {"user", "cgroup", "libseccomp", "state_dir"}
+
+
+def test_table_names_every_check(tmp_path: Path) -> None:
+    as_json = json.loads(_doctor(tmp_path / "a", "--json").stdout)
+    proc = _doctor(tmp_path / "b")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["BACKEND", "CHECK", "RESULT", "DETAIL"]
+    for check in as_json["backends"][0]["checks"]:
+        assert any(ln.split()[:3] == ["restricted", check["name"], "ok"] for ln in lines), check
+    assert "ok: default backend 'restricted': confinement holds" in proc.stdout
+
+
+def test_root_sandbox_identity_fails_the_privilege_probe(tmp_path: Path) -> None:
+    """Told to run code as uid 0, the restricted backend cannot prove it is unprivileged:
+    the doctor must say FAIL and exit 1 (the daemon would refuse to start)."""
+    if os.geteuid() != 0:
+        pytest.fail("this check needs the test run as root (as on the CI machine)")
+    proc = _doctor(tmp_path, env={"SANDBOXD_SANDBOX_UID": "0", "SANDBOXD_SANDBOX_GID": "0"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL: default backend 'restricted'" in proc.stdout
+    assert any(
+        ln.startswith("restricted") and " FAIL " in f" {ln} " for ln in proc.stdout.splitlines()
+    ), proc.stdout
+
+
+def test_default_backend_disabled_fails(tmp_path: Path) -> None:
+    proc = _doctor(tmp_path, config="restricted_enabled: false\ncontainer_enabled: false\n")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the default backend 'restricted' is disabled" in proc.stdout
+
+
+def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
+    proc = _doctor(tmp_path, config="- not\n- a mapping\n")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "must be a mapping" in proc.stderr
+    proc = _doctor(tmp_path, "--backend", "bogus")
+    assert proc.returncode == 2 and "unknown backend 'bogus'" in proc.stderr
+    proc = _doctor(tmp_path, "--backend", "container")  # disabled via the environment
+    assert proc.returncode == 2 and "disabled" in proc.stderr
+
+
+@pytest.mark.docker
+def test_container_backend_probe(tmp_path: Path, docker_client: object) -> None:
+    proc = _doctor(
+        tmp_path,
+        "--backend",
+        "container",
+        "--json",
+        "--strict",
+        env={"SANDBOXD_CONTAINER_ENABLED": "true", "SANDBOXD_INSTANCE": f"doctor-{os.getpid()}"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    (report,) = data["backends"]
+    assert report["backend"] == "container" and report["ok"], report
+    assert all(c["ok"] for c in report["checks"]) and report["checks"]
