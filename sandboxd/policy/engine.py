@@ -1,0 +1,393 @@
+"""Decisions: is this call allowed by this policy, under which rule, with which limits.
+
+Order of evaluation for every tool: the tool must be enabled (default deny); then deny rules,
+then allow rules (deny beats allow; anything no allow rule admits is denied). Every decision
+names the policy file (``source``) and the rule path (``tools.shell.commands.deny[2]``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import string
+from typing import Any
+
+from sandboxd.models import Decision, Limits, LimitsRequest, ToolKind, ToolSpec
+from sandboxd.policy.loader import LoadedPolicy
+from sandboxd.policy.models import (
+    BUILTIN_NAMES,
+    CustomTool,
+    FileTool,
+    LimitsSpec,
+    PolicyFile,
+    PythonTool,
+    ShellTool,
+    placeholders,
+)
+from sandboxd.policy.paths import PathRefused, glob_match, normalise
+from sandboxd.policy.shell import (
+    Command,
+    ShellRefused,
+    first_operator,
+    is_assignment,
+    program_name,
+    scan,
+    split_commands,
+    wrapped_program,
+)
+from sandboxd.policy.units import format_size
+from sandboxd.registry import BUILTIN_TOOLS
+
+_LIMIT_FIELDS = {
+    "timeout_s": ("timeout", "max_timeout"),
+    "memory_bytes": ("memory", "max_memory"),
+    "cpus": ("cpus", "max_cpus"),
+    "pids": ("pids", "max_pids"),
+    "output_bytes": ("output", "max_output"),
+}
+_MAX_LISTED = 40
+
+
+def _listing(names: list[str]) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:_MAX_LISTED])
+    return shown + (f", … ({len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else "")
+
+
+def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequest | None,
+                     network: str | None) -> Limits:
+    """min(request, tool limit, policy maximum): the tool's value (or the policy's, or the
+    built-in default) capped by the tool's and the policy's maxima, then lowered by the request."""
+    base = Limits()
+    values: dict[str, Any] = {}
+    for field, (name, max_name) in _LIMIT_FIELDS.items():
+        default = next((v for v in (getattr(tool, name), getattr(policy.limits, name))
+                        if v is not None), getattr(base, field))
+        caps = [c for c in (getattr(tool, max_name), getattr(policy.limits, max_name))
+                if c is not None]
+        values[field] = min([default, *caps])
+    return Limits(**values, network=network is not None).lowered_by(requested)
+
+
+def _network(policy: PolicyFile, tool_network: str | None) -> str | None:
+    net = tool_network or policy.network
+    return None if net == "none" else net
+
+
+def enabled_tools(pol: LoadedPolicy) -> list[str]:
+    """Names of the tools this policy enables (built-ins first, then admin-defined)."""
+    names = [n for n in BUILTIN_NAMES
+             if (cfg := getattr(pol.spec.tools, n)) is not None and cfg.enabled]
+    names += [n for n, t in pol.spec.custom_tools.items() if t.enabled]
+    return names
+
+
+def _python_hint(cfg: PythonTool) -> str:
+    allow = cfg.imports.allow
+    if "*" in allow:
+        hint = " Any module may be imported"
+        return hint + (f" except: {_listing(cfg.imports.deny)}." if cfg.imports.deny else ".")
+    return f" Allowed imports: {_listing([m for m in allow if m not in cfg.imports.deny])}."
+
+
+def _shell_hint(cfg: ShellTool) -> str:
+    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
+    ops = ("Pipes, ';', '&&', '||' and redirects are allowed." if cfg.operators else
+           "No shell operators: one program per call.")
+    return f" Allowed commands: {_listing(allowed)}. {ops}"
+
+
+def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
+    """The tools this policy enables, as ``GET /v1/tools`` lists them."""
+    specs: list[ToolSpec] = []
+    for name in BUILTIN_NAMES:
+        cfg = getattr(pol.spec.tools, name)
+        if cfg is None or not cfg.enabled:
+            continue
+        builtin = BUILTIN_TOOLS[name]
+        description = builtin.description
+        if isinstance(cfg, PythonTool):
+            description += _python_hint(cfg)
+        elif isinstance(cfg, ShellTool):
+            description += _shell_hint(cfg)
+        elif isinstance(cfg, FileTool) and name != "list_files":
+            description += f" Files up to {format_size(cfg.max_bytes)} bytes."
+        specs.append(ToolSpec(name=name, description=description,
+                              parameters=builtin.parameters, backend=cfg.backend))
+    for name, tool in pol.spec.custom_tools.items():
+        if tool.enabled:
+            specs.append(ToolSpec(name=name, description=tool.description,
+                                  parameters=tool.parameters, backend=tool.backend))
+    return specs
+
+
+class _Ctx:
+    """Builds the decisions of one call."""
+
+    def __init__(self, pol: LoadedPolicy, tool: str, requested: LimitsRequest | None) -> None:
+        self.pol = pol
+        self.tool = tool
+        self.requested = requested
+        self.base: dict[str, Any] = {}
+
+    def deny(self, rule: str, message: str) -> Decision:
+        return Decision(allowed=False, source=self.pol.source, rule=rule, message=message,
+                        policy_name=self.pol.name, **self.base)
+
+    def allow(self, rule: str, limits_spec: LimitsSpec, network: str | None,
+              **fields: Any) -> Decision:
+        limits = effective_limits(self.pol.spec, limits_spec, self.requested, network)
+        return Decision(allowed=True, source=self.pol.source, rule=rule, policy_name=self.pol.name,
+                        limits=limits, network=network, **{**self.base, **fields})
+
+
+def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],
+           requested: LimitsRequest | None) -> Decision:
+    """The decision for one call by ``client`` (``arguments`` already schema-valid)."""
+    if pol is None:
+        return Decision(allowed=False, source="(no policy)", rule="clients",
+                        message=f"No policy applies to client `{client}`: nothing is allowed.")
+    ctx = _Ctx(pol, tool, requested)
+    spec = pol.spec
+    if tool in BUILTIN_NAMES:
+        cfg = getattr(spec.tools, tool)
+        if cfg is not None and cfg.enabled:
+            ctx.base = {"backend": cfg.backend, "kind": BUILTIN_TOOLS[tool].kind}
+            if isinstance(cfg, PythonTool):
+                return _decide_python(ctx, cfg, arguments)
+            if isinstance(cfg, ShellTool):
+                return _decide_shell(ctx, cfg, arguments)
+            return _decide_file(ctx, cfg, arguments)
+    elif tool in spec.custom_tools and spec.custom_tools[tool].enabled:
+        custom = spec.custom_tools[tool]
+        ctx.base = {"backend": custom.backend, "kind": ToolKind.command}
+        return _decide_custom(ctx, custom, arguments)
+    available = enabled_tools(pol)
+    if tool in BUILTIN_NAMES and getattr(spec.tools, tool) is not None:
+        rule = f"tools.{tool}.enabled"
+    elif tool in spec.custom_tools:
+        rule = f"custom_tools.{tool}.enabled"
+    else:
+        rule = "default_deny"
+    return ctx.deny(rule, f"Tool `{tool}` is not available here; available tools: "
+                          f"{_listing(available)}.")
+
+
+# ------------------------------------------------------------------ python
+
+
+def imported_modules(code: str) -> list[tuple[str, list[str]]]:
+    """``[(module, [extra names to check against deny]), ...]`` imported by ``code``:
+    import statements, and ``__import__("x")`` / ``importlib.import_module("x")`` with a
+    literal name. Code that does not parse yields nothing (the backend reports the error)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                found.append(("." * node.level + (node.module or ""), []))
+            elif node.module:
+                found.append((node.module, [f"{node.module}.{a.name}" for a in node.names]))
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = (func.id if isinstance(func, ast.Name)
+                    else func.attr if isinstance(func, ast.Attribute) else "")
+            arg = node.args[0]
+            if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)):
+                found.append((arg.value, []))
+    return found
+
+
+def _module_index(module: str, entries: list[str]) -> int | None:
+    for i, entry in enumerate(entries):
+        if entry == "*" or module == entry or module.startswith(entry + "."):
+            return i
+    return None
+
+
+def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Decision:
+    rules = cfg.imports
+    allowed_list = [m for m in rules.allow if m not in rules.deny]
+    hint = ("any module" if "*" in rules.allow else _listing(allowed_list))
+    for module, extra in imported_modules(str(arguments.get("code", ""))):
+        if module.startswith("."):
+            return ctx.deny("tools.python.imports",
+                            "Relative imports are not available here; import modules by name.")
+        for name in (module, *extra):
+            i = _module_index(name, rules.deny)
+            if i is not None:
+                return ctx.deny(f"tools.python.imports.deny[{i}]",
+                                f"Importing `{name}` is not allowed here; allowed modules: "
+                                f"{hint}.")
+        if _module_index(module, rules.allow) is None:
+            return ctx.deny("tools.python.imports.allow",
+                            f"Importing `{module}` is not allowed here; allowed modules: {hint}.")
+    return ctx.allow("tools.python", cfg.limits, _network(ctx.pol.spec, cfg.network),
+                     image=cfg.image, imports_allow=list(rules.allow),
+                     imports_deny=list(rules.deny))
+
+
+# ------------------------------------------------------------------ shell
+
+
+def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str], depth: int = 0) -> str | Decision:
+    """The allow rule admitting ``argv[0]`` (and any program it wraps), or a denial."""
+    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
+    listing = f"allowed commands: {_listing(allowed)}"
+    word = argv[0]
+    if is_assignment(word):
+        return ctx.deny("tools.shell.commands.allow",
+                        f"Variable assignments such as `{word}` are not allowed here; {listing}.")
+    name = program_name(word)
+    if name is None:
+        return ctx.deny("tools.shell.commands.allow",
+                        f"Run programs by name (such as `ls`), not by path: `{word}` is not "
+                        f"allowed here; {listing}.")
+    for i, denied in enumerate(cfg.commands.deny):
+        if name == denied:
+            return ctx.deny(f"tools.shell.commands.deny[{i}]",
+                            f"`{name}` is not allowed here; {listing}.")
+    if name not in cfg.commands.allow:
+        return ctx.deny("tools.shell.commands.allow", f"`{name}` is not allowed here; {listing}.")
+    rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
+    inner = wrapped_program(name, argv[1:])
+    if inner is not None:
+        if depth >= 3:
+            return ctx.deny("tools.shell.commands.allow", "Too many nested wrapper programs.")
+        rest = argv[argv.index(inner, 1):]
+        sub = _check_program(ctx, cfg, rest, depth + 1)
+        if isinstance(sub, Decision):
+            return sub
+    return rule
+
+
+_OPERATOR_HELP = ("run a single program per call, without pipes, `;`, `&&`, `||`, `&`, "
+                  "redirects, `$(...)` or backticks")
+
+
+def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decision:
+    line = str(arguments.get("command", ""))
+    for i, pattern in enumerate(cfg.deny_patterns):
+        if re.search(pattern, line):
+            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
+                            "This command line is not allowed here (it matches a pattern the "
+                            "policy forbids).")
+    try:
+        tokens = scan(line)
+    except ShellRefused as exc:
+        if exc.construct in ("'", '"'):
+            return ctx.deny("tools.shell", f"The command line has an {exc}.")
+        return ctx.deny("tools.shell.operators",
+                        f"Shell {exc} (`{exc.construct}`) is not allowed here; {_OPERATOR_HELP}.")
+    commands: list[Command]
+    if not cfg.operators:
+        op = first_operator(tokens)
+        if op is not None:
+            shown = op.strip() or "newline"
+            return ctx.deny("tools.shell.operators",
+                            f"Shell operators are not allowed here (found `{shown}`); "
+                            f"{_OPERATOR_HELP}.")
+        commands = [Command([t.text for t in tokens])]
+    else:
+        try:
+            commands = split_commands(tokens)
+        except ShellRefused as exc:
+            return ctx.deny("tools.shell.operators", f"Not allowed here: {exc}.")
+    commands = [c for c in commands if c.argv]
+    if not commands:
+        return ctx.deny("tools.shell", "The command line is empty.")
+    rules: list[str] = []
+    for cmd in commands:
+        if cfg.operators and cmd.first_meta:
+            return ctx.deny("tools.shell.commands.allow",
+                            f"The program name `{cmd.argv[0]}` must be written literally (no "
+                            "variables, globs or braces).")
+        verdict = _check_program(ctx, cfg, cmd.argv)
+        if isinstance(verdict, Decision):
+            return verdict
+        if verdict not in rules:
+            rules.append(verdict)
+    argv = ["/bin/sh", "-c", line] if cfg.operators else commands[0].argv
+    return ctx.allow(", ".join(rules), cfg.limits, _network(ctx.pol.spec, cfg.network),
+                     argv=argv, image=cfg.image)
+
+
+# ------------------------------------------------------------------ file tools
+
+
+def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decision:
+    tool = ctx.tool
+    ctx.base["max_file_bytes"] = cfg.max_bytes
+    raw = str(arguments.get("path", "."))
+    try:
+        path = normalise(raw)
+    except PathRefused as exc:
+        return ctx.deny(f"tools.{tool}.paths",
+                        f"`{raw}` is not allowed: {exc}. Use a path relative to the workspace.")
+    for i, pattern in enumerate(cfg.paths.deny):
+        if glob_match(pattern, path):
+            return ctx.deny(f"tools.{tool}.paths.deny[{i}]",
+                            f"Access to `{path}` is not allowed here (the policy protects it).")
+    rule = next((f"tools.{tool}.paths.allow[{i}]" for i, pattern in enumerate(cfg.paths.allow)
+                 if glob_match(pattern, path)), None)
+    if rule is None:
+        return ctx.deny(f"tools.{tool}.paths.allow",
+                        f"Access to `{path}` is not allowed here; allowed paths: "
+                        f"{_listing(list(cfg.paths.allow))}.")
+    if tool == "write_file":
+        size = len(str(arguments.get("content", "")).encode("utf-8", "surrogatepass"))
+        if size > cfg.max_bytes:
+            return ctx.deny(f"tools.{tool}.max_bytes",
+                            f"The content is {size} bytes; files may be at most "
+                            f"{cfg.max_bytes} bytes here.")
+    return ctx.allow(rule, cfg.limits, None)
+
+
+# ------------------------------------------------------------------ admin-defined tools
+
+
+def _as_arg(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> Decision:
+    base = f"custom_tools.{ctx.tool}"
+    props = tool.parameters.get("properties") or {}
+    argv: list[str] = []
+    for i, element in enumerate(tool.argv):
+        names = placeholders(element)
+        values: dict[str, str] = {}
+        for name in names:
+            value = arguments.get(name, (props.get(name) or {}).get("default"))
+            if value is None:
+                break
+            if isinstance(value, dict | list):
+                return ctx.deny(f"{base}.argv[{i}]",
+                                f"Argument `{name}` must be a string, number or boolean.")
+            values[name] = _as_arg(value)
+        else:
+            for name, value in values.items():
+                if "\x00" in value:
+                    return ctx.deny(f"{base}.argv[{i}]",
+                                    f"Argument `{name}` must not contain NUL characters.")
+            first = next(iter(string.Formatter().parse(element)), None)
+            if (not tool.allow_option_values and first is not None and first[0] == ""
+                    and first[1] is not None and values[first[1]].startswith("-")):
+                return ctx.deny(f"{base}.argv[{i}]",
+                                f"Argument `{first[1]}` must not start with `-` (it would be "
+                                "read as an option).")
+            # str.format never re-interprets the substituted values: one value, one element
+            argv.append(element.format(**values))
+            continue
+        # an optional parameter that was not given (and has no default): drop the element
+    return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network), argv=argv,
+                     image=tool.image)

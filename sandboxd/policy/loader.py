@@ -1,0 +1,278 @@
+"""Line-aware loading of policy files.
+
+YAML is composed into nodes first (which carry ``start_mark`` line/column), then constructed
+and validated with pydantic; every problem is mapped back to the node it concerns, so that an
+admin reads ``policies/default.yaml:14:7: tools.shell.backend: Input should be 'container'``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from sandboxd.policy.models import Loc, PolicyFile, semantic_problems
+
+MAX_FILE_BYTES = 1024 * 1024
+MAX_NODES = 100_000
+
+
+class PolicyError(Exception):
+    """A policy set is invalid. ``problems`` holds one ``file:line:column: message`` per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems) if problems else "invalid policy")
+        self.problems = problems
+
+
+@dataclass(eq=False)
+class LoadedPolicy:
+    """One validated policy file."""
+
+    name: str
+    source: str  # the path as given (e.g. "policies/default.yaml"); named in every decision
+    path: Path
+    spec: PolicyFile
+    sha256: str
+    root: Node = field(repr=False)
+
+    def position(self, loc: Loc) -> tuple[int, int]:
+        """1-based (line, column) of the YAML node at ``loc`` (the closest existing parent)."""
+        node = node_at(self.root, loc)
+        return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """The policies in force: which policy applies to which client."""
+
+    policies: tuple[LoadedPolicy, ...]
+    by_client: dict[str, LoadedPolicy]
+    fallback: LoadedPolicy | None  # the policy with clients: ["*"]
+
+    def for_client(self, client: str) -> LoadedPolicy | None:
+        """The policy that applies to ``client`` (its own, else the ``"*"`` policy, else None)."""
+        return self.by_client.get(client, self.fallback)
+
+
+# ------------------------------------------------------------------ node helpers
+
+
+def node_at(root: Node, loc: Iterable[str | int], *, key: bool = False) -> Node:
+    """The node at ``loc`` (or the deepest existing parent). ``key``: for a final mapping key,
+    return the key node rather than its value (to point at an unknown key)."""
+    node = root
+    parts = list(loc)
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, MappingNode):
+            for k, v in node.value:
+                if isinstance(k, ScalarNode) and k.value == str(part):
+                    node = k if (key and last) else v
+                    break
+            else:
+                continue  # pydantic's union/validator tags: skip, keep the parent
+        elif isinstance(node, SequenceNode) and isinstance(part, int):
+            if 0 <= part < len(node.value):
+                node = node.value[part]
+            else:
+                return node
+        else:
+            return node
+    return node
+
+
+def _structure_problems(root: Node) -> list[tuple[Node, str]]:
+    """Duplicate keys (which YAML would silently collapse) and documents too large."""
+    problems: list[tuple[Node, str]] = []
+    count = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            problems.append((root, f"document too large (more than {MAX_NODES} nodes)"))
+            break
+        if isinstance(node, MappingNode):
+            seen: dict[str, Node] = {}
+            for k, v in node.value:
+                if isinstance(k, ScalarNode):
+                    if k.value in seen:
+                        first = seen[k.value].start_mark.line + 1
+                        problems.append((k, f"duplicate key '{k.value}' (first defined on line "
+                                            f"{first})"))
+                    else:
+                        seen[k.value] = k
+                stack.extend((k, v))
+        elif isinstance(node, SequenceNode):
+            stack.extend(node.value)
+    return problems
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _keys_at(model: type[BaseModel], loc: Loc) -> list[str] | None:
+    tp: Any = model
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            f = tp.model_fields.get(str(part))
+            if f is None:
+                return None
+            tp = f.annotation
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+        elif typing.get_origin(tp) is list:
+            tp = typing.get_args(tp)[0]
+        else:
+            return None
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return list(tp.model_fields)
+    return None
+
+
+def _dotted(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _where(source: str, node: Node) -> str:
+    return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _validation_problems(source: str, root: Node, exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc: Loc = tuple(p for p in err["loc"] if isinstance(p, int | str))
+        kind = err["type"]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if kind == "extra_forbidden":
+            node = node_at(root, loc, key=True)
+            expected = _keys_at(PolicyFile, loc[:-1])
+            hint = f" (expected one of: {', '.join(expected)})" if expected else ""
+            if loc[:1] == ("tools",) and len(loc) == 2:
+                hint += "; admin-defined tools go under custom_tools"
+            text = f"{_dotted(loc[:-1]) or '(top level)'}: unknown key '{loc[-1]}'{hint}"
+        elif kind == "missing":
+            node = node_at(root, loc[:-1])
+            text = f"{_dotted(loc[:-1]) or '(top level)'}: missing required key '{loc[-1]}'"
+        else:
+            node = node_at(root, loc)
+            text = f"{_dotted(loc)}: {msg}"
+            value = err.get("input")
+            if kind == "string_type" and isinstance(node, ScalarNode) and not node.style:
+                text += f" (YAML read {node.value} as {type(value).__name__}: put it in quotes)"
+        problems.append((node.start_mark.line, node.start_mark.column, f"{_where(source, node)}: "
+                         f"{text}"))
+    return [p[2] for p in sorted(problems)]
+
+
+def file_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | None, list[str]]:
+    """Parse and validate one policy file: ``(policy, [])`` or ``(None, problems)``."""
+    source = source or str(path)
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        return None, [f"{source}:1:1: cannot read policy file: {exc.strerror or exc}"]
+    if len(raw) > MAX_FILE_BYTES:
+        return None, [f"{source}:1:1: policy file larger than {MAX_FILE_BYTES} bytes"]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [f"{source}:1:1: not UTF-8 text ({exc.reason} at byte {exc.start})"]
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, [f"{source}:1:1: empty policy file (expected a mapping with version, "
+                          "name, clients, tools)"]
+        structural = _structure_problems(root)
+        if structural:
+            return None, [f"{_where(source, n)}: {m}" for n, m in structural]
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        return None, [f"{source}:{line}:{col}: YAML syntax error: {what}"]
+    except yaml.YAMLError as exc:
+        return None, [f"{source}:1:1: YAML error: {exc}"]
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        return None, [f"{_where(source, root)}: a policy file must be a mapping with version, "
+                      "name, clients and tools"]
+    try:
+        spec = PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        return None, _validation_problems(source, root, exc)
+    problems = [f"{_where(source, node_at(root, loc))}: {_dotted(loc)}: {msg}"
+                for loc, msg in semantic_problems(spec)]
+    if problems:
+        return None, problems
+    return LoadedPolicy(spec.name, source, path, spec, file_sha256(raw), root), []
+
+
+def load_set(files: list[tuple[Path, str]]) -> PolicySet:
+    """Load ``[(path, source), ...]`` as one set; raise :class:`PolicyError` with every problem."""
+    problems: list[str] = []
+    loaded: list[LoadedPolicy] = []
+    for path, source in files:
+        policy, errs = load_file(path, source)
+        problems.extend(errs)
+        if policy is not None:
+            loaded.append(policy)
+    names: dict[str, LoadedPolicy] = {}
+    by_client: dict[str, LoadedPolicy] = {}
+    fallback: LoadedPolicy | None = None
+    for pol in loaded:
+        if pol.name in names:
+            line, col = pol.position(("name",))
+            problems.append(f"{pol.source}:{line}:{col}: policy name '{pol.name}' is already used "
+                            f"by {names[pol.name].source}")
+        names.setdefault(pol.name, pol)
+        for i, client in enumerate(pol.spec.clients):
+            line, col = pol.position(("clients", i))
+            other = fallback if client == "*" else by_client.get(client)
+            if other is not None:
+                problems.append(f"{pol.source}:{line}:{col}: client '{client}' is already "
+                                f"assigned to policy '{other.name}' ({other.source})")
+                continue
+            if client == "*":
+                fallback = pol
+            else:
+                by_client[client] = pol
+    if problems:
+        raise PolicyError(problems)
+    return PolicySet(tuple(loaded), by_client, fallback)

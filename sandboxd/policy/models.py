@@ -1,0 +1,308 @@
+"""The policy file format (pydantic models of the YAML).
+
+One file is one policy::
+
+    version: 1
+    name: default
+    clients: ["*"]                  # client names, or "*" for every client without its own policy
+    limits: {timeout: 60s, max_timeout: 300s, memory: 256Mi, cpus: 1.0, pids: 64, output: 1Mi}
+    network: none                   # or the name of a Docker network to grant (never "host")
+    tools:
+      python: {backend: restricted, imports: {allow: [math, json]}}
+      shell:  {backend: container, commands: {allow: [ls, cat], deny: [curl]}, operators: false}
+      read_file: {paths: {allow: ["**"], deny: ["**/.env"]}, max_bytes: 1Mi}
+    custom_tools:
+      git_status: {description: "...", backend: container, argv: [git, status, --short]}
+
+Semantic checks that need more than one field (limits above maxima, placeholders that name no
+parameter, ...) live in :func:`semantic_problems`, which reports exact key locations.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from jsonschema.exceptions import SchemaError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from sandboxd.policy.units import parse_duration, parse_size
+from sandboxd.registry import check_schema
+
+Loc = tuple[str | int, ...]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+_PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NETWORK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not a valid {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _client(value: str) -> str:
+    if value != "*" and not _NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid client name (letters, digits, '_', '.', '-')")
+    return value
+
+
+def _module(value: str) -> str:
+    if value != "*" and not _MODULE.match(value):
+        raise ValueError(f"{value!r} is not a valid module name (or '*' for any module)")
+    return value
+
+
+def _glob(value: str) -> str:
+    if not value or value.startswith("/"):
+        raise ValueError(f"{value!r}: path globs are relative to the workspace")
+    if ".." in value.split("/"):
+        raise ValueError(f"{value!r}: path globs must not contain '..'")
+    return value
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+    return value
+
+
+def _network(value: str) -> str:
+    if value == "none":
+        return value
+    if value == "host" or value.startswith("container:") or not _NETWORK.match(value):
+        raise ValueError(
+            f"network {value!r} is not allowed: use 'none' or the name of a Docker network"
+        )
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+ClientName = Annotated[str, AfterValidator(_client)]
+ProgramName = Annotated[str, _check(_PROGRAM, "program name (a bare name such as 'ls', no '/')")]
+ModuleName = Annotated[str, AfterValidator(_module)]
+PathGlob = Annotated[str, AfterValidator(_glob)]
+Regex = Annotated[str, AfterValidator(_regex)]
+Network = Annotated[str, AfterValidator(_network)]
+PolicyName = Annotated[str, _check(_NAME, "policy name (letters, digits, '_', '.', '-')")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LimitsSpec(_Strict):
+    """Default limits and their maxima. Unset values are inherited (tool <- policy <- built-in)."""
+
+    timeout: Duration | None = None
+    max_timeout: Duration | None = None
+    memory: Size | None = None
+    max_memory: Size | None = None
+    cpus: Annotated[float, Field(gt=0)] | None = None
+    max_cpus: Annotated[float, Field(gt=0)] | None = None
+    pids: Annotated[int, Field(gt=0, strict=True)] | None = None
+    max_pids: Annotated[int, Field(gt=0, strict=True)] | None = None
+    output: Size | None = None
+    max_output: Size | None = None
+
+
+class ImportRules(_Strict):
+    allow: list[ModuleName] = Field(default_factory=list)
+    deny: list[ModuleName] = Field(default_factory=list)
+
+
+class CommandRules(_Strict):
+    allow: list[ProgramName] = Field(default_factory=list)
+    deny: list[ProgramName] = Field(default_factory=list)
+
+
+class PathRules(_Strict):
+    allow: list[PathGlob] = Field(default_factory=list)
+    deny: list[PathGlob] = Field(default_factory=list)
+
+
+class _ToolBase(_Strict):
+    enabled: bool = True
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+
+
+class PythonTool(_ToolBase):
+    """``tools.python``: run code; imports are checked against ``imports``."""
+
+    backend: Literal["restricted", "container"] = "restricted"
+    image: str | None = None
+    network: Network | None = None
+    imports: ImportRules = Field(default_factory=ImportRules)
+
+
+class ShellTool(_ToolBase):
+    """``tools.shell``: run a command line; every program is checked against ``commands``."""
+
+    backend: Literal["container"] = "container"
+    image: str | None = None
+    network: Network | None = None
+    commands: CommandRules = Field(default_factory=CommandRules)
+    operators: bool = False
+    deny_patterns: list[Regex] = Field(default_factory=list)
+
+
+class FileTool(_ToolBase):
+    """``tools.read_file`` / ``write_file`` / ``list_files``: workspace paths, in the daemon."""
+
+    backend: Literal["workspace"] = "workspace"
+    paths: PathRules = Field(default_factory=PathRules)
+    max_bytes: Size = 1024 * 1024
+
+
+class Tools(_Strict):
+    python: PythonTool | None = None
+    shell: ShellTool | None = None
+    read_file: FileTool | None = None
+    write_file: FileTool | None = None
+    list_files: FileTool | None = None
+
+
+def _default_parameters() -> dict[str, Any]:
+    return {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class CustomTool(_ToolBase):
+    """``custom_tools.<name>``: an admin-defined command with an argv template."""
+
+    description: Annotated[str, Field(min_length=1)]
+    parameters: dict[str, Any] = Field(default_factory=_default_parameters)
+    backend: Literal["container"] = "container"
+    image: str | None = None
+    network: Network | None = None
+    argv: Annotated[list[str], Field(min_length=1)]
+    # a placeholder value starting with '-' could smuggle an option into the program; refused
+    # unless the admin says the program treats such values safely
+    allow_option_values: bool = False
+
+
+class PolicyFile(_Strict):
+    """One policy file."""
+
+    version: Literal[1]
+    name: PolicyName
+    description: str = ""
+    clients: Annotated[list[ClientName], Field(min_length=1)]
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    network: Network = "none"
+    tools: Tools = Field(default_factory=Tools)
+    custom_tools: dict[str, CustomTool] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ semantic checks
+
+_LIMIT_PAIRS = (
+    ("timeout", "max_timeout"),
+    ("memory", "max_memory"),
+    ("cpus", "max_cpus"),
+    ("pids", "max_pids"),
+    ("output", "max_output"),
+)
+
+BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
+
+
+def placeholders(element: str) -> list[str]:
+    """The ``{name}`` placeholders of one argv template element (``{{``/``}}`` are literal).
+
+    Raises ``ValueError`` for anything but plain names (no ``{x.attr}``, ``{x!r}``, ``{x:>9}``).
+    """
+    names: list[str] = []
+    for _literal, field, spec, conversion in string.Formatter().parse(element):
+        if field is None:
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", field) or spec or conversion:
+            raise ValueError(
+                f"placeholder {{{field}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} must be a plain parameter name such as {{path}}"
+            )
+        names.append(field)
+    return names
+
+
+def _limit_problems(limits: LimitsSpec, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    for value_name, max_name in _LIMIT_PAIRS:
+        value, maximum = getattr(limits, value_name), getattr(limits, max_name)
+        if value is not None and maximum is not None and value > maximum:
+            yield (*loc, value_name), f"{value_name} is above {max_name} of the same block"
+
+
+def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
+    """Problems that pydantic field validation cannot see, each with the location to blame."""
+    if "*" in policy.clients and len(policy.clients) > 1:
+        yield ("clients",), "'*' must be the only entry when present"
+    yield from _limit_problems(policy.limits, ("limits",))
+    for name in BUILTIN_NAMES:
+        tool = getattr(policy.tools, name)
+        if tool is None:
+            continue
+        loc: Loc = ("tools", name)
+        yield from _limit_problems(tool.limits, (*loc, "limits"))
+        network = getattr(tool, "network", None) or policy.network
+        if getattr(tool, "backend", None) == "restricted" and network != "none":
+            where = (*loc, "network") if getattr(tool, "network", None) else ("network",)
+            yield where, (
+                f"the restricted backend has no network; '{name}' needs backend: container "
+                f"to be granted network {network!r}"
+            )
+        if isinstance(tool, PythonTool) and "*" in tool.imports.deny:
+            yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
+    for tname, tool in policy.custom_tools.items():
+        loc = ("custom_tools", tname)
+        if not _TOOL_NAME.match(tname):
+            yield loc, f"{tname!r} is not a valid tool name (letters, digits, '_', '-'; max 64)"
+        if tname in BUILTIN_NAMES:
+            yield loc, f"'{tname}' is a built-in tool; configure it under tools.{tname}"
+        yield from _limit_problems(tool.limits, (*loc, "limits"))
+        params = tool.parameters
+        try:
+            check_schema(params)
+        except SchemaError as exc:
+            yield (*loc, "parameters"), f"not a valid JSON Schema: {exc.message}"
+            continue
+        if params.get("type") != "object":
+            yield (*loc, "parameters"), "parameters must be a JSON Schema with type: object"
+            continue
+        props = params.get("properties") or {}
+        for i, element in enumerate(tool.argv):
+            try:
+                names = placeholders(element)
+            except ValueError as exc:
+                yield (*loc, "argv", i), str(exc)
+                continue
+            for p in names:
+                if p not in props:
+                    yield (*loc, "argv", i), (
+                        f"placeholder {{{p}}} names no parameter (parameters: "
+                        f"{', '.join(sorted(props)) or 'none'})"
+                    )
+                elif (props[p] or {}).get("type") in ("object", "array"):
+                    yield (*loc, "argv", i), (
+                        f"placeholder {{{p}}} must be a string, number, integer or boolean "
+                        "parameter"
+                    )
+        if placeholders_in(tool.argv[0]):
+            yield (*loc, "argv", 0), "the program (argv[0]) must be fixed, not a placeholder"
+
+
+def placeholders_in(element: str) -> bool:
+    """Whether an argv element contains a placeholder (invalid ones count as placeholders)."""
+    try:
+        return bool(placeholders(element))
+    except ValueError:
+        return True

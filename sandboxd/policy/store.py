@@ -1,0 +1,178 @@
+"""The policies in force, with reload on demand (SIGHUP) and on file change (polling).
+
+A reload that fails keeps the previous policies in force; both outcomes are reported through
+``on_event`` ("policy_loaded" / "policy_refused"), which the service forwards to the audit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sandboxd.models import Decision, LimitsRequest, ToolSpec
+from sandboxd.policy import engine
+from sandboxd.policy.loader import LoadedPolicy, PolicyError, PolicySet, load_set
+
+log = logging.getLogger("sandboxd.policy")
+
+EventSink = Callable[[str, dict[str, Any]], None]
+EMBEDDED_SOURCE = "policies/default.yaml"
+
+
+def embedded_policies_dir() -> Path:
+    """The shipped ``policies/`` directory: ``sandboxd/_data/policies`` in a wheel, the
+    repository's top-level ``policies/`` in an editable install."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_data" / "policies", package.parent / "policies"):
+        if (candidate / "default.yaml").is_file():
+            return candidate
+    raise PolicyError([f"{package / '_data' / 'policies'}: the embedded default policy is "
+                       "missing (broken installation)"])
+
+
+def policy_files(policies_dir: Path) -> list[Path]:
+    """The policy files of a directory: ``*.yaml`` and ``*.yml``, not hidden, not recursive."""
+    try:
+        entries = sorted(policies_dir.iterdir())
+    except OSError as exc:
+        raise PolicyError([f"{policies_dir}: cannot read policies directory: "
+                           f"{exc.strerror or exc}"]) from exc
+    return [p for p in entries if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")
+            and p.is_file()]
+
+
+class PolicyStore:
+    """Loads the policy set and answers: which tools may this client use, and may it do this?"""
+
+    def __init__(self, policies_dir: Path | None, *, on_event: EventSink | None = None) -> None:
+        self.policies_dir = policies_dir
+        self._on_event = on_event
+        self._set: PolicySet | None = None
+        self._lock = threading.Lock()  # serialises reloads; readers use the current snapshot
+        self.last_error: list[str] = []
+
+    # ------------------------------------------------------------------ loading
+
+    def _files(self) -> list[tuple[Path, str]]:
+        if self.policies_dir is None:
+            return [(embedded_policies_dir() / "default.yaml", EMBEDDED_SOURCE)]
+        files = policy_files(self.policies_dir)
+        if not files:
+            raise PolicyError([f"{self.policies_dir}: no policy files (*.yaml, *.yml) in this "
+                               "directory"])
+        return [(p, str(self.policies_dir / p.name)) for p in files]
+
+    def _emit(self, event: str, fields: dict[str, Any]) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event, fields)
+        except Exception:  # the sink (audit log) reports its own failures
+            log.exception("policy event %s could not be recorded", event)
+
+    def _load(self) -> PolicySet:
+        try:
+            files = self._files()
+            new = load_set(files)
+        except PolicyError as exc:
+            self.last_error = exc.problems
+            self._emit("policy_refused", {
+                "directory": str(self.policies_dir) if self.policies_dir else "(embedded)",
+                "errors": exc.problems[:50],
+                "kept_previous": self._set is not None,
+            })
+            raise
+        self._set = new
+        self.last_error = []
+        self._emit("policy_loaded", {
+            "files": [{"source": p.source, "policy": p.name, "sha256": p.sha256,
+                       "clients": list(p.spec.clients)} for p in new.policies],
+        })
+        return new
+
+    def load(self) -> None:
+        """Initial load; raises :class:`PolicyError` when the set is invalid."""
+        with self._lock:
+            self._load()
+
+    def reload(self) -> bool:
+        """Re-read the files. On error the previous policies stay in force; returns False."""
+        with self._lock:
+            try:
+                self._load()
+            except PolicyError as exc:
+                log.error("policy reload refused, previous policy stays in force:\n%s",
+                          "\n".join(exc.problems))
+                return False
+        log.info("policies reloaded")
+        return True
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        try:
+            paths = ([embedded_policies_dir() / "default.yaml"] if self.policies_dir is None
+                     else policy_files(self.policies_dir))
+        except PolicyError as exc:
+            return ("error", tuple(exc.problems))
+        snap = []
+        for p in paths:
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            snap.append((p.name, st.st_mtime_ns, st.st_size, st.st_ino))
+        return tuple(snap)
+
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Reload whenever a policy file is added, removed or changed (mtime, size, inode).
+        Runs until cancelled."""
+        last = self._snapshot()
+        while True:
+            await asyncio.sleep(interval_s)
+            current = self._snapshot()
+            if current == last:
+                continue
+            last = current
+            try:
+                await asyncio.to_thread(self.reload)
+            except Exception:  # never let the watcher die
+                log.exception("policy reload failed unexpectedly")
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def current(self) -> PolicySet:
+        """The policy set in force (raises if :meth:`load` never succeeded)."""
+        if self._set is None:
+            raise PolicyError(["policies not loaded"])
+        return self._set
+
+    def policies(self) -> list[LoadedPolicy]:
+        """The loaded policies (for ``policy explain`` and status pages)."""
+        return list(self.current.policies)
+
+    def clients(self) -> dict[str, str]:
+        """Client name (``"*"`` for the fallback) -> name of the policy that applies."""
+        out = {c: p.name for c, p in self.current.by_client.items()}
+        if self.current.fallback is not None:
+            out["*"] = self.current.fallback.name
+        return out
+
+    def policy_for(self, client: str) -> LoadedPolicy | None:
+        """The policy that applies to ``client`` (None: no policy, everything is denied)."""
+        return self.current.for_client(client)
+
+    def tools_for(self, client: str) -> list[ToolSpec]:
+        """The tools this client's policy enables (built-ins and admin-defined), with
+        ``backend`` set and ``available=True`` (the service decides availability)."""
+        pol = self.policy_for(client)
+        return engine.tool_specs(pol) if pol is not None else []
+
+    def decide(self, client: str, tool: str, arguments: dict[str, Any],
+               requested: LimitsRequest | None) -> Decision:
+        """The decision for one call; ``arguments`` are already schema-valid."""
+        return engine.decide(self.policy_for(client), client, tool, arguments, requested)
