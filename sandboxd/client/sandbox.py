@@ -1,0 +1,526 @@
+"""``SandboxClient`` / ``AsyncSandboxClient``: the daemon's HTTP API as typed Python calls.
+
+Both talk to the daemon over loopback TCP (``url``) or a unix socket (``socket``), send the
+bearer token, raise :mod:`sandboxd.client.errors` exceptions for problem+json answers, and
+retry a call that was rate limited (429) after the ``Retry-After`` the daemon asked for
+(exponential backoff with jitter when it gave none), at most ``retries`` times. A call that
+could not connect at all is retried the same way (nothing was sent, so it is safe).
+
+A policy denial is not an exception: it is a :class:`~sandboxd.models.Result` with
+``status == "denied"`` and a ``message`` saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import time
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, overload
+
+import httpx
+
+from sandboxd.client.errors import ConnectionFailed, ProblemError, RateLimited, problem_error
+from sandboxd.models import LimitsRequest, Result, ToolSpec
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+USER_AGENT = "sandboxd-client/0.1"
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session as the daemon describes it."""
+
+    id: str
+    client: str | None = None
+    created_at: str | None = None
+    expires_at: str | None = None
+    workspace_bytes: int | None = None
+    quota_bytes: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
+        known = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """Parse a Retry-After header: delta-seconds or an HTTP-date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when: datetime = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _limits_json(limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any] | None:
+    if limits is None:
+        return None
+    if isinstance(limits, LimitsRequest):
+        return limits.model_dump(exclude_none=True)
+    return LimitsRequest.model_validate(limits).model_dump(exclude_none=True)
+
+
+def _invoke_body(arguments: dict[str, Any] | None, kwargs: dict[str, Any], session: str | None,
+                 limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any]:
+    args = dict(arguments or {})
+    args.update(kwargs)
+    return {"arguments": args, "session": session, "limits": _limits_json(limits)}
+
+
+class _Base:
+    """Configuration and response handling shared by the sync and async clients."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        socket: str | os.PathLike[str] | None = None,
+        timeout: float = 330.0,
+        retries: int = 3,
+        max_retry_wait: float = 30.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if url is None and socket is None:
+            url = os.environ.get("SANDBOXD_URL") or None
+            sock_env = os.environ.get("SANDBOXD_SOCKET")
+            socket = sock_env or None
+        if token is None:
+            token = os.environ.get("SANDBOXD_TOKEN") or None
+        self.socket = os.fspath(socket) if socket is not None else None
+        # over a unix socket the host part is only used for the Host header
+        self.url = (url or ("http://sandboxd" if self.socket else DEFAULT_URL)).rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retries = max(0, retries)
+        self.max_retry_wait = max_retry_wait
+        self._headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        return {"base_url": self.url, "headers": self._headers, "timeout": self.timeout}
+
+    def _backoff(self, attempt: int, hint: float | None) -> float:
+        if hint is not None:
+            return min(hint, self.max_retry_wait)
+        return min(self.max_retry_wait, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+
+    @staticmethod
+    def _error(response: httpx.Response) -> ProblemError:
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = response.text
+        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+        return problem_error(response.status_code, body, retry_after)
+
+    def _should_retry(self, attempt: int, response: httpx.Response | None) -> float | None:
+        """Seconds to wait before another attempt, or None to stop."""
+        if attempt >= self.retries:
+            return None
+        if response is None:  # could not connect
+            return self._backoff(attempt, None)
+        if response.status_code == 429:
+            return self._backoff(attempt, _retry_after_seconds(response.headers.get("Retry-After")))
+        if response.status_code == 503 and response.headers.get("Retry-After"):
+            return self._backoff(attempt, _retry_after_seconds(response.headers.get("Retry-After")))
+        return None
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+
+class SandboxClient(_Base):
+    """Synchronous client of a sandboxd daemon.
+
+    ``SandboxClient()`` reads ``SANDBOXD_URL`` / ``SANDBOXD_SOCKET`` / ``SANDBOXD_TOKEN`` and
+    defaults to ``http://127.0.0.1:8765``. Use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, url: str | None = None, *, transport: httpx.BaseTransport | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        if transport is None and self.socket:
+            transport = httpx.HTTPTransport(uds=self.socket)
+        self._transport = transport
+        self._http = httpx.Client(transport=transport, **self._client_kwargs())
+
+    # -- plumbing
+    def __enter__(self) -> SandboxClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def to_async(self) -> AsyncSandboxClient:
+        """An :class:`AsyncSandboxClient` with the same address, token and retry settings."""
+        return AsyncSandboxClient(
+            self.url, token=self.token, socket=self.socket, timeout=self.timeout,
+            retries=self.retries, max_retry_wait=self.max_retry_wait,
+            headers={k: v for k, v in self._headers.items() if k != "Authorization"},
+        )
+
+    def request(self, method: str, path: str, *, json: Any = None,
+                params: dict[str, Any] | None = None,
+                timeout: float | None = None) -> httpx.Response:
+        """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    method, path, json=json, params=params,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.ConnectError as exc:
+                wait = self._should_retry(attempt, None)
+                if wait is None:
+                    raise ConnectionFailed(f"cannot reach sandboxd at {self.socket or self.url}: "
+                                           f"{exc}") from exc
+            except httpx.TimeoutException as exc:
+                raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
+            except httpx.TransportError as exc:
+                raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
+            else:
+                wait = self._should_retry(attempt, response)
+                if wait is None:
+                    return self._check(response)
+            time.sleep(wait)
+            attempt += 1
+
+    # -- API
+    def health(self) -> bool:
+        """True when ``/healthz`` answers 200."""
+        try:
+            return self._http.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ready(self) -> dict[str, Any]:
+        """The ``/readyz`` report (raises :class:`Unavailable` when not ready)."""
+        return self.request("GET", "/readyz").json()
+
+    @overload
+    def tools(self, format: Literal["spec"] = "spec") -> list[ToolSpec]: ...
+    @overload
+    def tools(self, format: Literal["openai"]) -> list[dict[str, Any]]: ...
+    def tools(self, format: str = "spec") -> list[ToolSpec] | list[dict[str, Any]]:
+        """The tools this client may call; ``format="openai"`` gives the OpenAI ``tools`` list."""
+        if format == "openai":
+            return self.request("GET", "/v1/tools", params={"format": "openai"}).json()
+        return [ToolSpec.model_validate(t) for t in self.request("GET", "/v1/tools").json()]
+
+    def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+               session: str | None = None, limits: LimitsRequest | dict[str, Any] | None = None,
+               **kwargs: Any) -> Result:
+        """Run ``tool`` with ``arguments`` (a dict and/or keyword arguments); return its Result.
+
+        Tool arguments named ``arguments``, ``session`` or ``limits`` must go in the dict.
+        """
+        body = _invoke_body(arguments, kwargs, session, limits)
+        response = self.request("POST", f"/v1/tools/{tool}/invoke", json=body)
+        return Result.model_validate(response.json())
+
+    def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
+                limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the policy would decide for this call, without running anything."""
+        body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
+        if limits is not None:
+            body["limits"] = _limits_json(limits)
+        return self.request("POST", "/v1/policy/explain", json=body).json()
+
+    # sessions
+    def create_session(self, ttl_s: float | None = None) -> SessionInfo:
+        """Create a session (a workspace that outlives single calls)."""
+        body = {"ttl_s": ttl_s} if ttl_s is not None else {}
+        return SessionInfo.from_json(self.request("POST", "/v1/sessions", json=body).json())
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        """Describe one of this client's sessions."""
+        return SessionInfo.from_json(self.request("GET", f"/v1/sessions/{session_id}").json())
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete a session and its workspace."""
+        self.request("DELETE", f"/v1/sessions/{session_id}")
+
+    @contextmanager
+    def session(self, ttl_s: float | None = None) -> Iterator[Session]:
+        """``with client.session() as s: s.invoke(...)`` — deleted on exit."""
+        info = self.create_session(ttl_s)
+        s = Session(self, info)
+        try:
+            yield s
+        finally:
+            s.close()
+
+    # file helpers (meaningful with a session; without one each call has a fresh workspace)
+    def read_file(self, path: str, *, session: str | None = None) -> str:
+        """Content of a workspace file (raises :class:`ToolFailed` when it cannot be read)."""
+        return _file_text(self.invoke("read_file", {"path": path}, session=session))
+
+    def write_file(self, path: str, content: str, *, session: str | None = None) -> Result:
+        """Create or replace a workspace file."""
+        return _ensure_ok(self.invoke("write_file", {"path": path, "content": content},
+                                      session=session))
+
+    def list_files(self, path: str = ".", *, session: str | None = None) -> Any:
+        """The entries of a workspace directory, as the daemon returns them."""
+        result = _ensure_ok(self.invoke("list_files", {"path": path}, session=session))
+        return result.value if result.value is not None else result.stdout
+
+
+class Session:
+    """A daemon session bound to a :class:`SandboxClient`: calls share one workspace."""
+
+    def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.id = info.id
+        self._closed = False
+
+    def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+               limits: LimitsRequest | dict[str, Any] | None = None, **kwargs: Any) -> Result:
+        """Run a tool in this session's workspace."""
+        return self.client.invoke(tool, arguments, session=self.id, limits=limits, **kwargs)
+
+    def read_file(self, path: str) -> str:
+        return self.client.read_file(path, session=self.id)
+
+    def write_file(self, path: str, content: str) -> Result:
+        return self.client.write_file(path, content, session=self.id)
+
+    def list_files(self, path: str = ".") -> Any:
+        return self.client.list_files(path, session=self.id)
+
+    def refresh(self) -> SessionInfo:
+        """Re-read the session's description (usage, expiry)."""
+        self.info = self.client.get_session(self.id)
+        return self.info
+
+    def close(self) -> None:
+        """Delete the session (idempotent; an already expired session is fine)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.delete_session(self.id)
+        except ProblemError as exc:
+            if exc.status != 404:
+                raise
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ToolFailed(ProblemError):
+    """A file helper's call ran but did not succeed (``result`` holds the details)."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(200, title=f"{result.tool} {result.status}",
+                         detail=result.message or result.stderr.strip() or str(result.status))
+        self.result = result
+
+
+def _ensure_ok(result: Result) -> Result:
+    if result.status != "ok":
+        raise ToolFailed(result)
+    return result
+
+
+def _file_text(result: Result) -> str:
+    result = _ensure_ok(result)
+    if isinstance(result.value, str):
+        return result.value
+    if isinstance(result.value, dict) and isinstance(result.value.get("content"), str):
+        return result.value["content"]
+    return result.stdout
+
+
+class AsyncSandboxClient(_Base):
+    """Asynchronous twin of :class:`SandboxClient` (same arguments, awaitable methods).
+
+    Cancelling an awaiting call closes its HTTP request, which makes the daemon cancel the
+    execution and clean up.
+    """
+
+    def __init__(self, url: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        if transport is None and self.socket:
+            transport = httpx.AsyncHTTPTransport(uds=self.socket)
+        self._http = httpx.AsyncClient(transport=transport, **self._client_kwargs())
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, *, json: Any = None,
+                      params: dict[str, Any] | None = None,
+                      timeout: float | None = None) -> httpx.Response:
+        """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    method, path, json=json, params=params,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.ConnectError as exc:
+                wait = self._should_retry(attempt, None)
+                if wait is None:
+                    raise ConnectionFailed(f"cannot reach sandboxd at {self.socket or self.url}: "
+                                           f"{exc}") from exc
+            except httpx.TimeoutException as exc:
+                raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
+            except httpx.TransportError as exc:
+                raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
+            else:
+                wait = self._should_retry(attempt, response)
+                if wait is None:
+                    return self._check(response)
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def health(self) -> bool:
+        try:
+            return (await self._http.get("/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def ready(self) -> dict[str, Any]:
+        return (await self.request("GET", "/readyz")).json()
+
+    async def tools(self, format: str = "spec") -> list[Any]:
+        """See :meth:`SandboxClient.tools`."""
+        if format == "openai":
+            return (await self.request("GET", "/v1/tools", params={"format": "openai"})).json()
+        return [ToolSpec.model_validate(t) for t in (await self.request("GET", "/v1/tools")).json()]
+
+    async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                     session: str | None = None,
+                     limits: LimitsRequest | dict[str, Any] | None = None,
+                     timeout: float | None = None, **kwargs: Any) -> Result:
+        """See :meth:`SandboxClient.invoke`. ``timeout`` bounds the HTTP wait (seconds)."""
+        body = _invoke_body(arguments, kwargs, session, limits)
+        response = await self.request("POST", f"/v1/tools/{tool}/invoke", json=body,
+                                      timeout=timeout)
+        return Result.model_validate(response.json())
+
+    async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
+                      limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
+        if limits is not None:
+            body["limits"] = _limits_json(limits)
+        return (await self.request("POST", "/v1/policy/explain", json=body)).json()
+
+    async def create_session(self, ttl_s: float | None = None) -> SessionInfo:
+        body = {"ttl_s": ttl_s} if ttl_s is not None else {}
+        return SessionInfo.from_json((await self.request("POST", "/v1/sessions", json=body)).json())
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.from_json(
+            (await self.request("GET", f"/v1/sessions/{session_id}")).json())
+
+    async def delete_session(self, session_id: str) -> None:
+        await self.request("DELETE", f"/v1/sessions/{session_id}")
+
+    @asynccontextmanager
+    async def session(self, ttl_s: float | None = None):  # type: ignore[no-untyped-def]
+        """``async with client.session() as s: await s.invoke(...)``."""
+        info = await self.create_session(ttl_s)
+        s = AsyncSession(self, info)
+        try:
+            yield s
+        finally:
+            await s.close()
+
+    async def read_file(self, path: str, *, session: str | None = None) -> str:
+        return _file_text(await self.invoke("read_file", {"path": path}, session=session))
+
+    async def write_file(self, path: str, content: str, *, session: str | None = None) -> Result:
+        return _ensure_ok(await self.invoke("write_file", {"path": path, "content": content},
+                                            session=session))
+
+    async def list_files(self, path: str = ".", *, session: str | None = None) -> Any:
+        result = _ensure_ok(await self.invoke("list_files", {"path": path}, session=session))
+        return result.value if result.value is not None else result.stdout
+
+
+class AsyncSession:
+    """A daemon session bound to an :class:`AsyncSandboxClient`."""
+
+    def __init__(self, client: AsyncSandboxClient, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.id = info.id
+        self._closed = False
+
+    async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                     limits: LimitsRequest | dict[str, Any] | None = None,
+                     **kwargs: Any) -> Result:
+        return await self.client.invoke(tool, arguments, session=self.id, limits=limits,
+                                        **kwargs)
+
+    async def read_file(self, path: str) -> str:
+        return await self.client.read_file(path, session=self.id)
+
+    async def write_file(self, path: str, content: str) -> Result:
+        return await self.client.write_file(path, content, session=self.id)
+
+    async def list_files(self, path: str = ".") -> Any:
+        return await self.client.list_files(path, session=self.id)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.client.delete_session(self.id)
+        except ProblemError as exc:
+            if exc.status != 404:
+                raise
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+__all__ = [
+    "AsyncSandboxClient",
+    "AsyncSession",
+    "RateLimited",
+    "SandboxClient",
+    "Session",
+    "SessionInfo",
+    "ToolFailed",
+]
