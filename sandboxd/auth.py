@@ -1,0 +1,245 @@
+"""Client tokens (stored hashed) and per-client rate limits.
+
+The tokens file is YAML::
+
+    # sandboxd tokens: SHA-256 hashes only; add with `sandboxd token add NAME`
+    tokens:
+      - client: alice
+        sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+        created: "2026-11-21T10:00:00Z"
+
+A token is ``sbx_`` + 43 URL-safe characters (256 random bits), so a plain SHA-256 is enough
+(no slow hash needed: nothing to brute-force). The plaintext is printed once by
+``sandboxd token add`` and never stored. Lookups compare against every hash with
+:func:`hmac.compare_digest`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+TOKEN_PREFIX = "sbx_"
+_CLIENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEADER = ("# sandboxd tokens: SHA-256 hashes of bearer tokens, each with its client name.\n"
+           "# Add one with `sandboxd token add NAME` (the token is printed once, never stored).\n")
+
+
+class TokenFileError(Exception):
+    """The tokens file is unreadable or invalid (the message starts with ``file:line:col:``)."""
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 (hex) of a token."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random token (``sbx_`` + 256 bits, URL-safe)."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    client: str
+    sha256: str
+    created: str | None = None
+
+
+def _where(path: Path, node: Node) -> str:
+    return f"{path}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _scalar(mapping: MappingNode, key: str) -> tuple[Node, ScalarNode | None]:
+    for k, v in mapping.value:
+        if isinstance(k, ScalarNode) and k.value == key:
+            return k, v if isinstance(v, ScalarNode) else None
+    return mapping, None
+
+
+def _parse(path: Path, text: str) -> list[TokenEntry]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}:1:1"
+        raise TokenFileError(f"{where}: YAML syntax error: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise TokenFileError(f"{path}:1:1: YAML error: {exc}") from None
+    if root is None:
+        return []
+    if not isinstance(root, MappingNode):
+        raise TokenFileError(f"{_where(path, root)}: expected a mapping with a 'tokens' list")
+    tokens_node: Node | None = None
+    for k, v in root.value:
+        if not (isinstance(k, ScalarNode) and k.value == "tokens"):
+            raise TokenFileError(f"{_where(path, k)}: unknown key (expected only 'tokens')")
+        tokens_node = v
+    if tokens_node is None or (isinstance(tokens_node, ScalarNode) and tokens_node.value in
+                               ("", "null", "~")):
+        return []
+    if not isinstance(tokens_node, SequenceNode):
+        raise TokenFileError(f"{_where(path, tokens_node)}: 'tokens' must be a list")
+    entries: list[TokenEntry] = []
+    seen: dict[str, int] = {}
+    for item in tokens_node.value:
+        if not isinstance(item, MappingNode):
+            raise TokenFileError(f"{_where(path, item)}: each token must be a mapping with "
+                                 "client and sha256")
+        for k, _v in item.value:
+            if not (isinstance(k, ScalarNode) and k.value in ("client", "sha256", "created")):
+                raise TokenFileError(f"{_where(path, k)}: unknown key (expected client, sha256, "
+                                     "created)")
+        where, client = _scalar(item, "client")
+        if client is None or not _CLIENT.match(client.value):
+            raise TokenFileError(f"{_where(path, client or where)}: client must be a name "
+                                 "(letters, digits, '_', '.', '-')")
+        where, digest = _scalar(item, "sha256")
+        if digest is None or not _HEX64.match(digest.value):
+            raise TokenFileError(f"{_where(path, digest or where)}: sha256 must be 64 lowercase "
+                                 "hex digits (the hash of the token, never the token itself)")
+        if digest.value in seen:
+            raise TokenFileError(f"{_where(path, digest)}: duplicate token hash (first on line "
+                                 f"{seen[digest.value]})")
+        seen[digest.value] = digest.start_mark.line + 1
+        _w, created = _scalar(item, "created")
+        entries.append(TokenEntry(client.value, digest.value, created.value if created else None))
+    return entries
+
+
+class TokenStore:
+    """Token hashes -> client names."""
+
+    def __init__(self, entries: list[TokenEntry], path: Path | None = None) -> None:
+        self.entries = list(entries)
+        self.path = path
+        self._hashes = [(bytes.fromhex(e.sha256), e.client) for e in self.entries]
+
+    @classmethod
+    def load(cls, path: Path) -> TokenStore:
+        """Read a tokens file; :class:`TokenFileError` (with file:line:col) when invalid."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise TokenFileError(f"{path}:1:1: cannot read tokens file: {reason or exc}") from None
+        return cls(_parse(Path(path), text), Path(path))
+
+    def client_for(self, token: str) -> str | None:
+        """The client a bearer token belongs to, or None. Compares against every stored hash
+        in constant time (no early exit)."""
+        if not token:
+            return None
+        candidate = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        found: str | None = None
+        for stored, client in self._hashes:
+            if hmac.compare_digest(stored, candidate):
+                found = client
+        return found
+
+    def clients(self) -> list[str]:
+        """Client names that have at least one token."""
+        return sorted({e.client for e in self.entries})
+
+
+def _dump(entries: list[TokenEntry]) -> str:
+    data: dict[str, Any] = {"tokens": [
+        {"client": e.client, "sha256": e.sha256, **({"created": e.created} if e.created else {})}
+        for e in entries
+    ]}
+    return _HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _edit(path: Path) -> list[TokenEntry]:
+    return TokenStore.load(path).entries if path.exists() else []
+
+
+def add_token(path: Path, client: str) -> str:
+    """Create a token for ``client``, store only its hash in ``path`` (created 0600 if
+    needed), and return the plaintext token (the only time it exists)."""
+    if not _CLIENT.match(client):
+        raise TokenFileError(f"{client!r} is not a valid client name (letters, digits, '_', "
+                             "'.', '-'; at most 64)")
+    path = Path(path)
+    entries = _edit(path)
+    token = new_token()
+    created = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    entries.append(TokenEntry(client, hash_token(token), created))
+    _write_atomic(path, _dump(entries))
+    return token
+
+
+def remove_tokens(path: Path, client: str) -> int:
+    """Remove every token of ``client``; return how many were removed."""
+    path = Path(path)
+    entries = _edit(path)
+    kept = [e for e in entries if e.client != client]
+    if len(kept) != len(entries):
+        _write_atomic(path, _dump(kept))
+    return len(entries) - len(kept)
+
+
+class RateLimiter:
+    """Per-client token bucket: ``per_minute`` calls per minute, bursts up to ``per_minute``."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._rate = per_minute / 60.0
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, last update)
+        self._lock = threading.Lock()
+
+    def check(self, client: str) -> float | None:
+        """Take one call from ``client``'s bucket: None if allowed, else the seconds until a
+        call will be allowed (for ``Retry-After``)."""
+        if self.per_minute <= 0:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(client, (float(self.per_minute), now))
+            tokens = min(float(self.per_minute), tokens + (now - last) * self._rate)
+            if tokens >= 1.0:
+                self._buckets[client] = (tokens - 1.0, now)
+                return None
+            self._buckets[client] = (tokens, now)
+            if len(self._buckets) > 10_000:  # forget full buckets (idle clients)
+                full = [c for c, (t, ts) in self._buckets.items()
+                        if t + (now - ts) * self._rate >= self.per_minute]
+                for c in full:
+                    del self._buckets[c]
+            return (1.0 - tokens) / self._rate
