@@ -1,5 +1,122 @@
-"""`sandboxd audit ...` (placeholder: the owning issue fills this in)."""
+"""``sandboxd audit verify [PATH]`` and ``sandboxd audit tail [-f] [filters] [PATH]``."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+
+def _default_path(path: Path | None) -> Path:
+    if path is not None:
+        return path
+    from sandboxd.config import load_settings
+
+    try:
+        return load_settings().audit_path
+    except Exception as exc:
+        typer.echo(f"sandboxd: cannot load settings to find the audit log: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("verify")
+def verify_cmd(
+    path: Path | None = typer.Argument(None, help="Audit log (default: from settings)"),
+) -> None:
+    """Check the hash chain (rotated files included). Exit 1 naming the first bad record."""
+    from sandboxd.audit import verify
+
+    report = verify(_default_path(path))
+    for warning in report.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    typer.echo(report.summary())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+_SHOWN = ("request_id", "client", "tool", "decision", "status", "rule", "backend")
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """One readable line for a record."""
+    ts = str(record.get("ts", ""))[:23].replace("T", " ")
+    parts = [ts, f"#{record.get('seq', '?')}", f"{record.get('event', '?'):<13}"]
+    for key in _SHOWN:
+        value = record.get(key)
+        if value not in (None, ""):
+            parts.append(f"{key}={value}")
+    termination = record.get("termination")
+    if isinstance(termination, dict) and termination.get("reason"):
+        parts.append(f"reason={termination['reason']}")
+    resources = record.get("resources")
+    if isinstance(resources, dict) and "wall_ms" in resources:
+        parts.append(f"wall={resources['wall_ms']}ms")
+    if record.get("args_preview"):
+        preview = str(record["args_preview"])
+        parts.append(f"args={preview[:120]}{'…' if len(preview) > 120 else ''}")
+    if record.get("message"):
+        message = str(record["message"])
+        parts.append(f"message={message[:160]!r}")
+    known = {"ts", "seq", "event", "prev", "termination", "resources", "args_preview",
+             "message", "args_sha256", "args_bytes", "limits", "truncated", "cleanup",
+             "invocation", "session", "source", "policy", "stdout_bytes", "stderr_bytes",
+             *_SHOWN}
+    for key, value in record.items():
+        if key not in known and value not in (None, "", [], {}):
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            parts.append(f"{key}={text[:160]}")
+    return "  ".join(parts)
+
+
+@app.command("tail")
+def tail(
+    path: Path | None = typer.Argument(None, help="Audit log (default: from settings)"),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new records"),
+    client: str | None = typer.Option(None, "--client"),
+    tool: str | None = typer.Option(None, "--tool"),
+    status: str | None = typer.Option(
+        None, "--status", help="ok, error, denied, timeout, killed, rejected; or allow/deny"),
+    event: str | None = typer.Option(None, "--event", help="e.g. decision, result, "
+                                     "auth_failure, policy_refused"),
+    lines: int = typer.Option(20, "-n", "--lines", help="How many records to show first"),
+    as_json: bool = typer.Option(False, "--json", help="Print the raw JSON records"),
+) -> None:
+    """Print the last records readably, optionally filtered, optionally following."""
+    from sandboxd.audit import chain_files, read_records
+    from sandboxd.audit import follow as follow_records
+
+    log_path = _default_path(path)
+    if not chain_files(log_path) and not follow:
+        typer.echo(f"sandboxd: {log_path}: no such audit log", err=True)
+        raise typer.Exit(2)
+
+    def wanted(record: dict[str, Any]) -> bool:
+        if client is not None and record.get("client") != client:
+            return False
+        if tool is not None and record.get("tool") != tool:
+            return False
+        if event is not None and record.get("event") != event:
+            return False
+        return status is None or status in (record.get("status"), record.get("decision"))
+
+    def show(record: dict[str, Any]) -> None:
+        typer.echo(json.dumps(record, ensure_ascii=False) if as_json else format_record(record))
+
+    last: deque[dict[str, Any]] = deque(maxlen=max(lines, 0))
+    for record in read_records(log_path):
+        if wanted(record):
+            last.append(record)
+    for record in last:
+        show(record)
+    if follow:
+        try:
+            for record in follow_records(log_path):
+                if wanted(record):
+                    show(record)
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None

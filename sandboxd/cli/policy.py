@@ -1,5 +1,152 @@
-"""`sandboxd policy ...` (placeholder: the owning issue fills this in)."""
+"""``sandboxd policy check FILE...`` and ``sandboxd policy explain``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+
+def _settings_policies_dir() -> Path | None:
+    from sandboxd.config import load_settings
+
+    try:
+        return load_settings().policies_dir
+    except Exception as exc:  # a broken config must not hide the policy answer
+        typer.echo(f"sandboxd: warning: settings not loaded ({exc}); using the embedded "
+                   "default policy", err=True)
+        return None
+
+
+@app.command("check")
+def check(
+    files: list[Path] = typer.Argument(..., help="Policy files or directories of policy files"),
+    separately: bool = typer.Option(
+        False, "--separately", help="Check each file on its own (not as one policy set)"),
+) -> None:
+    """Validate policy files. Exit 1 with one `file:line:column: message` line per problem.
+
+    The files (and the *.yaml/*.yml files of each directory) are checked as one policy set,
+    as the daemon would load them together: names and client assignments must not clash.
+    """
+    from sandboxd.policy import PolicyError, load_set
+    from sandboxd.policy.store import policy_files
+
+    groups: list[list[tuple[Path, str]]] = []
+    problems: list[str] = []
+    for f in files:
+        if f.is_dir():
+            try:
+                found = policy_files(f)
+            except PolicyError as exc:
+                problems.extend(exc.problems)
+                continue
+            if not found:
+                problems.append(f"{f}: no policy files (*.yaml, *.yml) in this directory")
+            groups.append([(p, str(f / p.name)) for p in found])
+        else:
+            groups.append([(f, str(f))])
+    if not separately:
+        groups = [[item for group in groups for item in group]]
+    loaded = []
+    for group in groups:
+        if not group:
+            continue
+        try:
+            loaded.extend(load_set(group).policies)
+        except PolicyError as exc:
+            problems.extend(exc.problems)
+    for line in problems:
+        typer.echo(line)
+    if problems:
+        raise typer.Exit(1)
+    from sandboxd.policy.engine import enabled_tools
+
+    for pol in loaded:
+        typer.echo(f"{pol.source}: ok (policy '{pol.name}'; clients: "
+                   f"{', '.join(pol.spec.clients)}; tools: "
+                   f"{', '.join(enabled_tools(pol)) or 'none'})")
+
+
+def _fmt_limits(limits: Any) -> str:
+    from sandboxd.policy.units import format_duration, format_size
+
+    return (f"timeout {format_duration(limits.timeout_s)}, memory "
+            f"{format_size(limits.memory_bytes)}, cpus {limits.cpus:g}, pids {limits.pids}, "
+            f"output {format_size(limits.output_bytes)}, network "
+            f"{'yes' if limits.network else 'no'}")
+
+
+@app.command("explain")
+def explain(
+    tool: str = typer.Option(..., "--tool", help="Tool name, e.g. shell"),
+    args: str = typer.Option("{}", "--args", help="Arguments as a JSON object"),
+    client: str = typer.Option("local", "--client", help="Client name (token owner)"),
+    policies: Path | None = typer.Option(
+        None, "--policies", help="Policies directory (default: settings, else embedded)"),
+    limits: str | None = typer.Option(None, "--limits", help='Requested limits, JSON, e.g. '
+                                      '\'{"timeout_s": 5}\''),
+    as_json: bool = typer.Option(False, "--json", help="Print the decision as JSON"),
+) -> None:
+    """Show the decision and the rule that makes it, without running anything."""
+    from pydantic import ValidationError
+
+    from sandboxd.models import LimitsRequest
+    from sandboxd.policy import PolicyError, PolicyStore
+    from sandboxd.registry import ArgumentsInvalid, validate_arguments
+
+    try:
+        arguments = json.loads(args)
+    except json.JSONDecodeError as exc:
+        typer.echo(f"sandboxd: --args is not valid JSON: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(arguments, dict):
+        typer.echo("sandboxd: --args must be a JSON object", err=True)
+        raise typer.Exit(2)
+    requested = None
+    if limits:
+        try:
+            requested = LimitsRequest.model_validate_json(limits)
+        except ValidationError as exc:
+            typer.echo(f"sandboxd: --limits: {exc.errors()[0]['msg']}", err=True)
+            raise typer.Exit(2) from None
+    directory = policies if policies is not None else _settings_policies_dir()
+    store = PolicyStore(directory)
+    try:
+        store.load()
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(2) from None
+    spec = next((t for t in store.tools_for(client) if t.name == tool), None)
+    if spec is not None:
+        try:
+            validate_arguments(tool, spec.parameters, arguments)
+        except ArgumentsInvalid as exc:
+            typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
+            raise typer.Exit(2) from None
+    decision = store.decide(client, tool, arguments, requested)
+    pol = store.policy_for(client)
+    where = pol.locate(decision.rule) if pol is not None else decision.source
+    if as_json:
+        out = decision.model_dump(mode="json")
+        out["location"] = where
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(f"decision: {'allow' if decision.allowed else 'deny'}")
+    typer.echo(f"tool:     {tool}    client: {client}    policy: {decision.policy_name or '-'}")
+    typer.echo(f"rule:     {where}: {decision.rule}")
+    if decision.message:
+        typer.echo(f"message:  {decision.message}")
+    if decision.backend:
+        typer.echo(f"backend:  {decision.backend}")
+    if decision.argv is not None:
+        typer.echo(f"argv:     {json.dumps(decision.argv)}")
+    if decision.allowed and decision.imports_allow:
+        typer.echo(f"imports:  {', '.join(decision.imports_allow)}")
+    if decision.limits is not None:
+        typer.echo(f"limits:   {_fmt_limits(decision.limits)}")

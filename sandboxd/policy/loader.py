@@ -44,6 +44,21 @@ class LoadedPolicy:
     sha256: str
     root: Node = field(repr=False)
 
+    def locate(self, rule: str) -> str:
+        """``source:line:col`` of a rule path such as ``tools.shell.commands.deny[2]`` (the
+        first one when several are joined with ``, ``); just ``source`` for ``default_deny``."""
+        first = rule.split(", ")[0]
+        loc: list[str | int] = []
+        for part in first.split("."):
+            name, *indexes = part.split("[")
+            if name:
+                loc.append(name)
+            loc.extend(int(i.rstrip("]")) for i in indexes if i.rstrip("]").isdigit())
+        if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network"):
+            return self.source
+        line, col = self.position(tuple(loc))
+        return f"{self.source}:{line}:{col}"
+
     def position(self, loc: Loc) -> tuple[int, int]:
         """1-based (line, column) of the YAML node at ``loc`` (the closest existing parent)."""
         node = node_at(self.root, loc)
