@@ -1,0 +1,75 @@
+# The sandboxd daemon itself, as a container (docs/operations.md, "Docker").
+#
+# Two ways to build:
+#   online (a registry and PyPI are reachable):
+#     docker build -t sandboxd/daemon .
+#   offline (no registry; wheels built on the host, base image built with debootstrap):
+#     rm -rf dist/wheels && python3 -m pip wheel --wheel-dir dist/wheels . pip
+#     docker build --build-arg BASE=sandboxd/python:latest -t sandboxd/daemon .
+#   (the wheels must match the base image's Python: host python3.11 <-> Debian 12's python3)
+#
+# Run (restricted backend, unix socket in a host directory owned by uid 10000):
+#   install -d -o 10000 -g 10000 -m 0750 /run/sandboxd-ctr
+#   docker run -d --name sandboxd --read-only --tmpfs /tmp \
+#     --cap-drop ALL --security-opt no-new-privileges \
+#     -v /run/sandboxd-ctr:/run/sandboxd -v sandboxd-state:/var/lib/sandboxd \
+#     -v sandboxd-logs:/var/log/sandboxd sandboxd/daemon
+ARG BASE=python:3.12-slim
+
+# ---- stage 1: wheels -> a self-contained virtualenv in /opt/sandboxd
+FROM ${BASE} AS build
+USER root
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+# .dockerignore keeps this to pyproject.toml, README.md, sandboxd/, policies/ and dist/wheels/.
+COPY . /src
+RUN set -eu; \
+    mkdir -p /src/dist/wheels; \
+    if ! ls /src/dist/wheels/sandboxd-*.whl >/dev/null 2>&1; then \
+        echo "no prebuilt wheels in dist/wheels: building them from PyPI"; \
+        python3 -m pip wheel --wheel-dir /src/dist/wheels /src pip; \
+    fi; \
+    pip_wheel="$(ls /src/dist/wheels/pip-*.whl | head -n 1)"; \
+    test -n "$pip_wheel" || { echo "dist/wheels has no pip wheel (pip wheel ... . pip)"; exit 1; }; \
+    python3 -m venv --without-pip /opt/sandboxd; \
+    /opt/sandboxd/bin/python "$pip_wheel/pip" install --no-index --find-links /src/dist/wheels \
+        --no-compile --no-warn-script-location sandboxd; \
+    /opt/sandboxd/bin/python -m compileall -q /opt/sandboxd/lib; \
+    /opt/sandboxd/bin/sandboxd version
+
+# ---- stage 2: the runtime - no compiler, no pip, no wheels, a non-root user
+FROM ${BASE}
+USER root
+ARG SANDBOXD_UID=10000
+RUN set -eu; \
+    if command -v useradd >/dev/null; then \
+        groupadd --system --gid "${SANDBOXD_UID}" sandboxd; \
+        useradd --system --uid "${SANDBOXD_UID}" --gid sandboxd --no-create-home \
+            --home-dir /var/lib/sandboxd --shell /usr/sbin/nologin sandboxd; \
+    else \
+        echo "sandboxd:x:${SANDBOXD_UID}:" >> /etc/group; \
+        echo "sandboxd:x:${SANDBOXD_UID}:${SANDBOXD_UID}:sandboxd:/var/lib/sandboxd:/usr/sbin/nologin" \
+            >> /etc/passwd; \
+    fi; \
+    install -d -o sandboxd -g sandboxd -m 0750 /var/lib/sandboxd /var/log/sandboxd; \
+    install -d -o sandboxd -g sandboxd -m 0755 /run/sandboxd; \
+    install -d -o root -g root -m 0755 /etc/sandboxd /etc/sandboxd/policies; \
+    find / -xdev -perm /6000 -type f -exec chmod ug-s {} + 2>/dev/null || true
+COPY --from=build /opt/sandboxd /opt/sandboxd
+
+ENV PATH=/opt/sandboxd/bin:/usr/local/bin:/usr/bin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SANDBOXD_STATE_DIR=/var/lib/sandboxd \
+    SANDBOXD_AUDIT_LOG=/var/log/sandboxd/audit.jsonl \
+    SANDBOXD_CONTAINER_ENABLED=false
+
+USER sandboxd:sandboxd
+WORKDIR /var/lib/sandboxd
+STOPSIGNAL SIGTERM
+# Ready = the confinement self-test passes (GET /readyz), over the unix socket when there is one,
+# else loopback TCP on $SANDBOXD_PORT.
+HEALTHCHECK --interval=30s --timeout=15s --start-period=60s --retries=3 \
+    CMD ["/opt/sandboxd/bin/python", "-c", "import os, sys, httpx; u = '/run/sandboxd/sandboxd.sock'; u = u if os.path.exists(u) else None; c = httpx.Client(transport=httpx.HTTPTransport(uds=u) if u else None, timeout=14); url = 'http://localhost/readyz' if u else 'http://127.0.0.1:%s/readyz' % os.environ.get('SANDBOXD_PORT', '8765'); sys.exit(0 if c.get(url).status_code == 200 else 1)"]
+ENTRYPOINT ["/opt/sandboxd/bin/sandboxd"]
+CMD ["serve", "--uds", "/run/sandboxd/sandboxd.sock"]
