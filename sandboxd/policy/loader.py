@@ -208,6 +208,11 @@ def _validation_problems(source: str, root: Node, exc: ValidationError) -> list[
     return [p[2] for p in sorted(problems)]
 
 
+def _names_key(loc: Loc) -> bool:
+    """Problems about a custom tool as a whole point at its name."""
+    return len(loc) == 2 and loc[0] == "custom_tools"
+
+
 def file_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -252,8 +257,8 @@ def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | Non
         spec = PolicyFile.model_validate(data)
     except ValidationError as exc:
         return None, _validation_problems(source, root, exc)
-    problems = [f"{_where(source, node_at(root, loc))}: {_dotted(loc)}: {msg}"
-                for loc, msg in semantic_problems(spec)]
+    problems = [f"{_where(source, node_at(root, loc, key=_names_key(loc)))}: {_dotted(loc)}: "
+                f"{msg}" for loc, msg in semantic_problems(spec)]
     if problems:
         return None, problems
     return LoadedPolicy(spec.name, source, path, spec, file_sha256(raw), root), []

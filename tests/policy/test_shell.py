@@ -1,0 +1,123 @@
+"""The shell tool: operators refused unless enabled, then every command checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.policy.helpers import decide, store_for
+
+RULES = """\
+tools:
+  shell:
+    commands:
+      allow: [ls, cat, grep, wc, echo, sort, env, timeout]
+      deny: [curl, sh, bash]
+    operators: {operators}
+    deny_patterns: ['--upload-pack']
+"""
+
+
+@pytest.mark.parametrize("line", [
+    "ls | wc -l",
+    "ls; cat x",
+    "ls && cat x",
+    "ls || cat x",
+    "ls > out.txt",
+    "cat < in.txt",
+    "ls 2>err",
+    "ls &",
+    "echo $(id)",
+    'echo "$(id)"',
+    "echo `id`",
+    "ls\ncat x",
+    "cat <(ls)",
+])
+def test_operators_refused_by_default(tmp_path: Path, line: str) -> None:
+    store = store_for(tmp_path, RULES.format(operators="false"))
+    d = decide(store, "shell", {"command": line})
+    assert (d.allowed, d.rule) == (False, "tools.shell.operators"), d.message
+    assert "not allowed here" in d.message
+    assert "run a single program per call" in d.message
+
+
+@pytest.mark.parametrize(("line", "argv"), [
+    ("echo 'a | b; c && d > e'", ["echo", "a | b; c && d > e"]),
+    ("echo '$(id)' '`x`'", ["echo", "$(id)", "`x`"]),
+    ('echo "a;b" c\\;d', ["echo", "a;b", "c;d"]),
+    ("grep -e 'x y' $HOME *.py", ["grep", "-e", "x y", "$HOME", "*.py"]),  # no shell: literal
+    ("/usr/bin/ls -l", ["/usr/bin/ls", "-l"]),
+])
+def test_quoted_operators_are_plain_arguments(tmp_path: Path, line: str, argv: list[str]) -> None:
+    store = store_for(tmp_path, RULES.format(operators="false"))
+    d = decide(store, "shell", {"command": line})
+    assert d.allowed, d.message
+    assert d.argv == argv
+
+
+@pytest.mark.parametrize(("line", "rule"), [
+    ("./ls", "tools.shell.commands.allow"),
+    ("/tmp/ls", "tools.shell.commands.allow"),
+    ("/usr/bin/curl x", "tools.shell.commands.deny[0]"),
+    ("/usr/bin/../bin/curl x", "tools.shell.commands.deny[0]"),
+    ("c'u'rl x", "tools.shell.commands.deny[0]"),  # quote removal like the shell
+    ("FOO=1 ls", "tools.shell.commands.allow"),
+    ("env curl x", "tools.shell.commands.deny[0]"),  # wrapped programs are checked too
+    ("env A=1 -i curl x", "tools.shell.commands.deny[0]"),
+    ("timeout 5 python3 -c 1", "tools.shell.commands.allow"),
+    ("ls --upload-pack=x", "tools.shell.deny_patterns[0]"),
+    ("echo 'unterminated", "tools.shell"),
+])
+def test_program_resolution(tmp_path: Path, line: str, rule: str) -> None:
+    store = store_for(tmp_path, RULES.format(operators="false"))
+    d = decide(store, "shell", {"command": line})
+    assert (d.allowed, d.rule) == (False, rule), d.message
+
+
+def test_wrapper_of_allowed_program_is_allowed(tmp_path: Path) -> None:
+    store = store_for(tmp_path, RULES.format(operators="false"))
+    d = decide(store, "shell", {"command": "timeout 5 ls -l"})
+    assert d.allowed and d.rule == "tools.shell.commands.allow[7]"
+    assert d.argv == ["timeout", "5", "ls", "-l"]
+
+
+@pytest.mark.parametrize(("line", "rule"), [
+    ("ls | wc -l", "tools.shell.commands.allow[0], tools.shell.commands.allow[3]"),
+    ("ls -l > out.txt 2>&1; cat out.txt | sort",
+     "tools.shell.commands.allow[0], tools.shell.commands.allow[1], "
+     "tools.shell.commands.allow[5]"),
+    ("cat a && echo ok || echo failed\n", "tools.shell.commands.allow[1], "
+     "tools.shell.commands.allow[4]"),
+])
+def test_operators_enabled_every_command_allowed(tmp_path: Path, line: str, rule: str) -> None:
+    store = store_for(tmp_path, RULES.format(operators="true"))
+    d = decide(store, "shell", {"command": line})
+    assert d.allowed, d.message
+    assert d.rule == rule
+    assert d.argv == ["/bin/sh", "-c", line]
+
+
+@pytest.mark.parametrize(("line", "rule", "fragment"), [
+    ("ls | curl -d @- x", "tools.shell.commands.deny[0]", "`curl` is not allowed"),
+    ("ls; python3 x.py", "tools.shell.commands.allow", "`python3` is not allowed"),
+    ("cat x && bash -c id", "tools.shell.commands.deny[2]", "`bash`"),
+    ("ls > x; $X", "tools.shell.commands.allow", "must be written literally"),
+    ("ls; l? x", "tools.shell.commands.allow", "must be written literally"),
+    ("X=curl; ls", "tools.shell.commands.allow", "Variable assignments"),
+    ("echo $(curl x)", "tools.shell.operators", "command substitution"),
+    ("echo `curl x`", "tools.shell.operators", "command substitution"),
+    ("ls & curl x", "tools.shell.operators", "background jobs"),
+    ("(curl x)", "tools.shell.operators", "subshells"),
+    ("cat <<EOF\ncurl\nEOF", "tools.shell.operators", "here-documents"),
+    ("ls |", "tools.shell.operators", "ends with an operator"),
+    ("| ls", "tools.shell.operators", "syntax error"),
+    ("ls >", "tools.shell.operators", "needs a target"),
+    ("ls &> x", "tools.shell.operators", "`&>`"),
+])
+def test_operators_enabled_each_command_checked(tmp_path: Path, line: str, rule: str,
+                                                fragment: str) -> None:
+    store = store_for(tmp_path, RULES.format(operators="true"))
+    d = decide(store, "shell", {"command": line})
+    assert (d.allowed, d.rule) == (False, rule), d.message
+    assert fragment in d.message
