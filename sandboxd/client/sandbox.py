@@ -38,8 +38,9 @@ class SessionInfo:
 
     id: str
     client: str | None = None
-    created_at: str | None = None
-    expires_at: str | None = None
+    created_at: float | str | None = None  # as the daemon sends it (epoch seconds)
+    expires_at: float | str | None = None
+    ttl_s: float | None = None
     workspace_bytes: int | None = None
     quota_bytes: int | None = None
 

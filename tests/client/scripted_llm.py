@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.daemon import free_port
+from tests.client.stub_server import StubServer
 
 
 @dataclass
@@ -150,26 +147,17 @@ class ScriptedLLM:
         self.requests: list[dict[str, Any]] = []
         self.rejections: list[str] = []
         self.disconnects = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._stub = StubServer(app)
+        self.port = self._stub.port
+        self.url = f"{self._stub.url}/v1"
 
     def __enter__(self) -> ScriptedLLM:
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("scripted LLM server did not start")
-            time.sleep(0.01)
+        self._stub.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._stub.__exit__(*exc)
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()

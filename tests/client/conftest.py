@@ -1,0 +1,35 @@
+"""Fixtures of the client tests: a real daemon with a bearer token for one client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sandboxd.auth import add_token
+from tests.support.daemon import RunningDaemon, running_daemon
+
+
+# Extra `sandboxd serve` arguments of every client test daemon (empty: the real default).
+DAEMON_ARGS: list[str] = ["--allow-unconfined"]  # DEV ONLY: until the restricted backend lands
+
+
+@dataclass
+class TokenDaemon:
+    daemon: RunningDaemon
+    token: str
+
+    @property
+    def url(self) -> str:
+        return self.daemon.url
+
+
+@pytest.fixture
+def token_daemon(tmp_path: Path) -> Iterator[TokenDaemon]:
+    """A real ``sandboxd serve`` (default policy) that requires a bearer token."""
+    tokens = tmp_path / "tokens.yaml"
+    token = add_token(tokens, "alice")
+    with running_daemon(tmp_path, args=["--tokens-file", str(tokens), *DAEMON_ARGS], token=token) as d:
+        yield TokenDaemon(d, token)

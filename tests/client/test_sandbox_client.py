@@ -1,0 +1,206 @@
+"""SandboxClient / AsyncSandboxClient against a real daemon (and a stub for 429 handling)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from sandboxd.client import (
+    AsyncSandboxClient,
+    AuthenticationError,
+    ConnectionFailed,
+    InvalidArguments,
+    NotFound,
+    RateLimited,
+    SandboxClient,
+    ToolFailed,
+)
+from sandboxd.models import ToolSpec
+from tests.client.conftest import DAEMON_ARGS, TokenDaemon
+from tests.client.stub_server import StubServer
+from tests.support.daemon import free_port
+
+
+def test_tools_in_both_formats(token_daemon: TokenDaemon) -> None:
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+        specs = client.tools()
+        openai = client.tools("openai")
+    assert all(isinstance(t, ToolSpec) for t in specs)
+    names = {t.name for t in specs}
+    assert {"python", "shell", "read_file", "write_file", "list_files"} <= names
+    available = [t for t in specs if t.available]
+    assert [t["function"]["name"] for t in openai] == [t.name for t in available]
+    for entry in openai:
+        assert entry["type"] == "function"
+        assert set(entry["function"]) == {"name", "description", "parameters"}
+
+
+def test_unknown_token_is_typed_error_with_problem_details(token_daemon: TokenDaemon) -> None:
+    with SandboxClient(token_daemon.url, token="sbx_wrong") as client, \
+            pytest.raises(AuthenticationError) as info:
+        client.tools()
+    err = info.value
+    assert err.status == 401
+    assert err.type.startswith("http") or err.type == "about:blank"
+    assert err.title and err.detail
+    assert err.problem["status"] == 401
+
+
+def test_not_found_and_invalid_arguments(token_daemon: TokenDaemon) -> None:
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+        with pytest.raises(NotFound) as nf:
+            client.invoke("no_such_tool", x=1)
+        assert nf.value.status == 404 and "no_such_tool" in str(nf.value)
+        with pytest.raises(NotFound):
+            client.get_session("ses_doesnotexist")
+        with pytest.raises(InvalidArguments) as bad:
+            client.invoke("write_file", path="a.txt")  # content missing
+        assert bad.value.status == 422
+        assert bad.value.field == "content"
+        assert bad.value.extra["tool"] == "write_file"
+
+
+def test_sessions_and_file_helpers(token_daemon: TokenDaemon) -> None:
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+        with client.session(ttl_s=120) as s:
+            assert s.id.startswith("ses_")
+            assert s.info.client == "alice"
+            written = s.write_file("notes/a.txt", "hello sandbox")
+            assert written.status == "ok" and written.session == s.id
+            assert s.read_file("notes/a.txt") == "hello sandbox"
+            listing = s.list_files("notes")
+            assert any(entry["name"] == "a.txt" for entry in listing)
+            assert s.refresh().workspace_bytes >= len("hello sandbox")
+            result = s.invoke("read_file", path="notes/a.txt")
+            assert result.stdout == "hello sandbox"
+            with pytest.raises(ToolFailed) as failed:
+                s.read_file("missing.txt")
+            assert failed.value.result.status != "ok"
+            sid = s.id
+        with pytest.raises(NotFound):  # deleted on exit
+            client.get_session(sid)
+        s.close()  # idempotent
+
+
+def test_policy_denial_is_a_result_not_an_exception(token_daemon: TokenDaemon) -> None:
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+        result = client.invoke("shell", command="curl http://example.com")
+        decision = client.explain("shell", {"command": "curl http://example.com"})
+    assert result.status == "denied"
+    assert result.message and "curl" in result.message
+    assert result.policy is not None and result.policy.decision == "deny"
+    # explain gives the same decision and rule without running anything
+    assert decision["allowed"] is False
+    assert decision["rule"] == result.policy.rule
+    assert decision["source"] == result.policy.source
+
+
+async def test_async_client(token_daemon: TokenDaemon) -> None:
+    async with AsyncSandboxClient(token_daemon.url, token=token_daemon.token) as client:
+        assert await client.health()
+        names = {t.name for t in await client.tools()}
+        assert "write_file" in names
+        async with client.session() as s:
+            await s.write_file("x.txt", "async!")
+            assert await s.read_file("x.txt") == "async!"
+            sid = s.id
+        with pytest.raises(NotFound):
+            await client.get_session(sid)
+        with pytest.raises(InvalidArguments) as bad:
+            await client.invoke("read_file")
+        assert bad.value.field == "path"
+
+
+def test_unix_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "sandboxd.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    log = open(tmp_path / "uds.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
+         "--state-dir", str(tmp_path / "state"), *DAEMON_ARGS], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        client = SandboxClient(socket=sock)
+        deadline = time.monotonic() + 60
+        while not client.health():
+            assert proc.poll() is None, (tmp_path / "uds.log").read_text()
+            assert time.monotonic() < deadline, "daemon did not come up on the socket"
+            time.sleep(0.1)
+        with client, client.session() as s:
+            s.write_file("over_uds.txt", "via unix socket")
+            assert s.read_file("over_uds.txt") == "via unix socket"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def test_connection_failure_is_typed() -> None:
+    client = SandboxClient(f"http://127.0.0.1:{free_port()}", retries=1, max_retry_wait=0.1)
+    with client, pytest.raises(ConnectionFailed):
+        client.tools()
+
+
+def _rate_limited_app(plan: list[tuple[int, dict[str, str]]], seen: list[float]) -> Starlette:
+    ok = {"id": "inv_1", "tool": "python", "status": "ok",
+          "termination": {"reason": "exited", "exit_code": 0}, "stdout": "done\n"}
+
+    async def invoke(request: Request) -> JSONResponse:
+        seen.append(time.monotonic())
+        status, headers = plan[min(len(seen) - 1, len(plan) - 1)]
+        if status == 429:
+            return JSONResponse({"type": "https://sandboxd.dev/problems/rate-limited",
+                                 "title": "Too many requests", "status": 429,
+                                 "detail": "queue full"}, status_code=429, headers=headers,
+                                media_type="application/problem+json")
+        return JSONResponse(ok)
+
+    return Starlette(routes=[Route("/v1/tools/{name}/invoke", invoke, methods=["POST"])])
+
+
+def test_429_retried_after_retry_after() -> None:
+    seen: list[float] = []
+    plan = [(429, {"Retry-After": "1"}), (429, {"Retry-After": "1"}), (200, {})]
+    with StubServer(_rate_limited_app(plan, seen)) as stub, SandboxClient(stub.url) as client:
+        result = client.invoke("python", code="print('done')")
+    assert result.stdout == "done\n"
+    assert len(seen) == 3
+    # the client waited as long as the server asked, each time
+    assert seen[1] - seen[0] >= 0.95 and seen[2] - seen[1] >= 0.95
+
+
+async def test_429_http_date_and_exhausted_retries() -> None:
+    seen: list[float] = []
+    date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 2))
+    plan = [(429, {"Retry-After": date})]
+    with StubServer(_rate_limited_app(plan, seen)) as stub:
+        async with AsyncSandboxClient(stub.url, retries=1, max_retry_wait=5) as client:
+            with pytest.raises(RateLimited) as info:
+                await client.invoke("python", code="1")
+    assert len(seen) == 2  # one retry, then the error
+    assert seen[1] - seen[0] >= 0.5  # waited for the HTTP-date (second resolution)
+    assert info.value.retry_after is not None and info.value.retry_after <= 2.5
+    assert info.value.detail == "queue full"
+
+
+def test_bearer_token_is_sent() -> None:
+    got: list[str | None] = []
+
+    async def tools(request: Request) -> JSONResponse:
+        got.append(request.headers.get("authorization"))
+        return JSONResponse([])
+
+    app = Starlette(routes=[Route("/v1/tools", tools)])
+    with StubServer(app) as stub, SandboxClient(stub.url, token="sbx_abc") as client:
+        assert client.tools() == []
+    assert got == ["Bearer sbx_abc"]
+    assert isinstance(httpx.__version__, str)
