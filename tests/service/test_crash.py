@@ -1,0 +1,142 @@
+"""Crash safety: `kill -9` the daemon during 8 in-flight calls, restart it on the same state
+directory, and prove that the restart's sweep leaves nothing of the dead daemon behind and
+that the audit log still verifies and says what was interrupted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.service.procs import (
+    ProcId,
+    audit_records,
+    audit_verify,
+    cgroup_dirs,
+    descendants,
+    still_alive,
+    wait_for,
+)
+from tests.support.daemon import start_daemon
+
+IN_FLIGHT = 8
+BUSY = "while True:\n    pass\n"
+ENV = {"SANDBOXD_MAX_CONCURRENCY": str(IN_FLIGHT), "SANDBOXD_CONTAINER_ENABLED": "false"}
+
+
+def _fire(url: str, errors: list[BaseException]) -> None:
+    try:
+        with httpx.Client(base_url=url, timeout=180) as client:
+            client.post(
+                "/v1/tools/python/invoke",
+                json={"arguments": {"code": BUSY}, "limits": {"timeout_s": 120}},
+            )
+    except BaseException as exc:  # the daemon dies under us: a connection error is expected
+        errors.append(exc)
+
+
+def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = start_daemon(tmp_path / "first", state_dir=state, env=ENV)
+    workers: list[ProcId] = []
+    worker_cgroups: set[Path] = set()
+    workspaces_before: set[Path] = set()
+    second = None
+    try:
+        own_cgroups = cgroup_dirs(first.proc.pid)
+        baseline = {p.pid for p in descendants(first.proc.pid)}
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=_fire, args=(first.url, errors), daemon=True)
+            for _ in range(IN_FLIGHT)
+        ]
+        for t in threads:
+            t.start()
+
+        def busy_workers() -> list[ProcId]:
+            new = [p for p in descendants(first.proc.pid) if p.pid not in baseline]
+            running = []
+            for p in new:
+                with contextlib.suppress(psutil.Error):
+                    if psutil.Process(p.pid).cpu_times().user > 0.2:
+                        running.append(p)
+            return running if len(running) >= IN_FLIGHT else []
+
+        wait_for(busy_workers, 90, f"{IN_FLIGHT} busy workers")
+        workers = [p for p in descendants(first.proc.pid) if p.pid not in baseline]
+        for p in workers:
+            worker_cgroups |= cgroup_dirs(p.pid) - own_cgroups
+            with contextlib.suppress(psutil.Error):
+                cwd = Path(psutil.Process(p.pid).cwd())
+                if cwd != Path("/"):
+                    workspaces_before.add(cwd)
+        ws_root = state / "workspaces"
+        if ws_root.exists():
+            workspaces_before |= set(ws_root.iterdir())
+        decisions = [
+            r["request_id"]
+            for r in audit_records(first.audit_path)
+            if r.get("event") == "decision" and r.get("tool") == "python"
+        ]
+        assert len(decisions) == IN_FLIGHT, decisions
+
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+        for t in threads:
+            t.join(30)
+        assert len(errors) == IN_FLIGHT, "every in-flight call lost its connection"
+        survivors_of_kill = still_alive(workers)
+        print(
+            f"{len(workers)} worker processes, {len(survivors_of_kill)} alive right after "
+            f"kill -9; {len(worker_cgroups)} worker cgroups; "
+            f"{len(workspaces_before)} workspaces"
+        )
+
+        # --- restart on the same state directory: start-up sweeps before serving
+        second = start_daemon(tmp_path / "second", state_dir=state, env=ENV)
+
+        with contextlib.suppress(AssertionError):  # SIGKILL delivery is asynchronous
+            wait_for(lambda: not still_alive(workers), 5, "orphans to be gone", interval=0.1)
+        survivors = still_alive(workers)
+        assert not survivors, f"processes of the dead daemon survived the sweep: {survivors}"
+        assert worker_cgroups, "the workers ran in no cgroup of their own (no memory/pids limit)"
+        left_cgroups = sorted(str(d) for d in worker_cgroups if d.exists())
+        assert not left_cgroups, f"cgroups of the dead daemon survived: {left_cgroups}"
+        left_ws = sorted(str(w) for w in workspaces_before if w.exists())
+        assert not left_ws, f"temp workspaces of the dead daemon survived: {left_ws}"
+
+        # --- the audit log verifies and says what was interrupted
+        verify = audit_verify(second.audit_path)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        records = audit_records(second.audit_path)
+        events = [r.get("event") for r in records]
+        assert "interrupted" in events, f"no 'interrupted' record; last events: {events[-6:]}"
+        at = len(events) - 1 - events[::-1].index("interrupted")
+        assert set(decisions) <= set(records[at]["requests"]), records[at]
+        startups = [i for i, e in enumerate(events) if e == "startup"]
+        assert len(startups) == 2, events
+        assert startups[0] < at < startups[1], "interrupted belongs to the restart, before serving"
+
+        # --- and the restarted daemon works
+        ok = second.invoke("python", {"code": "6 * 7"})
+        assert ok.status_code == 200 and ok.json()["value"] == 42, ok.text
+    finally:
+        for d in (first, second):
+            if d is not None:
+                d.client.close()
+                d.stop()
+        # Never leak what we started, even when the daemon's sweep failed.
+        for p in still_alive(workers):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(p.pid).kill()
+        for d in sorted(worker_cgroups, key=lambda x: len(str(x)), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        for w in workspaces_before:
+            shutil.rmtree(w, ignore_errors=True)

@@ -1,0 +1,145 @@
+"""SIGTERM drains: new calls get 503, in-flight calls finish (or are cancelled at the grace
+deadline), nothing is left behind, and the daemon exits 0."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.service.procs import (
+    ProcId,
+    audit_records,
+    audit_verify,
+    descendants,
+    still_alive,
+    wait_for,
+)
+from tests.support.daemon import start_daemon
+
+ITERATIONS = 20_000_000  # a few seconds of pure-Python loop per call on one core
+COUNT = f"n = 0\nwhile n < {ITERATIONS}:\n    n = n + 1\nn\n"
+BUSY = "while True:\n    pass\n"
+
+
+def _call(url: str, code: str, out: list[Any], timeout_s: float = 120) -> None:
+    try:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            r = client.post(
+                "/v1/tools/python/invoke",
+                json={"arguments": {"code": code}, "limits": {"timeout_s": timeout_s}},
+            )
+            out.append(r)
+    except BaseException as exc:
+        out.append(exc)
+
+
+def _busy_workers(pid: int, baseline: set[int], count: int) -> list[ProcId]:
+    running = []
+    for p in descendants(pid):
+        if p.pid in baseline:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(p.pid).cpu_times().user > 0.2:
+                running.append(p)
+    return running if len(running) >= count else []
+
+
+def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> None:
+    d = start_daemon(
+        tmp_path,
+        env={"SANDBOXD_DRAIN_GRACE_S": "120", "SANDBOXD_CONTAINER_ENABLED": "false"},
+    )
+    try:
+        baseline = {p.pid for p in descendants(d.proc.pid)}
+        results: list[Any] = []
+        threads = [
+            threading.Thread(target=_call, args=(d.url, COUNT, results), daemon=True)
+            for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+        workers = wait_for(lambda: _busy_workers(d.proc.pid, baseline, 3), 90, "3 busy workers")
+        d.proc.send_signal(signal.SIGTERM)
+
+        # New calls are refused while the old ones run.
+        def refused() -> httpx.Response | None:
+            r = d.invoke("python", {"code": "1 + 1"})
+            return r if r.status_code == 503 else None
+
+        r = wait_for(refused, 10, "a 503 for a new call")
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert "Retry-After" in r.headers
+        assert r.json()["status"] == 503
+        assert all(t.is_alive() for t in threads), "in-flight calls must still be running"
+        ready = d.client.get("/readyz")
+        assert ready.status_code == 503, f"/readyz while draining: {ready.status_code} {ready.text}"
+
+        for t in threads:
+            t.join(240)
+        assert len(results) == 3
+        for res in results:
+            assert isinstance(res, httpx.Response), res
+            assert res.status_code == 200, res.text
+            body = res.json()
+            assert body["status"] == "ok" and body["value"] == ITERATIONS, body
+            assert body["cleanup"]["verified"] is True
+        assert d.proc.wait(60) == 0, d.log()[-3000:]
+        assert not still_alive(workers)
+        verify = audit_verify(d.audit_path)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        events = [r.get("event") for r in audit_records(d.audit_path)]
+        assert events[-1] == "shutdown", events[-5:]
+        assert events.count("result") >= 3
+    finally:
+        d.client.close()
+        d.stop()
+
+
+def test_sigterm_cancels_in_flight_calls_at_the_grace_deadline(tmp_path: Path) -> None:
+    grace = 2.0
+    d = start_daemon(
+        tmp_path,
+        env={"SANDBOXD_DRAIN_GRACE_S": str(grace), "SANDBOXD_CONTAINER_ENABLED": "false"},
+    )
+    workers: list[ProcId] = []
+    try:
+        baseline = {p.pid for p in descendants(d.proc.pid)}
+        results: list[Any] = []
+        threads = [
+            threading.Thread(target=_call, args=(d.url, BUSY, results), daemon=True)
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        workers = wait_for(lambda: _busy_workers(d.proc.pid, baseline, 2), 90, "busy workers")
+        started = time.monotonic()
+        d.proc.send_signal(signal.SIGTERM)
+        code = d.proc.wait(60)
+        took = time.monotonic() - started
+        assert code == 0, d.log()[-3000:]
+        assert took < 60, f"exit took {took:.1f}s although the grace is {grace}s"
+        for t in threads:
+            t.join(30)
+        assert not still_alive(workers), "a cancelled call's worker survived the shutdown"
+        for res in results:  # a cancelled call: a result saying so, or the connection closed
+            if isinstance(res, httpx.Response) and res.status_code == 200:
+                body = res.json()
+                assert body["status"] == "killed", body
+                assert body["termination"]["reason"] == "cancelled", body
+        verify = audit_verify(d.audit_path)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        events = [r.get("event") for r in audit_records(d.audit_path)]
+        assert events[-1] == "shutdown", events[-5:]
+    finally:
+        d.client.close()
+        d.stop()
+        for p in still_alive(workers):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(p.pid).kill()
