@@ -56,8 +56,8 @@ class LoadedPolicy:
             loc.extend(int(i.rstrip("]")) for i in indexes if i.rstrip("]").isdigit())
         if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network"):
             return self.source
-        line, col = self.position(tuple(loc))
-        return f"{self.source}:{line}:{col}"
+        node = node_at(self.root, loc, key=True)
+        return f"{self.source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
     def position(self, loc: Loc) -> tuple[int, int]:
         """1-based (line, column) of the YAML node at ``loc`` (the closest existing parent)."""
@@ -199,6 +199,10 @@ def _validation_problems(source: str, root: Node, exc: ValidationError) -> list[
             text = f"{_dotted(loc[:-1]) or '(top level)'}: missing required key '{loc[-1]}'"
         else:
             node = node_at(root, loc)
+            if kind in ("model_type", "dict_type", "model_attributes_type"):
+                msg = "expected a mapping (key: value pairs)"
+            elif kind == "list_type":
+                msg = "expected a list"
             text = f"{_dotted(loc)}: {msg}"
             value = err.get("input")
             if kind == "string_type" and isinstance(node, ScalarNode) and not node.style:

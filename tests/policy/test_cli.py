@@ -1,0 +1,100 @@
+"""`sandboxd policy check` and `sandboxd policy explain`, run as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.policy.helpers import write
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(REPO),
+                               "SANDBOXD_CONFIG": "/nonexistent/sandboxd.yaml"})
+
+
+def test_check_shipped_policies_ok() -> None:
+    r = sandboxd("policy", "check", "policies", "policies/examples/datascience.yaml",
+                 "policies/examples/custom-tools.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("policies/default.yaml: ok (policy 'default'; clients: *; tools: python, "
+                        "shell, read_file, write_file, list_files, git_status)")
+    assert len(lines) == 4
+
+
+def test_check_bad_file_exit_1_one_line_per_problem(tmp_path: Path) -> None:
+    bad = write(tmp_path, "bad.yaml", """\
+        version: 1
+        name: bad
+        clients: ["*"]
+        tools:
+          shell:
+            operators: maybe
+            commands: {allow: [ls], deny: [curl], alow: [x]}
+        """)
+    r = sandboxd("policy", "check", str(bad))
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == [
+        f"{bad}:6:16: tools.shell.operators: Input should be a valid boolean, unable to "
+        "interpret input",
+        f"{bad}:7:43: tools.shell.commands: unknown key 'alow' (expected one of: allow, deny)",
+    ]
+
+
+def test_check_separately_vs_as_a_set(tmp_path: Path) -> None:
+    a = write(tmp_path, "a.yaml", "version: 1\nname: a\nclients: ['*']\n")
+    b = write(tmp_path, "b.yaml", "version: 1\nname: b\nclients: ['*']\n")
+    r = sandboxd("policy", "check", str(a), str(b))
+    assert r.returncode == 1
+    assert r.stdout.strip() == f"{b}:3:11: client '*' is already assigned to policy 'a' ({a})"
+    assert sandboxd("policy", "check", "--separately", str(a), str(b)).returncode == 0
+
+
+def test_explain_denied_curl_names_file_line_and_rule() -> None:
+    r = sandboxd("policy", "explain", "--tool", "shell", "--args", '{"command": "curl x"}')
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "decision: deny"
+    assert lines[2].startswith("rule:     policies/default.yaml:")
+    assert lines[2].endswith(": tools.shell.commands.deny[0]")
+    line_no = int(lines[2].split(":")[2])
+    assert "deny: [curl," in (REPO / "policies/default.yaml").read_text().splitlines()[line_no - 1]
+    assert lines[3].startswith("message:  `curl` is not allowed here; allowed commands: ls, cat")
+
+
+def test_explain_allowed_json_with_limits(tmp_path: Path) -> None:
+    d = tmp_path / "pol"
+    write(d, "p.yaml", """\
+        version: 1
+        name: p
+        clients: [alice]
+        tools:
+          python: {limits: {timeout: 30s}}
+        """)
+    r = sandboxd("policy", "explain", "--tool", "python", "--args", '{"code": "1+1"}',
+                 "--client", "alice", "--policies", str(d), "--limits", '{"timeout_s": 5}',
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["allowed"] is True and out["rule"] == "tools.python"
+    assert out["limits"]["timeout_s"] == 5
+    assert out["location"] == f"{d / 'p.yaml'}:5:3"
+    # another client has no policy there
+    r = sandboxd("policy", "explain", "--tool", "python", "--args", '{"code": "1"}',
+                 "--policies", str(d))
+    assert "decision: deny" in r.stdout and "No policy applies to client `local`" in r.stdout
+
+
+def test_explain_bad_input() -> None:
+    r = sandboxd("policy", "explain", "--tool", "shell", "--args", "{not json")
+    assert r.returncode == 2 and "--args is not valid JSON" in r.stderr
+    r = sandboxd("policy", "explain", "--tool", "shell", "--args", '{"cmd": "ls"}')
+    assert r.returncode == 2
+    assert "invalid arguments: shell: argument 'cmd'" in r.stderr or "'command'" in r.stderr
