@@ -18,6 +18,7 @@ Wire format (both directions): 1 byte type, 4 bytes big-endian length, payload.
 Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 """
 
+# ruff: noqa: SIM105, SIM115  (standalone script: minimal imports, fds managed by hand)
 import ast
 import builtins
 import json
@@ -225,6 +226,31 @@ def _open_fds():
 # ------------------------------------------------------------------ the handler (child)
 
 
+def _group_gone(pgid, wait_s=1.0):
+    """True once no process of process group ``pgid`` is left (they were SIGKILLed)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            # fields: state ppid pgrp ...; zombies are gone as far as resources go
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                left = True
+                break
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
 def handle(conn, req):
     """Own one call: fork the worker, relay its output, report how it ended."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -317,6 +343,7 @@ def handle(conn, req):
 
     _, status, usage = os.wait4(pid, 0)
     stop()  # anything the worker left behind in its process group
+    group_gone = _group_gone(pid)
     oom1, pids1 = cgroup_counters()
     record = {
         "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
@@ -327,6 +354,7 @@ def handle(conn, req):
         "oom": oom1 > oom0,
         "pids_limit": pids_limit or pids1 > pids0,
         "output_limit": output_limit,
+        "group_gone": group_gone,
     }
     if value_buf:
         try:

@@ -1,0 +1,672 @@
+"""The container backend: every call runs as uid 10001 in a locked-down Docker container.
+
+Three ways a call gets a container (all with the same confinement, see :mod:`.engine`):
+
+* **warm pool** (one-shot calls, the common case): containers created and started ahead of
+  time, each with its runner connected and a private size-capped tmpfs at ``/workspace``; a
+  call takes one, runs once (a fork inside the container), and the container is destroyed;
+  the pool refills in the background. A one-shot call's workspace is fresh and empty by
+  design, so a pool container's private ``/workspace`` is equivalent; when the daemon hands
+  in a non-empty workspace (or a named network) the call gets a fresh container with the
+  workspace bind-mounted instead.
+* **session containers**: one per (client, session, image), with the session workspace
+  bind-mounted at ``/workspace``; each call is one fork of the runner inside it. The container
+  is removed by ``close_session`` (DELETE, TTL), at shutdown, and after any call that hit a
+  limit (timeout, memory, pids, output, cancellation) - the next call starts a fresh one on
+  the same workspace.
+* **cold** one-shot containers when the pool is empty or cannot serve the call.
+
+Limits: memory (= memory+swap), CPU and pids are container limits, changed in place with one
+``update`` call when a call's limits differ from the container's; output is capped by the
+runner and again here; the wall deadline is enforced here. OOM is read from the container's
+cgroup by the runner (``memory.events``/``memory.oom_control``) and from ``State.OOMKilled``.
+
+Known limits of the design, written down: the runner socket directory is reachable by the
+code of the same container (it may impersonate the runner to later calls of the *same*
+session, which it could influence anyway); a session container's processes that escape their
+call's process group (``setsid``) live until the session container is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+
+from sandboxd.backends.base import BackendUnavailable
+from sandboxd.backends.container import engine
+from sandboxd.backends.container.runner import CallOutput, Endpoint, RunnerLost, call
+from sandboxd.config import Settings
+from sandboxd.models import (
+    Cleanup,
+    Invocation,
+    Limits,
+    ProbeCheck,
+    ProbeReport,
+    Reason,
+    Resources,
+    Result,
+    Status,
+    Termination,
+    ToolKind,
+    Truncated,
+    status_for,
+)
+
+log = logging.getLogger("sandboxd.container")
+T = TypeVar("T")
+
+POOL_MEMORY_SHARE = 0.25  # idle pool containers may reserve at most this share of free memory
+POOL_PARALLEL_STARTS = 2
+MAX_CODE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class Box:
+    """One sandbox container and its runner endpoint."""
+
+    name: str
+    image: str
+    shape: engine.Shape
+    endpoint: Endpoint
+    role: str
+    cid: str | None = None
+    dead: bool = False
+
+
+class ContainerBackend:
+    """Docker containers as the sandbox (see the module docstring)."""
+
+    name = "container"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._client: docker.DockerClient | None = None
+        self._seccomp: str | None = None
+        self._available: tuple[bool, str | None] = (False, "the container backend is not started")
+        self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sandboxd-docker")
+        self._rundir: Path | None = None
+        self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+        self._pool: dict[str, deque[Box]] = {}
+        self._pool_shape: dict[str, engine.Shape] = {}
+        self._filling: dict[str, int] = {}
+        self._refill = asyncio.Event()
+        self._refill_task: asyncio.Task[None] | None = None
+        self._sessions: dict[tuple[str, str, str], Box] = {}
+        self._session_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        self._boxes: set[Box] = set()  # every live container, for close()
+        self._closing = False
+
+    # ------------------------------------------------------------ helpers
+
+    async def _engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking docker SDK call in the backend's thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            raise BackendUnavailable(self._available[1] or "the Docker engine is unreachable")
+        return self._client
+
+    def _image_for(self, invocation: Invocation) -> str:
+        if invocation.image:
+            return invocation.image
+        if invocation.kind is ToolKind.python:
+            return self.settings.python_image
+        return self.settings.shell_image
+
+    def _pool_target(self) -> int:
+        size = self.settings.warm_pool_size
+        if size <= 0:
+            return 0
+        try:
+            import psutil
+
+            free = psutil.virtual_memory().available
+            per = max(s.memory for s in self._pool_shape.values()) if self._pool_shape else (
+                Limits().memory_bytes)
+            size = min(size, max(1, int(free * POOL_MEMORY_SHARE) // per))
+        except Exception:  # psutil missing or odd host: trust the setting
+            pass
+        return size
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect, sweep leftovers of a crash, and fill the warm pool."""
+        self._closing = False
+        try:
+            self._seccomp = engine.load_seccomp(self.settings)
+        except (OSError, ValueError) as exc:
+            self._available = (False, f"cannot read the seccomp profile: {exc}")
+            return
+        try:
+            client = await self._engine(engine.connect, self.settings)
+            await self._engine(client.ping)
+        except Exception as exc:
+            self._available = (False, f"the Docker engine is unreachable: {exc}")
+            return
+        self._client = client
+        removed = await self._engine(engine.sweep, client, self.settings.instance_name)
+        if removed:
+            log.warning("removed %d container(s) left by a previous run", len(removed))
+        self._prepare_rundir()
+        images = {self.settings.python_image, self.settings.shell_image}
+        for image in sorted(images):
+            problem = await self._engine(engine.image_problem, client, image)
+            if problem:
+                self._available = (False, problem)
+                return
+        self._available = (True, None)
+        for image in sorted(images):
+            self._pool.setdefault(image, deque())
+            self._pool_shape.setdefault(image, engine.Shape.of(Limits()))
+        self._refill_task = asyncio.create_task(self._refill_loop(), name="container-pool")
+        self._refill.set()
+
+    def _prepare_rundir(self) -> None:
+        base = self.settings.state_dir / "run"
+        longest = base / ("x" * 16) / "runner.sock"
+        if len(str(longest)) < 100:
+            # leftovers of a crashed daemon: their containers are gone after the sweep
+            shutil.rmtree(base, ignore_errors=True)
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(base, 0o700)
+            self._rundir = base
+        else:  # unix socket paths are limited to 108 bytes
+            self._rundir = Path(tempfile.mkdtemp(prefix="sandboxd-run-"))
+
+    async def close(self) -> None:
+        """Remove every container this backend started."""
+        self._closing = True
+        if self._refill_task is not None:
+            self._refill_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._refill_task
+            self._refill_task = None
+        boxes = list(self._boxes)
+        await asyncio.gather(*(self._destroy(b) for b in boxes), return_exceptions=True)
+        self._pool.clear()
+        self._sessions.clear()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._engine(engine.sweep, self._client, self.settings.instance_name)
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+        if self._rundir is not None:
+            shutil.rmtree(self._rundir, ignore_errors=True)
+        self._available = (False, "the container backend is stopped")
+
+    def availability(self) -> tuple[bool, str | None]:
+        """Cached: engine reachable and images present at start-up (or last failure)."""
+        return self._available
+
+    # ------------------------------------------------------------ containers
+
+    async def _new_box(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
+                       workspace: Path | None, network: str | None = None,
+                       session: str | None = None) -> Box:
+        """Create and start a container (its runner connects asynchronously)."""
+        if self._rundir is None or self._seccomp is None:
+            raise BackendUnavailable(self._available[1] or "the container backend is not started")
+        token = secrets.token_hex(6)
+        name = f"sandboxd-{self.settings.instance_name}-{token}"
+        endpoint = await Endpoint.open(self._rundir / token, self._owner)
+        box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role)
+        self._boxes.add(box)
+        spec = engine.Spec(name=name, image=image, shape=shape, rundir=endpoint.rundir,
+                           role=role, invocation=invocation, workspace=workspace,
+                           network=network, session=session)
+        task = asyncio.ensure_future(self._engine(
+            engine.create_and_start, self.client, self.settings, self._seccomp, spec))
+        try:
+            box.cid = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # the engine call runs on in its thread: wait for it, then remove what it made
+            with contextlib.suppress(BaseException):
+                box.cid = await task
+            await self._destroy(box, by_name=True)
+            raise
+        except BaseException:
+            await self._destroy(box, by_name=True)
+            raise
+        return box
+
+    async def _destroy(self, box: Box, *, by_name: bool = False) -> bool:
+        """Remove the container and its endpoint; True once the engine confirms it is gone."""
+        box.dead = True
+        self._boxes.discard(box)
+        ref = box.cid or (box.name if by_name else None)
+        verified = True
+        if ref is not None and self._client is not None:
+            verified = await self._engine(engine.destroy, self._client, ref)
+        await box.endpoint.close()
+        return verified
+
+    async def _destroy_shielded(self, box: Box) -> bool:
+        task = asyncio.ensure_future(self._destroy(box))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await task
+            raise
+
+    # ------------------------------------------------------------ warm pool
+
+    async def _refill_loop(self) -> None:
+        sem = asyncio.Semaphore(POOL_PARALLEL_STARTS)
+        backoff = 0.5
+        pending: set[asyncio.Task[None]] = set()
+
+        async def fill_one(image: str) -> None:
+            nonlocal backoff
+            async with sem:
+                try:
+                    box = await self._new_box(image=image, shape=self._pool_shape[image],
+                                              role="pool", invocation="pool", workspace=None)
+                except Exception as exc:
+                    log.warning("warm pool: cannot start a container: %s", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30)
+                    return
+                finally:
+                    self._filling[image] -= 1
+                backoff = 0.5
+                if self._closing:
+                    await self._destroy(box)
+                    return
+                self._pool[image].append(box)
+                self._refill.set()
+
+        while not self._closing:
+            await self._refill.wait()
+            self._refill.clear()
+            target = self._pool_target()
+            for image, boxes in self._pool.items():
+                for box in [b for b in boxes if b.dead]:
+                    boxes.remove(box)
+                missing = target - len(boxes) - self._filling.get(image, 0)
+                for _ in range(max(missing, 0)):
+                    self._filling[image] = self._filling.get(image, 0) + 1
+                    task = asyncio.create_task(fill_one(image))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+
+    def _take_from_pool(self, image: str) -> Box | None:
+        boxes = self._pool.get(image)
+        if not boxes:
+            return None
+        # prefer a container whose runner is already connected
+        choice = next((b for b in boxes if b.endpoint.ready and not b.dead), None)
+        if choice is None:
+            choice = next((b for b in boxes if not b.dead), None)
+        if choice is not None:
+            boxes.remove(choice)
+        self._refill.set()
+        return choice
+
+    # ------------------------------------------------------------ run
+
+    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+        """Execute one call (see the module docstring)."""
+        started = time.monotonic()
+        request = self._request(invocation, limits)
+        if isinstance(request, Result):
+            return request
+        image = self._image_for(invocation)
+        shape = engine.Shape.of(limits)
+        if invocation.session is not None:
+            return await self._run_session(invocation, limits, deadline, request, image, shape,
+                                           started)
+        return await self._run_oneshot(invocation, limits, deadline, request, image, shape,
+                                       started)
+
+    def _request(self, invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
+        env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
+               "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+        base = {"id": invocation.id, "env": env, "cwd": "/workspace",
+                "output_bytes": limits.output_bytes}
+        if invocation.kind is ToolKind.command:
+            if not invocation.argv:
+                return self._rejected(invocation, limits, "no command to run (empty argv)")
+            return {**base, "kind": "command", "argv": [str(a) for a in invocation.argv]}
+        if invocation.kind is ToolKind.python:
+            code = invocation.arguments.get("code")
+            if not isinstance(code, str) or not code.strip():
+                return self._rejected(invocation, limits, "argument 'code' must be non-empty")
+            if len(code.encode()) > MAX_CODE_BYTES:
+                return self._rejected(invocation, limits, "the code is too large")
+            return {**base, "kind": "python", "code": code,
+                    "imports_allow": list(invocation.imports_allow),
+                    "imports_deny": list(invocation.imports_deny)}
+        return self._rejected(invocation, limits,
+                              f"the container backend does not run {invocation.kind} tools")
+
+    def _rejected(self, invocation: Invocation, limits: Limits, message: str) -> Result:
+        return Result(id=invocation.id, tool=invocation.tool, session=invocation.session,
+                      backend=self.name, status=Status.rejected,
+                      termination=Termination(reason=Reason.policy), limits=limits,
+                      cleanup=Cleanup(verified=True), message=message)
+
+    async def _run_oneshot(self, invocation: Invocation, limits: Limits, deadline: float,
+                           request: dict[str, Any], image: str, shape: engine.Shape,
+                           started: float) -> Result:
+        box: Box | None = None
+        try:
+            poolable = invocation.network is None and _is_empty_dir(invocation.workspace)
+            if poolable:
+                if image not in self._pool:
+                    self._pool[image] = deque()
+                    self._pool_shape[image] = shape
+                    self._refill.set()
+                self._pool_shape[image] = shape  # refill with the shape calls actually use
+                box = self._take_from_pool(image)
+            if box is None:
+                box = await asyncio.wait_for(
+                    self._new_box(image=image, shape=shape, role="oneshot",
+                                  invocation=invocation.id,
+                                  workspace=None if poolable else invocation.workspace,
+                                  network=invocation.network),
+                    timeout=max(deadline - time.monotonic(), 0.001))
+            if box.shape != shape:
+                await self._engine(engine.update_shape, self.client, box.cid or box.name, shape)
+                box.shape = shape
+            outcome = await self._exchange(box, request, limits, deadline)
+        except asyncio.CancelledError:
+            if box is not None:
+                await self._destroy_shielded(box)
+            raise
+        except TimeoutError:
+            verified = await self._destroy_shielded(box) if box is not None else True
+            return self._timeout(invocation, limits, started, verified)
+        except BaseException:
+            if box is not None:
+                await self._destroy_shielded(box)
+            raise
+        oom = outcome.needs_oom_check and await self._engine(engine.oom_killed, self.client,
+                                                             box.cid or box.name)
+        verified = await self._destroy_shielded(box)
+        return self._result(invocation, limits, outcome, started, verified, oom=oom,
+                            detail=None if verified else "the engine did not confirm removal")
+
+    async def _session_box(self, key: tuple[str, str, str], invocation: Invocation,
+                           image: str, shape: engine.Shape, deadline: float) -> Box:
+        lock = self._session_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            box = self._sessions.get(key)
+            if box is not None and not box.dead:
+                return box
+            box = await asyncio.wait_for(
+                self._new_box(image=image, shape=shape, role="session",
+                              invocation=invocation.id, workspace=invocation.workspace,
+                              network=invocation.network, session=invocation.session),
+                timeout=max(deadline - time.monotonic(), 0.001))
+            self._sessions[key] = box
+            return box
+
+    async def _run_session(self, invocation: Invocation, limits: Limits, deadline: float,
+                           request: dict[str, Any], image: str, shape: engine.Shape,
+                           started: float) -> Result:
+        assert invocation.session is not None
+        key = (invocation.client, invocation.session, image)
+        box: Box | None = None
+        try:
+            box = await self._session_box(key, invocation, image, shape, deadline)
+            if box.shape != shape:
+                await self._engine(engine.update_shape, self.client, box.cid or box.name, shape)
+                box.shape = shape
+            outcome = await self._exchange(box, request, limits, deadline)
+        except asyncio.CancelledError:
+            if box is not None:
+                await self._drop_session_box(key, box)
+            raise
+        except TimeoutError:
+            verified = await self._drop_session_box(key, box) if box is not None else True
+            return self._timeout(invocation, limits, started, verified)
+        except BaseException:
+            if box is not None:
+                await self._drop_session_box(key, box)
+            raise
+        if outcome.clean:
+            verified = bool(outcome.record.get("group_gone", True))
+            return self._result(invocation, limits, outcome, started, verified, oom=False,
+                                detail="session container kept; the call's processes are gone"
+                                if verified else "processes of the call may be left")
+        oom = outcome.needs_oom_check and await self._engine(engine.oom_killed, self.client,
+                                                             box.cid or box.name)
+        verified = await self._drop_session_box(key, box)
+        return self._result(invocation, limits, outcome, started, verified, oom=oom,
+                            detail="the session container was replaced after a limit")
+
+    async def _drop_session_box(self, key: tuple[str, str, str], box: Box) -> bool:
+        if self._sessions.get(key) is box:
+            del self._sessions[key]
+        return await self._destroy_shielded(box)
+
+    async def _exchange(self, box: Box, request: dict[str, Any], limits: Limits,
+                        deadline: float) -> _Outcome:
+        """Run one request on ``box`` within the deadline (raises TimeoutError)."""
+        out = CallOutput()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        conn = None
+        lost: str | None = None
+        try:
+            async with asyncio.timeout(remaining):
+                conn = await box.endpoint.take()
+                try:
+                    await call(conn, request, limits.output_bytes, out)
+                except RunnerLost as exc:
+                    lost = str(exc)
+        finally:
+            if conn is not None:
+                box.endpoint.release(conn[1])
+        return _Outcome(out, lost)
+
+    # ------------------------------------------------------------ results
+
+    def _timeout(self, invocation: Invocation, limits: Limits, started: float,
+                 verified: bool) -> Result:
+        return Result(
+            id=invocation.id, tool=invocation.tool, session=invocation.session,
+            backend=self.name, status=Status.timeout,
+            termination=Termination(reason=Reason.wall_timeout),
+            resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
+            limits=limits,
+            cleanup=Cleanup(verified=verified,
+                            detail=None if verified else "the engine did not confirm removal"),
+            message=f"the call exceeded its wall-clock limit of {limits.timeout_s:g} s and "
+                    "its container was killed",
+        )
+
+    def _result(self, invocation: Invocation, limits: Limits, outcome: _Outcome,
+                started: float, verified: bool, *, oom: bool, detail: str | None) -> Result:
+        out, rec = outcome.output, outcome.record
+        exit_code = rec.get("exit_code")
+        sig = rec.get("signal")
+        message = None
+        if rec.get("oom") or oom:
+            reason = Reason.memory_limit
+            message = (f"the call ran out of memory (limit {limits.memory_bytes} bytes) "
+                       "and was killed")
+        elif out.over_limit or rec.get("output_limit"):
+            reason = Reason.output_limit
+            message = f"the output exceeded {limits.output_bytes} bytes; the call was stopped"
+        elif rec.get("pids_limit"):
+            reason = Reason.pids_limit
+            message = f"the call hit the process limit ({limits.pids}) and was stopped"
+        elif outcome.lost:
+            reason = Reason.exited
+            message = outcome.lost
+        elif rec.get("error"):
+            reason = Reason.exited
+            message = str(rec["error"])
+        else:
+            reason = Reason.exited
+        status = status_for(reason, exit_code)
+        if outcome.lost or rec.get("error"):
+            status = Status.error
+        truncated = Truncated()
+        if reason is Reason.output_limit:
+            truncated = Truncated(stdout=out.last_stream == "stdout",
+                                  stderr=out.last_stream == "stderr")
+        return Result(
+            id=invocation.id, tool=invocation.tool, session=invocation.session,
+            backend=self.name, status=status,
+            termination=Termination(reason=reason, exit_code=exit_code, signal=sig),
+            stdout=out.stdout.decode("utf-8", errors="replace"),
+            stderr=out.stderr.decode("utf-8", errors="replace"),
+            truncated=truncated,
+            value=rec.get("value") if rec.get("has_value") else None,
+            resources=Resources(wall_ms=int((time.monotonic() - started) * 1000),
+                                cpu_ms=int(rec.get("cpu_ms") or 0),
+                                peak_memory_bytes=int(rec.get("peak_memory_bytes") or 0)),
+            limits=limits,
+            cleanup=Cleanup(verified=verified, detail=detail),
+            message=message,
+        )
+
+    # ------------------------------------------------------------ sessions
+
+    async def close_session(self, session_id: str) -> None:
+        """Remove the session's container(s). Idempotent."""
+        keys = [k for k in self._sessions if k[1] == session_id]
+        await asyncio.gather(*(self._drop_session_box(k, self._sessions[k]) for k in keys),
+                             return_exceptions=True)
+        for key in keys:
+            self._session_locks.pop(key, None)
+
+    # ------------------------------------------------------------ readiness
+
+    async def probe(self) -> ProbeReport:
+        """Prove confinement by running probes in real containers (one-shot path)."""
+        ok, why = self.availability()
+        if not ok:
+            return ProbeReport(backend=self.name, ok=False, detail=why or "unavailable")
+        checks: list[ProbeCheck] = []
+        workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=self.settings.state_dir))
+        try:
+            if self._owner is not None:
+                os.chown(workspace, *self._owner)
+            inv = Invocation(tool="python", kind=ToolKind.python, client="sandboxd-probe",
+                             workspace=workspace, arguments={"code": PROBE_CODE})
+            limits = Limits(timeout_s=30)
+            res = await self.run(inv, limits, time.monotonic() + 30)
+            facts = res.value if isinstance(res.value, dict) else {}
+            if not facts:
+                detail = f"probe failed: {res.status} {res.message or ''} {res.stderr[-300:]}"
+                return ProbeReport(backend=self.name, ok=False, detail=detail)
+            uid = self.settings.sandbox_uid
+            checks.append(ProbeCheck(name="unprivileged",
+                                     ok=facts.get("uid") == uid and facts.get("cap_eff") == 0,
+                                     detail=f"uid={facts.get('uid')} "
+                                            f"CapEff={facts.get('cap_eff')}"))
+            checks.append(ProbeCheck(name="socket_blocked", ok=bool(facts.get("net_blocked")),
+                                     detail=str(facts.get("net_detail"))))
+            checks.append(ProbeCheck(name="write_outside_blocked",
+                                     ok=bool(facts.get("write_blocked")),
+                                     detail=str(facts.get("write_detail"))))
+            checks.append(ProbeCheck(name="seccomp",
+                                     ok=facts.get("seccomp") == 2
+                                     and bool(facts.get("unshare_blocked")),
+                                     detail=f"Seccomp={facts.get('seccomp')} unshare blocked="
+                                            f"{facts.get('unshare_blocked')}"))
+            checks.append(ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
+                                     detail=f"NoNewPrivs={facts.get('no_new_privs')}"))
+            mem_inv = Invocation(tool="python", kind=ToolKind.python, client="sandboxd-probe",
+                                 workspace=workspace,
+                                 arguments={"code": "x = bytearray(96 * 1024 * 1024)\n"
+                                                    "x[::4096] = b'x' * len(x[::4096])\n"})
+            mem = await self.run(mem_inv, Limits(timeout_s=30, memory_bytes=48 * 1024 * 1024),
+                                 time.monotonic() + 30)
+            checks.append(ProbeCheck(
+                name="memory_limit", ok=mem.termination.reason is Reason.memory_limit,
+                detail=f"96 MiB under a 48 MiB limit -> {mem.termination.reason.value}"))
+            checks.append(ProbeCheck(name="cleanup", ok=res.cleanup.verified
+                                     and mem.cleanup.verified,
+                                     detail="probe containers removed"))
+        finally:
+            shutil.rmtree(workspace, ignore_errors=True)
+        return ProbeReport(backend=self.name, ok=all(c.ok for c in checks), checks=checks)
+
+
+@dataclass
+class _Outcome:
+    output: CallOutput
+    lost: str | None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.output.exit or {}
+
+    @property
+    def clean(self) -> bool:
+        """The call ended by itself, within every limit: its container may be reused."""
+        rec = self.record
+        return (self.output.exit is not None and not self.lost and not self.output.over_limit
+                and not rec.get("oom") and not rec.get("pids_limit")
+                and not rec.get("output_limit") and not rec.get("error"))
+
+    @property
+    def needs_oom_check(self) -> bool:
+        """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
+        rec = self.record
+        return not rec.get("oom") and (self.lost is not None or rec.get("signal") == 9)
+
+
+def _is_empty_dir(path: Path) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+
+
+PROBE_CODE = r"""
+import ctypes, os, socket
+facts = {"uid": os.getuid()}
+with open("/proc/self/status") as fh:
+    status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+facts["cap_eff"] = int(status.get("CapEff", "-1"), 16)
+facts["seccomp"] = int(status.get("Seccomp", "0").strip())
+facts["no_new_privs"] = int(status.get("NoNewPrivs", "0").strip())
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect(("1.1.1.1", 53))
+    facts["net_blocked"], facts["net_detail"] = False, "connected to 1.1.1.1:53"
+except OSError as exc:
+    facts["net_blocked"], facts["net_detail"] = True, f"connect: {exc}"
+blocked = []
+for path in ("/probe", "/etc/probe", "/usr/probe", "/run/sandboxd/probe"):
+    try:
+        with open(path, "w") as fh:
+            fh.write("x")
+        blocked.append(False)
+    except OSError:
+        blocked.append(True)
+facts["write_blocked"] = all(blocked)
+facts["write_detail"] = "writes to /, /etc, /usr, /run/sandboxd refused" if all(blocked) else (
+    f"some writes succeeded: {blocked}")
+libc = ctypes.CDLL(None, use_errno=True)
+facts["unshare_blocked"] = libc.unshare(0x10000000) != 0
+facts
+"""

@@ -1,0 +1,221 @@
+"""Docker engine access for the container backend: the container spec, create/start, destroy
+with verification, and the start-up sweep. All functions here block (docker SDK); the backend
+calls them in worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.errors import APIError, NotFound
+from docker.types import Ulimit
+
+from sandboxd.config import Settings
+from sandboxd.models import Limits
+
+log = logging.getLogger("sandboxd.container")
+
+LABEL_DAEMON = "sandboxd.daemon"
+LABEL_INVOCATION = "sandboxd.invocation"
+LABEL_ROLE = "sandboxd.role"
+LABEL_SESSION = "sandboxd.session"
+RUNNER_MOUNT = "/run/sandboxd"
+RUNNER_LABEL = "sandboxd.runner.sha256"
+#: processes the sandbox machinery itself needs (init, runner, a handler per concurrent call)
+PIDS_OVERHEAD = 6
+TMP_BYTES = 64 * 1024 * 1024
+NOFILE = 1024
+CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def shipped_seccomp_profile() -> Path:
+    """The seccomp profile shipped in ``policies/`` (source tree or installed package data)."""
+    here = Path(__file__).resolve()
+    candidates = [
+        here.parents[3] / "policies" / "seccomp.json",  # source checkout
+        here.parents[2] / "_data" / "policies" / "seccomp.json",  # wheel (force-include)
+    ]
+    for path in candidates:
+        if path.is_file():
+            return path
+    return candidates[0]
+
+
+def load_seccomp(settings: Settings) -> str:
+    """The seccomp profile as compact JSON text (what ``security_opt=seccomp=`` wants)."""
+    path = settings.seccomp_profile or shipped_seccomp_profile()
+    return json.dumps(json.loads(path.read_text()), separators=(",", ":"))
+
+
+def connect(settings: Settings) -> docker.DockerClient:
+    """A docker client with a connection pool big enough for concurrent calls."""
+    if settings.docker_url:
+        return docker.DockerClient(base_url=settings.docker_url, timeout=60, max_pool_size=32)
+    return docker.from_env(timeout=60, max_pool_size=32)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The resource part of a container's config: what a call's limits change."""
+
+    memory: int
+    nano_cpus: int
+    pids: int
+
+    @classmethod
+    def of(cls, limits: Limits) -> Shape:
+        return cls(
+            memory=int(limits.memory_bytes),
+            nano_cpus=max(int(limits.cpus * 1e9), 10_000_000),
+            pids=int(limits.pids) + PIDS_OVERHEAD,
+        )
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything needed to create one sandbox container."""
+
+    name: str
+    image: str
+    shape: Shape
+    rundir: Path
+    role: str  # "pool" | "session" | "oneshot" | "probe"
+    invocation: str
+    workspace: Path | None  # None: a size-capped tmpfs at /workspace (pool containers)
+    network: str | None = None
+    session: str | None = None
+
+
+def create_and_start(client: docker.DockerClient, settings: Settings, seccomp: str,
+                     spec: Spec) -> str:
+    """Create and start a container for ``spec``; returns its id. On failure nothing is left."""
+    api = client.api
+    uid, gid = settings.sandbox_uid, settings.sandbox_gid
+    quota = int(settings.session_quota_bytes)
+    tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
+    binds = {str(spec.rundir): {"bind": RUNNER_MOUNT, "mode": "ro"}}
+    if spec.workspace is None:
+        tmpfs["/workspace"] = f"rw,nosuid,nodev,size={quota},uid={uid},gid={gid},mode=0700"
+    else:
+        binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw"}
+    host_config = api.create_host_config(
+        binds=binds,
+        tmpfs=tmpfs,
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges:true", f"seccomp={seccomp}"],
+        network_mode=spec.network or "none",
+        mem_limit=spec.shape.memory,
+        memswap_limit=spec.shape.memory,
+        nano_cpus=spec.shape.nano_cpus,
+        pids_limit=spec.shape.pids,
+        ulimits=[
+            Ulimit(name="nofile", soft=NOFILE, hard=NOFILE),
+            Ulimit(name="fsize", soft=quota, hard=quota),
+            Ulimit(name="core", soft=0, hard=0),
+        ],
+        init=True,
+        ipc_mode="private",
+        auto_remove=False,
+    )
+    labels = {
+        LABEL_DAEMON: settings.instance_name,
+        LABEL_INVOCATION: spec.invocation,
+        LABEL_ROLE: spec.role,
+    }
+    if spec.session:
+        labels[LABEL_SESSION] = spec.session
+    created = api.create_container(
+        spec.image,
+        name=spec.name,
+        user=f"{uid}:{gid}",
+        working_dir="/workspace",
+        environment=[],
+        labels=labels,
+        host_config=host_config,
+        hostname="sandbox",
+        network_disabled=spec.network is None,
+        stdin_open=False,
+        tty=False,
+    )
+    cid: str = created["Id"]
+    try:
+        api.start(cid)
+    except BaseException:
+        destroy(client, cid)
+        raise
+    return cid
+
+
+def update_shape(client: docker.DockerClient, cid: str, shape: Shape) -> None:
+    """Change a running container's memory, CPU and pids limits (one engine round trip)."""
+    api = client.api
+    url = api._url("/containers/{0}/update", cid)
+    body = {"Memory": shape.memory, "MemorySwap": shape.memory,
+            "NanoCpus": shape.nano_cpus, "PidsLimit": shape.pids}
+    res = api._post_json(url, data=body)
+    api._raise_for_status(res)
+
+
+def destroy(client: docker.DockerClient, cid: str, *, wait_s: float = 30.0) -> bool:
+    """Kill and remove a container; True only once the engine answers 404 for it."""
+    api = client.api
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            api.remove_container(cid, force=True, v=True)
+        except NotFound:
+            pass
+        except APIError as exc:  # e.g. 409 "removal already in progress"
+            log.debug("remove %s: %s", cid[:12], exc)
+        try:
+            api.inspect_container(cid)
+        except NotFound:
+            return True
+        except Exception as exc:  # engine hiccup: retry until the deadline
+            log.debug("inspect %s: %s", cid[:12], exc)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def oom_killed(client: docker.DockerClient, cid: str) -> bool:
+    """Whether the engine saw an OOM kill in the container (``State.OOMKilled``)."""
+    try:
+        state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+    except Exception:
+        return False
+    return bool(state.get("OOMKilled"))
+
+
+def ours(client: docker.DockerClient, instance: str) -> list[str]:
+    """Ids of every container (running or not) labelled as this daemon instance's."""
+    found = client.api.containers(all=True, quiet=True,
+                                  filters={"label": f"{LABEL_DAEMON}={instance}"})
+    return [c["Id"] for c in found]
+
+
+def sweep(client: docker.DockerClient, instance: str) -> list[str]:
+    """Remove every container of this instance (left by a crash); returns their ids."""
+    removed = []
+    for cid in ours(client, instance):
+        if destroy(client, cid):
+            removed.append(cid)
+    return removed
+
+
+def image_problem(client: docker.DockerClient, image: str) -> str | None:
+    """None when ``image`` is present locally, else a one-line explanation."""
+    try:
+        client.api.inspect_image(image)
+    except NotFound:
+        return f"the sandbox image {image} is missing: run `sandboxd images build`"
+    except Exception as exc:
+        return f"cannot inspect the sandbox image {image}: {exc}"
+    return None
