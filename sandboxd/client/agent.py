@@ -205,6 +205,11 @@ def format_result(result: Result) -> str:
     """A sandbox Result as the compact text a model reads."""
     lines: list[str] = []
     status = str(result.status)
+    if status == "ok" and not result.stderr and not any(result.truncated.model_dump().values()):
+        if result.backend == "workspace" and result.stdout:
+            return result.stdout  # file tools: stdout is the content, value only metadata
+        if result.value is None and result.stdout:
+            return result.stdout
     if status != "ok":
         code = result.termination.exit_code
         lines.append(f"status: {status} ({result.termination.reason}"

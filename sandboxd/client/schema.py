@@ -208,14 +208,15 @@ def function_tool_schema(fn: Callable[..., Any], *, name: str | None = None,
         if param.default is param.empty:
             required.append(pname)
         else:
+            default = param.default
+            if isinstance(default, enum.Enum):
+                default = default.value
             try:
-                json.dumps(param.default)
-                default = param.default
-                if isinstance(default, enum.Enum):
-                    default = default.value
-                schema["default"] = default
+                json.dumps(default)
             except (TypeError, ValueError):
-                pass
+                pass  # not JSON: the parameter is optional, the default stays unstated
+            else:
+                schema["default"] = default
         properties[pname] = schema
     unknown = sorted(set(arg_docs) - set(properties))
     if unknown:

@@ -11,7 +11,6 @@ import pytest
 from sandboxd.auth import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
-
 # Extra `sandboxd serve` arguments of every client test daemon (empty: the real default).
 DAEMON_ARGS: list[str] = ["--allow-unconfined"]  # DEV ONLY: until the restricted backend lands
 
@@ -31,5 +30,6 @@ def token_daemon(tmp_path: Path) -> Iterator[TokenDaemon]:
     """A real ``sandboxd serve`` (default policy) that requires a bearer token."""
     tokens = tmp_path / "tokens.yaml"
     token = add_token(tokens, "alice")
-    with running_daemon(tmp_path, args=["--tokens-file", str(tokens), *DAEMON_ARGS], token=token) as d:
+    args = ["--tokens-file", str(tokens), *DAEMON_ARGS]
+    with running_daemon(tmp_path, args=args, token=token) as d:
         yield TokenDaemon(d, token)

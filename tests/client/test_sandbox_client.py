@@ -127,7 +127,8 @@ def test_unix_socket(tmp_path: Path) -> None:
     log = open(tmp_path / "uds.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
-         "--state-dir", str(tmp_path / "state"), *DAEMON_ARGS], stdout=log, stderr=subprocess.STDOUT, env=env)
+         "--state-dir", str(tmp_path / "state"), *DAEMON_ARGS],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         client = SandboxClient(socket=sock)
         deadline = time.monotonic() + 60

@@ -1,0 +1,123 @@
+"""End to end: the Agent, a scripted LLM over real SSE, and a real running sandboxd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+
+from sandboxd.client import Agent, AsyncSandboxClient, SandboxClient
+from tests.client.conftest import TokenDaemon
+from tests.client.scripted_llm import (
+    Reply,
+    ScriptedLLM,
+    last_tool_results,
+    text_reply,
+    tool_call_reply,
+)
+
+
+def multiply_script(body: dict[str, Any], n: int) -> Reply:
+    """A model that computes with the python tool and answers with the number it got back."""
+    results = last_tool_results(body)
+    if results:
+        numbers = re.findall(r"-?\d{5,}", results[0]["content"])
+        if not numbers:
+            return text_reply(f"The tool did not give me a number: {results[0]['content']}")
+        return text_reply(f"12345 * 54321 = {numbers[0]}")
+    offered = [t["function"]["name"] for t in body.get("tools", [])]
+    if "python" not in offered:
+        return text_reply(f"no python tool offered (got {offered})")
+    return tool_call_reply([("python", {"code": "print(12345 * 54321)"})], split=5)
+
+
+def test_agent_answers_multiplication_with_sandbox_python(token_daemon: TokenDaemon) -> None:
+    with ScriptedLLM(multiply_script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        result = Agent(llm.url, "qwen2.5-7b-instruct", sandbox=sandbox).act(
+            "What is 12345 * 54321?", tools=["python"])
+    assert llm.rejections == []
+    assert result.text == f"12345 * 54321 = {12345 * 54321}"
+    (record,) = result.tool_calls
+    assert record.ok and record.result is not None
+    assert record.result.status == "ok" and record.result.tool == "python"
+    assert record.result.stdout.strip() == str(12345 * 54321)
+    # the model received the real sandbox output
+    assert str(12345 * 54321) in llm.requests[1]["messages"][-1]["content"]
+
+
+def test_agent_with_session_workspace_tools(token_daemon: TokenDaemon) -> None:
+    """Files written by one call are there for the next call of the same session."""
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n == 0:
+            return tool_call_reply([("write_file", {"path": "notes.txt", "content": "42 apples"})])
+        if n == 1:
+            return tool_call_reply([("read_file", {"path": "notes.txt"})], ids=["call_r"])
+        return text_reply("The file says: " + last_tool_results(body)[0]["content"])
+
+    with ScriptedLLM(script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox, \
+            sandbox.session() as session:
+        agent = Agent(llm.url, "m", sandbox=sandbox, session=session.id)
+        result = agent.act("remember 42 apples")
+        assert session.read_file("notes.txt") == "42 apples"
+    assert result.text == "The file says: 42 apples"
+    # tools=None offered every available sandboxd tool, as the daemon lists them
+    offered = {t["function"]["name"] for t in llm.requests[0]["tools"]}
+    assert {"read_file", "write_file", "list_files"} <= offered
+
+
+def test_policy_denial_reaches_the_model(token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n == 0:
+            return tool_call_reply([("shell", {"command": "curl http://example.com"})])
+        return text_reply(last_tool_results(body)[0]["content"])
+
+    with ScriptedLLM(script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        # the shell tool may be unavailable on this host; offer it via a local stand-in schema
+        agent = Agent(llm.url, "m", sandbox=sandbox)
+        schemas = {t.name: t for t in sandbox.tools()}
+        agent._sandbox_schemas = {"shell": schemas["shell"].openai()}
+        result = agent.act("fetch example.com", tools=["shell"])
+    (record,) = result.tool_calls
+    assert record.error is not None and record.error.kind == "denied"
+    assert result.text.startswith("Denied by policy: `curl` is not allowed")
+    assert "tools.shell.commands.deny" in result.text
+    assert "do not repeat it" in result.text
+
+
+async def test_cancelling_act_cancels_the_sandbox_call(token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        return tool_call_reply([("python", {"code": "while True:\n    pass"})])
+
+    with ScriptedLLM(script) as llm:
+        async with AsyncSandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+            started = asyncio.Event()
+            agent = Agent(llm.url, "m", sandbox=sandbox)
+            task = asyncio.create_task(agent.aact(
+                "spin", tools=["python"], tool_timeout_s=120,
+                on_message=lambda m: started.set() if m.get("tool_calls") else None))
+            await asyncio.wait_for(started.wait(), 30)
+            await asyncio.sleep(1.0)  # the call is running in the sandbox now
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    # the daemon saw the request go away and cancelled the execution, cleaning up
+    audit = token_daemon.daemon.audit_path
+    deadline = time.monotonic() + 30
+    record = None
+    while time.monotonic() < deadline and record is None:
+        for line in audit.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("event") == "result" and r.get("tool") == "python":
+                record = r
+        time.sleep(0.2)
+    assert record is not None, "no result audited for the cancelled call"
+    assert record["termination"]["reason"] == "cancelled"
+    assert record["cleanup"]["verified"] is True
