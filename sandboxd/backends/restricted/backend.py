@@ -1,0 +1,719 @@
+"""``RestrictedBackend``: the daemon side of the restricted python backend.
+
+Per call: a result pipe is created, its write end is handed to the zygote with the request,
+the zygote forks a confined worker, and the backend reads output frames from the pipe until
+EOF, the wall deadline (then the worker is killed: ``wall_timeout``) or an output overflow
+(``output_limit``). It then waits for the zygote's exit report (the worker has been reaped, its
+cgroup read and removed), maps what happened to the result, and verifies with psutil that the
+worker is gone before setting ``cleanup.verified``.
+
+Mapping (see :mod:`sandboxd.models`): the worker's final report gives ``ok``/``error``
+(exception, compile refusal, ``SystemExit(n)``), ``memory_limit`` (``MemoryError`` from
+RLIMIT_AS) or ``output_limit``; a worker without a report was killed: by us at the deadline
+(``wall_timeout``), by the cgroup OOM killer (``memory_limit``), by RLIMIT_CPU
+(``SIGXCPU``/``SIGKILL`` with its CPU time at the limit: ``cpu_limit``), else it crashed
+(``exited`` with the signal, status ``error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import sandboxd
+from sandboxd.backends.restricted import confine
+from sandboxd.backends.restricted.zygote import _FRAME, _HEADER
+from sandboxd.config import Settings
+from sandboxd.models import (
+    Cleanup,
+    Invocation,
+    Limits,
+    ProbeCheck,
+    ProbeReport,
+    Reason,
+    Resources,
+    Result,
+    Status,
+    Termination,
+    ToolKind,
+    Truncated,
+    status_for,
+)
+
+_BOOT = (
+    "import json, sys\n"
+    "cfg = json.loads(sys.argv[1])\n"
+    "sys.path[:0] = cfg['path']\n"
+    "from sandboxd.backends.restricted.zygote import main\n"
+    "main(cfg)\n"
+)
+
+
+class ZygoteDied(RuntimeError):
+    """The zygote process went away while a call was in flight."""
+
+
+class _Call:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.started: asyncio.Future[int] = loop.create_future()
+        self.exited: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.pid: int | None = None
+        self.cgroup: str | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        for fut in (self.started, self.exited):
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved
+
+
+class _FrameReader:
+    """Reads the worker's frames from the result pipe (non-blocking, via add_reader)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.cap = cap
+        self.buf = bytearray()
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.report: dict[str, Any] | None = None
+        self.overflow = False
+        self.eof = False
+        self.done = asyncio.Event()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._on_readable)
+        self.registered = True
+
+    def _on_readable(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self.fd, 1 << 16)
+                if not chunk:
+                    self.eof = True
+                    self._stop()
+                    break
+                self.buf += chunk
+                self._parse()
+                if self.overflow:
+                    self._stop()
+                    break
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.eof = True
+            self._stop()
+
+    def _parse(self) -> None:
+        size = _FRAME.size
+        while len(self.buf) >= size:
+            kind, length = _FRAME.unpack_from(self.buf)
+            if kind in (b"o", b"e") and length > self.cap + size:
+                self.overflow = True
+                return
+            if len(self.buf) < size + length:
+                if len(self.buf) > 2 * self.cap + 1024 * 1024:
+                    self.overflow = True
+                return
+            payload = bytes(self.buf[size : size + length])
+            del self.buf[: size + length]
+            if kind == b"o":
+                self.stdout += payload
+            elif kind == b"e":
+                self.stderr += payload
+            elif kind == b"r":
+                try:
+                    self.report = json.loads(payload)
+                except ValueError:
+                    self.report = None
+            if len(self.stdout) > self.cap or len(self.stderr) > self.cap:
+                self.overflow = True
+                return
+
+    def _stop(self) -> None:
+        self.close()
+        self.done.set()
+
+    def close(self) -> None:
+        if self.registered:
+            self.loop.remove_reader(self.fd)
+            self.registered = False
+
+
+class _ZygoteHandle:
+    """A running zygote: process, sockets, the event reader task and in-flight calls."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], req: socket.socket, evt: socket.socket
+    ) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.req = req
+        self.evt = evt
+        self.calls: dict[str, _Call] = {}
+        self.send_lock = asyncio.Lock()
+        self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.alive = True
+        self.reader_task: asyncio.Task[None] | None = None
+
+    async def send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        data = json.dumps(msg).encode()
+        async with self.send_lock:
+            head = _HEADER.pack(len(data))
+            if fds:
+                while True:
+                    try:
+                        sent = socket.send_fds(self.req, [head], fds)
+                        break
+                    except BlockingIOError:
+                        await asyncio.sleep(0.001)
+                head = head[sent:]
+            await loop.sock_sendall(self.req, head + data)
+
+    async def read_events(self) -> None:
+        reader = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_accepted_socket(
+            lambda: asyncio.StreamReaderProtocol(reader), sock=self.evt
+        )
+        try:
+            while True:
+                head = await reader.readexactly(_HEADER.size)
+                (size,) = _HEADER.unpack(head)
+                msg = json.loads(await reader.readexactly(size))
+                self.dispatch(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            transport.close()
+            self.died()
+
+    def dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "ready":
+            if not self.ready.done():
+                self.ready.set_result(int(msg["pid"]))
+            return
+        call = self.calls.get(msg.get("id", ""))
+        if call is None:
+            return
+        if kind == "started":
+            call.pid = int(msg["pid"])
+            call.cgroup = msg.get("cgroup")
+            if not call.started.done():
+                call.started.set_result(call.pid)
+        elif kind == "exit":
+            if not call.started.done():
+                call.started.set_result(int(msg["pid"]))
+            if not call.exited.done():
+                call.exited.set_result(msg)
+        elif kind == "error":
+            call.fail(ZygoteDied(str(msg.get("message"))))
+
+    def died(self) -> None:
+        self.alive = False
+        if not self.ready.done():
+            self.ready.set_exception(ZygoteDied("the zygote exited during start-up"))
+            self.ready.exception()
+        for call in list(self.calls.values()):
+            call.fail(ZygoteDied("the sandbox zygote process died"))
+
+    async def close(self) -> None:
+        self.alive = False
+        with contextlib.suppress(OSError):
+            self.req.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.proc.wait), 3)
+        except TimeoutError:
+            self.proc.kill()
+            await asyncio.to_thread(self.proc.wait)
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reader_task
+
+
+class RestrictedBackend:
+    """RestrictedPython in a confined, pre-forked worker process (see the package docs)."""
+
+    name = "restricted"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = os.geteuid() == 0
+        self.layout = confine.CgroupLayout()
+        self._zygote: _ZygoteHandle | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._unavailable: str | None = "not started"
+        self._closed = False
+        self.restarts = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Detect cgroups, sweep leftovers of a crashed daemon, start the zygote."""
+        if not self.settings.restricted_enabled:
+            self._unavailable = "the restricted backend is disabled (restricted_enabled=false)"
+            return
+        self._start_lock = asyncio.Lock()
+        self.layout = await asyncio.to_thread(
+            confine.CgroupLayout.detect, self.settings.cgroup_root, self.settings.instance_name
+        )
+        if self.layout.version:
+            await asyncio.to_thread(self.layout.sweep)
+        self._closed = False
+        try:
+            await self._ensure_zygote()
+        except Exception as exc:
+            self._unavailable = f"could not start the sandbox zygote: {exc}"
+            return
+        self._unavailable = None
+
+    async def close(self) -> None:
+        """Stop the zygote (it kills its workers) and remove our cgroups."""
+        self._closed = True
+        z, self._zygote = self._zygote, None
+        if z is not None:
+            await z.close()
+        if self.layout.version:
+            await asyncio.to_thread(self.layout.sweep)
+        self._unavailable = "closed"
+
+    def availability(self) -> tuple[bool, str | None]:
+        if self._unavailable is not None:
+            return False, self._unavailable
+        return True, None
+
+    async def close_session(self, session_id: str) -> None:
+        """Nothing is kept per session (every call is a fresh worker)."""
+
+    async def _spawn(self) -> _ZygoteHandle:
+        req_parent, req_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        evt_parent, evt_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cfg = {
+            "path": [str(Path(sandboxd.__file__).resolve().parent.parent)],
+            "req_fd": req_child.fileno(),
+            "evt_fd": evt_child.fileno(),
+            "daemon_pid": os.getpid(),
+            "uid": self.settings.sandbox_uid if self.root else None,
+            "gid": self.settings.sandbox_gid if self.root else None,
+            "chroot": self.root,
+            "cgroup": {
+                "version": self.layout.version,
+                "bases": {k: str(v) for k, v in self.layout.bases.items()},
+            },
+        }
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-E", "-s", "-c", _BOOT, json.dumps(cfg)],
+                pass_fds=(req_child.fileno(), evt_child.fileno()),
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        finally:
+            req_child.close()
+            evt_child.close()
+        req_parent.setblocking(False)
+        evt_parent.setblocking(False)
+        z = _ZygoteHandle(proc, req_parent, evt_parent)
+        z.reader_task = asyncio.create_task(z.read_events(), name="sandboxd-zygote-events")
+        try:
+            await asyncio.wait_for(asyncio.shield(z.ready), 30)
+        except BaseException:
+            await z.close()
+            raise
+        return z
+
+    async def _ensure_zygote(self) -> _ZygoteHandle:
+        z = self._zygote
+        if z is not None and z.alive:
+            return z
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            z = self._zygote
+            if z is not None and z.alive:
+                return z
+            if self._closed:
+                raise ZygoteDied("the restricted backend is closed")
+            if z is not None:
+                self.restarts += 1
+                await z.close()
+            self._zygote = await self._spawn()
+            return self._zygote
+
+    # ------------------------------------------------------------ calls
+
+    def _result(
+        self, inv: Invocation, limits: Limits, status: Status, reason: Reason, **kw: Any
+    ) -> Result:
+        return Result(
+            id=inv.id,
+            tool=inv.tool,
+            session=inv.session,
+            backend=self.name,
+            status=status,
+            termination=Termination(
+                reason=reason, exit_code=kw.pop("exit_code", None), signal=kw.pop("signal", None)
+            ),
+            limits=limits,
+            **kw,
+        )
+
+    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+        """Run one python invocation in a fresh confined worker."""
+        if invocation.kind is not ToolKind.python:
+            return self._result(
+                invocation,
+                limits,
+                Status.rejected,
+                Reason.policy,
+                cleanup=Cleanup(verified=True),
+                message=f"the restricted backend only runs python code, "
+                f"not {invocation.kind.value}",
+            )
+        code = invocation.arguments.get("code")
+        if not isinstance(code, str):
+            return self._result(
+                invocation,
+                limits,
+                Status.rejected,
+                Reason.policy,
+                cleanup=Cleanup(verified=True),
+                message="argument 'code' must be a string",
+            )
+        msg = self._request(invocation, limits, deadline, code)
+        result, _report = await self._execute(invocation, limits, deadline, msg)
+        return result
+
+    def _request(
+        self, inv: Invocation, limits: Limits, deadline: float, code: str, probe: str | None = None
+    ) -> dict[str, Any]:
+        remaining = max(0.05, deadline - time.monotonic())
+        return {
+            "t": "run",
+            "id": f"c{secrets.token_hex(8)}",
+            "code": code,
+            "allow": list(inv.imports_allow),
+            "deny": list(inv.imports_deny),
+            "workspace": str(inv.workspace),
+            "memory": int(limits.memory_bytes),
+            "cpus": float(limits.cpus),
+            "pids": int(limits.pids),
+            "cpu_seconds": math.ceil(remaining) + 1,
+            "output": int(limits.output_bytes),
+            "max_file": int(inv.max_file_bytes),
+            "probe": probe,
+        }
+
+    async def _execute(
+        self, inv: Invocation, limits: Limits, deadline: float, msg: dict[str, Any]
+    ) -> tuple[Result, dict[str, Any] | None]:
+        loop = asyncio.get_running_loop()
+        started_at = time.monotonic()
+        try:
+            z = await self._ensure_zygote()
+        except Exception as exc:
+            return self._result(
+                inv,
+                limits,
+                Status.error,
+                Reason.exited,
+                cleanup=Cleanup(verified=True),
+                message=f"sandbox unavailable: {exc}",
+            ), None
+        call_id = msg["id"]
+        call = _Call(loop)
+        r, w = os.pipe2(os.O_CLOEXEC)
+        reader = _FrameReader(loop, r, limits.output_bytes)
+        z.calls[call_id] = call
+        reason: Reason | None = None
+        exit_info: dict[str, Any] | None = None
+        crashed: str | None = None
+        try:
+            try:
+                await z.send(msg, fds=[w])
+            finally:
+                os.close(w)
+            try:
+                await asyncio.wait_for(reader.done.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                reason = Reason.wall_timeout
+            if reader.overflow and reason is None:
+                reason = Reason.output_limit
+            if reason is not None:
+                await self._kill(z, call_id)
+            exit_info = await asyncio.wait_for(asyncio.shield(call.exited), 10)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abort(z, call_id, call))
+            raise
+        except (ZygoteDied, OSError, TimeoutError) as exc:
+            crashed = f"{type(exc).__name__}: {exc}"
+            await asyncio.shield(self._abort(z, call_id, call))
+        finally:
+            reader.close()
+            os.close(r)
+            z.calls.pop(call_id, None)
+        result = await self._finish(
+            inv, limits, msg, reader, reason, exit_info, call, crashed, started_at, z.pid
+        )
+        return result, reader.report
+
+    async def _kill(self, z: _ZygoteHandle, call_id: str) -> None:
+        with contextlib.suppress(OSError, ConnectionError):
+            await z.send({"t": "kill", "id": call_id})
+
+    async def _abort(self, z: _ZygoteHandle, call_id: str, call: _Call) -> None:
+        """Cancellation or a broken zygote: kill the worker, wait for it, clean its cgroup."""
+        if z.alive:
+            await self._kill(z, call_id)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(call.exited), 5)
+                return
+        # zygote gone: the worker dies by PDEATHSIG; make sure and remove its cgroup
+        if call.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(call.pid, signal.SIGKILL)
+        if self.layout.version and call.cgroup:
+            await asyncio.to_thread(self.layout.remove, call.cgroup)
+
+    async def _finish(
+        self,
+        inv: Invocation,
+        limits: Limits,
+        msg: dict[str, Any],
+        reader: _FrameReader,
+        reason: Reason | None,
+        exit_info: dict[str, Any] | None,
+        call: _Call,
+        crashed: str | None,
+        started_at: float,
+        zygote_pid: int,
+    ) -> Result:
+        cap = limits.output_bytes
+        stdout = bytes(reader.stdout[:cap]).decode("utf-8", "replace")
+        stderr = bytes(reader.stderr[:cap]).decode("utf-8", "replace")
+        report = reader.report
+        truncated = Truncated(
+            stdout=len(reader.stdout) > cap or bool(report and report.get("truncated_stdout")),
+            stderr=len(reader.stderr) > cap,
+        )
+        info = exit_info or {}
+        resources = Resources(
+            wall_ms=int(info.get("wall_ms", (time.monotonic() - started_at) * 1000)),
+            cpu_ms=int(info.get("cpu_ms", 0)),
+            peak_memory_bytes=int(info.get("peak_memory") or info.get("maxrss") or 0),
+        )
+        verified, detail = self._verify(call.pid, call.cgroup, info, zygote_pid)
+        cleanup = Cleanup(verified=verified, detail=detail)
+        exit_code: int | None = info.get("exit_code")
+        sig: int | None = info.get("signal")
+        value: Any = None
+        message: str | None = None
+        if crashed is not None:
+            return self._result(
+                inv,
+                limits,
+                Status.error,
+                Reason.exited,
+                stdout=stdout,
+                stderr=stderr,
+                truncated=truncated,
+                resources=resources,
+                cleanup=cleanup,
+                message=f"sandbox worker failed: {crashed}",
+            )
+        if reason is None and report is not None and report.get("outcome") == "setup_error":
+            return self._result(
+                inv,
+                limits,
+                Status.error,
+                Reason.exited,
+                exit_code=exit_code,
+                resources=resources,
+                cleanup=cleanup,
+                message=f"sandbox set-up failed: {report.get('message')}",
+            )
+        if reason is None and report is not None and sig is None:
+            outcome = report.get("outcome")
+            if outcome == "memory_limit":
+                reason = Reason.memory_limit
+            elif outcome == "output_limit":
+                reason = Reason.output_limit
+                truncated.stdout = True
+            else:
+                reason = Reason.exited
+                exit_code = int(report.get("exit_code", 0) or 0)
+                value = report.get("value")
+            message = report.get("message") if outcome != "ok" else None
+        elif reason is None:
+            if info.get("oom"):
+                reason = Reason.memory_limit
+            elif sig == signal.SIGXCPU or (
+                sig == signal.SIGKILL and resources.cpu_ms >= (int(msg["cpu_seconds"]) - 0.2) * 1000
+            ):
+                reason = Reason.cpu_limit
+            else:
+                reason = Reason.exited
+                message = (
+                    f"the worker was killed by signal {sig}"
+                    if sig is not None
+                    else "the worker exited without a report"
+                )
+                exit_code = exit_code if exit_code is not None else (128 + (sig or 0))
+        if reason is Reason.output_limit:
+            truncated.stdout = truncated.stdout or len(reader.stdout) >= cap
+            message = message or f"output limit of {cap} bytes exceeded"
+        elif reason is Reason.wall_timeout:
+            message = f"wall-clock timeout of {limits.timeout_s:g} s exceeded"
+        elif reason is Reason.cpu_limit:
+            message = "CPU time limit exceeded"
+        elif reason is Reason.memory_limit:
+            message = f"memory limit of {limits.memory_bytes} bytes exceeded"
+        status = status_for(reason, exit_code)
+        if reason is Reason.exited and exit_code != 0 and status is Status.ok:
+            status = Status.error
+        return self._result(
+            inv,
+            limits,
+            status,
+            reason,
+            exit_code=exit_code,
+            signal=sig,
+            stdout=stdout,
+            stderr=stderr,
+            truncated=truncated,
+            value=value,
+            resources=resources,
+            cleanup=cleanup,
+            message=message,
+        )
+
+    def _verify(
+        self, pid: int | None, cgroup: str | None, info: dict[str, Any], zygote_pid: int
+    ) -> tuple[bool, str | None]:
+        """Prove the worker is gone: reaped by the zygote, no live process with its pid that is
+        still our child, and no cgroup directory left."""
+        problems = []
+        if not info:
+            problems.append("no exit report from the zygote")
+        if pid is not None:
+            try:
+                proc = psutil.Process(pid)
+                if (
+                    proc.ppid() in (zygote_pid, 1)
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                    and not info
+                ):
+                    problems.append(f"worker {pid} still running")
+                elif proc.ppid() == zygote_pid and not info:
+                    problems.append(f"worker {pid} not reaped")
+            except psutil.NoSuchProcess:
+                pass
+            except psutil.Error as exc:
+                problems.append(f"psutil: {exc}")
+        if info and not info.get("cgroup_removed", True):
+            problems.append("cgroup not removed")
+        for d in self.layout.dirs(cgroup) if self.layout.version and cgroup else []:
+            if d.exists():
+                problems.append(f"cgroup {d.name} still exists")
+                break
+        return (not problems), ("; ".join(problems) or None)
+
+    # ------------------------------------------------------------ readiness
+
+    async def probe(self) -> ProbeReport:
+        """Run trusted probes in fully confined workers: socket blocked, write outside the
+        workspace blocked, memory limit enforced, unprivileged (when root), seccomp active."""
+        import tempfile
+
+        checks: list[ProbeCheck] = []
+        ok, reason = self.availability()
+        if not ok:
+            return ProbeReport(backend=self.name, ok=False, detail=reason or "unavailable")
+        with tempfile.TemporaryDirectory(prefix="sandboxd-probe-") as tmp:
+            base = Path(tmp)
+            ws = base / "ws"
+            ws.mkdir()
+            outside = base / f"outside-{secrets.token_hex(4)}"
+            if self.root:
+                os.chown(ws, self.settings.sandbox_uid, self.settings.sandbox_gid)
+                # the parent must be traversable by the sandbox user for chroot/chdir
+                os.chmod(base, 0o711)
+            inv = Invocation(
+                tool="python",
+                kind=ToolKind.python,
+                client="probe",
+                workspace=ws,
+                arguments={"code": ""},
+            )
+            lim = Limits(timeout_s=10, memory_bytes=64 * 1024 * 1024, output_bytes=65536)
+            deadline = time.monotonic() + 10
+            msg = self._request(inv, lim, deadline, "", probe="basic")
+            msg["outside_path"] = str(outside)
+            msg["expect_unprivileged"] = self.root
+            res, report = await self._probe_run(inv, lim, deadline, msg)
+            probe = (report or {}).get("probe") or {}
+            for name in ("socket_blocked", "write_outside_blocked", "unprivileged", "seccomp"):
+                ok_, detail = probe.get(
+                    name, [False, f"no result ({res.status.value}: {res.message})"]
+                )
+                if name == "write_outside_blocked" and outside.exists():
+                    ok_, detail = False, f"{outside} was written"
+                checks.append(ProbeCheck(name=name, ok=bool(ok_), detail=str(detail)))
+            msg = self._request(inv, lim, time.monotonic() + 10, "", probe="memory")
+            res, report = await self._probe_run(inv, lim, time.monotonic() + 10, msg)
+            if res.termination.reason is Reason.memory_limit:
+                detail = ((report or {}).get("probe") or {}).get("memory_limit", [True, ""])[
+                    1
+                ] or "killed by the cgroup memory limit"
+                checks.append(ProbeCheck(name="memory_limit", ok=True, detail=str(detail)))
+            else:
+                checks.append(
+                    ProbeCheck(
+                        name="memory_limit",
+                        ok=False,
+                        detail=f"{res.status.value}/{res.termination.reason}: {res.message}",
+                    )
+                )
+            checks.append(
+                ProbeCheck(
+                    name="cgroup",
+                    ok=bool(self.layout.version) or not self.root,
+                    detail=self.layout.detail or "not root: no cgroups",
+                )
+            )
+            checks.append(
+                ProbeCheck(
+                    name="cleanup", ok=res.cleanup.verified, detail=res.cleanup.detail or "verified"
+                )
+            )
+        return ProbeReport(
+            backend=self.name,
+            ok=all(c.ok for c in checks),
+            checks=checks,
+            detail="" if all(c.ok for c in checks) else "confinement check failed",
+        )
+
+    async def _probe_run(
+        self, inv: Invocation, lim: Limits, deadline: float, msg: dict[str, Any]
+    ) -> tuple[Result, dict[str, Any] | None]:
+        return await self._execute(inv, lim, deadline, msg)

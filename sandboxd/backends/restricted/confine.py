@@ -1,0 +1,510 @@
+"""Process layer of the restricted backend: cgroups, privilege drop, rlimits and seccomp.
+
+The worker child calls :func:`enter_sandbox` right after the zygote forks it, before any user
+code is compiled. The order matters:
+
+1. new session / process group (``setsid``), stdin/stdout/stderr to ``/dev/null``, every other
+   inherited descriptor closed except the result pipe;
+2. a per-call cgroup (memory = memory+swap, CPU quota, pids) is created and joined while still
+   root;
+3. ``chroot`` into the workspace when root (the filesystem the worker can name is then only
+   the workspace: no ``/proc``, no ``/tmp``, no docker socket), else ``chdir`` into it;
+4. ``PR_SET_NO_NEW_PRIVS``; as root: ``setgroups([])``, ``setresgid``, ``setresuid`` to the
+   sandbox identity; then ``PR_SET_PDEATHSIG`` (cleared by the uid change, so set after it);
+5. rlimits: address space, CPU seconds, open files, processes, file size, core 0;
+6. the environment is emptied and the seccomp filter is loaded (last, so that the set-up above
+   may use what the filter forbids).
+
+Threads: the filter denies ``clone``/``clone3``/``fork``/``vfork`` outright, so user code can
+neither start processes nor threads (a thread could otherwise outlive its call's output
+accounting); the worker is single-threaded by construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_GET_SECCOMP = 21
+PR_SET_NO_NEW_PRIVS = 38
+
+#: syscalls the worker never needs; denied with EPERM (unknown names on an arch are skipped)
+DENIED_SYSCALLS = [
+    "socket",
+    "socketpair",
+    "connect",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
+    "sendto",
+    "recvfrom",
+    "sendmsg",
+    "recvmsg",
+    "sendmmsg",
+    "recvmmsg",
+    "getsockopt",
+    "setsockopt",
+    "shutdown",
+    "getpeername",
+    "getsockname",
+    "execve",
+    "execveat",
+    "fork",
+    "vfork",
+    "clone",
+    "clone3",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kill",
+    "tkill",
+    "tgkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "pidfd_open",
+    "pidfd_getfd",
+    "pidfd_send_signal",
+    "kcmp",
+    "process_madvise",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "setns",
+    "unshare",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "quotactl",
+    "fanotify_init",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "swapon",
+    "swapoff",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "syslog",
+    "uselib",
+    "vhangup",
+    "lookup_dcookie",
+    "sysfs",
+    "personality",
+    "ioperm",
+    "iopl",
+    "modify_ldt",
+    "memfd_secret",
+    "seccomp",
+    "setuid",
+    "setgid",
+    "setreuid",
+    "setregid",
+    "setresuid",
+    "setresgid",
+    "setgroups",
+    "setfsuid",
+    "setfsgid",
+    "capset",
+    "migrate_pages",
+    "move_pages",
+    "mbind",
+    "set_mempolicy",
+]
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+_LIBC: Any = None
+
+
+def prctl(option: int, arg2: int = 0) -> int:
+    """``prctl(2)`` through libc."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = _libc()
+    res = _LIBC.prctl(
+        ctypes.c_int(option),
+        ctypes.c_ulong(arg2),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
+    if res < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(res)
+
+
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class SeccompProgram:
+    """A compiled BPF program (exported once by libseccomp in the zygote), loaded in a worker
+    with a single ``prctl(PR_SET_SECCOMP)`` instead of recompiling the filter per call."""
+
+    def __init__(self, bpf: bytes) -> None:
+        if not bpf or len(bpf) % 8:
+            raise ValueError("bad BPF program")
+        self._buf = ctypes.create_string_buffer(bpf, len(bpf))
+        self._prog = _SockFprog(len(bpf) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
+
+    @classmethod
+    def build(cls) -> SeccompProgram:
+        import tempfile
+
+        filt = build_seccomp_filter()
+        with tempfile.TemporaryFile() as f:
+            filt.export_bpf(f)
+            f.seek(0)
+            return cls(f.read())
+
+    def load(self) -> None:
+        """Install the filter in this process (needs no_new_privs or CAP_SYS_ADMIN)."""
+        global _LIBC
+        if _LIBC is None:
+            _LIBC = _libc()
+        res = _LIBC.prctl(
+            ctypes.c_int(PR_SET_SECCOMP),
+            ctypes.c_ulong(SECCOMP_MODE_FILTER),
+            ctypes.c_void_p(ctypes.addressof(self._prog)),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        )
+        if res != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"seccomp: {os.strerror(err)}")
+
+
+def build_seccomp_filter() -> Any:
+    """The worker's seccomp filter (default allow, deny-list with EPERM; other architectures
+    killed by libseccomp's bad-arch action). Built once in the zygote, loaded per child."""
+    import pyseccomp
+
+    filt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            filt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        except (ValueError, RuntimeError, OSError):
+            continue  # not a syscall on this architecture
+    return filt
+
+
+# ----------------------------------------------------------------- cgroups
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller -> path of this process (v1 lines ``N:ctrl,ctrl:/path``; v2 key ``""``)."""
+    out: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, ctrls, path = parts
+        if ctrls == "":
+            out[""] = path
+        for ctrl in ctrls.split(","):
+            if ctrl:
+                out[ctrl] = path
+    return out
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CgroupLayout:
+    """Where per-call cgroups live. ``version`` 0 means no cgroup confinement available.
+
+    The instance directory ``sandboxd-<instance>`` is nested under the daemon's own cgroup of
+    each controller (a delegated subtree on v2), so that the daemon's own limits still apply.
+    """
+
+    version: int = 0
+    bases: dict[str, Path] = field(default_factory=dict)  # v1: controller -> dir; v2: "" -> dir
+    detail: str = ""
+
+    CONTROLLERS = ("memory", "cpu", "pids")
+
+    @classmethod
+    def detect(cls, cgroup_root: Path, instance: str) -> CgroupLayout:
+        """Find (and create) the instance directories; never raises."""
+        name = f"sandboxd-{instance}"
+        own = _own_cgroups()
+        try:
+            if (cgroup_root / "memory").is_dir() and "memory" in own:
+                bases = {}
+                for ctrl in cls.CONTROLLERS:
+                    rel = own.get(ctrl, "/").lstrip("/")
+                    base = cgroup_root / ctrl / rel / name
+                    base.mkdir(exist_ok=True)
+                    bases[ctrl] = base
+                return cls(1, bases, "cgroup v1")
+            if (cgroup_root / "cgroup.controllers").exists() and "" in own:
+                return cls._detect_v2(cgroup_root, own[""].lstrip("/"), name)
+        except OSError as exc:
+            return cls(0, {}, f"cgroups unavailable: {exc}")
+        return cls(0, {}, "cgroups unavailable: no memory controller found")
+
+    @classmethod
+    def _detect_v2(cls, root: Path, rel: str, name: str) -> CgroupLayout:
+        own_dir = root / rel
+        want = {"memory", "cpu", "pids"}
+        have = set((own_dir / "cgroup.controllers").read_text().split())
+        if not want <= have:
+            return cls(0, {}, f"cgroup v2: controllers {sorted(want - have)} not delegated")
+        sub = set((own_dir / "cgroup.subtree_control").read_text().split())
+        if not want <= sub:
+            try:
+                _write(own_dir / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or rel == "":
+                    raise
+                # "no internal processes": move the daemon into a leaf, then enable
+                leaf = own_dir / "sandboxd-daemon"
+                leaf.mkdir(exist_ok=True)
+                _write(leaf / "cgroup.procs", str(os.getpid()))
+                _write(own_dir / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+        base = own_dir / name
+        base.mkdir(exist_ok=True)
+        _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+        return cls(2, {"": base}, "cgroup v2")
+
+    def dirs(self, call_id: str) -> list[Path]:
+        return [base / call_id for base in self.bases.values()]
+
+    def create_and_join(self, name: str) -> None:
+        """In the (root) worker: create its cgroup(s) and move itself in; limits come later."""
+        for d in self.dirs(name):
+            d.mkdir(exist_ok=True)
+        if self.version == 1:
+            mem = self.bases["memory"] / name
+            _write(mem / "memory.limit_in_bytes", str(64 * 1024 * 1024))  # until the call
+        for d in self.dirs(name):
+            _write(d / "cgroup.procs", "0")
+
+    def set_limits(self, name: str, memory_bytes: int, cpus: float, pids: int) -> None:
+        """Set the call's limits on the worker's cgroup (before any user code runs)."""
+        quota = max(1000, int(cpus * 100_000))
+        if self.version == 1:
+            mem = self.bases["memory"] / name
+            memsw = mem / "memory.memsw.limit_in_bytes"
+            # memsw must stay >= limit: order the two writes by direction
+            current = int((mem / "memory.limit_in_bytes").read_text())
+            order = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
+            if memory_bytes < current:
+                order.reverse()
+            for fname in order:
+                try:
+                    _write(mem / fname, str(memory_bytes))
+                except OSError:
+                    if fname != memsw.name:
+                        raise
+            _write(self.bases["cpu"] / name / "cpu.cfs_quota_us", str(quota))
+            _write(self.bases["pids"] / name / "pids.max", str(pids))
+        elif self.version == 2:
+            d = self.bases[""] / name
+            _write(d / "memory.max", str(memory_bytes))
+            with contextlib.suppress(OSError):
+                _write(d / "memory.swap.max", "0")
+            _write(d / "cpu.max", f"{quota} 100000")
+            _write(d / "pids.max", str(pids))
+
+    def stats(self, call_id: str) -> tuple[int, bool]:
+        """``(peak memory bytes, oom killed)`` of a finished call (0/False when unknown)."""
+        peak, oom = 0, False
+        try:
+            if self.version == 1:
+                mem = self.bases["memory"] / call_id
+                peak = int((mem / "memory.max_usage_in_bytes").read_text())
+                for line in (mem / "memory.oom_control").read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        oom = int(line.split()[1]) > 0
+            elif self.version == 2:
+                d = self.bases[""] / call_id
+                if (d / "memory.peak").exists():
+                    peak = int((d / "memory.peak").read_text())
+                for line in (d / "memory.events").read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        oom = int(line.split()[1]) > 0
+        except (OSError, ValueError):
+            pass
+        return peak, oom
+
+    def remove(self, call_id: str, base: Path | None = None) -> bool:
+        """Kill anything left in the call's cgroup(s) and remove them; True when all are gone."""
+        ok = True
+        dirs = [base / call_id] if base is not None else self.dirs(call_id)
+        for d in dirs:
+            ok = remove_cgroup_dir(d) and ok
+        return ok
+
+    def sweep(self) -> list[str]:
+        """Remove leftover call cgroups of this instance (after a crash); returns their names."""
+        removed: list[str] = []
+        for base in self.bases.values():
+            try:
+                entries = [p for p in base.iterdir() if p.is_dir()]
+            except OSError:
+                continue
+            for d in entries:
+                if remove_cgroup_dir(d):
+                    removed.append(d.name)
+        return sorted(set(removed))
+
+
+def cgroup_pids(d: Path) -> list[int]:
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def remove_cgroup_dir(d: Path, timeout: float = 2.0) -> bool:
+    """SIGKILL whatever is still in cgroup ``d`` and ``rmdir`` it (retrying while the kernel
+    finishes tearing processes down). True when the directory no longer exists."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.rmdir(d)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                return False
+        for pid in cgroup_pids(d):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
+# ----------------------------------------------------------------- the child
+
+
+@dataclass
+class ChildSpec:
+    """What a worker needs to confine itself for its call."""
+
+    cgroup: str
+    workspace: str
+    memory_bytes: int
+    cpus: float
+    pids: int
+    cpu_seconds: int
+    max_file_bytes: int
+    uid: int | None  # None: do not change identity (daemon not root)
+    gid: int | None
+    zygote_pid: int
+    chroot: bool
+    baseline_vm: int
+
+
+def close_fds(keep: list[int]) -> None:
+    """stdin/stdout/stderr to /dev/null; every other descriptor but ``keep`` closed."""
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    lo = 3
+    for fd in sorted(set(keep)):
+        if fd >= lo:
+            os.closerange(lo, fd)
+            lo = fd + 1
+    os.closerange(lo, 1 << 20)
+
+
+def vm_size() -> int:
+    """Virtual memory size of this process (the address-space baseline for RLIMIT_AS)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 256 * 1024 * 1024
+
+
+def prepare_worker(keep: list[int], layout: CgroupLayout, cgroup: str) -> None:
+    """Standby part (before the call is known): own session, clean descriptors, own cgroup."""
+    os.setsid()
+    close_fds(keep)
+    if layout.version and os.geteuid() == 0:
+        layout.create_and_join(cgroup)
+
+
+def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram) -> None:
+    """Confine the worker for its call. Raises on any failure: the caller must then ``_exit``
+    without running user code."""
+    if layout.version and os.geteuid() == 0:
+        layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids)
+    if spec.chroot:
+        os.chroot(spec.workspace)
+        os.chdir("/")
+    else:
+        os.chdir(spec.workspace)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if spec.uid is not None and spec.gid is not None:
+        os.setgroups([])
+        os.setresgid(spec.gid, spec.gid, spec.gid)
+        os.setresuid(spec.uid, spec.uid, spec.uid)
+        if os.getuid() == 0 or os.geteuid() == 0:
+            raise PermissionError("could not drop root privileges")
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != spec.zygote_pid:
+        raise RuntimeError("zygote is gone")
+    cpu = max(1, spec.cpu_seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (spec.baseline_vm + spec.memory_bytes,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_NPROC, (spec.pids, spec.pids))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec.max_file_bytes,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
+    os.environ.clear()
+    program.load()

@@ -1,0 +1,1316 @@
+"""Language layer of the restricted backend: RestrictedPython plus our guards.
+
+This module runs *inside the confined worker process* (it is pre-imported by the zygote and
+executed after the fork). It is the first of two layers: it makes the obvious escapes fail with a
+message a model can act on; the process layer (:mod:`.confine`) is the real boundary.
+
+What it adds to ``compile_restricted``:
+
+* a transformer (:class:`SandboxTransformer`) that also allows ``nonlocal``, augmented assignment
+  of attributes and items (``d[k] += 1``), common data-model method definitions
+  (``__repr__``, ``__len__``...), ``super().__init__`` and reading ``__name__``/``__doc__``,
+  single-underscore attributes (``self._items``; at run time only on objects of user classes),
+  and that makes limit errors uncatchable (every ``except`` handler and ``finally`` block starts
+  with a check that re-raises them) and captures the value of the last expression;
+* guarded builtins (no ``open``/``eval``/``exec``/``compile``/``globals``/``vars``/
+  ``__import__``/``breakpoint``/``input``/``help``/``exit``; ``type`` only with one argument;
+  ``getattr``/``setattr``/``hasattr``/``delattr`` guarded);
+* an import hook that admits only the policy allowlist (minus the denylist) *and* the modules
+  this backend supports, and hands out a fresh :class:`ModuleProxy` holding only an allowlist of
+  names per module - never the host module, so ``json.codecs``, ``random._os`` lead nowhere;
+* ``_getattr_`` refusing frame, traceback, code, generator and coroutine internals by the
+  object's type, refusing any value that is a real module, frame, traceback or code object, and
+  replacing ``str.format``/``format_map`` by a formatter whose field lookups go through the same
+  guards (``string.Formatter`` is replaced too);
+* ``_write_`` that only lets user code mutate what it created: instances of its classes, its
+  classes, its functions, and builtin containers (plus ``decimal.Context``, which lives only in
+  this forked worker);
+* ``SystemExit``/``KeyboardInterrupt``/``GeneratorExit`` are contained (``SystemExit(n)`` sets the
+  exit code), ``MemoryError``, ``RecursionError`` and the output limit cannot be caught;
+* a print collector that streams stdout to the parent with an output cap, and a
+  workspace-confined, size-capped ``open``.
+
+Compile refusals (RestrictedPython errors and syntax errors) are reported as status ``error``
+(exit code 1) with the errors in stderr, not ``rejected``: the model wrote the code and needs the
+message to fix it, exactly as for a run-time exception.
+"""
+
+from __future__ import annotations
+
+import _string  # type: ignore[import-not-found]
+import ast
+import bisect
+import builtins
+import collections
+import datetime
+import decimal
+import fractions
+import functools
+import heapq
+import itertools
+import json
+import linecache
+import math
+import operator
+import os
+import random
+import re
+import statistics
+import string
+import struct
+import sys
+import textwrap
+import time
+import traceback
+import types
+import weakref
+from collections.abc import Callable
+from fnmatch import fnmatchcase
+from typing import Any
+
+from RestrictedPython import compile_restricted_exec
+from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
+from RestrictedPython.transformer import (
+    INSPECT_ATTRIBUTES,
+    IOPERATOR_TO_STR,
+    RestrictingNodeTransformer,
+    copy_locations,
+)
+
+SANDBOX_FILENAME = "<code>"
+
+# ----------------------------------------------------------------- limit errors
+
+
+class LimitExceeded(BaseException):
+    """A limit of the sandbox was hit (output). Derives from BaseException and is re-raised by
+    every ``except``/``finally`` of user code, so user code cannot swallow it."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SandboxViolation(PermissionError):
+    """User code tried something the language layer refuses (message for the model)."""
+
+
+# tracebacks show these by their bare names, without a host module path
+LimitExceeded.__module__ = SandboxViolation.__module__ = "builtins"
+
+
+#: exceptions that user code may not catch (re-raised at the start of every handler)
+UNCATCHABLE: tuple[type[BaseException], ...] = (LimitExceeded, MemoryError, RecursionError)
+
+
+class _State:
+    """Per-run mutable state (one run per forked worker)."""
+
+    limit_hit: LimitExceeded | None = None
+    memory_hit: bool = False
+    value: Any = None
+    has_value: bool = False
+
+
+STATE = _State()
+
+
+def _limit_check() -> None:
+    """Inserted at the top of every ``except`` handler and ``finally`` block of user code."""
+    exc = sys.exc_info()[1]
+    if exc is not None and isinstance(exc, UNCATCHABLE):
+        if isinstance(exc, MemoryError):
+            STATE.memory_hit = True
+        raise exc
+    if STATE.limit_hit is not None:
+        raise STATE.limit_hit
+
+
+# ----------------------------------------------------------------- transformer
+
+#: data-model methods user classes may define (``def __repr__(self)``)
+ALLOWED_DUNDER_DEFS = frozenset(
+    [
+        "__init__",
+        "__repr__",
+        "__str__",
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__hash__",
+        "__len__",
+        "__iter__",
+        "__next__",
+        "__contains__",
+        "__getitem__",
+        "__setitem__",
+        "__delitem__",
+        "__call__",
+        "__enter__",
+        "__exit__",
+        "__add__",
+        "__radd__",
+        "__iadd__",
+        "__sub__",
+        "__rsub__",
+        "__isub__",
+        "__mul__",
+        "__rmul__",
+        "__imul__",
+        "__truediv__",
+        "__rtruediv__",
+        "__floordiv__",
+        "__rfloordiv__",
+        "__mod__",
+        "__rmod__",
+        "__pow__",
+        "__rpow__",
+        "__neg__",
+        "__pos__",
+        "__abs__",
+        "__invert__",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__round__",
+        "__format__",
+        "__and__",
+        "__or__",
+        "__xor__",
+        "__rand__",
+        "__ror__",
+        "__rxor__",
+        "__lshift__",
+        "__rshift__",
+        "__matmul__",
+        "__missing__",
+        "__reversed__",
+        "__getattr__",
+        "__post_init__",
+    ]
+)
+#: dunder attributes user code may *read* (method calls such as ``super().__init__()`` and
+#: plain strings); everything else starting with ``__`` stays refused at compile time
+ALLOWED_DUNDER_READS = ALLOWED_DUNDER_DEFS | frozenset(("__name__", "__qualname__", "__doc__"))
+
+_EXTRA_FORBIDDEN_ATTRS = (
+    frozenset(
+        [
+            "gi_frame",
+            "gi_code",
+            "gi_yieldfrom",
+            "cr_frame",
+            "cr_code",
+            "cr_await",
+            "ag_frame",
+            "ag_code",
+            "ag_await",
+            "tb_frame",
+            "tb_next",
+            "f_back",
+            "f_builtins",
+            "f_code",
+            "f_globals",
+            "f_locals",
+            "f_trace",
+            "co_code",
+        ]
+    )
+    | INSPECT_ATTRIBUTES
+)
+
+
+def _is_private_attr(name: str) -> bool:
+    """``_x`` (one leading underscore, not a dunder): allowed at compile time, checked later."""
+    return name.startswith("_") and not name.startswith("__") and len(name) > 1
+
+
+def _call(func: str, *args: ast.expr) -> ast.Call:
+    return ast.Call(func=ast.Name(func, ast.Load()), args=list(args), keywords=[])
+
+
+class SandboxTransformer(RestrictingNodeTransformer):
+    """RestrictedPython's transformer with the additions described in the module docstring."""
+
+    def check_name(self, node: Any, name: str | None, allow_magic_methods: bool = False) -> None:
+        if allow_magic_methods and name in ALLOWED_DUNDER_DEFS and node.col_offset != 0:
+            return
+        super().check_name(node, name, allow_magic_methods)
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id == "__name__" and isinstance(node.ctx, ast.Load):
+            return node
+        return super().visit_Name(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        attr = node.attr
+        if attr in _EXTRA_FORBIDDEN_ATTRS:
+            self.error(node, f'"{attr}" is a restricted name, that is forbidden to access.')
+            return node
+        load = isinstance(node.ctx, ast.Load)
+        if (load and attr in ALLOWED_DUNDER_READS) or _is_private_attr(attr):
+            node = self.node_contents_visit(node)
+            if load:
+                new = _call("_getattr_", node.value, ast.Constant(attr))
+                copy_locations(new, node)
+                return new
+            new_value = _call("_write_", node.value)
+            copy_locations(new_value, node.value)
+            node.value = new_value
+            return node
+        return super().visit_Attribute(node)
+
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> Any:
+        for name in node.names:
+            self.check_name(node, name)
+        return node
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> Any:
+        target = node.target
+        op = IOPERATOR_TO_STR[type(node.op)]
+        if isinstance(target, ast.Attribute):
+            attr = target.attr
+            if attr in _EXTRA_FORBIDDEN_ATTRS or (
+                attr.startswith("_") and not _is_private_attr(attr)
+            ):
+                self.error(node, f'"{attr}" is an invalid attribute name.')
+                return node
+            obj = self.visit(target.value)
+            value = self.visit(node.value)
+            new = ast.Expr(_call("_sbx_augattr_", obj, ast.Constant(attr), ast.Constant(op), value))
+            copy_locations(new, node)
+            ast.fix_missing_locations(new)
+            return new
+        if isinstance(target, ast.Subscript):
+            obj = self.visit(target.value)
+            key = self.visit(target.slice)
+            value = self.visit(node.value)
+            new = ast.Expr(_call("_sbx_augitem_", obj, key, ast.Constant(op), value))
+            copy_locations(new, node)
+            ast.fix_missing_locations(new)
+            return new
+        return super().visit_AugAssign(node)
+
+    def _guard_block(self, body: list[ast.stmt], where: ast.AST) -> None:
+        check = ast.Expr(_call("_sbx_limit_check_"))
+        copy_locations(check, where)
+        ast.fix_missing_locations(check)
+        body.insert(0, check)
+
+    def visit_Try(self, node: ast.Try) -> Any:
+        node = super().visit_Try(node)
+        for handler in node.handlers:
+            self._guard_block(handler.body, handler)
+        if node.finalbody:
+            self._guard_block(node.finalbody, node)
+        return node
+
+    def visit_Module(self, node: ast.Module) -> Any:
+        node = super().visit_Module(node)
+        if node.body and isinstance(node.body[-1], ast.Expr):
+            last = node.body[-1]
+            new = ast.Expr(_call("_sbx_set_value_", last.value))
+            copy_locations(new, last)
+            ast.fix_missing_locations(new)
+            node.body[-1] = new
+        return node
+
+
+def compile_user_code(source: str) -> tuple[types.CodeType | None, list[str]]:
+    """Compile ``source`` with :class:`SandboxTransformer`; ``(code, errors)``."""
+    try:
+        result = compile_restricted_exec(
+            source, filename=SANDBOX_FILENAME, policy=SandboxTransformer
+        )
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return None, [f"{type(exc).__name__}: {exc}"]
+    return result.code, list(result.errors)
+
+
+# ----------------------------------------------------------------- modules
+
+_BLOCKED_OBJECT_TYPES: tuple[type, ...] = (
+    types.FrameType,
+    types.TracebackType,
+    types.CodeType,
+)
+_GENERATOR_TYPES: tuple[type, ...] = (
+    types.GeneratorType,
+    types.CoroutineType,
+    types.AsyncGeneratorType,
+)
+_GENERATOR_ATTRS = frozenset(("send", "throw", "close"))
+
+
+def _public(module: types.ModuleType, *exclude: str) -> frozenset[str]:
+    """Public names of a C/leaf module whose values are not modules."""
+    return frozenset(
+        n
+        for n in dir(module)
+        if not n.startswith("_")
+        and n not in exclude
+        and not isinstance(getattr(module, n), types.ModuleType)
+    )
+
+
+class SafeFormatter(string.Formatter):
+    """A ``string.Formatter`` whose field lookups (``{0.attr}``, ``{0[key]}``) use the guards."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        first, rest = _string.formatter_field_name_split(field_name)
+        obj = self.get_value(first, args, kwargs)
+        for is_attr, key in rest:
+            obj = guarded_getattr(obj, key) if is_attr else guarded_getitem(obj, key)
+        return obj, first
+
+
+_FORMATTER = SafeFormatter()
+
+
+def safe_format(template: str, /, *args: Any, **kwargs: Any) -> str:
+    """``str.format`` with guarded field traversal."""
+    if not isinstance(template, str):
+        raise TypeError("format() needs a str")
+    return _FORMATTER.vformat(template, args, kwargs)
+
+
+def safe_format_map(template: str, mapping: Any, /) -> str:
+    """``str.format_map`` with guarded field traversal."""
+    if not isinstance(template, str):
+        raise TypeError("format_map() needs a str")
+    return _FORMATTER.vformat(template, (), mapping)
+
+
+def _module_table() -> dict[str, tuple[types.ModuleType, frozenset[str]]]:
+    """Supported modules and the names each proxy exposes (computed once in the zygote)."""
+    table: dict[str, tuple[types.ModuleType, frozenset[str]]] = {
+        "math": (math, _public(math)),
+        "json": (
+            json,
+            frozenset(
+                ["dumps", "loads", "dump", "load", "JSONDecodeError", "JSONEncoder", "JSONDecoder"]
+            ),
+        ),
+        "re": (
+            re,
+            frozenset(
+                [
+                    "compile",
+                    "search",
+                    "match",
+                    "fullmatch",
+                    "split",
+                    "findall",
+                    "finditer",
+                    "sub",
+                    "subn",
+                    "escape",
+                    "error",
+                    "Pattern",
+                    "Match",
+                    "RegexFlag",
+                    "A",
+                    "ASCII",
+                    "I",
+                    "IGNORECASE",
+                    "M",
+                    "MULTILINE",
+                    "S",
+                    "DOTALL",
+                    "X",
+                    "VERBOSE",
+                    "U",
+                    "UNICODE",
+                    "NOFLAG",
+                ]
+            )
+            & frozenset(dir(re)),
+        ),
+        "datetime": (
+            datetime,
+            frozenset(
+                [
+                    "date",
+                    "datetime",
+                    "time",
+                    "timedelta",
+                    "timezone",
+                    "tzinfo",
+                    "MINYEAR",
+                    "MAXYEAR",
+                    "UTC",
+                ]
+            )
+            & frozenset(dir(datetime)),
+        ),
+        "statistics": (
+            statistics,
+            frozenset(
+                [
+                    "mean",
+                    "fmean",
+                    "geometric_mean",
+                    "harmonic_mean",
+                    "median",
+                    "median_low",
+                    "median_high",
+                    "median_grouped",
+                    "mode",
+                    "multimode",
+                    "pstdev",
+                    "pvariance",
+                    "stdev",
+                    "variance",
+                    "quantiles",
+                    "NormalDist",
+                    "StatisticsError",
+                    "correlation",
+                    "covariance",
+                    "linear_regression",
+                ]
+            )
+            & frozenset(dir(statistics)),
+        ),
+        "itertools": (itertools, _public(itertools)),
+        "functools": (
+            functools,
+            frozenset(
+                [
+                    "reduce",
+                    "partial",
+                    "partialmethod",
+                    "lru_cache",
+                    "cache",
+                    "cached_property",
+                    "wraps",
+                    "update_wrapper",
+                    "total_ordering",
+                    "cmp_to_key",
+                    "singledispatch",
+                    "WRAPPER_ASSIGNMENTS",
+                    "WRAPPER_UPDATES",
+                ]
+            ),
+        ),
+        "collections": (
+            collections,
+            frozenset(
+                [
+                    "namedtuple",
+                    "deque",
+                    "Counter",
+                    "OrderedDict",
+                    "defaultdict",
+                    "ChainMap",
+                    "UserDict",
+                    "UserList",
+                    "UserString",
+                ]
+            ),
+        ),
+        "random": (
+            random,
+            frozenset(
+                [
+                    "random",
+                    "randint",
+                    "randrange",
+                    "choice",
+                    "choices",
+                    "shuffle",
+                    "sample",
+                    "uniform",
+                    "triangular",
+                    "gauss",
+                    "normalvariate",
+                    "lognormvariate",
+                    "expovariate",
+                    "vonmisesvariate",
+                    "gammavariate",
+                    "betavariate",
+                    "paretovariate",
+                    "weibullvariate",
+                    "seed",
+                    "getrandbits",
+                    "randbytes",
+                    "Random",
+                    "SystemRandom",
+                ]
+            )
+            & frozenset(dir(random)),
+        ),
+        "string": (
+            string,
+            frozenset(
+                [
+                    "ascii_letters",
+                    "ascii_lowercase",
+                    "ascii_uppercase",
+                    "digits",
+                    "hexdigits",
+                    "octdigits",
+                    "punctuation",
+                    "printable",
+                    "whitespace",
+                    "capwords",
+                    "Template",
+                ]
+            ),
+        ),
+        "decimal": (decimal, _public(decimal)),
+        "fractions": (fractions, frozenset(("Fraction",))),
+        "heapq": (
+            heapq,
+            frozenset(
+                [
+                    "heappush",
+                    "heappop",
+                    "heapify",
+                    "heapreplace",
+                    "heappushpop",
+                    "nlargest",
+                    "nsmallest",
+                    "merge",
+                ]
+            ),
+        ),
+        "bisect": (
+            bisect,
+            frozenset(
+                ["bisect", "bisect_left", "bisect_right", "insort", "insort_left", "insort_right"]
+            ),
+        ),
+        "textwrap": (textwrap, frozenset(["wrap", "fill", "dedent", "indent", "shorten"])),
+        "time": (
+            time,
+            frozenset(
+                [
+                    "time",
+                    "time_ns",
+                    "monotonic",
+                    "monotonic_ns",
+                    "perf_counter",
+                    "perf_counter_ns",
+                    "process_time",
+                    "sleep",
+                    "strftime",
+                    "gmtime",
+                    "localtime",
+                    "mktime",
+                    "asctime",
+                    "ctime",
+                    "struct_time",
+                ]
+            ),
+        ),
+        "operator": (operator, _public(operator, "attrgetter", "methodcaller")),
+        "struct": (struct, frozenset(["pack", "unpack", "calcsize", "iter_unpack", "error"])),
+    }
+    return table
+
+
+MODULES = _module_table()
+_EXTRA_PROXY_VALUES: dict[str, dict[str, Any]] = {"string": {"Formatter": SafeFormatter}}
+
+
+class ModuleProxy:
+    """What ``import x`` gives user code: a fresh object holding only allowlisted names.
+
+    It keeps no reference to the host module; writes to it are refused by ``_write_``.
+    """
+
+    __slots__ = ("__dict__",)
+
+    def __init__(self, name: str, values: dict[str, Any]) -> None:
+        object.__setattr__(self, "__dict__", dict(values))
+        self.__dict__["__name__"] = name
+
+    def __repr__(self) -> str:
+        return f"<module '{self.__dict__['__name__']}' (sandboxed)>"
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"module '{self.__dict__['__name__']}' has no attribute '{name}' in the sandbox"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise SandboxViolation("modules cannot be modified in the sandbox")
+
+    def __delattr__(self, name: str) -> None:
+        raise SandboxViolation("modules cannot be modified in the sandbox")
+
+
+def _make_proxy(name: str) -> ModuleProxy:
+    module, names = MODULES[name]
+    values = {n: getattr(module, n) for n in names}
+    values.update(_EXTRA_PROXY_VALUES.get(name, {}))
+    return ModuleProxy(name, values)
+
+
+class ImportHook:
+    """``__import__`` of the sandbox: policy allowlist (fnmatch patterns) minus denylist, and
+    only modules this backend supports."""
+
+    def __init__(self, allow: list[str], deny: list[str]) -> None:
+        self.allow = list(allow)
+        self.deny = list(deny)
+        self.cache: dict[str, ModuleProxy] = {}
+
+    def allowed(self, name: str) -> bool:
+        if any(fnmatchcase(name, p) for p in self.deny):
+            return False
+        return any(fnmatchcase(name, p) for p in self.allow)
+
+    def __call__(
+        self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> ModuleProxy:
+        if type(fromlist) is list and level == 0 and name in sys.modules:
+            # PyImport_Import() from C code of an allowed module (datetime.strftime importing
+            # time): it passes a list and then takes sys.modules[name] itself; user code cannot
+            # call __import__ (compiled imports pass a tuple or None), so nothing reaches it.
+            return None  # type: ignore[return-value]
+        if level != 0:
+            raise ImportError("relative imports are not allowed in the sandbox")
+        if not isinstance(name, str):
+            raise ImportError("bad module name")
+        if not self.allowed(name):
+            allowed = ", ".join(sorted(n for n in MODULES if self.allowed(n))) or "none"
+            raise ImportError(
+                f"import of '{name}' is not allowed by the policy; allowed modules: {allowed}"
+            )
+        if name not in MODULES:
+            raise ImportError(
+                f"module '{name}' is allowed by the policy but not available in "
+                f"the restricted python backend"
+            )
+        proxy = self.cache.get(name)
+        if proxy is None:
+            proxy = self.cache[name] = _make_proxy(name)
+        return proxy
+
+
+# ----------------------------------------------------------------- guards
+
+_user_classes: weakref.WeakSet[type] = weakref.WeakSet()
+_MUTABLE_CONTAINERS: frozenset[type] = frozenset(
+    (
+        list,
+        dict,
+        set,
+        bytearray,
+        collections.deque,
+        collections.OrderedDict,
+        collections.defaultdict,
+        collections.Counter,
+        collections.ChainMap,
+        collections.UserDict,
+        collections.UserList,
+    )
+)
+_WRITABLE_HOST_TYPES: frozenset[type] = frozenset((decimal.Context,))
+
+
+def _is_user_class(cls: type) -> bool:
+    try:
+        return cls in _user_classes
+    except TypeError:
+        return False
+
+
+def _is_user_object(obj: Any) -> bool:
+    t = type(obj)
+    if _is_user_class(t):
+        return True
+    if isinstance(obj, type) and _is_user_class(obj):
+        return True
+    if t is types.FunctionType:
+        return obj.__code__.co_filename == SANDBOX_FILENAME
+    return False
+
+
+def _refuse(what: str) -> SandboxViolation:
+    return SandboxViolation(f"{what} is not allowed in the sandbox")
+
+
+def _check_value(value: Any) -> Any:
+    if isinstance(value, (types.ModuleType, _BLOCKED_OBJECT_TYPES)):
+        raise _refuse(f"access to {type(value).__name__} objects")
+    return value
+
+
+_MISSING = object()
+
+
+def guarded_getattr(obj: Any, name: Any, default: Any = _MISSING) -> Any:
+    """``getattr`` for user code (and the ``getattr`` builtin)."""
+    if not isinstance(name, str):
+        raise TypeError("attribute name must be a string")
+    if name.startswith("_"):
+        if name in ALLOWED_DUNDER_READS or (_is_private_attr(name) and _is_user_object(obj)):
+            pass
+        else:
+            raise _refuse(f"access to attribute '{name}'")
+    if name in _EXTRA_FORBIDDEN_ATTRS:
+        raise _refuse(f"access to attribute '{name}'")
+    if isinstance(obj, _BLOCKED_OBJECT_TYPES):
+        raise _refuse(f"access to {type(obj).__name__} internals")
+    if isinstance(obj, _GENERATOR_TYPES) and name not in _GENERATOR_ATTRS:
+        raise _refuse(f"access to {type(obj).__name__} internals")
+    if name in ("format", "format_map") and (
+        isinstance(obj, str) or (isinstance(obj, type) and issubclass(obj, str))
+    ):
+        fmt = safe_format if name == "format" else safe_format_map
+        return functools.partial(fmt, obj) if isinstance(obj, str) else fmt
+    if (
+        isinstance(obj, type)
+        and issubclass(obj, string.Formatter)
+        and obj is not SafeFormatter
+        and not _is_user_class(obj)
+    ):
+        raise _refuse("string.Formatter")
+    try:
+        value = getattr(obj, name)
+    except AttributeError:
+        if default is _MISSING:
+            raise
+        return default
+    return _check_value(value)
+
+
+def guarded_hasattr(obj: Any, name: Any) -> bool:
+    try:
+        guarded_getattr(obj, name)
+    except (AttributeError, SandboxViolation):
+        return False
+    return True
+
+
+def guarded_getitem(obj: Any, key: Any) -> Any:
+    return _check_value(obj[key])
+
+
+def guarded_write(obj: Any) -> Any:
+    """``_write_``: only objects created by user code (and builtin containers) are writable."""
+    t = type(obj)
+    if t in _MUTABLE_CONTAINERS or t in _WRITABLE_HOST_TYPES or _is_user_object(obj):
+        return obj
+    if isinstance(obj, ModuleProxy):
+        raise SandboxViolation("modules cannot be modified in the sandbox")
+    raise SandboxViolation(
+        f"cannot modify {t.__name__} objects in the sandbox: only objects created by your "
+        f"code can be modified"
+    )
+
+
+def guarded_setattr(obj: Any, name: str, value: Any) -> None:
+    if not isinstance(name, str) or (name.startswith("_") and not _is_private_attr(name)):
+        raise _refuse(f"setting attribute '{name}'")
+    setattr(guarded_write(obj), name, value)
+
+
+def guarded_delattr(obj: Any, name: str) -> None:
+    if not isinstance(name, str) or (name.startswith("_") and not _is_private_attr(name)):
+        raise _refuse(f"deleting attribute '{name}'")
+    delattr(guarded_write(obj), name)
+
+
+_INPLACE_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+    "&=": operator.iand,
+    "|=": operator.ior,
+    "^=": operator.ixor,
+    "@=": operator.imatmul,
+}
+
+
+def inplacevar(op: str, x: Any, y: Any) -> Any:
+    return _INPLACE_OPS[op](x, y)
+
+
+def augattr(obj: Any, name: str, op: str, value: Any) -> None:
+    target = guarded_write(obj)
+    setattr(target, name, inplacevar(op, guarded_getattr(obj, name), value))
+
+
+def augitem(obj: Any, key: Any, op: str, value: Any) -> None:
+    target = guarded_write(obj)
+    target[key] = inplacevar(op, guarded_getitem(obj, key), value)
+
+
+def apply(func: Any, *args: Any, **kwargs: Any) -> Any:
+    return func(*args, **kwargs)
+
+
+def getiter(obj: Any) -> Any:
+    return iter(obj)
+
+
+def metaclass(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> type:
+    """Creates every class of user code and records it as user-created."""
+    cls = type(name, bases, namespace)
+    _user_classes.add(cls)
+    return cls
+
+
+class _TypeMeta(type):
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, type)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return isinstance(sub, type) and issubclass(sub, type)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) != 1 or kwargs:
+            raise _refuse("type() with more than one argument")
+        return type(args[0])
+
+
+class SafeType(metaclass=_TypeMeta):
+    """``type(x)`` only; isinstance(cls, type) keeps working."""
+
+
+# ----------------------------------------------------------------- output
+
+
+class OutputStream:
+    """Collects one stream (stdout or stderr) and forwards it to the parent in frames, with a
+    byte cap. Exceeding the cap raises :class:`LimitExceeded` (sticky)."""
+
+    FLUSH_BYTES = 8192
+    FLUSH_SECONDS = 0.02
+
+    def __init__(self, kind: bytes, emit: Callable[[bytes, bytes], None], cap: int) -> None:
+        self.kind = kind
+        self.emit = emit
+        self.cap = cap
+        self.size = 0
+        self.pending: list[bytes] = []
+        self.pending_size = 0
+        self.last_flush = -1e9
+        self.truncated = False
+
+    def write(self, text: str) -> int:
+        if STATE.limit_hit is not None:
+            raise STATE.limit_hit
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str")
+        data = text.encode("utf-8", "surrogateescape")
+        room = self.cap - self.size
+        if len(data) > room:
+            data = data[: max(room, 0)]
+            # do not cut a UTF-8 sequence in half
+            while data and (data[-1] & 0xC0) == 0x80:
+                data = data[:-1]
+            if data and data[-1] >= 0xC0:
+                data = data[:-1]
+            self._add(data)
+            self.flush()
+            self.truncated = True
+            STATE.limit_hit = LimitExceeded(
+                "output_limit", f"output limit of {self.cap} bytes exceeded"
+            )
+            raise STATE.limit_hit
+        self._add(data)
+        now = time.monotonic()
+        if self.pending_size >= self.FLUSH_BYTES or now - self.last_flush >= self.FLUSH_SECONDS:
+            self.flush()
+            self.last_flush = now
+        return len(text)
+
+    def _add(self, data: bytes) -> None:
+        if data:
+            self.pending.append(data)
+            self.pending_size += len(data)
+            self.size += len(data)
+
+    def flush(self) -> None:
+        if self.pending:
+            data = b"".join(self.pending)
+            self.pending.clear()
+            self.pending_size = 0
+            self.emit(self.kind, data)
+
+    def write_raw(self, text: str) -> None:
+        """For the runner's own messages (tracebacks): capped but never raising."""
+        data = text.encode("utf-8", "surrogateescape")[: max(self.cap - self.size, 0)]
+        self._add(data)
+
+
+class _PrintScope:
+    """What ``_print_`` returns: RestrictedPython calls ``_print._call_print(...)``."""
+
+    def __init__(self, stream: OutputStream) -> None:
+        self.stream = stream
+
+    def _call_print(self, *objects: Any, **kwargs: Any) -> None:
+        target = kwargs.get("file")
+        if target is None:
+            kwargs["file"] = self.stream
+        else:
+            guarded_getattr(target, "write")
+        builtins.print(*objects, **kwargs)
+
+    def __call__(self) -> str:  # the ``printed`` variable: not supported
+        return ""
+
+
+# ----------------------------------------------------------------- workspace open
+
+
+class WorkspaceOpener:
+    """``open`` confined to the workspace (relative paths only, no ``..``, no symlinks leaving
+    it), with a cap on the bytes a file may hold after writing (RLIMIT_FSIZE backs this)."""
+
+    def __init__(self, root: str, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+
+    def resolve(self, path: Any) -> str:
+        if isinstance(path, bytes):
+            path = path.decode("utf-8", "surrogateescape")
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise SandboxViolation("open(): the path must be a non-empty string")
+        rel = path
+        if rel.startswith("/workspace/") or rel == "/workspace":
+            rel = rel[len("/workspace") :].lstrip("/") or "."
+        if os.path.isabs(rel):
+            raise SandboxViolation(
+                f"open(): '{path}' is outside the workspace; use a path relative to it"
+            )
+        norm = os.path.normpath(rel)
+        if norm == ".." or norm.startswith("../"):
+            raise SandboxViolation(f"open(): '{path}' is outside the workspace")
+        full = os.path.join(self.root, norm)
+        real = os.path.realpath(full)
+        root_real = os.path.realpath(self.root)
+        if real != root_real and not real.startswith(root_real.rstrip("/") + "/"):
+            raise SandboxViolation(f"open(): '{path}' leads outside the workspace")
+        return real
+
+    def __call__(
+        self,
+        file: Any,
+        mode: str = "r",
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> Any:
+        if not isinstance(mode, str) or set(mode) - set("rwaxbt+"):
+            raise ValueError(f"open(): invalid mode {mode!r}")
+        real = self.resolve(file)
+        if "b" not in mode and encoding is None:
+            encoding = "utf-8"
+        return _CappedFile(
+            builtins.open(real, mode, buffering, encoding, errors, newline),
+            self.max_bytes,
+            str(file),
+        )
+
+
+class _CappedFile:
+    """A file object whose writes cannot grow the file past the cap."""
+
+    __slots__ = ("_f", "_max", "_name")
+
+    def __init__(self, f: Any, max_bytes: int, name: str) -> None:
+        self._f = f
+        self._max = max_bytes
+        self._name = name
+
+    def write(self, data: Any) -> int:
+        size = len(data.encode("utf-8") if isinstance(data, str) else data)
+        if self._f.tell() + size > self._max:
+            raise OSError(f"file '{self._name}' would exceed the size limit of {self._max} bytes")
+        return self._f.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def read(self, *args: Any) -> Any:
+        return self._f.read(*args)
+
+    def readline(self, *args: Any) -> Any:
+        return self._f.readline(*args)
+
+    def readlines(self, *args: Any) -> Any:
+        return self._f.readlines(*args)
+
+    def seek(self, *args: Any) -> Any:
+        return self._f.seek(*args)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def mode(self) -> str:
+        return self._f.mode
+
+    def __iter__(self) -> Any:
+        return iter(self._f)
+
+    def __enter__(self) -> _CappedFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._f.close()
+
+
+# ----------------------------------------------------------------- builtins
+
+_SAFE_BUILTIN_NAMES = [
+    "abs",
+    "all",
+    "any",
+    "ascii",
+    "bin",
+    "bool",
+    "bytearray",
+    "bytes",
+    "callable",
+    "chr",
+    "complex",
+    "dict",
+    "divmod",
+    "enumerate",
+    "filter",
+    "float",
+    "format",
+    "frozenset",
+    "hash",
+    "hex",
+    "id",
+    "int",
+    "isinstance",
+    "issubclass",
+    "iter",
+    "len",
+    "list",
+    "map",
+    "max",
+    "memoryview",
+    "min",
+    "next",
+    "object",
+    "oct",
+    "ord",
+    "pow",
+    "range",
+    "repr",
+    "reversed",
+    "round",
+    "set",
+    "slice",
+    "sorted",
+    "str",
+    "sum",
+    "tuple",
+    "zip",
+    "property",
+    "staticmethod",
+    "classmethod",
+    "super",
+    "dir",
+    "True",
+    "False",
+    "None",
+    "NotImplemented",
+    "Ellipsis",
+]
+_SAFE_EXCEPTIONS = [
+    n
+    for n in dir(builtins)
+    if isinstance(getattr(builtins, n), type)
+    and issubclass(getattr(builtins, n), BaseException)
+    and n not in ("BaseExceptionGroup", "ExceptionGroup")
+]
+
+
+def make_builtins(import_hook: ImportHook, opener: WorkspaceOpener) -> dict[str, Any]:
+    safe: dict[str, Any] = {n: getattr(builtins, n) for n in _SAFE_BUILTIN_NAMES}
+    safe.update({n: getattr(builtins, n) for n in _SAFE_EXCEPTIONS})
+    safe.update(
+        __import__=import_hook,
+        __build_class__=builtins.__build_class__,
+        type=SafeType,
+        getattr=guarded_getattr,
+        hasattr=guarded_hasattr,
+        setattr=guarded_setattr,
+        delattr=guarded_delattr,
+        open=opener,
+    )
+    return safe
+
+
+def make_globals(
+    import_hook: ImportHook, opener: WorkspaceOpener, stdout: OutputStream
+) -> dict[str, Any]:
+    """The globals dict user code runs in."""
+
+    def print_factory(_getattr: Any = None) -> _PrintScope:
+        return _PrintScope(stdout)
+
+    def set_value(value: Any) -> None:
+        STATE.value = value
+        STATE.has_value = True
+
+    return {
+        "__builtins__": make_builtins(import_hook, opener),
+        "__name__": "__main__",
+        "__metaclass__": metaclass,
+        "_getattr_": guarded_getattr,
+        "_getitem_": guarded_getitem,
+        "_getiter_": getiter,
+        "_write_": guarded_write,
+        "_inplacevar_": inplacevar,
+        "_apply_": apply,
+        "_print_": print_factory,
+        "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+        "_unpack_sequence_": guarded_unpack_sequence,
+        "_sbx_augattr_": augattr,
+        "_sbx_augitem_": augitem,
+        "_sbx_limit_check_": _limit_check,
+        "_sbx_set_value_": set_value,
+    }
+
+
+# ----------------------------------------------------------------- runner
+
+
+def format_user_traceback(exc: BaseException) -> str:
+    """A traceback showing only frames of the user's code (no host paths)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == SANDBOX_FILENAME]
+    lines = []
+    if frames:
+        lines.append("Traceback (most recent call last):\n")
+        if len(frames) > 12:
+            lines.extend(traceback.format_list(frames[:3]))
+            lines.append(f"  [... {len(frames) - 9} more frames ...]\n")
+            frames = frames[-6:]
+        lines.extend(traceback.format_list(frames))
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    return "".join(lines)
+
+
+def encode_value(value: Any, cap: int) -> tuple[Any, str | None]:
+    """The last expression's value: itself if JSON-serialisable, else its repr (capped)."""
+    if value is None:
+        return None, None
+    try:
+        text = json.dumps(value, allow_nan=False)
+        if len(text) <= cap:
+            return json.loads(text), None
+        return None, f"value omitted: its JSON is larger than the output limit ({cap} bytes)"
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        pass
+    try:
+        text = repr(value)
+    except Exception as exc:  # user __repr__ failed
+        return None, f"value omitted: repr() failed: {type(exc).__name__}: {exc}"
+    if len(text) > cap:
+        text = text[:cap]
+    return text, None
+
+
+def run_user_code(
+    source: str,
+    *,
+    imports_allow: list[str],
+    imports_deny: list[str],
+    workspace: str,
+    output_bytes: int,
+    max_file_bytes: int,
+    emit: Callable[[bytes, bytes], None],
+) -> dict[str, Any]:
+    """Compile and run ``source``; stream output through ``emit(kind, data)``; return the final
+    report ``{"outcome", "exit_code", "value", ...}``. Never raises (except on a broken emit)."""
+    stdout = OutputStream(b"o", emit, output_bytes)
+    stderr = OutputStream(b"e", emit, output_bytes)
+    STATE.limit_hit, STATE.memory_hit, STATE.value, STATE.has_value = None, False, None, False
+    reserve = bytearray(1 << 20)  # released on MemoryError so that reporting can work
+    report: dict[str, Any] = {"outcome": "ok", "exit_code": 0, "value": None}
+    code, errors = compile_user_code(source)
+    if code is None:
+        stderr.write_raw(
+            "Your code was refused by the sandbox compiler:\n" + "\n".join(errors) + "\n"
+        )
+        stderr.flush()
+        report.update(outcome="error", exit_code=1, message="compile error")
+        return report
+    linecache.cache[SANDBOX_FILENAME] = (
+        len(source),
+        None,
+        source.splitlines(True),
+        SANDBOX_FILENAME,
+    )
+    g = make_globals(
+        ImportHook(imports_allow, imports_deny), WorkspaceOpener(workspace, max_file_bytes), stdout
+    )
+    try:
+        exec(code, g)
+    except MemoryError:
+        del reserve
+        g.clear()
+        STATE.memory_hit = True
+    except LimitExceeded:
+        pass
+    except SystemExit as exc:
+        code_ = exc.code
+        if code_ is None:
+            report["exit_code"] = 0
+        elif isinstance(code_, int):
+            report["exit_code"] = code_ & 0xFF
+        else:
+            stderr.write_raw(f"{code_}\n")
+            report["exit_code"] = 1
+        if report["exit_code"] != 0:
+            report.update(outcome="error", message="SystemExit")
+    except BaseException as exc:  # user exceptions, KeyboardInterrupt, GeneratorExit...
+        try:
+            stderr.write_raw(format_user_traceback(exc))
+        except BaseException:
+            stderr.write_raw(f"{type(exc).__name__}\n")
+        report.update(outcome="error", exit_code=1, message=f"{type(exc).__name__}")
+    if STATE.memory_hit:
+        report.update(outcome="memory_limit", exit_code=1, message="memory limit exceeded")
+        stderr.write_raw("MemoryError: the memory limit was exceeded\n")
+    elif STATE.limit_hit is not None:
+        report.update(outcome=STATE.limit_hit.reason, exit_code=1, message=str(STATE.limit_hit))
+    elif report["outcome"] == "ok" and STATE.has_value:
+        try:
+            report["value"], note = encode_value(STATE.value, output_bytes)
+        except BaseException as exc:
+            report["value"], note = None, f"value omitted: {type(exc).__name__}"
+        if note:
+            stderr.write_raw(note + "\n")
+    report["truncated_stdout"] = stdout.truncated
+    stdout.flush()
+    stderr.flush()
+    return report
