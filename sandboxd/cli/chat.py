@@ -1,7 +1,262 @@
-"""`sandboxd chat` (placeholder: the owning issue fills this in)."""
+"""``sandboxd chat``: an interactive terminal agent on a local OpenAI-compatible LLM.
+
+Every tool call the model makes runs in sandboxd (through :mod:`sandboxd.client`). Tokens are
+streamed as they arrive; each tool call is shown as one ``->`` line and its result as one
+``<-`` line. Ctrl-C cancels the current turn (the running sandbox call is cancelled too) and
+returns to the prompt; Ctrl-D, ``/exit`` or ``/quit`` leave. ``/reset`` starts a new
+conversation, ``/tools`` lists the tools offered. Input lines are kept in a readline history
+file when the terminal is interactive.
+
+Works with piped stdin too (one message per line), which is how it is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
 
 import typer
 
+DEFAULT_HISTORY = Path("~/.sandboxd_chat_history")
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's command(s) to the main app."""
+    """Add ``chat`` to the main app."""
+    app.command("chat")(chat)
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class _Display:
+    """Writes the streamed turn to the terminal."""
+
+    def __init__(self, show_reasoning: bool) -> None:
+        self.show_reasoning = show_reasoning
+        self.tty = sys.stdout.isatty()
+        self.at_line_start = True
+        self.in_reasoning = False
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        self.at_line_start = text.endswith("\n")
+
+    def newline(self) -> None:
+        if not self.at_line_start:
+            self.write("\n")
+
+    def fragment(self, fragment: Any) -> None:
+        if fragment.reasoning:
+            if not self.show_reasoning:
+                return
+            if not self.in_reasoning:
+                self.newline()
+                self.write("\033[2m[thinking] " if self.tty else "[thinking] ")
+                self.in_reasoning = True
+            self.write(fragment.content)
+            return
+        if self.in_reasoning:
+            self.write("\033[0m\n" if self.tty else "\n")
+            self.in_reasoning = False
+        self.write(fragment.content)
+
+    def message(self, message: dict[str, Any]) -> None:
+        if message.get("role") != "assistant" or not message.get("tool_calls"):
+            return
+        if self.in_reasoning:
+            self.write("\033[0m" if self.tty else "")
+            self.in_reasoning = False
+        self.newline()
+        for call in message["tool_calls"]:
+            fn = call.get("function", {})
+            args = fn.get("arguments", "{}")
+            with contextlib.suppress(TypeError, ValueError):
+                args = json.dumps(json.loads(args), ensure_ascii=False)
+            self.write(f"  -> {fn.get('name')} {_one_line(str(args), 200)}\n")
+
+    def tool_result(self, record: Any) -> None:
+        if record.error is None:
+            label = "ok"
+        elif record.error.kind == "denied":
+            label = "denied"
+        else:
+            label = record.error.kind.replace("_", " ")
+        lines = record.content.strip().splitlines() or [""]
+        more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+        self.write(f"  <- {label}: {_one_line(' '.join(lines), 200)}{more}\n")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"sandboxd chat: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def chat(
+    llm: str = typer.Option(..., "--llm", envvar="SANDBOXD_CHAT_LLM",
+                            help="OpenAI-compatible API root, e.g. http://localhost:1234/v1"),
+    model: str = typer.Option(..., "--model", envvar="SANDBOXD_CHAT_MODEL",
+                              help="Model name as the LLM server knows it"),
+    sandbox: str | None = typer.Option(None, "--sandbox", envvar="SANDBOXD_URL",
+                                       help="sandboxd URL (default http://127.0.0.1:8765)"),
+    socket: Path | None = typer.Option(None, "--socket", envvar="SANDBOXD_SOCKET",
+                                       help="sandboxd unix socket (instead of --sandbox)"),
+    token: str | None = typer.Option(None, "--token", envvar="SANDBOXD_TOKEN",
+                                     help="Bearer token for sandboxd"),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
+                                       help="API key for the LLM server, if it wants one"),
+    tools: str | None = typer.Option(None, "--tools",
+                                     help="Comma-separated sandboxd tools (default: all "
+                                          "available to this client)"),
+    system: str | None = typer.Option(None, "--system", help="System prompt"),
+    max_rounds: int = typer.Option(10, "--max-rounds", min=1, help="Tool rounds per turn"),
+    parallel: bool = typer.Option(False, "--parallel", help="Run one round's calls in parallel"),
+    tool_timeout: float | None = typer.Option(None, "--tool-timeout", min=0.1,
+                                              help="Seconds per tool call (lowers the policy's)"),
+    context_tokens: int | None = typer.Option(None, "--context-tokens", min=256,
+                                              help="Trim the history to this many tokens"),
+    show_reasoning: bool = typer.Option(False, "--show-reasoning",
+                                        help="Print the model's thinking (dimmed)"),
+    history_file: Path | None = typer.Option(None, "--history-file",
+                                             help=f"Readline history (default {DEFAULT_HISTORY} "
+                                                  "when interactive)"),
+    no_session: bool = typer.Option(False, "--no-session",
+                                    help="No session: every call gets a fresh workspace"),
+) -> None:
+    """Chat with a local LLM whose tool calls run in sandboxd."""
+    from sandboxd.client import Agent, LLMError, SandboxClient, SandboxError
+
+    client = SandboxClient(sandbox, socket=socket, token=token)
+    try:
+        offered = client.tools("openai")
+        specs = {t.name: t for t in client.tools()}
+    except SandboxError as exc:
+        client.close()
+        _fail(f"cannot use sandboxd at {client.socket or client.url}: {exc}")
+    available = [t["function"]["name"] for t in offered]
+    if tools:
+        wanted = [t.strip() for t in tools.split(",") if t.strip()]
+        for name in wanted:
+            if name not in specs:
+                client.close()
+                _fail(f"unknown tool {name!r} (tools: {', '.join(sorted(specs))})")
+            if name not in available:
+                client.close()
+                _fail(f"tool {name!r} is unavailable: {specs[name].unavailable_reason}")
+    else:
+        wanted = available
+
+    session_id: str | None = None
+    if not no_session:
+        try:
+            session_id = client.create_session().id
+        except SandboxError as exc:
+            client.close()
+            _fail(f"cannot create a session: {exc}")
+
+    interactive = sys.stdin.isatty()
+    history_path: Path | None = None
+    if interactive or history_file is not None:
+        history_path = (history_file or DEFAULT_HISTORY).expanduser()
+        _setup_readline(history_path)
+
+    agent = Agent(llm, model, sandbox=client, api_key=api_key, session=session_id,
+                  system_prompt=system, context_tokens=context_tokens)
+    display = _Display(show_reasoning)
+    typer.echo(f"sandboxd chat: model {model} at {llm}; tools: {', '.join(wanted) or 'none'}"
+               + (f"; session {session_id}" if session_id else "")
+               + ". Ctrl-C cancels a turn, Ctrl-D quits.", err=True)
+    history: list[dict[str, Any]] = []
+    try:
+        while True:
+            try:
+                line = input("you> " if interactive else "")
+            except EOFError:
+                display.newline()
+                break
+            except KeyboardInterrupt:
+                display.write("\n(Ctrl-D or /exit to quit)\n")
+                continue
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                break
+            if text == "/reset":
+                history = []
+                display.write("(new conversation)\n")
+                continue
+            if text == "/tools":
+                display.write(", ".join(wanted) + "\n")
+                continue
+            history.append({"role": "user", "content": text})
+            added: list[dict[str, Any]] = []
+
+            def on_message(message: dict[str, Any], added: list[dict[str, Any]] = added) -> None:
+                added.append(message)
+                display.message(message)
+
+            if interactive:
+                display.write("bot> ")
+            try:
+                result = agent.act(
+                    history, wanted, max_rounds=max_rounds, on_message=on_message,
+                    on_fragment=display.fragment, on_tool_result=display.tool_result,
+                    parallel_tool_calls=parallel, tool_timeout_s=tool_timeout,
+                )
+            except KeyboardInterrupt:
+                history.extend(added)
+                if history[-1].get("role") == "user":
+                    history.append({"role": "assistant", "content": "[interrupted by the user]"})
+                display.newline()
+                display.write("[cancelled]\n")
+                continue
+            except LLMError as exc:
+                history.extend(added)
+                if history[-1].get("role") == "user":
+                    history.pop()
+                display.newline()
+                typer.echo(f"error: {exc}", err=True)
+                continue
+            history = result.messages
+            display.newline()
+            if result.stop_reason != "answer":
+                display.write(f"[stopped: {result.stop_reason.replace('_', ' ')}]\n")
+    finally:
+        if session_id:
+            with contextlib.suppress(SandboxError):
+                client.delete_session(session_id)
+        client.close()
+        if history_path is not None:
+            _save_readline(history_path)
+
+
+def _setup_readline(path: Path) -> None:
+    try:
+        import readline
+    except ImportError:  # pragma: no cover - not on this platform
+        return
+    readline.set_history_length(1000)
+    if path.exists():
+        with contextlib.suppress(OSError):
+            readline.read_history_file(os.fspath(path))
+
+
+def _save_readline(path: Path) -> None:
+    try:
+        import readline
+    except ImportError:  # pragma: no cover
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        readline.write_history_file(os.fspath(path))
+    except OSError:
+        pass

@@ -1,0 +1,186 @@
+"""``sandboxd chat`` run as a real process with piped stdin, a scripted LLM and a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.client.conftest import TokenDaemon
+from tests.client.scripted_llm import (
+    Reply,
+    ScriptedLLM,
+    last_tool_results,
+    text_reply,
+    tool_call_reply,
+)
+from tests.client.test_agent_e2e import multiply_script
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SANDBOXD_", "OPENAI_"))}
+    env["HOME"] = str(tmp_path)
+    return env
+
+
+def run_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon, stdin: str,
+             *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "scripted",
+         "--sandbox", daemon.url, "--token", daemon.token, *extra],
+        input=stdin, capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+
+
+def test_chat_multiplies_with_python(tmp_path: Path, token_daemon: TokenDaemon) -> None:
+    with ScriptedLLM(multiply_script) as llm:
+        out = run_chat(tmp_path, llm, token_daemon, "What is 12345 * 54321?\n",
+                       "--tools", "python")
+    assert out.returncode == 0, out.stderr
+    assert llm.rejections == []
+    assert '-> python {"code": "print(12345 * 54321)"}' in out.stdout
+    assert f"<- ok: {12345 * 54321}" in out.stdout
+    assert f"12345 * 54321 = {12345 * 54321}" in out.stdout
+
+
+def test_chat_session_keeps_files_across_turns(tmp_path: Path,
+                                               token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        results = last_tool_results(body)
+        if results:
+            return text_reply(f"tool said: {results[0]['content']}")
+        question = body["messages"][-1]["content"]
+        if question.startswith("save"):
+            return tool_call_reply([("write_file", {"path": "memo.txt", "content": "buy milk"})],
+                                   ids=[f"w{n}"])
+        return tool_call_reply([("read_file", {"path": "memo.txt"})], ids=[f"r{n}"])
+
+    with ScriptedLLM(script) as llm:
+        out = run_chat(tmp_path, llm, token_daemon, "save a memo\n/tools\nread it back\n",
+                       "--tools", "write_file,read_file")
+    assert out.returncode == 0, out.stderr
+    assert llm.rejections == []
+    assert "write_file, read_file" in out.stdout  # the /tools command
+    assert "tool said: buy milk" in out.stdout  # second turn read what the first wrote
+    # the second turn's request carried the whole first turn
+    roles = [m["role"] for m in llm.requests[-2]["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant", "user"]
+    assert "session ses_" in out.stderr
+
+
+def test_chat_rejects_unknown_tool(tmp_path: Path, token_daemon: TokenDaemon) -> None:
+    with ScriptedLLM() as llm:
+        out = run_chat(tmp_path, llm, token_daemon, "", "--tools", "python,teleport")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("sandboxd chat: unknown tool 'teleport'")
+    assert llm.requests == []
+
+
+def test_chat_unreachable_sandbox_is_one_line(tmp_path: Path) -> None:
+    from tests.support.daemon import free_port
+
+    out = subprocess.run(
+        [sys.executable, "-m", "sandboxd", "chat", "--llm", "http://127.0.0.1:9/v1",
+         "--model", "m", "--sandbox", f"http://127.0.0.1:{free_port()}"],
+        input="", capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "cannot use sandboxd" in out.stderr
+
+
+class _Reader(threading.Thread):
+    def __init__(self, stream: Any) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.text = ""
+
+    def run(self) -> None:
+        for chunk in iter(lambda: self.stream.read1(4096), b""):
+            self.text += chunk.decode(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text):
+            assert time.monotonic() < deadline, f"never saw {pattern!r} in:\n{self.text}"
+            time.sleep(0.05)
+
+
+def _interactive_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon,
+                      *extra: str) -> tuple[subprocess.Popen[bytes], _Reader]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "scripted",
+         "--sandbox", daemon.url, "--token", daemon.token, *extra],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=_env(tmp_path))
+    reader = _Reader(proc.stdout)
+    reader.start()
+    return proc, reader
+
+
+def test_ctrl_c_cancels_the_streaming_turn_only(tmp_path: Path,
+                                                token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n == 0:
+            return Reply(text_reply("tick " * 400, pieces=400).chunks, delay_s=0.05)
+        return text_reply(f"second answer after {body['messages'][-2]['content']}")
+
+    with ScriptedLLM(script) as llm:
+        proc, reader = _interactive_chat(tmp_path, llm, token_daemon, "--tools", "read_file")
+        assert proc.stdin is not None
+        proc.stdin.write(b"first question\n")
+        proc.stdin.flush()
+        reader.wait_for(r"tick tick")
+        proc.send_signal(signal.SIGINT)
+        reader.wait_for(r"\[cancelled\]")
+        proc.stdin.write(b"second question\n")
+        proc.stdin.close()
+        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+        reader.join(10)
+    assert llm.rejections == []
+    assert llm.disconnects == 1
+    assert "second answer after [interrupted by the user]" in reader.text
+    assert reader.text.count("tick") < 400
+
+
+def test_ctrl_c_cancels_a_running_sandbox_call(tmp_path: Path,
+                                               token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n == 0:
+            return tool_call_reply([("python", {"code": "while True:\n    pass"})])
+        return text_reply("after: " + last_tool_results(body)[0]["content"]
+                          if body["messages"][-2]["role"] == "tool" else
+                          "after: " + json.dumps([m["role"] for m in body["messages"]]))
+
+    with ScriptedLLM(script) as llm:
+        proc, reader = _interactive_chat(tmp_path, llm, token_daemon, "--tools", "python",
+                                         "--tool-timeout", "120")
+        assert proc.stdin is not None
+        proc.stdin.write(b"spin forever\n")
+        proc.stdin.flush()
+        reader.wait_for(r"-> python")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        reader.wait_for(r"\[cancelled\]", timeout=30)
+        proc.stdin.write(b"what happened?\n")
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+        reader.join(10)
+    assert llm.rejections == []  # the interrupted call still got its tool message
+    sent = llm.requests[1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+    assert sent[2]["content"].startswith("Cancelled")
+    audit = token_daemon.daemon.audit_path
+    deadline = time.monotonic() + 30
+    reasons: list[str] = []
+    while time.monotonic() < deadline and not reasons:
+        reasons = [json.loads(line)["termination"]["reason"]
+                   for line in audit.read_text().splitlines()
+                   if '"event":"result"' in line.replace(" ", "") and '"python"' in line]
+        time.sleep(0.2)
+    assert reasons == ["cancelled"]
