@@ -395,7 +395,7 @@ class ContainerBackend:
             raise
         except TimeoutError:
             verified = await self._destroy_shielded(box) if box is not None else True
-            return self._timeout(invocation, limits, started, verified)
+            return self._timeout(invocation, limits, started, verified, _gone(box, verified))
         except BaseException:
             if box is not None:
                 await self._destroy_shielded(box)
@@ -404,7 +404,7 @@ class ContainerBackend:
                                                              box.cid or box.name)
         verified = await self._destroy_shielded(box)
         return self._result(invocation, limits, outcome, started, verified, oom=oom,
-                            detail=None if verified else "the engine did not confirm removal")
+                            detail=_gone(box, verified))
 
     async def _session_box(self, key: tuple[str, str, str], invocation: Invocation,
                            image: str, shape: engine.Shape, deadline: float) -> Box:
@@ -439,7 +439,7 @@ class ContainerBackend:
             raise
         except TimeoutError:
             verified = await self._drop_session_box(key, box) if box is not None else True
-            return self._timeout(invocation, limits, started, verified)
+            return self._timeout(invocation, limits, started, verified, _gone(box, verified))
         except BaseException:
             if box is not None:
                 await self._drop_session_box(key, box)
@@ -453,7 +453,7 @@ class ContainerBackend:
                                                              box.cid or box.name)
         verified = await self._drop_session_box(key, box)
         return self._result(invocation, limits, outcome, started, verified, oom=oom,
-                            detail="the session container was replaced after a limit")
+                            detail=_gone(box, verified) + " (the session gets a new one)")
 
     async def _drop_session_box(self, key: tuple[str, str, str], box: Box) -> bool:
         if self._sessions.get(key) is box:
@@ -484,15 +484,14 @@ class ContainerBackend:
     # ------------------------------------------------------------ results
 
     def _timeout(self, invocation: Invocation, limits: Limits, started: float,
-                 verified: bool) -> Result:
+                 verified: bool, detail: str) -> Result:
         return Result(
             id=invocation.id, tool=invocation.tool, session=invocation.session,
             backend=self.name, status=Status.timeout,
             termination=Termination(reason=Reason.wall_timeout),
             resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
             limits=limits,
-            cleanup=Cleanup(verified=verified,
-                            detail=None if verified else "the engine did not confirm removal"),
+            cleanup=Cleanup(verified=verified, detail=detail),
             message=f"the call exceeded its wall-clock limit of {limits.timeout_s:g} s and "
                     "its container was killed",
         )
@@ -630,6 +629,14 @@ class _Outcome:
         """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
         rec = self.record
         return not rec.get("oom") and (self.lost is not None or rec.get("signal") == 9)
+
+
+def _gone(box: Box | None, verified: bool) -> str:
+    if box is None:
+        return "no container was started"
+    if verified:
+        return f"container {box.name} removed"
+    return f"the engine did not confirm the removal of container {box.name}"
 
 
 def _is_empty_dir(path: Path) -> bool:

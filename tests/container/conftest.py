@@ -1,0 +1,80 @@
+"""Fixtures of the container backend tests: a real Docker engine (tests/conftest.py's
+``docker_client``: fails in CI when missing) and started backends with unique labels."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from sandboxd.backends.container import ContainerBackend
+from sandboxd.config import Settings
+from sandboxd.models import Invocation, Limits, Result, ToolKind
+
+SANDBOX_UID = 10001
+
+
+def make_settings(tmp: Path, **overrides: Any) -> Settings:
+    """Settings with a private state dir and a unique instance label."""
+    values: dict[str, Any] = {
+        "state_dir": tmp / "state",
+        "instance": f"t{secrets.token_hex(5)}",
+        "warm_pool_size": 1,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def workspace(base: Path, name: str = "ws") -> Path:
+    """A workspace directory as the daemon makes it (owned by the sandbox user when root)."""
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+    path.chmod(0o700)
+    return path
+
+
+async def run(backend: ContainerBackend, ws: Path, *, argv: list[str] | None = None,
+              code: str | None = None, session: str | None = None, client: str = "tester",
+              limits: Limits | None = None, timeout: float | None = None) -> Result:
+    """One call through the backend, as the service would make it."""
+    limits = limits or Limits(timeout_s=timeout or 30.0)
+    if code is not None:
+        inv = Invocation(tool="python", kind=ToolKind.python, client=client, session=session,
+                         workspace=ws, arguments={"code": code})
+    else:
+        inv = Invocation(tool="shell", kind=ToolKind.command, client=client, session=session,
+                         workspace=ws, argv=argv)
+    return await backend.run(inv, limits, time.monotonic() + limits.timeout_s)
+
+
+def labelled(docker_client: Any, instance: str) -> list[Any]:
+    """Containers (any state) carrying this backend instance's daemon label."""
+    return docker_client.containers.list(all=True,
+                                         filters={"label": f"sandboxd.daemon={instance}"})
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def backend(docker_client: Any, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> AsyncIterator[ContainerBackend]:
+    """A started backend shared by a test module (warm pool of 1)."""
+    tmp = tmp_path_factory.mktemp("container")
+    b = ContainerBackend(make_settings(tmp))
+    await b.start()
+    ok, why = b.availability()
+    assert ok, why
+    yield b
+    await b.close()
+    assert labelled(docker_client, b.settings.instance_name) == []
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    return workspace(tmp_path)

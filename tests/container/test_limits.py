@@ -1,0 +1,157 @@
+"""Limits hold and end the call with the right reason; the container is gone afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker.errors import NotFound
+
+from sandboxd.backends.container import ContainerBackend
+from sandboxd.models import Limits, Reason, Status
+
+from .conftest import labelled, run
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MiB = 1024 * 1024
+
+
+def assert_gone(docker_client: Any, detail: str | None) -> None:
+    """The result names the container it removed; the engine must not know it any more."""
+    assert detail and detail.startswith("container "), detail
+    name = detail.split()[1]
+    with pytest.raises(NotFound):
+        docker_client.containers.get(name)
+
+
+async def test_memory_bomb_is_memory_limit(backend: ContainerBackend, ws: Path,
+                                           docker_client: Any) -> None:
+    res = await run(backend, ws, code="blocks = []\nwhile True:\n    blocks.append(b'x' * MiB)"
+                    .replace("MiB", str(MiB)),
+                    limits=Limits(timeout_s=30, memory_bytes=64 * MiB))
+    assert res.termination.reason is Reason.memory_limit, res
+    assert res.status is Status.killed
+    assert res.cleanup.verified
+    assert_gone(docker_client, res.cleanup.detail)
+
+
+async def test_memory_within_limit_is_fine(backend: ContainerBackend, ws: Path) -> None:
+    res = await run(backend, ws, code="len(bytearray(32 * 1024 * 1024))",
+                    limits=Limits(timeout_s=30, memory_bytes=128 * MiB))
+    assert res.status is Status.ok and res.value == 32 * MiB, res
+    assert res.resources.peak_memory_bytes >= 32 * MiB
+
+
+async def test_memory_bomb_in_a_shell_command(backend: ContainerBackend, ws: Path) -> None:
+    # a command (not the runner's python) eating memory: python3 -c as a separate program
+    res = await run(backend, ws, argv=["python3", "-c", "x = bytearray(200 * 1024 * 1024)"],
+                    limits=Limits(timeout_s=30, memory_bytes=64 * MiB))
+    assert res.termination.reason is Reason.memory_limit, res
+
+
+async def test_fork_bomb_is_stopped_by_the_pids_limit(backend: ContainerBackend, ws: Path,
+                                                      docker_client: Any) -> None:
+    code = (
+        "import os, time\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        time.sleep(0.5)\n"
+    )
+    started = time.monotonic()
+    res = await run(backend, ws, code=code, limits=Limits(timeout_s=20, pids=32))
+    assert res.termination.reason is Reason.pids_limit, res
+    assert res.status is Status.killed
+    assert time.monotonic() - started < 15  # ended by the pids limit, not the wall clock
+    assert res.cleanup.verified
+    assert_gone(docker_client, res.cleanup.detail)
+
+
+async def test_shell_fork_bomb(backend: ContainerBackend, ws: Path) -> None:
+    res = await run(backend, ws, argv=["sh", "-c", "f() { f | f & }; f; sleep 30"],
+                    limits=Limits(timeout_s=20, pids=32))
+    assert res.termination.reason is Reason.pids_limit, res
+
+
+async def test_sleep_with_one_second_timeout(backend: ContainerBackend, ws: Path,
+                                             docker_client: Any) -> None:
+    started = time.monotonic()
+    res = await run(backend, ws, argv=["sleep", "100"], limits=Limits(timeout_s=1))
+    elapsed = time.monotonic() - started
+    assert res.termination.reason is Reason.wall_timeout, res
+    assert res.status is Status.timeout
+    assert elapsed < 10
+    assert res.cleanup.verified
+    assert_gone(docker_client, res.cleanup.detail)
+
+
+async def test_output_flood_is_output_limit(backend: ContainerBackend, ws: Path,
+                                            docker_client: Any) -> None:
+    res = await run(backend, ws, argv=["yes", "flood"],
+                    limits=Limits(timeout_s=20, output_bytes=100_000))
+    assert res.termination.reason is Reason.output_limit, res
+    assert res.status is Status.killed
+    assert res.truncated.stdout and not res.truncated.stderr
+    assert 0 < len(res.stdout) <= 100_000
+    assert set(res.stdout.split()[:-1]) <= {"flood"}  # the last line may be cut
+    assert_gone(docker_client, res.cleanup.detail)
+
+
+async def test_output_flood_on_stderr(backend: ContainerBackend, ws: Path) -> None:
+    res = await run(backend, ws, code="import sys\nwhile True:\n    sys.stderr.write('e' * 4096)",
+                    limits=Limits(timeout_s=20, output_bytes=50_000))
+    assert res.termination.reason is Reason.output_limit, res
+    assert res.truncated.stderr
+    assert len(res.stdout) + len(res.stderr) <= 50_000
+
+
+async def test_output_just_under_the_cap_is_complete(backend: ContainerBackend,
+                                                     ws: Path) -> None:
+    res = await run(backend, ws, code="print('y' * 9999)",
+                    limits=Limits(timeout_s=20, output_bytes=10_000))
+    assert res.status is Status.ok, res
+    assert res.stdout == "y" * 9999 + "\n"
+    assert not res.truncated.stdout
+
+
+async def test_cpu_limit_is_applied(backend: ContainerBackend, ws: Path,
+                                    docker_client: Any) -> None:
+    res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/cpu.max"],
+                    limits=Limits(timeout_s=20, cpus=0.5))
+    if res.status is not Status.ok:  # cgroup v1
+        res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+                                           "/sys/fs/cgroup/cpu/cpu.cfs_period_us"],
+                        limits=Limits(timeout_s=20, cpus=0.5))
+    quota, period = (int(x) for x in res.stdout.split()[:2])
+    assert quota / period == pytest.approx(0.5)
+
+
+async def test_cancellation_removes_the_container(backend: ContainerBackend, ws: Path,
+                                                  docker_client: Any) -> None:
+    instance = backend.settings.instance_name
+    for _ in range(100):  # wait for a ready pool container: the call will take it
+        if _ready_pool(backend):
+            break
+        await asyncio.sleep(0.1)
+    before = _ready_pool(backend)
+    assert before
+    task = asyncio.create_task(run(backend, ws, argv=["sleep", "60"], timeout=60))
+    await asyncio.sleep(1.0)
+    taken = before - _ready_pool(backend)
+    assert taken, "the call did not take a pool container"
+    assert taken <= {c.id for c in labelled(docker_client, instance)}
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # cancellation returns only after the container is removed
+    assert taken.isdisjoint(c.id for c in labelled(docker_client, instance))
+
+
+def _ready_pool(backend: ContainerBackend) -> set[str]:
+    """Ids of the containers waiting in the warm pool."""
+    return {b.cid for boxes in backend._pool.values() for b in boxes if b.cid}
