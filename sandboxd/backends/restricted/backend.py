@@ -475,6 +475,8 @@ class RestrictedBackend:
         result = await self._finish(
             inv, limits, msg, reader, reason, exit_info, call, crashed, started_at, z.pid
         )
+        if reader.report is not None and exit_info:
+            reader.report["exit_info"] = exit_info
         return result, reader.report
 
     async def _kill(self, z: _ZygoteHandle, call_id: str) -> None:

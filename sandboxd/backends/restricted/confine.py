@@ -323,20 +323,31 @@ class CgroupLayout:
         """In the (root) worker: create its cgroup(s) and move itself in; limits come later."""
         for d in self.dirs(name):
             d.mkdir(exist_ok=True)
-        if self.version == 1:
-            mem = self.bases["memory"] / name
-            _write(mem / "memory.limit_in_bytes", str(64 * 1024 * 1024))  # until the call
         for d in self.dirs(name):
             _write(d / "cgroup.procs", "0")
 
-    def set_limits(self, name: str, memory_bytes: int, cpus: float, pids: int) -> None:
-        """Set the call's limits on the worker's cgroup (before any user code runs)."""
+    def set_limits(
+        self,
+        name: str,
+        memory_bytes: int,
+        cpus: float,
+        pids: int,
+        applied: tuple[int, float, int] | None = None,
+    ) -> None:
+        """Set the call's limits on the worker's cgroup (before any user code runs).
+        ``applied``: limits already set (by the standby); only differences are written."""
         quota = max(1000, int(cpus * 100_000))
+        if applied == (memory_bytes, cpus, pids):
+            return
         if self.version == 1:
             mem = self.bases["memory"] / name
             memsw = mem / "memory.memsw.limit_in_bytes"
             # memsw must stay >= limit: order the two writes by direction
-            current = int((mem / "memory.limit_in_bytes").read_text())
+            current = (
+                applied[0]
+                if applied is not None
+                else int((mem / "memory.limit_in_bytes").read_text())
+            )
             order = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
             if memory_bytes < current:
                 order.reverse()
@@ -446,6 +457,7 @@ class ChildSpec:
     zygote_pid: int
     chroot: bool
     baseline_vm: int
+    applied: tuple[int, float, int] | None = None
 
 
 def close_fds(keep: list[int]) -> None:
@@ -470,19 +482,23 @@ def vm_size() -> int:
         return 256 * 1024 * 1024
 
 
-def prepare_worker(keep: list[int], layout: CgroupLayout, cgroup: str) -> None:
-    """Standby part (before the call is known): own session, clean descriptors, own cgroup."""
+def prepare_worker(
+    keep: list[int], layout: CgroupLayout, cgroup: str, preset: tuple[int, float, int]
+) -> None:
+    """Standby part (before the call is known): own session, clean descriptors, own cgroup
+    with the ``preset`` limits (those of the previous call: usually the call's own)."""
     os.setsid()
     close_fds(keep)
     if layout.version and os.geteuid() == 0:
         layout.create_and_join(cgroup)
+        layout.set_limits(cgroup, *preset)
 
 
 def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram) -> None:
     """Confine the worker for its call. Raises on any failure: the caller must then ``_exit``
     without running user code."""
     if layout.version and os.geteuid() == 0:
-        layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids)
+        layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids, spec.applied)
     if spec.chroot:
         os.chroot(spec.workspace)
         os.chdir("/")

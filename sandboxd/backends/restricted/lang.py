@@ -1254,7 +1254,7 @@ def run_user_code(
     stdout = OutputStream(b"o", emit, output_bytes)
     stderr = OutputStream(b"e", emit, output_bytes)
     STATE.limit_hit, STATE.memory_hit, STATE.value, STATE.has_value = None, False, None, False
-    reserve = bytearray(1 << 20)  # released on MemoryError so that reporting can work
+    reserve = bytearray(1 << 16)  # released on MemoryError so that reporting can work
     report: dict[str, Any] = {"outcome": "ok", "exit_code": 0, "value": None}
     code, errors = compile_user_code(source)
     if code is None:

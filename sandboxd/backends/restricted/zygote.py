@@ -109,7 +109,12 @@ def _warm_up() -> None:
 
 
 def _worker(
-    sock: socket.socket, cgroup: str, cfg: dict[str, Any], layout: Any, program: Any
+    sock: socket.socket,
+    cgroup: str,
+    cfg: dict[str, Any],
+    layout: Any,
+    program: Any,
+    preset: tuple[int, float, int],
 ) -> int:
     """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
     Returns the exit status for ``os._exit``."""
@@ -120,7 +125,7 @@ def _worker(
         signal.signal(sig, signal.SIG_DFL)
     setup_error: str | None = None
     try:
-        confine.prepare_worker([sock.fileno()], layout, cgroup)
+        confine.prepare_worker([sock.fileno()], layout, cgroup, preset)
         confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != cfg["zygote_pid"]:
             return 0
@@ -132,6 +137,7 @@ def _worker(
         msg, fds = recv_msg(sock)
     except (EOFError, OSError):
         return 0
+    t_recv = time.perf_counter()
     sock.close()
     if not fds:
         return 72
@@ -156,6 +162,7 @@ def _worker(
             zygote_pid=cfg["zygote_pid"],
             chroot=bool(cfg.get("chroot")),
             baseline_vm=baseline,
+            applied=preset,
         )
         try:
             confine.enter_sandbox(spec, layout, program)
@@ -180,6 +187,7 @@ def _worker(
             max_file_bytes=spec.max_file_bytes,
             emit=emit,
         )
+    report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
     emit(b"r", json.dumps(report).encode())
     return 0
 
@@ -280,6 +288,8 @@ class Zygote:
         )
         self.program = confine.SeccompProgram.build()
         self.workers: dict[int, _Worker] = {}
+        # cgroup limits a standby applies in advance: those of the latest call
+        self.preset: tuple[int, float, int] = (256 * 1024 * 1024, 1.0, 64)
         self.standby: list[int] = []
         self.by_id: dict[str, int] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -333,7 +343,9 @@ class Zygote:
             status = 71
             try:
                 ours.close()
-                status = _worker(theirs, cgroup, self.cfg, self.layout, self.program)
+                status = _worker(
+                    theirs, cgroup, self.cfg, self.layout, self.program, self.preset
+                )
             finally:
                 os._exit(status)
         theirs.close()
@@ -362,6 +374,7 @@ class Zygote:
 
     def assign(self, msg: dict[str, Any], wfd: int) -> None:
         call_id = msg["id"]
+        self.preset = (int(msg["memory"]), float(msg["cpus"]), int(msg["pids"]))
         while True:
             if not self.standby and not self.spawn():
                 os.close(wfd)
@@ -384,7 +397,7 @@ class Zygote:
         worker.sock.close()
         worker.sock = None
         worker.call_id = call_id
-        worker.started = time.monotonic()
+        worker.started = time.perf_counter()
         self.by_id[call_id] = pid
         send_msg(self.evt, {"t": "started", "id": call_id, "pid": pid, "cgroup": worker.cgroup})
 
@@ -419,7 +432,7 @@ class Zygote:
                     if os.WIFEXITED(status)
                     else None,
                     "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                    "wall_ms": int((time.monotonic() - worker.started) * 1000),
+                    "wall_ms": int((time.perf_counter() - worker.started) * 1000),
                     "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000),
                     "maxrss": int(ru.ru_maxrss) * 1024,
                     "peak_memory": peak,
