@@ -100,18 +100,22 @@ async def _self_test(service: Sandboxd, settings: Settings) -> None:
     default = state["backends"].get(DEFAULT_BACKEND, {})
     if default.get("available") and default.get("ok"):
         return
-    failing = [c["name"] for c in default.get("checks", []) if not c.get("ok")]
-    why = (default.get("reason") or default.get("detail") or
-           f"failing probes: {', '.join(failing) or 'unknown'}")
+    failing = [f"{c['name']} ({c.get('detail', '')})"
+               for c in default.get("checks", []) if not c.get("ok")]
+    why = (f"failing probes: {'; '.join(failing)}" if failing else
+           default.get("reason") or default.get("detail") or "backend unavailable")
     if settings.allow_unconfined:
         log.critical("CONFINEMENT SELF-TEST FAILED for the %s backend (%s); serving anyway "
                      "because --allow-unconfined is set", DEFAULT_BACKEND, why)
         service.audit.write("unconfined_start", backend=DEFAULT_BACKEND, reason=why)
         return
-    raise StartupRefused(
+    message = (
         f"the {DEFAULT_BACKEND} backend failed its confinement self-test ({why}); "
         "refusing to serve (use --allow-unconfined to override, at your own risk)"
     )
+    log.critical(message)
+    service.audit.write("startup_refused", backend=DEFAULT_BACKEND, reason=why)
+    raise StartupRefused(message)
 
 
 def _load_tokens(settings: Settings):  # type: ignore[no-untyped-def]

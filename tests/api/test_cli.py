@@ -1,0 +1,51 @@
+"""The daemon-facing CLI commands: serve's refusals, tools, invoke, version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.daemon import RunningDaemon
+
+
+def sandboxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_serve_refuses_public_bind_without_tokens(tmp_path: Path) -> None:
+    r = sandboxd("serve", "--host", "0.0.0.0", "--state-dir", str(tmp_path))
+    assert r.returncode != 0
+    assert "non-loopback" in r.stderr and "token" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "audit.jsonl").exists()  # refused before anything started
+
+
+def test_version() -> None:
+    r = sandboxd("version")
+    assert r.returncode == 0 and r.stdout.startswith("sandboxd ")
+
+
+def test_tools_and_invoke(daemon: RunningDaemon) -> None:
+    r = sandboxd("tools", "--url", daemon.url)
+    assert r.returncode == 0, r.stderr
+    assert any(line.startswith("python") for line in r.stdout.splitlines())
+    r = sandboxd("tools", "--openai", "--url", daemon.url)
+    assert json.loads(r.stdout)[0]["type"] == "function"
+    r = sandboxd("invoke", "python", "--arg", "code=print(6*7)", "--url", daemon.url)
+    assert (r.returncode, r.stdout) == (0, "42\n"), r.stderr
+    r = sandboxd("invoke", "python", "--json", '{"code": "1/0"}', "--url", daemon.url)
+    assert r.returncode == 1
+    assert "ZeroDivisionError" in r.stderr
+    r = sandboxd("invoke", "python", "--json", "[1]", "--url", daemon.url)
+    assert r.returncode == 2 and "JSON object" in r.stderr
+    r = sandboxd("invoke", "nope", "--url", daemon.url)
+    assert r.returncode == 1 and "HTTP 404" in r.stderr
+
+
+def test_invoke_reports_unreachable_daemon() -> None:
+    r = sandboxd("invoke", "python", "--arg", "code=1", "--url", "http://127.0.0.1:9")
+    assert r.returncode == 1
+    assert "cannot reach the daemon" in r.stderr and "Traceback" not in r.stderr
