@@ -37,7 +37,7 @@ def docker_client():  # type: ignore[no-untyped-def]
     try:
         client = docker.from_env(timeout=120)
         client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means "no engine"
+    except Exception as exc:
         require(False, f"a running Docker engine ({exc})")
         raise
     from sandboxd.config import Settings
@@ -45,7 +45,7 @@ def docker_client():  # type: ignore[no-untyped-def]
     image = Settings().python_image
     try:
         client.images.get(image)
-    except Exception:  # noqa: BLE001
+    except Exception:
         require(False, f"the sandbox image {image} (run `sandboxd images build --offline`)")
     yield client
     client.close()
