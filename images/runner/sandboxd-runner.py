@@ -297,7 +297,11 @@ def handle(conn, req):
         except OSError:
             pass
 
+    reaped = None  # (status, rusage) once the worker has exited
+    grace_until = None  # then its leftovers get a moment to flush, not forever
     while pipes and not (hangup or output_limit or pids_limit):
+        if grace_until is not None and time.monotonic() > grace_until:
+            break
         try:
             ready, _, _ = select.select([*pipes, cfd], [], [], 0.05)
         except InterruptedError:
@@ -334,6 +338,11 @@ def handle(conn, req):
                 except OSError:
                     hangup = True
         now = time.monotonic()
+        if reaped is None and (not ready or now - last_check >= 0.05):
+            done, wstatus, wusage = os.wait4(pid, os.WNOHANG)
+            if done == pid:
+                reaped = (wstatus, wusage)
+                grace_until = now + 0.2
         if now - last_check >= 0.05:
             last_check = now
             if cgroup_counters()[1] > pids0:
@@ -341,8 +350,11 @@ def handle(conn, req):
     if hangup or output_limit or pids_limit:
         stop()
 
-    _, status, usage = os.wait4(pid, 0)
-    stop()  # anything the worker left behind in its process group
+    if reaped is None:
+        _, status, usage = os.wait4(pid, 0)
+    else:
+        status, usage = reaped
+    stop()  # anything the worker left behind in its process group (e.g. `cmd &`)
     group_gone = _group_gone(pid)
     oom1, pids1 = cgroup_counters()
     record = {
