@@ -293,17 +293,43 @@ class Agent:
 
     # ------------------------------------------------------------ public API
 
-    def act(self, prompt_or_messages: str | Sequence[Message], tools: Sequence[Any] | None = None,
-            **kwargs: Any) -> ActResult:
-        """Run the loop to completion (blocking). See :meth:`aact` for the arguments.
+    def act(
+        self,
+        prompt_or_messages: str | Sequence[Message],
+        tools: Sequence[Any] | None = None,
+        *,
+        max_rounds: int = 10,
+        on_message: Callable[[Message], Any] | None = None,
+        on_fragment: Callable[..., Any] | None = None,
+        on_round_start: Callable[[int], Any] | None = None,
+        on_round_end: Callable[[int], Any] | None = None,
+        on_tool_result: Callable[[ToolCallRecord], Any] | None = None,
+        handle_invalid_tool_request: InvalidRequestHook | None = None,
+        parallel_tool_calls: bool = False,
+        max_parallel: int = 4,
+        tool_timeout_s: float | None = None,
+        session: str | None = None,
+    ) -> ActResult:
+        """Run the loop to completion (blocking); the arguments are those of :meth:`aact`.
 
-        Ctrl-C cancels the running round (sandbox calls included) and raises KeyboardInterrupt.
+        Ctrl-C cancels the running round (sandbox calls included) and raises
+        KeyboardInterrupt; every tool call already requested still gets its tool message
+        through ``on_message``, so a history kept with ``on_message`` stays valid.
         """
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.aact(prompt_or_messages, tools, **kwargs))
-        raise RuntimeError("Agent.act() cannot run inside an event loop; use `await agent.aact()`")
+            pass
+        else:
+            raise RuntimeError("Agent.act() cannot run inside an event loop; "
+                               "use `await agent.aact(...)`")
+        return asyncio.run(self.aact(
+            prompt_or_messages, tools, max_rounds=max_rounds, on_message=on_message,
+            on_fragment=on_fragment, on_round_start=on_round_start, on_round_end=on_round_end,
+            on_tool_result=on_tool_result, handle_invalid_tool_request=handle_invalid_tool_request,
+            parallel_tool_calls=parallel_tool_calls, max_parallel=max_parallel,
+            tool_timeout_s=tool_timeout_s, session=session,
+        ))
 
     async def aact(
         self,

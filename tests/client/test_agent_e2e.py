@@ -121,3 +121,19 @@ async def test_cancelling_act_cancels_the_sandbox_call(token_daemon: TokenDaemon
     assert record is not None, "no result audited for the cancelled call"
     assert record["termination"]["reason"] == "cancelled"
     assert record["cleanup"]["verified"] is True
+
+
+def test_sandbox_timeout_is_phrased_for_the_model(token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n == 0:
+            return tool_call_reply([("python", {"code": "while True:\n    pass"})])
+        return text_reply(last_tool_results(body)[0]["content"])
+
+    with ScriptedLLM(script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        result = Agent(llm.url, "m", sandbox=sandbox).act("spin", tools=["python"],
+                                                          tool_timeout_s=1)
+    (record,) = result.tool_calls
+    assert record.result is not None and record.result.status == "timeout"
+    assert record.error is not None and record.error.kind == "timeout"
+    assert result.text.startswith("Error: `python` timed out after 1 s and was stopped")
