@@ -148,8 +148,10 @@ class Sandboxd:
         )
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
-            asyncio.create_task(self.sessions.expire_loop(self._expire_session),
-                                name="session-expiry"),
+            asyncio.create_task(
+                self.sessions.expire_loop(
+                    self._expire_session, min(15.0, self.settings.session_ttl_s / 4)),
+                name="session-expiry"),
         ]
         self._started = True
 
