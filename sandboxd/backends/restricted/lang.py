@@ -55,6 +55,7 @@ import operator
 import os
 import random
 import re
+import signal
 import statistics
 import string
 import struct
@@ -900,12 +901,32 @@ class OutputStream:
         self.pending_size = 0
         self.last_flush = -1e9
         self.truncated = False
+        self.busy = False
 
     def write(self, text: str) -> int:
         if STATE.limit_hit is not None:
             raise STATE.limit_hit
         if not isinstance(text, str):
             raise TypeError("write() argument must be str")
+        self.busy = True
+        try:
+            return self._write(text)
+        finally:
+            self.busy = False
+
+    def tick(self) -> None:
+        """Periodic flush (from a timer signal) unless a write is in progress, so that output
+        printed before a hang or a kill reaches the parent."""
+        if not self.busy and self.pending:
+            self.busy = True
+            try:
+                self.flush()
+            except BaseException:
+                pass
+            finally:
+                self.busy = False
+
+    def _write(self, text: str) -> int:
         data = text.encode("utf-8", "surrogateescape")
         room = self.cap - self.size
         if len(data) > room:
@@ -956,11 +977,24 @@ class _PrintScope:
 
     def _call_print(self, *objects: Any, **kwargs: Any) -> None:
         target = kwargs.get("file")
-        if target is None:
-            kwargs["file"] = self.stream
-        else:
+        if target is not None:
             guarded_getattr(target, "write")
-        builtins.print(*objects, **kwargs)
+            builtins.print(*objects, **kwargs)
+            return
+        unknown = set(kwargs) - {"sep", "end", "flush", "file"}
+        if unknown:
+            raise TypeError(f"print() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        sep = kwargs.get("sep")
+        end = kwargs.get("end")
+        if sep is not None and not isinstance(sep, str):
+            raise TypeError("sep must be None or a string")
+        if end is not None and not isinstance(end, str):
+            raise TypeError("end must be None or a string")
+        # one write per print() call, so that a line is never split across flushes
+        text = (" " if sep is None else sep).join([str(o) for o in objects])
+        self.stream.write(text + ("\n" if end is None else end))
+        if kwargs.get("flush"):
+            self.stream.flush()
 
     def __call__(self) -> str:  # the ``printed`` variable: not supported
         return ""
@@ -1273,6 +1307,8 @@ def run_user_code(
     g = make_globals(
         ImportHook(imports_allow, imports_deny), WorkspaceOpener(workspace, max_file_bytes), stdout
     )
+    old_alarm = signal.signal(signal.SIGALRM, lambda *_: stdout.tick())
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
     try:
         exec(code, g)
     except MemoryError:
@@ -1310,6 +1346,8 @@ def run_user_code(
             report["value"], note = None, f"value omitted: {type(exc).__name__}"
         if note:
             stderr.write_raw(note + "\n")
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old_alarm)
     report["truncated_stdout"] = stdout.truncated
     stdout.flush()
     stderr.flush()

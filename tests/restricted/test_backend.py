@@ -1,0 +1,269 @@
+"""The restricted backend with real processes and cgroups: limits, mapping, cleanup, restart,
+probe, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandboxd.backends.base import Backend
+from sandboxd.backends.restricted import RestrictedBackend
+from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
+from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
+from tests.restricted.conftest import BackendHarness
+
+
+def settle(harness: BackendHarness, timeout: float = 5.0) -> tuple[list[psutil.Process], set[str]]:
+    """Wait until only standby workers are left; returns (zygote children, cgroup dirs)."""
+    zygote = harness.backend._zygote
+    assert zygote is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        children = psutil.Process(zygote.pid).children()
+        dirs = {d.name for base in harness.backend.layout.bases.values()
+                for d in base.iterdir() if d.is_dir()}
+        if len(children) <= STANDBY_WORKERS and (
+            not harness.backend.layout.version or len(dirs) <= STANDBY_WORKERS
+        ):
+            return children, dirs
+        if time.monotonic() > deadline:
+            return children, dirs
+        time.sleep(0.05)
+
+
+def test_implements_protocol(harness: BackendHarness) -> None:
+    assert isinstance(harness.backend, Backend)
+    assert harness.backend.name == "restricted"
+
+
+def test_wall_timeout_kills_and_cleans_up(harness: BackendHarness) -> None:
+    t0 = time.monotonic()
+    res = harness.run("print('start')\nwhile True:\n    pass", timeout_s=1)
+    assert time.monotonic() - t0 < 5
+    assert res.status is Status.timeout
+    assert res.termination.reason is Reason.wall_timeout
+    assert res.stdout == "start\n"  # output produced before the deadline is kept
+    assert res.cleanup.verified, res.cleanup.detail
+    assert res.resources.wall_ms >= 900
+    children, _ = settle(harness)
+    assert len(children) <= STANDBY_WORKERS
+
+
+def test_sleep_timeout(harness: BackendHarness) -> None:
+    res = harness.run("import time\ntime.sleep(30)", timeout_s=0.5, imports=["time"])
+    assert res.termination.reason is Reason.wall_timeout
+    assert res.cleanup.verified
+
+
+def test_memory_bomb_is_memory_limit(harness: BackendHarness) -> None:
+    code = "x = []\nwhile True:\n    x.append('a' * 10**6)"
+    res = harness.run(code, memory_bytes=64 * 1024 * 1024)
+    assert res.status is Status.killed
+    assert res.termination.reason is Reason.memory_limit
+    assert res.cleanup.verified
+    assert 0 < res.resources.peak_memory_bytes <= 80 * 1024 * 1024
+
+
+def test_big_allocation_memory_error_cannot_be_caught(harness: BackendHarness) -> None:
+    code = (
+        "try:\n    x = bytearray(2 * 1024**3)\nexcept MemoryError:\n    print('caught')\n"
+        "except BaseException:\n    print('caught base')\nprint('after')"
+    )
+    res = harness.run(code, memory_bytes=64 * 1024 * 1024)
+    assert res.termination.reason is Reason.memory_limit
+    assert "caught" not in res.stdout and "after" not in res.stdout
+
+
+def test_output_limit(harness: BackendHarness) -> None:
+    res = harness.run("print('x' * 100000)", output_bytes=1000)
+    assert res.status is Status.killed
+    assert res.termination.reason is Reason.output_limit
+    assert len(res.stdout.encode()) == 1000
+    assert res.truncated.stdout
+
+
+def test_output_flood_cannot_catch_limit(harness: BackendHarness) -> None:
+    code = (
+        "n = 0\nwhile n < 10**6:\n    n += 1\n    try:\n        print('y' * 100)\n"
+        "    except BaseException:\n        pass\n"
+    )
+    res = harness.run(code, output_bytes=5000)
+    assert res.termination.reason is Reason.output_limit
+    assert len(res.stdout.encode()) <= 5000
+
+
+def test_exception_traceback_has_no_host_paths(harness: BackendHarness) -> None:
+    res = harness.run("import json\ndef f():\n    return json.loads('{bad')\nf()")
+    assert res.status is Status.error
+    assert res.termination.reason is Reason.exited and res.termination.exit_code == 1
+    assert "JSONDecodeError" in res.stderr
+    assert 'File "<code>", line 3, in f' in res.stderr
+    for host in ("/usr/lib", "site-packages", "sandboxd", ".py"):
+        assert host not in res.stderr
+
+
+def test_compile_refusal_is_error_with_message(harness: BackendHarness) -> None:
+    res = harness.run("x = ().__class__")
+    assert res.status is Status.error
+    assert "__class__" in res.stderr and "Line 1" in res.stderr
+    res = harness.run("def f(:\n  pass")
+    assert res.status is Status.error and "SyntaxError" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "exit_code"),
+    [
+        ("raise SystemExit", Status.ok, 0),
+        ("raise SystemExit(0)", Status.ok, 0),
+        ("raise SystemExit(3)", Status.error, 3),
+        ("raise SystemExit('bye')", Status.error, 1),
+        ("raise KeyboardInterrupt", Status.error, 1),
+        ("raise GeneratorExit", Status.error, 1),
+    ],
+)
+def test_exit_exceptions_are_contained(
+    harness: BackendHarness, code: str, status: Status, exit_code: int
+) -> None:
+    res = harness.run(code)
+    assert res.status is status
+    assert res.termination.reason is Reason.exited
+    assert res.termination.exit_code == exit_code
+    assert res.cleanup.verified
+
+
+def test_file_size_cap(harness: BackendHarness) -> None:
+    res = harness.run("with open('big.bin', 'wb') as f:\n    f.write(b'x' * 5000)",
+                      max_file_bytes=1000)
+    assert res.status is Status.error
+    assert "size limit" in res.stderr
+
+
+def test_files_persist_in_given_workspace(harness: BackendHarness) -> None:
+    ws = harness.workspace()
+    assert harness.run("open('a.txt', 'w').write('hello')", workspace=ws).status is Status.ok
+    assert (ws / "a.txt").read_text() == "hello"
+    res = harness.run("open('a.txt').read()", workspace=ws)
+    assert res.value == "hello"
+
+
+def test_non_python_kind_is_rejected(harness: BackendHarness) -> None:
+    inv = Invocation(tool="shell", kind=ToolKind.command, client="t",
+                     workspace=harness.workspace(), argv=["ls"])
+    res = harness.call(harness.backend.run(inv, Limits(), time.monotonic() + 5))
+    assert res.status is Status.rejected
+    assert res.cleanup.verified
+
+
+def test_concurrent_calls_are_isolated(harness: BackendHarness) -> None:
+    async def many() -> list:
+        invs = [harness.invocation(f"x = {i}\nprint(x * 2)\nx") for i in range(12)]
+        return await asyncio.gather(*[
+            harness.backend.run(inv, Limits(timeout_s=10), time.monotonic() + 10)
+            for inv in invs])
+
+    results = harness.call(many())
+    for i, res in enumerate(results):
+        assert res.status is Status.ok
+        assert res.stdout == f"{i * 2}\n" and res.value == i
+
+
+def test_cancellation_kills_worker(harness: BackendHarness) -> None:
+    async def cancel_one() -> bool:
+        inv = harness.invocation("while True:\n    pass")
+        task = asyncio.create_task(
+            harness.backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    t0 = time.monotonic()
+    assert harness.call(cancel_one())
+    assert time.monotonic() - t0 < 10
+    children, dirs = settle(harness)
+    assert len(children) <= STANDBY_WORKERS
+    assert len(dirs) <= STANDBY_WORKERS
+    for child in children:  # the survivors are fresh standbys, not the busy loop
+        assert child.cpu_times().user < 1.0
+
+
+def test_zygote_restarts_after_crash(harness: BackendHarness) -> None:
+    zygote = harness.backend._zygote
+    assert zygote is not None
+    before = harness.backend.restarts
+    os.kill(zygote.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while zygote.alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+    res = harness.run("print('back')")
+    assert res.status is Status.ok and res.stdout == "back\n"
+    assert harness.backend.restarts == before + 1
+    assert harness.backend._zygote is not None and harness.backend._zygote.pid != zygote.pid
+    assert not psutil.pid_exists(zygote.pid) or \
+        psutil.Process(zygote.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_zygote_crash_during_call_reports_error(harness: BackendHarness) -> None:
+    async def crash() -> object:
+        inv = harness.invocation("while True:\n    pass")
+        task = asyncio.create_task(
+            harness.backend.run(inv, Limits(timeout_s=20), time.monotonic() + 20))
+        await asyncio.sleep(0.5)
+        z = harness.backend._zygote
+        assert z is not None
+        os.kill(z.pid, signal.SIGKILL)
+        return await task
+
+    res = harness.call(crash())
+    assert res.status is Status.error
+    assert "worker failed" in (res.message or "")
+    assert harness.run("print(2)").stdout == "2\n"
+
+
+def test_probe_proves_confinement(harness: BackendHarness) -> None:
+    report = harness.call(harness.backend.probe())
+    names = {c.name: c for c in report.checks}
+    assert report.ok, report
+    for name in ("socket_blocked", "write_outside_blocked", "memory_limit", "seccomp",
+                 "unprivileged"):
+        assert names[name].ok, names[name]
+
+
+def test_startup_sweep_removes_leftover_cgroups(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are only used when the daemon runs as root")
+    os.chmod(tmp_path, 0o755)
+    h = BackendHarness(tmp_path, "sweeptest" + os.urandom(3).hex())
+    try:
+        layout = h.backend.layout
+        assert layout.version
+        leftover = [base / "wdeadbeef" for base in layout.bases.values()]
+        for d in leftover:
+            d.mkdir()
+        h.call(h.backend.close())
+        h.call(h.backend.start())
+        assert not any(d.exists() for d in leftover)
+        assert h.run("print(1)").stdout == "1\n"
+    finally:
+        h.close()
+    # close() removed everything of this instance
+    for base in h.backend.layout.bases.values():
+        assert not [d for d in base.iterdir() if d.is_dir()]
+
+
+def test_unavailable_when_disabled(tmp_path: Path) -> None:
+    from sandboxd.config import Settings
+
+    backend = RestrictedBackend(Settings(state_dir=tmp_path, restricted_enabled=False))
+    asyncio.run(backend.start())
+    ok, reason = backend.availability()
+    assert not ok and "disabled" in (reason or "")

@@ -1,0 +1,76 @@
+"""Leak test: 200 calls that time out or exceed their memory limit leave no process, cgroup
+or temporary directory behind."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
+from sandboxd.models import Limits, Reason
+from tests.restricted.conftest import BackendHarness
+
+TIMEOUT_CODE = "while True:\n    pass"
+MEMORY_CODE = "x = []\nwhile True:\n    x.append('a' * 10**6)"
+
+
+@pytest.mark.slow
+def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
+    probe_dirs_before = set(glob.glob(f"{tempfile.gettempdir()}/sandboxd-probe-*"))
+    ws = harness.workspace()
+
+    async def one(i: int) -> tuple[int, object]:
+        if i % 2:
+            inv = harness.invocation(TIMEOUT_CODE, workspace=ws)
+            lim = Limits(timeout_s=0.2)
+        else:
+            inv = harness.invocation(MEMORY_CODE, workspace=ws)
+            lim = Limits(timeout_s=10, memory_bytes=32 * 1024 * 1024)
+        return i, await harness.backend.run(inv, lim, time.monotonic() + lim.timeout_s)
+
+    async def all_calls() -> list:
+        sem = asyncio.Semaphore(4)
+
+        async def bounded(i: int) -> tuple[int, object]:
+            async with sem:
+                return await one(i)
+
+        return await asyncio.gather(*[bounded(i) for i in range(200)])
+
+    results = harness.call(all_calls(), timeout=300)
+    assert len(results) == 200
+    for i, res in results:
+        expected = Reason.wall_timeout if i % 2 else Reason.memory_limit
+        assert res.termination.reason is expected, (i, res)
+        assert res.cleanup.verified, (i, res.cleanup.detail)
+
+    zygote = harness.backend._zygote
+    assert zygote is not None
+    deadline = time.monotonic() + 10
+    while True:
+        children = psutil.Process(zygote.pid).children(recursive=True)
+        dirs = [d for base in harness.backend.layout.bases.values()
+                for d in base.iterdir() if d.is_dir()]
+        if len(children) <= STANDBY_WORKERS and len(dirs) <= STANDBY_WORKERS * max(
+                1, len(harness.backend.layout.bases)):
+            break
+        assert time.monotonic() < deadline, (children, dirs)
+        time.sleep(0.05)
+    # whatever is left is idle standby workers, each in its own cgroup
+    for child in children:
+        assert child.cpu_times().user < 1.0
+    names = {d.name for d in dirs}
+    assert len(names) <= STANDBY_WORKERS
+    # no worker escaped the zygote's tree: nothing in any leftover cgroup but the standbys
+    standby_pids = {c.pid for c in children}
+    for d in dirs:
+        procs = {int(p) for p in (d / "cgroup.procs").read_text().split()}
+        assert procs <= standby_pids
+    # the workspace holds nothing the failed calls left behind, no temp dirs appeared
+    assert list(ws.iterdir()) == []
+    assert set(glob.glob(f"{tempfile.gettempdir()}/sandboxd-probe-*")) <= probe_dirs_before
