@@ -1,0 +1,122 @@
+"""Crash recovery and leak checks: nothing with our label survives."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxd.backends.container import ContainerBackend
+from sandboxd.models import Limits, Reason
+
+from .conftest import labelled, make_settings, run, workspace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_sigkilled_backend_leftovers_are_removed_at_next_start(
+        docker_client: Any, tmp_path: Path) -> None:
+    instance = f"crash{secrets.token_hex(4)}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.container.crash_helper", str(tmp_path), instance],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "READY", proc.stderr.read() if proc.stderr else ""
+        left = {c.id for c in labelled(docker_client, instance)}
+        # a session container, the busy one-shot container and the warm pool
+        assert len(left) >= 3, left
+    finally:
+        proc.kill()  # SIGKILL: no cleanup code runs
+        proc.wait(10)
+    assert {c.id for c in labelled(docker_client, instance)} == left  # really left behind
+    backend = ContainerBackend(make_settings(tmp_path, instance=instance, warm_pool_size=0))
+    await backend.start()
+    try:
+        assert labelled(docker_client, instance) == []
+        assert backend.availability() == (True, None)
+    finally:
+        await backend.close()
+
+
+async def test_200_timing_out_calls_leave_no_container(docker_client: Any,
+                                                       tmp_path: Path) -> None:
+    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=2))
+    await backend.start()
+    instance = backend.settings.instance_name
+    rng = random.Random(4)
+    sem = asyncio.Semaphore(12)
+    ws = workspace(tmp_path, "shared")
+
+    async def one(i: int) -> Reason:
+        # tiny timeouts end calls in every phase: creating, starting, connecting, running
+        timeout = rng.choice([0.001, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8])
+        async with sem:
+            session = f"s{i % 5}" if i % 3 == 0 else None
+            res = await run(backend, ws if session else workspace(tmp_path, f"w{i}"),
+                            argv=["sleep", "100"], session=session,
+                            limits=Limits(timeout_s=timeout))
+            assert res.cleanup.verified, res.cleanup
+            return res.termination.reason
+
+    started = time.monotonic()
+    reasons = await asyncio.gather(*(one(i) for i in range(200)))
+    assert set(reasons) == {Reason.wall_timeout}
+    for s in range(5):
+        await backend.close_session(f"s{s}")
+    pool = {b.cid for boxes in backend._pool.values() for b in boxes}
+    await backend.close()
+    assert labelled(docker_client, instance) == [], f"pool was {pool}"
+    print(f"200 timing-out calls in {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.parametrize("cancel_after", [0.0, 0.05, 0.3, 1.0])
+async def test_cancelled_calls_leave_no_container(docker_client: Any, tmp_path: Path,
+                                                  cancel_after: float) -> None:
+    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
+    await backend.start()
+    try:
+        ws = workspace(tmp_path, "c")
+        tasks = [asyncio.create_task(run(backend, ws, argv=["sleep", "100"], timeout=60)),
+                 asyncio.create_task(run(backend, ws, argv=["sleep", "100"], timeout=60,
+                                         session="cancel-me"))]
+        await asyncio.sleep(cancel_after)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        assert labelled(docker_client, backend.settings.instance_name) == []
+    finally:
+        await backend.close()
+
+
+async def test_unavailable_when_the_image_is_missing(docker_client: Any,
+                                                     tmp_path: Path) -> None:
+    backend = ContainerBackend(make_settings(tmp_path, python_image="sandboxd/nope:missing",
+                                             shell_image="sandboxd/nope:missing"))
+    await backend.start()
+    ok, why = backend.availability()
+    assert not ok
+    assert why is not None and "sandboxd images build" in why
+    await backend.close()
+
+
+async def test_unavailable_when_the_engine_is_unreachable(tmp_path: Path) -> None:
+    backend = ContainerBackend(make_settings(
+        tmp_path, docker_url=f"unix://{tmp_path}/no-such-docker.sock"))
+    await backend.start()
+    ok, why = backend.availability()
+    assert not ok
+    assert why is not None and "unreachable" in why
+    report = await backend.probe()
+    assert not report.ok
+    await backend.close()
