@@ -1,0 +1,119 @@
+"""The container backend through the real daemon (uvicorn subprocess, HTTP, policy, audit)."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import running_daemon
+
+from .conftest import labelled
+
+POLICY = """\
+version: 1
+name: containers
+clients: ["*"]
+limits: {timeout: 30s, max_timeout: 60s, memory: 256Mi, max_memory: 1Gi, cpus: 1.0,
+         max_cpus: 2, pids: 64, max_pids: 256, output: 1Mi, max_output: 8Mi}
+network: none
+tools:
+  python:
+    backend: container
+    imports: {allow: [os, math, json, socket, time]}
+  shell:
+    backend: container
+    commands: {allow: [id, ls, cat, sleep, echo, touch]}
+    operators: false
+"""
+
+
+@pytest.fixture
+def policies(tmp_path: Path) -> Path:
+    d = tmp_path / "policies"
+    d.mkdir()
+    (d / "containers.yaml").write_text(POLICY)
+    return d
+
+
+def daemon_env(instance: str) -> dict[str, str]:
+    return {"SANDBOXD_INSTANCE": instance, "SANDBOXD_WARM_POOL_SIZE": "1"}
+
+
+def test_shell_and_python_run_in_containers(docker_client: Any, tmp_path: Path,
+                                            policies: Path) -> None:
+    instance = f"http{secrets.token_hex(4)}"
+    with running_daemon(tmp_path, policies_dir=policies, env=daemon_env(instance)) as d:
+        r = d.invoke("shell", {"command": "id -u"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "ok", body
+        assert body["backend"] == "container"
+        assert body["stdout"] == "10001\n"
+        assert body["policy"]["decision"] == "allow"
+        assert body["cleanup"]["verified"] is True
+        r = d.invoke("python", {"code": "import os, math\n[os.getuid(), math.factorial(5)]"})
+        assert r.json()["value"] == [10001, 120], r.text
+        # denied imports are refused before anything runs
+        r = d.invoke("python", {"code": "import subprocess"})
+        assert r.json()["status"] == "denied", r.text
+        # a network attempt fails inside the container
+        r = d.invoke("python", {"code": "import socket\ns = socket.socket()\ns.settimeout(2)\n"
+                                        "try:\n    s.connect(('1.1.1.1', 53))\n    r = 'open'\n"
+                                        "except OSError as e:\n    r = 'blocked'\nr"})
+        assert r.json()["value"] == "blocked", r.text
+        r = d.invoke("shell", {"command": "sleep 100"}, limits={"timeout_s": 1})
+        body = r.json()
+        assert body["status"] == "timeout" and body["termination"]["reason"] == "wall_timeout"
+        assert body["cleanup"]["verified"] is True
+        ready = d.client.get("/readyz").json()
+        assert ready["backends"]["container"]["ok"] is True, ready
+    assert labelled(docker_client, instance) == []  # SIGTERM: the daemon removed everything
+
+
+def test_session_workspace_over_http(docker_client: Any, tmp_path: Path,
+                                     policies: Path) -> None:
+    instance = f"http{secrets.token_hex(4)}"
+    with running_daemon(tmp_path, policies_dir=policies, env=daemon_env(instance)) as d:
+        s1 = d.client.post("/v1/sessions").json()["id"]
+        s2 = d.client.post("/v1/sessions").json()["id"]
+        r = d.invoke("python", {"code": "open('data.txt', 'w').write('forty-two')"}, session=s1)
+        assert r.json()["status"] == "ok", r.text
+        r = d.invoke("shell", {"command": "cat data.txt"}, session=s1)
+        assert r.json()["stdout"] == "forty-two", r.text
+        r = d.invoke("shell", {"command": "ls -A"}, session=s2)
+        assert r.json()["stdout"] == "", r.text
+        r = d.invoke("shell", {"command": "cat data.txt"})  # one-shot: a fresh workspace
+        assert r.json()["status"] == "error"
+        sessions = {c.labels.get("sandboxd.session") for c in labelled(docker_client, instance)}
+        assert {s1, s2} <= sessions
+        assert d.client.delete(f"/v1/sessions/{s1}").status_code == 204
+        sessions = {c.labels.get("sandboxd.session") for c in labelled(docker_client, instance)}
+        assert s1 not in sessions and s2 in sessions
+
+
+def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_path: Path,
+                                                       policies: Path) -> None:
+    instance = f"http{secrets.token_hex(4)}"
+    state = tmp_path / "state"
+    with running_daemon(tmp_path, policies_dir=policies, env=daemon_env(instance),
+                        state_dir=state) as d:
+        sid = d.client.post("/v1/sessions").json()["id"]
+        assert d.invoke("shell", {"command": "echo hi"}, session=sid).json()["status"] == "ok"
+        deadline = time.monotonic() + 30
+        while len(labelled(docker_client, instance)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the warm pool fills in the background
+        left = {c.id for c in labelled(docker_client, instance)}
+        assert len(left) >= 2  # the session container and a pool container
+        d.stop(signal.SIGKILL)
+    assert {c.id for c in labelled(docker_client, instance)} == left
+    with running_daemon(tmp_path, policies_dir=policies, env=daemon_env(instance),
+                        state_dir=state) as d:
+        now = {c.id for c in labelled(docker_client, instance)}
+        assert not (left & now), "containers of the killed daemon survived the restart"
+        assert d.invoke("shell", {"command": "echo back"}).json()["stdout"] == "back\n"
+    assert labelled(docker_client, instance) == []
