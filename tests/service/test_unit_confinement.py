@@ -1,0 +1,225 @@
+"""The daemon runs under the confinement of systemd/sandboxd.service.
+
+systemd is not PID 1 here, so the tests cannot `systemctl start` the unit. Instead
+tests/service/unit_sandbox.py reads the unit and applies, without systemd, what it asks for at
+the syscall and capability level: the seccomp filters of SystemCallFilter=,
+SystemCallErrorNumber=, MemoryDenyWriteExecute=, RestrictAddressFamilies= and
+RestrictNamespases=, NoNewPrivileges=, the CapabilityBoundingSet=, and a cgroup of its own
+(Delegate=yes) - then execs the daemon on a unix socket as ExecStart= does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.procs import audit_verify, cgroup_dirs, descendants, wait_for
+from tests.service.unit_sandbox import capability_numbers, unit_settings
+
+HERE = Path(__file__).resolve().parent
+LAUNCHER = HERE / "unit_sandbox.py"
+
+PROBE = r"""
+import ctypes, errno, json, mmap, os, socket
+out = {}
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(key, fn):
+    try:
+        fn()
+        out[key] = "allowed"
+    except OSError as e:
+        out[key] = errno.errorcode.get(e.errno, str(e.errno))
+def c(fn, *args):
+    def call():
+        if fn(*args) != 0:
+            raise OSError(ctypes.get_errno(), "")
+    return call
+attempt("inet", lambda: socket.socket(socket.AF_INET).close())
+attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW).close())
+attempt("unix", lambda: socket.socket(socket.AF_UNIX).close())
+attempt("wx_mmap", lambda: mmap.mmap(-1, 4096,
+        prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC))
+attempt("unshare", c(libc.unshare, 0x04000000))
+attempt("sethostname", c(libc.sethostname, b"x", 1))
+attempt("mount", c(libc.mount, b"none", b"/mnt", b"tmpfs", 0, None))
+attempt("chroot", c(libc.chroot, b"/"))
+out["ctypes_callback"] = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lambda x: x * 2)(21)
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+out["fork"] = os.waitpid(pid, 0)[1] >> 8
+status = dict(l.split(":", 1) for l in open("/proc/self/status"))
+out["cap_eff"] = int(status["CapEff"], 16)
+out["cap_bnd"] = int(status["CapBnd"], 16)
+out["no_new_privs"] = status["NoNewPrivs"].strip()
+out["seccomp"] = status["Seccomp"].strip()
+print(json.dumps(out))
+"""
+
+
+def _unit_cap_mask() -> int:
+    caps = unit_settings()["CapabilityBoundingSet"][-1].split()
+    return sum(1 << n for n in capability_numbers(caps))
+
+
+@pytest.fixture
+def service_cgroups() -> Iterator[list[Path]]:
+    """The service's own cgroup (what systemd creates for the unit, delegated)."""
+    name = f"sandboxd-unit-{uuid.uuid4().hex[:10]}.service"
+    root = Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").exists():
+        dirs = [root / name]
+    else:
+        dirs = [root / c / name for c in ("memory", "cpu", "pids") if (root / c).is_dir()]
+    for d in dirs:
+        d.mkdir()
+    try:
+        yield dirs
+    finally:
+        for d in dirs:
+            for sub in sorted(d.rglob("*"), key=lambda p: len(str(p)), reverse=True):
+                if sub.is_dir():
+                    with contextlib.suppress(OSError):
+                        sub.rmdir()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+def _launch(
+    cmd: list[str], *, cgroups: list[Path] = (), env: dict[str, str] | None = None, **kw: object
+) -> subprocess.Popen[str]:
+    args = [sys.executable, str(LAUNCHER)]
+    for d in cgroups:
+        args += ["--cgroup", str(d)]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    return subprocess.Popen([*args, "--", *cmd], env={**base, **(env or {})}, text=True, **kw)
+
+
+def test_emulated_unit_confinement_holds(tmp_path: Path) -> None:
+    """The emulation really enforces what the unit says (so the daemon test below means it)."""
+    if os.geteuid() != 0:
+        pytest.fail("the unit runs the daemon as root (bounded capabilities): run as root")
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    proc = _launch([sys.executable, str(probe)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    assert result["inet"] == "EAFNOSUPPORT"  # RestrictAddressFamilies=AF_UNIX
+    assert result["netlink"] == "EAFNOSUPPORT"
+    assert result["unix"] == "allowed"
+    assert result["wx_mmap"] == "EPERM"  # MemoryDenyWriteExecute=yes
+    assert result["unshare"] == "EPERM"  # RestrictNamespaces=yes
+    assert result["sethostname"] == "EPERM"  # denied by name (and no CAP_SYS_ADMIN)
+    assert result["mount"] == "EPERM"  # ~@mount
+    assert result["chroot"] == "allowed"  # workers chroot into their workspace
+    assert result["ctypes_callback"] == 42  # ctypes (pyseccomp) still works under MDWE
+    assert result["fork"] == 7  # the zygote forks workers
+    assert result["cap_bnd"] == _unit_cap_mask() == result["cap_eff"]
+    assert result["no_new_privs"] == "1" and result["seccomp"] == "2"
+
+
+def test_daemon_serves_under_the_units_confinement(
+    tmp_path: Path, service_cgroups: list[Path]
+) -> None:
+    state, run, logs = (tmp_path / n for n in ("state", "run", "logs"))
+    for d in (state, run, logs):
+        d.mkdir(mode=0o750)
+    sock = run / "sandboxd.sock"
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(120)
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "w") as log:
+        proc = _launch(
+            [
+                sys.executable,
+                "-m",
+                "sandboxd",
+                "serve",
+                "--uds",
+                str(sock),
+                "--state-dir",
+                str(state),
+                "--audit-log",
+                str(logs / "audit.jsonl"),
+            ],
+            cgroups=service_cgroups,
+            env={"NOTIFY_SOCKET": str(notify_path), "SANDBOXD_CONTAINER_ENABLED": "false"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+        )
+
+    def daemon_log() -> str:
+        return log_path.read_text()[-4000:]
+
+    try:
+        try:
+            ready = listener.recv(4096).decode()
+        except TimeoutError:
+            pytest.fail(f"no READY=1 from the confined daemon:\n{daemon_log()}")
+        assert "READY=1" in ready.split("\n"), f"{ready!r}\n{daemon_log()}"
+        wait_for(sock.exists, 10, "the unix socket")
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert "\nSeccomp:\t2" in status and "\nNoNewPrivs:\t1" in status
+        assert f"\nCapEff:\t{_unit_cap_mask():016x}" in status
+        assert cgroup_dirs(proc.pid) >= set(service_cgroups) or any(
+            str(c) in str(d) for c in service_cgroups for d in cgroup_dirs(proc.pid)
+        )
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(base_url="http://sandboxd", transport=transport, timeout=120) as c:
+            r = c.get("/readyz")
+            assert r.status_code == 200, f"{r.text}\n{daemon_log()}"
+            checks = {ch["name"]: ch for ch in r.json()["backends"]["restricted"]["checks"]}
+            assert all(ch["ok"] for ch in checks.values()), checks
+            r = c.post(
+                "/v1/tools/python/invoke",
+                json={"arguments": {"code": "import json\njson.dumps({'a': [1, 2]})"}},
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["status"] == "ok", body
+            assert body["value"] == '{"a": [1, 2]}'
+            assert body["cleanup"]["verified"] is True
+            # a session workspace (chowned to the sandbox identity), written then read back
+            r = c.post("/v1/sessions", json={})
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+            code = "with open('f.txt', 'w') as f:\n    f.write('hi')\nopen('f.txt').read()"
+            r = c.post(
+                "/v1/tools/python/invoke", json={"arguments": {"code": code}, "session": sid}
+            )
+            assert r.status_code == 200 and r.json()["value"] == "hi", r.text
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, daemon_log()
+        assert not descendants(proc.pid)
+        listener.settimeout(5)
+        messages = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                messages.append(listener.recv(4096).decode())
+        assert any("STOPPING=1" in m.split("\n") for m in messages), messages
+        verify = audit_verify(logs / "audit.jsonl")
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert (
+            not list((state / "workspaces").glob("*")) if (state / "workspaces").exists() else True
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        listener.close()
