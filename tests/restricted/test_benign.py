@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from sandboxd.models import Reason, Status
-from tests.restricted.conftest import BackendHarness
+from tests.restricted.conftest import DEFAULT_IMPORTS, BackendHarness
 
 PROGRAMS: list[tuple[str, str, str]] = [
     ("print", "print(1)", "1\n"),
@@ -278,3 +278,76 @@ def test_last_expression_value(harness: BackendHarness, code: str, value: object
     res = harness.run(code)
     assert res.status is Status.ok, res.stderr
     assert res.value == value
+
+
+EXTRA_IMPORTS = [
+    "cmath", "calendar", "array", "unicodedata", "difflib", "numbers", "enum", "copy",
+    "pprint", "base64", "binascii", "hashlib", "hmac", "uuid", "csv", "time", "heapq",
+    "bisect", "textwrap", "operator",
+]
+EXTRA_PROGRAMS: list[tuple[str, str, str]] = [
+    ("enum_class", """
+        import enum
+        class Color(enum.Enum):
+            RED = 1
+            GREEN = enum.auto()
+        print(Color.RED, Color.GREEN.value, [c.name for c in Color])
+        """, "Color.RED 2 ['RED', 'GREEN']\n"),
+    ("csv_roundtrip", """
+        import csv
+        with open("t.csv", "w", newline="") as f:
+            csv.writer(f).writerows([["a", "b"], [1, 2]])
+        print(list(csv.DictReader(open("t.csv"))))
+        """, "[{'a': '1', 'b': '2'}]\n"),
+    ("pprint_and_copy", """
+        import pprint, copy
+        d = {"k": [1, 2]}
+        e = copy.deepcopy(d)
+        e["k"].append(3)
+        pprint.pprint(d)
+        print(e)
+        """, "{'k': [1, 2]}\n{'k': [1, 2, 3]}\n"),
+    ("hashes_and_encodings", """
+        import hashlib, base64, binascii
+        print(hashlib.sha256(b"abc").hexdigest()[:12], base64.b64encode(b"hi").decode(),
+              binascii.hexlify(b"\\x01\\xff").decode())
+        """, "ba7816bf8f01 aGk= 01ff\n"),
+    ("annotations_and_heapq", """
+        import heapq
+        total: int = 0
+        pending: list
+        h: list = []
+        for x in [5, 1, 4]:
+            heapq.heappush(h, x)
+            total += x
+        def f(a: int, b: int = 2) -> int:
+            return a * b
+        print([heapq.heappop(h) for _ in range(3)], total, f(3))
+        """, "[1, 4, 5] 10 6\n"),
+    ("abc_numbers_subclass", """
+        import numbers
+        class Meters(numbers.Real):
+            pass
+        print(issubclass(Meters, numbers.Number))
+        """, "True\n"),
+]
+
+
+@pytest.mark.parametrize(("name", "code", "expected"), EXTRA_PROGRAMS,
+                         ids=[p[0] for p in EXTRA_PROGRAMS])
+def test_more_modules(harness: BackendHarness, name: str, code: str, expected: str) -> None:
+    res = harness.run(textwrap.dedent(code), imports=DEFAULT_IMPORTS + EXTRA_IMPORTS)
+    assert res.stderr == "", res.stderr
+    assert res.stdout == expected
+    assert res.status is Status.ok
+
+
+def test_policy_allowed_but_unsupported_module(harness: BackendHarness) -> None:
+    res = harness.run("import typing", imports=["typing"])
+    assert res.status is Status.error
+    assert "not available in the restricted python backend" in res.stderr
+
+
+def test_denylist_beats_allowlist(harness: BackendHarness) -> None:
+    res = harness.run("import json", imports=["*"], deny=["json"])
+    assert res.status is Status.error and "not allowed" in res.stderr

@@ -38,21 +38,35 @@ message to fix it, exactly as for a run-time exception.
 from __future__ import annotations
 
 import _string  # type: ignore[import-not-found]
+import abc
+import array
 import ast
+import base64
+import binascii
 import bisect
 import builtins
+import calendar
+import cmath
 import collections
+import copy
+import csv
 import datetime
 import decimal
+import difflib
+import enum
 import fractions
 import functools
+import hashlib
 import heapq
+import hmac
 import itertools
 import json
 import linecache
 import math
+import numbers
 import operator
 import os
+import pprint
 import random
 import re
 import signal
@@ -64,6 +78,8 @@ import textwrap
 import time
 import traceback
 import types
+import unicodedata
+import uuid
 import weakref
 from collections.abc import Callable
 from fnmatch import fnmatchcase
@@ -264,6 +280,16 @@ class SandboxTransformer(RestrictingNodeTransformer):
             node.value = new_value
             return node
         return super().visit_Attribute(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> Any:
+        """``x: T = v`` runs as ``x = v`` (annotations are dropped); ``x: T`` is a no-op."""
+        if node.value is None:
+            new: ast.stmt = ast.Pass()
+            copy_locations(new, node)
+            return new
+        new = ast.Assign(targets=[node.target], value=node.value)
+        copy_locations(new, node)
+        return self.visit(new)
 
     def visit_Nonlocal(self, node: ast.Nonlocal) -> Any:
         for name in node.names:
@@ -610,12 +636,186 @@ def _module_table() -> dict[str, tuple[types.ModuleType, frozenset[str]]]:
         ),
         "operator": (operator, _public(operator, "attrgetter", "methodcaller")),
         "struct": (struct, frozenset(["pack", "unpack", "calcsize", "iter_unpack", "error"])),
+        "cmath": (cmath, _public(cmath)),
+        "calendar": (
+            calendar,
+            frozenset(
+                [
+                    "isleap",
+                    "leapdays",
+                    "monthrange",
+                    "month",
+                    "calendar",
+                    "weekday",
+                    "monthcalendar",
+                    "month_name",
+                    "day_name",
+                    "month_abbr",
+                    "day_abbr",
+                    "Calendar",
+                    "TextCalendar",
+                    "MONDAY",
+                    "TUESDAY",
+                    "WEDNESDAY",
+                    "THURSDAY",
+                    "FRIDAY",
+                    "SATURDAY",
+                    "SUNDAY",
+                    "timegm",
+                ]
+            )
+            & frozenset(dir(calendar)),
+        ),
+        "array": (array, frozenset(["array", "typecodes"])),
+        "unicodedata": (unicodedata, _public(unicodedata)),
+        "difflib": (
+            difflib,
+            frozenset(
+                [
+                    "SequenceMatcher",
+                    "Differ",
+                    "unified_diff",
+                    "context_diff",
+                    "ndiff",
+                    "get_close_matches",
+                    "restore",
+                    "IS_CHARACTER_JUNK",
+                    "IS_LINE_JUNK",
+                ]
+            ),
+        ),
+        "numbers": (numbers, frozenset(["Number", "Complex", "Real", "Rational", "Integral"])),
+        "enum": (
+            enum,
+            frozenset(["Enum", "IntEnum", "Flag", "IntFlag", "StrEnum", "auto", "unique"])
+            & frozenset(dir(enum)),
+        ),
+        "copy": (copy, frozenset(["copy", "deepcopy", "Error"])),
+        "pprint": (pprint, frozenset(["pformat", "pp", "pprint", "isreadable", "saferepr"])),
+        "base64": (
+            base64,
+            frozenset(
+                [
+                    "b64encode",
+                    "b64decode",
+                    "urlsafe_b64encode",
+                    "urlsafe_b64decode",
+                    "standard_b64encode",
+                    "standard_b64decode",
+                    "b32encode",
+                    "b32decode",
+                    "b16encode",
+                    "b16decode",
+                    "a85encode",
+                    "a85decode",
+                    "b85encode",
+                    "b85decode",
+                    "encodebytes",
+                    "decodebytes",
+                ]
+            ),
+        ),
+        "binascii": (
+            binascii,
+            frozenset(
+                [
+                    "hexlify",
+                    "unhexlify",
+                    "b2a_hex",
+                    "a2b_hex",
+                    "b2a_base64",
+                    "a2b_base64",
+                    "crc32",
+                    "crc_hqx",
+                    "Error",
+                    "Incomplete",
+                ]
+            ),
+        ),
+        "hashlib": (
+            hashlib,
+            frozenset(
+                [
+                    "md5",
+                    "sha1",
+                    "sha224",
+                    "sha256",
+                    "sha384",
+                    "sha512",
+                    "sha3_224",
+                    "sha3_256",
+                    "sha3_384",
+                    "sha3_512",
+                    "blake2b",
+                    "blake2s",
+                    "shake_128",
+                    "shake_256",
+                    "new",
+                    "algorithms_guaranteed",
+                ]
+            ),
+        ),
+        "hmac": (hmac, frozenset(["new", "compare_digest", "digest", "HMAC"])),
+        "uuid": (
+            uuid,
+            frozenset(
+                [
+                    "UUID",
+                    "uuid3",
+                    "uuid4",
+                    "uuid5",
+                    "NAMESPACE_DNS",
+                    "NAMESPACE_URL",
+                    "NAMESPACE_OID",
+                    "NAMESPACE_X500",
+                ]
+            ),
+        ),
+        "csv": (
+            csv,
+            frozenset(
+                [
+                    "reader",
+                    "writer",
+                    "DictReader",
+                    "DictWriter",
+                    "Dialect",
+                    "excel",
+                    "excel_tab",
+                    "unix_dialect",
+                    "Sniffer",
+                    "Error",
+                    "QUOTE_ALL",
+                    "QUOTE_MINIMAL",
+                    "QUOTE_NONE",
+                    "QUOTE_NONNUMERIC",
+                ]
+            ),
+        ),
     }
     return table
 
 
 MODULES = _module_table()
-_EXTRA_PROXY_VALUES: dict[str, dict[str, Any]] = {"string": {"Formatter": SafeFormatter}}
+
+
+class _Stdout:
+    """The current run's stdout stream, for helpers that print (pprint.pprint)."""
+
+    stream: Any = None
+
+
+def _pprint(obj: Any, *args: Any, **kwargs: Any) -> None:
+    kwargs.pop("stream", None)
+    text = pprint.pformat(obj, *args, **kwargs)
+    if _Stdout.stream is not None:
+        _Stdout.stream.write(text + "\n")
+
+
+_EXTRA_PROXY_VALUES: dict[str, dict[str, Any]] = {
+    "string": {"Formatter": SafeFormatter},
+    "pprint": {"pprint": _pprint, "pp": _pprint},
+}
 
 
 class ModuleProxy:
@@ -632,6 +832,9 @@ class ModuleProxy:
 
     def __repr__(self) -> str:
         return f"<module '{self.__dict__['__name__']}' (sandboxed)>"
+
+    def __dir__(self) -> list[str]:
+        return sorted(n for n in self.__dict__ if not n.startswith("_"))
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(
@@ -858,9 +1061,30 @@ def getiter(obj: Any) -> Any:
     return iter(obj)
 
 
+#: metaclasses of allowed modules' base classes that user classes may inherit
+_ALLOWED_METACLASSES: frozenset[type] = frozenset((type, enum.EnumMeta, abc.ABCMeta))
+
+
 def metaclass(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> type:
-    """Creates every class of user code and records it as user-created."""
-    cls = type(name, bases, namespace)
+    """Creates every class of user code and records it as user-created. A base class of an
+    allowed module may bring its metaclass (``enum.Enum``, ``numbers.Number``); any other
+    metaclass (including subclasses of ``type``) is refused."""
+    meta: type = type
+    for base in bases:
+        base_meta = type(base)
+        if issubclass(base_meta, meta):
+            meta = base_meta
+        elif not issubclass(meta, base_meta):
+            raise TypeError("metaclass conflict between the base classes")
+    if meta not in _ALLOWED_METACLASSES:
+        raise _refuse(f"classes with the metaclass {meta.__name__}")
+    if meta is type:
+        cls = type(name, bases, namespace)
+    else:
+        prepared = meta.__prepare__(name, bases)
+        for key, value in namespace.items():
+            prepared[key] = value
+        cls = meta(name, bases, prepared)
     _user_classes.add(cls)
     return cls
 
@@ -1286,6 +1510,7 @@ def run_user_code(
     """Compile and run ``source``; stream output through ``emit(kind, data)``; return the final
     report ``{"outcome", "exit_code", "value", ...}``. Never raises (except on a broken emit)."""
     stdout = OutputStream(b"o", emit, output_bytes)
+    _Stdout.stream = stdout
     stderr = OutputStream(b"e", emit, output_bytes)
     STATE.limit_hit, STATE.memory_hit, STATE.value, STATE.has_value = None, False, None, False
     reserve = bytearray(1 << 16)  # released on MemoryError so that reporting can work

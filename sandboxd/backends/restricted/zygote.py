@@ -343,9 +343,7 @@ class Zygote:
             status = 71
             try:
                 ours.close()
-                status = _worker(
-                    theirs, cgroup, self.cfg, self.layout, self.program, self.preset
-                )
+                status = _worker(theirs, cgroup, self.cfg, self.layout, self.program, self.preset)
             finally:
                 os._exit(status)
         theirs.close()
