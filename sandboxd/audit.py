@@ -574,17 +574,28 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def follow(path: Path, interval_s: float = 0.5) -> Iterator[dict[str, Any]]:
-    """Yield records appended to ``path`` from now on (survives rotation). Runs forever."""
+    """Records appended to ``path`` from the moment of this call (the position is taken now,
+    not at the first ``next()``). Survives rotation: when the file was rotated (possibly
+    several times) between two polls, the rest of the old file and every file rotated since
+    are read before the new current file."""
     fh = None
     inode: int | None = None
+    with contextlib.suppress(FileNotFoundError):
+        fh = path.open("rb")
+        fh.seek(0, os.SEEK_END)
+        inode = os.fstat(fh.fileno()).st_ino
+    return _follow(path, interval_s, fh, inode)
+
+
+def _follow(path: Path, interval_s: float, fh: Any, inode: int | None
+            ) -> Iterator[dict[str, Any]]:
     buf = b""
 
-    def complete_lines() -> Iterator[dict[str, Any]]:
-        nonlocal buf
-        *lines, buf = buf.split(b"\n")
-        for raw in lines:
-            with contextlib.suppress(ValueError):
-                yield json.loads(raw)
+    def parse(data: bytes) -> Iterator[dict[str, Any]]:
+        for raw in data.split(b"\n"):
+            if raw.strip():
+                with contextlib.suppress(ValueError):
+                    yield json.loads(raw)
 
     while True:
         try:
@@ -592,19 +603,28 @@ def follow(path: Path, interval_s: float = 0.5) -> Iterator[dict[str, Any]]:
         except FileNotFoundError:
             ino = None
         if ino is not None and ino != inode:
-            if fh is not None:  # rotated: drain the old file, then read the new one from start
-                buf += fh.read()
-                yield from complete_lines()
-                fh.close()
-                fh = path.open("rb")
+            if fh is None:
+                fh = path.open("rb")  # created after we started: read it from the start
             else:
+                yield from parse(buf + fh.read())
+                fh.close()
+                newer = False
+                for older in chain_files(path)[:-1]:  # rotated files, oldest first
+                    try:
+                        older_ino = os.stat(older).st_ino
+                    except FileNotFoundError:
+                        continue
+                    if newer:
+                        yield from parse(older.read_bytes())
+                    elif older_ino == inode:
+                        newer = True
                 fh = path.open("rb")
-                fh.seek(0, os.SEEK_END)
             inode, buf = ino, b""
         if fh is not None:
             chunk = fh.read()
             if chunk:
                 buf += chunk
-                yield from complete_lines()
+                *lines, buf = buf.split(b"\n")
+                yield from parse(b"\n".join(lines))
                 continue
         time.sleep(interval_s)

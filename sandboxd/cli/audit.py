@@ -114,8 +114,10 @@ def tail(
     for record in last:
         show(record)
     if follow:
+        records = follow_records(log_path)
+        typer.echo(f"-- following {log_path} (Ctrl-C to stop) --", err=True)
         try:
-            for record in follow_records(log_path):
+            for record in records:
                 if wanted(record):
                     show(record)
         except KeyboardInterrupt:
