@@ -12,7 +12,7 @@ from sandboxd.auth import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
 # Extra `sandboxd serve` arguments of every client test daemon (empty: the real default).
-DAEMON_ARGS: list[str] = ["--allow-unconfined"]  # DEV ONLY: until the restricted backend lands
+DAEMON_ARGS: list[str] = []
 
 
 @dataclass

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from sandboxd.client import Agent, AsyncSandboxClient, SandboxClient
@@ -120,7 +122,21 @@ async def test_cancelling_act_cancels_the_sandbox_call(token_daemon: TokenDaemon
         time.sleep(0.2)
     assert record is not None, "no result audited for the cancelled call"
     assert record["termination"]["reason"] == "cancelled"
-    assert record["cleanup"]["verified"] is True
+    assert record["status"] == "killed"
+    # nothing of the call is left spinning: the daemon's process tree burns no CPU any more
+    daemon = psutil.Process(token_daemon.daemon.proc.pid)
+
+    def tree_cpu() -> float:
+        total = 0.0
+        for p in [daemon, *daemon.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    before = tree_cpu()
+    time.sleep(1.5)
+    assert tree_cpu() - before < 0.75, "a busy loop is still running after the cancel"
 
 
 def test_sandbox_timeout_is_phrased_for_the_model(token_daemon: TokenDaemon) -> None:
