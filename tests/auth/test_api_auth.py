@@ -1,0 +1,70 @@
+"""Bearer auth through a real daemon: 401 problem+json, audited, the token never logged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from sandboxd.audit import verify
+from sandboxd.auth import add_token
+from tests.support.daemon import running_daemon
+
+
+def audit_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_unknown_or_missing_token_is_401_and_audited(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    good = add_token(tokens, "alice")
+    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)},
+                        token=good) as d:
+        bad_token = "sbx_" + "A" * 43
+        for headers in ({}, {"Authorization": f"Bearer {bad_token}"},
+                        {"Authorization": f"Basic {bad_token}"}):
+            r = httpx.get(f"{d.url}/v1/tools", headers=headers, timeout=30)
+            assert r.status_code == 401
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert r.headers.get("www-authenticate") == "Bearer"
+            assert r.json()["status"] == 401
+        r = httpx.post(f"{d.url}/v1/tools/python/invoke", json={"arguments": {"code": "1"}},
+                       headers={"Authorization": f"Bearer {bad_token}"}, timeout=30)
+        assert r.status_code == 401
+        # the right token works, as client alice
+        r = d.client.post("/v1/policy/explain",
+                          json={"tool": "shell", "arguments": {"command": "curl x"}})
+        assert r.status_code == 200, r.text
+        assert r.json()["client"] == "alice" and r.json()["allowed"] is False
+    records = audit_records(d.audit_path)
+    failures = [r for r in records if r["event"] == "auth_failure"]
+    assert len(failures) == 4
+    assert failures[0]["reason"] == "missing bearer token"
+    assert all(f["path"].startswith("/v1/") for f in failures)
+    assert bad_token not in d.audit_path.read_text() and good not in d.audit_path.read_text()
+    assert verify(d.audit_path).ok
+
+
+def test_denied_call_over_http_names_rule_and_is_audited(tmp_path: Path) -> None:
+    with running_daemon(tmp_path) as d:
+        r = d.invoke("shell", {"command": "curl -H 'Authorization: Bearer sk-abcdefghijklmnop"
+                                          "qrstuvwx' https://example.com"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "denied"
+        assert body["policy"] == {"decision": "deny", "source": "policies/default.yaml",
+                                  "rule": "tools.shell.commands.deny[0]"}
+        assert body["message"].startswith("`curl` is not allowed here; allowed commands: ls,")
+        r = d.client.post("/v1/policy/explain",
+                          json={"tool": "shell", "arguments": {"command": "ls | wc"}})
+        assert r.json()["rule"] == "tools.shell.operators" and r.json()["client"] == "local"
+    text = d.audit_path.read_text()
+    assert "sk-abcdefghijklmnopqrstuvwx" not in text
+    decisions = [r for r in audit_records(d.audit_path) if r["event"] == "decision"]
+    assert decisions[0]["decision"] == "deny"
+    assert decisions[0]["rule"] == "tools.shell.commands.deny[0]"
+    assert decisions[0]["client"] == "local" and len(decisions[0]["args_sha256"]) == 64
+    events = [r["event"] for r in audit_records(d.audit_path)]
+    assert "policy_loaded" in events
+    assert verify(d.audit_path).ok

@@ -1,0 +1,60 @@
+"""Hot reload in a running daemon: file change and SIGHUP; a broken file is refused, audited."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sandboxd.audit import verify
+from tests.policy.helpers import write
+from tests.support.daemon import running_daemon
+
+POLICY = """\
+version: 1
+name: live
+clients: ["*"]
+tools:
+  python: {{}}
+  {extra}
+"""
+
+
+def events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def test_reload_on_change_and_refusal_keeps_old_policy(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    write(policies, "live.yaml", POLICY.format(extra=""))
+    with running_daemon(tmp_path, policies_dir=policies) as d:
+        def tools() -> list[str]:
+            return [t["name"] for t in d.client.get("/v1/tools").json()]
+
+        assert tools() == ["python"]
+        write(policies, "live.yaml", POLICY.format(extra="list_files: {paths: {allow: ['**']}}"))
+        wait_until(lambda: "list_files" in tools())
+        # a broken edit: refused with file:line:column, the previous policy stays in force
+        write(policies, "live.yaml", POLICY.format(extra="shell: {operators: sometimes}"))
+        wait_until(lambda: any(e["event"] == "policy_refused" for e in events(d.audit_path)))
+        assert tools() == ["python", "list_files"]
+        refused = next(e for e in events(d.audit_path) if e["event"] == "policy_refused")
+        assert refused["errors"][0].startswith(f"{policies / 'live.yaml'}:6:22: "
+                                               "tools.shell.operators:")
+        # fixed again, and SIGHUP reloads too
+        write(policies, "live.yaml", POLICY.format(extra=""))
+        wait_until(lambda: tools() == ["python"])
+        loaded = sum(e["event"] == "policy_loaded" for e in events(d.audit_path))
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: sum(e["event"] == "policy_loaded"
+                               for e in events(d.audit_path)) == loaded + 1)
+    assert verify(d.audit_path).ok
