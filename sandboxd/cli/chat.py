@@ -7,7 +7,8 @@ returns to the prompt; Ctrl-D, ``/exit`` or ``/quit`` leave. ``/reset`` starts a
 conversation, ``/tools`` lists the tools offered. Input lines are kept in a readline history
 file when the terminal is interactive.
 
-Works with piped stdin too (one message per line), which is how it is tested.
+Works with piped stdin too (one message per line, no prompts), which is how it is tested;
+then the exit status is 1 when any turn failed (LLM server error), else 0.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def chat(
                + (f"; session {session_id}" if session_id else "")
                + ". Ctrl-C cancels a turn, Ctrl-D quits.", err=True)
     history: list[dict[str, Any]] = []
+    failures = 0
     try:
         while True:
             try:
@@ -220,6 +222,7 @@ def chat(
                 display.write("[cancelled]\n")
                 continue
             except LLMError as exc:
+                failures += 1
                 history.extend(added)
                 if history[-1].get("role") == "user":
                     history.pop()
@@ -237,6 +240,8 @@ def chat(
         client.close()
         if history_path is not None:
             _save_readline(history_path)
+    if failures and not interactive:
+        raise typer.Exit(1)  # a scripted run (piped stdin) reports failed turns
 
 
 def _setup_readline(path: Path) -> None:

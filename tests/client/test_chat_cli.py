@@ -184,3 +184,19 @@ def test_ctrl_c_cancels_a_running_sandbox_call(tmp_path: Path,
                    if '"event":"result"' in line.replace(" ", "") and '"python"' in line]
         time.sleep(0.2)
     assert reasons == ["cancelled"]
+
+
+def test_chat_llm_error_is_reported_and_chat_goes_on(tmp_path: Path,
+                                                     token_daemon: TokenDaemon) -> None:
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n == 0:
+            return Reply(status=404, json_body={"error": {"message": "model 'scripted' not found"}})
+        return text_reply(f"fine now; history has {len(body['messages'])} message(s)")
+
+    with ScriptedLLM(script) as llm:
+        out = run_chat(tmp_path, llm, token_daemon, "hello\nhello again\n", "--tools",
+                       "read_file")
+    assert out.returncode == 1  # scripted run: a failed turn is reported in the exit status
+    assert "error: LLM server answered 404" in out.stderr
+    assert "model 'scripted' not found" in out.stderr
+    assert "fine now; history has 1 message(s)" in out.stdout  # the failed turn was dropped
