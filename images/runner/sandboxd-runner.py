@@ -21,6 +21,7 @@ Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 # ruff: noqa: SIM105, SIM115  (standalone script: minimal imports, fds managed by hand)
 import ast
 import builtins
+import io
 import json
 import os
 import select
@@ -29,6 +30,7 @@ import socket
 import struct
 import sys
 import time
+import traceback
 
 SOCKET_PATH = os.environ.get("SANDBOXD_RUNNER_SOCKET", "/run/sandboxd/runner.sock")
 HEADER = struct.Struct(">cI")
@@ -79,12 +81,18 @@ def _read_key(paths, key):
     return 0
 
 
+def _existing(*paths):
+    return tuple(p for p in paths if os.path.exists(p))
+
+
+# found once in the runner; handlers inherit them (cgroup v2 first, then v1)
+OOM_FILES = _existing("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+PIDS_FILES = _existing("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events")
+
+
 def cgroup_counters():
     """(oom kills, pids-limit hits) of this container's cgroup (v2 or v1)."""
-    oom = _read_key(("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"),
-                    "oom_kill")
-    pids = _read_key(("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"), "max")
-    return oom, pids
+    return _read_key(OOM_FILES, "oom_kill"), _read_key(PIDS_FILES, "max")
 
 
 # ------------------------------------------------------------------ the worker (grandchild)
@@ -104,9 +112,6 @@ def _user_import(allow, deny):
 
 def run_python(req, value_fd):
     """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
-    import io
-    import traceback
-
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8",
@@ -178,15 +183,11 @@ def worker(req, out_w, err_w, value_w):
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        keep = {0, 1, 2}
-        if value_w is not None:
-            keep.add(value_w)
-        for fd in _open_fds():
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        if value_w is None:
+            os.closerange(3, 65536)
+        else:
+            os.closerange(3, value_w)
+            os.closerange(value_w + 1, 65536)
         for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         os.umask(0o022)
@@ -214,13 +215,6 @@ def worker(req, out_w, err_w, value_w):
             os.write(2, f"sandboxd runner: {exc!r}\n".encode())
         finally:
             os._exit(126)
-
-
-def _open_fds():
-    try:
-        return [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return list(range(3, 256))
 
 
 # ------------------------------------------------------------------ the handler (child)

@@ -319,7 +319,8 @@ class ContainerBackend:
             choice = next((b for b in boxes if not b.dead), None)
         if choice is not None:
             boxes.remove(choice)
-        self._refill.set()
+        if not boxes:  # otherwise the refill waits until this call is over (see _run_oneshot)
+            self._refill.set()
         return choice
 
     # ------------------------------------------------------------ run
@@ -368,6 +369,17 @@ class ContainerBackend:
     async def _run_oneshot(self, invocation: Invocation, limits: Limits, deadline: float,
                            request: dict[str, Any], image: str, shape: engine.Shape,
                            started: float) -> Result:
+        try:
+            return await self._oneshot(invocation, limits, deadline, request, image, shape,
+                                       started)
+        finally:
+            # refill once this call's container is gone: a container start competes with the
+            # call for the engine and the CPU, so starting it afterwards keeps latency low
+            self._refill.set()
+
+    async def _oneshot(self, invocation: Invocation, limits: Limits, deadline: float,
+                       request: dict[str, Any], image: str, shape: engine.Shape,
+                       started: float) -> Result:
         box: Box | None = None
         try:
             poolable = invocation.network is None and _is_empty_dir(invocation.workspace)
