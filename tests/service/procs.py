@@ -117,3 +117,22 @@ def audit_verify(path: Path) -> subprocess.CompletedProcess[str]:
 
 def still_alive(procs: Iterable[ProcId]) -> list[ProcId]:
     return [p for p in procs if p.alive()]
+
+
+def busy_descendants(pid: int, count: int, sample_s: float = 0.5) -> list[ProcId]:
+    """Descendants of ``pid`` that burn CPU right now (at least ``count`` of them, else [])."""
+    before: dict[ProcId, float] = {}
+    for p in descendants(pid):
+        try:
+            before[p] = psutil.Process(p.pid).cpu_times().user
+        except psutil.Error:
+            continue
+    time.sleep(sample_s)
+    busy = []
+    for p, t0 in before.items():
+        try:
+            if psutil.Process(p.pid).cpu_times().user > t0:
+                busy.append(p)
+        except psutil.Error:
+            continue
+    return busy if len(busy) >= count else []

@@ -18,8 +18,8 @@ from tests.service.procs import (
     ProcId,
     audit_records,
     audit_verify,
+    busy_descendants,
     cgroup_dirs,
-    descendants,
     still_alive,
     wait_for,
 )
@@ -43,6 +43,8 @@ def _fire(url: str, errors: list[BaseException]) -> None:
 
 def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: Path) -> None:
     state = tmp_path / "state"
+    for sub in ("first", "second"):
+        (tmp_path / sub).mkdir()
     first = start_daemon(tmp_path / "first", state_dir=state, env=ENV)
     workers: list[ProcId] = []
     worker_cgroups: set[Path] = set()
@@ -50,7 +52,6 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
     second = None
     try:
         own_cgroups = cgroup_dirs(first.proc.pid)
-        baseline = {p.pid for p in descendants(first.proc.pid)}
         errors: list[BaseException] = []
         threads = [
             threading.Thread(target=_fire, args=(first.url, errors), daemon=True)
@@ -59,17 +60,10 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
         for t in threads:
             t.start()
 
-        def busy_workers() -> list[ProcId]:
-            new = [p for p in descendants(first.proc.pid) if p.pid not in baseline]
-            running = []
-            for p in new:
-                with contextlib.suppress(psutil.Error):
-                    if psutil.Process(p.pid).cpu_times().user > 0.2:
-                        running.append(p)
-            return running if len(running) >= IN_FLIGHT else []
-
-        wait_for(busy_workers, 90, f"{IN_FLIGHT} busy workers")
-        workers = [p for p in descendants(first.proc.pid) if p.pid not in baseline]
+        # Pre-forked idle workers exist before the calls: the busy ones are the calls.
+        workers = wait_for(
+            lambda: busy_descendants(first.proc.pid, IN_FLIGHT), 120, f"{IN_FLIGHT} busy workers"
+        )
         for p in workers:
             worker_cgroups |= cgroup_dirs(p.pid) - own_cgroups
             with contextlib.suppress(psutil.Error):

@@ -17,7 +17,7 @@ from tests.service.procs import (
     ProcId,
     audit_records,
     audit_verify,
-    descendants,
+    busy_descendants,
     still_alive,
     wait_for,
 )
@@ -40,24 +40,12 @@ def _call(url: str, code: str, out: list[Any], timeout_s: float = 120) -> None:
         out.append(exc)
 
 
-def _busy_workers(pid: int, baseline: set[int], count: int) -> list[ProcId]:
-    running = []
-    for p in descendants(pid):
-        if p.pid in baseline:
-            continue
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(p.pid).cpu_times().user > 0.2:
-                running.append(p)
-    return running if len(running) >= count else []
-
-
 def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> None:
     d = start_daemon(
         tmp_path,
         env={"SANDBOXD_DRAIN_GRACE_S": "120", "SANDBOXD_CONTAINER_ENABLED": "false"},
     )
     try:
-        baseline = {p.pid for p in descendants(d.proc.pid)}
         results: list[Any] = []
         threads = [
             threading.Thread(target=_call, args=(d.url, COUNT, results), daemon=True)
@@ -65,7 +53,7 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
         ]
         for t in threads:
             t.start()
-        workers = wait_for(lambda: _busy_workers(d.proc.pid, baseline, 3), 90, "3 busy workers")
+        workers = wait_for(lambda: busy_descendants(d.proc.pid, 3), 120, "3 busy workers")
         d.proc.send_signal(signal.SIGTERM)
 
         # New calls are refused while the old ones run.
@@ -110,7 +98,6 @@ def test_sigterm_cancels_in_flight_calls_at_the_grace_deadline(tmp_path: Path) -
     )
     workers: list[ProcId] = []
     try:
-        baseline = {p.pid for p in descendants(d.proc.pid)}
         results: list[Any] = []
         threads = [
             threading.Thread(target=_call, args=(d.url, BUSY, results), daemon=True)
@@ -118,7 +105,7 @@ def test_sigterm_cancels_in_flight_calls_at_the_grace_deadline(tmp_path: Path) -
         ]
         for t in threads:
             t.start()
-        workers = wait_for(lambda: _busy_workers(d.proc.pid, baseline, 2), 90, "busy workers")
+        workers = wait_for(lambda: busy_descendants(d.proc.pid, 2), 120, "busy workers")
         started = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
         code = d.proc.wait(60)
