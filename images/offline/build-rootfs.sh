@@ -9,6 +9,9 @@
 #   SUITE     release codename   (default: VERSION_CODENAME from /etc/os-release)
 #   CACHE_DIR .deb cache         (default: ${XDG_CACHE_HOME:-~/.cache}/sandboxd/debootstrap/SUITE)
 #   DOCKER    docker CLI         (default: /usr/bin/docker, else the first docker on PATH)
+#   APT_ETC   apt config dir     (default: /etc/apt; where the sources are read)
+#
+#   images/offline/build-rootfs.sh --print-mirror   prints the detected mirror and exits
 #
 # The sandbox user (10001) and the runner are added by images/python/Dockerfile built FROM this
 # image (`sandboxd images build --offline` does both steps). Needs root (debootstrap).
@@ -16,12 +19,18 @@ set -euo pipefail
 
 TAG="${1:-sandboxd/base-offline:latest}"
 PACKAGES="python3,git,ca-certificates"
+APT_ETC="${APT_ETC:-/etc/apt}"
+PRINT_MIRROR=0
+[[ "$TAG" == "--print-mirror" ]] && PRINT_MIRROR=1
 
-if [[ $EUID -ne 0 ]]; then
+if [[ $PRINT_MIRROR -eq 0 && $EUID -ne 0 ]]; then
     echo "build-rootfs.sh: debootstrap needs root" >&2
     exit 1
 fi
-command -v debootstrap >/dev/null || { echo "build-rootfs.sh: debootstrap is not installed" >&2; exit 1; }
+if [[ $PRINT_MIRROR -eq 0 ]] && ! command -v debootstrap >/dev/null; then
+    echo "build-rootfs.sh: debootstrap is not installed" >&2
+    exit 1
+fi
 
 if [[ -z "${DOCKER:-}" ]]; then
     if [[ -x /usr/bin/docker ]]; then DOCKER=/usr/bin/docker; else DOCKER=docker; fi
@@ -36,7 +45,7 @@ SUITE="${SUITE:-${VERSION_CODENAME:-}}"
 # (sources.list, *.list) and deb822 format (*.sources).
 detect_mirror() {
     local f
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    for f in "$APT_ETC"/sources.list "$APT_ETC"/sources.list.d/*.list; do
         [[ -f "$f" ]] || continue
         awk -v suite="$SUITE" '
             $1 == "deb" {
@@ -45,7 +54,7 @@ detect_mirror() {
                 if ($(i+1) == suite) { print $i; exit }
             }' "$f"
     done
-    for f in /etc/apt/sources.list.d/*.sources; do
+    for f in "$APT_ETC"/sources.list.d/*.sources; do
         [[ -f "$f" ]] || continue
         awk -v suite="$SUITE" '
             function flush() {
@@ -70,6 +79,10 @@ if [[ -z "${MIRROR:-}" ]]; then
     MIRROR="$(detect_mirror | head -n1)"
 fi
 [[ -n "$MIRROR" ]] || { echo "build-rootfs.sh: no apt source for '$SUITE' found; set MIRROR" >&2; exit 1; }
+if [[ $PRINT_MIRROR -eq 1 ]]; then
+    echo "$MIRROR"
+    exit 0
+fi
 
 CACHE_DIR="${CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxd/debootstrap/$SUITE}"
 mkdir -p "$CACHE_DIR"
@@ -94,8 +107,7 @@ find "$ROOT" -name '__pycache__' -prune -exec rm -rf {} + 2>/dev/null || true
 # No setuid/setgid programs in the sandbox (no-new-privileges makes them inert anyway).
 find "$ROOT" -xdev -perm /6000 -type f -exec chmod ug-s {} + 2>/dev/null || true
 # Python byte-code for the whole stdlib, so a read-only rootfs starts fast.
-chroot "$ROOT" /usr/bin/python3 -m compileall -q -j 0 /usr/lib/python3 >/dev/null 2>&1 || true
-chroot "$ROOT" sh -c 'for d in /usr/lib/python3.*; do /usr/bin/python3 -m compileall -q -j 0 "$d"; done' \
+chroot "$ROOT" sh -c '/usr/bin/python3 -m compileall -q -j 0 /usr/lib/python3 /usr/lib/python3.*' \
     >/dev/null 2>&1 || true
 
 tar --numeric-owner --xattrs -C "$ROOT" -c . | "$DOCKER" import \

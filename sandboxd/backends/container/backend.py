@@ -73,6 +73,8 @@ T = TypeVar("T")
 POOL_MEMORY_SHARE = 0.25  # idle pool containers may reserve at most this share of free memory
 POOL_PARALLEL_STARTS = 2
 MAX_CODE_BYTES = 4 * 1024 * 1024
+PROBE_CLIENT = "sandboxd-probe"
+PROBE_CACHE_S = 60.0  # confinement does not change at run time; /readyz may poll often
 
 
 @dataclass(eq=False)
@@ -110,6 +112,7 @@ class ContainerBackend:
         self._session_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._boxes: set[Box] = set()  # every live container, for close()
         self._closing = False
+        self._probe_cache: tuple[float, ProbeReport] | None = None
 
     # ------------------------------------------------------------ helpers
 
@@ -388,7 +391,8 @@ class ContainerBackend:
                     self._pool[image] = deque()
                     self._pool_shape[image] = shape
                     self._refill.set()
-                self._pool_shape[image] = shape  # refill with the shape calls actually use
+                if invocation.client != PROBE_CLIENT:  # refill with the shape calls use
+                    self._pool_shape[image] = shape
                 box = self._take_from_pool(image)
             if box is None:
                 box = await asyncio.wait_for(
@@ -572,12 +576,20 @@ class ContainerBackend:
         ok, why = self.availability()
         if not ok:
             return ProbeReport(backend=self.name, ok=False, detail=why or "unavailable")
+        cached = self._probe_cache
+        if cached is not None and time.monotonic() - cached[0] < PROBE_CACHE_S:
+            return cached[1]
+        report = await self._probe()
+        self._probe_cache = (time.monotonic(), report) if report.ok else None
+        return report
+
+    async def _probe(self) -> ProbeReport:
         checks: list[ProbeCheck] = []
         workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=self.settings.state_dir))
         try:
             if self._owner is not None:
                 os.chown(workspace, *self._owner)
-            inv = Invocation(tool="python", kind=ToolKind.python, client="sandboxd-probe",
+            inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
                              workspace=workspace, arguments={"code": PROBE_CODE})
             limits = Limits(timeout_s=30)
             res = await self.run(inv, limits, time.monotonic() + 30)
@@ -602,7 +614,7 @@ class ContainerBackend:
                                             f"{facts.get('unshare_blocked')}"))
             checks.append(ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
                                      detail=f"NoNewPrivs={facts.get('no_new_privs')}"))
-            mem_inv = Invocation(tool="python", kind=ToolKind.python, client="sandboxd-probe",
+            mem_inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
                                  workspace=workspace,
                                  arguments={"code": "x = bytearray(96 * 1024 * 1024)\n"
                                                     "x[::4096] = b'x' * len(x[::4096])\n"})
