@@ -53,13 +53,28 @@ from sandboxd.models import (
     status_for,
 )
 
+# The zygote imports only what workers need: the package __init__ files (pydantic models,
+# asyncio, psutil...) are bypassed with bare package modules, which keeps the zygote's heap -
+# and so the copy-on-write work of every worker - small.
 _BOOT = (
-    "import json, sys\n"
+    "import json, sys, types\n"
     "cfg = json.loads(sys.argv[1])\n"
-    "sys.path[:0] = cfg['path']\n"
+    "for name, path in cfg['packages']:\n"
+    "    mod = types.ModuleType(name)\n"
+    "    mod.__path__ = [path]\n"
+    "    sys.modules[name] = mod\n"
     "from sandboxd.backends.restricted.zygote import main\n"
     "main(cfg)\n"
 )
+
+
+def _bare_packages() -> list[tuple[str, str]]:
+    pkg = Path(sandboxd.__file__).resolve().parent
+    return [
+        ("sandboxd", str(pkg)),
+        ("sandboxd.backends", str(pkg / "backends")),
+        ("sandboxd.backends.restricted", str(pkg / "backends" / "restricted")),
+    ]
 
 
 class ZygoteDied(RuntimeError):
@@ -305,7 +320,7 @@ class RestrictedBackend:
         req_parent, req_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         evt_parent, evt_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cfg = {
-            "path": [str(Path(sandboxd.__file__).resolve().parent.parent)],
+            "packages": _bare_packages(),
             "req_fd": req_child.fileno(),
             "evt_fd": evt_child.fileno(),
             "daemon_pid": os.getpid(),

@@ -115,6 +115,7 @@ def _worker(
     layout: Any,
     program: Any,
     preset: tuple[int, float, int],
+    warm: bool,
 ) -> int:
     """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
     Returns the exit status for ``os._exit``."""
@@ -129,7 +130,8 @@ def _worker(
         confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != cfg["zygote_pid"]:
             return 0
-        _warm_up()
+        if warm:
+            _warm_up()
     except BaseException as exc:
         setup_error = f"{type(exc).__name__}: {exc}"
     baseline = confine.vm_size()
@@ -331,6 +333,10 @@ class Zygote:
                 break
 
     def spawn(self) -> bool:
+        # Warming a standby up (touching the pages a call touches) takes the copy-on-write
+        # cost off the call's critical path, but costs CPU: do it only when at most one call
+        # is running (a core is free), not when calls saturate the CPUs.
+        warm = len(self.workers) - len(self.standby) <= 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cgroup = "w" + self._token(8)
         try:
@@ -343,7 +349,9 @@ class Zygote:
             status = 71
             try:
                 ours.close()
-                status = _worker(theirs, cgroup, self.cfg, self.layout, self.program, self.preset)
+                status = _worker(
+                    theirs, cgroup, self.cfg, self.layout, self.program, self.preset, warm
+                )
             finally:
                 os._exit(status)
         theirs.close()
