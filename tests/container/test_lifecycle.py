@@ -120,3 +120,51 @@ async def test_unavailable_when_the_engine_is_unreachable(tmp_path: Path) -> Non
     report = await backend.probe()
     assert not report.ok
     await backend.close()
+
+
+async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: Any,
+                                                                tmp_path: Path) -> None:
+    from sandboxd.models import Invocation, Status, ToolKind
+
+    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
+    await backend.start()
+    try:
+        inv = Invocation(tool="shell", kind=ToolKind.command, client="c",
+                         workspace=workspace(tmp_path, "w"), argv=["true"],
+                         image="sandboxd/does-not-exist:1")
+        res = await backend.run(inv, Limits(), time.monotonic() + 30)
+        assert res.status is Status.error
+        assert res.message and "could not be started" in res.message
+        assert labelled(docker_client, backend.settings.instance_name) == []
+    finally:
+        await backend.close()
+
+
+async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path: Path) -> None:
+    """An image whose entrypoint is not the runner: a clear error, not a wall timeout."""
+    from sandboxd.backends.container import backend as backend_module
+    from sandboxd.models import Invocation, Status, ToolKind
+
+    tag = f"sandboxd-test/norunner:{secrets.token_hex(3)}"
+    base = docker_client.images.get(backend_module.Settings().python_image)
+    container = docker_client.containers.create(base.id, entrypoint=["sleep"],
+                                                command=["1000"])
+    container.commit(repository=tag.split(":")[0], tag=tag.split(":")[1],
+                     changes=['ENTRYPOINT ["sleep"]', 'CMD ["1000"]'])
+    container.remove(force=True)
+    old = backend_module.RUNNER_CONNECT_S
+    backend_module.RUNNER_CONNECT_S = 2.0
+    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
+    await backend.start()
+    try:
+        inv = Invocation(tool="shell", kind=ToolKind.command, client="c",
+                         workspace=workspace(tmp_path, "w"), argv=["true"], image=tag)
+        res = await backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30)
+        assert res.status is Status.error, res
+        assert res.message and "runner" in res.message
+        assert res.cleanup.verified
+        assert labelled(docker_client, backend.settings.instance_name) == []
+    finally:
+        backend_module.RUNNER_CONNECT_S = old
+        await backend.close()
+        docker_client.images.remove(tag, force=True)

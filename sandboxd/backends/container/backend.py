@@ -74,6 +74,7 @@ POOL_MEMORY_SHARE = 0.25  # idle pool containers may reserve at most this share 
 POOL_PARALLEL_STARTS = 2
 MAX_CODE_BYTES = 4 * 1024 * 1024
 PROBE_CLIENT = "sandboxd-probe"
+RUNNER_CONNECT_S = 15.0  # a started container's runner connects well within this
 PROBE_CACHE_S = 60.0  # confinement does not change at run time; /readyz may poll often
 
 
@@ -336,11 +337,22 @@ class ContainerBackend:
             return request
         image = self._image_for(invocation)
         shape = engine.Shape.of(limits)
-        if invocation.session is not None:
-            return await self._run_session(invocation, limits, deadline, request, image, shape,
+        try:
+            if invocation.session is not None:
+                return await self._run_session(invocation, limits, deadline, request, image,
+                                               shape, started)
+            return await self._run_oneshot(invocation, limits, deadline, request, image, shape,
                                            started)
-        return await self._run_oneshot(invocation, limits, deadline, request, image, shape,
-                                       started)
+        except docker.errors.DockerException as exc:
+            # e.g. an image or network named by a policy does not exist; whatever was
+            # created has been removed by the paths above before the error got here
+            detail = getattr(exc, "explanation", None) or str(exc)
+            return Result(id=invocation.id, tool=invocation.tool, session=invocation.session,
+                          backend=self.name, status=Status.error,
+                          termination=Termination(reason=Reason.exited), limits=limits,
+                          resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
+                          cleanup=Cleanup(verified=True),
+                          message=f"the sandbox container could not be started: {detail}")
 
     def _request(self, invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
         env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
@@ -487,6 +499,14 @@ class ContainerBackend:
         lost: str | None = None
         try:
             async with asyncio.timeout(remaining):
+                if not box.endpoint.hello.is_set() and remaining > RUNNER_CONNECT_S:
+                    try:
+                        await asyncio.wait_for(box.endpoint.hello.wait(), RUNNER_CONNECT_S)
+                    except TimeoutError:
+                        return _Outcome(out, (
+                            f"the sandbox runner of image {box.image} did not start within "
+                            f"{RUNNER_CONNECT_S:g} s; images must be built FROM the sandboxd "
+                            "image (see images/)"))
                 conn = await box.endpoint.take()
                 try:
                     await call(conn, request, limits.output_bytes, out)
