@@ -274,6 +274,8 @@ _OPERATOR_HELP = ("run a single program per call, without pipes, `;`, `&&`, `||`
 
 def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decision:
     line = str(arguments.get("command", ""))
+    if "\x00" in line:
+        return ctx.deny("tools.shell", "The command line must not contain NUL characters.")
     for i, pattern in enumerate(cfg.deny_patterns):
         if re.search(pattern, line):
             return ctx.deny(f"tools.shell.deny_patterns[{i}]",
