@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -32,6 +33,8 @@ from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+log = logging.getLogger("sandboxd.auth")
 
 TOKEN_PREFIX = "sbx_"
 _CLIENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -70,6 +73,15 @@ def _scalar(mapping: MappingNode, key: str) -> tuple[Node, ScalarNode | None]:
         if isinstance(k, ScalarNode) and k.value == key:
             return k, v if isinstance(v, ScalarNode) else None
     return mapping, None
+
+
+def _read(path: Path) -> list[TokenEntry]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise TokenFileError(f"{path}:1:1: cannot read tokens file: {reason or exc}") from None
+    return _parse(path, text)
 
 
 def _parse(path: Path, text: str) -> list[TokenEntry]:
@@ -123,31 +135,74 @@ def _parse(path: Path, text: str) -> list[TokenEntry]:
 
 
 class TokenStore:
-    """Token hashes -> client names."""
+    """Token hashes -> client names.
+
+    A store loaded from a file notices when the file changes (checked at most once a second,
+    on lookup) and reloads it, so ``sandboxd token add`` / ``remove`` take effect without a
+    restart. A broken edit is logged and the previous tokens stay in force.
+    """
+
+    CHECK_INTERVAL_S = 1.0
 
     def __init__(self, entries: list[TokenEntry], path: Path | None = None) -> None:
-        self.entries = list(entries)
         self.path = path
-        self._hashes = [(bytes.fromhex(e.sha256), e.client) for e in self.entries]
+        self._set_entries(entries)
+        self._stamp = self._file_stamp()
+        self._checked = time.monotonic()
+        self._reload_lock = threading.Lock()
+
+    def _set_entries(self, entries: list[TokenEntry]) -> None:
+        # one attribute holds both views so that readers always see a consistent pair
+        self._state = (list(entries), [(bytes.fromhex(e.sha256), e.client) for e in entries])
+
+    @property
+    def entries(self) -> list[TokenEntry]:
+        return self._state[0]
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     @classmethod
     def load(cls, path: Path) -> TokenStore:
         """Read a tokens file; :class:`TokenFileError` (with file:line:col) when invalid."""
+        return cls(_read(Path(path)), Path(path))
+
+    def _maybe_reload(self) -> None:
+        if self.path is None or time.monotonic() - self._checked < self.CHECK_INTERVAL_S:
+            return
+        if not self._reload_lock.acquire(blocking=False):
+            return  # another thread is reloading; use the current tokens
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise TokenFileError(f"{path}:1:1: cannot read tokens file: {reason or exc}") from None
-        return cls(_parse(Path(path), text), Path(path))
+            self._checked = time.monotonic()
+            stamp = self._file_stamp()
+            if stamp == self._stamp:
+                return
+            try:
+                entries = _read(self.path)
+            except TokenFileError as exc:
+                log.error("tokens file not reloaded, previous tokens stay in force: %s", exc)
+            else:
+                self._set_entries(entries)
+                log.info("tokens file reloaded: %d token(s)", len(entries))
+            self._stamp = stamp
+        finally:
+            self._reload_lock.release()
 
     def client_for(self, token: str) -> str | None:
         """The client a bearer token belongs to, or None. Compares against every stored hash
         in constant time (no early exit)."""
+        self._maybe_reload()
         if not token:
             return None
         candidate = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         found: str | None = None
-        for stored, client in self._hashes:
+        for stored, client in self._state[1]:
             if hmac.compare_digest(stored, candidate):
                 found = client
         return found

@@ -68,3 +68,28 @@ def test_denied_call_over_http_names_rule_and_is_audited(tmp_path: Path) -> None
     events = [r["event"] for r in audit_records(d.audit_path)]
     assert "policy_loaded" in events
     assert verify(d.audit_path).ok
+
+
+def test_token_add_and_remove_take_effect_without_restart(tmp_path: Path) -> None:
+    import time
+
+    from sandboxd.auth import remove_tokens
+
+    tokens = tmp_path / "tokens.yaml"
+    first = add_token(tokens, "alice")
+    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}) as d:
+        def status(token: str) -> int:
+            return httpx.get(f"{d.url}/v1/tools", timeout=30,
+                             headers={"Authorization": f"Bearer {token}"}).status_code
+
+        assert status(first) == 200
+        second = add_token(tokens, "bob")
+        deadline = time.monotonic() + 10
+        while status(second) != 200:
+            assert time.monotonic() < deadline, "new token not picked up"
+            time.sleep(0.2)
+        remove_tokens(tokens, "alice")
+        while status(first) != 401:
+            assert time.monotonic() < deadline + 10, "removed token still accepted"
+            time.sleep(0.2)
+        assert status(second) == 200

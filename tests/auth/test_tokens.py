@@ -118,3 +118,21 @@ def test_cli_add_uses_settings_tokens_file(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert TokenStore.load(path).client_for(r.stdout.strip()) == "bob"
     assert os.stat(path).st_mode & 0o077 == 0
+
+
+def test_store_reloads_when_the_file_changes(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                             ) -> None:
+    path = tmp_path / "tokens.yaml"
+    alice = add_token(path, "alice")
+    store = TokenStore.load(path)
+    store.CHECK_INTERVAL_S = 0.0
+    bob = add_token(path, "bob")
+    assert store.client_for(bob) == "bob"  # added without a restart
+    remove_tokens(path, "alice")
+    assert store.client_for(alice) is None  # revoked without a restart
+    good = path.read_text()
+    path.write_text(good + "  - oops\n")  # a broken edit: logged, previous tokens stay
+    assert store.client_for(bob) == "bob"
+    assert "previous tokens stay in force" in caplog.text
+    path.write_text(good)
+    assert store.client_for(bob) == "bob"
