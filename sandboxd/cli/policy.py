@@ -27,8 +27,13 @@ def check(
     files: list[Path] = typer.Argument(..., help="Policy files or directories of policy files"),
     separately: bool = typer.Option(
         False, "--separately", help="Check each file on its own (not as one policy set)"),
+    strict: bool = typer.Option(False, "--strict", help="Treat warnings as problems"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No warnings, no 'ok' lines"),
 ) -> None:
     """Validate policy files. Exit 1 with one `file:line:column: message` line per problem.
+
+    Warnings (valid but risky settings, such as an interpreter in the shell allowlist) go to
+    stderr as `file:line:column: warning: ...`; with --strict they are problems.
 
     The files (and the *.yaml/*.yml files of each directory) are checked as one policy set,
     as the daemon would load them together: names and client assignments must not clash.
@@ -60,12 +65,18 @@ def check(
             loaded.extend(load_set(group).policies)
         except PolicyError as exc:
             problems.extend(exc.problems)
+    from sandboxd.policy.engine import enabled_tools, policy_warnings
+
+    warnings = [w for pol in loaded for w in policy_warnings(pol)]
     for line in problems:
         typer.echo(line)
-    if problems:
+    if not quiet or strict:
+        for line in warnings:
+            typer.echo(line, err=not strict)
+    if problems or (strict and warnings):
         raise typer.Exit(1)
-    from sandboxd.policy.engine import enabled_tools
-
+    if quiet:
+        return
     for pol in loaded:
         typer.echo(f"{pol.source}: ok (policy '{pol.name}'; clients: "
                    f"{', '.join(pol.spec.clients)}; tools: "

@@ -393,3 +393,47 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
         # an optional parameter that was not given (and has no default): drop the element
     return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network), argv=argv,
                      image=tool.image)
+
+
+# ------------------------------------------------------------------ admin warnings
+
+RISKY_PROGRAMS = {
+    "python": "an interpreter", "python3": "an interpreter", "perl": "an interpreter",
+    "ruby": "an interpreter", "node": "an interpreter", "php": "an interpreter",
+    "lua": "an interpreter", "sh": "a shell", "bash": "a shell", "dash": "a shell",
+    "zsh": "a shell", "ksh": "a shell", "busybox": "a multi-call shell",
+    "awk": "able to run commands (system())", "gawk": "able to run commands (system())",
+    "sed": "able to run commands (GNU sed 'e')", "find": "able to run commands (-exec)",
+    "xargs": "able to run commands", "env": "able to run commands",
+    "git": "able to run commands (hooks, aliases, core.pager)", "make": "able to run commands",
+    "vim": "able to run commands", "vi": "able to run commands", "less": "able to run commands",
+    "tar": "able to run commands (--to-command)", "ssh": "a network client",
+    "curl": "a network client", "wget": "a network client", "nc": "a network client",
+}
+
+
+def policy_warnings(pol: LoadedPolicy) -> list[str]:
+    """Things that are valid but worth an admin's second look (``file:line:col: warning:``)."""
+    out: list[str] = []
+
+    def warn(loc: tuple[str | int, ...], text: str) -> None:
+        line, col = pol.position(loc)
+        out.append(f"{pol.source}:{line}:{col}: warning: {text}")
+
+    spec = pol.spec
+    shell = spec.tools.shell
+    if shell is not None and shell.enabled:
+        for i, name in enumerate(shell.commands.allow):
+            if name in RISKY_PROGRAMS and name not in shell.commands.deny:
+                warn(("tools", "shell", "commands", "allow", i),
+                     f"`{name}` is {RISKY_PROGRAMS[name]}: whatever it runs is not checked "
+                     "against this list (the container is the barrier)")
+        if shell.operators:
+            warn(("tools", "shell", "operators"), "shell operators are enabled: lines run "
+                 "under /bin/sh -c (every program is still checked)")
+    python = spec.tools.python
+    if python is not None and python.enabled and "*" in python.imports.allow:
+        warn(("tools", "python", "imports", "allow"), "every module may be imported")
+    if spec.network != "none":
+        warn(("network",), f"network {spec.network!r} is granted to every container tool")
+    return out

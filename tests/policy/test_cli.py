@@ -98,3 +98,27 @@ def test_explain_bad_input() -> None:
     r = sandboxd("policy", "explain", "--tool", "shell", "--args", '{"cmd": "ls"}')
     assert r.returncode == 2
     assert "invalid arguments: shell: argument 'cmd'" in r.stderr or "'command'" in r.stderr
+
+
+def test_check_warnings_and_strict(tmp_path: Path) -> None:
+    p = write(tmp_path, "w.yaml", """\
+        version: 1
+        name: w
+        clients: ["*"]
+        tools:
+          shell:
+            commands: {allow: [ls, find, bash], deny: [bash]}
+            operators: true
+        """)
+    r = sandboxd("policy", "check", str(p))
+    assert r.returncode == 0
+    assert r.stderr.splitlines() == [
+        f"{p}:6:28: warning: `find` is able to run commands (-exec): whatever it runs is not "
+        "checked against this list (the container is the barrier)",
+        f"{p}:7:16: warning: shell operators are enabled: lines run under /bin/sh -c (every "
+        "program is still checked)",
+    ]
+    r = sandboxd("policy", "check", "--strict", str(p))
+    assert r.returncode == 1 and len(r.stdout.splitlines()) == 2
+    r = sandboxd("policy", "check", "--quiet", str(p))
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
