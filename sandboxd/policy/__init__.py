@@ -1,7 +1,83 @@
 """The policy engine: YAML policy files, validation with file:line:column, decisions, reload.
 
-Public interface: :class:`PolicyStore` (load / reload / watch / tools_for / decide) and
-:class:`PolicyError`. See ``policies/default.yaml`` for the file format, annotated.
+Public interface: :class:`PolicyStore` (``load`` / ``reload`` / ``watch`` / ``tools_for`` /
+``decide``) and :class:`PolicyError` (``.problems``: ``file:line:column: message`` lines).
+``policies/default.yaml`` is the annotated example of the format; this is the reference.
+
+Files
+    Every ``*.yaml`` / ``*.yml`` file directly in the policies directory (not recursive, not
+    hidden) is one policy. With no directory configured, the shipped ``policies/default.yaml``
+    is used (``sandboxd/_data/policies`` in a wheel). The set is validated as a whole: a
+    broken file, two policies with one name, or a client claimed by two policies refuses the
+    whole set (at start-up: the daemon does not start; on reload: the previous set stays in
+    force and ``policy_refused`` is audited with every problem).
+
+Clients
+    ``clients: [alice, bob]`` or ``clients: ["*"]``. A client (the name a token maps to; every
+    caller is ``local`` without a tokens file) gets the policy that names it, else the ``"*"``
+    policy, else nothing at all (every call denied, rule ``clients``).
+
+Default deny; deny beats allow
+    A tool not listed under ``tools`` / ``custom_tools`` (or ``enabled: false``) is denied
+    (rule ``default_deny`` / ``tools.X.enabled``). For commands, imports and paths the deny
+    list is checked first; then an allow entry must match; otherwise the call is denied with
+    the allow list as the rule (``tools.shell.commands.allow``).
+
+Rules named in decisions
+    ``tools.python`` · ``tools.python.imports.allow`` / ``.deny[i]`` · ``tools.python.imports``
+    (relative import) · ``tools.shell.commands.allow[i]`` (several joined by ``, `` when a
+    line has several commands) / ``.allow`` / ``.deny[i]`` · ``tools.shell.operators`` ·
+    ``tools.shell.deny_patterns[i]`` · ``tools.shell`` (unparseable line) ·
+    ``tools.<file tool>.paths.allow[i]`` / ``.allow`` / ``.deny[i]`` / ``.paths`` (bad path)
+    · ``tools.write_file.max_bytes`` · ``custom_tools.<name>`` / ``custom_tools.<name>.argv[i]``.
+    ``LoadedPolicy.locate(rule)`` turns one into ``file:line:column``.
+
+Limits
+    ``limits:`` (policy) and ``tools.X.limits:`` hold ``timeout`` (``60s``, ``500ms``, ``5m``),
+    ``memory`` / ``output`` (``256Mi``, ``1G``, bytes), ``cpus``, ``pids`` and a ``max_`` of
+    each. A tool's value falls back to the policy's, then to the built-in default (60 s,
+    256 MiB, 1 CPU, 64 pids, 1 MiB output); it is capped by the tool's and the policy's
+    maxima; a request can only lower it: effective = min(request, tool, policy maximum).
+    A value above the maximum of the same block is a load error.
+
+Network
+    ``network: none`` (default) or the name of a Docker network, per policy or per tool;
+    ``host`` and ``container:...`` are refused; the restricted backend never has one.
+
+python
+    ``backend: restricted | container``, ``imports: {allow, deny}``: module names; an entry
+    admits the module and its submodules (``os`` covers ``os.path``); ``"*"`` in ``allow``
+    admits any module. Imports are found up front in the code's AST (``import``, ``from``,
+    literal ``__import__("x")`` / ``importlib.import_module("x")``); the backends enforce the
+    same lists at run time (``Decision.imports_allow`` / ``imports_deny``).
+
+shell
+    ``backend: container``, ``commands: {allow, deny}`` (bare program names), ``operators``
+    (default false), ``deny_patterns`` (regexes searched in the whole line, checked first).
+    The line is tokenized with POSIX quoting (:mod:`sandboxd.policy.shell`); the program is
+    a bare name or an absolute path in a system bin directory (``/usr/bin/ls`` is ``ls``);
+    programs that run other programs (``env``, ``timeout``, ``xargs``, ...) have the wrapped
+    program checked too; ``NAME=value`` prefixes are refused. Without operators the argv is
+    executed directly (no shell); ``$(...)``, backticks and process substitution are always
+    refused. With operators the line runs as ``/bin/sh -c LINE`` after every command of it
+    (split at ``|``, ``;``, ``&&``, ``||``, newlines; redirects allowed) was checked;
+    background ``&``, subshells, here-documents and variables/globs in the program position
+    are refused.
+
+read_file / write_file / list_files
+    Run in the daemon (``backend: workspace``). ``paths: {allow, deny}`` globs (``*``,
+    ``**``, ``?``, ``[...]``; see :mod:`sandboxd.policy.paths`) match the normalised
+    workspace-relative path (``./a//b`` -> ``a/b``, root ``.``); absolute paths, ``..`` and
+    NUL are refused. ``max_bytes`` caps file sizes (``Decision.max_file_bytes``). The path
+    check is on the requested name: the workspace backend must still refuse symlinks.
+
+custom_tools
+    ``<name>: {description, parameters (JSON Schema, type object), backend: container,
+    argv: [...], image, network, limits, allow_option_values}``. Each ``{param}`` in an argv
+    element is replaced by the argument's value (``str.format``; ``{{``/``}}`` are literal
+    braces) and the element stays one argv element. An element whose optional parameter is
+    absent (and has no ``default``) is dropped. A value beginning with ``-`` for an element
+    that starts with the placeholder is refused unless ``allow_option_values: true``.
 """
 
 from sandboxd.policy.loader import LoadedPolicy, PolicyError, PolicySet, load_file, load_set
