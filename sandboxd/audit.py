@@ -394,6 +394,8 @@ class AuditLog:
         }
         if decision.network:
             fields["network"] = decision.network
+        if decision.allowed and decision.argv is not None:
+            fields["argv_preview"] = preview(decision.argv)
         if not decision.allowed:
             fields["message"] = _cap(decision.message)
         self.write("decision", **fields)

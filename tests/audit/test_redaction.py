@@ -58,7 +58,8 @@ def test_decision_record_has_digest_preview_rule_and_limits(tmp_path: Path) -> N
                         rule="tools.shell.commands.deny[2]", message="`curl` is not allowed",
                         policy_name="default", backend="container")
     allowed = Decision(allowed=True, source="policies/default.yaml", rule="tools.python",
-                       policy_name="default", backend="restricted", limits=Limits(timeout_s=5))
+                       policy_name="default", backend="restricted", limits=Limits(timeout_s=5),
+                       argv=["tool", "--password=s3cr3tP4ss"])
     with AuditLog(log_path) as log:
         log.decision(request_id="req_1", client="alice", tool="shell", session=None,
                      arguments=args, decision=decision)
@@ -79,6 +80,8 @@ def test_decision_record_has_digest_preview_rule_and_limits(tmp_path: Path) -> N
     assert deny["message"] == "`curl` is not allowed" and deny["limits"] is None
     assert allow["decision"] == "allow" and allow["limits"]["timeout_s"] == 5
     assert allow["session"] == "ses_1" and allow["request_id"] == "req_2"
+    assert allow["argv_preview"] == '["tool", "--password=[REDACTED]"]'
+    assert "argv_preview" not in deny
     assert result["status"] == "ok" and result["termination"]["reason"] == "exited"
     assert result["resources"] == {"wall_ms": 0, "cpu_ms": 0, "peak_memory_bytes": 0}
     assert result["stdout_bytes"] == 2 and result["invocation"] == "inv_1"
