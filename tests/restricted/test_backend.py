@@ -267,3 +267,28 @@ def test_unavailable_when_disabled(tmp_path: Path) -> None:
     asyncio.run(backend.start())
     ok, reason = backend.availability()
     assert not ok and "disabled" in (reason or "")
+
+
+def test_symlink_out_of_workspace_is_not_followed(harness: BackendHarness, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top-secret-value")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)
+    ws = harness.workspace()
+    (ws / "link").symlink_to(secret)
+    (ws / "dirlink").symlink_to(tmp_path)
+    for code in ("open('link').read()", "open('dirlink/secret.txt').read()",
+                 f"open({str(secret)!r}).read()"):
+        res = harness.run(code, workspace=ws)
+        assert res.status is Status.error, res
+        assert "top-secret-value" not in res.stdout + res.stderr + str(res.value)
+
+
+def test_landlock_reported_by_probe(harness: BackendHarness) -> None:
+    from sandboxd.backends.restricted import confine
+
+    report = harness.call(harness.backend.probe())
+    check = next(c for c in report.checks if c.name == "landlock")
+    assert check.ok, check
+    if confine.landlock_abi() > 0:
+        assert check.detail.startswith("enforced")

@@ -689,7 +689,13 @@ class RestrictedBackend:
             msg["expect_unprivileged"] = self.root
             res, report = await self._probe_run(inv, lim, deadline, msg)
             probe = (report or {}).get("probe") or {}
-            for name in ("socket_blocked", "write_outside_blocked", "unprivileged", "seccomp"):
+            for name in (
+                "socket_blocked",
+                "write_outside_blocked",
+                "unprivileged",
+                "seccomp",
+                "landlock",
+            ):
                 ok_, detail = probe.get(
                     name, [False, f"no result ({res.status.value}: {res.message})"]
                 )

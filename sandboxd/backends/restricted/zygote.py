@@ -165,6 +165,7 @@ def _worker(
             chroot=bool(cfg.get("chroot")),
             baseline_vm=baseline,
             applied=preset,
+            landlock_abi=int(cfg.get("landlock_abi", 0)),
         )
         try:
             confine.enter_sandbox(spec, layout, program)
@@ -234,6 +235,11 @@ def _probe(msg: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         checks["write_outside_blocked"] = [True, f"open(outside, 'w'): {type(exc).__name__}"]
     uid = os.getuid()
+    abi = confine.landlock_abi()
+    checks["landlock"] = [
+        abi == 0 or confine.LANDLOCK_STATUS.startswith("enforced"),
+        confine.LANDLOCK_STATUS,
+    ]
     checks["unprivileged"] = [uid != 0 or not msg.get("expect_unprivileged"), f"uid {uid}"]
     try:
         mode = confine.prctl(confine.PR_GET_SECCOMP)
@@ -299,6 +305,7 @@ class Zygote:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         cfg["zygote_pid"] = os.getpid()
+        cfg["landlock_abi"] = confine.landlock_abi()
         gc.collect()
         gc.freeze()  # the workers' GC then never walks (and copies) the zygote's objects
 
