@@ -18,6 +18,7 @@ RLIMIT_AS) or ``output_limit``; a worker without a report was killed: by us at t
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import math
@@ -81,18 +82,36 @@ class ZygoteDied(RuntimeError):
     """The zygote process went away while a call was in flight."""
 
 
-class _Call:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.started: asyncio.Future[int] = loop.create_future()
+class _Standby:
+    """A prepared worker the zygote handed over: its socket, pidfd and cgroup."""
+
+    def __init__(self, pid: int, sock: socket.socket, pidfd: int | None, cgroup: str,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.pidfd = pidfd
+        self.cgroup = cgroup
         self.exited: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.pid: int | None = None
-        self.cgroup: str | None = None
+
+    def kill(self) -> bool:
+        """SIGKILL through the pidfd (no pid-reuse race). False when it must go via the
+        zygote (no pidfd)."""
+        if self.pidfd is None:
+            return False
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
     def fail(self, exc: BaseException) -> None:
-        for fut in (self.started, self.exited):
-            if not fut.done():
-                fut.set_exception(exc)
-                fut.exception()  # mark retrieved
+        if not self.exited.done():
+            self.exited.set_exception(exc)
+            self.exited.exception()  # mark retrieved
 
 
 class _FrameReader:
@@ -169,83 +188,103 @@ class _FrameReader:
 
 
 class _ZygoteHandle:
-    """A running zygote: process, sockets, the event reader task and in-flight calls."""
+    """A running zygote: process, sockets, standby workers and workers in use."""
 
-    def __init__(
-        self, proc: subprocess.Popen[bytes], req: socket.socket, evt: socket.socket
-    ) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], req: socket.socket,
+                 evt: socket.socket) -> None:
+        self.loop = asyncio.get_running_loop()
         self.proc = proc
         self.pid = proc.pid
         self.req = req
         self.evt = evt
-        self.calls: dict[str, _Call] = {}
-        self.send_lock = asyncio.Lock()
-        self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.workers: dict[int, _Standby] = {}  # every worker not yet reported as exited
+        self.standby: collections.deque[_Standby] = collections.deque()
+        self.standby_ready = asyncio.Event()
+        self.ready: asyncio.Future[int] = self.loop.create_future()
         self.alive = True
-        self.reader_task: asyncio.Task[None] | None = None
+        self.loop.add_reader(evt.fileno(), self._on_events)
+        self.reading = True
 
-    async def send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        data = json.dumps(msg).encode()
-        async with self.send_lock:
-            head = _HEADER.pack(len(data))
-            if fds:
-                while True:
-                    try:
-                        sent = socket.send_fds(self.req, [head], fds)
-                        break
-                    except BlockingIOError:
-                        await asyncio.sleep(0.001)
-                head = head[sent:]
-            await loop.sock_sendall(self.req, head + data)
+    def send(self, msg: dict[str, Any]) -> None:
+        """A small control message to the zygote (non-blocking; seqpacket keeps it whole)."""
+        if not self.alive:
+            return
+        with contextlib.suppress(OSError):
+            self.req.send(json.dumps(msg).encode())
 
-    async def read_events(self) -> None:
-        reader = asyncio.StreamReader()
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.connect_accepted_socket(
-            lambda: asyncio.StreamReaderProtocol(reader), sock=self.evt
-        )
-        try:
-            while True:
-                head = await reader.readexactly(_HEADER.size)
-                (size,) = _HEADER.unpack(head)
-                msg = json.loads(await reader.readexactly(size))
-                self.dispatch(msg)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
-        finally:
-            transport.close()
-            self.died()
+    async def take(self, deadline: float) -> _Standby:
+        while True:
+            if not self.alive:
+                raise ZygoteDied("the sandbox zygote process died")
+            while self.standby:
+                worker = self.standby.popleft()
+                if not worker.exited.done():
+                    return worker
+            self.standby_ready.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no sandbox worker became available before the deadline")
+            await asyncio.wait_for(self.standby_ready.wait(), remaining)
 
-    def dispatch(self, msg: dict[str, Any]) -> None:
+    def _on_events(self) -> None:
+        while True:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.evt, 65536, 4)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self.died()
+                return
+            try:
+                msg = json.loads(data)
+            except ValueError:
+                msg = {}
+            self.dispatch(msg, list(fds))
+
+    def dispatch(self, msg: dict[str, Any], fds: list[int]) -> None:
         kind = msg.get("t")
+        if kind == "standby" and fds:
+            sock = socket.socket(fileno=fds[0])
+            sock.setblocking(False)
+            pidfd = fds[1] if len(fds) > 1 else None
+            for extra in fds[2:]:
+                os.close(extra)
+            worker = _Standby(int(msg["pid"]), sock, pidfd, str(msg["cgroup"]), self.loop)
+            self.workers[worker.pid] = worker
+            self.standby.append(worker)
+            self.standby_ready.set()
+            return
+        for fd in fds:
+            os.close(fd)
         if kind == "ready":
             if not self.ready.done():
                 self.ready.set_result(int(msg["pid"]))
-            return
-        call = self.calls.get(msg.get("id", ""))
-        if call is None:
-            return
-        if kind == "started":
-            call.pid = int(msg["pid"])
-            call.cgroup = msg.get("cgroup")
-            if not call.started.done():
-                call.started.set_result(call.pid)
         elif kind == "exit":
-            if not call.started.done():
-                call.started.set_result(int(msg["pid"]))
-            if not call.exited.done():
-                call.exited.set_result(msg)
-        elif kind == "error":
-            call.fail(ZygoteDied(str(msg.get("message"))))
+            worker = self.workers.pop(int(msg.get("pid", -1)), None)
+            if worker is not None:
+                if not worker.exited.done():
+                    worker.exited.set_result(msg)
+                if worker in self.standby:  # died while on standby
+                    self.standby.remove(worker)
+                    worker.close()
 
     def died(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.evt.fileno())
+            self.reading = False
         self.alive = False
+        self.standby_ready.set()
         if not self.ready.done():
             self.ready.set_exception(ZygoteDied("the zygote exited during start-up"))
             self.ready.exception()
-        for call in list(self.calls.values()):
-            call.fail(ZygoteDied("the sandbox zygote process died"))
+        for worker in list(self.workers.values()):
+            worker.fail(ZygoteDied("the sandbox zygote process died"))
+        while self.standby:
+            self.standby.popleft().close()
 
     async def close(self) -> None:
         self.alive = False
@@ -256,10 +295,9 @@ class _ZygoteHandle:
         except TimeoutError:
             self.proc.kill()
             await asyncio.to_thread(self.proc.wait)
-        if self.reader_task is not None:
-            self.reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.reader_task
+        self.died()
+        with contextlib.suppress(OSError):
+            self.evt.close()
 
 
 class RestrictedBackend:
@@ -317,8 +355,8 @@ class RestrictedBackend:
         """Nothing is kept per session (every call is a fresh worker)."""
 
     async def _spawn(self) -> _ZygoteHandle:
-        req_parent, req_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        evt_parent, evt_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        req_parent, req_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        evt_parent, evt_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cfg = {
             "packages": _bare_packages(),
             "req_fd": req_child.fileno(),
@@ -349,7 +387,6 @@ class RestrictedBackend:
         req_parent.setblocking(False)
         evt_parent.setblocking(False)
         z = _ZygoteHandle(proc, req_parent, evt_parent)
-        z.reader_task = asyncio.create_task(z.read_events(), name="sandboxd-zygote-events")
         try:
             await asyncio.wait_for(asyncio.shield(z.ready), 30)
         except BaseException:
@@ -455,19 +492,22 @@ class RestrictedBackend:
                 cleanup=Cleanup(verified=True),
                 message=f"sandbox unavailable: {exc}",
             ), None
-        call_id = msg["id"]
-        call = _Call(loop)
-        r, w = os.pipe2(os.O_CLOEXEC)
-        reader = _FrameReader(loop, r, limits.output_bytes)
-        z.calls[call_id] = call
         reason: Reason | None = None
         exit_info: dict[str, Any] | None = None
         crashed: str | None = None
         try:
-            try:
-                await z.send(msg, fds=[w])
-            finally:
-                os.close(w)
+            worker = await z.take(deadline)
+        except (ZygoteDied, TimeoutError) as exc:
+            status, reason_ = (Status.timeout, Reason.wall_timeout) if isinstance(
+                exc, TimeoutError) else (Status.error, Reason.exited)
+            return self._result(inv, limits, status, reason_, cleanup=Cleanup(verified=True),
+                                message=f"no sandbox worker: {exc}"), None
+        z.send({"t": "took", "pid": worker.pid,
+                "preset": [msg["memory"], msg["cpus"], msg["pids"]]})
+        reader = _FrameReader(loop, worker.sock.fileno(), limits.output_bytes)
+        try:
+            data = json.dumps(msg).encode()
+            await loop.sock_sendall(worker.sock, _HEADER.pack(len(data)) + data)
             try:
                 await asyncio.wait_for(reader.done.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
@@ -475,42 +515,37 @@ class RestrictedBackend:
             if reader.overflow and reason is None:
                 reason = Reason.output_limit
             if reason is not None:
-                await self._kill(z, call_id)
-            exit_info = await asyncio.wait_for(asyncio.shield(call.exited), 10)
+                self._kill(z, worker)
+            exit_info = await asyncio.wait_for(asyncio.shield(worker.exited), 10)
         except asyncio.CancelledError:
-            await asyncio.shield(self._abort(z, call_id, call))
+            await asyncio.shield(self._abort(z, worker))
             raise
         except (ZygoteDied, OSError, TimeoutError) as exc:
             crashed = f"{type(exc).__name__}: {exc}"
-            await asyncio.shield(self._abort(z, call_id, call))
+            await asyncio.shield(self._abort(z, worker))
         finally:
             reader.close()
-            os.close(r)
-            z.calls.pop(call_id, None)
-        result = await self._finish(
-            inv, limits, msg, reader, reason, exit_info, call, crashed, started_at, z.pid
-        )
+            worker.close()
+        result = await self._finish(inv, limits, msg, reader, reason, exit_info, worker,
+                                    crashed, started_at, z.pid)
         if reader.report is not None and exit_info:
             reader.report["exit_info"] = exit_info
         return result, reader.report
 
-    async def _kill(self, z: _ZygoteHandle, call_id: str) -> None:
-        with contextlib.suppress(OSError, ConnectionError):
-            await z.send({"t": "kill", "id": call_id})
+    def _kill(self, z: _ZygoteHandle, worker: _Standby) -> None:
+        if not worker.kill():
+            z.send({"t": "kill", "pid": worker.pid})
 
-    async def _abort(self, z: _ZygoteHandle, call_id: str, call: _Call) -> None:
+    async def _abort(self, z: _ZygoteHandle, worker: _Standby) -> None:
         """Cancellation or a broken zygote: kill the worker, wait for it, clean its cgroup."""
+        self._kill(z, worker)
         if z.alive:
-            await self._kill(z, call_id)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(call.exited), 5)
+                await asyncio.wait_for(asyncio.shield(worker.exited), 5)
                 return
-        # zygote gone: the worker dies by PDEATHSIG; make sure and remove its cgroup
-        if call.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(call.pid, signal.SIGKILL)
-        if self.layout.version and call.cgroup:
-            await asyncio.to_thread(self.layout.remove, call.cgroup)
+        # zygote gone: the worker dies by PDEATHSIG (and was killed above); remove its cgroup
+        if self.layout.version:
+            await asyncio.to_thread(self.layout.remove, worker.cgroup)
 
     async def _finish(
         self,
@@ -520,7 +555,7 @@ class RestrictedBackend:
         reader: _FrameReader,
         reason: Reason | None,
         exit_info: dict[str, Any] | None,
-        call: _Call,
+        call: _Standby,
         crashed: str | None,
         started_at: float,
         zygote_pid: int,
@@ -535,7 +570,7 @@ class RestrictedBackend:
         )
         info = exit_info or {}
         resources = Resources(
-            wall_ms=int(info.get("wall_ms", (time.monotonic() - started_at) * 1000)),
+            wall_ms=int((time.monotonic() - started_at) * 1000),
             cpu_ms=int(info.get("cpu_ms", 0)),
             peak_memory_bytes=int(info.get("peak_memory") or info.get("maxrss") or 0),
         )

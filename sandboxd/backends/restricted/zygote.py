@@ -2,21 +2,26 @@
 call.
 
 The daemon is multi-threaded (uvicorn, asyncio, executor threads), and forking a
-multi-threaded process is unsafe, so the daemon starts this process once (``start()``) and
-talks to it over two unix stream sockets with a tiny length-prefixed JSON protocol:
+multi-threaded process is unsafe, so the daemon starts this process once (``start()``). The
+zygote keeps ``STANDBY_WORKERS`` forked, prepared, never-used workers. For each it hands the
+daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
 
-* daemon -> zygote (``req``): ``{"t": "run", ...}`` with the write end of the call's result
-  pipe attached (``SCM_RIGHTS``), and ``{"t": "kill", "id": ...}``;
-* zygote -> daemon (``evt``): ``{"t": "ready"}``, ``{"t": "started", "id", "pid"}``,
-  ``{"t": "exit", "id", "pid", "exit_code", "signal", "wall_ms", "cpu_ms", "maxrss",
-  "peak_memory", "oom", "cgroup_removed"}``, ``{"t": "error", "id", "message"}``.
+* ``{"t": "standby", "pid", "cgroup"}`` with two descriptors: the daemon's end of a stream
+  socket connected to the worker, and a pidfd of the worker (race-free kill);
+* ``{"t": "exit", "pid", "exit_code", "signal", "cpu_ms", "maxrss", "peak_memory", "oom",
+  "cgroup_removed"}`` once a worker has been reaped (``wait4``), its cgroup read and removed;
+* ``{"t": "ready", "pid"}`` once, at start-up.
 
-The worker writes its output and final report to the result pipe in frames
-``kind (1 byte) + length (4 bytes, big endian) + payload``: ``o`` stdout, ``e`` stderr, ``r`` the
-final JSON report. The zygote never runs user code and never reads user output; it forks,
-kills on request, reaps (``wait4`` gives the CPU time), reads the cgroup's peak memory and OOM
-count, removes the cgroup, and reports. When the daemon goes away (EOF, or the parent-death
-signal) it kills its workers and exits.
+The daemon sends the zygote ``{"t": "took", "pid", "preset": [memory, cpus, pids]}`` (a
+standby was used: fork the next one, preparing its cgroup with these limits) and, as a
+fallback when pidfds are unavailable, ``{"t": "kill", "pid"}``.
+
+A call therefore goes straight from the daemon to its worker: the daemon writes the request
+(``length + JSON``) to the worker socket; the worker confines itself, runs the code and writes
+frames ``kind (1 byte) + length (4 bytes, big endian) + payload`` back: ``o`` stdout, ``e``
+stderr, ``r`` the final JSON report; then it exits, which the daemon sees as EOF. The zygote
+never runs user code and never sees user input or output. When the daemon goes away (EOF, or
+the parent-death signal) it kills its workers and exits.
 """
 
 from __future__ import annotations
@@ -60,8 +65,18 @@ def _preimport() -> None:
 
 
 def send_msg(sock: socket.socket, msg: dict[str, Any]) -> None:
+    """Length-prefixed JSON on a stream socket."""
     data = json.dumps(msg).encode()
     sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def send_packet(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One JSON message on a SOCK_SEQPACKET socket, optionally with descriptors."""
+    data = json.dumps(msg).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -137,15 +152,12 @@ def _worker(
     baseline = confine.vm_size()
     try:
         msg, fds = recv_msg(sock)
-    except (EOFError, OSError):
+    except (EOFError, OSError, ValueError):
         return 0
-    t_recv = time.perf_counter()
-    sock.close()
-    if not fds:
-        return 72
-    wfd = fds[0]
-    for extra in fds[1:]:
+    for extra in fds:
         os.close(extra)
+    t_recv = time.perf_counter()
+    wfd = sock.fileno()
 
     def emit(kind: bytes, data: bytes) -> None:
         _write_all(wfd, _FRAME.pack(kind, len(data)) + data)
@@ -263,19 +275,15 @@ STANDBY_WORKERS = 2
 
 
 class _Worker:
-    __slots__ = ("call_id", "cgroup", "sock", "started")
+    __slots__ = ("cgroup", "standby")
 
-    def __init__(self, cgroup: str, sock: socket.socket) -> None:
+    def __init__(self, cgroup: str) -> None:
         self.cgroup = cgroup
-        self.sock: socket.socket | None = sock
-        self.call_id: str | None = None
-        self.started = 0.0
+        self.standby = True
 
 
 class Zygote:
-    """The zygote's state and main loop. It keeps ``STANDBY_WORKERS`` forked, prepared,
-    never-used workers; each call takes one (it serves exactly that call) and a new one is
-    forked right after."""
+    """The zygote's state and main loop."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         import gc
@@ -298,8 +306,6 @@ class Zygote:
         self.workers: dict[int, _Worker] = {}
         # cgroup limits a standby applies in advance: those of the latest call
         self.preset: tuple[int, float, int] = (256 * 1024 * 1024, 1.0, 64)
-        self.standby: list[int] = []
-        self.by_id: dict[str, int] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -309,33 +315,37 @@ class Zygote:
         gc.collect()
         gc.freeze()  # the workers' GC then never walks (and copies) the zygote's objects
 
+    @property
+    def standby_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.standby)
+
     def serve(self) -> None:
         self.refill()
-        send_msg(self.evt, {"t": "ready", "pid": os.getpid()})
+        send_packet(self.evt, {"t": "ready", "pid": os.getpid()})
         while True:
             try:
                 ready, _, _ = select.select([self.req, self.wake_r], [], [])
             except InterruptedError:
                 continue
             if self.wake_r in ready:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     while os.read(self.wake_r, 512):
                         pass
-                except BlockingIOError:
-                    pass
                 self.reap()
             if self.req in ready:
                 try:
-                    msg, fds = recv_msg(self.req)
-                except (EOFError, ConnectionError):
+                    data = self.req.recv(65536)
+                except ConnectionError:
+                    data = b""
+                if not data:
                     self.shutdown()
                     return
-                self.handle(msg, fds)
+                self.handle(json.loads(data))
             self.reap()
             self.refill()
 
     def refill(self) -> None:
-        while len(self.standby) < STANDBY_WORKERS:
+        while self.standby_count < STANDBY_WORKERS:
             if not self.spawn():
                 break
 
@@ -343,7 +353,7 @@ class Zygote:
         # Warming a standby up (touching the pages a call touches) takes the copy-on-write
         # cost off the call's critical path, but costs CPU: do it only when at most one call
         # is running (a core is free), not when calls saturate the CPUs.
-        warm = len(self.workers) - len(self.standby) <= 1
+        warm = len(self.workers) - self.standby_count <= 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cgroup = "w" + self._token(8)
         try:
@@ -362,57 +372,33 @@ class Zygote:
             finally:
                 os._exit(status)
         theirs.close()
-        self.workers[pid] = _Worker(cgroup, ours)
-        self.standby.append(pid)
+        self.workers[pid] = _Worker(cgroup)
+        fds = [ours.fileno()]
+        pidfd = -1
+        with contextlib.suppress(OSError, AttributeError):
+            pidfd = os.pidfd_open(pid)
+            fds.append(pidfd)
+        try:
+            send_packet(self.evt, {"t": "standby", "pid": pid, "cgroup": cgroup}, fds)
+        finally:
+            ours.close()
+            if pidfd >= 0:
+                os.close(pidfd)
         return True
 
-    def handle(self, msg: dict[str, Any], fds: list[int]) -> None:
+    def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
-        if kind == "run":
-            if not fds:
-                send_msg(self.evt, {"t": "error", "id": msg.get("id"), "message": "no pipe"})
-                return
-            for extra in fds[1:]:
-                os.close(extra)
-            self.assign(msg, fds[0])
-        elif kind == "kill":
-            pid = self.by_id.get(msg.get("id", ""))
-            if pid is not None and pid in self.workers:
-                for killer in (os.killpg, os.kill):
-                    with contextlib.suppress(OSError):
-                        killer(pid, signal.SIGKILL)
-        else:
-            for fd in fds:
-                os.close(fd)
-
-    def assign(self, msg: dict[str, Any], wfd: int) -> None:
-        call_id = msg["id"]
-        self.preset = (int(msg["memory"]), float(msg["cpus"]), int(msg["pids"]))
-        while True:
-            if not self.standby and not self.spawn():
-                os.close(wfd)
-                send_msg(self.evt, {"t": "error", "id": call_id, "message": "fork failed"})
-                return
-            pid = self.standby.pop(0)
-            worker = self.workers.get(pid)
-            if worker is None or worker.sock is None:
-                continue  # died while on standby
-            try:
-                data = json.dumps(msg).encode()
-                socket.send_fds(worker.sock, [_HEADER.pack(len(data))], [wfd])
-                worker.sock.sendall(data)
-            except OSError:
-                worker.sock.close()
-                worker.sock = None
-                continue
-            break
-        os.close(wfd)
-        worker.sock.close()
-        worker.sock = None
-        worker.call_id = call_id
-        worker.started = time.perf_counter()
-        self.by_id[call_id] = pid
-        send_msg(self.evt, {"t": "started", "id": call_id, "pid": pid, "cgroup": worker.cgroup})
+        worker = self.workers.get(int(msg.get("pid", -1)))
+        if kind == "took" and worker is not None:
+            worker.standby = False
+            preset = msg.get("preset")
+            if preset:
+                self.preset = (int(preset[0]), float(preset[1]), int(preset[2]))
+        elif kind == "kill" and worker is not None:
+            pid = int(msg["pid"])
+            for killer in (os.killpg, os.kill):
+                with contextlib.suppress(OSError):
+                    killer(pid, signal.SIGKILL)
 
     def reap(self) -> None:
         while self.workers:
@@ -425,27 +411,18 @@ class Zygote:
             worker = self.workers.pop(pid, None)
             if worker is None:
                 continue
-            if pid in self.standby:
-                self.standby.remove(pid)
-            if worker.sock is not None:
-                worker.sock.close()
             peak, oom = self.layout.stats(worker.cgroup) if self.layout.version else (0, False)
             removed = self.layout.remove(worker.cgroup) if self.layout.version else True
-            if worker.call_id is None:
-                continue
-            self.by_id.pop(worker.call_id, None)
-            send_msg(
+            send_packet(
                 self.evt,
                 {
                     "t": "exit",
-                    "id": worker.call_id,
                     "pid": pid,
                     "cgroup": worker.cgroup,
                     "exit_code": os.waitstatus_to_exitcode(status)
                     if os.WIFEXITED(status)
                     else None,
                     "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                    "wall_ms": int((time.perf_counter() - worker.started) * 1000),
                     "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000),
                     "maxrss": int(ru.ru_maxrss) * 1024,
                     "peak_memory": peak,
