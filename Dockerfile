@@ -1,23 +1,34 @@
 # The sandboxd daemon itself, as a container (docs/operations.md, "Docker").
 #
-# Two ways to build:
-#   online (a registry and PyPI are reachable):
+# Build, online (a registry and PyPI are reachable):
 #     docker build -t sandboxd/daemon .
-#   offline (no registry; wheels built on the host, base image built with debootstrap):
+# Build, offline (no registry: wheels built on the host, base image built with debootstrap by
+# `sandboxd images build --offline`; the wheels must match the base image's Python 3.11):
 #     rm -rf dist/wheels && python3 -m pip wheel --wheel-dir dist/wheels . pip
 #     docker build --build-arg BASE=sandboxd/python:latest -t sandboxd/daemon .
-#   (the wheels must match the base image's Python: host python3.11 <-> Debian 12's python3)
 #
-# Run (restricted backend, unix socket in a host directory owned by uid 10000):
-#   install -d -o 10000 -g 10000 -m 0750 /run/sandboxd-ctr
-#   docker run -d --name sandboxd --read-only --tmpfs /tmp \
-#     --cap-drop ALL --security-opt no-new-privileges \
-#     -v /run/sandboxd-ctr:/run/sandboxd -v sandboxd-state:/var/lib/sandboxd \
-#     -v sandboxd-logs:/var/log/sandboxd sandboxd/daemon
+# The daemon runs as root *inside* the container so that each worker can drop to the sandbox
+# uid 10001 and chroot into its workspace; give it only the six capabilities that needs, and a
+# writable cgroup subtree for the per-call limits (cgroup v1 shown; v2: docs/operations.md):
+#     mkdir -p /sys/fs/cgroup/{memory,cpu,pids}/sandboxd-ctr
+#     docker run -d --name sandboxd --read-only --tmpfs /tmp \
+#       --cap-drop ALL --cap-add SETUID --cap-add SETGID --cap-add SYS_CHROOT \
+#       --cap-add CHOWN --cap-add DAC_OVERRIDE --cap-add KILL \
+#       --security-opt no-new-privileges --network none --memory 2g --pids-limit 512 \
+#       --cgroup-parent /sandboxd-ctr -e SANDBOXD_CGROUP_ROOT=/host-cgroup \
+#       -v /sys/fs/cgroup/memory/sandboxd-ctr:/host-cgroup/memory/sandboxd-ctr \
+#       -v /sys/fs/cgroup/cpu/sandboxd-ctr:/host-cgroup/cpu/sandboxd-ctr \
+#       -v /sys/fs/cgroup/pids/sandboxd-ctr:/host-cgroup/pids/sandboxd-ctr \
+#       -v /run/sandboxd-ctr:/run/sandboxd -v sandboxd-state:/var/lib/sandboxd \
+#       -v sandboxd-logs:/var/log/sandboxd sandboxd/daemon
+# Without a writable cgroup subtree the restricted backend's self-test fails and the daemon
+# refuses to start (it says so, naming the "cgroup" probe).
 ARG BASE=python:3.12-slim
 
 # ---- stage 1: wheels -> a self-contained virtualenv in /opt/sandboxd
 FROM ${BASE} AS build
+# lets a CI job prune this (untagged) stage after a build
+LABEL org.sandboxd.stage=build
 USER root
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
@@ -37,23 +48,13 @@ RUN set -eu; \
     /opt/sandboxd/bin/python -m compileall -q /opt/sandboxd/lib; \
     /opt/sandboxd/bin/sandboxd version
 
-# ---- stage 2: the runtime - no compiler, no pip, no wheels, a non-root user
+# ---- stage 2: the runtime - no compiler, no pip, no wheels
 FROM ${BASE}
 USER root
-ARG SANDBOXD_UID=10000
 RUN set -eu; \
-    if command -v useradd >/dev/null; then \
-        groupadd --system --gid "${SANDBOXD_UID}" sandboxd; \
-        useradd --system --uid "${SANDBOXD_UID}" --gid sandboxd --no-create-home \
-            --home-dir /var/lib/sandboxd --shell /usr/sbin/nologin sandboxd; \
-    else \
-        echo "sandboxd:x:${SANDBOXD_UID}:" >> /etc/group; \
-        echo "sandboxd:x:${SANDBOXD_UID}:${SANDBOXD_UID}:sandboxd:/var/lib/sandboxd:/usr/sbin/nologin" \
-            >> /etc/passwd; \
-    fi; \
-    install -d -o sandboxd -g sandboxd -m 0750 /var/lib/sandboxd /var/log/sandboxd; \
-    install -d -o sandboxd -g sandboxd -m 0755 /run/sandboxd; \
-    install -d -o root -g root -m 0755 /etc/sandboxd /etc/sandboxd/policies; \
+    install -d -o root -g root -m 0700 /var/lib/sandboxd; \
+    install -d -o root -g root -m 0750 /var/log/sandboxd; \
+    install -d -o root -g root -m 0755 /run/sandboxd /etc/sandboxd /etc/sandboxd/policies; \
     find / -xdev -perm /6000 -type f -exec chmod ug-s {} + 2>/dev/null || true
 COPY --from=build /opt/sandboxd /opt/sandboxd
 
@@ -64,7 +65,8 @@ ENV PATH=/opt/sandboxd/bin:/usr/local/bin:/usr/bin:/bin \
     SANDBOXD_AUDIT_LOG=/var/log/sandboxd/audit.jsonl \
     SANDBOXD_CONTAINER_ENABLED=false
 
-USER sandboxd:sandboxd
+# root in the container, confined by the run flags above; sandboxed code runs as 10001.
+USER 0:0
 WORKDIR /var/lib/sandboxd
 STOPSIGNAL SIGTERM
 # Ready = the confinement self-test passes (GET /readyz), over the unix socket when there is one,
