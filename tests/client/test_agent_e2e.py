@@ -94,12 +94,14 @@ def test_policy_denial_reaches_the_model(token_daemon: TokenDaemon) -> None:
     assert "do not repeat it" in result.text
 
 
-async def test_cancelling_act_cancels_the_sandbox_call(token_daemon: TokenDaemon) -> None:
+async def test_cancelling_act_cancels_the_sandbox_call(
+        own_token_daemon: TokenDaemon) -> None:
     def script(body: dict[str, Any], n: int) -> Reply:
         return tool_call_reply([("python", {"code": "while True:\n    pass"})])
 
     with ScriptedLLM(script) as llm:
-        async with AsyncSandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        async with AsyncSandboxClient(own_token_daemon.url,
+                                      token=own_token_daemon.token) as sandbox:
             started = asyncio.Event()
             agent = Agent(llm.url, "m", sandbox=sandbox)
             task = asyncio.create_task(agent.aact(
@@ -111,7 +113,7 @@ async def test_cancelling_act_cancels_the_sandbox_call(token_daemon: TokenDaemon
             with pytest.raises(asyncio.CancelledError):
                 await task
     # the daemon saw the request go away and cancelled the execution, cleaning up
-    audit = token_daemon.daemon.audit_path
+    audit = own_token_daemon.daemon.audit_path
     deadline = time.monotonic() + 30
     record = None
     while time.monotonic() < deadline and record is None:
@@ -124,7 +126,7 @@ async def test_cancelling_act_cancels_the_sandbox_call(token_daemon: TokenDaemon
     assert record["termination"]["reason"] == "cancelled"
     assert record["status"] == "killed"
     # nothing of the call is left spinning: the daemon's process tree burns no CPU any more
-    daemon = psutil.Process(token_daemon.daemon.proc.pid)
+    daemon = psutil.Process(own_token_daemon.daemon.proc.pid)
 
     def tree_cpu() -> float:
         total = 0.0
