@@ -85,8 +85,14 @@ class ZygoteDied(RuntimeError):
 class _Standby:
     """A prepared worker the zygote handed over: its socket, pidfd and cgroup."""
 
-    def __init__(self, pid: int, sock: socket.socket, pidfd: int | None, cgroup: str,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        pid: int,
+        sock: socket.socket,
+        pidfd: int | None,
+        cgroup: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.pid = pid
         self.sock = sock
         self.pidfd = pidfd
@@ -190,8 +196,9 @@ class _FrameReader:
 class _ZygoteHandle:
     """A running zygote: process, sockets, standby workers and workers in use."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], req: socket.socket,
-                 evt: socket.socket) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], req: socket.socket, evt: socket.socket
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.proc = proc
         self.pid = proc.pid
@@ -498,12 +505,22 @@ class RestrictedBackend:
         try:
             worker = await z.take(deadline)
         except (ZygoteDied, TimeoutError) as exc:
-            status, reason_ = (Status.timeout, Reason.wall_timeout) if isinstance(
-                exc, TimeoutError) else (Status.error, Reason.exited)
-            return self._result(inv, limits, status, reason_, cleanup=Cleanup(verified=True),
-                                message=f"no sandbox worker: {exc}"), None
-        z.send({"t": "took", "pid": worker.pid,
-                "preset": [msg["memory"], msg["cpus"], msg["pids"]]})
+            status, reason_ = (
+                (Status.timeout, Reason.wall_timeout)
+                if isinstance(exc, TimeoutError)
+                else (Status.error, Reason.exited)
+            )
+            return self._result(
+                inv,
+                limits,
+                status,
+                reason_,
+                cleanup=Cleanup(verified=True),
+                message=f"no sandbox worker: {exc}",
+            ), None
+        z.send(
+            {"t": "took", "pid": worker.pid, "preset": [msg["memory"], msg["cpus"], msg["pids"]]}
+        )
         reader = _FrameReader(loop, worker.sock.fileno(), limits.output_bytes)
         try:
             data = json.dumps(msg).encode()
@@ -526,8 +543,9 @@ class RestrictedBackend:
         finally:
             reader.close()
             worker.close()
-        result = await self._finish(inv, limits, msg, reader, reason, exit_info, worker,
-                                    crashed, started_at, z.pid)
+        result = await self._finish(
+            inv, limits, msg, reader, reason, exit_info, worker, crashed, started_at, z.pid
+        )
         if reader.report is not None and exit_info:
             reader.report["exit_info"] = exit_info
         return result, reader.report
@@ -682,12 +700,8 @@ class RestrictedBackend:
                 pass
             except psutil.Error as exc:
                 problems.append(f"psutil: {exc}")
-        if info and not info.get("cgroup_removed", True):
-            problems.append("cgroup not removed")
-        for d in self.layout.dirs(cgroup) if self.layout.version and cgroup else []:
-            if d.exists():
-                problems.append(f"cgroup {d.name} still exists")
-                break
+        if info and not info.get("cgroup_empty", True):
+            problems.append("processes left in the worker's cgroup")
         return (not problems), ("; ".join(problems) or None)
 
     # ------------------------------------------------------------ readiness

@@ -476,33 +476,33 @@ class CgroupLayout:
             _write(d / "cpu.max", f"{quota} 100000")
             _write(d / "pids.max", str(pids))
 
-    def stats(self, call_id: str) -> tuple[int, bool]:
-        """``(peak memory bytes, oom killed)`` of a finished call (0/False when unknown)."""
+    def stats(self, call_id: str) -> tuple[int, bool, bool]:
+        """``(peak memory bytes, oom killed, empty)`` of a finished call's cgroup (0/False
+        when unknown; ``empty``: no process left in any of its controllers)."""
         peak, oom = 0, False
         try:
             if self.version == 1:
-                mem = self.bases["memory"] / call_id
-                peak = int((mem / "memory.max_usage_in_bytes").read_text())
-                for line in (mem / "memory.oom_control").read_text().splitlines():
-                    if line.startswith("oom_kill "):
-                        oom = int(line.split()[1]) > 0
-            elif self.version == 2:
-                d = self.bases[""] / call_id
-                if (d / "memory.peak").exists():
-                    peak = int((d / "memory.peak").read_text())
-                for line in (d / "memory.events").read_text().splitlines():
-                    if line.startswith("oom_kill "):
-                        oom = int(line.split()[1]) > 0
+                mem = f"{self.bases['memory']}/{call_id}"
+                peak = int(_read(f"{mem}/memory.max_usage_in_bytes"))
+                events = _read(f"{mem}/memory.oom_control")
+            else:
+                d = f"{self.bases['']}/{call_id}"
+                with contextlib.suppress(OSError):
+                    peak = int(_read(f"{d}/memory.peak"))
+                events = _read(f"{d}/memory.events")
+            for line in events.splitlines():
+                if line.startswith("oom_kill "):
+                    oom = int(line.split()[1]) > 0
         except (OSError, ValueError):
             pass
-        return peak, oom
+        empty = all(not _read_or_empty(f"{d}/cgroup.procs").strip() for d in self.dirs(call_id))
+        return peak, oom, empty
 
-    def remove(self, call_id: str, base: Path | None = None) -> bool:
+    def remove(self, call_id: str, timeout: float = 2.0) -> bool:
         """Kill anything left in the call's cgroup(s) and remove them; True when all are gone."""
         ok = True
-        dirs = [base / call_id] if base is not None else self.dirs(call_id)
-        for d in dirs:
-            ok = remove_cgroup_dir(d) and ok
+        for d in self.dirs(call_id):
+            ok = remove_cgroup_dir(d, timeout) and ok
         return ok
 
     def sweep(self) -> list[str]:
@@ -517,6 +517,21 @@ class CgroupLayout:
                 if remove_cgroup_dir(d):
                     removed.append(d.name)
         return sorted(set(removed))
+
+
+def _read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+
+
+def _read_or_empty(path: str) -> str:
+    try:
+        return _read(path)
+    except OSError:
+        return ""
 
 
 def cgroup_pids(d: Path) -> list[int]:

@@ -9,7 +9,8 @@ daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
 * ``{"t": "standby", "pid", "cgroup"}`` with two descriptors: the daemon's end of a stream
   socket connected to the worker, and a pidfd of the worker (race-free kill);
 * ``{"t": "exit", "pid", "exit_code", "signal", "cpu_ms", "maxrss", "peak_memory", "oom",
-  "cgroup_removed"}`` once a worker has been reaped (``wait4``), its cgroup read and removed;
+  "cgroup_empty"}`` once a worker has been reaped (``wait4``) and its cgroup read (the cgroup
+  is removed right after this message);
 * ``{"t": "ready", "pid"}`` once, at start-up.
 
 The daemon sends the zygote ``{"t": "took", "pid", "preset": [memory, cpus, pids]}`` (a
@@ -304,6 +305,7 @@ class Zygote:
         )
         self.program = confine.SeccompProgram.build()
         self.workers: dict[int, _Worker] = {}
+        self.leftover: list[str] = []  # cgroups whose removal has to be retried
         # cgroup limits a standby applies in advance: those of the latest call
         self.preset: tuple[int, float, int] = (256 * 1024 * 1024, 1.0, 64)
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -343,6 +345,8 @@ class Zygote:
                 self.handle(json.loads(data))
             self.reap()
             self.refill()
+            if self.leftover:
+                self.leftover = [c for c in self.leftover if not self.layout.remove(c, 0.0)]
 
     def refill(self) -> None:
         while self.standby_count < STANDBY_WORKERS:
@@ -411,8 +415,9 @@ class Zygote:
             worker = self.workers.pop(pid, None)
             if worker is None:
                 continue
-            peak, oom = self.layout.stats(worker.cgroup) if self.layout.version else (0, False)
-            removed = self.layout.remove(worker.cgroup) if self.layout.version else True
+            peak, oom, empty = (
+                self.layout.stats(worker.cgroup) if self.layout.version else (0, False, True)
+            )
             send_packet(
                 self.evt,
                 {
@@ -427,9 +432,13 @@ class Zygote:
                     "maxrss": int(ru.ru_maxrss) * 1024,
                     "peak_memory": peak,
                     "oom": oom,
-                    "cgroup_removed": removed,
+                    "cgroup_empty": empty,
                 },
             )
+            # removal after the report keeps it off the call's critical path; a failure is
+            # retried on every loop and by the start-up/close sweep
+            if self.layout.version and not self.layout.remove(worker.cgroup, timeout=0.0):
+                self.leftover.append(worker.cgroup)
 
     def shutdown(self) -> None:
         for pid in list(self.workers):
