@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import tempfile
 import threading
 import time
@@ -75,7 +76,23 @@ def _scalar(mapping: MappingNode, key: str) -> tuple[Node, ScalarNode | None]:
     return mapping, None
 
 
+def _check_file_safety(path: Path) -> None:
+    """Whoever can write the tokens file can mint tokens: refuse a file writable by group or
+    others, or owned by another unprivileged user."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # reported by the read below
+    if st.st_mode & 0o022:
+        raise TokenFileError(f"{path}:1:1: tokens file is writable by group or others (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+    if st.st_uid not in (0, os.geteuid()):
+        raise TokenFileError(f"{path}:1:1: tokens file is owned by uid {st.st_uid}, not by "
+                             "root or the daemon's user")
+
+
 def _read(path: Path) -> list[TokenEntry]:
+    _check_file_safety(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

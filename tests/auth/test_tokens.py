@@ -136,3 +136,15 @@ def test_store_reloads_when_the_file_changes(tmp_path: Path, caplog: pytest.LogC
     assert "previous tokens stay in force" in caplog.text
     path.write_text(good)
     assert store.client_for(bob) == "bob"
+
+
+def test_writable_tokens_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.yaml"
+    add_token(path, "alice")
+    path.chmod(0o664)
+    with pytest.raises(TokenFileError, match=r"writable by group or others \(mode 0664\)"):
+        TokenStore.load(path)
+    with pytest.raises(TokenFileError):
+        add_token(path, "bob")  # nor is it silently fixed
+    path.chmod(0o644)
+    assert TokenStore.load(path).clients() == ["alice"]

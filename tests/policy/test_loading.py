@@ -195,3 +195,23 @@ def test_empty_directory_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         PolicyStore(tmp_path).load()
     assert "no policy files" in info.value.problems[0]
+
+
+def test_alias_bomb_is_refused(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 7)]
+    p = write(tmp_path, "bomb.yaml", "\n".join(lines) + "\n")
+    (problem,) = problems_of(p)
+    assert problem == f"{p}:1:1: document too large (more than 100000 nodes)"
+
+
+def test_locate_rules(tmp_path: Path) -> None:
+    policy, _ = load_file(REPO / "policies" / "default.yaml", "policies/default.yaml")
+    assert policy is not None
+    text = (REPO / "policies" / "default.yaml").read_text().splitlines()
+    where = policy.locate("tools.shell.commands.deny[2]")
+    _, line, col = where.split(":")
+    assert text[int(line) - 1][int(col) - 1:].startswith("nc,")
+    assert policy.locate("default_deny") == "policies/default.yaml"
+    assert policy.locate("custom_tools.git_status").endswith(":" + str(
+        next(i for i, t in enumerate(text, 1) if t.strip().startswith("git_status:"))) + ":3")
