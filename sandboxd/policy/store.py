@@ -76,6 +76,7 @@ class PolicyStore:
             log.exception("policy event %s could not be recorded", event)
 
     def _load(self) -> PolicySet:
+        files: list[tuple[Path, str]] = []
         try:
             files = self._files()
             new = load_set(files)
@@ -83,6 +84,7 @@ class PolicyStore:
             self.last_error = exc.problems
             self._emit("policy_refused", {
                 "directory": str(self.policies_dir) if self.policies_dir else "(embedded)",
+                "files": [source for _, source in files],
                 "errors": exc.problems[:50],
                 "kept_previous": self._set is not None,
             })

@@ -54,6 +54,7 @@ def test_reload_broken_file_keeps_previous_policy(tmp_path: Path) -> None:
     event, fields = events[-1]
     assert event == "policy_refused"
     assert fields["kept_previous"] is True
+    assert fields["files"] == [str(d / "p.yaml")]
     assert fields["errors"][0].startswith(f"{d / 'p.yaml'}:8:")
     assert store.last_error == fields["errors"]
 
