@@ -91,12 +91,18 @@ trap 'rm -rf --one-file-system "$WORK"' EXIT
 ROOT="$WORK/rootfs"
 
 echo "build-rootfs.sh: debootstrap $SUITE from $MIRROR (cache $CACHE_DIR)" >&2
-debootstrap --variant=minbase --include="$PACKAGES" --cache-dir="$CACHE_DIR" \
-    "$SUITE" "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
-        tail -n 30 "$WORK/debootstrap.log" >&2
-        cat "$ROOT/debootstrap/debootstrap.log" 2>/dev/null | tail -n 30 >&2 || true
-        exit 1
-    }
+fail() {
+    tail -n 30 "$WORK/debootstrap.log" >&2
+    tail -n 30 "$ROOT/debootstrap/debootstrap.log" >&2 2>/dev/null || true
+    exit 1
+}
+# Two stages so that dpkg can run with force-unsafe-io (no fsync per file: this rootfs is
+# thrown away if the build fails, and `docker import` copies it anyway).
+debootstrap --foreign --variant=minbase --include="$PACKAGES" --cache-dir="$CACHE_DIR" \
+    "$SUITE" "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || fail
+echo force-unsafe-io >"$ROOT/etc/dpkg/dpkg.cfg.d/00sandboxd-unsafe-io"
+chroot "$ROOT" /debootstrap/debootstrap --second-stage >>"$WORK/debootstrap.log" 2>&1 || fail
+rm -f "$ROOT/etc/dpkg/dpkg.cfg.d/00sandboxd-unsafe-io"
 
 # Strip what a sandbox never needs (docs, man pages, locales, apt state, caches, logs).
 rm -rf "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/info/* \
