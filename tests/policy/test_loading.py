@@ -215,3 +215,16 @@ def test_locate_rules(tmp_path: Path) -> None:
     assert policy.locate("default_deny") == "policies/default.yaml"
     assert policy.locate("custom_tools.git_status").endswith(":" + str(
         next(i for i, t in enumerate(text, 1) if t.strip().startswith("git_status:"))) + ":3")
+
+
+def test_shipped_python_imports_exist_in_the_restricted_backend() -> None:
+    """A module the policy allows but the restricted backend lacks would fail at run time
+    ("allowed by the policy but not available"): the shipped policies must not promise it."""
+    from sandboxd.backends.restricted.lang import MODULES
+
+    for name in ("default.yaml", "strict.yaml"):
+        policy, _ = load_file(REPO / "policies" / name)
+        assert policy is not None and policy.spec.tools.python is not None
+        assert policy.spec.tools.python.backend == "restricted"
+        missing = set(policy.spec.tools.python.imports.allow) - set(MODULES)
+        assert not missing, f"{name}: not available in the restricted backend: {missing}"
