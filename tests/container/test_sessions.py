@@ -167,3 +167,26 @@ async def test_close_removes_everything(docker_client: Any, tmp_path: Path) -> N
     await b.close()
     assert labelled(docker_client, b.settings.instance_name) == []
     assert not (b.settings.state_dir / "run").exists()
+
+
+async def test_killing_the_runner_ends_in_an_error_and_a_fresh_container(
+        backend: ContainerBackend, tmp_path: Path, docker_client: Any) -> None:
+    """Code may kill the session's runner (same uid): the next call says so, fast, and the
+    call after that gets a new container on the same workspace."""
+    ws = workspace(tmp_path, "kill")
+    await run(backend, ws, session="kill", argv=["touch", "kept"])
+    res = await run(backend, ws, session="kill", code=(
+        "import os, signal\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+        "    if b'runner.py' in cmd and int(pid) not in (os.getpid(), os.getppid()):\n"
+        "        os.kill(int(pid), signal.SIGKILL)\n"), timeout=30)
+    # the call itself may or may not finish before the container goes down with its runner
+    res = await run(backend, ws, session="kill", argv=["ls"], timeout=30)
+    if res.status is Status.error:  # the stopped container was noticed by this call
+        assert res.message and "runner" in res.message, res
+        assert res.resources.wall_ms < 10_000
+        res = await run(backend, ws, session="kill", argv=["ls"], timeout=30)
+    assert res.stdout == "kept\n", res
+    await backend.close_session("kill")
+    assert session_containers(docker_client, backend, "kill") == []

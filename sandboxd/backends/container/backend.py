@@ -49,7 +49,7 @@ import docker
 
 from sandboxd.backends.base import BackendUnavailable
 from sandboxd.backends.container import engine
-from sandboxd.backends.container.runner import CallOutput, Endpoint, RunnerLost, call
+from sandboxd.backends.container.runner import CallOutput, Conn, Endpoint, RunnerLost, call
 from sandboxd.config import Settings
 from sandboxd.models import (
     Cleanup,
@@ -75,6 +75,7 @@ POOL_PARALLEL_STARTS = 2
 MAX_CODE_BYTES = 4 * 1024 * 1024
 PROBE_CLIENT = "sandboxd-probe"
 RUNNER_CONNECT_S = 15.0  # a started container's runner connects well within this
+LIVENESS_CHECK_S = 2.0  # no idle runner connection for this long: is the container alive?
 PROBE_CACHE_S = 60.0  # confinement does not change at run time; /readyz may poll often
 
 
@@ -507,7 +508,9 @@ class ContainerBackend:
                             f"the sandbox runner of image {box.image} did not start within "
                             f"{RUNNER_CONNECT_S:g} s; images must be built FROM the sandboxd "
                             "image (see images/)"))
-                conn = await box.endpoint.take()
+                conn = await self._take(box)
+                if conn is None:
+                    return _Outcome(out, "the sandbox container stopped (its runner is gone)")
                 try:
                     await call(conn, request, limits.output_bytes, out)
                 except RunnerLost as exc:
@@ -516,6 +519,15 @@ class ContainerBackend:
             if conn is not None:
                 box.endpoint.release(conn[1])
         return _Outcome(out, lost)
+
+    async def _take(self, box: Box) -> Conn | None:
+        """An idle runner connection of ``box``; None when the container has stopped."""
+        while True:
+            try:
+                return await asyncio.wait_for(box.endpoint.take(), LIVENESS_CHECK_S)
+            except TimeoutError:
+                if not await self._engine(engine.is_running, self.client, box.cid or box.name):
+                    return None
 
     # ------------------------------------------------------------ results
 

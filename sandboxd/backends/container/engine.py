@@ -185,6 +185,15 @@ def destroy(client: docker.DockerClient, cid: str, *, wait_s: float = 30.0) -> b
         time.sleep(0.05)
 
 
+def is_running(client: docker.DockerClient, cid: str) -> bool:
+    """Whether the container exists and is running."""
+    try:
+        state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+    except NotFound:
+        return False
+    return bool(state.get("Running"))
+
+
 def oom_killed(client: docker.DockerClient, cid: str) -> bool:
     """Whether the engine saw an OOM kill in the container (``State.OOMKilled``)."""
     try:
