@@ -168,6 +168,11 @@ class PolicyStore:
         """The policy that applies to ``client`` (None: no policy, everything is denied)."""
         return self.current.for_client(client)
 
+    def locate(self, client: str, rule: str) -> str:
+        """``file:line:column`` of a rule of ``client``'s policy (for explain output)."""
+        pol = self.policy_for(client)
+        return pol.locate(rule) if pol is not None else "(no policy)"
+
     def tools_for(self, client: str) -> list[ToolSpec]:
         """The tools this client's policy enables (built-ins and admin-defined), with
         ``backend`` set and ``available=True`` (the service decides availability)."""

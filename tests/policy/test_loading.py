@@ -213,6 +213,9 @@ def test_locate_rules(tmp_path: Path) -> None:
     _, line, col = where.split(":")
     assert text[int(line) - 1][int(col) - 1:].startswith("nc,")
     assert policy.locate("default_deny") == "policies/default.yaml"
+    store = PolicyStore(None)
+    store.load()
+    assert store.locate("local", "tools.shell.commands.deny[2]") == where
     assert policy.locate("custom_tools.git_status").endswith(":" + str(
         next(i for i, t in enumerate(text, 1) if t.strip().startswith("git_status:"))) + ":3")
 
