@@ -372,6 +372,7 @@ class RestrictedBackend:
             "uid": self.settings.sandbox_uid if self.root else None,
             "gid": self.settings.sandbox_gid if self.root else None,
             "chroot": self.root,
+            "standby": self.settings.max_concurrency,
             "cgroup": {
                 "version": self.layout.version,
                 "bases": {k: str(v) for k, v in self.layout.bases.items()},

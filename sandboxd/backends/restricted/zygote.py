@@ -3,7 +3,8 @@ call.
 
 The daemon is multi-threaded (uvicorn, asyncio, executor threads), and forking a
 multi-threaded process is unsafe, so the daemon starts this process once (``start()``). The
-zygote keeps ``STANDBY_WORKERS`` forked, prepared, never-used workers. For each it hands the
+zygote keeps up to ``STANDBY_WORKERS`` (one per scheduler slot) forked, prepared, never-used
+workers. For each it hands the
 daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
 
 * ``{"t": "standby", "pid", "cgroup"}`` with two descriptors: the daemon's end of a stream
@@ -272,7 +273,8 @@ def _probe(msg: dict[str, Any]) -> dict[str, Any]:
     return {"outcome": "ok", "probe": checks}
 
 
-STANDBY_WORKERS = 2
+#: the most standby workers a zygote keeps (the target is min(this, max_concurrency))
+STANDBY_WORKERS = 4
 
 
 class _Worker:
@@ -305,6 +307,7 @@ class Zygote:
         )
         self.program = confine.SeccompProgram.build()
         self.workers: dict[int, _Worker] = {}
+        self.standby_target = max(1, min(STANDBY_WORKERS, int(cfg.get("standby", 2))))
         self.leftover: list[str] = []  # cgroups whose removal has to be retried
         # cgroup limits a standby applies in advance: those of the latest call
         self.preset: tuple[int, float, int] = (256 * 1024 * 1024, 1.0, 64)
@@ -349,7 +352,7 @@ class Zygote:
                 self.leftover = [c for c in self.leftover if not self.layout.remove(c, 0.0)]
 
     def refill(self) -> None:
-        while self.standby_count < STANDBY_WORKERS:
+        while self.standby_count < self.standby_target:
             if not self.spawn():
                 break
 
