@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import re
 
+MAX_PATH = 4096
+
 
 class PathRefused(ValueError):
     """A path that is not a plain workspace-relative path."""
@@ -21,6 +23,8 @@ def normalise(path: str) -> str:
     ``..`` components and NUL bytes."""
     if "\x00" in path:
         raise PathRefused("paths must not contain NUL bytes")
+    if len(path) > MAX_PATH:
+        raise PathRefused(f"paths must be at most {MAX_PATH} characters")
     if path.startswith("/"):
         raise PathRefused("paths must be relative to the workspace (no leading '/')")
     parts = [p for p in path.split("/") if p not in ("", ".")]
@@ -31,7 +35,11 @@ def normalise(path: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def compile_glob(pattern: str) -> re.Pattern[str]:
-    """The regular expression of one glob."""
+    """The regular expression of one glob (repeated ``**`` collapse: no runaway backtracking)."""
+    while "**/**" in pattern:
+        pattern = pattern.replace("**/**", "**")
+    while "***" in pattern:
+        pattern = pattern.replace("***", "**")
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
