@@ -292,3 +292,22 @@ def test_landlock_reported_by_probe(harness: BackendHarness) -> None:
     assert check.ok, check
     if confine.landlock_abi() > 0:
         assert check.detail.startswith("enforced")
+
+
+def test_large_code_is_delivered_whole(harness: BackendHarness) -> None:
+    code = "# " + "x" * 400_000 + "\nvalues = [" + ", ".join(str(i) for i in range(20_000)) + "]\n"
+    code += "print(len(values), sum(values))"
+    res = harness.run(code)
+    assert res.status is Status.ok, res.stderr
+    assert res.stdout == f"20000 {sum(range(20_000))}\n"
+
+
+def test_run_before_start_is_an_error(tmp_path: Path) -> None:
+    from sandboxd.config import Settings
+
+    backend = RestrictedBackend(Settings(state_dir=tmp_path))
+    inv = Invocation(tool="python", kind=ToolKind.python, client="t", workspace=tmp_path,
+                     arguments={"code": "print(1)"})
+    res = asyncio.run(backend.run(inv, Limits(), time.monotonic() + 5))
+    assert res.status is Status.error and "unavailable" in (res.message or "")
+    assert backend.availability()[0] is False

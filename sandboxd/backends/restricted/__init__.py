@@ -8,6 +8,24 @@ Two layers, both required (design section 7, issue 3):
   fresh worker per call, which confines itself (process group, cgroup, chroot, no_new_privs,
   unprivileged uid, rlimits, seccomp) before compiling the user's code;
 * :mod:`.backend` - :class:`RestrictedBackend`, the daemon side (``Backend`` protocol).
+
+Choices worth knowing (details in the module docstrings):
+
+* a compile refusal (RestrictedPython error or syntax error) is status ``error`` with the
+  errors in stderr, like any exception, so that a model can fix its code; ``rejected`` is only
+  used for a request this backend cannot run at all (not python code);
+* workers can start neither processes nor threads (seccomp denies every ``clone``);
+* as root, a worker is chrooted into its workspace and runs as ``sandbox_uid``/``sandbox_gid``;
+  Landlock (when the kernel has it) confines the filesystem to the workspace in every mode and is
+  the filesystem boundary when the daemon does not run as root (then the worker keeps the
+  daemon's uid, and cgroups are used only if a writable/delegated subtree exists);
+* the zygote keeps one prepared standby worker per scheduler slot; the daemon writes a call
+  straight to its worker's socket and kills through a pidfd; a worker's exit is reported (and
+  ``cleanup.verified`` set: reaped, its cgroup empty, psutil agreeing) before its cgroup
+  directory is removed, which is retried and swept at start-up and close;
+* a module the policy allows is importable only if this backend has a name allowlist for it
+  (see ``lang.MODULES``); ``typing`` and ``dataclasses`` are deliberately absent (they
+  ``eval``/``exec`` strings in host context).
 """
 
 from sandboxd.backends.restricted.backend import RestrictedBackend

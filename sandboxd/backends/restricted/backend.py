@@ -489,6 +489,15 @@ class RestrictedBackend:
     ) -> tuple[Result, dict[str, Any] | None]:
         loop = asyncio.get_running_loop()
         started_at = time.monotonic()
+        if self._start_lock is None or not self.settings.restricted_enabled:
+            return self._result(
+                inv,
+                limits,
+                Status.error,
+                Reason.exited,
+                cleanup=Cleanup(verified=True),
+                message=f"sandbox unavailable: {self._unavailable}",
+            ), None
         try:
             z = await self._ensure_zygote()
         except Exception as exc:

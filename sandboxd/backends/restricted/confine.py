@@ -614,7 +614,7 @@ def prepare_worker(
     with the ``preset`` limits (those of the previous call: usually the call's own)."""
     os.setsid()
     close_fds(keep)
-    if layout.version and os.geteuid() == 0:
+    if layout.version:  # root, or a delegated (writable) subtree
         layout.create_and_join(cgroup)
         layout.set_limits(cgroup, *preset)
 
@@ -622,7 +622,7 @@ def prepare_worker(
 def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram) -> None:
     """Confine the worker for its call. Raises on any failure: the caller must then ``_exit``
     without running user code."""
-    if layout.version and os.geteuid() == 0:
+    if layout.version:
         layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids, spec.applied)
     if spec.chroot:
         os.chroot(spec.workspace)
