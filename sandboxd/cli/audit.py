@@ -27,11 +27,23 @@ def _default_path(path: Path | None) -> Path:
 @app.command("verify")
 def verify_cmd(
     path: Path | None = typer.Argument(None, help="Audit log (default: from settings)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
 ) -> None:
     """Check the hash chain (rotated files included). Exit 1 naming the first bad record."""
     from sandboxd.audit import verify
 
     report = verify(_default_path(path))
+    if as_json:
+        bad = report.first_bad
+        typer.echo(json.dumps({
+            "ok": report.ok, "records": report.records,
+            "files": [str(f) for f in report.files],
+            "head_seq": report.head_seq, "head_sha256": report.head_hash,
+            "first_bad": None if bad is None else {
+                "file": str(bad.file), "line": bad.line, "seq": bad.seq, "reason": bad.reason},
+            "warnings": report.warnings,
+        }, indent=2))
+        raise typer.Exit(0 if report.ok else 1)
     for warning in report.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(report.summary())

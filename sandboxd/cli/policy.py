@@ -161,3 +161,42 @@ def explain(
         typer.echo(f"imports:  {', '.join(decision.imports_allow)}")
     if decision.limits is not None:
         typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
+
+
+@app.command("show")
+def show(
+    client: str | None = typer.Option(None, "--client", help="Only the policy of this client"),
+    policies: Path | None = typer.Option(
+        None, "--policies", help="Policies directory (default: settings, else embedded)"),
+) -> None:
+    """Show the policies in force: who gets which, which tools, on which backend, limits."""
+    from sandboxd.policy import PolicyError, PolicyStore
+    from sandboxd.policy.engine import effective_limits, tool_specs
+
+    store = PolicyStore(policies if policies is not None else _settings_policies_dir())
+    try:
+        store.load()
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(2) from None
+    chosen = store.policies()
+    if client is not None:
+        pol = store.policy_for(client)
+        if pol is None:
+            typer.echo(f"client '{client}': no policy applies (every call is denied)")
+            return
+        chosen = [pol]
+    for pol in chosen:
+        typer.echo(f"{pol.source}: policy '{pol.name}'; clients: {', '.join(pol.spec.clients)}")
+        for spec in tool_specs(pol):
+            cfg = (getattr(pol.spec.tools, spec.name, None)
+                   or pol.spec.custom_tools.get(spec.name))
+            limits_spec = cfg.limits if cfg is not None else None
+            line = f"  {spec.name:<14} backend {spec.backend}"
+            if limits_spec is not None:
+                net = getattr(cfg, "network", None) or pol.spec.network
+                limits = effective_limits(pol.spec, limits_spec, None,
+                                          None if net == "none" else net)
+                line += f"; {_fmt_limits(limits)}"
+            typer.echo(line)

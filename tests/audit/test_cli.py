@@ -82,3 +82,20 @@ def test_tail_follow_sees_new_records_and_rotation(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
+
+
+def test_verify_json(tmp_path: Path) -> None:
+    import json
+
+    log_path = tmp_path / "audit.jsonl"
+    fill(log_path)
+    r = sandboxd("audit", "verify", "--json", str(log_path))
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["ok"] and report["records"] == 3
+    lines = log_path.read_text().splitlines()
+    del lines[1]
+    log_path.write_text("\n".join(lines) + "\n")
+    r = sandboxd("audit", "verify", "--json", str(log_path))
+    report = json.loads(r.stdout)
+    assert r.returncode == 1 and report["first_bad"]["line"] == 2
+    assert report["first_bad"]["seq"] == 2

@@ -122,3 +122,17 @@ def test_check_warnings_and_strict(tmp_path: Path) -> None:
     assert r.returncode == 1 and len(r.stdout.splitlines()) == 2
     r = sandboxd("policy", "check", "--quiet", str(p))
     assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
+
+
+def test_show_policies_tools_and_limits() -> None:
+    r = sandboxd("policy", "show", "--policies", "policies")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "policies/default.yaml: policy 'default'; clients: *"
+    assert "policies/strict.yaml: policy 'strict'; clients: untrusted" in lines
+    r = sandboxd("policy", "show", "--client", "untrusted", "--policies", "policies")
+    assert r.stdout.splitlines()[1] == (
+        "  python         backend restricted; timeout 5s, memory 128Mi, cpus 0.5, pids 16, "
+        "output 64Ki, network no")
+    r = sandboxd("policy", "show", "--client", "nobody", "--policies", "policies/examples")
+    assert "no policy applies" in r.stdout
