@@ -80,7 +80,13 @@ def test_verify_catches_a_typo(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "dropin", ["sandboxd-tcp.conf", "sandboxd-docker.conf", "sandboxd-docker-rootless.conf"]
+    "dropin",
+    [
+        "sandboxd-tcp.conf",
+        "sandboxd-docker.conf",
+        "sandboxd-docker-rootless.conf",
+        "sandboxd-nonroot.conf",
+    ],
 )
 def test_dropins_verify_cleanly(tmp_path: Path, dropin: str) -> None:
     unit_dir = _stage(tmp_path, dropin)
@@ -100,6 +106,8 @@ def test_exposure_score_within_goal() -> None:
         # the Docker variants keep the goal
         ("sandboxd-docker.conf", EXPOSURE_GOAL),
         ("sandboxd-docker-rootless.conf", EXPOSURE_GOAL),
+        # no capability at all, not root: well below the goal
+        ("sandboxd-nonroot.conf", 1.0),
         # TCP needs the host's network namespace and AF_INET: +0.8 (documented trade-off)
         ("sandboxd-tcp.conf", EXPOSURE_GOAL + 0.8),
     ],
@@ -247,6 +255,8 @@ def test_sysusers_and_tmpfiles_create_the_layout(tmp_path: Path) -> None:
     }
     assert users["sandboxd-code"][2:4] == ["10001", "10001"]
     assert users["sandboxd-code"][6] == "/usr/sbin/nologin"
+    assert 0 < int(users["sandboxd"][2]) < 1000, "the non-root drop-in's user is a system user"
+    assert users["sandboxd"][6] == "/usr/sbin/nologin"
     subprocess.run(
         [tmpfiles, f"--root={root}", "--create", "sandboxd.conf"], check=True, timeout=60
     )

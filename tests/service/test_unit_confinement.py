@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.service.procs import audit_verify, cgroup_dirs, descendants, wait_for
 from tests.service.unit_sandbox import capability_numbers, unit_settings
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 LAUNCHER = HERE / "unit_sandbox.py"
 
 PROBE = r"""
@@ -68,9 +71,52 @@ print(json.dumps(out))
 """
 
 
-def _unit_cap_mask() -> int:
-    caps = unit_settings()["CapabilityBoundingSet"][-1].split()
+NONROOT = REPO / "systemd" / "sandboxd-nonroot.conf"
+NONROOT_UID = 10999  # stands in for the `sandboxd` system user of the drop-in
+
+
+def _unit_cap_mask(dropins: tuple[Path, ...] = ()) -> int:
+    caps = unit_settings(dropins=dropins)["CapabilityBoundingSet"][-1].split()
     return sum(1 << n for n in capability_numbers(caps))
+
+
+def _landlock() -> bool:
+    """Whether this kernel enforces Landlock (landlock_create_ruleset's ABI version query)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 444, "aarch64": 444}.get(os.uname().machine)
+    if nr is None:
+        return False
+    return libc.syscall(nr, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) >= 1
+
+
+def _python_for(uid: int, where: Path) -> str:
+    """An interpreter ``uid`` may run that imports the package under test: sys.executable for
+    root; for others a virtualenv of the system python3 (ours may live under /root) seeing our
+    tree and dependencies through a .pth file (the backend re-executes sys.executable for its
+    zygote with a clean environment, so PYTHONPATH would not do)."""
+    if uid == 0:
+        return sys.executable
+    import pydantic
+
+    site = Path(pydantic.__file__).resolve().parents[1]
+    venv = where / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    (pth_dir,) = venv.glob("lib/python3*/site-packages")
+    (pth_dir / "sandboxd-under-test.pth").write_text(f"{REPO}\n{site}\n")
+    return str(venv / "bin" / "python")
+
+
+@pytest.fixture
+def world_tmp() -> Iterator[Path]:
+    """A scratch directory other users can traverse (pytest's tmp_path is root-only)."""
+    d = Path(tempfile.mkdtemp(prefix="sandboxd-unit-", dir="/tmp"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -97,11 +143,21 @@ def service_cgroups() -> Iterator[list[Path]]:
 
 
 def _launch(
-    cmd: list[str], *, cgroups: list[Path] = (), env: dict[str, str] | None = None, **kw: object
+    cmd: list[str],
+    *,
+    cgroups: list[Path] = (),
+    dropins: list[Path] = (),
+    user: tuple[int, int] | None = None,
+    env: dict[str, str] | None = None,
+    **kw: object,
 ) -> subprocess.Popen[str]:
     args = [sys.executable, str(LAUNCHER)]
     for d in cgroups:
         args += ["--cgroup", str(d)]
+    for f in dropins:
+        args += ["--dropin", str(f)]
+    if user is not None:
+        args += ["--user", f"{user[0]}:{user[1]}"]
     base = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     return subprocess.Popen([*args, "--", *cmd], env={**base, **(env or {})}, text=True, **kw)
 
@@ -130,22 +186,35 @@ def test_emulated_unit_confinement_holds(tmp_path: Path) -> None:
     assert result["no_new_privs"] == "1" and result["seccomp"] == "2"
 
 
+@pytest.mark.parametrize("variant", ["shipped", "nonroot"])
 def test_daemon_serves_under_the_units_confinement(
-    tmp_path: Path, service_cgroups: list[Path]
+    world_tmp: Path, service_cgroups: list[Path], variant: str
 ) -> None:
+    """The shipped unit (root, six capabilities) and the sandboxd-nonroot.conf drop-in (no
+    capability; needs Landlock, else the daemon must refuse to start)."""
+    dropins = (NONROOT,) if variant == "nonroot" else ()
+    uid = NONROOT_UID if variant == "nonroot" else 0
+    tmp_path = world_tmp
     state, run, logs = (tmp_path / n for n in ("state", "run", "logs"))
     for d in (state, run, logs):
         d.mkdir(mode=0o750)
+        os.chown(d, uid, uid)
+    if uid:  # what Delegate=yes does for User=
+        for d in service_cgroups:
+            for f in (d, d / "cgroup.procs", d / "tasks", d / "cgroup.subtree_control"):
+                if f.exists():
+                    os.chown(f, uid, uid)
     sock = run / "sandboxd.sock"
     notify_path = tmp_path / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(notify_path))
+    os.chown(notify_path, uid, uid)
     listener.settimeout(120)
     log_path = tmp_path / "daemon.log"
     with open(log_path, "w") as log:
         proc = _launch(
             [
-                sys.executable,
+                _python_for(uid, tmp_path),
                 "-m",
                 "sandboxd",
                 "serve",
@@ -157,7 +226,13 @@ def test_daemon_serves_under_the_units_confinement(
                 str(logs / "audit.jsonl"),
             ],
             cgroups=service_cgroups,
-            env={"NOTIFY_SOCKET": str(notify_path), "SANDBOXD_CONTAINER_ENABLED": "false"},
+            dropins=list(dropins),
+            user=(uid, uid) if uid else None,
+            env={
+                "NOTIFY_SOCKET": str(notify_path),
+                "SANDBOXD_CONTAINER_ENABLED": "false",
+                "HOME": str(state),
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd="/",
@@ -167,6 +242,11 @@ def test_daemon_serves_under_the_units_confinement(
         return log_path.read_text()[-4000:]
 
     try:
+        if variant == "nonroot" and not _landlock():
+            code = proc.wait(120)
+            assert code != 0, daemon_log()
+            assert "write_outside_blocked" in daemon_log(), daemon_log()
+            return
         try:
             ready = listener.recv(4096).decode()
         except TimeoutError:
@@ -175,7 +255,8 @@ def test_daemon_serves_under_the_units_confinement(
         wait_for(sock.exists, 10, "the unix socket")
         status = Path(f"/proc/{proc.pid}/status").read_text()
         assert "\nSeccomp:\t2" in status and "\nNoNewPrivs:\t1" in status
-        assert f"\nCapEff:\t{_unit_cap_mask():016x}" in status
+        assert f"\nCapEff:\t{_unit_cap_mask(dropins):016x}" in status
+        assert f"\nUid:\t{uid}\t" in status
         assert cgroup_dirs(proc.pid) >= set(service_cgroups) or any(
             str(c) in str(d) for c in service_cgroups for d in cgroup_dirs(proc.pid)
         )

@@ -14,7 +14,8 @@ drops to that identity first (``setgroups([])``, ``setresgid``, ``setresuid``). 
 the cgroup directories given with ``--cgroup DIR`` (the service's own cgroup, as systemd
 creates it for ``Delegate=yes``).
 
-    python unit_sandbox.py [--unit FILE] [--user UID:GID] [--cgroup DIR]... -- COMMAND [ARGS...]
+    python unit_sandbox.py [--unit FILE] [--dropin FILE]... [--user UID:GID] [--cgroup DIR]...
+        -- COMMAND [ARGS...]
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ FAMILIES = {
 }
 
 
-def unit_settings(path: Path = UNIT) -> dict[str, list[str]]:
-    """``[Service]`` key -> values (repeated keys kept in order)."""
+def unit_settings(path: Path = UNIT, dropins: tuple[Path, ...] = ()) -> dict[str, list[str]]:
+    """``[Service]`` key -> values (repeated keys kept in order), drop-ins applied after the
+    unit. An empty assignment resets the list, as in systemd."""
     out: dict[str, list[str]] = {}
     section = None
-    for raw in path.read_text().splitlines():
+    lines = [ln for f in (path, *dropins) for ln in f.read_text().splitlines()]
+    for raw in lines:
         line = raw.strip()
         if not line or line[0] in "#;":
             continue
@@ -57,7 +60,10 @@ def unit_settings(path: Path = UNIT) -> dict[str, list[str]]:
             continue
         if section == "Service" and "=" in line:
             key, value = line.split("=", 1)
-            out.setdefault(key, []).append(value)
+            if value == "" and key != "CapabilityBoundingSet":
+                out[key] = []
+            else:
+                out.setdefault(key, []).append(value)
     return out
 
 
@@ -210,6 +216,7 @@ def main(argv: list[str]) -> None:
     user: tuple[int, int] | None = None
     cgroups: list[Path] = []
     unit = UNIT
+    dropins: list[Path] = []
     args = list(argv)
     while args and args[0] != "--":
         opt = args.pop(0)
@@ -220,12 +227,14 @@ def main(argv: list[str]) -> None:
             cgroups.append(Path(args.pop(0)))
         elif opt == "--unit":
             unit = Path(args.pop(0))
+        elif opt == "--dropin":
+            dropins.append(Path(args.pop(0)))
         else:
             raise SystemExit(f"unit_sandbox: unknown option {opt}")
     if not args or len(args) < 2:
         raise SystemExit("unit_sandbox: usage: [--user U:G] [--cgroup DIR]... -- COMMAND...")
     command = args[1:]
-    settings = unit_settings(unit)
+    settings = unit_settings(unit, tuple(dropins))
     filters = build_filters(settings)  # needs systemd-analyze: before any restriction
     for d in cgroups:
         (d / "cgroup.procs").write_text(str(os.getpid()))
