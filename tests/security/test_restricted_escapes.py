@@ -172,6 +172,10 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("nfkc_getattr_string", "getattr((), '__\uff43lass__')", "refused"),
     # ---- decorator / metaclass / type() tricks, guard-name shadowing (posonly params)
     ("type_three_args", "type('X', (), {'a': 1})", "refused"),
+    ("type_of_type_three_args", "type(int)('X', (), {'a': 1})", "refused"),
+    ("metaclass_of_enum", "import json\nclass A:\n    pass\ntype(type(A))('X', (), {})",
+     "refused"),
+    ("module_proxy_reinit", "import json\njson.__init__('json', {'dumps': None})", "refused"),
     ("metaclass_keyword", "class X(metaclass=type):\n    pass", "refused"),
     ("subclass_type_call", "class M(type):\n    pass\nM('X', (), {})", "refused"),
     ("init_subclass_hook", "class A:\n    def __init_subclass__(cls):\n        pass", "refused"),

@@ -827,6 +827,8 @@ class ModuleProxy:
     __slots__ = ("__dict__",)
 
     def __init__(self, name: str, values: dict[str, Any]) -> None:
+        if "__name__" in self.__dict__:  # json.__init__(...) from user code
+            raise SandboxViolation("modules cannot be modified in the sandbox")
         object.__setattr__(self, "__dict__", dict(values))
         self.__dict__["__name__"] = name
 
@@ -1099,7 +1101,10 @@ class _TypeMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if len(args) != 1 or kwargs:
             raise _refuse("type() with more than one argument")
-        return type(args[0])
+        result = type(args[0])
+        # the type of a class is a metaclass (``type`` itself, EnumType...), which would create
+        # classes when called with three arguments: hand out this guarded ``type`` instead
+        return cls if issubclass(result, type) else result
 
 
 class SafeType(metaclass=_TypeMeta):
