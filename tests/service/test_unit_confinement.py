@@ -266,6 +266,8 @@ def test_daemon_serves_under_the_units_confinement(
             assert r.status_code == 200, f"{r.text}\n{daemon_log()}"
             checks = {ch["name"]: ch for ch in r.json()["backends"]["restricted"]["checks"]}
             assert all(ch["ok"] for ch in checks.values()), checks
+            if _landlock():  # the unit must not filter out the workers' Landlock syscalls
+                assert "enforced" in checks["landlock"]["detail"], checks["landlock"]
             r = c.post(
                 "/v1/tools/python/invoke",
                 json={"arguments": {"code": "import json\njson.dumps({'a': [1, 2]})"}},
