@@ -217,23 +217,27 @@ class Sandboxd:
         if self.draining:
             raise Draining("the daemon is shutting down; retry on another instance or later")
         admitted = time.monotonic()
-        spec = self._spec(client, tool)
+        try:
+            spec = self._spec(client, tool)
+        except UnknownTool:
+            await self._audit(self.audit.write, event="unknown_tool", client=client, tool=tool)
+            raise
         validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
         invocation_id = new_id("inv")
         decision = self.policy.decide(client, tool, request.arguments, request.limits)
-        self._audit(self.audit.decision, request_id=invocation_id, client=client, tool=tool,
+        await self._audit(self.audit.decision, request_id=invocation_id, client=client, tool=tool,
                     session=request.session, arguments=request.arguments, decision=decision)
         if not decision.allowed:
             result = Result.denied(invocation_id, tool, decision, request.session)
-            return self._finish(client, result, admitted)
+            return await self._finish(client, result, admitted)
         backend = self.backends.get(decision.backend or "")
         ok, why = self._availability(backend, decision.backend)
         if not ok or backend is None:
             result = self._outcome(invocation_id, tool, decision, request.session, Status.error,
                                    Reason.policy, f"tool '{tool}' is unavailable: {why}")
-            self._finish(client, result, admitted)
+            await self._finish(client, result, admitted)
             raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
         if session is not None and decision.kind in (ToolKind.python, ToolKind.command):
             self.sessions.check_quota(session)
@@ -250,27 +254,27 @@ class Sandboxd:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.rejected, Reason.policy, str(exc))
-            self._finish(client, result, admitted)
+            await self._finish(client, result, admitted)
             raise
         except asyncio.CancelledError:
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.killed, Reason.cancelled,
                                    "the call was cancelled (client went away or shutdown)")
             with contextlib.suppress(ServiceError):
-                self._finish(client, result, admitted)
+                await self._finish(client, result, admitted)
             raise
         except Exception as exc:
             log.exception("backend %s failed on %s", decision.backend, invocation_id)
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.error, Reason.exited, f"internal error: {exc}")
-            self._finish(client, result, admitted)
+            await self._finish(client, result, admitted)
             raise ExecutionFailure(f"the {decision.backend} backend failed: {exc}") from exc
         finally:
             if task is not None:
                 self._inflight.discard(task)
         if session is not None:
             self.sessions.touch(session)
-        return self._finish(client, result, admitted)
+        return await self._finish(client, result, admitted)
 
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
@@ -312,15 +316,16 @@ class Sandboxd:
             message=message,
         )
 
-    def _finish(self, client: str, result: Result, admitted: float) -> Result:
-        self._audit(self.audit.result, request_id=result.id, client=client, result=result)
+    async def _finish(self, client: str, result: Result, admitted: float) -> Result:
+        await self._audit(self.audit.result, request_id=result.id, client=client, result=result)
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         return result
 
-    def _audit(self, write: Any, **fields: Any) -> None:
+    async def _audit(self, write: Any, **fields: Any) -> None:
+        """Write an audit record (fsync happens in a thread so other calls keep flowing)."""
         try:
-            write(**fields)
+            await asyncio.to_thread(write, **fields)
         except Exception as exc:
             log.error("audit write failed: %s", exc)
             raise AuditFailure(

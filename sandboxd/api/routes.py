@@ -148,5 +148,7 @@ async def delete_session(session_id: str, request: Request,
 async def explain(body: ExplainRequest, request: Request,
                   client: str = Depends(authenticate)) -> dict[str, Any]:
     """The decision a call would get, and the rule that makes it, without running anything."""
-    decision = _service(request).explain(client, body.tool, body.arguments, body.limits)
-    return {"client": client, "tool": body.tool, **decision.model_dump(mode="json")}
+    service = _service(request)
+    decision = service.explain(client, body.tool, body.arguments, body.limits)
+    return {"client": client, "tool": body.tool, **decision.model_dump(mode="json"),
+            "location": service.policy.locate(client, decision.rule)}

@@ -127,6 +127,9 @@ def test_denied_call_is_200_with_actionable_message(daemon: RunningDaemon) -> No
     assert explained.status_code == 200
     assert explained.json()["allowed"] is False
     assert explained.json()["rule"] == result["policy"]["rule"]
+    # the rule's place in the policy file, as file:line:column
+    source, line, column = explained.json()["location"].rsplit(":", 2)
+    assert source.endswith("default.yaml") and int(line) > 1 and int(column) >= 1
 
 
 def test_sessions_keep_files_and_one_shot_calls_do_not(daemon: RunningDaemon) -> None:
