@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,12 +135,22 @@ def service_cgroups() -> Iterator[list[Path]]:
         yield dirs
     finally:
         for d in dirs:
-            for sub in sorted(d.rglob("*"), key=lambda p: len(str(p)), reverse=True):
-                if sub.is_dir():
-                    with contextlib.suppress(OSError):
-                        sub.rmdir()
+            _remove_cgroup_tree(d)
+
+
+def _remove_cgroup_tree(d: Path, timeout: float = 10.0) -> None:
+    """Kill whatever is still inside (a failed test may leave workers), then rmdir bottom-up."""
+    deadline = time.monotonic() + timeout
+    while d.exists() and time.monotonic() < deadline:
+        subdirs = sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(str(p)))
+        for sub in [*subdirs, d]:
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (sub / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
             with contextlib.suppress(OSError):
-                d.rmdir()
+                sub.rmdir()
+        time.sleep(0.1)
 
 
 def _launch(
