@@ -63,6 +63,7 @@ from sandboxd.client.stream import (
     ToolCallAssembler,
     ToolCallRequest,
     parse_text_tool_calls,
+    split_think,
     sse_data,
     strip_think,
 )
@@ -820,13 +821,21 @@ class Agent:
                       emit_fragment: Callable[[Fragment], Awaitable[None]]) -> _Turn:
         turn = _Turn()
         assembler = ToolCallAssembler()
-        think = ThinkSplitter()
-        content: list[str] = []
+        think = ThinkSplitter()  # classifies streamed pieces for on_fragment only
+        raw_content: list[str] = []
         reasoning: list[str] = []
 
         async def text(piece: str, is_reasoning: bool) -> None:
-            (reasoning if is_reasoning else content).append(piece)
             await emit_fragment(Fragment(piece, is_reasoning, round_index))
+
+        async def server_reasoning(piece: str) -> None:
+            reasoning.append(piece)
+            await text(piece, True)
+
+        async def content_delta(piece: str) -> None:
+            raw_content.append(piece)
+            for is_reasoning, part in think.feed(piece):
+                await text(part, is_reasoning)
 
         try:
             async with http.stream("POST", url, json=body) as response:
@@ -840,7 +849,8 @@ class Agent:
                     data = json.loads(await response.aread())
                     chunks = [data]
                     for chunk in chunks:
-                        await self._chunk(chunk, turn, assembler, think, text, full=True)
+                        await self._chunk(chunk, turn, assembler, server_reasoning,
+                                          content_delta, full=True)
                 else:
                     async for data in sse_data(response.aiter_lines()):
                         if data.strip() == "[DONE]":
@@ -850,20 +860,21 @@ class Agent:
                         except ValueError as exc:
                             raise LLMError(f"LLM server sent a malformed event: {data[:200]}",
                                            None, data) from exc
-                        await self._chunk(chunk, turn, assembler, think, text, full=False)
+                        await self._chunk(chunk, turn, assembler, server_reasoning,
+                                          content_delta, full=False)
         except httpx.HTTPError as exc:
             raise LLMError(f"LLM server at {url} failed: {exc}") from exc
         for is_reasoning, piece in think.flush():
             await text(piece, is_reasoning)
-        turn.content = "".join(content)
-        turn.reasoning = "".join(reasoning)
+        turn.content, in_content = split_think("".join(raw_content))
+        turn.reasoning = "".join(reasoning) + in_content
         turn.calls = assembler.finish(truncated=turn.finish_reason == "length")
         return turn
 
     @staticmethod
     async def _chunk(chunk: dict[str, Any], turn: _Turn, assembler: ToolCallAssembler,
-                     think: ThinkSplitter,
-                     text: Callable[[str, bool], Awaitable[None]], full: bool) -> None:
+                     reasoning: Callable[[str], Awaitable[None]],
+                     content: Callable[[str], Awaitable[None]], full: bool) -> None:
         if not isinstance(chunk, dict):
             return
         if chunk.get("error"):
@@ -878,13 +889,12 @@ class Agent:
             delta = (choice.get("message") if full else choice.get("delta")) or {}
             r = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(r, str) and r:
-                await text(r, True)
+                await reasoning(r)
             c = delta.get("content")
             if isinstance(c, list):  # content parts
                 c = "".join(p.get("text", "") for p in c if isinstance(p, dict))
             if isinstance(c, str) and c:
-                for is_reasoning, piece in think.feed(c):
-                    await text(piece, is_reasoning)
+                await content(c)
             for i, frag in enumerate(delta.get("tool_calls") or []):
                 if not isinstance(frag, dict):
                     continue

@@ -281,6 +281,26 @@ class ThinkSplitter:
         return [(self.inside, data)] if data else []
 
 
+def split_think(text: str) -> tuple[str, str]:
+    """(visible text, reasoning) of a whole reply with ``<think>`` blocks in its content.
+
+    A ``</think>`` before any ``<think>`` closes reasoning whose opening tag was part of the
+    prompt (some Qwen3 / DeepSeek-R1 templates): everything before it is reasoning.
+    """
+    reasoning: list[str] = []
+    close, open_ = text.find("</think>"), text.find("<think>")
+    if close >= 0 and (open_ < 0 or close < open_):
+        reasoning.append(text[:close])
+        text = text[close + len("</think>"):]
+
+    def keep(m: re.Match[str]) -> str:
+        reasoning.append(m.group(1))
+        return ""
+
+    text = re.sub(r"<think>(.*?)(?:</think>|$)", keep, text, flags=re.DOTALL)
+    return text.strip(), "".join(reasoning)
+
+
 def strip_think(text: str) -> str:
     """``text`` without ``<think>…</think>`` blocks (an unclosed one runs to the end)."""
     text = re.sub(r"<think>.*?(</think>|$)", "", text, flags=re.DOTALL)

@@ -328,3 +328,14 @@ def test_stream_options_rejected_is_retried_without() -> None:
         assert agent.act("x").text == "ok"
         assert agent.act("y").text == "ok"
     assert len(llm.requests) == 3  # one refusal, then never again
+
+
+def test_think_blocks_never_reach_answer_or_history() -> None:
+    """Qwen3/DeepSeek-R1 templates open <think> in the prompt: only </think> is streamed."""
+    pieces_ = ["Let me thi", "nk: 2+2.</th", "ink>\n\nThe answer ", "is 4."]
+    stream = [chunk({"content": p}) for p in pieces_] + [chunk({}, "stop")]
+    with ScriptedLLM(lambda b, n: Reply(stream)) as llm:
+        result = Agent(llm.url, "m").act("2+2?")
+    assert result.text == "The answer is 4."
+    assert result.reasoning == "Let me think: 2+2."
+    assert result.new_messages == [{"role": "assistant", "content": "The answer is 4."}]

@@ -90,3 +90,11 @@ def test_think_splitter_and_strip() -> None:
     assert strip_think("<think>a</think>b") == "b"
     assert strip_think("reasoning without opening tag</think>answer") == "answer"
     assert strip_think("<think>never closed") == ""
+
+
+def test_split_think() -> None:
+    from sandboxd.client.stream import split_think
+
+    assert split_think("a<think>b</think>c<think>d") == ("ac", "bd")
+    assert split_think("pre</think> post <think>x</think>!") == ("post !", "prex")
+    assert split_think("no tags") == ("no tags", "")
