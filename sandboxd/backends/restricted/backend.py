@@ -1,18 +1,23 @@
 """``RestrictedBackend``: the daemon side of the restricted python backend.
 
-Per call: a result pipe is created, its write end is handed to the zygote with the request,
-the zygote forks a confined worker, and the backend reads output frames from the pipe until
-EOF, the wall deadline (then the worker is killed: ``wall_timeout``) or an output overflow
-(``output_limit``). It then waits for the zygote's exit report (the worker has been reaped, its
-cgroup read and removed), maps what happened to the result, and verifies with psutil that the
-worker is gone before setting ``cleanup.verified``.
+Per call: the backend takes one of the zygote's standby workers (a prepared, never-used
+process it holds a socket and a pidfd for), writes the request to the worker's socket, and
+reads output frames back until EOF, the wall deadline (then the worker is killed through its
+pidfd: ``wall_timeout``) or an output overflow (``output_limit``). It then waits for the
+zygote's exit report (the worker has been reaped, its cgroup's peak memory and OOM count read,
+the cgroup found empty), maps what happened to the result, and checks with psutil that the
+worker is gone before setting ``cleanup.verified``. On cancellation it kills the worker, waits
+for that report, then re-raises. If the zygote dies, in-flight calls end with status ``error``
+(their workers die with it and are killed through their pidfds; their cgroups are removed
+here) and the next call starts a new zygote.
 
 Mapping (see :mod:`sandboxd.models`): the worker's final report gives ``ok``/``error``
 (exception, compile refusal, ``SystemExit(n)``), ``memory_limit`` (``MemoryError`` from
 RLIMIT_AS) or ``output_limit``; a worker without a report was killed: by us at the deadline
 (``wall_timeout``), by the cgroup OOM killer (``memory_limit``), by RLIMIT_CPU
 (``SIGXCPU``/``SIGKILL`` with its CPU time at the limit: ``cpu_limit``), else it crashed
-(``exited`` with the signal, status ``error``).
+(``exited`` with the signal, status ``error``). ``resources.wall_ms`` is measured here,
+``cpu_ms`` comes from ``wait4`` and ``peak_memory_bytes`` from the cgroup (else max RSS).
 """
 
 from __future__ import annotations
