@@ -52,6 +52,12 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
     second = None
     try:
         own_cgroups = cgroup_dirs(first.proc.pid)
+        # A session with a file in it, idle during the crash: it must be recovered.
+        r = first.client.post("/v1/sessions", json={})
+        assert r.status_code == 201, r.text
+        session = r.json()["id"]
+        r = first.invoke("write_file", {"path": "notes.txt", "content": "kept"}, session=session)
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.text
         errors: list[BaseException] = []
         threads = [
             threading.Thread(target=_fire, args=(first.url, errors), daemon=True)
@@ -72,7 +78,7 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
                     workspaces_before.add(cwd)
         ws_root = state / "workspaces"
         if ws_root.exists():
-            workspaces_before |= set(ws_root.iterdir())
+            workspaces_before |= {w for w in ws_root.iterdir() if w.name != session}
         decisions = [
             r["request_id"]
             for r in audit_records(first.audit_path)
@@ -117,9 +123,13 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
         assert len(startups) == 2, events
         assert startups[0] < at < startups[1], "interrupted belongs to the restart, before serving"
 
-        # --- and the restarted daemon works
+        # --- and the restarted daemon works, with the session recovered
         ok = second.invoke("python", {"code": "6 * 7"})
         assert ok.status_code == 200 and ok.json()["value"] == 42, ok.text
+        assert second.client.get(f"/v1/sessions/{session}").status_code == 200
+        kept = second.invoke("read_file", {"path": "notes.txt"}, session=session)
+        assert kept.status_code == 200 and "kept" in kept.text, kept.text
+        assert (ws_root / session).is_dir()
     finally:
         for d in (first, second):
             if d is not None:
