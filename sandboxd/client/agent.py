@@ -96,6 +96,22 @@ class Fragment:
 
 
 @dataclass
+class ToolCallEvent:
+    """Progress of a tool call while the model generates it, in LM Studio's order:
+    ``started`` -> ``name`` -> ``arguments`` (one per fragment) -> ``ended`` or ``failed``.
+
+    ``index`` is the call's position in the reply; ``text`` is the name, the argument
+    fragment, the complete arguments (``ended``) or why they are unusable (``failed``).
+    """
+
+    kind: Literal["started", "name", "arguments", "ended", "failed"]
+    index: int
+    round_index: int
+    name: str | None = None
+    text: str = ""
+
+
+@dataclass
 class ToolCallError:
     """Why a tool call did not produce a normal result; ``message`` is what the model reads."""
 
@@ -305,6 +321,7 @@ class Agent:
         on_round_start: Callable[[int], Any] | None = None,
         on_round_end: Callable[[int], Any] | None = None,
         on_tool_result: Callable[[ToolCallRecord], Any] | None = None,
+        on_tool_call_event: Callable[[ToolCallEvent], Any] | None = None,
         handle_invalid_tool_request: InvalidRequestHook | None = None,
         parallel_tool_calls: bool = False,
         max_parallel: int = 4,
@@ -327,7 +344,8 @@ class Agent:
         return asyncio.run(self.aact(
             prompt_or_messages, tools, max_rounds=max_rounds, on_message=on_message,
             on_fragment=on_fragment, on_round_start=on_round_start, on_round_end=on_round_end,
-            on_tool_result=on_tool_result, handle_invalid_tool_request=handle_invalid_tool_request,
+            on_tool_result=on_tool_result, on_tool_call_event=on_tool_call_event,
+            handle_invalid_tool_request=handle_invalid_tool_request,
             parallel_tool_calls=parallel_tool_calls, max_parallel=max_parallel,
             tool_timeout_s=tool_timeout_s, session=session,
         ))
@@ -343,6 +361,7 @@ class Agent:
         on_round_start: Callable[[int], Any] | None = None,
         on_round_end: Callable[[int], Any] | None = None,
         on_tool_result: Callable[[ToolCallRecord], Any] | None = None,
+        on_tool_call_event: Callable[[ToolCallEvent], Any] | None = None,
         handle_invalid_tool_request: InvalidRequestHook | None = None,
         parallel_tool_calls: bool = False,
         max_parallel: int = 4,
@@ -355,10 +374,11 @@ class Agent:
         ``None`` offers every available sandboxd tool (none without a sandbox).
         ``on_message(message)`` sees every message added; ``on_fragment(fragment, round_index)``
         every streamed text piece; ``on_round_start/on_round_end(round_index)`` bracket rounds;
-        ``on_tool_result(record)`` follows each call. ``handle_invalid_tool_request(call, error)``
-        runs for bad JSON / unknown tool / invalid arguments: return ``None`` (default message),
-        a string (message for the model), a corrected :class:`ToolCallRequest` (run instead),
-        or raise to abort.
+        ``on_tool_result(record)`` follows each call; ``on_tool_call_event(event)`` reports a
+        call while it is being generated (:class:`ToolCallEvent`).
+        ``handle_invalid_tool_request(call, error)`` runs for bad JSON / unknown tool /
+        invalid arguments: return ``None`` (default message), a string (message for the
+        model), a corrected :class:`ToolCallRequest` (run instead), or raise to abort.
         """
         if max_rounds < 1:
             raise ValueError("max_rounds must be at least 1")
@@ -410,7 +430,7 @@ class Agent:
                     if on_round_start:
                         await _maybe_await(on_round_start(round_index))
                     turn = await self._complete(http, messages, registry if offer else {},
-                                                round_index, emit_fragment)
+                                                round_index, emit_fragment, on_tool_call_event)
                     for key, value in (turn.usage or {}).items():
                         if isinstance(value, int):
                             usage_total[key] = usage_total.get(key, 0) + value
@@ -422,6 +442,12 @@ class Agent:
                         calls, rest = parse_text_tool_calls(content, set(registry))
                         if calls:
                             content = rest
+                            if on_tool_call_event:
+                                for i, c in enumerate(calls):
+                                    for kind, text in (("started", ""), ("name", c.name),
+                                                       ("ended", c.raw_arguments)):
+                                        await _maybe_await(on_tool_call_event(ToolCallEvent(
+                                            kind, i, round_index, c.name, text)))
                     assistant: Message = {"role": "assistant", "content": strip_think(content)
                                           if calls else content}
                     if calls:
@@ -784,7 +810,8 @@ class Agent:
 
     async def _complete(self, http: httpx.AsyncClient, messages: list[Message],
                         registry: dict[str, _Tool], round_index: int,
-                        emit_fragment: Callable[[Fragment], Awaitable[None]]) -> _Turn:
+                        emit_fragment: Callable[[Fragment], Awaitable[None]],
+                        on_event: Callable[[ToolCallEvent], Any] | None = None) -> _Turn:
         tools = [t.schema for t in registry.values()]
         sent = self._fit(messages, tools)
         body: dict[str, Any] = {"model": self.model, "messages": sent, "stream": True}
@@ -802,13 +829,13 @@ class Agent:
             len(json.dumps(tools)) if tools else 0)
         url = f"{self.base_url}/chat/completions"
         try:
-            turn = await self._stream(http, url, body, round_index, emit_fragment)
+            turn = await self._stream(http, url, body, round_index, emit_fragment, on_event)
         except LLMError as exc:
             if exc.status == 400 and "stream_options" in exc.body and "stream_options" in body:
                 # an older server that rejects stream_options: ask again without it
                 self.stream_usage = False
                 body.pop("stream_options")
-                turn = await self._stream(http, url, body, round_index, emit_fragment)
+                turn = await self._stream(http, url, body, round_index, emit_fragment, on_event)
             else:
                 raise
         prompt_tokens = (turn.usage or {}).get("prompt_tokens")
@@ -818,7 +845,8 @@ class Agent:
 
     async def _stream(self, http: httpx.AsyncClient, url: str, body: dict[str, Any],
                       round_index: int,
-                      emit_fragment: Callable[[Fragment], Awaitable[None]]) -> _Turn:
+                      emit_fragment: Callable[[Fragment], Awaitable[None]],
+                      on_event: Callable[[ToolCallEvent], Any] | None = None) -> _Turn:
         turn = _Turn()
         assembler = ToolCallAssembler()
         think = ThinkSplitter()  # classifies streamed pieces for on_fragment only
@@ -831,6 +859,23 @@ class Agent:
         async def server_reasoning(piece: str) -> None:
             reasoning.append(piece)
             await text(piece, True)
+
+        async def call_fragment(frag: dict[str, Any]) -> None:
+            index, created, named = assembler.feed(frag)
+            if on_event is None:
+                return
+            slot = assembler.slots[index]
+            if created:
+                await _maybe_await(on_event(ToolCallEvent("started", index, round_index)))
+            if named:
+                await _maybe_await(on_event(ToolCallEvent("name", index, round_index, slot.name,
+                                                          slot.name or "")))
+            args = (frag.get("function") or {}).get("arguments")
+            if isinstance(args, dict | list):
+                args = json.dumps(args, ensure_ascii=False)
+            if isinstance(args, str) and args:
+                await _maybe_await(on_event(ToolCallEvent("arguments", index, round_index,
+                                                          slot.name, args)))
 
         async def content_delta(piece: str) -> None:
             raw_content.append(piece)
@@ -849,7 +894,7 @@ class Agent:
                     data = json.loads(await response.aread())
                     chunks = [data]
                     for chunk in chunks:
-                        await self._chunk(chunk, turn, assembler, server_reasoning,
+                        await self._chunk(chunk, turn, call_fragment, server_reasoning,
                                           content_delta, full=True)
                 else:
                     async for data in sse_data(response.aiter_lines()):
@@ -860,7 +905,7 @@ class Agent:
                         except ValueError as exc:
                             raise LLMError(f"LLM server sent a malformed event: {data[:200]}",
                                            None, data) from exc
-                        await self._chunk(chunk, turn, assembler, server_reasoning,
+                        await self._chunk(chunk, turn, call_fragment, server_reasoning,
                                           content_delta, full=False)
         except httpx.HTTPError as exc:
             raise LLMError(f"LLM server at {url} failed: {exc}") from exc
@@ -869,10 +914,16 @@ class Agent:
         turn.content, in_content = split_think("".join(raw_content))
         turn.reasoning = "".join(reasoning) + in_content
         turn.calls = assembler.finish(truncated=turn.finish_reason == "length")
+        if on_event is not None:
+            for i, call in enumerate(turn.calls):
+                kind: Literal["ended", "failed"] = "ended" if call.parse_error is None else "failed"
+                text = call.raw_arguments if call.parse_error is None else call.parse_error
+                await _maybe_await(on_event(ToolCallEvent(kind, i, round_index, call.name, text)))
         return turn
 
     @staticmethod
-    async def _chunk(chunk: dict[str, Any], turn: _Turn, assembler: ToolCallAssembler,
+    async def _chunk(chunk: dict[str, Any], turn: _Turn,
+                     call_fragment: Callable[[dict[str, Any]], Awaitable[None]],
                      reasoning: Callable[[str], Awaitable[None]],
                      content: Callable[[str], Awaitable[None]], full: bool) -> None:
         if not isinstance(chunk, dict):
@@ -900,6 +951,6 @@ class Agent:
                     continue
                 if full and "index" not in frag:
                     frag = {**frag, "index": i}
-                assembler.feed(frag)
+                await call_fragment(frag)
             if choice.get("finish_reason"):
                 turn.finish_reason = choice["finish_reason"]

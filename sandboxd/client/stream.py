@@ -135,8 +135,8 @@ class ToolCallAssembler:
             self._by_index[key] = slot
         return slot
 
-    def feed(self, fragment: dict[str, Any]) -> tuple[_Slot, bool]:
-        """Add one fragment; return its slot and whether that slot was just created."""
+    def feed(self, fragment: dict[str, Any]) -> tuple[int, bool, bool]:
+        """Add one fragment; return (slot position, slot just created, name just received)."""
         index = fragment.get("index")
         fid = fragment.get("id") or None
         fn = fragment.get("function") or {}
@@ -162,13 +162,15 @@ class ToolCallAssembler:
             slot.id = str(fid)
         if fragment.get("type") and slot.type is None:
             slot.type = str(fragment["type"])
+        named = False
         if name and slot.name is None:
             slot.name = str(name)
+            named = True
         if isinstance(args, str):
             slot.parts.append(args)
         elif isinstance(args, dict | list):
             slot.parts.append(json.dumps(args, ensure_ascii=False))
-        return slot, created
+        return self.slots.index(slot), created, named
 
     def finish(self, truncated: bool = False) -> list[ToolCallRequest]:
         """The assembled calls, in order. ``truncated``: the stream ended on the length limit."""
