@@ -731,6 +731,8 @@ class Agent:
     async def _run_local(self, fn: Callable[..., Any], name: str, args: dict[str, Any],
                          tool_timeout_s: float | None
                          ) -> tuple[Any, ToolCallError | None, str]:
+        """Run a local function: ``async def`` ones on the loop (cancellable), plain ones in a
+        worker thread (a thread cannot be killed: on timeout or cancel its result is dropped)."""
         try:
             coro = fn(**args) if inspect.iscoroutinefunction(fn) else asyncio.to_thread(fn, **args)
             value = await asyncio.wait_for(coro, tool_timeout_s)
@@ -952,5 +954,8 @@ class Agent:
                 if full and "index" not in frag:
                     frag = {**frag, "index": i}
                 await call_fragment(frag)
+            legacy = delta.get("function_call")  # the pre-tools OpenAI shape (old servers)
+            if isinstance(legacy, dict) and not delta.get("tool_calls"):
+                await call_fragment({"index": "function_call", "function": legacy})
             if choice.get("finish_reason"):
                 turn.finish_reason = choice["finish_reason"]

@@ -128,6 +128,14 @@ def think_in_content_then_calls() -> list[Any]:
     return out + interleaved_many_chunks()
 
 
+def legacy_function_call() -> list[Any]:
+    """Old servers (llama-cpp-python, early vLLM) stream ``delta.function_call``: one call."""
+    out: list[Any] = [chunk({"role": "assistant", "function_call": {"name": "add",
+                                                                     "arguments": ""}})]
+    out += [chunk({"function_call": {"arguments": p}}) for p in pieces(A1, 4)]
+    return [*out, chunk({}, "function_call")]
+
+
 VARIANTS = {
     "parallel calls split across many interleaved chunks": interleaved_many_chunks,
     "each call complete in one chunk": each_call_one_chunk,
@@ -161,6 +169,16 @@ def make_add(seen: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
 def answer_from_results(body: dict[str, Any]) -> Reply:
     results = [m["content"] for m in last_tool_results(body)]
     return text_reply("sums: " + ", ".join(results))
+
+
+def test_legacy_function_call_delta() -> None:
+    stream = legacy_function_call()
+    seen: list[tuple[int, int]] = []
+    with ScriptedLLM(lambda b, n: Reply(stream) if n == 0 else answer_from_results(b)) as llm:
+        result = Agent(llm.url, "m").act("x", [make_add(seen)])
+    assert seen == [(1, 2)]
+    assert result.text == "sums: 3"
+    assert llm.rejections == []  # answered as a tool message with a generated id
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
