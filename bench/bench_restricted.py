@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -76,6 +77,23 @@ def concurrent(url: str, calls: int, clients: int = 4) -> float:
     return per_client * clients / elapsed
 
 
+def cpu_seconds(daemon_pid: int) -> dict[str, float]:
+    """CPU time used so far by the daemon, its zygote, and the zygote's reaped workers."""
+    daemon = psutil.Process(daemon_pid)
+    t = daemon.cpu_times()
+    out = {"daemon": t.user + t.system, "zygote": 0.0, "workers": 0.0}
+    for child in daemon.children():
+        try:
+            if "sandboxd.backends.restricted.zygote" not in " ".join(child.cmdline()):
+                continue
+            c = child.cpu_times()
+        except psutil.Error:
+            continue
+        out["zygote"] += c.user + c.system
+        out["workers"] += c.children_user + c.children_system
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -84,26 +102,51 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="sandboxd-bench-") as tmp, running_daemon(
-        Path(tmp), env={"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_QUEUE_SIZE": "256"}
-    ) as daemon:
+    with (
+        tempfile.TemporaryDirectory(prefix="sandboxd-bench-") as tmp,
+        running_daemon(
+            Path(tmp),
+            env={
+                "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0",
+                "SANDBOXD_QUEUE_SIZE": "256",
+                # only the restricted backend is measured: no container warm pool in the background
+                "SANDBOXD_CONTAINER_ENABLED": "false",
+            },
+        ) as daemon,
+    ):
         with httpx.Client(base_url=daemon.url, timeout=60) as client:
             for _ in range(args.warmup):
                 one_call(client)
-        p50s, p95s, rates = [], [], []
+        p50s, p95s, rates, cpu = [], [], [], []
         for run in range(1, args.runs + 1):
             p50, p95 = sequential(daemon.url, args.calls)
+            before = cpu_seconds(daemon.proc.pid)
             rate = concurrent(daemon.url, args.concurrent_calls)
+            after = cpu_seconds(daemon.proc.pid)
+            n = args.concurrent_calls // 4 * 4
+            cpu.append({k: (after[k] - before[k]) / n * 1000 for k in after})
             p50s.append(p50)
             p95s.append(p95)
             rates.append(rate)
-            print(f"run {run}: sequential p50 {p50:.2f} ms  p95 {p95:.2f} ms  |  "
-                  f"4 clients {rate:.0f} calls/s", flush=True)
+            print(
+                f"run {run}: sequential p50 {p50:.2f} ms  p95 {p95:.2f} ms  |  "
+                f"4 clients {rate:.0f} calls/s",
+                flush=True,
+            )
     print()
     print(f"python print(1) via HTTP, restricted backend, median of {args.runs} runs:")
     print(f"  sequential latency p50: {statistics.median(p50s):.2f} ms   (goal <= 8 ms)")
     print(f"  sequential latency p95: {statistics.median(p95s):.2f} ms")
     print(f"  throughput, 4 clients:  {statistics.median(rates):.0f} calls/s   (goal >= 200)")
+    per_call = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
+    total = sum(per_call.values())
+    print(
+        f"  CPU per call: daemon {per_call['daemon']:.2f} ms, zygote {per_call['zygote']:.2f} ms,"
+        f" worker {per_call['workers']:.2f} ms = {total:.2f} ms"
+        f" -> CPU-bound ceiling on {psutil.cpu_count()} cores:"
+        f" {psutil.cpu_count() * 1000 / total:.0f} calls/s"
+    )
+    print(f"  (load average during the run: {', '.join(f'{x:.1f}' for x in psutil.getloadavg())})")
 
 
 if __name__ == "__main__":

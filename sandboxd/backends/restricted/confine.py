@@ -328,6 +328,9 @@ def build_seccomp_filter() -> Any:
     import pyseccomp
 
     filt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    # a binary tree instead of a linear chain: every later syscall of the worker pays less
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
+        filt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
     for name in DENIED_SYSCALLS:
         try:
             filt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
@@ -359,7 +362,7 @@ def _own_cgroups() -> dict[str, str]:
     return out
 
 
-def _write(path: Path, value: str) -> None:
+def _write(path: Path | str, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, value.encode())
@@ -430,10 +433,12 @@ class CgroupLayout:
 
     def create_and_join(self, name: str) -> None:
         """In the (root) worker: create its cgroup(s) and move itself in; limits come later."""
-        for d in self.dirs(name):
-            d.mkdir(exist_ok=True)
-        for d in self.dirs(name):
-            _write(d / "cgroup.procs", "0")
+        dirs = [f"{base}/{name}" for base in self.bases.values()]
+        for d in dirs:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d)
+        for d in dirs:
+            _write(f"{d}/cgroup.procs", "0")
 
     def set_limits(
         self,
