@@ -65,11 +65,17 @@ async def test_200_timing_out_calls_leave_no_container(docker_client: Any,
                             argv=["sleep", "100"], session=session,
                             limits=Limits(timeout_s=timeout))
             assert res.cleanup.verified, res.cleanup
+            if res.termination.reason is Reason.cancelled:
+                # a concurrent call of the same session timed out and took the container
+                assert session is not None, res
+                assert res.message and "another call of the session" in res.message
             return res.termination.reason
 
     started = time.monotonic()
     reasons = await asyncio.gather(*(one(i) for i in range(200)))
-    assert set(reasons) == {Reason.wall_timeout}
+    assert Reason.wall_timeout in set(reasons)
+    assert set(reasons) <= {Reason.wall_timeout, Reason.cancelled}
+    assert reasons.count(Reason.wall_timeout) >= 180
     for s in range(5):
         await backend.close_session(f"s{s}")
     pool = {b.cid for boxes in backend._pool.values() for b in boxes}

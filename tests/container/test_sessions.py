@@ -190,3 +190,20 @@ async def test_killing_the_runner_ends_in_an_error_and_a_fresh_container(
     assert res.stdout == "kept\n", res
     await backend.close_session("kill")
     assert session_containers(docker_client, backend, "kill") == []
+
+
+async def test_a_timeout_cancels_concurrent_calls_of_the_same_session(
+        backend: ContainerBackend, tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "conc")
+    await run(backend, ws, session="conc", argv=["true"])  # the container exists
+    slow, victim = await asyncio.gather(
+        run(backend, ws, session="conc", argv=["sleep", "100"], limits=Limits(timeout_s=1)),
+        run(backend, ws, session="conc", argv=["sleep", "8"], timeout=30))
+    assert slow.termination.reason is Reason.wall_timeout
+    assert victim.termination.reason is Reason.cancelled, victim
+    assert victim.status is Status.killed
+    assert victim.message and "another call of the session hit a limit" in victim.message
+    assert victim.cleanup.verified
+    res = await run(backend, ws, session="conc", argv=["echo", "fresh"])
+    assert res.stdout == "fresh\n"
+    await backend.close_session("conc")

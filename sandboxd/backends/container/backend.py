@@ -473,6 +473,10 @@ class ContainerBackend:
             if box is not None:
                 await self._drop_session_box(key, box)
             raise
+        if outcome.lost and box.dead:
+            # another call of this session hit a limit and its container was removed
+            outcome.lost = None
+            outcome.superseded = True
         if outcome.clean:
             verified = bool(outcome.record.get("group_gone", True))
             return self._result(invocation, limits, outcome, started, verified, oom=False,
@@ -550,7 +554,11 @@ class ContainerBackend:
         exit_code = rec.get("exit_code")
         sig = rec.get("signal")
         message = None
-        if rec.get("oom") or oom:
+        if outcome.superseded:
+            reason = Reason.cancelled
+            message = ("the session's container was removed while this call ran, because "
+                       "another call of the session hit a limit; run it again")
+        elif rec.get("oom") or oom:
             reason = Reason.memory_limit
             message = (f"the call ran out of memory (limit {limits.memory_bytes} bytes) "
                        "and was killed")
@@ -569,7 +577,7 @@ class ContainerBackend:
         else:
             reason = Reason.exited
         status = status_for(reason, exit_code)
-        if outcome.lost or rec.get("error"):
+        if (outcome.lost or rec.get("error")) and not outcome.superseded:
             status = Status.error
         truncated = Truncated()
         if reason is Reason.output_limit:
@@ -667,6 +675,7 @@ class ContainerBackend:
 class _Outcome:
     output: CallOutput
     lost: str | None
+    superseded: bool = False
 
     @property
     def record(self) -> dict[str, Any]:
@@ -676,7 +685,8 @@ class _Outcome:
     def clean(self) -> bool:
         """The call ended by itself, within every limit: its container may be reused."""
         rec = self.record
-        return (self.output.exit is not None and not self.lost and not self.output.over_limit
+        return (self.output.exit is not None and not self.lost and not self.superseded
+                and not self.output.over_limit
                 and not rec.get("oom") and not rec.get("pids_limit")
                 and not rec.get("output_limit") and not rec.get("error"))
 
