@@ -4,6 +4,7 @@ non-root with no capabilities, and serve a `python` call from it over HTTP."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -127,14 +128,26 @@ def _remove_cgroup_tree(d: Path) -> None:
         time.sleep(0.1)
 
 
-def _run(docker_client: Any, image: str, tmp_path: Path, *, cgroups: bool = True) -> Any:
+def _run(
+    docker_client: Any,
+    image: str,
+    tmp_path: Path,
+    *,
+    cgroups: bool = True,
+    user: int | None = None,
+) -> Any:
     """The daemon container with the documented flags: read-only rootfs, only six
-    capabilities, no-new-privileges, no network, its socket / state / logs in host dirs."""
+    capabilities (none with ``user``), no-new-privileges, no network, its socket / state /
+    logs in host dirs."""
     run_dir, state, logs = (tmp_path / n for n in ("run", "state", "logs"))
     for d in (run_dir, state, logs):
         d.mkdir()
+        if user is not None:
+            os.chown(d, user, user)
     name = f"sandboxd-ctr-{uuid.uuid4().hex[:10]}"
     extra, cg_dirs = _cgroup_flags(docker_client, name) if cgroups else ({}, [])
+    if user is not None:
+        extra["user"] = f"{user}:{user}"
     volumes = {
         str(run_dir): {"bind": "/run/sandboxd", "mode": "rw"},
         str(state): {"bind": "/var/lib/sandboxd", "mode": "rw"},
@@ -150,7 +163,7 @@ def _run(docker_client: Any, image: str, tmp_path: Path, *, cgroups: bool = True
             read_only=True,
             tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
             cap_drop=["ALL"],
-            cap_add=DAEMON_CAPS,
+            cap_add=DAEMON_CAPS if user is None else [],
             security_opt=["no-new-privileges"],
             network_mode="none",
             mem_limit="1g",
@@ -270,3 +283,39 @@ def test_sigterm_stops_cleanly(container: Any) -> None:
         if p.is_dir()
     ]
     assert not left, f"the daemon left its cgroups behind: {left}"
+
+
+def _landlock() -> bool:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) >= 1
+
+
+def test_non_root_variant(docker_client: Any, daemon_image: str, tmp_path: Path) -> None:
+    """Documented alternative: `--user 10000:10000 --cap-drop ALL` and no cgroup mounts. The
+    workers keep uid 10000 and Landlock is their filesystem boundary: with Landlock the daemon
+    serves; without it the self-test fails and it refuses to start."""
+    c = _run(docker_client, daemon_image, tmp_path, cgroups=False, user=10000)
+    try:
+        if not _landlock():
+            result = c.wait(timeout=120)
+            logs = c.logs().decode(errors="replace")
+            assert result["StatusCode"] != 0 and "write_outside_blocked" in logs, logs[-2000:]
+            return
+        sock = c.run_dir / "sandboxd.sock"
+        _wait_for_socket(c, sock)
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(base_url="http://sandboxd", transport=transport, timeout=120) as cl:
+            ready = cl.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            checks = {ch["name"]: ch for ch in ready.json()["backends"]["restricted"]["checks"]}
+            assert "enforced" in checks["landlock"]["detail"], checks
+            r = cl.post("/v1/tools/python/invoke", json={"arguments": {"code": "2 ** 10"}})
+        assert r.status_code == 200 and r.json()["value"] == 1024, r.text
+        c.reload()
+        pid = c.attrs["State"]["Pid"]
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert "\nCapEff:\t0000000000000000" in status and "\nUid:\t10000\t" in status
+    finally:
+        c.remove(force=True)
