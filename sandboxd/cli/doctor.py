@@ -156,7 +156,7 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
             + (
                 f" (root: code runs as {settings.sandbox_uid}:{settings.sandbox_gid})"
                 if os.geteuid() == 0
-                else " (non-root: workers keep this uid, confined by seccomp/rlimits/cgroups)"
+                else " (non-root: workers keep this uid; Landlock is their filesystem boundary)"
             ),
         ),
     ]
