@@ -26,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import math
 import os
 import secrets
@@ -58,6 +59,8 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
+
+log = logging.getLogger("sandboxd.restricted")
 
 # The zygote imports only what workers need: the package __init__ files (pydantic models,
 # asyncio, psutil...) are bypassed with bare package modules, which keeps the zygote's heap -
@@ -345,8 +348,18 @@ class RestrictedBackend:
             await self._ensure_zygote()
         except Exception as exc:
             self._unavailable = f"could not start the sandbox zygote: {exc}"
+            log.error("restricted: %s", self._unavailable)
             return
         self._unavailable = None
+        log.info(
+            "restricted: zygote pid %d, %s, landlock ABI %d, %s",
+            self._zygote.pid if self._zygote else -1,
+            self.layout.detail or "no cgroups",
+            confine.landlock_abi(),
+            f"workers run as {self.settings.sandbox_uid}:{self.settings.sandbox_gid} in a chroot"
+            if self.root
+            else "daemon not root: workers keep its uid (Landlock is the filesystem boundary)",
+        )
 
     async def close(self) -> None:
         """Stop the zygote (it kills its workers) and remove our cgroups."""
@@ -421,6 +434,9 @@ class RestrictedBackend:
                 raise ZygoteDied("the restricted backend is closed")
             if z is not None:
                 self.restarts += 1
+                log.warning(
+                    "restricted: the sandbox zygote (pid %d) died; starting a new one", z.pid
+                )
                 await z.close()
             self._zygote = await self._spawn()
             return self._zygote
