@@ -362,7 +362,9 @@ class Sandboxd:
         """Run each available backend's confinement probe (cached briefly)."""
         now = time.monotonic()
         if not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S:
-            return self._readiness[1]
+            cached = self._readiness[1]  # probes are cached; draining is not (it is now)
+            return {**cached, "ready": cached["ready"] and not self.draining,
+                    "draining": self.draining}
         reports: dict[str, Any] = {}
         ready = True
         for name, backend in self.backends.items():
