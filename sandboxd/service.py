@@ -362,7 +362,7 @@ class Sandboxd:
         """Run each available backend's confinement probe (cached briefly)."""
         now = time.monotonic()
         if not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S:
-            cached = self._readiness[1]  # probes are cached; draining is not (it is now)
+            cached = self._readiness[1]  # probe results are cached; draining is read fresh
             return {**cached, "ready": cached["ready"] and not self.draining,
                     "draining": self.draining}
         reports: dict[str, Any] = {}
