@@ -345,3 +345,19 @@ def test_readyz_reports_restricted_confinement(env: Env) -> None:
     checks = {c["name"]: c["ok"] for c in restricted["checks"]}
     for name in ("socket_blocked", "write_outside_blocked", "memory_limit", "seccomp"):
         assert checks.get(name) is True, restricted
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "open({abs!r}).read()",
+        "open('/workspace/../..' + {abs!r}).read()",
+        "open('../' * 20 + {abs!r}.lstrip('/')).read()",
+        "with open({abs!r}, 'a') as f:\n    f.write('tampered')",
+        "import json\njson.load(open({abs!r}))",
+    ],
+)
+def test_canary_file_cannot_be_read_or_written(env: Env, template: str) -> None:
+    res = invoke(env, template.format(abs=str(env.canary)))
+    assert res["status"] in ("error", "denied", "rejected"), res
+    assert env.canary.read_text() == CANARY_FILE
