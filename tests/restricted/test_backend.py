@@ -67,7 +67,8 @@ def test_memory_bomb_is_memory_limit(harness: BackendHarness) -> None:
     assert res.status is Status.killed
     assert res.termination.reason is Reason.memory_limit
     assert res.cleanup.verified
-    assert 0 < res.resources.peak_memory_bytes <= 80 * 1024 * 1024
+    # cgroup peak (root) or max RSS, which also counts pages shared with the zygote
+    assert 0 < res.resources.peak_memory_bytes <= 160 * 1024 * 1024
 
 
 def test_big_allocation_memory_error_cannot_be_caught(harness: BackendHarness) -> None:
