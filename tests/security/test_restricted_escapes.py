@@ -91,6 +91,24 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("breakpoint_call", "breakpoint()", "refused"),
     ("func_globals_via_getattr", "def f():\n    pass\ngetattr(f, '__globals__')", "refused"),
     ("func_code_replace", "def f():\n    pass\nf.__code__", "refused"),
+    ("str_subclass_getattr_name", textwrap.dedent("""
+        class S(str):
+            def startswith(self, *args):
+                return False
+            def __eq__(self, other):
+                return False
+            def __hash__(self):
+                return 1
+        getattr((), S('__class__'))
+        """), "refused"),
+    ("str_subclass_setattr_name", textwrap.dedent("""
+        class S(str):
+            def startswith(self, *args):
+                return False
+        class A:
+            pass
+        setattr(A(), S('__class__'), int)
+        """), "refused"),
     ("hasattr_probe", "[hasattr(1, '__class__'), hasattr(open, '__globals__')]", "contained"),
     # ---- attribute chains through allowed modules
     ("json_dumps_globals", "import json\njson.dumps.__globals__['sys']", "refused"),
@@ -195,6 +213,14 @@ ATTACKS: list[tuple[str, str, str]] = [
     # ---- reading secrets / writing outside the workspace
     ("open_proc_environ", "open('/proc/self/environ').read()", "refused"),
     ("open_abs_outside", f"open({PWNED!r}, 'w').write('x')", "refused"),
+    ("open_str_subclass_path", textwrap.dedent("""
+        class P(str):
+            def startswith(self, *args):
+                return False
+            def split(self, *args):
+                return ['etc', 'passwd']
+        open(P('/etc/passwd')).read()
+        """), "refused"),
     ("open_dotdot", "open('../../../../etc/passwd').read()", "refused"),
     ("open_workspace_dotdot", "open('/workspace/../etc/hostname').read()", "refused"),
     ("open_canary_relative", "open('../../canary.txt').read()", "refused"),

@@ -951,10 +951,17 @@ def _check_value(value: Any) -> Any:
 _MISSING = object()
 
 
+def _plain_str(value: Any, what: str) -> str:
+    """An exact ``str`` copy: a user ``str`` subclass could override ``startswith``,
+    ``__eq__`` or ``__hash__`` to pass a check with one value and be used with another."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string")
+    return str.__str__(value) if type(value) is not str else value
+
+
 def guarded_getattr(obj: Any, name: Any, default: Any = _MISSING) -> Any:
     """``getattr`` for user code (and the ``getattr`` builtin)."""
-    if not isinstance(name, str):
-        raise TypeError("attribute name must be a string")
+    name = _plain_str(name, "attribute name")
     if name.startswith("_"):
         if name in ALLOWED_DUNDER_READS or (_is_private_attr(name) and _is_user_object(obj)):
             pass
@@ -1013,13 +1020,15 @@ def guarded_write(obj: Any) -> Any:
 
 
 def guarded_setattr(obj: Any, name: str, value: Any) -> None:
-    if not isinstance(name, str) or (name.startswith("_") and not _is_private_attr(name)):
+    name = _plain_str(name, "attribute name")
+    if name.startswith("_") and not _is_private_attr(name):
         raise _refuse(f"setting attribute '{name}'")
     setattr(guarded_write(obj), name, value)
 
 
 def guarded_delattr(obj: Any, name: str) -> None:
-    if not isinstance(name, str) or (name.startswith("_") and not _is_private_attr(name)):
+    name = _plain_str(name, "attribute name")
+    if name.startswith("_") and not _is_private_attr(name):
         raise _refuse(f"deleting attribute '{name}'")
     delattr(guarded_write(obj), name)
 
@@ -1242,7 +1251,9 @@ class WorkspaceOpener:
 
     def resolve(self, path: Any) -> str:
         if isinstance(path, bytes):
-            path = path.decode("utf-8", "surrogateescape")
+            path = bytes(path).decode("utf-8", "surrogateescape")
+        if isinstance(path, str):
+            path = _plain_str(path, "path")
         if not isinstance(path, str) or not path or "\x00" in path:
             raise SandboxViolation("open(): the path must be a non-empty string")
         rel = path
@@ -1271,7 +1282,8 @@ class WorkspaceOpener:
         errors: str | None = None,
         newline: str | None = None,
     ) -> Any:
-        if not isinstance(mode, str) or set(mode) - set("rwaxbt+"):
+        mode = _plain_str(mode, "mode")
+        if set(mode) - set("rwaxbt+"):
             raise ValueError(f"open(): invalid mode {mode!r}")
         real = self.resolve(file)
         if "b" not in mode and encoding is None:
