@@ -1306,7 +1306,12 @@ class _CappedFile:
         self._name = name
 
     def write(self, data: Any) -> int:
-        size = len(data.encode("utf-8") if isinstance(data, str) else data)
+        if isinstance(data, str):
+            data = _plain_str(data, "data")
+            size = len(data.encode("utf-8", "surrogateescape"))
+        else:
+            data = bytes(memoryview(data))
+            size = len(data)
         if self._f.tell() + size > self._max:
             raise OSError(f"file '{self._name}' would exceed the size limit of {self._max} bytes")
         return self._f.write(data)
