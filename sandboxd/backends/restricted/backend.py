@@ -369,6 +369,7 @@ class RestrictedBackend:
             await z.close()
         if self.layout.version:
             await asyncio.to_thread(self.layout.sweep)
+            await asyncio.to_thread(self.layout.remove_bases)
         self._unavailable = "closed"
 
     def availability(self) -> tuple[bool, str | None]:

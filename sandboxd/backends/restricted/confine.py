@@ -510,6 +510,13 @@ class CgroupLayout:
             ok = remove_cgroup_dir(d, timeout) and ok
         return ok
 
+    def remove_bases(self) -> bool:
+        """Remove the (empty) instance directories themselves; True when all are gone."""
+        ok = True
+        for base in self.bases.values():
+            ok = remove_cgroup_dir(base, 0.5) and ok
+        return ok
+
     def sweep(self) -> list[str]:
         """Remove leftover call cgroups of this instance (after a crash); returns their names."""
         removed: list[str] = []
