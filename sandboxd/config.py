@@ -65,9 +65,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8765
     uds: Path | None = Field(default=None, description="Listen on this unix socket instead of TCP")
-    allow_public_bind: bool = Field(
-        default=False, description="Allow binding a non-loopback address (needs tokens)"
-    )
+    uds_mode: int = Field(default=0o660, description="Mode of the unix socket file")
+    uds_group: str | None = Field(default=None, description="Group of the unix socket file")
 
     # --- files
     state_dir: Path = Field(default_factory=_default_state_dir)

@@ -73,10 +73,9 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
             loop = asyncio.get_running_loop()
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, service.policy.reload)
-            _notify("READY=1\nSTATUS=serving")
             yield
         finally:
-            _notify("STOPPING=1")
+            notify_systemd("STOPPING=1")
             await service.drain(settings.drain_grace_s)
             await service.close()
 
@@ -134,7 +133,8 @@ def _rate_limiter(settings: Settings):  # type: ignore[no-untyped-def]
     return RateLimiter(settings.rate_limit_per_minute)
 
 
-def _notify(message: str) -> None:
+def notify_systemd(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
     try:
         from sandboxd.notify import notify
     except ImportError:

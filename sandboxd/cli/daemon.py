@@ -106,6 +106,7 @@ def _draining_server_class() -> type:
         def __init__(self, config: uvicorn.Config, service: Any, grace_s: float) -> None:
             super().__init__(config)
             self.service = service
+            self.settings = service.settings
             self.grace_s = grace_s
             self._draining = False
             self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,6 +116,20 @@ def _draining_server_class() -> type:
             if self.config.uds:
                 os.umask(0o077)  # the socket file: owner only (grant access by group/ACL)
             await super().serve(sockets)
+
+        async def startup(self, sockets: Any = None) -> None:
+            """Bind, then set the socket's mode/group and tell systemd we are ready (only
+            now: the lifespan, including the confinement self-test, ran before the bind)."""
+            await super().startup(sockets)
+            if not self.started:
+                return
+            if self.config.uds:
+                _secure_socket(Path(self.config.uds), self.settings)
+            from sandboxd.api.app import notify_systemd
+
+            where = self.config.uds or f"http://{self.config.host}:{self.config.port}"
+            notify_systemd(f"READY=1\nSTATUS=serving on {where}")
+            logging.getLogger("sandboxd").info("sandboxd ready on %s", where)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self._draining or self._loop is None:
@@ -130,6 +145,15 @@ def _draining_server_class() -> type:
             self.should_exit = True
 
     return _DrainingServer
+
+
+def _secure_socket(path: Path, settings: Any) -> None:
+    """Give the unix socket the configured mode and group (clients need write access)."""
+    if settings.uds_group:
+        import grp
+
+        os.chown(path, -1, grp.getgrnam(settings.uds_group).gr_gid)
+    os.chmod(path, settings.uds_mode)
 
 
 def DrainingServer(config: Any, service: Any, grace_s: float) -> Any:

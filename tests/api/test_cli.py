@@ -49,3 +49,28 @@ def test_invoke_reports_unreachable_daemon() -> None:
     r = sandboxd("invoke", "python", "--arg", "code=1", "--url", "http://127.0.0.1:9")
     assert r.returncode == 1
     assert "cannot reach the daemon" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_serve_on_unix_socket(tmp_path: Path) -> None:
+    import os
+    import stat
+    import time
+
+    sock = tmp_path / "run" / "sandboxd.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
+         "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert sock.exists(), proc.stdout.read() if proc.poll() is not None else "no socket"
+        time.sleep(0.2)
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o660  # owner and group only
+        r = sandboxd("invoke", "python", "--arg", "code=print(7*6)", "--url", f"unix:{sock}")
+        assert (r.returncode, r.stdout) == (0, "42\n"), r.stderr
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    assert not sock.exists()  # removed on shutdown
