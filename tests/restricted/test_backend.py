@@ -201,6 +201,8 @@ def test_zygote_restarts_after_crash(harness: BackendHarness) -> None:
     zygote = harness.backend._zygote
     assert zygote is not None
     before = harness.backend.restarts
+    old_cgroups = [w.cgroup for w in zygote.workers.values()]
+    assert old_cgroups
     os.kill(zygote.pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while zygote.alive and time.monotonic() < deadline:
@@ -209,8 +211,10 @@ def test_zygote_restarts_after_crash(harness: BackendHarness) -> None:
     assert res.status is Status.ok and res.stdout == "back\n"
     assert harness.backend.restarts == before + 1
     assert harness.backend._zygote is not None and harness.backend._zygote.pid != zygote.pid
-    assert not psutil.pid_exists(zygote.pid) or \
-        psutil.Process(zygote.pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(zygote.pid)  # reaped, no zombie
+    # the dead zygote's standby workers are gone, and so are their cgroups
+    for name in old_cgroups:
+        assert not any(d.exists() for d in harness.backend.layout.dirs(name)), name
 
 
 def test_zygote_crash_during_call_reports_error(harness: BackendHarness) -> None:

@@ -300,6 +300,8 @@ class _ZygoteHandle:
             worker.fail(ZygoteDied("the sandbox zygote process died"))
         while self.standby:
             self.standby.popleft().close()
+        if self.proc.poll() is None:  # reap it once it is gone (no zombie left behind)
+            self.loop.run_in_executor(None, self.proc.wait)
 
     async def close(self) -> None:
         self.alive = False
@@ -435,6 +437,11 @@ class RestrictedBackend:
                 raise ZygoteDied("the restricted backend is closed")
             if z is not None:
                 self.restarts += 1
+                # workers of the dead zygote died with it (parent-death signal); their cgroups
+                # have nobody left to remove them
+                orphans = [w.cgroup for w in z.workers.values()]
+                if self.layout.version and orphans:
+                    await asyncio.to_thread(lambda: [self.layout.remove(c) for c in orphans])
                 log.warning(
                     "restricted: the sandbox zygote (pid %d) died; starting a new one", z.pid
                 )
