@@ -69,6 +69,8 @@ async def test_200_timing_out_calls_leave_no_container(docker_client: Any,
                 # a concurrent call of the same session timed out and took the container
                 assert session is not None, res
                 assert res.message and "another call of the session" in res.message
+            assert res.termination.reason in (Reason.wall_timeout, Reason.cancelled), (
+                timeout, session, res)
             return res.termination.reason
 
     started = time.monotonic()

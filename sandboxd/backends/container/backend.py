@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -408,12 +408,14 @@ class ContainerBackend:
                     self._pool_shape[image] = shape
                 box = self._take_from_pool(image)
             if box is None:
-                box = await asyncio.wait_for(
+                made, box = await within(
                     self._new_box(image=image, shape=shape, role="oneshot",
                                   invocation=invocation.id,
                                   workspace=None if poolable else invocation.workspace,
                                   network=invocation.network),
-                    timeout=max(deadline - time.monotonic(), 0.001))
+                    deadline - time.monotonic())
+                if not made:  # _new_box removed what it had started
+                    raise TimeoutError
             if box.shape != shape:
                 await self._engine(engine.update_shape, self.client, box.cid or box.name, shape)
                 box.shape = shape
@@ -442,11 +444,13 @@ class ContainerBackend:
             box = self._sessions.get(key)
             if box is not None and not box.dead:
                 return box
-            box = await asyncio.wait_for(
+            made, box = await within(
                 self._new_box(image=image, shape=shape, role="session",
                               invocation=invocation.id, workspace=invocation.workspace,
                               network=invocation.network, session=invocation.session),
-                timeout=max(deadline - time.monotonic(), 0.001))
+                deadline - time.monotonic())
+            if not made:
+                raise TimeoutError
             self._sessions[key] = box
             return box
 
@@ -495,43 +499,48 @@ class ContainerBackend:
 
     async def _exchange(self, box: Box, request: dict[str, Any], limits: Limits,
                         deadline: float) -> _Outcome:
-        """Run one request on ``box`` within the deadline (raises TimeoutError)."""
-        out = CallOutput()
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        conn = None
-        lost: str | None = None
-        try:
-            async with asyncio.timeout(remaining):
-                if not box.endpoint.hello.is_set() and remaining > RUNNER_CONNECT_S:
-                    try:
-                        await asyncio.wait_for(box.endpoint.hello.wait(), RUNNER_CONNECT_S)
-                    except TimeoutError:
-                        return _Outcome(out, (
-                            f"the sandbox runner of image {box.image} did not start within "
-                            f"{RUNNER_CONNECT_S:g} s; images must be built FROM the sandboxd "
-                            "image (see images/)"))
-                conn = await self._take(box)
-                if conn is None:
-                    return _Outcome(out, "the sandbox container stopped (its runner is gone)")
-                try:
-                    await call(conn, request, limits.output_bytes, out)
-                except RunnerLost as exc:
-                    lost = str(exc)
-        finally:
-            if conn is not None:
-                box.endpoint.release(conn[1])
-        return _Outcome(out, lost)
+        """Run one request on ``box`` within the deadline (raises TimeoutError).
 
-    async def _take(self, box: Box) -> Conn | None:
-        """An idle runner connection of ``box``; None when the container has stopped."""
+        The deadline is enforced with ``asyncio.wait`` around a task, never with nested
+        ``wait_for``/``timeout`` (Python 3.11's ``wait_for`` can swallow a cancellation that
+        races with completion, which would let a call outlive its deadline).
+        """
+        out = CallOutput()
+        held: list[Conn] = []
+        if deadline - time.monotonic() <= 0:
+            raise TimeoutError
+        task = asyncio.ensure_future(self._exchange_body(box, request, limits, out, held))
+        try:
+            finished, result = await within(task, deadline - time.monotonic())
+        finally:
+            for conn in held:
+                box.endpoint.release(conn[1])
+        if not finished:
+            raise TimeoutError
+        return result
+
+    async def _exchange_body(self, box: Box, request: dict[str, Any], limits: Limits,
+                             out: CallOutput, held: list[Conn]) -> _Outcome:
+        if not box.endpoint.hello.is_set():
+            started, _ = await within(box.endpoint.hello.wait(), RUNNER_CONNECT_S)
+            if not started:
+                return _Outcome(out, (
+                    f"the sandbox runner of image {box.image} did not start within "
+                    f"{RUNNER_CONNECT_S:g} s; images must be built FROM the sandboxd image "
+                    "(see images/)"))
         while True:
-            try:
-                return await asyncio.wait_for(box.endpoint.take(), LIVENESS_CHECK_S)
-            except TimeoutError:
-                if not await self._engine(engine.is_running, self.client, box.cid or box.name):
-                    return None
+            got, conn = await within(box.endpoint.take(), LIVENESS_CHECK_S,
+                                     orphan=box.endpoint.give_back)
+            if got:
+                break
+            if not await self._engine(engine.is_running, self.client, box.cid or box.name):
+                return _Outcome(out, "the sandbox container stopped (its runner is gone)")
+        held.append(conn)
+        try:
+            await call(conn, request, limits.output_bytes, out)
+        except RunnerLost as exc:
+            return _Outcome(out, str(exc))
+        return _Outcome(out, None)
 
     # ------------------------------------------------------------ results
 
@@ -695,6 +704,31 @@ class _Outcome:
         """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
         rec = self.record
         return not rec.get("oom") and (self.lost is not None or rec.get("signal") == 9)
+
+
+async def within(aw: Awaitable[T], timeout: float,
+                 orphan: Callable[[T], None] | None = None) -> tuple[bool, T]:
+    """``(True, result)`` when ``aw`` finishes within ``timeout`` seconds, else cancel it,
+    wait until it has really stopped, and return ``(False, None)``.
+
+    Unlike ``asyncio.wait_for`` on Python 3.11 this never loses a cancellation or a result:
+    a result that arrives while we are being cancelled is handed to ``orphan``.
+    """
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(timeout, 0))
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.wait({task})
+        if orphan is not None and not task.cancelled() and task.exception() is None:
+            orphan(task.result())
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})
+        if task.cancelled():
+            return False, None  # type: ignore[return-value]
+    return True, task.result()
 
 
 def _gone(box: Box | None, verified: bool) -> str:

@@ -107,6 +107,10 @@ class Endpoint:
                 return reader, writer
             self._drop(writer)
 
+    def give_back(self, conn: Conn) -> None:
+        """Return an idle connection that was taken but not used (a cancelled wait)."""
+        self.idle.put_nowait(conn)
+
     def release(self, writer: asyncio.StreamWriter) -> None:
         """Close a connection used by a call (the handler then stops its worker)."""
         self._drop(writer)
