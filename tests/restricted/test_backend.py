@@ -316,3 +316,13 @@ def test_run_before_start_is_an_error(tmp_path: Path) -> None:
     res = asyncio.run(backend.run(inv, Limits(), time.monotonic() + 5))
     assert res.status is Status.error and "unavailable" in (res.message or "")
     assert backend.availability()[0] is False
+
+
+def test_memory_limit_below_worker_needs(harness: BackendHarness) -> None:
+    if not harness.backend.layout.version:
+        pytest.skip("needs cgroups (root)")
+    res = harness.run("print(1)", memory_bytes=1024 * 1024)
+    assert res.status is Status.killed
+    assert res.termination.reason is Reason.memory_limit
+    assert "below what the python worker needs" in (res.message or "")
+    assert res.cleanup.verified

@@ -696,7 +696,7 @@ class RestrictedBackend:
         elif reason is Reason.cpu_limit:
             message = "CPU time limit exceeded"
         elif reason is Reason.memory_limit:
-            message = f"memory limit of {limits.memory_bytes} bytes exceeded"
+            message = message or f"memory limit of {limits.memory_bytes} bytes exceeded"
         status = status_for(reason, exit_code)
         if reason is Reason.exited and exit_code != 0 and status is Status.ok:
             status = Status.error

@@ -468,14 +468,17 @@ class CgroupLayout:
             for fname in order:
                 try:
                     _write(mem / fname, str(memory_bytes))
-                except OSError:
+                except OSError as exc:
                     if fname != memsw.name:
-                        raise
+                        raise _below_usage(memory_bytes, exc) from exc
             _write(self.bases["cpu"] / name / "cpu.cfs_quota_us", str(quota))
             _write(self.bases["pids"] / name / "pids.max", str(pids))
         elif self.version == 2:
             d = self.bases[""] / name
-            _write(d / "memory.max", str(memory_bytes))
+            try:
+                _write(d / "memory.max", str(memory_bytes))
+            except OSError as exc:
+                raise _below_usage(memory_bytes, exc) from exc
             with contextlib.suppress(OSError):
                 _write(d / "memory.swap.max", "0")
             _write(d / "cpu.max", f"{quota} 100000")
@@ -544,6 +547,14 @@ def _read_or_empty(path: str) -> str:
         return _read(path)
     except OSError:
         return ""
+
+
+def _below_usage(memory_bytes: int, exc: OSError) -> BaseException:
+    if exc.errno == errno.EBUSY:
+        return MemoryError(
+            f"a memory limit of {memory_bytes} bytes is below what the python worker needs to start"
+        )
+    return exc
 
 
 def cgroup_pids(d: Path) -> list[int]:

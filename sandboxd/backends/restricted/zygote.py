@@ -183,6 +183,9 @@ def _worker(
         )
         try:
             confine.enter_sandbox(spec, layout, program)
+        except MemoryError as exc:  # the call's memory limit is below the worker's needs
+            emit(b"r", json.dumps({"outcome": "memory_limit", "message": str(exc)}).encode())
+            return 70
         except BaseException as exc:
             setup_error = f"{type(exc).__name__}: {exc}"
     if setup_error is not None:
