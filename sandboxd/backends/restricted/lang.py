@@ -1582,7 +1582,7 @@ def run_user_code(
             stderr.write_raw(f"{type(exc).__name__}\n")
         report.update(outcome="error", exit_code=1, message=f"{type(exc).__name__}")
     if STATE.memory_hit:
-        report.update(outcome="memory_limit", exit_code=1, message="memory limit exceeded")
+        report.update(outcome="memory_limit", exit_code=1)
         stderr.write_raw("MemoryError: the memory limit was exceeded\n")
     elif STATE.limit_hit is not None:
         report.update(outcome=STATE.limit_hit.reason, exit_code=1, message=str(STATE.limit_hit))
