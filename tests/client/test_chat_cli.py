@@ -199,3 +199,58 @@ def test_chat_llm_error_is_reported_and_chat_goes_on(tmp_path: Path,
     assert "error: LLM server answered 404" in out.stderr
     assert "model 'scripted' not found" in out.stderr
     assert "fine now; history has 1 message(s)" in out.stdout  # the failed turn was dropped
+
+
+def test_interactive_terminal_prompts_and_readline_history(tmp_path: Path,
+                                                           token_daemon: TokenDaemon) -> None:
+    import pty
+    import select
+
+    hist = tmp_path / "chat_history"
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        return text_reply(f"echo {body['messages'][-1]['content']}")
+
+    with ScriptedLLM(script) as llm:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: a chat on a real terminal
+            os.execve(sys.executable, [
+                sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "m",
+                "--sandbox", token_daemon.url, "--token", token_daemon.token,
+                "--tools", "read_file", "--history-file", str(hist)], _env(tmp_path))
+        out = b""
+        status: int | None = None
+
+        def pump_until(pattern: bytes, count: int = 1, timeout: float = 30) -> None:
+            nonlocal out
+            deadline = time.monotonic() + timeout
+            while out.count(pattern) < count:
+                assert time.monotonic() < deadline, out.decode(errors="replace")
+                ready, _, _ = select.select([fd], [], [], 0.1)
+                if ready:
+                    try:
+                        out += os.read(fd, 4096)
+                    except OSError:
+                        break
+
+        try:
+            pump_until(b"you> ")
+            os.write(fd, b"hello there\r")
+            pump_until(b"bot> echo hello there")
+            pump_until(b"you> ", count=2)
+            time.sleep(0.3)  # let readline take the terminal before the key arrives
+            os.write(fd, b"\x04")  # Ctrl-D
+            deadline = time.monotonic() + 30
+            status = None
+            while status is None and time.monotonic() < deadline:
+                done, code = os.waitpid(pid, os.WNOHANG)
+                status = code if done else None
+                time.sleep(0.05)
+        finally:
+            if status is None:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            os.close(fd)
+    assert status is not None, out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert hist.read_text().splitlines()[-1] == "hello there"
