@@ -1,15 +1,17 @@
-"""sandboxd runner: runs inside a sandbox container and forks a fresh process per call.
+"""sandboxd runner: runs inside a sandbox container and starts a fresh process per call.
 
 Started by the container's init (docker-init / tini) as uid 10001. The daemon listens on a unix
 socket in a per-container host directory that is bind-mounted read-only at /run/sandboxd; the
-runner connects to it and waits for a request. When one arrives it forks a *handler* that owns
-that connection for the whole call, and immediately opens a new idle connection for the next
-call (so concurrent calls of one session each get their own connection).
+runner connects to it and waits for a request. When one arrives, that connection belongs to
+the call, and the runner at once opens a new idle connection for the next call (so concurrent
+calls of one session each get their own connection).
 
-The handler forks the *worker* (own process group, oom_score_adj 1000, stdin /dev/null, the
-environment the request names and nothing else), relays its stdout/stderr as frames, stops it
-when the output cap is reached, the pids limit is hit or the daemon hangs up, and finally sends
-the exit status, rusage and the cgroup's OOM/pids events.
+Each call gets a *worker* process (its own session and process group, oom_score_adj 1000,
+stdin /dev/null, the environment the request names and nothing else): commands are started
+with posix_spawn, python code runs in a fork of this interpreter (modules pre-imported, GC
+frozen). One select loop relays every worker's stdout/stderr as frames, stops a worker when
+the output cap is reached, the pids limit is hit or the daemon hangs up, and finally sends the
+exit status, rusage and the cgroup's OOM/pids events.
 
 Wire format (both directions): 1 byte type, 4 bytes big-endian length, payload.
   daemon -> runner  b"R" JSON request
@@ -96,7 +98,7 @@ def cgroup_counters():
     return _read_key(OOM_FILES, "oom_kill"), _read_key(PIDS_FILES, "max")
 
 
-# ------------------------------------------------------------------ the worker (grandchild)
+# ------------------------------------------------------------------ the worker (child)
 
 
 def _user_import(allow, deny):
@@ -269,10 +271,10 @@ def _set_oom_score_adj(value):
         return False
 
 
-# ------------------------------------------------------------------ the handler (child)
+# ------------------------------------------------------------------ calls
 
 
-def _group_gone(pgid, wait_s=1.0):
+def _group_gone(pgid, wait_s=0.3):
     """True once no process of process group ``pgid`` is left (they were SIGKILLed)."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -297,137 +299,141 @@ def _group_gone(pgid, wait_s=1.0):
         time.sleep(0.01)
 
 
-def handle(conn, req):
-    """Own one call: fork the worker, relay its output, report how it ended."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    oom0, pids0 = cgroup_counters()
-    limit = int(req.get("output_bytes") or 1024 * 1024)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    value_r = value_w = None
-    if req.get("kind") == "python":
-        value_r, value_w = os.pipe()
-    started = time.monotonic()
-    try:
-        pid = spawn_command(req, out_w, err_w)
-        if pid is None:
-            pid = os.fork()
-    except OSError as exc:
-        _, pids1 = cgroup_counters()
-        send_frame(conn, b"x", json.dumps({
-            "error": f"cannot start the process: {exc.strerror}",
-            "pids_limit": pids1 > pids0,
-        }).encode())
-        os._exit(0)
-    if pid == 0:
-        conn.close()
-        for fd in (out_r, err_r, value_r):
-            if fd is not None:
-                os.close(fd)
-        worker(req, out_w, err_w, value_w)
-    for fd in (out_w, err_w, value_w):
-        if fd is not None:
+class Call:
+    """One call in flight: its connection, worker process and output pipes."""
+
+    def __init__(self, conn, req):
+        self.conn = conn
+        self.cfd = conn.fileno()
+        self.req = req
+        self.limit = int(req.get("output_bytes") or 1024 * 1024)
+        self.oom0, self.pids0 = cgroup_counters()
+        self.started = time.monotonic()
+        self.pid = None
+        self.streams = {}
+        self.value_r = None
+        self.pipes = set()
+        self.sent = 0
+        self.value_buf = bytearray()
+        self.reaped = None  # (status, rusage) once the worker has exited
+        self.grace_until = None  # then its leftovers get a moment to flush, not forever
+        self.output_limit = False
+        self.pids_limit = False
+        self.hangup = False
+
+    def start(self):
+        """Start the worker: posix_spawn for commands, fork for python code."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        value_w = None
+        if self.req.get("kind") == "python":
+            self.value_r, value_w = os.pipe()
+        self.streams = {out_r: b"o", err_r: b"e"}
+        self.pipes = {out_r, err_r} | ({self.value_r} if self.value_r is not None else set())
+        for fd in self.pipes:
+            os.set_blocking(fd, False)
+        try:
+            pid = spawn_command(self.req, out_w, err_w)
+            if pid is None:
+                pid = os.fork()
+                if pid == 0:
+                    worker(self.req, out_w, err_w, value_w)  # never returns
+        finally:
+            for fd in (out_w, err_w, value_w):
+                if fd is not None:
+                    os.close(fd)
+        self.pid = pid
+
+    @property
+    def stopping(self):
+        return self.hangup or self.output_limit or self.pids_limit
+
+    def on_pipe(self, fd):
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:  # a stale readiness report (fd numbers are reused)
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.pipes.discard(fd)
             os.close(fd)
-
-    sent = 0
-    output_limit = False
-    pids_limit = False
-    hangup = False
-    value_buf = bytearray()
-    streams = {out_r: b"o", err_r: b"e"}
-    pipes = {out_r, err_r} | ({value_r} if value_r is not None else set())
-    cfd = conn.fileno()
-    last_check = time.monotonic()
-
-    def stop():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    reaped = None  # (status, rusage) once the worker has exited
-    grace_until = None  # then its leftovers get a moment to flush, not forever
-    while pipes and not (hangup or output_limit or pids_limit):
-        if grace_until is not None and time.monotonic() > grace_until:
-            break
-        try:
-            ready, _, _ = select.select([*pipes, cfd], [], [], 0.05)
-        except InterruptedError:
-            continue
-        for fd in ready:
-            if fd == cfd:
-                try:
-                    data = conn.recv(1)
-                except OSError:
-                    data = b""
-                if not data:  # the daemon hung up (timeout or cancellation): stop now
-                    hangup = True
-                continue
+            return
+        if fd == self.value_r:
+            if len(self.value_buf) < 2 * 1024 * 1024:
+                self.value_buf += data
+            return
+        if self.output_limit:
+            return
+        room = self.limit - self.sent
+        if len(data) > room:
+            data = data[: max(room, 0)]
+            self.output_limit = True
+        if data:
+            self.sent += len(data)
             try:
-                data = os.read(fd, CHUNK)
+                send_frame(self.conn, self.streams[fd], data)
             except OSError:
-                data = b""
-            if not data:
-                pipes.discard(fd)
-                os.close(fd)
-                continue
-            if fd == value_r:
-                if len(value_buf) < 2 * 1024 * 1024:
-                    value_buf += data
-                continue
-            room = limit - sent
-            if len(data) > room:
-                data = data[: max(room, 0)]
-                output_limit = True
-            if data:
-                sent += len(data)
-                try:
-                    send_frame(conn, streams[fd], data)
-                except OSError:
-                    hangup = True
-        now = time.monotonic()
-        if reaped is None and (not ready or now - last_check >= 0.05):
-            done, wstatus, wusage = os.wait4(pid, os.WNOHANG)
-            if done == pid:
-                reaped = (wstatus, wusage)
-                grace_until = now + 0.2
-        if now - last_check >= 0.05:
-            last_check = now
-            if cgroup_counters()[1] > pids0:
-                pids_limit = True
-    if hangup or output_limit or pids_limit:
-        stop()
+                self.hangup = True
 
-    if reaped is None:
-        _, status, usage = os.wait4(pid, 0)
-    else:
-        status, usage = reaped
-    stop()  # anything the worker left behind in its process group (e.g. `cmd &`)
-    group_gone = _group_gone(pid)
-    oom1, pids1 = cgroup_counters()
-    record = {
-        "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
-        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
-        "peak_memory_bytes": int(usage.ru_maxrss) * 1024,
-        "wall_ms": int((time.monotonic() - started) * 1000),
-        "oom": oom1 > oom0,
-        "pids_limit": pids_limit or pids1 > pids0,
-        "output_limit": output_limit,
-        "group_gone": group_gone,
-    }
-    if value_buf:
-        try:
-            record["value"] = json.loads(value_buf.decode())["value"]
-            record["has_value"] = True
-        except (ValueError, KeyError, UnicodeDecodeError):
-            pass
-    if not hangup:
-        try:
-            send_frame(conn, b"x", json.dumps(record).encode())
-        except OSError:
-            pass
-    os._exit(0)
+    def poll(self, now):
+        """Reap the worker without blocking; True when the call can be finished."""
+        if self.reaped is None:
+            try:
+                done, status, usage = os.wait4(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status, usage = self.pid, 0, None
+            if done == self.pid:
+                self.reaped = (status, usage)
+                self.grace_until = now + 0.2
+        if self.stopping:
+            return True
+        return self.reaped is not None and (not self.pipes or now > self.grace_until)
+
+    def finish(self):
+        """Stop what is left of the call, report how it ended, release everything."""
+        if self.stopping:
+            _killpg(self.pid)
+        if self.reaped is None:
+            _, status, usage = os.wait4(self.pid, 0)
+        else:
+            status, usage = self.reaped
+        _killpg(self.pid)  # anything the worker left behind in its process group (`cmd &`)
+        group_gone = _group_gone(self.pid)
+        oom1, pids1 = cgroup_counters()
+        record = {
+            "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000) if usage else 0,
+            "peak_memory_bytes": int(usage.ru_maxrss) * 1024 if usage else 0,
+            "wall_ms": int((time.monotonic() - self.started) * 1000),
+            "oom": oom1 > self.oom0,
+            "pids_limit": self.pids_limit or pids1 > self.pids0,
+            "output_limit": self.output_limit,
+            "group_gone": group_gone,
+        }
+        if self.value_buf:
+            try:
+                record["value"] = json.loads(self.value_buf.decode())["value"]
+                record["has_value"] = True
+            except (ValueError, KeyError, UnicodeDecodeError):
+                pass
+        if not self.hangup:
+            try:
+                send_frame(self.conn, b"x", json.dumps(record).encode())
+            except OSError:
+                pass
+        for fd in self.pipes:
+            os.close(fd)
+        self.pipes = set()
+        self.conn.close()
+
+
+def _killpg(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------ the runner (main loop)
@@ -447,49 +453,92 @@ def connect():
             time.sleep(0.005)
 
 
+def _refuse(conn, message, pids_limit=False):
+    try:
+        send_frame(conn, b"x", json.dumps({"error": message, "pids_limit": pids_limit}).encode())
+    except OSError:
+        pass
+    conn.close()
+
+
+def _idle():
+    conn = connect()
+    send_frame(conn, b"h", json.dumps({"pid": os.getpid()}).encode())
+    return conn
+
+
 def main():
-    # Children are reaped automatically; handlers restore SIGCHLD for their own worker.
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    """One process, one select loop: every call's connection, pipes and worker."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.umask(0o022)
-    # Everything imported so far is shared with every forked handler and worker: keep the
-    # garbage collector from touching (and so copying) those pages after each fork.
+    # Everything imported so far is shared with every forked worker: keep the garbage
+    # collector from touching (and so copying) those pages after each fork.
     gc.collect()
     gc.freeze()
+    idle = _idle()
+    calls = {}  # connection fd -> Call
+    owners = {}  # pipe fd -> Call
+    last_pids_check = 0.0
     while True:
-        conn = connect()
+        rlist = [idle.fileno(), *calls, *owners]
         try:
-            send_frame(conn, b"h", json.dumps({"pid": os.getpid()}).encode())
-            kind, body = recv_frame(conn)
-        except OSError:
-            kind = None
-        if kind is None:  # daemon closed the idle connection: it is shutting us down
-            conn.close()
-            return 0
-        try:
-            req = json.loads(body)
-        except ValueError:
-            conn.close()
+            ready, _, _ = select.select(rlist, [], [], 0.05 if calls else None)
+        except InterruptedError:
             continue
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            try:
-                send_frame(conn, b"x", json.dumps({
-                    "error": f"cannot start the call: {exc.strerror}",
-                    "pids_limit": exc.errno == 11,
-                }).encode())
-            except OSError:
-                pass
-            conn.close()
-            time.sleep(0.01)
-            continue
-        if pid == 0:
-            try:
-                handle(conn, req)
-            finally:
-                os._exit(0)
-        conn.close()
+        for fd in ready:
+            if fd == idle.fileno():
+                try:
+                    kind, body = recv_frame(idle)
+                except OSError:
+                    kind = None
+                if kind is None:  # the daemon closed the idle connection: shut down
+                    for call in calls.values():
+                        _killpg(call.pid)
+                    return 0
+                conn, idle = idle, None
+                try:
+                    call = Call(conn, json.loads(body))
+                    call.start()
+                except ValueError:
+                    conn.close()
+                except OSError as exc:
+                    for pfd in call.pipes:
+                        os.close(pfd)
+                    _refuse(conn, f"cannot start the process: {exc.strerror}",
+                            exc.errno == 11 or cgroup_counters()[1] > call.pids0)
+                else:
+                    calls[call.cfd] = call
+                    for pfd in call.pipes:
+                        owners[pfd] = call
+                idle = _idle()  # ready for the next call at once
+            elif fd in calls:
+                call = calls[fd]
+                try:
+                    data = call.conn.recv(1, socket.MSG_DONTWAIT)
+                except BlockingIOError:  # stale readiness report
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # the daemon hung up (timeout or cancellation): stop now
+                    call.hangup = True
+            elif fd in owners:
+                call = owners[fd]
+                call.on_pipe(fd)
+                if fd not in call.pipes:
+                    del owners[fd]
+        now = time.monotonic()
+        if calls and now - last_pids_check >= 0.05:
+            last_pids_check = now
+            pids_now = cgroup_counters()[1]
+            for call in calls.values():
+                if pids_now > call.pids0:
+                    call.pids_limit = True
+        for cfd, call in list(calls.items()):
+            if call.poll(now):
+                for pfd in call.pipes:
+                    owners.pop(pfd, None)
+                del calls[cfd]
+                call.finish()
 
 
 if __name__ == "__main__":
