@@ -254,9 +254,12 @@ def test_startup_sweep_removes_leftover_cgroups(tmp_path: Path) -> None:
         leftover = [base / "wdeadbeef" for base in layout.bases.values()]
         for d in leftover:
             d.mkdir()
+        scratch = tmp_path / "restricted-probe-deadbeef"  # a probe killed with its daemon
+        (scratch / "ws").mkdir(parents=True)
         h.call(h.backend.close())
         h.call(h.backend.start())
         assert not any(d.exists() for d in leftover)
+        assert not scratch.exists()
         assert h.run("print(1)").stdout == "1\n"
     finally:
         h.close()

@@ -4,8 +4,6 @@ or temporary directory behind."""
 from __future__ import annotations
 
 import asyncio
-import glob
-import tempfile
 import time
 
 import psutil
@@ -21,7 +19,7 @@ MEMORY_CODE = "x = []\nwhile True:\n    x.append('a' * 10**6)"
 
 @pytest.mark.slow
 def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
-    probe_dirs_before = set(glob.glob(f"{tempfile.gettempdir()}/sandboxd-probe-*"))
+    harness.call(harness.backend.probe())  # its scratch directory must go away as well
     ws = harness.workspace()
 
     async def one(i: int) -> tuple[int, object]:
@@ -73,4 +71,4 @@ def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
         assert procs <= standby_pids
     # the workspace holds nothing the failed calls left behind, no temp dirs appeared
     assert list(ws.iterdir()) == []
-    assert set(glob.glob(f"{tempfile.gettempdir()}/sandboxd-probe-*")) <= probe_dirs_before
+    assert not list(harness.state_dir.glob("restricted-probe-*"))

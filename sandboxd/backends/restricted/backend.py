@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,6 +62,7 @@ from sandboxd.models import (
 )
 
 log = logging.getLogger("sandboxd.restricted")
+_PROBE_PREFIX = "restricted-probe-"
 
 # The zygote imports only what workers need: the package __init__ files (pydantic models,
 # asyncio, psutil...) are bypassed with bare package modules, which keeps the zygote's heap -
@@ -345,6 +347,8 @@ class RestrictedBackend:
         )
         if self.layout.version:
             await asyncio.to_thread(self.layout.sweep)
+        for leftover in self.settings.state_dir.glob(f"{_PROBE_PREFIX}*"):
+            await asyncio.to_thread(shutil.rmtree, leftover, True)
         self._closed = False
         try:
             await self._ensure_zygote()
@@ -748,21 +752,20 @@ class RestrictedBackend:
     async def probe(self) -> ProbeReport:
         """Run trusted probes in fully confined workers: socket blocked, write outside the
         workspace blocked, memory limit enforced, unprivileged (when root), seccomp active."""
-        import tempfile
-
         checks: list[ProbeCheck] = []
         ok, reason = self.availability()
         if not ok:
             return ProbeReport(backend=self.name, ok=False, detail=reason or "unavailable")
-        with tempfile.TemporaryDirectory(prefix="sandboxd-probe-") as tmp:
-            base = Path(tmp)
+        # under the state directory (not /tmp): a daemon killed mid-probe leaves it where the
+        # next start-up sweep finds it
+        base = self.settings.state_dir / f"{_PROBE_PREFIX}{secrets.token_hex(6)}"
+        try:
+            base.mkdir(parents=True, mode=0o700)
             ws = base / "ws"
-            ws.mkdir()
+            ws.mkdir(mode=0o700)
             outside = base / f"outside-{secrets.token_hex(4)}"
             if self.root:
                 os.chown(ws, self.settings.sandbox_uid, self.settings.sandbox_gid)
-                # the parent must be traversable by the sandbox user for chroot/chdir
-                os.chmod(base, 0o711)
             inv = Invocation(
                 tool="python",
                 kind=ToolKind.python,
@@ -817,6 +820,8 @@ class RestrictedBackend:
                     name="cleanup", ok=res.cleanup.verified, detail=res.cleanup.detail or "verified"
                 )
             )
+        finally:
+            await asyncio.to_thread(shutil.rmtree, base, True)
         return ProbeReport(
             backend=self.name,
             ok=all(c.ok for c in checks),
