@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, overload
+from urllib.parse import quote
 
 import httpx
 
@@ -48,6 +49,11 @@ class SessionInfo:
     def from_json(cls, data: dict[str, Any]) -> SessionInfo:
         known = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
+
+
+def _seg(value: str) -> str:
+    """One URL path segment: a name can never reach another route (``../``, ``?``, ``#``)."""
+    return quote(str(value), safe="")
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
@@ -238,7 +244,7 @@ class SandboxClient(_Base):
         Tool arguments named ``arguments``, ``session`` or ``limits`` must go in the dict.
         """
         body = _invoke_body(arguments, kwargs, session, limits)
-        response = self.request("POST", f"/v1/tools/{tool}/invoke", json=body)
+        response = self.request("POST", f"/v1/tools/{_seg(tool)}/invoke", json=body)
         return Result.model_validate(response.json())
 
     def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
@@ -257,11 +263,11 @@ class SandboxClient(_Base):
 
     def get_session(self, session_id: str) -> SessionInfo:
         """Describe one of this client's sessions."""
-        return SessionInfo.from_json(self.request("GET", f"/v1/sessions/{session_id}").json())
+        return SessionInfo.from_json(self.request("GET", f"/v1/sessions/{_seg(session_id)}").json())
 
     def delete_session(self, session_id: str) -> None:
         """Delete a session and its workspace."""
-        self.request("DELETE", f"/v1/sessions/{session_id}")
+        self.request("DELETE", f"/v1/sessions/{_seg(session_id)}")
 
     @contextmanager
     def session(self, ttl_s: float | None = None) -> Iterator[Session]:
@@ -431,7 +437,7 @@ class AsyncSandboxClient(_Base):
                      timeout: float | None = None, **kwargs: Any) -> Result:
         """See :meth:`SandboxClient.invoke`. ``timeout`` bounds the HTTP wait (seconds)."""
         body = _invoke_body(arguments, kwargs, session, limits)
-        response = await self.request("POST", f"/v1/tools/{tool}/invoke", json=body,
+        response = await self.request("POST", f"/v1/tools/{_seg(tool)}/invoke", json=body,
                                       timeout=timeout)
         return Result.model_validate(response.json())
 
@@ -448,10 +454,10 @@ class AsyncSandboxClient(_Base):
 
     async def get_session(self, session_id: str) -> SessionInfo:
         return SessionInfo.from_json(
-            (await self.request("GET", f"/v1/sessions/{session_id}")).json())
+            (await self.request("GET", f"/v1/sessions/{_seg(session_id)}")).json())
 
     async def delete_session(self, session_id: str) -> None:
-        await self.request("DELETE", f"/v1/sessions/{session_id}")
+        await self.request("DELETE", f"/v1/sessions/{_seg(session_id)}")
 
     @asynccontextmanager
     async def session(self, ttl_s: float | None = None):  # type: ignore[no-untyped-def]

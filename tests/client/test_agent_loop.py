@@ -366,3 +366,51 @@ def test_undescribable_function_raises_at_registration() -> None:
     with ScriptedLLM() as llm, pytest.raises(ToolDefinitionError, match="no type annotation"):
         Agent(llm.url, "m").act("x", [untyped])
     assert llm.requests == []  # nothing was sent
+
+
+def test_tool_wrapper_names_and_async_functions() -> None:
+    from sandboxd.client import tool
+
+    @tool(name="mul", description="Multiply two integers.")
+    async def multiply_ints(a: int, b: int) -> int:
+        return a * b
+
+    script = lambda b, n: (tool_call_reply([("mul", {"a": 6, "b": 7})]) if n == 0  # noqa: E731
+                           else answer_with_results(b))
+    with ScriptedLLM(script) as llm:
+        result = Agent(llm.url, "m").act("6*7", [multiply_ints, echo])
+    offered = {t["function"]["name"]: t["function"] for t in llm.requests[0]["tools"]}
+    assert set(offered) == {"mul", "echo"}
+    assert offered["mul"]["description"] == "Multiply two integers."
+    assert result.text == "42"
+    assert result.tool_calls[0].value == 42
+
+
+def test_duplicate_tool_names_and_sandbox_names_without_sandbox() -> None:
+    from sandboxd.client import ToolDefinitionError
+
+    with ScriptedLLM() as llm:
+        with pytest.raises(ToolDefinitionError, match="two tools are named 'echo'"):
+            Agent(llm.url, "m").act("x", [echo, echo])
+        with pytest.raises(ValueError, match="need Agent\\(sandbox="):
+            Agent(llm.url, "m").act("x", ["python"])
+    assert llm.requests == []
+
+
+async def test_sync_act_inside_a_running_loop_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="aact"):
+        Agent("http://127.0.0.1:9/v1", "m").act("x")
+
+
+def test_system_prompt_and_messages_input() -> None:
+    with ScriptedLLM(lambda b, n: text_reply("hi")) as llm:
+        agent = Agent(llm.url, "m", system_prompt="You are terse.", temperature=0.2,
+                      max_tokens=64, extra_body={"top_k": 20})
+        history = [{"role": "user", "content": "hello"}]
+        result = agent.act(history)
+    body = llm.requests[0]
+    assert body["messages"][0] == {"role": "system", "content": "You are terse."}
+    assert (body["temperature"], body["max_tokens"], body["top_k"]) == (0.2, 64, 20)
+    assert "tools" not in body
+    assert history == [{"role": "user", "content": "hello"}]  # the caller's list is not changed
+    assert [m["role"] for m in result.messages] == ["system", "user", "assistant"]

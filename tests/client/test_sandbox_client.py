@@ -205,3 +205,21 @@ def test_bearer_token_is_sent() -> None:
         assert client.tools() == []
     assert got == ["Bearer sbx_abc"]
     assert isinstance(httpx.__version__, str)
+
+
+def test_names_cannot_escape_their_path_segment() -> None:
+    paths: list[str] = []
+
+    async def record(request: Request) -> JSONResponse:
+        paths.append(request.scope["raw_path"].decode())
+        return JSONResponse({"type": "about:blank", "title": "Not found", "status": 404,
+                             "detail": "nope"}, status_code=404)
+
+    app = Starlette(routes=[Route("/{rest:path}", record, methods=["GET", "POST", "DELETE"])])
+    with StubServer(app) as stub, SandboxClient(stub.url) as client:
+        with pytest.raises(NotFound):
+            client.invoke("../sessions?x=1#", code="1")
+        with pytest.raises(NotFound):
+            client.get_session("../tools/python")
+    assert paths == ["/v1/tools/..%2Fsessions%3Fx%3D1%23/invoke",
+                     "/v1/sessions/..%2Ftools%2Fpython"]
