@@ -13,6 +13,7 @@ A policy denial is not an exception: it is a :class:`~sandboxd.models.Result` wi
 from __future__ import annotations
 
 import asyncio
+import copy
 import email.utils
 import os
 import random
@@ -21,15 +22,17 @@ from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from sandboxd.client.errors import ConnectionFailed, ProblemError, RateLimited, problem_error
 from sandboxd.models import LimitsRequest, Result, ToolSpec
 
 DEFAULT_URL = "http://127.0.0.1:8765"
+M = TypeVar("M", bound=BaseModel)
 USER_AGENT = "sandboxd-client/0.1"
 
 
@@ -49,6 +52,30 @@ class SessionInfo:
     def from_json(cls, data: dict[str, Any]) -> SessionInfo:
         known = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
+
+
+def _lenient(model: type[M], data: Any) -> M:
+    """Validate ``data`` as ``model``, ignoring members a newer daemon may have added.
+
+    The shared models forbid unknown members (right for the daemon's own input); a client
+    should still read the answers of a newer daemon, so only ``extra_forbidden`` errors are
+    forgiven, by dropping those members; any other mismatch still raises.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if not errors or any(e["type"] != "extra_forbidden" for e in errors):
+            raise
+        data = copy.deepcopy(data)
+        for error in errors:
+            node: Any = data
+            *parents, last = error["loc"]
+            for key in parents:
+                node = node[key]
+            if isinstance(node, dict):
+                node.pop(last, None)
+        return model.model_validate(data)
 
 
 def _seg(value: str) -> str:
@@ -234,7 +261,7 @@ class SandboxClient(_Base):
         """The tools this client may call; ``format="openai"`` gives the OpenAI ``tools`` list."""
         if format == "openai":
             return self.request("GET", "/v1/tools", params={"format": "openai"}).json()
-        return [ToolSpec.model_validate(t) for t in self.request("GET", "/v1/tools").json()]
+        return [_lenient(ToolSpec, t) for t in self.request("GET", "/v1/tools").json()]
 
     def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
                session: str | None = None, limits: LimitsRequest | dict[str, Any] | None = None,
@@ -245,7 +272,7 @@ class SandboxClient(_Base):
         """
         body = _invoke_body(arguments, kwargs, session, limits)
         response = self.request("POST", f"/v1/tools/{_seg(tool)}/invoke", json=body)
-        return Result.model_validate(response.json())
+        return _lenient(Result, response.json())
 
     def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
                 limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
@@ -429,7 +456,7 @@ class AsyncSandboxClient(_Base):
         """See :meth:`SandboxClient.tools`."""
         if format == "openai":
             return (await self.request("GET", "/v1/tools", params={"format": "openai"})).json()
-        return [ToolSpec.model_validate(t) for t in (await self.request("GET", "/v1/tools")).json()]
+        return [_lenient(ToolSpec, t) for t in (await self.request("GET", "/v1/tools")).json()]
 
     async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
                      session: str | None = None,
@@ -439,7 +466,7 @@ class AsyncSandboxClient(_Base):
         body = _invoke_body(arguments, kwargs, session, limits)
         response = await self.request("POST", f"/v1/tools/{_seg(tool)}/invoke", json=body,
                                       timeout=timeout)
-        return Result.model_validate(response.json())
+        return _lenient(Result, response.json())
 
     async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
                       limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:

@@ -223,3 +223,23 @@ def test_names_cannot_escape_their_path_segment() -> None:
             client.get_session("../tools/python")
     assert paths == ["/v1/tools/..%2Fsessions%3Fx%3D1%23/invoke",
                      "/v1/sessions/..%2Ftools%2Fpython"]
+
+
+def test_answers_of_a_newer_daemon_still_parse() -> None:
+    newer = {"id": "inv_1", "tool": "python", "status": "ok", "shiny_new_field": 1,
+             "termination": {"reason": "exited", "exit_code": 0, "core_dumped": False},
+             "stdout": "hi\n"}
+
+    async def invoke(request: Request) -> JSONResponse:
+        return JSONResponse(newer)
+
+    async def broken(request: Request) -> JSONResponse:
+        return JSONResponse({**newer, "status": "exploded"})
+
+    app = Starlette(routes=[Route("/v1/tools/python/invoke", invoke, methods=["POST"]),
+                            Route("/v1/tools/bad/invoke", broken, methods=["POST"])])
+    with StubServer(app) as stub, SandboxClient(stub.url) as client:
+        result = client.invoke("python", code="print('hi')")
+        assert result.stdout == "hi\n" and result.termination.exit_code == 0
+        with pytest.raises(ValueError, match="status"):  # a real mismatch still fails
+            client.invoke("bad", code="1")
