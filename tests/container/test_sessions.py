@@ -207,3 +207,31 @@ async def test_a_timeout_cancels_concurrent_calls_of_the_same_session(
     res = await run(backend, ws, session="conc", argv=["echo", "fresh"])
     assert res.stdout == "fresh\n"
     await backend.close_session("conc")
+
+
+async def test_oneshot_with_a_prepared_workspace_mounts_it(backend: ContainerBackend,
+                                                           tmp_path: Path) -> None:
+    """A non-empty one-shot workspace cannot use a pool container: it is bind-mounted."""
+    ws = workspace(tmp_path, "prepared")
+    (ws / "input.txt").write_text("from the host\n")
+    res = await run(backend, ws, argv=["cat", "input.txt"])
+    assert res.status is Status.ok, res
+    assert res.stdout == "from the host\n"
+
+
+async def test_import_allowlist_is_applied_in_the_container(backend: ContainerBackend,
+                                                            tmp_path: Path) -> None:
+    from sandboxd.models import Invocation, ToolKind
+
+    ws = workspace(tmp_path, "imp")
+    inv = Invocation(tool="python", kind=ToolKind.python, client="c", workspace=ws,
+                     arguments={"code": "import json\nm = __import__('subprocess')"},
+                     imports_allow=["json", "math"], imports_deny=["subprocess"])
+    import time
+
+    res = await backend.run(inv, Limits(), time.monotonic() + 30)
+    assert res.status is Status.error
+    assert "import of 'subprocess' is not allowed by the policy" in res.stderr
+    inv = inv.model_copy(update={"arguments": {"code": "import json, math\nmath.floor(2.5)"}})
+    res = await backend.run(inv, Limits(), time.monotonic() + 30)
+    assert res.value == 2, res
