@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.audit import AuditLog
-from sandboxd.backends.base import Backend
+from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.config import Settings
 from sandboxd.metrics import Metrics
 from sandboxd.models import (
@@ -247,19 +247,24 @@ class Sandboxd:
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
+        started = asyncio.Event()  # set once the call holds a slot and its backend runs
         try:
             result = await self._execute(client, invocation_id, tool, decision, backend,
-                                         session, request, limits, deadline)
+                                         session, request, limits, deadline, started)
         except Overloaded as exc:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.rejected, Reason.policy, str(exc))
             await self._finish(client, result, admitted)
             raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.killed, Reason.cancelled,
                                    "the call was cancelled (client went away or shutdown)")
+            if isinstance(exc, CancelledAfterCleanup):
+                result.cleanup = exc.cleanup
+            elif not started.is_set():  # cancelled while queued: nothing was started
+                result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
             with contextlib.suppress(ServiceError):
                 await self._finish(client, result, admitted)
             raise
@@ -278,9 +283,10 @@ class Sandboxd:
 
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
-                       limits: Limits, deadline: float) -> Result:
+                       limits: Limits, deadline: float, started: asyncio.Event) -> Result:
         try:
             async with self.scheduler.slot(client, deadline):
+                started.set()
                 with self._workspace(session, invocation_id) as workspace:
                     from sandboxd.models import Invocation
 

@@ -10,13 +10,24 @@ only once every process / container it started is gone, and reports that in
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol, runtime_checkable
 
-from sandboxd.models import Invocation, Limits, ProbeReport, Result
+from sandboxd.models import Cleanup, Invocation, Limits, ProbeReport, Result
 
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot run anything on this host (e.g. no Docker engine, missing image)."""
+
+
+class CancelledAfterCleanup(asyncio.CancelledError):
+    """Raised by :meth:`Backend.run` instead of a bare re-raise when its call was cancelled:
+    the cleanup is done, and ``cleanup`` says whether it was verified, so that the audit
+    record of a cancelled call carries the proof like any other result."""
+
+    def __init__(self, verified: bool, detail: str | None = None) -> None:
+        super().__init__(detail or "cancelled")
+        self.cleanup = Cleanup(verified=verified, detail=detail)
 
 
 @runtime_checkable
@@ -36,7 +47,8 @@ class Backend(Protocol):
         """``(True, None)`` when the backend can run calls now, else ``(False, reason)``."""
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
-        """Execute one call. On ``asyncio.CancelledError`` clean up fully, then re-raise."""
+        """Execute one call. On ``asyncio.CancelledError`` clean up fully, then raise
+        :class:`CancelledAfterCleanup` (or re-raise when there was nothing to clean up)."""
 
     async def close_session(self, session_id: str) -> None:
         """Release anything kept for a session (e.g. its container). Idempotent."""

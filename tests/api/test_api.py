@@ -272,6 +272,9 @@ def test_disconnected_client_cancels_and_cleans_up(daemon: RunningDaemon) -> Non
                      and r.get("status") == "killed"]
         time.sleep(0.1)
     assert cancelled, "no audit record for the cancelled call"
+    assert cancelled[-1]["termination"]["reason"] == "cancelled"
+    # the backend's proof that the worker is gone reaches the audit record
+    assert cancelled[-1]["cleanup"]["verified"] is True, cancelled[-1]
 
 
 def test_metrics_count_invocations(daemon: RunningDaemon) -> None:

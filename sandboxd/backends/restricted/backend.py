@@ -42,6 +42,7 @@ from typing import Any
 import psutil
 
 import sandboxd
+from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.restricted import confine
 from sandboxd.backends.restricted.zygote import _FRAME, _HEADER
 from sandboxd.config import Settings
@@ -578,8 +579,9 @@ class RestrictedBackend:
                 self._kill(z, worker)
             exit_info = await asyncio.wait_for(asyncio.shield(worker.exited), 10)
         except asyncio.CancelledError:
-            await asyncio.shield(self._abort(z, worker))
-            raise
+            info = await asyncio.shield(self._abort(z, worker))
+            verified, detail = self._verify(worker.pid, worker.cgroup, info, z.pid)
+            raise CancelledAfterCleanup(verified, detail or "worker killed and reaped") from None
         except (ZygoteDied, OSError, TimeoutError) as exc:
             crashed = f"{type(exc).__name__}: {exc}"
             await asyncio.shield(self._abort(z, worker))
@@ -597,16 +599,17 @@ class RestrictedBackend:
         if not worker.kill():
             z.send({"t": "kill", "pid": worker.pid})
 
-    async def _abort(self, z: _ZygoteHandle, worker: _Standby) -> None:
-        """Cancellation or a broken zygote: kill the worker, wait for it, clean its cgroup."""
+    async def _abort(self, z: _ZygoteHandle, worker: _Standby) -> dict[str, Any]:
+        """Cancellation or a broken zygote: kill the worker, wait for it, clean its cgroup.
+        Returns the zygote's exit report of the worker ({} when there is none)."""
         self._kill(z, worker)
         if z.alive:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(worker.exited), 5)
-                return
+                return await asyncio.wait_for(asyncio.shield(worker.exited), 5) or {}
         # zygote gone: the worker dies by PDEATHSIG (and was killed above); remove its cgroup
         if self.layout.version:
             await asyncio.to_thread(self.layout.remove, worker.cgroup)
+        return {}
 
     async def _finish(
         self,
