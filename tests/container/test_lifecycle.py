@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason
 
@@ -100,8 +101,9 @@ async def test_cancelled_calls_leave_no_container(docker_client: Any, tmp_path: 
         for t in tasks:
             t.cancel()
         for t in tasks:
-            with pytest.raises(asyncio.CancelledError):
+            with pytest.raises(CancelledAfterCleanup) as info:
                 await t
+            assert info.value.cleanup.verified, info.value.cleanup
         assert labelled(docker_client, backend.settings.instance_name) == []
     finally:
         await backend.close()

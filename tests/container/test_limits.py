@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
+from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason, Status
 
@@ -146,8 +147,10 @@ async def test_cancellation_removes_the_container(backend: ContainerBackend, ws:
     assert taken, "the call did not take a pool container"
     assert taken <= {c.id for c in labelled(docker_client, instance)}
     task.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(CancelledAfterCleanup) as info:
         await task
+    assert info.value.cleanup.verified
+    assert info.value.cleanup.detail and "removed" in info.value.cleanup.detail
     # cancellation returns only after the container is removed
     assert taken.isdisjoint(c.id for c in labelled(docker_client, instance))
 

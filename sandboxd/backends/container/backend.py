@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 import docker
 
-from sandboxd.backends.base import BackendUnavailable
+from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.runner import CallOutput, Conn, Endpoint, RunnerLost, call
 from sandboxd.config import Settings
@@ -247,8 +247,8 @@ class ContainerBackend:
             # the engine call runs on in its thread: wait for it, then remove what it made
             with contextlib.suppress(BaseException):
                 box.cid = await task
-            await self._destroy(box, by_name=True)
-            raise
+            verified = await self._destroy(box, by_name=True)
+            raise CancelledAfterCleanup(verified, _gone(box, verified)) from None
         except BaseException:
             await self._destroy(box, by_name=True)
             raise
@@ -420,10 +420,13 @@ class ContainerBackend:
                 await self._engine(engine.update_shape, self.client, box.cid or box.name, shape)
                 box.shape = shape
             outcome = await self._exchange(box, request, limits, deadline)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if box is not None:
-                await self._destroy_shielded(box)
-            raise
+                verified = await self._destroy_shielded(box)
+                raise CancelledAfterCleanup(verified, _gone(box, verified)) from None
+            if isinstance(exc, CancelledAfterCleanup):
+                raise
+            raise CancelledAfterCleanup(True, "no container was started") from None
         except TimeoutError:
             verified = await self._destroy_shielded(box) if box is not None else True
             return self._timeout(invocation, limits, started, verified, _gone(box, verified))
@@ -466,10 +469,13 @@ class ContainerBackend:
                 await self._engine(engine.update_shape, self.client, box.cid or box.name, shape)
                 box.shape = shape
             outcome = await self._exchange(box, request, limits, deadline)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if box is not None:
-                await self._drop_session_box(key, box)
-            raise
+                verified = await self._drop_session_box(key, box)
+                raise CancelledAfterCleanup(verified, _gone(box, verified)) from None
+            if isinstance(exc, CancelledAfterCleanup):
+                raise
+            raise CancelledAfterCleanup(True, "no container was started") from None
         except TimeoutError:
             verified = await self._drop_session_box(key, box) if box is not None else True
             return self._timeout(invocation, limits, started, verified, _gone(box, verified))
@@ -720,7 +726,14 @@ async def within(aw: Awaitable[T], timeout: float,
     except asyncio.CancelledError:
         task.cancel()
         await asyncio.wait({task})
-        if orphan is not None and not task.cancelled() and task.exception() is None:
+        if task.cancelled():
+            try:
+                task.result()
+            except CancelledAfterCleanup:  # the inner work cleaned up: keep its proof
+                raise
+            except asyncio.CancelledError:
+                pass
+        elif orphan is not None and task.exception() is None:
             orphan(task.result())
         raise
     if not done:
