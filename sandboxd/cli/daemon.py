@@ -161,24 +161,26 @@ def DrainingServer(config: Any, service: Any, grace_s: float) -> Any:
     return _draining_server_class()(config, service, grace_s)
 
 
-def _client(url: str, token: str | None) -> Any:
-    import httpx
+def _connect(url: str, token: str | None) -> Any:
+    """A :class:`~sandboxd.client.SandboxClient` for ``url`` (``unix:/path`` for a socket)."""
+    from sandboxd.client import SandboxClient
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     if url.startswith("unix:"):
-        transport = httpx.HTTPTransport(uds=url[len("unix:"):])
-        return httpx.Client(base_url="http://sandboxd", transport=transport, headers=headers,
-                            timeout=330)
-    return httpx.Client(base_url=url, headers=headers, timeout=330)
+        return SandboxClient(socket=url[len("unix:"):], token=token, retries=0)
+    return SandboxClient(url, token=token, retries=0)
 
 
-def _show_error(response: Any) -> None:
+def _call(url: str, token: str | None, action: Any) -> Any:
+    """Run ``action(client)``; a daemon error or an unreachable daemon is one line, exit 1."""
+    from sandboxd.client import ConnectionFailed, ProblemError
+
     try:
-        body = response.json()
-        detail = body.get("detail") or body
-    except ValueError:
-        detail = response.text
-    _fail(f"HTTP {response.status_code}: {detail}", 1)
+        with _connect(url, token) as client:
+            return action(client)
+    except ConnectionFailed as exc:
+        _fail(f"cannot reach the daemon at {url}: {exc}", 1)
+    except ProblemError as exc:
+        _fail(f"HTTP {exc.status}: {exc.detail or exc.title}", 1)
 
 
 URL_OPTION = typer.Option(DEFAULT_URL, "--url", envvar="SANDBOXD_URL",
@@ -192,23 +194,12 @@ def tools(
     openai: bool = typer.Option(False, "--openai", help="Print the OpenAI `tools` JSON"),
 ) -> None:
     """List the tools a running daemon offers you."""
-    import httpx
-
-    try:
-        with _client(url, token) as client:
-            response = client.get("/v1/tools", params={"format": "openai"} if openai else None)
-    except httpx.HTTPError as exc:
-        _fail(f"cannot reach the daemon at {url}: {exc}", 1)
-        return
-    if response.status_code != 200:
-        _show_error(response)
-    data = response.json()
     if openai:
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json.dumps(_call(url, token, lambda c: c.tools("openai")), indent=2))
         return
-    for tool in data:
-        mark = "" if tool["available"] else f"  [unavailable: {tool['unavailable_reason']}]"
-        typer.echo(f"{tool['name']:<14} {tool['backend'] or '-':<11} {tool['description']}{mark}")
+    for tool in _call(url, token, lambda c: c.tools()):
+        mark = "" if tool.available else f"  [unavailable: {tool.unavailable_reason}]"
+        typer.echo(f"{tool.name:<14} {tool.backend or '-':<11} {tool.description}{mark}")
 
 
 def invoke(
@@ -222,8 +213,6 @@ def invoke(
     raw: bool = typer.Option(False, "--raw", help="Print the whole result JSON"),
 ) -> None:
     """Invoke a tool on a running daemon and print its output. Exit 0 only for status ok."""
-    import httpx
-
     arguments: dict[str, Any] = {}
     if json_args is not None:
         try:
@@ -237,33 +226,23 @@ def invoke(
         if not sep or not key:
             _fail(f"--arg '{item}' must look like key=value")
         arguments[key] = value
-    body: dict[str, Any] = {"arguments": arguments, "session": session}
-    if timeout is not None:
-        body["limits"] = {"timeout_s": timeout}
-    try:
-        with _client(url, token) as client:
-            response = client.post(f"/v1/tools/{tool}/invoke", json=body)
-    except httpx.HTTPError as exc:
-        _fail(f"cannot reach the daemon at {url}: {exc}", 1)
-        return
-    if response.status_code != 200:
-        _show_error(response)
-    result = response.json()
+    limits = {"timeout_s": timeout} if timeout is not None else None
+    result = _call(url, token,
+                   lambda c: c.invoke(tool, arguments, session=session, limits=limits))
     if raw:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(result.model_dump_json(indent=2))
     else:
-        if result.get("stdout"):
-            sys.stdout.write(result["stdout"])
-            if not result["stdout"].endswith("\n"):
-                sys.stdout.write("\n")
-        if result.get("stderr"):
-            sys.stderr.write(result["stderr"])
-        if result.get("value") is not None and result["tool"] == "python":
-            typer.echo(f"=> {json.dumps(result['value'])}")
-        if result["status"] != "ok":
-            message = result.get("message") or result["termination"]["reason"]
-            typer.echo(f"[{result['status']}] {message}", err=True)
-    raise typer.Exit(0 if result["status"] == "ok" else 1)
+        if result.stdout:
+            sys.stdout.write(result.stdout if result.stdout.endswith("\n")
+                             else result.stdout + "\n")
+        if result.stderr:
+            sys.stderr.write(result.stderr)
+        if result.value is not None and result.tool == "python":
+            typer.echo(f"=> {json.dumps(result.value)}")
+        if result.status != "ok":
+            typer.echo(f"[{result.status}] {result.message or result.termination.reason}",
+                       err=True)
+    raise typer.Exit(0 if result.status == "ok" else 1)
 
 
 def version() -> None:
