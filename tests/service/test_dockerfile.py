@@ -27,6 +27,7 @@ CONTEXT_FILES = (
     "README.md",
     "sandboxd",
     "policies",
+    "images",
     "Dockerfile",
     ".dockerignore",
 )
