@@ -70,6 +70,18 @@ class Session:
         }
 
 
+def remove_tree_soon(path: Path) -> None:
+    """Delete ``path`` recursively: off the event loop when one is running, else now."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    loop.run_in_executor(None, shutil.rmtree, path, True)
+
+
 def directory_usage(path: Path) -> int:
     """Bytes used by regular files below ``path`` (symlinks are not followed)."""
     total = 0
@@ -199,12 +211,14 @@ class SessionManager:
 
     @contextlib.contextmanager
     def temporary(self, invocation_id: str) -> Iterator[Path]:
-        """A fresh workspace for one call without a session; deleted afterwards."""
+        """A fresh workspace for one call without a session; deleted afterwards (in a
+        background thread when an event loop runs: removing a tree is slow and nothing waits
+        for it; a crash before it is done is covered by :meth:`sweep`)."""
         path = self._make_workspace(TEMP_PREFIX + invocation_id)
         try:
             yield path
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree_soon(path)
 
     # ------------------------------------------------------------ helpers
 

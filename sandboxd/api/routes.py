@@ -84,9 +84,10 @@ async def get_tool(name: str, request: Request,
     raise UnknownTool(name, [t.name for t in service.tools(client)])
 
 
-@router.post("/v1/tools/{name}/invoke", tags=["tools"], response_model=None)
+@router.post("/v1/tools/{name}/invoke", tags=["tools"], response_model=Result,
+             responses={200: {"model": Result}})
 async def invoke(name: str, body: InvokeRequest, request: Request,
-                 client: str = Depends(authenticate)) -> Result | Response:
+                 client: str = Depends(authenticate)) -> Response:
     """Run a tool call. A policy denial is a 200 with ``status: denied``.
 
     If the caller disconnects before the result is ready, the call is cancelled and its
@@ -103,7 +104,8 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await call
         return Response(status_code=499)  # nobody is listening any more
-    return call.result()
+    # serialised by pydantic-core directly (FastAPI's generic encoder is ~10x slower)
+    return Response(call.result().model_dump_json(), media_type="application/json")
 
 
 async def _disconnected(request: Request) -> None:

@@ -69,11 +69,20 @@ def serve(
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        code = asyncio.run(_serve(settings, log_level))
+        code = _run(_serve(settings, log_level))
     except Exception as exc:
         _fail(str(exc), 1)
         return
     raise typer.Exit(code)
+
+
+def _run(main: Any) -> int:
+    """Run the daemon's event loop: uvloop when it is installed (faster), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def _serve(settings: Any, log_level: str) -> int:

@@ -8,6 +8,7 @@ names the policy file (``source``) and the rule path (``tools.shell.commands.den
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import string
 from typing import Any
@@ -100,6 +101,13 @@ def _shell_hint(cfg: ShellTool) -> str:
 
 def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
     """The tools this policy enables, as ``GET /v1/tools`` lists them."""
+    return list(_tool_specs(pol))
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
+    """Built once per loaded policy (a reload makes new LoadedPolicy objects): this is on the
+    path of every call."""
     specs: list[ToolSpec] = []
     for name in BUILTIN_NAMES:
         cfg = getattr(pol.spec.tools, name)
@@ -119,7 +127,7 @@ def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
         if tool.enabled:
             specs.append(ToolSpec(name=name, description=tool.description,
                                   parameters=tool.parameters, backend=tool.backend))
-    return specs
+    return tuple(specs)
 
 
 class _Ctx:
