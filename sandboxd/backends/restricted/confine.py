@@ -447,42 +447,46 @@ class CgroupLayout:
         cpus: float,
         pids: int,
         applied: tuple[int, float, int] | None = None,
+        fresh: bool = False,
     ) -> None:
         """Set the call's limits on the worker's cgroup (before any user code runs).
-        ``applied``: limits already set (by the standby); only differences are written."""
+        ``applied``: limits already set (by the standby); only differences are written.
+        ``fresh``: the cgroup was just created (no memory limit yet: nothing to read).
+        String paths, not pathlib: this runs in every worker, where each page of the zygote's
+        heap that Python code touches costs a copy-on-write fault."""
         quota = max(1000, int(cpus * 100_000))
         if applied == (memory_bytes, cpus, pids):
             return
         if self.version == 1:
-            mem = self.bases["memory"] / name
-            memsw = mem / "memory.memsw.limit_in_bytes"
+            mem = f"{self.bases['memory']}/{name}"
             # memsw must stay >= limit: order the two writes by direction
-            current = (
-                applied[0]
-                if applied is not None
-                else int((mem / "memory.limit_in_bytes").read_text())
-            )
+            if applied is not None:
+                current = applied[0]
+            elif fresh:
+                current = memory_bytes + 1  # unlimited
+            else:
+                current = int(_read(f"{mem}/memory.limit_in_bytes"))
             order = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
             if memory_bytes < current:
                 order.reverse()
             for fname in order:
                 try:
-                    _write(mem / fname, str(memory_bytes))
+                    _write(f"{mem}/{fname}", str(memory_bytes))
                 except OSError as exc:
-                    if fname != memsw.name:
+                    if fname != "memory.memsw.limit_in_bytes":
                         raise _below_usage(memory_bytes, exc) from exc
-            _write(self.bases["cpu"] / name / "cpu.cfs_quota_us", str(quota))
-            _write(self.bases["pids"] / name / "pids.max", str(pids))
+            _write(f"{self.bases['cpu']}/{name}/cpu.cfs_quota_us", str(quota))
+            _write(f"{self.bases['pids']}/{name}/pids.max", str(pids))
         elif self.version == 2:
-            d = self.bases[""] / name
+            d = f"{self.bases['']}/{name}"
             try:
-                _write(d / "memory.max", str(memory_bytes))
+                _write(f"{d}/memory.max", str(memory_bytes))
             except OSError as exc:
                 raise _below_usage(memory_bytes, exc) from exc
             with contextlib.suppress(OSError):
-                _write(d / "memory.swap.max", "0")
-            _write(d / "cpu.max", f"{quota} 100000")
-            _write(d / "pids.max", str(pids))
+                _write(f"{d}/memory.swap.max", "0")
+            _write(f"{d}/cpu.max", f"{quota} 100000")
+            _write(f"{d}/pids.max", str(pids))
 
     def stats(self, call_id: str) -> tuple[int, bool, bool]:
         """``(peak memory bytes, oom killed, empty)`` of a finished call's cgroup (0/False
@@ -503,13 +507,18 @@ class CgroupLayout:
                     oom = int(line.split()[1]) > 0
         except (OSError, ValueError):
             pass
-        empty = all(not _read_or_empty(f"{d}/cgroup.procs").strip() for d in self.dirs(call_id))
+        empty = all(not _read_or_empty(f"{d}/cgroup.procs").strip() for d in self._dirs(call_id))
         return peak, oom, empty
+
+    def _dirs(self, call_id: str) -> list[str]:
+        """:meth:`dirs` as plain strings (no pathlib in the zygote's per-call loop: every page
+        of its heap it touches while workers share it costs a copy-on-write fault)."""
+        return [f"{base}/{call_id}" for base in self.bases.values()]
 
     def remove(self, call_id: str, timeout: float = 2.0) -> bool:
         """Kill anything left in the call's cgroup(s) and remove them; True when all are gone."""
         ok = True
-        for d in self.dirs(call_id):
+        for d in self._dirs(call_id):
             ok = remove_cgroup_dir(d, timeout) and ok
         return ok
 
@@ -557,14 +566,15 @@ def _below_usage(memory_bytes: int, exc: OSError) -> BaseException:
     return exc
 
 
-def cgroup_pids(d: Path) -> list[int]:
+def cgroup_pids(d: Path | str) -> list[int]:
     try:
-        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+        with open(f"{d}/cgroup.procs") as f:
+            return [int(x) for x in f.read().split()]
     except (OSError, ValueError):
         return []
 
 
-def remove_cgroup_dir(d: Path, timeout: float = 2.0) -> bool:
+def remove_cgroup_dir(d: Path | str, timeout: float = 2.0) -> bool:
     """SIGKILL whatever is still in cgroup ``d`` and ``rmdir`` it (retrying while the kernel
     finishes tearing processes down). True when the directory no longer exists."""
     deadline = time.monotonic() + timeout
@@ -624,8 +634,7 @@ def close_fds(keep: list[int]) -> None:
 def vm_size() -> int:
     """Virtual memory size of this process (the address-space baseline for RLIMIT_AS)."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return int(_read("/proc/self/statm").split()[0]) * resource.getpagesize()
     except (OSError, ValueError):
         return 256 * 1024 * 1024
 
@@ -639,12 +648,19 @@ def prepare_worker(
     close_fds(keep)
     if layout.version:  # root, or a delegated (writable) subtree
         layout.create_and_join(cgroup)
-        layout.set_limits(cgroup, *preset)
+        layout.set_limits(cgroup, *preset, fresh=True)
+
+
+#: below this memory limit a worker cannot even run ``print(1)`` (it is charged ~1.5 MiB):
+#: such a call is refused up front with a clear ``MemoryError`` instead of being OOM-killed
+MIN_WORKER_MEMORY = 2 * 1024 * 1024
 
 
 def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram) -> None:
     """Confine the worker for its call. Raises on any failure: the caller must then ``_exit``
     without running user code."""
+    if spec.memory_bytes < MIN_WORKER_MEMORY:
+        raise _below_usage(spec.memory_bytes, OSError(errno.EBUSY, "below the worker's needs"))
     if layout.version:
         layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids, spec.applied)
     if spec.chroot:
