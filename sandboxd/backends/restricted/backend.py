@@ -33,6 +33,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ import psutil
 import sandboxd
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.restricted import confine
-from sandboxd.backends.restricted.zygote import _FRAME, _HEADER
+from sandboxd.backends.restricted.zygote import _CTRL, _FRAME, _HEADER
 from sandboxd.config import Settings
 from sandboxd.models import (
     Cleanup,
@@ -223,12 +224,13 @@ class _ZygoteHandle:
         self.loop.add_reader(evt.fileno(), self._on_events)
         self.reading = True
 
-    def send(self, msg: dict[str, Any]) -> None:
-        """A small control message to the zygote (non-blocking; seqpacket keeps it whole)."""
+    def send(self, kind: bytes, pid: int, preset: tuple[int, float, int] = (0, 0.0, 0)) -> None:
+        """A control message to the zygote (``_CTRL``: ``t`` took a standby, with the limits
+        to preset on the next one; ``k`` kill); non-blocking, seqpacket keeps it whole."""
         if not self.alive:
             return
-        with contextlib.suppress(OSError):
-            self.req.send(json.dumps(msg).encode())
+        with contextlib.suppress(OSError, struct.error):
+            self.req.send(_CTRL.pack(kind, pid, *preset))
 
     async def take(self, deadline: float) -> _Standby:
         while True:
@@ -562,9 +564,7 @@ class RestrictedBackend:
                 cleanup=Cleanup(verified=True),
                 message=f"no sandbox worker: {exc}",
             ), None
-        z.send(
-            {"t": "took", "pid": worker.pid, "preset": [msg["memory"], msg["cpus"], msg["pids"]]}
-        )
+        z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
         reader = _FrameReader(loop, worker.sock.fileno(), limits.output_bytes)
         try:
             data = json.dumps(msg).encode()
@@ -597,7 +597,7 @@ class RestrictedBackend:
 
     def _kill(self, z: _ZygoteHandle, worker: _Standby) -> None:
         if not worker.kill():
-            z.send({"t": "kill", "pid": worker.pid})
+            z.send(b"k", worker.pid)
 
     async def _abort(self, z: _ZygoteHandle, worker: _Standby) -> dict[str, Any]:
         """Cancellation or a broken zygote: kill the worker, wait for it, clean its cgroup.

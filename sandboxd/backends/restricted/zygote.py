@@ -14,9 +14,12 @@ daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
   is removed right after this message);
 * ``{"t": "ready", "pid"}`` once, at start-up.
 
-The daemon sends the zygote ``{"t": "took", "pid", "preset": [memory, cpus, pids]}`` (a
-standby was used: fork the next one, preparing its cgroup with these limits) and, as a
-fallback when pidfds are unavailable, ``{"t": "kill", "pid"}``.
+The daemon sends the zygote fixed-size binary messages (``_CTRL``: kind, pid, memory, cpus,
+pids): ``t`` "took" (a standby was used: fork the next one, preparing its cgroup with these
+limits) and, as a fallback when pidfds are unavailable, ``k`` "kill" (limits unused).
+
+The zygote's per-call loop avoids json, pathlib and other heavy machinery: every page of its
+heap it writes to while workers still share it costs a copy-on-write fault, per call.
 
 A call therefore goes straight from the daemon to its worker: the daemon writes the request
 (``length + JSON``) to the worker socket; the worker confines itself, runs the code and writes
@@ -43,6 +46,8 @@ from typing import Any
 
 _HEADER = struct.Struct("!I")
 _FRAME = struct.Struct("!cI")
+#: daemon -> zygote control message: kind (b"t" took, b"k" kill), pid, memory, cpus, pids
+_CTRL = struct.Struct("!cIQdI")
 
 
 def _preimport() -> None:
@@ -64,6 +69,61 @@ def _preimport() -> None:
     import unicodedata  # noqa: F401
 
     import sandboxd.backends.restricted.lang  # noqa: F401
+
+
+#: trusted sample program the zygote runs on itself before forking (see :func:`_prime`)
+_PRIME_SOURCE = (
+    "import math\n"
+    "class A:\n"
+    "    def __init__(self, x):\n"
+    "        self.x = x\n"
+    "    def f(self, y):\n"
+    "        return [self.x + y]\n"
+    "def g(*args, **kw):\n"
+    "    return {k: v for k, v in kw.items()}, sum(i * i for i in args)\n"
+    "a = A(1)\n"
+    "a.x += 1\n"
+    "d = {'k': 1}\n"
+    "d['k'] += 1\n"
+    "try:\n"
+    "    1 / 0\n"
+    "except ZeroDivisionError as e:\n"
+    "    msg = f'{e!r} {math.pi:.2f}'\n"
+    "finally:\n"
+    "    pass\n"
+    "print(a.f(2), g(1, 2, k=3), msg, len([x for x in range(3)]), 'x'.join(['a', 'b']))\n"
+    "print(1)\n"
+    "a.f(2)[0] + 1\n"
+)
+
+
+def _prime(rounds: int = 12) -> None:
+    """Run a fixed, trusted sample call (compile + run) in the zygote itself, before it forks.
+
+    CPython 3.11 specialises ("quickens") a function's bytecode in place after a few calls
+    and fills lazy caches on first use; done here once, every worker inherits the result
+    instead of redoing it - and copying the pages it writes to - per call. No user input is
+    involved: the source is the constant above, and the per-run state it leaves is reset.
+    """
+    import linecache
+
+    from sandboxd.backends.restricted import lang
+
+    for _ in range(rounds):
+        lang.run_user_code(
+            _PRIME_SOURCE,
+            imports_allow=["math"],
+            imports_deny=[],
+            workspace="/",
+            output_bytes=4096,
+            max_file_bytes=1,
+            emit=lambda kind, data: None,
+        )
+    lang.STATE.limit_hit, lang.STATE.memory_hit = None, False
+    lang.STATE.value, lang.STATE.has_value = None, False
+    lang._Stdout.stream = None
+    lang._user_classes.clear()
+    linecache.cache.pop(lang.SANDBOX_FILENAME, None)
 
 
 def send_msg(sock: socket.socket, msg: dict[str, Any]) -> None:
@@ -92,14 +152,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
-    if not head:
-        raise EOFError
-    if len(head) < _HEADER.size:
-        head += _recv_exact(sock, _HEADER.size - len(head))
-    (size,) = _HEADER.unpack(head)
-    return json.loads(_recv_exact(sock, size)), list(fds)
+def recv_msg(sock: socket.socket) -> dict[str, Any]:
+    """Length-prefixed JSON from a stream socket. Plain ``recv``: descriptors (nobody sends
+    any) would be discarded by the kernel, never installed in this process."""
+    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return json.loads(_recv_exact(sock, size))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -109,22 +166,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _warm_up() -> None:
-    """Trusted warm-up in a standby worker: touch (copy-on-write) the pages a call will touch,
-    so that the call itself does not pay for it."""
-    from sandboxd.backends.restricted import lang
-
-    lang.compile_user_code(
-        "import math\nclass A:\n    def f(self, x):\n        return [x]\n"
-        "a = A()\nprint(a.f(1), math.pi)\na.f(2)[0] + 1\n"
-    )
-    lang.make_globals(
-        lang.ImportHook([], []),
-        lang.WorkspaceOpener("/", 1),
-        lang.OutputStream(b"o", lambda k, d: None, 1),
-    )
-
-
 def _worker(
     sock: socket.socket,
     cgroup: str,
@@ -132,7 +173,6 @@ def _worker(
     layout: Any,
     program: Any,
     preset: tuple[int, float, int],
-    warm: bool,
 ) -> int:
     """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
     Returns the exit status for ``os._exit``."""
@@ -147,17 +187,13 @@ def _worker(
         confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != cfg["zygote_pid"]:
             return 0
-        if warm:
-            _warm_up()
     except BaseException as exc:
         setup_error = f"{type(exc).__name__}: {exc}"
     baseline = confine.vm_size()
     try:
-        msg, fds = recv_msg(sock)
+        msg = recv_msg(sock)
     except (EOFError, OSError, ValueError):
         return 0
-    for extra in fds:
-        os.close(extra)
     t_recv = time.perf_counter()
     wfd = sock.fileno()
 
@@ -348,7 +384,7 @@ class Zygote:
                 if not data:
                     self.shutdown()
                     return
-                self.handle(json.loads(data))
+                self.handle(data)
             self.reap()
             self.refill()
             if self.leftover:
@@ -360,10 +396,6 @@ class Zygote:
                 break
 
     def spawn(self) -> bool:
-        # Warming a standby up (touching the pages a call touches) takes the copy-on-write
-        # cost off the call's critical path, but costs CPU: do it only when at most one call
-        # is running (a core is free), not when calls saturate the CPUs.
-        warm = len(self.workers) - self.standby_count <= 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cgroup = "w" + self._token(8)
         try:
@@ -376,9 +408,7 @@ class Zygote:
             status = 71
             try:
                 ours.close()
-                status = _worker(
-                    theirs, cgroup, self.cfg, self.layout, self.program, self.preset, warm
-                )
+                status = _worker(theirs, cgroup, self.cfg, self.layout, self.program, self.preset)
             finally:
                 os._exit(status)
         theirs.close()
@@ -389,23 +419,24 @@ class Zygote:
             pidfd = os.pidfd_open(pid)
             fds.append(pidfd)
         try:
-            send_packet(self.evt, {"t": "standby", "pid": pid, "cgroup": cgroup}, fds)
+            # cgroup is "w" + hex: no JSON escaping needed
+            msg = f'{{"t":"standby","pid":{pid},"cgroup":"{cgroup}"}}'.encode()
+            socket.send_fds(self.evt, [msg], fds)
         finally:
             ours.close()
             if pidfd >= 0:
                 os.close(pidfd)
         return True
 
-    def handle(self, msg: dict[str, Any]) -> None:
-        kind = msg.get("t")
-        worker = self.workers.get(int(msg.get("pid", -1)))
-        if kind == "took" and worker is not None:
+    def handle(self, data: bytes) -> None:
+        if len(data) != _CTRL.size:
+            return
+        kind, pid, memory, cpus, pids = _CTRL.unpack(data)
+        worker = self.workers.get(pid)
+        if kind == b"t" and worker is not None:
             worker.standby = False
-            preset = msg.get("preset")
-            if preset:
-                self.preset = (int(preset[0]), float(preset[1]), int(preset[2]))
-        elif kind == "kill" and worker is not None:
-            pid = int(msg["pid"])
+            self.preset = (memory, cpus, pids)
+        elif kind == b"k" and worker is not None:
             for killer in (os.killpg, os.kill):
                 with contextlib.suppress(OSError):
                     killer(pid, signal.SIGKILL)
@@ -424,22 +455,14 @@ class Zygote:
             peak, oom, empty = (
                 self.layout.stats(worker.cgroup) if self.layout.version else (0, False, True)
             )
-            send_packet(
-                self.evt,
-                {
-                    "t": "exit",
-                    "pid": pid,
-                    "cgroup": worker.cgroup,
-                    "exit_code": os.waitstatus_to_exitcode(status)
-                    if os.WIFEXITED(status)
-                    else None,
-                    "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                    "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000),
-                    "maxrss": int(ru.ru_maxrss) * 1024,
-                    "peak_memory": peak,
-                    "oom": oom,
-                    "cgroup_empty": empty,
-                },
+            exit_code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else "null"
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else "null"
+            oom_s, empty_s = ("true" if oom else "false"), ("true" if empty else "false")
+            self.evt.send(
+                f'{{"t":"exit","pid":{pid},"cgroup":"{worker.cgroup}","exit_code":{exit_code},'
+                f'"signal":{sig},"cpu_ms":{int((ru.ru_utime + ru.ru_stime) * 1000)},'
+                f'"maxrss":{int(ru.ru_maxrss) * 1024},"peak_memory":{int(peak)},'
+                f'"oom":{oom_s},"cgroup_empty":{empty_s}}}'.encode()
             )
             # removal after the report keeps it off the call's critical path; a failure is
             # retried on every loop and by the start-up/close sweep
@@ -470,4 +493,5 @@ def main(cfg: dict[str, Any]) -> None:
     if os.getppid() != cfg["daemon_pid"]:
         sys.exit(0)
     _preimport()
+    _prime()
     Zygote(cfg).serve()
