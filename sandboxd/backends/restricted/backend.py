@@ -731,7 +731,9 @@ class RestrictedBackend:
         problems = []
         if not info:
             problems.append("no exit report from the zygote")
-        if pid is not None:
+        # pid_exists (one kill(pid, 0)) first: the worker has normally been reaped already,
+        # and building a psutil.Process for a gone pid costs several /proc reads
+        if pid is not None and psutil.pid_exists(pid):
             try:
                 proc = psutil.Process(pid)
                 if (
