@@ -31,6 +31,7 @@ the parent-death signal) it kills its workers and exits.
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import errno
 import json
@@ -48,6 +49,7 @@ _HEADER = struct.Struct("!I")
 _FRAME = struct.Struct("!cI")
 #: daemon -> zygote control message: kind (b"t" took, b"k" kill), pid, memory, cpus, pids
 _CTRL = struct.Struct("!cIQdI")
+_FDS1, _FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
 
 
 def _preimport() -> None:
@@ -141,7 +143,7 @@ def send_packet(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None 
         sock.send(data)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: _socket.socket, n: int) -> bytes:
     chunks = []
     while n:
         chunk = sock.recv(min(n, 1 << 20))
@@ -152,7 +154,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_msg(sock: socket.socket) -> dict[str, Any]:
+def recv_msg(sock: _socket.socket) -> dict[str, Any]:
     """Length-prefixed JSON from a stream socket. Plain ``recv``: descriptors (nobody sends
     any) would be discarded by the kernel, never installed in this process."""
     (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
@@ -167,7 +169,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _worker(
-    sock: socket.socket,
+    sock: _socket.socket,
     cgroup: str,
     cfg: dict[str, Any],
     layout: Any,
@@ -329,11 +331,9 @@ class Zygote:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         import gc
-        import secrets
 
         from sandboxd.backends.restricted import confine
 
-        self._token = secrets.token_hex
         self.cfg = cfg
         self.req = socket.socket(fileno=cfg["req_fd"])
         self.evt = socket.socket(fileno=cfg["evt_fd"])
@@ -396,8 +396,11 @@ class Zygote:
                 break
 
     def spawn(self) -> bool:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cgroup = "w" + self._token(8)
+        # Plain C-level calls where the stdlib offers Python wrappers (socket.socketpair,
+        # socket.send_fds, secrets, contextlib.suppress): while the new worker shares the
+        # zygote's pages, each page of Python code and data run here costs a copy.
+        ours, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cgroup = "w" + os.urandom(8).hex()
         try:
             pid = os.fork()
         except OSError:
@@ -413,15 +416,16 @@ class Zygote:
                 os._exit(status)
         theirs.close()
         self.workers[pid] = _Worker(cgroup)
-        fds = [ours.fileno()]
         pidfd = -1
-        with contextlib.suppress(OSError, AttributeError):
+        try:  # noqa: SIM105 - contextlib.suppress is Python code (see above)
             pidfd = os.pidfd_open(pid)
-            fds.append(pidfd)
+        except (OSError, AttributeError):
+            pass
+        fds = _FDS2.pack(ours.fileno(), pidfd) if pidfd >= 0 else _FDS1.pack(ours.fileno())
         try:
             # cgroup is "w" + hex: no JSON escaping needed
             msg = f'{{"t":"standby","pid":{pid},"cgroup":"{cgroup}"}}'.encode()
-            socket.send_fds(self.evt, [msg], fds)
+            self.evt.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         finally:
             ours.close()
             if pidfd >= 0:
