@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def require(condition: bool, why: str) -> None:
-    """Skip outside CI when ``condition`` is false; in CI (CI=true) fail loudly instead."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"required in CI: {why}", pytrace=False)
-    pytest.skip(why)  # outside CI only: in CI the line above fails instead
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from sandboxd.backends.restricted import RestrictedBackend
 from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
 from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
 from tests.restricted.conftest import BackendHarness
+from tests.support.ci import require
 
 
 def settle(harness: BackendHarness, timeout: float = 5.0) -> tuple[list[psutil.Process], set[str]]:
@@ -244,8 +245,7 @@ def test_probe_proves_confinement(harness: BackendHarness) -> None:
 
 
 def test_startup_sweep_removes_leftover_cgroups(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("cgroups are only used when the daemon runs as root")
+    require(os.geteuid() == 0, "root: cgroups are only used when the daemon runs as root")
     os.chmod(tmp_path, 0o755)
     h = BackendHarness(tmp_path, "sweeptest" + os.urandom(3).hex())
     try:
@@ -322,8 +322,7 @@ def test_run_before_start_is_an_error(tmp_path: Path) -> None:
 
 
 def test_memory_limit_below_worker_needs(harness: BackendHarness) -> None:
-    if not harness.backend.layout.version:
-        pytest.skip("needs cgroups (root)")
+    require(bool(harness.backend.layout.version), "writable cgroups (root)")
     res = harness.run("print(1)", memory_bytes=1024 * 1024)
     assert res.status is Status.killed
     assert res.termination.reason is Reason.memory_limit

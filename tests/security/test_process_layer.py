@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from sandboxd.backends.restricted import confine
+from tests.support.ci import require
 
 HELPER = Path(__file__).with_name("process_escape_helper.py")
 MUST_FAIL = [
@@ -61,19 +60,17 @@ def check(results: dict) -> None:
     assert results["write_inside"][0], results["write_inside"]
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall numbers are x86_64")
 def test_root_mode_chroot_uid_seccomp_landlock(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the chroot/uid mode is used when the daemon runs as root")
+    require(platform.machine() == "x86_64", "x86_64 (the helper uses raw syscall numbers)")
+    require(os.geteuid() == 0, "root (the chroot/uid mode is used when the daemon is root)")
     results = run_helper(tmp_path, chroot=True, drop=True)
     check(results)
     assert results["uid_is_root"] == [True, "None"]  # returned None: not root
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall numbers are x86_64")
 def test_landlock_alone_confines_the_filesystem(tmp_path: Path) -> None:
     """Without chroot and uid change (the daemon-not-root mode), Landlock and seccomp must
     still hold - even for a worker that kept uid 0 here."""
-    if confine.landlock_abi() == 0:
-        pytest.skip("kernel without Landlock: the non-root mode has no filesystem boundary")
+    require(platform.machine() == "x86_64", "x86_64 (the helper uses raw syscall numbers)")
+    require(confine.landlock_abi() > 0, "a kernel with Landlock (the non-root mode's boundary)")
     check(run_helper(tmp_path, chroot=False, drop=False))
