@@ -29,6 +29,7 @@ from sandboxd.metrics import Metrics
 from sandboxd.models import (
     Cleanup,
     Decision,
+    Invocation,
     InvokeRequest,
     Limits,
     LimitsRequest,
@@ -288,8 +289,6 @@ class Sandboxd:
             async with self.scheduler.slot(client, deadline):
                 started.set()
                 with self._workspace(session, invocation_id) as workspace:
-                    from sandboxd.models import Invocation
-
                     invocation = Invocation(
                         id=invocation_id, tool=tool, kind=decision.kind or ToolKind.python,
                         client=client, session=request.session, workspace=workspace,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -13,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxd import __version__
 from sandboxd.api.auth import authenticate
 from sandboxd.models import InvokeRequest, LimitsRequest, Result, ToolSpec
-from sandboxd.service import Sandboxd
+from sandboxd.service import Sandboxd, UnknownTool
+from sandboxd.sessions import directory_usage
 
 router = APIRouter()
 
@@ -79,8 +81,6 @@ async def get_tool(name: str, request: Request,
     for tool in service.tools(client):
         if tool.name == name:
             return tool
-    from sandboxd.service import UnknownTool
-
     raise UnknownTool(name, [t.name for t in service.tools(client)])
 
 
@@ -129,11 +129,7 @@ async def create_session(request: Request, body: SessionCreate | None = None,
 async def get_session(session_id: str, request: Request,
                       client: str = Depends(authenticate)) -> dict[str, Any]:
     """A session of the caller's (another client's session is "not found")."""
-    from sandboxd.sessions import directory_usage
-
     session = _service(request).sessions.get(session_id, client)
-    from pathlib import Path
-
     usage = await asyncio.to_thread(directory_usage, Path(session.workspace))
     return session.public(usage)
 
