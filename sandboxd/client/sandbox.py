@@ -162,6 +162,19 @@ class _Base:
         retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
         return problem_error(response.status_code, body, retry_after)
 
+    def _transport_retry_wait(self, exc: httpx.TransportError, attempt: int) -> float:
+        """Seconds to wait before retrying a request that failed in transport; raises
+        :class:`ConnectionFailed` when it must not be retried (only refused connections are)."""
+        if isinstance(exc, httpx.ConnectError):
+            wait = self._should_retry(attempt, None)
+            if wait is not None:
+                return wait
+            raise ConnectionFailed(
+                f"cannot reach sandboxd at {self.socket or self.url}: {exc}") from exc
+        if isinstance(exc, httpx.TimeoutException):
+            raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
+        raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
+
     def _should_retry(self, attempt: int, response: httpx.Response | None) -> float | None:
         """Seconds to wait before another attempt, or None to stop."""
         if attempt >= self.retries:
@@ -225,15 +238,8 @@ class SandboxClient(_Base):
                     method, path, json=json, params=params,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
-            except httpx.ConnectError as exc:
-                wait = self._should_retry(attempt, None)
-                if wait is None:
-                    raise ConnectionFailed(f"cannot reach sandboxd at {self.socket or self.url}: "
-                                           f"{exc}") from exc
-            except httpx.TimeoutException as exc:
-                raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
             except httpx.TransportError as exc:
-                raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
+                wait = self._transport_retry_wait(exc, attempt)
             else:
                 wait = self._should_retry(attempt, response)
                 if wait is None:
@@ -427,15 +433,8 @@ class AsyncSandboxClient(_Base):
                     method, path, json=json, params=params,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
-            except httpx.ConnectError as exc:
-                wait = self._should_retry(attempt, None)
-                if wait is None:
-                    raise ConnectionFailed(f"cannot reach sandboxd at {self.socket or self.url}: "
-                                           f"{exc}") from exc
-            except httpx.TimeoutException as exc:
-                raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
             except httpx.TransportError as exc:
-                raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
+                wait = self._transport_retry_wait(exc, attempt)
             else:
                 wait = self._should_retry(attempt, response)
                 if wait is None:
