@@ -68,10 +68,12 @@ class Endpoint:
         path = rundir / SOCKET_NAME
         ep.server = await asyncio.start_unix_server(ep._accept, path=str(path))
         if owner is not None:
-            os.chown(path, *owner)
+            # chmod while root still owns them: after the chown, changing the mode needs
+            # CAP_FOWNER, which the hardened unit does not keep.
             os.chmod(path, 0o600)
-            os.chown(rundir, *owner)
             os.chmod(rundir, 0o500)
+            os.chown(path, *owner)
+            os.chown(rundir, *owner)
         else:
             os.chmod(path, 0o666)
             os.chmod(rundir, 0o755)
