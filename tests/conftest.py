@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,9 @@ import pytest
 
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
+
+# A host's /etc/sandboxd/sandboxd.yaml (an installed service) must not change what tests get.
+os.environ.setdefault("SANDBOXD_CONFIG", os.devnull)
 
 
 @pytest.fixture

@@ -18,6 +18,10 @@ from sandboxd import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 
+# Exit statuses of `serve` (docs/operations.md lists them).
+EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
+EXIT_LISTEN = 4  # the address or socket could not be bound (e.g. the port is in use)
+
 
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"sandboxd: {message}", err=True)
@@ -99,7 +103,15 @@ async def _serve(settings: Any, log_level: str) -> int:
         config = uvicorn.Config(app, host=settings.host, port=settings.port,
                                 log_level=log_level, proxy_headers=False, server_header=False)
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
-    await server.serve()
+    try:
+        await server.serve()
+    except SystemExit:  # uvicorn exits 3 for every start-up failure; tell them apart
+        if server.lifespan.should_exit:
+            return EXIT_SELF_TEST
+        where = settings.uds or f"{settings.host}:{settings.port}"
+        typer.echo(f"sandboxd: cannot listen on {where} (see the error above; is another "
+                   "daemon running there?)", err=True)
+        return EXIT_LISTEN
     if settings.uds is not None:
         settings.uds.unlink(missing_ok=True)
     return 0 if server.started else 1

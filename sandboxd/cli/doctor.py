@@ -98,17 +98,12 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
 def _cgroup_facts(root: Path) -> list[ProbeCheck]:
     checks: list[ProbeCheck] = []
     if (root / "cgroup.controllers").exists():
-        own = _own_cgroup_v2()
-        target = root / own.lstrip("/") if own else root
-        writable = os.access(target, os.W_OK)
-        checks.append(
-            ProbeCheck(
-                name="cgroup",
-                ok=writable,
-                detail=f"v2; own cgroup {own or '?'} is {'writable' if writable else 'read-only'}"
-                + ("" if writable else " (under systemd use Delegate=yes)"),
-            )
-        )
+        from sandboxd.backends.restricted import cgroup_v2
+
+        try:
+            checks.append(ProbeCheck(name="cgroup", ok=True, detail=cgroup_v2.plan(root)))
+        except (OSError, cgroup_v2.CgroupUnavailable) as exc:
+            checks.append(ProbeCheck(name="cgroup", ok=False, detail=f"v2; {exc}"))
         return checks
     controllers = [c for c in ("memory", "cpu", "pids") if (root / c).is_dir()]
     if not controllers:
@@ -124,16 +119,6 @@ def _cgroup_facts(root: Path) -> list[ProbeCheck]:
         )
     )
     return checks
-
-
-def _own_cgroup_v2() -> str | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                return line[3:]
-    except OSError:
-        return None
-    return None
 
 
 def _status_field(key: str) -> str | None:
@@ -291,8 +276,8 @@ def doctor(
             )
             raise typer.Exit(2)
     default = _default_backend()
+    host = host_checks(settings)  # first: the cgroup row says what the probes will do
     results = asyncio.run(run_doctor(settings, names))
-    host = host_checks(settings)
 
     failed_default = default in names and not any(
         n == default and a and r.ok for n, a, r in results

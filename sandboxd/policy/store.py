@@ -58,14 +58,22 @@ class PolicyStore:
 
     # ------------------------------------------------------------------ loading
 
+    def _dir_files(self) -> list[Path]:
+        """The policy files of the configured directory; none when it is missing or empty."""
+        if self.policies_dir is None or not self.policies_dir.exists():
+            return []
+        return policy_files(self.policies_dir)
+
     def _files(self) -> list[tuple[Path, str]]:
-        if self.policies_dir is None:
-            return [(embedded_policies_dir() / "default.yaml", EMBEDDED_SOURCE)]
-        files = policy_files(self.policies_dir)
-        if not files:
-            raise PolicyError([f"{self.policies_dir}: no policy files (*.yaml, *.yml) in this "
-                               "directory"])
-        return [(p, str(self.policies_dir / p.name)) for p in files]
+        files = self._dir_files()
+        if files:
+            return [(p, str(self.policies_dir / p.name)) for p in files]  # type: ignore[operator]
+        if self.policies_dir is not None:
+            # A fresh install: the directory exists (or will) but holds no policy yet.
+            log.warning("%s has no policy files (*.yaml, *.yml): the embedded default policy "
+                        "(%s) is in force until one is added there", self.policies_dir,
+                        EMBEDDED_SOURCE)
+        return [(embedded_policies_dir() / "default.yaml", EMBEDDED_SOURCE)]
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
         if self._on_event is None:
@@ -108,16 +116,16 @@ class PolicyStore:
             try:
                 self._load()
             except PolicyError as exc:
-                log.error("policy reload refused, previous policy stays in force:\n%s",
-                          "\n".join(exc.problems))
+                kept = ("the previous policy stays in force" if self._set is not None
+                        else "no policy is in force: every call is denied")
+                log.error("policy reload refused, %s:\n%s", kept, "\n".join(exc.problems))
                 return False
         log.info("policies reloaded")
         return True
 
     def _snapshot(self) -> tuple[Any, ...]:
         try:
-            paths = ([embedded_policies_dir() / "default.yaml"] if self.policies_dir is None
-                     else policy_files(self.policies_dir))
+            paths = self._dir_files() or [embedded_policies_dir() / "default.yaml"]
         except PolicyError as exc:
             return ("error", tuple(exc.problems))
         snap = []

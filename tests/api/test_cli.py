@@ -74,3 +74,30 @@ def test_serve_on_unix_socket(tmp_path: Path) -> None:
         proc.terminate()
         assert proc.wait(30) == 0
     assert not sock.exists()  # removed on shutdown
+
+
+def test_serve_on_a_port_in_use_has_its_own_exit_status(daemon: RunningDaemon,
+                                                        tmp_path: Path) -> None:
+    """A second daemon on the same port: one line naming the address, exit 4 (not the
+    self-test's 3), and the running daemon is untouched."""
+    port = daemon.url.rsplit(":", 1)[1]
+    r = sandboxd("serve", "--port", port, "--state-dir", str(tmp_path / "second"))
+    assert r.returncode == 4, r.stderr
+    assert f"sandboxd: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert daemon.client.get("/healthz").status_code == 200
+
+
+def test_serve_starts_on_the_embedded_default_when_the_policies_dir_is_empty(
+    tmp_path: Path,
+) -> None:
+    """A fresh install: /etc/sandboxd/policies exists but is empty."""
+    from tests.support.daemon import running_daemon
+
+    empty = tmp_path / "policies"
+    empty.mkdir()
+    with running_daemon(tmp_path, policies_dir=empty) as d:
+        r = d.invoke("python", {"code": "print(6*7)"})
+        assert r.json()["stdout"] == "42\n"
+        assert r.json()["policy"]["source"] == "policies/default.yaml"
+        assert "embedded default policy" in d.log()

@@ -191,10 +191,22 @@ def test_embedded_default_is_found_and_named_like_the_design() -> None:
     assert backends["shell"] == "container" and backends["read_file"] == "workspace"
 
 
-def test_empty_directory_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError) as info:
-        PolicyStore(tmp_path).load()
-    assert "no policy files" in info.value.problems[0]
+@pytest.mark.parametrize("missing", [False, True])
+def test_empty_or_missing_directory_serves_the_embedded_default(
+    tmp_path: Path, missing: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fresh install (empty /etc/sandboxd/policies) starts on the embedded default and says
+    so; a policy file added later replaces it on the next reload."""
+    d = tmp_path / ("absent" if missing else "")
+    store = PolicyStore(d)
+    with caplog.at_level("WARNING", logger="sandboxd.policy"):
+        store.load()
+    assert [p.source for p in store.policies()] == ["policies/default.yaml"]
+    assert "embedded default policy" in caplog.text and str(d) in caplog.text
+    d.mkdir(exist_ok=True)
+    write(d, "only.yaml", "version: 1\nname: only\nclients: ['*']\ntools:\n  python: {}\n")
+    assert store.reload()
+    assert [p.source for p in store.policies()] == [str(d / "only.yaml")]
 
 
 def test_alias_bomb_is_refused(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from tests.service.unitfile import (
     systemd_analyze,
 )
 
-SHIPPED_BINARY = "/usr/local/bin/sandboxd"
+SHIPPED_BINARY = "/opt/sandboxd/bin/sandboxd"
 
 
 def _installed_binary() -> str:
@@ -152,9 +152,16 @@ def test_key_options_present() -> None:
     }
     assert "--uds /run/sandboxd/sandboxd.sock" in one("ExecStart")
     assert one("ExecStart").split()[:2] == [SHIPPED_BINARY, "serve"]
+    # paths come from the shipped config file, which admin commands read too
     env = dict(v.split("=", 1) for v in service["Environment"])
-    assert env["SANDBOXD_STATE_DIR"] == "/var/lib/sandboxd"
-    assert env["SANDBOXD_AUDIT_LOG"] == "/var/log/sandboxd/audit.jsonl"
+    assert not any(k.startswith("SANDBOXD_") for k in env)
+    from sandboxd.config import load_settings
+
+    shipped = load_settings(SYSTEMD_DIR / "sandboxd.yaml")
+    assert shipped.state_dir == Path("/var/lib/sandboxd")
+    assert shipped.audit_path == Path("/var/log/sandboxd/audit.jsonl")
+    assert shipped.policies_dir == Path("/etc/sandboxd/policies")
+    assert set(service["ReadWritePaths"][0].split()) >= {"/var/lib/sandboxd", "/var/log/sandboxd"}
     for key in (
         "NoNewPrivileges",
         "ProtectHome",

@@ -71,6 +71,8 @@ def start_daemon(
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    # a host's /etc/sandboxd/sandboxd.yaml (an installed service) must not leak into tests
+    full_env["SANDBOXD_CONFIG"] = os.devnull
     full_env.update(env or {})
     cmd = [
         sys.executable, "-m", "sandboxd", "serve",

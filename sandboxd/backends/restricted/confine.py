@@ -30,10 +30,16 @@ import errno
 import os
 import resource
 import signal
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
+
+from sandboxd.backends.restricted.cgroups import (  # noqa: F401 - re-exported
+    CgroupLayout,
+    below_usage,
+    cgroup_pids,
+    read_small,
+    remove_cgroup_dir,
+)
 
 PR_SET_PDEATHSIG = 1
 PR_GET_SECCOMP = 21
@@ -339,262 +345,6 @@ def build_seccomp_filter() -> Any:
     return filt
 
 
-# ----------------------------------------------------------------- cgroups
-
-
-def _own_cgroups() -> dict[str, str]:
-    """controller -> path of this process (v1 lines ``N:ctrl,ctrl:/path``; v2 key ``""``)."""
-    out: dict[str, str] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, ctrls, path = parts
-        if ctrls == "":
-            out[""] = path
-        for ctrl in ctrls.split(","):
-            if ctrl:
-                out[ctrl] = path
-    return out
-
-
-def _write(path: Path | str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class CgroupLayout:
-    """Where per-call cgroups live. ``version`` 0 means no cgroup confinement available.
-
-    The instance directory ``sandboxd-<instance>`` is nested under the daemon's own cgroup of
-    each controller (a delegated subtree on v2), so that the daemon's own limits still apply.
-    """
-
-    version: int = 0
-    bases: dict[str, Path] = field(default_factory=dict)  # v1: controller -> dir; v2: "" -> dir
-    detail: str = ""
-
-    CONTROLLERS = ("memory", "cpu", "pids")
-
-    @classmethod
-    def detect(cls, cgroup_root: Path, instance: str) -> CgroupLayout:
-        """Find (and create) the instance directories; never raises."""
-        name = f"sandboxd-{instance}"
-        own = _own_cgroups()
-        try:
-            if (cgroup_root / "memory").is_dir() and "memory" in own:
-                bases = {}
-                for ctrl in cls.CONTROLLERS:
-                    rel = own.get(ctrl, "/").lstrip("/")
-                    base = cgroup_root / ctrl / rel / name
-                    base.mkdir(exist_ok=True)
-                    bases[ctrl] = base
-                return cls(1, bases, "cgroup v1")
-            if (cgroup_root / "cgroup.controllers").exists() and "" in own:
-                return cls._detect_v2(cgroup_root, own[""].lstrip("/"), name)
-        except OSError as exc:
-            return cls(0, {}, f"cgroups unavailable: {exc}")
-        return cls(0, {}, "cgroups unavailable: no memory controller found")
-
-    @classmethod
-    def _detect_v2(cls, root: Path, rel: str, name: str) -> CgroupLayout:
-        own_dir = root / rel
-        want = {"memory", "cpu", "pids"}
-        have = set((own_dir / "cgroup.controllers").read_text().split())
-        if not want <= have:
-            return cls(0, {}, f"cgroup v2: controllers {sorted(want - have)} not delegated")
-        sub = set((own_dir / "cgroup.subtree_control").read_text().split())
-        if not want <= sub:
-            try:
-                _write(own_dir / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or rel == "":
-                    raise
-                # "no internal processes": move the daemon into a leaf, then enable
-                leaf = own_dir / "sandboxd-daemon"
-                leaf.mkdir(exist_ok=True)
-                _write(leaf / "cgroup.procs", str(os.getpid()))
-                _write(own_dir / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
-        base = own_dir / name
-        base.mkdir(exist_ok=True)
-        _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
-        return cls(2, {"": base}, "cgroup v2")
-
-    def dirs(self, call_id: str) -> list[Path]:
-        return [base / call_id for base in self.bases.values()]
-
-    def create_and_join(self, name: str) -> None:
-        """In the (root) worker: create its cgroup(s) and move itself in; limits come later."""
-        dirs = [f"{base}/{name}" for base in self.bases.values()]
-        for d in dirs:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d)
-        for d in dirs:
-            _write(f"{d}/cgroup.procs", "0")
-
-    def set_limits(
-        self,
-        name: str,
-        memory_bytes: int,
-        cpus: float,
-        pids: int,
-        applied: tuple[int, float, int] | None = None,
-        fresh: bool = False,
-    ) -> None:
-        """Set the call's limits on the worker's cgroup (before any user code runs).
-        ``applied``: limits already set (by the standby); only differences are written.
-        ``fresh``: the cgroup was just created (no memory limit yet: nothing to read).
-        String paths, not pathlib: this runs in every worker, where each page of the zygote's
-        heap that Python code touches costs a copy-on-write fault."""
-        quota = max(1000, int(cpus * 100_000))
-        if applied == (memory_bytes, cpus, pids):
-            return
-        if self.version == 1:
-            mem = f"{self.bases['memory']}/{name}"
-            # memsw must stay >= limit: order the two writes by direction
-            if applied is not None:
-                current = applied[0]
-            elif fresh:
-                current = memory_bytes + 1  # unlimited
-            else:
-                current = int(_read(f"{mem}/memory.limit_in_bytes"))
-            order = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
-            if memory_bytes < current:
-                order.reverse()
-            for fname in order:
-                try:
-                    _write(f"{mem}/{fname}", str(memory_bytes))
-                except OSError as exc:
-                    if fname != "memory.memsw.limit_in_bytes":
-                        raise _below_usage(memory_bytes, exc) from exc
-            _write(f"{self.bases['cpu']}/{name}/cpu.cfs_quota_us", str(quota))
-            _write(f"{self.bases['pids']}/{name}/pids.max", str(pids))
-        elif self.version == 2:
-            d = f"{self.bases['']}/{name}"
-            try:
-                _write(f"{d}/memory.max", str(memory_bytes))
-            except OSError as exc:
-                raise _below_usage(memory_bytes, exc) from exc
-            with contextlib.suppress(OSError):
-                _write(f"{d}/memory.swap.max", "0")
-            _write(f"{d}/cpu.max", f"{quota} 100000")
-            _write(f"{d}/pids.max", str(pids))
-
-    def stats(self, call_id: str) -> tuple[int, bool, bool]:
-        """``(peak memory bytes, oom killed, empty)`` of a finished call's cgroup (0/False
-        when unknown; ``empty``: no process left in any of its controllers)."""
-        peak, oom = 0, False
-        try:
-            if self.version == 1:
-                mem = f"{self.bases['memory']}/{call_id}"
-                peak = int(_read(f"{mem}/memory.max_usage_in_bytes"))
-                events = _read(f"{mem}/memory.oom_control")
-            else:
-                d = f"{self.bases['']}/{call_id}"
-                with contextlib.suppress(OSError):
-                    peak = int(_read(f"{d}/memory.peak"))
-                events = _read(f"{d}/memory.events")
-            for line in events.splitlines():
-                if line.startswith("oom_kill "):
-                    oom = int(line.split()[1]) > 0
-        except (OSError, ValueError):
-            pass
-        empty = all(not _read_or_empty(f"{d}/cgroup.procs").strip() for d in self._dirs(call_id))
-        return peak, oom, empty
-
-    def _dirs(self, call_id: str) -> list[str]:
-        """:meth:`dirs` as plain strings (no pathlib in the zygote's per-call loop: every page
-        of its heap it touches while workers share it costs a copy-on-write fault)."""
-        return [f"{base}/{call_id}" for base in self.bases.values()]
-
-    def remove(self, call_id: str, timeout: float = 2.0) -> bool:
-        """Kill anything left in the call's cgroup(s) and remove them; True when all are gone."""
-        ok = True
-        for d in self._dirs(call_id):
-            ok = remove_cgroup_dir(d, timeout) and ok
-        return ok
-
-    def remove_bases(self) -> bool:
-        """Remove the (empty) instance directories themselves; True when all are gone."""
-        ok = True
-        for base in self.bases.values():
-            ok = remove_cgroup_dir(base, 0.5) and ok
-        return ok
-
-    def sweep(self) -> list[str]:
-        """Remove leftover call cgroups of this instance (after a crash); returns their names."""
-        removed: list[str] = []
-        for base in self.bases.values():
-            try:
-                entries = [p for p in base.iterdir() if p.is_dir()]
-            except OSError:
-                continue
-            for d in entries:
-                if remove_cgroup_dir(d):
-                    removed.append(d.name)
-        return sorted(set(removed))
-
-
-def _read(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096).decode()
-    finally:
-        os.close(fd)
-
-
-def _read_or_empty(path: str) -> str:
-    try:
-        return _read(path)
-    except OSError:
-        return ""
-
-
-def _below_usage(memory_bytes: int, exc: OSError) -> BaseException:
-    if exc.errno == errno.EBUSY:
-        return MemoryError(
-            f"a memory limit of {memory_bytes} bytes is below what the python worker needs to start"
-        )
-    return exc
-
-
-def cgroup_pids(d: Path | str) -> list[int]:
-    try:
-        with open(f"{d}/cgroup.procs") as f:
-            return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def remove_cgroup_dir(d: Path | str, timeout: float = 2.0) -> bool:
-    """SIGKILL whatever is still in cgroup ``d`` and ``rmdir`` it (retrying while the kernel
-    finishes tearing processes down). True when the directory no longer exists."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            os.rmdir(d)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                return False
-        for pid in cgroup_pids(d):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-
-
 # ----------------------------------------------------------------- the child
 
 
@@ -634,7 +384,7 @@ def close_fds(keep: list[int]) -> None:
 def vm_size() -> int:
     """Virtual memory size of this process (the address-space baseline for RLIMIT_AS)."""
     try:
-        return int(_read("/proc/self/statm").split()[0]) * resource.getpagesize()
+        return int(read_small("/proc/self/statm").split()[0]) * resource.getpagesize()
     except (OSError, ValueError):
         return 256 * 1024 * 1024
 
@@ -660,7 +410,7 @@ def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram
     """Confine the worker for its call. Raises on any failure: the caller must then ``_exit``
     without running user code."""
     if spec.memory_bytes < MIN_WORKER_MEMORY:
-        raise _below_usage(spec.memory_bytes, OSError(errno.EBUSY, "below the worker's needs"))
+        raise below_usage(spec.memory_bytes, OSError(errno.EBUSY, "below the worker's needs"))
     if layout.version:
         layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids, spec.applied)
     if spec.chroot:

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One unattended call for CI: test sandboxd on Debian 12 with systemd as PID 1 and cgroup v2, in
+# a throwaway VM. Builds the image (cached), prepares the payload (source tree, wheels, sandbox
+# images), boots the VM, runs the guest jobs, prints the results, exits non-zero on any failure.
+#
+#   tests/vm/ci.sh [--src DIR] [--out DIR] [--jobs service,tests] [--timeout S] [--mem MB]
+#                  [--test-dirs "restricted service ..."] [--no-images]
+#
+#   --src DIR       the sandboxd checkout to test (default: the current dir)
+#   --out DIR       where results go (default $VM_DIR/ci-<timestamp>); also the VM's /share
+#   --jobs LIST     guest jobs, comma-separated: service (install as a systemd service per
+#                   docs/operations.md and check it), tests (the project's pytest suite). Default
+#                   both.
+#   --timeout S     limit for the whole VM run (default 5400)
+#   --test-dirs L   tests/ subdirectories for the tests job (default: all)
+#   --no-images     do not copy the Docker sandbox images in (container tests will then fail)
+#   env TEST_DIR_TIMEOUT  seconds per tests/ directory (default 1800)
+#   env TEST_DELEGATE=1   run pytest in a delegated transient scope (see guest/test-suite.sh)
+#
+# Exit status: 0 all green; 1 a check or a test failed; 124 time limit; 125 the VM did not run
+# the job; 2 usage or preparation error. Results: $OUT/results/service/checks.tsv,
+# $OUT/results/tests/summary.tsv (+ logs, junit XML, the guest journal, the console log).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+export VM_DIR=${VM_DIR:-/var/cache/sandboxd-vm}
+SRC="" OUT="" JOBS=service,tests TIMEOUT=5400 MEM=4096 TEST_DIRS="" IMAGES=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --src) SRC=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --jobs) JOBS=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
+    --mem) MEM=$2; shift 2 ;;
+    --test-dirs) TEST_DIRS=$2; shift 2 ;;
+    --no-images) IMAGES=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "ci.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$SRC" ]; then
+  SRC=$(cd "$HERE/../.." && pwd)
+fi
+[ -f "$SRC/pyproject.toml" ] && [ -d "$SRC/sandboxd" ] || { echo "ci.sh: $SRC is not a sandboxd tree" >&2; exit 2; }
+OUT=${OUT:-$VM_DIR/ci-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+T=$OUT/phases.tsv
+: > "$T"
+stamp() { printf '%s\t%s\n' "$1" "$2" >> "$T"; echo "ci.sh: $1 took $2 s" >&2; }
+
+# 1. the image
+t0=$(date +%s)
+"$HERE/build-image.sh" || exit 2
+stamp build-image $(( $(date +%s) - t0 ))
+
+# 2. the payload: source tree (tracked + untracked-not-ignored files), wheels, images
+t0=$(date +%s)
+rm -rf "$OUT/payload" "$OUT/results" "$OUT/guest"
+mkdir -p "$OUT/payload/src" "$OUT/results"
+if git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1; then
+  (cd "$SRC" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) \
+    | tar -xf - -C "$OUT/payload/src"
+  git -C "$SRC" rev-parse HEAD > "$OUT/payload/COMMIT"
+else
+  tar -C "$SRC" --exclude=.venv --exclude=__pycache__ -cf - . | tar -xf - -C "$OUT/payload/src"
+fi
+# Wheels for the guest (no network there). The cache directory keeps earlier downloads, so a
+# re-run only builds the sandboxd wheel itself. Debian 12's python is 3.11: build with a 3.11.
+PY=${VM_HOST_PYTHON:-python3}
+CACHE=$VM_DIR/wheel-cache
+mkdir -p "$CACHE"
+rm -f "$CACHE"/sandboxd-*.whl
+"$PY" -m pip wheel -q --wheel-dir "$CACHE" --find-links "$CACHE" \
+  "$OUT/payload/src[dev]" pip setuptools wheel hatchling editables > "$OUT/wheels.log" 2>&1 \
+  || { tail -n 20 "$OUT/wheels.log" >&2; exit 2; }
+mkdir -p "$OUT/payload/wheels"
+cp -l "$CACHE"/*.whl "$OUT/payload/wheels/" 2>/dev/null || cp "$CACHE"/*.whl "$OUT/payload/wheels/"
+if [ "$IMAGES" = 1 ]; then
+  # always Debian's client: a newer `docker` earlier on PATH may not match the engine
+  imgs="sandboxd/python:latest sandboxd/base-offline:latest"
+  ids=$(/usr/bin/docker image inspect -f '{{.Id}}' $imgs 2>/dev/null | tr '\n' ' ') || ids=""
+  if [ -z "$ids" ]; then
+    echo "ci.sh: sandbox images missing on the host (make images); container tests will fail" >&2
+  else
+    if [ "$(cat "$VM_DIR/images.ids" 2>/dev/null)" != "$ids" ] || [ ! -f "$VM_DIR/images.tar" ]; then
+      /usr/bin/docker save $imgs -o "$VM_DIR/images.tar.new" && mv "$VM_DIR/images.tar.new" "$VM_DIR/images.tar"
+      echo "$ids" > "$VM_DIR/images.ids"
+    fi
+    ln -f "$VM_DIR/images.tar" "$OUT/payload/images.tar" 2>/dev/null || cp "$VM_DIR/images.tar" "$OUT/payload/images.tar"
+  fi
+fi
+cp -r "$HERE/guest" "$OUT/guest"
+stamp payload $(( $(date +%s) - t0 ))
+
+# 3. the job
+{
+  echo '#!/bin/bash'
+  echo 'rc=0'
+  echo "export TEST_DIRS='$TEST_DIRS' TEST_DIR_TIMEOUT='${TEST_DIR_TIMEOUT:-1800}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
+  echo '[ -n "$TEST_DIRS" ] || unset TEST_DIRS'
+  IFS=, read -ra jl <<< "$JOBS"
+  for j in "${jl[@]}"; do
+    case $j in
+      service) echo 't=$(date +%s); bash /share/guest/service-checks.sh || rc=1; echo "service-job $(( $(date +%s) - t ))" >> /share/results/guest-phases.txt' ;;
+      tests) echo 't=$(date +%s); bash /share/guest/test-suite.sh || rc=1; echo "tests-job $(( $(date +%s) - t ))" >> /share/results/guest-phases.txt' ;;
+      *) echo "ci.sh: unknown job $j" >&2; exit 2 ;;
+    esac
+  done
+  echo 'exit $rc'
+} > "$OUT/job.sh"
+
+# 4. boot and run
+t0=$(date +%s)
+set +e
+"$HERE/run-in-vm.sh" --share "$OUT" --timeout "$TIMEOUT" --mem "$MEM" --quiet "$OUT/job.sh"
+rc=$?
+set -e
+stamp vm-run $(( $(date +%s) - t0 ))
+[ -f "$OUT/boot-time" ] && stamp guest-boot "$(grep -oE '[0-9.]+ s' "$OUT/boot-time" | cut -d' ' -f1)"
+[ -f "$OUT/results/guest-phases.txt" ] && while read -r n s; do stamp "$n" "$s"; done < "$OUT/results/guest-phases.txt"
+
+# 5. report
+if [ -f "$OUT/results/service/checks.tsv" ]; then
+  echo; echo "== service checks ($OUT/results/service/checks.tsv)"
+  cut -f1-2 "$OUT/results/service/checks.tsv" | column -t
+fi
+if [ -f "$OUT/results/tests/summary.tsv" ]; then
+  echo; echo "== test suite ($OUT/results/tests/summary.tsv)"
+  column -t "$OUT/results/tests/summary.tsv"
+fi
+echo; echo "== phases (s)"; column -t "$T"
+case $rc in
+  0) echo "ci.sh: all green" ;;
+  124) echo "ci.sh: FAILED: time limit reached" ;;
+  125) echo "ci.sh: FAILED: the VM did not run the job (see $OUT/console.log)" ;;
+  *) echo "ci.sh: FAILED (job exit $rc); details in $OUT/results" ;;
+esac
+exit $(( rc == 0 ? 0 : (rc == 124 || rc == 125 ? rc : 1) ))
