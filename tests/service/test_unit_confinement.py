@@ -73,6 +73,7 @@ print(json.dumps(out))
 
 
 NONROOT = REPO / "systemd" / "sandboxd-nonroot.conf"
+DOCKER = REPO / "systemd" / "sandboxd-docker.conf"
 NONROOT_UID = 10999  # stands in for the `sandboxd` system user of the drop-in
 
 
@@ -197,13 +198,16 @@ def test_emulated_unit_confinement_holds(tmp_path: Path) -> None:
     assert result["no_new_privs"] == "1" and result["seccomp"] == "2"
 
 
-@pytest.mark.parametrize("variant", ["shipped", "nonroot"])
+@pytest.mark.parametrize("variant", ["shipped", "nonroot", "docker"])
 def test_daemon_serves_under_the_units_confinement(
-    world_tmp: Path, service_cgroups: list[Path], variant: str
+    world_tmp: Path, service_cgroups: list[Path], variant: str, request: pytest.FixtureRequest
 ) -> None:
-    """The shipped unit (root, six capabilities) and the sandboxd-nonroot.conf drop-in (no
-    capability; needs Landlock, else the daemon must refuse to start)."""
-    dropins = (NONROOT,) if variant == "nonroot" else ()
+    """The shipped unit (root, six capabilities), the sandboxd-nonroot.conf drop-in (no
+    capability; needs Landlock, else the daemon must refuse to start), and the
+    sandboxd-docker.conf drop-in (the container backend, under the same six capabilities)."""
+    dropins = {"nonroot": (NONROOT,), "docker": (DOCKER,)}.get(variant, ())
+    if variant == "docker":
+        request.getfixturevalue("docker_client")  # engine and images, or fail in CI
     uid = NONROOT_UID if variant == "nonroot" else 0
     tmp_path = world_tmp
     state, run, logs = (tmp_path / n for n in ("state", "run", "logs"))
@@ -241,7 +245,8 @@ def test_daemon_serves_under_the_units_confinement(
             user=(uid, uid) if uid else None,
             env={
                 "NOTIFY_SOCKET": str(notify_path),
-                "SANDBOXD_CONTAINER_ENABLED": "false",
+                "SANDBOXD_CONTAINER_ENABLED": "true" if variant == "docker" else "false",
+                "SANDBOXD_WARM_POOL_SIZE": "1",
                 "HOME": str(state),
             },
             stdout=log,
@@ -297,6 +302,8 @@ def test_daemon_serves_under_the_units_confinement(
                 "/v1/tools/python/invoke", json={"arguments": {"code": code}, "session": sid}
             )
             assert r.status_code == 200 and r.json()["value"] == "hi", r.text
+            if variant == "docker":
+                _container_calls(c, sid)
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, daemon_log()
@@ -317,3 +324,20 @@ def test_daemon_serves_under_the_units_confinement(
             proc.kill()
             proc.wait(10)
         listener.close()
+
+
+def _container_calls(c: httpx.Client, sid: str) -> None:
+    """Under the unit's capabilities: one-shot and session shell calls, and the limits."""
+    ready = c.get("/readyz").json()["backends"]["container"]
+    assert ready["available"] and ready["ok"], ready
+    r = c.post("/v1/tools/shell/invoke", json={"arguments": {"command": "echo hello"}})
+    assert (r.json()["status"], r.json()["stdout"]) == ("ok", "hello\n"), r.text
+    r = c.post("/v1/tools/shell/invoke",
+               json={"arguments": {"command": "cat f.txt"}, "session": sid})
+    assert (r.json()["status"], r.json()["stdout"]) == ("ok", "hi"), r.text
+    r = c.post("/v1/tools/shell/invoke",
+               json={"arguments": {"command": "python3 -c 'x = bytearray(1024**3)'"},
+                     "limits": {"memory_bytes": 128 * 1024 * 1024}})
+    body = r.json()
+    assert body["termination"]["reason"] == "memory_limit", body
+    assert body["cleanup"]["verified"] is True
