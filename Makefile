@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run test venv venv-dev docker images lint bench clean
+.PHONY: run test test-vm venv venv-dev docker images lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 $(BIN)/.installed: pyproject.toml
@@ -45,6 +45,13 @@ images: venv docker
 ## make test: everything the tests need (dev tools, Docker engine, sandbox images), then pytest.
 test: venv-dev docker images
 	$(BIN)/pytest -ra
+
+## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
+## offline with debootstrap, cached in /var/cache/sandboxd-vm) installs sandboxd as a systemd
+## service exactly as docs/operations.md says, checks it, and runs the test suite inside
+## (CI=true). See tests/vm/README.md. VM_ARGS: e.g. --jobs service, --test-dirs "restricted".
+test-vm: venv images
+	VM_HOST_PYTHON=$(abspath $(BIN))/python tests/vm/ci.sh $(VM_ARGS)
 
 lint: venv-dev
 	$(BIN)/ruff check sandboxd tests bench

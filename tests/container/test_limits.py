@@ -132,6 +132,26 @@ async def test_cpu_limit_is_applied(backend: ContainerBackend, ws: Path,
     assert quota / period == pytest.approx(0.5)
 
 
+async def test_memory_and_swap_limits_are_applied(backend: ContainerBackend, ws: Path) -> None:
+    """memory = memory+swap (no swap to escape into) and the pids limit (plus the runner's fixed
+    overhead), read from inside the container's own cgroup: v2 files first, v1 when on v1."""
+    from sandboxd.backends.container.engine import PIDS_OVERHEAD
+
+    limits = Limits(timeout_s=20, memory_bytes=96 * MiB, pids=24)
+    res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/memory.max",
+                                       "/sys/fs/cgroup/memory.swap.max",
+                                       "/sys/fs/cgroup/pids.max"], limits=limits)
+    if res.status is Status.ok:
+        assert res.stdout.split() == [str(96 * MiB), "0", str(24 + PIDS_OVERHEAD)], res
+        return
+    res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                       "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes",
+                                       "/sys/fs/cgroup/pids/pids.max"], limits=limits)
+    memory, memsw, pids = res.stdout.split()[:3]
+    assert (int(memory), int(pids)) == (96 * MiB, 24 + PIDS_OVERHEAD), res
+    assert int(memsw) == 96 * MiB
+
+
 async def test_cancellation_removes_the_container(backend: ContainerBackend, ws: Path,
                                                   docker_client: Any) -> None:
     instance = backend.settings.instance_name
