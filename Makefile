@@ -32,6 +32,10 @@ run: venv
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools/python/invoke -H 'content-type: application/json' -d '{\"arguments\":{\"code\":\"print(6*7)\"}}'"
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools?format=openai"
 	@echo "  $(BIN)/sandboxd invoke python --arg code='print(6*7)'"
+	@echo "Admin commands for this daemon's state ($(STATE)/):"
+	@echo "  $(BIN)/sandboxd audit verify $(STATE)/audit.jsonl"
+	@echo "  $(BIN)/sandboxd audit tail $(STATE)/audit.jsonl"
+	@echo "  $(BIN)/sandboxd doctor --state-dir $(STATE)"
 	@echo "Stop with Ctrl-C."
 	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE)
 
