@@ -400,6 +400,7 @@ class RestrictedBackend:
             "uid": self.settings.sandbox_uid if self.root else None,
             "gid": self.settings.sandbox_gid if self.root else None,
             "chroot": self.root,
+            "namespaces": self.root,
             "standby": self.settings.max_concurrency,
             "cgroup": {
                 "version": self.layout.version,
@@ -783,6 +784,7 @@ class RestrictedBackend:
             msg = self._request(inv, lim, deadline, "", probe="basic")
             msg["outside_path"] = str(outside)
             msg["expect_unprivileged"] = self.root
+            msg["expect_namespaces"] = self.root
             res, report = await self._probe_run(inv, lim, deadline, msg)
             probe = (report or {}).get("probe") or {}
             for name in (
@@ -791,6 +793,7 @@ class RestrictedBackend:
                 "unprivileged",
                 "seccomp",
                 "landlock",
+                "pid_namespace",
             ):
                 ok_, detail = probe.get(
                     name, [False, f"no result ({res.status.value}: {res.message})"]
