@@ -205,6 +205,12 @@ def _worker(
     def emit(kind: bytes, data: bytes) -> None:
         _write_all(wfd, _FRAME.pack(kind, len(data)) + data)
 
+    uid = msg.get("uid")
+    uid_range = cfg.get("uid_range")
+    if setup_error is None and uid_range is not None and (
+        not isinstance(uid, int) or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
+    ):
+        setup_error = f"the call's uid {uid!r} is not a sandbox uid"
     if setup_error is None:
         spec = confine.ChildSpec(
             cgroup=cgroup,
@@ -214,8 +220,8 @@ def _worker(
             pids=int(msg["pids"]),
             cpu_seconds=int(msg["cpu_seconds"]),
             max_file_bytes=int(msg["max_file"]),
-            uid=cfg.get("uid"),
-            gid=cfg.get("gid"),
+            uid=uid if uid_range is not None else None,
+            gid=uid if uid_range is not None else None,
             zygote_pid=cfg["zygote_pid"],
             chroot=bool(cfg.get("chroot")),
             baseline_vm=baseline,
