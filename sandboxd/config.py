@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -95,8 +95,12 @@ class Settings(BaseSettings):
     max_sessions_per_client: int = Field(default=16, ge=1)
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
-    sandbox_uid: int = 10001
+    sandbox_uid: int = 10001  # the image's user (images are built with it)
     sandbox_gid: int = 10001
+    # every live sandbox (call, session, warm container) runs as its own uid (= gid) of this
+    # range, never shared while in use (see sandboxd.uids)
+    sandbox_uid_first: int = Field(default=10100, ge=1000)
+    sandbox_uid_count: int = Field(default=900, ge=1)
 
     # --- restricted backend
     restricted_enabled: bool = True
@@ -119,6 +123,16 @@ class Settings(BaseSettings):
     allow_unconfined: bool = Field(
         default=False, description="Serve even when the default backend fails its self-test"
     )
+
+    @model_validator(mode="after")
+    def _uid_pool_fits(self) -> Settings:
+        need = self.max_concurrency + self.warm_pool_size * 2 + 1
+        if self.sandbox_uid_count < need:
+            raise ValueError(
+                f"sandbox_uid_count ({self.sandbox_uid_count}) must be at least {need}: one uid "
+                "per concurrent call and warm container, and room for sessions"
+            )
+        return self
 
     @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", mode="after")
     @classmethod

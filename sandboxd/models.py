@@ -158,6 +158,9 @@ class Invocation(_Model):
     network: str | None = None
     # file tools: largest file that may be read or written
     max_file_bytes: int = 1024 * 1024
+    # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);
+    # None when the daemon is not root
+    uid: int | None = None
 
 
 # ---------------------------------------------------------------- decisions

@@ -46,6 +46,7 @@ from sandboxd.policy import PolicyStore
 from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
+from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
 
@@ -81,7 +82,7 @@ class ExecutionFailure(ServiceError):
     """A backend failed unexpectedly (a bug, not a sandbox outcome)."""
 
 
-def _build_backends(settings: Settings) -> dict[str, Backend]:
+def _build_backends(settings: Settings, uids: UidPool | None) -> dict[str, Backend]:
     from sandboxd.backends.workspace import WorkspaceBackend
 
     backends: dict[str, Backend] = {"workspace": WorkspaceBackend(settings)}
@@ -91,14 +92,14 @@ def _build_backends(settings: Settings) -> dict[str, Backend]:
         except ImportError as exc:  # pragma: no cover - depends on the install
             log.error("restricted backend unavailable: %s", exc)
         else:
-            backends["restricted"] = RestrictedBackend(settings)
+            backends["restricted"] = RestrictedBackend(settings, uids)
     if settings.container_enabled:
         try:
             from sandboxd.backends.container import ContainerBackend
         except ImportError as exc:  # pragma: no cover
             log.error("container backend unavailable: %s", exc)
         else:
-            backends["container"] = ContainerBackend(settings)
+            backends["container"] = ContainerBackend(settings, uids)
     return backends
 
 
@@ -112,13 +113,16 @@ class Sandboxd:
         self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
         self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
                                    settings.queue_timeout_s)
-        owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+        # one pool of per-sandbox uids shared by the sessions and every backend
+        self.uids = UidPool.from_settings(settings)
         self.sessions = SessionManager(
             settings.state_dir, ttl_s=settings.session_ttl_s,
             quota_bytes=settings.session_quota_bytes,
-            max_per_client=settings.max_sessions_per_client, owner=owner,
+            max_per_client=settings.max_sessions_per_client, uids=self.uids,
+            keep_free=settings.max_concurrency + 2 * settings.warm_pool_size,
         )
-        self.backends = backends if backends is not None else _build_backends(settings)
+        self.backends = (backends if backends is not None
+                         else _build_backends(settings, self.uids))
         self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use)
         self.draining = False
         self._inflight: set[asyncio.Task[Any]] = set()
@@ -292,6 +296,7 @@ class Sandboxd:
                     invocation = Invocation(
                         id=invocation_id, tool=tool, kind=decision.kind or ToolKind.python,
                         client=client, session=request.session, workspace=workspace,
+                        uid=self.sessions.identity(session, invocation_id),
                         arguments=request.arguments, argv=decision.argv,
                         imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
                         image=decision.image, network=decision.network,

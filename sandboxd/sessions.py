@@ -9,8 +9,10 @@ Session metadata lives in ``<state>/sessions/<id>.json`` so that a restarted dae
 unexpired sessions; :meth:`SessionManager.sweep` deletes expired sessions, orphaned workspaces
 and every temporary workspace left by a crash.
 
-When the daemon runs as root, workspaces are owned by the sandbox uid/gid (mode 0700) so that
-sandboxed code can write there and nobody else can read them.
+When the daemon runs as root, every workspace is owned (mode 0700) by its own sandbox identity
+from the uid pool (:mod:`sandboxd.uids`): a session's uid is taken when it is created, stored
+in its metadata (so a restarted daemon gives it back) and released when it goes; a call without
+a session holds one for the call. Nobody else can read a workspace, not even another sandbox.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sandboxd.models import new_id
+from sandboxd.uids import UidPool, UidPoolExhausted, chown_tree
 
 TEMP_PREFIX = "tmp-"
 
@@ -56,6 +59,7 @@ class Session:
     ttl_s: float
     quota_bytes: int
     workspace: str
+    uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
 
     def public(self, usage_bytes: int) -> dict[str, object]:
         """The session as ``GET /v1/sessions/{id}`` shows it."""
@@ -97,13 +101,14 @@ class SessionManager:
     """Creates, finds, expires and sweeps sessions and temporary workspaces."""
 
     def __init__(self, state_dir: Path, *, ttl_s: float, quota_bytes: int,
-                 max_per_client: int, owner: tuple[int, int] | None) -> None:
+                 max_per_client: int, uids: UidPool | None, keep_free: int = 0) -> None:
         self.root = state_dir / "workspaces"
         self.meta_dir = state_dir / "sessions"
         self.ttl_s = ttl_s
         self.quota_bytes = quota_bytes
         self.max_per_client = max_per_client
-        self.owner = owner  # (uid, gid) that owns workspaces, when the daemon can chown
+        self.uids = uids  # per-sandbox identities, when the daemon can change them
+        self.keep_free = keep_free  # uids sessions leave for one-shot calls and warm containers
         self._sessions: dict[str, Session] = {}
 
     # ------------------------------------------------------------ start-up
@@ -127,6 +132,7 @@ class SessionManager:
                 self._remove_files(session.id)
                 report["expired"].append(session.id)
             else:
+                self._recover_identity(session)
                 self._sessions[session.id] = session
                 report["recovered"].append(session.id)
         for entry in self.root.iterdir():
@@ -148,11 +154,33 @@ class SessionManager:
         ttl = min(ttl_s or self.ttl_s, self.ttl_s)
         now = time.time()
         sid = new_id("ses")
-        workspace = self._make_workspace(sid)
-        session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes, str(workspace))
-        self._sessions[sid] = session
-        self._save(session)
+        uid = None
+        if self.uids is not None:
+            try:
+                uid = self.uids.acquire(sid, keep_free=self.keep_free)
+            except UidPoolExhausted as exc:
+                raise SessionLimitReached(f"no session can be created now: {exc}") from None
+        try:
+            workspace = self._make_workspace(sid, uid)
+            session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
+                              str(workspace), uid)
+            self._sessions[sid] = session
+            self._save(session)
+        except BaseException:
+            self._sessions.pop(sid, None)
+            if self.uids is not None:
+                self.uids.release(sid)
+            raise
         return session
+
+    def identity(self, session: Session | None, invocation_id: str) -> int | None:
+        """The uid (= gid) a call runs as: its session's, else the one its temporary workspace
+        holds (see :meth:`temporary`); None when the daemon is not root."""
+        if self.uids is None:
+            return None
+        if session is not None:
+            return session.uid
+        return self.uids.held(TEMP_PREFIX + invocation_id)
 
     def get(self, session_id: str, client: str) -> Session:
         """The client's live session, or :class:`SessionNotFound`."""
@@ -214,20 +242,42 @@ class SessionManager:
         """A fresh workspace for one call without a session; deleted afterwards (in a
         background thread when an event loop runs: removing a tree is slow and nothing waits
         for it; a crash before it is done is covered by :meth:`sweep`)."""
-        path = self._make_workspace(TEMP_PREFIX + invocation_id)
+        name = TEMP_PREFIX + invocation_id
+        uid = self.uids.acquire(name) if self.uids is not None else None
+        try:
+            path = self._make_workspace(name, uid)
+        except BaseException:
+            if self.uids is not None:
+                self.uids.release(name)
+            raise
         try:
             yield path
         finally:
+            # the call's processes are gone (backends verify it before returning): the uid
+            # is free again, its files go with the tree
+            if self.uids is not None:
+                self.uids.release(name)
             remove_tree_soon(path)
 
     # ------------------------------------------------------------ helpers
 
-    def _make_workspace(self, name: str) -> Path:
+    def _make_workspace(self, name: str, uid: int | None) -> Path:
         path = self.root / name
         path.mkdir(mode=0o700)
-        if self.owner is not None:
-            os.chown(path, *self.owner)
+        if uid is not None:
+            os.chown(path, uid, uid)
         return path
+
+    def _recover_identity(self, session: Session) -> None:
+        """A recovered session keeps its uid; one without a usable uid (metadata of an older
+        daemon, or a uid outside today's range) gets a new one and its files follow."""
+        if self.uids is None:
+            return
+        if session.uid is not None and self.uids.adopt(session.id, session.uid):
+            return
+        session.uid = self.uids.acquire(session.id)
+        chown_tree(Path(session.workspace), session.uid, session.uid)
+        self._save(session)
 
     def _save(self, session: Session) -> None:
         target = self.meta_dir / f"{session.id}.json"
@@ -240,3 +290,5 @@ class SessionManager:
     def _remove_files(self, session_id: str) -> None:
         shutil.rmtree(self.root / session_id, ignore_errors=True)
         (self.meta_dir / f"{session_id}.json").unlink(missing_ok=True)
+        if self.uids is not None:
+            self.uids.release(session_id)

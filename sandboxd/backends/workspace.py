@@ -214,8 +214,6 @@ class WorkspaceBackend:
     name = "workspace"
 
     def __init__(self, settings: Settings) -> None:
-        self.owner = ((settings.sandbox_uid, settings.sandbox_gid)
-                      if os.geteuid() == 0 else None)
         self.quota_bytes = settings.session_quota_bytes
 
     async def start(self) -> None:
@@ -252,8 +250,10 @@ class WorkspaceBackend:
                 quota_left = None
                 if inv.session is not None:
                     quota_left = self.quota_bytes - directory_usage(inv.workspace)
+                # what it creates belongs to the sandbox identity of the workspace
+                owner = (inv.uid, inv.uid) if inv.uid is not None else None
                 written = write_file(root, args["path"], args["content"], inv.max_file_bytes,
-                                     quota_left, self.owner)
+                                     quota_left, owner)
                 value = {"path": args["path"], "bytes": written}
                 stdout = f"wrote {written} bytes to {args['path']}"
             elif inv.kind is ToolKind.list_files:

@@ -17,7 +17,10 @@ from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Result, ToolKind
 
-SANDBOX_UID = 10001
+#: the identity the helpers below give their workspaces and calls (the daemon would take one
+#: from its uid pool per call or session): the last uid of the default pool, adopted by the
+#: backend's pool in :func:`run` so that no warm container gets it
+SANDBOX_UID = Settings().sandbox_uid_first + Settings().sandbox_uid_count - 1
 
 
 def make_settings(tmp: Path, **overrides: Any) -> Settings:
@@ -46,12 +49,16 @@ async def run(backend: ContainerBackend, ws: Path, *, argv: list[str] | None = N
               limits: Limits | None = None, timeout: float | None = None) -> Result:
     """One call through the backend, as the service would make it."""
     limits = limits or Limits(timeout_s=timeout or 30.0)
+    uid = None
+    if backend.uids is not None:
+        assert backend.uids.adopt("tests", SANDBOX_UID)
+        uid = SANDBOX_UID
     if code is not None:
         inv = Invocation(tool="python", kind=ToolKind.python, client=client, session=session,
-                         workspace=ws, arguments={"code": code})
+                         workspace=ws, arguments={"code": code}, uid=uid)
     else:
         inv = Invocation(tool="shell", kind=ToolKind.command, client=client, session=session,
-                         workspace=ws, argv=argv)
+                         workspace=ws, argv=argv, uid=uid)
     return await backend.run(inv, limits, time.monotonic() + limits.timeout_s)
 
 

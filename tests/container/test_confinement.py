@@ -1,29 +1,36 @@
-"""Every container is confined: uid 10001, read-only root, no network, seccomp, clean env."""
+"""Every container is confined: its sandbox's own uid, read-only root, no network, seccomp,
+clean env."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandboxd.backends.container import ContainerBackend
-from sandboxd.models import Reason, Status
+from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
+from tests.support.ci import require
 
 from .conftest import SANDBOX_UID, run
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-async def test_runs_as_uid_10001(backend: ContainerBackend, ws: Path) -> None:
+async def test_runs_as_the_sandbox_uid(backend: ContainerBackend, ws: Path) -> None:
     res = await run(backend, ws, argv=["id", "-u"])
     assert res.status is Status.ok, res
     assert res.stdout.strip() == str(SANDBOX_UID)
     assert res.backend == "container"
     assert res.cleanup.verified
+    # an empty workspace: a warm container, which holds its own uid of the pool
     res = await run(backend, ws, code="import os\n(os.getuid(), os.getgid(), os.getgroups())")
-    assert res.value == [SANDBOX_UID, SANDBOX_UID, [SANDBOX_UID]], res
+    uid = res.value[0]
+    assert res.value == [uid, uid, [uid]] and uid != SANDBOX_UID, res
+    assert backend.uids is None or backend.uids.contains(uid), res
 
 
 async def test_no_capabilities_and_no_new_privs(backend: ContainerBackend, ws: Path) -> None:
@@ -214,7 +221,7 @@ async def test_every_container_has_the_hardened_config(backend: ContainerBackend
                            f"sandboxd.daemon={backend.settings.instance_name}"]})
     hc = container.attrs["HostConfig"]
     cfg = container.attrs["Config"]
-    assert cfg["User"] == "10001:10001"
+    assert cfg["User"] == f"{SANDBOX_UID}:{SANDBOX_UID}"
     assert hc["ReadonlyRootfs"] is True
     assert hc["CapDrop"] == ["ALL"]
     assert hc["NetworkMode"] == "none"
@@ -235,3 +242,31 @@ async def test_every_container_has_the_hardened_config(backend: ContainerBackend
     await backend.close_session("inspect-me")
     assert docker_client.containers.list(all=True,
                                          filters={"label": "sandboxd.session=inspect-me"}) == []
+
+
+async def test_concurrent_containers_never_share_a_uid(backend: ContainerBackend,
+                                                       tmp_path: Path) -> None:
+    """Each call holds its own uid (as the daemon gives it) and a warm container has its own:
+    concurrent calls run as pairwise different uids, each the one its sandbox holds."""
+    require(os.geteuid() == 0, "root (the uid pool exists when the daemon is root)")
+    pool = backend.uids
+    assert pool is not None
+    code = "import os, time\ntime.sleep(1)\nos.getuid()"
+    calls = []
+    for i in range(3):
+        uid = pool.acquire(f"call-{i}")
+        ws = tmp_path / f"w{i}"
+        ws.mkdir(mode=0o700)
+        os.chown(ws, uid, uid)
+        inv = Invocation(tool="python", kind=ToolKind.python, client="tester", workspace=ws,
+                         arguments={"code": code}, uid=uid)
+        calls.append(backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30))
+    try:
+        results = await asyncio.gather(*calls)
+    finally:
+        for i in range(3):
+            pool.release(f"call-{i}")
+    uids = [r.value for r in results]
+    assert all(r.status is Status.ok for r in results), results
+    assert len(set(uids)) == 3, uids
+    assert all(pool.contains(u) for u in uids), uids

@@ -35,6 +35,10 @@ class BackendHarness:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.backend = RestrictedBackend(self.settings)
+        # one identity of the backend's uid pool for every call of the harness (the daemon
+        # gives each call its own: tests/security/test_isolation.py)
+        pool = self.backend.uids
+        self.uid = pool.acquire("test-harness") if pool is not None else None
         self.call(self.backend.start())
 
     def call(self, coro: Any, timeout: float = 120) -> Any:
@@ -46,8 +50,8 @@ class BackendHarness:
     def workspace(self) -> Path:
         ws = self.state_dir / "workspaces" / secrets.token_hex(6)
         ws.mkdir(parents=True)
-        if os.geteuid() == 0:
-            os.chown(ws, self.settings.sandbox_uid, self.settings.sandbox_gid)
+        if self.uid is not None:
+            os.chown(ws, self.uid, self.uid)
         return ws
 
     def invocation(self, code: str, workspace: Path | None = None,
@@ -57,7 +61,7 @@ class BackendHarness:
             tool="python", kind=ToolKind.python, client="test",
             workspace=workspace or self.workspace(), arguments={"code": code},
             imports_allow=DEFAULT_IMPORTS if imports is None else imports,
-            imports_deny=deny or [], max_file_bytes=max_file_bytes,
+            imports_deny=deny or [], max_file_bytes=max_file_bytes, uid=self.uid,
         )
 
     def run(self, code: str, *, workspace: Path | None = None, timeout_s: float = 10,

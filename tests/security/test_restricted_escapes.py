@@ -164,6 +164,60 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("format_getattr_in_fstring", "f\"{getattr(1, '__class__')}\"", "refused"),
     ("format_item_then_attr", "'{0[0].__class__}'.format([1])", "refused"),
     ("format_spec_nested", "'{0:{1.__class__}}'.format(1, 2)", "refused"),
+    # ---- the real str.format reached around the attribute guard (issue 11 item 13): each
+    # runs the format inside a generator so that ``gi_frame.f_back`` is the caller's frame
+    ("super_str_format", textwrap.dedent("""
+        class S(str):
+            pass
+        s = S('{0.gi_frame.f_back.f_back.f_locals}')
+        def gen():
+            yield super(S, s).format(g)
+        g = gen()
+        next(g)
+        """), "refused"),
+    ("super_str_format_map", textwrap.dedent("""
+        class S(str):
+            pass
+        s = S('{g.gi_frame.f_back.f_globals}')
+        def gen():
+            yield super(S, s).format_map({'g': g})
+        g = gen()
+        next(g)
+        """), "refused"),
+    ("super_zero_arg_format", textwrap.dedent("""
+        class S(str):
+            def leak(self, g):
+                return super().format(g)
+        def gen():
+            yield S('{0.gi_frame.f_back.f_locals}').leak(g)
+        g = gen()
+        next(g)
+        """), "refused"),
+    ("super_unbound_format", textwrap.dedent("""
+        class S(str):
+            pass
+        s = S('{0.gi_frame.f_back.f_locals}')
+        def gen():
+            yield super(S, S).format(s, g)
+        g = gen()
+        next(g)
+        """), "refused"),
+    ("getattr_super_format", textwrap.dedent("""
+        class S(str):
+            pass
+        def gen():
+            yield getattr(super(S, S('{0.gi_frame}')), 'format')(g)
+        g = gen()
+        next(g)
+        """), "refused"),
+    ("str_format_on_subclass", "class S(str):\n    pass\n"
+     "str.format(S('{0.gi_frame}'), (x for x in [1]))", "refused"),
+    ("type_of_subclass_format", "class S(str):\n    pass\ns = S('{0.gi_frame}')\n"
+     "type(s).format(s, (x for x in [1]))", "refused"),
+    ("dunder_class_format", "''.__class__.format('{0.gi_frame}', (x for x in [1]))",
+     "refused"),
+    ("fstring_conversions", "class S(str):\n    pass\ns = S('{0.gi_frame}')\n"
+     "[f'{s!r}', f'{s!s:>20}', f'{s!a}', format(s, '>30')]", "contained"),
     # ---- writes to host objects (and the next call must see pristine modules)
     ("write_math_pi", "import math\nmath.pi = 3", "refused"),
     ("setattr_json_dumps", "import json\nsetattr(json, 'dumps', None)", "refused"),

@@ -1,4 +1,6 @@
-"""The container backend: every call runs as uid 10001 in a locked-down Docker container.
+"""The container backend: every call runs in a locked-down Docker container, as the uid of
+its sandbox (a one-shot call's, a session's, or a warm container's own) from the daemon's uid
+pool (:mod:`sandboxd.uids`): no two live containers share a uid.
 
 Three ways a call gets a container (all with the same confinement, see :mod:`.engine`):
 
@@ -66,6 +68,7 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
+from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.container")
 T = TypeVar("T")
@@ -90,6 +93,7 @@ class Box:
     role: str
     cid: str | None = None
     dead: bool = False
+    uid: int | None = None
 
 
 class ContainerBackend:
@@ -97,14 +101,14 @@ class ContainerBackend:
 
     name = "container"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, uids: UidPool | None = None) -> None:
         self.settings = settings
+        self.uids = uids if uids is not None else UidPool.from_settings(settings)
         self._client: docker.DockerClient | None = None
         self._seccomp: str | None = None
         self._available: tuple[bool, str | None] = (False, "the container backend is not started")
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sandboxd-docker")
         self._rundir: Path | None = None
-        self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
         self._pool: dict[str, deque[Box]] = {}
         self._pool_shape: dict[str, engine.Shape] = {}
         self._filling: dict[str, int] = {}
@@ -227,18 +231,28 @@ class ContainerBackend:
 
     async def _new_box(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
                        workspace: Path | None, network: str | None = None,
-                       session: str | None = None) -> Box:
-        """Create and start a container (its runner connects asynchronously)."""
+                       session: str | None = None, uid: int | None = None) -> Box:
+        """Create and start a container (its runner connects asynchronously). ``uid``: the
+        sandbox identity of the call or session; None (warm pool): the container takes its
+        own from the pool, until it is destroyed."""
         if self._rundir is None or self._seccomp is None:
             raise BackendUnavailable(self._available[1] or "the container backend is not started")
         token = secrets.token_hex(6)
         name = f"sandboxd-{self.settings.instance_name}-{token}"
-        endpoint = await Endpoint.open(self._rundir / token, self._owner)
-        box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role)
+        if uid is None and self.uids is not None:
+            uid = self.uids.acquire(name)
+        try:
+            endpoint = await Endpoint.open(self._rundir / token,
+                                           (uid, uid) if uid is not None else None)
+        except BaseException:
+            if self.uids is not None:
+                self.uids.release(name)
+            raise
+        box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid)
         self._boxes.add(box)
         spec = engine.Spec(name=name, image=image, shape=shape, rundir=endpoint.rundir,
                            role=role, invocation=invocation, workspace=workspace,
-                           network=network, session=session)
+                           network=network, session=session, uid=uid)
         task = asyncio.ensure_future(self._engine(
             engine.create_and_start, self.client, self.settings, self._seccomp, spec))
         try:
@@ -263,6 +277,8 @@ class ContainerBackend:
         if ref is not None and self._client is not None:
             verified = await self._engine(engine.destroy, self._client, ref)
         await box.endpoint.close()
+        if verified and self.uids is not None:
+            self.uids.release(box.name)  # a warm container's own uid (a no-op for the others)
         return verified
 
     async def _destroy_shielded(self, box: Box) -> bool:
@@ -412,7 +428,7 @@ class ContainerBackend:
                     self._new_box(image=image, shape=shape, role="oneshot",
                                   invocation=invocation.id,
                                   workspace=None if poolable else invocation.workspace,
-                                  network=invocation.network),
+                                  network=invocation.network, uid=invocation.uid),
                     deadline - time.monotonic())
                 if not made:  # _new_box removed what it had started
                     raise TimeoutError
@@ -450,7 +466,8 @@ class ContainerBackend:
             made, box = await within(
                 self._new_box(image=image, shape=shape, role="session",
                               invocation=invocation.id, workspace=invocation.workspace,
-                              network=invocation.network, session=invocation.session),
+                              network=invocation.network, session=invocation.session,
+                              uid=invocation.uid),
                 deadline - time.monotonic())
             if not made:
                 raise TimeoutError
@@ -642,8 +659,6 @@ class ContainerBackend:
         checks: list[ProbeCheck] = []
         workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=self.settings.state_dir))
         try:
-            if self._owner is not None:
-                os.chown(workspace, *self._owner)
             inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
                              workspace=workspace, arguments={"code": PROBE_CODE})
             limits = Limits(timeout_s=30)
@@ -652,9 +667,11 @@ class ContainerBackend:
             if not facts:
                 detail = f"probe failed: {res.status} {res.message or ''} {res.stderr[-300:]}"
                 return ProbeReport(backend=self.name, ok=False, detail=detail)
-            uid = self.settings.sandbox_uid
+            uid = facts.get("uid")
+            own = (self.uids.contains(uid) if self.uids is not None and isinstance(uid, int)
+                   else uid == self.settings.sandbox_uid)
             checks.append(ProbeCheck(name="unprivileged",
-                                     ok=facts.get("uid") == uid and facts.get("cap_eff") == 0,
+                                     ok=bool(own) and uid != 0 and facts.get("cap_eff") == 0,
                                      detail=f"uid={facts.get('uid')} "
                                             f"CapEff={facts.get('cap_eff')}"))
             checks.append(ProbeCheck(name="socket_blocked", ok=bool(facts.get("net_blocked")),

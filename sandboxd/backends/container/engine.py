@@ -90,13 +90,17 @@ class Spec:
     workspace: Path | None  # None: a size-capped tmpfs at /workspace (pool containers)
     network: str | None = None
     session: str | None = None
+    uid: int | None = None  # the sandbox's own uid (= gid); None: settings.sandbox_uid
 
 
 def create_and_start(client: docker.DockerClient, settings: Settings, seccomp: str,
                      spec: Spec) -> str:
     """Create and start a container for ``spec``; returns its id. On failure nothing is left."""
     api = client.api
-    uid, gid = settings.sandbox_uid, settings.sandbox_gid
+    uid, gid = ((spec.uid, spec.uid) if spec.uid is not None
+                else (settings.sandbox_uid, settings.sandbox_gid))
+    if uid == 0 or gid == 0:
+        raise ValueError("sandbox containers never run as root")
     quota = int(settings.session_quota_bytes)
     tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
     binds = {str(spec.rundir): {"bind": RUNNER_MOUNT, "mode": "ro"}}

@@ -62,6 +62,7 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
+from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.restricted")
 _PROBE_PREFIX = "restricted-probe-"
@@ -327,9 +328,11 @@ class RestrictedBackend:
 
     name = "restricted"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, uids: UidPool | None = None) -> None:
         self.settings = settings
         self.root = os.geteuid() == 0
+        # per-sandbox identities (shared with the sessions and the other backends)
+        self.uids = uids if uids is not None else UidPool.from_settings(settings)
         self.layout = confine.CgroupLayout()
         self._zygote: _ZygoteHandle | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -365,8 +368,9 @@ class RestrictedBackend:
             self._zygote.pid if self._zygote else -1,
             self.layout.detail or "no cgroups",
             confine.landlock_abi(),
-            f"workers run as {self.settings.sandbox_uid}:{self.settings.sandbox_gid} in a chroot"
-            if self.root
+            f"each worker runs as its own uid of {self.uids.first}..."
+            f"{self.uids.first + self.uids.count - 1} in a chroot and PID/IPC namespaces"
+            if self.uids is not None
             else "daemon not root: workers keep its uid (Landlock is the filesystem boundary)",
         )
 
@@ -397,9 +401,10 @@ class RestrictedBackend:
             "req_fd": req_child.fileno(),
             "evt_fd": evt_child.fileno(),
             "daemon_pid": os.getpid(),
-            "uid": self.settings.sandbox_uid if self.root else None,
-            "gid": self.settings.sandbox_gid if self.root else None,
+            # a worker runs as its call's uid (= gid), which must lie in this range
+            "uid_range": [self.uids.first, self.uids.count] if self.uids else None,
             "chroot": self.root,
+            "namespaces": self.root,
             "standby": self.settings.max_concurrency,
             "cgroup": {
                 "version": self.layout.version,
@@ -517,6 +522,7 @@ class RestrictedBackend:
             "cpu_seconds": math.ceil(remaining) + 1,
             "output": int(limits.output_bytes),
             "max_file": int(inv.max_file_bytes),
+            "uid": inv.uid,
             "probe": probe,
         }
 
@@ -769,20 +775,23 @@ class RestrictedBackend:
             ws = base / "ws"
             ws.mkdir(mode=0o700)
             outside = base / f"outside-{secrets.token_hex(4)}"
-            if self.root:
-                os.chown(ws, self.settings.sandbox_uid, self.settings.sandbox_gid)
+            uid = self.uids.acquire(base.name) if self.uids is not None else None
+            if uid is not None:
+                os.chown(ws, uid, uid)
             inv = Invocation(
                 tool="python",
                 kind=ToolKind.python,
                 client="probe",
                 workspace=ws,
                 arguments={"code": ""},
+                uid=uid,
             )
             lim = Limits(timeout_s=10, memory_bytes=64 * 1024 * 1024, output_bytes=65536)
             deadline = time.monotonic() + 10
             msg = self._request(inv, lim, deadline, "", probe="basic")
             msg["outside_path"] = str(outside)
             msg["expect_unprivileged"] = self.root
+            msg["expect_namespaces"] = self.root
             res, report = await self._probe_run(inv, lim, deadline, msg)
             probe = (report or {}).get("probe") or {}
             for name in (
@@ -791,6 +800,7 @@ class RestrictedBackend:
                 "unprivileged",
                 "seccomp",
                 "landlock",
+                "pid_namespace",
             ):
                 ok_, detail = probe.get(
                     name, [False, f"no result ({res.status.value}: {res.message})"]
@@ -826,6 +836,8 @@ class RestrictedBackend:
                 )
             )
         finally:
+            if self.uids is not None:
+                self.uids.release(base.name)
             await asyncio.to_thread(shutil.rmtree, base, True)
         return ProbeReport(
             backend=self.name,

@@ -195,10 +195,10 @@ class SeccompProgram:
         self._prog = _SockFprog(len(bpf) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
 
     @classmethod
-    def build(cls) -> SeccompProgram:
+    def build(cls, own_pid: int = 0) -> SeccompProgram:
         import tempfile
 
-        filt = build_seccomp_filter()
+        filt = build_seccomp_filter(own_pid)
         with tempfile.TemporaryFile() as f:
             filt.export_bpf(f)
             f.seek(0)
@@ -328,10 +328,14 @@ def apply_landlock(workspace: str, abi: int) -> str:
     return LANDLOCK_STATUS
 
 
-def build_seccomp_filter() -> Any:
-    """The worker's seccomp filter (default allow, deny-list with EPERM; other architectures
-    killed by libseccomp's bad-arch action). Built once in the zygote, loaded per child."""
+def build_seccomp_filter(own_pid: int = 0) -> Any:
+    """The worker's seccomp filter (default allow, deny-list with EPERM, plus the IPC and
+    own-process rules of :mod:`.syscalls`; other architectures killed by libseccomp's bad-arch
+    action). Built once in the zygote, loaded per child. ``own_pid``: the worker's pid as it
+    sees it (1 in its PID namespace), 0 when unknown."""
     import pyseccomp
+
+    from sandboxd.backends.restricted import syscalls
 
     filt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
     # a binary tree instead of a linear chain: every later syscall of the worker pays less
@@ -342,6 +346,7 @@ def build_seccomp_filter() -> Any:
             filt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
         except (ValueError, RuntimeError, OSError):
             continue  # not a syscall on this architecture
+    syscalls.add_rules(filt, own_pid)
     return filt
 
 
@@ -366,6 +371,9 @@ class ChildSpec:
     baseline_vm: int
     applied: tuple[int, float, int] | None = None
     landlock_abi: int = 0
+    #: read end of the zygote's lifeline (see :mod:`.namespaces`): how a worker that is PID 1
+    #: of its namespace (``getppid()`` is 0) knows the zygote is alive; None: check getppid()
+    lifeline_fd: int | None = None
 
 
 def close_fds(keep: list[int]) -> None:
@@ -427,7 +435,13 @@ def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram
         if os.getuid() == 0 or os.geteuid() == 0:
             raise PermissionError("could not drop root privileges")
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != spec.zygote_pid:
+    if spec.lifeline_fd is not None:
+        from sandboxd.backends.restricted.namespaces import parent_gone
+
+        if parent_gone(spec.lifeline_fd):
+            raise RuntimeError("zygote is gone")
+        os.close(spec.lifeline_fd)
+    elif os.getppid() != spec.zygote_pid:
         raise RuntimeError("zygote is gone")
     cpu = max(1, spec.cpu_seconds)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))

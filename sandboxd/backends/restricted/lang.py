@@ -20,8 +20,9 @@ What it adds to ``compile_restricted``:
   names per module - never the host module, so ``json.codecs``, ``random._os`` lead nowhere;
 * ``_getattr_`` refusing frame, traceback, code, generator and coroutine internals by the
   object's type, refusing any value that is a real module, frame, traceback or code object, and
-  replacing ``str.format``/``format_map`` by a formatter whose field lookups go through the same
-  guards (``string.Formatter`` is replaced too);
+  replacing every value that *is* the real ``str.format``/``format_map`` (bound or unbound,
+  however reached: ``s.format``, ``type(s).format``, ``super(S, s).format``...) by a formatter
+  whose field lookups go through the same guards (``string.Formatter`` is refused);
 * ``_write_`` that only lets user code mutate what it created: instances of its classes, its
   classes, its functions, and builtin containers (plus ``decimal.Context``, which lives only in
   this forked worker);
@@ -396,6 +397,8 @@ class SafeFormatter(string.Formatter):
 
 
 _FORMATTER = SafeFormatter()
+_STR_FORMAT = str.format
+_STR_FORMAT_MAP = str.format_map
 
 
 def safe_format(template: str, /, *args: Any, **kwargs: Any) -> str:
@@ -942,10 +945,28 @@ def _refuse(what: str) -> SandboxViolation:
     return SandboxViolation(f"{what} is not allowed in the sandbox")
 
 
+def _guard_formatting(value: Any) -> Any:
+    """The real ``str.format``/``format_map`` (bound or unbound), however it was reached
+    (``s.format``, ``str.format``, ``type(s).format``, ``super(S, s).format``...), replaced by
+    the guarded formatter: its field lookups (``{0.attr}``) go through :func:`guarded_getattr`."""
+    if value is _STR_FORMAT:
+        return safe_format
+    if value is _STR_FORMAT_MAP:
+        return safe_format_map
+    if type(value) is types.BuiltinMethodType and isinstance(value.__self__, str):
+        name = value.__name__
+        if name == "format":
+            return functools.partial(safe_format, value.__self__)
+        if name == "format_map":
+            return functools.partial(safe_format_map, value.__self__)
+    return value
+
+
 def _check_value(value: Any) -> Any:
+    """Every value user code obtains through an attribute or item lookup passes here."""
     if isinstance(value, (types.ModuleType, _BLOCKED_OBJECT_TYPES)):
         raise _refuse(f"access to {type(value).__name__} objects")
-    return value
+    return _guard_formatting(value)
 
 
 _MISSING = object()
@@ -973,11 +994,6 @@ def guarded_getattr(obj: Any, name: Any, default: Any = _MISSING) -> Any:
         raise _refuse(f"access to {type(obj).__name__} internals")
     if isinstance(obj, _GENERATOR_TYPES) and name not in _GENERATOR_ATTRS:
         raise _refuse(f"access to {type(obj).__name__} internals")
-    if name in ("format", "format_map") and (
-        isinstance(obj, str) or (isinstance(obj, type) and issubclass(obj, str))
-    ):
-        fmt = safe_format if name == "format" else safe_format_map
-        return functools.partial(fmt, obj) if isinstance(obj, str) else fmt
     if (
         isinstance(obj, type)
         and issubclass(obj, string.Formatter)

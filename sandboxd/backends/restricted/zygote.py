@@ -175,19 +175,22 @@ def _worker(
     layout: Any,
     program: Any,
     preset: tuple[int, float, int],
+    lifeline: int,
 ) -> int:
     """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
     Returns the exit status for ``os._exit``."""
-    from sandboxd.backends.restricted import confine, lang
+    from sandboxd.backends.restricted import confine, lang, namespaces
 
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     setup_error: str | None = None
     try:
-        confine.prepare_worker([sock.fileno()], layout, cgroup, preset)
+        confine.prepare_worker([sock.fileno(), lifeline], layout, cgroup, preset)
+        if cfg.get("namespaces"):
+            namespaces.enter_ipc_namespace()
         confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != cfg["zygote_pid"]:
+        if namespaces.parent_gone(lifeline):
             return 0
     except BaseException as exc:
         setup_error = f"{type(exc).__name__}: {exc}"
@@ -202,6 +205,12 @@ def _worker(
     def emit(kind: bytes, data: bytes) -> None:
         _write_all(wfd, _FRAME.pack(kind, len(data)) + data)
 
+    uid = msg.get("uid")
+    uid_range = cfg.get("uid_range")
+    if setup_error is None and uid_range is not None and (
+        not isinstance(uid, int) or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
+    ):
+        setup_error = f"the call's uid {uid!r} is not a sandbox uid"
     if setup_error is None:
         spec = confine.ChildSpec(
             cgroup=cgroup,
@@ -211,13 +220,14 @@ def _worker(
             pids=int(msg["pids"]),
             cpu_seconds=int(msg["cpu_seconds"]),
             max_file_bytes=int(msg["max_file"]),
-            uid=cfg.get("uid"),
-            gid=cfg.get("gid"),
+            uid=uid if uid_range is not None else None,
+            gid=uid if uid_range is not None else None,
             zygote_pid=cfg["zygote_pid"],
             chroot=bool(cfg.get("chroot")),
             baseline_vm=baseline,
             applied=preset,
             landlock_abi=int(cfg.get("landlock_abi", 0)),
+            lifeline_fd=lifeline,
         )
         try:
             confine.enter_sandbox(spec, layout, program)
@@ -296,6 +306,11 @@ def _probe(msg: dict[str, Any]) -> dict[str, Any]:
         confine.LANDLOCK_STATUS,
     ]
     checks["unprivileged"] = [uid != 0 or not msg.get("expect_unprivileged"), f"uid {uid}"]
+    pid = os.getpid()
+    checks["pid_namespace"] = [
+        pid == 1 or not msg.get("expect_namespaces"),
+        f"pid {pid} in its own PID namespace" if pid == 1 else f"pid {pid}: no PID namespace",
+    ]
     try:
         mode = confine.prctl(confine.PR_GET_SECCOMP)
     except OSError:
@@ -332,7 +347,7 @@ class Zygote:
     def __init__(self, cfg: dict[str, Any]) -> None:
         import gc
 
-        from sandboxd.backends.restricted import confine
+        from sandboxd.backends.restricted import confine, namespaces
 
         self.cfg = cfg
         self.req = socket.socket(fileno=cfg["req_fd"])
@@ -344,7 +359,11 @@ class Zygote:
             version=int(cg.get("version", 0)),
             bases={k: Path(v) for k, v in (cg.get("bases") or {}).items()},
         )
-        self.program = confine.SeccompProgram.build()
+        # as root, every worker is PID 1 of its own PID namespace (and has its own IPC
+        # namespace): see namespaces.py; its seccomp filter then knows its pid (1)
+        self.forker = namespaces.NamespaceForker() if cfg.get("namespaces") else None
+        self.lifeline = namespaces.Lifeline()
+        self.program = confine.SeccompProgram.build(own_pid=1 if self.forker else 0)
         self.workers: dict[int, _Worker] = {}
         self.standby_target = max(1, min(STANDBY_WORKERS, int(cfg.get("standby", 2))))
         self.leftover: list[str] = []  # cgroups whose removal has to be retried
@@ -402,7 +421,7 @@ class Zygote:
         ours, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cgroup = "w" + os.urandom(8).hex()
         try:
-            pid = os.fork()
+            pid = self.forker.fork() if self.forker is not None else os.fork()
         except OSError:
             ours.close()
             theirs.close()
@@ -411,7 +430,15 @@ class Zygote:
             status = 71
             try:
                 ours.close()
-                status = _worker(theirs, cgroup, self.cfg, self.layout, self.program, self.preset)
+                status = _worker(
+                    theirs,
+                    cgroup,
+                    self.cfg,
+                    self.layout,
+                    self.program,
+                    self.preset,
+                    self.lifeline.read_fd,
+                )
             finally:
                 os._exit(status)
         theirs.close()
