@@ -44,7 +44,7 @@ import psutil
 
 import sandboxd
 from sandboxd.backends.base import CancelledAfterCleanup
-from sandboxd.backends.restricted import confine
+from sandboxd.backends.restricted import confine, namespaces
 from sandboxd.backends.restricted.zygote import _CTRL, _FRAME, _HEADER
 from sandboxd.config import Settings
 from sandboxd.models import (
@@ -334,6 +334,8 @@ class RestrictedBackend:
         # per-sandbox identities (shared with the sessions and the other backends)
         self.uids = uids if uids is not None else UidPool.from_settings(settings)
         self.layout = confine.CgroupLayout()
+        # PID/IPC namespaces for the workers: as root, where this process may create them
+        self.no_namespaces: str | None = None if self.root else "daemon not root"
         self._zygote: _ZygoteHandle | None = None
         self._start_lock: asyncio.Lock | None = None
         self._unavailable: str | None = "not started"
@@ -353,6 +355,11 @@ class RestrictedBackend:
         )
         if self.layout.version:
             await asyncio.to_thread(self.layout.sweep)
+        if self.root:
+            self.no_namespaces = await asyncio.to_thread(namespaces.unavailable)
+            if self.no_namespaces:
+                log.warning("restricted: no PID/IPC namespaces for the workers: %s; they are "
+                            "separated by uid and seccomp only", self.no_namespaces)
         for leftover in self.settings.state_dir.glob(f"{_PROBE_PREFIX}*"):
             await asyncio.to_thread(shutil.rmtree, leftover, True)
         self._closed = False
@@ -369,10 +376,16 @@ class RestrictedBackend:
             self.layout.detail or "no cgroups",
             confine.landlock_abi(),
             f"each worker runs as its own uid of {self.uids.first}..."
-            f"{self.uids.first + self.uids.count - 1} in a chroot and PID/IPC namespaces"
+            f"{self.uids.first + self.uids.count - 1} in a chroot"
+            + ("" if self.no_namespaces else " and PID/IPC namespaces")
             if self.uids is not None
             else "daemon not root: workers keep its uid (Landlock is the filesystem boundary)",
         )
+
+    @property
+    def namespaces(self) -> bool:
+        """Workers get PID and IPC namespaces of their own."""
+        return self.root and self.no_namespaces is None
 
     async def close(self) -> None:
         """Stop the zygote (it kills its workers) and remove our cgroups."""
@@ -404,7 +417,7 @@ class RestrictedBackend:
             # a worker runs as its call's uid (= gid), which must lie in this range
             "uid_range": [self.uids.first, self.uids.count] if self.uids else None,
             "chroot": self.root,
-            "namespaces": self.root,
+            "namespaces": self.namespaces,
             "standby": self.settings.max_concurrency,
             "cgroup": {
                 "version": self.layout.version,
@@ -791,7 +804,8 @@ class RestrictedBackend:
             msg = self._request(inv, lim, deadline, "", probe="basic")
             msg["outside_path"] = str(outside)
             msg["expect_unprivileged"] = self.root
-            msg["expect_namespaces"] = self.root
+            msg["expect_namespaces"] = self.namespaces
+            msg["no_namespaces_reason"] = self.no_namespaces
             res, report = await self._probe_run(inv, lim, deadline, msg)
             probe = (report or {}).get("probe") or {}
             for name in (

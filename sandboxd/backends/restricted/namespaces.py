@@ -49,6 +49,32 @@ def setns(fd: int, nstype: int) -> None:
     _check(_LIBC.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
+def unavailable() -> str | None:
+    """Why new PID and IPC namespaces cannot be created here (None: they can).
+
+    Tried in a short-lived child, since the answer depends on what this process inherited:
+    the hardened unit's ``RestrictNamespaces=yes`` and its capability set without
+    ``CAP_SYS_ADMIN`` forbid them; the sandboxes are then separated by their uids and the
+    seccomp filter alone (docs/operations.md, "PID and IPC namespaces")."""
+    import subprocess
+    import sys
+
+    code = ("import ctypes, os, sys\n"
+            f"r = ctypes.CDLL(None, use_errno=True).unshare({CLONE_NEWPID | CLONE_NEWIPC})\n"
+            "sys.exit(0 if r == 0 else ctypes.get_errno())")
+    try:
+        res = subprocess.run([sys.executable, "-S", "-c", code], timeout=30, check=False,
+                             stdin=subprocess.DEVNULL, capture_output=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot test unshare(): {exc}"
+    if res.returncode == 0:
+        return None
+    if res.returncode > 0:
+        return (f"unshare(CLONE_NEWPID|CLONE_NEWIPC) is refused here "
+                f"({os.strerror(res.returncode)}; e.g. RestrictNamespaces=, no CAP_SYS_ADMIN)")
+    return f"cannot test unshare(): exit {res.returncode}"
+
+
 class NamespaceForker:
     """In the zygote: ``fork()`` whose child is PID 1 of a new PID namespace."""
 

@@ -309,7 +309,10 @@ def _probe(msg: dict[str, Any]) -> dict[str, Any]:
     pid = os.getpid()
     checks["pid_namespace"] = [
         pid == 1 or not msg.get("expect_namespaces"),
-        f"pid {pid} in its own PID namespace" if pid == 1 else f"pid {pid}: no PID namespace",
+        f"pid {pid} in its own PID namespace" if pid == 1 else
+        f"pid {pid}: no PID namespace" + (f" ({msg['no_namespaces_reason']}; sandboxes are "
+                                          "separated by uid and seccomp)"
+                                          if msg.get("no_namespaces_reason") else ""),
     ]
     try:
         mode = confine.prctl(confine.PR_GET_SECCOMP)

@@ -173,7 +173,7 @@ check doctor-twice "$( [ $rc = 0 ] && echo PASS || echo FAIL)" "second doctor ru
 
 phase "serve from a shell (make run's way), not delegated"
 mkdir -p /root/shell-state
-$SBX serve --port 8799 --state-dir /root/shell-state > "$R/serve-shell.log" 2>&1 &
+SANDBOXD_CONFIG=/dev/null $SBX serve --port 8799 --state-dir /root/shell-state > "$R/serve-shell.log" 2>&1 &
 spid=$!
 for _ in $(seq 1 90); do curl -s -o /dev/null http://127.0.0.1:8799/healthz && break; sleep 1; done
 scg=$(cut -d: -f3 /proc/$spid/cgroup 2>/dev/null)
