@@ -93,6 +93,10 @@ class CgroupLayout:
             return cls(0, {}, f"cgroups unavailable: {exc}")
         return cls(0, {}, "cgroups unavailable: no memory controller found")
 
+    def dirs(self, call_id: str) -> list[Path]:
+        """The cgroup directories of one call (one per controller on v1)."""
+        return [base / call_id for base in self.bases.values()]
+
     def create_and_join(self, name: str) -> None:
         """In the (root) worker: create its cgroup(s) and move itself in; limits come later."""
         dirs = [f"{base}/{name}" for base in self.bases.values()]
