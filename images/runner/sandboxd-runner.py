@@ -1,21 +1,22 @@
 """sandboxd runner: runs inside a sandbox container and starts a fresh process per call.
 
-Started by the container's init (docker-init / tini) as uid 10001. The daemon listens on a unix
-socket in a per-container host directory that is bind-mounted read-only at /run/sandboxd; the
-runner connects to it and waits for a request. When one arrives, that connection belongs to
-the call, and the runner at once opens a new idle connection for the next call (so concurrent
-calls of one session each get their own connection).
+Started by the container's init (docker-init / tini) as uid 10001, before any user code
+exists. It makes itself non-dumpable (same-uid code cannot read its memory or fds through
+/proc, nor ptrace it), reads the 32-byte key the daemon left in /run/sandboxd/key, connects
+once to /run/sandboxd/runner.sock and says hello with the key. The daemon then removes the
+socket and the key: that one channel carries every call of the container, multiplexed by call
+id (frames of sandboxd/wire.py, copied next to this file by the image build).
 
 Each call gets a *worker* process (its own session and process group, oom_score_adj 1000,
 stdin /dev/null, the environment the request names and nothing else): commands are started
 with posix_spawn, python code runs in a fork of this interpreter (modules pre-imported, GC
 frozen). One select loop relays every worker's stdout/stderr as frames, stops a worker when
-the output cap is reached, the pids limit is hit or the daemon hangs up, and finally sends the
-exit status, rusage and the cgroup's OOM/pids events.
+the output cap is reached, the pids limit is hit or the daemon says stop, and finally sends
+the exit status, rusage and the cgroup's OOM/pids events.
 
-Wire format (both directions): 1 byte type, 4 bytes big-endian length, payload.
-  daemon -> runner  b"R" JSON request
-  runner -> daemon  b"o" stdout bytes, b"e" stderr bytes, b"x" JSON exit record
+  daemon -> runner  b"R" JSON request (new call id), b"K" stop that call
+  runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
+                    b"x" JSON exit record (ends the call)
 
 Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 """
@@ -23,49 +24,48 @@ Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 # ruff: noqa: SIM105, SIM115  (standalone script: minimal imports, fds managed by hand)
 import ast
 import builtins
+import ctypes
 import gc
+import importlib.util
 import io
 import json
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 import traceback
 
 SOCKET_PATH = os.environ.get("SANDBOXD_RUNNER_SOCKET", "/run/sandboxd/runner.sock")
-HEADER = struct.Struct(">cI")
-CHUNK = 65536
-MAX_REQUEST = 16 * 1024 * 1024
+KEY_PATH = os.path.join(os.path.dirname(SOCKET_PATH), "key")
+KEY_BYTES = 32
+MAX_REQUEST = 64 * 1024 * 1024
+PR_SET_DUMPABLE = 4
 
 
-def _recv_exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        part = sock.recv(n - len(buf))
-        if not part:
-            return None
-        buf += part
-    return bytes(buf)
+def _load_wire():
+    """sandboxd/wire.py, installed next to this file (``-I``: not on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py")
+    spec = importlib.util.spec_from_file_location("sandboxd_wire", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sandboxd_wire"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def recv_frame(sock):
-    head = _recv_exact(sock, HEADER.size)
-    if head is None:
-        return None, None
-    kind, size = HEADER.unpack(head)
-    if size > MAX_REQUEST:
-        return None, None
-    body = _recv_exact(sock, size)
-    if body is None:
-        return None, None
-    return kind, body
+wire = _load_wire()
+CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def send_frame(sock, kind, payload):
-    sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+def set_dumpable(flag):
+    """prctl(PR_SET_DUMPABLE): 0 keeps same-uid processes out of our /proc and ptrace."""
+    return _libc.prctl(PR_SET_DUMPABLE, flag, 0, 0, 0) == 0
+
+
+def send_frame(sock, kind, payload, call=0):
+    sock.sendall(wire.encode(kind, payload, call))
 
 
 # ------------------------------------------------------------------ cgroup counters
@@ -177,11 +177,6 @@ def worker(req, out_w, err_w, value_w):
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
         os.setsid()
-        try:
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
@@ -191,6 +186,13 @@ def worker(req, out_w, err_w, value_w):
         else:
             os.closerange(3, value_w)
             os.closerange(value_w + 1, 65536)
+        # only now (the channel's fd is closed) may the user's own process be dumpable
+        set_dumpable(1)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
         for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         os.umask(0o022)
@@ -262,10 +264,22 @@ def spawn_command(req, out_w, err_w):
             _set_oom_score_adj("0")
 
 
-def _set_oom_score_adj(value):
+def _open_oom_score_adj():
+    """Opened while still dumpable: a non-dumpable process's /proc/self files are root's."""
     try:
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write(value)
+        return os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+OOM_ADJ_FD = _open_oom_score_adj()
+
+
+def _set_oom_score_adj(value):
+    if OOM_ADJ_FD is None:
+        return False
+    try:
+        os.write(OOM_ADJ_FD, value.encode())
         return True
     except OSError:
         return False
@@ -300,11 +314,11 @@ def _group_gone(pgid, wait_s=0.3):
 
 
 class Call:
-    """One call in flight: its connection, worker process and output pipes."""
+    """One call in flight: its id on the channel, worker process and output pipes."""
 
-    def __init__(self, conn, req):
-        self.conn = conn
-        self.cfd = conn.fileno()
+    def __init__(self, chan, cid, req):
+        self.chan = chan
+        self.cid = cid
         self.req = req
         self.limit = int(req.get("output_bytes") or 1024 * 1024)
         self.oom0, self.pids0 = cgroup_counters()
@@ -372,7 +386,7 @@ class Call:
         if data:
             self.sent += len(data)
             try:
-                send_frame(self.conn, self.streams[fd], data)
+                send_frame(self.chan, self.streams[fd], data, self.cid)
             except OSError:
                 self.hangup = True
 
@@ -420,13 +434,12 @@ class Call:
                 pass
         if not self.hangup:
             try:
-                send_frame(self.conn, b"x", json.dumps(record).encode())
+                send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
             except OSError:
                 pass
         for fd in self.pipes:
             os.close(fd)
         self.pipes = set()
-        self.conn.close()
 
 
 def _killpg(pgid):
@@ -453,74 +466,93 @@ def connect():
             time.sleep(0.005)
 
 
-def _refuse(conn, message, pids_limit=False):
+def open_channel():
+    """Read the key, connect once, say hello with it; then forget the key."""
+    key = bytearray(KEY_BYTES)
+    with open(KEY_PATH, "rb", buffering=0) as fh:
+        if fh.readinto(key) != KEY_BYTES:
+            sys.exit(3)
+    chan = connect()
     try:
-        send_frame(conn, b"x", json.dumps({"error": message, "pids_limit": pids_limit}).encode())
+        chan.sendall(wire.HEADER.pack(b"h", 0, KEY_BYTES))
+        chan.sendall(key)
+    finally:
+        key[:] = bytes(KEY_BYTES)
+    return chan
+
+
+def _refuse(chan, cid, message, pids_limit=False):
+    record = {"error": message[:1000], "pids_limit": pids_limit}
+    try:
+        send_frame(chan, b"x", json.dumps(record).encode(), cid)
     except OSError:
         pass
-    conn.close()
 
 
-def _idle():
-    conn = connect()
-    send_frame(conn, b"h", json.dumps({"pid": os.getpid()}).encode())
-    return conn
+def _start(chan, cid, body, calls, owners):
+    """Start the call a request frame asks for (or answer why it cannot start)."""
+    if cid in calls:
+        return
+    try:
+        call = Call(chan, cid, json.loads(body))
+    except ValueError:
+        _refuse(chan, cid, "malformed request")
+        return
+    try:
+        call.start()
+    except OSError as exc:
+        for pfd in call.pipes:
+            os.close(pfd)
+        _refuse(chan, cid, f"cannot start the process: {exc.strerror}",
+                exc.errno == 11 or cgroup_counters()[1] > call.pids0)
+        return
+    calls[cid] = call
+    for pfd in call.pipes:
+        owners[pfd] = call
 
 
 def main():
-    """One process, one select loop: every call's connection, pipes and worker."""
+    """One process, one select loop: the channel, every call's pipes and worker."""
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.umask(0o022)
+    if not set_dumpable(0):
+        sys.exit(4)  # never serve calls with our memory and fds readable by user code
     # Everything imported so far is shared with every forked worker: keep the garbage
     # collector from touching (and so copying) those pages after each fork.
     gc.collect()
     gc.freeze()
-    idle = _idle()
-    calls = {}  # connection fd -> Call
+    chan = open_channel()
+    cfd = chan.fileno()
+    decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0)})
+    calls = {}  # call id -> Call
     owners = {}  # pipe fd -> Call
     last_pids_check = 0.0
     while True:
-        rlist = [idle.fileno(), *calls, *owners]
         try:
-            ready, _, _ = select.select(rlist, [], [], 0.05 if calls else None)
+            ready, _, _ = select.select([cfd, *owners], [], [], 0.05 if calls else None)
         except InterruptedError:
             continue
         for fd in ready:
-            if fd == idle.fileno():
+            if fd == cfd:
                 try:
-                    kind, body = recv_frame(idle)
-                except OSError:
-                    kind = None
-                if kind is None:  # the daemon closed the idle connection: shut down
-                    for call in calls.values():
-                        _killpg(call.pid)
-                    return 0
-                conn, idle = idle, None
-                try:
-                    call = Call(conn, json.loads(body))
-                    call.start()
-                except ValueError:
-                    conn.close()
-                except OSError as exc:
-                    for pfd in call.pipes:
-                        os.close(pfd)
-                    _refuse(conn, f"cannot start the process: {exc.strerror}",
-                            exc.errno == 11 or cgroup_counters()[1] > call.pids0)
-                else:
-                    calls[call.cfd] = call
-                    for pfd in call.pipes:
-                        owners[pfd] = call
-                idle = _idle()  # ready for the next call at once
-            elif fd in calls:
-                call = calls[fd]
-                try:
-                    data = call.conn.recv(1, socket.MSG_DONTWAIT)
-                except BlockingIOError:  # stale readiness report
+                    data = chan.recv(wire.READ_BYTES, socket.MSG_DONTWAIT)
+                except BlockingIOError:
                     continue
                 except OSError:
                     data = b""
-                if not data:  # the daemon hung up (timeout or cancellation): stop now
-                    call.hangup = True
+                try:
+                    frames = decoder.feed(data) if data else None
+                except wire.ProtocolError:
+                    frames = None
+                if frames is None:  # the daemon hung up (or broke the protocol): stop all
+                    for call in calls.values():
+                        _killpg(call.pid)
+                    return 0
+                for frame in frames:
+                    if frame.kind == b"R":
+                        _start(chan, frame.call, frame.payload, calls, owners)
+                    elif frame.call in calls:  # b"K": the daemon stopped waiting for it
+                        calls[frame.call].hangup = True
             elif fd in owners:
                 call = owners[fd]
                 call.on_pipe(fd)
@@ -533,11 +565,11 @@ def main():
             for call in calls.values():
                 if pids_now > call.pids0:
                     call.pids_limit = True
-        for cfd, call in list(calls.items()):
+        for cid, call in list(calls.items()):
             if call.poll(now):
                 for pfd in call.pipes:
                     owners.pop(pfd, None)
-                del calls[cfd]
+                del calls[cid]
                 call.finish()
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,12 +50,30 @@ def images_dir() -> Path:
     )
 
 
+def wire_module() -> Path:
+    """``sandboxd/wire.py``: the frame protocol, shared by the daemon and the runner (the
+    build puts it next to the runner as ``runner/wire.py``)."""
+    from sandboxd import wire
+
+    return Path(wire.__file__).resolve()
+
+
 def runner_digest(context: Path) -> str:
-    """SHA-256 of the runner and the Dockerfile: an image built from them carries it."""
+    """SHA-256 of the runner, its wire module and the Dockerfile: an image built from them
+    carries it."""
     h = hashlib.sha256()
     for rel in ("runner/sandboxd-runner.py", "python/Dockerfile"):
         h.update((context / rel).read_bytes())
+    h.update(wire_module().read_bytes())
     return h.hexdigest()
+
+
+def build_context(context: Path, into: Path) -> Path:
+    """A copy of ``images/`` with ``runner/wire.py`` added (what the Dockerfile copies)."""
+    target = into / "images"
+    shutil.copytree(context, target, symlinks=False)
+    shutil.copy2(wire_module(), target / "runner" / "wire.py")
+    return target
 
 
 def registry_reachable(timeout: float = 3.0) -> bool:
@@ -135,9 +155,11 @@ def build(
                 _fail(f"{script} failed (exit {proc.returncode})")
 
     typer.echo(f"building {name} FROM {base} ...")
+    tmp = Path(tempfile.mkdtemp(prefix="sandboxd-build-"))
     try:
         _image, _logs = client.images.build(
-            path=str(context), dockerfile="python/Dockerfile", tag=name, rm=True,
+            path=str(build_context(context, tmp)), dockerfile="python/Dockerfile", tag=name,
+            rm=True,
             forcerm=True, pull=False,
             buildargs={"BASE": base, "RUNNER_SHA256": digest,
                        "SANDBOX_UID": str(settings.sandbox_uid),
@@ -148,6 +170,8 @@ def build(
         _fail(f"docker build failed: {exc.msg}\n{tail}")
     except docker.errors.APIError as exc:
         _fail(f"docker build failed: {exc.explanation or exc}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     for other in {settings.shell_image} - {name}:
         if tag is None:
             repo, _, version = other.rpartition(":")

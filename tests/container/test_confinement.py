@@ -170,7 +170,7 @@ async def test_host_environment_not_visible(backend: ContainerBackend, ws: Path,
         "        pass\n"
         "envs"))
     assert res.status is Status.ok, res
-    assert len(res.value) >= 3
+    assert len(res.value) >= 2  # init and the call's process (the runner is non-dumpable)
     assert not any(secret in env for env in res.value)
     assert not any("SANDBOXD_TEST_SECRET" in env for env in res.value)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import time
@@ -41,7 +42,11 @@ def policies(tmp_path: Path) -> Path:
 
 
 def daemon_env(instance: str) -> dict[str, str]:
-    return {"SANDBOXD_INSTANCE": instance, "SANDBOXD_WARM_POOL_SIZE": "1"}
+    env = {"SANDBOXD_INSTANCE": instance, "SANDBOXD_WARM_POOL_SIZE": "1"}
+    for name in ("SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"):  # the images under test
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
 
 
 def test_shell_and_python_run_in_containers(docker_client: Any, tmp_path: Path,

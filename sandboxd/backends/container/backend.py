@@ -23,9 +23,11 @@ Limits: memory (= memory+swap), CPU and pids are container limits, changed in pl
 runner and again here; the wall deadline is enforced here. OOM is read from the container's
 cgroup by the runner (``memory.events``/``memory.oom_control``) and from ``State.OOMKilled``.
 
-Known limits of the design, written down: the runner socket directory is reachable by the
-code of the same container (it may impersonate the runner to later calls of the *same*
-session, which it could influence anyway); a session container's processes that escape their
+The runner channel (:mod:`.runner`): one authenticated connection per container, made by the
+runner before any user code exists, after which the socket and its key are gone; calls are
+multiplexed on it and everything the runner sends is bounded and validated.
+
+Known limit of the design, written down: a session container's processes that escape their
 call's process group (``setsid``) live until the session container is removed.
 """
 
@@ -51,7 +53,7 @@ import docker
 
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine
-from sandboxd.backends.container.runner import CallOutput, Conn, Endpoint, RunnerLost, call
+from sandboxd.backends.container.runner import CallOutput, Endpoint, RunnerLost
 from sandboxd.config import Settings
 from sandboxd.models import (
     Cleanup,
@@ -78,7 +80,6 @@ POOL_PARALLEL_STARTS = 2
 MAX_CODE_BYTES = 4 * 1024 * 1024
 PROBE_CLIENT = "sandboxd-probe"
 RUNNER_CONNECT_S = 15.0  # a started container's runner connects well within this
-LIVENESS_CHECK_S = 2.0  # no idle runner connection for this long: is the container alive?
 PROBE_CACHE_S = 60.0  # confinement does not change at run time; /readyz may poll often
 
 
@@ -529,38 +530,28 @@ class ContainerBackend:
         races with completion, which would let a call outlive its deadline).
         """
         out = CallOutput()
-        held: list[Conn] = []
         if deadline - time.monotonic() <= 0:
             raise TimeoutError
-        task = asyncio.ensure_future(self._exchange_body(box, request, limits, out, held))
-        try:
-            finished, result = await within(task, deadline - time.monotonic())
-        finally:
-            for conn in held:
-                box.endpoint.release(conn[1])
+        task = asyncio.ensure_future(self._exchange_body(box, request, limits, out))
+        finished, result = await within(task, deadline - time.monotonic())
         if not finished:
             raise TimeoutError
         return result
 
     async def _exchange_body(self, box: Box, request: dict[str, Any], limits: Limits,
-                             out: CallOutput, held: list[Conn]) -> _Outcome:
-        if not box.endpoint.hello.is_set():
-            started, _ = await within(box.endpoint.hello.wait(), RUNNER_CONNECT_S)
+                             out: CallOutput) -> _Outcome:
+        endpoint = box.endpoint
+        if not endpoint.settled.is_set():
+            started, _ = await within(endpoint.settled.wait(), RUNNER_CONNECT_S)
             if not started:
                 return _Outcome(out, (
                     f"the sandbox runner of image {box.image} did not start within "
                     f"{RUNNER_CONNECT_S:g} s; images must be built FROM the sandboxd image "
                     "(see images/)"))
-        while True:
-            got, conn = await within(box.endpoint.take(), LIVENESS_CHECK_S,
-                                     orphan=box.endpoint.give_back)
-            if got:
-                break
-            if not await self._engine(engine.is_running, self.client, box.cid or box.name):
-                return _Outcome(out, "the sandbox container stopped (its runner is gone)")
-        held.append(conn)
+        if endpoint.channel is None:
+            return _Outcome(out, f"no sandbox runner channel: {endpoint.failure}")
         try:
-            await call(conn, request, limits.output_bytes, out)
+            await endpoint.channel.call(request, limits.output_bytes, out)
         except RunnerLost as exc:
             return _Outcome(out, str(exc))
         return _Outcome(out, None)

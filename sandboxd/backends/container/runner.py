@@ -1,134 +1,91 @@
-"""Host side of the in-container runner protocol (see ``images/runner/sandboxd-runner.py``).
+"""Host side of the in-container runner channel (see ``images/runner/sandboxd-runner.py``).
 
 Each container gets a private host directory, bind-mounted read-only at ``/run/sandboxd``,
-holding a unix socket the daemon listens on. The runner inside connects, says hello, and waits
-for a request; it forks a handler per request and reconnects at once, so the daemon keeps a
-queue of idle connections per container. Nothing goes over the network.
+holding a 32-byte key file and a unix socket the daemon listens on. The runner is the
+container's first process: before any user code exists it reads the key, connects once and
+says hello with it (``h`` frame). The daemon accepts connections one at a time (backlog 1),
+authenticates the first hello that carries the key, then closes the listening socket and
+unlinks the socket and the key: from then on nothing in the container can connect again or
+read the key (the runner also makes itself non-dumpable, so same-uid code cannot read its
+memory through ``/proc``). That one channel carries every call of the container,
+multiplexed by call id (:mod:`sandboxd.wire` frames):
 
-Frames: 1 byte type, 4 bytes big-endian length, payload (``R`` request, ``h`` hello,
-``o``/``e`` output, ``x`` exit record).
+  daemon -> runner  ``R`` JSON request (a new call id), ``K`` stop that call
+  runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.wire.READ_BYTES` each),
+                    ``x`` JSON exit record (ends the call)
+
+The channel is read as an attacker's writes: a bounded decoder (known kinds, sizes checked at
+the header), bounded reads, output capped per call, the exit record validated; frames for a
+call that is not running, unknown kinds or sizes, or a malformed record break the channel
+(every call on it fails with :class:`RunnerLost`; the backend then removes the container).
+Slow or silent peers are the caller's deadline's business (and the hello's timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import os
+import secrets
 import shutil
-import struct
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HEADER = struct.Struct(">cI")
+from sandboxd import wire
+
 SOCKET_NAME = "runner.sock"
-MAX_FRAME = 16 * 1024 * 1024
+KEY_NAME = "key"
+KEY_BYTES = 32
+HELLO_TIMEOUT_S = 5.0
+MAX_BAD_PEERS = 4  # connections without the key before the endpoint gives up
+MAX_EXIT_RECORD = 4 * 1024 * 1024  # the value (<= ~2 MiB of JSON) and a few counters
+MAX_ERROR = 4096
+SIZES = {
+    b"o": (1, wire.READ_BYTES),
+    b"e": (1, wire.READ_BYTES),
+    b"x": (2, MAX_EXIT_RECORD),
+}
 
 
 class RunnerLost(RuntimeError):
-    """The runner (or the call's handler) went away without an exit record."""
+    """The runner went away, broke the protocol, or never authenticated."""
 
 
-def frame(kind: bytes, payload: bytes) -> bytes:
-    return HEADER.pack(kind, len(payload)) + payload
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    head = await reader.readexactly(HEADER.size)
-    kind, size = HEADER.unpack(head)
-    if size > MAX_FRAME:
-        raise RunnerLost(f"oversized frame from the runner ({size} bytes)")
-    return kind, await reader.readexactly(size)
-
-
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-@dataclass
-class Endpoint:
-    """The listening socket of one container and its queue of idle runner connections."""
-
-    rundir: Path
-    server: asyncio.AbstractServer | None = None
-    idle: asyncio.Queue[Conn] = field(default_factory=asyncio.Queue)
-    connections: set[asyncio.StreamWriter] = field(default_factory=set)
-    hello: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @classmethod
-    async def open(cls, rundir: Path, owner: tuple[int, int] | None) -> Endpoint:
-        """Create ``rundir`` and listen on ``rundir/runner.sock``.
-
-        With ``owner`` (the daemon is root) the directory and socket belong to the sandbox
-        user and are private to it; otherwise they are world-accessible inside a parent
-        directory only the daemon can enter.
-        """
-        rundir.mkdir(mode=0o700, parents=False, exist_ok=False)
-        ep = cls(rundir)
-        path = rundir / SOCKET_NAME
-        ep.server = await asyncio.start_unix_server(ep._accept, path=str(path))
-        if owner is not None:
-            # chmod while root still owns them: after the chown, changing the mode needs
-            # CAP_FOWNER, which the hardened unit does not keep.
-            os.chmod(path, 0o600)
-            os.chmod(rundir, 0o500)
-            os.chown(path, *owner)
-            os.chown(rundir, *owner)
-        else:
-            os.chmod(path, 0o666)
-            os.chmod(rundir, 0o755)
-        return ep
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections.add(writer)
-        try:
-            kind, _ = await asyncio.wait_for(read_frame(reader), 30)
-        except (Exception, asyncio.CancelledError):
-            self._drop(writer)
-            return
-        if kind != b"h":
-            self._drop(writer)
-            return
-        self.hello.set()
-        self.idle.put_nowait((reader, writer))
-
-    def _drop(self, writer: asyncio.StreamWriter) -> None:
-        self.connections.discard(writer)
-        with contextlib.suppress(Exception):
-            writer.close()
-
-    @property
-    def ready(self) -> bool:
-        return not self.idle.empty()
-
-    async def take(self) -> Conn:
-        """The next idle runner connection (waits for the runner to connect)."""
-        while True:
-            reader, writer = await self.idle.get()
-            if not writer.is_closing() and not reader.at_eof():
-                return reader, writer
-            self._drop(writer)
-
-    def give_back(self, conn: Conn) -> None:
-        """Return an idle connection that was taken but not used (a cancelled wait)."""
-        self.idle.put_nowait(conn)
-
-    def release(self, writer: asyncio.StreamWriter) -> None:
-        """Close a connection used by a call (the handler then stops its worker)."""
-        self._drop(writer)
-
-    async def close(self) -> None:
-        """Stop listening, hang up every connection, remove the directory."""
-        if self.server is not None:
-            self.server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 2)
-            self.server = None
-        for writer in list(self.connections):
-            self._drop(writer)
-        while not self.idle.empty():
-            self.idle.get_nowait()
-        shutil.rmtree(self.rundir, ignore_errors=True)
+def check_exit_record(payload: bytes) -> dict[str, Any]:
+    """The runner's exit record, validated (raises :class:`sandboxd.wire.ProtocolError`)."""
+    try:
+        rec = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise wire.ProtocolError(f"the exit record is not JSON ({type(exc).__name__})") from None
+    if not isinstance(rec, dict):
+        raise wire.ProtocolError("the exit record is not a JSON object")
+    ints = ("cpu_ms", "peak_memory_bytes", "wall_ms")
+    flags = ("oom", "pids_limit", "output_limit", "group_gone", "has_value")
+    unknown = set(rec) - {"exit_code", "signal", "value", "error", *ints, *flags}
+    if unknown:
+        raise wire.ProtocolError(f"unknown exit record members {sorted(unknown)[:3]}")
+    code, sig, error = rec.get("exit_code"), rec.get("signal"), rec.get("error")
+    if code is not None and not (_is(code, int) and -255 <= code <= 255):
+        raise wire.ProtocolError("exit_code is not a small integer")
+    if sig is not None and not (_is(sig, int) and 0 < sig < 128):
+        raise wire.ProtocolError("signal is not a signal number")
+    if error is not None and not (_is(error, str) and len(error) <= MAX_ERROR):
+        raise wire.ProtocolError("error is not a short string")
+    for name in ints:
+        if not (_is(rec.get(name, 0), int) and 0 <= rec.get(name, 0) < 2**63):
+            raise wire.ProtocolError(f"{name} is not a non-negative integer")
+    for name in flags:
+        if not isinstance(rec.get(name, False), bool):
+            raise wire.ProtocolError(f"{name} is not a boolean")
+    return rec
 
 
 @dataclass
@@ -142,29 +99,219 @@ class CallOutput:
     over_limit: bool = False
 
 
-async def call(conn: Conn, request: dict[str, Any], output_bytes: int, out: CallOutput) -> None:
-    """Send ``request`` on ``conn`` and collect frames into ``out`` until the exit record.
+@dataclass
+class _Call:
+    out: CallOutput
+    cap: int
+    done: asyncio.Future[None]
 
-    Raises :class:`RunnerLost` when the connection ends first. The caller owns timeouts
-    (cancel this coroutine) and closes the connection afterwards.
-    """
-    reader, writer = conn
-    writer.write(frame(b"R", json.dumps(request).encode()))
-    try:
-        await writer.drain()
-        while True:
-            kind, body = await read_frame(reader)
-            if kind == b"x":
-                out.exit = json.loads(body)
+
+class Channel:
+    """The one authenticated connection to a container's runner, shared by its calls."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = wire.Decoder(SIZES)
+        self.calls: dict[int, _Call] = {}
+        self.ended: set[int] = set()  # calls stopped here: their late frames are dropped
+        self.next_id = 1
+        self.broken: str | None = None
+        self.task = asyncio.create_task(self._read_loop(), name="runner-channel")
+
+    async def _read_loop(self) -> None:
+        why = "the sandbox runner went away"
+        try:
+            while True:
+                data = await self.reader.read(wire.READ_BYTES)
+                if not data:
+                    break
+                for frame in self.decoder.feed(data):
+                    self._dispatch(frame)
+        except wire.ProtocolError as exc:
+            why = f"the sandbox runner broke the channel protocol ({exc})"
+        except (ConnectionError, OSError) as exc:
+            why = f"the sandbox runner went away ({type(exc).__name__})"
+        except asyncio.CancelledError:
+            why = "the sandbox container was removed"
+        self._break(why)
+
+    def _dispatch(self, frame: wire.Frame) -> None:
+        call = self.calls.get(frame.call)
+        if call is None:
+            if frame.call in self.ended:
                 return
-            if kind in (b"o", b"e"):
-                target = out.stdout if kind == b"o" else out.stderr
-                out.last_stream = "stdout" if kind == b"o" else "stderr"
-                room = output_bytes - len(out.stdout) - len(out.stderr)
-                if len(body) > room:  # the runner enforces the cap too; never trust it alone
-                    target += body[: max(room, 0)]
-                    out.over_limit = True
+            raise wire.ProtocolError(f"a frame for call {frame.call}, which is not running")
+        if frame.kind == b"x":
+            call.out.exit = check_exit_record(frame.payload)
+            self._end(frame.call)
+            return
+        out = call.out
+        target = out.stdout if frame.kind == b"o" else out.stderr
+        out.last_stream = "stdout" if frame.kind == b"o" else "stderr"
+        room = call.cap - len(out.stdout) - len(out.stderr)
+        if len(frame.payload) > room:  # the runner enforces the cap too; never trust it alone
+            target += frame.payload[: max(room, 0)]
+            out.over_limit = True
+            self.stop(frame.call)
+            return
+        target += frame.payload
+
+    def _end(self, cid: int, exc: BaseException | None = None) -> None:
+        call = self.calls.pop(cid, None)
+        self.ended.add(cid)
+        if call is not None and not call.done.done():
+            if exc is None:
+                call.done.set_result(None)
+            else:
+                call.done.set_exception(exc)
+                call.done.exception()  # retrieved by the caller, or nobody waits any more
+
+    def _break(self, why: str) -> None:
+        if self.broken is None:
+            self.broken = why
+        for cid in list(self.calls):
+            self._end(cid, RunnerLost(self.broken))
+        self.writer.close()
+
+    def stop(self, cid: int) -> None:
+        """Stop a call here and ask the runner to kill its processes (``K``)."""
+        if cid in self.calls:
+            self._end(cid)
+            if self.broken is None and not self.writer.is_closing():
+                self.writer.write(wire.encode(b"K", b"", cid))
+
+    async def call(self, request: dict[str, Any], output_bytes: int, out: CallOutput) -> None:
+        """Send ``request`` as a new call and collect its frames into ``out`` until its exit
+        record or the output cap. Raises :class:`RunnerLost`; the caller owns timeouts
+        (cancelling this stops the call in the runner)."""
+        if self.broken is not None:
+            raise RunnerLost(self.broken)
+        cid, self.next_id = self.next_id, self.next_id + 1
+        done = asyncio.get_running_loop().create_future()
+        self.calls[cid] = _Call(out, output_bytes, done)
+        try:
+            self.writer.write(wire.encode(b"R", json.dumps(request).encode(), cid))
+            await self.writer.drain()
+            await done
+        except (ConnectionError, OSError) as exc:
+            raise RunnerLost(f"the sandbox runner went away ({type(exc).__name__})") from exc
+        finally:
+            self.stop(cid)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task
+        self.writer.close()
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """A container's runner endpoint: the key, the one-shot listener, then the channel."""
+
+    rundir: Path
+    key: bytes
+    listener: socket.socket | None = None
+    channel: Channel | None = None
+    failure: str | None = None
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, rundir: Path, owner: tuple[int, int] | None) -> Endpoint:
+        """Create ``rundir`` with the key and the listening socket; start waiting for the
+        runner. With ``owner`` (the daemon is root) both belong to the sandbox user and are
+        private to it; otherwise they are world-accessible inside a parent directory only the
+        daemon can enter."""
+        rundir.mkdir(mode=0o700, parents=False, exist_ok=False)
+        ep = cls(rundir, secrets.token_bytes(KEY_BYTES))
+        key_path, sock_path = rundir / KEY_NAME, rundir / SOCKET_NAME
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        try:
+            os.write(fd, ep.key)
+        finally:
+            os.close(fd)
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lsock.setblocking(False)
+        lsock.bind(str(sock_path))
+        lsock.listen(1)  # one peer at a time waits; more are refused by the kernel
+        ep.listener = lsock
+        if owner is not None:
+            # chmod while root still owns them: after the chown, changing the mode needs
+            # CAP_FOWNER, which the hardened unit does not keep.
+            os.chmod(sock_path, 0o600)
+            os.chmod(rundir, 0o500)
+            for path in (sock_path, key_path, rundir):
+                os.chown(path, *owner)
+        else:
+            os.chmod(sock_path, 0o666)
+            os.chmod(key_path, 0o444)
+            os.chmod(rundir, 0o755)
+        ep.task = asyncio.create_task(ep._establish(), name="runner-endpoint")
+        return ep
+
+    async def _establish(self) -> None:
+        loop = asyncio.get_running_loop()
+        bad = 0
+        try:
+            while self.listener is not None:
+                conn, _ = await loop.sock_accept(self.listener)
+                try:
+                    ok = await asyncio.wait_for(self._hello(conn), HELLO_TIMEOUT_S)
+                except (TimeoutError, OSError, wire.ProtocolError):
+                    ok = False
+                if ok:
+                    self._unlisten()
+                    reader, writer = await asyncio.open_unix_connection(
+                        sock=conn, limit=wire.READ_BYTES)
+                    self.channel = Channel(reader, writer)
                     return
-                target += body
-    except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
-        raise RunnerLost(f"the sandbox runner went away ({type(exc).__name__})") from exc
+                conn.close()
+                bad += 1
+                if bad >= MAX_BAD_PEERS:
+                    self.failure = f"{bad} connections to the runner socket without its key"
+                    return
+        finally:
+            self._unlisten()
+            if self.channel is None and self.failure is None:
+                self.failure = "the sandbox runner did not connect"
+            self.settled.set()
+
+    async def _hello(self, conn: socket.socket) -> bool:
+        """Read exactly one hello frame (nothing more) and check its key."""
+        loop = asyncio.get_running_loop()
+        decoder = wire.Decoder({b"h": (KEY_BYTES, KEY_BYTES)}, max_frames=1)
+        need = wire.HEADER.size + KEY_BYTES
+        while need:
+            data = await loop.sock_recv(conn, need)
+            if not data:
+                return False
+            need -= len(data)
+            for frame in decoder.feed(data):
+                return frame.call == 0 and hmac.compare_digest(frame.payload, self.key)
+        return False
+
+    def _unlisten(self) -> None:
+        """Close the listening socket and remove it and the key: no second connection."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        for name in (SOCKET_NAME, KEY_NAME):
+            with contextlib.suppress(OSError):
+                (self.rundir / name).unlink()
+
+    @property
+    def ready(self) -> bool:
+        return self.channel is not None and self.channel.broken is None
+
+    async def close(self) -> None:
+        """Stop listening, hang up the channel, remove the directory."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+        self._unlisten()
+        if self.channel is not None:
+            await self.channel.close()
+        shutil.rmtree(self.rundir, ignore_errors=True)

@@ -3,7 +3,9 @@
 Per call: the backend takes one of the zygote's standby workers (a prepared, never-used
 process it holds a socket and a pidfd for), writes the request to the worker's socket, and
 reads output frames back until EOF, the wall deadline (then the worker is killed through its
-pidfd: ``wall_timeout``) or an output overflow (``output_limit``). It then waits for the
+pidfd: ``wall_timeout``), an output overflow (``output_limit``) or a protocol violation (the
+worker's writes are an attacker's: :mod:`.frames` bounds them; the worker is killed and the
+call fails with ``error``). It then waits for the
 zygote's exit report (the worker has been reaped, its cgroup's peak memory and OOM count read,
 the cgroup found empty), maps what happened to the result, and checks with psutil that the
 worker is gone before setting ``cleanup.verified``. On cancellation it kills the worker, waits
@@ -45,7 +47,8 @@ import psutil
 import sandboxd
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.restricted import confine, namespaces
-from sandboxd.backends.restricted.zygote import _CTRL, _FRAME, _HEADER
+from sandboxd.backends.restricted.frames import FrameReader
+from sandboxd.backends.restricted.zygote import _CTRL, _HEADER
 from sandboxd.config import Settings
 from sandboxd.models import (
     Cleanup,
@@ -131,79 +134,6 @@ class _Standby:
         if not self.exited.done():
             self.exited.set_exception(exc)
             self.exited.exception()  # mark retrieved
-
-
-class _FrameReader:
-    """Reads the worker's frames from the result pipe (non-blocking, via add_reader)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int) -> None:
-        self.loop = loop
-        self.fd = fd
-        self.cap = cap
-        self.buf = bytearray()
-        self.stdout = bytearray()
-        self.stderr = bytearray()
-        self.report: dict[str, Any] | None = None
-        self.overflow = False
-        self.eof = False
-        self.done = asyncio.Event()
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._on_readable)
-        self.registered = True
-
-    def _on_readable(self) -> None:
-        try:
-            while True:
-                chunk = os.read(self.fd, 1 << 16)
-                if not chunk:
-                    self.eof = True
-                    self._stop()
-                    break
-                self.buf += chunk
-                self._parse()
-                if self.overflow:
-                    self._stop()
-                    break
-        except BlockingIOError:
-            pass
-        except OSError:
-            self.eof = True
-            self._stop()
-
-    def _parse(self) -> None:
-        size = _FRAME.size
-        while len(self.buf) >= size:
-            kind, length = _FRAME.unpack_from(self.buf)
-            if kind in (b"o", b"e") and length > self.cap + size:
-                self.overflow = True
-                return
-            if len(self.buf) < size + length:
-                if len(self.buf) > 2 * self.cap + 1024 * 1024:
-                    self.overflow = True
-                return
-            payload = bytes(self.buf[size : size + length])
-            del self.buf[: size + length]
-            if kind == b"o":
-                self.stdout += payload
-            elif kind == b"e":
-                self.stderr += payload
-            elif kind == b"r":
-                try:
-                    self.report = json.loads(payload)
-                except ValueError:
-                    self.report = None
-            if len(self.stdout) > self.cap or len(self.stderr) > self.cap:
-                self.overflow = True
-                return
-
-    def _stop(self) -> None:
-        self.close()
-        self.done.set()
-
-    def close(self) -> None:
-        if self.registered:
-            self.loop.remove_reader(self.fd)
-            self.registered = False
 
 
 class _ZygoteHandle:
@@ -584,7 +514,7 @@ class RestrictedBackend:
                 message=f"no sandbox worker: {exc}",
             ), None
         z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
-        reader = _FrameReader(loop, worker.sock.fileno(), limits.output_bytes)
+        reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s)
         try:
             data = json.dumps(msg).encode()
             await loop.sock_sendall(worker.sock, _HEADER.pack(len(data)) + data)
@@ -592,9 +522,11 @@ class RestrictedBackend:
                 await asyncio.wait_for(reader.done.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 reason = Reason.wall_timeout
-            if reader.overflow and reason is None:
+            if reader.violation is not None and reason is None:
+                crashed = f"it broke the result protocol ({reader.violation}) and was killed"
+            elif reader.overflow and reason is None:
                 reason = Reason.output_limit
-            if reason is not None:
+            if reason is not None or crashed is not None:
                 self._kill(z, worker)
             exit_info = await asyncio.wait_for(asyncio.shield(worker.exited), 10)
         except asyncio.CancelledError:
@@ -635,7 +567,7 @@ class RestrictedBackend:
         inv: Invocation,
         limits: Limits,
         msg: dict[str, Any],
-        reader: _FrameReader,
+        reader: FrameReader,
         reason: Reason | None,
         exit_info: dict[str, Any] | None,
         call: _Standby,

@@ -1217,6 +1217,14 @@ class OutputStream:
             self.pending_size = 0
             self.emit(self.kind, data)
 
+    def flush_soon(self) -> None:
+        """An explicit flush, at most every ``FLUSH_SECONDS`` (the timer flushes the rest):
+        the daemon bounds the frames of a call, and nothing is streamed before its end."""
+        now = time.monotonic()
+        if now - self.last_flush >= self.FLUSH_SECONDS:
+            self.flush()
+            self.last_flush = now
+
     def write_raw(self, text: str) -> None:
         """For the runner's own messages (tracebacks): capped but never raising."""
         data = text.encode("utf-8", "surrogateescape")[: max(self.cap - self.size, 0)]
@@ -1248,7 +1256,7 @@ class _PrintScope:
         text = (" " if sep is None else sep).join([str(o) for o in objects])
         self.stream.write(text + ("\n" if end is None else end))
         if kwargs.get("flush"):
-            self.stream.flush()
+            self.stream.flush_soon()
 
     def __call__(self) -> str:  # the ``printed`` variable: not supported
         return ""
@@ -1530,8 +1538,10 @@ def encode_value(value: Any, cap: int) -> tuple[Any, str | None]:
         text = repr(value)
     except Exception as exc:  # user __repr__ failed
         return None, f"value omitted: repr() failed: {type(exc).__name__}: {exc}"
-    if len(text) > cap:
-        text = text[:cap]
+    # the report carries it JSON-escaped (up to 12 bytes a character): keep that within cap
+    text = text[:cap]
+    while len(encoded := json.dumps(text)) > cap and text:
+        text = text[: max(0, len(text) * cap // len(encoded) - 1)]
     return text, None
 
 

@@ -23,8 +23,9 @@ heap it writes to while workers still share it costs a copy-on-write fault, per 
 
 A call therefore goes straight from the daemon to its worker: the daemon writes the request
 (``length + JSON``) to the worker socket; the worker confines itself, runs the code and writes
-frames ``kind (1 byte) + length (4 bytes, big endian) + payload`` back: ``o`` stdout, ``e``
-stderr, ``r`` the final JSON report; then it exits, which the daemon sees as EOF. The zygote
+:mod:`sandboxd.wire` frames back: ``o`` stdout, ``e`` stderr, ``r`` the final JSON report;
+then it exits, which the daemon sees as EOF. The daemon reads them as an attacker's writes
+(:mod:`.frames`). The zygote
 never runs user code and never sees user input or output. When the daemon goes away (EOF, or
 the parent-death signal) it kills its workers and exits.
 """
@@ -45,8 +46,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandboxd import wire
+
 _HEADER = struct.Struct("!I")
-_FRAME = struct.Struct("!cI")
 #: daemon -> zygote control message: kind (b"t" took, b"k" kill), pid, memory, cpus, pids
 _CTRL = struct.Struct("!cIQdI")
 _FDS1, _FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
@@ -203,7 +205,7 @@ def _worker(
     wfd = sock.fileno()
 
     def emit(kind: bytes, data: bytes) -> None:
-        _write_all(wfd, _FRAME.pack(kind, len(data)) + data)
+        _write_all(wfd, wire.encode(kind, data))
 
     uid = msg.get("uid")
     uid_range = cfg.get("uid_range")

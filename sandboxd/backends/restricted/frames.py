@@ -1,0 +1,144 @@
+"""The daemon's reader of a restricted worker's result socket: bounded, and distrustful.
+
+The worker runs user code; once the language layer is bypassed, everything on this socket is
+written by an attacker. So (see :mod:`sandboxd.wire` for the frame format):
+
+* the work per event-loop callback is bounded: one ``read`` of at most
+  :data:`sandboxd.wire.READ_BYTES`, decoded, then back to the loop;
+* only ``o`` (stdout), ``e`` (stderr) - each 1 byte up to the call's output cap - and one
+  ``r`` (the report, at most the output cap plus :data:`REPORT_SLACK`) are accepted, and
+  nothing after the report;
+* the frames and bytes of a call are bounded (:func:`frame_budget`);
+* the report must be a JSON object with exactly the known members, of the known types.
+
+Anything else is a protocol violation: the reader stops at once and records why
+(``violation``); the backend kills the worker and fails that call only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+from typing import Any
+
+from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
+
+#: room in the report for what is not the value (outcome, message, flags, probe results)
+REPORT_SLACK = 64 * 1024
+MAX_MESSAGE = 4096
+OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "setup_error"})
+#: how often a worker may flush each stream by itself (lang.OutputStream.FLUSH_SECONDS = 0.02)
+FLUSHES_PER_SECOND = 50
+
+
+def frame_budget(cap: int, timeout_s: float) -> tuple[int, int]:
+    """``(frames, bytes)`` a well-behaved worker stays within for a call with output cap
+    ``cap``: a frame per 4 KiB of output (it sends 8 KiB ones), plus timed flushes of both
+    streams, plus slack; the bytes are both streams, the report and every header."""
+    frames = 1024 + 2 * (cap // 4096) + 2 * FLUSHES_PER_SECOND * math.ceil(timeout_s + 1)
+    return frames, 2 * cap + cap + REPORT_SLACK + frames * HEADER.size
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def check_report(payload: bytes) -> dict[str, Any]:
+    """The worker's final report, validated (raises :class:`ProtocolError`)."""
+    try:
+        report = json.loads(payload)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"the report is not JSON ({type(exc).__name__})") from None
+    if not isinstance(report, dict):
+        raise ProtocolError("the report is not a JSON object")
+    unknown = set(report) - {
+        "outcome", "exit_code", "value", "message", "truncated_stdout", "worker_us", "probe",
+    }
+    if unknown:
+        raise ProtocolError(f"unknown report members {sorted(unknown)[:3]}")
+    if report.get("outcome") not in OUTCOMES:
+        raise ProtocolError("the report's outcome is missing or unknown")
+    code = report.get("exit_code", 0)
+    if not (_is(code, int) and 0 <= code <= 255):
+        raise ProtocolError("the report's exit_code is not an integer in 0..255")
+    message = report.get("message")
+    if message is not None and not (_is(message, str) and len(message) <= MAX_MESSAGE):
+        raise ProtocolError("the report's message is not a short string")
+    if not isinstance(report.get("truncated_stdout", False), bool):
+        raise ProtocolError("the report's truncated_stdout is not a boolean")
+    if not _is(report.get("worker_us", 0), int):
+        raise ProtocolError("the report's worker_us is not an integer")
+    probe = report.get("probe")
+    if probe is not None and not isinstance(probe, dict):
+        raise ProtocolError("the report's probe is not an object")
+    return report
+
+
+class FrameReader:
+    """Reads one worker's frames from its socket (non-blocking, via ``add_reader``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
+                 timeout_s: float) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.cap = cap
+        frames, total = frame_budget(cap, timeout_s)
+        self.decoder = Decoder(
+            {b"o": (1, cap), b"e": (1, cap), b"r": (2, cap + REPORT_SLACK)},
+            max_frames=frames,
+            max_bytes=total,
+        )
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.report: dict[str, Any] | None = None
+        self.overflow = False
+        self.violation: str | None = None
+        self.eof = False
+        self.done = asyncio.Event()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._on_readable)
+        self.registered = True
+
+    def _on_readable(self) -> None:
+        """One bounded read per callback; the loop serves others before the next one."""
+        try:
+            chunk = os.read(self.fd, READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            self._stop()
+            return
+        try:
+            for frame in self.decoder.feed(chunk):
+                self._take(frame.kind, frame.payload)
+                if self.overflow:
+                    break
+        except ProtocolError as exc:
+            self.violation = str(exc)
+        if self.overflow or self.violation is not None:
+            self._stop()
+
+    def _take(self, kind: bytes, payload: bytes) -> None:
+        if self.report is not None:
+            raise ProtocolError("a frame after the final report")
+        if kind == b"r":
+            self.report = check_report(payload)
+            return
+        target = self.stdout if kind == b"o" else self.stderr
+        target += payload
+        if len(target) > self.cap:
+            self.overflow = True
+
+    def _stop(self) -> None:
+        self.close()
+        self.done.set()
+
+    def close(self) -> None:
+        if self.registered:
+            self.loop.remove_reader(self.fd)
+            self.registered = False
