@@ -187,3 +187,18 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             else:
                 os.environ["SANDBOXD_CONFIG"] = old
     return Settings(**clean)
+
+
+def settings_error(exc: Exception) -> str:
+    """One line for a settings error: ``name: why (got value)`` per problem, ``; ``-joined."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        got = err.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}{shown}")
+    return "; ".join(parts)

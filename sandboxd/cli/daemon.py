@@ -53,7 +53,7 @@ def serve(
     """Run the daemon (loopback only unless configured otherwise)."""
     from pydantic import ValidationError
 
-    from sandboxd.config import ConfigFileError, load_settings
+    from sandboxd.config import ConfigFileError, load_settings, settings_error
 
     try:
         settings = load_settings(
@@ -62,7 +62,7 @@ def serve(
             allow_unconfined=allow_unconfined or None,
         )
     except (ConfigFileError, ValidationError) as exc:
-        _fail(f"bad settings: {exc}")
+        _fail(f"bad settings: {settings_error(exc)}")
         return
     if settings.uds is None and not _is_loopback(settings.host):
         if settings.tokens_file is None:

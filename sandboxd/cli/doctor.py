@@ -251,13 +251,13 @@ def doctor(
     """Run each enabled backend's confinement self-test here and print every check."""
     from pydantic import ValidationError
 
-    from sandboxd.config import ConfigFileError, load_settings
+    from sandboxd.config import ConfigFileError, load_settings, settings_error
 
     try:
         # No warm pool: the doctor starts a backend only to probe it once.
         settings = load_settings(config, state_dir=state_dir, warm_pool_size=0)
     except (ConfigFileError, ValidationError) as exc:
-        typer.echo(f"sandboxd doctor: bad settings: {exc}", err=True)
+        typer.echo(f"sandboxd doctor: bad settings: {settings_error(exc)}", err=True)
         raise typer.Exit(2) from None
     names = enabled_backends(settings)
     unknown = [b for b in backend if b not in ("restricted", "container")]
