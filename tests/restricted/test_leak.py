@@ -18,6 +18,7 @@ MEMORY_CODE = "x = []\nwhile True:\n    x.append('a' * 10**6)"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
     harness.call(harness.backend.probe())  # its scratch directory must go away as well
     ws = harness.workspace()
