@@ -63,7 +63,7 @@ def start_daemon(
     args: Sequence[str] = (),
     state_dir: Path | None = None,
     token: str | None = None,
-    ready_timeout: float = 60.0,
+    ready_timeout: float = 240.0,
 ) -> RunningDaemon:
     """Start ``python -m sandboxd serve`` and wait until ``/healthz`` answers."""
     state_dir = state_dir or tmp_path / "state"

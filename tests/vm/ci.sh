@@ -76,6 +76,16 @@ rm -f "$CACHE"/sandboxd-*.whl
   || { tail -n 20 "$OUT/wheels.log" >&2; exit 2; }
 mkdir -p "$OUT/payload/wheels"
 cp -l "$CACHE"/*.whl "$OUT/payload/wheels/" 2>/dev/null || cp "$CACHE"/*.whl "$OUT/payload/wheels/"
+# The test suite's virtualenv, built here (Debian 12's python on both sides, same path in the
+# guest): installing ~60 wheels under software emulation costs minutes per run.
+if [[ ",$JOBS," == *",tests,"* ]]; then
+  TV=/opt/sandboxd-test-venv
+  rm -rf "$TV"
+  /usr/bin/python3 -m venv "$TV" && "$TV/bin/pip" install -q --no-index --find-links "$CACHE" \
+    "sandboxd[dev]" >> "$OUT/wheels.log" 2>&1 || { tail -n 20 "$OUT/wheels.log" >&2; exit 2; }
+  tar -C / -cf "$OUT/payload/test-venv.tar" "${TV#/}"
+  rm -rf "$TV"
+fi
 if [ "$IMAGES" = 1 ]; then
   # always Debian's client: a newer `docker` earlier on PATH may not match the engine
   imgs="sandboxd/python:latest sandboxd/base-offline:latest"
@@ -98,6 +108,7 @@ stamp payload $(( $(date +%s) - t0 ))
   echo '#!/bin/bash'
   echo 'rc=0'
   echo "export TEST_DIRS='$TEST_DIRS' TEST_DIR_TIMEOUT='${TEST_DIR_TIMEOUT:-1800}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
+  [ -n "${PYTEST_ARGS:-}" ] && echo "export PYTEST_ARGS='$PYTEST_ARGS'"
   echo '[ -n "$TEST_DIRS" ] || unset TEST_DIRS'
   IFS=, read -ra jl <<< "$JOBS"
   for j in "${jl[@]}"; do
