@@ -16,6 +16,7 @@ from sandboxd.service import (
     Draining,
     ExecutionFailure,
     ServiceError,
+    StorageUnavailable,
     ToolUnavailable,
     UnknownTool,
 )
@@ -99,8 +100,12 @@ def _map(exc: Exception) -> Problem:
         return Problem(503, "draining", "Shutting down", str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, ToolUnavailable):
         return Problem(503, "tool-unavailable", "Tool unavailable", str(exc))
+    if isinstance(exc, StorageUnavailable):
+        return Problem(507, "storage-full", "Insufficient storage", str(exc))
     if isinstance(exc, AuditFailure):
-        return Problem(500, "audit-failure", "Audit log unavailable", str(exc))
+        extra = {} if exc.result is None else {"result": exc.result.model_dump(mode="json")}
+        return Problem(507 if exc.storage else 500, "audit-failure", "Audit log unavailable",
+                       str(exc), ran=exc.result is not None, **extra)
     if isinstance(exc, ExecutionFailure):
         return Problem(500, "execution-failure", "Execution failed", str(exc))
     return Problem(500, "internal", "Internal error",
