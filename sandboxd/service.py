@@ -471,6 +471,7 @@ class Sandboxd:
         storage = await asyncio.to_thread(self._storage_state)
         stored_ok = all(v["ok"] for v in storage.values())
         state = await self._probe_backends(fresh)
+        state = {k: v for k, v in state.items() if not k.startswith("_")}
         return {**state, "ready": state["ready"] and stored_ok and not self.draining,
                 "draining": self.draining, "storage": storage}
 
@@ -481,8 +482,11 @@ class Sandboxd:
                 "state_dir": {"ok": state is None, "detail": state}}
 
     async def _probe_backends(self, fresh: bool) -> dict[str, Any]:
+        """Probe reports, cached while no backend's availability changed."""
         now = time.monotonic()
-        if not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S:
+        available = {n: b.availability()[0] for n, b in self.backends.items()}
+        if (not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S
+                and self._readiness[1].get("_available") == available):
             return self._readiness[1]
         reports: dict[str, Any] = {}
         ready = True
@@ -501,7 +505,7 @@ class Sandboxd:
         if DEFAULT_BACKEND not in self.backends:
             ready = False
         state = {"ready": ready, "backends": reports}
-        self._readiness = (now, state)
+        self._readiness = (now, {**state, "_available": available})
         return state
 
     # ------------------------------------------------------------ policy events

@@ -29,6 +29,8 @@ from sandboxd.sessions import (
 
 PROBLEM_TYPE = "https://sandboxd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
+#: Retry-After of a 503 for a backend that is down (its watch reconnects within seconds)
+UNAVAILABLE_RETRY_S = 5
 
 
 class Problem(Exception):
@@ -99,7 +101,9 @@ def _map(exc: Exception) -> Problem:
     if isinstance(exc, Draining):
         return Problem(503, "draining", "Shutting down", str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, ToolUnavailable):
-        return Problem(503, "tool-unavailable", "Tool unavailable", str(exc))
+        return Problem(503, "tool-unavailable", "Tool unavailable", str(exc),
+                       headers={"Retry-After": str(UNAVAILABLE_RETRY_S)},
+                       retry_after=UNAVAILABLE_RETRY_S)
     if isinstance(exc, StorageUnavailable):
         return Problem(507, "storage-full", "Insufficient storage", str(exc))
     if isinstance(exc, AuditFailure):
