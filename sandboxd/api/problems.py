@@ -116,6 +116,28 @@ def _map(exc: Exception) -> Problem:
                    "an unexpected error happened; the administrator can find it in the logs")
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    routes = list(request.app.router.routes)
+    while routes:
+        route = routes.pop()
+        nested = getattr(route, "original_router", None)  # an included router
+        if nested is not None:
+            routes.extend(nested.routes)
+            continue
+        match, _ = route.matches(scope)
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods |= set(route_methods)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register handlers so that every error leaves as problem+json."""
 
@@ -127,9 +149,11 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"there is no route {request.method} {request.url.path}; see /docs"
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not only its first route's
+            headers["Allow"] = ", ".join(_allowed_methods(request))
         problem = Problem(exc.status_code, f"http-{exc.status_code}",
-                          titles.get(exc.status_code, "HTTP error"), detail,
-                          headers=dict(exc.headers or {}))
+                          titles.get(exc.status_code, "HTTP error"), detail, headers=headers)
         return problem_response(problem, request)
 
     async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
