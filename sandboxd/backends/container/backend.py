@@ -459,7 +459,7 @@ class ContainerBackend:
             detail = getattr(exc, "explanation", None) or str(exc)
             message = f"the sandbox container could not be started: {detail}"
             cleanup = Cleanup(verified=True)
-            if isinstance(exc, requests.exceptions.RequestException | BackendUnavailable):
+            if not isinstance(exc, docker.errors.DockerException):  # no answer at all
                 self._engine_failed(exc)
                 message = f"the Docker engine went away: {detail}"
                 cleanup = Cleanup(verified=not self._stale, detail=None if not self._stale else
