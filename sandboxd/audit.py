@@ -30,6 +30,7 @@ other field of every record goes through the same redaction (best effort, by pat
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -46,6 +47,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sandboxd import storage
 from sandboxd.models import Decision, Result
 
 GENESIS = "0" * 64
@@ -326,6 +328,9 @@ class AuditLog:
                 raise AuditError(f"{self.path}: the audit log is closed")
             if self._broken:
                 raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
+            full = storage.full_reason(self.path.parent, "audit log's filesystem")
+            if full is not None:  # refused whole rather than failing half-way
+                raise AuditError(full) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             record: dict[str, Any] = {"ts": _now(), "seq": self._seq + 1, "event": event}
             try:
                 record.update(redact(json.loads(json.dumps(fields, default=_json_default))))

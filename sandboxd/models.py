@@ -24,9 +24,9 @@ from __future__ import annotations
 import secrets
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 def new_id(prefix: str) -> str:
@@ -81,17 +81,35 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _strict_number(value: Any) -> Any:
+    """Numbers of a request are JSON numbers: ``true`` or ``"5"`` is not a number (JSON Schema
+    agrees; ``5.0`` is still the integer 5)."""
+    if isinstance(value, bool | str | bytes):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+#: the (positive) number types of request bodies (one definition: see :func:`_strict_number`)
+PositiveNumber = Annotated[float, Field(gt=0), BeforeValidator(_strict_number)]
+PositiveInteger = Annotated[int, Field(gt=0), BeforeValidator(_strict_number)]
+
+
+class _Request(_Model):
+    """A request body (no unknown fields; numbers: :data:`PositiveNumber`, ...Integer)."""
+
+
 # ---------------------------------------------------------------- limits
 
 
-class LimitsRequest(_Model):
+class LimitsRequest(_Request):
     """Limits a caller asks for. Each may only lower the effective limit, never raise it."""
 
-    timeout_s: float | None = Field(default=None, gt=0, description="Wall-clock timeout, seconds")
-    memory_bytes: int | None = Field(default=None, gt=0)
-    cpus: float | None = Field(default=None, gt=0)
-    pids: int | None = Field(default=None, gt=0)
-    output_bytes: int | None = Field(default=None, gt=0)
+    timeout_s: PositiveNumber | None = Field(default=None,
+                                             description="Wall-clock timeout, seconds")
+    memory_bytes: PositiveInteger | None = None
+    cpus: PositiveNumber | None = None
+    pids: PositiveInteger | None = None
+    output_bytes: PositiveInteger | None = None
 
 
 class Limits(_Model):
@@ -117,7 +135,7 @@ class Limits(_Model):
 # ---------------------------------------------------------------- requests
 
 
-class InvokeRequest(_Model):
+class InvokeRequest(_Request):
     """Body of ``POST /v1/tools/{name}/invoke``."""
 
     arguments: dict[str, Any] = Field(default_factory=dict)

@@ -46,6 +46,7 @@ from sandboxd.policy import PolicyStore
 from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
+from sandboxd.storage import full_reason, is_no_space
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
@@ -75,7 +76,18 @@ class Draining(ServiceError):
 
 
 class AuditFailure(ServiceError):
-    """The audit log could not be written; the call was not run or its result is withheld."""
+    """The audit log could not be written. Before anything ran the call is refused; after it
+    ran, ``result`` is the call's result (recorded as soon as the log is writable again).
+    ``storage``: the cause is a full filesystem (507) rather than another failure (500)."""
+
+    def __init__(self, message: str, *, storage: bool, result: Result | None = None) -> None:
+        super().__init__(message)
+        self.storage = storage
+        self.result = result
+
+
+class StorageUnavailable(ServiceError):
+    """The state directory is full: refused before anything runs (507)."""
 
 
 class ExecutionFailure(ServiceError):
@@ -129,6 +141,10 @@ class Sandboxd:
         self._tasks: list[asyncio.Task[Any]] = []
         self._readiness: tuple[float, dict[str, Any]] | None = None
         self._started = False
+        # results of calls that ran while the audit log could not be written: written (late)
+        # as soon as it can be again; ``_audit_failed`` says why it cannot (None: it can)
+        self._unrecorded: list[tuple[str, Result]] = []
+        self._audit_failed: str | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -153,6 +169,7 @@ class Sandboxd:
         )
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
+            asyncio.create_task(self._audit_watch(), name="audit-watch"),
             asyncio.create_task(
                 self.sessions.expire_loop(
                     self._expire_session, min(15.0, self.settings.session_ttl_s / 4)),
@@ -230,6 +247,7 @@ class Sandboxd:
         validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
+        self._check_state_dir()
         invocation_id = new_id("inv")
         decision = self.policy.decide(client, tool, request.arguments, request.limits)
         await self._audit(self.audit.decision, request_id=invocation_id, client=client, tool=tool,
@@ -277,14 +295,18 @@ class Sandboxd:
             log.exception("backend %s failed on %s", decision.backend, invocation_id)
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.error, Reason.exited, f"internal error: {exc}")
-            await self._finish(client, result, admitted)
+            await self._finish(client, result, admitted, ran=True)
             raise ExecutionFailure(f"the {decision.backend} backend failed: {exc}") from exc
         finally:
             if task is not None:
                 self._inflight.discard(task)
         if session is not None:
-            self.sessions.touch(session)
-        return await self._finish(client, result, admitted)
+            try:
+                self.sessions.touch(session)
+            except OSError as exc:  # the call ran: its result goes out and into the audit log
+                log.warning("session %s: expiry not saved (%s); it stays in memory",
+                            session.id, exc)
+        return await self._finish(client, result, admitted, ran=True)
 
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
@@ -326,35 +348,110 @@ class Sandboxd:
             message=message,
         )
 
-    async def _finish(self, client: str, result: Result, admitted: float) -> Result:
-        await self._audit(self.audit.result, request_id=result.id, client=client, result=result)
+    async def _finish(self, client: str, result: Result, admitted: float, *,
+                      ran: bool = False) -> Result:
+        """Audit the result and count it. ``ran``: the call executed, so an audit failure
+        must not be reported as a refusal: the result is kept, written late, and returned
+        inside the :class:`AuditFailure`."""
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
+        try:
+            await self._audit(self.audit.result, request_id=result.id, client=client,
+                              result=result)
+        except AuditFailure as exc:
+            if not ran:
+                raise
+            self._unrecorded.append((client, result))
+            raise AuditFailure(
+                f"the call ran (status {result.status.value}) but its result could not be "
+                f"written to the audit log ({self._audit_failed}); it is written there as "
+                "soon as the log is writable again; the result is attached",
+                storage=exc.storage, result=result) from exc
         return result
 
     async def _audit(self, write: Any, **fields: Any) -> None:
         """Write an audit record (fsync happens in a thread so other calls keep flowing)."""
         try:
+            if self._unrecorded:
+                await asyncio.to_thread(self._flush_unrecorded)
             await asyncio.to_thread(write, **fields)
         except Exception as exc:
             log.error("audit write failed: %s", exc)
+            self._audit_failed = str(exc)
             raise AuditFailure(
-                "the audit log could not be written, so the call was refused; "
-                "the administrator must fix the audit log"
+                "the audit log could not be written, so the call was refused (nothing ran); "
+                f"the administrator must fix the audit log: {exc}", storage=is_no_space(exc),
             ) from exc
+        self._audit_failed = None
+
+    def _flush_unrecorded(self) -> None:
+        """Write the results kept while the audit log failed (raises while it still fails)."""
+        while self._unrecorded:
+            client, result = self._unrecorded[0]
+            self.audit.result(request_id=result.id, client=client, result=result)
+            self._unrecorded.pop(0)
+
+    def audit_problem(self) -> str | None:
+        """Why the audit log cannot be written now (None: it can). After a failure, writing
+        the kept results (or an ``audit_recovered`` record) is the proof that it can again."""
+        full = full_reason(self.settings.audit_path.parent, "audit log's filesystem")
+        if full is not None:
+            return full
+        if self._audit_failed is None and not self._unrecorded:
+            return None
+        try:
+            self._flush_unrecorded()
+            self.audit.write("audit_recovered", detail=self._audit_failed)
+        except Exception as exc:
+            self._audit_failed = str(exc)
+            return f"the audit log cannot be written: {exc}"
+        log.warning("the audit log is writable again")
+        self._audit_failed = None
+        return None
+
+    async def _audit_watch(self, interval_s: float = 1.0) -> None:
+        """Forever: once the audit log failed, retry until it works (results written late)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self._audit_failed is not None or self._unrecorded:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.audit_problem)
+
+    def _check_state_dir(self) -> None:
+        """Refuse work (507) before anything runs when the state directory is full."""
+        why = full_reason(self.settings.state_dir, "state directory")
+        if why is not None:
+            self.metrics.rejections.labels(reason="storage_full").inc()
+            raise StorageUnavailable(why)
 
     # ------------------------------------------------------------ sessions
 
     async def create_session(self, client: str, ttl_s: float | None) -> Session:
-        session = self.sessions.create(client, ttl_s)
-        self.audit.write("session_created", client=client, session=session.id)
+        self._check_state_dir()
+        try:
+            session = self.sessions.create(client, ttl_s)
+        except OSError as exc:
+            if is_no_space(exc):
+                raise StorageUnavailable(f"no session can be created: the state directory is "
+                                         f"full ({exc.strerror or exc})") from exc
+            raise
+        try:
+            await self._audit(self.audit.write, event="session_created", client=client,
+                              session=session.id)
+        except AuditFailure:
+            self.sessions.drop(session)
+            raise
         return session
 
     async def delete_session(self, client: str, session_id: str) -> None:
         session = self.sessions.get(session_id, client)
         await self._close_session_backends(session)
         self.sessions.delete(session_id, client)
-        self.audit.write("session_deleted", client=client, session=session_id)
+        try:  # the session is gone either way: say so, and keep the failure in the log
+            await self._audit(self.audit.write, event="session_deleted", client=client,
+                              session=session_id)
+        except AuditFailure as exc:
+            log.error("session %s deleted without an audit record: %s", session_id, exc)
 
     async def _expire_session(self, session: Session) -> None:
         await self._close_session_backends(session)
@@ -369,12 +466,28 @@ class Sandboxd:
     # ------------------------------------------------------------ readiness
 
     async def readiness(self, *, fresh: bool = False) -> dict[str, Any]:
-        """Run each available backend's confinement probe (cached briefly)."""
+        """Run each available backend's confinement probe (cached briefly); storage (audit
+        log, state directory) and draining are read fresh every time."""
+        storage = await asyncio.to_thread(self._storage_state)
+        stored_ok = all(v["ok"] for v in storage.values())
+        state = await self._probe_backends(fresh)
+        state = {k: v for k, v in state.items() if not k.startswith("_")}
+        return {**state, "ready": state["ready"] and stored_ok and not self.draining,
+                "draining": self.draining, "storage": storage}
+
+    def _storage_state(self) -> dict[str, dict[str, Any]]:
+        audit = self.audit_problem()
+        state = full_reason(self.settings.state_dir, "state directory")
+        return {"audit_log": {"ok": audit is None, "detail": audit},
+                "state_dir": {"ok": state is None, "detail": state}}
+
+    async def _probe_backends(self, fresh: bool) -> dict[str, Any]:
+        """Probe reports, cached while no backend's availability changed."""
         now = time.monotonic()
-        if not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S:
-            cached = self._readiness[1]  # probe results are cached; draining is read fresh
-            return {**cached, "ready": cached["ready"] and not self.draining,
-                    "draining": self.draining}
+        available = {n: b.availability()[0] for n, b in self.backends.items()}
+        if (not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S
+                and self._readiness[1].get("_available") == available):
+            return self._readiness[1]
         reports: dict[str, Any] = {}
         ready = True
         for name, backend in self.backends.items():
@@ -391,9 +504,8 @@ class Sandboxd:
             ready = ready and report.ok
         if DEFAULT_BACKEND not in self.backends:
             ready = False
-        state = {"ready": ready and not self.draining, "draining": self.draining,
-                 "backends": reports}
-        self._readiness = (now, state)
+        state = {"ready": ready, "backends": reports}
+        self._readiness = (now, {**state, "_available": available})
         return state
 
     # ------------------------------------------------------------ policy events
@@ -408,7 +520,9 @@ class Sandboxd:
 
 
 def _interrupted_calls(audit_path: Path) -> list[str]:
-    """Request ids with a decision but no result since the last startup (a crash)."""
+    """Request ids with an allowing decision but no result and not yet reported as
+    interrupted, whatever the shutdown was (a crash, or a clean stop while the audit log could
+    not take their results)."""
     try:
         with open(audit_path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -425,8 +539,9 @@ def _interrupted_calls(audit_path: Path) -> list[str]:
             continue
         event = record.get("event")
         rid = record.get("request_id")
-        if event in ("startup", "shutdown"):
-            open_calls.clear()
+        if event == "interrupted":
+            for reported in record.get("requests") or ():
+                open_calls.pop(reported, None)
         elif event == "decision" and rid and record.get("decision") == "allow":
             open_calls[rid] = None
         elif event == "result" and rid:

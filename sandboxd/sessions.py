@@ -168,6 +168,9 @@ class SessionManager:
             self._save(session)
         except BaseException:
             self._sessions.pop(sid, None)
+            shutil.rmtree(self.root / sid, ignore_errors=True)
+            (self.meta_dir / f"{sid}.json").unlink(missing_ok=True)
+            self.meta_dir.joinpath(f"{sid}.tmp").unlink(missing_ok=True)
             if self.uids is not None:
                 self.uids.release(sid)
             raise

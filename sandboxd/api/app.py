@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
-from sandboxd.api import problems
+from sandboxd.api import contract, problems
 from sandboxd.api.routes import router
 from sandboxd.config import Settings
 from sandboxd.service import DEFAULT_BACKEND, Sandboxd
@@ -40,17 +40,36 @@ class BodySizeLimit:
             await self._refuse(scope, receive, send)
             return
         seen = 0
+        too_large = False
+        refused = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    too_large = True
                     raise problems.Problem(413, "too-large", "Request too large", self._detail())
             return message
 
-        await self.app(scope, counting_receive, send)
+        async def guarded_send(message: Message) -> None:
+            # a streamed (chunked) body over the limit: whatever the app makes of the error
+            # raised while it reads the body (FastAPI: a 400), the answer is the 413
+            nonlocal refused
+            if not too_large:
+                await send(message)
+            elif not refused and message["type"] == "http.response.start":
+                refused = True
+                await self._refuse(scope, receive, send)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except problems.Problem:
+            if not too_large or refused:
+                raise
+            refused = True
+            await self._refuse(scope, receive, send)
 
     def _detail(self) -> str:
         return f"the request body is larger than {self.max_bytes} bytes"
@@ -89,6 +108,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     app.state.tokens = _load_tokens(settings)
     app.state.rate_limiter = _rate_limiter(settings)
     problems.install(app)
+    contract.install(app, tokens=app.state.tokens is not None)
     app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app

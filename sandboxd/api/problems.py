@@ -16,6 +16,7 @@ from sandboxd.service import (
     Draining,
     ExecutionFailure,
     ServiceError,
+    StorageUnavailable,
     ToolUnavailable,
     UnknownTool,
 )
@@ -28,6 +29,8 @@ from sandboxd.sessions import (
 
 PROBLEM_TYPE = "https://sandboxd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
+#: Retry-After of a 503 for a backend that is down (its watch reconnects within seconds)
+UNAVAILABLE_RETRY_S = 5
 
 
 class Problem(Exception):
@@ -98,13 +101,41 @@ def _map(exc: Exception) -> Problem:
     if isinstance(exc, Draining):
         return Problem(503, "draining", "Shutting down", str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, ToolUnavailable):
-        return Problem(503, "tool-unavailable", "Tool unavailable", str(exc))
+        return Problem(503, "tool-unavailable", "Tool unavailable", str(exc),
+                       headers={"Retry-After": str(UNAVAILABLE_RETRY_S)},
+                       retry_after=UNAVAILABLE_RETRY_S)
+    if isinstance(exc, StorageUnavailable):
+        return Problem(507, "storage-full", "Insufficient storage", str(exc))
     if isinstance(exc, AuditFailure):
-        return Problem(500, "audit-failure", "Audit log unavailable", str(exc))
+        extra = {} if exc.result is None else {"result": exc.result.model_dump(mode="json")}
+        return Problem(507 if exc.storage else 500, "audit-failure", "Audit log unavailable",
+                       str(exc), ran=exc.result is not None, **extra)
     if isinstance(exc, ExecutionFailure):
         return Problem(500, "execution-failure", "Execution failed", str(exc))
     return Problem(500, "internal", "Internal error",
                    "an unexpected error happened; the administrator can find it in the logs")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    routes = list(request.app.router.routes)
+    while routes:
+        route = routes.pop()
+        nested = getattr(route, "original_router", None)  # an included router
+        if nested is not None:
+            routes.extend(nested.routes)
+            continue
+        match, _ = route.matches(scope)
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods |= set(route_methods)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def install(app: FastAPI) -> None:
@@ -118,9 +149,11 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"there is no route {request.method} {request.url.path}; see /docs"
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not only its first route's
+            headers["Allow"] = ", ".join(_allowed_methods(request))
         problem = Problem(exc.status_code, f"http-{exc.status_code}",
-                          titles.get(exc.status_code, "HTTP error"), detail,
-                          headers=dict(exc.headers or {}))
+                          titles.get(exc.status_code, "HTTP error"), detail, headers=headers)
         return problem_response(problem, request)
 
     async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxd import __version__
 from sandboxd.api.auth import authenticate
-from sandboxd.models import InvokeRequest, LimitsRequest, Result, ToolSpec
+from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
 from sandboxd.service import Sandboxd, UnknownTool
 from sandboxd.sessions import directory_usage
 
@@ -28,7 +28,7 @@ class SessionCreate(BaseModel):
     """Body of ``POST /v1/sessions`` (optional)."""
 
     model_config = ConfigDict(extra="forbid")
-    ttl_s: float | None = Field(default=None, gt=0, description="Lowered to the daemon maximum")
+    ttl_s: PositiveNumber | None = Field(default=None, description="Lowered to the daemon maximum")
 
 
 class ExplainRequest(BaseModel):

@@ -50,10 +50,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
+import requests
 
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.runner import CallOutput, Endpoint, RunnerLost
+from sandboxd.backends.container.watch import PING_TIMEOUT_S, EngineWatch
 from sandboxd.config import Settings
 from sandboxd.models import (
     Cleanup,
@@ -95,6 +97,7 @@ class Box:
     cid: str | None = None
     dead: bool = False
     uid: int | None = None
+    note: str | None = None  # why its removal is not confirmed yet (engine outage)
 
 
 class ContainerBackend:
@@ -120,6 +123,13 @@ class ContainerBackend:
         self._boxes: set[Box] = set()  # every live container, for close()
         self._closing = False
         self._probe_cache: tuple[float, ProbeReport] | None = None
+        # the engine's watch (see watch.py); containers whose removal waits for the engine
+        self._watch: EngineWatch | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._ping_client: docker.DockerClient | None = None
+        self._engine_error: str | None = None
+        self._stale: set[Box] = set()
+        self._reaping: set[asyncio.Future[bool]] = set()
 
     # ------------------------------------------------------------ helpers
 
@@ -166,29 +176,81 @@ class ContainerBackend:
         except (OSError, ValueError) as exc:
             self._available = (False, f"cannot read the seccomp profile: {exc}")
             return
+        self._prepare_rundir()
+        connected = await self._connect()
+        self._watch = EngineWatch(self._ping, self._lost, self._connect, is_up=connected)
+        self._watch_task = asyncio.create_task(self._watch.run(), name="docker-engine-watch")
+
+    async def _connect(self) -> bool:
+        """(Re)connect: sweep our leftovers (of a crash or an outage), check the images, and
+        (re)fill the warm pool. True when the backend is available."""
         try:
             client = await self._engine(engine.connect, self.settings)
             await self._engine(client.ping)
         except Exception as exc:
             self._available = (False, f"the Docker engine is unreachable: {exc}")
-            return
-        self._client = client
-        removed = await self._engine(engine.sweep, client, self.settings.instance_name)
+            return False
+        old, self._client = self._client, client
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        stale, self._stale = list(self._stale), set()
+        await asyncio.gather(*(self._destroy(b) for b in stale), return_exceptions=True)
+        keep = frozenset(b.cid for b in self._boxes if b.cid)
+        try:
+            removed = await self._engine(engine.sweep, client, self.settings.instance_name, keep)
+        except Exception as exc:
+            self._available = (False, f"the Docker engine is unreachable: {exc}")
+            return False
         if removed:
-            log.warning("removed %d container(s) left by a previous run", len(removed))
-        self._prepare_rundir()
+            log.warning("removed %d container(s) left by a previous run or an engine outage",
+                        len(removed))
         images = {self.settings.python_image, self.settings.shell_image}
         for image in sorted(images):
             problem = await self._engine(engine.image_problem, client, image)
             if problem:
                 self._available = (False, problem)
-                return
+                return False
+        self._engine_error = None
+        self._probe_cache = None
         self._available = (True, None)
         for image in sorted(images):
             self._pool.setdefault(image, deque())
             self._pool_shape.setdefault(image, engine.Shape.of(Limits()))
-        self._refill_task = asyncio.create_task(self._refill_loop(), name="container-pool")
+        if self._refill_task is None:
+            self._refill_task = asyncio.create_task(self._refill_loop(), name="container-pool")
         self._refill.set()
+        return True
+
+    async def _ping(self) -> None:
+        """Raises when the engine does not answer (a client with a short timeout)."""
+        loop = asyncio.get_running_loop()
+        if self._ping_client is None:
+            self._ping_client = await loop.run_in_executor(
+                None, functools.partial(engine.connect, self.settings, PING_TIMEOUT_S))
+        await loop.run_in_executor(None, self._ping_client.ping)
+
+    async def _lost(self, why: str) -> None:
+        """The engine went away: unavailable now; the warm pool and session containers are
+        dead (the engine stops containers); they are removed when it is back."""
+        self._engine_error = why
+        self._available = (False, f"the Docker engine is unreachable: {why}")
+        self._probe_cache = None
+        for boxes in self._pool.values():
+            while boxes:
+                box = boxes.popleft()
+                box.dead = True
+                self._stale.add(box)
+        for key, box in list(self._sessions.items()):
+            box.dead = True
+            del self._sessions[key]
+            self._stale.add(box)
+
+    def _engine_failed(self, exc: BaseException) -> None:
+        """A call saw the engine fail: remember why and let the watch check at once."""
+        self._engine_error = str(exc) or type(exc).__name__
+        if self._watch is not None:
+            self._watch.wake.set()
 
     def _prepare_rundir(self) -> None:
         base = self.settings.state_dir / "run"
@@ -205,6 +267,15 @@ class ContainerBackend:
     async def close(self) -> None:
         """Remove every container this backend started."""
         self._closing = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+            self._watch_task = None
+        if self._ping_client is not None:
+            with contextlib.suppress(Exception):
+                self._ping_client.close()
+            self._ping_client = None
         if self._refill_task is not None:
             self._refill_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -276,10 +347,22 @@ class ContainerBackend:
         ref = box.cid or (box.name if by_name else None)
         verified = True
         if ref is not None and self._client is not None:
-            verified = await self._engine(engine.destroy, self._client, ref)
+            try:
+                verified = await self._engine(engine.destroy, self._client, ref)
+            except Exception as exc:
+                self._engine_failed(exc)
+                verified = False
         await box.endpoint.close()
-        if verified and self.uids is not None:
-            self.uids.release(box.name)  # a warm container's own uid (a no-op for the others)
+        if verified:
+            self._stale.discard(box)
+            box.note = None
+            if self.uids is not None:
+                self.uids.release(box.name)  # a warm container's own uid (no-op for others)
+        else:
+            self._stale.add(box)  # removed (and its uid freed) when the engine is back
+            if self._engine_error:
+                box.note = ("the Docker engine is unreachable; the container is removed when "
+                            "it is back")
         return verified
 
     async def _destroy_shielded(self, box: Box) -> bool:
@@ -320,6 +403,8 @@ class ContainerBackend:
         while not self._closing:
             await self._refill.wait()
             self._refill.clear()
+            if not self._available[0]:  # the engine watch sets _refill when it is back
+                continue
             target = self._pool_target()
             for image, boxes in self._pool.items():
                 for box in [b for b in boxes if b.dead]:
@@ -335,6 +420,12 @@ class ContainerBackend:
         boxes = self._pool.get(image)
         if not boxes:
             return None
+        for box in [b for b in boxes if b.dead or _runner_lost(b)]:  # never hand out those
+            boxes.remove(box)
+            if not box.dead:
+                task = asyncio.ensure_future(self._destroy(box))
+                self._reaping.add(task)
+                task.add_done_callback(self._reaping.discard)
         # prefer a container whose runner is already connected
         choice = next((b for b in boxes if b.endpoint.ready and not b.dead), None)
         if choice is None:
@@ -361,16 +452,24 @@ class ContainerBackend:
                                                shape, started)
             return await self._run_oneshot(invocation, limits, deadline, request, image, shape,
                                            started)
-        except docker.errors.DockerException as exc:
-            # e.g. an image or network named by a policy does not exist; whatever was
-            # created has been removed by the paths above before the error got here
+        except (docker.errors.DockerException, requests.exceptions.RequestException,
+                BackendUnavailable) as exc:
+            # e.g. an image or network named by a policy does not exist, or the engine went
+            # away; whatever was created has been removed (or is, once the engine is back)
             detail = getattr(exc, "explanation", None) or str(exc)
+            message = f"the sandbox container could not be started: {detail}"
+            cleanup = Cleanup(verified=True)
+            if not isinstance(exc, docker.errors.DockerException):  # no answer at all
+                self._engine_failed(exc)
+                message = f"the Docker engine went away: {detail}"
+                cleanup = Cleanup(verified=not self._stale, detail=None if not self._stale else
+                                  "the Docker engine is unreachable; containers of the call "
+                                  "are removed when it is back")
             return Result(id=invocation.id, tool=invocation.tool, session=invocation.session,
                           backend=self.name, status=Status.error,
                           termination=Termination(reason=Reason.exited), limits=limits,
                           resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
-                          cleanup=Cleanup(verified=True),
-                          message=f"the sandbox container could not be started: {detail}")
+                          cleanup=cleanup, message=message)
 
     def _request(self, invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
         env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
@@ -594,6 +693,8 @@ class ContainerBackend:
         elif outcome.lost:
             reason = Reason.exited
             message = outcome.lost
+            if self._engine_error is not None:
+                message = f"the Docker engine went away during the call ({outcome.lost})"
         elif rec.get("error"):
             reason = Reason.exited
             message = str(rec["error"])
@@ -757,7 +858,14 @@ def _gone(box: Box | None, verified: bool) -> str:
         return "no container was started"
     if verified:
         return f"container {box.name} removed"
-    return f"the engine did not confirm the removal of container {box.name}"
+    return (f"the engine did not confirm the removal of container {box.name}"
+            + (f": {box.note}" if box.note else ""))
+
+
+def _runner_lost(box: Box) -> bool:
+    """The container's runner channel broke (the container stopped) or never came up."""
+    channel = box.endpoint.channel
+    return (channel is not None and channel.broken is not None) or box.endpoint.failure is not None
 
 
 def _is_empty_dir(path: Path) -> bool:

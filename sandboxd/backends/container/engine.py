@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import requests
 from docker.errors import APIError, NotFound
 from docker.types import Ulimit
 
@@ -53,11 +54,12 @@ def load_seccomp(settings: Settings) -> str:
     return json.dumps(json.loads(path.read_text()), separators=(",", ":"))
 
 
-def connect(settings: Settings) -> docker.DockerClient:
+def connect(settings: Settings, timeout: float = 60) -> docker.DockerClient:
     """A docker client with a connection pool big enough for concurrent calls."""
     if settings.docker_url:
-        return docker.DockerClient(base_url=settings.docker_url, timeout=60, max_pool_size=32)
-    return docker.from_env(timeout=60, max_pool_size=32)
+        return docker.DockerClient(base_url=settings.docker_url, timeout=timeout,
+                                   max_pool_size=32)
+    return docker.from_env(timeout=timeout, max_pool_size=32)
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,8 @@ def destroy(client: docker.DockerClient, cid: str, *, wait_s: float = 30.0) -> b
             api.inspect_container(cid)
         except NotFound:
             return True
+        except requests.exceptions.ConnectionError:
+            raise  # the engine is gone: no use retrying (its watch takes over)
         except Exception as exc:  # engine hiccup: retry until the deadline
             log.debug("inspect %s: %s", cid[:12], exc)
         if time.monotonic() > deadline:
@@ -214,10 +218,14 @@ def ours(client: docker.DockerClient, instance: str) -> list[str]:
     return [c["Id"] for c in found]
 
 
-def sweep(client: docker.DockerClient, instance: str) -> list[str]:
-    """Remove every container of this instance (left by a crash); returns their ids."""
+def sweep(client: docker.DockerClient, instance: str,
+          keep: frozenset[str] = frozenset()) -> list[str]:
+    """Remove every container of this instance (left by a crash or an engine outage) but
+    those in ``keep`` (ids in use); returns their ids."""
     removed = []
     for cid in ours(client, instance):
+        if any(cid.startswith(k) or k.startswith(cid) for k in keep):
+            continue
         if destroy(client, cid):
             removed.append(cid)
     return removed

@@ -46,7 +46,7 @@ import psutil
 
 import sandboxd
 from sandboxd.backends.base import CancelledAfterCleanup
-from sandboxd.backends.restricted import confine, namespaces
+from sandboxd.backends.restricted import confine, health, namespaces
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote import _CTRL, _HEADER
 from sandboxd.config import Settings
@@ -152,8 +152,38 @@ class _ZygoteHandle:
         self.standby_ready = asyncio.Event()
         self.ready: asyncio.Future[int] = self.loop.create_future()
         self.alive = True
+        self.hung = asyncio.Event()  # failed a health ping: retired, no new calls
+        self.in_use = 0  # calls holding one of its workers
+        self._pongs: dict[int, asyncio.Future[None]] = {}
+        self._ping_seq = 0
         self.loop.add_reader(evt.fileno(), self._on_events)
         self.reading = True
+
+    async def ping(self, timeout: float) -> bool:
+        """True when the zygote answers a ping within ``timeout`` seconds."""
+        if not self.alive:
+            return False
+        self._ping_seq += 1
+        seq = self._ping_seq
+        pong = self._pongs[seq] = self.loop.create_future()
+        self.send(b"p", seq)
+        try:
+            await asyncio.wait_for(pong, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._pongs.pop(seq, None)
+
+    def retire(self) -> None:
+        """No new calls from this zygote (it stopped answering)."""
+        self.hung.set()
+        self.standby_ready.set()
+
+    def kill(self) -> None:
+        """SIGKILL the zygote (its workers die with it: parent-death signal)."""
+        with contextlib.suppress(OSError):
+            self.proc.kill()
 
     def send(self, kind: bytes, pid: int, preset: tuple[int, float, int] = (0, 0.0, 0)) -> None:
         """A control message to the zygote (``_CTRL``: ``t`` took a standby, with the limits
@@ -167,6 +197,8 @@ class _ZygoteHandle:
         while True:
             if not self.alive:
                 raise ZygoteDied("the sandbox zygote process died")
+            if self.hung.is_set():
+                raise ZygoteDied("the sandbox zygote stopped answering and is being replaced")
             while self.standby:
                 worker = self.standby.popleft()
                 if not worker.exited.done():
@@ -211,7 +243,11 @@ class _ZygoteHandle:
             return
         for fd in fds:
             os.close(fd)
-        if kind == "ready":
+        if kind == "pong":
+            pong = self._pongs.get(int(msg.get("seq", -1)))
+            if pong is not None and not pong.done():
+                pong.set_result(None)
+        elif kind == "ready":
             if not self.ready.done():
                 self.ready.set_result(int(msg["pid"]))
         elif kind == "exit":
@@ -271,6 +307,8 @@ class RestrictedBackend:
         self._unavailable: str | None = "not started"
         self._closed = False
         self.restarts = 0
+        self._health: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -300,6 +338,7 @@ class RestrictedBackend:
             log.error("restricted: %s", self._unavailable)
             return
         self._unavailable = None
+        self._health = asyncio.create_task(self._health_loop(), name="restricted-health")
         log.info(
             "restricted: zygote pid %d, %s, landlock ABI %d, %s",
             self._zygote.pid if self._zygote else -1,
@@ -320,6 +359,11 @@ class RestrictedBackend:
     async def close(self) -> None:
         """Stop the zygote (it kills its workers) and remove our cgroups."""
         self._closed = True
+        for task in [self._health, *self._retiring]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         z, self._zygote = self._zygote, None
         if z is not None:
             await z.close()
@@ -404,6 +448,49 @@ class RestrictedBackend:
             self._zygote = await self._spawn()
             return self._zygote
 
+    async def _health_loop(self) -> None:
+        """Forever: ping the zygote; one that does not answer in time is replaced."""
+        while not self._closed:
+            await asyncio.sleep(health.HEALTH_INTERVAL_S)
+            z = self._zygote
+            try:
+                if z is None or not z.alive:
+                    await self._ensure_zygote()
+                elif not await z.ping(health.PING_TIMEOUT_S):
+                    await self._replace(z)
+            except Exception as exc:  # keep checking: a failed spawn is retried
+                log.error("restricted: zygote health check: %s", exc)
+
+    async def _replace(self, z: _ZygoteHandle) -> None:
+        """Retire a zygote that does not answer and start a new one at once; the old one is
+        killed when its in-flight calls are over (they end by their deadlines)."""
+        if self._zygote is not z or z.hung.is_set():
+            return
+        log.warning("restricted: the sandbox zygote (pid %d) did not answer a health ping "
+                    "within %g s; replacing it", z.pid, health.PING_TIMEOUT_S)
+        z.retire()
+        self._zygote = None
+        self.restarts += 1
+        task = asyncio.create_task(self._retire(z), name=f"retire-zygote-{z.pid}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        await self._ensure_zygote()
+
+    async def _retire(self, z: _ZygoteHandle) -> None:
+        try:
+            while z.in_use and not self._closed:
+                await asyncio.sleep(0.1)
+        finally:
+            z.kill()
+            await asyncio.to_thread(z.proc.wait)
+            orphans = [w.cgroup for w in z.workers.values()]
+            z.died()
+            with contextlib.suppress(OSError):
+                z.evt.close()
+                z.req.close()
+            if self.layout.version and orphans:
+                await asyncio.to_thread(lambda: [self.layout.remove(c) for c in orphans])
+
     # ------------------------------------------------------------ calls
 
     def _result(
@@ -483,22 +570,11 @@ class RestrictedBackend:
                 cleanup=Cleanup(verified=True),
                 message=f"sandbox unavailable: {self._unavailable}",
             ), None
-        try:
-            z = await self._ensure_zygote()
-        except Exception as exc:
-            return self._result(
-                inv,
-                limits,
-                Status.error,
-                Reason.exited,
-                cleanup=Cleanup(verified=True),
-                message=f"sandbox unavailable: {exc}",
-            ), None
         reason: Reason | None = None
         exit_info: dict[str, Any] | None = None
         crashed: str | None = None
         try:
-            worker = await z.take(deadline)
+            z, worker = await self._take(deadline)
         except (ZygoteDied, TimeoutError) as exc:
             status, reason_ = (
                 (Status.timeout, Reason.wall_timeout)
@@ -515,6 +591,7 @@ class RestrictedBackend:
             ), None
         z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
         reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s)
+        z.in_use += 1
         try:
             data = json.dumps(msg).encode()
             await loop.sock_sendall(worker.sock, _HEADER.pack(len(data)) + data)
@@ -528,15 +605,18 @@ class RestrictedBackend:
                 reason = Reason.output_limit
             if reason is not None or crashed is not None:
                 self._kill(z, worker)
-            exit_info = await asyncio.wait_for(asyncio.shield(worker.exited), 10)
+            exit_info = await health.exit_report(z, worker)
+            if exit_info is None:  # the zygote hangs: the daemon reaps the worker itself
+                exit_info = await health.reap_ourselves(worker, self.layout)
         except asyncio.CancelledError:
             info = await asyncio.shield(self._abort(z, worker))
             verified, detail = self._verify(worker.pid, worker.cgroup, info, z.pid)
             raise CancelledAfterCleanup(verified, detail or "worker killed and reaped") from None
         except (ZygoteDied, OSError, TimeoutError) as exc:
             crashed = f"{type(exc).__name__}: {exc}"
-            await asyncio.shield(self._abort(z, worker))
+            exit_info = await asyncio.shield(self._abort(z, worker))
         finally:
+            z.in_use -= 1
             reader.close()
             worker.close()
         result = await self._finish(
@@ -545,6 +625,21 @@ class RestrictedBackend:
         if reader.report is not None and exit_info:
             reader.report["exit_info"] = exit_info
         return result, reader.report
+
+    async def _take(self, deadline: float) -> tuple[_ZygoteHandle, _Standby]:
+        """A standby worker by ``deadline`` (``TimeoutError``), from a new zygote when the
+        current one dies or is replaced meanwhile."""
+        while True:
+            try:
+                z = await self._ensure_zygote()
+            except Exception as exc:
+                raise ZygoteDied(f"sandbox unavailable: {exc}") from exc
+            try:
+                return z, await z.take(deadline)
+            except ZygoteDied:
+                if self._closed or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     def _kill(self, z: _ZygoteHandle, worker: _Standby) -> None:
         if not worker.kill():
@@ -556,11 +651,12 @@ class RestrictedBackend:
         self._kill(z, worker)
         if z.alive:
             with contextlib.suppress(Exception):
-                return await asyncio.wait_for(asyncio.shield(worker.exited), 5) or {}
-        # zygote gone: the worker dies by PDEATHSIG (and was killed above); remove its cgroup
-        if self.layout.version:
-            await asyncio.to_thread(self.layout.remove, worker.cgroup)
-        return {}
+                info = await health.exit_report(z, worker)
+                return info if info is not None else await health.reap_ourselves(
+                    worker, self.layout)
+        # zygote gone: the worker dies by PDEATHSIG (and was killed above); prove it, and
+        # remove its cgroup
+        return await health.reap_ourselves(worker, self.layout)
 
     async def _finish(
         self,
@@ -678,7 +774,10 @@ class RestrictedBackend:
         self, pid: int | None, cgroup: str | None, info: dict[str, Any], zygote_pid: int
     ) -> tuple[bool, str | None]:
         """Prove the worker is gone: reaped by the zygote, no live process with its pid that is
-        still our child, and no cgroup directory left."""
+        still our child, and no cgroup directory left (or, without the zygote's report, killed
+        and its cgroup removed by the daemon itself)."""
+        if info.get("daemon_verified"):
+            return health.verify_ourselves(info)
         problems = []
         if not info:
             problems.append("no exit report from the zygote")
@@ -712,6 +811,12 @@ class RestrictedBackend:
         ok, reason = self.availability()
         if not ok:
             return ProbeReport(backend=self.name, ok=False, detail=reason or "unavailable")
+        z = self._zygote
+        if z is not None and z.alive and not await z.ping(health.PING_TIMEOUT_S):
+            await self._replace(z)
+            return ProbeReport(backend=self.name, ok=False,
+                               detail=f"the sandbox zygote (pid {z.pid}) did not answer a "
+                               f"health ping within {health.PING_TIMEOUT_S:g} s; replaced")
         # under the state directory (not /tmp): a daemon killed mid-probe leaves it where the
         # next start-up sweep finds it
         base = self.settings.state_dir / f"{_PROBE_PREFIX}{secrets.token_hex(6)}"

@@ -16,7 +16,8 @@ daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
 
 The daemon sends the zygote fixed-size binary messages (``_CTRL``: kind, pid, memory, cpus,
 pids): ``t`` "took" (a standby was used: fork the next one, preparing its cgroup with these
-limits) and, as a fallback when pidfds are unavailable, ``k`` "kill" (limits unused).
+limits), as a fallback when pidfds are unavailable, ``k`` "kill" (limits unused), and ``p``
+"ping" (the pid field is a sequence number), answered ``{"t": "pong", "seq"}`` (health check).
 
 The zygote's per-call loop avoids json, pathlib and other heavy machinery: every page of its
 heap it writes to while workers still share it costs a copy-on-write fault, per call.
@@ -49,7 +50,8 @@ from typing import Any
 from sandboxd import wire
 
 _HEADER = struct.Struct("!I")
-#: daemon -> zygote control message: kind (b"t" took, b"k" kill), pid, memory, cpus, pids
+#: daemon -> zygote control message: kind (b"t" took, b"k" kill, b"p" ping), pid, memory,
+#: cpus, pids
 _CTRL = struct.Struct("!cIQdI")
 _FDS1, _FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
 
@@ -472,6 +474,8 @@ class Zygote:
         if kind == b"t" and worker is not None:
             worker.standby = False
             self.preset = (memory, cpus, pids)
+        elif kind == b"p":
+            self.evt.send(f'{{"t":"pong","seq":{pid}}}'.encode())
         elif kind == b"k" and worker is not None:
             for killer in (os.killpg, os.kill):
                 with contextlib.suppress(OSError):

@@ -1,0 +1,62 @@
+"""The Docker engine's health, watched by the daemon: the container backend is available only
+while the engine answers. The watch pings it every :data:`CHECK_S` (with a short timeout); a
+failed ping marks the backend unavailable at once (new calls get 503, readiness and the tool
+list say why), and while it is down the watch retries with exponential backoff up to
+:data:`MAX_BACKOFF_S`, then reconnects by itself (sweep of leftovers, fresh warm pool). A
+daemon started while the engine was down is just "down" from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("sandboxd.container")
+
+CHECK_S = 1.0
+PING_TIMEOUT_S = 3.0
+MAX_BACKOFF_S = 10.0
+
+
+class EngineWatch:
+    """Calls ``ping`` (raises when the engine does not answer), ``down(why)`` on the first
+    failure, ``up()`` (True once the backend is usable again) while it is down."""
+
+    def __init__(self, ping: Callable[[], Awaitable[None]], down: Callable[[str], Awaitable[None]],
+                 up: Callable[[], Awaitable[bool]], *, is_up: bool) -> None:
+        self.ping = ping
+        self.down = down
+        self.up = up
+        self.is_up = is_up
+        self.wake = asyncio.Event()  # a call saw the engine fail: check now
+
+    async def run(self) -> None:
+        """Forever (cancelled at shutdown)."""
+        backoff = CHECK_S
+        while True:
+            delay = CHECK_S if self.is_up else backoff
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), delay)
+            self.wake.clear()
+            if self.is_up:
+                try:
+                    await asyncio.wait_for(self.ping(), PING_TIMEOUT_S)
+                except Exception as exc:
+                    self.is_up = False
+                    backoff = CHECK_S / 2
+                    why = str(exc) or type(exc).__name__
+                    log.warning("the Docker engine does not answer: %s", why)
+                    await self.down(why)
+                continue
+            try:
+                self.is_up = await self.up()
+            except Exception as exc:
+                log.debug("the Docker engine is still unreachable: %s", exc)
+                self.is_up = False
+            if self.is_up:
+                log.warning("the Docker engine is back: the container backend is available")
+                backoff = CHECK_S
+            else:
+                backoff = min(backoff * 2, MAX_BACKOFF_S)

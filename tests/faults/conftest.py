@@ -1,0 +1,82 @@
+"""Fault injection for real: small tmpfs mounts filled to the last byte (and freed again)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.ci import require
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Callable[[Path, str], Path]]:
+    """``mount(path, size)``: a fresh tmpfs at ``path``; every mount is removed at the end."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str = "16m") -> Path:
+        require(os.geteuid() == 0, "root (to mount a tmpfs)")
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                        str(path)], check=True)
+        mounted.append(path)
+        return path
+
+    try:
+        yield mount
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write ``directory/filler`` until its filesystem has no byte left; returns the file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block = b"\0" * 65536
+    try:
+        while True:
+            try:
+                os.write(fd, block)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                if len(block) == 1:
+                    break
+                block = block[: len(block) // 2]
+    finally:
+        os.close(fd)
+    return filler
+
+
+def records(audit: Path, event: str | None = None) -> list[dict[str, Any]]:
+    """The complete records of an audit log (optionally of one event)."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for raw in audit.read_bytes().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(raw)
+                if event is None or rec.get("event") == event:
+                    out.append(rec)
+    return out
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0,
+             interval: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

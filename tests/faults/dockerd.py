@@ -1,0 +1,109 @@
+"""A private Docker engine for fault tests: started, stopped and killed by the test itself."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+
+IMAGE = "sandboxd/python:latest"
+
+
+class PrivateDockerd:
+    """One ``dockerd`` on its own data root and socket (no bridge, no iptables)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sock = root / "docker.sock"
+        self.url = f"unix://{self.sock}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        (root / "daemon.json").write_text(json.dumps({}))
+
+    def start(self, timeout: float = 60.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None
+        log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            ["dockerd", "--config-file", str(self.root / "daemon.json"),
+             "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+             "--pidfile", str(self.root / "dockerd.pid"), "--host", self.url,
+             "--bridge", "none", "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(Exception):
+                client = docker.DockerClient(base_url=self.url, timeout=5)
+                try:
+                    client.ping()
+                    return
+                finally:
+                    client.close()
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("private dockerd did not start:\n"
+                                   + (self.root / "dockerd.log").read_text()[-3000:])
+            time.sleep(0.2)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+        """Stop the engine (SIGTERM: it stops its containers, as an engine restart does)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        # its containerd (and shims) are in its session: nothing may outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.url, timeout=60)
+
+    def containers(self, label: str) -> list[dict]:
+        client = self.client()
+        try:
+            return client.api.containers(all=True, filters={"label": label})
+        finally:
+            client.close()
+
+
+def _unmount_below(root: Path) -> None:
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for target in sorted((m for m in mounts if m.startswith(str(root))), reverse=True):
+        subprocess.run(["umount", "-l", target], check=False)
+
+
+@contextlib.contextmanager
+def private_dockerd() -> Iterator[PrivateDockerd]:
+    """A running private engine with the sandbox image loaded; everything is removed after."""
+    root = Path(tempfile.mkdtemp(prefix="sbd-dk-", dir="/tmp"))
+    engine = PrivateDockerd(root)
+    try:
+        engine.start()
+        save = subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "-H", engine.url, "load", "-q"], stdin=save.stdout,
+                       check=True, stdout=subprocess.DEVNULL)
+        assert save.stdout is not None
+        save.stdout.close()
+        assert save.wait() == 0
+        yield engine
+    finally:
+        with contextlib.suppress(Exception):
+            if engine.proc is not None and engine.proc.poll() is None:
+                client = engine.client()
+                for c in client.api.containers(all=True, quiet=True):
+                    client.api.remove_container(c["Id"], force=True)
+                client.close()
+        engine.stop()
+        _unmount_below(root)
+        shutil.rmtree(root, ignore_errors=True)

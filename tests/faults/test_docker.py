@@ -1,0 +1,112 @@
+"""Issue 12 items 1-3: the Docker engine goes away, comes back, or is down at start-up."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.faults.conftest import records, wait_for
+from tests.faults.dockerd import PrivateDockerd, private_dockerd
+from tests.support.ci import require
+from tests.support.daemon import RunningDaemon, running_daemon
+
+LABEL = "sandboxd.daemon"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[PrivateDockerd]:
+    require(shutil.which("dockerd") is not None and shutil.which("docker") is not None,
+            "dockerd and docker (a Docker engine installation)")
+    with private_dockerd() as e:
+        yield e
+
+
+def _env(engine: PrivateDockerd, instance: str) -> dict[str, str]:
+    return {"SANDBOXD_DOCKER_URL": engine.url, "SANDBOXD_INSTANCE": instance,
+            "SANDBOXD_WARM_POOL_SIZE": "2"}
+
+
+def _shell_available(d: RunningDaemon) -> bool:
+    tools = {t["name"]: t for t in d.client.get("/v1/tools").json()}
+    return bool(tools["shell"]["available"])
+
+
+def _container_ready(d: RunningDaemon) -> dict:
+    return httpx.get(f"{d.url}/readyz", timeout=30).json()["backends"]["container"]
+
+
+def _shell(d: RunningDaemon, command: str) -> httpx.Response:
+    return d.invoke("shell", {"command": command})
+
+
+def test_engine_goes_away_and_comes_back(tmp_path: Path, engine: PrivateDockerd) -> None:
+    if engine.proc is None or engine.proc.poll() is not None:
+        engine.start()
+    instance = "faultsdown"
+    with running_daemon(tmp_path, env=_env(engine, instance)) as d:
+        first = _shell(d, "echo hi")
+        assert first.status_code == 200 and first.json()["stdout"] == "hi\n", first.text
+        wait_for("a full warm pool", lambda: len(engine.containers(
+            f"{LABEL}={instance}")) >= 2, timeout=60)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(_shell, d, "python3 -c 'import time; time.sleep(30)'")
+                    for _ in range(2)]
+            wait_for("calls in flight", lambda: len(records(d.audit_path, "decision")) >= 3)
+            time.sleep(2)  # let both reach their containers (not a speed assertion)
+            assert not any(f.done() for f in busy)
+            engine.stop(signal.SIGTERM)  # the engine stops every container (Exited 143)
+            answers = [f.result(timeout=120) for f in busy]
+        # in-flight calls: results that say the engine went away, with the cleanup state
+        for r in answers:
+            assert r.status_code == 200, r.text
+            result = r.json()
+            assert result["status"] == "error", result
+            assert "Docker engine" in result["message"], result
+            assert result["cleanup"]["verified"] is False
+            assert "engine" in result["cleanup"]["detail"]
+        # new calls: 503 problem+json with Retry-After; readiness and tools say why
+        wait_for("the container backend marked down", lambda: not _shell_available(d),
+                 timeout=15)
+        r = _shell(d, "echo hi")
+        assert r.status_code == 503, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        assert int(r.headers["retry-after"]) > 0
+        assert _container_ready(d)["available"] is False
+        # the engine returns: leftovers removed, pool refilled, calls work, none dead
+        engine.start()
+        wait_for("the container backend back", lambda: _shell_available(d), timeout=30)
+
+        def only_fresh_pool() -> bool:
+            cs = engine.containers(f"{LABEL}={instance}")
+            return len(cs) >= 1 and all(c["State"] == "running" for c in cs)
+        wait_for("leftovers removed and the pool refilled", only_fresh_pool, timeout=60)
+        for _ in range(4):
+            r = _shell(d, "echo back")
+            assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+            assert r.json()["stdout"] == "back\n"
+        assert _container_ready(d)["ok"] is True
+    wait_for("no container left", lambda: not engine.containers(f"{LABEL}={instance}"),
+             timeout=30)
+
+
+def test_daemon_started_while_engine_down(tmp_path: Path, engine: PrivateDockerd) -> None:
+    engine.stop(signal.SIGTERM)
+    instance = "faultsstart"
+    with running_daemon(tmp_path, env=_env(engine, instance)) as d:
+        assert not _shell_available(d)
+        r = _shell(d, "echo hi")
+        assert r.status_code == 503 and "retry-after" in r.headers, r.text
+        engine.start()
+        wait_for("the container backend reconnected by itself", lambda: _shell_available(d),
+                 timeout=30)
+        r = _shell(d, "echo hi")
+        assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
+    wait_for("no container left", lambda: not engine.containers(f"{LABEL}={instance}"),
+             timeout=30)
