@@ -114,7 +114,7 @@ class Sandboxd:
                               retention_days=settings.audit_retention_days)
         self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
         self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
-                                   settings.queue_timeout_s)
+                                   settings.queue_timeout_s, settings.queue_per_client)
         # one pool of per-sandbox uids shared by the sessions and every backend
         self.uids = UidPool.from_settings(settings)
         self.sessions = SessionManager(
