@@ -282,11 +282,15 @@ class AuditLog:
             self.close()
             raise
         if torn:
-            self.write("audit_repaired", torn_bytes=len(torn),
-                       torn_sha256=hashlib.sha256(torn).hexdigest(),
-                       detail="an incomplete final line (crash mid-write) was removed")
-            with self._lock:
-                self._prune()
+            try:
+                self.write("audit_repaired", torn_bytes=len(torn),
+                           torn_sha256=hashlib.sha256(torn).hexdigest(),
+                           detail="an incomplete final line (crash mid-write) was removed")
+                with self._lock:
+                    self._prune()
+            except AuditError:
+                self.close()
+                raise
 
     @property
     def seq(self) -> int:

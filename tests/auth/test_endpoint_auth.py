@@ -116,14 +116,14 @@ def test_failed_authentications_are_flushed_every_interval(tmp_path: Path) -> No
         for _ in range(3):
             assert httpx.get(f"{d.url}/v1/tools", timeout=30).status_code == 401
         deadline = time.monotonic() + 10
-        while not records(d.audit_path, "auth_failure"):
+        while sum(r["count"] for r in records(d.audit_path, "auth_failure")) < 3:
             assert time.monotonic() < deadline, "no auth_failure record after the interval"
             time.sleep(0.2)
-        first = records(d.audit_path, "auth_failure")
-        assert [r["count"] for r in first] == [3] and first[0]["missing"] == 3
+        first = records(d.audit_path, "auth_failure")  # the 3 may straddle an interval's end
+        assert 1 <= len(first) <= 2 and sum(r["missing"] for r in first) == 3
         assert httpx.get(f"{d.url}/v1/tools", timeout=30,
                          headers={"Authorization": "Bearer nope"}).status_code == 401
     later = records(d.audit_path, "auth_failure")
-    assert [r["count"] for r in later] == [3, 1]
-    assert later[1]["digests"] == [hashlib.sha256(b"nope").hexdigest()[:12]]
+    assert len(later) == len(first) + 1 and later[-1]["count"] == 1
+    assert later[-1]["digests"] == [hashlib.sha256(b"nope").hexdigest()[:12]]
     assert verify(d.audit_path).ok
