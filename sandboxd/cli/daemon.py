@@ -96,13 +96,15 @@ async def _serve(settings: Any, log_level: str) -> int:
 
     app = create_app(settings)
     http = _guarded_http(settings, app.state.service)
+    # ws="none": the API has no WebSocket route, so no upgrade path out of the guarded protocol
     if settings.uds is not None:
         settings.uds.parent.mkdir(parents=True, exist_ok=True)
         config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level, http=http,
-                                proxy_headers=False, server_header=False)
+                                ws="none", proxy_headers=False, server_header=False)
     else:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http,
-                                log_level=log_level, proxy_headers=False, server_header=False)
+                                ws="none", log_level=log_level, proxy_headers=False,
+                                server_header=False)
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
     try:
         await server.serve()
