@@ -4,8 +4,17 @@ Every record is one line: ``{"ts": ..., "seq": N, "event": ..., <fields>, "prev"
 where ``prev`` is the SHA-256 (hex) of the previous record's line (its exact bytes, without
 the newline); the first record of a log has ``seq`` 0 and ``prev`` = 64 zeros. ``seq`` and
 ``prev`` continue across rotated files (``audit.jsonl.1`` is the newest rotated file,
-``audit.jsonl.2`` the one before, ...; none is ever deleted by the daemon), so :func:`verify`
-detects an edited, removed, inserted or reordered record anywhere in the chain.
+``audit.jsonl.2`` the one before, ...), so :func:`verify` detects an edited, removed, inserted
+or reordered record anywhere in the chain.
+
+Retention: rotated files are kept for ever unless ``retention_files`` (keep the N newest) or
+``retention_days`` (delete those last written longer ago) say otherwise; the oldest files go
+first, so what is left is always one unbroken stretch of the chain. Before deleting, the log
+appends an ``audit_pruned`` record naming the files, the seq range they held, and the anchor
+of what stays: ``anchor_seq`` and ``anchor_prev``, the seq and ``prev`` of the first record
+kept. :func:`verify` accepts a chain that does not start at seq 0 only when such a record,
+inside the verified chain, names exactly its first record; removing any other file still
+fails.
 
 Writes use ``O_APPEND`` and ``fdatasync`` before :meth:`AuditLog.write` returns; any failure
 raises :class:`AuditError` and the record is not considered written (the file is truncated
@@ -34,6 +43,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -55,6 +65,8 @@ PREVIEW_CHARS = 1024
 MESSAGE_CHARS = 2048
 RESERVED = frozenset({"ts", "seq", "event", "prev"})
 REDACTED = "[REDACTED]"
+
+log = logging.getLogger("sandboxd.audit")
 
 
 class AuditError(Exception):
@@ -214,6 +226,16 @@ def _read_tail(path: Path) -> _Tail:
         return _Tail(start + last_nl + 1, data[prev_nl + 1:last_nl], data[last_nl + 1:])
 
 
+def _first_line(path: Path) -> bytes | None:
+    """The first complete line of a file (without newline), None if it has none."""
+    try:
+        with path.open("rb") as fh:
+            line = fh.readline()
+    except OSError:
+        return None
+    return line[:-1] if line.endswith(b"\n") else None
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -228,9 +250,13 @@ def _fsync_dir(directory: Path) -> None:
 class AuditLog:
     """An open, hash-chained audit log (continues the chain of an existing file)."""
 
-    def __init__(self, path: Path, *, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, path: Path, *, max_bytes: int = 64 * 1024 * 1024,
+                 retention_files: int | None = None,
+                 retention_days: float | None = None) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.retention_files = retention_files
+        self.retention_days = retention_days
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._lock_fd: int | None = None
@@ -248,6 +274,8 @@ class AuditLog:
                 raise AuditError(f"{self.path}: the audit log is in use by another "
                                  "process") from None
             torn = self._open()
+            if not torn:
+                self._prune()  # files that aged out while the daemon was stopped
         except OSError as exc:
             self.close()
             raise AuditError(f"{self.path}: cannot open the audit log: "
@@ -256,9 +284,15 @@ class AuditLog:
             self.close()
             raise
         if torn:
-            self.write("audit_repaired", torn_bytes=len(torn),
-                       torn_sha256=hashlib.sha256(torn).hexdigest(),
-                       detail="an incomplete final line (crash mid-write) was removed")
+            try:
+                self.write("audit_repaired", torn_bytes=len(torn),
+                           torn_sha256=hashlib.sha256(torn).hexdigest(),
+                           detail="an incomplete final line (crash mid-write) was removed")
+                with self._lock:
+                    self._prune()
+            except AuditError:
+                self.close()
+                raise
 
     @property
     def seq(self) -> int:
@@ -323,6 +357,10 @@ class AuditLog:
         clash = RESERVED.intersection(fields)
         if clash:
             raise AuditError(f"reserved audit field(s): {', '.join(sorted(clash))}")
+        try:
+            clean = redact(json.loads(json.dumps(fields, default=_json_default)))
+        except (TypeError, ValueError) as exc:
+            raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
         with self._lock:
             if self._fd is None:
                 raise AuditError(f"{self.path}: the audit log is closed")
@@ -331,21 +369,12 @@ class AuditLog:
             full = storage.full_reason(self.path.parent, "audit log's filesystem")
             if full is not None:  # refused whole rather than failing half-way
                 raise AuditError(full) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            record: dict[str, Any] = {"ts": _now(), "seq": self._seq + 1, "event": event}
-            try:
-                record.update(redact(json.loads(json.dumps(fields, default=_json_default))))
-            except (TypeError, ValueError) as exc:
-                raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
-            record["prev"] = self._prev
-            try:
-                line = json.dumps(record, separators=(",", ":"), ensure_ascii=False,
-                                  default=_json_default).encode("utf-8", "surrogatepass")
-            except (TypeError, ValueError) as exc:
-                raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
-            data = line + b"\n"
+            record, data = self._build(event, clean)
             try:
                 if self._size > 0 and self._size + len(data) > self.max_bytes:
                     self._rotate()
+                    if self._prune():  # took a seq: the record follows the pruning record
+                        record, data = self._build(event, clean)
             except OSError as exc:
                 self._broken = f"rotation failed: {exc.strerror or exc}"
                 with contextlib.suppress(OSError):
@@ -354,26 +383,102 @@ class AuditLog:
                         self._broken = None
                 raise AuditError(f"{self.path}: cannot rotate the audit log: "
                                  f"{exc.strerror or exc}") from exc
-            assert self._fd is not None
-            good = self._size
-            try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(self._fd, view)
-                    view = view[written:]
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                try:
-                    os.ftruncate(self._fd, good)
-                    os.fsync(self._fd)
-                except OSError as exc2:
-                    self._broken = f"could not remove a partial record: {exc2.strerror or exc2}"
-                raise AuditError(f"{self.path}: cannot write the audit log: "
-                                 f"{exc.strerror or exc}") from exc
-            self._size += len(data)
-            self._seq += 1
-            self._prev = hashlib.sha256(line).hexdigest()
+            self._append(data)
             return record
+
+    def _build(self, event: str, fields: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The next record of the chain and its line (with newline); ``fields`` are redacted."""
+        record: dict[str, Any] = {"ts": _now(), "seq": self._seq + 1, "event": event}
+        record.update(fields)
+        record["prev"] = self._prev
+        try:
+            line = json.dumps(record, separators=(",", ":"), ensure_ascii=False,
+                              default=_json_default).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError) as exc:
+            raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
+        return record, line + b"\n"
+
+    def _append(self, data: bytes) -> None:
+        """Write one built line and fsync it, or leave the file as it was (lock held)."""
+        assert self._fd is not None
+        good = self._size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, good)
+                os.fsync(self._fd)
+            except OSError as exc2:
+                self._broken = f"could not remove a partial record: {exc2.strerror or exc2}"
+            raise AuditError(f"{self.path}: cannot write the audit log: "
+                             f"{exc.strerror or exc}") from exc
+        self._size += len(data)
+        self._seq += 1
+        self._prev = hashlib.sha256(data[:-1]).hexdigest()
+
+    def _doomed(self) -> list[Path]:
+        """The oldest rotated files the retention settings no longer keep (a prefix)."""
+        if self.retention_files is None and self.retention_days is None:
+            return []
+        files = rotated_files(self.path)
+        cutoff = (time.time() - self.retention_days * 86400
+                  if self.retention_days is not None else None)
+        doomed: list[Path] = []
+        for index, f in enumerate(files):
+            too_many = (self.retention_files is not None
+                        and len(files) - index > self.retention_files)
+            try:
+                too_old = cutoff is not None and f.stat().st_mtime < cutoff
+            except OSError:
+                break
+            if not (too_many or too_old):
+                break
+            doomed.append(f)
+        return doomed
+
+    def _prune(self) -> bool:
+        """Apply the retention settings (lock held): record the anchor of what stays in an
+        ``audit_pruned`` record, then delete the files. True when a record was written."""
+        doomed = self._doomed()
+        if not doomed:
+            return False
+        kept = [*rotated_files(self.path)[len(doomed):], self.path]
+        first_kept = next((line for line in map(_first_line, kept) if line is not None), None)
+        first_removed = _first_line(doomed[0])
+        try:
+            if first_kept is None:  # nothing kept yet: the anchor is the record written now
+                anchor_seq, anchor_prev = self._seq + 1, self._prev
+            else:
+                record = json.loads(first_kept)
+                anchor_seq, anchor_prev = int(record["seq"]), str(record["prev"])
+            removed_from = (int(json.loads(first_removed)["seq"])
+                            if first_removed is not None else None)
+        except (ValueError, KeyError, TypeError):
+            log.error("%s: audit retention skipped: the first record of a file to keep or to "
+                      "remove is unreadable (run `sandboxd audit verify`)", self.path)
+            return False
+        fields = redact({
+            "files": [f.name for f in doomed],
+            "removed_seqs": [removed_from, anchor_seq - 1],
+            "anchor_seq": anchor_seq, "anchor_prev": anchor_prev,
+            "retention_files": self.retention_files, "retention_days": self.retention_days,
+        })
+        _, data = self._build("audit_pruned", fields)
+        self._append(data)
+        for f in doomed:
+            try:
+                f.unlink()
+            except OSError as exc:
+                log.error("%s: cannot delete the expired audit file: %s", f,
+                          exc.strerror or exc)
+                break
+        with contextlib.suppress(OSError):
+            _fsync_dir(self.path.parent)
+        return True
 
     def decision(self, *, request_id: str, client: str, tool: str, session: str | None,
                  arguments: dict[str, Any], decision: Decision) -> None:
@@ -472,6 +577,8 @@ class VerifyReport:
     head_hash: str | None = None
     first_bad: BadRecord | None = None
     warnings: list[str] = field(default_factory=list)
+    anchor_seq: int | None = None  # first seq when older records were removed by retention
+    anchored_by: int | None = None  # seq of the audit_pruned record that names that anchor
 
     def summary(self) -> str:
         """One line for humans."""
@@ -480,7 +587,9 @@ class VerifyReport:
         files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
         head = (f"; head seq {self.head_seq} sha256 {self.head_hash}"
                 if self.head_seq is not None else "")
-        return f"ok: {self.records} records in {files}{head}"
+        start = (f"; starts at seq {self.anchor_seq} (older records removed by retention, "
+                 f"recorded at seq {self.anchored_by})" if self.anchor_seq is not None else "")
+        return f"ok: {self.records} records in {files}{head}{start}"
 
 
 def verify(path: Path) -> VerifyReport:
@@ -495,6 +604,7 @@ def verify(path: Path) -> VerifyReport:
     prev_hash = GENESIS
     expected = 0
     prev_where: tuple[Path, int] | None = None
+    anchor: tuple[int, str, Path, int] | None = None  # first record, when not the genesis
 
     def fail(f: Path, line: int, seq: int | None, reason: str) -> VerifyReport:
         report.ok = False
@@ -529,9 +639,7 @@ def verify(path: Path) -> VerifyReport:
                     return fail(f, lineno, None, "not a valid audit record (edited or corrupt)")
                 if prev_where is None:
                     if seq != 0 or prev != GENESIS:
-                        return fail(f, lineno, seq, "the chain does not start here (first seq "
-                                    f"is {seq}): earlier records were removed (the head of the "
-                                    "log, or older rotated files)")
+                        anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
                 else:
                     pf, pl = prev_where
                     if seq > expected:
@@ -544,6 +652,11 @@ def verify(path: Path) -> VerifyReport:
                         return fail(pf, pl, expected - 1, f"the record was altered: its hash "
                                     f"does not match the prev stored by the next record "
                                     f"({f}:{lineno}); or that next record was forged")
+                if (anchor is not None and report.anchored_by is None
+                        and record["event"] == "audit_pruned"
+                        and record.get("anchor_seq") == anchor[0]
+                        and record.get("anchor_prev") == anchor[1]):
+                    report.anchor_seq, report.anchored_by = anchor[0], seq
                 prev_hash = hashlib.sha256(line).hexdigest()
                 expected = seq + 1
                 prev_where = (f, lineno)
@@ -557,6 +670,12 @@ def verify(path: Path) -> VerifyReport:
                     f"{f}:{lineno}: incomplete final line ({len(pending)} bytes, a crash "
                     "mid-write; that record was never acknowledged). It is removed, and the "
                     "removal recorded, the next time the daemon opens the log.")
+    if anchor is not None and report.anchored_by is None:
+        seq, _, f, lineno = anchor
+        return fail(f, lineno, seq, f"the chain does not start here (first seq is {seq}): "
+                    "earlier records were removed (the head of the log, or older rotated "
+                    "files), and no audit_pruned record of the retention names this record "
+                    "as the new start")
     return report
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     )
     audit_log: Path | None = Field(default=None, description="None: <state_dir>/audit.jsonl")
     audit_max_bytes: int = Field(default=64 * 1024 * 1024, description="Rotate past this size")
+    audit_retention_files: int | None = Field(
+        default=None, ge=0,
+        description="Keep at most this many rotated audit files (None: keep every one)")
+    audit_retention_days: float | None = Field(
+        default=None, gt=0,
+        description="Delete rotated audit files older than this many days (None: never)")
     tokens_file: Path | None = Field(
         default=None, description="Token hashes -> clients; None: loopback only, client 'local'"
     )
@@ -83,10 +89,32 @@ class Settings(BaseSettings):
     max_concurrency: int = Field(default=4, ge=1)
     queue_size: int = Field(default=64, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait for a slot")
+    queue_per_client: int | None = Field(
+        default=None, ge=1,
+        description="Queue places one client may hold (None: half the queue, at least 1)")
 
     # --- HTTP
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     rate_limit_per_minute: int = Field(default=600, ge=0, description="Per client; 0 = off")
+    open_endpoints: list[Literal["metrics", "readyz", "docs"]] = Field(
+        default_factory=list,
+        description="With tokens: endpoints served without a token (docs = /docs, /redoc, "
+                    "/openapi.json); /healthz is always open")
+    auth_failure_limit: int = Field(
+        default=20, ge=0,
+        description="Failed authentications per peer per auth_failure_window_s before 429; 0 = off")
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
+    auth_failure_audit_interval_s: float = Field(
+        default=60.0, gt=0,
+        description="Failed authentications are audited as one record per peer per interval")
+    header_timeout_s: float = Field(
+        default=5.0, gt=0, description="Close connections whose request headers take longer")
+    max_connections: int | None = Field(
+        default=None, ge=1,
+        description="Open client connections at most (None: half of RLIMIT_NOFILE)")
+    max_connections_per_peer: int | None = Field(
+        default=None, ge=1,
+        description="Open connections per peer address (None: a quarter of max_connections)")
     drain_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM: in-flight grace")
 
     # --- sessions

@@ -32,6 +32,14 @@ class Metrics:
             "sandboxd_auth_failures", "Requests with a missing or unknown token",
             registry=self.registry,
         )
+        self.connections_closed = Counter(
+            "sandboxd_connections_closed",
+            "Connections the daemon closed: header_timeout, evicted (an idle connection over "
+            "a cap made room for a new one), refused (over a cap, nothing idle to evict)",
+            ["reason"], registry=self.registry,
+        )
+        self.connections_open = Gauge("sandboxd_connections_open", "Open client connections",
+                                      registry=self.registry)
         queue = Gauge("sandboxd_queue_depth", "Calls waiting for a slot", registry=self.registry)
         queue.set_function(queued)
         slots = Gauge("sandboxd_slots_in_use", "Executions running now", registry=self.registry)

@@ -4,7 +4,11 @@
   at once.
 * Otherwise it waits in its client's FIFO queue. When a slot frees, clients are served round-robin
   (one call per client in turn), so one chatty client cannot starve the others.
-* The queue holds at most ``queue_size`` calls in total; beyond that :class:`QueueFull`.
+* The queue holds at most ``queue_size`` calls in total, and one client at most
+  ``per_client`` of them (default: half the queue); beyond that :class:`QueueFull`. When the
+  queue is full, a call of a client that holds fewer places than the biggest holder takes the
+  newest place of that holder, which gets :class:`QueueFull` instead: so a client with nothing
+  queued always gets a place, however busy the others keep the queue.
 * A call waits at most ``queue_timeout_s`` (:class:`QueueTimeout`), and never past its own
   deadline (:class:`DeadlineExpired`): the deadline counts from admission, so queueing cannot
   stretch it.
@@ -46,9 +50,10 @@ class Scheduler:
     """Slots and a fair bounded queue; use :meth:`slot` as an async context manager."""
 
     def __init__(self, max_concurrency: int = 4, queue_size: int = 64,
-                 queue_timeout_s: float = 30.0) -> None:
+                 queue_timeout_s: float = 30.0, per_client: int | None = None) -> None:
         self.max_concurrency = max_concurrency
         self.queue_size = queue_size
+        self.per_client = per_client if per_client is not None else max(1, queue_size // 2)
         self.queue_timeout_s = queue_timeout_s
         self._in_use = 0
         self._waiting = 0
@@ -85,7 +90,15 @@ class Scheduler:
         if self._in_use < self.max_concurrency and self._waiting == 0:
             self._in_use += 1
             return
-        if self._waiting >= self.queue_size:
+        mine = len(self._queues.get(client, ()))
+        if mine >= self.per_client:
+            raise QueueFull(
+                f"all {self.max_concurrency} execution slots are busy and client '{client}' "
+                f"already has {mine} calls waiting (at most {self.per_client} per client); "
+                "retry later",
+                self.retry_after(),
+            )
+        if self._waiting >= self.queue_size and not self._push_out(mine):
             raise QueueFull(
                 f"all {self.max_concurrency} execution slots are busy and the queue is full "
                 f"({self.queue_size} waiting); retry later",
@@ -102,6 +115,11 @@ class Scheduler:
             async with asyncio.timeout(wait):
                 await future
         except BaseException as exc:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                # pushed out of the queue (already forgotten): its QueueFull
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                raise future.exception() from None  # type: ignore[misc]
             if future.done() and not future.cancelled():
                 self._release()  # granted at the last moment: hand the slot on
             else:
@@ -118,6 +136,26 @@ class Scheduler:
                     self.retry_after(),
                 ) from None
             raise
+
+    def _push_out(self, mine: int) -> bool:
+        """The queue is full: free the newest place of the client holding the most places,
+        if it holds more than ``mine`` (that call gets :class:`QueueFull`)."""
+        if not self._queues:
+            return False
+        victim, queue = max(self._queues.items(), key=lambda item: len(item[1]))
+        if len(queue) <= mine:
+            return False
+        future = queue.pop()
+        self._waiting -= 1
+        if not queue:
+            del self._queues[victim]
+        future.set_exception(QueueFull(
+            f"all {self.max_concurrency} execution slots are busy and the queue is full; this "
+            f"call of client '{victim}' gave its place to another client's (every client is "
+            "guaranteed a place); retry later",
+            self.retry_after(),
+        ))
+        return True
 
     def _forget(self, client: str, future: asyncio.Future[None]) -> None:
         queue = self._queues.get(client)

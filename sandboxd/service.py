@@ -121,10 +121,12 @@ class Sandboxd:
     def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.audit = AuditLog(settings.audit_path, max_bytes=settings.audit_max_bytes)
+        self.audit = AuditLog(settings.audit_path, max_bytes=settings.audit_max_bytes,
+                              retention_files=settings.audit_retention_files,
+                              retention_days=settings.audit_retention_days)
         self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
         self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
-                                   settings.queue_timeout_s)
+                                   settings.queue_timeout_s, settings.queue_per_client)
         # one pool of per-sandbox uids shared by the sessions and every backend
         self.uids = UidPool.from_settings(settings)
         self.sessions = SessionManager(

@@ -8,12 +8,16 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
 from sandboxd.api import contract, problems
+from sandboxd.api.auth import guard
 from sandboxd.api.routes import router
+from sandboxd.auth import FailedAuthGuard
 from sandboxd.config import Settings
 from sandboxd.service import DEFAULT_BACKEND, Sandboxd
 
@@ -92,26 +96,68 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
             loop = asyncio.get_running_loop()
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, service.policy.reload)
-            yield
+            flusher = asyncio.create_task(_flush_failed_auth(failed_auth))
+            try:
+                yield
+            finally:
+                flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flusher
         finally:
             notify_systemd("STOPPING=1")
             await service.drain(settings.drain_grace_s)
+            failed_auth.flush()  # the failures of the last interval, before the log closes
             await service.close()
 
+    failed_auth = FailedAuthGuard(
+        service.audit.write, limit=settings.auth_failure_limit,
+        window_s=settings.auth_failure_window_s,
+        interval_s=settings.auth_failure_audit_interval_s)
     app = FastAPI(
         title="sandboxd",
         version=__version__,
         description="Hardened sandboxed execution of AI-agent tool calls.",
         lifespan=lifespan,
+        openapi_url=None, docs_url=None, redoc_url=None,  # served below, behind the token
     )
     app.state.service = service
     app.state.tokens = _load_tokens(settings)
     app.state.rate_limiter = _rate_limiter(settings)
+    app.state.failed_auth = failed_auth
     problems.install(app)
     contract.install(app, tokens=app.state.tokens is not None)
     app.include_router(router)
+    _add_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
+
+
+async def _flush_failed_auth(failed_auth: FailedAuthGuard) -> None:
+    """Write the aggregated failed-authentication records at the end of every interval."""
+    while True:
+        await asyncio.sleep(failed_auth.interval_s)
+        try:
+            failed_auth.flush()
+        except Exception:  # never let the flusher die
+            log.exception("flushing the failed-authentication records failed")
+
+
+def _add_docs(app: FastAPI) -> None:
+    """``/openapi.json``, ``/docs`` and ``/redoc``: FastAPI's, but behind the token unless the
+    ``open_endpoints`` setting names ``docs``."""
+    docs = [Depends(guard("docs"))]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=docs)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=docs)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=docs)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
 async def _self_test(service: Sandboxd, settings: Settings) -> None:

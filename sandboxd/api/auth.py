@@ -1,17 +1,23 @@
 """Who is calling: bearer tokens when a tokens file is configured, else the client ``local``.
 
-Unknown or missing tokens get 401 problem+json and an ``auth_failure`` audit record (the token
-itself is never logged, only a short digest prefix). Each client is rate limited.
+Unknown or missing tokens get 401 problem+json, and 429 with ``Retry-After`` once the peer has
+failed too often (:class:`~sandboxd.auth.FailedAuthGuard`); they are audited as one
+``auth_failure`` record per peer per interval (the token itself is never logged, only a short
+digest prefix). Each client is rate limited.
+
+With tokens configured, ``/metrics``, ``/readyz`` and the API docs need a token too unless the
+``open_endpoints`` setting opens them; ``/healthz`` is always open.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+from collections.abc import Callable
 
 from fastapi import Request
 
 from sandboxd.api.problems import Problem
+from sandboxd.auth import peer_key
 
 LOCAL_CLIENT = "local"
 
@@ -28,19 +34,9 @@ def authenticate(request: Request) -> str:
         token = token.strip()
         found = tokens.client_for(token) if scheme.lower() == "bearer" and token else None
         if found is None:
-            service.metrics.auth_failures.inc()
-            reason = "missing bearer token" if not token else "unknown token"
-            with contextlib.suppress(Exception):
-                service.audit.write(
-                    "auth_failure", reason=reason, path=request.url.path,
-                    peer=request.client.host if request.client else None,
-                    token_digest=hashlib.sha256(token.encode()).hexdigest()[:12] if token else None,
-                )
-            raise Problem(401, "unauthorized", "Unauthorized",
-                          f"{reason}: send 'Authorization: Bearer <token>' with a token the "
-                          "administrator created with `sandboxd token add`",
-                          headers={"WWW-Authenticate": "Bearer"})
-        client = found
+            _failed(request, token)
+        else:
+            client = found
     limiter = state.rate_limiter
     if limiter is not None:
         wait = limiter.check(client)
@@ -51,3 +47,38 @@ def authenticate(request: Request) -> str:
                           f"client '{client}' is over its rate limit; retry in {seconds} s",
                           headers={"Retry-After": str(seconds)}, retry_after=seconds)
     return client
+
+
+def _failed(request: Request, token: str) -> None:
+    """Count a failed authentication and raise its 401, or 429 when the peer failed too often."""
+    state = request.app.state
+    state.service.metrics.auth_failures.inc()
+    reason = "missing bearer token" if not token else "unknown token"
+    peer = peer_key(request.client.host if request.client else None)
+    digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12] \
+        if token else None
+    wait = state.failed_auth.failure(peer, reason=reason, path=request.url.path, digest=digest)
+    if wait is not None:
+        state.service.metrics.rejections.labels(reason="auth_failures").inc()
+        seconds = max(1, int(wait + 0.999))
+        raise Problem(429, "auth-rate-limited", "Too many failed authentications",
+                      f"{reason}, and too many failed authentications from {peer}; retry in "
+                      f"{seconds} s with a valid token",
+                      headers={"Retry-After": str(seconds), "WWW-Authenticate": "Bearer"},
+                      retry_after=seconds)
+    raise Problem(401, "unauthorized", "Unauthorized",
+                  f"{reason}: send 'Authorization: Bearer <token>' with a token the "
+                  "administrator created with `sandboxd token add`",
+                  headers={"WWW-Authenticate": "Bearer"})
+
+
+def guard(endpoint: str) -> Callable[[Request], None]:
+    """A dependency for an operational endpoint (``metrics``, ``readyz``, ``docs``): it needs
+    a token like the API unless the ``open_endpoints`` setting names it."""
+
+    def check(request: Request) -> None:
+        state = request.app.state
+        if state.tokens is not None and endpoint not in state.service.settings.open_endpoints:
+            authenticate(request)
+
+    return check

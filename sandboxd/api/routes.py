@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxd import __version__
-from sandboxd.api.auth import authenticate
+from sandboxd.api.auth import authenticate, guard
 from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
 from sandboxd.service import Sandboxd, UnknownTool
 from sandboxd.sessions import directory_usage
@@ -46,14 +46,14 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok", "version": __version__}
 
 
-@router.get("/readyz", tags=["health"])
+@router.get("/readyz", tags=["health"], dependencies=[Depends(guard("readyz"))])
 async def readyz(request: Request) -> JSONResponse:
     """Ready when every available backend proves its confinement (self-test probes)."""
     state = await _service(request).readiness()
     return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
 
-@router.get("/metrics", tags=["health"])
+@router.get("/metrics", tags=["health"], dependencies=[Depends(guard("metrics"))])
 async def metrics(request: Request) -> Response:
     """Prometheus metrics."""
     m = _service(request).metrics

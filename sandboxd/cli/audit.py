@@ -39,6 +39,7 @@ def verify_cmd(
             "ok": report.ok, "records": report.records,
             "files": [str(f) for f in report.files],
             "head_seq": report.head_seq, "head_sha256": report.head_hash,
+            "anchor_seq": report.anchor_seq, "anchored_by": report.anchored_by,
             "first_bad": None if bad is None else {
                 "file": str(bad.file), "line": bad.line, "seq": bad.seq, "reason": bad.reason},
             "warnings": report.warnings,

@@ -95,13 +95,16 @@ async def _serve(settings: Any, log_level: str) -> int:
     from sandboxd.api.app import create_app
 
     app = create_app(settings)
+    http = _guarded_http(settings, app.state.service)
+    # ws="none": the API has no WebSocket route, so no upgrade path out of the guarded protocol
     if settings.uds is not None:
         settings.uds.parent.mkdir(parents=True, exist_ok=True)
-        config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level,
-                                proxy_headers=False, server_header=False)
+        config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level, http=http,
+                                ws="none", proxy_headers=False, server_header=False)
     else:
-        config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                                log_level=log_level, proxy_headers=False, server_header=False)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http,
+                                ws="none", log_level=log_level, proxy_headers=False,
+                                server_header=False)
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
     try:
         await server.serve()
@@ -115,6 +118,23 @@ async def _serve(settings: Any, log_level: str) -> int:
     if settings.uds is not None:
         settings.uds.unlink(missing_ok=True)
     return 0 if server.started else 1
+
+
+def _guarded_http(settings: Any, service: Any) -> type:
+    """uvicorn's HTTP protocol with the header timeout and connection caps
+    (:mod:`sandboxd.api.connections`)."""
+    from sandboxd.api.connections import ConnectionGuard, connection_caps, guarded_protocol
+
+    total, per_peer = connection_caps(settings.max_connections,
+                                      settings.max_connections_per_peer)
+    closed = service.metrics.connections_closed
+    guard = ConnectionGuard(total, per_peer, settings.header_timeout_s,
+                            on_close=lambda reason: closed.labels(reason=reason).inc())
+    service.metrics.connections_open.set_function(lambda: len(guard))
+    logging.getLogger("sandboxd").info(
+        "connections: at most %d open, %d per peer; request headers within %g s",
+        total, per_peer, settings.header_timeout_s)
+    return guarded_protocol(guard)
 
 
 def _draining_server_class() -> type:

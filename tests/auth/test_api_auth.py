@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -38,10 +39,13 @@ def test_unknown_or_missing_token_is_401_and_audited(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["client"] == "alice" and r.json()["allowed"] is False
     records = audit_records(d.audit_path)
+    # one aggregated record for the peer (flushed at shutdown), carrying every failure
     failures = [r for r in records if r["event"] == "auth_failure"]
-    assert len(failures) == 4
-    assert failures[0]["reason"] == "missing bearer token"
-    assert all(f["path"].startswith("/v1/") for f in failures)
+    assert len(failures) == 1
+    assert failures[0]["count"] == 4 and failures[0]["missing"] == 1
+    assert failures[0]["unknown"] == 3 and failures[0]["peer"] == "127.0.0.1"
+    assert failures[0]["digests"] == [hashlib.sha256(bad_token.encode()).hexdigest()[:12]]
+    assert failures[0]["paths"] == ["/v1/tools", "/v1/tools/python/invoke"]
     assert bad_token not in d.audit_path.read_text() and good not in d.audit_path.read_text()
     assert verify(d.audit_path).ok
 

@@ -23,6 +23,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _nofile(limit: int):  # type: ignore[no-untyped-def]
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return apply
+
+
 @dataclass
 class RunningDaemon:
     """A daemon subprocess and an HTTP client bound to it."""
@@ -64,8 +73,10 @@ def start_daemon(
     state_dir: Path | None = None,
     token: str | None = None,
     ready_timeout: float = 240.0,
+    nofile: int | None = None,
 ) -> RunningDaemon:
-    """Start ``python -m sandboxd serve`` and wait until ``/healthz`` answers."""
+    """Start ``python -m sandboxd serve`` and wait until ``/healthz`` answers (``nofile``:
+    the daemon's RLIMIT_NOFILE, soft and hard)."""
     state_dir = state_dir or tmp_path / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -82,7 +93,8 @@ def start_daemon(
         cmd += ["--policies", str(policies_dir)]
     cmd += list(args)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                preexec_fn=_nofile(nofile) if nofile else None)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + ready_timeout

@@ -48,7 +48,7 @@ async def test_round_robin_between_clients() -> None:
 
 
 async def test_queue_full_raises_with_retry_after() -> None:
-    s = Scheduler(max_concurrency=1, queue_size=2)
+    s = Scheduler(max_concurrency=1, queue_size=2, per_client=2)
     release = asyncio.Event()
 
     async def hold() -> None:
@@ -111,3 +111,53 @@ async def test_cancelled_waiter_leaves_queue_and_slot_is_not_lost() -> None:
     assert s.in_use == 0
     async with s.slot("c", time.monotonic() + 1):  # the slot is usable again
         assert s.in_use == 1
+
+
+async def _holders(s: Scheduler, release: asyncio.Event, client: str, n: int
+                   ) -> list[asyncio.Task[None]]:
+    async def hold() -> None:
+        async with s.slot(client, time.monotonic() + 30):
+            await release.wait()
+
+    tasks = [asyncio.create_task(hold()) for _ in range(n)]
+    await asyncio.sleep(0.01)
+    return tasks
+
+
+async def test_one_client_holds_at_most_its_share_of_the_queue() -> None:
+    s = Scheduler(max_concurrency=1, queue_size=8)  # per client: half the queue
+    assert s.per_client == 4
+    release = asyncio.Event()
+    a = await _holders(s, release, "a", 5)  # 1 running + 4 queued
+    assert s.in_use == 1 and s.queued == 4
+    with pytest.raises(QueueFull, match="at most 4 per client"):
+        async with s.slot("a", time.monotonic() + 30):
+            pass
+    b = await _holders(s, release, "b", 4)  # the other half is there for others
+    assert s.queued == 8
+    release.set()
+    await asyncio.gather(*a, *b)
+    assert s.in_use == 0 and s.queued == 0
+
+
+async def test_a_client_with_nothing_queued_always_gets_a_place() -> None:
+    s = Scheduler(max_concurrency=1, queue_size=4, per_client=4)
+    release = asyncio.Event()
+    a = await _holders(s, release, "a", 5)  # a fills every slot and the whole queue
+    assert s.queued == 4
+    b = await _holders(s, release, "b", 1)  # b takes a's newest place
+    assert s.queued == 4
+    pushed = [t for t in a if t.done()]
+    assert len(pushed) == 1 and isinstance(pushed[0].exception(), QueueFull)
+    assert "gave its place" in str(pushed[0].exception())
+    c = await _holders(s, release, "c", 2)  # c: one place from a, then one more from a
+    assert sum(t.done() for t in a) == 3 and s.queued == 4
+    # now a, b and c hold 1, 1, 2: c cannot push anyone out (nobody holds more than c)
+    with pytest.raises(QueueFull, match="queue is full"):
+        async with s.slot("c", time.monotonic() + 30):
+            pass
+    release.set()
+    await asyncio.gather(*b, *c)
+    results = await asyncio.gather(*a, return_exceptions=True)
+    assert sum(isinstance(r, QueueFull) for r in results) == 3
+    assert s.in_use == 0 and s.queued == 0

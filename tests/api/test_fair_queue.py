@@ -1,0 +1,76 @@
+"""Issue #11 item 12 through a real daemon with tokens: one client that keeps every slot busy
+and floods the queue cannot starve another client; the other always gets a place."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from sandboxd.auth import add_token
+from tests.support.daemon import RunningDaemon, running_daemon
+
+SLOW = """
+import datetime
+start = datetime.datetime.now().timestamp()
+while datetime.datetime.now().timestamp() - start < 5.0:
+    pass
+"""
+
+
+def _gauge(d: RunningDaemon, name: str) -> float:
+    text = d.client.get("/metrics").text
+    match = re.search(rf"^{name} ([0-9.]+)$", text, re.MULTILINE)
+    assert match, text
+    return float(match.group(1))
+
+
+def _wait_for(d: RunningDaemon, queued: int, running: int) -> None:
+    deadline = time.monotonic() + 20
+    while (_gauge(d, "sandboxd_queue_depth"), _gauge(d, "sandboxd_slots_in_use")) != \
+            (queued, running):
+        assert time.monotonic() < deadline, "the daemon did not reach the expected queue"
+        time.sleep(0.05)
+
+
+def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    keys = {name: add_token(tokens, name) for name in ("alice", "bob", "carol")}
+    env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_MAX_CONCURRENCY": "2",
+           "SANDBOXD_QUEUE_SIZE": "6", "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0"}
+    with running_daemon(tmp_path, env=env, token=keys["alice"]) as d:
+        def call(who: str) -> httpx.Response:
+            return httpx.post(f"{d.url}/v1/tools/python/invoke", timeout=120,
+                              json={"arguments": {"code": SLOW}},
+                              headers={"Authorization": f"Bearer {keys[who]}"})
+
+        with ThreadPoolExecutor(16) as pool:
+            # alice takes both slots and tries to fill the queue: she gets half of it
+            alice = [pool.submit(call, "alice") for _ in range(10)]
+            deadline = time.monotonic() + 20
+            while sum(f.done() for f in alice) < 5:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            refused = [f.result() for f in alice if f.done()]
+            assert [r.status_code for r in refused] == [429] * 5
+            assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
+            assert "per client" in refused[0].json()["detail"]
+            _wait_for(d, queued=3, running=2)
+            # bob still finds places, and fills the rest of the queue
+            bob = [pool.submit(call, "bob") for _ in range(3)]
+            _wait_for(d, queued=6, running=2)
+            # the queue is full, yet carol, with nothing queued, gets a place: the newest
+            # call of a client holding more places than she does gives its place up
+            carol = pool.submit(call, "carol")
+            deadline = time.monotonic() + 20
+            while sum(f.done() for f in alice + bob) < 6:
+                assert time.monotonic() < deadline, "nobody gave carol a place"
+                time.sleep(0.05)
+            assert carol.result().status_code == 200, carol.result().text
+            assert carol.result().json()["status"] == "ok"
+            assert [f.result().status_code for f in bob] == [200] * 3
+            alice_codes = sorted(f.result().status_code for f in alice)
+            assert alice_codes == [200] * 4 + [429] * 6, alice_codes
