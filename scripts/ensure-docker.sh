@@ -20,8 +20,16 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 if "$DOCKER" info >/dev/null 2>&1; then
-  echo "ensure-docker: engine running ($("$DOCKER" version --format '{{.Server.Version}}'))"
-  exit 0
+  if ! command -v ip >/dev/null 2>&1 || ip link show docker0 >/dev/null 2>&1; then
+    echo "ensure-docker: engine running ($("$DOCKER" version --format '{{.Server.Version}}'))"
+    exit 0
+  fi
+  # e.g. another engine started with --bridge none deleted it: builds would fail
+  echo "ensure-docker: the engine's bridge docker0 is missing: restarting dockerd"
+  pid=$(cat /var/run/docker.pid 2>/dev/null || pgrep -xo dockerd || true)
+  [ -n "$pid" ] && kill "$pid"
+  for _ in $(seq 1 60); do "$DOCKER" info >/dev/null 2>&1 || break; sleep 1; done
+  for _ in $(seq 1 30); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || break; sleep 1; done
 fi
 
 echo "ensure-docker: starting dockerd (log: $log)"

@@ -18,8 +18,26 @@ import docker
 IMAGE = "sandboxd/python:latest"
 
 
+DOCKER = "/usr/bin/docker"  # Debian's client: a newer `docker` on PATH may not match the engine
+#: The private engine's own bridge. Not `--bridge none`: an engine started with that deletes the
+#: host engine's `docker0` on start-up, which breaks every later `docker build` on the host.
+BRIDGE = "sbdfault0"
+BRIDGE_ADDR = "172.31.254.1/24"
+
+
+def _bridge(up: bool) -> None:
+    if up:
+        subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=False,
+                       capture_output=True)
+        subprocess.run(["ip", "addr", "replace", BRIDGE_ADDR, "dev", BRIDGE], check=True,
+                       capture_output=True)
+        subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True, capture_output=True)
+    else:
+        subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
+
+
 class PrivateDockerd:
-    """One ``dockerd`` on its own data root and socket (no bridge, no iptables)."""
+    """One ``dockerd`` on its own data root, socket and bridge (no iptables)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -35,7 +53,7 @@ class PrivateDockerd:
             ["dockerd", "--config-file", str(self.root / "daemon.json"),
              "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
              "--pidfile", str(self.root / "dockerd.pid"), "--host", self.url,
-             "--bridge", "none", "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
+             "--bridge", BRIDGE, "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
@@ -89,9 +107,10 @@ def private_dockerd() -> Iterator[PrivateDockerd]:
     root = Path(tempfile.mkdtemp(prefix="sbd-dk-", dir="/tmp"))
     engine = PrivateDockerd(root)
     try:
+        _bridge(True)
         engine.start()
-        save = subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "-H", engine.url, "load", "-q"], stdin=save.stdout,
+        save = subprocess.Popen([DOCKER, "save", IMAGE], stdout=subprocess.PIPE)
+        subprocess.run([DOCKER, "-H", engine.url, "load", "-q"], stdin=save.stdout,
                        check=True, stdout=subprocess.DEVNULL)
         assert save.stdout is not None
         save.stdout.close()
@@ -105,5 +124,6 @@ def private_dockerd() -> Iterator[PrivateDockerd]:
                     client.api.remove_container(c["Id"], force=True)
                 client.close()
         engine.stop()
+        _bridge(False)
         _unmount_below(root)
         shutil.rmtree(root, ignore_errors=True)
