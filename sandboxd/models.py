@@ -179,6 +179,9 @@ class Invocation(_Model):
     # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);
     # None when the daemon is not root
     uid: int | None = None
+    # file tools: the workspace-relative path the policy decided on (policy.paths.normalise);
+    # the backend opens exactly this path, never the raw argument
+    path: str | None = None
 
 
 # ---------------------------------------------------------------- decisions
@@ -209,6 +212,7 @@ class Decision(_Model):
     image: str | None = None
     network: str | None = None
     max_file_bytes: int = 1024 * 1024
+    path: str | None = None  # file tools: the normalised path the rules were matched against
 
     @property
     def ref(self) -> PolicyRef:

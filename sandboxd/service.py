@@ -324,7 +324,7 @@ class Sandboxd:
                         arguments=request.arguments, argv=decision.argv,
                         imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
                         image=decision.image, network=decision.network,
-                        max_file_bytes=decision.max_file_bytes,
+                        max_file_bytes=decision.max_file_bytes, path=decision.path,
                     )
                     result = await backend.run(invocation, limits, deadline)
         except DeadlineExpired as exc:

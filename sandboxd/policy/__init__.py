@@ -67,9 +67,12 @@ shell
 read_file / write_file / list_files
     Run in the daemon (``backend: workspace``). ``paths: {allow, deny}`` globs (``*``,
     ``**``, ``?``, ``[...]``; see :mod:`sandboxd.policy.paths`) match the normalised
-    workspace-relative path (``./a//b`` -> ``a/b``, root ``.``); absolute paths, ``..`` and
-    NUL are refused. ``max_bytes`` caps file sizes (``Decision.max_file_bytes``). The path
-    check is on the requested name: the workspace backend must still refuse symlinks.
+    workspace-relative path (``./a//b`` -> ``a/b``, ``/workspace/a`` -> ``a``, root ``.``);
+    other absolute paths, ``..``, control and invisible characters, spaces at either end of
+    a name and non-NFC text are refused, never cleaned. The normalised path is carried on
+    the decision (``Decision.path``) and is the path the backend opens. ``max_bytes`` caps
+    file sizes (``Decision.max_file_bytes``). The path check is on the requested name: the
+    workspace backend must still refuse symlinks.
 
 custom_tools
     ``<name>: {description, parameters (JSON Schema, type object), backend: container,

@@ -38,6 +38,7 @@ from sandboxd.policy.shell import (
 )
 from sandboxd.policy.units import format_size
 from sandboxd.registry import BUILTIN_TOOLS
+from sandboxd.text import visible
 
 _LIMIT_FIELDS = {
     "timeout_s": ("timeout", "max_timeout"),
@@ -340,7 +341,8 @@ def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decisio
         path = normalise(raw)
     except PathRefused as exc:
         return ctx.deny(f"tools.{tool}.paths",
-                        f"`{raw}` is not allowed: {exc}. Use a path relative to the workspace.")
+                        f"The path `{visible(raw)}` is not allowed: {exc}.")
+    ctx.base["path"] = path
     for i, pattern in enumerate(cfg.paths.deny):
         if glob_match(pattern, path):
             return ctx.deny(f"tools.{tool}.paths.deny[{i}]",
