@@ -519,6 +519,8 @@ class AuditLog:
             fields["network"] = decision.network
         if decision.allowed and decision.argv is not None:
             fields["argv_preview"] = preview(decision.argv)
+        elif decision.allowed and decision.plan is not None:
+            fields["plan_preview"] = _cap(decision.plan.render(), PREVIEW_CHARS)
         if not decision.allowed:
             fields["message"] = _cap(decision.message)
         self.write("decision", **fields)
