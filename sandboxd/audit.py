@@ -33,7 +33,10 @@ anchor. :func:`verify` prints the head (last seq and hash) so it can be recorded
 
 Arguments are stored as a SHA-256 digest of their canonical JSON plus a size-capped preview
 from which secrets (tokens, keys, passwords; by key name and by pattern) are redacted; every
-other field of every record goes through the same redaction (best effort, by pattern).
+other field of every record goes through the same redaction (best effort, by pattern). A
+digest of a high-entropy credential (``token_digest``, ``api_key_sha256``) is kept: it is how
+an admin matches a 401 to a token without the token being logged. Digests of passwords and
+other secrets a person may have chosen stay redacted (they can be guessed from the digest).
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ _SECRET_KEY = re.compile(
     r"^(?:.*[_.-])?(?:pass(?:word|wd|phrase)?|secrets?|tokens?|api[_-]?keys?|apikey|"
     r"authori[sz]ation|auth|credentials?|private[_-]?key|access[_-]?key|session[_-]?(?:id|key)|"
     r"cookies?|signature)(?:[_.-].*)?$", re.IGNORECASE)
+# ... except a digest of a machine-made credential: not a secret, and the only way to tell
+# which token a failed authentication used
+_CREDENTIAL_DIGEST_KEY = re.compile(
+    r"^(?:.*[_.-])?(?:tokens?|api[_-]?keys?|apikey|access[_-]?keys?|session[_-]?(?:id|key))"
+    r"[_.-](?:digest|sha256|fingerprint)$", re.IGNORECASE)
 _SECRET_TEXT: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----"
                 r"|\Z)", re.DOTALL), "[REDACTED PRIVATE KEY]"),
@@ -134,6 +142,11 @@ _SECRET_TEXT: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+def _secret_key(key: str) -> bool:
+    """Whether values under ``key`` are redacted whole."""
+    return _SECRET_KEY.search(key) is not None and not _CREDENTIAL_DIGEST_KEY.match(key)
+
+
 def redact_text(text: str) -> str:
     """``text`` with secret-looking substrings replaced by ``[REDACTED]``."""
     for pattern, replacement in _SECRET_TEXT:
@@ -145,7 +158,7 @@ def redact(obj: Any) -> Any:
     """A copy of a JSON-like value with secrets redacted: values under secret-looking keys, and
     secret-looking substrings of every string (best effort, by pattern)."""
     if isinstance(obj, dict):
-        return {str(k): (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "")
+        return {str(k): (REDACTED if _secret_key(str(k)) and v not in (None, "")
                          else redact(v)) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [redact(v) for v in obj]
@@ -506,6 +519,8 @@ class AuditLog:
             fields["network"] = decision.network
         if decision.allowed and decision.argv is not None:
             fields["argv_preview"] = preview(decision.argv)
+        elif decision.allowed and decision.plan is not None:
+            fields["plan_preview"] = _cap(decision.plan.render(), PREVIEW_CHARS)
         if not decision.allowed:
             fields["message"] = _cap(decision.message)
         self.write("decision", **fields)

@@ -22,6 +22,7 @@ status         termination.reason
 from __future__ import annotations
 
 import secrets
+import shlex
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -147,10 +148,90 @@ class ToolKind(StrEnum):
     """What a backend is asked to do."""
 
     python = "python"  # run arguments["code"]
-    command = "command"  # run Invocation.argv
+    command = "command"  # run Invocation.plan (or a plain Invocation.argv)
     read_file = "read_file"
     write_file = "write_file"
     list_files = "list_files"
+
+
+# ---------------------------------------------------------------- command plans
+
+
+class Redirect(_Model):
+    """One redirect of a planned command, in the order written: descriptor ``fd`` is opened
+    on the workspace file ``path`` (``read`` ``<``, ``write`` ``>``/``>|``, ``append`` ``>>``,
+    ``readwrite`` ``<>``), made a copy of descriptor ``dup`` (``>&``/``<&``), or closed
+    (``>&-``). ``path`` is workspace-relative (normalised like every file-tool path) or
+    ``/dev/null``; the runner opens it inside the workspace, never through a symlink."""
+
+    fd: int = Field(ge=0, le=9)
+    mode: Literal["read", "write", "append", "readwrite", "dup", "close"]
+    path: str | None = None
+    dup: int | None = Field(default=None, ge=0, le=9)
+
+
+class PlannedCommand(_Model):
+    """One program to start: exactly this argv (no shell, no expansion), with ``env`` added
+    to the backend's environment. ``exec_only``: the process (and everything it starts) may
+    execute only these programs (names looked up on PATH) and files beneath these absolute
+    directories - kernel-enforced (Landlock) or the command is refused; ``None``: no such
+    restriction."""
+
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    exec_only: list[str] | None = None
+    redirects: list[Redirect] = Field(default_factory=list)
+
+
+class Pipeline(_Model):
+    """Commands joined by pipes (the pipeline's status is the last command's). ``run_if``
+    is the operator before it: ``always`` (first, ``;``, newline), ``ok`` (``&&``: the
+    previous status was 0) or ``failed`` (``||``)."""
+
+    run_if: Literal["always", "ok", "failed"] = "always"
+    commands: list[PlannedCommand] = Field(min_length=1)
+
+
+class Plan(_Model):
+    """What a command tool runs, exactly as the policy checked it: pipelines evaluated left to
+    right, each skipped or run according to the status of the last one that ran (POSIX and-or
+    lists); the call's exit status is that of the last pipeline that ran. Backends execute
+    this structure themselves; a command line never reaches a shell."""
+
+    pipelines: list[Pipeline] = Field(min_length=1)
+
+    @classmethod
+    def single(cls, argv: list[str]) -> Plan:
+        return cls(pipelines=[Pipeline(commands=[PlannedCommand(argv=list(argv))])])
+
+    def render(self) -> str:
+        """The plan written as a command line, every word quoted (for people: audit records,
+        ``policy explain``); environment and exec restrictions are not shown."""
+        modes = {"read": "<", "write": ">", "append": ">>", "readwrite": "<>"}
+        joins = {"always": "; ", "ok": " && ", "failed": " || "}
+        out = ""
+        for i, pipeline in enumerate(self.pipelines):
+            if i:
+                out += joins[pipeline.run_if]
+            words = []
+            for cmd in pipeline.commands:
+                text = " ".join(shlex.quote(a) for a in cmd.argv)
+                for r in cmd.redirects:
+                    target = ("-" if r.mode == "close" else str(r.dup) if r.mode == "dup"
+                              else shlex.quote(r.path or ""))
+                    op = ">&" if r.mode in ("dup", "close") else modes[r.mode]
+                    text += f" {r.fd}{op}{target}"
+                words.append(text)
+            out += " | ".join(words)
+        return out
+
+    @property
+    def argv(self) -> list[str] | None:
+        """The argv of a plan that is one plain command (no redirects), else None."""
+        if len(self.pipelines) == 1 and len(self.pipelines[0].commands) == 1:
+            cmd = self.pipelines[0].commands[0]
+            return None if cmd.redirects else cmd.argv
+        return None
 
 
 class Invocation(_Model):
@@ -165,7 +246,9 @@ class Invocation(_Model):
     session: str | None = None
     workspace: Path
     arguments: dict[str, Any] = Field(default_factory=dict)
-    # command tools (shell, admin-defined): the exact argv to execute, never a shell string
+    # command tools (shell, admin-defined): what to execute, never a shell string; a plain
+    # ``argv`` is the plan of one command without additions
+    plan: Plan | None = None
     argv: list[str] | None = None
     # python tool: module names the import hook admits (and explicitly denies)
     imports_allow: list[str] = Field(default_factory=list)
@@ -179,6 +262,9 @@ class Invocation(_Model):
     # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);
     # None when the daemon is not root
     uid: int | None = None
+    # file tools: the workspace-relative path the policy decided on (policy.paths.normalise);
+    # the backend opens exactly this path, never the raw argument
+    path: str | None = None
 
 
 # ---------------------------------------------------------------- decisions
@@ -203,12 +289,14 @@ class Decision(_Model):
     backend: str | None = None  # "restricted" | "container" | "workspace"
     limits: Limits | None = None  # effective limits (allowed calls only)
     kind: ToolKind | None = None
-    argv: list[str] | None = None
+    plan: Plan | None = None  # command tools: what runs (see Plan)
+    argv: list[str] | None = None  # the plan's argv when it is one plain command
     imports_allow: list[str] = Field(default_factory=list)
     imports_deny: list[str] = Field(default_factory=list)
     image: str | None = None
     network: str | None = None
     max_file_bytes: int = 1024 * 1024
+    path: str | None = None  # file tools: the normalised path the rules were matched against
 
     @property
     def ref(self) -> PolicyRef:

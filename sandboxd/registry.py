@@ -111,9 +111,36 @@ def check_schema(schema: dict[str, Any]) -> None:
     Draft202012Validator.check_schema(schema)
 
 
+def _lone_surrogate(arguments: dict[str, Any]) -> str | None:
+    """The field path of a string in ``arguments`` that is not valid Unicode text (a
+    lone surrogate such as ``"\\ud800"``, which JSON can spell but UTF-8 cannot encode).
+    Iterative: nesting depth is the client's choice."""
+    stack: list[tuple[str, Any]] = [("", arguments)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "(arguments)"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack += [(path or "(arguments)", str(key)),
+                          (f"{path}.{key}" if path else str(key), item)]
+        elif isinstance(value, list):
+            stack += [(f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value)]
+    return None
+
+
 def validate_arguments(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:
     """Validate ``arguments`` against ``schema``; raise :class:`ArgumentsInvalid` on the first
-    problem (deterministically: the shallowest, then alphabetically first, error)."""
+    problem (deterministically: the shallowest, then alphabetically first, error). Every string
+    must also be valid Unicode text: no tool can use a lone surrogate (a path, a command, file
+    content), so it is refused here, before the policy or a backend sees it."""
+    bad = _lone_surrogate(arguments)
+    if bad is not None:
+        raise ArgumentsInvalid(tool, bad, "contains a lone surrogate (\\ud800-\\udfff), which "
+                               "is not valid Unicode text")
     try:
         validator = Draft202012Validator(schema)
     except SchemaError as exc:  # pragma: no cover - policies are checked at load time

@@ -321,10 +321,10 @@ class Sandboxd:
                         id=invocation_id, tool=tool, kind=decision.kind or ToolKind.python,
                         client=client, session=request.session, workspace=workspace,
                         uid=self.sessions.identity(session, invocation_id),
-                        arguments=request.arguments, argv=decision.argv,
+                        arguments=request.arguments, plan=decision.plan, argv=decision.argv,
                         imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
                         image=decision.image, network=decision.network,
-                        max_file_bytes=decision.max_file_bytes,
+                        max_file_bytes=decision.max_file_bytes, path=decision.path,
                     )
                     result = await backend.run(invocation, limits, deadline)
         except DeadlineExpired as exc:

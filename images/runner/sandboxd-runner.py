@@ -8,8 +8,10 @@ socket and the key: that one channel carries every call of the container, multip
 id (frames of sandboxd/wire.py, copied next to this file by the image build).
 
 Each call gets a *worker* process (its own session and process group, oom_score_adj 1000,
-stdin /dev/null, the environment the request names and nothing else): commands are started
-with posix_spawn, python code runs in a fork of this interpreter (modules pre-imported, GC
+stdin /dev/null, the environment the request names and nothing else): a command plan that is
+one plain program is started with posix_spawn; any other plan (pipes, ``&&``/``||``/``;``,
+redirects, an exec restriction) runs in a fork that executes it (see "command plans": never
+through a shell); python code runs in a fork of this interpreter (modules pre-imported, GC
 frozen). One select loop relays every worker's stdout/stderr as frames, stops a worker when
 the output cap is reached, the pids limit is hit or the daemon says stop, and finally sends
 the exit status, rusage and the cgroup's OOM/pids events.
@@ -25,6 +27,7 @@ Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 import ast
 import builtins
 import ctypes
+import fcntl
 import gc
 import importlib.util
 import io
@@ -33,6 +36,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -200,21 +204,7 @@ def worker(req, out_w, err_w, value_w):
         env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
         if req.get("kind") == "python":
             run_python(req, value_w)
-        argv = [str(a) for a in req.get("argv") or []]
-        if not argv:
-            os.write(2, b"sandboxd: empty command\n")
-            os._exit(127)
-        try:
-            os.execvpe(argv[0], argv, env)
-        except FileNotFoundError:
-            os.write(2, f"{argv[0]}: command not found\n".encode())
-            os._exit(127)
-        except PermissionError:
-            os.write(2, f"{argv[0]}: permission denied\n".encode())
-            os._exit(126)
-        except OSError as exc:
-            os.write(2, f"{argv[0]}: {exc.strerror}\n".encode())
-            os._exit(126)
+        os._exit(run_plan(req.get("plan") or {}, env) & 0xFF)
     except BaseException as exc:  # never return into the handler's code
         try:
             os.write(2, f"sandboxd runner: {exc!r}\n".encode())
@@ -233,18 +223,20 @@ def _resolve(argv0, path):
 
 
 def spawn_command(req, out_w, err_w):
-    """Start a command with posix_spawn (no fork of this interpreter: much cheaper).
+    """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
+    much cheaper).
 
-    Returns None when the request needs the fork path (python code, another cwd, or a
-    program that cannot be found - the fork path reports that with the shell's wording).
+    Returns None when the request needs the fork path (python code, a plan with pipes,
+    sequencing, redirects or an exec restriction, another cwd, or a program that cannot be
+    found - the fork path reports that with the shell's wording).
     """
     if req.get("kind") == "python":
         return None
     cwd = req.get("cwd") or "/workspace"
     if os.path.realpath(cwd) != os.getcwd():
         return None
-    argv = [str(a) for a in req.get("argv") or []]
     env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
+    argv = simple_command(req.get("plan") or {}, env)
     path = _resolve(argv[0], env.get("PATH", "/usr/bin:/bin")) if argv else None
     if path is None:
         return None
@@ -283,6 +275,254 @@ def _set_oom_score_adj(value):
         return True
     except OSError:
         return False
+
+
+# ------------------------------------------------------------------ command plans
+#
+# A command tool's request carries a plan (sandboxd.models.Plan), built by the daemon's policy
+# engine from the parsed command line and checked program by program. It is executed here as
+# it is, by the functions below: no shell ever sees the command line, so nothing runs that the
+# policy did not check. Pipelines run left to right; ``run_if`` skips one unless the status of
+# the last one that ran says so (``&&``: 0, ``||``: not 0); a pipeline's status is its last
+# command's (128 + signal when killed). Redirects are applied in order; files are opened inside
+# the workspace without following symlinks. Failures are reported the way /bin/sh (dash) does:
+# 127 for a program that is not found, 126 when it cannot be executed, 2 for a redirect.
+
+_OPEN_FLAGS = {"read": os.O_RDONLY, "write": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+               "append": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "readwrite": os.O_RDWR | os.O_CREAT}
+
+
+def simple_command(plan, env):
+    """The argv of a plan that is one command without redirects or exec restriction (its
+    environment is added to ``env``), else None."""
+    pipelines = plan.get("pipelines") or []
+    if len(pipelines) != 1 or len(pipelines[0].get("commands") or []) != 1:
+        return None
+    cmd = pipelines[0]["commands"][0]
+    if cmd.get("redirects") or cmd.get("exec_only") is not None:
+        return None
+    env.update({str(k): str(v) for k, v in (cmd.get("env") or {}).items()})
+    return [str(a) for a in cmd.get("argv") or []] or None
+
+
+def run_plan(plan, env):
+    """Execute every pipeline of ``plan`` (in the worker); returns the exit status."""
+    status = 0
+    for pipeline in plan.get("pipelines") or []:
+        run_if = pipeline.get("run_if", "always")
+        if (run_if == "ok" and status != 0) or (run_if == "failed" and status == 0):
+            continue
+        status = _run_pipeline(pipeline.get("commands") or [], env)
+    return status
+
+
+def _run_pipeline(commands, env):
+    pids = []
+    stdin = None
+    for i, cmd in enumerate(commands):
+        last = i == len(commands) - 1
+        r, w = (None, None) if last else os.pipe()
+        try:
+            pids.append(_start_command(cmd, env, stdin, w, r))
+        finally:
+            for fd in (stdin, w):
+                if fd is not None:
+                    os.close(fd)
+        stdin = r
+    status = 0
+    for pid in pids:
+        _, wstatus = os.waitpid(pid, 0)
+        status = (os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus)
+                  else 128 + os.WTERMSIG(wstatus))
+    return status
+
+
+def _start_command(cmd, env, stdin, stdout, other_end):
+    """Fork and exec one planned command; returns its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        if stdin is not None:
+            os.dup2(stdin, 0)
+        if stdout is not None:
+            os.dup2(stdout, 1)
+        for fd in (stdin, stdout, other_end):
+            if fd is not None and fd > 2:
+                os.close(fd)
+        # the worker's stderr, for our own messages; above the descriptors a plan can name
+        err = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 10)
+        argv = [str(a) for a in cmd.get("argv") or []]
+        if not argv:
+            os._exit(0)
+        for redirect in cmd.get("redirects") or []:
+            problem = _redirect(redirect)
+            if problem:
+                os.write(err, f"sandboxd: {problem}\n".encode(errors="backslashreplace"))
+                os._exit(2)
+        child_env = dict(env)
+        child_env.update({str(k): str(v) for k, v in (cmd.get("env") or {}).items()})
+        exec_only = cmd.get("exec_only")
+        if exec_only is not None:
+            problem = restrict_exec(exec_only, child_env.get("PATH", "/usr/bin:/bin"))
+            if problem:
+                os.write(err, f"sandboxd: {argv[0]}: not started: {problem}\n".encode())
+                os._exit(126)
+        try:
+            os.execvpe(argv[0], argv, child_env)
+        except FileNotFoundError:
+            os.write(err, f"{argv[0]}: command not found\n".encode(errors="backslashreplace"))
+            os._exit(127)
+        except PermissionError:
+            os.write(err, f"{argv[0]}: permission denied\n".encode(errors="backslashreplace"))
+            os._exit(126)
+        except OSError as exc:
+            os.write(err, f"{argv[0]}: {exc.strerror}\n".encode(errors="backslashreplace"))
+            os._exit(126)
+    except BaseException as exc:  # never return into the worker's loop
+        try:
+            os.write(2, f"sandboxd runner: {exc!r}\n".encode(errors="backslashreplace"))
+        finally:
+            os._exit(126)
+
+
+def _redirect(redirect):
+    """Perform one redirect in the child; returns a message when it failed."""
+    fd = int(redirect["fd"])
+    mode = redirect["mode"]
+    if mode == "close":
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        return None
+    if mode == "dup":
+        source = int(redirect["dup"])
+        try:
+            if source == fd:
+                os.fstat(fd)  # `n>&n`: only needs to be open
+            os.dup2(source, fd)
+        except OSError:
+            return f"{source}: Bad file descriptor"
+        return None
+    path = str(redirect["path"])
+    try:
+        opened = _open_in_workspace(path, _OPEN_FLAGS[mode])
+    except OSError as exc:
+        why = ("it is or passes through a symbolic link, which is not followed"
+               if exc.errno in (40, 20) else exc.strerror)  # ELOOP, ENOTDIR
+        return f"cannot open {path}: {why}"
+    if opened != fd:
+        os.dup2(opened, fd)
+        os.close(opened)
+    else:
+        os.set_inheritable(fd, True)
+    return None
+
+
+def _open_in_workspace(path, flags):
+    """Open a workspace-relative path (or /dev/null) from the current directory, one component
+    at a time, never following a symlink."""
+    if path == "/dev/null":
+        return os.open(path, flags & ~os.O_CREAT & ~os.O_TRUNC)
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise OSError(22, "not a workspace path")
+    dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dfd)
+            os.close(dfd)
+            dfd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NOCTTY, 0o666, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def restrict_exec(allowed, path):
+    """From now on, let this process (and what it starts) execute only the programs named in
+    ``allowed`` (names looked up on ``path``) and files beneath its absolute directories, plus
+    their ELF interpreters: a Landlock ruleset that handles only EXECUTE. Returns a message
+    when the kernel cannot enforce it (the caller then refuses to run the command)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    targets = []
+    for entry in allowed:
+        entry = str(entry)
+        if entry.startswith("/"):
+            if os.path.exists(entry):
+                targets.append(entry)
+            continue
+        found = _resolve(entry, path)
+        if found is not None:
+            targets.append(found)
+            interp = _elf_interpreter(found)
+            if interp:
+                targets.append(interp)
+    abi = syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # create_ruleset VERSION
+    if abi < 1:
+        return (f"the kernel cannot confine it to {', '.join(map(str, allowed))} "
+                f"(Landlock: {os.strerror(ctypes.get_errno())})")
+    attr = ctypes.c_uint64(1)  # handled_access_fs = EXECUTE
+    ruleset = syscall(444, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"Landlock: {os.strerror(ctypes.get_errno())}"
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    try:
+        for target in targets:
+            tfd = os.open(target, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = PathBeneath(1, tfd)
+                if syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
+                           ctypes.c_uint32(0)) != 0:
+                    return f"Landlock rule for {target}: {os.strerror(ctypes.get_errno())}"
+            finally:
+                os.close(tfd)
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            return f"no_new_privs: {os.strerror(ctypes.get_errno())}"
+        if syscall(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return f"Landlock: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(ruleset)
+    return None
+
+
+def _elf_interpreter(path):
+    """The PT_INTERP path of an ELF executable (its dynamic loader), or None."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if head[:4] != b"\x7fELF" or head[4] not in (1, 2):
+                return None
+            end = "<" if head[5] == 1 else ">"
+            if head[4] == 2:
+                (phoff,) = struct.unpack_from(end + "Q", head, 32)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+            else:
+                (phoff,) = struct.unpack_from(end + "I", head, 28)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
+            for i in range(min(phnum, 64)):
+                fh.seek(phoff + i * phentsize)
+                ph = fh.read(phentsize)
+                if len(ph) < 8 or struct.unpack_from(end + "I", ph, 0)[0] != 3:  # PT_INTERP
+                    continue
+                if head[4] == 2:
+                    offset, size = struct.unpack_from(end + "Q", ph, 8)[0], struct.unpack_from(
+                        end + "Q", ph, 32)[0]
+                else:
+                    offset, size = struct.unpack_from(end + "I", ph, 4)[0], struct.unpack_from(
+                        end + "I", ph, 16)[0]
+                fh.seek(offset)
+                return fh.read(min(size, 4096)).rstrip(b"\0").decode() or None
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
 
 
 # ------------------------------------------------------------------ calls

@@ -1,10 +1,12 @@
 """The ``workspace`` backend: the file tools (read_file, write_file, list_files), in the daemon.
 
-No code runs, so no process is needed; the danger is the path. Paths are confined by walking
-them one component at a time with directory descriptors (``openat`` with ``O_NOFOLLOW``):
+No code runs, so no process is needed; the danger is the path. The path opened is the one
+the policy decided on (``Invocation.path``, the result of :func:`sandboxd.policy.paths.normalise`:
+relative, no ``..``, no control or invisible characters, no padding spaces, NFC); it is never
+re-derived from the raw argument (a caller without a policy decision has its argument put
+through the same function). It is confined by walking it one component at a time with
+directory descriptors (``openat`` with ``O_NOFOLLOW``):
 
-* absolute paths are refused unless they are under ``/workspace/`` (the container mount point,
-  which models tend to use), ``..`` components, NUL bytes and empty paths are refused;
 * a symlink anywhere on the path is refused (``ELOOP``/``ENOTDIR`` on ``O_NOFOLLOW``), so nothing
   can lead out of the workspace, whatever a sandboxed program planted there;
 * only regular files are read (no FIFOs, devices or sockets: ``O_NONBLOCK`` plus ``fstat``);
@@ -20,7 +22,6 @@ import errno
 import os
 import stat
 import time
-from pathlib import PurePosixPath
 
 from sandboxd.config import Settings
 from sandboxd.models import (
@@ -37,37 +38,23 @@ from sandboxd.models import (
     Truncated,
     new_id,
 )
+from sandboxd.policy import paths
 from sandboxd.sessions import directory_usage
 
 MAX_LIST_ENTRIES = 1000
 
 
-class PathRefused(ValueError):
-    """The path is not allowed (outside the workspace, symlink, ...)."""
+PathRefused = paths.PathRefused  # the path is not allowed (outside the workspace, symlink, ...)
 
 
 class FileToolError(ValueError):
     """The operation failed for an ordinary reason (not found, too large, ...)."""
 
 
-def split_workspace_path(raw: str) -> list[str]:
-    """The components of a workspace-relative path, or :class:`PathRefused`."""
-    if "\x00" in raw:
-        raise PathRefused("the path contains a NUL byte")
-    path = raw.strip()
-    if path.startswith("/"):
-        if path == "/workspace" or path.startswith("/workspace/"):
-            path = path[len("/workspace"):]
-        else:
-            raise PathRefused(
-                f"absolute path '{raw}' is outside the workspace; use a relative path"
-            )
-    parts = [p for p in PurePosixPath("/" + path).parts[1:] if p not in ("", ".")]
-    if ".." in parts:
-        raise PathRefused(
-            f"'..' is not allowed in paths ('{raw}'); use a path inside the workspace"
-        )
-    return parts
+def split_workspace_path(path: str) -> list[str]:
+    """The components of a workspace path, or :class:`PathRefused`: the one normalisation
+    (idempotent, so the policy's result passes through unchanged)."""
+    return paths.components(paths.normalise(path))
 
 
 def _open_dir(root: str, parts: list[str], *, create: bool = False,
@@ -95,21 +82,21 @@ def _open_dir(root: str, parts: list[str], *, create: bool = False,
         raise
 
 
-def _explain(exc: OSError, raw: str) -> Exception:
+def _explain(exc: OSError, path: str) -> Exception:
     if exc.errno in (errno.ELOOP, errno.EMLINK):
-        return PathRefused(f"'{raw}' is or passes through a symbolic link, which is not allowed")
+        return PathRefused(f"'{path}' is or passes through a symbolic link, which is not allowed")
     if exc.errno == errno.ENOTDIR:
-        return PathRefused(f"'{raw}': a component of the path is not a directory (or a symlink)")
+        return PathRefused(f"'{path}': a component of the path is not a directory (or a symlink)")
     if exc.errno == errno.ENOENT:
-        return FileToolError(f"'{raw}' does not exist in the workspace")
+        return FileToolError(f"'{path}' does not exist in the workspace")
     if exc.errno == errno.EISDIR:
-        return FileToolError(f"'{raw}' is a directory")
-    return FileToolError(f"'{raw}': {os.strerror(exc.errno or 0)}")
+        return FileToolError(f"'{path}' is a directory")
+    return FileToolError(f"'{path}': {os.strerror(exc.errno or 0)}")
 
 
-def read_file(root: str, raw: str, max_bytes: int) -> str:
+def read_file(root: str, path: str, max_bytes: int) -> str:
     """The text of a regular file in the workspace."""
-    parts = split_workspace_path(raw)
+    parts = split_workspace_path(path)
     if not parts:
         raise FileToolError("the workspace root is a directory; name a file")
     try:
@@ -120,28 +107,28 @@ def read_file(root: str, raw: str, max_bytes: int) -> str:
         finally:
             os.close(dfd)
     except OSError as exc:
-        raise _explain(exc, raw) from None
+        raise _explain(exc, path) from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if stat.S_ISDIR(st.st_mode):
-            raise FileToolError(f"'{raw}' is a directory; use list_files")
+            raise FileToolError(f"'{path}' is a directory; use list_files")
         if not stat.S_ISREG(st.st_mode):
-            raise PathRefused(f"'{raw}' is not a regular file")
+            raise PathRefused(f"'{path}' is not a regular file")
         if st.st_size > max_bytes:
-            raise FileToolError(f"'{raw}' is {st.st_size} bytes; the limit is {max_bytes} bytes")
+            raise FileToolError(f"'{path}' is {st.st_size} bytes; the limit is {max_bytes} bytes")
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise FileToolError(f"'{raw}' is larger than the limit of {max_bytes} bytes")
+        raise FileToolError(f"'{path}' is larger than the limit of {max_bytes} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise FileToolError(f"'{raw}' is not UTF-8 text ({len(data)} bytes)") from None
+        raise FileToolError(f"'{path}' is not UTF-8 text ({len(data)} bytes)") from None
 
 
-def write_file(root: str, raw: str, content: str, max_bytes: int, quota_left: int | None,
+def write_file(root: str, path: str, content: str, max_bytes: int, quota_left: int | None,
                owner: tuple[int, int] | None) -> int:
     """Create or replace a file atomically; returns the bytes written."""
-    parts = split_workspace_path(raw)
+    parts = split_workspace_path(path)
     if not parts:
         raise FileToolError("name a file to write, not the workspace root")
     data = content.encode("utf-8")
@@ -155,13 +142,13 @@ def write_file(root: str, raw: str, content: str, max_bytes: int, quota_left: in
     try:
         dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
     except OSError as exc:
-        raise _explain(exc, raw) from None
+        raise _explain(exc, path) from None
     tmp = f".sandboxd-{new_id('w')}.tmp"
     try:
         try:
             existing = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
             if stat.S_ISDIR(existing.st_mode):
-                raise FileToolError(f"'{raw}' is a directory")
+                raise FileToolError(f"'{path}' is a directory")
         except FileNotFoundError:
             pass
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -177,19 +164,19 @@ def write_file(root: str, raw: str, content: str, max_bytes: int, quota_left: in
                 os.unlink(tmp, dir_fd=dfd)
             raise
     except OSError as exc:
-        raise _explain(exc, raw) from None
+        raise _explain(exc, path) from None
     finally:
         os.close(dfd)
     return len(data)
 
 
-def list_files(root: str, raw: str) -> list[dict[str, object]]:
+def list_files(root: str, path: str) -> list[dict[str, object]]:
     """The entries of a workspace directory (name, type, size), sorted by name."""
-    parts = split_workspace_path(raw or ".")
+    parts = split_workspace_path(path)
     try:
         dfd = _open_dir(root, parts)
     except OSError as exc:
-        raise _explain(exc, raw) from None
+        raise _explain(exc, path) from None
     try:
         entries = []
         with os.scandir(dfd) as it:
@@ -240,24 +227,25 @@ class WorkspaceBackend:
         started = time.monotonic()
         root = str(inv.workspace)
         args = inv.arguments
+        path = inv.path if inv.path is not None else str(args.get("path", "."))
         stdout, value, status, message = "", None, Status.ok, None
         reason, exit_code = Reason.exited, 0
         try:
             if inv.kind is ToolKind.read_file:
-                stdout = read_file(root, args["path"], inv.max_file_bytes)
-                value = {"path": args["path"], "bytes": len(stdout.encode())}
+                stdout = read_file(root, path, inv.max_file_bytes)
+                value = {"path": path, "bytes": len(stdout.encode())}
             elif inv.kind is ToolKind.write_file:
                 quota_left = None
                 if inv.session is not None:
                     quota_left = self.quota_bytes - directory_usage(inv.workspace)
                 # what it creates belongs to the sandbox identity of the workspace
                 owner = (inv.uid, inv.uid) if inv.uid is not None else None
-                written = write_file(root, args["path"], args["content"], inv.max_file_bytes,
+                written = write_file(root, path, args["content"], inv.max_file_bytes,
                                      quota_left, owner)
-                value = {"path": args["path"], "bytes": written}
-                stdout = f"wrote {written} bytes to {args['path']}"
+                value = {"path": path, "bytes": written}
+                stdout = f"wrote {written} bytes to {path}"
             elif inv.kind is ToolKind.list_files:
-                entries = list_files(root, args.get("path", "."))
+                entries = list_files(root, path)
                 value = entries
                 stdout = "\n".join(
                     f"{e['name']}{'/' if e['type'] == 'dir' else ''}\t{e['size']}" for e in entries

@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from sandboxd.text import json_visible, visible
+
 app = typer.Typer(no_args_is_help=True)
 
 
@@ -53,36 +55,48 @@ def verify_cmd(
 
 
 _SHOWN = ("request_id", "client", "tool", "decision", "status", "rule", "backend")
+_KNOWN = {"ts", "seq", "event", "prev", "termination", "resources", "args_preview", "message",
+          "args_sha256", "args_bytes", "limits", "truncated", "cleanup", "invocation",
+          "session", "source", "policy", "stdout_bytes", "stderr_bytes", *_SHOWN}
+
+
+def _text(value: Any) -> str:
+    """A field value as one safe line: strings with every non-printable character (and the
+    backslash) escaped, anything else as JSON with its non-printable characters escaped."""
+    if isinstance(value, str):
+        return visible(value)
+    return json_visible(json.dumps(value, ensure_ascii=False))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def format_record(record: dict[str, Any]) -> str:
-    """One readable line for a record."""
-    ts = str(record.get("ts", ""))[:23].replace("T", " ")
-    parts = [ts, f"#{record.get('seq', '?')}", f"{record.get('event', '?'):<13}"]
+    """One readable line for a record. Every field is escaped (records carry text chosen by
+    clients and sandboxed code: tool names, messages, arguments), so that a record is always
+    exactly one line and no control, escape or bidi character reaches the terminal."""
+    ts = _text(str(record.get("ts", ""))[:23].replace("T", " "))
+    parts = [ts, f"#{_text(record.get('seq', '?'))}",
+             f"{_text(record.get('event', '?')):<13}"]
     for key in _SHOWN:
         value = record.get(key)
         if value not in (None, ""):
-            parts.append(f"{key}={value}")
+            parts.append(f"{key}={_text(value)}")
     termination = record.get("termination")
     if isinstance(termination, dict) and termination.get("reason"):
-        parts.append(f"reason={termination['reason']}")
+        parts.append(f"reason={_text(termination['reason'])}")
     resources = record.get("resources")
     if isinstance(resources, dict) and "wall_ms" in resources:
-        parts.append(f"wall={resources['wall_ms']}ms")
+        parts.append(f"wall={_text(resources['wall_ms'])}ms")
     if record.get("args_preview"):
-        preview = str(record["args_preview"])
-        parts.append(f"args={preview[:120]}{'…' if len(preview) > 120 else ''}")
+        # a JSON text already: only its non-printable characters need escaping
+        parts.append(f"args={json_visible(_cut(str(record['args_preview']), 120))}")
     if record.get("message"):
-        message = str(record["message"])
-        parts.append(f"message={message[:160]!r}")
-    known = {"ts", "seq", "event", "prev", "termination", "resources", "args_preview",
-             "message", "args_sha256", "args_bytes", "limits", "truncated", "cleanup",
-             "invocation", "session", "source", "policy", "stdout_bytes", "stderr_bytes",
-             *_SHOWN}
+        parts.append(f'message="{_cut(_text(str(record["message"])), 160)}"')
     for key, value in record.items():
-        if key not in known and value not in (None, "", [], {}):
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            parts.append(f"{key}={text[:160]}")
+        if key not in _KNOWN and value not in (None, "", [], {}):
+            parts.append(f"{_text(str(key))}={_cut(_text(value), 160)}")
     return "  ".join(parts)
 
 
@@ -118,7 +132,8 @@ def tail(
         return status is None or status in (record.get("status"), record.get("decision"))
 
     def show(record: dict[str, Any]) -> None:
-        typer.echo(json.dumps(record, ensure_ascii=False) if as_json else format_record(record))
+        typer.echo(json_visible(json.dumps(record, ensure_ascii=False)) if as_json
+                   else format_record(record))
 
     last: deque[dict[str, Any]] = deque(maxlen=max(lines, 0))
     for record in read_records(log_path):

@@ -157,6 +157,8 @@ def explain(
         typer.echo(f"backend:  {decision.backend}")
     if decision.argv is not None:
         typer.echo(f"argv:     {json.dumps(decision.argv)}")
+    elif decision.plan is not None:
+        typer.echo(f"runs:     {decision.plan.render()}  (no shell)")
     if decision.allowed and decision.imports_allow:
         typer.echo(f"imports:  {', '.join(decision.imports_allow)}")
     if decision.limits is not None:

@@ -57,19 +57,25 @@ shell
     The line is tokenized with POSIX quoting (:mod:`sandboxd.policy.shell`); the program is
     a bare name or an absolute path in a system bin directory (``/usr/bin/ls`` is ``ls``);
     programs that run other programs (``env``, ``timeout``, ``xargs``, ...) have the wrapped
-    program checked too; ``NAME=value`` prefixes are refused. Without operators the argv is
-    executed directly (no shell); ``$(...)``, backticks and process substitution are always
-    refused. With operators the line runs as ``/bin/sh -c LINE`` after every command of it
-    (split at ``|``, ``;``, ``&&``, ``||``, newlines; redirects allowed) was checked;
-    background ``&``, subshells, here-documents and variables/globs in the program position
-    are refused.
+    program checked too; ``NAME=value`` prefixes and shell builtins (``cd``, ...) are refused.
+    Known programs are hardened (:mod:`sandboxd.policy.programs`: git runs with options and
+    an environment that repository content cannot override, and may execute only git's own
+    helpers). The result is a :class:`~sandboxd.models.Plan` that the backend executes as it
+    is; no shell ever sees the line. Without operators the plan is one argv; ``$(...)``,
+    backticks and process substitution are refused. With operators the line is split at
+    ``|``, ``;``, ``&&``, ``||`` and newlines, with redirects to workspace files; every
+    construct /bin/sh would read differently (comments, ``$`` expansions, globs, braces, ``~``,
+    background ``&``, subshells, here-documents, keywords) is refused.
 
 read_file / write_file / list_files
     Run in the daemon (``backend: workspace``). ``paths: {allow, deny}`` globs (``*``,
     ``**``, ``?``, ``[...]``; see :mod:`sandboxd.policy.paths`) match the normalised
-    workspace-relative path (``./a//b`` -> ``a/b``, root ``.``); absolute paths, ``..`` and
-    NUL are refused. ``max_bytes`` caps file sizes (``Decision.max_file_bytes``). The path
-    check is on the requested name: the workspace backend must still refuse symlinks.
+    workspace-relative path (``./a//b`` -> ``a/b``, ``/workspace/a`` -> ``a``, root ``.``);
+    other absolute paths, ``..``, control and invisible characters, spaces at either end of
+    a name and non-NFC text are refused, never cleaned. The normalised path is carried on
+    the decision (``Decision.path``) and is the path the backend opens. ``max_bytes`` caps
+    file sizes (``Decision.max_file_bytes``). The path check is on the requested name: the
+    workspace backend must still refuse symlinks.
 
 custom_tools
     ``<name>: {description, parameters (JSON Schema, type object), backend: container,

@@ -13,7 +13,17 @@ import re
 import string
 from typing import Any
 
-from sandboxd.models import Decision, Limits, LimitsRequest, ToolKind, ToolSpec
+from sandboxd.models import (
+    Decision,
+    Limits,
+    LimitsRequest,
+    Pipeline,
+    Plan,
+    PlannedCommand,
+    Redirect,
+    ToolKind,
+    ToolSpec,
+)
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
@@ -26,18 +36,20 @@ from sandboxd.policy.models import (
     placeholders,
 )
 from sandboxd.policy.paths import PathRefused, glob_match, normalise
+from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED, RUNS_OTHERS
 from sandboxd.policy.shell import (
-    Command,
+    REDIRECTS,
+    SHELL_ONLY,
     ShellRefused,
-    first_operator,
     is_assignment,
+    parse,
     program_name,
-    scan,
-    split_commands,
-    wrapped_program,
+    wrapped_index,
 )
+from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.units import format_size
 from sandboxd.registry import BUILTIN_TOOLS
+from sandboxd.text import visible
 
 _LIMIT_FIELDS = {
     "timeout_s": ("timeout", "max_timeout"),
@@ -94,7 +106,8 @@ def _python_hint(cfg: PythonTool) -> str:
 
 def _shell_hint(cfg: ShellTool) -> str:
     allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    ops = ("Pipes, ';', '&&', '||' and redirects are allowed." if cfg.operators else
+    ops = ("Pipes, ';', '&&', '||' and redirects are allowed; there is no shell (no `$` "
+           "variables, globs, comments or builtins such as cd)." if cfg.operators else
            "No shell operators: one program per call.")
     return f" Allowed commands: {_listing(allowed)}. {ops}"
 
@@ -245,39 +258,100 @@ def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Dec
 # ------------------------------------------------------------------ shell
 
 
-def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str], depth: int = 0) -> str | Decision:
-    """The allow rule admitting ``argv[0]`` (and any program it wraps), or a denial."""
+def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, list[int]] | Decision:
+    """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
+    those programs in ``argv``; or a denial."""
     allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
     listing = f"allowed commands: {_listing(allowed)}"
-    word = argv[0]
-    if is_assignment(word):
-        return ctx.deny("tools.shell.commands.allow",
-                        f"Variable assignments such as `{word}` are not allowed here; {listing}.")
-    name = program_name(word)
-    if name is None:
-        return ctx.deny("tools.shell.commands.allow",
-                        f"Run programs by name (such as `ls`), not by path: `{word}` is not "
-                        f"allowed here; {listing}.")
-    for i, denied in enumerate(cfg.commands.deny):
-        if name == denied:
-            return ctx.deny(f"tools.shell.commands.deny[{i}]",
+    positions: list[int] = []
+    rule = ""
+    at = 0
+    while True:
+        word = argv[at]
+        if is_assignment(word):
+            return ctx.deny("tools.shell.commands.allow",
+                            f"Variable assignments such as `{word}` are not allowed here; "
+                            f"{listing}.")
+        name = program_name(word)
+        if name is None:
+            return ctx.deny("tools.shell.commands.allow",
+                            f"Run programs by name (such as `ls`), not by path: `{word}` is "
+                            f"not allowed here; {listing}.")
+        if name in SHELL_ONLY:
+            return ctx.deny("tools.shell.commands.allow",
+                            f"`{name}` is a shell builtin, and this tool runs programs without "
+                            "a shell; the current directory is the workspace (use paths "
+                            f"relative to it). {listing[0].upper()}{listing[1:]}.")
+        for i, denied in enumerate(cfg.commands.deny):
+            if name == denied:
+                return ctx.deny(f"tools.shell.commands.deny[{i}]",
+                                f"`{name}` is not allowed here; {listing}.")
+        if name not in cfg.commands.allow:
+            return ctx.deny("tools.shell.commands.allow",
                             f"`{name}` is not allowed here; {listing}.")
-    if name not in cfg.commands.allow:
-        return ctx.deny("tools.shell.commands.allow", f"`{name}` is not allowed here; {listing}.")
-    rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
-    inner = wrapped_program(name, argv[1:])
-    if inner is not None:
-        if depth >= 3:
+        if not positions:
+            rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
+        positions.append(at)
+        inner = wrapped_index(name, argv[at:])
+        if inner is None:
+            return rule, positions
+        if len(positions) > 3:
             return ctx.deny("tools.shell.commands.allow", "Too many nested wrapper programs.")
-        rest = argv[argv.index(inner, 1):]
-        sub = _check_program(ctx, cfg, rest, depth + 1)
-        if isinstance(sub, Decision):
-            return sub
-    return rule
+        at += inner
+
+
+def _harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
+    """The command that runs ``argv`` (whose programs stand at ``positions``) with the
+    hardening of every known program in it (:mod:`sandboxd.policy.programs`), or why not."""
+    names = [program_name(argv[p]) or argv[p] for p in positions]
+    hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
+    if not hardened:
+        return PlannedCommand(argv=argv)
+    out = list(argv)
+    env: dict[str, str] = {}
+    exec_only: list[str] = []
+    for pos, name in reversed(hardened):
+        rules = HARDENED[name]
+        k = positions.index(pos)
+        outer = names[:k]
+        # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
+        if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
+            return f"`env` may not change the environment of `{name}` here"
+        refusal = rules.check(argv[pos + 1:], any(w in EXTENDING_WRAPPERS for w in outer))
+        if refusal is not None:
+            return refusal
+        out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
+        env.update(rules.env)
+        exec_only += [*outer, *rules.exec_only]
+    return PlannedCommand(argv=out, env=env, exec_only=list(dict.fromkeys(exec_only)))
+
+
+def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
+    """A parsed redirect as the runner performs it; targets are workspace paths."""
+    mode = REDIRECTS[r.op]
+    if mode == "dup":
+        if r.target == "-":
+            return Redirect(fd=r.fd, mode="close")
+        return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
+    if r.target == "/dev/null":
+        return Redirect(fd=r.fd, mode=mode, path="/dev/null")
+    try:
+        path = normalise(r.target)
+    except PathRefused as exc:
+        return ctx.deny("tools.shell.operators",
+                        f"The redirect target `{visible(r.target)}` is not allowed: {exc}. "
+                        "Redirects may name files in the workspace, or /dev/null.")
+    if path == ".":
+        return ctx.deny("tools.shell.operators",
+                        f"The redirect target `{visible(r.target)}` is the workspace itself; "
+                        "name a file.")
+    return Redirect(fd=r.fd, mode=mode, path=path)
 
 
 _OPERATOR_HELP = ("run a single program per call, without pipes, `;`, `&&`, `||`, `&`, "
                   "redirects, `$(...)` or backticks")
+_OPERATORS_NOTE = ("This tool runs programs joined by pipes, `;`, `&&`, `||` and redirects, "
+                   "without a shell.")
 
 
 def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decision:
@@ -290,43 +364,39 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
                             "This command line is not allowed here (it matches a pattern the "
                             "policy forbids).")
     try:
-        tokens = scan(line)
+        parsed = parse(line, operators=cfg.operators)
     except ShellRefused as exc:
         if exc.construct in ("'", '"'):
-            return ctx.deny("tools.shell", f"The command line has an {exc}.")
-        return ctx.deny("tools.shell.operators",
-                        f"Shell {exc} (`{exc.construct}`) is not allowed here; {_OPERATOR_HELP}.")
-    commands: list[Command]
-    if not cfg.operators:
-        op = first_operator(tokens)
-        if op is not None:
-            shown = op.strip() or "newline"
-            return ctx.deny("tools.shell.operators",
-                            f"Shell operators are not allowed here (found `{shown}`); "
-                            f"{_OPERATOR_HELP}.")
-        commands = [Command([t.text for t in tokens])]
-    else:
-        try:
-            commands = split_commands(tokens)
-        except ShellRefused as exc:
-            return ctx.deny("tools.shell.operators", f"Not allowed here: {exc}.")
-    commands = [c for c in commands if c.argv]
-    if not commands:
+            return ctx.deny("tools.shell", f"{exc}.")
+        if not cfg.operators:
+            return ctx.deny("tools.shell.operators", f"{exc}; {_OPERATOR_HELP}.")
+        return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
+    if not parsed:
         return ctx.deny("tools.shell", "The command line is empty.")
     rules: list[str] = []
-    for cmd in commands:
-        if cfg.operators and cmd.first_meta:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"The program name `{cmd.argv[0]}` must be written literally (no "
-                            "variables, globs or braces).")
-        verdict = _check_program(ctx, cfg, cmd.argv)
-        if isinstance(verdict, Decision):
-            return verdict
-        if verdict not in rules:
-            rules.append(verdict)
-    argv = ["/bin/sh", "-c", line] if cfg.operators else commands[0].argv
+    pipelines: list[Pipeline] = []
+    for pipe in parsed:
+        commands: list[PlannedCommand] = []
+        for cmd in pipe.commands:
+            verdict = _check_program(ctx, cfg, cmd.argv)
+            if isinstance(verdict, Decision):
+                return verdict
+            rule, positions = verdict
+            if rule not in rules:
+                rules.append(rule)
+            planned = _harden(cmd.argv, positions)
+            if isinstance(planned, str):
+                return ctx.deny(rule, f"{planned[0].upper()}{planned[1:]}.")
+            redirects = [_redirect(ctx, r) for r in cmd.redirects]
+            denied = next((r for r in redirects if isinstance(r, Decision)), None)
+            if denied is not None:
+                return denied
+            planned.redirects = [r for r in redirects if isinstance(r, Redirect)]
+            commands.append(planned)
+        pipelines.append(Pipeline(run_if=pipe.run_if, commands=commands))
+    plan = Plan(pipelines=pipelines)
     return ctx.allow(", ".join(rules), cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     argv=argv, image=cfg.image)
+                     plan=plan, argv=plan.argv, image=cfg.image)
 
 
 # ------------------------------------------------------------------ file tools
@@ -340,7 +410,8 @@ def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decisio
         path = normalise(raw)
     except PathRefused as exc:
         return ctx.deny(f"tools.{tool}.paths",
-                        f"`{raw}` is not allowed: {exc}. Use a path relative to the workspace.")
+                        f"The path `{visible(raw)}` is not allowed: {exc}.")
+    ctx.base["path"] = path
     for i, pattern in enumerate(cfg.paths.deny):
         if glob_match(pattern, path):
             return ctx.deny(f"tools.{tool}.paths.deny[{i}]",
@@ -399,26 +470,17 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
             argv.append(element.format(**values))
             continue
         # an optional parameter that was not given (and has no default): drop the element
-    return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network), argv=argv,
-                     image=tool.image)
+    wraps = wrapped_index(program_name(argv[0]) or "", argv)
+    positions = [0] if wraps is None else [0, wraps]
+    planned = _harden(argv, positions)
+    if isinstance(planned, str):
+        return ctx.deny(base, f"{planned[0].upper()}{planned[1:]}.")
+    plan = Plan(pipelines=[Pipeline(commands=[planned])])
+    return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network), plan=plan,
+                     argv=plan.argv, image=tool.image)
 
 
 # ------------------------------------------------------------------ admin warnings
-
-RISKY_PROGRAMS = {
-    "python": "an interpreter", "python3": "an interpreter", "perl": "an interpreter",
-    "ruby": "an interpreter", "node": "an interpreter", "php": "an interpreter",
-    "lua": "an interpreter", "sh": "a shell", "bash": "a shell", "dash": "a shell",
-    "zsh": "a shell", "ksh": "a shell", "busybox": "a multi-call shell",
-    "awk": "able to run commands (system())", "gawk": "able to run commands (system())",
-    "sed": "able to run commands (GNU sed 'e')", "find": "able to run commands (-exec)",
-    "xargs": "able to run commands", "env": "able to run commands",
-    "git": "able to run commands (hooks, aliases, core.pager)", "make": "able to run commands",
-    "vim": "able to run commands", "vi": "able to run commands", "less": "able to run commands",
-    "tar": "able to run commands (--to-command)", "ssh": "a network client",
-    "curl": "a network client", "wget": "a network client", "nc": "a network client",
-}
-
 
 def policy_warnings(pol: LoadedPolicy) -> list[str]:
     """Things that are valid but worth an admin's second look (``file:line:col: warning:``)."""
@@ -432,13 +494,14 @@ def policy_warnings(pol: LoadedPolicy) -> list[str]:
     shell = spec.tools.shell
     if shell is not None and shell.enabled:
         for i, name in enumerate(shell.commands.allow):
-            if name in RISKY_PROGRAMS and name not in shell.commands.deny:
+            if name in RUNS_OTHERS and name not in shell.commands.deny:
                 warn(("tools", "shell", "commands", "allow", i),
-                     f"`{name}` is {RISKY_PROGRAMS[name]}: whatever it runs is not checked "
+                     f"`{name}` is {RUNS_OTHERS[name]}: whatever it runs is not checked "
                      "against this list (the container is the barrier)")
         if shell.operators:
-            warn(("tools", "shell", "operators"), "shell operators are enabled: lines run "
-                 "under /bin/sh -c (every program is still checked)")
+            warn(("tools", "shell", "operators"), "shell operators are enabled: pipes, ';', "
+                 "'&&', '||' and redirects are executed by sandboxd, without a shell (every "
+                 "program is still checked)")
     python = spec.tools.python
     if python is not None and python.enabled and "*" in python.imports.allow:
         warn(("tools", "python", "imports", "allow"), "every module may be imported")

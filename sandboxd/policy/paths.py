@@ -1,4 +1,21 @@
-"""Workspace-relative paths and the globs of file-tool path rules.
+"""Workspace-relative paths of the file tools, and the globs of their path rules.
+
+:func:`normalise` is the one normalisation of a file-tool path. The policy engine applies it
+once; the decision's rules are matched against its result, and that same result (carried on
+the decision and the invocation) is the path the workspace backend opens. Nothing is cleaned:
+a path that does not say plainly which file it means is refused, so that the name a rule sees
+is unmistakably the name the filesystem gets (``"app.key "``, ``".env\\n"``, ``".env\\u00a0"``,
+``" .git/hooks/x"``, a decomposed ``"é"`` are refused, not trimmed or recomposed). Refused:
+
+* lone surrogates (not Unicode text), NUL and every other character ``str.isprintable``
+  rejects: C0/C1 controls, format characters (bidi overrides, zero-width spaces), line and
+  paragraph separators and every space but U+0020;
+* a space at the start or end of any component, and any text not in Unicode NFC form;
+* absolute paths other than ``/workspace/...`` (the container mount point, which models tend
+  to use: it maps to the workspace root), ``..`` components, more than 4096 characters.
+
+``.`` components, repeated and trailing slashes mean nothing to the kernel either and are
+dropped: ``"./a//b/"`` -> ``"a/b"``; the workspace root is ``"."``.
 
 Glob syntax: ``*`` any characters but ``/``; ``**`` any characters including ``/``; ``**/``
 also matches no directory at all (``**/.env`` matches ``.env``); ``?`` one character but ``/``;
@@ -10,8 +27,12 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
+
+from sandboxd.text import visible
 
 MAX_PATH = 4096
+MOUNT = "/workspace"
 
 
 class PathRefused(ValueError):
@@ -19,18 +40,34 @@ class PathRefused(ValueError):
 
 
 def normalise(path: str) -> str:
-    """``"./a//b/"`` -> ``"a/b"``; the workspace root is ``"."``. Refuses absolute paths,
-    ``..`` components and NUL bytes."""
-    if "\x00" in path:
-        raise PathRefused("paths must not contain NUL bytes")
+    """The workspace-relative form of a file-tool path (see the module docstring), or
+    :class:`PathRefused` with a reason a model can act on."""
     if len(path) > MAX_PATH:
         raise PathRefused(f"paths must be at most {MAX_PATH} characters")
+    if not path.isprintable():
+        bad = next(c for c in path if not c.isprintable())
+        what = ("a lone surrogate (not valid Unicode text)" if 0xD800 <= ord(bad) <= 0xDFFF
+                else "a NUL byte" if bad == "\x00"
+                else f"the invisible or control character {visible(bad)}")
+        raise PathRefused(f"the path contains {what}; use plain printable characters")
+    if not unicodedata.is_normalized("NFC", path):
+        raise PathRefused("the path is not in Unicode NFC form; write it as "
+                          f"`{unicodedata.normalize('NFC', path)}`")
     if path.startswith("/"):
-        raise PathRefused("paths must be relative to the workspace (no leading '/')")
+        if path != MOUNT and not path.startswith(MOUNT + "/"):
+            raise PathRefused("paths must be relative to the workspace (no leading '/')")
+        path = path[len(MOUNT):]
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise PathRefused("paths must not contain '..'")
+    if any(p != p.strip(" ") for p in parts):
+        raise PathRefused("a name in the path starts or ends with a space; remove the space")
     return "/".join(parts) or "."
+
+
+def components(path: str) -> list[str]:
+    """The components of a :func:`normalise`-d path (``[]`` for the workspace root)."""
+    return [] if path == "." else path.split("/")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -86,3 +86,11 @@ def test_decision_record_has_digest_preview_rule_and_limits(tmp_path: Path) -> N
     assert result["resources"] == {"wall_ms": 0, "cpu_ms": 0, "peak_memory_bytes": 0}
     assert result["stdout_bytes"] == 2 and result["invocation"] == "inv_1"
     assert verify(log_path).ok
+
+
+def test_digests_of_machine_credentials_are_kept_secrets_are_not() -> None:
+    kept = {"token_digest": "0123456789ab", "api_key_sha256": "cafe", "session_id_digest": "d"}
+    assert redact(kept) == kept
+    for key in ("token", "token_digest_x", "password_digest", "secret_sha256", "passphrase_hash",
+                "github_token", "private_key_fingerprint"):
+        assert redact({key: "value"}) == {key: "[REDACTED]"}, key

@@ -115,8 +115,8 @@ def test_check_warnings_and_strict(tmp_path: Path) -> None:
     assert r.stderr.splitlines() == [
         f"{p}:6:28: warning: `find` is able to run commands (-exec): whatever it runs is not "
         "checked against this list (the container is the barrier)",
-        f"{p}:7:16: warning: shell operators are enabled: lines run under /bin/sh -c (every "
-        "program is still checked)",
+        f"{p}:7:16: warning: shell operators are enabled: pipes, ';', '&&', '||' and redirects "
+        "are executed by sandboxd, without a shell (every program is still checked)",
     ]
     r = sandboxd("policy", "check", "--strict", str(p))
     assert r.returncode == 1 and len(r.stdout.splitlines()) == 2

@@ -79,7 +79,14 @@ def test_option_injection_refused_unless_allowed(tmp_path: Path) -> None:
 def test_fixed_tool_and_its_limits(tmp_path: Path) -> None:
     store = store_for(tmp_path, CUSTOM)
     d = decide(store, "status", {})
-    assert d.allowed and d.argv == ["git", "status", "--short"]
+    assert d.allowed and d.argv is not None and d.plan is not None
+    # git runs hardened: options no repository config can override, its own environment,
+    # and it may execute only git's own programs (see tests/security/test_git_hardening.py)
+    assert d.argv[:2] == ["git", "--no-pager"] and d.argv[-2:] == ["status", "--short"]
+    assert "core.fsmonitor=false" in d.argv and "alias.status=" in d.argv
+    command = d.plan.pipelines[0].commands[0]
+    assert command.env["GIT_CONFIG_GLOBAL"] == "/dev/null"
+    assert command.exec_only is not None and "git" in command.exec_only
     assert d.limits is not None and d.limits.timeout_s == 7
     spec = {t.name: t for t in store.tools_for("local")}["status"]
     assert spec.parameters == {"type": "object", "properties": {}, "additionalProperties": False}

@@ -9,13 +9,20 @@ from sandboxd.policy.paths import PathRefused, compile_glob, glob_match, normali
 
 @pytest.mark.parametrize(("raw", "norm"), [
     ("a", "a"), ("./a//b/", "a/b"), (".", "."), ("", "."), ("./", "."), ("a/./b", "a/b"),
-    ("~/x", "~/x"), ("a\\b", "a\\b"),
+    ("~/x", "~/x"), ("a\\b", "a\\b"), ("/workspace", "."), ("/workspace/a/", "a"),
+    ("a b/c d", "a b/c d"), ("café", "café"),
 ])
 def test_normalise(raw: str, norm: str) -> None:
     assert normalise(raw) == norm
 
 
-@pytest.mark.parametrize("raw", ["/etc/passwd", "..", "a/../b", "a/..", "x\x00y", "a" * 5000])
+@pytest.mark.parametrize("raw", [
+    "/etc/passwd", "..", "a/../b", "a/..", "x\x00y", "a" * 5000, "/workspace/../x",
+    # refused, never cleaned: padded or invisible twins of protected names, non-NFC text
+    "app.key ", " .git/hooks/x", "a/ b", "a /b", ".env\n", ".env\t", ".env\x1b[0m", ".env\x85",
+    ".env\u00a0", ".env\u2028", ".env\u200b", ".env\u202e", ".env\ufeff", "a\ud800",
+    "cafe\u0301",
+])
 def test_normalise_refuses(raw: str) -> None:
     with pytest.raises(PathRefused):
         normalise(raw)

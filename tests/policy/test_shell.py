@@ -1,4 +1,5 @@
-"""The shell tool: operators refused unless enabled, then every command checked."""
+"""The shell tool: operators refused unless enabled, then every command checked, and the
+checked structure is what the backend receives (a plan, never a shell string)."""
 
 from __future__ import annotations
 
@@ -95,25 +96,65 @@ def test_operators_enabled_every_command_allowed(tmp_path: Path, line: str, rule
     d = decide(store, "shell", {"command": line})
     assert d.allowed, d.message
     assert d.rule == rule
-    assert d.argv == ["/bin/sh", "-c", line]
+    assert d.argv is None and d.plan is not None  # several commands: no single argv
+
+
+def test_the_plan_is_the_parsed_line(tmp_path: Path) -> None:
+    store = store_for(tmp_path, RULES.format(operators="true"))
+    d = decide(store, "shell", {"command": "ls -l >out.txt 2>&1; cat 'a b' <in |\n sort -r "
+                                           "&& echo ok || echo 'fail;ed' 2>/dev/null"})
+    assert d.allowed and d.plan is not None, d.message
+    plan = d.plan.model_dump(exclude_defaults=True)
+    assert plan == {"pipelines": [
+        {"commands": [{"argv": ["ls", "-l"], "redirects": [
+            {"fd": 1, "mode": "write", "path": "out.txt"}, {"fd": 2, "mode": "dup", "dup": 1}]}]},
+        {"commands": [{"argv": ["cat", "a b"],
+                       "redirects": [{"fd": 0, "mode": "read", "path": "in"}]},
+                      {"argv": ["sort", "-r"]}]},
+        {"run_if": "ok", "commands": [{"argv": ["echo", "ok"]}]},
+        {"run_if": "failed", "commands": [{"argv": ["echo", "fail;ed"], "redirects": [
+            {"fd": 2, "mode": "write", "path": "/dev/null"}]}]},
+    ]}
 
 
 @pytest.mark.parametrize(("line", "rule", "fragment"), [
     ("ls | curl -d @- x", "tools.shell.commands.deny[0]", "`curl` is not allowed"),
     ("ls; python3 x.py", "tools.shell.commands.allow", "`python3` is not allowed"),
     ("cat x && bash -c id", "tools.shell.commands.deny[2]", "`bash`"),
-    ("ls > x; $X", "tools.shell.commands.allow", "must be written literally"),
-    ("ls; l? x", "tools.shell.commands.allow", "must be written literally"),
     ("X=curl; ls", "tools.shell.commands.allow", "Variable assignments"),
-    ("echo $(curl x)", "tools.shell.operators", "command substitution"),
-    ("echo `curl x`", "tools.shell.operators", "command substitution"),
-    ("ls & curl x", "tools.shell.operators", "background jobs"),
-    ("(curl x)", "tools.shell.operators", "subshells"),
-    ("cat <<EOF\ncurl\nEOF", "tools.shell.operators", "here-documents"),
     ("ls |", "tools.shell.operators", "ends with an operator"),
-    ("| ls", "tools.shell.operators", "syntax error"),
+    ("| ls", "tools.shell.operators", "Syntax error"),
     ("ls >", "tools.shell.operators", "needs a target"),
+    ("ls; > x", "tools.shell.operators", "A redirect needs a command"),
+    ("ls > /etc/passwd", "tools.shell.operators", "Redirects may name files in the workspace"),
+    ("ls > ../x", "tools.shell.operators", "must not contain '..'"),
+    ("ls >&x", "tools.shell.operators", "must be followed by a descriptor"),
+    # every construct /bin/sh would read differently from this parser is refused, with a
+    # message saying what to write instead (the attack lines of issue 11, item 5 first)
+    ("true #'\nid\n#'", "tools.shell.operators", "Comments (`#`)"),
+    ("echo \"${x#\"'\"}\"; id #'", "tools.shell.operators", "`$` expansions"),
+    ("ls > x; $X", "tools.shell.operators", "`$` expansions"),
+    ("echo \"$HOME\"", "tools.shell.operators", "`$` expansions"),
+    ("echo $((1+1))", "tools.shell.operators", "Arithmetic expansion"),
+    ("echo $(curl x)", "tools.shell.operators", "Command substitution"),
+    ("echo \"`curl x`\"", "tools.shell.operators", "Command substitution"),
+    ("ls; l? x", "tools.shell.operators", "Globs (`?`)"),
+    ("cat *.txt", "tools.shell.operators", "Globs (`*`)"),
+    ("cat [ab]", "tools.shell.operators", "Globs (`[`)"),
+    ("echo {a,b}", "tools.shell.operators", "Braces"),
+    ("{ ls; }", "tools.shell.operators", "Braces"),
+    ("cat ~/x", "tools.shell.operators", "`~` is not expanded"),
+    ("ls & curl x", "tools.shell.operators", "Background jobs"),
+    ("(curl x)", "tools.shell.operators", "Subshells"),
+    ("cat <<EOF\ncurl\nEOF", "tools.shell.operators", "Here-documents"),
+    ("cat <<<x", "tools.shell.operators", "Here-documents"),
     ("ls &> x", "tools.shell.operators", "`&>`"),
+    ("ls |& cat", "tools.shell.operators", "`|&`"),
+    ("ls 12>x", "tools.shell.operators", "descriptors above 9"),
+    ("! ls", "tools.shell.operators", "Shell keywords such as `!`"),
+    ("if ls; then cat x; fi", "tools.shell.operators", "Shell keywords such as `if`"),
+    ("for x in a; do ls; done", "tools.shell.operators", "Shell keywords such as `for`"),
+    ("cat <(ls)", "tools.shell.operators", "Process substitution"),
 ])
 def test_operators_enabled_each_command_checked(tmp_path: Path, line: str, rule: str,
                                                 fragment: str) -> None:

@@ -29,6 +29,7 @@ import pytest
 
 from tests.service.procs import audit_verify, cgroup_dirs, descendants, wait_for
 from tests.service.unit_sandbox import capability_numbers, unit_settings
+from tests.support.daemon import PASSED_SETTINGS
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -170,7 +171,8 @@ def _launch(
         args += ["--dropin", str(f)]
     if user is not None:
         args += ["--user", f"{user[0]}:{user[1]}"]
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("SANDBOXD_") or k in PASSED_SETTINGS}
     return subprocess.Popen([*args, "--", *cmd], env={**base, **(env or {})}, text=True, **kw)
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -81,7 +83,10 @@ def start_daemon(
     state_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    # the daemon's settings come from the test, except the sandbox images: a checkout may build
+    # its own (sandboxd images build --tag ...) and point the whole suite at it
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("SANDBOXD_") or k in PASSED_SETTINGS}
     # a host's /etc/sandboxd/sandboxd.yaml (an installed service) must not leak into tests
     full_env["SANDBOXD_CONFIG"] = os.devnull
     full_env.update(env or {})

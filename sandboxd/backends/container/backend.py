@@ -61,6 +61,7 @@ from sandboxd.models import (
     Cleanup,
     Invocation,
     Limits,
+    Plan,
     ProbeCheck,
     ProbeReport,
     Reason,
@@ -477,9 +478,13 @@ class ContainerBackend:
         base = {"id": invocation.id, "env": env, "cwd": "/workspace",
                 "output_bytes": limits.output_bytes}
         if invocation.kind is ToolKind.command:
-            if not invocation.argv:
-                return self._rejected(invocation, limits, "no command to run (empty argv)")
-            return {**base, "kind": "command", "argv": [str(a) for a in invocation.argv]}
+            plan = invocation.plan
+            if plan is None:
+                if not invocation.argv:
+                    return self._rejected(invocation, limits, "no command to run (empty argv)")
+                plan = Plan.single([str(a) for a in invocation.argv])
+            # the checked structure itself: the runner executes it, no shell is involved
+            return {**base, "kind": "plan", "plan": plan.model_dump(mode="json")}
         if invocation.kind is ToolKind.python:
             code = invocation.arguments.get("code")
             if not isinstance(code, str) or not code.strip():
