@@ -274,11 +274,15 @@ def empty_dir(dir_fd: int) -> None:
                     entered = False
                     failures.append(f"{descend}: {exc.strerror}")
                 if not entered:
-                    top.failed.add(descend)
-                    # a symlink or file that replaced the directory: try it as a file
-                    with contextlib.suppress(OSError):
+                    # a symlink or file that replaced the directory: remove it as a file; a
+                    # mount point (another filesystem) is left alone, and reported
+                    try:
                         os.unlink(descend, dir_fd=stack.fd())
-                        top.failed.discard(descend)
+                    except FileNotFoundError:
+                        pass
+                    except OSError:
+                        top.failed.add(descend)
+                        failures.append(f"{descend}: another filesystem or not removable")
                 continue
             if progress:
                 continue  # entries removed while listing: list again until nothing is left

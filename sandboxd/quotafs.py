@@ -11,9 +11,16 @@ it bind-mounted at ``/workspace``, the daemon's own file tools). Usage is read w
 freed at once) plus an ``rmdir``.
 
 Mounting needs ``CAP_SYS_ADMIN`` and the ``mount``/``umount2`` system calls. The hardened
-systemd unit has neither (giving them to the daemon would let a compromised daemon unmount the
-unit's own ``ProtectSystem=``/``ProtectHome=`` views); the drop-in ``sandboxd-quota.conf``
-grants them (see docs/operations.md for the trade-off). Without them (that unit, a non-root
+systemd unit has neither (a daemon that can mount could unmount the unit's own
+``ProtectSystem=``/``ProtectHome=`` views); the drop-in ``sandboxd-quota.conf`` grants them (see
+docs/operations.md for the trade-off). Even then the daemon does not keep the right to mount:
+at start-up, before it reads any request, it starts a **mount helper** (a small process of its
+own, :func:`helper_main`) and then installs a seccomp filter on itself (every thread) that
+refuses ``mount``, ``umount2`` and the rest of the mount API. From then on only the helper
+mounts, and only what it is asked over a private socket pair: a tmpfs with the given limits on
+an existing, empty directory directly below the workspaces directory (which it holds open by
+descriptor since start-up, so a later symlink cannot redirect it), or the unmount of such a
+directory. A compromised daemon can ask for nothing else. Without them (that unit, a non-root
 daemon, a container without ``CAP_SYS_ADMIN``) the quota is *advisory*: workspaces are plain
 directories measured by :mod:`sandboxd.fstree` (bounded, off the event loop) before and after
 each call, a call's per-file limit is lowered to what is left of the quota, and a session over
@@ -31,8 +38,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import logging
 import os
+import socket
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,6 +192,144 @@ def workspace_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage:
     return Usage(tree.bytes, tree.entries, quota_bytes, quota_entries, exact=tree.complete)
 
 
+# ----------------------------------------------------------------- the mount helper
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+HELPER_REPLY_TIMEOUT_S = 30.0
+
+
+def _valid_name(name: object) -> bool:
+    """A direct child of the workspaces directory that a workspace may be (no "..", no "/")."""
+    return (isinstance(name, str) and 0 < len(name) <= 128 and set(name) <= _NAME_CHARS
+            and not name.startswith("."))
+
+
+def _helper_serve(sock: socket.socket, root_fd: int) -> None:
+    root_dev = os.fstat(root_fd).st_dev
+    while True:
+        try:
+            raw = sock.recv(4096)
+        except InterruptedError:
+            continue
+        if not raw:
+            return  # the daemon is gone
+        reply: dict[str, object] = {"ok": True}
+        try:
+            msg = json.loads(raw)
+            name = msg.get("name")
+            if not _valid_name(name):
+                raise OSError(errno.EINVAL, "not a workspace name")
+            if msg.get("op") == "mount":
+                size, inodes, uid = msg.get("size"), msg.get("inodes"), msg.get("uid")
+                if not (isinstance(size, int) and isinstance(inodes, int) and size > 0
+                        and inodes > 0 and (uid is None or (isinstance(uid, int) and uid > 0))):
+                    raise OSError(errno.EINVAL, "bad mount limits")
+                dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=root_fd)
+                try:
+                    if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
+                        raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
+                    mount_tmpfs(Path(f"/proc/self/fd/{dfd}"), size_bytes=size, inodes=inodes,
+                                owner=(uid, uid) if uid is not None else None)
+                finally:
+                    os.close(dfd)
+            elif msg.get("op") == "umount":
+                unmount(Path(f"/proc/self/fd/{root_fd}/{name}"))
+            else:
+                raise OSError(errno.EINVAL, "unknown operation")
+        except OSError as exc:
+            reply = {"ok": False, "errno": exc.errno or errno.EIO,
+                     "error": exc.strerror or str(exc)}
+        except (ValueError, AttributeError, TypeError):
+            reply = {"ok": False, "errno": errno.EINVAL, "error": "malformed request"}
+        sock.send(json.dumps(reply).encode())
+
+
+def helper_main() -> None:
+    """Entry point of the mount helper process (see the module docstring): argv[1] is its end
+    of the socket pair, argv[2] a descriptor of the workspaces directory."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    _helper_serve(sock, int(sys.argv[2]))
+
+
+class MountHelper:
+    """The daemon's end of the mount helper: requests are serialised (threads share it)."""
+
+    def __init__(self, root: Path) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from sandboxd.quotafs import helper_main; helper_main()",
+                 str(child.fileno()), str(root_fd)],
+                pass_fds=(child.fileno(), root_fd), stdin=subprocess.DEVNULL, close_fds=True,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+        finally:
+            child.close()
+            os.close(root_fd)
+        self.sock = parent
+        self.sock.settimeout(HELPER_REPLY_TIMEOUT_S)
+        self._lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, **msg: object) -> None:
+        with self._lock:
+            try:
+                self.sock.send(json.dumps(msg).encode())
+                raw = self.sock.recv(4096)
+            except OSError as exc:
+                raise OSError(errno.EPIPE, f"the mount helper is gone ({exc})") from None
+        if not raw:
+            raise OSError(errno.EPIPE, "the mount helper is gone")
+        reply = json.loads(raw)
+        if not reply.get("ok"):
+            raise OSError(int(reply.get("errno") or errno.EIO),
+                          str(reply.get("error") or "mount helper error"))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+#: the mount API, refused to the daemon itself once its helper runs
+MOUNT_SYSCALLS = ("mount", "umount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick",
+                  "move_mount", "open_tree", "mount_setattr", "pivot_root")
+
+
+def forbid_mounts_to_this_process() -> str | None:
+    """Install a seccomp filter on every thread of this process (and its future children) that
+    refuses the mount API with EPERM. None when done, else why not."""
+    try:
+        import pyseccomp
+    except ImportError as exc:
+        return f"pyseccomp is missing ({exc})"
+    try:
+        filt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+        filt.set_attr(pyseccomp.Attr.CTL_TSYNC, 1)
+        for name in MOUNT_SYSCALLS:
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                filt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        filt.load()
+    except (OSError, ValueError, RuntimeError) as exc:
+        return str(exc)
+    return None
+
+
+# ----------------------------------------------------------------- workspaces
+
+
 class WorkspaceFS:
     """Creates, measures and removes workspaces below ``root``: tmpfs mounts in ``kernel``
     mode, plain directories in ``advisory`` mode (see the module docstring)."""
@@ -192,11 +342,14 @@ class WorkspaceFS:
         self.setting = setting  # "auto" | "kernel" | "advisory"
         self.kernel = False
         self.detail = "not checked yet"
+        self.helper: MountHelper | None = None
 
     # ------------------------------------------------------------ start-up
 
-    def detect(self) -> None:
-        """Decide the mode: try to mount (and unmount) a tiny tmpfs below ``root``."""
+    def detect(self, *, helper: bool = False) -> None:
+        """Decide the mode: try to mount (and unmount) a tiny tmpfs below ``root``. With
+        ``helper`` (the daemon, at start-up, before it reads any request) and kernel quotas
+        available: start the mount helper and forbid mounts to this process from then on."""
         if self.setting == "advisory":
             self.kernel, self.detail = False, "advisory (workspace_quota=advisory)"
             return
@@ -224,6 +377,18 @@ class WorkspaceFS:
         finally:
             with contextlib.suppress(OSError):
                 fstree.remove_tree(probe)
+        if self.kernel and helper and self.helper is None:
+            try:
+                self.helper = MountHelper(self.root)
+            except OSError as exc:
+                self.kernel = False
+                self.detail = f"advisory: the mount helper could not start ({exc})"
+            else:
+                why = forbid_mounts_to_this_process()
+                self.detail += (", mounted by a helper process (the daemon itself cannot "
+                                "mount)" if why is None else
+                                f", mounted by a helper process (the daemon could not forbid "
+                                f"itself to mount: {why})")
         if self.setting == "kernel" and not self.kernel:
             log.error("workspace_quota=kernel but %s", self.detail)
         elif not self.kernel:
@@ -231,8 +396,33 @@ class WorkspaceFS:
 
     @property
     def ok(self) -> bool:
-        """False only when kernel quotas are required and not available."""
+        """False when kernel quotas are required and not available, or their helper died."""
+        if self.helper is not None and not self.helper.alive():
+            return False
         return self.kernel or self.setting != "kernel"
+
+    def close(self) -> None:
+        """Stop the mount helper (after every workspace is unmounted)."""
+        if self.helper is not None:
+            self.helper.close()
+            self.helper = None
+
+    def _mount(self, path: Path, owner: tuple[int, int] | None) -> None:
+        # one inode more than the entry quota: the root directory uses one
+        inodes = self.quota_entries + 1
+        if self.helper is not None:
+            if path.parent != self.root:
+                raise OSError(errno.EINVAL, f"{path} is not directly below {self.root}")
+            self.helper.request(op="mount", name=path.name, size=self.quota_bytes,
+                                inodes=inodes, uid=owner[0] if owner else None)
+        else:
+            mount_tmpfs(path, size_bytes=self.quota_bytes, inodes=inodes, owner=owner)
+
+    def _unmount(self, path: Path) -> None:
+        if self.helper is not None and path.parent == self.root:
+            self.helper.request(op="umount", name=path.name)
+        else:
+            unmount(path)
 
     # ------------------------------------------------------------ workspaces
 
@@ -244,9 +434,7 @@ class WorkspaceFS:
         path.mkdir(mode=0o700)
         try:
             if self.kernel:
-                # one inode more than the entry quota: the root directory uses one
-                mount_tmpfs(path, size_bytes=self.quota_bytes, inodes=self.quota_entries + 1,
-                            owner=owner)
+                self._mount(path, owner)
             elif owner is not None:
                 os.chown(path, *owner)
         except BaseException:
@@ -263,16 +451,5 @@ class WorkspaceFS:
         """Unmount (if mounted) and remove a workspace. Blocks: call it in a thread. Raises
         OSError when something stays behind."""
         if is_mount_point(path):
-            unmount(path)
+            self._unmount(path)
         fstree.remove_tree(path)
-
-    def sweep_mounts(self) -> list[Path]:
-        """Unmount every mount below ``root`` (start-up and shutdown): returns them."""
-        done = []
-        for point in mounts_below(self.root):
-            try:
-                unmount(point)
-                done.append(point)
-            except OSError as exc:
-                log.error("could not unmount %s: %s", point, exc)
-        return done

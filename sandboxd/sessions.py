@@ -127,7 +127,7 @@ class SessionManager:
             os.chmod(directory, 0o711)
         report: dict[str, list[str]] = {"recovered": [], "expired": [], "removed": [],
                                         "failed": []}
-        self.fs.detect()
+        self.fs.detect(helper=True)
         now = time.time()
         for meta in self.meta_dir.glob("*.json"):
             try:
@@ -195,7 +195,7 @@ class SessionManager:
             except UidPoolExhausted as exc:
                 raise SessionLimitReached(f"no session can be created now: {exc}") from None
         try:
-            workspace = await asyncio.to_thread(self.fs.create, sid, uid)
+            workspace = await self._create_workspace(sid, uid)
             session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
                               str(workspace), uid, self.quota_entries)
             self._sessions[sid] = session
@@ -309,6 +309,7 @@ class SessionManager:
                 await asyncio.to_thread(self.fs.remove, point)
             except OSError as exc:
                 log.error("shutdown: could not remove the workspace %s: %s", point, exc)
+        self.fs.close()
 
     # ------------------------------------------------------------ temporary workspaces
 
@@ -320,7 +321,7 @@ class SessionManager:
         name = TEMP_PREFIX + invocation_id
         uid = self.uids.acquire(name) if self.uids is not None else None
         try:
-            path = await asyncio.to_thread(self.fs.create, name, uid)
+            path = await self._create_workspace(name, uid)
         except BaseException:
             if self.uids is not None:
                 self.uids.release(name)
@@ -337,6 +338,21 @@ class SessionManager:
             await asyncio.shield(removal)
 
     # ------------------------------------------------------------ helpers
+
+    async def _create_workspace(self, name: str, uid: int | None) -> Path:
+        """:meth:`WorkspaceFS.create` in a worker thread. Cancelled meanwhile, the thread still
+        finishes; what it made is then removed (never a mount left behind by a cancel)."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, self.fs.create, name, uid)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            def discard(done: asyncio.Future[Path]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    loop.run_in_executor(None, self._remove_workspace, done.result())
+
+            future.add_done_callback(discard)
+            raise
 
     def _recover_identity(self, session: Session) -> None:
         """A recovered session keeps its uid; one without a usable uid (metadata of an older

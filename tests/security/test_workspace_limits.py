@@ -219,6 +219,12 @@ def test_no_mount_survives_delete_stop_or_crash(tmp_path: Path, kernel_quota: No
     first = start_daemon(tmp_path / "a", state_dir=state, env=env)
     second = third = None
     try:
+        # only the mount helper may mount: the daemon forbade itself the mount API
+        quota = first.client.get("/readyz").json()["workspace_quota"]
+        assert quota["mode"] == "kernel", quota
+        assert "the daemon itself cannot mount" in quota["detail"], quota
+        status = Path(f"/proc/{first.proc.pid}/status").read_text()
+        assert "\nSeccomp:\t2" in status, "the daemon installed no filter on itself"
         kept = first.client.post("/v1/sessions").json()["id"]
         gone = first.client.post("/v1/sessions").json()["id"]
         assert first.invoke("write_file", {"path": "n", "content": "kept"},
@@ -259,6 +265,49 @@ def test_no_mount_survives_delete_stop_or_crash(tmp_path: Path, kernel_quota: No
             if d is not None:
                 d.client.close()
                 d.stop()
+
+
+def test_mount_helper_mounts_only_empty_workspaces_below_its_root(
+        tmp_path: Path, kernel_quota: None) -> None:
+    """What a compromised daemon could ask its mount helper: nothing outside the workspaces."""
+    from sandboxd.quotafs import MountHelper, is_mount_point
+
+    root = tmp_path / "workspaces"
+    outside = tmp_path / "outside"
+    for d in (root, outside, root / "ws", root / "full"):
+        d.mkdir()
+    (root / "full" / "f").write_text("x")
+    (root / "link").symlink_to(outside)
+    helper = MountHelper(root)
+    try:
+        limits = {"size": MiB, "inodes": 10, "uid": None}
+        helper.request(op="mount", name="ws", **limits)
+        assert is_mount_point(root / "ws")
+        for name in ("..", "../outside", ".hidden", "a/b", "link", "full", "ws", "", 5, None):
+            with pytest.raises(OSError):
+                helper.request(op="mount", name=name, **limits)
+        with pytest.raises(OSError):
+            helper.request(op="mount", name="full", size=-1, inodes=10, uid=None)
+        with pytest.raises(OSError):
+            helper.request(op="chmod", name="ws")
+        assert not mounts_below(outside) and not is_mount_point(outside)
+        # the helper holds the workspaces directory by descriptor: replacing it by a symlink
+        # later does not redirect it
+        root.rename(tmp_path / "moved")
+        root.symlink_to(outside)
+        (outside / "ws").mkdir()
+        with pytest.raises(OSError):
+            helper.request(op="umount", name="nothing-mounted-here")
+        helper.request(op="umount", name="ws")
+        assert not is_mount_point(tmp_path / "moved" / "ws")
+        helper.request(op="mount", name="ws", **limits)
+        assert is_mount_point(tmp_path / "moved" / "ws") and not is_mount_point(outside / "ws")
+        helper.request(op="umount", name="ws")
+    finally:
+        helper.close()
+        for point in mounts_below(tmp_path):
+            ctypes.CDLL(None).umount2(point.encode(), 2)
+    assert helper.proc.returncode == 0
 
 
 def test_advisory_quota_when_mounts_are_not_permitted(tmp_path: Path) -> None:
