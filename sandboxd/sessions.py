@@ -276,16 +276,17 @@ class SessionManager:
 
     async def expire_loop(self, on_expire: Callable[[Session], Awaitable[None]],
                           interval_s: float = 15.0) -> None:
-        """Forever: expire sessions past their TTL (call ``on_expire`` first). A session that
-        fails to expire is logged and retried on the next round; it never ends the loop."""
+        """Forever: expire sessions past their TTL (call ``on_expire`` first). A session whose
+        expiry fails is logged; it never ends the loop."""
         while True:
             await asyncio.sleep(interval_s)
             for session in self.expired():
                 try:
                     await on_expire(session)
-                    await self.drop(session)
-                except asyncio.CancelledError:
-                    raise
+                except Exception:
+                    log.exception("session %s: expiry hook failed", session.id)
+                try:
+                    await self.drop(session)  # a workspace that resists is logged, not fatal
                 except Exception:
                     log.exception("could not expire session %s", session.id)
 

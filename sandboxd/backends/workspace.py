@@ -148,7 +148,7 @@ def write_file(root: str, raw: str, content: str, max_bytes: int, quota_left: in
     data = content.encode("utf-8")
     if len(data) > max_bytes:
         raise FileToolError(f"content is {len(data)} bytes; the limit is {max_bytes} bytes")
-    if quota_left is not None and len(data) > quota_left:
+    if quota_left is not None and data and len(data) > quota_left:  # emptying a file frees
         raise FileToolError(
             f"content is {len(data)} bytes but only {max(quota_left, 0)} bytes of the "
             "workspace quota are left"
