@@ -119,7 +119,17 @@ class Settings(BaseSettings):
 
     # --- sessions
     session_ttl_s: float = Field(default=3600.0, gt=0)
-    session_quota_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    session_quota_bytes: int = Field(
+        default=100 * 1024 * 1024, gt=0,
+        description="Bytes a workspace may hold (a session's, and a one-shot call's)")
+    session_quota_entries: int = Field(
+        default=65536, ge=16,
+        description="Files and directories (inodes) a workspace may hold")
+    workspace_quota: Literal["auto", "kernel", "advisory"] = Field(
+        default="auto",
+        description="auto: a size/inode-limited tmpfs per workspace when the daemon may mount "
+                    "(CAP_SYS_ADMIN), else advisory; kernel: required (not ready without it); "
+                    "advisory: never mount, check before and after calls only")
     max_sessions_per_client: int = Field(default=16, ge=1)
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import PolicyStore
+from sandboxd.quotafs import Usage, quota_message
 from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
@@ -134,6 +135,7 @@ class Sandboxd:
             quota_bytes=settings.session_quota_bytes,
             max_per_client=settings.max_sessions_per_client, uids=self.uids,
             keep_free=settings.max_concurrency + 2 * settings.warm_pool_size,
+            quota_entries=settings.session_quota_entries, quota_mode=settings.workspace_quota,
         )
         self.backends = (backends if backends is not None
                          else _build_backends(settings, self.uids))
@@ -154,7 +156,8 @@ class Sandboxd:
         """Load policies, sweep leftovers of a crash, start backends and background loops."""
         self.policy.load()
         interrupted = _interrupted_calls(self.settings.audit_path)
-        swept = self.sessions.sweep()
+        # in a thread: removing what a crash left may walk big trees
+        swept = await asyncio.to_thread(self.sessions.sweep)
         if interrupted:
             self.audit.write("interrupted", requests=interrupted,
                              detail="calls in flight when the previous daemon stopped")
@@ -167,7 +170,8 @@ class Sandboxd:
             "startup", pid=os.getpid(), instance=self.settings.instance_name,
             backends={n: self._availability(b) for n, b in self.backends.items()},
             sessions_recovered=swept["recovered"], sessions_expired=swept["expired"],
-            workspaces_removed=len(swept["removed"]),
+            workspaces_removed=len(swept["removed"]), workspaces_failed=swept["failed"],
+            workspace_quota=self.sessions.fs.detail,
         )
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
@@ -186,6 +190,8 @@ class Sandboxd:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        with contextlib.suppress(Exception):  # tmpfs workspaces must not outlive the daemon
+            await self.sessions.close(self._end_session)
         for backend in self.backends.values():
             with contextlib.suppress(Exception):
                 await backend.close()
@@ -265,7 +271,12 @@ class Sandboxd:
             await self._finish(client, result, admitted)
             raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
         if session is not None and decision.kind in (ToolKind.python, ToolKind.command):
-            self.sessions.check_quota(session)
+            used = await self.sessions.check_quota(session)
+            if not self.sessions.fs.kernel:
+                # advisory quota: no single file may take more than what is left of it
+                left = max(used.quota_bytes - used.bytes, 0)
+                decision = decision.model_copy(
+                    update={"max_file_bytes": min(decision.max_file_bytes, left)})
         assert decision.limits is not None
         limits = decision.limits
         deadline = admitted + limits.timeout_s
@@ -316,7 +327,7 @@ class Sandboxd:
         try:
             async with self.scheduler.slot(client, deadline):
                 started.set()
-                with self._workspace(session, invocation_id) as workspace:
+                async with self._workspace(session, invocation_id) as workspace:
                     invocation = Invocation(
                         id=invocation_id, tool=tool, kind=decision.kind or ToolKind.python,
                         client=client, session=request.session, workspace=workspace,
@@ -327,19 +338,42 @@ class Sandboxd:
                         max_file_bytes=decision.max_file_bytes, path=decision.path,
                     )
                     result = await backend.run(invocation, limits, deadline)
+                    result = await self._note_quota(result, decision, workspace)
         except DeadlineExpired as exc:
             return self._outcome(invocation_id, tool, decision, request.session, Status.timeout,
                                  Reason.wall_timeout, str(exc))
         return result.model_copy(update={"policy": decision.ref,
                                          "limits": result.limits or limits})
 
-    @contextlib.contextmanager
-    def _workspace(self, session: Session | None, invocation_id: str) -> Iterator[Path]:
+    @contextlib.asynccontextmanager
+    async def _workspace(self, session: Session | None,
+                         invocation_id: str) -> AsyncIterator[Path]:
         if session is not None:
             yield Path(session.workspace)
         else:
-            with self.sessions.temporary(invocation_id) as path:
+            async with self.sessions.temporary(invocation_id) as path:
                 yield path
+
+    async def _note_quota(self, result: Result, decision: Decision, workspace: Path) -> Result:
+        """Tell the model when its workspace is full: a write that failed with ENOSPC (or,
+        under an advisory quota, EFBIG at the per-file cap) otherwise reads as an obscure OS
+        error."""
+        if decision.kind not in (ToolKind.python, ToolKind.command):
+            return result  # the file tools say it themselves
+        usage: Usage | None = None
+        with contextlib.suppress(OSError):
+            usage = await self.sessions.usage(workspace)
+        if usage is None or not (usage.full or usage.over):
+            text = result.stderr[-8192:] + result.stdout[-4096:]
+            if not any(s in text for s in ("No space left on device", "Disk quota exceeded")):
+                return result
+            # a one-shot container call has a tmpfs of its own (gone with the container): its
+            # error is all there is to go by
+            usage = Usage(0, 0, self.settings.session_quota_bytes,
+                          self.settings.session_quota_entries)
+        note = quota_message(usage)
+        message = note if not result.message else f"{note} ({result.message})"
+        return result.model_copy(update={"message": message})
 
     def _outcome(self, invocation_id: str, tool: str, decision: Decision, session: str | None,
                  status: Status, reason: Reason, message: str) -> Result:
@@ -431,7 +465,7 @@ class Sandboxd:
     async def create_session(self, client: str, ttl_s: float | None) -> Session:
         self._check_state_dir()
         try:
-            session = self.sessions.create(client, ttl_s)
+            session = await self.sessions.create(client, ttl_s)
         except OSError as exc:
             if is_no_space(exc):
                 raise StorageUnavailable(f"no session can be created: the state directory is "
@@ -441,14 +475,14 @@ class Sandboxd:
             await self._audit(self.audit.write, event="session_created", client=client,
                               session=session.id)
         except AuditFailure:
-            self.sessions.drop(session)
+            await self.sessions.drop(session)
             raise
         return session
 
     async def delete_session(self, client: str, session_id: str) -> None:
         session = self.sessions.get(session_id, client)
         await self._close_session_backends(session)
-        self.sessions.delete(session_id, client)
+        await self.sessions.delete(session_id, client)
         try:  # the session is gone either way: say so, and keep the failure in the log
             await self._audit(self.audit.write, event="session_deleted", client=client,
                               session=session_id)
@@ -459,6 +493,12 @@ class Sandboxd:
         await self._close_session_backends(session)
         with contextlib.suppress(Exception):
             self.audit.write("session_expired", client=session.client, session=session.id)
+
+    async def _end_session(self, session: Session) -> None:
+        await self._close_session_backends(session)
+        with contextlib.suppress(Exception):
+            self.audit.write("session_expired", client=session.client, session=session.id,
+                             reason="the daemon stopped (its workspace was in memory)")
 
     async def _close_session_backends(self, session: Session) -> None:
         for backend in self.backends.values():
@@ -474,8 +514,12 @@ class Sandboxd:
         stored_ok = all(v["ok"] for v in storage.values())
         state = await self._probe_backends(fresh)
         state = {k: v for k, v in state.items() if not k.startswith("_")}
-        return {**state, "ready": state["ready"] and stored_ok and not self.draining,
-                "draining": self.draining, "storage": storage}
+        quota = self.sessions.fs  # read fresh too: its mount helper may have died
+        workspace_quota = {"mode": "kernel" if quota.kernel else "advisory",
+                           "setting": quota.setting, "ok": quota.ok, "detail": quota.detail}
+        return {**state, "ready": state["ready"] and stored_ok and quota.ok
+                and not self.draining, "draining": self.draining, "storage": storage,
+                "workspace_quota": workspace_quota}
 
     def _storage_state(self) -> dict[str, dict[str, Any]]:
         audit = self.audit_problem()

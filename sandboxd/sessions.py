@@ -7,7 +7,17 @@ hint that the session exists. A call without a session gets a fresh temporary wo
 
 Session metadata lives in ``<state>/sessions/<id>.json`` so that a restarted daemon recovers
 unexpired sessions; :meth:`SessionManager.sweep` deletes expired sessions, orphaned workspaces
-and every temporary workspace left by a crash.
+(unmounting them first) and every temporary workspace left by a crash. One workspace that
+cannot be removed is logged and reported; it never stops the sweep, the start-up or the expiry
+loop.
+
+Workspaces are made, measured and removed by :mod:`sandboxd.quotafs` (a size- and
+inode-limited tmpfs each when the daemon may mount, else a plain directory) and
+:mod:`sandboxd.fstree` (iterative, descriptor-based, bounded walks). Everything that walks or
+removes a tree runs in a worker thread, never on the event loop. With tmpfs workspaces the
+contents live in memory, so a daemon *stop* ends every session (unmounted, removed, audited);
+after a *crash* the restart recovers the sessions whose mounts survived (same mount namespace)
+and expires the others.
 
 When the daemon runs as root, every workspace is owned (mode 0700) by its own sandbox identity
 from the uid pool (:mod:`sandboxd.uids`): a session's uid is taken when it is created, stored
@@ -17,17 +27,21 @@ a session holds one for the call. Nobody else can read a workspace, not even ano
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
-import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from sandboxd.models import new_id
+from sandboxd.quotafs import Usage, WorkspaceFS, is_mount_point, mounts_below
 from sandboxd.uids import UidPool, UidPoolExhausted, chown_tree
+
+log = logging.getLogger("sandboxd.sessions")
 
 TEMP_PREFIX = "tmp-"
 
@@ -60,8 +74,9 @@ class Session:
     quota_bytes: int
     workspace: str
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
+    quota_entries: int = 0  # 0: written by a daemon that had no entry quota
 
-    def public(self, usage_bytes: int) -> dict[str, object]:
+    def public(self, usage: Usage | None) -> dict[str, object]:
         """The session as ``GET /v1/sessions/{id}`` shows it."""
         return {
             "id": self.id,
@@ -70,80 +85,99 @@ class Session:
             "expires_at": self.expires_at,
             "ttl_s": self.ttl_s,
             "quota_bytes": self.quota_bytes,
-            "workspace_bytes": usage_bytes,
+            "quota_entries": self.quota_entries,
+            "workspace_bytes": usage.bytes if usage else 0,
+            "workspace_entries": usage.entries if usage else 0,
         }
 
-
-def remove_tree_soon(path: Path) -> None:
-    """Delete ``path`` recursively: off the event loop when one is running, else now."""
-    import asyncio
-
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    loop.run_in_executor(None, shutil.rmtree, path, True)
-
-
-def directory_usage(path: Path) -> int:
-    """Bytes used by regular files below ``path`` (symlinks are not followed)."""
-    total = 0
-    for root, _dirs, files in os.walk(path, followlinks=False):
-        for name in files:
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(root, name))
-                total += st.st_blocks * 512 if st.st_blocks else st.st_size
-    return total
+    @classmethod
+    def load(cls, text: str) -> Session:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class SessionManager:
     """Creates, finds, expires and sweeps sessions and temporary workspaces."""
 
     def __init__(self, state_dir: Path, *, ttl_s: float, quota_bytes: int,
-                 max_per_client: int, uids: UidPool | None, keep_free: int = 0) -> None:
+                 max_per_client: int, uids: UidPool | None, keep_free: int = 0,
+                 quota_entries: int = 65536, quota_mode: str = "auto") -> None:
         self.root = state_dir / "workspaces"
         self.meta_dir = state_dir / "sessions"
         self.ttl_s = ttl_s
         self.quota_bytes = quota_bytes
+        self.quota_entries = quota_entries
         self.max_per_client = max_per_client
         self.uids = uids  # per-sandbox identities, when the daemon can change them
         self.keep_free = keep_free  # uids sessions leave for one-shot calls and warm containers
+        self.fs = WorkspaceFS(self.root, quota_bytes=quota_bytes, quota_entries=quota_entries,
+                              setting=quota_mode)
         self._sessions: dict[str, Session] = {}
 
     # ------------------------------------------------------------ start-up
 
     def sweep(self) -> dict[str, list[str]]:
         """Recover unexpired sessions from disk; delete expired ones, orphaned workspaces and
-        temporary workspaces left by a crash. Returns what was recovered and removed."""
+        temporary workspaces left by a crash (unmounting what is mounted). Blocks: the daemon
+        runs it in a thread before it serves. One workspace that resists is logged and listed
+        under ``failed``; it never stops the sweep. Returns what was recovered and removed."""
         for directory in (self.root, self.meta_dir):
             directory.mkdir(parents=True, exist_ok=True, mode=0o711)
             os.chmod(directory, 0o711)
-        report: dict[str, list[str]] = {"recovered": [], "expired": [], "removed": []}
+        report: dict[str, list[str]] = {"recovered": [], "expired": [], "removed": [],
+                                        "failed": []}
+        self.fs.detect(helper=True)
         now = time.time()
         for meta in self.meta_dir.glob("*.json"):
             try:
-                session = Session(**json.loads(meta.read_text()))
+                session = Session.load(meta.read_text())
             except (OSError, ValueError, TypeError):
                 meta.unlink(missing_ok=True)
                 report["removed"].append(meta.name)
                 continue
-            if session.expires_at <= now or not Path(session.workspace).is_dir():
-                self._remove_files(session.id)
-                report["expired"].append(session.id)
-            else:
-                self._recover_identity(session)
+            workspace = self.root / session.id
+            alive = session.expires_at > now and workspace.is_dir()
+            if alive and self.fs.kernel and not is_mount_point(workspace):
+                # its tmpfs went with the mount namespace of the previous daemon: the files
+                # are gone, so the session is too (never a silently empty workspace)
+                alive = False
+            if alive:
+                session.workspace = str(workspace)
+                try:
+                    self._recover_identity(session)
+                except (OSError, UidPoolExhausted) as exc:
+                    log.error("sweep: session %s cannot be recovered: %s", session.id, exc)
+                    alive = False
+            if alive:
                 self._sessions[session.id] = session
                 report["recovered"].append(session.id)
-        for entry in self.root.iterdir():
-            if entry.name not in self._sessions:
-                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                report["expired"].append(session.id)
+                if not self._remove_files(session.id):
+                    report["failed"].append(session.id)
+        for point in mounts_below(self.root):
+            if point.parent == self.root and point.name in self._sessions:
+                continue
+            try:
+                self.fs.remove(point)
+            except OSError as exc:
+                log.error("sweep: could not remove the workspace %s: %s", point, exc)
+                report["failed"].append(point.name)
+        for entry in list(self.root.iterdir()):
+            if entry.name in self._sessions:
+                continue
+            try:
+                self.fs.remove(entry)
                 report["removed"].append(entry.name)
+            except OSError as exc:
+                log.error("sweep: could not remove the workspace %s: %s", entry, exc)
+                report["failed"].append(entry.name)
         return report
 
     # ------------------------------------------------------------ sessions
 
-    def create(self, client: str, ttl_s: float | None = None) -> Session:
+    async def create(self, client: str, ttl_s: float | None = None) -> Session:
         """A new session with an empty workspace."""
         owned = [s for s in self._sessions.values() if s.client == client]
         if len(owned) >= self.max_per_client:
@@ -161,14 +195,14 @@ class SessionManager:
             except UidPoolExhausted as exc:
                 raise SessionLimitReached(f"no session can be created now: {exc}") from None
         try:
-            workspace = self._make_workspace(sid, uid)
+            workspace = await self._create_workspace(sid, uid)
             session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
-                              str(workspace), uid)
+                              str(workspace), uid, self.quota_entries)
             self._sessions[sid] = session
             self._save(session)
         except BaseException:
             self._sessions.pop(sid, None)
-            shutil.rmtree(self.root / sid, ignore_errors=True)
+            await asyncio.to_thread(self._remove_workspace, self.root / sid)
             (self.meta_dir / f"{sid}.json").unlink(missing_ok=True)
             self.meta_dir.joinpath(f"{sid}.tmp").unlink(missing_ok=True)
             if self.uids is not None:
@@ -197,21 +231,34 @@ class SessionManager:
         session.expires_at = time.time() + session.ttl_s
         self._save(session)
 
-    def check_quota(self, session: Session) -> int:
-        """Workspace usage in bytes; :class:`SessionOverQuota` when over the quota."""
-        used = directory_usage(Path(session.workspace))
-        if used > session.quota_bytes:
+    async def usage(self, workspace: Path) -> Usage:
+        """A workspace's usage (``statvfs`` for a tmpfs, a bounded walk otherwise), measured in
+        a worker thread so that a huge workspace never stalls the event loop."""
+        return await asyncio.to_thread(self.fs.usage, workspace)
+
+    async def check_quota(self, session: Session) -> Usage:
+        """The workspace's usage; :class:`SessionOverQuota` when over its quota (which only an
+        advisory quota allows: a tmpfs workspace cannot get over its limits)."""
+        used = await self.usage(Path(session.workspace))
+        if used.over:
+            if used.exact:
+                what = f"{used.bytes} bytes in {used.entries} entries"
+            elif used.entries > used.quota_entries:
+                what = f"more than {used.quota_entries} entries"
+            else:
+                what = f"too many entries to count in time (more than {used.entries})"
             raise SessionOverQuota(
-                f"session workspace uses {used} bytes, over its quota of {session.quota_bytes}; "
-                "delete files (write_file with empty content) or start a new session"
+                f"session workspace uses {what}, over its quota of {used.quota_bytes} bytes "
+                f"and {used.quota_entries} files and directories; delete files or start a new "
+                "session"
             )
         return used
 
-    def delete(self, session_id: str, client: str) -> Session:
-        """Remove a session and its workspace."""
+    async def delete(self, session_id: str, client: str) -> Session:
+        """Remove a session and its workspace (unmounted and removed in a worker thread)."""
         session = self.get(session_id, client)
         self._sessions.pop(session_id, None)
-        self._remove_files(session_id)
+        await asyncio.to_thread(self._remove_files, session_id)
         return session
 
     def expired(self) -> list[Session]:
@@ -219,36 +266,63 @@ class SessionManager:
         now = time.time()
         return [s for s in self._sessions.values() if s.expires_at <= now]
 
-    def drop(self, session: Session) -> None:
+    async def drop(self, session: Session) -> None:
         """Forget and delete a session regardless of owner (expiry, shutdown cleanup)."""
         self._sessions.pop(session.id, None)
-        self._remove_files(session.id)
+        await asyncio.to_thread(self._remove_files, session.id)
 
     def all(self) -> list[Session]:
         return list(self._sessions.values())
 
     async def expire_loop(self, on_expire: Callable[[Session], Awaitable[None]],
                           interval_s: float = 15.0) -> None:
-        """Forever: expire sessions past their TTL (call ``on_expire`` first)."""
-        import asyncio
-
+        """Forever: expire sessions past their TTL (call ``on_expire`` first). A session whose
+        expiry fails is logged; it never ends the loop."""
         while True:
             await asyncio.sleep(interval_s)
             for session in self.expired():
-                await on_expire(session)
-                self.drop(session)
+                try:
+                    await on_expire(session)
+                except Exception:
+                    log.exception("session %s: expiry hook failed", session.id)
+                try:
+                    await self.drop(session)  # a workspace that resists is logged, not fatal
+                except Exception:
+                    log.exception("could not expire session %s", session.id)
+
+    async def close(self, on_end: Callable[[Session], Awaitable[None]]) -> None:
+        """Daemon stop. Tmpfs workspaces live in memory and must not outlive the daemon: every
+        session whose workspace is a mount is ended (``on_end`` first), and any mount left below
+        the workspaces is removed. Plain-directory sessions stay for the next start."""
+        for session in list(self._sessions.values()):
+            if not is_mount_point(Path(session.workspace)):
+                continue
+            try:
+                await on_end(session)
+                await self.drop(session)
+            except Exception:
+                log.exception("could not end session %s at shutdown", session.id)
+        keep = {s.id for s in self._sessions.values()}
+        for point in mounts_below(self.root):
+            if point.parent == self.root and point.name in keep:
+                continue
+            try:
+                await asyncio.to_thread(self.fs.remove, point)
+            except OSError as exc:
+                log.error("shutdown: could not remove the workspace %s: %s", point, exc)
+        self.fs.close()
 
     # ------------------------------------------------------------ temporary workspaces
 
-    @contextlib.contextmanager
-    def temporary(self, invocation_id: str) -> Iterator[Path]:
-        """A fresh workspace for one call without a session; deleted afterwards (in a
-        background thread when an event loop runs: removing a tree is slow and nothing waits
-        for it; a crash before it is done is covered by :meth:`sweep`)."""
+    @contextlib.asynccontextmanager
+    async def temporary(self, invocation_id: str) -> AsyncIterator[Path]:
+        """A fresh workspace for one call without a session (with the same quota as a session's
+        workspace), unmounted and removed afterwards in a worker thread. A crash before that is
+        covered by :meth:`sweep`."""
         name = TEMP_PREFIX + invocation_id
         uid = self.uids.acquire(name) if self.uids is not None else None
         try:
-            path = self._make_workspace(name, uid)
+            path = await self._create_workspace(name, uid)
         except BaseException:
             if self.uids is not None:
                 self.uids.release(name)
@@ -257,19 +331,29 @@ class SessionManager:
             yield path
         finally:
             # the call's processes are gone (backends verify it before returning): the uid
-            # is free again, its files go with the tree
+            # is free again, its files go with the workspace
             if self.uids is not None:
                 self.uids.release(name)
-            remove_tree_soon(path)
+            removal = asyncio.get_running_loop().run_in_executor(
+                None, self._remove_workspace, path)
+            await asyncio.shield(removal)
 
     # ------------------------------------------------------------ helpers
 
-    def _make_workspace(self, name: str, uid: int | None) -> Path:
-        path = self.root / name
-        path.mkdir(mode=0o700)
-        if uid is not None:
-            os.chown(path, uid, uid)
-        return path
+    async def _create_workspace(self, name: str, uid: int | None) -> Path:
+        """:meth:`WorkspaceFS.create` in a worker thread. Cancelled meanwhile, the thread still
+        finishes; what it made is then removed (never a mount left behind by a cancel)."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, self.fs.create, name, uid)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            def discard(done: asyncio.Future[Path]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    loop.run_in_executor(None, self._remove_workspace, done.result())
+
+            future.add_done_callback(discard)
+            raise
 
     def _recover_identity(self, session: Session) -> None:
         """A recovered session keeps its uid; one without a usable uid (metadata of an older
@@ -290,8 +374,20 @@ class SessionManager:
             json.dump(asdict(session), fh)
         os.replace(tmp, target)
 
-    def _remove_files(self, session_id: str) -> None:
-        shutil.rmtree(self.root / session_id, ignore_errors=True)
+    def _remove_workspace(self, path: Path) -> bool:
+        try:
+            self.fs.remove(path)
+        except OSError as exc:
+            log.error("could not remove the workspace %s: %s", path, exc)
+            return False
+        return True
+
+    def _remove_files(self, session_id: str) -> bool:
+        """Blocking: unmount and remove the workspace, delete the metadata. False (logged)
+        when the workspace could not be removed completely (the next sweep tries again)."""
+        ok = self._remove_workspace(self.root / session_id)
         (self.meta_dir / f"{session_id}.json").unlink(missing_ok=True)
         if self.uids is not None:
             self.uids.release(session_id)
+        return ok
+

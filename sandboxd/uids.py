@@ -17,7 +17,6 @@ daemon's uid and Landlock/seccomp are the boundary).
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from pathlib import Path
 
@@ -94,13 +93,9 @@ class UidPool:
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Give every entry below ``root`` (and ``root``) to ``uid:gid``; iterative, never follows
-    symlinks (a recovered session whose identity changed)."""
-    stack = [str(root)]
-    while stack:
-        path = stack.pop()
-        os.lchown(path, uid, gid)
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode):
-            with os.scandir(path) as it:
-                stack.extend(entry.path for entry in it)
+    """Give every entry below ``root`` (and ``root``) to ``uid:gid`` (a recovered session whose
+    identity changed): :func:`sandboxd.fstree.chown_tree` - descriptor-based, iterative, never
+    follows a symlink."""
+    from sandboxd import fstree
+
+    fstree.chown_tree(root, uid, gid)

@@ -15,7 +15,6 @@ from sandboxd import __version__
 from sandboxd.api.auth import authenticate, guard
 from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
 from sandboxd.service import Sandboxd, UnknownTool
-from sandboxd.sessions import directory_usage
 
 router = APIRouter()
 
@@ -122,16 +121,16 @@ async def create_session(request: Request, body: SessionCreate | None = None,
     """A new session with its own workspace."""
     service = _service(request)
     session = await service.create_session(client, body.ttl_s if body else None)
-    return session.public(0)
+    return session.public(None)
 
 
 @router.get("/v1/sessions/{session_id}", tags=["sessions"])
 async def get_session(session_id: str, request: Request,
                       client: str = Depends(authenticate)) -> dict[str, Any]:
     """A session of the caller's (another client's session is "not found")."""
-    session = _service(request).sessions.get(session_id, client)
-    usage = await asyncio.to_thread(directory_usage, Path(session.workspace))
-    return session.public(usage)
+    sessions = _service(request).sessions
+    session = sessions.get(session_id, client)
+    return session.public(await sessions.usage(Path(session.workspace)))
 
 
 @router.delete("/v1/sessions/{session_id}", tags=["sessions"], status_code=204)

@@ -39,7 +39,7 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import paths
-from sandboxd.sessions import directory_usage
+from sandboxd.quotafs import quota_message, workspace_usage
 
 MAX_LIST_ENTRIES = 1000
 
@@ -126,22 +126,25 @@ def read_file(root: str, path: str, max_bytes: int) -> str:
 
 
 def write_file(root: str, path: str, content: str, max_bytes: int, quota_left: int | None,
-               owner: tuple[int, int] | None) -> int:
-    """Create or replace a file atomically; returns the bytes written."""
+               owner: tuple[int, int] | None, full_message: str | None = None) -> int:
+    """Create or replace a file atomically; returns the bytes written. ``full_message`` is
+    what a write that runs out of room (``ENOSPC``: a tmpfs workspace is full) reports."""
     parts = split_workspace_path(path)
     if not parts:
         raise FileToolError("name a file to write, not the workspace root")
     data = content.encode("utf-8")
     if len(data) > max_bytes:
         raise FileToolError(f"content is {len(data)} bytes; the limit is {max_bytes} bytes")
-    if quota_left is not None and len(data) > quota_left:
+    if quota_left is not None and data and len(data) > quota_left:  # emptying a file frees
         raise FileToolError(
-            f"content is {len(data)} bytes but only {max(quota_left, 0)} bytes of the session "
-            "quota are left"
+            f"content is {len(data)} bytes but only {max(quota_left, 0)} bytes of the "
+            "workspace quota are left"
         )
     try:
         dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and full_message:
+            raise FileToolError(full_message) from None
         raise _explain(exc, path) from None
     tmp = f".sandboxd-{new_id('w')}.tmp"
     try:
@@ -164,6 +167,8 @@ def write_file(root: str, path: str, content: str, max_bytes: int, quota_left: i
                 os.unlink(tmp, dir_fd=dfd)
             raise
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and full_message:
+            raise FileToolError(full_message) from None
         raise _explain(exc, path) from None
     finally:
         os.close(dfd)
@@ -202,6 +207,7 @@ class WorkspaceBackend:
 
     def __init__(self, settings: Settings) -> None:
         self.quota_bytes = settings.session_quota_bytes
+        self.quota_entries = settings.session_quota_entries
 
     async def start(self) -> None:
         return None
@@ -235,13 +241,17 @@ class WorkspaceBackend:
                 stdout = read_file(root, path, inv.max_file_bytes)
                 value = {"path": path, "bytes": len(stdout.encode())}
             elif inv.kind is ToolKind.write_file:
-                quota_left = None
-                if inv.session is not None:
-                    quota_left = self.quota_bytes - directory_usage(inv.workspace)
+                # measured (bounded; statvfs for a tmpfs workspace), and in any case held by
+                # the kernel when the workspace is a tmpfs: ENOSPC then says the same
+                usage = workspace_usage(inv.workspace, self.quota_bytes, self.quota_entries)
+                full = quota_message(usage)
+                if usage.entries >= usage.quota_entries or not usage.exact:
+                    raise FileToolError(full)
+                quota_left = usage.quota_bytes - usage.bytes
                 # what it creates belongs to the sandbox identity of the workspace
                 owner = (inv.uid, inv.uid) if inv.uid is not None else None
                 written = write_file(root, path, args["content"], inv.max_file_bytes,
-                                     quota_left, owner)
+                                     quota_left, owner, full)
                 value = {"path": path, "bytes": written}
                 stdout = f"wrote {written} bytes to {path}"
             elif inv.kind is ToolKind.list_files:

@@ -18,6 +18,7 @@ backend is unavailable or fails a check (the daemon would refuse to start), 1 wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes.util
 import json
 import os
@@ -182,9 +183,32 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
             f"({'writable' if os.access(audit_target, os.W_OK) else 'NOT writable'})",
         )
     )
+    checks.append(_workspace_quota_check(settings))
     if settings.container_enabled:
         checks.append(_docker_socket_check(settings))
     return checks
+
+
+def _workspace_quota_check(settings: Any) -> ProbeCheck:
+    """Whether this process may mount a size/inode-limited tmpfs per workspace (the kernel
+    then holds the quota during calls), tried in a scratch directory."""
+    import tempfile
+
+    from sandboxd.quotafs import WorkspaceFS
+
+    scratch = Path(tempfile.mkdtemp(prefix="sandboxd-doctor-"))
+    try:
+        fs = WorkspaceFS(scratch, quota_bytes=settings.session_quota_bytes,
+                         quota_entries=settings.session_quota_entries,
+                         setting=settings.workspace_quota)
+        fs.detect()
+    finally:
+        with contextlib.suppress(OSError):
+            scratch.rmdir()
+    detail = fs.detail
+    if not fs.ok:
+        detail += " - workspace_quota=kernel: the daemon will not be ready"
+    return ProbeCheck(name="workspace_quota", ok=fs.kernel, detail=detail)
 
 
 def _docker_socket_check(settings: Any) -> ProbeCheck:

@@ -47,6 +47,8 @@ class SessionInfo:
     ttl_s: float | None = None
     workspace_bytes: int | None = None
     quota_bytes: int | None = None
+    workspace_entries: int | None = None  # files and directories (inodes) in the workspace
+    quota_entries: int | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionInfo:

@@ -86,6 +86,7 @@ def test_verify_catches_a_typo(tmp_path: Path) -> None:
         "sandboxd-docker.conf",
         "sandboxd-docker-rootless.conf",
         "sandboxd-nonroot.conf",
+        "sandboxd-quota.conf",
     ],
 )
 def test_dropins_verify_cleanly(tmp_path: Path, dropin: str) -> None:
@@ -110,6 +111,8 @@ def test_exposure_score_within_goal() -> None:
         ("sandboxd-nonroot.conf", 1.0),
         # TCP needs the host's network namespace and AF_INET: +0.8 (documented trade-off)
         ("sandboxd-tcp.conf", EXPOSURE_GOAL + 0.8),
+        # kernel-enforced workspace quotas need CAP_SYS_ADMIN and mount(): +0.4 (documented)
+        ("sandboxd-quota.conf", EXPOSURE_GOAL + 0.4),
     ],
 )
 def test_exposure_score_with_dropins(tmp_path: Path, dropin: str, limit: float) -> None:
@@ -120,6 +123,8 @@ def test_exposure_score_with_dropins(tmp_path: Path, dropin: str, limit: float) 
     assert score <= limit, out
     if dropin == "sandboxd-tcp.conf":
         assert re.search(r"✗ PrivateNetwork=", out), "the drop-in was not applied"
+    if dropin == "sandboxd-quota.conf":
+        assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN", out), "not applied"
 
 
 def test_exposure_parse_detects_a_weak_unit(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.service.procs import audit_verify, cgroup_dirs, descendants, wait_for
-from tests.service.unit_sandbox import capability_numbers, unit_settings
+from tests.service.unit_sandbox import bounding_set, capability_numbers, unit_settings
 from tests.support.daemon import PASSED_SETTINGS
 
 HERE = Path(__file__).resolve().parent
@@ -75,11 +75,12 @@ print(json.dumps(out))
 
 NONROOT = REPO / "systemd" / "sandboxd-nonroot.conf"
 DOCKER = REPO / "systemd" / "sandboxd-docker.conf"
+QUOTA = REPO / "systemd" / "sandboxd-quota.conf"
 NONROOT_UID = 10999  # stands in for the `sandboxd` system user of the drop-in
 
 
 def _unit_cap_mask(dropins: tuple[Path, ...] = ()) -> int:
-    caps = unit_settings(dropins=dropins)["CapabilityBoundingSet"][-1].split()
+    caps = bounding_set(unit_settings(dropins=dropins))
     return sum(1 << n for n in capability_numbers(caps))
 
 
@@ -200,14 +201,16 @@ def test_emulated_unit_confinement_holds(tmp_path: Path) -> None:
     assert result["no_new_privs"] == "1" and result["seccomp"] == "2"
 
 
-@pytest.mark.parametrize("variant", ["shipped", "nonroot", "docker"])
+@pytest.mark.parametrize("variant", ["shipped", "nonroot", "docker", "quota"])
 def test_daemon_serves_under_the_units_confinement(
     world_tmp: Path, service_cgroups: list[Path], variant: str, request: pytest.FixtureRequest
 ) -> None:
     """The shipped unit (root, six capabilities), the sandboxd-nonroot.conf drop-in (no
-    capability; needs Landlock, else the daemon must refuse to start), and the
-    sandboxd-docker.conf drop-in (the container backend, under the same six capabilities)."""
-    dropins = {"nonroot": (NONROOT,), "docker": (DOCKER,)}.get(variant, ())
+    capability; needs Landlock, else the daemon must refuse to start), the sandboxd-docker.conf
+    drop-in (the container backend, under the same six capabilities) and the
+    sandboxd-quota.conf drop-in (plus CAP_SYS_ADMIN and mount: a tmpfs per workspace). Without
+    the quota drop-in the daemon cannot mount: it serves, and says its quota is advisory."""
+    dropins = {"nonroot": (NONROOT,), "docker": (DOCKER,), "quota": (QUOTA,)}.get(variant, ())
     if variant == "docker":
         request.getfixturevalue("docker_client")  # engine and images, or fail in CI
     uid = NONROOT_UID if variant == "nonroot" else 0
@@ -250,6 +253,9 @@ def test_daemon_serves_under_the_units_confinement(
                 "SANDBOXD_CONTAINER_ENABLED": "true" if variant == "docker" else "false",
                 "SANDBOXD_WARM_POOL_SIZE": "1",
                 "HOME": str(state),
+                "SANDBOXD_SESSION_QUOTA_BYTES": str(4 * 1024 * 1024),
+                # the drop-in's Environment= (the emulation applies only its confinement)
+                **({"SANDBOXD_WORKSPACE_QUOTA": "kernel"} if variant == "quota" else {}),
             },
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -286,6 +292,12 @@ def test_daemon_serves_under_the_units_confinement(
             assert all(ch["ok"] for ch in checks.values()), checks
             if _landlock():  # the unit must not filter out the workers' Landlock syscalls
                 assert "enforced" in checks["landlock"]["detail"], checks["landlock"]
+            quota = r.json()["workspace_quota"]
+            if variant == "quota":
+                assert quota["mode"] == "kernel" and quota["ok"], quota
+            else:  # no CAP_SYS_ADMIN, no mount(): the daemon serves, with an advisory quota
+                assert quota["mode"] == "advisory" and quota["ok"], quota
+                assert "CAP_SYS_ADMIN" in quota["detail"], quota
             r = c.post(
                 "/v1/tools/python/invoke",
                 json={"arguments": {"code": "import json\njson.dumps({'a': [1, 2]})"}},
@@ -306,7 +318,18 @@ def test_daemon_serves_under_the_units_confinement(
             assert r.status_code == 200 and r.json()["value"] == "hi", r.text
             if variant == "docker":
                 _container_calls(c, sid)
+            if variant == "quota":  # the kernel holds the quota during the call
+                code = "for i in range(8):\n    open(f'b{i}', 'w').write('x' * 1048576)\n"
+                r = c.post(
+                    "/v1/tools/python/invoke", json={"arguments": {"code": code}, "session": sid}
+                )
+                body = r.json()
+                assert body["status"] == "error", body
+                assert "the workspace quota of 4 MiB is full" in body["message"], body
+                mounts = Path("/proc/self/mountinfo").read_text()
+                assert f"{state}/workspaces/{sid} " in mounts
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+            assert f"{state}/workspaces/" not in Path("/proc/self/mountinfo").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, daemon_log()
         assert not descendants(proc.pid)

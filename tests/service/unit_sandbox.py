@@ -163,6 +163,17 @@ def build_filters(settings: dict[str, list[str]]) -> list[seccomp.SyscallFilter]
 PR_CAPBSET_DROP = 24
 
 
+def bounding_set(settings: dict[str, list[str]]) -> list[str]:
+    """``CapabilityBoundingSet=`` as systemd composes it: the assignments (unit, then drop-ins)
+    are ORed together; an empty one resets the set."""
+    values = settings.get("CapabilityBoundingSet", [])
+    last_reset = max((i for i, v in enumerate(values) if not v.strip()), default=-1)
+    names: list[str] = []
+    for value in values[last_reset + 1:]:
+        names += [n for n in value.split() if n not in names]
+    return names
+
+
 def capability_numbers(names: list[str]) -> set[int]:
     """``CAP_SETUID`` ... -> kernel capability numbers (from capability.h)."""
     table = {
@@ -239,7 +250,7 @@ def main(argv: list[str]) -> None:
     for d in cgroups:
         (d / "cgroup.procs").write_text(str(os.getpid()))
     if "CapabilityBoundingSet" in settings:
-        drop_bounding_set(capability_numbers(settings["CapabilityBoundingSet"][-1].split()))
+        drop_bounding_set(capability_numbers(bounding_set(settings)))
     if user is not None:
         os.setgroups([])
         os.setresgid(user[1], user[1], user[1])

@@ -76,9 +76,11 @@ def start_daemon(
     token: str | None = None,
     ready_timeout: float = 240.0,
     nofile: int | None = None,
+    launcher: Sequence[str] = (),
 ) -> RunningDaemon:
-    """Start ``python -m sandboxd serve`` and wait until ``/healthz`` answers (``nofile``:
-    the daemon's RLIMIT_NOFILE, soft and hard)."""
+    """Start ``python -m sandboxd serve`` (behind ``launcher``, e.g. a capability-dropping
+    wrapper, when given) and wait until ``/healthz`` answers (``nofile``: the daemon's
+    RLIMIT_NOFILE, soft and hard)."""
     state_dir = state_dir or tmp_path / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -91,7 +93,7 @@ def start_daemon(
     full_env["SANDBOXD_CONFIG"] = os.devnull
     full_env.update(env or {})
     cmd = [
-        sys.executable, "-m", "sandboxd", "serve",
+        *launcher, sys.executable, "-m", "sandboxd", "serve",
         "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
     ]
     if policies_dir is not None:

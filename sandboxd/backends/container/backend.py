@@ -5,12 +5,13 @@ pool (:mod:`sandboxd.uids`): no two live containers share a uid.
 Three ways a call gets a container (all with the same confinement, see :mod:`.engine`):
 
 * **warm pool** (one-shot calls, the common case): containers created and started ahead of
-  time, each with its runner connected and a private size-capped tmpfs at ``/workspace``; a
+  time, each with its runner connected and a private tmpfs at ``/workspace`` limited in bytes
+  and inodes like every workspace (``session_quota_bytes``/``session_quota_entries``); a
   call takes one, runs once (a fork inside the container), and the container is destroyed;
   the pool refills in the background. A one-shot call's workspace is fresh and empty by
-  design, so a pool container's private ``/workspace`` is equivalent; when the daemon hands
-  in a non-empty workspace (or a named network) the call gets a fresh container with the
-  workspace bind-mounted instead.
+  design, so a container's private ``/workspace`` is equivalent (a call with a named network
+  gets a fresh container, with its own tmpfs too); only when the daemon hands in a non-empty
+  workspace is it bind-mounted instead.
 * **session containers**: one per (client, session, image), with the session workspace
   bind-mounted at ``/workspace``; each call is one fork of the runner inside it. The container
   is removed by ``close_session`` (DELETE, TTL), at shutdown, and after any call that hit a
@@ -39,7 +40,6 @@ import functools
 import logging
 import os
 import secrets
-import shutil
 import tempfile
 import time
 from collections import deque
@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 import docker
 import requests
 
+from sandboxd import fstree
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.runner import CallOutput, Endpoint, RunnerLost
@@ -258,7 +259,7 @@ class ContainerBackend:
         longest = base / ("x" * 16) / "runner.sock"
         if len(str(longest)) < 100:
             # leftovers of a crashed daemon: their containers are gone after the sweep
-            shutil.rmtree(base, ignore_errors=True)
+            fstree.remove_tree_quietly(base)
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(base, 0o700)
             self._rundir = base
@@ -293,7 +294,7 @@ class ContainerBackend:
                 self._client.close()
             self._client = None
         if self._rundir is not None:
-            shutil.rmtree(self._rundir, ignore_errors=True)
+            await asyncio.to_thread(fstree.remove_tree_quietly, self._rundir)
         self._available = (False, "the container backend is stopped")
 
     def availability(self) -> tuple[bool, str | None]:
@@ -519,7 +520,8 @@ class ContainerBackend:
                        started: float) -> Result:
         box: Box | None = None
         try:
-            poolable = invocation.network is None and _is_empty_dir(invocation.workspace)
+            own_tmpfs = _is_empty_dir(invocation.workspace)
+            poolable = invocation.network is None and own_tmpfs
             if poolable:
                 if image not in self._pool:
                     self._pool[image] = deque()
@@ -532,7 +534,7 @@ class ContainerBackend:
                 made, box = await within(
                     self._new_box(image=image, shape=shape, role="oneshot",
                                   invocation=invocation.id,
-                                  workspace=None if poolable else invocation.workspace,
+                                  workspace=None if own_tmpfs else invocation.workspace,
                                   network=invocation.network, uid=invocation.uid),
                     deadline - time.monotonic())
                 if not made:  # _new_box removed what it had started
@@ -796,7 +798,7 @@ class ContainerBackend:
                                      and mem.cleanup.verified,
                                      detail="probe containers removed"))
         finally:
-            shutil.rmtree(workspace, ignore_errors=True)
+            await asyncio.to_thread(fstree.remove_tree_quietly, workspace)
         return ProbeReport(backend=self.name, ok=all(c.ok for c in checks), checks=checks)
 
 

@@ -107,7 +107,11 @@ def create_and_start(client: docker.DockerClient, settings: Settings, seccomp: s
     tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
     binds = {str(spec.rundir): {"bind": RUNNER_MOUNT, "mode": "ro"}}
     if spec.workspace is None:
-        tmpfs["/workspace"] = f"rw,nosuid,nodev,size={quota},uid={uid},gid={gid},mode=0700"
+        # the same limits as the daemon's own tmpfs workspaces (sandboxd.quotafs): bytes, and
+        # inodes (one more than the entry quota: the root directory uses one)
+        inodes = int(settings.session_quota_entries) + 1
+        tmpfs["/workspace"] = (f"rw,nosuid,nodev,size={quota},nr_inodes={inodes},"
+                               f"uid={uid},gid={gid},mode=0700")
     else:
         binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw"}
     host_config = api.create_host_config(

@@ -29,13 +29,12 @@ import hmac
 import json
 import os
 import secrets
-import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxd import wire
+from sandboxd import fstree, wire
 
 SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
@@ -314,4 +313,4 @@ class Endpoint:
         self._unlisten()
         if self.channel is not None:
             await self.channel.close()
-        shutil.rmtree(self.rundir, ignore_errors=True)
+        fstree.remove_tree_quietly(self.rundir)

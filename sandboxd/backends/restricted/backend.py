@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import signal
 import socket
 import struct
@@ -45,6 +44,7 @@ from typing import Any
 import psutil
 
 import sandboxd
+from sandboxd import fstree
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.restricted import confine, health, namespaces
 from sandboxd.backends.restricted.frames import FrameReader
@@ -329,7 +329,7 @@ class RestrictedBackend:
                 log.warning("restricted: no PID/IPC namespaces for the workers: %s; they are "
                             "separated by uid and seccomp only", self.no_namespaces)
         for leftover in self.settings.state_dir.glob(f"{_PROBE_PREFIX}*"):
-            await asyncio.to_thread(shutil.rmtree, leftover, True)
+            await asyncio.to_thread(fstree.remove_tree_quietly, leftover)
         self._closed = False
         try:
             await self._ensure_zygote()
@@ -889,7 +889,7 @@ class RestrictedBackend:
         finally:
             if self.uids is not None:
                 self.uids.release(base.name)
-            await asyncio.to_thread(shutil.rmtree, base, True)
+            await asyncio.to_thread(fstree.remove_tree_quietly, base)
         return ProbeReport(
             backend=self.name,
             ok=all(c.ok for c in checks),

@@ -1,0 +1,341 @@
+"""Measure, re-own and remove directory trees that sandboxed code wrote: the one place that
+does it.
+
+Workspaces (and probe directories) are written by code we do not trust, so a tree may be deep
+(thousands of levels), wide (hundreds of thousands of empty files), full of symlinks, or change
+while it is read. Every function here therefore:
+
+* works on directory descriptors (``openat``/``unlinkat``/``fstatat`` relative to a descriptor,
+  ``O_NOFOLLOW``): no path is resolved through a symlink the sandbox planted, and neither the
+  depth nor the length of a path matters;
+* is iterative (an explicit stack, never recursion): a deep tree cannot raise
+  ``RecursionError``;
+* keeps at most :data:`FD_WINDOW` descriptors open, whatever the depth: a level that fell out of
+  the window is re-opened with ``openat(child, "..")`` and checked against the device and inode
+  recorded on the way down (a tree that changed under the walk stops it, with an error);
+* never crosses into another filesystem (a mount point inside the tree is left alone);
+* is bounded where it can be: :func:`measure` stops after ``max_entries`` entries or at its
+  deadline and says so (``complete=False``). :func:`remove_tree` must remove everything, so it
+  is bounded only by the tree; callers run it in a worker thread, never on the event loop.
+
+Nothing here blocks on an event loop: callers use ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: descriptors one walk keeps open at most (levels deeper than this are re-opened via "..")
+FD_WINDOW = 32
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class TreeError(OSError):
+    """The tree could not be walked or removed completely (it changed, or an entry resisted)."""
+
+
+@dataclass
+class TreeUsage:
+    """What :func:`measure` found: bytes allocated, entries (inodes) below the root, and whether
+    the walk saw everything (False: it stopped at its entry limit or deadline)."""
+
+    bytes: int = 0
+    entries: int = 0
+    complete: bool = True
+
+
+@dataclass
+class _Level:
+    name: str  # name in the parent directory
+    dev: int
+    ino: int
+    fd: int | None
+    pending: list[str] | None = None  # measure: subdirectories still to visit
+    failed: set[str] = field(default_factory=set)  # remove: entries that resisted
+
+
+class _Stack:
+    """The directories from the root down to the current one, at most FD_WINDOW of them open."""
+
+    def __init__(self, root_fd: int) -> None:
+        st = os.fstat(root_fd)
+        self.levels = [_Level("", st.st_dev, st.st_ino, root_fd)]
+        self.dev = st.st_dev
+        self.open = 1
+
+    @property
+    def top(self) -> _Level:
+        return self.levels[-1]
+
+    def fd(self) -> int:
+        fd = self.top.fd
+        assert fd is not None
+        return fd
+
+    def push(self, name: str) -> bool:
+        """Descend into the subdirectory ``name`` of the top level. False when it is not a
+        directory on the same filesystem (it is then left alone)."""
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd())
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENOENT):
+                return False
+            if exc.errno == errno.EACCES and _grant_access(self.fd(), name):
+                fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd())
+            else:
+                raise
+        st = os.fstat(fd)
+        if st.st_dev != self.dev:  # a mount point: never walk into another filesystem
+            os.close(fd)
+            return False
+        self.levels.append(_Level(name, st.st_dev, st.st_ino, fd))
+        self.open += 1
+        if self.open > FD_WINDOW:  # close the shallowest open level except the root
+            for level in self.levels[1:]:
+                if level.fd is not None:
+                    os.close(level.fd)
+                    level.fd = None
+                    self.open -= 1
+                    break
+        return True
+
+    def pop(self) -> _Level:
+        """Leave the top level for its parent (re-opened through ".." and checked if it had
+        fallen out of the window); returns the level left, its descriptor closed."""
+        child = self.levels.pop()
+        parent = self.levels[-1]
+        try:
+            if parent.fd is None:
+                fd = os.open("..", _DIR_FLAGS, dir_fd=child.fd)
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != (parent.dev, parent.ino):
+                    os.close(fd)
+                    raise TreeError(errno.ESTALE, "the tree changed while it was walked")
+                parent.fd = fd
+                self.open += 1
+        finally:
+            if child.fd is not None:
+                os.close(child.fd)
+                child.fd = None
+                self.open -= 1
+        return child
+
+    def close(self) -> None:
+        for level in self.levels[1:]:  # the root descriptor belongs to the caller
+            if level.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(level.fd)
+                level.fd = None
+
+
+def _grant_access(dir_fd: int, name: str) -> bool:
+    """Make ``name`` (a directory the sandbox made unreadable, e.g. mode 000) walkable again.
+    Only needed when the daemon is not root (root has DAC_OVERRIDE); never follows a symlink:
+    the directory is pinned with ``O_PATH|O_NOFOLLOW`` and changed through its descriptor."""
+    try:
+        pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
+                      dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        os.chmod(f"/proc/self/fd/{pfd}", 0o700)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pfd)
+
+
+def _open_root(path: Path) -> int:
+    return os.open(path, _DIR_FLAGS)
+
+
+def measure(path: Path, *, max_entries: int, deadline_s: float | None = None) -> TreeUsage:
+    """Bytes allocated and entries below ``path`` (not counting ``path`` itself), never
+    following symlinks or crossing mount points. Stops, with ``complete=False``, once more than
+    ``max_entries`` entries were seen or after ``deadline_s`` seconds: a caller enforcing a
+    limit of ``max_entries`` then knows the tree is over it. Empty files count as entries (an
+    inode each) even though they use no bytes. A missing ``path`` measures as empty."""
+    usage = TreeUsage()
+    try:
+        root = _open_root(path)
+    except FileNotFoundError:
+        return usage
+    stop_at = time.monotonic() + deadline_s if deadline_s is not None else None
+    stack = _Stack(root)
+    try:
+        while True:
+            top = stack.top
+            if top.pending is None:
+                top.pending = []
+                with os.scandir(stack.fd()) as it:
+                    for entry in it:
+                        usage.entries += 1
+                        if usage.entries > max_entries:
+                            usage.complete = False
+                            return usage
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        usage.bytes += st.st_blocks * 512 if st.st_blocks else st.st_size
+                        if stat.S_ISDIR(st.st_mode):
+                            top.pending.append(entry.name)
+                if stop_at is not None and time.monotonic() > stop_at:
+                    usage.complete = False
+                    return usage
+            if top.pending:
+                name = top.pending.pop()
+                try:
+                    stack.push(name)
+                except OSError:
+                    usage.complete = False  # unreadable: what is below it is not counted
+                continue
+            if len(stack.levels) == 1:
+                return usage
+            stack.pop()
+    except TreeError:
+        usage.complete = False
+        return usage
+    finally:
+        stack.close()
+        os.close(root)
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """Give ``path`` and every entry below it to ``uid:gid`` (symlinks themselves, never what
+    they point to; never crossing a mount point). Raises OSError when the walk fails."""
+    root = _open_root(path)
+    stack = _Stack(root)
+    try:
+        os.fchown(root, uid, gid)
+        while True:
+            top = stack.top
+            if top.pending is None:
+                top.pending = []
+                with os.scandir(stack.fd()) as it:
+                    for entry in it:
+                        os.chown(entry.name, uid, gid, dir_fd=stack.fd(), follow_symlinks=False)
+                        if entry.is_dir(follow_symlinks=False):
+                            top.pending.append(entry.name)
+            if top.pending:
+                stack.push(top.pending.pop())
+                continue
+            if len(stack.levels) == 1:
+                return
+            stack.pop()
+    finally:
+        stack.close()
+        os.close(root)
+
+
+def empty_dir(dir_fd: int) -> None:
+    """Remove everything below the directory ``dir_fd`` (the directory itself stays).
+    Raises :class:`TreeError` when something could not be removed."""
+    stack = _Stack(dir_fd)
+    failures: list[str] = []
+    try:
+        while True:
+            top = stack.top
+            descend = None
+            progress = False
+            with os.scandir(stack.fd()) as it:
+                for entry in it:
+                    if entry.name in top.failed:
+                        continue
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    if is_dir:
+                        descend = entry.name
+                        break
+                    try:
+                        os.unlink(entry.name, dir_fd=stack.fd())
+                        progress = True
+                    except FileNotFoundError:
+                        progress = True
+                    except IsADirectoryError:  # replaced by a directory meanwhile
+                        descend = entry.name
+                        break
+                    except OSError as exc:
+                        top.failed.add(entry.name)
+                        failures.append(f"{entry.name}: {exc.strerror}")
+            if descend is not None:
+                try:
+                    entered = stack.push(descend)
+                except OSError as exc:
+                    entered = False
+                    failures.append(f"{descend}: {exc.strerror}")
+                if not entered:
+                    # a symlink or file that replaced the directory: remove it as a file; a
+                    # mount point (another filesystem) is left alone, and reported
+                    try:
+                        os.unlink(descend, dir_fd=stack.fd())
+                    except FileNotFoundError:
+                        pass
+                    except OSError:
+                        top.failed.add(descend)
+                        failures.append(f"{descend}: another filesystem or not removable")
+                continue
+            if progress:
+                continue  # entries removed while listing: list again until nothing is left
+            if len(stack.levels) == 1:
+                break
+            child = stack.pop()
+            try:
+                os.rmdir(child.name, dir_fd=stack.fd())
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                stack.top.failed.add(child.name)
+                failures.append(f"{child.name}: {exc.strerror}")
+    finally:
+        stack.close()
+    if failures:
+        raise TreeError(errno.ENOTEMPTY,
+                        f"{len(failures)} entries could not be removed, e.g. {failures[0]}")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and everything below it (a file or symlink at ``path`` is unlinked).
+    A missing ``path`` is not an error; anything left behind raises :class:`TreeError`."""
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            st = os.stat(path.name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=parent)
+            return
+        try:
+            fd = os.open(path.name, _DIR_FLAGS, dir_fd=parent)
+        except PermissionError:
+            if not _grant_access(parent, path.name):
+                raise
+            fd = os.open(path.name, _DIR_FLAGS, dir_fd=parent)
+        try:
+            empty_dir(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(path.name, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def remove_tree_quietly(path: Path) -> bool:
+    """:func:`remove_tree`, returning False (instead of raising) when something was left."""
+    try:
+        remove_tree(path)
+    except OSError:
+        return False
+    return True

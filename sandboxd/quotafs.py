@@ -1,0 +1,455 @@
+"""Kernel-enforced workspace quotas: one size- and inode-limited tmpfs per workspace.
+
+Each workspace (a session's, or the temporary one of a call without a session) is a tmpfs
+mounted by the daemon at ``<state>/workspaces/<name>`` with ``size=<quota bytes>``,
+``nr_inodes=<quota entries>``, ``mode=0700``, owned by the workspace's own sandbox uid (from the
+uid pool, :mod:`sandboxd.uids`), ``nosuid,nodev``. The
+kernel then holds the quota *during* a call, on every backend: a write past it fails with
+``ENOSPC`` whoever does it (a restricted worker chrooted into the mount, a container that has
+it bind-mounted at ``/workspace``, the daemon's own file tools). Usage is read with
+``statvfs`` (constant time, no walk), and removing a workspace is an unmount (the memory is
+freed at once) plus an ``rmdir``.
+
+Mounting needs ``CAP_SYS_ADMIN`` and the ``mount``/``umount2`` system calls. The hardened
+systemd unit has neither (a daemon that can mount could unmount the unit's own
+``ProtectSystem=``/``ProtectHome=`` views); the drop-in ``sandboxd-quota.conf`` grants them (see
+docs/operations.md for the trade-off). Even then the daemon does not keep the right to mount:
+at start-up, before it reads any request, it starts a **mount helper** (a small process of its
+own, :func:`helper_main`) and then installs a seccomp filter on itself (every thread) that
+refuses ``mount``, ``umount2`` and the rest of the mount API. From then on only the helper
+mounts, and only what it is asked over a private socket pair: a tmpfs with the given limits on
+an existing, empty directory directly below the workspaces directory (which it holds open by
+descriptor since start-up, so a later symlink cannot redirect it), or the unmount of such a
+directory. A compromised daemon can ask for nothing else. Without them (that unit, a non-root
+daemon, a container without ``CAP_SYS_ADMIN``) the quota is *advisory*: workspaces are plain
+directories measured by :mod:`sandboxd.fstree` (bounded, off the event loop) before and after
+each call, a call's per-file limit is lowered to what is left of the quota, and a session over
+its quota gets no further code calls. ``workspace_quota`` chooses: ``auto`` (kernel when
+possible), ``kernel`` (required: the daemon is not ready without it), ``advisory``.
+
+Memory: tmpfs pages are charged to the memory cgroup of the process that writes them (the
+call's cgroup or container), so a single call cannot write more to its workspace than its
+memory limit allows either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxd import fstree
+
+log = logging.getLogger("sandboxd.quota")
+
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOATIME = 0x400
+MNT_DETACH = 0x2
+UMOUNT_NOFOLLOW = 0x8
+FS_SOURCE = b"sandboxd-workspace"
+PROBE_NAME = ".quota-probe"
+
+_libc: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                ctypes.c_ulong, ctypes.c_char_p]
+        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return _libc
+
+
+def mount_tmpfs(path: Path, *, size_bytes: int, inodes: int,
+                owner: tuple[int, int] | None) -> None:
+    """Mount a size- and inode-limited tmpfs on the (empty, daemon-made) directory ``path``."""
+    opts = f"size={int(size_bytes)},nr_inodes={int(inodes)},mode=0700"
+    if owner is not None:
+        opts += f",uid={int(owner[0])},gid={int(owner[1])}"
+    rc = _lib().mount(FS_SOURCE, os.fsencode(path), b"tmpfs",
+                      MS_NOSUID | MS_NODEV | MS_NOATIME, opts.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
+def unmount(path: Path) -> None:
+    """Unmount ``path``; lazily (``MNT_DETACH``) when a process still uses it (a worker of a
+    crashed daemon, say): it leaves the mount table at once and is freed with its last user."""
+    lib = _lib()
+    target = os.fsencode(path)
+    if lib.umount2(target, UMOUNT_NOFOLLOW) == 0:
+        return
+    err = ctypes.get_errno()
+    if err == errno.EBUSY and lib.umount2(target, UMOUNT_NOFOLLOW | MNT_DETACH) == 0:
+        return
+    err = ctypes.get_errno() or err
+    raise OSError(err, f"unmount {path}: {os.strerror(err)}")
+
+
+def _unescape(field: str) -> str:
+    """Undo mountinfo's octal escapes (``\\040`` for a space...)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mounts_below(root: Path) -> list[Path]:
+    """Mount points strictly below ``root`` in this process's mount namespace (deepest first)."""
+    prefix = str(root).rstrip("/") + "/"
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4:
+                    point = _unescape(fields[4])
+                    if point.startswith(prefix):
+                        found.append(Path(point))
+    except OSError:
+        return []
+    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
+
+
+def is_mount_point(path: Path) -> bool:
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False
+
+
+@dataclass
+class Usage:
+    """A workspace's usage and limits. ``exact`` is False when a walk was cut short (then the
+    workspace is at least this full: over the entry limit, or too slow to measure)."""
+
+    bytes: int
+    entries: int
+    quota_bytes: int
+    quota_entries: int
+    exact: bool = True
+
+    @property
+    def over(self) -> bool:
+        return (self.bytes > self.quota_bytes or self.entries > self.quota_entries
+                or not self.exact)
+
+    @property
+    def full(self) -> bool:
+        """No room left for another block or inode (a write failed, or will)."""
+        return (self.bytes >= self.quota_bytes - FULL_SLACK
+                or self.entries >= self.quota_entries or not self.exact)
+
+
+#: a tmpfs is "full" when fewer bytes than this are free (allocation is per page)
+FULL_SLACK = 64 * 1024
+#: longest a quota walk of an advisory (unmounted) workspace may take (in a worker thread: it
+#: delays only its own session's call; the entry quota bounds it first in practice)
+MEASURE_DEADLINE_S = 30.0
+
+
+def quota_message(usage: Usage) -> str:
+    """What a model is told when its workspace is full."""
+    mib = usage.quota_bytes / (1024 * 1024)
+    size = f"{mib:g} MiB" if mib >= 1 else f"{usage.quota_bytes} bytes"
+    if usage.entries >= usage.quota_entries:
+        return (f"the workspace limit of {usage.quota_entries} files and directories is "
+                "reached; delete files you no longer need, or start a new session")
+    used = f" ({usage.bytes} bytes used)" if usage.bytes else ""
+    return (f"the workspace quota of {size} is full{used}; delete files you no longer need, "
+            "or start a new session")
+
+
+def workspace_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage:
+    """Usage of a workspace: ``statvfs`` for a mounted one (its own size and inode limits are
+    the quota), a bounded :func:`fstree.measure` walk otherwise. Blocks: call it in a thread."""
+    if is_mount_point(path):
+        st = os.statvfs(path)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        entries = max(st.f_files - st.f_ffree - 1, 0)  # the root directory uses one inode
+        return Usage(used, entries, st.f_blocks * st.f_frsize or quota_bytes,
+                     max(st.f_files - 1, 0) or quota_entries)
+    tree = fstree.measure(path, max_entries=quota_entries, deadline_s=MEASURE_DEADLINE_S)
+    return Usage(tree.bytes, tree.entries, quota_bytes, quota_entries, exact=tree.complete)
+
+
+# ----------------------------------------------------------------- the mount helper
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+HELPER_REPLY_TIMEOUT_S = 30.0
+
+
+def _valid_name(name: object) -> bool:
+    """A direct child of the workspaces directory that a workspace may be (no "..", no "/")."""
+    return (isinstance(name, str) and 0 < len(name) <= 128 and set(name) <= _NAME_CHARS
+            and not name.startswith("."))
+
+
+def _helper_serve(sock: socket.socket, root_fd: int) -> None:
+    root_dev = os.fstat(root_fd).st_dev
+    while True:
+        try:
+            raw = sock.recv(4096)
+        except InterruptedError:
+            continue
+        if not raw:
+            return  # the daemon is gone
+        reply: dict[str, object] = {"ok": True}
+        try:
+            msg = json.loads(raw)
+            name = msg.get("name")
+            if not _valid_name(name):
+                raise OSError(errno.EINVAL, "not a workspace name")
+            if msg.get("op") == "mount":
+                size, inodes, uid = msg.get("size"), msg.get("inodes"), msg.get("uid")
+                if not (isinstance(size, int) and isinstance(inodes, int) and size > 0
+                        and inodes > 0 and (uid is None or (isinstance(uid, int) and uid > 0))):
+                    raise OSError(errno.EINVAL, "bad mount limits")
+                dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=root_fd)
+                try:
+                    if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
+                        raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
+                    mount_tmpfs(Path(f"/proc/self/fd/{dfd}"), size_bytes=size, inodes=inodes,
+                                owner=(uid, uid) if uid is not None else None)
+                finally:
+                    os.close(dfd)
+            elif msg.get("op") == "umount":
+                unmount(Path(f"/proc/self/fd/{root_fd}/{name}"))
+            else:
+                raise OSError(errno.EINVAL, "unknown operation")
+        except OSError as exc:
+            reply = {"ok": False, "errno": exc.errno or errno.EIO,
+                     "error": exc.strerror or str(exc)}
+        except (ValueError, AttributeError, TypeError):
+            reply = {"ok": False, "errno": errno.EINVAL, "error": "malformed request"}
+        sock.send(json.dumps(reply).encode())
+
+
+def helper_main() -> None:
+    """Entry point of the mount helper process (see the module docstring): argv[1] is its end
+    of the socket pair, argv[2] a descriptor of the workspaces directory."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    _helper_serve(sock, int(sys.argv[2]))
+
+
+class MountHelper:
+    """The daemon's end of the mount helper: requests are serialised (threads share it)."""
+
+    def __init__(self, root: Path) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from sandboxd.quotafs import helper_main; helper_main()",
+                 str(child.fileno()), str(root_fd)],
+                pass_fds=(child.fileno(), root_fd), stdin=subprocess.DEVNULL, close_fds=True,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+        finally:
+            child.close()
+            os.close(root_fd)
+        self.sock = parent
+        self.sock.settimeout(HELPER_REPLY_TIMEOUT_S)
+        self._lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, **msg: object) -> None:
+        with self._lock:
+            try:
+                self.sock.send(json.dumps(msg).encode())
+                raw = self.sock.recv(4096)
+            except OSError as exc:
+                raise OSError(errno.EPIPE, f"the mount helper is gone ({exc})") from None
+        if not raw:
+            raise OSError(errno.EPIPE, "the mount helper is gone")
+        reply = json.loads(raw)
+        if not reply.get("ok"):
+            raise OSError(int(reply.get("errno") or errno.EIO),
+                          str(reply.get("error") or "mount helper error"))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+#: the mount API, refused to the daemon itself once its helper runs
+MOUNT_SYSCALLS = ("mount", "umount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick",
+                  "move_mount", "open_tree", "mount_setattr", "pivot_root")
+
+
+def forbid_mounts_to_this_process() -> str | None:
+    """Install a seccomp filter on every thread of this process (and its future children) that
+    refuses the mount API with EPERM. None when done, else why not."""
+    try:
+        import pyseccomp
+    except ImportError as exc:
+        return f"pyseccomp is missing ({exc})"
+    try:
+        filt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+        filt.set_attr(pyseccomp.Attr.CTL_TSYNC, 1)
+        for name in MOUNT_SYSCALLS:
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                filt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        filt.load()
+    except (OSError, ValueError, RuntimeError) as exc:
+        return str(exc)
+    return None
+
+
+# ----------------------------------------------------------------- workspaces
+
+
+class WorkspaceFS:
+    """Creates, measures and removes workspaces below ``root``: tmpfs mounts in ``kernel``
+    mode, plain directories in ``advisory`` mode (see the module docstring)."""
+
+    def __init__(self, root: Path, *, quota_bytes: int, quota_entries: int,
+                 setting: str) -> None:
+        self.root = root
+        self.quota_bytes = quota_bytes
+        self.quota_entries = quota_entries
+        self.setting = setting  # "auto" | "kernel" | "advisory"
+        self.kernel = False
+        self.detail = "not checked yet"
+        self.helper: MountHelper | None = None
+
+    # ------------------------------------------------------------ start-up
+
+    def detect(self, *, helper: bool = False) -> None:
+        """Decide the mode: try to mount (and unmount) a tiny tmpfs below ``root``. With
+        ``helper`` (the daemon, at start-up, before it reads any request) and kernel quotas
+        available: start the mount helper and forbid mounts to this process from then on."""
+        if self.setting == "advisory":
+            self.kernel, self.detail = False, "advisory (workspace_quota=advisory)"
+            return
+        probe = self.root / f"{PROBE_NAME}-{os.getpid()}"
+        try:
+            if is_mount_point(probe):
+                unmount(probe)
+            fstree.remove_tree(probe)
+            probe.mkdir(mode=0o700)
+            mount_tmpfs(probe, size_bytes=64 * 1024, inodes=16, owner=None)
+            unmount(probe)
+        except OSError as exc:
+            self.kernel = False
+            why = exc.strerror or str(exc)
+            self.detail = (
+                f"advisory: this daemon cannot mount a tmpfs per workspace ({why}; it needs "
+                "CAP_SYS_ADMIN and the mount system calls: run it as root, or install the "
+                "systemd drop-in sandboxd-quota.conf); the quota is checked before and after "
+                "each call only"
+            )
+        else:
+            self.kernel = True
+            self.detail = (f"kernel: a tmpfs per workspace (size={self.quota_bytes}, "
+                           f"nr_inodes={self.quota_entries})")
+        finally:
+            with contextlib.suppress(OSError):
+                fstree.remove_tree(probe)
+        if self.kernel and helper and self.helper is None:
+            try:
+                self.helper = MountHelper(self.root)
+            except OSError as exc:
+                self.kernel = False
+                self.detail = f"advisory: the mount helper could not start ({exc})"
+            else:
+                why = forbid_mounts_to_this_process()
+                self.detail += (", mounted by a helper process (the daemon itself cannot "
+                                "mount)" if why is None else
+                                f", mounted by a helper process (the daemon could not forbid "
+                                f"itself to mount: {why})")
+        if self.setting == "kernel" and not self.kernel:
+            log.error("workspace_quota=kernel but %s", self.detail)
+        elif not self.kernel:
+            log.warning("workspace quota is %s", self.detail)
+
+    @property
+    def ok(self) -> bool:
+        """False when kernel quotas are required and not available, or their helper died."""
+        if self.helper is not None and not self.helper.alive():
+            return False
+        return self.kernel or self.setting != "kernel"
+
+    def close(self) -> None:
+        """Stop the mount helper (after every workspace is unmounted)."""
+        if self.helper is not None:
+            self.helper.close()
+            self.helper = None
+
+    def _mount(self, path: Path, owner: tuple[int, int] | None) -> None:
+        # one inode more than the entry quota: the root directory uses one
+        inodes = self.quota_entries + 1
+        if self.helper is not None:
+            if path.parent != self.root:
+                raise OSError(errno.EINVAL, f"{path} is not directly below {self.root}")
+            self.helper.request(op="mount", name=path.name, size=self.quota_bytes,
+                                inodes=inodes, uid=owner[0] if owner else None)
+        else:
+            mount_tmpfs(path, size_bytes=self.quota_bytes, inodes=inodes, owner=owner)
+
+    def _unmount(self, path: Path) -> None:
+        if self.helper is not None and path.parent == self.root:
+            self.helper.request(op="umount", name=path.name)
+        else:
+            unmount(path)
+
+    # ------------------------------------------------------------ workspaces
+
+    def create(self, name: str, uid: int | None) -> Path:
+        """A new, empty workspace ``root/name`` owned by the sandbox identity ``uid`` (= gid;
+        None: the daemon's own, when it is not root)."""
+        owner = (uid, uid) if uid is not None else None
+        path = self.root / name
+        path.mkdir(mode=0o700)
+        try:
+            if self.kernel:
+                self._mount(path, owner)
+            elif owner is not None:
+                os.chown(path, *owner)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise
+        return path
+
+    def usage(self, path: Path) -> Usage:
+        """See :func:`workspace_usage`. Blocks: call it in a thread."""
+        return workspace_usage(path, self.quota_bytes, self.quota_entries)
+
+    def remove(self, path: Path) -> None:
+        """Unmount (if mounted) and remove a workspace. Blocks: call it in a thread. Raises
+        OSError when something stays behind."""
+        if is_mount_point(path):
+            self._unmount(path)
+        fstree.remove_tree(path)
