@@ -166,7 +166,8 @@ def test_concurrent_calls_are_isolated(harness: BackendHarness) -> None:
     async def many() -> list:
         invs = [harness.invocation(f"x = {i}\nprint(x * 2)\nx") for i in range(12)]
         return await asyncio.gather(*[
-            harness.backend.run(inv, Limits(timeout_s=10), time.monotonic() + 10)
+            # 12 at once: a deadline that only a hang reaches, also on slow emulated hosts
+            harness.backend.run(inv, Limits(timeout_s=120), time.monotonic() + 120)
             for inv in invs])
 
     results = harness.call(many())
