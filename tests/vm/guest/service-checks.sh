@@ -267,7 +267,8 @@ journalctl -b -u sandboxd --no-pager > "$R/journal-full.txt" 2>&1
 phase "container backend under the unit (sandboxd-docker.conf)"
 if [ -f /share/payload/images.tar ]; then
   systemctl start docker.service > "$R/docker-start.txt" 2>&1
-  /usr/bin/docker load -i /share/payload/images.tar > "$R/docker-load.txt" 2>&1
+  /usr/bin/docker load -i /share/payload/images.tar > "$R/docker-load.txt" 2>&1 \
+    && touch /share/payload/images.loaded
   install -D -m 0644 systemd/sandboxd-docker.conf /etc/systemd/system/sandboxd.service.d/docker.conf
   systemctl daemon-reload
   out=$(systemctl start sandboxd 2>&1); rc=$?
