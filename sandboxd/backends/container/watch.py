@@ -16,7 +16,9 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger("sandboxd.container")
 
 CHECK_S = 1.0
-PING_TIMEOUT_S = 3.0
+#: a stopped engine refuses at once; this bound is for a slow one (a busy or emulated host
+#: can take seconds to answer), which must not be mistaken for an outage
+PING_TIMEOUT_S = 10.0
 MAX_BACKOFF_S = 10.0
 
 

@@ -67,6 +67,10 @@ from sandboxd.models import (
 )
 from sandboxd.uids import UidPool
 
+#: deadline of each self-test probe: a bound that only a hung worker reaches (a slow or
+#: emulated host takes seconds to fill the 64 MiB the memory probe needs)
+PROBE_DEADLINE_S = 60.0
+
 log = logging.getLogger("sandboxd.restricted")
 _PROBE_PREFIX = "restricted-probe-"
 
@@ -836,8 +840,9 @@ class RestrictedBackend:
                 arguments={"code": ""},
                 uid=uid,
             )
-            lim = Limits(timeout_s=10, memory_bytes=64 * 1024 * 1024, output_bytes=65536)
-            deadline = time.monotonic() + 10
+            lim = Limits(timeout_s=PROBE_DEADLINE_S, memory_bytes=64 * 1024 * 1024,
+                         output_bytes=65536)
+            deadline = time.monotonic() + PROBE_DEADLINE_S
             msg = self._request(inv, lim, deadline, "", probe="basic")
             msg["outside_path"] = str(outside)
             msg["expect_unprivileged"] = self.root
@@ -859,8 +864,10 @@ class RestrictedBackend:
                 if name == "write_outside_blocked" and outside.exists():
                     ok_, detail = False, f"{outside} was written"
                 checks.append(ProbeCheck(name=name, ok=bool(ok_), detail=str(detail)))
-            msg = self._request(inv, lim, time.monotonic() + 10, "", probe="memory")
-            res, report = await self._probe_run(inv, lim, time.monotonic() + 10, msg)
+            msg = self._request(inv, lim, time.monotonic() + PROBE_DEADLINE_S, "",
+                                probe="memory")
+            res, report = await self._probe_run(inv, lim, time.monotonic() + PROBE_DEADLINE_S,
+                                                msg)
             if res.termination.reason is Reason.memory_limit:
                 detail = ((report or {}).get("probe") or {}).get("memory_limit", [True, ""])[
                     1
