@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd import fstree
+from tests.support.ci import require
 
 
 def chain(root: Path, depth: int, name: str = "d") -> None:
@@ -99,14 +100,13 @@ def test_a_missing_tree_is_empty_and_removing_it_is_not_an_error(tmp_path: Path)
 def test_mount_points_inside_are_not_crossed(tmp_path: Path) -> None:
     import ctypes
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount")  # only a unit detail; the API tests cover mounts
+    require(os.geteuid() == 0, "root (to mount a tmpfs inside the tree)")
     root = tmp_path / "ws"
     inner = root / "mnt"
     inner.mkdir(parents=True)
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"none", str(inner).encode(), b"tmpfs", 0, b"size=64k") != 0:
-        pytest.skip("cannot mount here")
+    mounted = libc.mount(b"none", str(inner).encode(), b"tmpfs", 0, b"size=64k") == 0
+    require(mounted, f"mount(2) of a tmpfs ({os.strerror(ctypes.get_errno())})")
     try:
         (inner / "inside").write_text("x")
         assert fstree.measure(root, max_entries=10).entries == 1  # the mount point only
