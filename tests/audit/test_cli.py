@@ -81,7 +81,11 @@ def test_tail_follow_sees_new_records_and_rotation(tmp_path: Path) -> None:
         assert (tmp_path / "audit.jsonl.1").exists()
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(10)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:  # never leave the follower behind
+            proc.kill()
+            proc.wait(10)
 
 
 def test_verify_json(tmp_path: Path) -> None:
