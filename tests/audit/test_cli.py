@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sandboxd.audit import AuditLog
+from tests.support.signals import default_signals
 
 
 def sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
@@ -67,7 +68,8 @@ def test_tail_follow_sees_new_records_and_rotation(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "audit", "tail", "-f", "-n", "0",
                              "--event", "later", str(log_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+                            env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"},
+                            preexec_fn=default_signals)
     try:
         assert proc.stderr is not None
         assert proc.stderr.readline().startswith("-- following")

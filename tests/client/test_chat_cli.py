@@ -22,6 +22,7 @@ from tests.client.scripted_llm import (
     tool_call_reply,
 )
 from tests.client.test_agent_e2e import multiply_script
+from tests.support.signals import default_signals
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -117,7 +118,7 @@ def _interactive_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon,
         [sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "scripted",
          "--sandbox", daemon.url, "--token", daemon.token, *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=_env(tmp_path))
+        env=_env(tmp_path), preexec_fn=default_signals)
     reader = _Reader(proc.stdout)
     reader.start()
     return proc, reader
