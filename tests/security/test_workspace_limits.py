@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandboxd import fstree
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon, start_daemon
 
@@ -426,6 +427,9 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
             if d is not None:
                 d.client.close()
                 d.stop()
+        # a failed run must not leave a tree pytest's own (recursive) clean-up cannot remove
+        with contextlib.suppress(OSError, fstree.TreeError):
+            fstree.remove_tree(ws_root)
 
 
 # ------------------------------------------------------------------ item 9: huge workspaces
