@@ -494,8 +494,10 @@ class AuditLog:
         return True
 
     def decision(self, *, request_id: str, client: str, tool: str, session: str | None,
-                 arguments: dict[str, Any], decision: Decision) -> None:
-        """Record a policy decision (before anything runs)."""
+                 arguments: dict[str, Any], decision: Decision,
+                 transport: str = "http") -> None:
+        """Record a policy decision (before anything runs); ``transport``: the front door the
+        call came through (``http``, ``mcp``)."""
         try:
             canonical = canonical_json(arguments)
         except (TypeError, ValueError) as exc:
@@ -505,6 +507,7 @@ class AuditLog:
             "client": client,
             "tool": tool,
             "session": session,
+            "transport": transport,
             "args_sha256": hashlib.sha256(canonical).hexdigest(),
             "args_bytes": len(canonical),
             "args_preview": preview(arguments),
@@ -525,12 +528,14 @@ class AuditLog:
             fields["message"] = _cap(decision.message)
         self.write("decision", **fields)
 
-    def result(self, *, request_id: str, client: str, result: Result) -> None:
+    def result(self, *, request_id: str, client: str, result: Result,
+               transport: str = "http") -> None:
         """Record the outcome of an invocation."""
         self.write(
             "result",
             request_id=request_id,
             client=client,
+            transport=transport,
             tool=result.tool,
             invocation=result.id,
             session=result.session,

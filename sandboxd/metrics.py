@@ -38,6 +38,17 @@ class Metrics:
             "a cap made room for a new one), refused (over a cap, nothing idle to evict)",
             ["reason"], registry=self.registry,
         )
+        self.mcp_requests = Counter(
+            "sandboxd_mcp_requests", "MCP requests by method (tools/list, tools/call, ...)",
+            ["method"], registry=self.registry,
+        )
+        self.mcp_calls = Counter(
+            "sandboxd_mcp_tool_calls", "MCP tools/call by tool and outcome (a sandboxd status, "
+            "or invalid_params / error for calls refused before they ran)",
+            ["tool", "status"], registry=self.registry,
+        )
+        self.mcp_sessions = Gauge("sandboxd_mcp_sessions", "Open MCP sessions",
+                                  registry=self.registry)
         self.connections_open = Gauge("sandboxd_connections_open", "Open client connections",
                                       registry=self.registry)
         queue = Gauge("sandboxd_queue_depth", "Calls waiting for a slot", registry=self.registry)

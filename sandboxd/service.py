@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +147,11 @@ class Sandboxd:
         self._started = False
         # results of calls that ran while the audit log could not be written: written (late)
         # as soon as it can be again; ``_audit_failed`` says why it cannot (None: it can)
-        self._unrecorded: list[tuple[str, Result]] = []
+        self._unrecorded: list[tuple[str, Result, str]] = []
         self._audit_failed: str | None = None
+        # called (in the event loop's thread) after every policy load that took effect: the
+        # MCP front door announces changed tool lists with it
+        self.policy_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------ lifecycle
 
@@ -242,15 +245,18 @@ class Sandboxd:
 
     # ------------------------------------------------------------ invoke
 
-    async def invoke(self, client: str, tool: str, request: InvokeRequest) -> Result:
-        """Run one call end to end (see the module docstring)."""
+    async def invoke(self, client: str, tool: str, request: InvokeRequest, *,
+                     transport: str = "http") -> Result:
+        """Run one call end to end (see the module docstring). ``transport`` names the front
+        door the call came through (``http``, ``mcp``); it goes into the audit records."""
         if self.draining:
             raise Draining("the daemon is shutting down; retry on another instance or later")
         admitted = time.monotonic()
         try:
             spec = self._spec(client, tool)
         except UnknownTool:
-            await self._audit(self.audit.write, event="unknown_tool", client=client, tool=tool)
+            await self._audit(self.audit.write, event="unknown_tool", client=client, tool=tool,
+                              transport=transport)
             raise
         validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
@@ -259,16 +265,17 @@ class Sandboxd:
         invocation_id = new_id("inv")
         decision = self.policy.decide(client, tool, request.arguments, request.limits)
         await self._audit(self.audit.decision, request_id=invocation_id, client=client, tool=tool,
-                    session=request.session, arguments=request.arguments, decision=decision)
+                          session=request.session, arguments=request.arguments,
+                          decision=decision, transport=transport)
         if not decision.allowed:
             result = Result.denied(invocation_id, tool, decision, request.session)
-            return await self._finish(client, result, admitted)
+            return await self._finish(client, result, admitted, transport=transport)
         backend = self.backends.get(decision.backend or "")
         ok, why = self._availability(backend, decision.backend)
         if not ok or backend is None:
             result = self._outcome(invocation_id, tool, decision, request.session, Status.error,
                                    Reason.policy, f"tool '{tool}' is unavailable: {why}")
-            await self._finish(client, result, admitted)
+            await self._finish(client, result, admitted, transport=transport)
             raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
         if session is not None and decision.kind in (ToolKind.python, ToolKind.command):
             used = await self.sessions.check_quota(session)
@@ -291,7 +298,7 @@ class Sandboxd:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.rejected, Reason.policy, str(exc))
-            await self._finish(client, result, admitted)
+            await self._finish(client, result, admitted, transport=transport)
             raise
         except asyncio.CancelledError as exc:
             result = self._outcome(invocation_id, tool, decision, request.session,
@@ -302,13 +309,13 @@ class Sandboxd:
             elif not started.is_set():  # cancelled while queued: nothing was started
                 result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
             with contextlib.suppress(ServiceError):
-                await self._finish(client, result, admitted)
+                await self._finish(client, result, admitted, transport=transport)
             raise
         except Exception as exc:
             log.exception("backend %s failed on %s", decision.backend, invocation_id)
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.error, Reason.exited, f"internal error: {exc}")
-            await self._finish(client, result, admitted, ran=True)
+            await self._finish(client, result, admitted, ran=True, transport=transport)
             raise ExecutionFailure(f"the {decision.backend} backend failed: {exc}") from exc
         finally:
             if task is not None:
@@ -319,7 +326,7 @@ class Sandboxd:
             except OSError as exc:  # the call ran: its result goes out and into the audit log
                 log.warning("session %s: expiry not saved (%s); it stays in memory",
                             session.id, exc)
-        return await self._finish(client, result, admitted, ran=True)
+        return await self._finish(client, result, admitted, ran=True, transport=transport)
 
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
@@ -385,7 +392,7 @@ class Sandboxd:
         )
 
     async def _finish(self, client: str, result: Result, admitted: float, *,
-                      ran: bool = False) -> Result:
+                      ran: bool = False, transport: str = "http") -> Result:
         """Audit the result and count it. ``ran``: the call executed, so an audit failure
         must not be reported as a refusal: the result is kept, written late, and returned
         inside the :class:`AuditFailure`."""
@@ -393,11 +400,11 @@ class Sandboxd:
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         try:
             await self._audit(self.audit.result, request_id=result.id, client=client,
-                              result=result)
+                              result=result, transport=transport)
         except AuditFailure as exc:
             if not ran:
                 raise
-            self._unrecorded.append((client, result))
+            self._unrecorded.append((client, result, transport))
             raise AuditFailure(
                 f"the call ran (status {result.status.value}) but its result could not be "
                 f"written to the audit log ({self._audit_failed}); it is written there as "
@@ -423,8 +430,9 @@ class Sandboxd:
     def _flush_unrecorded(self) -> None:
         """Write the results kept while the audit log failed (raises while it still fails)."""
         while self._unrecorded:
-            client, result = self._unrecorded[0]
-            self.audit.result(request_id=result.id, client=client, result=result)
+            client, result, transport = self._unrecorded[0]
+            self.audit.result(request_id=result.id, client=client, result=result,
+                              transport=transport)
             self._unrecorded.pop(0)
 
     def audit_problem(self) -> str | None:
@@ -462,7 +470,8 @@ class Sandboxd:
 
     # ------------------------------------------------------------ sessions
 
-    async def create_session(self, client: str, ttl_s: float | None) -> Session:
+    async def create_session(self, client: str, ttl_s: float | None, *,
+                             transport: str = "http") -> Session:
         self._check_state_dir()
         try:
             session = await self.sessions.create(client, ttl_s)
@@ -473,19 +482,20 @@ class Sandboxd:
             raise
         try:
             await self._audit(self.audit.write, event="session_created", client=client,
-                              session=session.id)
+                              session=session.id, transport=transport)
         except AuditFailure:
             await self.sessions.drop(session)
             raise
         return session
 
-    async def delete_session(self, client: str, session_id: str) -> None:
+    async def delete_session(self, client: str, session_id: str, *,
+                             transport: str = "http") -> None:
         session = self.sessions.get(session_id, client)
         await self._close_session_backends(session)
         await self.sessions.delete(session_id, client)
         try:  # the session is gone either way: say so, and keep the failure in the log
             await self._audit(self.audit.write, event="session_deleted", client=client,
-                              session=session_id)
+                              session=session_id, transport=transport)
         except AuditFailure as exc:
             log.error("session %s deleted without an audit record: %s", session_id, exc)
 
@@ -563,6 +573,12 @@ class Sandboxd:
             log.error("could not audit %s: %s", event, exc)
         if event == "policy_refused":
             log.error("policy refused, previous policy stays in force: %s", fields)
+        elif event == "policy_loaded":
+            for listener in list(self.policy_listeners):
+                try:
+                    listener()
+                except Exception:
+                    log.exception("a policy listener failed")
 
 
 def _interrupted_calls(audit_path: Path) -> list[str]:

@@ -11,11 +11,13 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
 from sandboxd.api import contract, problems
 from sandboxd.api.auth import guard
+from sandboxd.api.mcp import McpFrontDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
 from sandboxd.config import Settings
@@ -98,7 +100,8 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
                 loop.add_signal_handler(signal.SIGHUP, service.policy.reload)
             flusher = asyncio.create_task(_flush_failed_auth(failed_auth))
             try:
-                yield
+                async with mcp.run():  # the MCP sessions' task group lives in the lifespan
+                    yield
             finally:
                 flusher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -127,6 +130,11 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     problems.install(app)
     contract.install(app, tokens=app.state.tokens is not None)
     app.include_router(router)
+    # the MCP front door (Streamable HTTP): a plain ASGI endpoint at exactly /mcp (every
+    # method: POST messages, GET the notification stream, DELETE ends the session)
+    mcp = McpFrontDoor(service)
+    app.state.mcp = mcp
+    app.router.routes.append(Route("/mcp", endpoint=mcp, include_in_schema=False))
     _add_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -1,0 +1,375 @@
+"""The MCP front door: sandboxd as a Model Context Protocol server (Streamable HTTP at ``/mcp``).
+
+MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a second code path:
+
+* **auth**: the HTTP API's own :func:`~sandboxd.api.auth.authenticate` (same tokens, same 401
+  problem+json, same aggregated ``auth_failure`` audit records, same rate limits). The client
+  name is bound to the MCP session: another token presenting its session id gets a 404.
+* **tools/list**: ``Sandboxd.tools(client)``, the list ``GET /v1/tools`` returns (name,
+  description, ``inputSchema`` = the policy's parameters). After a policy reload changes a
+  session's list, ``notifications/tools/list_changed`` goes out on its standalone stream.
+* **tools/call**: ``Sandboxd.invoke(..., transport="mcp")``: schema check, policy, audit,
+  scheduler, backend and cleanup are the HTTP call's. ``content`` is
+  :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model),
+  ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
+  arguments and unknown tools are JSON-RPC errors (-32602) naming the field.
+* **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
+  call and deleted when the MCP session ends (client DELETE, idle expiry = the session TTL,
+  daemon shutdown).
+* **long calls**: ``notifications/progress`` (elapsed time) every ``progress_interval_s`` while
+  a call runs, when the client sent a progress token; ``notifications/cancelled`` cancels the
+  service's invoke task exactly as an HTTP disconnect does (the backend kills and verifies).
+
+Only the initialize-handshake protocol era (2024-11-05 ... 2025-11-25, what MCP hosts speak) is
+served: a request stamped with a stateless-era version (2026-07-28) is answered with
+"unsupported protocol version", so an SDK client in ``auto`` mode falls back to the handshake.
+Sessions, workspaces and change notifications need the stateful era.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from sandboxd import __version__
+from sandboxd.api import problems
+from sandboxd.api.auth import authenticate
+from sandboxd.client.render import format_result
+from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
+from sandboxd.registry import ArgumentsInvalid
+from sandboxd.scheduler import Overloaded
+from sandboxd.service import AuditFailure, Sandboxd, ServiceError, UnknownTool
+from sandboxd.sessions import SessionError
+
+log = logging.getLogger("sandboxd.mcp")
+
+TRANSPORT = "mcp"
+CLIENT_KEY = "sandboxd.client"
+PROGRESS_INTERVAL_S = 1.0
+CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
+INSTRUCTIONS = (
+    "sandboxd runs code and commands in a confined sandbox under an administrator's policy. "
+    "Files written in this MCP session stay in its workspace for the next calls of the same "
+    "session. A denied call explains what is allowed."
+)
+
+
+def tool_for(spec: ToolSpec) -> types.Tool:
+    """A sandboxd tool as MCP lists it (availability in ``_meta``, as ``GET /v1/tools`` says)."""
+    meta: dict[str, Any] = {"sandboxd/backend": spec.backend, "sandboxd/available": spec.available}
+    if spec.unavailable_reason:
+        meta["sandboxd/unavailable_reason"] = spec.unavailable_reason
+    return types.Tool(name=spec.name, description=spec.description,
+                      input_schema=spec.parameters, meta=meta)
+
+
+def images_of(result: Result) -> list[types.ImageContent]:
+    """PNG display outputs as MCP ``image`` content. The seam for rich results: a
+    :class:`Result` has no display outputs yet, so there are none; when it gains them, each PNG
+    becomes ``ImageContent(data=<base64>, mime_type="image/png")`` here (and only here)."""
+    del result
+    return []
+
+
+def call_result(result: Result) -> types.CallToolResult:
+    """A sandboxd result as the answer to ``tools/call``."""
+    content: list[types.ContentBlock] = [types.TextContent(text=format_result(result))]
+    content.extend(images_of(result))
+    return types.CallToolResult(content=content,
+                                structured_content=result.model_dump(mode="json"),
+                                is_error=result.status is not Status.ok)
+
+
+def _error_result(message: str, result: Result | None = None) -> types.CallToolResult:
+    """A call the service refused after the arguments were fine (busy, draining, storage full,
+    audit log unwritable...): an error result the model can read, not a protocol error."""
+    if result is not None:
+        answer = call_result(result)
+        answer.content.insert(0, types.TextContent(text=message))
+        answer.is_error = True
+        return answer
+    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+
+
+def _fingerprint(specs: list[ToolSpec]) -> str:
+    data = [spec.model_dump(mode="json") for spec in specs]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+class _Server(Server[Any]):
+    """The SDK's server, announcing ``tools.listChanged`` in its initialize result."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      *args: Any, **kwargs: Any) -> Any:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+
+class McpFrontDoor:
+    """The ``/mcp`` ASGI endpoint and the MCP server behind it (one per daemon)."""
+
+    def __init__(self, service: Sandboxd, *,
+                 progress_interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self.service = service
+        self.progress_interval_s = progress_interval_s
+        self.server = _Server(
+            "sandboxd", version=__version__, instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+        )
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server, session_idle_timeout=service.settings.session_ttl_s)
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = asyncio.Event()
+        self._calls = 0  # tools/call handlers running now
+
+    # ------------------------------------------------------------ life cycle
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """The session manager's task group, inside the app's lifespan after the service
+        started. When the daemon drains (SIGTERM), the MCP sessions end once their calls are
+        done (their open notification streams would otherwise hold the server up); each
+        ending deletes its sandboxd session."""
+        self._loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        async def hold() -> None:
+            async with self.manager.run():
+                ready.set()
+                await self._stop.wait()
+
+        holder = asyncio.create_task(hold(), name="mcp-sessions")
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait({holder, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if holder.done():
+            holder.result()  # it failed to start: raise its error
+        watcher = asyncio.create_task(self._stop_when_draining(), name="mcp-drain")
+        self.service.policy_listeners.append(self._policy_changed)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                self.service.policy_listeners.remove(self._policy_changed)
+            watcher.cancel()
+            self._stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await holder
+
+    async def _stop_when_draining(self) -> None:
+        while not self.service.draining:
+            await asyncio.sleep(0.2)
+        while self._calls:  # the service's drain cancels them after its grace period
+            await asyncio.sleep(0.1)
+        self._stop.set()
+
+    # ------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Authenticate like the HTTP API, then hand the request to the SDK."""
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        if self._stop.is_set() or self.manager._task_group is None:
+            await problems.problem_response(problems.Problem(
+                503, "draining", "Shutting down",
+                "the daemon is shutting down; retry on another instance or later",
+                headers={"Retry-After": "5"}))(scope, receive, send)
+            return
+        try:
+            client = authenticate(request)
+        except problems.Problem as exc:
+            await problems.problem_response(exc)(scope, receive, send)
+            return
+        version = request.headers.get("mcp-protocol-version")
+        if version in MODERN_PROTOCOL_VERSIONS:
+            await self._unsupported_era(request, version)(scope, receive, send)
+            return
+        self.service.metrics.mcp_requests.labels(method=f"http_{scope['method']}").inc()
+        scope[CLIENT_KEY] = client
+        # the SDK binds a session to the identity that opened it: another client presenting its
+        # id is answered 404 (the token itself is not kept)
+        scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=client, scopes=[]))
+        await self.manager.handle_request(scope, receive, send)
+
+    @staticmethod
+    def _unsupported_era(request: Request, version: str) -> JSONResponse:
+        error = {"code": types.UNSUPPORTED_PROTOCOL_VERSION,
+                 "message": f"protocol version {version} is not served here; use the "
+                            "initialize handshake",
+                 "data": {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": version}}
+        del request
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=400)
+
+    # ------------------------------------------------------------ handlers
+
+    def _client(self, ctx: Any) -> str:
+        request = ctx.request
+        client = request.scope.get(CLIENT_KEY) if request is not None else None
+        if not client:  # pragma: no cover - every request passes through __call__
+            raise MCPError(types.INVALID_REQUEST, "unauthenticated MCP request")
+        connection = ctx.session._connection
+        state = connection.state
+        if "client" not in state:
+            state["client"] = client
+            state["lock"] = asyncio.Lock()
+            self._connections.add(connection)
+            self.service.metrics.mcp_sessions.inc()
+            connection.exit_stack.push_async_callback(self._connection_ended, connection)
+        elif state["client"] != client:  # the SDK refuses this already; never trust one check
+            raise MCPError(types.INVALID_REQUEST, "this MCP session belongs to another client")
+        return client
+
+    async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        self.service.metrics.mcp_requests.labels(method="tools/list").inc()
+        client = self._client(ctx)
+        specs = self.service.tools(client)
+        ctx.session._connection.state["tools"] = _fingerprint(specs)
+        return types.ListToolsResult(tools=[tool_for(s) for s in specs])
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
+                         ) -> types.CallToolResult:
+        self.service.metrics.mcp_requests.labels(method="tools/call").inc()
+        client = self._client(ctx)
+        counter = self.service.metrics.mcp_calls
+        try:
+            session = await self._sandbox_session(ctx.session._connection, client)
+            request = InvokeRequest(arguments=params.arguments or {}, session=session)
+            result = await self._run(ctx, client, params.name, request)
+        except UnknownTool as exc:
+            counter.labels(tool=params.name, status="invalid_params").inc()
+            raise MCPError(types.INVALID_PARAMS, str(exc),
+                           {"tool": exc.tool, "available": exc.available}) from None
+        except ArgumentsInvalid as exc:
+            counter.labels(tool=params.name, status="invalid_params").inc()
+            raise MCPError(types.INVALID_PARAMS, str(exc),
+                           {"tool": exc.tool, "field": exc.field, "problem": exc.detail}) from None
+        except AuditFailure as exc:
+            counter.labels(tool=params.name, status="error").inc()
+            return _error_result(str(exc), exc.result)
+        except Overloaded as exc:
+            counter.labels(tool=params.name, status="rejected").inc()
+            return _error_result(f"sandboxd is busy, nothing ran: {exc}; retry in "
+                                 f"{max(1, exc.retry_after)} s")
+        except (ServiceError, SessionError) as exc:
+            counter.labels(tool=params.name, status="error").inc()
+            return _error_result(f"nothing ran: {exc}")
+        counter.labels(tool=params.name, status=result.status.value).inc()
+        return call_result(result)
+
+    async def _run(self, ctx: Any, client: str, tool: str,
+                   request: InvokeRequest) -> Result:
+        """The service's one invoke path, with progress while it runs and cancellation (the
+        SDK cancels this handler on ``notifications/cancelled`` or when the session ends)."""
+        call = asyncio.create_task(
+            self.service.invoke(client, tool, request, transport=TRANSPORT),
+            name=f"mcp-call-{tool}")
+        started = time.monotonic()
+        self._calls += 1
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.progress_interval_s)
+                if done:
+                    return call.result()
+                elapsed = time.monotonic() - started
+                with contextlib.suppress(Exception):  # progress is best effort
+                    await ctx.session.report_progress(
+                        round(elapsed, 1), None, f"{tool}: running for {elapsed:.0f} s")
+        except BaseException:
+            if not call.done():
+                call.cancel()
+                # the backend kills and verifies in the call's own task; wait for it (and its
+                # audit record) even though this handler is being cancelled
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait({call}, timeout=CANCEL_GRACE_S)
+            if call.done() and not call.cancelled():
+                call.exception()  # retrieved: no "exception was never retrieved" noise
+            raise
+        finally:
+            self._calls -= 1
+
+    # ------------------------------------------------------------ sessions
+
+    async def _sandbox_session(self, connection: Any, client: str) -> str | None:
+        """The sandboxd session of this MCP session, created on first use (None without an MCP
+        session id: a one-shot workspace per call)."""
+        if connection.session_id is None:
+            return None
+        state = connection.state
+        async with state["lock"]:
+            sid = state.get("sandbox_session")
+            if sid is not None:
+                try:
+                    self.service.sessions.get(sid, client)
+                    return sid
+                except SessionError:  # expired under a long-idle MCP session: a new one
+                    log.info("MCP session %s: sandboxd session %s expired; a new one",
+                             connection.session_id[:8], sid)
+            session = await self.service.create_session(client, None, transport=TRANSPORT)
+            state["sandbox_session"] = session.id
+            return session.id
+
+    async def _connection_ended(self, connection: Any) -> None:
+        """The MCP session ended: delete its sandboxd session (workspace)."""
+        self.service.metrics.mcp_sessions.dec()
+        self._connections.discard(connection)
+        state = connection.state
+        sid = state.pop("sandbox_session", None)
+        if sid is None:
+            return
+        try:
+            await self.service.delete_session(state["client"], sid, transport=TRANSPORT)
+        except SessionError:
+            pass  # expired already
+        except Exception:
+            log.exception("MCP session ended: deleting sandboxd session %s failed", sid)
+
+    # ------------------------------------------------------------ list_changed
+
+    def _policy_changed(self) -> None:
+        """A policy load took effect (SIGHUP, file change): announce changed tool lists."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(self._announce())
+        else:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._announce()))
+
+    async def _announce(self) -> None:
+        for connection in list(self._connections):
+            state = connection.state
+            client = state.get("client")
+            if client is None or "tools" not in state:
+                continue  # it never listed tools: nothing of its view changed
+            now = _fingerprint(self.service.tools(client))
+            if now == state["tools"]:
+                continue
+            state["tools"] = now
+            self.service.metrics.mcp_requests.labels(method="tools/list_changed").inc()
+            await connection.notify("notifications/tools/list_changed", None)
