@@ -12,7 +12,8 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   scheduler, backend and cleanup are the HTTP call's. ``content`` is
   :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model),
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
-  arguments and unknown tools are JSON-RPC errors (-32602) naming the field.
+  arguments and unknown tools are JSON-RPC errors (-32602) naming the field. A caller may lower
+  the call's limits with ``_meta: {"sandboxd/limits": {"timeout_s": 5, ...}}``.
 * **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
   call and deleted when the MCP session ends (client DELETE, idle expiry = the session TTL,
   daemon shutdown).
@@ -46,6 +47,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -54,7 +56,7 @@ from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
 from sandboxd.client.render import format_result
-from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
+from sandboxd.models import InvokeRequest, LimitsRequest, Result, Status, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
 from sandboxd.service import AuditFailure, Sandboxd, ServiceError, UnknownTool
@@ -64,6 +66,7 @@ log = logging.getLogger("sandboxd.mcp")
 
 TRANSPORT = "mcp"
 CLIENT_KEY = "sandboxd.client"
+LIMITS_META = "sandboxd/limits"
 PROGRESS_INTERVAL_S = 1.0
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
 INSTRUCTIONS = (
@@ -108,6 +111,21 @@ def _error_result(message: str, result: Result | None = None) -> types.CallToolR
         answer.is_error = True
         return answer
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+
+
+def _limits(meta: Any) -> LimitsRequest | None:
+    """Lower limits a caller may ask for in ``_meta["sandboxd/limits"]`` (the HTTP body's
+    ``limits``: each may only lower the effective limit); bad values are -32602 naming them."""
+    wanted = (meta or {}).get(LIMITS_META) if isinstance(meta, dict) else None
+    if wanted is None:
+        return None
+    try:
+        return LimitsRequest.model_validate(wanted)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(limits)"
+        raise MCPError(types.INVALID_PARAMS, f"_meta.{LIMITS_META}.{where}: {err['msg']}",
+                       {"field": f"_meta.{LIMITS_META}.{where}", "problem": err["msg"]}) from None
 
 
 def _fingerprint(specs: list[ToolSpec]) -> str:
@@ -254,8 +272,10 @@ class McpFrontDoor:
         client = self._client(ctx)
         counter = self.service.metrics.mcp_calls
         try:
+            limits = _limits(params.meta)
             session = await self._sandbox_session(ctx.session._connection, client)
-            request = InvokeRequest(arguments=params.arguments or {}, session=session)
+            request = InvokeRequest(arguments=params.arguments or {}, session=session,
+                                    limits=limits)
             result = await self._run(ctx, client, params.name, request)
         except UnknownTool as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()

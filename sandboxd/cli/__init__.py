@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sandboxd.cli import audit, chat, daemon, doctor, images, policy, token
+from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, token
 
 app = typer.Typer(
     name="sandboxd",
@@ -20,6 +20,7 @@ app.add_typer(audit.app, name="audit", help="Verify and read the audit log.")
 app.add_typer(token.app, name="token", help="Manage client tokens.")
 app.add_typer(images.app, name="images", help="Build the sandbox images.")
 chat.register(app)
+mcp.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,109 @@
+"""A real daemon (restricted backend, a tokens file, its own copy of the policies) shared by the
+MCP tests of one module, and the official SDK's client over real Streamable HTTP or through the
+``sandboxd mcp`` stdio bridge (a real subprocess)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from sandboxd.auth import add_token
+from tests.support.daemon import RunningDaemon, running_daemon
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class McpDaemon:
+    """The daemon, its tokens and its policies directory (editable by a test)."""
+
+    daemon: RunningDaemon
+    tokens: dict[str, str]
+    policies: Path
+    tmp: Path
+
+    @property
+    def url(self) -> str:
+        return f"{self.daemon.url}/mcp"
+
+    def token_file(self, name: str) -> Path:
+        path = self.tmp / f"{name}.token"
+        path.write_text(self.tokens[name] + "\n")
+        path.chmod(0o600)
+        return path
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.daemon.audit_path.read_text().splitlines()
+                if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def mcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpDaemon]:
+    tmp = tmp_path_factory.mktemp("mcp")
+    policies = tmp / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    tokens_file = tmp / "tokens.yaml"
+    tokens = {name: add_token(tokens_file, name) for name in ("alice", "bob")}
+    env = {"SANDBOXD_TOKENS_FILE": str(tokens_file),
+           "SANDBOXD_AUTH_FAILURE_AUDIT_INTERVAL_S": "1"}
+    with running_daemon(tmp, policies_dir=policies, env=env, token=tokens["alice"]) as d:
+        yield McpDaemon(d, tokens, policies, tmp)
+
+
+Handler = Callable[[Any], Any]
+
+
+@contextlib.asynccontextmanager
+async def client_session(transport: str, d: McpDaemon, name: str = "alice",
+                         on_message: Handler | None = None) -> AsyncIterator[ClientSession]:
+    """A session of client ``name`` over ``transport``: "http" or "stdio" (the bridge)."""
+    if transport == "http":
+        async with http_session(d.url, d.tokens[name], on_message) as session:
+            yield session
+    else:
+        async with bridge_session(d.daemon.url, d.token_file(name), on_message) as session:
+            yield session
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str, token: str | None,
+                       on_message: Handler | None = None) -> AsyncIterator[ClientSession]:
+    """An initialized SDK client session over Streamable HTTP."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (create_mcp_http_client(headers=headers) as http,
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write, message_handler=on_message) as session):
+        await session.initialize()
+        yield session
+
+
+def bridge_params(url: str, token_file: Path) -> StdioServerParameters:
+    """``sandboxd mcp`` as an MCP host launches it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "sandboxd", "mcp", "--url", url, "--token-file", str(token_file)],
+        env=env)
+
+
+@contextlib.asynccontextmanager
+async def bridge_session(url: str, token_file: Path,
+                         on_message: Handler | None = None) -> AsyncIterator[ClientSession]:
+    """An initialized SDK client session through the stdio bridge subprocess."""
+    async with (stdio_client(bridge_params(url, token_file)) as (read, write),
+                ClientSession(read, write, message_handler=on_message) as session):
+        await session.initialize()
+        yield session

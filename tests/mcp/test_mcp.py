@@ -1,0 +1,295 @@
+"""The MCP front door through a real daemon, with the official SDK's client over real Streamable
+HTTP and through the ``sandboxd mcp`` stdio bridge (a real subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from sandboxd.audit import verify
+from tests.mcp.conftest import McpDaemon, client_session, http_session
+
+TRANSPORTS = ["http", "stdio"]
+INVALID_PARAMS = -32602
+
+
+def text_of(result: Any) -> str:
+    return "".join(c.text for c in result.content if c.type == "text")
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_for(predicate: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_tools_list_is_the_api_list(mcp_daemon: McpDaemon, transport: str) -> None:
+    api = mcp_daemon.daemon.client.get("/v1/tools").json()
+    async with client_session(transport, mcp_daemon) as session:
+        assert session.initialize_result.capabilities.tools.list_changed is True
+        listed = (await session.list_tools()).tools
+    assert [t.name for t in listed] == [t["name"] for t in api]
+    for tool, spec in zip(listed, api, strict=True):
+        assert tool.description == spec["description"]
+        assert tool.input_schema == spec["parameters"]
+        assert tool.meta["sandboxd/available"] == spec["available"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_python_call_and_its_audit_record(mcp_daemon: McpDaemon, transport: str) -> None:
+    async with client_session(transport, mcp_daemon) as session:
+        result = await session.call_tool("python", {"code": "print(6*7)"})
+    assert result.is_error is False
+    assert text_of(result).strip() == "42"
+    full = result.structured_content
+    assert full["status"] == "ok" and full["stdout"] == "42\n" and full["tool"] == "python"
+    assert full["session"].startswith("ses_")  # the MCP session's own workspace
+    records = [r for r in mcp_daemon.records() if r.get("request_id") == full["id"]]
+    assert [r["event"] for r in records] == ["decision", "result"]
+    assert all(r["transport"] == "mcp" and r["client"] == "alice" for r in records)
+    metrics = mcp_daemon.daemon.client.get("/metrics").text
+    assert 'sandboxd_mcp_tool_calls_total{status="ok",tool="python"}' in metrics
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_denied_call_is_an_error_with_the_policy_message(mcp_daemon: McpDaemon,
+                                                               transport: str) -> None:
+    async with client_session(transport, mcp_daemon) as session:
+        result = await session.call_tool("shell", {"command": "curl https://example.com"})
+    assert result.is_error is True
+    assert result.structured_content["status"] == "denied"
+    assert result.structured_content["policy"]["rule"] == "tools.shell.commands.deny[0]"
+    assert "`curl` is not allowed here; allowed commands: ls," in text_of(result)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_schema_errors_are_mcp_errors_naming_the_field(mcp_daemon: McpDaemon,
+                                                             transport: str) -> None:
+    async with client_session(transport, mcp_daemon) as session:
+        with pytest.raises(MCPError) as missing:
+            await session.call_tool("python", {"cod": "print(1)"})
+        with pytest.raises(MCPError) as wrong_type:
+            await session.call_tool("python", {"code": 42})
+        with pytest.raises(MCPError) as unknown:
+            await session.call_tool("no_such_tool", {})
+        with pytest.raises(MCPError) as bad_limit:
+            await session.call_tool("python", {"code": "1"},
+                                    meta={"sandboxd/limits": {"timeout_s": -1}})
+    assert missing.value.code == INVALID_PARAMS
+    assert "argument 'code': is required" in missing.value.message
+    assert missing.value.data["field"] == "code"
+    assert wrong_type.value.data["field"] == "code" and "not of type" in wrong_type.value.message
+    assert unknown.value.code == INVALID_PARAMS and "python" in unknown.value.data["available"]
+    assert bad_limit.value.data["field"] == "_meta.sandboxd/limits.timeout_s"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_timeout_is_an_error_with_the_reason(mcp_daemon: McpDaemon, transport: str) -> None:
+    async with client_session(transport, mcp_daemon) as session:
+        result = await session.call_tool("python", {"code": "while True:\n    pass"},
+                                         meta={"sandboxd/limits": {"timeout_s": 2}})
+    assert result.is_error is True
+    full = result.structured_content
+    assert full["status"] == "timeout", full
+    assert full["termination"]["reason"] in ("wall_timeout", "cpu_limit")
+    assert full["limits"]["timeout_s"] == 2 and full["cleanup"]["verified"] is True
+    assert "status: timeout" in text_of(result)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
+                                                        transport: str) -> None:
+    pid = mcp_daemon.daemon.proc.pid
+    progress: list[tuple[float, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+
+    async with client_session(transport, mcp_daemon) as session:
+        await session.call_tool("python", {"code": "1"})  # warm: the zygote exists
+        baseline = len(descendants(pid))
+        call = asyncio.create_task(session.call_tool(
+            "python", {"code": "while True:\n    pass"}, progress_callback=on_progress,
+            meta={"sandboxd/limits": {"timeout_s": 120}}))
+        deadline = time.monotonic() + 30
+        while len(progress) < 2 and time.monotonic() < deadline and not call.done():
+            await asyncio.sleep(0.1)
+        assert len(progress) >= 2, "no progress notifications while the call ran"
+        assert progress[-1][0] > progress[0][0] and "running for" in (progress[-1][1] or "")
+        busy = [p for p in descendants(pid) if _cpu(p) > 0.5]
+        assert busy, "the busy loop is not running in a sandbox process"
+        call.cancel()  # the SDK sends notifications/cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # the session is still usable after a cancellation
+        assert text_of(await session.call_tool("python", {"code": "print(1)"})).strip() == "1"
+    assert wait_for(lambda: len(descendants(pid)) <= baseline), "a worker outlived its call"
+    for proc in busy:
+        assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, proc
+    killed = wait_for(lambda: [r for r in mcp_daemon.records() if r["event"] == "result"
+                               and r.get("transport") == "mcp" and r["status"] == "killed"])
+    assert killed and killed[-1]["termination"]["reason"] == "cancelled"
+    assert killed[-1]["cleanup"]["verified"] is True
+
+
+def _cpu(proc: psutil.Process) -> float:
+    try:
+        return proc.cpu_times().user
+    except psutil.Error:
+        return 0.0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_session_keeps_files_and_sessions_are_isolated(mcp_daemon: McpDaemon,
+                                                             transport: str) -> None:
+    async with client_session(transport, mcp_daemon) as first:
+        wrote = await first.call_tool("write_file", {"path": "notes.txt", "content": "kept"})
+        assert wrote.is_error is False, text_of(wrote)
+        again = await first.call_tool("read_file", {"path": "notes.txt"})
+        assert text_of(again) == "kept"
+        sid = again.structured_content["session"]
+        workspace = wrote.structured_content["session"]
+        assert sid == workspace
+        async with client_session(transport, mcp_daemon) as second:
+            other = await second.call_tool("read_file", {"path": "notes.txt"})
+            assert other.is_error is True, text_of(other)
+            assert other.structured_content["session"] != sid
+        async with client_session(transport, mcp_daemon, name="bob") as bob:
+            theirs = await bob.call_tool("list_files", {})
+            assert "notes.txt" not in text_of(theirs)
+    # the MCP session ended: its sandboxd session and workspace are gone
+    deleted = wait_for(lambda: [r for r in mcp_daemon.records()
+                                if r["event"] == "session_deleted" and r["session"] == sid])
+    assert deleted and deleted[0]["transport"] == "mcp" and deleted[0]["client"] == "alice"
+    assert not list(mcp_daemon.daemon.state_dir.rglob(f"*{sid}*"))
+
+
+async def test_session_id_of_another_client_is_not_found(mcp_daemon: McpDaemon) -> None:
+    sid = await _any_session_id(mcp_daemon)
+    assert (await _post_with_session(mcp_daemon, "alice", sid)).status_code == 200
+    assert (await _post_with_session(mcp_daemon, "bob", sid)).status_code == 404
+
+
+async def _any_session_id(d: McpDaemon) -> str:
+    async with httpx.AsyncClient() as http:
+        r = await http.post(d.url, headers=_headers(d.tokens["alice"]), json=_initialize())
+        assert r.status_code == 200, r.text
+        return r.headers["mcp-session-id"]
+
+
+async def _post_with_session(d: McpDaemon, name: str, sid: str) -> httpx.Response:
+    async with httpx.AsyncClient() as http:
+        return await http.post(d.url, headers={**_headers(d.tokens[name]),
+                                               "mcp-session-id": sid,
+                                               "mcp-protocol-version": "2025-06-18"},
+                               json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    headers = {"accept": "application/json, text/event-stream",
+               "content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _initialize() -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "0"}}}
+
+
+async def test_unknown_token_is_401_and_audited(mcp_daemon: McpDaemon) -> None:
+    bad = "sbx_" + "B" * 43
+    async with httpx.AsyncClient() as http:
+        for token in (None, bad):
+            r = await http.post(mcp_daemon.url, headers=_headers(token), json=_initialize())
+            assert r.status_code == 401, r.text
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert r.headers["www-authenticate"] == "Bearer"
+    with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for a refused initialize
+        async with http_session(mcp_daemon.url, bad):
+            pass
+    failures = wait_for(lambda: [r for r in mcp_daemon.records()
+                                 if r["event"] == "auth_failure" and "/mcp" in r["paths"]])
+    assert failures, "the failed MCP authentications were not audited"
+    assert sum(r["count"] for r in failures) >= 3
+    assert bad not in mcp_daemon.daemon.audit_path.read_text()
+
+
+def test_bridge_with_a_bad_token_says_so(mcp_daemon: McpDaemon) -> None:
+    import subprocess
+    import sys
+
+    token_file = mcp_daemon.tmp / "bad.token"
+    token_file.write_text("sbx_" + "C" * 43)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandboxd", "mcp", "--url", mcp_daemon.daemon.url,
+         "--token-file", str(token_file)],
+        input=b"", capture_output=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")})
+    assert proc.returncode == 3, proc.stderr
+    assert b"refused the token (HTTP 401)" in proc.stderr
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_tools_list_changed_after_a_policy_reload(mcp_daemon: McpDaemon,
+                                                        transport: str) -> None:
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        method = getattr(message, "method", None) or getattr(
+            getattr(message, "root", None), "method", None)
+        if method == "notifications/tools/list_changed":
+            changed.set()
+
+    policy = mcp_daemon.policies / "default.yaml"
+    original = policy.read_text()
+    async with client_session(transport, mcp_daemon, on_message=on_message) as session:
+        before = {t.name for t in (await session.list_tools()).tools}
+        assert "list_files" in before
+        without = original.replace("  list_files:\n    paths:\n      allow: [\"**\"]\n", "")
+        assert without != original
+        policy.write_text(without)
+        try:
+            os.kill(mcp_daemon.daemon.proc.pid, signal.SIGHUP)
+            await asyncio.wait_for(changed.wait(), 20)
+            after = {t.name for t in (await session.list_tools()).tools}
+        finally:
+            policy.write_text(original)
+            os.kill(mcp_daemon.daemon.proc.pid, signal.SIGHUP)
+    assert after == before - {"list_files"}
+
+
+def test_audit_log_has_the_mcp_calls_and_verifies(mcp_daemon: McpDaemon) -> None:
+    records = mcp_daemon.records()
+    mcp = [r for r in records if r.get("transport") == "mcp"]
+    assert {r["event"] for r in mcp} >= {"decision", "result", "session_created",
+                                         "session_deleted"}
+    report = verify(mcp_daemon.daemon.audit_path)
+    assert report.ok, report
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sandboxd", "audit", "verify",
+                           str(mcp_daemon.daemon.audit_path)], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
