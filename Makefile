@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run test test-vm venv venv-dev docker images lint bench clean
+.PHONY: run test test-vm venv venv-dev docker images mcp-inspector lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 $(BIN)/.installed: pyproject.toml
@@ -46,8 +46,25 @@ docker:
 images: venv docker
 	$(BIN)/sandboxd images build --offline --if-missing
 
-## make test: everything the tests need (dev tools, Docker engine, sandbox images), then pytest.
-test: venv-dev docker images
+## The MCP Inspector CLI for tests/mcp (a client no one on this project wrote): Debian's nodejs
+## and npm when node is missing (Debian 12: node 18), then the pinned tree (Inspector 0.15.0,
+## nothing in it needs more than node 18) into .cache/npm, so the tests download nothing.
+NPM_CACHE ?= .cache/npm
+INSPECTOR := $(NPM_CACHE)/node_modules/@modelcontextprotocol/inspector/cli/build/cli.js
+
+$(INSPECTOR): tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.json
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || \
+	  (echo "installing nodejs and npm"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null)
+	mkdir -p $(NPM_CACHE)
+	cp tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.json $(NPM_CACHE)/
+	cd $(NPM_CACHE) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+mcp-inspector: $(INSPECTOR)
+
+## make test: everything the tests need (dev tools, Docker engine, sandbox images, the MCP
+## Inspector), then pytest.
+test: venv-dev docker images mcp-inspector
 	$(BIN)/pytest -ra
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
