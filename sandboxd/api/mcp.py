@@ -133,6 +133,13 @@ def _fingerprint(specs: list[ToolSpec]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+def _connection(ctx: Any) -> Any:
+    """The SDK ``Connection`` of a request: per-MCP-session ``state``, ``exit_stack`` (runs when
+    the session ends), ``session_id`` and the standalone ``notify``. The lowlevel context does not
+    expose it yet (mcp 2.3: ``ServerSession._connection``), hence the pinned SDK range."""
+    return ctx.session._connection
+
+
 class _Server(Server[Any]):
     """The SDK's server, announcing ``tools.listChanged`` in its initialize result."""
 
@@ -159,6 +166,7 @@ class McpFrontDoor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
         self._calls = 0  # tools/call handlers running now
+        self._serving = False  # the session manager runs (inside run())
 
     # ------------------------------------------------------------ life cycle
 
@@ -182,6 +190,7 @@ class McpFrontDoor:
         waiter.cancel()
         if holder.done():
             holder.result()  # it failed to start: raise its error
+        self._serving = True
         watcher = asyncio.create_task(self._stop_when_draining(), name="mcp-drain")
         self.service.policy_listeners.append(self._policy_changed)
         try:
@@ -189,6 +198,7 @@ class McpFrontDoor:
         finally:
             with contextlib.suppress(ValueError):
                 self.service.policy_listeners.remove(self._policy_changed)
+            self._serving = False
             watcher.cancel()
             self._stop.set()
             with contextlib.suppress(asyncio.CancelledError):
@@ -209,7 +219,7 @@ class McpFrontDoor:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        if self._stop.is_set() or self.manager._task_group is None:
+        if self._stop.is_set() or not self._serving:
             await problems.problem_response(problems.Problem(
                 503, "draining", "Shutting down",
                 "the daemon is shutting down; retry on another instance or later",
@@ -247,7 +257,7 @@ class McpFrontDoor:
         client = request.scope.get(CLIENT_KEY) if request is not None else None
         if not client:  # pragma: no cover - every request passes through __call__
             raise MCPError(types.INVALID_REQUEST, "unauthenticated MCP request")
-        connection = ctx.session._connection
+        connection = _connection(ctx)
         state = connection.state
         if "client" not in state:
             state["client"] = client
@@ -263,7 +273,7 @@ class McpFrontDoor:
         self.service.metrics.mcp_requests.labels(method="tools/list").inc()
         client = self._client(ctx)
         specs = self.service.tools(client)
-        ctx.session._connection.state["tools"] = _fingerprint(specs)
+        _connection(ctx).state["tools"] = _fingerprint(specs)
         return types.ListToolsResult(tools=[tool_for(s) for s in specs])
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
@@ -273,7 +283,7 @@ class McpFrontDoor:
         counter = self.service.metrics.mcp_calls
         try:
             limits = _limits(params.meta)
-            session = await self._sandbox_session(ctx.session._connection, client)
+            session = await self._sandbox_session(_connection(ctx), client)
             request = InvokeRequest(arguments=params.arguments or {}, session=session,
                                     limits=limits)
             result = await self._run(ctx, client, params.name, request)
