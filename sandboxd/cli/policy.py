@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 
 def _settings_policies_dir() -> Path | None:
