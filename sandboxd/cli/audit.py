@@ -36,7 +36,8 @@ def verify_cmd(
     """Check the hash chain (rotated files included). Exit 1 naming the first bad record."""
     from sandboxd.audit import verify
 
-    report = verify(_default_path(path, config, state_dir))
+    log_path = _default_path(path, config, state_dir)
+    report = verify(log_path)
     if as_json:
         bad = report.first_bad
         typer.echo(json.dumps({
@@ -51,7 +52,7 @@ def verify_cmd(
         raise typer.Exit(0 if report.ok else 1)
     for warning in report.warnings:
         typer.echo(f"warning: {warning}", err=True)
-    typer.echo(report.summary())
+    typer.echo(report.summary() + (f" (log: {log_path})" if report.ok else ""))
     if not report.ok:
         raise typer.Exit(1)
 
