@@ -20,7 +20,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
 REPO = Path(__file__).resolve().parents[2]

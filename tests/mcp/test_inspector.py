@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.audit import verify
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.ci import require
 from tests.support.daemon import running_daemon
 
