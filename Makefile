@@ -32,6 +32,7 @@ run: venv
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools/python/invoke -H 'content-type: application/json' -d '{\"arguments\":{\"code\":\"print(6*7)\"}}'"
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools?format=openai"
 	@echo "  $(BIN)/sandboxd invoke python --arg code='print(6*7)'"
+	@echo "MCP (Streamable HTTP): http://$(HOST):$(PORT)/mcp; stdio bridge for MCP hosts: $(BIN)/sandboxd mcp --url http://$(HOST):$(PORT)"
 	@echo "Admin commands for this daemon's state ($(STATE)/):"
 	@echo "  $(BIN)/sandboxd audit verify --state-dir $(abspath $(STATE))"
 	@echo "  $(BIN)/sandboxd audit tail -f --state-dir $(abspath $(STATE))"
