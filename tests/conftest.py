@@ -42,3 +42,24 @@ def docker_client():  # type: ignore[no-untyped-def]
         require(False, f"the sandbox image {image} (run `sandboxd images build --offline`)")
     yield client
     client.close()
+
+
+# Per-directory markers, so that one backend's whole suite runs alone:
+#   pytest -m restricted    pytest -m container    pytest -m docker    pytest -m scripted
+_DIRECTORY_MARKERS = {"restricted": ("restricted",), "container": ("container", "docker"),
+                      "faults": ("docker",), "scripted": ("scripted",)}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by its directory, and ``docker`` when it uses the Docker engine."""
+    tests_dir = Path(__file__).parent
+    for item in items:
+        try:
+            directory = Path(item.path).relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        for name in _DIRECTORY_MARKERS.get(directory, ()):
+            item.add_marker(name)
+        if "docker_client" in getattr(item, "fixturenames", ()) and \
+                item.get_closest_marker("docker") is None:
+            item.add_marker("docker")
