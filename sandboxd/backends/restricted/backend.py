@@ -65,6 +65,7 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
+from sandboxd.rules import OutputBudget
 from sandboxd.uids import UidPool
 
 #: deadline of each self-test probe: a bound that only a hung worker reaches (a slow or
@@ -676,12 +677,16 @@ class RestrictedBackend:
         zygote_pid: int,
     ) -> Result:
         cap = limits.output_bytes
-        stdout = bytes(reader.stdout[:cap]).decode("utf-8", "replace")
-        stderr = bytes(reader.stderr[:cap]).decode("utf-8", "replace")
+        budget = OutputBudget(cap)  # stdout and stderr together (sandboxd.rules)
+        out = bytes(reader.stdout[: budget.take(len(reader.stdout))])
+        err = bytes(reader.stderr[: budget.take(len(reader.stderr))])
+        stdout = out.decode("utf-8", "replace")
+        stderr = err.decode("utf-8", "replace")
         report = reader.report
         truncated = Truncated(
-            stdout=len(reader.stdout) > cap or bool(report and report.get("truncated_stdout")),
-            stderr=len(reader.stderr) > cap,
+            stdout=len(out) < len(reader.stdout)
+            or bool(report and report.get("truncated_stdout")),
+            stderr=len(err) < len(reader.stderr),
         )
         info = exit_info or {}
         resources = Resources(
@@ -725,7 +730,8 @@ class RestrictedBackend:
                 reason = Reason.memory_limit
             elif outcome == "output_limit":
                 reason = Reason.output_limit
-                truncated.stdout = True
+                if not truncated.stdout:  # the cap cut the worker's own stderr (a traceback)
+                    truncated.stderr = True
             else:
                 reason = Reason.exited
                 exit_code = int(report.get("exit_code", 0) or 0)
@@ -747,7 +753,7 @@ class RestrictedBackend:
                 )
                 exit_code = exit_code if exit_code is not None else (128 + (sig or 0))
         if reason is Reason.output_limit:
-            truncated.stdout = truncated.stdout or len(reader.stdout) >= cap
+            truncated.stdout = truncated.stdout or len(reader.stdout) + len(reader.stderr) >= cap
             message = message or f"output limit of {cap} bytes exceeded"
         elif reason is Reason.wall_timeout:
             message = f"wall-clock timeout of {limits.timeout_s:g} s exceeded"
