@@ -35,7 +35,8 @@ Rules named in decisions
 Limits
     ``limits:`` (policy) and ``tools.X.limits:`` hold ``timeout`` (``60s``, ``500ms``, ``5m``),
     ``memory`` / ``output`` (``256Mi``, ``1G``, bytes; ``output`` is one budget for stdout
-    and stderr together), ``cpus``, ``pids`` and a ``max_`` of each. A tool's value falls back to the policy's, then to the built-in default (60 s,
+    and stderr together), ``cpus``, ``pids`` and a ``max_`` of each. A tool's value falls
+    back to the policy's, then to the built-in default (60 s,
     256 MiB, 1 CPU, 64 pids, 1 MiB output); it is capped by the tool's and the policy's
     maxima; a request can only lower it: effective = min(request, tool, policy maximum).
     A value above the maximum of the same block is a load error.
