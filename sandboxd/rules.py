@@ -108,7 +108,8 @@ def normalise_path(path: str) -> str:
                           f"`{unicodedata.normalize('NFC', path)}`")
     if path.startswith("/"):
         if path != MOUNT and not path.startswith(MOUNT + "/"):
-            raise PathRefused("paths must be relative to the workspace (no leading '/')")
+            raise PathRefused("it is outside the workspace; paths are relative to the workspace "
+                              "(no leading '/', or /workspace/...)")
         path = path[len(MOUNT):]
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
