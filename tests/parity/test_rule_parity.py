@@ -238,8 +238,7 @@ def test_paths(clients: Clients, path: str, admitted: bool) -> None:
         assert restricted["status"] == "ok" and restricted["stdout"] == "written\n", restricted
     else:
         assert restricted["status"] == "error", restricted
-        assert "SandboxViolation: open()" in restricted["stderr"], restricted
-        assert "is not allowed" in restricted["stderr"], restricted
+        assert "SandboxViolation: open()" in restricted["stderr"], restricted  # refused
     # a redirect in the container (decided by the engine, opened by the runner)
     shell = clients.invoke("c-star", "shell", {"command": f"echo x > {shlex.quote(path)}"})
     assert (shell["status"] == "ok") is admitted, shell
