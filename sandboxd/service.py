@@ -59,6 +59,8 @@ DEFAULT_BACKEND = "restricted"
 class ServiceError(SandboxdError):
     """Base of the service's errors (the API turns each into problem+json by its code)."""
 
+    code = "service-error"
+
 
 class UnknownTool(ServiceError):
     code = "unknown-tool"
