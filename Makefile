@@ -33,9 +33,9 @@ run: venv
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools?format=openai"
 	@echo "  $(BIN)/sandboxd invoke python --arg code='print(6*7)'"
 	@echo "Admin commands for this daemon's state ($(STATE)/):"
-	@echo "  $(BIN)/sandboxd audit verify $(STATE)/audit.jsonl"
-	@echo "  $(BIN)/sandboxd audit tail $(STATE)/audit.jsonl"
-	@echo "  $(BIN)/sandboxd doctor --state-dir $(STATE)"
+	@echo "  $(BIN)/sandboxd audit verify --state-dir $(abspath $(STATE))"
+	@echo "  $(BIN)/sandboxd audit tail -f --state-dir $(abspath $(STATE))"
+	@echo "  $(BIN)/sandboxd doctor --state-dir $(abspath $(STATE))"
 	@echo "Stop with Ctrl-C."
 	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE)
 

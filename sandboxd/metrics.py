@@ -28,6 +28,11 @@ class Metrics:
             "sandboxd_rejections", "Calls refused before running (queue full, rate limit, ...)",
             ["reason"], registry=self.registry,
         )
+        self.policy_reloads = Counter(
+            "sandboxd_policy_reloads_total",
+            "Policy loads and reloads by result (refused: invalid files, the previous policy "
+            "stays in force)", ["result"], registry=self.registry,
+        )
         self.auth_failures = Counter(
             "sandboxd_auth_failures", "Requests with a missing or unknown token",
             registry=self.registry,

@@ -147,6 +147,15 @@ class Limits(_Model):
             update[name] = min(getattr(self, name), wanted)
         return self.model_copy(update=update)
 
+    def lowered_requests(self, request: LimitsRequest | None) -> dict[str, tuple[Any, Any]]:
+        """The requested limits these (effective) limits do not grant in full:
+        ``{field: (asked, granted)}``."""
+        if request is None:
+            return {}
+        return {name: (asked, getattr(self, name))
+                for name, asked in request.model_dump(exclude_none=True).items()
+                if getattr(self, name) < asked}
+
 
 # ---------------------------------------------------------------- requests
 

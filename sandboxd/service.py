@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,8 @@ class Sandboxd:
                          else _build_backends(settings, self.uids))
         self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use)
         self.draining = False
+        # (when, problems) of the last refused policy reload while it is the latest word
+        self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._tasks: list[asyncio.Task[Any]] = []
         self._readiness: tuple[float, dict[str, Any]] | None = None
@@ -553,9 +556,11 @@ class Sandboxd:
         quota = self.sessions.fs  # read fresh too: its mount helper may have died
         workspace_quota = {"mode": "kernel" if quota.kernel else "advisory",
                            "setting": quota.setting, "ok": quota.ok, "detail": quota.detail}
+        policy = self._policy_state()
+        degraded = [] if policy["ok"] else ["policy"]
         return {**state, "ready": state["ready"] and stored_ok and quota.ok
                 and not self.draining, "draining": self.draining, "storage": storage,
-                "workspace_quota": workspace_quota}
+                "workspace_quota": workspace_quota, "policy": policy, "degraded": degraded}
 
     def _storage_state(self) -> dict[str, dict[str, Any]]:
         audit = self.audit_problem()
@@ -593,12 +598,30 @@ class Sandboxd:
     # ------------------------------------------------------------ policy events
 
     def _policy_event(self, event: str, fields: dict[str, Any]) -> None:
+        """Audit a policy load or refusal and count it (the store logs it, once)."""
+        self.metrics.policy_reloads.labels(
+            result="refused" if event == "policy_refused" else "ok").inc()
+        if event == "policy_refused":
+            now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            self._policy_refused = (now, list(fields.get("errors", [])))
+        else:
+            self._policy_refused = None
         try:
             self.audit.write(event, **fields)
         except Exception as exc:
             log.error("could not audit %s: %s", event, exc)
-        if event == "policy_refused":
-            log.error("policy refused, previous policy stays in force: %s", fields)
+
+    def _policy_state(self) -> dict[str, Any]:
+        """The readiness view of the policy: ok, or the refused reload's problems (the
+        previous policy stays in force, so this degrades readiness without failing it)."""
+        if self._policy_refused is None:
+            return {"ok": True, "detail": None}
+        since, problems = self._policy_refused
+        first = problems[0] if problems else "invalid policy"
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return {"ok": False, "since": since, "problems": problems,
+                "detail": f"policy reload refused: {first}{more}; the previous policy stays "
+                "in force"}
 
 
 def _interrupted_calls(audit_path: Path) -> list[str]:

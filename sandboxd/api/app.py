@@ -189,7 +189,7 @@ async def _self_test(service: Sandboxd, settings: Settings) -> None:
 def _load_tokens(settings: Settings):  # type: ignore[no-untyped-def]
     if settings.tokens_file is None:
         return None
-    from sandboxd.auth import TokenStore
+    from sandboxd.tokens import TokenStore
 
     return TokenStore.load(settings.tokens_file)
 

@@ -3,7 +3,8 @@
 Unknown or missing tokens get 401 problem+json, and 429 with ``Retry-After`` once the peer has
 failed too often (:class:`~sandboxd.auth.FailedAuthGuard`); they are audited as one
 ``auth_failure`` record per peer per interval (the token itself is never logged, only a short
-digest prefix). Each client is rate limited.
+digest prefix). Each token holder is rate limited (at most ``rate_limit_per_minute`` calls in
+any 60 s); the tokenless loopback client is not.
 
 With tokens configured, ``/metrics``, ``/readyz`` and the API docs need a token too unless the
 ``open_endpoints`` setting opens them; ``/healthz`` is always open.
@@ -32,28 +33,34 @@ def authenticate(request: Request) -> str:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         token = token.strip()
-        found = tokens.client_for(token) if scheme.lower() == "bearer" and token else None
-        if found is None:
-            _failed(request, token)
+        entry = tokens.entry_for(token) if scheme.lower() == "bearer" and token else None
+        if entry is None:
+            _failed(request, token, "missing bearer token" if not token else "unknown token")
+        elif entry.expired():
+            _failed(request, token, f"expired token (id {entry.id}, expired {entry.expires})")
         else:
-            client = found
+            client = entry.client
     limiter = state.rate_limiter
-    if limiter is not None:
+    # The tokenless client exists only on loopback or a unix socket: the host's own agent,
+    # which the scheduler's queue bounds already; rate limits are for token holders.
+    if limiter is not None and tokens is not None:
         wait = limiter.check(client)
         if wait is not None:
             service.metrics.rejections.labels(reason="rate_limit").inc()
             seconds = max(1, int(wait + 0.999))
             raise Problem(429, "rate-limited", "Rate limit exceeded",
-                          f"client '{client}' is over its rate limit; retry in {seconds} s",
-                          headers={"Retry-After": str(seconds)}, retry_after=seconds)
+                          f"client '{client}' made {limiter.per_minute} calls in the last 60 s, "
+                          "its rate limit (setting rate_limit_per_minute); retry in "
+                          f"{seconds} s", headers={"Retry-After": str(seconds)},
+                          retry_after=seconds, limit="rate_limit_per_minute",
+                          limit_value=limiter.per_minute)
     return client
 
 
-def _failed(request: Request, token: str) -> None:
+def _failed(request: Request, token: str, reason: str) -> None:
     """Count a failed authentication and raise its 401, or 429 when the peer failed too often."""
     state = request.app.state
     state.service.metrics.auth_failures.inc()
-    reason = "missing bearer token" if not token else "unknown token"
     peer = peer_key(request.client.host if request.client else None)
     digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12] \
         if token else None

@@ -9,32 +9,35 @@ from typing import Any
 
 import typer
 
+from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.text import json_visible, visible
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 
-def _default_path(path: Path | None) -> Path:
+def _default_path(path: Path | None, config: Path | None, state_dir: Path | None) -> Path:
+    """The audit log named on the command line, else the one the daemon writes."""
     if path is not None:
         return path
-    from sandboxd.config import load_settings
+    return settings_for(config, state_dir).audit_path
 
-    try:
-        return load_settings().audit_path
-    except Exception as exc:
-        typer.echo(f"sandboxd: cannot load settings to find the audit log: {exc}", err=True)
-        raise typer.Exit(2) from None
+
+_PATH_ARGUMENT = typer.Argument(
+    None, help="Audit log (default: the daemon's, from --state-dir/--config)")
 
 
 @app.command("verify")
 def verify_cmd(
-    path: Path | None = typer.Argument(None, help="Audit log (default: from settings)"),
+    path: Path | None = _PATH_ARGUMENT,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
+    config: Path | None = CONFIG_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Check the hash chain (rotated files included). Exit 1 naming the first bad record."""
     from sandboxd.audit import verify
 
-    report = verify(_default_path(path))
+    log_path = _default_path(path, config, state_dir)
+    report = verify(log_path)
     if as_json:
         bad = report.first_bad
         typer.echo(json.dumps({
@@ -49,7 +52,7 @@ def verify_cmd(
         raise typer.Exit(0 if report.ok else 1)
     for warning in report.warnings:
         typer.echo(f"warning: {warning}", err=True)
-    typer.echo(report.summary())
+    typer.echo(report.summary() + (f" (log: {log_path})" if report.ok else ""))
     if not report.ok:
         raise typer.Exit(1)
 
@@ -102,22 +105,24 @@ def format_record(record: dict[str, Any]) -> str:
 
 @app.command("tail")
 def tail(
-    path: Path | None = typer.Argument(None, help="Audit log (default: from settings)"),
+    path: Path | None = _PATH_ARGUMENT,
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new records"),
-    client: str | None = typer.Option(None, "--client"),
-    tool: str | None = typer.Option(None, "--tool"),
+    client: str | None = typer.Option(None, "--client", help="Only this client's records"),
+    tool: str | None = typer.Option(None, "--tool", help="Only this tool's records"),
     status: str | None = typer.Option(
         None, "--status", help="ok, error, denied, timeout, killed, rejected; or allow/deny"),
     event: str | None = typer.Option(None, "--event", help="e.g. decision, result, "
                                      "auth_failure, policy_refused"),
     lines: int = typer.Option(20, "-n", "--lines", help="How many records to show first"),
     as_json: bool = typer.Option(False, "--json", help="Print the raw JSON records"),
+    config: Path | None = CONFIG_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Print the last records readably, optionally filtered, optionally following."""
     from sandboxd.audit import chain_files, read_records
     from sandboxd.audit import follow as follow_records
 
-    log_path = _default_path(path)
+    log_path = _default_path(path, config, state_dir)
     if not chain_files(log_path) and not follow:
         typer.echo(f"sandboxd: {log_path}: no such audit log", err=True)
         raise typer.Exit(2)

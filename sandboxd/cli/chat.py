@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,23 @@ import typer
 
 DEFAULT_HISTORY = Path("~/.sandboxd_chat_history")
 
+# The slash commands, one definition: `--help`, `/help` and the loop below use it.
+SLASH_COMMANDS = {
+    "/tools": "list the tools offered to the model",
+    "/reset": "start a new conversation",
+    "/help": "show these commands",
+    "/exit": "leave (also /quit or Ctrl-D); Ctrl-C cancels the current turn",
+}
+
+
+def slash_help() -> str:
+    """The slash commands, one per line."""
+    return "\n".join(f"  {name:<8} {what}" for name, what in SLASH_COMMANDS.items())
+
 
 def register(app: typer.Typer) -> None:
     """Add ``chat`` to the main app."""
-    app.command("chat")(chat)
+    app.command("chat", epilog="\b\nSlash commands at the prompt:\n" + slash_help())(chat)
 
 
 def _one_line(text: str, limit: int = 160) -> str:
@@ -198,6 +212,12 @@ def chat(
                 continue
             if text == "/tools":
                 display.write(", ".join(wanted) + "\n")
+                continue
+            if text == "/help":
+                display.write(slash_help() + "\n")
+                continue
+            if re.fullmatch(r"/[a-z]+", text):  # a path or a sentence goes to the model
+                display.write(f"(unknown command {text}; /help lists them)\n")
                 continue
             history.append({"role": "user", "content": text})
             added: list[dict[str, Any]] = []

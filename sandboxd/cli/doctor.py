@@ -28,6 +28,7 @@ from typing import Any
 
 import typer
 
+from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.models import ProbeCheck, ProbeReport
 
 PROBE_TIMEOUT_S = 120.0
@@ -166,11 +167,13 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
     )
     state = Path(settings.state_dir)
     probe_dir = state if state.exists() else state.parent
+    writable = os.access(probe_dir, os.W_OK)
     checks.append(
         ProbeCheck(
             name="state_dir",
-            ok=os.access(probe_dir, os.W_OK),
-            detail=f"{state} ({'writable' if os.access(probe_dir, os.W_OK) else 'NOT writable'})",
+            ok=writable,
+            detail=f"{state} ({'writable' if writable else 'NOT writable'}"
+            + ("" if state.exists() else "; does not exist yet, the daemon creates it") + ")",
         )
     )
     audit_dir = Path(settings.audit_path).parent
@@ -180,7 +183,8 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
             name="audit_log",
             ok=os.access(audit_target, os.W_OK),
             detail=f"{settings.audit_path} "
-            f"({'writable' if os.access(audit_target, os.W_OK) else 'NOT writable'})",
+            f"({'writable' if os.access(audit_target, os.W_OK) else 'NOT writable'}"
+            + ("" if Path(settings.audit_path).exists() else "; not written yet") + ")",
         )
     )
     checks.append(_workspace_quota_check(settings))
@@ -261,9 +265,25 @@ async def run_doctor(settings: Any, names: list[str]) -> list[tuple[str, bool, P
     return results
 
 
+async def _probe_without_creating_state(
+        settings: Any, names: list[str]) -> list[tuple[str, bool, ProbeReport]]:
+    """Probe the backends; a state directory that does not exist yet is not created (the
+    probes use a scratch one, removed afterwards), so the doctor leaves nothing behind."""
+    if Path(settings.state_dir).exists():
+        return await run_doctor(settings, names)
+    import shutil
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="sandboxd-doctor-state-"))
+    try:
+        return await run_doctor(settings.model_copy(update={"state_dir": scratch}), names)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+
 def doctor(
-    config: Path | None = typer.Option(None, "--config", help="YAML config file"),
-    state_dir: Path | None = typer.Option(None, "--state-dir", help="State directory"),
+    config: Path | None = CONFIG_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
     backend: list[str] = typer.Option(
         [], "--backend", "-b", help="Probe only this backend (repeatable)"
     ),
@@ -273,16 +293,8 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON"),
 ) -> None:
     """Run each enabled backend's confinement self-test here and print every check."""
-    from pydantic import ValidationError
-
-    from sandboxd.config import ConfigFileError, load_settings, settings_error
-
-    try:
-        # No warm pool: the doctor starts a backend only to probe it once.
-        settings = load_settings(config, state_dir=state_dir, warm_pool_size=0)
-    except (ConfigFileError, ValidationError) as exc:
-        typer.echo(f"sandboxd doctor: bad settings: {settings_error(exc)}", err=True)
-        raise typer.Exit(2) from None
+    # No warm pool: the doctor starts a backend only to probe it once.
+    settings = settings_for(config, state_dir, warm_pool_size=0)
     names = enabled_backends(settings)
     unknown = [b for b in backend if b not in ("restricted", "container")]
     if unknown:
@@ -301,7 +313,7 @@ def doctor(
             raise typer.Exit(2)
     default = _default_backend()
     host = host_checks(settings)  # first: the cgroup row says what the probes will do
-    results = asyncio.run(run_doctor(settings, names))
+    results = asyncio.run(_probe_without_creating_state(settings, names))
 
     failed_default = default in names and not any(
         n == default and a and r.ok for n, a, r in results

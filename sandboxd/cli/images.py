@@ -28,7 +28,7 @@ import typer
 
 from sandboxd.config import load_settings
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 ONLINE_BASE = "python:3.12-slim"
 OFFLINE_BASE = "sandboxd/base-offline:latest"

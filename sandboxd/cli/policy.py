@@ -8,14 +8,16 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+from sandboxd.cli.common import CONFIG_OPTION
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 
-def _settings_policies_dir() -> Path | None:
+def _settings_policies_dir(config: Path | None) -> Path | None:
     from sandboxd.config import load_settings
 
     try:
-        return load_settings().policies_dir
+        return load_settings(config).policies_dir
     except Exception as exc:  # a broken config must not hide the policy answer
         typer.echo(f"sandboxd: warning: settings not loaded ({exc}); using the embedded "
                    "default policy", err=True)
@@ -92,6 +94,16 @@ def _fmt_limits(limits: Any) -> str:
             f"{'yes' if limits.network else 'no'}")
 
 
+def _fmt_value(name: str, value: Any) -> str:
+    from sandboxd.policy.units import format_duration, format_size
+
+    if name == "timeout_s":
+        return format_duration(value)
+    if name.endswith("_bytes"):
+        return format_size(int(value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 @app.command("explain")
 def explain(
     tool: str = typer.Option(..., "--tool", help="Tool name, e.g. shell"),
@@ -102,8 +114,11 @@ def explain(
     limits: str | None = typer.Option(None, "--limits", help='Requested limits, JSON, e.g. '
                                       '\'{"timeout_s": 5}\''),
     as_json: bool = typer.Option(False, "--json", help="Print the decision as JSON"),
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
-    """Show the decision and the rule that makes it, without running anything."""
+    """Show the decision and the rule that makes it, without running anything.
+
+    Exit 0 when the call would be allowed, 1 when denied, 2 for bad input."""
     from pydantic import ValidationError
 
     from sandboxd.models import LimitsRequest
@@ -125,7 +140,7 @@ def explain(
         except ValidationError as exc:
             typer.echo(f"sandboxd: --limits: {exc.errors()[0]['msg']}", err=True)
             raise typer.Exit(2) from None
-    directory = policies if policies is not None else _settings_policies_dir()
+    directory = policies if policies is not None else _settings_policies_dir(config)
     store = PolicyStore(directory)
     try:
         store.load()
@@ -143,11 +158,15 @@ def explain(
     decision = store.decide(client, tool, arguments, requested)
     pol = store.policy_for(client)
     where = pol.locate(decision.rule) if pol is not None else decision.source
+    lowered = (decision.limits.lowered_requests(requested) if decision.limits is not None
+               else {})
     if as_json:
         out = decision.model_dump(mode="json")
         out["location"] = where
+        out["lowered"] = {name: {"requested": asked, "granted": granted}
+                          for name, (asked, granted) in lowered.items()}
         typer.echo(json.dumps(out, indent=2))
-        return
+        raise typer.Exit(0 if decision.allowed else 1)
     typer.echo(f"decision: {'allow' if decision.allowed else 'deny'}")
     typer.echo(f"tool:     {tool}    client: {client}    policy: {decision.policy_name or '-'}")
     typer.echo(f"rule:     {where}: {decision.rule}")
@@ -163,6 +182,11 @@ def explain(
         typer.echo(f"imports:  {', '.join(decision.imports_allow)}")
     if decision.limits is not None:
         typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
+    for name, (asked, granted) in lowered.items():
+        typer.echo(f"lowered:  {name} requested {_fmt_value(name, asked)}, granted "
+                   f"{_fmt_value(name, granted)} (the policy's limit)")
+    if not decision.allowed:
+        raise typer.Exit(1)
 
 
 @app.command("show")
@@ -170,12 +194,13 @@ def show(
     client: str | None = typer.Option(None, "--client", help="Only the policy of this client"),
     policies: Path | None = typer.Option(
         None, "--policies", help="Policies directory (default: settings, else embedded)"),
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Show the policies in force: who gets which, which tools, on which backend, limits."""
     from sandboxd.policy import PolicyError, PolicyStore
     from sandboxd.policy.engine import effective_limits, tool_specs
 
-    store = PolicyStore(policies if policies is not None else _settings_policies_dir())
+    store = PolicyStore(policies if policies is not None else _settings_policies_dir(config))
     try:
         store.load()
     except PolicyError as exc:

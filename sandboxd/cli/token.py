@@ -1,78 +1,127 @@
-"""``sandboxd token add NAME`` / ``list`` / ``remove NAME``."""
+"""``sandboxd token add NAME`` / ``list`` / ``remove NAME`` / ``remove --id ID``."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+from sandboxd.cli.common import CONFIG_OPTION, fail, settings_for
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 DEFAULT_TOKENS_FILE = Path("/etc/sandboxd/tokens.yaml")
+_DURATION = re.compile(r"^(\d+)([mhdw])$")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
-def _tokens_file(path: Path | None) -> Path:
+def _tokens_file(path: Path | None, config: Path | None) -> Path:
     if path is not None:
         return path
-    from sandboxd.config import load_settings
+    return settings_for(config, None).tokens_file or DEFAULT_TOKENS_FILE
 
+
+def parse_expiry(text: str, now: datetime | None = None) -> datetime:
+    """``30d``, ``12h``, ``90m``, ``2w`` from now, or an ISO 8601 date/time (UTC unless an
+    offset is given); ValueError with a readable message otherwise."""
+    from sandboxd.tokens import parse_time
+
+    match = _DURATION.match(text.strip())
+    if match:
+        amount, unit = int(match.group(1)), match.group(2)
+        if amount <= 0:
+            raise ValueError(f"--expires {text!r}: the duration must be positive")
+        return (now or datetime.now(UTC)) + timedelta(**{_UNITS[unit]: amount})
     try:
-        configured = load_settings().tokens_file
-    except Exception as exc:
-        typer.echo(f"sandboxd: cannot load settings: {exc}", err=True)
-        raise typer.Exit(2) from None
-    return configured or DEFAULT_TOKENS_FILE
+        return parse_time(text.strip())
+    except ValueError:
+        raise ValueError(f"--expires {text!r}: give a duration (30d, 12h, 90m, 2w) or an ISO "
+                         "8601 time (2027-01-31 or 2027-01-31T12:00:00Z)") from None
 
 
-_FILE_OPTION = typer.Option(None, "--tokens-file", help="Tokens file (default: settings, else "
-                            f"{DEFAULT_TOKENS_FILE})")
+_FILE_OPTION = typer.Option(None, "--tokens-file", help="Tokens file (default: the daemon's "
+                            f"tokens_file setting, else {DEFAULT_TOKENS_FILE})")
 
 
 @app.command("add")
 def add(name: str = typer.Argument(..., help="Client name"),
-        tokens_file: Path | None = _FILE_OPTION) -> None:
+        label: str | None = typer.Option(None, "--label", help="What the token is for"),
+        expires: str | None = typer.Option(
+            None, "--expires", help="Expiry: a duration (30d, 12h) or an ISO 8601 time"),
+        tokens_file: Path | None = _FILE_OPTION,
+        config: Path | None = CONFIG_OPTION) -> None:
     """Create a token for a client: prints it once; only its SHA-256 is stored."""
-    from sandboxd.auth import TokenFileError, add_token
+    from sandboxd.tokens import TokenFileError, add_token
 
-    path = _tokens_file(tokens_file)
     try:
-        token = add_token(path, name)
+        expiry = parse_expiry(expires) if expires is not None else None
+    except ValueError as exc:
+        fail(str(exc))
+        return
+    path = _tokens_file(tokens_file, config)
+    try:
+        token = add_token(path, name, label=label, expires=expiry)
     except (TokenFileError, OSError) as exc:
-        typer.echo(f"sandboxd: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"token for client '{name}' added to {path} (shown once, store it now):",
+        fail(str(exc), 1)
+        return
+    until = f", expires {expiry.isoformat(timespec='seconds')}" if expiry else ""
+    typer.echo(f"token for client '{name}' added to {path}{until} (shown once, store it now):",
                err=True)
     typer.echo(token)
 
 
 @app.command("list")
-def list_(tokens_file: Path | None = _FILE_OPTION) -> None:
-    """List clients and token hash prefixes (tokens themselves are never stored)."""
-    from sandboxd.auth import TokenFileError, TokenStore
+def list_(tokens_file: Path | None = _FILE_OPTION,
+          config: Path | None = CONFIG_OPTION) -> None:
+    """List tokens: client, id (hash prefix; tokens themselves are never stored), created,
+    label, expiry."""
+    from sandboxd.tokens import TokenFileError, TokenStore
 
-    path = _tokens_file(tokens_file)
+    path = _tokens_file(tokens_file, config)
     try:
         store = TokenStore.load(path)
     except TokenFileError as exc:
-        typer.echo(f"sandboxd: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc), 1)
+        return
+    if not store.entries:
+        typer.echo(f"no tokens in {path}", err=True)
+        return
+    typer.echo(f"{'CLIENT':<20} {'ID':<12}  {'CREATED':<20}  {'EXPIRES':<28}  LABEL")
     for entry in store.entries:
-        typer.echo(f"{entry.client:<24} sha256:{entry.sha256[:12]}…  {entry.created or ''}")
+        expiry = entry.expires or "never"
+        if entry.expired():
+            expiry += " (EXPIRED)"
+        typer.echo(f"{entry.client:<20} {entry.id:<12}  {entry.created or '-':<20}  "
+                   f"{expiry:<28}  {entry.label or ''}".rstrip())
 
 
 @app.command("remove")
-def remove(name: str = typer.Argument(..., help="Client name"),
-           tokens_file: Path | None = _FILE_OPTION) -> None:
-    """Remove every token of a client."""
-    from sandboxd.auth import TokenFileError, remove_tokens
+def remove(name: str | None = typer.Argument(None, help="Client name: remove all its tokens"),
+           token_id: str | None = typer.Option(
+               None, "--id", help="Remove only the token with this id (hash prefix from "
+               "`token list`)"),
+           tokens_file: Path | None = _FILE_OPTION,
+           config: Path | None = CONFIG_OPTION) -> None:
+    """Revoke tokens: every token of a client, or one token by its id. The daemon stops
+    accepting them within a second, without a restart."""
+    from sandboxd.tokens import TokenFileError, remove_token_by_id, remove_tokens
 
-    path = _tokens_file(tokens_file)
+    if (name is None) == (token_id is None):
+        fail("give a client name or --id ID (not both)")
+    path = _tokens_file(tokens_file, config)
     try:
+        if token_id is not None:
+            entry = remove_token_by_id(path, token_id)
+            typer.echo(f"removed token {entry.id} of client '{entry.client}'"
+                       + (f" ({entry.label})" if entry.label else "") + f" from {path}")
+            return
+        assert name is not None
         removed = remove_tokens(path, name)
     except (TokenFileError, OSError) as exc:
-        typer.echo(f"sandboxd: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc), 1)
+        return
     if not removed:
-        typer.echo(f"sandboxd: no token for client '{name}' in {path}", err=True)
-        raise typer.Exit(1)
+        fail(f"no token for client '{name}' in {path}", 1)
     typer.echo(f"removed {removed} token(s) of client '{name}' from {path}")

@@ -8,6 +8,7 @@ admin reads ``policies/default.yaml:14:7: tools.shell.backend: Input should be '
 from __future__ import annotations
 
 import hashlib
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -215,6 +216,76 @@ def _validation_problems(source: str, root: Node, exc: ValidationError) -> list[
     return [p[2] for p in sorted(problems)]
 
 
+def _line_column(problem: str) -> tuple[int, int]:
+    """(line, column) of a ``file:line:column: message`` problem, for sorting."""
+    match = re.search(r":(\d+):(\d+): ", problem)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _semantic(source: str, root: Node, spec: PolicyFile) -> list[str]:
+    return [f"{_where(source, node_at(root, loc, key=_names_key(loc)))}: {_dotted(loc)}: {msg}"
+            for loc, msg in semantic_problems(spec)]
+
+
+# Required top-level keys get a stand-in so that the rest of a file can still be checked.
+_STAND_INS: dict[str, Any] = {"version": 1, "name": "unnamed", "clients": ["*"]}
+
+
+def _without_invalid_parts(data: dict[str, Any], exc: ValidationError,
+                           rounds: int = 5) -> PolicyFile | None:
+    """The policy with every invalid part removed (a block missing a required key goes
+    whole), or None when nothing valid remains; only used to find more problems."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for _ in range(rounds):
+        for err in exc.errors(include_url=False):
+            loc = tuple(p for p in err["loc"] if isinstance(p, int | str))
+            if err["type"] == "missing":
+                if len(loc) == 1 and loc[0] in _STAND_INS:
+                    data[loc[0]] = copy.deepcopy(_STAND_INS[loc[0]])
+                    continue
+                loc = loc[:-1]
+            _cut(data, loc)
+        data = _compact(data)
+        try:
+            return PolicyFile.model_validate(data)
+        except ValidationError as again:
+            exc = again
+    return None
+
+
+_CUT = object()
+
+
+def _cut(data: Any, loc: Loc) -> None:
+    """Remove the deepest existing part of ``data`` along ``loc`` (list items are blanked,
+    then dropped, so indexes of later errors stay valid within one round)."""
+    parent, key = None, None
+    node = data
+    for part in loc:
+        present = (part in node if isinstance(node, dict) else
+                   isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
+        if not present:
+            break
+        parent, key, node = node, part, node[part]
+    if parent is None:
+        return
+    if isinstance(parent, dict):
+        del parent[key]
+    else:
+        parent[key] = _CUT
+
+
+def _compact(data: Any) -> Any:
+    """``data`` without the list items :func:`_cut` blanked."""
+    if isinstance(data, dict):
+        return {k: _compact(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_compact(v) for v in data if v is not _CUT]
+    return data
+
+
 def _names_key(loc: Loc) -> bool:
     """Problems about a custom tool as a whole point at its name."""
     return len(loc) == 2 and loc[0] == "custom_tools"
@@ -263,9 +334,15 @@ def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | Non
     try:
         spec = PolicyFile.model_validate(data)
     except ValidationError as exc:
-        return None, _validation_problems(source, root, exc)
-    problems = [f"{_where(source, node_at(root, loc, key=_names_key(loc)))}: {_dotted(loc)}: "
-                f"{msg}" for loc, msg in semantic_problems(spec)]
+        # every problem in one run: the semantic checks of whatever still validates once the
+        # invalid parts are cut away
+        problems = _validation_problems(source, root, exc)
+        repaired = _without_invalid_parts(data, exc)
+        if repaired is not None:
+            seen = set(problems)
+            problems += [p for p in _semantic(source, root, repaired) if p not in seen]
+        return None, sorted(problems, key=_line_column)
+    problems = _semantic(source, root, spec)
     if problems:
         return None, problems
     return LoadedPolicy(spec.name, source, path, spec, file_sha256(raw), root), []

@@ -58,8 +58,13 @@ def format_duration(seconds: float) -> str:
 
 
 def format_size(size: int) -> str:
-    """``256Mi``, ``1Gi``, ``1500`` (exact binary units only)."""
-    for unit, factor in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
-        if size >= factor and size % factor == 0:
-            return f"{size // factor}{unit}"
-    return str(size)
+    """A size the way an admin writes it: the exact unit with the smallest number, binary
+    first on a tie (``256Mi``, ``256MB``, ``1Gi``, ``1500``); parses back to ``size``."""
+    best = str(size)
+    best_number = size
+    for units, base in ((("Ki", "Mi", "Gi", "Ti"), 1024), (("KB", "MB", "GB", "TB"), 1000)):
+        for power, unit in enumerate(units, start=1):
+            factor = base**power
+            if size >= factor and size % factor == 0 and size // factor < best_number:
+                best, best_number = f"{size // factor}{unit}", size // factor
+    return best

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from sandboxd.api.connections import connection_caps
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.ci import require
 from tests.support.daemon import running_daemon
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
 SLOW = """

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from sandboxd.audit import verify
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.daemon import running_daemon
 
 
@@ -77,7 +77,7 @@ def test_denied_call_over_http_names_rule_and_is_audited(tmp_path: Path) -> None
 def test_token_add_and_remove_take_effect_without_restart(tmp_path: Path) -> None:
     import time
 
-    from sandboxd.auth import remove_tokens
+    from sandboxd.tokens import remove_tokens
 
     tokens = tmp_path / "tokens.yaml"
     first = add_token(tokens, "alice")

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from sandboxd.audit import verify
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.daemon import running_daemon
 
 GUARDED = ("/metrics", "/readyz", "/openapi.json", "/docs", "/redoc")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.auth import TokenFileError, TokenStore, add_token, hash_token, remove_tokens
+from sandboxd.tokens import TokenFileError, TokenStore, add_token, hash_token, remove_tokens
 
 
 def test_add_token_stores_only_the_hash(tmp_path: Path) -> None:
@@ -101,7 +101,9 @@ def test_cli_add_prints_token_once_and_stores_hash(tmp_path: Path) -> None:
     assert token not in path.read_text()
     assert TokenStore.load(path).client_for(token) == "alice"
     r = run_cli("list", "--tokens-file", str(path))
-    assert r.stdout.startswith("alice") and hash_token(token)[:12] in r.stdout
+    rows = r.stdout.splitlines()
+    assert rows[0].split()[:2] == ["CLIENT", "ID"]
+    assert rows[1].split()[:2] == ["alice", hash_token(token)[:12]]
     assert token not in r.stdout
     r = run_cli("remove", "alice", "--tokens-file", str(path))
     assert r.returncode == 0 and TokenStore.load(path).entries == []

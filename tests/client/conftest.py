@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
 # Extra `sandboxd serve` arguments of every client test daemon (empty: the real default).

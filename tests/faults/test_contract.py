@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.ci import require
 from tests.support.daemon import running_daemon
 

@@ -59,7 +59,7 @@ def test_check_separately_vs_as_a_set(tmp_path: Path) -> None:
 
 def test_explain_denied_curl_names_file_line_and_rule() -> None:
     r = sandboxd("policy", "explain", "--tool", "shell", "--args", '{"command": "curl x"}')
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # deny exits 1
     lines = r.stdout.splitlines()
     assert lines[0] == "decision: deny"
     assert lines[2].startswith("rule:     policies/default.yaml:")
@@ -136,3 +136,61 @@ def test_show_policies_tools_and_limits() -> None:
         "output 64Ki, network no")
     r = sandboxd("policy", "show", "--client", "nobody", "--policies", "policies/examples")
     assert "no policy applies" in r.stdout
+
+
+def test_check_reports_every_problem_of_a_file_in_one_run(tmp_path: Path) -> None:
+    """Schema errors used to hide the semantic checks: both kinds come out together, sorted
+    by line."""
+    f = write(tmp_path, "bad.yaml", """
+        version: 1
+        name: bad
+        clients: ["*"]
+        tools:
+          python:
+            limits:
+              memory: 2Gi
+              max_memory: 1Gi
+              pids: lots
+          shell:
+            commands:
+              allow: [ls]
+            bogus: true
+        custom_tools:
+          "bad tool":
+            description: x
+            argv: [ls]
+        """)
+    r = sandboxd("policy", "check", str(f))
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert [line.split(": ", 1)[0].rsplit(":", 2)[1] for line in lines] == ["8", "10", "14",
+                                                                              "16"]
+    assert "memory is above max_memory" in lines[0]
+    assert "pids" in lines[1] and "unknown key 'bogus'" in lines[2]
+    assert "'bad tool' is not a valid tool name" in lines[3]
+
+
+def test_show_prints_sizes_as_written(tmp_path: Path) -> None:
+    d = tmp_path / "policies"
+    write(d, "p.yaml", """
+        version: 1
+        name: p
+        clients: ["*"]
+        tools:
+          python:
+            limits: {memory: 256MB, output: 64Ki}
+        """)
+    r = sandboxd("policy", "show", "--policies", str(d))
+    assert r.returncode == 0, r.stderr
+    assert "memory 256MB" in r.stdout and "output 64Ki" in r.stdout
+
+
+def test_explain_says_when_a_requested_limit_was_lowered() -> None:
+    r = sandboxd("policy", "explain", "--tool", "python", "--args", '{"code": "1"}',
+                 "--limits", '{"timeout_s": 500, "memory_bytes": 1000000}')
+    assert r.returncode == 0, r.stderr
+    lowered = [line for line in r.stdout.splitlines() if line.startswith("lowered:")]
+    assert lowered == ["lowered:  timeout_s requested 500s, granted 60s (the policy's limit)"]
+    r = sandboxd("policy", "explain", "--tool", "python", "--args", '{"code": "1"}',
+                 "--limits", '{"timeout_s": 500}', "--json")
+    assert json.loads(r.stdout)["lowered"] == {"timeout_s": {"requested": 500, "granted": 60.0}}

@@ -50,9 +50,26 @@ def test_reload_on_change_and_refusal_keeps_old_policy(tmp_path: Path) -> None:
         refused = next(e for e in events(d.audit_path) if e["event"] == "policy_refused")
         assert refused["errors"][0].startswith(f"{policies / 'live.yaml'}:6:22: "
                                                "tools.shell.operators:")
+        # visible to monitoring: /readyz stays ready but says degraded, naming file:line ...
+        ready = d.client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        body = ready.json()
+        assert body["ready"] is True and body["degraded"] == ["policy"]
+        assert body["policy"]["ok"] is False
+        assert f"{policies / 'live.yaml'}:6:22" in body["policy"]["detail"]
+        assert "previous policy stays in force" in body["policy"]["detail"]
+        # ... a metric counts it, and the log says it once, readably
+        metrics = d.client.get("/metrics").text
+        assert 'sandboxd_policy_reloads_total{result="refused"} 1.0' in metrics
+        time.sleep(1.5)  # the file watcher must not log the same refusal again
+        log_lines = [line for line in d.log().splitlines() if "refused" in line]
+        assert len(log_lines) == 1, log_lines
+        assert "the previous policy stays in force" in log_lines[0]
         # fixed again, and SIGHUP reloads too
         write(policies, "live.yaml", POLICY.format(extra=""))
         wait_until(lambda: tools() == ["python"])
+        body = d.client.get("/readyz").json()
+        assert body["policy"] == {"ok": True, "detail": None} and body["degraded"] == []
         loaded = sum(e["event"] == "policy_loaded" for e in events(d.audit_path))
         d.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: sum(e["event"] == "policy_loaded"

@@ -98,9 +98,9 @@ def attacks(cfg: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     _bare_import()
-    from sandboxd.backends.restricted import confine, zygote
+    from sandboxd.backends.restricted import confine, worker
 
-    zygote._preimport()
+    worker.preimport()
     layout = confine.CgroupLayout.detect(Path("/sys/fs/cgroup"), cfg["instance"])
     program = confine.SeccompProgram.build()
     r_fd, w_fd = os.pipe()

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from sandboxd.audit import verify
-from sandboxd.auth import add_token
+from sandboxd.tokens import add_token
 from tests.support.daemon import running_daemon
 
 # ESC ] 0 ; title BEL (OSC), CSI (7-bit and C1), a newline and a forged record after it,

@@ -48,7 +48,7 @@ from sandboxd import fstree
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.restricted import confine, health, namespaces
 from sandboxd.backends.restricted.frames import FrameReader
-from sandboxd.backends.restricted.zygote import _CTRL, _HEADER
+from sandboxd.backends.restricted.zygote_protocol import CTRL, HEADER
 from sandboxd.config import Settings
 from sandboxd.deadline import within
 from sandboxd.errors import SandboxdError
@@ -191,12 +191,12 @@ class _ZygoteHandle:
             self.proc.kill()
 
     def send(self, kind: bytes, pid: int, preset: tuple[int, float, int] = (0, 0.0, 0)) -> None:
-        """A control message to the zygote (``_CTRL``: ``t`` took a standby, with the limits
+        """A control message to the zygote (``CTRL``: ``t`` took a standby, with the limits
         to preset on the next one; ``k`` kill); non-blocking, seqpacket keeps it whole."""
         if not self.alive:
             return
         with contextlib.suppress(OSError, struct.error):
-            self.req.send(_CTRL.pack(kind, pid, *preset))
+            self.req.send(CTRL.pack(kind, pid, *preset))
 
     async def take(self, deadline: float) -> _Standby:
         while True:
@@ -591,7 +591,7 @@ class RestrictedBackend:
         z.in_use += 1
         try:
             data = json.dumps(msg).encode()
-            await loop.sock_sendall(worker.sock, _HEADER.pack(len(data)) + data)
+            await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
             finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
             if not finished:
                 reason = Reason.wall_timeout

@@ -1,0 +1,260 @@
+"""A sandbox worker, the zygote's child: it prepares itself before its call (cgroup, limits
+preset), waits for its one request, confines itself (:func:`confine.enter_sandbox`), runs the
+code restricted (:mod:`.lang`) or the readiness self-test (:func:`self_test`), and reports in
+:mod:`sandboxd.wire` frames. :func:`preimport` and :func:`prime` run in the zygote before it
+forks, so that workers import nothing and start warm.
+"""
+
+from __future__ import annotations
+
+import _socket
+import errno
+import json
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+from sandboxd import wire
+from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
+
+
+def preimport() -> None:
+    """Import everything a worker may need, so that nothing is imported after the fork (the
+    worker may be chrooted into its workspace and cannot read the host's stdlib)."""
+    import _strptime  # noqa: F401 - datetime.strptime
+    import calendar  # noqa: F401
+    import encodings.ascii
+    import encodings.cp1252
+    import encodings.hex_codec
+    import encodings.idna
+    import encodings.latin_1
+    import encodings.raw_unicode_escape
+    import encodings.unicode_escape
+    import encodings.utf_8_sig
+    import encodings.utf_16
+    import encodings.utf_32  # noqa: F401
+    import locale  # noqa: F401
+    import unicodedata  # noqa: F401
+
+    import sandboxd.backends.restricted.lang  # noqa: F401
+
+
+#: trusted sample program the zygote runs on itself before forking (see :func:`_prime`)
+_PRIME_SOURCE = (
+    "import math\n"
+    "class A:\n"
+    "    def __init__(self, x):\n"
+    "        self.x = x\n"
+    "    def f(self, y):\n"
+    "        return [self.x + y]\n"
+    "def g(*args, **kw):\n"
+    "    return {k: v for k, v in kw.items()}, sum(i * i for i in args)\n"
+    "a = A(1)\n"
+    "a.x += 1\n"
+    "d = {'k': 1}\n"
+    "d['k'] += 1\n"
+    "try:\n"
+    "    1 / 0\n"
+    "except ZeroDivisionError as e:\n"
+    "    msg = f'{e!r} {math.pi:.2f}'\n"
+    "finally:\n"
+    "    pass\n"
+    "print(a.f(2), g(1, 2, k=3), msg, len([x for x in range(3)]), 'x'.join(['a', 'b']))\n"
+    "print(1)\n"
+    "a.f(2)[0] + 1\n"
+)
+
+
+def prime(rounds: int = 12) -> None:
+    """Run a fixed, trusted sample call (compile + run) in the zygote itself, before it forks.
+
+    CPython 3.11 specialises ("quickens") a function's bytecode in place after a few calls
+    and fills lazy caches on first use; done here once, every worker inherits the result
+    instead of redoing it - and copying the pages it writes to - per call. No user input is
+    involved: the source is the constant above, and the per-run state it leaves is reset.
+    """
+    import linecache
+
+    from sandboxd.backends.restricted import lang
+
+    for _ in range(rounds):
+        lang.run_user_code(
+            _PRIME_SOURCE,
+            imports_allow=["math"],
+            imports_deny=[],
+            workspace="/",
+            output_bytes=4096,
+            max_file_bytes=1,
+            emit=lambda kind, data: None,
+        )
+    lang.STATE.limit_hit, lang.STATE.memory_hit = None, False
+    lang.STATE.value, lang.STATE.has_value = None, False
+    lang._Stdout.stream = None
+    lang._user_classes.clear()
+    linecache.cache.pop(lang.SANDBOX_FILENAME, None)
+
+
+def run_worker(
+    sock: _socket.socket,
+    cgroup: str,
+    cfg: dict[str, Any],
+    layout: Any,
+    program: Any,
+    preset: tuple[int, float, int],
+    lifeline: int,
+) -> int:
+    """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
+    Returns the exit status for ``os._exit``."""
+    from sandboxd.backends.restricted import confine, lang, namespaces
+
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    setup_error: str | None = None
+    try:
+        confine.prepare_worker([sock.fileno(), lifeline], layout, cgroup, preset)
+        if cfg.get("namespaces"):
+            namespaces.enter_ipc_namespace()
+        confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if namespaces.parent_gone(lifeline):
+            return 0
+    except BaseException as exc:
+        setup_error = f"{type(exc).__name__}: {exc}"
+    baseline = confine.vm_size()
+    try:
+        msg = recv_msg(sock)
+    except (EOFError, OSError, ValueError):
+        return 0
+    t_recv = time.perf_counter()
+    wfd = sock.fileno()
+
+    def emit(kind: bytes, data: bytes) -> None:
+        write_all(wfd, wire.encode(kind, data))
+
+    uid = msg.get("uid")
+    uid_range = cfg.get("uid_range")
+    if setup_error is None and uid_range is not None and (
+        not isinstance(uid, int) or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
+    ):
+        setup_error = f"the call's uid {uid!r} is not a sandbox uid"
+    if setup_error is None:
+        spec = confine.ChildSpec(
+            cgroup=cgroup,
+            workspace=msg["workspace"],
+            memory_bytes=int(msg["memory"]),
+            cpus=float(msg["cpus"]),
+            pids=int(msg["pids"]),
+            cpu_seconds=int(msg["cpu_seconds"]),
+            max_file_bytes=int(msg["max_file"]),
+            uid=uid if uid_range is not None else None,
+            gid=uid if uid_range is not None else None,
+            zygote_pid=cfg["zygote_pid"],
+            chroot=bool(cfg.get("chroot")),
+            baseline_vm=baseline,
+            applied=preset,
+            landlock_abi=int(cfg.get("landlock_abi", 0)),
+            lifeline_fd=lifeline,
+        )
+        try:
+            confine.enter_sandbox(spec, layout, program)
+        except MemoryError as exc:  # the call's memory limit is below the worker's needs
+            emit(b"r", json.dumps({"outcome": "memory_limit", "message": str(exc)}).encode())
+            return 70
+        except BaseException as exc:
+            setup_error = f"{type(exc).__name__}: {exc}"
+    if setup_error is not None:
+        emit(b"r", json.dumps({"outcome": "setup_error", "message": setup_error}).encode())
+        return 70
+    import warnings
+
+    warnings.simplefilter("ignore")
+    if msg.get("probe"):
+        report = self_test(msg)
+    else:
+        workspace = "/" if spec.chroot else spec.workspace
+        report = lang.run_user_code(
+            msg["code"],
+            imports_allow=msg.get("allow", []),
+            imports_deny=msg.get("deny", []),
+            workspace=workspace,
+            output_bytes=int(msg["output"]),
+            max_file_bytes=spec.max_file_bytes,
+            emit=emit,
+        )
+    report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
+    emit(b"r", json.dumps(report).encode())
+    return 0
+
+
+def self_test(msg: dict[str, Any]) -> dict[str, Any]:
+    """Trusted self-test code run inside a fully confined worker (readiness probe)."""
+    from sandboxd.backends.restricted import confine
+
+    checks: dict[str, list[Any]] = {}
+    kind = msg.get("probe")
+    if kind == "memory":
+        limit = int(msg["memory"])
+        blocks = []
+        try:
+            while len(blocks) * (4 << 20) < 3 * limit:
+                blocks.append(b"x" * (4 << 20))
+        except MemoryError:
+            return {
+                "outcome": "memory_limit",
+                "probe": {"memory_limit": [True, f"MemoryError after {len(blocks) * 4} MiB"]},
+            }
+        return {
+            "outcome": "ok",
+            "probe": {
+                "memory_limit": [
+                    False,
+                    f"allocated {len(blocks) * 4} MiB without hitting the limit",
+                ]
+            },
+        }
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.close()
+        checks["socket_blocked"] = [False, "socket() succeeded"]
+    except OSError as exc:
+        checks["socket_blocked"] = [exc.errno == errno.EPERM, f"socket(): {exc}"]
+    target = msg.get("outside_path", "")
+    try:
+        with open(target, "w") as f:
+            f.write("escaped")
+        checks["write_outside_blocked"] = [False, f"wrote {target}"]
+    except OSError as exc:
+        checks["write_outside_blocked"] = [True, f"open(outside, 'w'): {type(exc).__name__}"]
+    uid = os.getuid()
+    abi = confine.landlock_abi()
+    checks["landlock"] = [
+        abi == 0 or confine.LANDLOCK_STATUS.startswith("enforced"),
+        confine.LANDLOCK_STATUS,
+    ]
+    checks["unprivileged"] = [uid != 0 or not msg.get("expect_unprivileged"), f"uid {uid}"]
+    pid = os.getpid()
+    checks["pid_namespace"] = [
+        pid == 1 or not msg.get("expect_namespaces"),
+        f"pid {pid} in its own PID namespace" if pid == 1 else
+        f"pid {pid}: no PID namespace" + (f" ({msg['no_namespaces_reason']}; sandboxes are "
+                                          "separated by uid and seccomp)"
+                                          if msg.get("no_namespaces_reason") else ""),
+    ]
+    try:
+        mode = confine.prctl(confine.PR_GET_SECCOMP)
+    except OSError:
+        mode = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        forked = True
+    except OSError:
+        forked = False
+    checks["seccomp"] = [
+        mode == 2 and not forked,
+        f"seccomp mode {mode}, fork {'allowed' if forked else 'denied'}",
+    ]
+    return {"outcome": "ok", "probe": checks}

@@ -1,0 +1,60 @@
+"""The zygote's wire protocol, imported by both sides (the daemon's
+:mod:`~sandboxd.backends.restricted.backend` and the :mod:`.zygote` process).
+
+* zygote -> daemon, over a ``SOCK_SEQPACKET`` pair: one JSON message per packet
+  (:func:`send_packet`), the ``standby`` message carrying descriptors with ``SCM_RIGHTS``
+  (:data:`FDS1`/:data:`FDS2`: the daemon's end of the worker socket, and the worker's pidfd).
+* daemon -> zygote: fixed-size binary control messages (:data:`CTRL`: kind, pid, memory,
+  cpus, pids; kinds ``t`` took, ``k`` kill, ``p`` ping).
+* daemon -> worker: one request as ``length + JSON`` (:data:`HEADER`, :func:`recv_msg`);
+  worker -> daemon: :mod:`sandboxd.wire` frames.
+"""
+
+from __future__ import annotations
+
+import _socket
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+HEADER = struct.Struct("!I")
+#: daemon -> zygote control message: kind (b"t" took, b"k" kill, b"p" ping), pid, memory,
+#: cpus, pids
+CTRL = struct.Struct("!cIQdI")
+FDS1, FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
+
+
+def send_packet(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One JSON message on a SOCK_SEQPACKET socket, optionally with descriptors."""
+    data = json.dumps(msg).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def recv_exact(sock: _socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_msg(sock: _socket.socket) -> dict[str, Any]:
+    """Length-prefixed JSON from a stream socket. Plain ``recv``: descriptors (nobody sends
+    any) would be discarded by the kernel, never installed in this process."""
+    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size))
+    return json.loads(recv_exact(sock, size))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

@@ -1,0 +1,44 @@
+"""What every admin command shares: ``--config`` and ``--state-dir``, resolved exactly as
+``sandboxd serve`` resolves them, so that ``audit``, ``doctor``, ``token`` and ``policy`` look
+at the same state, audit log, tokens and policies as the daemon they are pointed at.
+
+Resolution (the same for ``serve``): an explicit flag, else ``SANDBOXD_*`` in the
+environment, else the config file (``--config``, else ``SANDBOXD_CONFIG``, else
+``/etc/sandboxd/sandboxd.yaml`` when it exists), else the built-in default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from sandboxd.config import Settings
+
+CONFIG_OPTION = typer.Option(
+    None, "--config", help="YAML config file (default: $SANDBOXD_CONFIG, else "
+    "/etc/sandboxd/sandboxd.yaml if present)")
+STATE_DIR_OPTION = typer.Option(
+    None, "--state-dir", help="The daemon's state directory (sessions, workspaces, audit log; "
+    "default: from the config)")
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one ``sandboxd: message`` line on stderr and exit with ``code``."""
+    typer.echo(f"sandboxd: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_for(config: Path | None, state_dir: Path | None, **overrides: Any) -> Settings:
+    """The daemon's settings as ``serve`` would resolve them, or exit 2 with one line."""
+    from pydantic import ValidationError
+
+    from sandboxd.config import ConfigFileError, load_settings, settings_error
+
+    try:
+        return load_settings(config, state_dir=state_dir, **overrides)
+    except (ConfigFileError, ValidationError, OSError) as exc:
+        fail(f"bad settings: {settings_error(exc)}")
+        raise AssertionError("unreachable") from None
