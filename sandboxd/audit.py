@@ -61,6 +61,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sandboxd import storage
+from sandboxd.errors import SandboxdError
 from sandboxd.models import Decision, Result
 
 GENESIS = "0" * 64
@@ -72,8 +73,10 @@ REDACTED = "[REDACTED]"
 log = logging.getLogger("sandboxd.audit")
 
 
-class AuditError(Exception):
+class AuditError(SandboxdError):
     """The audit log cannot be written (the call that needed the record must fail)."""
+
+    code = "audit-unwritable"
 
 
 # ------------------------------------------------------------------ serialisation

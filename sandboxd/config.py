@@ -18,6 +18,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from sandboxd.errors import SandboxdError
+
 DEFAULT_CONFIG_FILE = Path("/etc/sandboxd/sandboxd.yaml")
 
 
@@ -28,8 +30,10 @@ def _default_state_dir() -> Path:
     return Path(base) / "sandboxd"
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(SandboxdError, ValueError):
     """The YAML config file is unreadable or not a mapping."""
+
+    code = "config-invalid"
 
 
 class _YamlFileSource(PydanticBaseSettingsSource):

@@ -31,13 +31,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxd.errors import SandboxdError
+
 #: descriptors one walk keeps open at most (levels deeper than this are re-opened via "..")
 FD_WINDOW = 32
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class TreeError(OSError):
+class TreeError(SandboxdError, OSError):
     """The tree could not be walked or removed completely (it changed, or an entry resisted)."""
+
+    code = "tree-error"
 
 
 @dataclass

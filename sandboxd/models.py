@@ -3,7 +3,8 @@
 Nothing here knows about HTTP, Docker or RestrictedPython. The single result format
 (design section 9) is :class:`Result`; every backend and every outcome produces it.
 
-Status / termination mapping (the one place it is written down):
+Status / termination mapping (the one place it is written down; :meth:`Result.build` applies
+it, with :data:`LIMIT_MESSAGES` for what the model reads):
 
 =============  =========================================================
 status         termination.reason
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import secrets
 import shlex
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -66,6 +68,19 @@ STATUS_FOR_REASON: dict[Reason, Status] = {
     Reason.pids_limit: Status.killed,
     Reason.output_limit: Status.killed,
     Reason.cancelled: Status.killed,
+}
+
+
+#: what the model reads when a call ended on a limit (the same words from every backend)
+LIMIT_MESSAGES: dict[Reason, str] = {
+    Reason.wall_timeout: "the call exceeded its wall-clock limit of {timeout_s:g} s and was "
+                         "stopped",
+    Reason.cpu_limit: "the call used up its CPU time limit and was stopped",
+    Reason.memory_limit: "the call ran out of memory (limit {memory_bytes} bytes) and was killed",
+    Reason.pids_limit: "the call hit the process limit ({pids}) and was stopped",
+    Reason.output_limit: "the output exceeded {output_bytes} bytes (stdout and stderr "
+                         "together); the call was stopped",
+    Reason.cancelled: "the call was cancelled (client went away or shutdown)",
 }
 
 
@@ -359,21 +374,43 @@ class Result(_Model):
     message: str | None = None  # human/model-readable explanation for non-ok outcomes
 
     @classmethod
+    def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,
+              reason: Reason, *, limits: Limits | None = None, status: Status | None = None,
+              exit_code: int | None = None, signal: int | None = None,
+              message: str | None = None, started: float | None = None,
+              resources: Resources | None = None, cleanup: Cleanup | None = None,
+              **fields: Any) -> Result:
+        """The one result builder of every backend and the service.
+
+        ``call``: the invocation, or ``(id, tool, session)``. ``status`` defaults to
+        :func:`status_for` ``(reason, exit_code)``; ``message`` to :data:`LIMIT_MESSAGES`
+        for a limit (``limits`` filled in); ``resources`` to the wall time since ``started``
+        (a ``time.monotonic()`` value) when given. Other ``fields`` (stdout, stderr,
+        truncated, value, policy) are the result's own."""
+        if isinstance(call, tuple):
+            ident, tool, session = call
+        else:
+            ident, tool, session = call.id, call.tool, call.session
+        if message is None and reason in LIMIT_MESSAGES:
+            message = LIMIT_MESSAGES[reason].format(**(limits or Limits()).model_dump())
+        if resources is None:
+            resources = Resources(wall_ms=int((time.monotonic() - started) * 1000)
+                                  if started is not None else 0)
+        return cls(
+            id=ident, tool=tool, session=session, backend=backend,
+            status=status or status_for(reason, exit_code),
+            termination=Termination(reason=reason, exit_code=exit_code, signal=signal),
+            limits=limits, resources=resources, cleanup=cleanup or Cleanup(), message=message,
+            **fields,
+        )
+
+    @classmethod
     def denied(cls, invocation_id: str, tool: str, decision: Decision,
                session: str | None = None) -> Result:
         """A call the policy refused: nothing ran, so cleanup is trivially verified."""
-        return cls(
-            id=invocation_id,
-            tool=tool,
-            session=session,
-            backend=decision.backend,
-            status=Status.denied,
-            termination=Termination(reason=Reason.policy),
-            policy=decision.ref,
-            limits=decision.limits,
-            cleanup=Cleanup(verified=True),
-            message=decision.message,
-        )
+        return cls.build((invocation_id, tool, session), decision.backend, Reason.policy,
+                         status=Status.denied, policy=decision.ref, limits=decision.limits,
+                         cleanup=Cleanup(verified=True), message=decision.message)
 
 
 # ---------------------------------------------------------------- tools

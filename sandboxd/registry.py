@@ -14,6 +14,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from sandboxd.errors import SandboxdError
 from sandboxd.models import ToolKind
 
 
@@ -96,14 +97,19 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
 }
 
 
-class ArgumentsInvalid(ValueError):
+class ArgumentsInvalid(SandboxdError, ValueError):
     """Arguments do not match a tool's schema. ``field`` names the offending argument."""
+
+    code = "invalid-arguments"
 
     def __init__(self, tool: str, field: str, message: str) -> None:
         super().__init__(f"{tool}: argument '{field}': {message}")
         self.tool = tool
         self.field = field
         self.detail = message
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"field": self.field, "tool": self.tool}
 
 
 def check_schema(schema: dict[str, Any]) -> None:

@@ -24,14 +24,25 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
+
+from sandboxd.errors import SandboxdError
 
 
-class Overloaded(Exception):
+class Overloaded(SandboxdError):
     """Base of the scheduler's refusals. ``retry_after`` is a hint in whole seconds."""
+
+    code = "overloaded"
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"retry_after": self.retry_after}
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class QueueFull(Overloaded):
@@ -42,8 +53,10 @@ class QueueTimeout(Overloaded):
     """The call waited ``queue_timeout_s`` without getting a slot."""
 
 
-class DeadlineExpired(Exception):
+class DeadlineExpired(SandboxdError):
     """The call's own deadline passed while it was still queued."""
+
+    code = "deadline-expired"
 
 
 class Scheduler:

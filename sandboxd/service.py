@@ -26,6 +26,7 @@ from typing import Any
 from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.config import Settings
+from sandboxd.errors import SandboxdError
 from sandboxd.metrics import Metrics
 from sandboxd.models import (
     Cleanup,
@@ -38,7 +39,6 @@ from sandboxd.models import (
     Reason,
     Result,
     Status,
-    Termination,
     ToolKind,
     ToolSpec,
     new_id,
@@ -57,24 +57,48 @@ READINESS_CACHE_S = 10.0
 DEFAULT_BACKEND = "restricted"
 
 
-class ServiceError(Exception):
-    """Base of the errors the API turns into problem+json."""
+class ServiceError(SandboxdError):
+    """Base of the service's errors (the API turns each into problem+json by its code)."""
+
+    code = "service-error"
 
 
 class UnknownTool(ServiceError):
+    code = "unknown-tool"
+
     def __init__(self, tool: str, available: list[str]) -> None:
         names = ", ".join(available) or "(none)"
         super().__init__(f"there is no tool '{tool}' for this client; available tools: {names}")
         self.tool = tool
         self.available = available
 
+    def problem_fields(self) -> dict[str, Any]:
+        return {"available_tools": self.available}
+
+
+#: Retry-After of a 503 for a backend that is down (its watch reconnects within seconds)
+UNAVAILABLE_RETRY_S = 5
+
 
 class ToolUnavailable(ServiceError):
     """The tool's backend cannot run calls on this host right now."""
 
+    code = "tool-unavailable"
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"retry_after": UNAVAILABLE_RETRY_S}
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(UNAVAILABLE_RETRY_S)}
+
 
 class Draining(ServiceError):
     """The daemon is shutting down and takes no new calls."""
+
+    code = "draining"
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
 
 
 class AuditFailure(ServiceError):
@@ -82,18 +106,32 @@ class AuditFailure(ServiceError):
     ran, ``result`` is the call's result (recorded as soon as the log is writable again).
     ``storage``: the cause is a full filesystem (507) rather than another failure (500)."""
 
+    code = "audit-failure"
+
     def __init__(self, message: str, *, storage: bool, result: Result | None = None) -> None:
         super().__init__(message)
         self.storage = storage
         self.result = result
+        if storage:
+            self.code = "audit-storage-full"  # type: ignore[misc]  # 507 rather than 500
+
+    def problem_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"ran": self.result is not None}
+        if self.result is not None:
+            fields["result"] = self.result.model_dump(mode="json")
+        return fields
 
 
 class StorageUnavailable(ServiceError):
     """The state directory is full: refused before anything runs (507)."""
 
+    code = "storage-full"
+
 
 class ExecutionFailure(ServiceError):
     """A backend failed unexpectedly (a bug, not a sandbox outcome)."""
+
+    code = "execution-failure"
 
 
 def _build_backends(settings: Settings, uids: UidPool | None) -> dict[str, Backend]:
@@ -305,8 +343,7 @@ class Sandboxd:
             raise
         except asyncio.CancelledError as exc:
             result = self._outcome(invocation_id, tool, decision, request.session,
-                                   Status.killed, Reason.cancelled,
-                                   "the call was cancelled (client went away or shutdown)")
+                                   Status.killed, Reason.cancelled, None)
             if isinstance(exc, CancelledAfterCleanup):
                 result.cleanup = exc.cleanup
             elif not started.is_set():  # cancelled while queued: nothing was started
@@ -386,12 +423,11 @@ class Sandboxd:
         return result.model_copy(update={"message": message})
 
     def _outcome(self, invocation_id: str, tool: str, decision: Decision, session: str | None,
-                 status: Status, reason: Reason, message: str) -> Result:
-        return Result(
-            id=invocation_id, tool=tool, session=session, backend=decision.backend,
-            status=status, termination=Termination(reason=reason), limits=decision.limits,
-            policy=decision.ref, cleanup=Cleanup(verified=status is not Status.killed),
-            message=message,
+                 status: Status, reason: Reason, message: str | None) -> Result:
+        return Result.build(
+            (invocation_id, tool, session), decision.backend, reason, status=status,
+            limits=decision.limits, policy=decision.ref,
+            cleanup=Cleanup(verified=status is not Status.killed), message=message,
         )
 
     async def _finish(self, client: str, result: Result, admitted: float, *,

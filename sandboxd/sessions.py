@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from sandboxd.errors import SandboxdError
 from sandboxd.models import new_id
 from sandboxd.quotafs import Usage, WorkspaceFS, is_mount_point, mounts_below
 from sandboxd.uids import UidPool, UidPoolExhausted, chown_tree
@@ -46,20 +47,28 @@ log = logging.getLogger("sandboxd.sessions")
 TEMP_PREFIX = "tmp-"
 
 
-class SessionError(Exception):
+class SessionError(SandboxdError):
     """Base class for session problems."""
+
+    code = "session-error"
 
 
 class SessionNotFound(SessionError):
     """No such session for this client (or it expired)."""
 
+    code = "unknown-session"
+
 
 class SessionLimitReached(SessionError):
     """The client already has the maximum number of sessions."""
 
+    code = "too-many-sessions"
+
 
 class SessionOverQuota(SessionError):
     """The session's workspace uses more than its quota."""
+
+    code = "session-over-quota"
 
 
 @dataclass

@@ -40,6 +40,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from sandboxd.errors import SandboxdError
+
 log = logging.getLogger("sandboxd.tokens")
 
 TOKEN_PREFIX = "sbx_"
@@ -51,8 +53,10 @@ _HEADER = ("# sandboxd tokens: SHA-256 hashes of bearer tokens, each with its cl
            "# Add one with `sandboxd token add NAME` (the token is printed once, never stored).\n")
 
 
-class TokenFileError(Exception):
+class TokenFileError(SandboxdError):
     """The tokens file is unreadable or invalid (the message starts with ``file:line:col:``)."""
+
+    code = "tokens-invalid"
 
 
 def hash_token(token: str) -> str:

@@ -21,10 +21,13 @@ import threading
 from pathlib import Path
 
 from sandboxd.config import Settings
+from sandboxd.errors import SandboxdError
 
 
-class UidPoolExhausted(RuntimeError):
+class UidPoolExhausted(SandboxdError, RuntimeError):
     """Every uid of the pool is held by a live sandbox."""
+
+    code = "uid-pool-exhausted"
 
 
 class UidPool:

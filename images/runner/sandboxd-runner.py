@@ -5,7 +5,8 @@ exists. It makes itself non-dumpable (same-uid code cannot read its memory or fd
 /proc, nor ptrace it), reads the 32-byte key the daemon left in /run/sandboxd/key, connects
 once to /run/sandboxd/runner.sock and says hello with the key. The daemon then removes the
 socket and the key: that one channel carries every call of the container, multiplexed by call
-id (frames of sandboxd/wire.py, copied next to this file by the image build).
+id (frames of sandboxd/wire.py, copied next to this file by the image build). The import,
+path and output rules are sandboxd/rules.py, copied next to it too: one definition.
 
 Each call gets a *worker* process (its own session and process group, oom_score_adj 1000,
 stdin /dev/null, the environment the request names and nothing else): a command plan that is
@@ -48,17 +49,19 @@ MAX_REQUEST = 64 * 1024 * 1024
 PR_SET_DUMPABLE = 4
 
 
-def _load_wire():
-    """sandboxd/wire.py, installed next to this file (``-I``: not on sys.path)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py")
-    spec = importlib.util.spec_from_file_location("sandboxd_wire", path)
+def _load_shared(filename, name):
+    """A sandboxd module installed next to this file (``-I``: not on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["sandboxd_wire"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-wire = _load_wire()
+wire = _load_shared("wire.py", "sandboxd_wire")  # sandboxd/wire.py: the frame protocol
+# sandboxd/rules.py: the import, workspace path and output rules, the daemon's very definition
+rules = _load_shared("rules.py", "sandboxd_rules")
 CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -106,12 +109,15 @@ def cgroup_counters():
 
 
 def _user_import(allow, deny):
+    """``__import__`` for user code: the policy's imports rule (sandboxd/rules.py)."""
     real = builtins.__import__
 
     def guarded(name, globals=None, locals=None, fromlist=(), level=0):
-        top = name.split(".")[0]
-        if level == 0 and (top in deny or (allow and top not in allow)):
-            raise ImportError(f"import of '{top}' is not allowed by the policy")
+        if level == 0:
+            names = tuple(f for f in fromlist or () if isinstance(f, str))
+            admitted, _ = rules.import_verdict(str(name), allow, deny, names)
+            if not admitted:
+                raise ImportError(f"import of '{name}' is not allowed by the policy")
         return real(name, globals, locals, fromlist, level)
 
     return guarded
@@ -131,9 +137,9 @@ def run_python(req, value_fd):
     sys.path.insert(0, os.getcwd())
     code = req.get("code") or ""
     bi = dict(vars(builtins))
-    if req.get("imports_allow") or req.get("imports_deny"):
-        bi["__import__"] = _user_import(set(req.get("imports_allow") or ()),
-                                        set(req.get("imports_deny") or ()))
+    # always: an empty allow list admits nothing (default deny), as in the policy engine
+    bi["__import__"] = _user_import(list(req.get("imports_allow") or ()),
+                                    list(req.get("imports_deny") or ()))
     namespace = {"__name__": "__main__", "__builtins__": bi}
     status = 0
     value = None
@@ -425,9 +431,13 @@ def _open_in_workspace(path, flags):
     at a time, never following a symlink."""
     if path == "/dev/null":
         return os.open(path, flags & ~os.O_CREAT & ~os.O_TRUNC)
-    parts = path.split("/")
-    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise OSError(22, "not a workspace path")
+    try:  # the daemon sends normalised paths; the same rule holds here (sandboxd/rules.py)
+        norm = rules.normalise_path(path)
+    except rules.PathRefused:
+        raise OSError(22, "not a workspace path") from None
+    parts = rules.path_components(norm)
+    if not parts:
+        raise OSError(21, "the workspace itself is not a file")
     dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
@@ -560,14 +570,13 @@ class Call:
         self.chan = chan
         self.cid = cid
         self.req = req
-        self.limit = int(req.get("output_bytes") or 1024 * 1024)
+        self.budget = rules.OutputBudget(int(req.get("output_bytes") or 1024 * 1024))
         self.oom0, self.pids0 = cgroup_counters()
         self.started = time.monotonic()
         self.pid = None
         self.streams = {}
         self.value_r = None
         self.pipes = set()
-        self.sent = 0
         self.value_buf = bytearray()
         self.reaped = None  # (status, rusage) once the worker has exited
         self.grace_until = None  # then its leftovers get a moment to flush, not forever
@@ -619,12 +628,10 @@ class Call:
             return
         if self.output_limit:
             return
-        room = self.limit - self.sent
-        if len(data) > room:
-            data = data[: max(room, 0)]
-            self.output_limit = True
+        # one budget for stdout and stderr together (sandboxd/rules.py)
+        data = data[: self.budget.take(len(data))]
+        self.output_limit = self.budget.exceeded
         if data:
-            self.sent += len(data)
             try:
                 send_frame(self.chan, self.streams[fd], data, self.cid)
             except OSError:

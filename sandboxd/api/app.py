@@ -21,13 +21,16 @@ from sandboxd.api.mcp import McpFrontDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
 from sandboxd.config import Settings
+from sandboxd.errors import SandboxdError
 from sandboxd.service import DEFAULT_BACKEND, Sandboxd
 
 log = logging.getLogger("sandboxd")
 
 
-class StartupRefused(RuntimeError):
+class StartupRefused(SandboxdError, RuntimeError):
     """The default backend failed its confinement self-test and --allow-unconfined is off."""
+
+    code = "startup-refused"
 
 
 class BodySizeLimit:

@@ -9,28 +9,30 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sandboxd.registry import ArgumentsInvalid
-from sandboxd.scheduler import Overloaded
-from sandboxd.service import (
-    AuditFailure,
-    Draining,
-    ExecutionFailure,
-    ServiceError,
-    StorageUnavailable,
-    ToolUnavailable,
-    UnknownTool,
-)
-from sandboxd.sessions import (
-    SessionError,
-    SessionLimitReached,
-    SessionNotFound,
-    SessionOverQuota,
-)
+from sandboxd.errors import SandboxdError
+from sandboxd.service import UNAVAILABLE_RETRY_S
 
 PROBLEM_TYPE = "https://sandboxd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
-#: Retry-After of a 503 for a backend that is down (its watch reconnects within seconds)
-UNAVAILABLE_RETRY_S = 5
+__all__ = ["MEDIA_TYPE", "PROBLEMS", "PROBLEM_TYPE", "UNAVAILABLE_RETRY_S", "Problem",
+           "install", "problem_response"]
+
+#: the code of each :class:`~sandboxd.errors.SandboxdError` that leaves over HTTP -> (status,
+#: problem type slug, title). Any other error is a 500 "internal" that shows no internals.
+PROBLEMS: dict[str, tuple[int, str, str]] = {
+    "invalid-arguments": (422, "invalid-arguments", "Invalid tool arguments"),
+    "unknown-tool": (404, "unknown-tool", "Unknown tool"),
+    "unknown-session": (404, "unknown-session", "Unknown session"),
+    "too-many-sessions": (409, "too-many-sessions", "Too many sessions"),
+    "session-over-quota": (409, "session-over-quota", "Session workspace over quota"),
+    "overloaded": (429, "overloaded", "Too many calls"),
+    "draining": (503, "draining", "Shutting down"),
+    "tool-unavailable": (503, "tool-unavailable", "Tool unavailable"),
+    "storage-full": (507, "storage-full", "Insufficient storage"),
+    "audit-failure": (500, "audit-failure", "Audit log unavailable"),
+    "audit-storage-full": (507, "audit-failure", "Audit log unavailable"),
+    "execution-failure": (500, "execution-failure", "Execution failed"),
+}
 
 
 class Problem(Exception):
@@ -82,38 +84,14 @@ def _validation_problem(exc: RequestValidationError) -> Problem:
 def _map(exc: Exception) -> Problem:
     if isinstance(exc, Problem):
         return exc
-    if isinstance(exc, ArgumentsInvalid):
-        return Problem(422, "invalid-arguments", "Invalid tool arguments", str(exc),
-                       field=exc.field, tool=exc.tool)
-    if isinstance(exc, UnknownTool):
-        return Problem(404, "unknown-tool", "Unknown tool", str(exc),
-                       available_tools=exc.available)
-    if isinstance(exc, SessionNotFound):
-        return Problem(404, "unknown-session", "Unknown session", str(exc))
-    if isinstance(exc, SessionLimitReached):
-        return Problem(409, "too-many-sessions", "Too many sessions", str(exc))
-    if isinstance(exc, SessionOverQuota):
-        return Problem(409, "session-over-quota", "Session workspace over quota", str(exc))
-    if isinstance(exc, Overloaded):
-        return Problem(429, "overloaded", "Too many calls", str(exc),
-                       headers={"Retry-After": str(exc.retry_after)},
-                       retry_after=exc.retry_after)
-    if isinstance(exc, Draining):
-        return Problem(503, "draining", "Shutting down", str(exc), headers={"Retry-After": "5"})
-    if isinstance(exc, ToolUnavailable):
-        return Problem(503, "tool-unavailable", "Tool unavailable", str(exc),
-                       headers={"Retry-After": str(UNAVAILABLE_RETRY_S)},
-                       retry_after=UNAVAILABLE_RETRY_S)
-    if isinstance(exc, StorageUnavailable):
-        return Problem(507, "storage-full", "Insufficient storage", str(exc))
-    if isinstance(exc, AuditFailure):
-        extra = {} if exc.result is None else {"result": exc.result.model_dump(mode="json")}
-        return Problem(507 if exc.storage else 500, "audit-failure", "Audit log unavailable",
-                       str(exc), ran=exc.result is not None, **extra)
-    if isinstance(exc, ExecutionFailure):
-        return Problem(500, "execution-failure", "Execution failed", str(exc))
-    return Problem(500, "internal", "Internal error",
-                   "an unexpected error happened; the administrator can find it in the logs")
+    row = PROBLEMS.get(exc.code) if isinstance(exc, SandboxdError) else None
+    if row is None or not isinstance(exc, SandboxdError):
+        return Problem(500, "internal", "Internal error",
+                       "an unexpected error happened; the administrator can find it in the "
+                       "logs")
+    status, slug, title = row
+    return Problem(status, slug, title, str(exc), headers=exc.problem_headers(),
+                   **exc.problem_fields())
 
 
 def _allowed_methods(request: Request) -> list[str]:
@@ -161,6 +139,6 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(StarletteHTTPException, handle_http)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, handle_validation)  # type: ignore[arg-type]
-    for cls in (Problem, ServiceError, ArgumentsInvalid, SessionError, Overloaded):
+    for cls in (Problem, SandboxdError):
         app.add_exception_handler(cls, handle)
     app.add_exception_handler(Exception, handle)  # last resort: 500 without internals

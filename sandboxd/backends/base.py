@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, runtime_checkable
 
+from sandboxd.errors import SandboxdError
 from sandboxd.models import Cleanup, Invocation, Limits, ProbeReport, Result
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(SandboxdError, RuntimeError):
     """The backend cannot run anything on this host (e.g. no Docker engine, missing image)."""
+
+    code = "backend-unavailable"
 
 
 class CancelledAfterCleanup(asyncio.CancelledError):

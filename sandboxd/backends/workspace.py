@@ -24,16 +24,15 @@ import stat
 import time
 
 from sandboxd.config import Settings
+from sandboxd.errors import SandboxdError
 from sandboxd.models import (
     Cleanup,
     Invocation,
     Limits,
     ProbeReport,
     Reason,
-    Resources,
     Result,
     Status,
-    Termination,
     ToolKind,
     Truncated,
     new_id,
@@ -47,8 +46,10 @@ MAX_LIST_ENTRIES = 1000
 PathRefused = paths.PathRefused  # the path is not allowed (outside the workspace, symlink, ...)
 
 
-class FileToolError(ValueError):
+class FileToolError(SandboxdError, ValueError):
     """The operation failed for an ordinary reason (not found, too large, ...)."""
+
+    code = "file-tool-error"
 
 
 def split_workspace_path(path: str) -> list[str]:
@@ -269,19 +270,9 @@ class WorkspaceBackend:
         truncated = len(stdout.encode()) > limits.output_bytes
         if truncated:
             stdout = stdout.encode()[: limits.output_bytes].decode("utf-8", "ignore")
-        return Result(
-            id=inv.id,
-            tool=inv.tool,
-            session=inv.session,
-            backend=self.name,
-            status=status,
-            termination=Termination(reason=reason, exit_code=exit_code),
-            stdout=stdout,
-            stderr=message or "",
-            truncated=Truncated(stdout=truncated),
-            value=value,
-            resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
-            limits=limits,
-            cleanup=Cleanup(verified=True, detail="no process was started"),
-            message=message,
+        return Result.build(
+            inv, self.name, reason, status=status, exit_code=exit_code, limits=limits,
+            started=started, cleanup=Cleanup(verified=True, detail="no process was started"),
+            stdout=stdout, stderr=message or "", truncated=Truncated(stdout=truncated),
+            value=value, message=message,
         )

@@ -58,21 +58,32 @@ def wire_module() -> Path:
     return Path(wire.__file__).resolve()
 
 
+def rules_module() -> Path:
+    """``sandboxd/rules.py``: the import, path and output rules, shared by the daemon and the
+    runner (the build puts it next to the runner as ``runner/rules.py``)."""
+    from sandboxd import rules
+
+    return Path(rules.__file__).resolve()
+
+
 def runner_digest(context: Path) -> str:
-    """SHA-256 of the runner, its wire module and the Dockerfile: an image built from them
-    carries it."""
+    """SHA-256 of the runner, its shared modules (wire, rules) and the Dockerfile: an image
+    built from them carries it."""
     h = hashlib.sha256()
     for rel in ("runner/sandboxd-runner.py", "python/Dockerfile"):
         h.update((context / rel).read_bytes())
     h.update(wire_module().read_bytes())
+    h.update(rules_module().read_bytes())
     return h.hexdigest()
 
 
 def build_context(context: Path, into: Path) -> Path:
-    """A copy of ``images/`` with ``runner/wire.py`` added (what the Dockerfile copies)."""
+    """A copy of ``images/`` with ``runner/wire.py`` and ``runner/rules.py`` added (what the
+    Dockerfile copies)."""
     target = into / "images"
     shutil.copytree(context, target, symlinks=False)
     shutil.copy2(wire_module(), target / "runner" / "wire.py")
+    shutil.copy2(rules_module(), target / "runner" / "rules.py")
     return target
 
 

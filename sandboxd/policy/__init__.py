@@ -34,8 +34,9 @@ Rules named in decisions
 
 Limits
     ``limits:`` (policy) and ``tools.X.limits:`` hold ``timeout`` (``60s``, ``500ms``, ``5m``),
-    ``memory`` / ``output`` (``256Mi``, ``1G``, bytes), ``cpus``, ``pids`` and a ``max_`` of
-    each. A tool's value falls back to the policy's, then to the built-in default (60 s,
+    ``memory`` / ``output`` (``256Mi``, ``1G``, bytes; ``output`` is one budget for stdout
+    and stderr together), ``cpus``, ``pids`` and a ``max_`` of each. A tool's value falls
+    back to the policy's, then to the built-in default (60 s,
     256 MiB, 1 CPU, 64 pids, 1 MiB output); it is capped by the tool's and the policy's
     maxima; a request can only lower it: effective = min(request, tool, policy maximum).
     A value above the maximum of the same block is a load error.
@@ -49,7 +50,9 @@ python
     admits the module and its submodules (``os`` covers ``os.path``); ``"*"`` in ``allow``
     admits any module. Imports are found up front in the code's AST (``import``, ``from``,
     literal ``__import__("x")`` / ``importlib.import_module("x")``); the backends enforce the
-    same lists at run time (``Decision.imports_allow`` / ``imports_deny``).
+    same lists at run time (``Decision.imports_allow`` / ``imports_deny``) with the same rule:
+    :func:`sandboxd.rules.import_verdict` is its one definition (the container runner has a
+    copy of that module, made by the image build).
 
 shell
     ``backend: container``, ``commands: {allow, deny}`` (bare program names), ``operators``

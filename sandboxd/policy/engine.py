@@ -49,6 +49,7 @@ from sandboxd.policy.shell import (
 from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.units import format_size
 from sandboxd.registry import BUILTIN_TOOLS
+from sandboxd.rules import denied_name, import_verdict
 from sandboxd.text import visible
 
 _LIMIT_FIELDS = {
@@ -199,7 +200,7 @@ def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str
 
 
 def imported_modules(code: str) -> list[tuple[str, list[str]]]:
-    """``[(module, [extra names to check against deny]), ...]`` imported by ``code``:
+    """``[(module, [names of a from-import]), ...]`` imported by ``code``:
     import statements, and ``__import__("x")`` / ``importlib.import_module("x")`` with a
     literal name. Code that does not parse yields nothing (the backend reports the error)."""
     try:
@@ -214,7 +215,7 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
             if node.level:
                 found.append(("." * node.level + (node.module or ""), []))
             elif node.module:
-                found.append((node.module, [f"{node.module}.{a.name}" for a in node.names]))
+                found.append((node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Call) and node.args:
             func = node.func
             name = (func.id if isinstance(func, ast.Name)
@@ -226,28 +227,21 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _module_index(module: str, entries: list[str]) -> int | None:
-    for i, entry in enumerate(entries):
-        if entry == "*" or module == entry or module.startswith(entry + "."):
-            return i
-    return None
-
-
 def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Decision:
     rules = cfg.imports
     allowed_list = [m for m in rules.allow if m not in rules.deny]
     hint = ("any module" if "*" in rules.allow else _listing(allowed_list))
-    for module, extra in imported_modules(str(arguments.get("code", ""))):
-        if module.startswith("."):
+    for module, fromlist in imported_modules(str(arguments.get("code", ""))):
+        admitted, rule = import_verdict(module, rules.allow, rules.deny, fromlist)
+        if rule == "relative":
             return ctx.deny("tools.python.imports",
                             "Relative imports are not available here; import modules by name.")
-        for name in (module, *extra):
-            i = _module_index(name, rules.deny)
-            if i is not None:
-                return ctx.deny(f"tools.python.imports.deny[{i}]",
-                                f"Importing `{name}` is not allowed here; allowed modules: "
-                                f"{hint}.")
-        if _module_index(module, rules.allow) is None:
+        if rule.startswith("deny"):
+            name = denied_name(module, rules.deny, fromlist)
+            return ctx.deny(f"tools.python.imports.{rule}",
+                            f"Importing `{name}` is not allowed here; allowed modules: "
+                            f"{hint}.")
+        if not admitted:
             return ctx.deny("tools.python.imports.allow",
                             f"Importing `{module}` is not allowed here; allowed modules: {hint}.")
     return ctx.allow("tools.python", cfg.limits, _network(ctx.pol.spec, cfg.network),

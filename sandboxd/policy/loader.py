@@ -20,14 +20,17 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from sandboxd.errors import SandboxdError
 from sandboxd.policy.models import Loc, PolicyFile, semantic_problems
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NODES = 100_000
 
 
-class PolicyError(Exception):
+class PolicyError(SandboxdError):
     """A policy set is invalid. ``problems`` holds one ``file:line:column: message`` per problem."""
+
+    code = "policy-invalid"
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems) if problems else "invalid policy")

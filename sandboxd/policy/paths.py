@@ -1,8 +1,9 @@
 """Workspace-relative paths of the file tools, and the globs of their path rules.
 
-:func:`normalise` is the one normalisation of a file-tool path. The policy engine applies it
-once; the decision's rules are matched against its result, and that same result (carried on
-the decision and the invocation) is the path the workspace backend opens. Nothing is cleaned:
+:func:`normalise` (:func:`sandboxd.rules.normalise_path`) is the one normalisation of a
+workspace path. The policy engine applies it once; the decision's rules are matched against
+its result, and that same result (carried on the decision and the invocation) is the path the
+workspace backend opens. Nothing is cleaned:
 a path that does not say plainly which file it means is refused, so that the name a rule sees
 is unmistakably the name the filesystem gets (``"app.key "``, ``".env\\n"``, ``".env\\u00a0"``,
 ``" .git/hooks/x"``, a decomposed ``"é"`` are refused, not trimmed or recomposed). Refused:
@@ -27,47 +28,15 @@ from __future__ import annotations
 
 import functools
 import re
-import unicodedata
 
-from sandboxd.text import visible
+from sandboxd import rules
 
-MAX_PATH = 4096
-MOUNT = "/workspace"
-
-
-class PathRefused(ValueError):
-    """A path that is not a plain workspace-relative path."""
-
-
-def normalise(path: str) -> str:
-    """The workspace-relative form of a file-tool path (see the module docstring), or
-    :class:`PathRefused` with a reason a model can act on."""
-    if len(path) > MAX_PATH:
-        raise PathRefused(f"paths must be at most {MAX_PATH} characters")
-    if not path.isprintable():
-        bad = next(c for c in path if not c.isprintable())
-        what = ("a lone surrogate (not valid Unicode text)" if 0xD800 <= ord(bad) <= 0xDFFF
-                else "a NUL byte" if bad == "\x00"
-                else f"the invisible or control character {visible(bad)}")
-        raise PathRefused(f"the path contains {what}; use plain printable characters")
-    if not unicodedata.is_normalized("NFC", path):
-        raise PathRefused("the path is not in Unicode NFC form; write it as "
-                          f"`{unicodedata.normalize('NFC', path)}`")
-    if path.startswith("/"):
-        if path != MOUNT and not path.startswith(MOUNT + "/"):
-            raise PathRefused("paths must be relative to the workspace (no leading '/')")
-        path = path[len(MOUNT):]
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise PathRefused("paths must not contain '..'")
-    if any(p != p.strip(" ") for p in parts):
-        raise PathRefused("a name in the path starts or ends with a space; remove the space")
-    return "/".join(parts) or "."
-
-
-def components(path: str) -> list[str]:
-    """The components of a :func:`normalise`-d path (``[]`` for the workspace root)."""
-    return [] if path == "." else path.split("/")
+# the one normalisation, shared with the backends and the container runner (sandboxd.rules)
+MAX_PATH = rules.MAX_PATH
+MOUNT = rules.MOUNT
+PathRefused = rules.PathRefused
+normalise = rules.normalise_path
+components = rules.path_components
 
 
 @functools.lru_cache(maxsize=1024)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from sandboxd.errors import SandboxdError
+
 OPERATORS = sorted(
     ["&&", "||", ";;", "|&", "<<<", "<<-", "<<", ">>", "<&", ">&", "<>", ">|", "&>>", "&>",
      "|", "&", ";", "<", ">", "(", ")"],
@@ -54,8 +56,10 @@ TRUSTED_DIRS = {"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/us
 _RUN_IF = {None: "always", ";": "always", "\n": "always", "&&": "ok", "||": "failed"}
 
 
-class ShellRefused(ValueError):
+class ShellRefused(SandboxdError, ValueError):
     """The line uses a construct that is refused. ``construct`` is what was found."""
+
+    code = "shell-refused"
 
     def __init__(self, construct: str, message: str) -> None:
         super().__init__(message)

@@ -2,9 +2,9 @@
 
 The runner (``images/runner/sandboxd-runner.py``) is a standalone script; its plan executor
 (``run_plan``) is loaded from it as a module - from a copy laid out as in the image, next to
-``wire.py`` -, so the tests exercise exactly the code that runs in the sandbox. A plan runs in
-a forked child set up the way the runner sets up its worker: stdin ``/dev/null``, stdout and
-stderr captured, descriptors above 2 closed, default signals.
+``wire.py`` and ``rules.py`` -, so the tests exercise exactly the code that runs in the
+sandbox. A plan runs in a forked child set up the way the runner sets up its worker: stdin
+``/dev/null``, stdout and stderr captured, descriptors above 2 closed, default signals.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from sandboxd.cli.images import images_dir, wire_module
+from sandboxd.cli.images import images_dir, rules_module, wire_module
 from sandboxd.models import Plan
 
 
@@ -28,6 +28,7 @@ def runner() -> ModuleType:
     path = where / "sandboxd-runner.py"
     shutil.copy2(images_dir() / "runner" / "sandboxd-runner.py", path)
     shutil.copy2(wire_module(), where / "wire.py")
+    shutil.copy2(rules_module(), where / "rules.py")
     spec = importlib.util.spec_from_file_location("sandboxd_runner_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

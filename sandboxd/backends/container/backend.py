@@ -43,7 +43,7 @@ import secrets
 import tempfile
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.runner import CallOutput, Endpoint, RunnerLost
 from sandboxd.backends.container.watch import PING_TIMEOUT_S, EngineWatch
 from sandboxd.config import Settings
+from sandboxd.deadline import within
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -69,7 +70,6 @@ from sandboxd.models import (
     Resources,
     Result,
     Status,
-    Termination,
     ToolKind,
     Truncated,
     status_for,
@@ -467,11 +467,9 @@ class ContainerBackend:
                 cleanup = Cleanup(verified=not self._stale, detail=None if not self._stale else
                                   "the Docker engine is unreachable; containers of the call "
                                   "are removed when it is back")
-            return Result(id=invocation.id, tool=invocation.tool, session=invocation.session,
-                          backend=self.name, status=Status.error,
-                          termination=Termination(reason=Reason.exited), limits=limits,
-                          resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
-                          cleanup=cleanup, message=message)
+            return Result.build(invocation, self.name, Reason.exited, status=Status.error,
+                                limits=limits, started=started, cleanup=cleanup,
+                                message=message)
 
     def _request(self, invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
         env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
@@ -499,10 +497,8 @@ class ContainerBackend:
                               f"the container backend does not run {invocation.kind} tools")
 
     def _rejected(self, invocation: Invocation, limits: Limits, message: str) -> Result:
-        return Result(id=invocation.id, tool=invocation.tool, session=invocation.session,
-                      backend=self.name, status=Status.rejected,
-                      termination=Termination(reason=Reason.policy), limits=limits,
-                      cleanup=Cleanup(verified=True), message=message)
+        return Result.build(invocation, self.name, Reason.policy, status=Status.rejected,
+                            limits=limits, cleanup=Cleanup(verified=True), message=message)
 
     async def _run_oneshot(self, invocation: Invocation, limits: Limits, deadline: float,
                            request: dict[str, Any], image: str, shape: engine.Shape,
@@ -666,16 +662,8 @@ class ContainerBackend:
 
     def _timeout(self, invocation: Invocation, limits: Limits, started: float,
                  verified: bool, detail: str) -> Result:
-        return Result(
-            id=invocation.id, tool=invocation.tool, session=invocation.session,
-            backend=self.name, status=Status.timeout,
-            termination=Termination(reason=Reason.wall_timeout),
-            resources=Resources(wall_ms=int((time.monotonic() - started) * 1000)),
-            limits=limits,
-            cleanup=Cleanup(verified=verified, detail=detail),
-            message=f"the call exceeded its wall-clock limit of {limits.timeout_s:g} s and "
-                    "its container was killed",
-        )
+        return Result.build(invocation, self.name, Reason.wall_timeout, limits=limits,
+                            started=started, cleanup=Cleanup(verified=verified, detail=detail))
 
     def _result(self, invocation: Invocation, limits: Limits, outcome: _Outcome,
                 started: float, verified: bool, *, oom: bool, detail: str | None) -> Result:
@@ -688,15 +676,11 @@ class ContainerBackend:
             message = ("the session's container was removed while this call ran, because "
                        "another call of the session hit a limit; run it again")
         elif rec.get("oom") or oom:
-            reason = Reason.memory_limit
-            message = (f"the call ran out of memory (limit {limits.memory_bytes} bytes) "
-                       "and was killed")
+            reason = Reason.memory_limit  # the message: the one table (Result.build)
         elif out.over_limit or rec.get("output_limit"):
             reason = Reason.output_limit
-            message = f"the output exceeded {limits.output_bytes} bytes; the call was stopped"
         elif rec.get("pids_limit"):
             reason = Reason.pids_limit
-            message = f"the call hit the process limit ({limits.pids}) and was stopped"
         elif outcome.lost:
             reason = Reason.exited
             message = outcome.lost
@@ -714,10 +698,8 @@ class ContainerBackend:
         if reason is Reason.output_limit:
             truncated = Truncated(stdout=out.last_stream == "stdout",
                                   stderr=out.last_stream == "stderr")
-        return Result(
-            id=invocation.id, tool=invocation.tool, session=invocation.session,
-            backend=self.name, status=status,
-            termination=Termination(reason=reason, exit_code=exit_code, signal=sig),
+        return Result.build(
+            invocation, self.name, reason, status=status, exit_code=exit_code, signal=sig,
             stdout=out.stdout.decode("utf-8", errors="replace"),
             stderr=out.stderr.decode("utf-8", errors="replace"),
             truncated=truncated,
@@ -758,8 +740,11 @@ class ContainerBackend:
         checks: list[ProbeCheck] = []
         workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=self.settings.state_dir))
         try:
+            # the daemon's own probe code: every import admitted (the runner's rule is default
+            # deny, as for a policy's call)
             inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
-                             workspace=workspace, arguments={"code": PROBE_CODE})
+                             workspace=workspace, arguments={"code": PROBE_CODE},
+                             imports_allow=["*"])
             limits = Limits(timeout_s=30)
             res = await self.run(inv, limits, time.monotonic() + 30)
             facts = res.value if isinstance(res.value, dict) else {}
@@ -786,7 +771,7 @@ class ContainerBackend:
             checks.append(ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
                                      detail=f"NoNewPrivs={facts.get('no_new_privs')}"))
             mem_inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
-                                 workspace=workspace,
+                                 workspace=workspace, imports_allow=["*"],
                                  arguments={"code": "x = bytearray(96 * 1024 * 1024)\n"
                                                     "x[::4096] = b'x' * len(x[::4096])\n"})
             mem = await self.run(mem_inv, Limits(timeout_s=30, memory_bytes=48 * 1024 * 1024),
@@ -826,38 +811,6 @@ class _Outcome:
         """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
         rec = self.record
         return not rec.get("oom") and (self.lost is not None or rec.get("signal") == 9)
-
-
-async def within(aw: Awaitable[T], timeout: float,
-                 orphan: Callable[[T], None] | None = None) -> tuple[bool, T]:
-    """``(True, result)`` when ``aw`` finishes within ``timeout`` seconds, else cancel it,
-    wait until it has really stopped, and return ``(False, None)``.
-
-    Unlike ``asyncio.wait_for`` on Python 3.11 this never loses a cancellation or a result:
-    a result that arrives while we are being cancelled is handed to ``orphan``.
-    """
-    task = asyncio.ensure_future(aw)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=max(timeout, 0))
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait({task})
-        if task.cancelled():
-            try:
-                task.result()
-            except CancelledAfterCleanup:  # the inner work cleaned up: keep its proof
-                raise
-            except asyncio.CancelledError:
-                pass
-        elif orphan is not None and task.exception() is None:
-            orphan(task.result())
-        raise
-    if not done:
-        task.cancel()
-        await asyncio.wait({task})
-        if task.cancelled():
-            return False, None  # type: ignore[return-value]
-    return True, task.result()
 
 
 def _gone(box: Box | None, verified: bool) -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd import fstree, wire
+from sandboxd.errors import SandboxdError
 
 SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
@@ -50,8 +51,10 @@ SIZES = {
 }
 
 
-class RunnerLost(RuntimeError):
+class RunnerLost(SandboxdError, RuntimeError):
     """The runner went away, broke the protocol, or never authenticated."""
+
+    code = "runner-lost"
 
 
 def _is(value: Any, kind: type | tuple[type, ...]) -> bool:

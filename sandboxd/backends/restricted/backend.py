@@ -50,6 +50,8 @@ from sandboxd.backends.restricted import confine, health, namespaces
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_protocol import CTRL, HEADER
 from sandboxd.config import Settings
+from sandboxd.deadline import within
+from sandboxd.errors import SandboxdError
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -60,11 +62,10 @@ from sandboxd.models import (
     Resources,
     Result,
     Status,
-    Termination,
     ToolKind,
     Truncated,
-    status_for,
 )
+from sandboxd.rules import OutputBudget
 from sandboxd.uids import UidPool
 
 #: deadline of each self-test probe: a bound that only a hung worker reaches (a slow or
@@ -98,8 +99,10 @@ def _bare_packages() -> list[tuple[str, str]]:
     ]
 
 
-class ZygoteDied(RuntimeError):
+class ZygoteDied(SandboxdError, RuntimeError):
     """The zygote process went away while a call was in flight."""
+
+    code = "zygote-died"
 
 
 class _Standby:
@@ -172,10 +175,8 @@ class _ZygoteHandle:
         pong = self._pongs[seq] = self.loop.create_future()
         self.send(b"p", seq)
         try:
-            await asyncio.wait_for(pong, timeout)
-            return True
-        except TimeoutError:
-            return False
+            answered, _ = await within(pong, timeout)
+            return answered
         finally:
             self._pongs.pop(seq, None)
 
@@ -211,7 +212,9 @@ class _ZygoteHandle:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError("no sandbox worker became available before the deadline")
-            await asyncio.wait_for(self.standby_ready.wait(), remaining)
+            ready, _ = await within(self.standby_ready.wait(), remaining)
+            if not ready:
+                raise TimeoutError("no sandbox worker became available before the deadline")
 
     def _on_events(self) -> None:
         while True:
@@ -283,9 +286,8 @@ class _ZygoteHandle:
         self.alive = False
         with contextlib.suppress(OSError):
             self.req.close()
-        try:
-            await asyncio.wait_for(asyncio.to_thread(self.proc.wait), 3)
-        except TimeoutError:
+        exited, _ = await within(asyncio.to_thread(self.proc.wait), 3)
+        if not exited:
             self.proc.kill()
             await asyncio.to_thread(self.proc.wait)
         self.died()
@@ -420,7 +422,9 @@ class RestrictedBackend:
         evt_parent.setblocking(False)
         z = _ZygoteHandle(proc, req_parent, evt_parent)
         try:
-            await asyncio.wait_for(asyncio.shield(z.ready), 30)
+            ready, _ = await within(asyncio.shield(z.ready), 30)
+            if not ready:
+                raise TimeoutError("the sandbox zygote did not start within 30 s")
         except BaseException:
             await z.close()
             raise
@@ -498,20 +502,9 @@ class RestrictedBackend:
     # ------------------------------------------------------------ calls
 
     def _result(
-        self, inv: Invocation, limits: Limits, status: Status, reason: Reason, **kw: Any
+        self, inv: Invocation, limits: Limits, status: Status | None, reason: Reason, **kw: Any
     ) -> Result:
-        return Result(
-            id=inv.id,
-            tool=inv.tool,
-            session=inv.session,
-            backend=self.name,
-            status=status,
-            termination=Termination(
-                reason=reason, exit_code=kw.pop("exit_code", None), signal=kw.pop("signal", None)
-            ),
-            limits=limits,
-            **kw,
-        )
+        return Result.build(inv, self.name, reason, limits=limits, status=status, **kw)
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Run one python invocation in a fresh confined worker."""
@@ -599,9 +592,8 @@ class RestrictedBackend:
         try:
             data = json.dumps(msg).encode()
             await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
-            try:
-                await asyncio.wait_for(reader.done.wait(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
+            finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
+            if not finished:
                 reason = Reason.wall_timeout
             if reader.violation is not None and reason is None:
                 crashed = f"it broke the result protocol ({reader.violation}) and was killed"
@@ -676,12 +668,16 @@ class RestrictedBackend:
         zygote_pid: int,
     ) -> Result:
         cap = limits.output_bytes
-        stdout = bytes(reader.stdout[:cap]).decode("utf-8", "replace")
-        stderr = bytes(reader.stderr[:cap]).decode("utf-8", "replace")
+        budget = OutputBudget(cap)  # stdout and stderr together (sandboxd.rules)
+        out = bytes(reader.stdout[: budget.take(len(reader.stdout))])
+        err = bytes(reader.stderr[: budget.take(len(reader.stderr))])
+        stdout = out.decode("utf-8", "replace")
+        stderr = err.decode("utf-8", "replace")
         report = reader.report
         truncated = Truncated(
-            stdout=len(reader.stdout) > cap or bool(report and report.get("truncated_stdout")),
-            stderr=len(reader.stderr) > cap,
+            stdout=len(out) < len(reader.stdout)
+            or bool(report and report.get("truncated_stdout")),
+            stderr=len(err) < len(reader.stderr),
         )
         info = exit_info or {}
         resources = Resources(
@@ -725,7 +721,8 @@ class RestrictedBackend:
                 reason = Reason.memory_limit
             elif outcome == "output_limit":
                 reason = Reason.output_limit
-                truncated.stdout = True
+                if not truncated.stdout:  # the cap cut the worker's own stderr (a traceback)
+                    truncated.stderr = True
             else:
                 reason = Reason.exited
                 exit_code = int(report.get("exit_code", 0) or 0)
@@ -747,21 +744,14 @@ class RestrictedBackend:
                 )
                 exit_code = exit_code if exit_code is not None else (128 + (sig or 0))
         if reason is Reason.output_limit:
-            truncated.stdout = truncated.stdout or len(reader.stdout) >= cap
-            message = message or f"output limit of {cap} bytes exceeded"
-        elif reason is Reason.wall_timeout:
-            message = f"wall-clock timeout of {limits.timeout_s:g} s exceeded"
-        elif reason is Reason.cpu_limit:
-            message = "CPU time limit exceeded"
-        elif reason is Reason.memory_limit:
-            message = message or f"memory limit of {limits.memory_bytes} bytes exceeded"
-        status = status_for(reason, exit_code)
-        if reason is Reason.exited and exit_code != 0 and status is Status.ok:
-            status = Status.error
+            truncated.stdout = truncated.stdout or len(reader.stdout) + len(reader.stderr) >= cap
+        if reason is not Reason.exited and reason is not Reason.memory_limit:
+            message = None  # a limit: the words of the one table (Result.build); a memory
+            # limit keeps the worker's explanation when it has one (a limit it cannot start in)
         return self._result(
             inv,
             limits,
-            status,
+            None,
             reason,
             exit_code=exit_code,
             signal=sig,

@@ -37,14 +37,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxd.errors import SandboxdError
+
 WANT = ("memory", "cpu", "pids")
 ENABLE = " ".join(f"+{c}" for c in WANT)
 LEAF = "sandboxd-daemon"
 SCOPE_WAIT_S = 10.0
 
 
-class CgroupUnavailable(RuntimeError):
+class CgroupUnavailable(SandboxdError, RuntimeError):
     """No cgroup v2 subtree with the memory, cpu and pids controllers can be had."""
+
+    code = "cgroup-unavailable"
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class FrameReader:
             return
         target = self.stdout if kind == b"o" else self.stderr
         target += payload
-        if len(target) > self.cap:
+        if len(self.stdout) + len(self.stderr) > self.cap:  # one cap for both (sandboxd.rules)
             self.overflow = True
 
     def _stop(self) -> None:

@@ -83,7 +83,6 @@ import unicodedata
 import uuid
 import weakref
 from collections.abc import Callable
-from fnmatch import fnmatchcase
 from typing import Any
 
 from RestrictedPython import compile_restricted_exec
@@ -94,6 +93,8 @@ from RestrictedPython.transformer import (
     RestrictingNodeTransformer,
     copy_locations,
 )
+
+from sandboxd.rules import OutputBudget, PathRefused, import_verdict, normalise_path
 
 SANDBOX_FILENAME = "<code>"
 
@@ -861,18 +862,16 @@ def _make_proxy(name: str) -> ModuleProxy:
 
 
 class ImportHook:
-    """``__import__`` of the sandbox: policy allowlist (fnmatch patterns) minus denylist, and
-    only modules this backend supports."""
+    """``__import__`` of the sandbox: the policy's ``imports`` rule
+    (:func:`sandboxd.rules.import_verdict`), and only modules this backend supports."""
 
     def __init__(self, allow: list[str], deny: list[str]) -> None:
         self.allow = list(allow)
         self.deny = list(deny)
         self.cache: dict[str, ModuleProxy] = {}
 
-    def allowed(self, name: str) -> bool:
-        if any(fnmatchcase(name, p) for p in self.deny):
-            return False
-        return any(fnmatchcase(name, p) for p in self.allow)
+    def allowed(self, name: str, fromlist: tuple[str, ...] = ()) -> bool:
+        return import_verdict(name, self.allow, self.deny, fromlist)[0]
 
     def __call__(
         self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
@@ -884,9 +883,10 @@ class ImportHook:
             return None  # type: ignore[return-value]
         if level != 0:
             raise ImportError("relative imports are not allowed in the sandbox")
-        if not isinstance(name, str):
+        if type(name) is not str:  # a str subclass could answer the rule's comparisons itself
             raise ImportError("bad module name")
-        if not self.allowed(name):
+        names = tuple(f for f in fromlist if type(f) is str) if type(fromlist) is tuple else ()
+        if not self.allowed(name, names):
             allowed = ", ".join(sorted(n for n in MODULES if self.allowed(n))) or "none"
             raise ImportError(
                 f"import of '{name}' is not allowed by the policy; allowed modules: {allowed}"
@@ -1140,17 +1140,19 @@ class SafeType(metaclass=_TypeMeta):
 
 
 class OutputStream:
-    """Collects one stream (stdout or stderr) and forwards it to the parent in frames, with a
-    byte cap. Exceeding the cap raises :class:`LimitExceeded` (sticky)."""
+    """Collects one stream (stdout or stderr) and forwards it to the parent in frames, within
+    the call's output budget (:class:`sandboxd.rules.OutputBudget`, shared by stdout and
+    stderr). Exceeding it raises :class:`LimitExceeded` (sticky)."""
 
     FLUSH_BYTES = 8192
     FLUSH_SECONDS = 0.02
 
-    def __init__(self, kind: bytes, emit: Callable[[bytes, bytes], None], cap: int) -> None:
+    def __init__(self, kind: bytes, emit: Callable[[bytes, bytes], None],
+                 budget: OutputBudget) -> None:
         self.kind = kind
         self.emit = emit
-        self.cap = cap
-        self.size = 0
+        self.budget = budget
+        self.cap = budget.cap
         self.pending: list[bytes] = []
         self.pending_size = 0
         self.last_flush = -1e9
@@ -1182,7 +1184,7 @@ class OutputStream:
 
     def _write(self, text: str) -> int:
         data = text.encode("utf-8", "surrogateescape")
-        room = self.cap - self.size
+        room = self.budget.room()
         if len(data) > room:
             data = data[: max(room, 0)]
             # do not cut a UTF-8 sequence in half
@@ -1192,7 +1194,7 @@ class OutputStream:
                 data = data[:-1]
             self._add(data)
             self.flush()
-            self.truncated = True
+            self.truncated = self.budget.exceeded = True
             STATE.limit_hit = LimitExceeded(
                 "output_limit", f"output limit of {self.cap} bytes exceeded"
             )
@@ -1208,7 +1210,7 @@ class OutputStream:
         if data:
             self.pending.append(data)
             self.pending_size += len(data)
-            self.size += len(data)
+            self.budget.used += len(data)
 
     def flush(self) -> None:
         if self.pending:
@@ -1226,8 +1228,16 @@ class OutputStream:
             self.last_flush = now
 
     def write_raw(self, text: str) -> None:
-        """For the runner's own messages (tracebacks): capped but never raising."""
-        data = text.encode("utf-8", "surrogateescape")[: max(self.cap - self.size, 0)]
+        """For the runner's own messages (tracebacks): within the budget but never raising; a
+        message cut by the cap ends the call with ``output_limit`` like any other output."""
+        raw = text.encode("utf-8", "surrogateescape")
+        data = raw[: self.budget.room()]
+        if len(data) < len(raw):
+            self.truncated = self.budget.exceeded = True
+            if STATE.limit_hit is None:
+                STATE.limit_hit = LimitExceeded(
+                    "output_limit", f"output limit of {self.cap} bytes exceeded"
+                )
         self._add(data)
 
 
@@ -1266,8 +1276,9 @@ class _PrintScope:
 
 
 class WorkspaceOpener:
-    """``open`` confined to the workspace (relative paths only, no ``..``, no symlinks leaving
-    it), with a cap on the bytes a file may hold after writing (RLIMIT_FSIZE backs this)."""
+    """``open`` confined to the workspace (paths as :func:`sandboxd.rules.normalise_path` accepts
+    them, no symlinks leaving it), with a cap on the bytes a file may hold after writing
+    (RLIMIT_FSIZE backs this)."""
 
     def __init__(self, root: str, max_bytes: int) -> None:
         self.root = root
@@ -1280,17 +1291,11 @@ class WorkspaceOpener:
             path = _plain_str(path, "path")
         if not isinstance(path, str) or not path or "\x00" in path:
             raise SandboxViolation("open(): the path must be a non-empty string")
-        rel = path
-        if rel.startswith("/workspace/") or rel == "/workspace":
-            rel = rel[len("/workspace") :].lstrip("/") or "."
-        if os.path.isabs(rel):
-            raise SandboxViolation(
-                f"open(): '{path}' is outside the workspace; use a path relative to it"
-            )
-        norm = os.path.normpath(rel)
-        if norm == ".." or norm.startswith("../"):
-            raise SandboxViolation(f"open(): '{path}' is outside the workspace")
-        full = os.path.join(self.root, norm)
+        try:  # the one workspace path rule (sandboxd.rules), then containment of the real path
+            rel = normalise_path(path)
+        except PathRefused as exc:
+            raise SandboxViolation(f"open(): '{path}' is not allowed: {exc}") from None
+        full = os.path.join(self.root, rel)
         real = os.path.realpath(full)
         root_real = os.path.realpath(self.root)
         if real != root_real and not real.startswith(root_real.rstrip("/") + "/"):
@@ -1557,9 +1562,10 @@ def run_user_code(
 ) -> dict[str, Any]:
     """Compile and run ``source``; stream output through ``emit(kind, data)``; return the final
     report ``{"outcome", "exit_code", "value", ...}``. Never raises (except on a broken emit)."""
-    stdout = OutputStream(b"o", emit, output_bytes)
+    budget = OutputBudget(output_bytes)  # one cap for stdout and stderr together
+    stdout = OutputStream(b"o", emit, budget)
     _Stdout.stream = stdout
-    stderr = OutputStream(b"e", emit, output_bytes)
+    stderr = OutputStream(b"e", emit, budget)
     STATE.limit_hit, STATE.memory_hit, STATE.value, STATE.has_value = None, False, None, False
     reserve = bytearray(1 << 16)  # released on MemoryError so that reporting can work
     report: dict[str, Any] = {"outcome": "ok", "exit_code": 0, "value": None}

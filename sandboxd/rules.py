@@ -1,0 +1,151 @@
+"""The rules every enforcement point applies, defined once: import admission, workspace path
+normalisation and the output cap.
+
+Used by the policy engine (the decision), the restricted backend (its ``__import__``, ``open``
+and output streams), the workspace backend (the file tools) and the container runner (its
+``__import__``, its redirects and its output pipes). The runner cannot import sandboxd: the
+image build copies this very file next to it (``/opt/sandboxd/rules.py``, like
+:mod:`sandboxd.wire`), so it must stay standard-library only, free of sandboxd imports, and run
+on Python 3.11+.
+
+Imports (``imports: {allow, deny}`` of the python tool)
+    An entry is a module name or ``"*"``. A name admits that module and its submodules
+    (``os`` covers ``os.path``; ``os.path`` does not cover ``os``); ``"*"`` in ``allow`` admits
+    every module. The deny list is checked first (deny beats allow), against the module and,
+    for ``from m import a``, against ``m.a`` too; then an allow entry must cover the module;
+    otherwise the import is refused (default deny: an empty ``allow`` admits nothing).
+    Relative imports are always refused.
+
+Workspace paths (file tools, restricted ``open()``, shell redirects)
+    See :func:`normalise_path`: a path is relative to the workspace; ``/workspace`` (the
+    container mount point, which models tend to use) and ``/workspace/x`` are accepted
+    everywhere and mean ``.`` and ``x``; every other absolute path, ``..``, non-printable
+    characters, names with a space at either end and non-NFC text are refused, never cleaned.
+
+Output (``limits.output``)
+    One budget for stdout and stderr together (:class:`OutputBudget`): the call may write at
+    most ``output_bytes`` bytes on both streams combined; the write that would pass the cap is
+    cut at the cap, the call is stopped and ends with ``output_limit``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+MAX_PATH = 4096
+MOUNT = "/workspace"
+
+
+# ------------------------------------------------------------------ imports
+
+
+def _covers(entry: str, module: str) -> bool:
+    return entry == "*" or module == entry or module.startswith(entry + ".")
+
+
+def import_verdict(module: str, allow: list[str] | tuple[str, ...],
+                   deny: list[str] | tuple[str, ...],
+                   fromlist: list[str] | tuple[str, ...] = ()) -> tuple[bool, str]:
+    """``(admitted, rule)`` for importing ``module`` (``from module import *fromlist``).
+
+    ``rule`` names the entry that decided: ``"deny[i]"``, ``"allow[i]"``, ``"allow"`` (no
+    allow entry covers it) or ``"relative"`` (a name starting with ``.``)."""
+    if module.startswith("."):
+        return False, "relative"
+    names = [module, *(f"{module}.{n}" for n in fromlist if n and n != "*")]
+    for name in names:
+        for i, entry in enumerate(deny):
+            if _covers(entry, name):
+                return False, f"deny[{i}]"
+    for i, entry in enumerate(allow):
+        if _covers(entry, module):
+            return True, f"allow[{i}]"
+    return False, "allow"
+
+
+def denied_name(module: str, deny: list[str] | tuple[str, ...],
+                fromlist: list[str] | tuple[str, ...] = ()) -> str:
+    """The name that a ``deny[i]`` verdict refused (``module`` or ``module.x``)."""
+    for name in (module, *(f"{module}.{n}" for n in fromlist if n and n != "*")):
+        if any(_covers(entry, name) for entry in deny):
+            return name
+    return module
+
+
+# ------------------------------------------------------------------ workspace paths
+
+
+class PathRefused(ValueError):
+    """A path that is not a plain workspace-relative path (the message says why)."""
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+            else f"\\U{code:08x}")
+
+
+def normalise_path(path: str) -> str:
+    """The workspace-relative form of a path (``"./a//b/"`` -> ``"a/b"``, ``"/workspace/a"``
+    -> ``"a"``, the root is ``"."``), or :class:`PathRefused` with a reason a model can act on.
+
+    Refused: more than 4096 characters; lone surrogates, NUL and every character
+    ``str.isprintable`` rejects; text not in Unicode NFC form; absolute paths other than
+    ``/workspace`` and ``/workspace/...``; ``..`` components; a space at either end of a name.
+    """
+    if not isinstance(path, str):
+        raise PathRefused("the path must be a string")
+    if len(path) > MAX_PATH:
+        raise PathRefused(f"paths must be at most {MAX_PATH} characters")
+    if not path.isprintable():
+        bad = next(c for c in path if not c.isprintable())
+        what = ("a lone surrogate (not valid Unicode text)" if 0xD800 <= ord(bad) <= 0xDFFF
+                else "a NUL byte" if bad == "\x00"
+                else f"the invisible or control character {_escape(bad)}")
+        raise PathRefused(f"the path contains {what}; use plain printable characters")
+    if not unicodedata.is_normalized("NFC", path):
+        raise PathRefused("the path is not in Unicode NFC form; write it as "
+                          f"`{unicodedata.normalize('NFC', path)}`")
+    if path.startswith("/"):
+        if path != MOUNT and not path.startswith(MOUNT + "/"):
+            raise PathRefused("it is outside the workspace; paths are relative to the workspace "
+                              "(no leading '/', or /workspace/...)")
+        path = path[len(MOUNT):]
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise PathRefused("paths must not contain '..'")
+    if any(p != p.strip(" ") for p in parts):
+        raise PathRefused("a name in the path starts or ends with a space; remove the space")
+    return "/".join(parts) or "."
+
+
+def path_components(path: str) -> list[str]:
+    """The components of a :func:`normalise_path`-d path (``[]`` for the workspace root)."""
+    return [] if path == "." else path.split("/")
+
+
+# ------------------------------------------------------------------ output
+
+
+class OutputBudget:
+    """The output cap of one call: ``cap`` bytes for stdout and stderr together."""
+
+    __slots__ = ("cap", "exceeded", "used")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = int(cap)
+        self.used = 0
+        self.exceeded = False
+
+    def room(self) -> int:
+        """Bytes that may still be written."""
+        return max(self.cap - self.used, 0)
+
+    def take(self, size: int) -> int:
+        """Account for a write of ``size`` bytes; returns how many of them fit (all of them
+        unless the write passes the cap, which marks the budget exceeded)."""
+        fits = min(size, self.room())
+        if fits < size:
+            self.exceeded = True
+        self.used += fits
+        return fits
