@@ -13,7 +13,10 @@ import nothing of sandboxd), and what user code sees inside a sandbox.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from sandboxd.models import Result
 
 
 class SandboxdError(Exception):
@@ -28,3 +31,83 @@ class SandboxdError(Exception):
     def problem_headers(self) -> dict[str, str]:
         """HTTP headers of the response (``Retry-After``)."""
         return {}
+
+
+# ---------------------------------------------------------------- the service's errors
+
+
+class ServiceError(SandboxdError):
+    """Base of the service's errors (the API turns each into problem+json by its code)."""
+
+    code = "service-error"
+
+
+class UnknownTool(ServiceError):
+    code = "unknown-tool"
+
+    def __init__(self, tool: str, available: list[str]) -> None:
+        names = ", ".join(available) or "(none)"
+        super().__init__(f"there is no tool '{tool}' for this client; available tools: {names}")
+        self.tool = tool
+        self.available = available
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"available_tools": self.available}
+
+
+#: Retry-After of a 503 for a backend that is down (its watch reconnects within seconds)
+UNAVAILABLE_RETRY_S = 5
+
+
+class ToolUnavailable(ServiceError):
+    """The tool's backend cannot run calls on this host right now."""
+
+    code = "tool-unavailable"
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"retry_after": UNAVAILABLE_RETRY_S}
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(UNAVAILABLE_RETRY_S)}
+
+
+class Draining(ServiceError):
+    """The daemon is shutting down and takes no new calls."""
+
+    code = "draining"
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
+
+
+class AuditFailure(ServiceError):
+    """The audit log could not be written. Before anything ran the call is refused; after it
+    ran, ``result`` is the call's result (recorded as soon as the log is writable again).
+    ``storage``: the cause is a full filesystem (507) rather than another failure (500)."""
+
+    code = "audit-failure"
+
+    def __init__(self, message: str, *, storage: bool, result: Result | None = None) -> None:
+        super().__init__(message)
+        self.storage = storage
+        self.result = result
+        if storage:
+            self.code = "audit-storage-full"  # type: ignore[misc]  # 507 rather than 500
+
+    def problem_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"ran": self.result is not None}
+        if self.result is not None:
+            fields["result"] = self.result.model_dump(mode="json")
+        return fields
+
+
+class StorageUnavailable(ServiceError):
+    """The state directory is full: refused before anything runs (507)."""
+
+    code = "storage-full"
+
+
+class ExecutionFailure(ServiceError):
+    """A backend failed unexpectedly (a bug, not a sandbox outcome)."""
+
+    code = "execution-failure"

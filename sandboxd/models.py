@@ -354,6 +354,14 @@ class Cleanup(_Model):
     detail: str | None = None
 
 
+class Explanation(_Model):
+    """What ``policy explain`` answers: the decision and where its rule is written."""
+
+    client: str
+    decision: Decision
+    location: str | None
+
+
 class Result(_Model):
     """The single result format of every backend and every outcome (design section 9)."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
@@ -25,17 +24,26 @@ from typing import Any
 
 from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
+from sandboxd.backends.factory import build_backends
 from sandboxd.config import Settings
-from sandboxd.errors import SandboxdError
+from sandboxd.errors import (
+    AuditFailure,
+    Draining,
+    ExecutionFailure,
+    ServiceError,
+    StorageUnavailable,
+    ToolUnavailable,
+    UnknownTool,
+)
 from sandboxd.metrics import Metrics
 from sandboxd.models import (
     Cleanup,
     Decision,
+    Explanation,
     Invocation,
     InvokeRequest,
     Limits,
     LimitsRequest,
-    ProbeReport,
     Reason,
     Result,
     Status,
@@ -45,6 +53,8 @@ from sandboxd.models import (
 )
 from sandboxd.policy import PolicyStore
 from sandboxd.quotafs import Usage, quota_message
+from sandboxd.readiness import BackendProbes, Readiness, policy_state
+from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
@@ -53,117 +63,16 @@ from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
 
-READINESS_CACHE_S = 10.0
-DEFAULT_BACKEND = "restricted"
-
-
-class ServiceError(SandboxdError):
-    """Base of the service's errors (the API turns each into problem+json by its code)."""
-
-    code = "service-error"
-
-
-class UnknownTool(ServiceError):
-    code = "unknown-tool"
-
-    def __init__(self, tool: str, available: list[str]) -> None:
-        names = ", ".join(available) or "(none)"
-        super().__init__(f"there is no tool '{tool}' for this client; available tools: {names}")
-        self.tool = tool
-        self.available = available
-
-    def problem_fields(self) -> dict[str, Any]:
-        return {"available_tools": self.available}
-
-
-#: Retry-After of a 503 for a backend that is down (its watch reconnects within seconds)
-UNAVAILABLE_RETRY_S = 5
-
-
-class ToolUnavailable(ServiceError):
-    """The tool's backend cannot run calls on this host right now."""
-
-    code = "tool-unavailable"
-
-    def problem_fields(self) -> dict[str, Any]:
-        return {"retry_after": UNAVAILABLE_RETRY_S}
-
-    def problem_headers(self) -> dict[str, str]:
-        return {"Retry-After": str(UNAVAILABLE_RETRY_S)}
-
-
-class Draining(ServiceError):
-    """The daemon is shutting down and takes no new calls."""
-
-    code = "draining"
-
-    def problem_headers(self) -> dict[str, str]:
-        return {"Retry-After": "5"}
-
-
-class AuditFailure(ServiceError):
-    """The audit log could not be written. Before anything ran the call is refused; after it
-    ran, ``result`` is the call's result (recorded as soon as the log is writable again).
-    ``storage``: the cause is a full filesystem (507) rather than another failure (500)."""
-
-    code = "audit-failure"
-
-    def __init__(self, message: str, *, storage: bool, result: Result | None = None) -> None:
-        super().__init__(message)
-        self.storage = storage
-        self.result = result
-        if storage:
-            self.code = "audit-storage-full"  # type: ignore[misc]  # 507 rather than 500
-
-    def problem_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"ran": self.result is not None}
-        if self.result is not None:
-            fields["result"] = self.result.model_dump(mode="json")
-        return fields
-
-
-class StorageUnavailable(ServiceError):
-    """The state directory is full: refused before anything runs (507)."""
-
-    code = "storage-full"
-
-
-class ExecutionFailure(ServiceError):
-    """A backend failed unexpectedly (a bug, not a sandbox outcome)."""
-
-    code = "execution-failure"
-
-
-def _build_backends(settings: Settings, uids: UidPool | None) -> dict[str, Backend]:
-    from sandboxd.backends.workspace import WorkspaceBackend
-
-    backends: dict[str, Backend] = {"workspace": WorkspaceBackend(settings)}
-    if settings.restricted_enabled:
-        try:
-            from sandboxd.backends.restricted import RestrictedBackend
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            log.error("restricted backend unavailable: %s", exc)
-        else:
-            backends["restricted"] = RestrictedBackend(settings, uids)
-    if settings.container_enabled:
-        try:
-            from sandboxd.backends.container import ContainerBackend
-        except ImportError as exc:  # pragma: no cover
-            log.error("container backend unavailable: %s", exc)
-        else:
-            backends["container"] = ContainerBackend(settings, uids)
-    return backends
-
 
 class Sandboxd:
     """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics."""
 
     def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
-        settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.audit = AuditLog(settings.audit_path, max_bytes=settings.audit_max_bytes,
-                              retention_files=settings.audit_retention_files,
-                              retention_days=settings.audit_retention_days)
+        # nothing here touches the disk: the state directory and the audit log (and its lock)
+        # are opened by start()
+        self.audit: AuditLog
+        self.recorder: AuditRecorder
         self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
         self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
                                    settings.queue_timeout_s, settings.queue_per_client)
@@ -177,19 +86,16 @@ class Sandboxd:
             quota_entries=settings.session_quota_entries, quota_mode=settings.workspace_quota,
         )
         self.backends = (backends if backends is not None
-                         else _build_backends(settings, self.uids))
+                         else build_backends(settings, self.uids))
+        self.probes = BackendProbes(self.backends)
         self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use)
         self.draining = False
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._tasks: list[asyncio.Task[Any]] = []
-        self._readiness: tuple[float, dict[str, Any]] | None = None
+        self._opened = False
         self._started = False
-        # results of calls that ran while the audit log could not be written: written (late)
-        # as soon as it can be again; ``_audit_failed`` says why it cannot (None: it can)
-        self._unrecorded: list[tuple[str, Result, str]] = []
-        self._audit_failed: str | None = None
         # called (in the event loop's thread) after every policy load that took effect: the
         # MCP front door announces changed tool lists with it
         self.policy_listeners: list[Callable[[], None]] = []
@@ -197,9 +103,16 @@ class Sandboxd:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Load policies, sweep leftovers of a crash, start backends and background loops."""
+        """Open the state directory and the audit log, load policies, sweep leftovers of a
+        crash, start backends and background loops."""
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.audit = AuditLog(self.settings.audit_path, max_bytes=self.settings.audit_max_bytes,
+                              retention_files=self.settings.audit_retention_files,
+                              retention_days=self.settings.audit_retention_days)
+        self.recorder = AuditRecorder(self.audit)
+        self._opened = True
         self.policy.load()
-        interrupted = _interrupted_calls(self.settings.audit_path)
+        interrupted = interrupted_calls(self.settings.audit_path)
         # in a thread: removing what a crash left may walk big trees
         swept = await asyncio.to_thread(self.sessions.sweep)
         if interrupted:
@@ -219,7 +132,7 @@ class Sandboxd:
         )
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
-            asyncio.create_task(self._audit_watch(), name="audit-watch"),
+            asyncio.create_task(self.recorder.watch(), name="audit-watch"),
             asyncio.create_task(
                 self.sessions.expire_loop(
                     self._expire_session, min(15.0, self.settings.session_ttl_s / 4)),
@@ -242,11 +155,16 @@ class Sandboxd:
         if self._started:
             with contextlib.suppress(Exception):
                 self.audit.write("shutdown", pid=os.getpid())
-        self.audit.close()
+        if self._opened:
+            self.audit.close()
+
+    def begin_drain(self) -> None:
+        """From now on refuse new calls (503) and report not ready; in-flight calls go on."""
+        self.draining = True
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them."""
-        self.draining = True
+        self.begin_drain()
         pending = set(self._inflight)
         if pending:
             _done, still = await asyncio.wait(pending, timeout=grace_s)
@@ -272,11 +190,41 @@ class Sandboxd:
         return backend.availability()
 
     def explain(self, client: str, tool: str, arguments: dict[str, Any],
-                limits: LimitsRequest | None) -> Decision:
-        """The decision for a call, without running anything."""
-        spec = self._spec(client, tool)
-        validate_arguments(tool, spec.parameters, arguments)
-        return self.policy.decide(client, tool, arguments, limits)
+                limits: LimitsRequest | None, *, unknown_tool_denied: bool = False
+                ) -> Explanation:
+        """The decision for a call and where its rule is written, without running anything.
+        Needs only the policy: ``sandboxd policy explain`` calls it after :meth:`load_policy`.
+        A tool the client does not have raises :class:`UnknownTool`, or with
+        ``unknown_tool_denied`` gets the policy's denial (which says why)."""
+        try:
+            spec = self._spec(client, tool)
+        except UnknownTool:
+            if not unknown_tool_denied:
+                raise
+        else:
+            validate_arguments(tool, spec.parameters, arguments)
+        decision = self.policy.decide(client, tool, arguments, limits)
+        return Explanation(client=client, decision=decision,
+                           location=self.policy.locate(client, decision.rule))
+
+    def load_policy(self) -> None:
+        """Load the policies alone (what :meth:`start` does first), for offline questions
+        such as :meth:`explain`; :class:`~sandboxd.policy.PolicyError` when invalid."""
+        self.policy.load()
+
+    def reload_policy(self) -> bool:
+        """Re-read the policies (SIGHUP). A broken set is refused: the previous policy stays,
+        readiness says so; returns whether the new set took effect."""
+        return self.policy.reload()
+
+    def audit_event(self, event: str, **fields: Any) -> None:
+        """Write one audit record from a front door (start-up refusals, failed
+        authentications). Raises when the log cannot be written."""
+        self.audit.write(event, **fields)
+
+    def session(self, client: str, session_id: str) -> Session:
+        """The client's session (:class:`~sandboxd.sessions.SessionNotFound` otherwise)."""
+        return self.sessions.get(session_id, client)
 
     def _spec(self, client: str, tool: str) -> ToolSpec:
         specs = {s.name: s for s in self.policy.tools_for(client)}
@@ -296,8 +244,8 @@ class Sandboxd:
         try:
             spec = self._spec(client, tool)
         except UnknownTool:
-            await self._audit(self.audit.write, event="unknown_tool", client=client, tool=tool,
-                              transport=transport)
+            await self.recorder.record(self.audit.write, event="unknown_tool", client=client,
+                                       tool=tool, transport=transport)
             raise
         validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
@@ -305,9 +253,10 @@ class Sandboxd:
         self._check_state_dir()
         invocation_id = new_id("inv")
         decision = self.policy.decide(client, tool, request.arguments, request.limits)
-        await self._audit(self.audit.decision, request_id=invocation_id, client=client, tool=tool,
-                          session=request.session, arguments=request.arguments,
-                          decision=decision, transport=transport)
+        await self.recorder.record(self.audit.decision, request_id=invocation_id,
+                                   client=client, tool=tool, session=request.session,
+                                   arguments=request.arguments, decision=decision,
+                                   transport=transport)
         if not decision.allowed:
             result = Result.denied(invocation_id, tool, decision, request.session)
             return await self._finish(client, result, admitted, transport=transport)
@@ -438,67 +387,17 @@ class Sandboxd:
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         try:
-            await self._audit(self.audit.result, request_id=result.id, client=client,
+            await self.recorder.record(self.audit.result, request_id=result.id, client=client,
                               result=result, transport=transport)
         except AuditFailure as exc:
             if not ran:
                 raise
-            self._unrecorded.append((client, result, transport))
-            raise AuditFailure(
-                f"the call ran (status {result.status.value}) but its result could not be "
-                f"written to the audit log ({self._audit_failed}); it is written there as "
-                "soon as the log is writable again; the result is attached",
-                storage=exc.storage, result=result) from exc
+            raise self.recorder.keep(client, result, transport, exc) from exc
         return result
 
-    async def _audit(self, write: Any, **fields: Any) -> None:
-        """Write an audit record (fsync happens in a thread so other calls keep flowing)."""
-        try:
-            if self._unrecorded:
-                await asyncio.to_thread(self._flush_unrecorded)
-            await asyncio.to_thread(write, **fields)
-        except Exception as exc:
-            log.error("audit write failed: %s", exc)
-            self._audit_failed = str(exc)
-            raise AuditFailure(
-                "the audit log could not be written, so the call was refused (nothing ran); "
-                f"the administrator must fix the audit log: {exc}", storage=is_no_space(exc),
-            ) from exc
-        self._audit_failed = None
-
-    def _flush_unrecorded(self) -> None:
-        """Write the results kept while the audit log failed (raises while it still fails)."""
-        while self._unrecorded:
-            client, result, transport = self._unrecorded[0]
-            self.audit.result(request_id=result.id, client=client, result=result,
-                              transport=transport)
-            self._unrecorded.pop(0)
-
     def audit_problem(self) -> str | None:
-        """Why the audit log cannot be written now (None: it can). After a failure, writing
-        the kept results (or an ``audit_recovered`` record) is the proof that it can again."""
-        full = full_reason(self.settings.audit_path.parent, "audit log's filesystem")
-        if full is not None:
-            return full
-        if self._audit_failed is None and not self._unrecorded:
-            return None
-        try:
-            self._flush_unrecorded()
-            self.audit.write("audit_recovered", detail=self._audit_failed)
-        except Exception as exc:
-            self._audit_failed = str(exc)
-            return f"the audit log cannot be written: {exc}"
-        log.warning("the audit log is writable again")
-        self._audit_failed = None
-        return None
-
-    async def _audit_watch(self, interval_s: float = 1.0) -> None:
-        """Forever: once the audit log failed, retry until it works (results written late)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            if self._audit_failed is not None or self._unrecorded:
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self.audit_problem)
+        """Why the audit log cannot be written now (None: it can)."""
+        return self.recorder.problem()
 
     def _check_state_dir(self) -> None:
         """Refuse work (507) before anything runs when the state directory is full."""
@@ -520,7 +419,7 @@ class Sandboxd:
                                          f"full ({exc.strerror or exc})") from exc
             raise
         try:
-            await self._audit(self.audit.write, event="session_created", client=client,
+            await self.recorder.record(self.audit.write, event="session_created", client=client,
                               session=session.id, transport=transport)
         except AuditFailure:
             await self.sessions.drop(session)
@@ -533,7 +432,7 @@ class Sandboxd:
         await self._close_session_backends(session)
         await self.sessions.delete(session_id, client)
         try:  # the session is gone either way: say so, and keep the failure in the log
-            await self._audit(self.audit.write, event="session_deleted", client=client,
+            await self.recorder.record(self.audit.write, event="session_deleted", client=client,
                               session=session_id, transport=transport)
         except AuditFailure as exc:
             log.error("session %s deleted without an audit record: %s", session_id, exc)
@@ -556,54 +455,26 @@ class Sandboxd:
 
     # ------------------------------------------------------------ readiness
 
-    async def readiness(self, *, fresh: bool = False) -> dict[str, Any]:
+    async def readiness(self, *, fresh: bool = False) -> Readiness:
         """Run each available backend's confinement probe (cached briefly); storage (audit
-        log, state directory) and draining are read fresh every time."""
+        log, state directory), the workspace quota, the policy and draining are read fresh."""
         storage = await asyncio.to_thread(self._storage_state)
-        stored_ok = all(v["ok"] for v in storage.values())
-        state = await self._probe_backends(fresh)
-        state = {k: v for k, v in state.items() if not k.startswith("_")}
+        probes_ok, backends = await self.probes.reports(fresh)
         quota = self.sessions.fs  # read fresh too: its mount helper may have died
-        workspace_quota = {"mode": "kernel" if quota.kernel else "advisory",
-                           "setting": quota.setting, "ok": quota.ok, "detail": quota.detail}
-        policy = self._policy_state()
-        degraded = [] if policy["ok"] else ["policy"]
-        return {**state, "ready": state["ready"] and stored_ok and quota.ok
-                and not self.draining, "draining": self.draining, "storage": storage,
-                "workspace_quota": workspace_quota, "policy": policy, "degraded": degraded}
+        policy = policy_state(self._policy_refused)
+        return Readiness(
+            ready=probes_ok and all(v["ok"] for v in storage.values()) and quota.ok
+            and not self.draining,
+            draining=self.draining, backends=backends, storage=storage,
+            workspace_quota={"mode": "kernel" if quota.kernel else "advisory",
+                             "setting": quota.setting, "ok": quota.ok, "detail": quota.detail},
+            policy=policy, degraded=[] if policy["ok"] else ["policy"])
 
     def _storage_state(self) -> dict[str, dict[str, Any]]:
         audit = self.audit_problem()
         state = full_reason(self.settings.state_dir, "state directory")
         return {"audit_log": {"ok": audit is None, "detail": audit},
                 "state_dir": {"ok": state is None, "detail": state}}
-
-    async def _probe_backends(self, fresh: bool) -> dict[str, Any]:
-        """Probe reports, cached while no backend's availability changed."""
-        now = time.monotonic()
-        available = {n: b.availability()[0] for n, b in self.backends.items()}
-        if (not fresh and self._readiness and now - self._readiness[0] < READINESS_CACHE_S
-                and self._readiness[1].get("_available") == available):
-            return self._readiness[1]
-        reports: dict[str, Any] = {}
-        ready = True
-        for name, backend in self.backends.items():
-            ok, why = backend.availability()
-            if not ok:
-                reports[name] = {"available": False, "reason": why, "ok": name != DEFAULT_BACKEND}
-                ready = ready and name != DEFAULT_BACKEND
-                continue
-            try:
-                report: ProbeReport = await backend.probe()
-            except Exception as exc:
-                report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
-            reports[name] = {"available": True, **report.model_dump()}
-            ready = ready and report.ok
-        if DEFAULT_BACKEND not in self.backends:
-            ready = False
-        state = {"ready": ready, "backends": reports}
-        self._readiness = (now, {**state, "_available": available})
-        return state
 
     # ------------------------------------------------------------ policy events
 
@@ -616,55 +487,14 @@ class Sandboxd:
             self._policy_refused = (now, list(fields.get("errors", [])))
         else:
             self._policy_refused = None
-        try:
-            self.audit.write(event, **fields)
-        except Exception as exc:
-            log.error("could not audit %s: %s", event, exc)
+        if self._opened:  # an offline service (policy questions only) has no audit log
+            try:
+                self.audit.write(event, **fields)
+            except Exception as exc:
+                log.error("could not audit %s: %s", event, exc)
         if event == "policy_loaded":
             for listener in list(self.policy_listeners):
                 try:
                     listener()
                 except Exception:
                     log.exception("a policy listener failed")
-
-    def _policy_state(self) -> dict[str, Any]:
-        """The readiness view of the policy: ok, or the refused reload's problems (the
-        previous policy stays in force, so this degrades readiness without failing it)."""
-        if self._policy_refused is None:
-            return {"ok": True, "detail": None}
-        since, problems = self._policy_refused
-        first = problems[0] if problems else "invalid policy"
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        return {"ok": False, "since": since, "problems": problems,
-                "detail": f"policy reload refused: {first}{more}; the previous policy stays "
-                "in force"}
-
-
-def _interrupted_calls(audit_path: Path) -> list[str]:
-    """Request ids with an allowing decision but no result and not yet reported as
-    interrupted, whatever the shutdown was (a crash, or a clean stop while the audit log could
-    not take their results)."""
-    try:
-        with open(audit_path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4 * 1024 * 1024))
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    open_calls: dict[str, None] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        event = record.get("event")
-        rid = record.get("request_id")
-        if event == "interrupted":
-            for reported in record.get("requests") or ():
-                open_calls.pop(reported, None)
-        elif event == "decision" and rid and record.get("decision") == "allow":
-            open_calls[rid] = None
-        elif event == "result" and rid:
-            open_calls.pop(rid, None)
-    return list(open_calls)

@@ -20,9 +20,10 @@ from sandboxd.api.auth import guard
 from sandboxd.api.mcp import McpFrontDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
+from sandboxd.backends.factory import DEFAULT_BACKEND
 from sandboxd.config import Settings
 from sandboxd.errors import SandboxdError
-from sandboxd.service import DEFAULT_BACKEND, Sandboxd
+from sandboxd.service import Sandboxd
 
 log = logging.getLogger("sandboxd")
 
@@ -100,7 +101,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
             await _self_test(service, settings)
             loop = asyncio.get_running_loop()
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGHUP, service.policy.reload)
+                loop.add_signal_handler(signal.SIGHUP, service.reload_policy)
             flusher = asyncio.create_task(_flush_failed_auth(failed_auth))
             try:
                 async with mcp.run():  # the MCP sessions' task group lives in the lifespan
@@ -116,7 +117,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
             await service.close()
 
     failed_auth = FailedAuthGuard(
-        service.audit.write, limit=settings.auth_failure_limit,
+        service.audit_event, limit=settings.auth_failure_limit,
         window_s=settings.auth_failure_window_s,
         interval_s=settings.auth_failure_audit_interval_s)
     app = FastAPI(
@@ -172,25 +173,20 @@ def _add_docs(app: FastAPI) -> None:
 
 
 async def _self_test(service: Sandboxd, settings: Settings) -> None:
-    state = await service.readiness(fresh=True)
-    default = state["backends"].get(DEFAULT_BACKEND, {})
-    if default.get("available") and default.get("ok"):
+    why = (await service.readiness(fresh=True)).default_backend_failure()
+    if why is None:
         return
-    failing = [f"{c['name']} ({c.get('detail', '')})"
-               for c in default.get("checks", []) if not c.get("ok")]
-    why = (f"failing probes: {'; '.join(failing)}" if failing else
-           default.get("reason") or default.get("detail") or "backend unavailable")
     if settings.allow_unconfined:
         log.critical("CONFINEMENT SELF-TEST FAILED for the %s backend (%s); serving anyway "
                      "because --allow-unconfined is set", DEFAULT_BACKEND, why)
-        service.audit.write("unconfined_start", backend=DEFAULT_BACKEND, reason=why)
+        service.audit_event("unconfined_start", backend=DEFAULT_BACKEND, reason=why)
         return
     message = (
         f"the {DEFAULT_BACKEND} backend failed its confinement self-test ({why}); "
         "refusing to serve (use --allow-unconfined to override, at your own risk)"
     )
     log.critical(message)
-    service.audit.write("startup_refused", backend=DEFAULT_BACKEND, reason=why)
+    service.audit_event("startup_refused", backend=DEFAULT_BACKEND, reason=why)
     raise StartupRefused(message)
 
 

@@ -56,10 +56,11 @@ from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
 from sandboxd.client.render import format_result
+from sandboxd.errors import AuditFailure, ServiceError, UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, Result, Status, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
-from sandboxd.service import AuditFailure, Sandboxd, ServiceError, UnknownTool
+from sandboxd.service import Sandboxd
 from sandboxd.sessions import SessionError
 
 log = logging.getLogger("sandboxd.mcp")
@@ -351,7 +352,7 @@ class McpFrontDoor:
             sid = state.get("sandbox_session")
             if sid is not None:
                 try:
-                    self.service.sessions.get(sid, client)
+                    self.service.session(client, sid)
                     return sid
                 except SessionError:  # expired under a long-idle MCP session: a new one
                     log.info("MCP session %s: sandboxd session %s expired; a new one",

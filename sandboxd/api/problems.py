@@ -9,8 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sandboxd.errors import SandboxdError
-from sandboxd.service import UNAVAILABLE_RETRY_S
+from sandboxd.errors import UNAVAILABLE_RETRY_S, SandboxdError
 
 PROBLEM_TYPE = "https://sandboxd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"

@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxd import __version__
 from sandboxd.api.auth import authenticate, guard
+from sandboxd.errors import UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
-from sandboxd.service import Sandboxd, UnknownTool
+from sandboxd.service import Sandboxd
 
 router = APIRouter()
 
@@ -49,7 +50,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     """Ready when every available backend proves its confinement (self-test probes)."""
     state = await _service(request).readiness()
-    return JSONResponse(state, status_code=200 if state["ready"] else 503)
+    return JSONResponse(state.model_dump(mode="json"), status_code=200 if state.ready else 503)
 
 
 @router.get("/metrics", tags=["health"], dependencies=[Depends(guard("metrics"))])
@@ -145,7 +146,6 @@ async def delete_session(session_id: str, request: Request,
 async def explain(body: ExplainRequest, request: Request,
                   client: str = Depends(authenticate)) -> dict[str, Any]:
     """The decision a call would get, and the rule that makes it, without running anything."""
-    service = _service(request)
-    decision = service.explain(client, body.tool, body.arguments, body.limits)
-    return {"client": client, "tool": body.tool, **decision.model_dump(mode="json"),
-            "location": service.policy.locate(client, decision.rule)}
+    explanation = _service(request).explain(client, body.tool, body.arguments, body.limits)
+    return {"client": client, "tool": body.tool,
+            **explanation.decision.model_dump(mode="json"), "location": explanation.location}

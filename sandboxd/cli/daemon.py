@@ -178,7 +178,7 @@ def _draining_server_class() -> type:
                 self.force_exit = self._draining
                 return
             self._draining = True
-            self.service.draining = True
+            self.service.begin_drain()
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
 
         async def _drain(self) -> None:

@@ -35,41 +35,25 @@ PROBE_TIMEOUT_S = 120.0
 
 
 def _default_backend() -> str:
-    try:
-        from sandboxd.service import DEFAULT_BACKEND
-    except ImportError:  # pragma: no cover - the service module is part of the package
-        return "restricted"
+    from sandboxd.backends.factory import DEFAULT_BACKEND
+
     return DEFAULT_BACKEND
-
-
-def _construct(name: str, settings: Any) -> Any:
-    """One backend object, built the way the daemon builds it."""
-    if name == "restricted":
-        from sandboxd.backends.restricted import RestrictedBackend
-
-        return RestrictedBackend(settings)
-    if name == "container":
-        from sandboxd.backends.container import ContainerBackend
-
-        return ContainerBackend(settings)
-    raise ValueError(f"unknown backend {name!r}")
 
 
 def enabled_backends(settings: Any) -> list[str]:
     """Names of the execution backends the settings enable, default backend first."""
-    names = []
-    if settings.restricted_enabled:
-        names.append("restricted")
-    if settings.container_enabled:
-        names.append("container")
-    default = _default_backend()
-    return sorted(names, key=lambda n: n != default)
+    from sandboxd.backends.factory import enabled_backends as enabled
+
+    return enabled(settings)
 
 
 async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
     """``(available, report)`` for one backend: construct, start, probe, close."""
+    from sandboxd.backends.factory import build_backend
+    from sandboxd.uids import UidPool
+
     try:
-        backend = _construct(name, settings)
+        backend = build_backend(name, settings, UidPool.from_settings(settings))
     except Exception as exc:
         return False, ProbeReport(backend=name, ok=False, detail=f"cannot load: {exc}")
     try:

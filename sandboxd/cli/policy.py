@@ -24,6 +24,15 @@ def _settings_policies_dir(config: Path | None) -> Path | None:
         return None
 
 
+def _offline_service(policies_dir: Path | None) -> Any:
+    """A :class:`~sandboxd.service.Sandboxd` for questions about the policy alone: no
+    backends, nothing opened (construction does no I/O; only the policy is loaded)."""
+    from sandboxd.config import Settings
+    from sandboxd.service import Sandboxd
+
+    return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})
+
+
 @app.command("check")
 def check(
     files: list[Path] = typer.Argument(..., help="Policy files or directories of policy files"),
@@ -122,8 +131,8 @@ def explain(
     from pydantic import ValidationError
 
     from sandboxd.models import LimitsRequest
-    from sandboxd.policy import PolicyError, PolicyStore
-    from sandboxd.registry import ArgumentsInvalid, validate_arguments
+    from sandboxd.policy import PolicyError
+    from sandboxd.registry import ArgumentsInvalid
 
     try:
         arguments = json.loads(args)
@@ -140,24 +149,21 @@ def explain(
         except ValidationError as exc:
             typer.echo(f"sandboxd: --limits: {exc.errors()[0]['msg']}", err=True)
             raise typer.Exit(2) from None
-    directory = policies if policies is not None else _settings_policies_dir(config)
-    store = PolicyStore(directory)
+    service = _offline_service(policies if policies is not None
+                               else _settings_policies_dir(config))
     try:
-        store.load()
+        service.load_policy()
     except PolicyError as exc:
         for line in exc.problems:
             typer.echo(line, err=True)
         raise typer.Exit(2) from None
-    spec = next((t for t in store.tools_for(client) if t.name == tool), None)
-    if spec is not None:
-        try:
-            validate_arguments(tool, spec.parameters, arguments)
-        except ArgumentsInvalid as exc:
-            typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
-            raise typer.Exit(2) from None
-    decision = store.decide(client, tool, arguments, requested)
-    pol = store.policy_for(client)
-    where = pol.locate(decision.rule) if pol is not None else decision.source
+    try:  # the daemon's own explain: the same tool lookup, schema check and decision
+        explanation = service.explain(client, tool, arguments, requested,
+                                      unknown_tool_denied=True)
+    except ArgumentsInvalid as exc:
+        typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
+        raise typer.Exit(2) from None
+    decision, where = explanation.decision, explanation.location
     lowered = (decision.limits.lowered_requests(requested) if decision.limits is not None
                else {})
     if as_json:
