@@ -4,8 +4,6 @@ daemon; the per-client rate limit as the API applies it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,13 +20,8 @@ from sandboxd.tokens import (
     hash_token,
     remove_token_by_id,
 )
+from tests.auth.test_tokens import run_cli
 from tests.support.daemon import running_daemon
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", "token", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
 
 
 def test_label_and_expiry_are_stored_and_expired_tokens_refused(tmp_path: Path) -> None:
