@@ -66,9 +66,9 @@ class Bench:
     async def pool_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            boxes = [b for q in self.backend._pool.values() for b in q]
+            boxes = [b for q in self.backend.pool.queues.values() for b in q]
             if boxes and all(b.endpoint.ready for b in boxes) and \
-                    len(boxes) >= self.backend._pool_target():
+                    len(boxes) >= self.backend.pool.target():
                 return
             await asyncio.sleep(0.02)
 

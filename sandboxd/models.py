@@ -1,7 +1,7 @@
 """Typed models shared by every layer: requests, limits, invocations, decisions and results.
 
 Nothing here knows about HTTP, Docker or RestrictedPython. The single result format
-(design section 9) is :class:`Result`; every backend and every outcome produces it.
+is :class:`Result`; every backend and every outcome produces it.
 
 Status / termination mapping (the one place it is written down; :meth:`Result.build` applies
 it, with :data:`LIMIT_MESSAGES` for what the model reads):
@@ -363,7 +363,7 @@ class Explanation(_Model):
 
 
 class Result(_Model):
-    """The single result format of every backend and every outcome (design section 9)."""
+    """The single result format of every backend and every outcome."""
 
     id: str
     tool: str

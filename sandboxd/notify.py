@@ -7,9 +7,9 @@ send is logged and swallowed: notification must never take the daemon down.
 
 Usage::
 
-    from sandboxd import notify
-    notify.ready("serving on /run/sandboxd/sandboxd.sock")   # after the self-test passed
-    notify.stopping()                                        # on SIGTERM, before draining
+    from sandboxd.notify import notify
+    notify("READY=1\nSTATUS=serving")   # after the self-test passed
+    notify("STOPPING=1")                 # on SIGTERM, before draining
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import socket
 log = logging.getLogger(__name__)
 
 ENV_SOCKET = "NOTIFY_SOCKET"
-ENV_WATCHDOG_USEC = "WATCHDOG_USEC"
-ENV_WATCHDOG_PID = "WATCHDOG_PID"
 
 
 def _address(raw: str) -> str | bytes:
@@ -63,58 +61,3 @@ def notify(*fields: str, unset_environment: bool = False) -> bool:
         return False
     return True
 
-
-def _status(text: str) -> str:
-    return "STATUS=" + " ".join(text.split())  # one line
-
-
-def ready(status: str | None = None) -> bool:
-    """``READY=1`` (plus ``MAINPID`` and an optional ``STATUS``): start-up is complete."""
-    fields = ["READY=1", f"MAINPID={os.getpid()}"]
-    if status:
-        fields.append(_status(status))
-    return notify(*fields)
-
-
-def stopping(status: str | None = None) -> bool:
-    """``STOPPING=1``: the daemon has begun to shut down (draining)."""
-    fields = ["STOPPING=1"]
-    if status:
-        fields.append(_status(status))
-    return notify(*fields)
-
-
-def reloading(status: str | None = None) -> bool:
-    """``RELOADING=1``: configuration (policies) is being reloaded; send :func:`ready` after."""
-    fields = ["RELOADING=1"]
-    if status:
-        fields.append(_status(status))
-    return notify(*fields)
-
-
-def status(text: str) -> bool:
-    """``STATUS=...``: a one-line free-form status shown by ``systemctl status``."""
-    return notify(_status(text))
-
-
-def watchdog_interval() -> float | None:
-    """Seconds between keep-alive pings systemd expects (``WatchdogSec=``), or ``None``.
-
-    Ping at half this interval with :func:`watchdog`.
-    """
-    usec = os.environ.get(ENV_WATCHDOG_USEC)
-    if not usec:
-        return None
-    pid = os.environ.get(ENV_WATCHDOG_PID)
-    if pid and pid != str(os.getpid()):
-        return None  # meant for another process (e.g. our parent)
-    try:
-        value = int(usec)
-    except ValueError:
-        return None
-    return value / 1_000_000 if value > 0 else None
-
-
-def watchdog() -> bool:
-    """``WATCHDOG=1``: the keep-alive ping."""
-    return notify("WATCHDOG=1")

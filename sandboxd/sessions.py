@@ -280,9 +280,6 @@ class SessionManager:
         self._sessions.pop(session.id, None)
         await asyncio.to_thread(self._remove_files, session.id)
 
-    def all(self) -> list[Session]:
-        return list(self._sessions.values())
-
     async def expire_loop(self, on_expire: Callable[[Session], Awaitable[None]],
                           interval_s: float = 15.0) -> None:
         """Forever: expire sessions past their TTL (call ``on_expire`` first). A session whose

@@ -76,7 +76,8 @@ def check(
             loaded.extend(load_set(group).policies)
         except PolicyError as exc:
             problems.extend(exc.problems)
-    from sandboxd.policy.engine import enabled_tools, policy_warnings
+    from sandboxd.policy.engine import policy_warnings
+    from sandboxd.policy.specs import enabled_tools
 
     warnings = [w for pol in loaded for w in policy_warnings(pol)]
     for line in problems:
@@ -204,7 +205,8 @@ def show(
 ) -> None:
     """Show the policies in force: who gets which, which tools, on which backend, limits."""
     from sandboxd.policy import PolicyError, PolicyStore
-    from sandboxd.policy.engine import effective_limits, tool_specs
+    from sandboxd.policy.engine import effective_limits
+    from sandboxd.policy.specs import tool_specs
 
     store = PolicyStore(policies if policies is not None else _settings_policies_dir(config))
     try:

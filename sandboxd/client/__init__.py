@@ -10,19 +10,7 @@ never the daemon's server stack. Install with ``pip install sandboxd[client]``.
 >>> print(agent.act("What is 12345 * 54321?", tools=["python"]).text)
 """
 
-from sandboxd.client.agent import (
-    ActResult,
-    Agent,
-    Fragment,
-    LLMError,
-    LocalTool,
-    ToolCallError,
-    ToolCallEvent,
-    ToolCallRecord,
-    format_result,
-    tool,
-    truncate_middle,
-)
+from sandboxd.client.agent import Agent
 from sandboxd.client.errors import (
     AuthenticationError,
     BadRequest,
@@ -37,6 +25,18 @@ from sandboxd.client.errors import (
     ServerError,
     Unavailable,
 )
+from sandboxd.client.records import (
+    ActResult,
+    Fragment,
+    LLMError,
+    LocalTool,
+    ToolCallError,
+    ToolCallEvent,
+    ToolCallRecord,
+    tool,
+    truncate_middle,
+)
+from sandboxd.client.render import format_result
 from sandboxd.client.sandbox import (
     AsyncSandboxClient,
     AsyncSession,

@@ -20,7 +20,6 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
@@ -29,31 +28,12 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from sandboxd.client.errors import ConnectionFailed, ProblemError, RateLimited, problem_error
+from sandboxd.client.session import AsyncSession, Session, SessionInfo
 from sandboxd.models import LimitsRequest, Result, ToolSpec
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 M = TypeVar("M", bound=BaseModel)
 USER_AGENT = "sandboxd-client/0.1"
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """A session as the daemon describes it."""
-
-    id: str
-    client: str | None = None
-    created_at: float | str | None = None  # as the daemon sends it (epoch seconds)
-    expires_at: float | str | None = None
-    ttl_s: float | None = None
-    workspace_bytes: int | None = None
-    quota_bytes: int | None = None
-    workspace_entries: int | None = None  # files and directories (inodes) in the workspace
-    quota_entries: int | None = None
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
-        known = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
 
 
 def _lenient(model: type[M], data: Any) -> M:
@@ -330,52 +310,6 @@ class SandboxClient(_Base):
         return result.value if result.value is not None else result.stdout
 
 
-class Session:
-    """A daemon session bound to a :class:`SandboxClient`: calls share one workspace."""
-
-    def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
-        self.client = client
-        self.info = info
-        self.id = info.id
-        self._closed = False
-
-    def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-               limits: LimitsRequest | dict[str, Any] | None = None, **kwargs: Any) -> Result:
-        """Run a tool in this session's workspace."""
-        return self.client.invoke(tool, arguments, session=self.id, limits=limits, **kwargs)
-
-    def read_file(self, path: str) -> str:
-        return self.client.read_file(path, session=self.id)
-
-    def write_file(self, path: str, content: str) -> Result:
-        return self.client.write_file(path, content, session=self.id)
-
-    def list_files(self, path: str = ".") -> Any:
-        return self.client.list_files(path, session=self.id)
-
-    def refresh(self) -> SessionInfo:
-        """Re-read the session's description (usage, expiry)."""
-        self.info = self.client.get_session(self.id)
-        return self.info
-
-    def close(self) -> None:
-        """Delete the session (idempotent; an already expired session is fine)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.client.delete_session(self.id)
-        except ProblemError as exc:
-            if exc.status != 404:
-                raise
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class ToolFailed(ProblemError):
     """A file helper's call ran but did not succeed (``result`` holds the details)."""
 
@@ -507,47 +441,6 @@ class AsyncSandboxClient(_Base):
     async def list_files(self, path: str = ".", *, session: str | None = None) -> Any:
         result = _ensure_ok(await self.invoke("list_files", {"path": path}, session=session))
         return result.value if result.value is not None else result.stdout
-
-
-class AsyncSession:
-    """A daemon session bound to an :class:`AsyncSandboxClient`."""
-
-    def __init__(self, client: AsyncSandboxClient, info: SessionInfo) -> None:
-        self.client = client
-        self.info = info
-        self.id = info.id
-        self._closed = False
-
-    async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-                     limits: LimitsRequest | dict[str, Any] | None = None,
-                     **kwargs: Any) -> Result:
-        return await self.client.invoke(tool, arguments, session=self.id, limits=limits,
-                                        **kwargs)
-
-    async def read_file(self, path: str) -> str:
-        return await self.client.read_file(path, session=self.id)
-
-    async def write_file(self, path: str, content: str) -> Result:
-        return await self.client.write_file(path, content, session=self.id)
-
-    async def list_files(self, path: str = ".") -> Any:
-        return await self.client.list_files(path, session=self.id)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self.client.delete_session(self.id)
-        except ProblemError as exc:
-            if exc.status != 404:
-                raise
-
-    async def __aenter__(self) -> AsyncSession:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 __all__ = [

@@ -8,7 +8,6 @@ names the policy file (``source``) and the rule path (``tools.shell.commands.den
 from __future__ import annotations
 
 import ast
-import functools
 import re
 import string
 from typing import Any
@@ -22,7 +21,6 @@ from sandboxd.models import (
     PlannedCommand,
     Redirect,
     ToolKind,
-    ToolSpec,
 )
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
@@ -47,7 +45,7 @@ from sandboxd.policy.shell import (
     wrapped_index,
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
-from sandboxd.policy.units import format_size
+from sandboxd.policy.specs import enabled_tools, listing
 from sandboxd.registry import BUILTIN_TOOLS
 from sandboxd.rules import denied_name, import_verdict
 from sandboxd.text import visible
@@ -59,14 +57,6 @@ _LIMIT_FIELDS = {
     "pids": ("pids", "max_pids"),
     "output_bytes": ("output", "max_output"),
 }
-_MAX_LISTED = 40
-
-
-def _listing(names: list[str]) -> str:
-    if not names:
-        return "none"
-    shown = ", ".join(names[:_MAX_LISTED])
-    return shown + (f", … ({len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else "")
 
 
 def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequest | None,
@@ -87,61 +77,6 @@ def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequ
 def _network(policy: PolicyFile, tool_network: str | None) -> str | None:
     net = tool_network or policy.network
     return None if net == "none" else net
-
-
-def enabled_tools(pol: LoadedPolicy) -> list[str]:
-    """Names of the tools this policy enables (built-ins first, then admin-defined)."""
-    names = [n for n in BUILTIN_NAMES
-             if (cfg := getattr(pol.spec.tools, n)) is not None and cfg.enabled]
-    names += [n for n, t in pol.spec.custom_tools.items() if t.enabled]
-    return names
-
-
-def _python_hint(cfg: PythonTool) -> str:
-    allow = cfg.imports.allow
-    if "*" in allow:
-        hint = " Any module may be imported"
-        return hint + (f" except: {_listing(cfg.imports.deny)}." if cfg.imports.deny else ".")
-    return f" Allowed imports: {_listing([m for m in allow if m not in cfg.imports.deny])}."
-
-
-def _shell_hint(cfg: ShellTool) -> str:
-    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    ops = ("Pipes, ';', '&&', '||' and redirects are allowed; there is no shell (no `$` "
-           "variables, globs, comments or builtins such as cd)." if cfg.operators else
-           "No shell operators: one program per call.")
-    return f" Allowed commands: {_listing(allowed)}. {ops}"
-
-
-def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
-    """The tools this policy enables, as ``GET /v1/tools`` lists them."""
-    return list(_tool_specs(pol))
-
-
-@functools.lru_cache(maxsize=64)
-def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
-    """Built once per loaded policy (a reload makes new LoadedPolicy objects): this is on the
-    path of every call."""
-    specs: list[ToolSpec] = []
-    for name in BUILTIN_NAMES:
-        cfg = getattr(pol.spec.tools, name)
-        if cfg is None or not cfg.enabled:
-            continue
-        builtin = BUILTIN_TOOLS[name]
-        description = builtin.description
-        if isinstance(cfg, PythonTool):
-            description += _python_hint(cfg)
-        elif isinstance(cfg, ShellTool):
-            description += _shell_hint(cfg)
-        elif isinstance(cfg, FileTool) and name != "list_files":
-            description += f" Files up to {format_size(cfg.max_bytes)} bytes."
-        specs.append(ToolSpec(name=name, description=description,
-                              parameters=builtin.parameters, backend=cfg.backend))
-    for name, tool in pol.spec.custom_tools.items():
-        if tool.enabled:
-            specs.append(ToolSpec(name=name, description=tool.description,
-                                  parameters=tool.parameters, backend=tool.backend))
-    return tuple(specs)
 
 
 class _Ctx:
@@ -193,7 +128,7 @@ def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str
     else:
         rule = "default_deny"
     return ctx.deny(rule, f"Tool `{tool}` is not available here; available tools: "
-                          f"{_listing(available)}.")
+                          f"{listing(available)}.")
 
 
 # ------------------------------------------------------------------ python
@@ -230,7 +165,7 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
 def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Decision:
     rules = cfg.imports
     allowed_list = [m for m in rules.allow if m not in rules.deny]
-    hint = ("any module" if "*" in rules.allow else _listing(allowed_list))
+    hint = ("any module" if "*" in rules.allow else listing(allowed_list))
     for module, fromlist in imported_modules(str(arguments.get("code", ""))):
         admitted, rule = import_verdict(module, rules.allow, rules.deny, fromlist)
         if rule == "relative":
@@ -256,7 +191,7 @@ def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, lis
     """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
     those programs in ``argv``; or a denial."""
     allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    listing = f"allowed commands: {_listing(allowed)}"
+    allowed_text = f"allowed commands: {listing(allowed)}"
     positions: list[int] = []
     rule = ""
     at = 0
@@ -265,24 +200,24 @@ def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, lis
         if is_assignment(word):
             return ctx.deny("tools.shell.commands.allow",
                             f"Variable assignments such as `{word}` are not allowed here; "
-                            f"{listing}.")
+                            f"{allowed_text}.")
         name = program_name(word)
         if name is None:
             return ctx.deny("tools.shell.commands.allow",
                             f"Run programs by name (such as `ls`), not by path: `{word}` is "
-                            f"not allowed here; {listing}.")
+                            f"not allowed here; {allowed_text}.")
         if name in SHELL_ONLY:
             return ctx.deny("tools.shell.commands.allow",
                             f"`{name}` is a shell builtin, and this tool runs programs without "
                             "a shell; the current directory is the workspace (use paths "
-                            f"relative to it). {listing[0].upper()}{listing[1:]}.")
+                            f"relative to it). {allowed_text[0].upper()}{allowed_text[1:]}.")
         for i, denied in enumerate(cfg.commands.deny):
             if name == denied:
                 return ctx.deny(f"tools.shell.commands.deny[{i}]",
-                                f"`{name}` is not allowed here; {listing}.")
+                                f"`{name}` is not allowed here; {allowed_text}.")
         if name not in cfg.commands.allow:
             return ctx.deny("tools.shell.commands.allow",
-                            f"`{name}` is not allowed here; {listing}.")
+                            f"`{name}` is not allowed here; {allowed_text}.")
         if not positions:
             rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
         positions.append(at)
@@ -415,7 +350,7 @@ def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decisio
     if rule is None:
         return ctx.deny(f"tools.{tool}.paths.allow",
                         f"Access to `{path}` is not allowed here; allowed paths: "
-                        f"{_listing(list(cfg.paths.allow))}.")
+                        f"{listing(list(cfg.paths.allow))}.")
     if tool == "write_file":
         size = len(str(arguments.get("content", "")).encode("utf-8", "surrogatepass"))
         if size > cfg.max_bytes:

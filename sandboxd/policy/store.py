@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.models import Decision, LimitsRequest, ToolSpec
-from sandboxd.policy import engine
+from sandboxd.policy import engine, specs
 from sandboxd.policy.loader import LoadedPolicy, PolicyError, PolicySet, load_set
 
 log = logging.getLogger("sandboxd.policy")
@@ -185,7 +185,7 @@ class PolicyStore:
         """The tools this client's policy enables (built-ins and admin-defined), with
         ``backend`` set and ``available=True`` (the service decides availability)."""
         pol = self.policy_for(client)
-        return engine.tool_specs(pol) if pol is not None else []
+        return specs.tool_specs(pol) if pol is not None else []
 
     def decide(self, client: str, tool: str, arguments: dict[str, Any],
                requested: LimitsRequest | None) -> Decision:

@@ -81,7 +81,7 @@ async def test_200_timing_out_calls_leave_no_container(docker_client: Any,
     assert reasons.count(Reason.wall_timeout) >= 180
     for s in range(5):
         await backend.close_session(f"s{s}")
-    pool = {b.cid for boxes in backend._pool.values() for b in boxes}
+    pool = {b.cid for boxes in backend.pool.queues.values() for b in boxes}
     await backend.close()
     assert labelled(docker_client, instance) == [], f"pool was {pool}"
     print(f"200 timing-out calls in {time.monotonic() - started:.1f} s")
@@ -152,18 +152,18 @@ async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: A
 
 async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path: Path) -> None:
     """An image whose entrypoint is not the runner: a clear error, not a wall timeout."""
-    from sandboxd.backends.container import backend as backend_module
+    from sandboxd.backends.container import calls as calls_module
     from sandboxd.models import Invocation, Status, ToolKind
 
     tag = f"sandboxd-test/norunner:{secrets.token_hex(3)}"
-    base = docker_client.images.get(backend_module.Settings().python_image)
+    base = docker_client.images.get(make_settings(tmp_path).python_image)
     container = docker_client.containers.create(base.id, entrypoint=["sleep"],
                                                 command=["1000"])
     container.commit(repository=tag.split(":")[0], tag=tag.split(":")[1],
                      changes=['ENTRYPOINT ["sleep"]', 'CMD ["1000"]'])
     container.remove(force=True)
-    old = backend_module.RUNNER_CONNECT_S
-    backend_module.RUNNER_CONNECT_S = 2.0
+    old = calls_module.RUNNER_CONNECT_S
+    calls_module.RUNNER_CONNECT_S = 2.0
     backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
@@ -175,6 +175,6 @@ async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path:
         assert res.cleanup.verified
         assert labelled(docker_client, backend.settings.instance_name) == []
     finally:
-        backend_module.RUNNER_CONNECT_S = old
+        calls_module.RUNNER_CONNECT_S = old
         await backend.close()
         docker_client.images.remove(tag, force=True)

@@ -177,4 +177,4 @@ async def test_cancellation_removes_the_container(backend: ContainerBackend, ws:
 
 def _ready_pool(backend: ContainerBackend) -> set[str]:
     """Ids of the containers waiting in the warm pool."""
-    return {b.cid for boxes in backend._pool.values() for b in boxes if b.cid}
+    return {b.cid for boxes in backend.pool.queues.values() for b in boxes if b.cid}

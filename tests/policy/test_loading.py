@@ -177,7 +177,7 @@ def test_shipped_policy_directory_loads_as_a_set() -> None:
     assert [t.name for t in store.tools_for("untrusted")] == ["python"]
 
 
-def test_embedded_default_is_found_and_named_like_the_design() -> None:
+def test_embedded_default_is_found_and_named_by_its_shipped_path() -> None:
     assert (embedded_policies_dir() / "default.yaml").is_file()
     store = PolicyStore(None)
     store.load()

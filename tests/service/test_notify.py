@@ -22,8 +22,6 @@ def receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket
     sock.bind(str(path))
     sock.settimeout(5)
     monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
-    monkeypatch.delenv("WATCHDOG_PID", raising=False)
     yield sock
     sock.close()
 
@@ -33,46 +31,27 @@ def _fields(sock: socket.socket) -> dict[str, str]:
     return dict(line.split("=", 1) for line in data.split("\n"))
 
 
-def test_ready_sends_ready_mainpid_and_status(receiver: socket.socket) -> None:
-    assert notify.ready("serving on\n/run/sandboxd/sandboxd.sock") is True
-    fields = _fields(receiver)
-    assert fields["READY"] == "1"
-    assert fields["MAINPID"] == str(os.getpid())
-    assert fields["STATUS"] == "serving on /run/sandboxd/sandboxd.sock"  # newline flattened
-
-
-def test_stopping_reloading_status_watchdog(receiver: socket.socket) -> None:
-    assert notify.stopping("draining 3 calls")
-    assert _fields(receiver) == {"STOPPING": "1", "STATUS": "draining 3 calls"}
-    assert notify.reloading()
-    assert _fields(receiver) == {"RELOADING": "1"}
-    assert notify.status("4 slots busy")
-    assert _fields(receiver) == {"STATUS": "4 slots busy"}
-    assert notify.watchdog()
-    assert _fields(receiver) == {"WATCHDOG": "1"}
-
-
 def test_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     name = f"sandboxd-test-{uuid.uuid4().hex}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(b"\0" + name.encode())
         sock.settimeout(5)
         monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
-        assert notify.ready()
+        assert notify.notify("READY=1")
         assert _fields(sock)["READY"] == "1"
 
 
 def test_no_socket_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    assert notify.ready() is False
-    assert notify.stopping() is False
+    assert notify.notify("READY=1") is False
+    assert notify.notify("STOPPING=1") is False
 
 
 def test_dead_socket_is_swallowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens.sock"))
-    assert notify.ready() is False  # logged, not raised
+    assert notify.notify("READY=1") is False  # logged, not raised
     monkeypatch.setenv("NOTIFY_SOCKET", "relative/path")
-    assert notify.ready() is False
+    assert notify.notify("READY=1") is False
 
 
 def test_unset_environment(receiver: socket.socket) -> None:
@@ -92,21 +71,6 @@ def test_multi_line_message(receiver: socket.socket) -> None:
     """One argument may carry several fields, as the daemon's lifespan sends them."""
     assert notify.notify("READY=1\nSTATUS=serving")
     assert _fields(receiver) == {"READY": "1", "STATUS": "serving"}
-
-
-def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
-    assert notify.watchdog_interval() is None
-    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
-    monkeypatch.delenv("WATCHDOG_PID", raising=False)
-    assert notify.watchdog_interval() == 30.0
-    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    assert notify.watchdog_interval() == 30.0
-    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid() + 1))
-    assert notify.watchdog_interval() is None
-    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    monkeypatch.setenv("WATCHDOG_USEC", "junk")
-    assert notify.watchdog_interval() is None
 
 
 def test_daemon_notifies_ready_then_stopping(tmp_path: Path) -> None:

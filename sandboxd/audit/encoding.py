@@ -1,0 +1,120 @@
+"""How audit records become bytes: JSON of models and enums, the canonical form, its digest,
+and the redaction of secrets (by key name and by pattern) with size-capped previews."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+PREVIEW_CHARS = 1024
+MESSAGE_CHARS = 2048
+REDACTED = "[REDACTED]"
+
+
+# ------------------------------------------------------------------ serialisation
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps`` ``default=``: models, enums, paths, datetimes, sets and bytes as JSON."""
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, set | frozenset | tuple):
+        return list(obj)
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace")
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the bytes the argument digest is computed over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=json_default).encode("utf-8", "surrogatepass")
+
+
+def digest(obj: Any) -> str:
+    """SHA-256 (hex) of ``obj``'s canonical JSON."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+# ------------------------------------------------------------------ redaction
+
+_SECRET_KEY = re.compile(
+    r"^(?:.*[_.-])?(?:pass(?:word|wd|phrase)?|secrets?|tokens?|api[_-]?keys?|apikey|"
+    r"authori[sz]ation|auth|credentials?|private[_-]?key|access[_-]?key|session[_-]?(?:id|key)|"
+    r"cookies?|signature)(?:[_.-].*)?$", re.IGNORECASE)
+# ... except a digest of a machine-made credential: not a secret, and the only way to tell
+# which token a failed authentication used
+_CREDENTIAL_DIGEST_KEY = re.compile(
+    r"^(?:.*[_.-])?(?:tokens?|api[_-]?keys?|apikey|access[_-]?keys?|session[_-]?(?:id|key))"
+    r"[_.-](?:digest|sha256|fingerprint)$", re.IGNORECASE)
+_SECRET_TEXT: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----"
+                r"|\Z)", re.DOTALL), "[REDACTED PRIVATE KEY]"),
+    (re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1\2" + REDACTED),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), REDACTED),
+    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), REDACTED),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), REDACTED),
+    (re.compile(r"\bsbx_[A-Za-z0-9_-]{16,}"), REDACTED),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), REDACTED),
+    (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@", re.IGNORECASE),
+     r"\1" + REDACTED + "@"),
+    (re.compile(r"(?i)(\b[\w.-]*(?:pass(?:word|wd|phrase)?|secret|token|api[_-]?key|apikey|"
+                r"access[_-]?key|private[_-]?key|auth)[\w.-]*[\"']?\s*[=:]\s*[\"']?)"
+                r"([^\s\"'&,;]{3,})"), r"\1" + REDACTED),
+]
+
+
+def _secret_key(key: str) -> bool:
+    """Whether values under ``key`` are redacted whole."""
+    return _SECRET_KEY.search(key) is not None and not _CREDENTIAL_DIGEST_KEY.match(key)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with secret-looking substrings replaced by ``[REDACTED]``."""
+    for pattern, replacement in _SECRET_TEXT:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact(obj: Any) -> Any:
+    """A copy of a JSON-like value with secrets redacted: values under secret-looking keys, and
+    secret-looking substrings of every string (best effort, by pattern)."""
+    if isinstance(obj, dict):
+        return {str(k): (REDACTED if _secret_key(str(k)) and v not in (None, "")
+                         else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
+    return obj
+
+
+def preview(obj: Any, limit: int = PREVIEW_CHARS) -> str:
+    """Redacted JSON of ``obj``, cut to ``limit`` characters (``…`` marks a cut)."""
+    text = json.dumps(redact(obj), sort_keys=True, ensure_ascii=False, default=json_default)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def cap(text: str | None, limit: int = MESSAGE_CHARS) -> str | None:
+    """Redacted ``text`` cut to ``limit`` characters (``…`` marks a cut); None stays None."""
+    if text is None:
+        return None
+    text = redact_text(text)
+    return text if len(text) <= limit else text[:limit] + "…"

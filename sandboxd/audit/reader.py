@@ -1,0 +1,220 @@
+"""Reading the audit log: :func:`verify` checks the whole chain; :func:`read_records` and
+:func:`follow` give its records (``sandboxd audit verify`` / ``tail``)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandboxd.audit.files import GENESIS, chain_files
+
+
+@dataclass
+class BadRecord:
+    """Where the chain breaks."""
+
+    file: Path
+    line: int
+    seq: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        seq = f" (seq {self.seq})" if self.seq is not None else ""
+        return f"{self.file}:{self.line}{seq}: {self.reason}"
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of :func:`verify`."""
+
+    ok: bool
+    records: int = 0
+    files: list[Path] = field(default_factory=list)
+    head_seq: int | None = None
+    head_hash: str | None = None
+    first_bad: BadRecord | None = None
+    warnings: list[str] = field(default_factory=list)
+    anchor_seq: int | None = None  # first seq when older records were removed by retention
+    anchored_by: int | None = None  # seq of the audit_pruned record that names that anchor
+
+    def summary(self) -> str:
+        """One line for humans."""
+        if not self.ok:
+            return f"FAILED: {self.first_bad}"
+        files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
+        head = (f"; head seq {self.head_seq} sha256 {self.head_hash}"
+                if self.head_seq is not None else "")
+        start = (f"; starts at seq {self.anchor_seq} (older records removed by retention, "
+                 f"recorded at seq {self.anchored_by})" if self.anchor_seq is not None else "")
+        return f"ok: {self.records} records in {files}{head}{start}"
+
+
+def verify(path: Path) -> VerifyReport:
+    """Check the whole chain of ``path`` (its rotated files first). Names the first bad record."""
+    path = Path(path)
+    files = chain_files(path)
+    report = VerifyReport(ok=True, files=files)
+    if not files:
+        report.ok = False
+        report.first_bad = BadRecord(path, 0, None, "no such audit log")
+        return report
+    prev_hash = GENESIS
+    expected = 0
+    prev_where: tuple[Path, int] | None = None
+    anchor: tuple[int, str, Path, int] | None = None  # first record, when not the genesis
+
+    def fail(f: Path, line: int, seq: int | None, reason: str) -> VerifyReport:
+        report.ok = False
+        report.first_bad = BadRecord(f, line, seq, reason)
+        return report
+
+    for index, f in enumerate(files):
+        last_file = index == len(files) - 1
+        try:
+            fh = f.open("rb")
+        except OSError as exc:
+            return fail(f, 0, None, f"cannot read: {exc.strerror or exc}")
+        with fh:
+            pending: bytes | None = None
+            lineno = 0
+            for raw in fh:
+                if pending is not None:  # a line without newline that is not the last
+                    return fail(f, lineno, None, "incomplete line in the middle of the log")
+                lineno += 1
+                if not raw.endswith(b"\n"):
+                    pending = raw
+                    continue
+                line = raw[:-1]
+                try:
+                    record = json.loads(line)
+                    seq = record["seq"]
+                    prev = record["prev"]
+                    if (not isinstance(seq, int) or isinstance(seq, bool)
+                            or not isinstance(prev, str) or not isinstance(record["event"], str)):
+                        raise TypeError
+                except (ValueError, KeyError, TypeError):
+                    return fail(f, lineno, None, "not a valid audit record (edited or corrupt)")
+                if prev_where is None:
+                    if seq != 0 or prev != GENESIS:
+                        anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
+                else:
+                    pf, pl = prev_where
+                    if seq > expected:
+                        return fail(f, lineno, seq, f"seq jumps from {expected - 1} to {seq}: "
+                                    f"{seq - expected} record(s) removed before this one")
+                    if seq < expected:
+                        return fail(f, lineno, seq, f"seq {seq} follows seq {expected - 1}: a "
+                                    "record was inserted or records were reordered")
+                    if prev != prev_hash:
+                        return fail(pf, pl, expected - 1, f"the record was altered: its hash "
+                                    f"does not match the prev stored by the next record "
+                                    f"({f}:{lineno}); or that next record was forged")
+                if (anchor is not None and report.anchored_by is None
+                        and record["event"] == "audit_pruned"
+                        and record.get("anchor_seq") == anchor[0]
+                        and record.get("anchor_prev") == anchor[1]):
+                    report.anchor_seq, report.anchored_by = anchor[0], seq
+                prev_hash = hashlib.sha256(line).hexdigest()
+                expected = seq + 1
+                prev_where = (f, lineno)
+                report.records += 1
+                report.head_seq = seq
+                report.head_hash = prev_hash
+            if pending is not None:
+                if not last_file:
+                    return fail(f, lineno, None, "incomplete last line in a rotated file")
+                report.warnings.append(
+                    f"{f}:{lineno}: incomplete final line ({len(pending)} bytes, a crash "
+                    "mid-write; that record was never acknowledged). It is removed, and the "
+                    "removal recorded, the next time the daemon opens the log.")
+    if anchor is not None and report.anchored_by is None:
+        seq, _, f, lineno = anchor
+        return fail(f, lineno, seq, f"the chain does not start here (first seq is {seq}): "
+                    "earlier records were removed (the head of the log, or older rotated "
+                    "files), and no audit_pruned record of the retention names this record "
+                    "as the new start")
+    return report
+
+
+# ------------------------------------------------------------------ reading
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete, parseable record of the chain, oldest first (for ``audit tail``)."""
+    for f in chain_files(path):
+        try:
+            fh = f.open("rb")
+        except OSError:
+            continue
+        with fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break
+                with contextlib.suppress(ValueError):
+                    record = json.loads(raw)
+                    if isinstance(record, dict):
+                        yield record
+
+
+def follow(path: Path, interval_s: float = 0.5) -> Iterator[dict[str, Any]]:
+    """Records appended to ``path`` from the moment of this call (the position is taken now,
+    not at the first ``next()``). Survives rotation: when the file was rotated (possibly
+    several times) between two polls, the rest of the old file and every file rotated since
+    are read before the new current file."""
+    fh = None
+    inode: int | None = None
+    with contextlib.suppress(FileNotFoundError):
+        fh = path.open("rb")
+        fh.seek(0, os.SEEK_END)
+        inode = os.fstat(fh.fileno()).st_ino
+    return _follow(path, interval_s, fh, inode)
+
+
+def _follow(path: Path, interval_s: float, fh: Any, inode: int | None
+            ) -> Iterator[dict[str, Any]]:
+    buf = b""
+
+    def parse(data: bytes) -> Iterator[dict[str, Any]]:
+        for raw in data.split(b"\n"):
+            if raw.strip():
+                with contextlib.suppress(ValueError):
+                    yield json.loads(raw)
+
+    while True:
+        try:
+            ino: int | None = os.stat(path).st_ino
+        except FileNotFoundError:
+            ino = None
+        if ino is not None and ino != inode:
+            if fh is None:
+                fh = path.open("rb")  # created after we started: read it from the start
+            else:
+                yield from parse(buf + fh.read())
+                fh.close()
+                newer = False
+                for older in chain_files(path)[:-1]:  # rotated files, oldest first
+                    try:
+                        older_ino = os.stat(older).st_ino
+                    except FileNotFoundError:
+                        continue
+                    if newer:
+                        yield from parse(older.read_bytes())
+                    elif older_ino == inode:
+                        newer = True
+                fh = path.open("rb")
+            inode, buf = ino, b""
+        if fh is not None:
+            chunk = fh.read()
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                yield from parse(b"\n".join(lines))
+                continue
+        time.sleep(interval_s)

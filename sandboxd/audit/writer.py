@@ -1,0 +1,353 @@
+"""The writer of the audit log: the hash-chained, fsynced append, rotation by size, retention
+(with its ``audit_pruned`` anchor) and the repair of a torn final line."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sandboxd import storage
+from sandboxd.audit.encoding import (
+    PREVIEW_CHARS,
+    canonical_json,
+    cap,
+    json_default,
+    preview,
+    redact,
+)
+from sandboxd.audit.files import GENESIS, first_line, fsync_dir, read_tail, rotated_files
+from sandboxd.errors import SandboxdError
+from sandboxd.models import Decision, Result
+
+RESERVED = frozenset({"ts", "seq", "event", "prev"})
+
+log = logging.getLogger("sandboxd.audit")
+
+
+class AuditError(SandboxdError):
+    """The audit log cannot be written (the call that needed the record must fail)."""
+
+    code = "audit-unwritable"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class AuditLog:
+    """An open, hash-chained audit log (continues the chain of an existing file)."""
+
+    def __init__(self, path: Path, *, max_bytes: int = 64 * 1024 * 1024,
+                 retention_files: int | None = None,
+                 retention_days: float | None = None) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.retention_files = retention_files
+        self.retention_days = retention_days
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._size = 0
+        self._seq = -1
+        self._prev = GENESIS
+        self._broken: str | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                    0o600)
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AuditError(f"{self.path}: the audit log is in use by another "
+                                 "process") from None
+            torn = self._open()
+            if not torn:
+                self._prune()  # files that aged out while the daemon was stopped
+        except OSError as exc:
+            self.close()
+            raise AuditError(f"{self.path}: cannot open the audit log: "
+                             f"{exc.strerror or exc}") from exc
+        except AuditError:
+            self.close()
+            raise
+        if torn:
+            try:
+                self.write("audit_repaired", torn_bytes=len(torn),
+                           torn_sha256=hashlib.sha256(torn).hexdigest(),
+                           detail="an incomplete final line (crash mid-write) was removed")
+                with self._lock:
+                    self._prune()
+            except AuditError:
+                self.close()
+                raise
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last record written (-1 for an empty chain)."""
+        return self._seq
+
+    @property
+    def head(self) -> str:
+        """SHA-256 of the last record (the ``prev`` of the next one)."""
+        return self._prev
+
+    def _open(self) -> bytes:
+        """Open the current file, cut a torn tail, and find the chain's last record."""
+        created = not self.path.exists()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                           0o600)
+        if created:
+            fsync_dir(self.path.parent)
+        tail = read_tail(self.path)
+        if tail.torn:
+            os.ftruncate(self._fd, tail.good_size)
+            os.fsync(self._fd)
+        self._size = tail.good_size
+        last = tail.last_line
+        if last is None:
+            for older in reversed(rotated_files(self.path)):
+                older_tail = read_tail(older)
+                if older_tail.last_line is not None:
+                    last = older_tail.last_line
+                    break
+        if last is not None:
+            try:
+                record = json.loads(last)
+                seq = record["seq"]
+                if not isinstance(seq, int) or isinstance(seq, bool):
+                    raise TypeError("seq")
+            except (ValueError, KeyError, TypeError):
+                raise AuditError(f"{self.path}: the last record is not a valid audit record; "
+                                 "run `sandboxd audit verify` and move the damaged log "
+                                 "aside") from None
+            self._seq = seq
+            self._prev = hashlib.sha256(last).hexdigest()
+        return tail.torn
+
+    def _rotate(self) -> None:
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        # shift oldest first so that no rename overwrites a file
+        for older in rotated_files(self.path):
+            n = int(older.name.rsplit(".", 1)[1])
+            older.rename(older.with_name(f"{self.path.name}.{n + 1}"))
+        self.path.rename(self.path.with_name(f"{self.path.name}.1"))
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                           0o600)
+        fsync_dir(self.path.parent)
+        self._size = 0
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Append one record and fsync it; return the record. Raises :class:`AuditError` on
+        any failure (nothing is then left in the file)."""
+        clash = RESERVED.intersection(fields)
+        if clash:
+            raise AuditError(f"reserved audit field(s): {', '.join(sorted(clash))}")
+        try:
+            clean = redact(json.loads(json.dumps(fields, default=json_default)))
+        except (TypeError, ValueError) as exc:
+            raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
+        with self._lock:
+            if self._fd is None:
+                raise AuditError(f"{self.path}: the audit log is closed")
+            if self._broken:
+                raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
+            full = storage.full_reason(self.path.parent, "audit log's filesystem")
+            if full is not None:  # refused whole rather than failing half-way
+                raise AuditError(full) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            record, data = self._build(event, clean)
+            try:
+                if self._size > 0 and self._size + len(data) > self.max_bytes:
+                    self._rotate()
+                    if self._prune():  # took a seq: the record follows the pruning record
+                        record, data = self._build(event, clean)
+            except OSError as exc:
+                self._broken = f"rotation failed: {exc.strerror or exc}"
+                with contextlib.suppress(OSError):
+                    if self._fd is None:
+                        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                        self._broken = None
+                raise AuditError(f"{self.path}: cannot rotate the audit log: "
+                                 f"{exc.strerror or exc}") from exc
+            self._append(data)
+            return record
+
+    def _build(self, event: str, fields: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The next record of the chain and its line (with newline); ``fields`` are redacted."""
+        record: dict[str, Any] = {"ts": _now(), "seq": self._seq + 1, "event": event}
+        record.update(fields)
+        record["prev"] = self._prev
+        try:
+            line = json.dumps(record, separators=(",", ":"), ensure_ascii=False,
+                              default=json_default).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError) as exc:
+            raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
+        return record, line + b"\n"
+
+    def _append(self, data: bytes) -> None:
+        """Write one built line and fsync it, or leave the file as it was (lock held)."""
+        assert self._fd is not None
+        good = self._size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, good)
+                os.fsync(self._fd)
+            except OSError as exc2:
+                self._broken = f"could not remove a partial record: {exc2.strerror or exc2}"
+            raise AuditError(f"{self.path}: cannot write the audit log: "
+                             f"{exc.strerror or exc}") from exc
+        self._size += len(data)
+        self._seq += 1
+        self._prev = hashlib.sha256(data[:-1]).hexdigest()
+
+    def _doomed(self) -> list[Path]:
+        """The oldest rotated files the retention settings no longer keep (a prefix)."""
+        if self.retention_files is None and self.retention_days is None:
+            return []
+        files = rotated_files(self.path)
+        cutoff = (time.time() - self.retention_days * 86400
+                  if self.retention_days is not None else None)
+        doomed: list[Path] = []
+        for index, f in enumerate(files):
+            too_many = (self.retention_files is not None
+                        and len(files) - index > self.retention_files)
+            try:
+                too_old = cutoff is not None and f.stat().st_mtime < cutoff
+            except OSError:
+                break
+            if not (too_many or too_old):
+                break
+            doomed.append(f)
+        return doomed
+
+    def _prune(self) -> bool:
+        """Apply the retention settings (lock held): record the anchor of what stays in an
+        ``audit_pruned`` record, then delete the files. True when a record was written."""
+        doomed = self._doomed()
+        if not doomed:
+            return False
+        kept = [*rotated_files(self.path)[len(doomed):], self.path]
+        first_kept = next((line for line in map(first_line, kept) if line is not None), None)
+        first_removed = first_line(doomed[0])
+        try:
+            if first_kept is None:  # nothing kept yet: the anchor is the record written now
+                anchor_seq, anchor_prev = self._seq + 1, self._prev
+            else:
+                record = json.loads(first_kept)
+                anchor_seq, anchor_prev = int(record["seq"]), str(record["prev"])
+            removed_from = (int(json.loads(first_removed)["seq"])
+                            if first_removed is not None else None)
+        except (ValueError, KeyError, TypeError):
+            log.error("%s: audit retention skipped: the first record of a file to keep or to "
+                      "remove is unreadable (run `sandboxd audit verify`)", self.path)
+            return False
+        fields = redact({
+            "files": [f.name for f in doomed],
+            "removed_seqs": [removed_from, anchor_seq - 1],
+            "anchor_seq": anchor_seq, "anchor_prev": anchor_prev,
+            "retention_files": self.retention_files, "retention_days": self.retention_days,
+        })
+        _, data = self._build("audit_pruned", fields)
+        self._append(data)
+        for f in doomed:
+            try:
+                f.unlink()
+            except OSError as exc:
+                log.error("%s: cannot delete the expired audit file: %s", f,
+                          exc.strerror or exc)
+                break
+        with contextlib.suppress(OSError):
+            fsync_dir(self.path.parent)
+        return True
+
+    def decision(self, *, request_id: str, client: str, tool: str, session: str | None,
+                 arguments: dict[str, Any], decision: Decision,
+                 transport: str = "http") -> None:
+        """Record a policy decision (before anything runs); ``transport``: the front door the
+        call came through (``http``, ``mcp``)."""
+        try:
+            canonical = canonical_json(arguments)
+        except (TypeError, ValueError) as exc:
+            raise AuditError(f"arguments are not serialisable: {exc}") from exc
+        fields: dict[str, Any] = {
+            "request_id": request_id,
+            "client": client,
+            "tool": tool,
+            "session": session,
+            "transport": transport,
+            "args_sha256": hashlib.sha256(canonical).hexdigest(),
+            "args_bytes": len(canonical),
+            "args_preview": preview(arguments),
+            "decision": "allow" if decision.allowed else "deny",
+            "source": decision.source,
+            "rule": decision.rule,
+            "policy": decision.policy_name,
+            "backend": decision.backend,
+            "limits": decision.limits.model_dump(mode="json") if decision.limits else None,
+        }
+        if decision.network:
+            fields["network"] = decision.network
+        if decision.allowed and decision.argv is not None:
+            fields["argv_preview"] = preview(decision.argv)
+        elif decision.allowed and decision.plan is not None:
+            fields["plan_preview"] = cap(decision.plan.render(), PREVIEW_CHARS)
+        if not decision.allowed:
+            fields["message"] = cap(decision.message)
+        self.write("decision", **fields)
+
+    def result(self, *, request_id: str, client: str, result: Result,
+               transport: str = "http") -> None:
+        """Record the outcome of an invocation."""
+        self.write(
+            "result",
+            request_id=request_id,
+            client=client,
+            transport=transport,
+            tool=result.tool,
+            invocation=result.id,
+            session=result.session,
+            backend=result.backend,
+            status=result.status.value,
+            termination=result.termination.model_dump(mode="json"),
+            resources=result.resources.model_dump(mode="json"),
+            limits=result.limits.model_dump(mode="json") if result.limits else None,
+            rule=result.policy.rule if result.policy else None,
+            stdout_bytes=len(result.stdout.encode("utf-8", "replace")),
+            stderr_bytes=len(result.stderr.encode("utf-8", "replace")),
+            truncated=result.truncated.model_dump(mode="json"),
+            cleanup=result.cleanup.model_dump(mode="json"),
+            message=cap(result.message),
+        )
+
+    def close(self) -> None:
+        """Close the file and release the lock (idempotent)."""
+        with self._lock:
+            for name in ("_fd", "_lock_fd"):
+                fd = getattr(self, name)
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                    setattr(self, name, None)
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,193 @@
+"""The containers themselves: :class:`Box` (one container and its runner endpoint) and
+:class:`Boxes`, which creates and removes them through the docker SDK (in a thread pool) and
+keeps the backend's shared state: the engine client, the seccomp profile, the runner
+directory, every live container, and those whose removal waits for the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+
+from sandboxd import fstree
+from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
+from sandboxd.backends.container import engine
+from sandboxd.backends.container.runner import Endpoint
+from sandboxd.backends.container.watch import EngineWatch
+from sandboxd.config import Settings
+from sandboxd.uids import UidPool
+
+log = logging.getLogger("sandboxd.container")
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Box:
+    """One sandbox container and its runner endpoint."""
+
+    name: str
+    image: str
+    shape: engine.Shape
+    endpoint: Endpoint
+    role: str
+    cid: str | None = None
+    dead: bool = False
+    uid: int | None = None
+    note: str | None = None  # why its removal is not confirmed yet (engine outage)
+
+
+class Boxes:
+    """Creates and removes the backend's containers; holds what every part of it shares."""
+
+    def __init__(self, settings: Settings, uids: UidPool | None) -> None:
+        self.settings = settings
+        self.uids = uids
+        self.engine_client: docker.DockerClient | None = None
+        self.seccomp: str | None = None
+        self.available: tuple[bool, str | None] = (False,
+                                                   "the container backend is not started")
+        self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sandboxd-docker")
+        self.rundir: Path | None = None
+        self.live: set[Box] = set()  # every live container, for close()
+        self.closing = False
+        # the engine's watch (see watch.py); containers whose removal waits for the engine
+        self.watch: EngineWatch | None = None
+        self.engine_error: str | None = None
+        self.stale: set[Box] = set()
+
+    async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking docker SDK call in the backend's thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The engine client; raises :class:`BackendUnavailable` while there is none."""
+        if self.engine_client is None:
+            raise BackendUnavailable(self.available[1] or "the Docker engine is unreachable")
+        return self.engine_client
+
+    def engine_failed(self, exc: BaseException) -> None:
+        """A call saw the engine fail: remember why and let the watch check at once."""
+        self.engine_error = str(exc) or type(exc).__name__
+        if self.watch is not None:
+            self.watch.wake.set()
+
+    def prepare_rundir(self) -> None:
+        """The directory of the runners' sockets (a fresh one; leftovers of a crash go)."""
+        base = self.settings.state_dir / "run"
+        longest = base / ("x" * 16) / "runner.sock"
+        if len(str(longest)) < 100:
+            # leftovers of a crashed daemon: their containers are gone after the sweep
+            fstree.remove_tree_quietly(base)
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(base, 0o700)
+            self.rundir = base
+        else:  # unix socket paths are limited to 108 bytes
+            self.rundir = Path(tempfile.mkdtemp(prefix="sandboxd-run-"))
+
+    async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
+                  workspace: Path | None, network: str | None = None,
+                  session: str | None = None, uid: int | None = None) -> Box:
+        """Create and start a container (its runner connects asynchronously). ``uid``: the
+        sandbox identity of the call or session; None (warm pool): the container takes its
+        own from the pool, until it is destroyed."""
+        if self.rundir is None or self.seccomp is None:
+            raise BackendUnavailable(self.available[1] or "the container backend is not started")
+        token = secrets.token_hex(6)
+        name = f"sandboxd-{self.settings.instance_name}-{token}"
+        if uid is None and self.uids is not None:
+            uid = self.uids.acquire(name)
+        try:
+            endpoint = await Endpoint.open(self.rundir / token,
+                                           (uid, uid) if uid is not None else None)
+        except BaseException:
+            if self.uids is not None:
+                self.uids.release(name)
+            raise
+        box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid)
+        self.live.add(box)
+        spec = engine.Spec(name=name, image=image, shape=shape, rundir=endpoint.rundir,
+                           role=role, invocation=invocation, workspace=workspace,
+                           network=network, session=session, uid=uid)
+        task = asyncio.ensure_future(self.engine(
+            engine.create_and_start, self.client, self.settings, self.seccomp, spec))
+        try:
+            box.cid = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # the engine call runs on in its thread: wait for it, then remove what it made
+            with contextlib.suppress(BaseException):
+                box.cid = await task
+            verified = await self.destroy(box, by_name=True)
+            raise CancelledAfterCleanup(verified, gone(box, verified)) from None
+        except BaseException:
+            await self.destroy(box, by_name=True)
+            raise
+        return box
+
+    async def destroy(self, box: Box, *, by_name: bool = False) -> bool:
+        """Remove the container and its endpoint; True once the engine confirms it is gone."""
+        box.dead = True
+        self.live.discard(box)
+        ref = box.cid or (box.name if by_name else None)
+        verified = True
+        if ref is not None and self.engine_client is not None:
+            try:
+                verified = await self.engine(engine.destroy, self.engine_client, ref)
+            except Exception as exc:
+                self.engine_failed(exc)
+                verified = False
+        await box.endpoint.close()
+        if verified:
+            self.stale.discard(box)
+            box.note = None
+            if self.uids is not None:
+                self.uids.release(box.name)  # a warm container's own uid (no-op for others)
+        else:
+            self.stale.add(box)  # removed (and its uid freed) when the engine is back
+            if self.engine_error:
+                box.note = ("the Docker engine is unreachable; the container is removed when "
+                            "it is back")
+        return verified
+
+    async def destroy_shielded(self, box: Box) -> bool:
+        """:meth:`destroy`, carried to its end even when the caller is cancelled."""
+        task = asyncio.ensure_future(self.destroy(box))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await task
+            raise
+
+    async def update_shape(self, box: Box, shape: engine.Shape) -> None:
+        """Give ``box`` the limits of ``shape`` (one engine call, only when they differ)."""
+        if box.shape != shape:
+            await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)
+            box.shape = shape
+
+
+def gone(box: Box | None, verified: bool) -> str:
+    """What became of a call's container, for the result's cleanup detail."""
+    if box is None:
+        return "no container was started"
+    if verified:
+        return f"container {box.name} removed"
+    return (f"the engine did not confirm the removal of container {box.name}"
+            + (f": {box.note}" if box.note else ""))
+
+
+def runner_lost(box: Box) -> bool:
+    """The container's runner channel broke (the container stopped) or never came up."""
+    channel = box.endpoint.channel
+    return (channel is not None and channel.broken is not None) or box.endpoint.failure is not None

@@ -1,0 +1,130 @@
+"""Sessions on the client side: :class:`SessionInfo` (what the daemon says of one) and
+:class:`Session` / :class:`AsyncSession`, a session bound to its client, whose calls share
+one workspace and which is deleted on close."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.client.errors import ProblemError
+from sandboxd.models import LimitsRequest, Result
+
+if TYPE_CHECKING:
+    from sandboxd.client.sandbox import AsyncSandboxClient, SandboxClient
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session as the daemon describes it."""
+
+    id: str
+    client: str | None = None
+    created_at: float | str | None = None  # as the daemon sends it (epoch seconds)
+    expires_at: float | str | None = None
+    ttl_s: float | None = None
+    workspace_bytes: int | None = None
+    quota_bytes: int | None = None
+    workspace_entries: int | None = None  # files and directories (inodes) in the workspace
+    quota_entries: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
+        """From the daemon's JSON, ignoring members this client does not know."""
+        known = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+class Session:
+    """A daemon session bound to a :class:`SandboxClient`: calls share one workspace."""
+
+    def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.id = info.id
+        self._closed = False
+
+    def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+               limits: LimitsRequest | dict[str, Any] | None = None, **kwargs: Any) -> Result:
+        """Run a tool in this session's workspace."""
+        return self.client.invoke(tool, arguments, session=self.id, limits=limits, **kwargs)
+
+    def read_file(self, path: str) -> str:
+        """Content of a file of this session's workspace."""
+        return self.client.read_file(path, session=self.id)
+
+    def write_file(self, path: str, content: str) -> Result:
+        """Create or replace a file of this session's workspace."""
+        return self.client.write_file(path, content, session=self.id)
+
+    def list_files(self, path: str = ".") -> Any:
+        """The entries of a directory of this session's workspace."""
+        return self.client.list_files(path, session=self.id)
+
+    def refresh(self) -> SessionInfo:
+        """Re-read the session's description (usage, expiry)."""
+        self.info = self.client.get_session(self.id)
+        return self.info
+
+    def close(self) -> None:
+        """Delete the session (idempotent; an already expired session is fine)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.delete_session(self.id)
+        except ProblemError as exc:
+            if exc.status != 404:
+                raise
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncSession:
+    """A daemon session bound to an :class:`AsyncSandboxClient`."""
+
+    def __init__(self, client: AsyncSandboxClient, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.id = info.id
+        self._closed = False
+
+    async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                     limits: LimitsRequest | dict[str, Any] | None = None,
+                     **kwargs: Any) -> Result:
+        """Run a tool in this session's workspace."""
+        return await self.client.invoke(tool, arguments, session=self.id, limits=limits,
+                                        **kwargs)
+
+    async def read_file(self, path: str) -> str:
+        """Content of a file of this session's workspace."""
+        return await self.client.read_file(path, session=self.id)
+
+    async def write_file(self, path: str, content: str) -> Result:
+        """Create or replace a file of this session's workspace."""
+        return await self.client.write_file(path, content, session=self.id)
+
+    async def list_files(self, path: str = ".") -> Any:
+        """The entries of a directory of this session's workspace."""
+        return await self.client.list_files(path, session=self.id)
+
+    async def close(self) -> None:
+        """Delete the session (idempotent; an already expired session is fine)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.client.delete_session(self.id)
+        except ProblemError as exc:
+            if exc.status != 404:
+                raise
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

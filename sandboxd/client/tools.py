@@ -1,0 +1,233 @@
+"""The tool side of the agent: each call the model makes is checked (known tool, valid JSON,
+arguments valid against the schema, the loop guard) and run, in sandboxd or as a local Python
+function, and answered by exactly one record whose ``content`` is what the model reads."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxd.client.errors import (
+    ConnectionFailed,
+    InvalidArguments,
+    NotFound,
+    ProblemError,
+    RateLimited,
+)
+from sandboxd.client.records import (
+    InvalidRequestHook,
+    ToolCallError,
+    ToolCallRecord,
+    canonical_arguments,
+    maybe_await,
+    truncate_middle,
+)
+from sandboxd.client.render import format_result
+from sandboxd.client.sandbox import AsyncSandboxClient
+from sandboxd.client.schema import ArgumentError, validate
+from sandboxd.client.stream import ToolCallRequest
+from sandboxd.models import Result
+
+
+@dataclass
+class OfferedTool:
+    """A tool offered to the model: its OpenAI schema, and the local function (None: a
+    sandboxd tool)."""
+
+    name: str
+    schema: dict[str, Any]
+    fn: Callable[..., Any] | None = None  # None: a sandboxd tool
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON Schema its arguments are checked against."""
+        return self.schema["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+class ToolRunner:
+    """Runs the tool calls of a round; every result is cut to ``tool_output_chars``."""
+
+    def __init__(self, tool_output_chars: int) -> None:
+        self.tool_output_chars = tool_output_chars
+
+    async def run_calls(self, calls: list[ToolCallRequest], registry: dict[str, OfferedTool],
+                         round_index: int, sandbox: AsyncSandboxClient | None, *,
+                         session: str | None, seen: dict[str, int], parallel: bool,
+                         max_parallel: int, tool_timeout_s: float | None,
+                         hook: InvalidRequestHook | None) -> list[ToolCallRecord]:
+        """Answer one round's calls, one record per call in request order."""
+        # checks run in order first (deterministic loop-guard counting), execution may overlap
+        plans: list[tuple[ToolCallRequest, ToolCallRecord | None, ToolCallRequest]] = []
+        for call in calls:
+            effective, early = await self._check_call(call, registry, round_index, seen, hook)
+            plans.append((call, early, effective))
+
+        sem = asyncio.Semaphore(max_parallel if parallel else 1)
+
+        async def run(plan: tuple[ToolCallRequest, ToolCallRecord | None, ToolCallRequest]
+                      ) -> ToolCallRecord:
+            call, early, effective = plan
+            if early is not None:
+                return early
+            async with sem:
+                rec = await self._execute(effective, registry[effective.name], round_index,
+                                          sandbox, session, tool_timeout_s)
+            rec.call = call  # the tool message answers the id the model used
+            return rec
+
+        if parallel and len(plans) > 1:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(run(p)) for p in plans]
+            return [t.result() for t in tasks]
+        return [await run(p) for p in plans]
+
+    async def _check_call(self, call: ToolCallRequest, registry: dict[str, OfferedTool],
+                          round_index: int, seen: dict[str, int],
+                          hook: InvalidRequestHook | None
+                          ) -> tuple[ToolCallRequest, ToolCallRecord | None]:
+        error = self._invalid(call, registry)
+        if error is not None and hook is not None:
+            answer = await maybe_await(hook(call, error))
+            if isinstance(answer, ToolCallRequest):
+                fixed = ToolCallRequest(call.id, answer.name, answer.arguments,
+                                        answer.raw_arguments, answer.parse_error, call.source)
+                error = self._invalid(fixed, registry)
+                if error is None:
+                    call = fixed
+            elif isinstance(answer, str):
+                error = ToolCallError(error.kind, answer, error.field)
+        if error is not None:
+            return call, ToolCallRecord(round_index, call, self._budget(error.message), error)
+        key = f"{call.name}\0{canonical_arguments(call.arguments)}"
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] >= 3:
+            msg = (f"Loop guard: you already called `{call.name}` with exactly these arguments "
+                   f"{seen[key] - 1} times and got the results above; it was not run again. "
+                   "Use those results, or try something different, or answer the user.")
+            return call, ToolCallRecord(round_index, call, msg, ToolCallError("loop_guard", msg))
+        return call, None
+
+    @staticmethod
+    def _invalid(call: ToolCallRequest, registry: dict[str, OfferedTool]) -> ToolCallError | None:
+        names = ", ".join(sorted(registry)) or "none"
+        if call.name not in registry:
+            shown = f"`{call.name}`" if call.name else "(no name)"
+            return ToolCallError("unknown_tool", f"Error: there is no tool named {shown}. "
+                                 f"Available tools: {names}. Call one of them by its exact name.")
+        if call.arguments is None:
+            raw = call.raw_arguments if len(call.raw_arguments) <= 200 else (
+                call.raw_arguments[:200] + "...")
+            return ToolCallError(
+                "bad_json",
+                f"Error: the arguments of your `{call.name}` call are not valid JSON "
+                f"({call.parse_error}): {raw!r}. Nothing was run. Call `{call.name}` again with "
+                "the arguments as one complete JSON object.")
+        try:
+            validate(registry[call.name].parameters, call.arguments)
+        except ArgumentError as exc:
+            return ToolCallError(
+                "invalid_arguments",
+                f"Error: invalid arguments for `{call.name}`: argument '{exc.field}' "
+                f"{exc.detail}. Nothing was run. Fix that argument and call again.",
+                exc.field)
+        return None
+
+    def _budget(self, text: str) -> str:
+        return truncate_middle(text, self.tool_output_chars)
+
+    async def _execute(self, call: ToolCallRequest, spec: OfferedTool, round_index: int,
+                       sandbox: AsyncSandboxClient | None, session: str | None,
+                       tool_timeout_s: float | None) -> ToolCallRecord:
+        started = time.monotonic()
+        args = call.arguments or {}
+        rec = ToolCallRecord(round_index, call, "")
+        if spec.fn is None:
+            assert sandbox is not None
+            rec.result, rec.error, text = await self._run_sandbox(
+                sandbox, call.name, args, session, tool_timeout_s)
+        else:
+            rec.value, rec.error, text = await self._run_local(spec.fn, call.name, args,
+                                                              tool_timeout_s)
+        rec.content = self._budget(text)
+        rec.duration_s = time.monotonic() - started
+        return rec
+
+    async def _run_sandbox(self, sandbox: AsyncSandboxClient, name: str, args: dict[str, Any],
+                           session: str | None, tool_timeout_s: float | None
+                           ) -> tuple[Result | None, ToolCallError | None, str]:
+        limits = {"timeout_s": tool_timeout_s} if tool_timeout_s else None
+        http_timeout = (tool_timeout_s + 60.0) if tool_timeout_s else None
+        try:
+            result = await sandbox.invoke(name, args, session=session, limits=limits,
+                                          timeout=http_timeout)
+        except InvalidArguments as exc:
+            field_name = exc.field or "(arguments)"
+            msg = (f"Error: invalid arguments for `{name}`: argument '{field_name}': "
+                   f"{exc.detail or exc.title}. Nothing was run. Fix that argument and call again.")
+            return None, ToolCallError("invalid_arguments", msg, exc.field), msg
+        except NotFound as exc:
+            msg = (f"Error: `{name}` is not available in the sandbox ({exc.detail}). "
+                   "Use another tool.")
+            return None, ToolCallError("unknown_tool", msg), msg
+        except RateLimited as exc:
+            msg = (f"Error: the sandbox is busy and did not run `{name}` "
+                   f"({exc.detail or 'rate limited'}). Try again later or do without it.")
+            return None, ToolCallError("sandbox_error", msg), msg
+        except (ProblemError, ConnectionFailed) as exc:
+            msg = f"Error: the sandbox could not run `{name}`: {exc}. Nothing was run."
+            return None, ToolCallError("sandbox_error", msg), msg
+        status = str(result.status)
+        body = format_result(result)
+        if status == "ok":
+            return result, None, body
+        if status in ("denied", "rejected"):
+            rule = f" [{result.policy.source}: {result.policy.rule}]" if result.policy else ""
+            why = result.message or body
+            msg = (f"Denied by policy: {why}{rule}. The call was not run; do not repeat it. "
+                   "Choose an allowed alternative or tell the user it is not permitted.")
+            return result, ToolCallError("denied", msg), msg
+        if status == "timeout":
+            limit = result.limits.timeout_s if result.limits else tool_timeout_s
+            msg = (f"Error: `{name}` timed out after {limit:g} s and was stopped "
+                   f"({result.termination.reason}). Make the work smaller or faster and try "
+                   f"again.\n{body}")
+            return result, ToolCallError("timeout", msg), msg
+        if status == "killed":
+            msg = (f"Error: `{name}` was stopped: {result.termination.reason} "
+                   f"(a sandbox limit). Use less memory/processes/output and try again.\n{body}")
+            return result, ToolCallError("tool_error", msg), msg
+        msg = (f"Error: `{name}` failed.\n{body}\nRead the error above, fix the cause and try "
+               "again if it helps.")
+        return result, ToolCallError("tool_error", msg), msg
+
+    async def _run_local(self, fn: Callable[..., Any], name: str, args: dict[str, Any],
+                         tool_timeout_s: float | None
+                         ) -> tuple[Any, ToolCallError | None, str]:
+        """Run a local function: ``async def`` ones on the loop (cancellable), plain ones in a
+        worker thread (a thread cannot be killed: on timeout or cancel its result is dropped)."""
+        try:
+            coro = fn(**args) if inspect.iscoroutinefunction(fn) else asyncio.to_thread(fn, **args)
+            value = await asyncio.wait_for(coro, tool_timeout_s)
+        except TimeoutError:
+            msg = (f"Error: `{name}` timed out after {tool_timeout_s:g} s. Make the request "
+                   "smaller and try again, or do without it.")
+            return None, ToolCallError("timeout", msg), msg
+        except Exception as exc:
+            msg = (f"Error: `{name}` raised {type(exc).__name__}: {exc}. Fix the arguments if "
+                   "that is the cause, or try something else.")
+            return None, ToolCallError("tool_error", msg), msg
+        if isinstance(value, str):
+            text = value
+        elif value is None:
+            text = "(no result)"
+        else:
+            try:
+                text = json.dumps(value, ensure_ascii=False, default=str)
+            except (TypeError, ValueError):
+                text = repr(value)
+        return value, None, text

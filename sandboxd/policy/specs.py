@@ -1,0 +1,76 @@
+"""What a policy offers: the enabled tools and their descriptions (``GET /v1/tools``)."""
+
+from __future__ import annotations
+
+import functools
+
+from sandboxd.models import ToolSpec
+from sandboxd.policy.loader import LoadedPolicy
+from sandboxd.policy.models import BUILTIN_NAMES, FileTool, PythonTool, ShellTool
+from sandboxd.policy.units import format_size
+from sandboxd.registry import BUILTIN_TOOLS
+
+_MAX_LISTED = 40
+
+
+def listing(names: list[str]) -> str:
+    """Names joined by commas, the first forty, then how many more; ``none`` when empty."""
+    if not names:
+        return "none"
+    shown = ", ".join(names[:_MAX_LISTED])
+    return shown + (f", … ({len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else "")
+
+
+def enabled_tools(pol: LoadedPolicy) -> list[str]:
+    """Names of the tools this policy enables (built-ins first, then admin-defined)."""
+    names = [n for n in BUILTIN_NAMES
+             if (cfg := getattr(pol.spec.tools, n)) is not None and cfg.enabled]
+    names += [n for n, t in pol.spec.custom_tools.items() if t.enabled]
+    return names
+
+
+def _python_hint(cfg: PythonTool) -> str:
+    allow = cfg.imports.allow
+    if "*" in allow:
+        hint = " Any module may be imported"
+        return hint + (f" except: {listing(cfg.imports.deny)}." if cfg.imports.deny else ".")
+    return f" Allowed imports: {listing([m for m in allow if m not in cfg.imports.deny])}."
+
+
+def _shell_hint(cfg: ShellTool) -> str:
+    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
+    ops = ("Pipes, ';', '&&', '||' and redirects are allowed; there is no shell (no `$` "
+           "variables, globs, comments or builtins such as cd)." if cfg.operators else
+           "No shell operators: one program per call.")
+    return f" Allowed commands: {listing(allowed)}. {ops}"
+
+
+def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
+    """The tools this policy enables, as ``GET /v1/tools`` lists them."""
+    return list(_tool_specs(pol))
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
+    """Built once per loaded policy (a reload makes new LoadedPolicy objects): this is on the
+    path of every call."""
+    specs: list[ToolSpec] = []
+    for name in BUILTIN_NAMES:
+        cfg = getattr(pol.spec.tools, name)
+        if cfg is None or not cfg.enabled:
+            continue
+        builtin = BUILTIN_TOOLS[name]
+        description = builtin.description
+        if isinstance(cfg, PythonTool):
+            description += _python_hint(cfg)
+        elif isinstance(cfg, ShellTool):
+            description += _shell_hint(cfg)
+        elif isinstance(cfg, FileTool) and name != "list_files":
+            description += f" Files up to {format_size(cfg.max_bytes)}."
+        specs.append(ToolSpec(name=name, description=description,
+                              parameters=builtin.parameters, backend=cfg.backend))
+    for name, tool in pol.spec.custom_tools.items():
+        if tool.enabled:
+            specs.append(ToolSpec(name=name, description=tool.description,
+                                  parameters=tool.parameters, backend=tool.backend))
+    return tuple(specs)
