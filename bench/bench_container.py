@@ -126,7 +126,7 @@ async def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-container-"))
     settings = Settings(state_dir=tmp / "state", instance=f"bench{secrets.token_hex(4)}",
                         warm_pool_size=args.pool)
-    backend = ContainerBackend(settings)
+    backend = ContainerBackend.from_settings(settings)
     await backend.start()
     ok, why = backend.availability()
     if not ok:

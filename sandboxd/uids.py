@@ -45,9 +45,14 @@ class UidPool:
     @classmethod
     def from_settings(cls, settings: Settings) -> UidPool | None:
         """The daemon's pool, or None when not root (identities cannot be changed)."""
+        return cls.for_range(settings.sandbox_uid_first, settings.sandbox_uid_count)
+
+    @classmethod
+    def for_range(cls, first: int, count: int) -> UidPool | None:
+        """A pool of ``count`` uids from ``first``, or None when not root."""
         if os.geteuid() != 0:
             return None
-        return cls(settings.sandbox_uid_first, settings.sandbox_uid_count)
+        return cls(first, count)
 
     def contains(self, uid: int) -> bool:
         return self.first <= uid < self.first + self.count

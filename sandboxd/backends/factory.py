@@ -37,7 +37,7 @@ def build_backend(name: str, settings: Settings, uids: UidPool | None) -> Backen
     if name == "container":
         from sandboxd.backends.container import ContainerBackend
 
-        return ContainerBackend(settings, uids)
+        return ContainerBackend.from_settings(settings, uids)
     raise ValueError(f"unknown backend {name!r} (choose {' or '.join(EXECUTION_BACKENDS)})")
 
 
@@ -45,7 +45,8 @@ def build_backends(settings: Settings, uids: UidPool | None) -> dict[str, Backen
     """The file-tool backend and every enabled execution backend that can be loaded."""
     from sandboxd.backends.workspace import WorkspaceBackend
 
-    backends: dict[str, Backend] = {"workspace": WorkspaceBackend(settings)}
+    backends: dict[str, Backend] = {"workspace": WorkspaceBackend(
+        quota_bytes=settings.session_quota_bytes, quota_entries=settings.session_quota_entries)}
     for name in enabled_backends(settings):
         try:
             backends[name] = build_backend(name, settings, uids)

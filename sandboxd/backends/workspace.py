@@ -23,7 +23,6 @@ import os
 import stat
 import time
 
-from sandboxd.config import Settings
 from sandboxd.errors import SandboxdError
 from sandboxd.models import (
     Cleanup,
@@ -206,9 +205,9 @@ class WorkspaceBackend:
 
     name = "workspace"
 
-    def __init__(self, settings: Settings) -> None:
-        self.quota_bytes = settings.session_quota_bytes
-        self.quota_entries = settings.session_quota_entries
+    def __init__(self, *, quota_bytes: int, quota_entries: int) -> None:
+        self.quota_bytes = quota_bytes  # a session workspace's quota (advisory checks)
+        self.quota_entries = quota_entries
 
     async def start(self) -> None:
         return None

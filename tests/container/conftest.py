@@ -74,13 +74,13 @@ async def backend(docker_client: Any, tmp_path_factory: pytest.TempPathFactory,
                   ) -> AsyncIterator[ContainerBackend]:
     """A started backend shared by a test module (warm pool of 1)."""
     tmp = tmp_path_factory.mktemp("container")
-    b = ContainerBackend(make_settings(tmp))
+    b = ContainerBackend.from_settings(make_settings(tmp))
     await b.start()
     ok, why = b.availability()
     assert ok, why
     yield b
     await b.close()
-    assert labelled(docker_client, b.settings.instance_name) == []
+    assert labelled(docker_client, b.config.instance_name) == []
 
 
 @pytest.fixture

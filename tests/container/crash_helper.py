@@ -13,7 +13,8 @@ from tests.container.conftest import make_settings, workspace
 
 
 async def main(tmp: Path, instance: str) -> None:
-    backend = ContainerBackend(make_settings(tmp, instance=instance, warm_pool_size=1))
+    backend = ContainerBackend.from_settings(
+        make_settings(tmp, instance=instance, warm_pool_size=1))
     await backend.start()
     ws = workspace(tmp, "crash-ws")
     session = Invocation(tool="shell", kind=ToolKind.command, client="c", session="kept",

@@ -218,7 +218,7 @@ async def test_every_container_has_the_hardened_config(backend: ContainerBackend
     assert res.status is Status.ok
     (container,) = docker_client.containers.list(
         filters={"label": ["sandboxd.session=inspect-me",
-                           f"sandboxd.daemon={backend.settings.instance_name}"]})
+                           f"sandboxd.daemon={backend.config.instance_name}"]})
     hc = container.attrs["HostConfig"]
     cfg = container.attrs["Config"]
     assert cfg["User"] == f"{SANDBOX_UID}:{SANDBOX_UID}"

@@ -39,7 +39,8 @@ async def test_sigkilled_backend_leftovers_are_removed_at_next_start(
         proc.kill()  # SIGKILL: no cleanup code runs
         proc.wait(10)
     assert {c.id for c in labelled(docker_client, instance)} == left  # really left behind
-    backend = ContainerBackend(make_settings(tmp_path, instance=instance, warm_pool_size=0))
+    backend = ContainerBackend.from_settings(
+        make_settings(tmp_path, instance=instance, warm_pool_size=0))
     await backend.start()
     try:
         assert labelled(docker_client, instance) == []
@@ -50,9 +51,9 @@ async def test_sigkilled_backend_leftovers_are_removed_at_next_start(
 
 async def test_200_timing_out_calls_leave_no_container(docker_client: Any,
                                                        tmp_path: Path) -> None:
-    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=2))
+    backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=2))
     await backend.start()
-    instance = backend.settings.instance_name
+    instance = backend.config.instance_name
     rng = random.Random(4)
     sem = asyncio.Semaphore(12)
     ws = workspace(tmp_path, "shared")
@@ -90,7 +91,7 @@ async def test_200_timing_out_calls_leave_no_container(docker_client: Any,
 @pytest.mark.parametrize("cancel_after", [0.0, 0.05, 0.3, 1.0])
 async def test_cancelled_calls_leave_no_container(docker_client: Any, tmp_path: Path,
                                                   cancel_after: float) -> None:
-    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
+    backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
         ws = workspace(tmp_path, "c")
@@ -104,15 +105,15 @@ async def test_cancelled_calls_leave_no_container(docker_client: Any, tmp_path: 
             with pytest.raises(CancelledAfterCleanup) as info:
                 await t
             assert info.value.cleanup.verified, info.value.cleanup
-        assert labelled(docker_client, backend.settings.instance_name) == []
+        assert labelled(docker_client, backend.config.instance_name) == []
     finally:
         await backend.close()
 
 
 async def test_unavailable_when_the_image_is_missing(docker_client: Any,
                                                      tmp_path: Path) -> None:
-    backend = ContainerBackend(make_settings(tmp_path, python_image="sandboxd/nope:missing",
-                                             shell_image="sandboxd/nope:missing"))
+    backend = ContainerBackend.from_settings(make_settings(
+        tmp_path, python_image="sandboxd/nope:missing", shell_image="sandboxd/nope:missing"))
     await backend.start()
     ok, why = backend.availability()
     assert not ok
@@ -121,7 +122,7 @@ async def test_unavailable_when_the_image_is_missing(docker_client: Any,
 
 
 async def test_unavailable_when_the_engine_is_unreachable(tmp_path: Path) -> None:
-    backend = ContainerBackend(make_settings(
+    backend = ContainerBackend.from_settings(make_settings(
         tmp_path, docker_url=f"unix://{tmp_path}/no-such-docker.sock"))
     await backend.start()
     ok, why = backend.availability()
@@ -136,7 +137,7 @@ async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: A
                                                                 tmp_path: Path) -> None:
     from sandboxd.models import Invocation, Status, ToolKind
 
-    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
+    backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
         inv = Invocation(tool="shell", kind=ToolKind.command, client="c",
@@ -145,7 +146,7 @@ async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: A
         res = await backend.run(inv, Limits(), time.monotonic() + 30)
         assert res.status is Status.error
         assert res.message and "could not be started" in res.message
-        assert labelled(docker_client, backend.settings.instance_name) == []
+        assert labelled(docker_client, backend.config.instance_name) == []
     finally:
         await backend.close()
 
@@ -164,7 +165,7 @@ async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path:
     container.remove(force=True)
     old = calls_module.RUNNER_CONNECT_S
     calls_module.RUNNER_CONNECT_S = 2.0
-    backend = ContainerBackend(make_settings(tmp_path, warm_pool_size=0))
+    backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
         inv = Invocation(tool="shell", kind=ToolKind.command, client="c",
@@ -173,7 +174,7 @@ async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path:
         assert res.status is Status.error, res
         assert res.message and "runner" in res.message
         assert res.cleanup.verified
-        assert labelled(docker_client, backend.settings.instance_name) == []
+        assert labelled(docker_client, backend.config.instance_name) == []
     finally:
         calls_module.RUNNER_CONNECT_S = old
         await backend.close()

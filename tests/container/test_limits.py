@@ -154,7 +154,7 @@ async def test_memory_and_swap_limits_are_applied(backend: ContainerBackend, ws:
 
 async def test_cancellation_removes_the_container(backend: ContainerBackend, ws: Path,
                                                   docker_client: Any) -> None:
-    instance = backend.settings.instance_name
+    instance = backend.config.instance_name
     for _ in range(100):  # wait for a ready pool container: the call will take it
         if _ready_pool(backend):
             break

@@ -30,7 +30,7 @@ LIST_PROCS = (
 
 def session_containers(docker_client: Any, backend: ContainerBackend, session: str) -> list[Any]:
     return docker_client.containers.list(all=True, filters={"label": [
-        f"sandboxd.daemon={backend.settings.instance_name}", f"sandboxd.session={session}"]})
+        f"sandboxd.daemon={backend.config.instance_name}", f"sandboxd.session={session}"]})
 
 
 async def test_workspace_persists_within_a_session(backend: ContainerBackend,
@@ -158,15 +158,15 @@ async def test_memory_limit_in_a_session_keeps_the_workspace(backend: ContainerB
 async def test_close_removes_everything(docker_client: Any, tmp_path: Path) -> None:
     from .conftest import make_settings
 
-    b = ContainerBackend(make_settings(tmp_path, warm_pool_size=2))
+    b = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=2))
     await b.start()
     ws = workspace(tmp_path, "x")
     await run(b, ws, session="k1", argv=["true"])
     await run(b, ws, session="k2", argv=["true"])
-    assert len(labelled(docker_client, b.settings.instance_name)) >= 2
+    assert len(labelled(docker_client, b.config.instance_name)) >= 2
     await b.close()
-    assert labelled(docker_client, b.settings.instance_name) == []
-    assert not (b.settings.state_dir / "run").exists()
+    assert labelled(docker_client, b.config.instance_name) == []
+    assert not (b.config.state_dir / "run").exists()
 
 
 async def test_killing_the_runner_ends_in_an_error_and_a_fresh_container(

@@ -36,7 +36,8 @@ class Daemon:
         self.python = python
         self.container = container or ScriptedBackend("container")
         self.service = Sandboxd(self.settings, backends={
-            "workspace": WorkspaceBackend(self.settings), "restricted": python,
+            "workspace": WorkspaceBackend(quota_bytes=1 << 20, quota_entries=1000),
+            "restricted": python,
             "container": self.container})
         self.client = TestClient(create_app(self.settings, service=self.service))
 

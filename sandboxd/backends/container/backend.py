@@ -52,6 +52,7 @@ from sandboxd.backends.base import BackendUnavailable
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Boxes
 from sandboxd.backends.container.calls import request_for
+from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.oneshot import run_oneshot
 from sandboxd.backends.container.pool import WarmPool
 from sandboxd.backends.container.probe import run_probe
@@ -80,22 +81,28 @@ class ContainerBackend:
 
     name = "container"
 
-    def __init__(self, settings: Settings, uids: UidPool | None = None) -> None:
-        self.settings = settings
-        self.uids = uids if uids is not None else UidPool.from_settings(settings)
-        self.boxes = Boxes(settings, self.uids)
+    def __init__(self, config: ContainerConfig, uids: UidPool | None = None) -> None:
+        self.config = config
+        self.uids = uids if uids is not None else UidPool.for_range(
+            config.sandbox_uid_first, config.sandbox_uid_count)
+        self.boxes = Boxes(config, self.uids)
         self.pool = WarmPool(self.boxes)
         self.sessions = SessionContainers(self.boxes)
         self._probe_cache: tuple[float, ProbeReport] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._ping_client: docker.DockerClient | None = None
 
+    @classmethod
+    def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> ContainerBackend:
+        """The backend as the daemon builds it from its settings."""
+        return cls(ContainerConfig.from_settings(settings), uids)
+
     def _image_for(self, invocation: Invocation) -> str:
         if invocation.image:
             return invocation.image
         if invocation.kind is ToolKind.python:
-            return self.settings.python_image
-        return self.settings.shell_image
+            return self.config.python_image
+        return self.config.shell_image
 
     # ------------------------------------------------------------ lifecycle
 
@@ -104,7 +111,7 @@ class ContainerBackend:
         boxes = self.boxes
         boxes.closing = False
         try:
-            boxes.seccomp = engine.load_seccomp(self.settings)
+            boxes.seccomp = engine.load_seccomp(self.config)
         except (OSError, ValueError) as exc:
             boxes.available = (False, f"cannot read the seccomp profile: {exc}")
             return
@@ -118,7 +125,7 @@ class ContainerBackend:
         (re)fill the warm pool. True when the backend is available."""
         boxes = self.boxes
         try:
-            client = await boxes.engine(engine.connect, self.settings)
+            client = await boxes.engine(engine.connect, self.config)
             await boxes.engine(client.ping)
         except Exception as exc:
             boxes.available = (False, f"the Docker engine is unreachable: {exc}")
@@ -131,14 +138,14 @@ class ContainerBackend:
         await asyncio.gather(*(boxes.destroy(b) for b in stale), return_exceptions=True)
         keep = frozenset(b.cid for b in boxes.live if b.cid)
         try:
-            removed = await boxes.engine(engine.sweep, client, self.settings.instance_name, keep)
+            removed = await boxes.engine(engine.sweep, client, self.config.instance_name, keep)
         except Exception as exc:
             boxes.available = (False, f"the Docker engine is unreachable: {exc}")
             return False
         if removed:
             log.warning("removed %d container(s) left by a previous run or an engine outage",
                         len(removed))
-        images = {self.settings.python_image, self.settings.shell_image}
+        images = {self.config.python_image, self.config.shell_image}
         for image in sorted(images):
             problem = await boxes.engine(engine.image_problem, client, image)
             if problem:
@@ -155,7 +162,7 @@ class ContainerBackend:
         loop = asyncio.get_running_loop()
         if self._ping_client is None:
             self._ping_client = await loop.run_in_executor(
-                None, functools.partial(engine.connect, self.settings, PING_TIMEOUT_S))
+                None, functools.partial(engine.connect, self.config, PING_TIMEOUT_S))
         await loop.run_in_executor(None, self._ping_client.ping)
 
     async def _lost(self, why: str) -> None:
@@ -187,7 +194,7 @@ class ContainerBackend:
         self.sessions.by_key.clear()
         if boxes.engine_client is not None:
             with contextlib.suppress(Exception):
-                await boxes.engine(engine.sweep, boxes.engine_client, self.settings.instance_name)
+                await boxes.engine(engine.sweep, boxes.engine_client, self.config.instance_name)
             with contextlib.suppress(Exception):
                 boxes.engine_client.close()
             boxes.engine_client = None

@@ -23,9 +23,9 @@ import docker
 from sandboxd import fstree
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine
+from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
-from sandboxd.config import Settings
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.container")
@@ -50,8 +50,8 @@ class Box:
 class Boxes:
     """Creates and removes the backend's containers; holds what every part of it shares."""
 
-    def __init__(self, settings: Settings, uids: UidPool | None) -> None:
-        self.settings = settings
+    def __init__(self, config: ContainerConfig, uids: UidPool | None) -> None:
+        self.config = config
         self.uids = uids
         self.engine_client: docker.DockerClient | None = None
         self.seccomp: str | None = None
@@ -86,7 +86,7 @@ class Boxes:
 
     def prepare_rundir(self) -> None:
         """The directory of the runners' sockets (a fresh one; leftovers of a crash go)."""
-        base = self.settings.state_dir / "run"
+        base = self.config.state_dir / "run"
         longest = base / ("x" * 16) / "runner.sock"
         if len(str(longest)) < 100:
             # leftovers of a crashed daemon: their containers are gone after the sweep
@@ -106,7 +106,7 @@ class Boxes:
         if self.rundir is None or self.seccomp is None:
             raise BackendUnavailable(self.available[1] or "the container backend is not started")
         token = secrets.token_hex(6)
-        name = f"sandboxd-{self.settings.instance_name}-{token}"
+        name = f"sandboxd-{self.config.instance_name}-{token}"
         if uid is None and self.uids is not None:
             uid = self.uids.acquire(name)
         try:
@@ -122,7 +122,7 @@ class Boxes:
                            role=role, invocation=invocation, workspace=workspace,
                            network=network, session=session, uid=uid)
         task = asyncio.ensure_future(self.engine(
-            engine.create_and_start, self.client, self.settings, self.seccomp, spec))
+            engine.create_and_start, self.client, self.config, self.seccomp, spec))
         try:
             box.cid = await asyncio.shield(task)
         except asyncio.CancelledError:

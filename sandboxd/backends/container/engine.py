@@ -17,7 +17,7 @@ import requests
 from docker.errors import APIError, NotFound
 from docker.types import Ulimit
 
-from sandboxd.config import Settings
+from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.models import Limits
 
 log = logging.getLogger("sandboxd.container")
@@ -48,16 +48,16 @@ def shipped_seccomp_profile() -> Path:
     return candidates[0]
 
 
-def load_seccomp(settings: Settings) -> str:
+def load_seccomp(config: ContainerConfig) -> str:
     """The seccomp profile as compact JSON text (what ``security_opt=seccomp=`` wants)."""
-    path = settings.seccomp_profile or shipped_seccomp_profile()
+    path = config.seccomp_profile or shipped_seccomp_profile()
     return json.dumps(json.loads(path.read_text()), separators=(",", ":"))
 
 
-def connect(settings: Settings, timeout: float = 60) -> docker.DockerClient:
+def connect(config: ContainerConfig, timeout: float = 60) -> docker.DockerClient:
     """A docker client with a connection pool big enough for concurrent calls."""
-    if settings.docker_url:
-        return docker.DockerClient(base_url=settings.docker_url, timeout=timeout,
+    if config.docker_url:
+        return docker.DockerClient(base_url=config.docker_url, timeout=timeout,
                                    max_pool_size=32)
     return docker.from_env(timeout=timeout, max_pool_size=32)
 
@@ -92,24 +92,24 @@ class Spec:
     workspace: Path | None  # None: a size-capped tmpfs at /workspace (pool containers)
     network: str | None = None
     session: str | None = None
-    uid: int | None = None  # the sandbox's own uid (= gid); None: settings.sandbox_uid
+    uid: int | None = None  # the sandbox's own uid (= gid); None: config.sandbox_uid
 
 
-def create_and_start(client: docker.DockerClient, settings: Settings, seccomp: str,
+def create_and_start(client: docker.DockerClient, config: ContainerConfig, seccomp: str,
                      spec: Spec) -> str:
     """Create and start a container for ``spec``; returns its id. On failure nothing is left."""
     api = client.api
     uid, gid = ((spec.uid, spec.uid) if spec.uid is not None
-                else (settings.sandbox_uid, settings.sandbox_gid))
+                else (config.sandbox_uid, config.sandbox_gid))
     if uid == 0 or gid == 0:
         raise ValueError("sandbox containers never run as root")
-    quota = int(settings.session_quota_bytes)
+    quota = int(config.session_quota_bytes)
     tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
     binds = {str(spec.rundir): {"bind": RUNNER_MOUNT, "mode": "ro"}}
     if spec.workspace is None:
         # the same limits as the daemon's own tmpfs workspaces (sandboxd.quotafs): bytes, and
         # inodes (one more than the entry quota: the root directory uses one)
-        inodes = int(settings.session_quota_entries) + 1
+        inodes = int(config.session_quota_entries) + 1
         tmpfs["/workspace"] = (f"rw,nosuid,nodev,size={quota},nr_inodes={inodes},"
                                f"uid={uid},gid={gid},mode=0700")
     else:
@@ -135,7 +135,7 @@ def create_and_start(client: docker.DockerClient, settings: Settings, seccomp: s
         auto_remove=False,
     )
     labels = {
-        LABEL_DAEMON: settings.instance_name,
+        LABEL_DAEMON: config.instance_name,
         LABEL_INVOCATION: spec.invocation,
         LABEL_ROLE: spec.role,
     }

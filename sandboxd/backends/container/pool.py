@@ -33,7 +33,7 @@ class WarmPool:
 
     def target(self) -> int:
         """How many idle containers an image should have now."""
-        size = self.boxes.settings.warm_pool_size
+        size = self.boxes.config.warm_pool_size
         if size <= 0:
             return 0
         try:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 async def run_probe(backend: ContainerBackend) -> ProbeReport:
     """Run the probes through ``backend`` and report each check."""
     checks: list[ProbeCheck] = []
-    workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=backend.settings.state_dir))
+    workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=backend.config.state_dir))
     try:
         # the daemon's own probe code: every import admitted (the runner's rule is default
         # deny, as for a policy's call)
@@ -36,7 +36,7 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
             return ProbeReport(backend=backend.name, ok=False, detail=detail)
         uid = facts.get("uid")
         own = (backend.uids.contains(uid) if backend.uids is not None and isinstance(uid, int)
-               else uid == backend.settings.sandbox_uid)
+               else uid == backend.config.sandbox_uid)
         checks.append(ProbeCheck(name="unprivileged",
                                  ok=bool(own) and uid != 0 and facts.get("cap_eff") == 0,
                                  detail=f"uid={facts.get('uid')} "

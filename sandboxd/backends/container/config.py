@@ -1,0 +1,44 @@
+"""What the container backend needs from the daemon's settings, and nothing more."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandboxd.config import Settings
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """The container backend's own settings (built from the daemon's by :meth:`from_settings`)."""
+
+    state_dir: Path  # runner sockets live under <state_dir>/run
+    instance_name: str  # label of this daemon's containers (the start-up sweep finds them)
+    python_image: str
+    shell_image: str
+    docker_url: str | None = None
+    seccomp_profile: Path | None = None  # None: the shipped profile
+    sandbox_uid: int = 10001  # the identity code runs as without a uid pool
+    sandbox_gid: int = 10001
+    sandbox_uid_first: int = 10100  # the uid pool's range, when the backend makes its own
+    sandbox_uid_count: int = 900
+    session_quota_bytes: int = 256 * 1024 * 1024  # the workspace tmpfs of a one-shot call
+    session_quota_entries: int = 65536
+    warm_pool_size: int = 2
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ContainerConfig:
+        """The container backend's part of the daemon's settings."""
+        return cls(
+            state_dir=settings.state_dir, instance_name=settings.instance_name,
+            python_image=settings.python_image, shell_image=settings.shell_image,
+            docker_url=settings.docker_url, seccomp_profile=settings.seccomp_profile,
+            sandbox_uid=settings.sandbox_uid, sandbox_gid=settings.sandbox_gid,
+            sandbox_uid_first=settings.sandbox_uid_first,
+            sandbox_uid_count=settings.sandbox_uid_count,
+            session_quota_bytes=settings.session_quota_bytes,
+            session_quota_entries=settings.session_quota_entries,
+            warm_pool_size=settings.warm_pool_size,
+        )
