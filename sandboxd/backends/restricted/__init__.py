@@ -24,7 +24,7 @@ Choices worth knowing (details in the module docstrings):
   ``cleanup.verified`` set: reaped, its cgroup empty, psutil agreeing) before its cgroup
   directory is removed, which is retried and swept at start-up and close;
 * a module the policy allows is importable only if this backend has a name allowlist for it
-  (see ``lang.MODULES``); ``typing`` and ``dataclasses`` are deliberately absent (they
+  (see ``lang.module_allowlist``); ``typing`` and ``dataclasses`` are deliberately absent (they
   ``eval``/``exec`` strings in host context).
 """
 

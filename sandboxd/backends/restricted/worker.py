@@ -75,8 +75,6 @@ def prime(rounds: int = 12) -> None:
     instead of redoing it - and copying the pages it writes to - per call. No user input is
     involved: the source is the constant above, and the per-run state it leaves is reset.
     """
-    import linecache
-
     from sandboxd.backends.restricted import lang
 
     for _ in range(rounds):
@@ -89,11 +87,7 @@ def prime(rounds: int = 12) -> None:
             max_file_bytes=1,
             emit=lambda kind, data: None,
         )
-    lang.STATE.limit_hit, lang.STATE.memory_hit = None, False
-    lang.STATE.value, lang.STATE.has_value = None, False
-    lang._Stdout.stream = None
-    lang._user_classes.clear()
-    linecache.cache.pop(lang.SANDBOX_FILENAME, None)
+    lang.reset_run_state()
 
 
 def run_worker(
