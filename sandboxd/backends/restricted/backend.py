@@ -46,7 +46,8 @@ import psutil
 import sandboxd
 from sandboxd import fstree
 from sandboxd.backends.base import CancelledAfterCleanup
-from sandboxd.backends.restricted import confine, health, namespaces
+from sandboxd.backends.restricted import health, landlock, namespaces
+from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_protocol import CTRL, HEADER
 from sandboxd.config import Settings
@@ -305,7 +306,7 @@ class RestrictedBackend:
         self.root = os.geteuid() == 0
         # per-sandbox identities (shared with the sessions and the other backends)
         self.uids = uids if uids is not None else UidPool.from_settings(settings)
-        self.layout = confine.CgroupLayout()
+        self.layout = CgroupLayout()
         # PID/IPC namespaces for the workers: as root, where this process may create them
         self.no_namespaces: str | None = None if self.root else "daemon not root"
         self._zygote: _ZygoteHandle | None = None
@@ -325,7 +326,7 @@ class RestrictedBackend:
             return
         self._start_lock = asyncio.Lock()
         self.layout = await asyncio.to_thread(
-            confine.CgroupLayout.detect, self.settings.cgroup_root, self.settings.instance_name
+            CgroupLayout.detect, self.settings.cgroup_root, self.settings.instance_name
         )
         if self.layout.version:
             await asyncio.to_thread(self.layout.sweep)
@@ -349,7 +350,7 @@ class RestrictedBackend:
             "restricted: zygote pid %d, %s, landlock ABI %d, %s",
             self._zygote.pid if self._zygote else -1,
             self.layout.detail or "no cgroups",
-            confine.landlock_abi(),
+            landlock.landlock_abi(),
             f"each worker runs as its own uid of {self.uids.first}..."
             f"{self.uids.first + self.uids.count - 1} in a chroot"
             + ("" if self.no_namespaces else " and PID/IPC namespaces")
