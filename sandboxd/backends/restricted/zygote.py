@@ -241,7 +241,7 @@ class Zygote:
 
 
 def main(cfg: dict[str, Any]) -> None:
-    """Entry point (see ``backend.py`` for how it is started)."""
+    """Entry point (see ``zygote_client.py`` for how it is started)."""
     from sandboxd.backends.restricted import contain
 
     contain.prctl(contain.PR_SET_PDEATHSIG, signal.SIGKILL)
