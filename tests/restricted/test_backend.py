@@ -294,12 +294,12 @@ def test_symlink_out_of_workspace_is_not_followed(harness: BackendHarness, tmp_p
 
 
 def test_landlock_reported_by_probe(harness: BackendHarness) -> None:
-    from sandboxd.backends.restricted import confine
+    from sandboxd.backends.restricted import landlock
 
     report = harness.call(harness.backend.probe())
     check = next(c for c in report.checks if c.name == "landlock")
     assert check.ok, check
-    if confine.landlock_abi() > 0:
+    if landlock.landlock_abi() > 0:
         assert check.detail.startswith("enforced")
 
 

@@ -37,10 +37,10 @@ _lang.run_user_code = _bypass
 '''.replace("MARK", repr(MARK))
 
 SITECUSTOMIZE = f'''
-import sandboxd.backends.restricted.backend as _backend
+import sandboxd.backends.restricted.zygote_client as _zygote_client
 _anchor = "from sandboxd.backends.restricted.zygote import main\\n"
-assert _anchor in _backend._BOOT
-_backend._BOOT = _backend._BOOT.replace(_anchor, {_WRAPPER!r} + _anchor)
+assert _anchor in _zygote_client._BOOT
+_zygote_client._BOOT = _zygote_client._BOOT.replace(_anchor, {_WRAPPER!r} + _anchor)
 '''
 
 

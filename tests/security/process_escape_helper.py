@@ -98,11 +98,11 @@ def attacks(cfg: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     _bare_import()
-    from sandboxd.backends.restricted import confine, worker
+    from sandboxd.backends.restricted import cgroups, confine, contain, landlock, seccomp, worker
 
     worker.preimport()
-    layout = confine.CgroupLayout.detect(Path("/sys/fs/cgroup"), cfg["instance"])
-    program = confine.SeccompProgram.build()
+    layout = cgroups.CgroupLayout.detect(Path("/sys/fs/cgroup"), cfg["instance"])
+    program = seccomp.SeccompProgram.build()
     r_fd, w_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -113,8 +113,8 @@ def main() -> None:
                 cgroup="escape", workspace=cfg["workspace"], memory_bytes=cfg["memory"],
                 cpus=1.0, pids=16, cpu_seconds=10, max_file_bytes=1 << 20,
                 uid=cfg["uid"], gid=cfg["uid"], zygote_pid=os.getppid(),
-                chroot=cfg["chroot"], baseline_vm=confine.vm_size(),
-                landlock_abi=confine.landlock_abi(),
+                chroot=cfg["chroot"], baseline_vm=contain.vm_size(),
+                landlock_abi=landlock.landlock_abi(),
             )
             confine.enter_sandbox(spec, layout, program)
             out = attacks(cfg)

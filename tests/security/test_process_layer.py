@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandboxd.backends.restricted import confine
+from sandboxd.backends.restricted import landlock
 from tests.support.ci import require
 
 HELPER = Path(__file__).with_name("process_escape_helper.py")
@@ -74,5 +74,5 @@ def test_landlock_alone_confines_the_filesystem(tmp_path: Path) -> None:
     """Without chroot and uid change (the daemon-not-root mode), Landlock and seccomp must
     still hold - even for a worker that kept uid 0 here."""
     require(platform.machine() == "x86_64", "x86_64 (the helper uses raw syscall numbers)")
-    require(confine.landlock_abi() > 0, "a kernel with Landlock (the non-root mode's boundary)")
+    require(landlock.landlock_abi() > 0, "a kernel with Landlock (the non-root mode's boundary)")
     check(run_helper(tmp_path, chroot=False, drop=False))

@@ -2,12 +2,15 @@
 
 Two layers, both required (design section 7, issue 3):
 
-* :mod:`.lang` - the language layer (RestrictedPython, guards, module proxies, output cap,
-  workspace-confined ``open``), running inside the worker;
+* :mod:`.lang` - the language layer (a package: compile step, allowlists, guards, module
+  proxies, output cap, workspace-confined ``open``), running inside the worker;
 * :mod:`.confine` / :mod:`.zygote` - the process layer: a single-threaded zygote forks one
   fresh worker per call, which confines itself (process group, cgroup, chroot, no_new_privs,
-  unprivileged uid, rlimits, seccomp) before compiling the user's code;
-* :mod:`.backend` - :class:`RestrictedBackend`, the daemon side (``Backend`` protocol).
+  unprivileged uid, rlimits, seccomp) before compiling the user's code; one module per
+  mechanism (:mod:`.cgroups`, :mod:`.contain`, :mod:`.landlock`, :mod:`.seccomp`,
+  :mod:`.namespaces`), :mod:`.confine` keeps their order;
+* :mod:`.backend` - :class:`RestrictedBackend`, the daemon side (``Backend`` protocol), with
+  :mod:`.zygote_client`, :mod:`.standby`, :mod:`.outcome` and :mod:`.probe`.
 
 Choices worth knowing (details in the module docstrings):
 
@@ -24,7 +27,7 @@ Choices worth knowing (details in the module docstrings):
   ``cleanup.verified`` set: reaped, its cgroup empty, psutil agreeing) before its cgroup
   directory is removed, which is retried and swept at start-up and close;
 * a module the policy allows is importable only if this backend has a name allowlist for it
-  (see ``lang.MODULES``); ``typing`` and ``dataclasses`` are deliberately absent (they
+  (see ``lang.module_allowlist``); ``typing`` and ``dataclasses`` are deliberately absent (they
   ``eval``/``exec`` strings in host context).
 """
 

@@ -99,7 +99,7 @@ class CgroupLayout:
 
     def create_and_join(self, name: str) -> None:
         """In the (root) worker: create its cgroup(s) and move itself in; limits come later."""
-        dirs = [f"{base}/{name}" for base in self.bases.values()]
+        dirs = self.dirs(name)
         for d in dirs:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(d)

@@ -29,7 +29,7 @@ from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 REPORT_SLACK = 64 * 1024
 MAX_MESSAGE = 4096
 OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "setup_error"})
-#: how often a worker may flush each stream by itself (lang.OutputStream.FLUSH_SECONDS = 0.02)
+#: how often a worker may flush each stream by itself (OutputStream.FLUSH_SECONDS = 0.02)
 FLUSHES_PER_SECOND = 50
 
 

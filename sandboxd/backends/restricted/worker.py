@@ -38,6 +38,7 @@ def preimport() -> None:
     import locale  # noqa: F401
     import unicodedata  # noqa: F401
 
+    import sandboxd.backends.restricted.confine
     import sandboxd.backends.restricted.lang  # noqa: F401
 
 
@@ -75,8 +76,6 @@ def prime(rounds: int = 12) -> None:
     instead of redoing it - and copying the pages it writes to - per call. No user input is
     involved: the source is the constant above, and the per-run state it leaves is reset.
     """
-    import linecache
-
     from sandboxd.backends.restricted import lang
 
     for _ in range(rounds):
@@ -89,11 +88,7 @@ def prime(rounds: int = 12) -> None:
             max_file_bytes=1,
             emit=lambda kind, data: None,
         )
-    lang.STATE.limit_hit, lang.STATE.memory_hit = None, False
-    lang.STATE.value, lang.STATE.has_value = None, False
-    lang._Stdout.stream = None
-    lang._user_classes.clear()
-    linecache.cache.pop(lang.SANDBOX_FILENAME, None)
+    lang.reset_run_state()
 
 
 def run_worker(
@@ -107,7 +102,7 @@ def run_worker(
 ) -> int:
     """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
     Returns the exit status for ``os._exit``."""
-    from sandboxd.backends.restricted import confine, lang, namespaces
+    from sandboxd.backends.restricted import confine, contain, lang, namespaces
 
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
@@ -117,12 +112,12 @@ def run_worker(
         confine.prepare_worker([sock.fileno(), lifeline], layout, cgroup, preset)
         if cfg.get("namespaces"):
             namespaces.enter_ipc_namespace()
-        confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
+        contain.prctl(contain.PR_SET_PDEATHSIG, signal.SIGKILL)
         if namespaces.parent_gone(lifeline):
             return 0
     except BaseException as exc:
         setup_error = f"{type(exc).__name__}: {exc}"
-    baseline = confine.vm_size()
+    baseline = contain.vm_size()
     try:
         msg = recv_msg(sock)
     except (EOFError, OSError, ValueError):
@@ -190,7 +185,7 @@ def run_worker(
 
 def self_test(msg: dict[str, Any]) -> dict[str, Any]:
     """Trusted self-test code run inside a fully confined worker (readiness probe)."""
-    from sandboxd.backends.restricted import confine
+    from sandboxd.backends.restricted import contain, landlock
 
     checks: dict[str, list[Any]] = {}
     kind = msg.get("probe")
@@ -228,10 +223,10 @@ def self_test(msg: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         checks["write_outside_blocked"] = [True, f"open(outside, 'w'): {type(exc).__name__}"]
     uid = os.getuid()
-    abi = confine.landlock_abi()
+    abi = landlock.landlock_abi()
     checks["landlock"] = [
-        abi == 0 or confine.LANDLOCK_STATUS.startswith("enforced"),
-        confine.LANDLOCK_STATUS,
+        abi == 0 or landlock.LANDLOCK_STATUS.startswith("enforced"),
+        landlock.LANDLOCK_STATUS,
     ]
     checks["unprivileged"] = [uid != 0 or not msg.get("expect_unprivileged"), f"uid {uid}"]
     pid = os.getpid()
@@ -243,7 +238,7 @@ def self_test(msg: dict[str, Any]) -> dict[str, Any]:
                                           if msg.get("no_namespaces_reason") else ""),
     ]
     try:
-        mode = confine.prctl(confine.PR_GET_SECCOMP)
+        mode = contain.prctl(contain.PR_GET_SECCOMP)
     except OSError:
         mode = -1
     try:

@@ -66,7 +66,7 @@ class Zygote:
     def __init__(self, cfg: dict[str, Any]) -> None:
         import gc
 
-        from sandboxd.backends.restricted import confine, namespaces
+        from sandboxd.backends.restricted import cgroups, landlock, namespaces, seccomp
 
         self.cfg = cfg
         self.req = socket.socket(fileno=cfg["req_fd"])
@@ -74,7 +74,7 @@ class Zygote:
         self.req.setblocking(True)
         self.evt.setblocking(True)
         cg = cfg.get("cgroup") or {}
-        self.layout = confine.CgroupLayout(
+        self.layout = cgroups.CgroupLayout(
             version=int(cg.get("version", 0)),
             bases={k: Path(v) for k, v in (cg.get("bases") or {}).items()},
         )
@@ -82,7 +82,7 @@ class Zygote:
         # namespace): see namespaces.py; its seccomp filter then knows its pid (1)
         self.forker = namespaces.NamespaceForker() if cfg.get("namespaces") else None
         self.lifeline = namespaces.Lifeline()
-        self.program = confine.SeccompProgram.build(own_pid=1 if self.forker else 0)
+        self.program = seccomp.SeccompProgram.build(own_pid=1 if self.forker else 0)
         self.workers: dict[int, _Worker] = {}
         self.standby_target = max(1, min(STANDBY_WORKERS, int(cfg.get("standby", 2))))
         self.leftover: list[str] = []  # cgroups whose removal has to be retried
@@ -93,7 +93,7 @@ class Zygote:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         cfg["zygote_pid"] = os.getpid()
-        cfg["landlock_abi"] = confine.landlock_abi()
+        cfg["landlock_abi"] = landlock.landlock_abi()
         gc.collect()
         gc.freeze()  # the workers' GC then never walks (and copies) the zygote's objects
 
@@ -241,10 +241,10 @@ class Zygote:
 
 
 def main(cfg: dict[str, Any]) -> None:
-    """Entry point (see ``backend.py`` for how it is started)."""
-    from sandboxd.backends.restricted import confine
+    """Entry point (see ``zygote_client.py`` for how it is started)."""
+    from sandboxd.backends.restricted import contain
 
-    confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
+    contain.prctl(contain.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != cfg["daemon_pid"]:
         sys.exit(0)
     worker.preimport()

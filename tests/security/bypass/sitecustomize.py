@@ -27,9 +27,9 @@ _lang.run_user_code = _bypassed
 '''
 
 try:
-    from sandboxd.backends.restricted import backend as _backend
+    from sandboxd.backends.restricted import zygote_client as _zygote_client
 
-    _backend._BOOT = _backend._BOOT.replace("main(cfg)\n", _PATCH + "main(cfg)\n")
+    _zygote_client._BOOT = _zygote_client._BOOT.replace("main(cfg)\n", _PATCH + "main(cfg)\n")
 except Exception as exc:  # pragma: no cover - makes a broken harness visible in the log
     import sys
 

@@ -1,0 +1,125 @@
+"""One call on a standby worker: send it the request, read its frames until EOF, the wall
+deadline, an output overflow or a protocol violation (then it is killed), and get its exit
+report - from the zygote, or by reaping it here when the zygote hangs or is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.restricted import health, outcome
+from sandboxd.backends.restricted.cgroups import CgroupLayout
+from sandboxd.backends.restricted.frames import FrameReader
+from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
+from sandboxd.backends.restricted.zygote_protocol import HEADER
+from sandboxd.deadline import within
+from sandboxd.models import Invocation, Limits, Reason
+
+
+@dataclass
+class Exchange:
+    """What the daemon saw of one call on a worker."""
+
+    reader: FrameReader
+    #: a limit the daemon enforced (deadline, output), None otherwise
+    reason: Reason | None
+    #: why the call failed on the daemon's side (protocol violation, zygote gone), if it did
+    crashed: str | None
+    #: the worker's exit report (zygote's or the daemon's own), None when there is none
+    exit_info: dict[str, Any] | None
+
+
+def kill_worker(z: ZygoteHandle, worker: StandbyWorker) -> None:
+    """SIGKILL the worker through its pidfd, else ask the zygote to."""
+    if not worker.kill():
+        z.send(b"k", worker.pid)
+
+
+async def abort(z: ZygoteHandle, worker: StandbyWorker, layout: CgroupLayout) -> dict[str, Any]:
+    """Cancellation or a broken zygote: kill the worker, wait for it, clean its cgroup.
+    Returns the zygote's exit report of the worker ({} when there is none)."""
+    kill_worker(z, worker)
+    if z.alive:
+        with contextlib.suppress(Exception):
+            info = await health.exit_report(z, worker)
+            return info if info is not None else await health.reap_ourselves(worker, layout)
+    # zygote gone: the worker dies by PDEATHSIG (and was killed above); prove it, and
+    # remove its cgroup
+    return await health.reap_ourselves(worker, layout)
+
+
+async def exchange(
+    z: ZygoteHandle,
+    worker: StandbyWorker,
+    msg: dict[str, Any],
+    limits: Limits,
+    deadline: float,
+    layout: CgroupLayout,
+) -> Exchange:
+    """Run the call ``msg`` on ``worker`` (taken from ``z``). On cancellation the worker is
+    killed and reaped first, then :class:`CancelledAfterCleanup` is raised."""
+    loop = asyncio.get_running_loop()
+    reason: Reason | None = None
+    exit_info: dict[str, Any] | None = None
+    crashed: str | None = None
+    z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
+    reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s)
+    z.in_use += 1
+    try:
+        data = json.dumps(msg).encode()
+        await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
+        finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
+        if not finished:
+            reason = Reason.wall_timeout
+        if reader.violation is not None and reason is None:
+            crashed = f"it broke the result protocol ({reader.violation}) and was killed"
+        elif reader.overflow and reason is None:
+            reason = Reason.output_limit
+        if reason is not None or crashed is not None:
+            kill_worker(z, worker)
+        exit_info = await health.exit_report(z, worker)
+        if exit_info is None:  # the zygote hangs: the daemon reaps the worker itself
+            exit_info = await health.reap_ourselves(worker, layout)
+    except asyncio.CancelledError:
+        info = await asyncio.shield(abort(z, worker, layout))
+        verified, detail = outcome.verify_gone(worker.pid, worker.cgroup, info, z.pid)
+        raise CancelledAfterCleanup(verified, detail or "worker killed and reaped") from None
+    except (ZygoteDied, OSError, TimeoutError) as exc:
+        crashed = f"{type(exc).__name__}: {exc}"
+        exit_info = await asyncio.shield(abort(z, worker, layout))
+    finally:
+        z.in_use -= 1
+        reader.close()
+        worker.close()
+    return Exchange(reader, reason, crashed, exit_info)
+
+
+def request(
+    inv: Invocation, limits: Limits, deadline: float, code: str, probe: str | None = None
+) -> dict[str, Any]:
+    """The request a worker gets for one call (``probe``: a self-test instead of ``code``)."""
+    remaining = max(0.05, deadline - time.monotonic())
+    return {
+        "t": "run",
+        "id": f"c{secrets.token_hex(8)}",
+        "code": code,
+        "allow": list(inv.imports_allow),
+        "deny": list(inv.imports_deny),
+        "workspace": str(inv.workspace),
+        "memory": int(limits.memory_bytes),
+        "cpus": float(limits.cpus),
+        "pids": int(limits.pids),
+        "cpu_seconds": math.ceil(remaining) + 1,
+        "output": int(limits.output_bytes),
+        "max_file": int(inv.max_file_bytes),
+        "uid": inv.uid,
+        "probe": probe,
+    }
