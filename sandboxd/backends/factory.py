@@ -33,7 +33,7 @@ def build_backend(name: str, settings: Settings, uids: UidPool | None) -> Backen
     if name == "restricted":
         from sandboxd.backends.restricted import RestrictedBackend
 
-        return RestrictedBackend(settings, uids)
+        return RestrictedBackend.from_settings(settings, uids)
     if name == "container":
         from sandboxd.backends.container import ContainerBackend
 

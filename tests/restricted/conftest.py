@@ -34,7 +34,7 @@ class BackendHarness:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.backend = RestrictedBackend(self.settings)
+        self.backend = RestrictedBackend.from_settings(self.settings)
         # one identity of the backend's uid pool for every call of the harness (the daemon
         # gives each call its own: tests/security/test_isolation.py)
         pool = self.backend.uids

@@ -272,7 +272,8 @@ def test_startup_sweep_removes_leftover_cgroups(tmp_path: Path) -> None:
 def test_unavailable_when_disabled(tmp_path: Path) -> None:
     from sandboxd.config import Settings
 
-    backend = RestrictedBackend(Settings(state_dir=tmp_path, restricted_enabled=False))
+    backend = RestrictedBackend.from_settings(
+        Settings(state_dir=tmp_path, restricted_enabled=False))
     asyncio.run(backend.start())
     ok, reason = backend.availability()
     assert not ok and "disabled" in (reason or "")
@@ -314,7 +315,7 @@ def test_large_code_is_delivered_whole(harness: BackendHarness) -> None:
 def test_run_before_start_is_an_error(tmp_path: Path) -> None:
     from sandboxd.config import Settings
 
-    backend = RestrictedBackend(Settings(state_dir=tmp_path))
+    backend = RestrictedBackend.from_settings(Settings(state_dir=tmp_path))
     inv = Invocation(tool="python", kind=ToolKind.python, client="t", workspace=tmp_path,
                      arguments={"code": "print(1)"})
     res = asyncio.run(backend.run(inv, Limits(), time.monotonic() + 5))

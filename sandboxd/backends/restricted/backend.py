@@ -38,6 +38,7 @@ from typing import Any
 from sandboxd import fstree
 from sandboxd.backends.restricted import health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
+from sandboxd.backends.restricted.config import RestrictedConfig
 from sandboxd.backends.restricted.probe import PROBE_PREFIX, run_probe
 from sandboxd.backends.restricted.zygote_client import (
     StandbyWorker,
@@ -66,11 +67,12 @@ class RestrictedBackend:
 
     name = outcome.BACKEND_NAME
 
-    def __init__(self, settings: Settings, uids: UidPool | None = None) -> None:
-        self.settings = settings
+    def __init__(self, config: RestrictedConfig, uids: UidPool | None = None) -> None:
+        self.config = config
         self.root = os.geteuid() == 0
         # per-sandbox identities (shared with the sessions and the other backends)
-        self.uids = uids if uids is not None else UidPool.from_settings(settings)
+        self.uids = uids if uids is not None else UidPool.for_range(
+            config.sandbox_uid_first, config.sandbox_uid_count)
         self.layout = CgroupLayout()
         # PID/IPC namespaces for the workers: as root, where this process may create them
         self.no_namespaces: str | None = None if self.root else "daemon not root"
@@ -82,16 +84,21 @@ class RestrictedBackend:
         self._health: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
 
+    @classmethod
+    def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> RestrictedBackend:
+        """The backend as the daemon builds it from its settings."""
+        return cls(RestrictedConfig.from_settings(settings), uids)
+
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Detect cgroups, sweep leftovers of a crashed daemon, start the zygote."""
-        if not self.settings.restricted_enabled:
+        if not self.config.enabled:
             self._unavailable = "the restricted backend is disabled (restricted_enabled=false)"
             return
         self._start_lock = asyncio.Lock()
         self.layout = await asyncio.to_thread(
-            CgroupLayout.detect, self.settings.cgroup_root, self.settings.instance_name
+            CgroupLayout.detect, self.config.cgroup_root, self.config.instance_name
         )
         if self.layout.version:
             await asyncio.to_thread(self.layout.sweep)
@@ -100,7 +107,7 @@ class RestrictedBackend:
             if self.no_namespaces:
                 log.warning("restricted: no PID/IPC namespaces for the workers: %s; they are "
                             "separated by uid and seccomp only", self.no_namespaces)
-        for leftover in self.settings.state_dir.glob(f"{PROBE_PREFIX}*"):
+        for leftover in self.config.state_dir.glob(f"{PROBE_PREFIX}*"):
             await asyncio.to_thread(fstree.remove_tree_quietly, leftover)
         self._closed = False
         try:
@@ -165,7 +172,7 @@ class RestrictedBackend:
             "uid_range": [self.uids.first, self.uids.count] if self.uids else None,
             "chroot": self.root,
             "namespaces": self.namespaces,
-            "standby": self.settings.max_concurrency,
+            "standby": self.config.standby_workers,
             "cgroup": {
                 "version": self.layout.version,
                 "bases": {k: str(v) for k, v in self.layout.bases.items()},
@@ -275,7 +282,7 @@ class RestrictedBackend:
         """Run the worker request ``msg``: take a standby worker, run the call on it, build the
         result. Returns the result and the worker's final report (None without one)."""
         started_at = time.monotonic()
-        if self._start_lock is None or not self.settings.restricted_enabled:
+        if self._start_lock is None or not self.config.enabled:
             return outcome.result(
                 inv,
                 limits,

@@ -41,7 +41,7 @@ async def run_probe(backend: RestrictedBackend) -> ProbeReport:
                            f"health ping within {health.PING_TIMEOUT_S:g} s; replaced")
     # under the state directory (not /tmp): a daemon killed mid-probe leaves it where the
     # next start-up sweep finds it
-    base = backend.settings.state_dir / f"{PROBE_PREFIX}{secrets.token_hex(6)}"
+    base = backend.config.state_dir / f"{PROBE_PREFIX}{secrets.token_hex(6)}"
     try:
         base.mkdir(parents=True, mode=0o700)
         ws = base / "ws"
