@@ -41,6 +41,21 @@ def _fire(url: str, errors: list[BaseException]) -> None:
         errors.append(exc)
 
 
+def _workspace_of(p: ProcId, state: Path) -> Path | None:
+    """The workspace a worker runs in (its cwd, under the state directory), or None."""
+    try:
+        cwd = Path(psutil.Process(p.pid).cwd())
+    except psutil.Error:
+        return None
+    return cwd if cwd.is_relative_to(state / "workspaces") else None
+
+
+def _calls(pid: int, state: Path) -> list[ProcId]:
+    """The workers busy with a call: burning CPU inside a workspace (at least IN_FLIGHT)."""
+    busy = [p for p in busy_descendants(pid, 1) if _workspace_of(p, state) is not None]
+    return busy if len(busy) >= IN_FLIGHT else []
+
+
 def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: Path) -> None:
     state = tmp_path / "state"
     for sub in ("first", "second"):
@@ -66,16 +81,15 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
         for t in threads:
             t.start()
 
-        # Pre-forked idle workers exist before the calls: the busy ones are the calls.
+        # Pre-forked idle workers exist before the calls (and may burn CPU while they start,
+        # on a slow host): the calls are the busy workers that run in a workspace.
         workers = wait_for(
-            lambda: busy_descendants(first.proc.pid, IN_FLIGHT), 120, f"{IN_FLIGHT} busy workers"
+            lambda: _calls(first.proc.pid, state), 120, f"{IN_FLIGHT} busy workers"
         )
         for p in workers:
             worker_cgroups |= cgroup_dirs(p.pid) - own_cgroups
             with contextlib.suppress(psutil.Error):
-                cwd = Path(psutil.Process(p.pid).cwd())
-                if cwd != Path("/"):
-                    workspaces_before.add(cwd)
+                workspaces_before.add(Path(psutil.Process(p.pid).cwd()))
         ws_root = state / "workspaces"
         if ws_root.exists():
             workspaces_before |= {w for w in ws_root.iterdir() if w.name != session}
@@ -142,5 +156,6 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
         for d in sorted(worker_cgroups, key=lambda x: len(str(x)), reverse=True):
             with contextlib.suppress(OSError):
                 d.rmdir()
-        for w in workspaces_before:
-            shutil.rmtree(w, ignore_errors=True)
+        for w in workspaces_before:  # only ever under this test's state directory
+            if w.is_relative_to(state / "workspaces"):
+                shutil.rmtree(w, ignore_errors=True)
