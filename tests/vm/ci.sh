@@ -14,7 +14,7 @@
 #   --timeout S     limit for the whole VM run (default 5400)
 #   --test-dirs L   tests/ subdirectories for the tests job (default: all)
 #   --no-images     do not copy the Docker sandbox images in (container tests will then fail)
-#   env TEST_DIR_TIMEOUT  seconds per tests/ directory (default 1800)
+#   env TEST_DIR_TIMEOUT  seconds per tests/ directory (default 2700)
 #   env TEST_DELEGATE=1   run pytest in a delegated transient scope (see guest/test-suite.sh)
 #
 # Exit status: 0 all green; 1 a check or a test failed; 124 time limit; 125 the VM did not run
@@ -107,7 +107,7 @@ stamp payload $(( $(date +%s) - t0 ))
 {
   echo '#!/bin/bash'
   echo 'rc=0'
-  echo "export TEST_DIRS='$TEST_DIRS' TEST_DIR_TIMEOUT='${TEST_DIR_TIMEOUT:-1800}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
+  echo "export TEST_DIRS='$TEST_DIRS' TEST_DIR_TIMEOUT='${TEST_DIR_TIMEOUT:-2700}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
   [ -n "${PYTEST_ARGS:-}" ] && echo "export PYTEST_ARGS='$PYTEST_ARGS'"
   echo '[ -n "$TEST_DIRS" ] || unset TEST_DIRS'
   IFS=, read -ra jl <<< "$JOBS"

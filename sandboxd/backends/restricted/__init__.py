@@ -1,6 +1,6 @@
 """The restricted backend: RestrictedPython inside a confined, pre-forked worker process.
 
-Two layers, both required (design section 7, issue 3):
+Two layers, each of which must hold on its own:
 
 * :mod:`.lang` - the language layer (a package: compile step, allowlists, guards, module
   proxies, output cap, workspace-confined ``open``), running inside the worker;
