@@ -354,6 +354,35 @@ class Cleanup(_Model):
     detail: str | None = None
 
 
+class Kernel(_Model):
+    """The session's persistent Python interpreter, as a session ``python`` call left it
+    (issue 14). One-shot calls carry ``kernel: null``.
+
+    ``fresh``: this call started a new kernel (an empty namespace; the workspace files are
+    kept). ``calls``: calls run in this kernel so far, this one included. ``lost``: this call
+    ended the kernel (``reason``: the termination reason, e.g. ``wall_timeout``,
+    ``memory_limit``, ``crashed``); the next call starts a fresh one."""
+
+    fresh: bool = False
+    calls: int = 0
+    lost: bool = False
+    reason: str | None = None
+
+
+#: what the model reads when a call ended its session's kernel (one definition, every backend)
+KERNEL_LOST_MESSAGE = ("the session's Python state was lost because {why}; the next call "
+                       "starts a fresh interpreter in the same workspace (files are kept)")
+
+
+def kernel_lost_message(result: Result) -> str:
+    """The sentence that tells the model its session's Python state is gone, from the result's
+    own message (a limit) or the kernel's termination reason."""
+    kernel = result.kernel
+    why = result.message or (kernel.reason if kernel and kernel.reason else "the interpreter "
+                                                                           "ended")
+    return KERNEL_LOST_MESSAGE.format(why=why)
+
+
 class Explanation(_Model):
     """What ``policy explain`` answers: the decision and where its rule is written."""
 
@@ -380,6 +409,7 @@ class Result(_Model):
     policy: PolicyRef | None = None
     cleanup: Cleanup = Field(default_factory=Cleanup)
     message: str | None = None  # human/model-readable explanation for non-ok outcomes
+    kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,

@@ -56,5 +56,10 @@ class Backend(Protocol):
     async def close_session(self, session_id: str) -> None:
         """Release anything kept for a session (e.g. its container). Idempotent."""
 
+    async def restart_kernel(self, session_id: str) -> bool:
+        """End the session's persistent Python kernel, if it has one (the next session
+        ``python`` call starts a fresh one; the workspace is kept). ``True`` when a kernel was
+        ended. Idempotent. Backends without kernels return ``False``."""
+
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""

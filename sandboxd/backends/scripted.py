@@ -114,6 +114,10 @@ class ScriptedBackend:
         """Record that the session ended."""
         self.closed_sessions.append(session_id)
 
+    async def restart_kernel(self, session_id: str) -> bool:
+        """No kernels here (yet)."""
+        return False
+
     async def probe(self) -> ProbeReport:
         """As configured (``probe_ok``)."""
         return ProbeReport(backend=self.name, ok=self.probe_ok,

@@ -244,6 +244,10 @@ class ContainerBackend:
         """Remove the session's container(s). Idempotent."""
         await self.sessions.close(session_id)
 
+    async def restart_kernel(self, session_id: str) -> bool:
+        """No session kernels yet (issue 14)."""
+        return False
+
     # ------------------------------------------------------------ readiness
 
     async def probe(self) -> ProbeReport:

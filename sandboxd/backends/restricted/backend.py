@@ -159,6 +159,10 @@ class RestrictedBackend:
     async def close_session(self, session_id: str) -> None:
         """Nothing is kept per session (every call is a fresh worker)."""
 
+    async def restart_kernel(self, session_id: str) -> bool:
+        """No session kernels yet (issue 14)."""
+        return False
+
     @property
     def zygote(self) -> ZygoteHandle | None:
         """The current zygote (None before the first start and while it is replaced)."""
