@@ -61,5 +61,9 @@ class Backend(Protocol):
         ``python`` call starts a fresh one; the workspace is kept). ``True`` when a kernel was
         ended. Idempotent. Backends without kernels return ``False``."""
 
+    def kernel_sessions(self) -> set[str]:
+        """Ids of the sessions that have a live kernel on this backend now (the service caps
+        their number host-wide: ``max_kernels``)."""
+
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""

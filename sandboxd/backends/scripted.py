@@ -114,6 +114,9 @@ class ScriptedBackend:
         """Record that the session ended."""
         self.closed_sessions.append(session_id)
 
+    def kernel_sessions(self) -> set[str]:
+        return set()
+
     async def restart_kernel(self, session_id: str) -> bool:
         """No kernels here (yet)."""
         return False

@@ -221,6 +221,9 @@ class WorkspaceBackend:
     async def close_session(self, session_id: str) -> None:
         return None
 
+    def kernel_sessions(self) -> set[str]:
+        return set()
+
     async def restart_kernel(self, session_id: str) -> bool:
         return False
 

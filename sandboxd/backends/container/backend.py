@@ -244,6 +244,9 @@ class ContainerBackend:
         """Remove the session's container(s). Idempotent."""
         await self.sessions.close(session_id)
 
+    def kernel_sessions(self) -> set[str]:
+        return set()
+
     async def restart_kernel(self, session_id: str) -> bool:
         """No session kernels yet (issue 14)."""
         return False

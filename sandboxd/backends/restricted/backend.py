@@ -159,6 +159,9 @@ class RestrictedBackend:
     async def close_session(self, session_id: str) -> None:
         """Nothing is kept per session (every call is a fresh worker)."""
 
+    def kernel_sessions(self) -> set[str]:
+        return set()
+
     async def restart_kernel(self, session_id: str) -> bool:
         """No session kernels yet (issue 14)."""
         return False
