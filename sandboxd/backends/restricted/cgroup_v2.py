@@ -11,9 +11,10 @@ cgroup v2 has two rules that decide where per-call cgroups can live:
 
 1. **already ours**: the process sits in ``<subtree>/sandboxd-daemon`` (an earlier call in this
    process, e.g. a restart of the backend);
-2. **alone in its cgroup** (a unit or scope with ``Delegate=yes``, a container's own cgroup):
-   the process moves itself into the leaf ``sandboxd-daemon`` and the cgroup becomes the
-   subtree;
+2. **alone in its cgroup** (a unit or scope with ``Delegate=yes``, a container's own cgroup),
+   or with only its own descendants beside it (e.g. the workspace-quota mount helper, started
+   earlier): the process moves itself and them into the leaf ``sandboxd-daemon`` and the cgroup
+   becomes the subtree;
 3. **shared cgroup on a systemd host** (a login shell, ``make run``, a CI job, pytest): systemd
    is asked over D-Bus (``busctl``, ``StartTransientUnit``) for a transient scope with
    ``Delegate=yes`` holding just this process - what rootless container engines do. systemd
@@ -74,6 +75,40 @@ def _procs(d: Path) -> set[int]:
         return set()
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from ``/proc/<pid>/task/*/children``)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                kids = Path(f"/proc/{p}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            for k in map(int, kids):
+                if k not in found:
+                    found.add(k)
+                    todo.append(k)
+    return found
+
+
+def _only_ours(own: Path, rel: str) -> set[int] | None:
+    """The processes of ``own`` when they are this process and its own descendants (a cgroup
+    this process may take over), else ``None`` (shared with others: not delegated to us)."""
+    if rel == "/":
+        return None
+    procs = _procs(own)
+    me = os.getpid()
+    if me not in procs or not procs - {me} <= _descendants(me):
+        return None
+    return procs
+
+
 def _write(path: Path, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -106,10 +141,14 @@ def _enable(d: Path) -> None:
         _write(d / "cgroup.subtree_control", ENABLE)
 
 
-def _into_leaf(d: Path) -> None:
-    """Move this process into ``d/sandboxd-daemon`` and enable the controllers in ``d``."""
+def _into_leaf(d: Path, others: set[int] = frozenset()) -> None:
+    """Move this process (and ``others``: its own descendants) into ``d/sandboxd-daemon`` and
+    enable the controllers in ``d``."""
     leaf = d / LEAF
     leaf.mkdir(exist_ok=True)
+    for pid in sorted(others - {os.getpid()}):
+        with contextlib.suppress(ProcessLookupError):  # gone meanwhile: nothing to move
+            _write(leaf / "cgroup.procs", str(pid))
     _write(leaf / "cgroup.procs", str(os.getpid()))
     _enable(d)
 
@@ -120,8 +159,9 @@ def plan(root: Path) -> str:
     own = root / rel.lstrip("/")
     if own.name == LEAF:
         return f"v2; already in the daemon leaf of {rel.rsplit('/', 1)[0] or '/'}"
-    if rel != "/" and _procs(own) == {os.getpid()}:
-        return f"v2; own cgroup {rel} holds only this process: used as the subtree"
+    if _only_ours(own, rel) is not None:
+        return f"v2; own cgroup {rel} holds only this process (and its children): used as the " \
+               "subtree"
     shared = f"v2; own cgroup {rel} is shared with other processes (not delegated)"
     if _systemd_running():
         return f"{shared}: a transient systemd scope with Delegate=yes will be used"
@@ -135,8 +175,9 @@ def acquire(root: Path, instance: str) -> Subtree:
     if own.name == LEAF:
         _enable(own.parent)
         return Subtree(own.parent, f"subtree {own.parent.relative_to(root)}")
-    if rel != "/" and _procs(own) == {os.getpid()}:
-        _into_leaf(own)
+    ours = _only_ours(own, rel)
+    if ours is not None:
+        _into_leaf(own, ours)
         return Subtree(own, f"own cgroup {rel}")
     if _systemd_running():
         scope = _systemd_scope(root, instance)
