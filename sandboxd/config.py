@@ -104,6 +104,14 @@ class Settings(BaseSettings):
         default_factory=list,
         description="With tokens: endpoints served without a token (docs = /docs, /redoc, "
                     "/openapi.json); /healthz is always open")
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins (scheme://host[:port]) whose browser requests are served; "
+                    "none by default: a request with an Origin header gets 403")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Without tokens: Host names served besides localhost, 127.0.0.1 and ::1 "
+                    "(DNS rebinding protection); with tokens any Host is served")
     auth_failure_limit: int = Field(
         default=20, ge=0,
         description="Failed authentications per peer per auth_failure_window_s before 429; 0 = off")

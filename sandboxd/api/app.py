@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandboxd import __version__
 from sandboxd.api import contract, problems
 from sandboxd.api.auth import guard
+from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.mcp import McpFrontDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
@@ -141,6 +142,9 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     app.router.routes.append(Route("/mcp", endpoint=mcp, include_in_schema=False))
     _add_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BrowserGuard, allowed_origins=settings.allowed_origins,
+                       allowed_hosts=settings.allowed_hosts,
+                       check_host=app.state.tokens is None)
     return app
 
 
