@@ -14,8 +14,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
+
+from sandboxd.timefmt import utc_iso
 
 log = logging.getLogger("sandboxd.auth")
 
@@ -80,8 +81,7 @@ def peer_key(host: str | None) -> str:
 
 
 def _iso(epoch: float) -> str:
-    return (datetime.fromtimestamp(epoch, UTC).isoformat(timespec="microseconds")
-            .replace("+00:00", "Z"))
+    return utc_iso(epoch)
 
 
 @dataclass

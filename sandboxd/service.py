@@ -18,7 +18,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,7 @@ from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
 from sandboxd.storage import full_reason, is_no_space
+from sandboxd.timefmt import utc_iso
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
@@ -483,7 +483,7 @@ class Sandboxd:
         self.metrics.policy_reloads.labels(
             result="refused" if event == "policy_refused" else "ok").inc()
         if event == "policy_refused":
-            now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            now = utc_iso(timespec="seconds")
             self._policy_refused = (now, list(fields.get("errors", [])))
         else:
             self._policy_refused = None

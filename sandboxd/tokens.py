@@ -41,6 +41,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from sandboxd.errors import SandboxdError
+from sandboxd.timefmt import utc_iso
 
 log = logging.getLogger("sandboxd.tokens")
 
@@ -102,7 +103,7 @@ def parse_time(text: str) -> datetime:
 
 def iso(value: datetime) -> str:
     """A UTC time as ``YYYY-MM-DDTHH:MM:SSZ``."""
-    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return utc_iso(value, timespec="seconds")
 
 
 def _where(path: Path, node: Node) -> str:

@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from sandboxd.audit.encoding import (
 from sandboxd.audit.files import GENESIS, first_line, fsync_dir, read_tail, rotated_files
 from sandboxd.errors import SandboxdError
 from sandboxd.models import Decision, Result
+from sandboxd.timefmt import utc_iso
 
 RESERVED = frozenset({"ts", "seq", "event", "prev"})
 
@@ -41,7 +41,7 @@ class AuditError(SandboxdError):
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return utc_iso()
 
 
 class AuditLog:
