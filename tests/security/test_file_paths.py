@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import RunningDaemon
+from tests.support.daemon import RunningDaemon, running_daemon
 
 SECRETS = {"app.key": "KEY-CANARY", ".env": "ENV-CANARY", "keys/id_rsa": "RSA-CANARY"}
 
@@ -28,6 +29,14 @@ WRITE_ATTACKS = [
     ".git/hooks/pre-commit\n", ".git\u00a0/hooks/pre-commit", ".git/config\u200d",
     "/workspace/.git/hooks/post-checkout", ".git/./hooks//pre-push",
 ]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """One default-policy daemon for the module (every test works in its own session): a daemon
+    start costs half a minute under the modern-host VM's software emulation."""
+    with running_daemon(tmp_path_factory.mktemp("paths-daemon")) as d:
+        yield d
 
 
 def _session(daemon: RunningDaemon) -> tuple[str, Path]:

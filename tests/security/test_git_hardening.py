@@ -74,8 +74,11 @@ def _pwned(ws: Path) -> list[str]:
     return sorted(p.name for p in ws.iterdir() if p.name.startswith("PWNED"))
 
 
-@pytest.fixture
-def daemon(tmp_path: Path, docker_client: object) -> Any:
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, docker_client: object) -> Any:
+    """One daemon for the module (every test works in its own session): a daemon start costs
+    half a minute under the modern-host VM's software emulation."""
+    tmp_path = tmp_path_factory.mktemp("git-daemon")
     policies = tmp_path / "policies"
     write(policies, "git.yaml", POLICY)
     with running_daemon(tmp_path, policies_dir=policies,

@@ -45,8 +45,10 @@ ATTACKS = [
 ]
 
 
-@pytest.fixture
-def daemon(tmp_path: Path, docker_client: object) -> Any:
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, docker_client: object) -> Any:
+    """One daemon for the module (every test uses its own session or one-shot calls)."""
+    tmp_path = tmp_path_factory.mktemp("ops-daemon")
     policies = tmp_path / "policies"
     write(policies, "ops.yaml", POLICY)
     with running_daemon(tmp_path, policies_dir=policies) as d:
