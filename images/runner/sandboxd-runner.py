@@ -17,6 +17,10 @@ frozen). One select loop relays every worker's stdout/stderr as frames, stops a 
 the output cap is reached, the pids limit is hit or the daemon says stop, and finally sends
 the exit status, rusage and the cgroup's OOM/pids events.
 
+A session's python calls (``"kernel": true``) run instead in the container's *kernel*: one
+persistent interpreter forked like a worker and kept between calls, so that their globals
+persist (see "the session kernel" below); ``{"kind": "kernel_stop"}`` ends it.
+
   daemon -> runner  b"R" JSON request (new call id), b"K" stop that call
   runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
                     b"x" JSON exit record (ends the call)
@@ -33,6 +37,7 @@ import gc
 import importlib.util
 import io
 import json
+import marshal
 import os
 import select
 import signal
@@ -729,8 +734,8 @@ def _killpg(pgid):
 # process group, oom_score_adj 1000, the request's environment, dumpable only after every
 # inherited fd but its own pipes is closed), started by the first such call and kept until
 # it dies, a call of it hits a limit or is stopped, or a ``kernel_stop`` request. Its globals
-# persist between calls; one call at a time. The runner writes it length-prefixed JSON
-# requests on a pipe; it answers each with one ``v`` frame (sandboxd/wire.py: exit status
+# persist between calls; one call at a time. The runner writes it length-prefixed requests
+# (marshal) on a pipe; it answers each with one ``v`` frame (sandboxd/wire.py: exit status
 # byte + the value's JSON) on another, read with a bounded decoder: the kernel is user code,
 # its answers are hostile. Its stdout/stderr are two persistent pipes, relayed under the
 # call's output budget while a call runs and discarded between calls. After each call the
@@ -740,39 +745,61 @@ KERNEL_REPLY = {b"v": (1, 1 + MAX_VALUE_JSON)}
 _KCTL, _KREP = 3, 4  # the kernel's request and reply fds
 
 
-def _read_exact(fd, n):
+# The kernel's own machinery binds what it uses when this file is loaded (default arguments):
+# user code that patches builtins or modules (``builtins.len = ...``, ``json.dumps = ...``)
+# changes its own state, not how its kernel talks to the runner.
+
+
+def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
     buf = bytearray()
     while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
+        chunk = read(fd, n - len(buf))
         if not chunk:
             return None
         buf += chunk
     return bytes(buf)
 
 
-def kernel_main(req):
+def _answer(status, value, write=os.write, pack=wire.HEADER.pack, len=len, bytes=bytes,
+            memoryview=memoryview, dumps=json.dumps, repr=repr):
+    """One ``v`` frame to the runner: the status byte and the value's JSON."""
+    payload = bytes([status])
+    if value is not None and status == 0:
+        try:
+            data = dumps({"value": value}, allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError):
+            try:
+                data = dumps({"value": repr(value)}).encode()
+            except Exception:
+                data = b'{"value": "<unrepresentable>"}'
+        payload += data[:MAX_VALUE_JSON]
+    view = memoryview(pack(b"v", 0, len(payload)) + payload)
+    while view:
+        view = view[write(_KREP, view):]
+
+
+def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isinstance,
+                str=str):
     """The kernel's loop (in its process): read a request, execute it in the persistent
     namespace, answer; exit when the runner closes the request pipe."""
     _user_streams()
     _user_environment(req)
-    namespace = {"__name__": "__main__"}
+    user_builtins = _user_builtins(req)  # one copy for the kernel's life: state, like globals
+    namespace = {"__name__": "__main__", "__builtins__": user_builtins}
     while True:
         head = _read_exact(_KCTL, 4)
         if head is None:
             os._exit(0)
-        body = _read_exact(_KCTL, struct.unpack(">I", head)[0])
+        body = _read_exact(_KCTL, unpack(">I", head)[0])
         if body is None:
             os._exit(0)
-        cell = json.loads(body)
-        namespace["__builtins__"] = _user_builtins(cell)  # this call's import rule
-        status, value = execute(cell.get("code") or "", namespace)
-        payload = bytes([status])
-        if value is not None and status == 0:
-            payload += value_json(value)
-        data = wire.encode(b"v", payload)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(_KREP, view):]
+        cell = loads(body)
+        # this call's import rule (the policy may have changed since the last call)
+        user_builtins["__import__"] = _user_import(list(cell.get("imports_allow") or ()),
+                                                   list(cell.get("imports_deny") or ()))
+        namespace["__builtins__"] = user_builtins
+        code = cell.get("code")
+        _answer(*execute(code if isinstance(code, str) else "", namespace))
 
 
 def kernel_child(req, ctl_r, rep_w, out_w, err_w):
@@ -862,8 +889,11 @@ class Kernel:
 
     def send(self, req):
         """Hand the kernel a call (it reads it at once: it is idle)."""
-        body = json.dumps({k: req.get(k) for k in ("code", "imports_allow", "imports_deny")})
-        data = struct.pack(">I", len(body.encode())) + body.encode()
+        # marshal (C code only, unlike json) keeps the kernel's loop independent of builtins
+        body = marshal.dumps({"code": str(req.get("code") or ""),
+                              "imports_allow": [str(n) for n in req.get("imports_allow") or ()],
+                              "imports_deny": [str(n) for n in req.get("imports_deny") or ()]})
+        data = struct.pack(">I", len(body)) + body
         self.decoder = wire.Decoder(KERNEL_REPLY, max_frames=1,
                                     max_bytes=wire.HEADER.size + 1 + MAX_VALUE_JSON)
         self.calls += 1

@@ -164,6 +164,12 @@ class SessionContainers:
         lives on, or it crashed or was restarted meanwhile."""
         rec = outcome.record
         calls = int(rec.get("kernel_calls") or 0)
+        if "kernel_calls" not in rec:  # a runner without kernels ran it as a one-shot call
+            return result.model_copy(update={
+                "kernel": Kernel(fresh=True, calls=1, lost=True, reason="unsupported"),
+                "message": f"the runner of the sandbox image {box.image} predates session "
+                           "kernels, so Python state is not kept between calls; rebuild the "
+                           "image (sandboxd images build)"})
         if not rec.get("kernel_lost"):
             box.kernel_calls = calls
             return with_kernel(result, Kernel(fresh=bool(rec.get("kernel_fresh")),
