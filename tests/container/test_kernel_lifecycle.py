@@ -108,3 +108,17 @@ async def test_close_ends_every_kernel(docker_client: Any, tmp_path: Path) -> No
     assert b.kernel_sessions() == set()
     assert docker_client.containers.list(all=True, filters={
         "label": f"sandboxd.daemon={b.config.instance_name}"}) == []
+
+
+async def test_a_shell_call_that_removes_the_container_reports_the_kernel_lost(
+        backend: ContainerBackend, tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "kd")
+    assert (await run(backend, ws, session="kd", code="x = 1")).status is Status.ok
+    res = await run(backend, ws, session="kd", argv=["sleep", "100"], timeout=1)
+    assert res.status is Status.timeout, res
+    assert res.kernel is not None and res.kernel.lost, res
+    assert res.kernel.reason == "wall_timeout" and res.kernel.calls == 1, res
+    assert backend.kernel_sessions() == set()
+    res = await run(backend, ws, session="kd", code="'x' in globals()")
+    assert res.value is False and res.kernel is not None and res.kernel.fresh, res
+    await backend.close_session("kd")

@@ -86,8 +86,12 @@ class SessionContainers:
             return await self._run(key, invocation, limits, deadline, request, image, shape,
                                    started)
         lock = self._kernel_locks.setdefault(key, asyncio.Lock())
-        got, _ = await within(lock.acquire(), deadline - time.monotonic(),
-                              orphan=lambda _: lock.release())
+        try:
+            got, _ = await within(lock.acquire(), deadline - time.monotonic(),
+                                  orphan=lambda _: lock.release())
+        except asyncio.CancelledError:
+            raise CancelledAfterCleanup(True, "the call had not started: it waited for the "
+                                              "session's earlier calls") from None
         if not got:  # the session's earlier calls ran past this one's deadline
             result = timeout_result(invocation, limits, started, True,
                                     "the call waited for the session's earlier calls and "
@@ -106,7 +110,7 @@ class SessionContainers:
                    shape: engine.Shape, started: float) -> Result:
         kernel_call = bool(request.get("kernel"))
         box: Box | None = None
-        before = 0  # calls of the box's kernel before this one
+        before = 0  # calls of the box's live kernel before this one (0: none)
         try:
             box = await self._box(key, invocation, image, shape, deadline)
             before = box.kernel_calls
@@ -123,9 +127,10 @@ class SessionContainers:
             verified = await self.drop(key, box) if box is not None else True
             result = timeout_result(invocation, limits, started, verified,
                                     gone(box, verified))
-            if kernel_call:  # the container, and so its kernel, is gone
-                result = with_kernel(result, Kernel(fresh=not before, calls=before + 1,
-                                                    lost=True, reason=Reason.wall_timeout.value))
+            if kernel_call or before:  # the container, and so its kernel, is gone
+                result = with_kernel(result, Kernel(
+                    fresh=kernel_call and not before, calls=before + kernel_call, lost=True,
+                    reason=Reason.wall_timeout.value))
             return result
         except BaseException:
             if box is not None:
@@ -150,11 +155,11 @@ class SessionContainers:
         result = build_result(invocation, limits, outcome, started, verified, oom=oom,
                               detail=gone(box, verified) + " (the session gets a new one)",
                               engine_error=self.boxes.engine_error)
-        if kernel_call:  # the container, and so its kernel, is gone
-            rec = outcome.record
-            fresh = rec.get("kernel_fresh", not before)
+        if kernel_call or before:  # the container, and so its kernel, is gone
+            rec = outcome.record if kernel_call else {}
+            fresh = rec.get("kernel_fresh", kernel_call and not before)
             result = with_kernel(result, Kernel(
-                fresh=bool(fresh), calls=int(rec.get("kernel_calls") or before + 1),
+                fresh=bool(fresh), calls=int(rec.get("kernel_calls") or before + kernel_call),
                 lost=True, reason=result.termination.reason.value))
         return result
 
