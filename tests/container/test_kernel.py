@@ -8,6 +8,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,3 +280,27 @@ def test_kernel_output_is_capped_per_call(daemon: Daemon) -> None:
     assert daemon.py("'x' in globals()", sid)["value"] is False
     daemon.d.client.delete(f"/v1/sessions/{sid}")
 
+
+
+def test_many_sessions_leave_no_kernel_container_or_workspace(daemon: Daemon,
+                                                               docker_client: Any) -> None:
+    """The leak test: 100 sessions, each with a kernel that ran and a process it started,
+    deleted; nothing of them is left (container, process, workspace)."""
+
+    def one(i: int) -> str:
+        sid = daemon.session()
+        res = daemon.py(f"import subprocess\nx = {i}\nsubprocess.Popen(['sleep', '300'])\n"
+                        "open('f.txt', 'w').write(str(x))", sid)
+        assert res["status"] == "ok" and res["kernel"]["fresh"], res
+        assert daemon.py("x", sid)["value"] == i
+        assert daemon.d.client.delete(f"/v1/sessions/{sid}").status_code == 204
+        return sid
+
+    with ThreadPoolExecutor(4) as pool:
+        ids = set(pool.map(one, range(100)))
+    assert len(ids) == 100
+    left = [c for c in labelled(docker_client, daemon.instance)
+            if c.labels.get("sandboxd.session") in ids]
+    assert left == []  # their containers, and with them every process of theirs, are gone
+    workspaces = daemon.d.state_dir / "workspaces"
+    assert not ids & {p.name for p in workspaces.iterdir()}
