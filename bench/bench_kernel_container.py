@@ -1,12 +1,13 @@
 """Container backend, session kernel (issue 14): a stateful call, ``x += 1; print(x)``, in
 a session whose kernel is already running.
 
-    python bench/bench_kernel_container.py [--repeats 3] [--calls 200]
+    python bench/bench_kernel_container.py [--repeats 3] [--calls 200] [--http]
 
 Prints p50/p95 latency of sequential calls in one session, and calls/s with 4 concurrent
 clients (each in its own session: the calls of one session run one at a time), each figure
 the median over ``--repeats`` runs. The backend is driven in-process (no HTTP, no policy):
-the figures are the backend's own. Goal on a 2-core machine: p50 <= 10 ms.
+the figures are the backend's own; ``--http`` adds the same through a real daemon (HTTP,
+policy, audit). Goal on a 2-core machine: p50 <= 10 ms.
 """
 
 from __future__ import annotations
@@ -16,16 +17,33 @@ import asyncio
 import os
 import secrets
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import httpx
 
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Status, ToolKind
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.daemon import running_daemon
+
 CLIENTS = 4
 CODE = "x += 1; print(x)"
+POLICY = """\
+version: 1
+name: bench
+clients: ["*"]
+tools:
+  python:
+    backend: container
+    imports: {allow: []}
+"""
 
 
 def pct(values: list[float], q: float) -> float:
@@ -80,10 +98,77 @@ async def concurrent(sessions: list[Session], n: int) -> float:
     return per * len(sessions) / (time.perf_counter() - start)
 
 
+class HttpSession:
+    """One session of a real daemon, driven over HTTP."""
+
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=60)
+        self.id = self.client.post("/v1/sessions").json()["id"]
+        self.x = 0
+        self.call("x = 0")
+
+    def call(self, code: str = CODE) -> float:
+        start = time.perf_counter()
+        r = self.client.post("/v1/tools/python/invoke",
+                             json={"arguments": {"code": code}, "session": self.id})
+        elapsed = time.perf_counter() - start
+        body = r.json()
+        if code == CODE:
+            self.x += 1
+            if body.get("stdout") != f"{self.x}\n" or (body.get("kernel") or {}).get("lost",
+                                                                                     True):
+                raise RuntimeError(f"bad result: {body}")
+        return elapsed
+
+    def close(self) -> None:
+        self.client.delete(f"/v1/sessions/{self.id}")
+        self.client.close()
+
+
+def http_run(url: str, calls: int) -> tuple[float, float, float]:
+    """(p50, p95, calls/s with 4 clients) through the daemon."""
+    s = HttpSession(url)
+    lat = [s.call() for _ in range(calls)]
+    s.close()
+    clients = [HttpSession(url) for _ in range(CLIENTS)]
+    per = max(calls // CLIENTS, 1)
+    threads = [threading.Thread(target=lambda c=c: [c.call() for _ in range(per)])
+               for c in clients]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = per * CLIENTS / (time.perf_counter() - start)
+    for c in clients:
+        c.close()
+    return pct(lat, 0.5), pct(lat, 0.95), rate
+
+
+def http_figures(repeats: int, calls: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        (tmp / "policies").mkdir()
+        (tmp / "policies" / "bench.yaml").write_text(POLICY)
+        env = {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_WARM_POOL_SIZE": "1"}
+        with running_daemon(tmp, policies_dir=tmp / "policies", env=env) as d:
+            runs = []
+            for r in range(repeats):
+                runs.append(http_run(d.url, calls))
+                p50, p95, rate = runs[-1]
+                print(f"http run {r + 1}: p50 {p50 * 1000:.2f} ms, p95 {p95 * 1000:.2f} ms, "
+                      f"{CLIENTS} clients {rate:.0f} calls/s", flush=True)
+    print(f"  through the daemon (HTTP): p50 "
+          f"{statistics.median(x[0] for x in runs) * 1000:.2f} ms   p95 "
+          f"{statistics.median(x[1] for x in runs) * 1000:.2f} ms   {CLIENTS} clients: "
+          f"{statistics.median(x[2] for x in runs):.0f} calls/s")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--http", action="store_true", help="also through a real daemon")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
@@ -116,7 +201,9 @@ async def main() -> None:
           f"{args.calls} calls each):")
     print(f"  p50 {statistics.median(p50s) * 1000:.2f} ms   "
           f"p95 {statistics.median(p95s) * 1000:.2f} ms   "
-          f"{CLIENTS} clients: {statistics.median(rates):.0f} calls/s")
+          f"{CLIENTS} clients: {statistics.median(rates):.0f} calls/s   (backend in-process)")
+    if args.http:
+        http_figures(args.repeats, args.calls)
 
 
 if __name__ == "__main__":
