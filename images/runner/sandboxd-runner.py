@@ -17,6 +17,10 @@ frozen). One select loop relays every worker's stdout/stderr as frames, stops a 
 the output cap is reached, the pids limit is hit or the daemon says stop, and finally sends
 the exit status, rusage and the cgroup's OOM/pids events.
 
+A session's python calls (``"kernel": true``) run instead in the container's *kernel*: one
+persistent interpreter forked like a worker and kept between calls, so that their globals
+persist (see "the session kernel" below); ``{"kind": "kernel_stop"}`` ends it.
+
   daemon -> runner  b"R" JSON request (new call id), b"K" stop that call
   runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
                     b"x" JSON exit record (ends the call)
@@ -33,6 +37,7 @@ import gc
 import importlib.util
 import io
 import json
+import marshal
 import os
 import select
 import signal
@@ -123,24 +128,37 @@ def _user_import(allow, deny):
     return guarded
 
 
-def run_python(req, value_fd):
-    """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
+MAX_VALUE_JSON = 1024 * 1024 + 64  # the value's JSON text, beyond which it is dropped
+
+
+def _user_streams():
+    """The user's stdin (/dev/null), stdout and stderr (fds 0-2, written through)."""
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
     sys.stdin = open(os.devnull)
     sys.argv = ["<sandbox>"]
+
+
+def _user_environment(req):
     os.environ.clear()
     os.environ.update(req.get("env") or {})
     sys.path[:] = [p for p in sys.path if not p.startswith("/opt/sandboxd")]
     sys.path.insert(0, os.getcwd())
-    code = req.get("code") or ""
+
+
+def _user_builtins(req):
+    """A copy of the builtins with the policy's import rule (an empty allow list admits
+    nothing: default deny, as in the policy engine)."""
     bi = dict(vars(builtins))
-    # always: an empty allow list admits nothing (default deny), as in the policy engine
     bi["__import__"] = _user_import(list(req.get("imports_allow") or ()),
                                     list(req.get("imports_deny") or ()))
-    namespace = {"__name__": "__main__", "__builtins__": bi}
+    return bi
+
+
+def execute(code, namespace):
+    """Run ``code`` in ``namespace`` as a cell: (exit status, value of a last expression)."""
     status = 0
     value = None
     try:
@@ -167,20 +185,33 @@ def run_python(req, value_fd):
         sys.stderr.flush()
     except Exception:
         pass
+    return status & 0xFF, value
+
+
+def value_json(value):
+    """``{"value": ...}`` as JSON bytes (a repr when not JSON-safe), cut at the cap."""
+    try:
+        data = json.dumps({"value": value}, allow_nan=False).encode()
+    except (TypeError, ValueError, RecursionError):
+        try:
+            data = json.dumps({"value": repr(value)}).encode()
+        except Exception:
+            data = b'{"value": "<unrepresentable>"}'
+    return data[:MAX_VALUE_JSON]
+
+
+def run_python(req, value_fd):
+    """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
+    _user_streams()
+    _user_environment(req)
+    namespace = {"__name__": "__main__", "__builtins__": _user_builtins(req)}
+    status, value = execute(req.get("code") or "", namespace)
     if value is not None and status == 0:
         try:
-            record = {"value": value}
-            data = json.dumps(record, allow_nan=False).encode()
-        except (TypeError, ValueError, RecursionError):
-            try:
-                data = json.dumps({"value": repr(value)}).encode()
-            except Exception:
-                data = b'{"value": "<unrepresentable>"}'
-        try:
-            os.write(value_fd, data[: 1024 * 1024 + 64])
+            os.write(value_fd, value_json(value))
         except OSError:
             pass
-    os._exit(status & 0xFF)
+    os._exit(status)
 
 
 def worker(req, out_w, err_w, value_w):
@@ -696,6 +727,436 @@ def _killpg(pgid):
         pass
 
 
+# ------------------------------------------------------------------ the session kernel
+#
+# A python request with ``"kernel": true`` (a session's call) runs in the container's kernel:
+# one persistent interpreter, forked from this runner like a worker (its own session and
+# process group, oom_score_adj 1000, the request's environment, dumpable only after every
+# inherited fd but its own pipes is closed), started by the first such call and kept until
+# it dies, a call of it hits a limit or is stopped, or a ``kernel_stop`` request. Its globals
+# persist between calls; one call at a time. The runner writes it length-prefixed requests
+# (marshal) on a pipe; it answers each with one ``v`` frame (sandboxd/wire.py: exit status
+# byte + the value's JSON) on another, read with a bounded decoder: the kernel is user code,
+# its answers are hostile. Its stdout/stderr are two persistent pipes, relayed under the
+# call's output budget while a call runs and discarded between calls. After each call the
+# processes it left in the kernel's process group are killed.
+
+KERNEL_REPLY = {b"v": (1, 1 + MAX_VALUE_JSON)}
+_KCTL, _KREP = 3, 4  # the kernel's request and reply fds
+
+
+# The kernel's own machinery binds what it uses when this file is loaded (default arguments):
+# user code that patches builtins or modules (``builtins.len = ...``, ``json.dumps = ...``)
+# changes its own state, not how its kernel talks to the runner.
+
+
+def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _answer(status, value, write=os.write, pack=wire.HEADER.pack, len=len, bytes=bytes,
+            memoryview=memoryview, dumps=json.dumps, repr=repr):
+    """One ``v`` frame to the runner: the status byte and the value's JSON."""
+    payload = bytes([status])
+    if value is not None and status == 0:
+        try:
+            data = dumps({"value": value}, allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError):
+            try:
+                data = dumps({"value": repr(value)}).encode()
+            except Exception:
+                data = b'{"value": "<unrepresentable>"}'
+        payload += data[:MAX_VALUE_JSON]
+    view = memoryview(pack(b"v", 0, len(payload)) + payload)
+    while view:
+        view = view[write(_KREP, view):]
+
+
+def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isinstance,
+                str=str):
+    """The kernel's loop (in its process): read a request, execute it in the persistent
+    namespace, answer; exit when the runner closes the request pipe."""
+    _user_streams()
+    _user_environment(req)
+    user_builtins = _user_builtins(req)  # one copy for the kernel's life: state, like globals
+    namespace = {"__name__": "__main__", "__builtins__": user_builtins}
+    while True:
+        head = _read_exact(_KCTL, 4)
+        if head is None:
+            os._exit(0)
+        body = _read_exact(_KCTL, unpack(">I", head)[0])
+        if body is None:
+            os._exit(0)
+        cell = loads(body)
+        # this call's import rule (the policy may have changed since the last call)
+        user_builtins["__import__"] = _user_import(list(cell.get("imports_allow") or ()),
+                                                   list(cell.get("imports_deny") or ()))
+        namespace["__builtins__"] = user_builtins
+        code = cell.get("code")
+        _answer(*execute(code if isinstance(code, str) else "", namespace))
+
+
+def kernel_child(req, ctl_r, rep_w, out_w, err_w):
+    """In the forked kernel: set up fds, session, signals, then serve calls forever."""
+    try:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        ctl = fcntl.fcntl(ctl_r, fcntl.F_DUPFD_CLOEXEC, 200)
+        rep = fcntl.fcntl(rep_w, fcntl.F_DUPFD_CLOEXEC, 200)
+        os.dup2(ctl, _KCTL, inheritable=False)
+        os.dup2(rep, _KREP, inheritable=False)
+        os.closerange(_KREP + 1, 65536)
+        set_dumpable(1)  # the channel's fd is closed: user code may see its own process
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        os.umask(0o022)
+        os.chdir(req.get("cwd") or "/workspace")
+        kernel_main(req)
+    except BaseException as exc:
+        try:
+            os.write(2, f"sandboxd kernel: {exc!r}\n".encode())
+        finally:
+            os._exit(126)
+
+
+def _proc_stat(pid):
+    """(pgrp, state, cpu ticks) of a process from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[2]), fields[0], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class Kernel:
+    """The container's session kernel, as the runner keeps it."""
+
+    def __init__(self):
+        self.pid = None
+        self.calls = 0
+        self.ctl_w = None
+        self.rep_r = None
+        self.streams = {}  # out/err pipe fd -> frame kind
+        self.pipes = set()
+        self.current = None  # the KernelCall running now
+        self.decoder = None
+        self.ended = (None, None, True)  # (wait status, rusage, group gone) of the last one
+
+    @property
+    def alive(self):
+        return self.pid is not None
+
+    def start(self, req):
+        """Fork a fresh kernel."""
+        ctl_r, self.ctl_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                kernel_child(req, ctl_r, rep_w, out_w, err_w)  # never returns
+        finally:
+            for fd in (ctl_r, rep_w, out_w, err_w):
+                os.close(fd)
+        self.pid, self.calls = pid, 0
+        self.streams = {out_r: b"o", err_r: b"e"}
+        self.pipes = {out_r, err_r, self.rep_r}
+        for fd in self.pipes:
+            os.set_blocking(fd, False)
+
+    def send(self, req):
+        """Hand the kernel a call (it reads it at once: it is idle)."""
+        # marshal (C code only, unlike json) keeps the kernel's loop independent of builtins
+        body = marshal.dumps({"code": str(req.get("code") or ""),
+                              "imports_allow": [str(n) for n in req.get("imports_allow") or ()],
+                              "imports_deny": [str(n) for n in req.get("imports_deny") or ()]})
+        data = struct.pack(">I", len(body)) + body
+        self.decoder = wire.Decoder(KERNEL_REPLY, max_frames=1,
+                                    max_bytes=wire.HEADER.size + 1 + MAX_VALUE_JSON)
+        self.calls += 1
+        _write_all(self.ctl_w, data)
+
+    def on_pipe(self, fd):
+        """Output or an answer of the kernel (a call's, or stray between calls)."""
+        if fd not in self.pipes:
+            return
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        call = self.current
+        if not data:
+            self.pipes.discard(fd)
+            os.close(fd)
+            if fd == self.rep_r:
+                self.rep_r = None
+                self.stop()  # its answer pipe is gone: the kernel is dead or broken
+            return
+        if fd != self.rep_r:
+            if call is not None:
+                call.relay(self.streams[fd], data)
+            return
+        frames = None
+        if call is not None and call.reply is None:
+            try:
+                frames = self.decoder.feed(data)
+            except wire.ProtocolError:
+                frames = None
+            else:
+                if not frames:
+                    return  # a part of the answer
+        if not frames:  # a malformed answer, or one nobody asked for: the kernel ends
+            if call is not None:
+                call.broken = "the kernel broke its answer protocol"
+            self.stop()
+            return
+        call.reply = frames[0].payload
+
+    def check(self):
+        """Notice a kernel that died by itself (between calls, or with its pipes held open
+        by a process it forked)."""
+        if self.pid is None:
+            return
+        try:
+            done, status, usage = os.wait4(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status, usage = self.pid, None, None
+        if done == self.pid:
+            self.stop(status, usage)
+
+    def drain(self):
+        """Relay what the kernel wrote before it answered (it is in the pipes already)."""
+        for fd in list(self.streams):
+            for _ in range(64):
+                if fd not in self.pipes:
+                    break
+                try:
+                    data = os.read(fd, CHUNK)
+                except OSError:
+                    break
+                if not data:
+                    break
+                if self.current is not None:
+                    self.current.relay(self.streams[fd], data)
+
+    def stop(self, status=None, usage=None):
+        """Kill the kernel and its process group (``status``: it was reaped already)."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        _killpg(pid)
+        if status is None:
+            try:
+                _, status, usage = os.wait4(pid, 0)
+            except ChildProcessError:
+                status, usage = None, None
+        _killpg(pid)
+        self.ended = (status, usage, _group_gone(pid))
+        self.drain()  # what it wrote before it died is the call's output
+        for fd in [*self.pipes, self.ctl_w]:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.pipes, self.streams, self.ctl_w, self.rep_r = set(), {}, None, None
+
+    def sweep(self):
+        """Kill what the last call left in the kernel's process group (not the kernel);
+        True once nothing is left."""
+        for _ in range(2):
+            left = False
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) == self.pid:
+                    continue
+                st = _proc_stat(name)
+                if st and st[0] == self.pid and st[1] != "Z":
+                    left = True
+                    try:
+                        os.kill(int(name), signal.SIGKILL)
+                    except OSError:
+                        pass
+            if not left:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def cpu_ticks(self):
+        st = _proc_stat(self.pid) if self.pid else None
+        return st[2] if st else 0
+
+    def peak_memory(self):
+        try:
+            with open(f"/proc/{self.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError, TypeError):
+            pass
+        return 0
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class KernelCall(Call):
+    """One call in the kernel: its output is relayed by :class:`Kernel`, its end is the
+    kernel's answer (or the kernel's death)."""
+
+    def __init__(self, chan, cid, req, kernel):
+        super().__init__(chan, cid, req)
+        self.kernel = kernel
+        self.reply = None
+        self.broken = None
+        self.fresh = False
+        self.cpu0 = 0
+        self.stopped = False  # a kernel_stop request ended it
+
+    def start(self):
+        kernel = self.kernel
+        kernel.check()
+        for _ in range(2):
+            if not kernel.alive:
+                kernel.start(self.req)
+                self.fresh = True
+            self.pid = kernel.pid
+            self.cpu0 = kernel.cpu_ticks()
+            kernel.current = self
+            try:
+                kernel.send(self.req)
+                return
+            except BrokenPipeError:  # it died since: a fresh one
+                kernel.current = None
+                kernel.stop()
+        raise OSError(32, "the kernel died at once")
+
+    def relay(self, kind, data):
+        if self.output_limit or self.hangup:
+            return
+        data = data[: self.budget.take(len(data))]
+        self.output_limit = self.budget.exceeded
+        if data:
+            try:
+                send_frame(self.chan, kind, data, self.cid)
+            except OSError:
+                self.hangup = True
+
+    def poll(self, now):
+        if self.stopping or self.reply is not None:
+            return True
+        self.kernel.check()
+        return not self.kernel.alive
+
+    def finish(self):
+        kernel = self.kernel
+        group_gone = True
+        record = {}
+        if self.reply is not None and not self.stopping and kernel.alive:
+            kernel.drain()
+            group_gone = kernel.sweep()
+            record["exit_code"] = self.reply[0]
+            if len(self.reply) > 1 and record["exit_code"] == 0:
+                self.value_buf = bytearray(self.reply[1:])
+            cpu = kernel.cpu_ticks() - self.cpu0
+        else:  # the kernel died, or the call hit a limit or was stopped: the kernel ends
+            cpu = kernel.cpu_ticks() - self.cpu0 if kernel.alive else 0
+            if kernel.alive:
+                kernel.drain()
+                kernel.stop()
+            status, _, group_gone = kernel.ended
+            record["exit_code"] = (os.waitstatus_to_exitcode(status)
+                                   if status is not None and os.WIFEXITED(status) else None)
+            record["signal"] = (os.WTERMSIG(status)
+                                if status is not None and os.WIFSIGNALED(status) else None)
+            record["kernel_lost"] = True
+        kernel.current = None
+        oom1, pids1 = cgroup_counters()
+        record.update({
+            "cpu_ms": max(int(cpu * 1000 / _TICKS), 0),
+            "peak_memory_bytes": kernel.peak_memory() if kernel.alive else 0,
+            "wall_ms": int((time.monotonic() - self.started) * 1000),
+            "oom": oom1 > self.oom0,
+            "pids_limit": self.pids_limit or pids1 > self.pids0,
+            "output_limit": self.output_limit,
+            "group_gone": group_gone,
+            "kernel_fresh": self.fresh,
+            "kernel_calls": kernel.calls,
+            "kernel_stopped": self.stopped,
+        })
+        record.setdefault("kernel_lost", False)
+        if self.broken:
+            record["error"] = self.broken
+        if self.value_buf:
+            try:
+                record["value"] = json.loads(self.value_buf.decode())["value"]
+                record["has_value"] = True
+            except (ValueError, KeyError, UnicodeDecodeError):
+                pass
+        if not self.hangup:
+            try:
+                send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
+            except OSError:
+                pass
+
+
+def _start_kernel_call(chan, cid, req, kernel, calls, owners):
+    if kernel.current is not None:
+        _refuse(chan, cid, "the session's kernel is busy with another call")
+        return
+    call = KernelCall(chan, cid, req, kernel)
+    try:
+        call.start()
+    except OSError as exc:
+        kernel.current = None
+        kernel.stop()
+        _refuse(chan, cid, f"cannot start the kernel: {exc.strerror}",
+                exc.errno == 11 or cgroup_counters()[1] > call.pids0)
+        return
+    calls[cid] = call
+    for pfd in kernel.pipes:
+        owners[pfd] = kernel
+
+
+def _stop_kernel(chan, cid, kernel):
+    """A ``kernel_stop`` request: end the kernel (a call in it ends as stopped)."""
+    was = kernel.alive
+    if kernel.current is not None:
+        kernel.current.stopped = True
+    kernel.stop()
+    try:
+        send_frame(chan, b"x", json.dumps({"kernel_lost": was}).encode(), cid)
+    except OSError:
+        pass
+
+
 # ------------------------------------------------------------------ the runner (main loop)
 
 
@@ -736,15 +1197,27 @@ def _refuse(chan, cid, message, pids_limit=False):
         pass
 
 
+KERNEL = Kernel()  # the container's session kernel (started by its first call)
+
+
 def _start(chan, cid, body, calls, owners):
     """Start the call a request frame asks for (or answer why it cannot start)."""
     if cid in calls:
         return
     try:
-        call = Call(chan, cid, json.loads(body))
+        req = json.loads(body)
+        if not isinstance(req, dict):
+            raise ValueError
     except ValueError:
         _refuse(chan, cid, "malformed request")
         return
+    if req.get("kind") == "kernel_stop":
+        _stop_kernel(chan, cid, KERNEL)
+        return
+    if req.get("kind") == "python" and req.get("kernel"):
+        _start_kernel_call(chan, cid, req, KERNEL, calls, owners)
+        return
+    call = Call(chan, cid, req)
     try:
         call.start()
     except OSError as exc:
@@ -794,17 +1267,15 @@ def main():
                 if frames is None:  # the daemon hung up (or broke the protocol): stop all
                     for call in calls.values():
                         _killpg(call.pid)
+                    KERNEL.stop()
                     return 0
                 for frame in frames:
                     if frame.kind == b"R":
                         _start(chan, frame.call, frame.payload, calls, owners)
                     elif frame.call in calls:  # b"K": the daemon stopped waiting for it
                         calls[frame.call].hangup = True
-            elif fd in owners:
-                call = owners[fd]
-                call.on_pipe(fd)
-                if fd not in call.pipes:
-                    del owners[fd]
+            elif fd in owners and fd in owners[fd].pipes:
+                owners[fd].on_pipe(fd)
         now = time.monotonic()
         if calls and now - last_pids_check >= 0.05:
             last_pids_check = now
@@ -818,6 +1289,8 @@ def main():
                     owners.pop(pfd, None)
                 del calls[cid]
                 call.finish()
+        for fd in [f for f, owner in owners.items() if f not in owner.pipes]:
+            del owners[fd]  # closed (a finished call's, a kernel's that ended)
 
 
 if __name__ == "__main__":

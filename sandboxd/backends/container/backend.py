@@ -13,7 +13,9 @@ Three ways a call gets a container (all with the same confinement, see :mod:`.en
   gets a fresh container, with its own tmpfs too); only when the daemon hands in a non-empty
   workspace is it bind-mounted instead.
 * **session containers**: one per (client, session, image), with the session workspace
-  bind-mounted at ``/workspace``; each call is one fork of the runner inside it. The container
+  bind-mounted at ``/workspace``; each command call is one fork of the runner inside it, and
+  each ``python`` call runs in the session's kernel, a persistent interpreter the runner keeps
+  in the container (:mod:`.sessions`). The container
   is removed by ``close_session`` (DELETE, TTL), at shutdown, and after any call that hit a
   limit (timeout, memory, pids, output, cancellation) - the next call starts a fresh one on
   the same workspace.
@@ -62,6 +64,7 @@ from sandboxd.config import Settings
 from sandboxd.models import (
     Cleanup,
     Invocation,
+    Kernel,
     Limits,
     ProbeReport,
     Reason,
@@ -211,11 +214,16 @@ class ContainerBackend:
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Execute one call (see the module docstring)."""
         started = time.monotonic()
+        image = self._image_for(invocation)
+        kernel_call = invocation.session is not None and invocation.kind is ToolKind.python
         request = request_for(invocation, limits)
         if isinstance(request, Result):
+            if kernel_call:  # refused before it reached the session's kernel
+                return request.model_copy(
+                    update={"kernel": self.sessions.kernel_now(invocation, image)})
             return request
-        image = self._image_for(invocation)
         shape = engine.Shape.of(limits)
+        had_kernel = kernel_call and self.sessions.kernel_now(invocation, image).calls > 0
         try:
             if invocation.session is not None:
                 return await self.sessions.run(invocation, limits, deadline, request, image,
@@ -236,20 +244,25 @@ class ContainerBackend:
                 cleanup = Cleanup(verified=not stale, detail=None if not stale else
                                   "the Docker engine is unreachable; containers of the call "
                                   "are removed when it is back")
+            kernel = None
+            if kernel_call:  # the session's container, and its kernel if any, is gone
+                kernel = Kernel(lost=had_kernel, reason=Reason.exited.value if had_kernel
+                                else None)
             return Result.build(invocation, self.name, Reason.exited, status=Status.error,
                                 limits=limits, started=started, cleanup=cleanup,
-                                message=message)
+                                message=message, kernel=kernel)
 
     async def close_session(self, session_id: str) -> None:
         """Remove the session's container(s). Idempotent."""
         await self.sessions.close(session_id)
 
     def kernel_sessions(self) -> set[str]:
-        return set()
+        """Sessions whose container has a live Python kernel."""
+        return self.sessions.kernel_sessions()
 
     async def restart_kernel(self, session_id: str) -> bool:
-        """No session kernels yet (issue 14)."""
-        return False
+        """End the session's kernel (the runner kills it; container and files are kept)."""
+        return await self.sessions.restart_kernel(session_id)
 
     # ------------------------------------------------------------ readiness
 

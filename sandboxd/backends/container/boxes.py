@@ -45,6 +45,7 @@ class Box:
     dead: bool = False
     uid: int | None = None
     note: str | None = None  # why its removal is not confirmed yet (engine outage)
+    kernel_calls: int = 0  # calls run in its live session kernel (0: no kernel)
 
 
 class Boxes:

@@ -10,7 +10,8 @@ read the key (the runner also makes itself non-dumpable, so same-uid code cannot
 memory through ``/proc``). That one channel carries every call of the container,
 multiplexed by call id (:mod:`sandboxd.wire` frames):
 
-  daemon -> runner  ``R`` JSON request (a new call id), ``K`` stop that call
+  daemon -> runner  ``R`` JSON request (a new call id; a session's python call names the
+                    container's kernel, ``kernel_stop`` ends it), ``K`` stop that call
   runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.wire.READ_BYTES` each),
                     ``x`` JSON exit record (ends the call)
 
@@ -69,8 +70,9 @@ def check_exit_record(payload: bytes) -> dict[str, Any]:
         raise wire.ProtocolError(f"the exit record is not JSON ({type(exc).__name__})") from None
     if not isinstance(rec, dict):
         raise wire.ProtocolError("the exit record is not a JSON object")
-    ints = ("cpu_ms", "peak_memory_bytes", "wall_ms")
-    flags = ("oom", "pids_limit", "output_limit", "group_gone", "has_value")
+    ints = ("cpu_ms", "peak_memory_bytes", "wall_ms", "kernel_calls")
+    flags = ("oom", "pids_limit", "output_limit", "group_gone", "has_value", "kernel_fresh",
+             "kernel_lost", "kernel_stopped")
     unknown = set(rec) - {"exit_code", "signal", "value", "error", *ints, *flags}
     if unknown:
         raise wire.ProtocolError(f"unknown exit record members {sorted(unknown)[:3]}")

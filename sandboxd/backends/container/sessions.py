@@ -1,22 +1,34 @@
 """Session containers: one long-lived container per (client, session, image) with the
-session's workspace bind-mounted at ``/workspace``; each call is one fork of its runner. The
-container is removed by ``close_session``, at shutdown, and after any call that hit a limit
-(the next call starts a fresh one on the same workspace)."""
+session's workspace bind-mounted at ``/workspace``; each command call is one fork of its
+runner, and the session's ``python`` calls run in its **kernel**: one persistent interpreter
+the runner keeps in the container (globals persist between calls; one call at a time, in
+order). The container is removed by ``close_session``, at shutdown, and after any call that
+hit a limit (the next call starts a fresh one on the same workspace, with a fresh kernel). A
+kernel call that crashes the interpreter ends only the kernel; ``restart`` ends it on
+request."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, gone
-from sandboxd.backends.container.calls import build_result, exchange, timeout_result
+from sandboxd.backends.container.calls import (
+    Outcome,
+    build_result,
+    exchange,
+    timeout_result,
+)
+from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import within
-from sandboxd.models import Invocation, Limits, Result
+from sandboxd.models import Invocation, Kernel, Limits, Reason, Result
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
+KERNEL_STOP_S = 10.0  # the runner kills and reaps the kernel well within this
 
 
 class SessionContainers:
@@ -26,6 +38,7 @@ class SessionContainers:
         self.boxes = boxes
         self.by_key: dict[SessionKey, Box] = {}
         self._locks: dict[SessionKey, asyncio.Lock] = {}
+        self._kernel_locks: dict[SessionKey, asyncio.Lock] = {}  # one kernel call at a time
 
     def lost(self) -> None:
         """The engine went away: every session container is dead, removed when it is back."""
@@ -33,6 +46,16 @@ class SessionContainers:
             box.dead = True
             del self.by_key[key]
             self.boxes.stale.add(box)
+
+    def kernel_sessions(self) -> set[str]:
+        """Sessions with a live kernel."""
+        return {key[1] for key, box in self.by_key.items()
+                if box.kernel_calls and not box.dead}
+
+    def kernel_now(self, invocation: Invocation, image: str) -> Kernel:
+        """The session kernel's state as it is (for a call that did not reach it)."""
+        box = self.by_key.get((invocation.client, invocation.session or "", image))
+        return Kernel(calls=box.kernel_calls if box is not None and not box.dead else 0)
 
     async def _box(self, key: SessionKey, invocation: Invocation, image: str,
                    shape: engine.Shape, deadline: float) -> Box:
@@ -55,12 +78,42 @@ class SessionContainers:
     async def run(self, invocation: Invocation, limits: Limits, deadline: float,
                   request: dict[str, Any], image: str, shape: engine.Shape,
                   started: float) -> Result:
-        """Run one call of a session in its container (started here when it has none)."""
+        """Run one call of a session in its container (started here when it has none);
+        a ``python`` call runs in the session's kernel, after the session's earlier ones."""
         assert invocation.session is not None
         key = (invocation.client, invocation.session, image)
+        if request.get("kind") != "python":
+            return await self._run(key, invocation, limits, deadline, request, image, shape,
+                                   started)
+        lock = self._kernel_locks.setdefault(key, asyncio.Lock())
+        try:
+            got, _ = await within(lock.acquire(), deadline - time.monotonic(),
+                                  orphan=lambda _: lock.release())
+        except asyncio.CancelledError:
+            raise CancelledAfterCleanup(True, "the call had not started: it waited for the "
+                                              "session's earlier calls") from None
+        if not got:  # the session's earlier calls ran past this one's deadline
+            result = timeout_result(invocation, limits, started, True,
+                                    "the call waited for the session's earlier calls and "
+                                    "never started")
+            box = self.by_key.get(key)
+            calls = box.kernel_calls if box is not None and not box.dead else 0
+            return result.model_copy(update={"kernel": Kernel(calls=calls)})
+        try:
+            return await self._run(key, invocation, limits, deadline,
+                                   {**request, "kernel": True}, image, shape, started)
+        finally:
+            lock.release()
+
+    async def _run(self, key: SessionKey, invocation: Invocation, limits: Limits,
+                   deadline: float, request: dict[str, Any], image: str,
+                   shape: engine.Shape, started: float) -> Result:
+        kernel_call = bool(request.get("kernel"))
         box: Box | None = None
+        before = 0  # calls of the box's live kernel before this one (0: none)
         try:
             box = await self._box(key, invocation, image, shape, deadline)
+            before = box.kernel_calls
             await self.boxes.update_shape(box, shape)
             outcome = await exchange(box, request, limits, deadline)
         except asyncio.CancelledError as exc:
@@ -72,7 +125,13 @@ class SessionContainers:
             raise CancelledAfterCleanup(True, "no container was started") from None
         except TimeoutError:
             verified = await self.drop(key, box) if box is not None else True
-            return timeout_result(invocation, limits, started, verified, gone(box, verified))
+            result = timeout_result(invocation, limits, started, verified,
+                                    gone(box, verified))
+            if kernel_call or before:  # the container, and so its kernel, is gone
+                result = with_kernel(result, Kernel(
+                    fresh=kernel_call and not before, calls=before + kernel_call, lost=True,
+                    reason=Reason.wall_timeout.value))
+            return result
         except BaseException:
             if box is not None:
                 await self.drop(key, box)
@@ -83,21 +142,84 @@ class SessionContainers:
             outcome.superseded = True
         if outcome.clean:
             verified = bool(outcome.record.get("group_gone", True))
-            return build_result(invocation, limits, outcome, started, verified, oom=False,
-                                detail="session container kept; the call's processes are gone"
-                                if verified else "processes of the call may be left",
-                                engine_error=self.boxes.engine_error)
+            result = build_result(invocation, limits, outcome, started, verified, oom=False,
+                                  detail="session container kept; the call's processes are "
+                                  "gone" if verified else "processes of the call may be left",
+                                  engine_error=self.boxes.engine_error)
+            if kernel_call:
+                result = self._kernel_kept(box, outcome, result)
+            return result
         oom = outcome.needs_oom_check and await self.boxes.engine(
             engine.oom_killed, self.boxes.client, box.cid or box.name)
         verified = await self.drop(key, box)
-        return build_result(invocation, limits, outcome, started, verified, oom=oom,
-                            detail=gone(box, verified) + " (the session gets a new one)",
-                            engine_error=self.boxes.engine_error)
+        result = build_result(invocation, limits, outcome, started, verified, oom=oom,
+                              detail=gone(box, verified) + " (the session gets a new one)",
+                              engine_error=self.boxes.engine_error)
+        if kernel_call or before:  # the container, and so its kernel, is gone
+            rec = outcome.record if kernel_call else {}
+            fresh = rec.get("kernel_fresh", kernel_call and not before)
+            result = with_kernel(result, Kernel(
+                fresh=bool(fresh), calls=int(rec.get("kernel_calls") or before + kernel_call),
+                lost=True, reason=result.termination.reason.value))
+        return result
+
+    @staticmethod
+    def _kernel_kept(box: Box, outcome: Outcome, result: Result) -> Result:
+        """A kernel call that ended within every limit (the container is kept): the kernel
+        lives on, or it crashed or was restarted meanwhile."""
+        rec = outcome.record
+        calls = int(rec.get("kernel_calls") or 0)
+        if "kernel_calls" not in rec:  # a runner without kernels ran it as a one-shot call
+            return result.model_copy(update={
+                "kernel": Kernel(fresh=True, calls=1, lost=True, reason="unsupported"),
+                "message": f"the runner of the sandbox image {box.image} predates session "
+                           "kernels, so Python state is not kept between calls; rebuild the "
+                           "image (sandboxd images build)"})
+        if not rec.get("kernel_lost"):
+            box.kernel_calls = calls
+            return with_kernel(result, Kernel(fresh=bool(rec.get("kernel_fresh")),
+                                              calls=calls))
+        box.kernel_calls = 0
+        if rec.get("kernel_stopped"):
+            reason, why = "restarted", "the session's kernel was restarted during the call"
+        else:
+            reason = "crashed"
+            sig, code = rec.get("signal"), rec.get("exit_code")
+            why = (f"the Python interpreter was killed by signal {sig}" if sig else
+                   f"the Python interpreter exited with status {code}")
+        update: dict[str, Any] = {"kernel": Kernel(fresh=bool(rec.get("kernel_fresh")),
+                                                   calls=calls, lost=True, reason=reason)}
+        if result.message is None:
+            update["message"] = why
+        return result.model_copy(update=update)
+
+    async def restart_kernel(self, session_id: str) -> bool:
+        """End the session's kernel(s) (the next python call starts a fresh one; the
+        container and workspace are kept). True when a kernel was ended."""
+        ended = False
+        for key, box in list(self.by_key.items()):
+            if key[1] != session_id or box.dead:
+                continue
+            channel = box.endpoint.channel
+            out = CallOutput()
+            if channel is not None:
+                with contextlib.suppress(RunnerLost):
+                    done, _ = await within(
+                        channel.call({"kind": "kernel_stop"}, 0, out), KERNEL_STOP_S)
+                    if done and out.exit is not None:
+                        ended = ended or bool(out.exit.get("kernel_lost"))
+                        box.kernel_calls = 0
+                        continue
+            # no answer: the container goes (and its kernel with it)
+            ended = ended or bool(box.kernel_calls)
+            await self.drop(key, box)
+        return ended
 
     async def drop(self, key: SessionKey, box: Box) -> bool:
         """Forget and remove one session container; True once its removal is confirmed."""
         if self.by_key.get(key) is box:
             del self.by_key[key]
+        box.kernel_calls = 0
         return await self.boxes.destroy_shielded(box)
 
     async def close(self, session_id: str) -> None:
@@ -107,3 +229,9 @@ class SessionContainers:
                              return_exceptions=True)
         for key in keys:
             self._locks.pop(key, None)
+            self._kernel_locks.pop(key, None)
+
+
+def with_kernel(result: Result, kernel: Kernel) -> Result:
+    """``result`` carrying the session kernel's state."""
+    return result.model_copy(update={"kernel": kernel})
