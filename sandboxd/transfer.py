@@ -16,6 +16,8 @@ not checked against the tool's JSON schema.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
@@ -32,6 +34,10 @@ CHUNK_BYTES = 256 * 1024
 
 class UploadAborted(Exception):
     """The client went away before the whole upload arrived (nothing is written)."""
+
+
+class UploadTimedOut(UploadAborted):
+    """The upload did not arrive within the call's time limit (nothing is written)."""
 
 
 def binary_hint(path: str, session: str | None) -> str:
@@ -52,6 +58,7 @@ class Transfer:
         self.data: bytes | None = None
         self.problem: Exception | None = None  # why the backend refused it, when it did
         self.received = 0
+        self.deadline: float | None = None  # monotonic; the call's, set by the backend
         self._body = body
         self._pending = b""
         self._loop = asyncio.get_running_loop()
@@ -67,7 +74,15 @@ class Transfer:
         """The next piece of the upload (at most :data:`CHUNK_BYTES`), ``b""`` at its end.
         Called from a worker thread: the body is read on the event loop."""
         if not self._pending:
-            self._pending = asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
+            future = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
+            wait = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
+            try:
+                self._pending = future.result(wait)
+            except concurrent.futures.TimeoutError:
+                future.cancel()
+                raise UploadTimedOut(
+                    f"the upload did not arrive within the call's time limit ({self.received} "
+                    "bytes came); nothing was written") from None
         chunk, self._pending = self._pending[:CHUNK_BYTES], self._pending[CHUNK_BYTES:]
         self.received += len(chunk)
         return chunk

@@ -25,7 +25,7 @@ from sandboxd.api.auth import authenticate
 from sandboxd.api.problems import Problem
 from sandboxd.backends.workspace import FileMissing, OverQuota, TooLarge
 from sandboxd.models import Result, Status
-from sandboxd.transfer import Transfer, UploadAborted, download, upload
+from sandboxd.transfer import Transfer, UploadAborted, UploadTimedOut, download, upload
 
 router = APIRouter()
 ROUTE = "/v1/sessions/{session_id}/files/{path:path}"
@@ -81,7 +81,8 @@ async def get_file(session_id: str, path: str, request: Request,
 
 def _raise_for(result: Result, transfer: Transfer) -> None:
     """A failed transfer as problem+json: denied or refused path 403, too large 413, over
-    quota 409, missing 404, any other failure of the file 422."""
+    quota 409, missing 404, an upload slower than the call's time limit 408, any other
+    failure of the file 422."""
     if result.status is Status.ok:
         return
     extra: dict[str, Any] = {"request_id": result.id}
@@ -91,6 +92,8 @@ def _raise_for(result: Result, transfer: Transfer) -> None:
     if result.status in (Status.denied, Status.rejected):
         raise Problem(403, "path-refused", "Path refused", detail, **extra)
     problem = transfer.problem
+    if isinstance(problem, UploadTimedOut):
+        raise Problem(408, "upload-timeout", "Upload too slow", detail, **extra)
     if isinstance(problem, TooLarge):
         raise Problem(413, "too-large", "File too large", detail, **extra)
     if isinstance(problem, OverQuota):

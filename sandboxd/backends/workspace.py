@@ -323,6 +323,8 @@ class WorkspaceBackend:
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Perform one file operation (in a thread: file I/O blocks)."""
+        if isinstance(invocation.transfer, Transfer):
+            invocation.transfer.deadline = deadline  # a slow upload must not hold its slot
         return await asyncio.to_thread(self._run, invocation, limits)
 
     def _run(self, inv: Invocation, limits: Limits) -> Result:

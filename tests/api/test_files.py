@@ -10,6 +10,8 @@ import http.client
 import json
 import os
 import random
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from tests.support.daemon import RunningDaemon, running_daemon
 
 MAX_FILE = 4 * 1024 * 1024
 QUOTA = 8 * 1024 * 1024
+UPLOAD_TIMEOUT_S = 10
 POLICY = f"""\
 version: 1
 name: files
@@ -36,6 +39,7 @@ tools:
   write_file:
     paths: {{allow: ["**"], deny: ["locked/**", "**/*.key"]}}
     max_bytes: {MAX_FILE}
+    limits: {{timeout: {UPLOAD_TIMEOUT_S}s}}
   list_files:
     paths: {{allow: ["**"]}}
 """
@@ -231,6 +235,38 @@ def test_quota_refused_with_nothing_left(daemon: RunningDaemon, session: str) ->
         assert leftovers(workspace(daemon, session)) == []
     # replacing a file with something smaller still works
     assert daemon.client.put(base + "a.bin", content=b"small").status_code == 200
+
+
+def test_an_upload_cut_short_or_stalled_leaves_nothing(daemon: RunningDaemon,
+                                                       session: str) -> None:
+    host, port = daemon.url.removeprefix("http://").split(":")
+    head = (f"PUT /v1/sessions/{session}/files/cut.bin HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: {daemon.headers['Authorization']}\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            f"Content-Length: {2 * 1024 * 1024}\r\n\r\n").encode()
+    ws = workspace(daemon, session)
+    # the client goes away after half of its body: the call ends as an error, audited
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(head + b"\3" * (1024 * 1024))
+    deadline = time.monotonic() + 30
+    aborted: list[dict] = []
+    while not aborted and time.monotonic() < deadline:
+        records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+        aborted = [r for r in records if r.get("event") == "result" and r["session"] == session
+                   and "closed the connection" in (r.get("message") or "")]
+        time.sleep(0.1)
+    assert aborted and aborted[0]["status"] == "error", "no audit record of the cut upload"
+    assert not (ws / "cut.bin").exists() and leftovers(ws) == []
+    # the client stalls: the call's time limit ends it with a 408, and its slot is free again
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(head + b"\3" * 1000)
+        conn.settimeout(UPLOAD_TIMEOUT_S + 60)
+        reply = conn.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"time limit" in reply
+    assert not (ws / "cut.bin").exists() and leftovers(ws) == []
+    assert daemon.client.put(f"/v1/sessions/{session}/files/cut.bin",
+                             content=b"whole").status_code == 200
 
 
 def test_audit_records_one_call_per_transfer(daemon: RunningDaemon, session: str) -> None:
