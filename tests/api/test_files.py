@@ -4,6 +4,7 @@ audit log and workspaces): the raw ``PUT``/``GET /v1/sessions/{id}/files/{path}`
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import http.client
@@ -18,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandboxd.client import SandboxClient
+from sandboxd.client import AsyncSandboxClient, SandboxClient
 from sandboxd.client.errors import ProblemError
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
@@ -325,3 +326,16 @@ def test_client_upload_download_and_bytes(daemon: RunningDaemon, tmp_path: Path)
         with pytest.raises(ProblemError) as err:
             s.download("../x")
         assert err.value.status == 403
+    asyncio.run(_async_client(daemon.url, token, source, data))
+
+
+async def _async_client(url: str, token: str, source: Path, data: bytes) -> None:
+    async with AsyncSandboxClient(url, token=token) as client, client.session() as s:
+        with source.open("rb") as fh:
+            assert (await s.upload("a/file.bin", fh)).status == "ok"
+        assert await s.download("a/file.bin") == data
+        await s.write_file("a/w.bin", data[:1000])
+        assert await s.read_file("a/w.bin", encoding="base64") == data[:1000]
+        with pytest.raises(ProblemError) as err:
+            await s.download("a/none.bin")
+        assert err.value.status == 404
