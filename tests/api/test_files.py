@@ -262,12 +262,24 @@ def test_an_upload_cut_short_or_stalled_leaves_nothing(daemon: RunningDaemon,
     with socket.create_connection((host, int(port))) as conn:
         conn.sendall(head + b"\3" * 1000)
         conn.settimeout(UPLOAD_TIMEOUT_S + 60)
-        reply = conn.recv(65536)
+        reply = _response(conn)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert b"time limit" in reply
     assert not (ws / "cut.bin").exists() and leftovers(ws) == []
     assert daemon.client.put(f"/v1/sessions/{session}/files/cut.bin",
                              content=b"whole").status_code == 200
+
+
+def _response(conn: socket.socket) -> bytes:
+    """One HTTP response (head and its Content-Length body) read off a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+        data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].lower()
+    length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+    while len(data) < len(head) + 4 + length and (chunk := conn.recv(65536)):
+        data += chunk
+    return data
 
 
 def test_audit_records_one_call_per_transfer(daemon: RunningDaemon, session: str) -> None:
