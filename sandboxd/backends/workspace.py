@@ -343,13 +343,14 @@ class WorkspaceBackend:
                 stdout = f"sent {len(transfer.data)} bytes of {path}"
             elif inv.kind is ToolKind.read_file and encoding == "base64":
                 data = read_bytes(root, path, inv.max_file_bytes)
-                stdout = base64.b64encode(data).decode("ascii")
-                if len(stdout) > limits.output_bytes:  # cut base64 would be corrupt data
+                encoded = base64.b64encode(data).decode("ascii")
+                if len(encoded) > limits.output_bytes:  # cut base64 would be corrupt data
                     raise FileToolError(
-                        f"'{path}' is {len(data)} bytes, {len(stdout)} in base64, over the "
+                        f"'{path}' is {len(data)} bytes, {len(encoded)} in base64, over the "
                         f"output limit of {limits.output_bytes} bytes; download the raw "
                         "bytes with GET " + FILES_ROUTE.format(
                             session=inv.session or "{session}", path=path))
+                stdout = encoded
                 value = {"path": path, "bytes": len(data), "encoding": "base64"}
             elif inv.kind is ToolKind.read_file:
                 stdout = read_file(root, path, inv.max_file_bytes, inv.session)

@@ -139,6 +139,11 @@ def test_base64_round_trip_and_cross_paths(daemon: RunningDaemon, session: str) 
                       session=session).json()
     assert r["status"] == "ok" and base64.b64decode(r["stdout"]) == data
     assert r["value"] == {"path": "b64.bin", "bytes": len(data), "encoding": "base64"}
+    # base64 over the output limit is refused whole (never cut into corrupt data)
+    r = daemon.invoke("read_file", {"path": "b64.bin", "encoding": "base64"}, session=session,
+                      limits={"output_bytes": 1024 * 1024}).json()
+    assert r["status"] == "error" and r["stdout"] == "", r["message"]
+    assert f"GET /v1/sessions/{session}/files/b64.bin" in r["message"]
     # bad base64 is an error a model can act on, and writes nothing
     r = daemon.invoke("write_file", {"path": "bad.bin", "content": "no*base64",
                                      "encoding": "base64"}, session=session).json()
