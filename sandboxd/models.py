@@ -289,6 +289,8 @@ class Invocation(_Model):
     # file tools: the workspace-relative path the policy decided on (policy.paths.normalise);
     # the backend opens exactly this path, never the raw argument
     path: str | None = None
+    # file tools: the bytes of a raw upload or download (sandboxd.transfer.Transfer), in-process
+    transfer: Any = Field(default=None, exclude=True)
 
 
 # ---------------------------------------------------------------- decisions

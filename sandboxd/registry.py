@@ -37,6 +37,13 @@ def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     }
 
 
+#: the ``encoding`` argument of read_file / write_file
+ENCODING: dict[str, Any] = {
+    "type": "string", "enum": ["utf-8", "base64"], "default": "utf-8",
+    "description": "utf-8: the content is text; base64: the content is the file's bytes in "
+                   "standard base64 (binary files)"}
+
+
 BUILTIN_TOOLS: dict[str, BuiltinTool] = {
     t.name: t
     for t in (
@@ -63,22 +70,26 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
         BuiltinTool(
             "read_file",
             ToolKind.read_file,
-            "Read a text file from the session workspace.",
+            "Read a file from the session workspace: its text, or with encoding \"base64\" "
+            "its bytes in base64 (for binary files such as images or archives).",
             _object(
                 {"path": {"type": "string", "minLength": 1,
-                          "description": "Path relative to the workspace"}},
+                          "description": "Path relative to the workspace"},
+                 "encoding": ENCODING},
                 ["path"],
             ),
         ),
         BuiltinTool(
             "write_file",
             ToolKind.write_file,
-            "Write (create or replace) a text file in the session workspace.",
+            "Write (create or replace) a file in the session workspace: text, or with "
+            "encoding \"base64\" binary content given in base64.",
             _object(
                 {
                     "path": {"type": "string", "minLength": 1,
                              "description": "Path relative to the workspace"},
                     "content": {"type": "string", "description": "The whole new content"},
+                    "encoding": ENCODING,
                 },
                 ["path", "content"],
             ),

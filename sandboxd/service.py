@@ -235,9 +235,10 @@ class Sandboxd:
     # ------------------------------------------------------------ invoke
 
     async def invoke(self, client: str, tool: str, request: InvokeRequest, *,
-                     transport: str = "http") -> Result:
+                     transport: str = "http", transfer: object = None) -> Result:
         """Run one call end to end (see the module docstring). ``transport`` names the front
-        door the call came through (``http``, ``mcp``); it goes into the audit records."""
+        door the call came through (``http``, ``mcp``); it goes into the audit records.
+        ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.transfer`)."""
         if self.draining:
             raise Draining("the daemon is shutting down; retry on another instance or later")
         admitted = time.monotonic()
@@ -247,7 +248,8 @@ class Sandboxd:
             await self.recorder.record(self.audit.write, event="unknown_tool", client=client,
                                        tool=tool, transport=transport)
             raise
-        validate_arguments(tool, spec.parameters, request.arguments)
+        if transfer is None:
+            validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
         self._check_state_dir()
@@ -283,7 +285,7 @@ class Sandboxd:
         started = asyncio.Event()  # set once the call holds a slot and its backend runs
         try:
             result = await self._execute(client, invocation_id, tool, decision, backend,
-                                         session, request, limits, deadline, started)
+                                         session, request, limits, deadline, started, transfer)
         except Overloaded as exc:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
@@ -319,7 +321,8 @@ class Sandboxd:
 
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
-                       limits: Limits, deadline: float, started: asyncio.Event) -> Result:
+                       limits: Limits, deadline: float, started: asyncio.Event,
+                       transfer: object = None) -> Result:
         try:
             async with self.scheduler.slot(client, deadline):
                 started.set()
@@ -332,7 +335,7 @@ class Sandboxd:
                         imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
                         image=decision.image, network=decision.network,
                         max_file_bytes=decision.max_file_bytes, path=decision.path,
-                    )
+                        transfer=transfer)
                     result = await backend.run(invocation, limits, deadline)
                     result = await self._note_quota(result, decision, workspace)
         except DeadlineExpired as exc:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -15,7 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
-from sandboxd.api import contract, problems
+from sandboxd.api import contract, files, problems
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.mcp import McpFrontDoor
@@ -38,12 +38,14 @@ class StartupRefused(SandboxdError, RuntimeError):
 class BodySizeLimit:
     """Refuse request bodies over ``max_bytes`` with 413 problem+json (declared or streamed)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 exempt: Callable[[Scope], bool] = lambda scope: False) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt  # requests whose route bounds its body itself (file uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.exempt(scope):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -135,13 +137,15 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     problems.install(app)
     contract.install(app, tokens=app.state.tokens is not None)
     app.include_router(router)
+    app.include_router(files.router)
     # the MCP front door (Streamable HTTP): a plain ASGI endpoint at exactly /mcp (every
     # method: POST messages, GET the notification stream, DELETE ends the session)
     mcp = McpFrontDoor(service)
     app.state.mcp = mcp
     app.router.routes.append(Route("/mcp", endpoint=mcp, include_in_schema=False))
     _add_docs(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       exempt=files.bounds_own_body)
     app.add_middleware(BrowserGuard, allowed_origins=settings.allowed_origins,
                        allowed_hosts=settings.allowed_hosts,
                        check_host=app.state.tokens is None)

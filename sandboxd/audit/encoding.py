@@ -15,6 +15,10 @@ from pydantic import BaseModel
 
 PREVIEW_CHARS = 1024
 MESSAGE_CHARS = 2048
+#: how far past a preview's cut a string is still redacted: room for a secret that starts
+#: before the cut (redaction patterns scan whole strings; a multi-megabyte argument, such as a
+#: file's base64 content, is cut to this before it is scanned)
+SECRET_MARGIN = 4096
 REDACTED = "[REDACTED]"
 
 
@@ -106,9 +110,22 @@ def redact(obj: Any) -> Any:
     return obj
 
 
+def _bounded(obj: Any, chars: int) -> Any:
+    """A copy of a JSON-like value with every string cut to ``chars`` characters."""
+    if isinstance(obj, dict):
+        return {k: _bounded(v, chars) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_bounded(v, chars) for v in obj]
+    if isinstance(obj, str) and len(obj) > chars:
+        return obj[:chars]
+    return obj
+
+
 def preview(obj: Any, limit: int = PREVIEW_CHARS) -> str:
-    """Redacted JSON of ``obj``, cut to ``limit`` characters (``…`` marks a cut)."""
-    text = json.dumps(redact(obj), sort_keys=True, ensure_ascii=False, default=json_default)
+    """Redacted JSON of ``obj``, cut to ``limit`` characters (``…`` marks a cut). Strings are
+    cut to ``limit + SECRET_MARGIN`` before redaction: what is shown is redacted as if whole."""
+    text = json.dumps(redact(_bounded(obj, limit + SECRET_MARGIN)), sort_keys=True,
+                      ensure_ascii=False, default=json_default)
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -116,5 +133,5 @@ def cap(text: str | None, limit: int = MESSAGE_CHARS) -> str | None:
     """Redacted ``text`` cut to ``limit`` characters (``…`` marks a cut); None stays None."""
     if text is None:
         return None
-    text = redact_text(text)
+    text = redact_text(text[:limit + SECRET_MARGIN])
     return text if len(text) <= limit else text[:limit] + "…"

@@ -12,16 +12,24 @@ directory descriptors (``openat`` with ``O_NOFOLLOW``):
 * only regular files are read (no FIFOs, devices or sockets: ``O_NONBLOCK`` plus ``fstat``);
 * writes go to a temporary file that is renamed into place, capped at ``max_file_bytes`` and by
   the session quota, and are owned by the sandbox user when the daemon is root.
+
+Binary content: ``encoding: "base64"`` on read_file/write_file, or the raw file endpoints
+(``PUT``/``GET /v1/sessions/{id}/files/{path}``, :mod:`sandboxd.transfer`), which come here as
+the same tools with an :class:`~sandboxd.transfer.Transfer` attached: an upload is streamed
+into the temporary file in bounded chunks, a download returns the bytes to the endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 
 from sandboxd.errors import SandboxdError
 from sandboxd.models import (
@@ -38,6 +46,7 @@ from sandboxd.models import (
 )
 from sandboxd.policy import paths
 from sandboxd.quotafs import quota_message, workspace_usage
+from sandboxd.transfer import FILES_ROUTE, Transfer, UploadAborted, binary_hint
 
 MAX_LIST_ENTRIES = 1000
 
@@ -49,6 +58,12 @@ class FileToolError(SandboxdError, ValueError):
     """The operation failed for an ordinary reason (not found, too large, ...)."""
 
     code = "file-tool-error"
+
+
+class FileMissing(FileToolError):
+    """The file (or a directory on its path) does not exist."""
+
+    code = "file-missing"
 
 
 def split_workspace_path(path: str) -> list[str]:
@@ -88,14 +103,14 @@ def _explain(exc: OSError, path: str) -> Exception:
     if exc.errno == errno.ENOTDIR:
         return PathRefused(f"'{path}': a component of the path is not a directory (or a symlink)")
     if exc.errno == errno.ENOENT:
-        return FileToolError(f"'{path}' does not exist in the workspace")
+        return FileMissing(f"'{path}' does not exist in the workspace")
     if exc.errno == errno.EISDIR:
         return FileToolError(f"'{path}' is a directory")
     return FileToolError(f"'{path}': {os.strerror(exc.errno or 0)}")
 
 
-def read_file(root: str, path: str, max_bytes: int) -> str:
-    """The text of a regular file in the workspace."""
+def read_bytes(root: str, path: str, max_bytes: int) -> bytes:
+    """The content of a regular file in the workspace (at most ``max_bytes``)."""
     parts = split_workspace_path(path)
     if not parts:
         raise FileToolError("the workspace root is a directory; name a file")
@@ -119,32 +134,105 @@ def read_file(root: str, path: str, max_bytes: int) -> str:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise FileToolError(f"'{path}' is larger than the limit of {max_bytes} bytes")
+    return data
+
+
+def read_file(root: str, path: str, max_bytes: int, session: str | None = None) -> str:
+    """The text of a regular file in the workspace; a file that is not UTF-8 text is refused
+    with a message that says how to fetch it instead."""
+    data = read_bytes(root, path, max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise FileToolError(f"'{path}' is not UTF-8 text ({len(data)} bytes)") from None
+        raise FileToolError(f"'{path}' is not UTF-8 text ({len(data)} bytes); "
+                            + binary_hint(path, session)) from None
 
 
-def write_file(root: str, path: str, content: str, max_bytes: int, quota_left: int | None,
-               owner: tuple[int, int] | None, full_message: str | None = None) -> int:
+def decode_content(content: str, encoding: str) -> bytes:
+    """The bytes a write_file ``content`` stands for (``utf-8`` text or ``base64``)."""
+    if encoding != "base64":
+        return content.encode("utf-8")
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise FileToolError("content is not valid base64 (RFC 4648, standard alphabet, "
+                            "padded; no line breaks)") from None
+
+
+def write_file(root: str, path: str, content: str | bytes, max_bytes: int,
+               quota_left: int | None, owner: tuple[int, int] | None,
+               full_message: str | None = None) -> int:
     """Create or replace a file atomically; returns the bytes written. ``full_message`` is
     what a write that runs out of room (``ENOSPC``: a tmpfs workspace is full) reports."""
-    parts = split_workspace_path(path)
-    if not parts:
-        raise FileToolError("name a file to write, not the workspace root")
-    data = content.encode("utf-8")
+    data = content.encode("utf-8") if isinstance(content, str) else content
     if len(data) > max_bytes:
         raise FileToolError(f"content is {len(data)} bytes; the limit is {max_bytes} bytes")
     if quota_left is not None and data and len(data) > quota_left:  # emptying a file frees
-        raise FileToolError(
-            f"content is {len(data)} bytes but only {max(quota_left, 0)} bytes of the "
-            "workspace quota are left"
-        )
+        raise FileToolError(_over_quota(len(data), quota_left))
+
+    def fill(fd: int) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        return len(data)
+
+    return _atomic_write(root, path, fill, owner, full_message)
+
+
+def _over_quota(size: int, quota_left: int) -> str:
+    return (f"content is {size} bytes but only {max(quota_left, 0)} bytes of the "
+            "workspace quota are left")
+
+
+class TooLarge(FileToolError):
+    """An upload went over the file size cap (the endpoint answers 413)."""
+
+    code = "file-too-large"
+
+
+class OverQuota(FileToolError):
+    """An upload went over the session workspace quota."""
+
+    code = "file-over-quota"
+
+
+def write_stream(root: str, path: str, next_chunk: Callable[[], bytes], max_bytes: int,
+                 quota_left: int | None, owner: tuple[int, int] | None,
+                 full_message: str | None = None) -> int:
+    """Create or replace a file atomically from chunks (``next_chunk()`` returns ``b""`` at
+    the end), never holding more than one chunk; over ``max_bytes`` (:class:`TooLarge`) or
+    the quota left (:class:`OverQuota`) the temporary file is removed and nothing changes."""
+
+    def fill(fd: int) -> int:
+        total = 0
+        while chunk := next_chunk():
+            total += len(chunk)
+            if total > max_bytes:
+                raise TooLarge(f"the upload is more than {max_bytes} bytes; files may be at "
+                               f"most {max_bytes} bytes here")
+            if quota_left is not None and total > quota_left:
+                raise OverQuota(_over_quota(total, quota_left).replace("content is", "the "
+                                "upload is more than", 1))
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        return total
+
+    return _atomic_write(root, path, fill, owner, full_message)
+
+
+def _atomic_write(root: str, path: str, fill: Callable[[int], int],
+                  owner: tuple[int, int] | None, full_message: str | None) -> int:
+    """Write a temporary file in the target's directory with ``fill(fd)`` and rename it
+    into place (removed on any failure); the path is walked without following symlinks."""
+    parts = split_workspace_path(path)
+    if not parts:
+        raise FileToolError("name a file to write, not the workspace root")
     try:
         dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT) and full_message:
-            raise FileToolError(full_message) from None
+            raise OverQuota(full_message) from None
         raise _explain(exc, path) from None
     tmp = f".sandboxd-{new_id('w')}.tmp"
     try:
@@ -157,10 +245,12 @@ def write_file(root: str, path: str, content: str, max_bytes: int, quota_left: i
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dfd)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+            try:
+                written = fill(fd)
                 if owner is not None:
-                    os.fchown(fh.fileno(), *owner)
+                    os.fchown(fd, *owner)
+            finally:
+                os.close(fd)
             os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -168,11 +258,11 @@ def write_file(root: str, path: str, content: str, max_bytes: int, quota_left: i
             raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT) and full_message:
-            raise FileToolError(full_message) from None
+            raise OverQuota(full_message) from None
         raise _explain(exc, path) from None
     finally:
         os.close(dfd)
-    return len(data)
+    return written
 
 
 def list_files(root: str, path: str) -> list[dict[str, object]]:
@@ -233,6 +323,8 @@ class WorkspaceBackend:
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Perform one file operation (in a thread: file I/O blocks)."""
+        if isinstance(invocation.transfer, Transfer):
+            invocation.transfer.deadline = deadline  # a slow upload must not hold its slot
         return await asyncio.to_thread(self._run, invocation, limits)
 
     def _run(self, inv: Invocation, limits: Limits) -> Result:
@@ -242,9 +334,26 @@ class WorkspaceBackend:
         path = inv.path if inv.path is not None else str(args.get("path", "."))
         stdout, value, status, message = "", None, Status.ok, None
         reason, exit_code = Reason.exited, 0
+        transfer = inv.transfer if isinstance(inv.transfer, Transfer) else None
+        encoding = str(args.get("encoding", "utf-8"))
         try:
-            if inv.kind is ToolKind.read_file:
-                stdout = read_file(root, path, inv.max_file_bytes)
+            if inv.kind is ToolKind.read_file and transfer is not None:
+                transfer.data = read_bytes(root, path, inv.max_file_bytes)
+                value = {"path": path, "bytes": len(transfer.data)}
+                stdout = f"sent {len(transfer.data)} bytes of {path}"
+            elif inv.kind is ToolKind.read_file and encoding == "base64":
+                data = read_bytes(root, path, inv.max_file_bytes)
+                encoded = base64.b64encode(data).decode("ascii")
+                if len(encoded) > limits.output_bytes:  # cut base64 would be corrupt data
+                    raise FileToolError(
+                        f"'{path}' is {len(data)} bytes, {len(encoded)} in base64, over the "
+                        f"output limit of {limits.output_bytes} bytes; download the raw "
+                        "bytes with GET " + FILES_ROUTE.format(
+                            session=inv.session or "{session}", path=path))
+                stdout = encoded
+                value = {"path": path, "bytes": len(data), "encoding": "base64"}
+            elif inv.kind is ToolKind.read_file:
+                stdout = read_file(root, path, inv.max_file_bytes, inv.session)
                 value = {"path": path, "bytes": len(stdout.encode())}
             elif inv.kind is ToolKind.write_file:
                 # measured (bounded; statvfs for a tmpfs workspace), and in any case held by
@@ -252,12 +361,23 @@ class WorkspaceBackend:
                 usage = workspace_usage(inv.workspace, self.quota_bytes, self.quota_entries)
                 full = quota_message(usage)
                 if usage.entries >= usage.quota_entries or not usage.exact:
-                    raise FileToolError(full)
+                    raise OverQuota(full)
                 quota_left = usage.quota_bytes - usage.bytes
                 # what it creates belongs to the sandbox identity of the workspace
                 owner = (inv.uid, inv.uid) if inv.uid is not None else None
-                written = write_file(root, path, args["content"], inv.max_file_bytes,
-                                     quota_left, owner, full)
+                if transfer is not None:
+                    declared = transfer.declared
+                    if declared is not None and declared > inv.max_file_bytes:
+                        raise TooLarge(f"the upload is {declared} bytes; files may be at most "
+                                       f"{inv.max_file_bytes} bytes here")
+                    if declared is not None and declared > quota_left:
+                        raise OverQuota(_over_quota(declared, quota_left))
+                    written = write_stream(root, path, transfer.next_chunk, inv.max_file_bytes,
+                                           quota_left, owner, full)
+                else:
+                    content = decode_content(str(args["content"]), encoding)
+                    written = write_file(root, path, content, inv.max_file_bytes,
+                                         quota_left, owner, full)
                 value = {"path": path, "bytes": written}
                 stdout = f"wrote {written} bytes to {path}"
             elif inv.kind is ToolKind.list_files:
@@ -270,8 +390,10 @@ class WorkspaceBackend:
                 raise FileToolError(f"the workspace backend cannot run '{inv.kind}' tools")
         except PathRefused as exc:
             status, reason, exit_code, message = Status.rejected, Reason.policy, None, str(exc)
-        except FileToolError as exc:
+        except (FileToolError, UploadAborted) as exc:
             status, exit_code, message = Status.error, 1, str(exc)
+            if transfer is not None:
+                transfer.problem = exc
         truncated = len(stdout.encode()) > limits.output_bytes
         if truncated:
             stdout = stdout.encode()[: limits.output_bytes].decode("utf-8", "ignore")

@@ -21,13 +21,15 @@ import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, BinaryIO, Literal, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from sandboxd.client import files
 from sandboxd.client.errors import ConnectionFailed, ProblemError, RateLimited, problem_error
+from sandboxd.client.files import Body
 from sandboxd.client.session import AsyncSession, Session, SessionInfo
 from sandboxd.models import LimitsRequest, Result, ToolSpec
 
@@ -211,13 +213,15 @@ class SandboxClient(_Base):
 
     def request(self, method: str, path: str, *, json: Any = None,
                 params: dict[str, Any] | None = None,
-                timeout: float | None = None) -> httpx.Response:
+                timeout: float | None = None, content: Body | None = None,
+                headers: dict[str, str] | None = None) -> httpx.Response:
         """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
         attempt = 0
         while True:
             try:
                 response = self._http.request(
-                    method, path, json=json, params=params,
+                    method, path, json=json, params=params, headers=headers,
+                    content=content() if callable(content) else content,  # type: ignore[arg-type]
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError as exc:
@@ -295,14 +299,36 @@ class SandboxClient(_Base):
             s.close()
 
     # file helpers (meaningful with a session; without one each call has a fresh workspace)
-    def read_file(self, path: str, *, session: str | None = None) -> str:
-        """Content of a workspace file (raises :class:`ToolFailed` when it cannot be read)."""
-        return _file_text(self.invoke("read_file", {"path": path}, session=session))
+    @overload
+    def read_file(self, path: str, *, session: str | None = None,
+                  encoding: Literal["utf-8"] = "utf-8") -> str: ...
+    @overload
+    def read_file(self, path: str, *, session: str | None = None,
+                  encoding: Literal["base64"]) -> bytes: ...
+    def read_file(self, path: str, *, session: str | None = None,
+                  encoding: str = "utf-8") -> str | bytes:
+        """Content of a workspace file: text, or its bytes with ``encoding="base64"``
+        (raises :class:`ToolFailed` when it cannot be read)."""
+        result = self.invoke("read_file", files.read_arguments(path, encoding), session=session)
+        return files.decoded(_ensure_ok(result)) if encoding == "base64" else _file_text(result)
 
-    def write_file(self, path: str, content: str, *, session: str | None = None) -> Result:
-        """Create or replace a workspace file."""
-        return _ensure_ok(self.invoke("write_file", {"path": path, "content": content},
+    def write_file(self, path: str, content: str | bytes, *,
+                   session: str | None = None) -> Result:
+        """Create or replace a workspace file (``bytes`` are sent base64-encoded)."""
+        return _ensure_ok(self.invoke("write_file", files.write_arguments(path, content),
                                       session=session))
+
+    def upload(self, session: str, path: str, data: bytes | BinaryIO) -> Result:
+        """Create or replace a workspace file with raw bytes or a binary file's content
+        (``PUT /v1/sessions/{session}/files/{path}``, streamed)."""
+        content, headers = files.upload_body(data)
+        response = self.request("PUT", files.file_url(session, path), content=content,
+                                headers=headers)
+        return _lenient(Result, response.json())
+
+    def download(self, session: str, path: str) -> bytes:
+        """The raw bytes of a workspace file (``GET /v1/sessions/{session}/files/{path}``)."""
+        return self.request("GET", files.file_url(session, path)).content
 
     def list_files(self, path: str = ".", *, session: str | None = None) -> Any:
         """The entries of a workspace directory, as the daemon returns them."""
@@ -360,13 +386,15 @@ class AsyncSandboxClient(_Base):
 
     async def request(self, method: str, path: str, *, json: Any = None,
                       params: dict[str, Any] | None = None,
-                      timeout: float | None = None) -> httpx.Response:
+                      timeout: float | None = None, content: Body | None = None,
+                      headers: dict[str, str] | None = None) -> httpx.Response:
         """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
         attempt = 0
         while True:
             try:
                 response = await self._http.request(
-                    method, path, json=json, params=params,
+                    method, path, json=json, params=params, headers=headers,
+                    content=content() if callable(content) else content,  # type: ignore[arg-type]
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError as exc:
@@ -431,12 +459,28 @@ class AsyncSandboxClient(_Base):
         finally:
             await s.close()
 
-    async def read_file(self, path: str, *, session: str | None = None) -> str:
-        return _file_text(await self.invoke("read_file", {"path": path}, session=session))
+    async def read_file(self, path: str, *, session: str | None = None,
+                        encoding: str = "utf-8") -> str | bytes:
+        """See :meth:`SandboxClient.read_file`."""
+        result = await self.invoke("read_file", files.read_arguments(path, encoding),
+                                   session=session)
+        return files.decoded(_ensure_ok(result)) if encoding == "base64" else _file_text(result)
 
-    async def write_file(self, path: str, content: str, *, session: str | None = None) -> Result:
-        return _ensure_ok(await self.invoke("write_file", {"path": path, "content": content},
+    async def write_file(self, path: str, content: str | bytes, *,
+                         session: str | None = None) -> Result:
+        return _ensure_ok(await self.invoke("write_file", files.write_arguments(path, content),
                                             session=session))
+
+    async def upload(self, session: str, path: str, data: bytes | BinaryIO) -> Result:
+        """See :meth:`SandboxClient.upload`."""
+        content, headers = files.upload_body(data, asynchronous=True)
+        response = await self.request("PUT", files.file_url(session, path), content=content,
+                                      headers=headers)
+        return _lenient(Result, response.json())
+
+    async def download(self, session: str, path: str) -> bytes:
+        """See :meth:`SandboxClient.download`."""
+        return (await self.request("GET", files.file_url(session, path))).content
 
     async def list_files(self, path: str = ".", *, session: str | None = None) -> Any:
         result = _ensure_ok(await self.invoke("list_files", {"path": path}, session=session))

@@ -5,7 +5,7 @@ one workspace and which is deleted on close."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sandboxd.client.errors import ProblemError
 from sandboxd.models import LimitsRequest, Result
@@ -49,13 +49,21 @@ class Session:
         """Run a tool in this session's workspace."""
         return self.client.invoke(tool, arguments, session=self.id, limits=limits, **kwargs)
 
-    def read_file(self, path: str) -> str:
-        """Content of a file of this session's workspace."""
-        return self.client.read_file(path, session=self.id)
+    def read_file(self, path: str, encoding: str = "utf-8") -> Any:
+        """Content of a file of this session's workspace (``bytes`` with ``"base64"``)."""
+        return self.client.read_file(path, session=self.id, encoding=encoding)  # type: ignore[call-overload]
 
-    def write_file(self, path: str, content: str) -> Result:
-        """Create or replace a file of this session's workspace."""
+    def write_file(self, path: str, content: str | bytes) -> Result:
+        """Create or replace a file of this session's workspace (bytes: base64-encoded)."""
         return self.client.write_file(path, content, session=self.id)
+
+    def upload(self, path: str, data: bytes | BinaryIO) -> Result:
+        """Create or replace a workspace file with raw bytes or a binary file (streamed)."""
+        return self.client.upload(self.id, path, data)
+
+    def download(self, path: str) -> bytes:
+        """The raw bytes of a workspace file."""
+        return self.client.download(self.id, path)
 
     def list_files(self, path: str = ".") -> Any:
         """The entries of a directory of this session's workspace."""
@@ -100,13 +108,21 @@ class AsyncSession:
         return await self.client.invoke(tool, arguments, session=self.id, limits=limits,
                                         **kwargs)
 
-    async def read_file(self, path: str) -> str:
-        """Content of a file of this session's workspace."""
-        return await self.client.read_file(path, session=self.id)
+    async def read_file(self, path: str, encoding: str = "utf-8") -> Any:
+        """Content of a file of this session's workspace (``bytes`` with ``"base64"``)."""
+        return await self.client.read_file(path, session=self.id, encoding=encoding)
 
-    async def write_file(self, path: str, content: str) -> Result:
-        """Create or replace a file of this session's workspace."""
+    async def write_file(self, path: str, content: str | bytes) -> Result:
+        """Create or replace a file of this session's workspace (bytes: base64-encoded)."""
         return await self.client.write_file(path, content, session=self.id)
+
+    async def upload(self, path: str, data: bytes | BinaryIO) -> Result:
+        """Create or replace a workspace file with raw bytes or a binary file (streamed)."""
+        return await self.client.upload(self.id, path, data)
+
+    async def download(self, path: str) -> bytes:
+        """The raw bytes of a workspace file."""
+        return await self.client.download(self.id, path)
 
     async def list_files(self, path: str = ".") -> Any:
         """The entries of a directory of this session's workspace."""

@@ -352,7 +352,10 @@ def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decisio
                         f"Access to `{path}` is not allowed here; allowed paths: "
                         f"{listing(list(cfg.paths.allow))}.")
     if tool == "write_file":
-        size = len(str(arguments.get("content", "")).encode("utf-8", "surrogatepass"))
+        content = str(arguments.get("content", ""))
+        size = (len(content) * 3 // 4 - content[-2:].count("=")  # what the base64 decodes to
+                if arguments.get("encoding") == "base64"
+                else len(content.encode("utf-8", "surrogatepass")))
         if size > cfg.max_bytes:
             return ctx.deny(f"tools.{tool}.max_bytes",
                             f"The content is {size} bytes; files may be at most "

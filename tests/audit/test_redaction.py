@@ -94,3 +94,22 @@ def test_digests_of_machine_credentials_are_kept_secrets_are_not() -> None:
     for key in ("token", "token_digest_x", "password_digest", "secret_sha256", "passphrase_hash",
                 "github_token", "private_key_fingerprint"):
         assert redact({key: "value"}) == {key: "[REDACTED]"}, key
+
+
+def test_preview_of_a_huge_argument_is_redacted_like_a_whole_one() -> None:
+    """A file's base64 content is megabytes: its preview is cut before it is scanned
+    (bench/bench_files.py measures the difference) and still never shows a secret."""
+    import base64
+    import random
+
+    blob = base64.b64encode(random.Random(1).randbytes(3 * 1024 * 1024)).decode()
+    for at in (0, 500, 1000):  # a secret before, in and across the preview's cut
+        content = blob[:at] + " api_key=" + SECRETS[0] + " " + blob[at:]
+        shown = preview({"path": "a.bin", "content": content})
+        assert SECRETS[0] not in shown and not any(
+            SECRETS[0][:n] in shown for n in range(8, len(SECRETS[0]))), (at, shown[-80:])
+        assert shown.endswith("…") and len(shown) <= 1024 + 1
+        # the same as redacting the whole value and cutting after (on a prefix small enough)
+        whole = json.dumps(redact({"path": "a.bin", "content": content[:20_000]}),
+                           sort_keys=True, ensure_ascii=False)
+        assert shown == whole[:1024] + "…"

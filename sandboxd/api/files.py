@@ -1,0 +1,105 @@
+"""The raw file endpoints of a session workspace (binary content, no base64):
+
+* ``PUT /v1/sessions/{session_id}/files/{path}``: the request body (``application/octet-stream``)
+  becomes the file, streamed in bounded chunks into a temporary file renamed into place;
+* ``GET /v1/sessions/{session_id}/files/{path}``: the file's bytes, as an attachment.
+
+Both are calls of the ``write_file`` / ``read_file`` tools (:mod:`sandboxd.transfer`): the same
+path rules, policy decision, size cap, quota and audit records. The request body limit of the
+JSON API (``max_body_bytes``) does not apply to the upload: the policy's ``max_bytes`` does.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.requests import ClientDisconnect
+from starlette.types import Scope
+
+from sandboxd.api.auth import authenticate
+from sandboxd.api.problems import Problem
+from sandboxd.backends.workspace import FileMissing, OverQuota, TooLarge
+from sandboxd.models import Result, Status
+from sandboxd.transfer import Transfer, UploadAborted, UploadTimedOut, download, upload
+
+router = APIRouter()
+ROUTE = "/v1/sessions/{session_id}/files/{path:path}"
+_UPLOAD = re.compile(r"^/v1/sessions/[^/]+/files/")
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+#: what a browser must never do with a file a sandbox wrote: render it, sniff it, run it
+DOWNLOAD_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
+                    "Content-Security-Policy": "default-src 'none'; sandbox"}
+
+
+def bounds_own_body(scope: Scope) -> bool:
+    """Whether the request is an upload, whose body the route bounds itself (by the policy's
+    ``max_bytes`` and the session quota) instead of the API's ``max_body_bytes``."""
+    return scope.get("method") == "PUT" and bool(_UPLOAD.match(scope.get("path", "")))
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise UploadAborted("the client closed the connection during the upload") from None
+
+
+@router.put(ROUTE, tags=["files"], response_model=Result, openapi_extra={
+    "requestBody": {"required": True, "content": {"application/octet-stream": BINARY}}})
+async def put_file(session_id: str, path: str, request: Request,
+                   client: str = Depends(authenticate)) -> Response:
+    """Create or replace a workspace file with the raw request body (the write_file tool)."""
+    length = request.headers.get("content-length", "")
+    declared = int(length) if length.isdigit() else None
+    result, transfer = await upload(request.app.state.service, client, session_id, path,
+                                    _body(request), declared)
+    _raise_for(result, transfer)
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+@router.get(ROUTE, tags=["files"], response_class=Response, responses={200: {
+    "description": "The file's bytes (Content-Type guessed from the name)",
+    "content": {"application/octet-stream": BINARY}}})
+async def get_file(session_id: str, path: str, request: Request,
+                   client: str = Depends(authenticate)) -> Response:
+    """The raw bytes of a workspace file (the read_file tool), as an attachment."""
+    result, transfer = await download(request.app.state.service, client, session_id, path)
+    _raise_for(result, transfer)
+    assert transfer.data is not None
+    name = path.rstrip("/").rsplit("/", 1)[-1] or "file"
+    media = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    headers = {**DOWNLOAD_HEADERS, "X-Sandboxd-Request-Id": result.id,
+               "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}"}
+    return Response(transfer.data, media_type=media, headers=headers)
+
+
+def _raise_for(result: Result, transfer: Transfer) -> None:
+    """A failed transfer as problem+json: denied or refused path 403, too large 413, over
+    quota 409, missing 404, an upload slower than the call's time limit 408, any other
+    failure of the file 422."""
+    if result.status is Status.ok:
+        return
+    extra: dict[str, Any] = {"request_id": result.id}
+    if result.policy is not None:
+        extra["rule"] = result.policy.rule
+    detail = result.message or result.stderr or str(result.status)
+    if result.status in (Status.denied, Status.rejected):
+        raise Problem(403, "path-refused", "Path refused", detail, **extra)
+    problem = transfer.problem
+    if isinstance(problem, UploadTimedOut):
+        raise Problem(408, "upload-timeout", "Upload too slow", detail, **extra)
+    if isinstance(problem, TooLarge):
+        raise Problem(413, "too-large", "File too large", detail, **extra)
+    if isinstance(problem, OverQuota):
+        raise Problem(409, "session-over-quota", "Session workspace over quota", detail, **extra)
+    if isinstance(problem, FileMissing):
+        raise Problem(404, "file-not-found", "File not found", detail, **extra)
+    if problem is not None:
+        raise Problem(422, "file-error", "File operation failed", detail, **extra)
+    raise Problem(500, "execution-failure", "Execution failed", detail, **extra)
