@@ -39,7 +39,8 @@ class Daemon:
             "workspace": WorkspaceBackend(quota_bytes=1 << 20, quota_entries=1000),
             "restricted": python,
             "container": self.container})
-        self.client = TestClient(create_app(self.settings, service=self.service))
+        self.client = TestClient(create_app(self.settings, service=self.service),
+                                 base_url="http://localhost")
 
     def invoke(self, tool: str, arguments: dict, **body: object):  # type: ignore[no-untyped-def]
         return self.client.post(f"/v1/tools/{tool}/invoke",
