@@ -53,6 +53,10 @@ async def main() -> None:
                         warm_pool_size=0)
     backend = ContainerBackend.from_settings(settings)
     await backend.start()
+    # the identity the daemon would take from its uid pool for a session: the pool's last one
+    uid = settings.sandbox_uid_first + settings.sandbox_uid_count - 1
+    if backend.uids is not None and not backend.uids.adopt("bench", uid):
+        raise SystemExit(f"uid {uid} is taken")
     figures: dict[str, list[float]] = {k: [] for k in (
         "first_call_s", "import_s", "first_plot_s", "peak_rss_mib", "threads")}
     try:
@@ -61,10 +65,11 @@ async def main() -> None:
             ws = tmp / session
             ws.mkdir()
             if os.geteuid() == 0:
-                os.chown(ws, settings.sandbox_uid, settings.sandbox_gid)
+                os.chown(ws, uid, uid)
             inv = Invocation(tool="python", kind=ToolKind.python, client="bench",
                              session=session, workspace=ws, arguments={"code": CODE},
-                             image=image, imports_allow=["*"])
+                             image=image, imports_allow=["*"],
+                             uid=uid if backend.uids is not None else None)
             start = time.perf_counter()
             res = await backend.run(inv, LIMITS, time.monotonic() + 120)
             elapsed = time.perf_counter() - start
