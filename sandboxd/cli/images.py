@@ -167,7 +167,8 @@ def _labels(image: dict[str, Any] | None) -> dict[str, str]:
 
 
 def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
-                  buildargs: dict[str, str], labels: dict[str, str] | None = None) -> None:
+                  buildargs: dict[str, str], labels: dict[str, str] | None = None,
+                  network_mode: str | None = None) -> None:
     """``docker build`` of ``images/<dockerfile>`` (no pull: bases are local or built here)."""
     import docker
 
@@ -175,7 +176,7 @@ def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
     try:
         client.images.build(path=str(build_context(context, tmp)), dockerfile=dockerfile,
                             tag=tag, rm=True, forcerm=True, pull=False, buildargs=buildargs,
-                            labels=labels or None)
+                            labels=labels or None, network_mode=network_mode)
     except docker.errors.BuildError as exc:
         tail = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-2000:]
         _fail(f"docker build of {dockerfile} failed: {exc.msg}\n{tail}")
@@ -218,8 +219,9 @@ def _deps(client: Any, context: Path, profile: Profile, base: str) -> str:
         return profile.deps_tag
     typer.echo(f"building {profile.deps_tag} ({profile.deps}) FROM {base} ...")
     started = time.monotonic()
+    # the host's network, as debootstrap has: the apt mirror (or PyPI) the host reaches
     _docker_build(client, context, profile.deps, profile.deps_tag, {"BASE": base},
-                  {"sandboxd.deps.sha256": digest})
+                  {"sandboxd.deps.sha256": digest}, network_mode="host")
     typer.echo(f"built {profile.deps_tag} in {time.monotonic() - started:.1f} s")
     return profile.deps_tag
 
