@@ -44,8 +44,11 @@ run: venv
 docker:
 	scripts/ensure-docker.sh
 
+## Each is built only when missing or older than images/ (cached otherwise). The datascience
+## image (tests/datascience) is built here but never copied into the VM (tests/vm/ci.sh).
 images: venv docker
 	$(BIN)/sandboxd images build --offline --if-missing
+	$(BIN)/sandboxd images build --offline --if-missing --profile datascience
 
 ## The MCP Inspector CLI for tests/mcp (a client no one on this project wrote): Debian's nodejs
 ## and npm when node is missing (Debian 12: node 18), then the pinned tree (Inspector 0.15.0,

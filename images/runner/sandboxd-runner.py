@@ -68,6 +68,18 @@ wire = _load_shared("wire.py", "sandboxd_wire")  # sandboxd/wire.py: the frame p
 # sandboxd/rules.py: the import, workspace path and output rules, the daemon's very definition
 rules = _load_shared("rules.py", "sandboxd_rules")
 CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
+
+
+def site_dirs():
+    """The image's site-packages directories, which ``-S`` leaves out: what an image installs
+    (numpy, pandas, ... in sandboxd/datascience) must be importable. Appended after the
+    standard library (nothing there can shadow it) and without running their .pth files."""
+    import site  # under -S, importing site does not run site.main()
+
+    return [p for p in site.getsitepackages() if os.path.isdir(p) and p not in sys.path]
+
+
+sys.path.extend(site_dirs())
 _libc = ctypes.CDLL(None, use_errno=True)
 
 

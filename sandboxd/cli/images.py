@@ -9,8 +9,15 @@ runner at /opt/sandboxd/runner.py):
   host's apt mirror and imports it as ``sandboxd/base-offline:latest``, then the same
   Dockerfile is built FROM that.
 
+Profiles (``--profile``, see :data:`PROFILES`): ``python`` (the default) is the image above;
+``datascience`` first builds ``images/datascience/Dockerfile`` (numpy, pandas, matplotlib,
+scipy, scikit-learn: Debian's packages through the apt mirror offline, wheels online) FROM
+the same base, then ``images/python/Dockerfile`` FROM that, so the sandbox set-up has one
+definition and a runner edit rebuilds only the thin top layer.
+
 ``--if-missing`` does nothing when the image exists and was built from the current runner
-(label ``sandboxd.runner.sha256``), so ``make test`` can call it every time.
+(label ``sandboxd.runner.sha256``) and profile (``sandboxd.profile.sha256``), so ``make
+test`` can call it every time.
 """
 
 from __future__ import annotations
@@ -22,17 +29,47 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from sandboxd.config import load_settings
+from sandboxd.config import Settings, load_settings
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 ONLINE_BASE = "python:3.12-slim"
 OFFLINE_BASE = "sandboxd/base-offline:latest"
 REGISTRY = ("registry-1.docker.io", 443)
+PROFILE_LABEL = "sandboxd.profile"
+PROFILE_DIGEST_LABEL = "sandboxd.profile.sha256"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One buildable sandbox image: an optional layer of packages (``deps``, a Dockerfile in
+    ``images/`` built FROM the base and tagged ``deps_tag``) under the sandbox set-up."""
+
+    name: str
+    summary: str
+    tag: str | None = None  # None: the python_image setting
+    deps: str | None = None
+    deps_tag: str | None = None
+
+    def image(self, settings: Settings) -> str:
+        """The image this profile builds (``--tag`` overrides it)."""
+        return self.tag or settings.python_image
+
+
+#: The one list of profiles; the first is the default.
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile("python", "python3, git, coreutils, the runner (the default image)"),
+    Profile("datascience", "the python image plus numpy, pandas, matplotlib, scipy, "
+            "scikit-learn", tag="sandboxd/datascience:latest",
+            deps="datascience/Dockerfile", deps_tag="sandboxd/datascience-deps:latest"),
+)}
+DEFAULT_PROFILE = next(iter(PROFILES))
 
 
 def images_dir() -> Path:
@@ -77,6 +114,21 @@ def runner_digest(context: Path) -> str:
     return h.hexdigest()
 
 
+def deps_digest(context: Path, profile: Profile, base_id: str) -> str:
+    """SHA-256 of a profile's package Dockerfile and the id of the base it is built FROM."""
+    h = hashlib.sha256(base_id.encode())
+    h.update((context / (profile.deps or "")).read_bytes())
+    return h.hexdigest()
+
+
+def profile_digest(context: Path, profile: Profile) -> str:
+    """SHA-256 of what a profile's image is made of besides the base (its package
+    Dockerfile); empty for a profile without one."""
+    if profile.deps is None:
+        return ""
+    return hashlib.sha256((context / profile.deps).read_bytes()).hexdigest()
+
+
 def build_context(context: Path, into: Path) -> Path:
     """A copy of ``images/`` with ``runner/wire.py`` and ``runner/rules.py`` added (what the
     Dockerfile copies)."""
@@ -101,13 +153,85 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _has_image(client, name: str) -> dict | None:  # type: ignore[no-untyped-def]
+def _has_image(client: Any, name: str) -> dict[str, Any] | None:
     from docker.errors import NotFound
 
     try:
-        return client.api.inspect_image(name)
+        return client.api.inspect_image(name)  # type: ignore[no-any-return]
     except NotFound:
         return None
+
+
+def _labels(image: dict[str, Any] | None) -> dict[str, str]:
+    return ((image or {}).get("Config") or {}).get("Labels") or {}
+
+
+def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
+                  buildargs: dict[str, str], labels: dict[str, str] | None = None,
+                  network_mode: str | None = None) -> None:
+    """``docker build`` of ``images/<dockerfile>`` (no pull: bases are local or built here)."""
+    import docker
+
+    tmp = Path(tempfile.mkdtemp(prefix="sandboxd-build-"))
+    try:
+        client.images.build(path=str(build_context(context, tmp)), dockerfile=dockerfile,
+                            tag=tag, rm=True, forcerm=True, pull=False, buildargs=buildargs,
+                            labels=labels or None, network_mode=network_mode)
+    except docker.errors.BuildError as exc:
+        tail = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-2000:]
+        _fail(f"docker build of {dockerfile} failed: {exc.msg}\n{tail}")
+    except docker.errors.APIError as exc:
+        _fail(f"docker build of {dockerfile} failed: {exc.explanation or exc}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) -> str:
+    """The base image to build FROM: python:3.12-slim online, else the debootstrap rootfs
+    (made here when missing or when ``rebuild_base``)."""
+    if offline is None:
+        offline = not (_has_image(client, ONLINE_BASE) or registry_reachable())
+        if offline:
+            typer.echo("no container registry reachable: building offline (debootstrap)")
+    if not offline:
+        return ONLINE_BASE
+    if rebuild_base or not _has_image(client, OFFLINE_BASE):
+        script = context / "offline" / "build-rootfs.sh"
+        typer.echo(f"building the base rootfs {OFFLINE_BASE} with debootstrap ...")
+        env = dict(os.environ)
+        env.setdefault("DOCKER", "/usr/bin/docker" if Path("/usr/bin/docker").exists()
+                       else "docker")
+        proc = subprocess.run([str(script), OFFLINE_BASE], env=env, check=False)
+        if proc.returncode != 0:
+            _fail(f"{script} failed (exit {proc.returncode})")
+    return OFFLINE_BASE
+
+
+def _deps(client: Any, context: Path, profile: Profile, base: str) -> str:
+    """A profile's package layer FROM ``base`` (reused while its Dockerfile and the base are
+    unchanged); returns the image to build the sandbox set-up FROM."""
+    if profile.deps is None or profile.deps_tag is None:
+        return base
+    base_id = str((_has_image(client, base) or {}).get("Id", base))
+    digest = deps_digest(context, profile, base_id)
+    if _labels(_has_image(client, profile.deps_tag)).get("sandboxd.deps.sha256") == digest:
+        typer.echo(f"{profile.deps_tag} is up to date")
+        return profile.deps_tag
+    typer.echo(f"building {profile.deps_tag} ({profile.deps}) FROM {base} ...")
+    started = time.monotonic()
+    # the host's network, as debootstrap has: the apt mirror (or PyPI) the host reaches
+    _docker_build(client, context, profile.deps, profile.deps_tag, {"BASE": base},
+                  {"sandboxd.deps.sha256": digest}, network_mode="host")
+    typer.echo(f"built {profile.deps_tag} in {time.monotonic() - started:.1f} s")
+    return profile.deps_tag
+
+
+def _profile(name: str) -> Profile:
+    profile = PROFILES.get(name)
+    if profile is None:
+        _fail(f"unknown profile {name!r} (known: {', '.join(PROFILES)})")
+    assert profile is not None
+    return profile
 
 
 @app.command("build")
@@ -118,73 +242,53 @@ def build(
              "Default: online when the base image is present or a registry is reachable."),
     if_missing: bool = typer.Option(
         False, "--if-missing",
-        help="Do nothing when the image exists and matches the current runner."),
+        help="Do nothing when the image exists and matches the current runner and profile."),
     rebuild_base: bool = typer.Option(
         False, "--rebuild-base", help="Offline: debootstrap the base again even if present."),
     tag: str | None = typer.Option(
-        None, "--tag", help="Image name (default: the python_image setting)."),
+        None, "--tag", help="Image name (default: the python_image setting for the python "
+                            "profile, sandboxd/<profile>:latest for the others)."),
+    profile_name: str = typer.Option(
+        DEFAULT_PROFILE, "--profile",
+        help="What to build: " + "; ".join(f"{p.name}: {p.summary}"
+                                            for p in PROFILES.values()) + "."),
 ) -> None:
     """Build the sandbox image used by the container backend."""
     import docker
 
+    profile = _profile(profile_name)
     settings = load_settings()
-    name = tag or settings.python_image
+    name = tag or profile.image(settings)
     try:
         context = images_dir()
     except FileNotFoundError as exc:
         _fail(str(exc))
     digest = runner_digest(context)
+    own_digest = profile_digest(context, profile)
     try:
-        client = (docker.DockerClient(base_url=settings.docker_url, timeout=600)
-                  if settings.docker_url else docker.from_env(timeout=600))
+        client = (docker.DockerClient(base_url=settings.docker_url, timeout=3600)
+                  if settings.docker_url else docker.from_env(timeout=3600))
         client.ping()
     except Exception as exc:
         _fail(f"the Docker engine is unreachable: {exc}")
 
-    existing = _has_image(client, name)
-    labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
-    if if_missing and existing and labels.get("sandboxd.runner.sha256") == digest:
+    labels = _labels(_has_image(client, name))
+    if if_missing and labels.get("sandboxd.runner.sha256") == digest and \
+            labels.get(PROFILE_DIGEST_LABEL, "") == own_digest:
         typer.echo(f"{name} is up to date")
         return
 
-    if offline is None:
-        offline = not (_has_image(client, ONLINE_BASE) or registry_reachable())
-        if offline:
-            typer.echo("no container registry reachable: building offline (debootstrap)")
     start = time.monotonic()
-    base = ONLINE_BASE
-    if offline:
-        base = OFFLINE_BASE
-        if rebuild_base or not _has_image(client, OFFLINE_BASE):
-            script = context / "offline" / "build-rootfs.sh"
-            typer.echo(f"building the base rootfs {OFFLINE_BASE} with debootstrap ...")
-            env = dict(os.environ)
-            env.setdefault("DOCKER", "/usr/bin/docker" if Path("/usr/bin/docker").exists()
-                           else "docker")
-            proc = subprocess.run([str(script), OFFLINE_BASE], env=env, check=False)
-            if proc.returncode != 0:
-                _fail(f"{script} failed (exit {proc.returncode})")
-
+    base = _deps(client, context, profile, _base(client, context, offline, rebuild_base))
     typer.echo(f"building {name} FROM {base} ...")
-    tmp = Path(tempfile.mkdtemp(prefix="sandboxd-build-"))
-    try:
-        _image, _logs = client.images.build(
-            path=str(build_context(context, tmp)), dockerfile="python/Dockerfile", tag=name,
-            rm=True,
-            forcerm=True, pull=False,
-            buildargs={"BASE": base, "RUNNER_SHA256": digest,
-                       "SANDBOX_UID": str(settings.sandbox_uid),
-                       "SANDBOX_GID": str(settings.sandbox_gid)},
-        )
-    except docker.errors.BuildError as exc:
-        tail = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-2000:]
-        _fail(f"docker build failed: {exc.msg}\n{tail}")
-    except docker.errors.APIError as exc:
-        _fail(f"docker build failed: {exc.explanation or exc}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for other in {settings.shell_image} - {name}:
-        if tag is None:
+    extra = ({PROFILE_LABEL: profile.name, PROFILE_DIGEST_LABEL: own_digest}
+             if profile.deps else None)
+    _docker_build(client, context, "python/Dockerfile", name,
+                  {"BASE": base, "RUNNER_SHA256": digest,
+                   "SANDBOX_UID": str(settings.sandbox_uid),
+                   "SANDBOX_GID": str(settings.sandbox_gid)}, extra)
+    if profile.name == DEFAULT_PROFILE and tag is None:
+        for other in {settings.shell_image} - {name}:
             repo, _, version = other.rpartition(":")
             if not repo or "/" in version:
                 repo, version = other, "latest"

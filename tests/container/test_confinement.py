@@ -158,7 +158,7 @@ async def test_host_environment_not_visible(backend: ContainerBackend, ws: Path,
     res = await run(backend, ws, code="import os\ndict(os.environ)")
     assert secret not in str(res.value)
     assert set(res.value) <= {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONDONTWRITEBYTECODE",
-                              "PYTHONUNBUFFERED"}, res.value
+                              "PYTHONUNBUFFERED", "MPLBACKEND", "MPLCONFIGDIR"}, res.value
     # nor in any process of the container (init, runner, handler)
     res = await run(backend, ws, code=(
         "import os\n"

@@ -63,7 +63,10 @@ class Outcome:
 def request_for(invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
     """The runner request of a call, or the result that rejects it."""
     env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
-           "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+           "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+           # matplotlib (the datascience image): no display, and its config and font cache
+           # in the writable /tmp, not in the workspace or the read-only root
+           "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
     base = {"id": invocation.id, "env": env, "cwd": "/workspace",
             "output_bytes": limits.output_bytes}
     if invocation.kind is ToolKind.command:
