@@ -254,7 +254,8 @@ def test_planted_state_never_reaches_another_session(daemon: Daemon) -> None:
         "        time.sleep(0.01)\n"
         "threading.Thread(target=noise, daemon=True).start()", attacker)
     assert res["status"] == "ok", res
-    res = daemon.py("import builtins, json, os\n"
+    res = daemon.py("import builtins, json, os, time\n"
+                    "time.sleep(0.3)\n"  # the thread gets to print during this call
                     "[builtins.len([1]), json.dumps(1), os.getcwd(), os.environ['PLANTED']]",
                     attacker)
     assert res["value"] == [999, "pwned", "/pwned", "1"], res  # its own state persists
