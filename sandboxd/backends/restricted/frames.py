@@ -12,7 +12,10 @@ written by an attacker. So (see :mod:`sandboxd.wire` for the frame format):
 * the report must be a JSON object with exactly the known members, of the known types.
 
 Anything else is a protocol violation: the reader stops at once and records why
-(``violation``); the backend kills the worker and fails that call only.
+(``violation``); the backend kills the worker and fails that call only. A session kernel's
+call (``until_report``) ends at its report: anything after it in the same read is a
+violation too, and so is anything the kernel writes between calls (the next call's reader
+must then start with a whole frame of that call).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class FrameReader:
     """Reads one worker's frames from its socket (non-blocking, via ``add_reader``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, until_report: bool = False) -> None:
         self.loop = loop
         self.fd = fd
         self.cap = cap
@@ -96,6 +99,8 @@ class FrameReader:
         self.overflow = False
         self.violation: str | None = None
         self.eof = False
+        # a session kernel's call ends with its report, not with EOF (the worker stays)
+        self.until_report = until_report
         self.done = asyncio.Event()
         os.set_blocking(fd, False)
         loop.add_reader(fd, self._on_readable)
@@ -120,7 +125,11 @@ class FrameReader:
                     break
         except ProtocolError as exc:
             self.violation = str(exc)
-        if self.overflow or self.violation is not None:
+        if self.until_report and self.report is not None and self.violation is None:
+            if self.decoder.buffered:  # the start of a frame after the report
+                self.violation = "bytes after the final report"
+            self._stop()
+        elif self.overflow or self.violation is not None:
             self._stop()
 
     def _take(self, kind: bytes, payload: bytes) -> None:
