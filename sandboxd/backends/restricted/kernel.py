@@ -210,9 +210,12 @@ class KernelPool:
                 k.cpu_s = used
                 lost = False
             else:
-                standby.kill_worker(z, worker)
+                if report is None or reason is not None or crashed is not None or k.ended:
+                    standby.kill_worker(z, worker)
+                # else it reported a limit it caught itself (memory, output) and exits by
+                # itself, as a one-shot worker does: its exit report is then the genuine one
                 exit_info = await health.exit_report(z, worker)
-                if exit_info is None:  # the zygote hangs: reap the kernel ourselves
+                if exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
                     exit_info = await health.reap_ourselves(worker, layout)
         except asyncio.CancelledError:
             info = await asyncio.shield(self._finish(inv.session, k))
