@@ -11,14 +11,16 @@ kernel does reaches the zygote or another kernel.
 
 * **Order:** one call at a time per session, in order (a lock per session).
 * **Limits:** memory and pids are the session's - the kernel's cgroup and RLIMIT_AS, set by
-  its first call, hold for its whole life. Wall time is per call: the daemon kills the
-  kernel at the call's deadline. CPU time is per call too, through RLIMIT_CPU, whose hard
-  limit a kernel starts without: before each later call, trusted worker code moves the
-  kernel's soft limit to the CPU it has used so far plus the call's allowance, and the daemon
-  sets soft and hard (one second above) from outside with ``prlimit`` when it may
-  (CAP_SYS_RESOURCE, or the same uid). Where it may not, a kernel that escaped the language
-  layer could raise its own soft limit - and is still killed at the call's wall deadline,
-  which the CPU allowance never exceeds (one thread: CPU time <= wall time).
+  its first call, hold for its whole life (the results of later calls show these limits).
+  Wall time is per call: the daemon kills the kernel at the call's deadline. CPU time is
+  per call too, through RLIMIT_CPU, whose hard limit a kernel starts without: before each
+  later call, trusted worker code moves the kernel's soft limit to the CPU it has used so far
+  plus the call's allowance, and the daemon sets soft and hard (one second above: SIGKILL)
+  from outside with ``prlimit`` when it may (CAP_SYS_RESOURCE, or the same uid). Where it may
+  not, the soft limit alone holds (SIGXCPU; ignored by a kernel that is PID 1 of its own
+  namespace, and a kernel that escaped the language layer could raise it): the call's wall
+  deadline still ends it - the allowance (the timeout plus a second) never falls short of
+  it, a single-threaded kernel's CPU time being at most its wall time.
   ``resources.cpu_ms`` is the call's share (``/proc/<pid>/stat``), ``peak_memory_bytes`` the
   kernel cgroup's peak.
 * **Loss:** a call that does not end ``ok``/``error`` with a valid report - a deadline, a
