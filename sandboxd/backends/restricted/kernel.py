@@ -206,7 +206,7 @@ class KernelPool:
             if (reason is None and crashed is None and report is not None
                     and report.get("outcome") in KERNEL_SURVIVES and not k.ended):
                 used = cpu_seconds_used(worker.pid)
-                peak = layout.stats(worker.cgroup)[0] if layout.version else 0
+                peak = layout.peak_memory(worker.cgroup) if layout.version else 0
                 exit_info = {"cpu_ms": int((used - (0 if fresh else k.cpu_s)) * 1000),
                              "peak_memory": peak}
                 k.cpu_s = used
