@@ -196,3 +196,42 @@ def test_deleting_the_session_ends_its_kernel(clients: Clients) -> None:
     assert res["value"] == "bystander" and res["kernel"]["fresh"] is False, res
     clients.alice.delete(f"/v1/sessions/{bystander}")
     wait_gone(other.pid, [], "the bystander's kernel")
+
+
+def test_100_sessions_leave_no_kernel_cgroup_or_descriptor(clients: Clients) -> None:
+    """100 sessions created, used (a kernel each, some lost to a timeout) and deleted: no
+    kernel process, no kernel cgroup, no descriptor of the daemon left behind."""
+    daemon = psutil.Process(clients.daemon.proc.pid)
+    workspaces = clients.daemon.state_dir / "workspaces"
+    sid = new_session(clients.alice)  # warm: the daemon's own descriptors are all open
+    py(clients.alice, "1", sid)
+    clients.alice.delete(f"/v1/sessions/{sid}")
+    fds_before = daemon.num_fds()
+    seen: list[tuple[int, list[Path]]] = []
+    for i in range(100):
+        sid = new_session(clients.alice)
+        res = py(clients.alice, "x = 1", sid)
+        assert res["kernel"]["fresh"], res
+        if i % 25 == 0:  # a few lose their kernel first
+            lost = py(clients.alice, "while True:\n    pass", sid, timeout_s=0.5)
+            assert lost["kernel"]["lost"], lost
+            py(clients.alice, "x = 2", sid)
+        if i % 10 == 0:
+            proc = kernel_process(workspaces / sid)
+            seen.append((proc.pid, cgroup_dirs(proc.pid)))
+        assert clients.alice.delete(f"/v1/sessions/{sid}").status_code == 204
+    for pid, dirs in seen:
+        wait_gone(pid, dirs, "a deleted session's kernel")
+    deadline = time.monotonic() + 15
+    while True:
+        kernels = []
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if Path(proc.cwd()).is_relative_to(workspaces):
+                    kernels.append(proc.pid)
+        fds = daemon.num_fds()
+        if not kernels and fds <= fds_before + 4:
+            break
+        assert time.monotonic() < deadline, f"left behind: kernels {kernels}, fds {fds_before}"\
+                                            f" -> {fds}"
+        time.sleep(0.1)

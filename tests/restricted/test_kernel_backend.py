@@ -6,9 +6,11 @@ The HTTP side is in :mod:`tests.restricted.test_kernel`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandboxd.backends.base import CancelledAfterCleanup
@@ -140,3 +142,38 @@ def test_close_ends_every_kernel(tmp_path: Path) -> None:
     for p in procs:
         wait_gone(p.pid, dirs, "kernels after close")
     assert h.backend.kernel_sessions() == set()
+
+
+def test_closing_a_session_refuses_its_queued_calls(harness: BackendHarness) -> None:
+    """A call still queued behind the session's close must not start a new kernel."""
+    ws = harness.workspace()
+    run_in(harness, "closing", ws, "a = 1")
+
+    async def scenario() -> tuple[Result, Result]:
+        busy = asyncio.ensure_future(submit(harness, "closing", ws, "while True:\n    pass", 60))
+        await asyncio.sleep(0.3)
+        queued = asyncio.ensure_future(submit(harness, "closing", ws, "b = 2"))
+        await asyncio.sleep(0.1)
+        await harness.backend.close_session("closing")
+        return await busy, await queued
+
+    busy, queued = harness.call(scenario())
+    assert busy.kernel is not None and busy.kernel.lost, busy
+    assert busy.kernel.reason == "the session was closed", busy
+    assert queued.status == "error" and queued.message == "the session was closed", queued
+    assert "closing" not in harness.backend.kernel_sessions()
+    assert "closing" not in harness.backend.kernels.kernels
+    deadline = time.monotonic() + 10
+    while processes_in(ws):
+        assert time.monotonic() < deadline, "a kernel of the closed session is alive"
+        time.sleep(0.05)
+
+
+def processes_in(workspace: Path) -> list[int]:
+    """Live processes working in ``workspace``."""
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if Path(proc.cwd()) == workspace and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+    return out

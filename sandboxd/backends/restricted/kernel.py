@@ -40,6 +40,7 @@ as for one-shot calls.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -68,6 +69,8 @@ log = logging.getLogger("sandboxd.restricted")
 _TICKS = os.sysconf("SC_CLK_TCK")
 #: ``cleanup.detail`` of a call after which its session's kernel lives on, on purpose
 KEPT = "the session's kernel was kept for its next call"
+#: how many closed sessions are remembered (a call queued behind a close waits seconds at most)
+CLOSED_MEMORY = 4096
 
 
 def cpu_seconds_used(pid: int) -> float:
@@ -112,6 +115,8 @@ class KernelPool:
         self.backend = backend
         self.kernels: dict[str, SessionKernel] = {}
         self.locks: dict[str, asyncio.Lock] = {}
+        #: sessions closed lately (calls of theirs still queued must not start a kernel)
+        self.closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: whether the daemon may set a kernel's CPU limits from outside (see the docs)
         self.outside_cpu_limit = True
 
@@ -125,6 +130,12 @@ class KernelPool:
         assert sid is not None
         lock = self.locks.setdefault(sid, asyncio.Lock())
         async with lock:
+            if sid in self.closed:
+                result = outcome.result(inv, limits, Status.error, Reason.exited,
+                                        cleanup=Cleanup(verified=True),
+                                        message="the session was closed")
+                result.kernel = Kernel(lost=True, reason="the session was closed")
+                return result
             k = self.kernels.get(sid)
             if k is not None and (not k.alive or k.workspace != str(inv.workspace)
                                   or k.uid != inv.uid):
@@ -265,20 +276,24 @@ class KernelPool:
 
     async def end(self, sid: str, why: str = "restarted", *, forget: bool = False) -> bool:
         """End the session's kernel; a call in flight on it is killed and ends ``lost`` with
-        ``why`` (its own cleanup runs). ``forget``: also drop the session's lock (the session
-        is gone). True when a live kernel was ended."""
+        ``why`` (its own cleanup runs). ``forget``: the session is gone - calls of it still
+        queued are refused, and any kernel is ended once they are done. True when a live
+        kernel was ended."""
+        if forget:
+            self.closed[sid] = None
+            while len(self.closed) > CLOSED_MEMORY:
+                self.closed.popitem(last=False)
         k = self.kernels.get(sid)
-        if k is None:
-            if forget:
-                self.locks.pop(sid, None)
-            return False
-        was_alive = k.alive
-        k.ended = k.ended or why
-        standby.kill_worker(k.zygote, k.worker)  # at once: an in-flight call sees EOF
+        was_alive = k is not None and k.alive
+        if k is not None:
+            k.ended = k.ended or why
+            standby.kill_worker(k.zygote, k.worker)  # at once: an in-flight call sees EOF
         lock = self.locks.setdefault(sid, asyncio.Lock())
         async with lock:
-            if self.kernels.get(sid) is k:
-                await self._stop(sid, k, why)
+            current = self.kernels.get(sid)
+            # a restart ends the kernel it found, not one a queued call has started since
+            if current is not None and (forget or current is k):
+                await self._stop(sid, current, why)
         if forget and not lock.locked():
             self.locks.pop(sid, None)
         return was_alive
