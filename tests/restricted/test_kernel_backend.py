@@ -177,3 +177,23 @@ def processes_in(workspace: Path) -> list[int]:
             if Path(proc.cwd()) == workspace and proc.status() != psutil.STATUS_ZOMBIE:
                 out.append(proc.pid)
     return out
+
+
+def test_a_dead_zygote_takes_its_kernels_and_the_next_call_is_fresh(tmp_path: Path) -> None:
+    h = BackendHarness(tmp_path, "kzyg")
+    try:
+        ws = h.workspace()
+        assert run_in(h, "z", ws, "a = 1\nopen('f', 'w').write('kept')").status == "ok"
+        kernel = kernel_process(ws)
+        dirs = cgroup_dirs(kernel.pid)
+        zygote = h.backend.zygote
+        assert zygote is not None
+        zygote.kill()
+        wait_gone(kernel.pid, [], "a kernel of a dead zygote")  # its parent-death signal
+        res = run_in(h, "z", ws, "open('f').read()")
+        assert res.status == "ok" and res.value == "kept", res
+        assert res.kernel is not None and res.kernel.fresh, res
+        assert h.backend.zygote is not zygote
+        wait_gone(kernel.pid, dirs, "the dead kernel's cgroup")
+    finally:
+        h.close()

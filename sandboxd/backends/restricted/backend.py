@@ -21,9 +21,14 @@ RLIMIT_AS) or ``output_limit``; a worker without a report was killed: by us at t
 (``exited`` with the signal, status ``error``). ``resources.wall_ms`` is measured here,
 ``cpu_ms`` comes from ``wait4`` and ``peak_memory_bytes`` from the cgroup (else max RSS).
 
+A ``python`` call that names a session runs instead in that session's kernel: a standby
+worker kept alive for the session, its namespace persisting between calls (:mod:`.kernel`:
+per-call wall and CPU limits, the session's memory and pids, lost on any limit or crash).
+
 The pieces: :mod:`.zygote_client` (the zygote's process and sockets, standby workers handed
-over), :mod:`.standby` (one call on a standby worker), :mod:`.outcome` (the Result and the
-cleanup proof), :mod:`.probe` (the readiness self-test); this class sequences them.
+over), :mod:`.standby` (one call on a standby worker), :mod:`.kernel` (session kernels),
+:mod:`.outcome` (the Result and the cleanup proof), :mod:`.probe` (the readiness self-test);
+this class sequences them.
 """
 
 from __future__ import annotations

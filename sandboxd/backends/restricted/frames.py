@@ -14,8 +14,9 @@ written by an attacker. So (see :mod:`sandboxd.wire` for the frame format):
 Anything else is a protocol violation: the reader stops at once and records why
 (``violation``); the backend kills the worker and fails that call only. A session kernel's
 call (``until_report``) ends at its report: anything after it in the same read is a
-violation too, and so is anything the kernel writes between calls (the next call's reader
-must then start with a whole frame of that call).
+violation too. What a kernel writes between calls is read by the next call's reader, under
+the same bounds: garbage is a violation there, and well-formed frames can only pose as that
+call's output - of the same session, whose kernel wrote them.
 """
 
 from __future__ import annotations
