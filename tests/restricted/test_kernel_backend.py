@@ -197,3 +197,26 @@ def test_a_dead_zygote_takes_its_kernels_and_the_next_call_is_fresh(tmp_path: Pa
         wait_gone(kernel.pid, dirs, "the dead kernel's cgroup")
     finally:
         h.close()
+
+
+def test_a_call_whose_time_ran_out_in_the_queue_leaves_the_kernel(
+        harness: BackendHarness) -> None:
+    ws = harness.workspace()
+    run_in(harness, "queue", ws, "kept = 'yes'")
+
+    async def scenario() -> tuple[Result, Result]:
+        slow = asyncio.ensure_future(submit(
+            harness, "queue", ws, "for i in range(3000000):\n    pass", 30))
+        await asyncio.sleep(0.05)
+        starved = asyncio.ensure_future(submit(harness, "queue", ws, "kept", 0.1))
+        return await slow, await starved
+
+    slow, starved = harness.call(scenario())
+    assert slow.status == "ok", slow
+    if starved.status == "ok":  # the slow call was quicker than 0.1 s on this host
+        assert starved.value == "yes"
+    else:
+        assert starved.termination.reason.value == "wall_timeout", starved
+        assert starved.kernel is not None and not starved.kernel.lost, starved
+    res = run_in(harness, "queue", ws, "kept")
+    assert res.value == "yes" and not res.kernel.fresh, res  # type: ignore[union-attr]

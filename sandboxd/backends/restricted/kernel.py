@@ -141,6 +141,14 @@ class KernelPool:
                                   or k.uid != inv.uid):
                 await self._stop(sid, k, "replaced")  # died between calls (its zygote died)
                 k = None
+            if time.monotonic() >= deadline:  # it waited for the session's previous calls
+                result = outcome.result(
+                    inv, limits, Status.timeout, Reason.wall_timeout,
+                    cleanup=Cleanup(verified=True),
+                    message="the call's time ran out while it waited for the session's "
+                            "previous call; it did not run (the session's state is kept)")
+                result.kernel = Kernel(calls=k.calls if k is not None else 0)
+                return result
             msg = standby.request(inv, limits, deadline, code)
             msg["kernel"] = True
             if k is None:
@@ -231,6 +239,7 @@ class KernelPool:
                 if exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
                     exit_info = await health.reap_ourselves(worker, layout)
         except asyncio.CancelledError:
+            reader.close()  # before its socket is closed
             info = await asyncio.shield(self._finish(inv.session, k))
             verified, detail = outcome.verify_gone(worker.pid, worker.cgroup, info, z.pid)
             raise CancelledAfterCleanup(verified, detail or "kernel killed and reaped") from None
