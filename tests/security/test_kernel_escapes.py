@@ -302,3 +302,27 @@ def test_garbage_on_the_result_channel_loses_only_that_kernel(bypass: RunningDae
     fresh = call(bypass, "1 + 1", attacker)
     assert fresh["value"] == 2 and fresh["kernel"]["fresh"] is True, fresh
     assert call(bypass, "y", victim)["value"] == "victim"
+
+
+CPU_LIMIT_IN_KERNEL = """
+lang = os.sys.modules["sandboxd.backends.restricted.lang"]
+used = resource.getrusage(resource.RUSAGE_SELF)
+_soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+resource.setrlimit(resource.RLIMIT_CPU, (int(used.ru_utime + used.ru_stime) + 2, hard))
+report = lang.run_user_code("while True:\\n    try:\\n        pass\\n    except BaseException:\\n"
+                            "        pass", imports_allow=[], imports_deny=[], workspace="/",
+                            output_bytes=1000, max_file_bytes=1000, emit=lambda k, d: None,
+                            namespace={})
+result = [report["outcome"], os.getpid()]
+"""
+
+
+def test_a_kernels_soft_cpu_limit_ends_restricted_code(bypass: RunningDaemon) -> None:
+    """The soft RLIMIT_CPU a kernel moves per call does end restricted code - also in a
+    kernel that is PID 1 of its namespace (SIGXCPU's default action is ignored there) and
+    through ``except BaseException`` (the limit is uncatchable). The bypass only lowers the
+    limit to a second from now, to reach it before the wall deadline."""
+    sid = session(bypass)
+    res = call(bypass, MARK + CPU_LIMIT_IN_KERNEL, sid, timeout_s=30)
+    assert res["status"] == "ok", res
+    assert res["value"][0] == "cpu_limit", res

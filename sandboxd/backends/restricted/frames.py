@@ -32,7 +32,8 @@ from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
 MAX_MESSAGE = 4096
-OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "setup_error"})
+OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "cpu_limit",
+                      "setup_error"})
 #: how often a worker may flush each stream by itself (OutputStream.FLUSH_SECONDS = 0.02)
 FLUSHES_PER_SECOND = 50
 

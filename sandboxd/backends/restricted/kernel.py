@@ -16,11 +16,13 @@ kernel does reaches the zygote or another kernel.
   per call too, through RLIMIT_CPU, whose hard limit a kernel starts without: before each
   later call, trusted worker code moves the kernel's soft limit to the CPU it has used so far
   plus the call's allowance, and the daemon sets soft and hard (one second above: SIGKILL)
-  from outside with ``prlimit`` when it may (CAP_SYS_RESOURCE, or the same uid). Where it may
-  not, the soft limit alone holds (SIGXCPU; ignored by a kernel that is PID 1 of its own
-  namespace, and a kernel that escaped the language layer could raise it): the call's wall
-  deadline still ends it - the allowance (the timeout plus a second) never falls short of
-  it, a single-threaded kernel's CPU time being at most its wall time.
+  from outside with ``prlimit`` when it may (CAP_SYS_RESOURCE, or the same uid; the systemd
+  unit does not grant it). Where it may not, the soft limit alone holds: its SIGXCPU ends
+  the call with ``cpu_limit`` through a handler (a kernel that is PID 1 of its namespace
+  would ignore the default action); a kernel that escaped the language layer could raise
+  its own soft limit, and the call's wall deadline still ends it - the allowance (the
+  timeout plus a second) never falls short of it, a single-threaded kernel's CPU time being
+  at most its wall time.
   ``resources.cpu_ms`` is the call's share (``/proc/<pid>/stat``), ``peak_memory_bytes`` the
   kernel cgroup's peak.
 * **Loss:** a call that does not end ``ok``/``error`` with a valid report - a deadline, a

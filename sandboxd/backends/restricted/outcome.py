@@ -103,6 +103,8 @@ def build_result(
         outcome = report.get("outcome")
         if outcome == "memory_limit":
             reason = Reason.memory_limit
+        elif outcome == "cpu_limit":  # a kernel's SIGXCPU handler (see worker.cpu_exceeded)
+            reason = Reason.cpu_limit
         elif outcome == "output_limit":
             reason = Reason.output_limit
             if not truncated.stdout:  # the cap cut the worker's own stderr (a traceback)

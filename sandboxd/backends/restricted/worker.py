@@ -177,6 +177,8 @@ def run_worker(
     workspace = "/" if spec.chroot else spec.workspace
     # a session kernel keeps its namespace between calls
     namespace: dict[str, Any] | None = {} if msg.get("kernel") and not msg.get("probe") else None
+    if namespace is not None:
+        signal.signal(signal.SIGXCPU, cpu_exceeded)
     while True:
         if msg.get("probe"):
             report = self_test(msg)
@@ -206,6 +208,16 @@ def run_worker(
         if not isinstance(msg, dict) or not isinstance(msg.get("code"), str):
             return 0
         move_cpu_limit(int(msg.get("cpu_call", 1)))
+
+
+def cpu_exceeded(*_: Any) -> None:
+    """SIGXCPU in a kernel (its soft RLIMIT_CPU, moved per call): end the call with
+    ``cpu_limit``, uncatchable by user code. A kernel without the daemon's outside hard limit
+    needs this handler: as PID 1 of its namespace it ignores a SIGXCPU left at its default."""
+    from sandboxd.backends.restricted.lang.state import STATE, LimitExceeded
+
+    STATE.limit_hit = LimitExceeded("cpu_limit", "the call used up its CPU time")
+    raise STATE.limit_hit
 
 
 def move_cpu_limit(allowance: int) -> None:
