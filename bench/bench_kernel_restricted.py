@@ -8,6 +8,7 @@ then measures
   calls/s per run;
 * for comparison, the sequential p50 of the same code as a one-shot call (a fresh worker);
 * the CPU time per call of the daemon and of the kernel (robust on a loaded host);
+* the same call straight on the backend, in process (no HTTP, no service layer): p50 / p95;
 and prints the median over repeated runs. Goal on a 2-core machine: kernel p50 <= 3 ms (no
 fork per call).
 
@@ -113,6 +114,36 @@ def one_shot(url: str, calls: int) -> float:
     return percentile(times, 0.50) * 1000
 
 
+def backend_only(calls: int) -> tuple[float, float]:
+    """p50 and p95 (ms) of the same call straight on a :class:`RestrictedBackend` in this
+    process (no HTTP, no service layer): what the kernel path itself costs."""
+    from sandboxd.models import Limits
+    from tests.restricted.conftest import BackendHarness
+
+    with tempfile.TemporaryDirectory(prefix="sandboxd-bench-") as tmp:
+        os.chmod(tmp, 0o755)
+        h = BackendHarness(Path(tmp), "kbench")
+        try:
+            ws = h.workspace()
+
+            def run(code: str) -> tuple[float, str]:
+                inv = h.invocation(code, ws).model_copy(update={"session": "bench"})
+                t0 = time.perf_counter()
+                res = h.call(h.backend.run(inv, Limits(timeout_s=20), time.monotonic() + 20))
+                return time.perf_counter() - t0, res.stdout
+
+            run("x = 0")
+            times = []
+            for i in range(calls):
+                elapsed, out = run(STEP)
+                if out != f"{i + 1}\n":
+                    raise RuntimeError(f"unexpected output {out!r}")
+                times.append(elapsed)
+        finally:
+            h.close()
+    return percentile(times, 0.50) * 1000, percentile(times, 0.95) * 1000
+
+
 def concurrent(url: str, calls: int, clients: int = 4) -> float:
     per_client = calls // clients
     errors: list[BaseException] = []
@@ -185,7 +216,11 @@ def main() -> None:
               f"{statistics.median(shots):.2f} ms")
         print(f"median CPU per kernel call: daemon {statistics.median(dcpu):.2f} ms, "
               f"kernel {statistics.median(kcpu):.2f} ms")
-        print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    backend = [backend_only(args.calls) for _ in range(args.runs)]
+    print(f"median kernel call p50 / p95 on the backend itself (no HTTP): "
+          f"{statistics.median(b[0] for b in backend):.2f} / "
+          f"{statistics.median(b[1] for b in backend):.2f} ms")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":
