@@ -254,7 +254,8 @@ class KernelPool:
         if lost and k.ended and crashed is None and reason is None:
             crashed = f"the kernel was ended ({k.ended})"
         result = outcome.build_result(inv, limits, msg, reader, reason, exit_info, worker,
-                                      crashed, started_at, z.pid)
+                                      crashed, started_at, z.pid,
+                                      None if lost else Cleanup(verified=True, detail=KEPT))
         if lost:
             await self._finish(inv.session, k, exit_info)
             why = result.termination.reason
@@ -262,7 +263,6 @@ class KernelPool:
                                    reason=k.ended or ("crashed" if why is Reason.exited
                                                       else why.value))
         else:
-            result.cleanup = Cleanup(verified=True, detail=KEPT)
             result.kernel = Kernel(fresh=fresh, calls=k.calls)
         return result
 
