@@ -21,9 +21,14 @@ RLIMIT_AS) or ``output_limit``; a worker without a report was killed: by us at t
 (``exited`` with the signal, status ``error``). ``resources.wall_ms`` is measured here,
 ``cpu_ms`` comes from ``wait4`` and ``peak_memory_bytes`` from the cgroup (else max RSS).
 
+A ``python`` call that names a session runs instead in that session's kernel: a standby
+worker kept alive for the session, its namespace persisting between calls (:mod:`.kernel`:
+per-call wall and CPU limits, the session's memory and pids, lost on any limit or crash).
+
 The pieces: :mod:`.zygote_client` (the zygote's process and sockets, standby workers handed
-over), :mod:`.standby` (one call on a standby worker), :mod:`.outcome` (the Result and the
-cleanup proof), :mod:`.probe` (the readiness self-test); this class sequences them.
+over), :mod:`.standby` (one call on a standby worker), :mod:`.kernel` (session kernels),
+:mod:`.outcome` (the Result and the cleanup proof), :mod:`.probe` (the readiness self-test);
+this class sequences them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from sandboxd import fstree
 from sandboxd.backends.restricted import health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
+from sandboxd.backends.restricted.kernel import KernelPool
 from sandboxd.backends.restricted.probe import PROBE_PREFIX, run_probe
 from sandboxd.backends.restricted.zygote_client import (
     StandbyWorker,
@@ -83,6 +89,7 @@ class RestrictedBackend:
         self.restarts = 0
         self._health: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        self.kernels = KernelPool(self)  # session kernels (issue 14, see .kernel)
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> RestrictedBackend:
@@ -136,8 +143,10 @@ class RestrictedBackend:
         return self.root and self.no_namespaces is None
 
     async def close(self) -> None:
-        """Stop the zygote (it kills its workers) and remove our cgroups."""
+        """End the session kernels, stop the zygote (it kills its workers) and remove our
+        cgroups."""
         self._closed = True
+        await self.kernels.close()
         for task in [self._health, *self._retiring]:
             if task is not None:
                 task.cancel()
@@ -157,14 +166,16 @@ class RestrictedBackend:
         return True, None
 
     async def close_session(self, session_id: str) -> None:
-        """Nothing is kept per session (every call is a fresh worker)."""
+        """End the session's kernel, if it has one (verified gone)."""
+        await self.kernels.end(session_id, "the session was closed", forget=True)
 
     def kernel_sessions(self) -> set[str]:
-        return set()
+        """Sessions with a live kernel."""
+        return self.kernels.live()
 
     async def restart_kernel(self, session_id: str) -> bool:
-        """No session kernels yet (issue 14)."""
-        return False
+        """End the session's kernel; its next call starts a fresh one."""
+        return await self.kernels.end(session_id, "restarted")
 
     @property
     def zygote(self) -> ZygoteHandle | None:
@@ -258,7 +269,8 @@ class RestrictedBackend:
     # ------------------------------------------------------------ calls
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
-        """Run one python invocation in a fresh confined worker."""
+        """Run one python invocation: in its session's kernel when it names a session
+        (:mod:`.kernel`), else in a fresh confined worker."""
         if invocation.kind is not ToolKind.python:
             return outcome.result(
                 invocation,
@@ -279,6 +291,12 @@ class RestrictedBackend:
                 cleanup=Cleanup(verified=True),
                 message="argument 'code' must be a string",
             )
+        if invocation.session is not None:
+            if self._start_lock is None or not self.config.enabled:
+                return outcome.result(invocation, limits, Status.error, Reason.exited,
+                                      cleanup=Cleanup(verified=True),
+                                      message=f"sandbox unavailable: {self._unavailable}")
+            return await self.kernels.run(invocation, limits, deadline, code)
         msg = standby.request(invocation, limits, deadline, code)
         result, _report = await self.execute(invocation, limits, deadline, msg)
         return result
@@ -299,7 +317,7 @@ class RestrictedBackend:
                 message=f"sandbox unavailable: {self._unavailable}",
             ), None
         try:
-            z, worker = await self._take(deadline)
+            z, worker = await self.take_worker(deadline)
         except (ZygoteDied, TimeoutError) as exc:
             status, reason = (
                 (Status.timeout, Reason.wall_timeout)
@@ -332,7 +350,7 @@ class RestrictedBackend:
             report["exit_info"] = ex.exit_info
         return result, report
 
-    async def _take(self, deadline: float) -> tuple[ZygoteHandle, StandbyWorker]:
+    async def take_worker(self, deadline: float) -> tuple[ZygoteHandle, StandbyWorker]:
         """A standby worker by ``deadline`` (``TimeoutError``), from a new zygote when the
         current one dies or is replaced meanwhile."""
         while True:

@@ -176,6 +176,15 @@ class CgroupLayout:
         empty = all(not _read_or_empty(f"{d}/cgroup.procs").strip() for d in self._dirs(call_id))
         return peak, oom, empty
 
+    def peak_memory(self, call_id: str) -> int:
+        """Peak memory bytes of a live call's cgroup so far (0 when unknown): one read."""
+        path = (f"{self.bases['memory']}/{call_id}/memory.max_usage_in_bytes"
+                if self.version == 1 else f"{self.bases['']}/{call_id}/memory.peak")
+        try:
+            return int(read_small(path))
+        except (OSError, ValueError, KeyError):
+            return 0
+
     def _dirs(self, call_id: str) -> list[str]:
         """The call's cgroup directories as plain strings (see the module docstring)."""
         return [f"{base}/{call_id}" for base in self.bases.values()]

@@ -58,6 +58,8 @@ class ChildSpec:
     #: read end of the zygote's lifeline (see :mod:`.namespaces`): how a worker that is PID 1
     #: of its namespace (``getppid()`` is 0) knows the zygote is alive; None: check getppid()
     lifeline_fd: int | None = None
+    #: RLIMIT_CPU hard limit (None: one second above the soft one; see ``set_rlimits``)
+    cpu_hard: int | None = None
 
 
 def prepare_worker(
@@ -91,7 +93,8 @@ def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram
         contain.drop_privileges(spec.uid, spec.gid)
     contain.tie_to_zygote(spec.zygote_pid, spec.lifeline_fd)
     contain.set_rlimits(
-        spec.cpu_seconds, spec.baseline_vm, spec.memory_bytes, spec.pids, spec.max_file_bytes
+        spec.cpu_seconds, spec.baseline_vm, spec.memory_bytes, spec.pids, spec.max_file_bytes,
+        spec.cpu_hard,
     )
     os.environ.clear()
     program.load()

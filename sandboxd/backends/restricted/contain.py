@@ -100,12 +100,15 @@ def tie_to_zygote(zygote_pid: int, lifeline_fd: int | None) -> None:
 
 
 def set_rlimits(
-    cpu_seconds: int, baseline_vm: int, memory_bytes: int, pids: int, max_file_bytes: int
+    cpu_seconds: int, baseline_vm: int, memory_bytes: int, pids: int, max_file_bytes: int,
+    cpu_hard: int | None = None,
 ) -> None:
     """CPU seconds, address space, open files, processes, file size; no core dumps; over-size
-    writes fail with EFBIG instead of SIGXFSZ."""
+    writes fail with EFBIG instead of SIGXFSZ. ``cpu_hard``: the CPU hard limit (default one
+    second above the soft one; a session kernel of a non-root daemon keeps it unlimited so
+    that the daemon can move the soft limit for every call, see :mod:`.kernel`)."""
     cpu = max(1, cpu_seconds)
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1 if cpu_hard is None else cpu_hard))
     resource.setrlimit(resource.RLIMIT_AS, (baseline_vm + memory_bytes,) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))

@@ -12,7 +12,11 @@ written by an attacker. So (see :mod:`sandboxd.wire` for the frame format):
 * the report must be a JSON object with exactly the known members, of the known types.
 
 Anything else is a protocol violation: the reader stops at once and records why
-(``violation``); the backend kills the worker and fails that call only.
+(``violation``); the backend kills the worker and fails that call only. A session kernel's
+call (``until_report``) ends at its report: anything after it in the same read is a
+violation too. What a kernel writes between calls is read by the next call's reader, under
+the same bounds: garbage is a violation there, and well-formed frames can only pose as that
+call's output - of the same session, whose kernel wrote them.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
 MAX_MESSAGE = 4096
-OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "setup_error"})
+OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "cpu_limit",
+                      "setup_error"})
 #: how often a worker may flush each stream by itself (OutputStream.FLUSH_SECONDS = 0.02)
 FLUSHES_PER_SECOND = 50
 
@@ -80,7 +85,7 @@ class FrameReader:
     """Reads one worker's frames from its socket (non-blocking, via ``add_reader``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, until_report: bool = False) -> None:
         self.loop = loop
         self.fd = fd
         self.cap = cap
@@ -96,6 +101,8 @@ class FrameReader:
         self.overflow = False
         self.violation: str | None = None
         self.eof = False
+        # a session kernel's call ends with its report, not with EOF (the worker stays)
+        self.until_report = until_report
         self.done = asyncio.Event()
         os.set_blocking(fd, False)
         loop.add_reader(fd, self._on_readable)
@@ -120,7 +127,11 @@ class FrameReader:
                     break
         except ProtocolError as exc:
             self.violation = str(exc)
-        if self.overflow or self.violation is not None:
+        if self.until_report and self.report is not None and self.violation is None:
+            if self.decoder.buffered:  # the start of a frame after the report
+                self.violation = "bytes after the final report"
+            self._stop()
+        elif self.overflow or self.violation is not None:
             self._stop()
 
     def _take(self, kind: bytes, payload: bytes) -> None:

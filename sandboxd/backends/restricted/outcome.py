@@ -48,9 +48,12 @@ def build_result(
     crashed: str | None,
     started_at: float,
     zygote_pid: int,
+    cleanup: Cleanup | None = None,
 ) -> Result:
     """The call's :class:`Result` from the worker's report (if any), its exit report from the
-    zygote and what the daemon saw (deadline, overflow, protocol violation, crash)."""
+    zygote and what the daemon saw (deadline, overflow, protocol violation, crash).
+    ``cleanup``: the proof when the caller has it (a session kernel kept alive on purpose),
+    else it is established here (:func:`verify_gone`)."""
     cap = limits.output_bytes
     budget = OutputBudget(cap)  # stdout and stderr together (sandboxd.rules)
     out = bytes(reader.stdout[: budget.take(len(reader.stdout))])
@@ -69,8 +72,9 @@ def build_result(
         cpu_ms=int(info.get("cpu_ms", 0)),
         peak_memory_bytes=int(info.get("peak_memory") or info.get("maxrss") or 0),
     )
-    verified, detail = verify_gone(call.pid, call.cgroup, info, zygote_pid)
-    cleanup = Cleanup(verified=verified, detail=detail)
+    if cleanup is None:
+        verified, detail = verify_gone(call.pid, call.cgroup, info, zygote_pid)
+        cleanup = Cleanup(verified=verified, detail=detail)
     exit_code: int | None = info.get("exit_code")
     sig: int | None = info.get("signal")
     value: Any = None
@@ -103,6 +107,8 @@ def build_result(
         outcome = report.get("outcome")
         if outcome == "memory_limit":
             reason = Reason.memory_limit
+        elif outcome == "cpu_limit":  # a kernel's SIGXCPU handler (see worker.cpu_exceeded)
+            reason = Reason.cpu_limit
         elif outcome == "output_limit":
             reason = Reason.output_limit
             if not truncated.stdout:  # the cap cut the worker's own stderr (a traceback)

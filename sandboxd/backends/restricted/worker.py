@@ -1,7 +1,10 @@
 """A sandbox worker, the zygote's child: it prepares itself before its call (cgroup, limits
 preset), waits for its one request, confines itself (:func:`confine.enter_sandbox`), runs the
 code restricted (:mod:`.lang`) or the readiness self-test (:func:`self_test`), and reports in
-:mod:`sandboxd.wire` frames. :func:`preimport` and :func:`prime` run in the zygote before it
+:mod:`sandboxd.wire` frames. A request with ``"kernel": true`` makes it a session kernel: after
+the report it stays, confined as it is, and runs the session's next requests in the same
+persistent namespace until EOF or a call that does not end ``ok``/``error`` (see
+:mod:`.kernel`). :func:`preimport` and :func:`prime` run in the zygote before it
 forks, so that workers import nothing and start warm.
 """
 
@@ -11,6 +14,7 @@ import _socket
 import errno
 import json
 import os
+import resource
 import signal
 import socket
 import time
@@ -18,6 +22,9 @@ from typing import Any
 
 from sandboxd import wire
 from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
+
+#: the outcomes after which a session kernel keeps running (any limit or failure ends it)
+KERNEL_SURVIVES = frozenset({"ok", "error"})
 
 
 def preimport() -> None:
@@ -151,6 +158,8 @@ def run_worker(
             applied=preset,
             landlock_abi=int(cfg.get("landlock_abi", 0)),
             lifeline_fd=lifeline,
+            # a kernel moves its soft CPU limit for every call (see move_cpu_limit)
+            cpu_hard=resource.RLIM_INFINITY if msg.get("kernel") else None,
         )
         try:
             confine.enter_sandbox(spec, layout, program)
@@ -165,22 +174,62 @@ def run_worker(
     import warnings
 
     warnings.simplefilter("ignore")
-    if msg.get("probe"):
-        report = self_test(msg)
-    else:
-        workspace = "/" if spec.chroot else spec.workspace
-        report = lang.run_user_code(
-            msg["code"],
-            imports_allow=msg.get("allow", []),
-            imports_deny=msg.get("deny", []),
-            workspace=workspace,
-            output_bytes=int(msg["output"]),
-            max_file_bytes=spec.max_file_bytes,
-            emit=emit,
-        )
-    report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
-    emit(b"r", json.dumps(report).encode())
-    return 0
+    workspace = "/" if spec.chroot else spec.workspace
+    # a session kernel keeps its namespace between calls
+    namespace: dict[str, Any] | None = {} if msg.get("kernel") and not msg.get("probe") else None
+    if namespace is not None:
+        signal.signal(signal.SIGXCPU, cpu_exceeded)
+    while True:
+        if msg.get("probe"):
+            report = self_test(msg)
+        else:
+            report = lang.run_user_code(
+                msg["code"],
+                imports_allow=msg.get("allow", []),
+                imports_deny=msg.get("deny", []),
+                workspace=workspace,
+                output_bytes=int(msg["output"]),
+                max_file_bytes=spec.max_file_bytes,
+                emit=emit,
+                namespace=namespace,
+            )
+        report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
+        emit(b"r", json.dumps(report).encode())
+        if namespace is None or report.get("outcome") not in KERNEL_SURVIVES:
+            return 0
+        # a kernel: wait for the session's next call, already confined (same chroot, uid,
+        # seccomp filter, Landlock domain, rlimits and cgroup); the daemon closing the
+        # socket (EOF) ends it. ``read``, not ``recv``: the seccomp filter denies the latter.
+        try:
+            msg = recv_msg(sock, use_read=True)
+        except (EOFError, OSError, ValueError):
+            return 0
+        t_recv = time.perf_counter()
+        if not isinstance(msg, dict) or not isinstance(msg.get("code"), str):
+            return 0
+        move_cpu_limit(int(msg.get("cpu_call", 1)))
+
+
+def cpu_exceeded(*_: Any) -> None:
+    """SIGXCPU in a kernel (its soft RLIMIT_CPU, moved per call): end the call with
+    ``cpu_limit``, uncatchable by user code. A kernel without the daemon's outside hard limit
+    needs this handler: as PID 1 of its namespace it ignores a SIGXCPU left at its default."""
+    from sandboxd.backends.restricted.lang.state import STATE, LimitExceeded
+
+    STATE.limit_hit = LimitExceeded("cpu_limit", "the call used up its CPU time")
+    raise STATE.limit_hit
+
+
+def move_cpu_limit(allowance: int) -> None:
+    """A kernel's next call may use ``allowance`` more CPU seconds: the soft RLIMIT_CPU moves
+    to what this process used so far plus that (within the hard limit, which the daemon may
+    have set: see :mod:`.kernel`)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(ru.ru_utime + ru.ru_stime) + 1 + max(1, allowance)
+    _old, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def self_test(msg: dict[str, Any]) -> dict[str, Any]:

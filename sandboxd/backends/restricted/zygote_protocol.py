@@ -35,10 +35,13 @@ def send_packet(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None 
         sock.send(data)
 
 
-def recv_exact(sock: _socket.socket, n: int) -> bytes:
+def recv_exact(sock: _socket.socket, n: int, use_read: bool = False) -> bytes:
+    """``n`` bytes from a stream socket (``use_read``: with ``read(2)``, for a confined worker
+    whose seccomp filter denies ``recvfrom``)."""
     chunks = []
+    fd = sock.fileno()
     while n:
-        chunk = sock.recv(min(n, 1 << 20))
+        chunk = os.read(fd, min(n, 1 << 20)) if use_read else sock.recv(min(n, 1 << 20))
         if not chunk:
             raise EOFError
         chunks.append(chunk)
@@ -46,11 +49,11 @@ def recv_exact(sock: _socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_msg(sock: _socket.socket) -> dict[str, Any]:
-    """Length-prefixed JSON from a stream socket. Plain ``recv``: descriptors (nobody sends
-    any) would be discarded by the kernel, never installed in this process."""
-    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size))
-    return json.loads(recv_exact(sock, size))
+def recv_msg(sock: _socket.socket, use_read: bool = False) -> dict[str, Any]:
+    """Length-prefixed JSON from a stream socket. Plain ``recv``/``read``: descriptors (nobody
+    sends any) would be discarded by the kernel, never installed in this process."""
+    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size, use_read))
+    return json.loads(recv_exact(sock, size, use_read))
 
 
 def write_all(fd: int, data: bytes) -> None:

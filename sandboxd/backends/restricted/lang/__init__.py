@@ -174,6 +174,23 @@ def encode_value(value: Any, cap: int) -> tuple[Any, str | None]:
     return text, None
 
 
+def refresh_namespace(namespace: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """Put the trusted entries of ``fresh`` (a :func:`make_globals` result) into a kernel's
+    persistent ``namespace``; returns ``namespace``. User code cannot name these entries
+    (underscore names and ``__builtins__`` are refused at compile time); setting them again
+    anyway means nothing a call did to them survives into the next call."""
+    new_builtins = fresh.pop("__builtins__")
+    kept = namespace.get("__builtins__")
+    if isinstance(kept, dict) and type(kept) is dict:
+        kept.clear()
+        kept.update(new_builtins)
+    else:
+        kept = new_builtins
+    namespace.update(fresh)
+    namespace["__builtins__"] = kept
+    return namespace
+
+
 def reset_run_state() -> None:
     """Forget everything a run left behind (the zygote's priming runs, before it forks)."""
     STATE.limit_hit, STATE.memory_hit, STATE.value, STATE.has_value = None, False, None, False
@@ -191,9 +208,15 @@ def run_user_code(
     output_bytes: int,
     max_file_bytes: int,
     emit: Callable[[bytes, bytes], None],
+    namespace: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Compile and run ``source``; stream output through ``emit(kind, data)``; return the final
-    report ``{"outcome", "exit_code", "value", ...}``. Never raises (except on a broken emit)."""
+    report ``{"outcome", "exit_code", "value", ...}``. Never raises (except on a broken emit).
+
+    ``namespace``: a session kernel's persistent globals (empty on its first call). Every
+    trusted entry (guards, print, the builtins) is set again before each call - the builtins
+    dict is updated in place, so that functions defined by earlier calls use this call's
+    import hook, ``open`` and output - and everything else is the user's own state."""
     budget = OutputBudget(output_bytes)  # one cap for stdout and stderr together
     stdout = OutputStream(b"o", emit, budget)
     CurrentStdout.stream = stdout
@@ -218,6 +241,8 @@ def run_user_code(
     g = make_globals(
         ImportHook(imports_allow, imports_deny), WorkspaceOpener(workspace, max_file_bytes), stdout
     )
+    if namespace is not None:
+        g = refresh_namespace(namespace, g)
     old_alarm = signal.signal(signal.SIGALRM, lambda *_: stdout.tick())
     signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
     try:

@@ -1,0 +1,316 @@
+"""Session kernels of the restricted backend (issue 14): persistent Python per session.
+
+A ``python`` call that names a session runs in that session's kernel: a standby worker taken
+from the zygote like any other, confined for the session's first call exactly as a one-shot
+worker (chroot into the session workspace, the session uid, no_new_privs, seccomp, Landlock,
+rlimits, its own cgroup), whose request says ``"kernel": true``. After its report it does not
+exit: it waits, confined as it is, for the session's next request and runs it in the same
+namespace (:func:`.lang.run_user_code` with ``namespace``: compiled restricted, the same
+guards, the trusted globals set again every call). The zygote only forked it: nothing a
+kernel does reaches the zygote or another kernel.
+
+* **Order:** one call at a time per session, in order (a lock per session).
+* **Limits:** memory and pids are the session's - the kernel's cgroup and RLIMIT_AS, set by
+  its first call, hold for its whole life (the results of later calls show these limits).
+  Wall time is per call: the daemon kills the kernel at the call's deadline. CPU time is
+  per call too, through RLIMIT_CPU, whose hard limit a kernel starts without: before each
+  later call, trusted worker code moves the kernel's soft limit to the CPU it has used so far
+  plus the call's allowance, and the daemon sets soft and hard (one second above: SIGKILL)
+  from outside with ``prlimit`` when it may (CAP_SYS_RESOURCE, or the same uid; the systemd
+  unit does not grant it). Where it may not, the soft limit alone holds: its SIGXCPU ends
+  the call with ``cpu_limit`` through a handler (a kernel that is PID 1 of its namespace
+  would ignore the default action); a kernel that escaped the language layer could raise
+  its own soft limit, and the call's wall deadline still ends it - the allowance (the
+  timeout plus a second) never falls short of it, a single-threaded kernel's CPU time being
+  at most its wall time.
+  ``resources.cpu_ms`` is the call's share (``/proc/<pid>/stat``), ``peak_memory_bytes`` the
+  kernel cgroup's peak.
+* **Loss:** a call that does not end ``ok``/``error`` with a valid report - a deadline, a
+  limit (CPU, memory, output), a protocol violation, a crash - ends the kernel: it is killed,
+  its exit report awaited and its cleanup verified (process reaped, cgroup removed) exactly as
+  for a one-shot worker, and the result says ``kernel.lost`` with the termination reason. The
+  next call starts a fresh kernel (``kernel.fresh``, an empty namespace) in the same
+  workspace, whose files are untouched.
+* **End:** :meth:`KernelPool.end` (a restart, the session closed or expired) and
+  :meth:`KernelPool.close` (the backend closes) kill and verify the same way.
+
+Every frame a kernel writes is read by a bounded :class:`.frames.FrameReader` that ends the
+call at the report (``until_report``); the result is built by :func:`.outcome.build_result`
+as for one-shot calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import resource
+import select
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.restricted import health, outcome, standby
+from sandboxd.backends.restricted.frames import FrameReader
+from sandboxd.backends.restricted.worker import KERNEL_SURVIVES
+from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
+from sandboxd.backends.restricted.zygote_protocol import HEADER
+from sandboxd.deadline import within
+from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
+
+if TYPE_CHECKING:
+    from sandboxd.backends.restricted.backend import RestrictedBackend
+
+log = logging.getLogger("sandboxd.restricted")
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+#: ``cleanup.detail`` of a call after which its session's kernel lives on, on purpose
+KEPT = "the session's kernel was kept for its next call"
+#: how many closed sessions are remembered (a call queued behind a close waits seconds at most)
+CLOSED_MEMORY = 4096
+
+
+def cpu_seconds_used(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+@dataclass(eq=False)
+class SessionKernel:
+    """A live kernel: its zygote, worker (socket, pidfd, cgroup) and what it was started for."""
+
+    zygote: ZygoteHandle
+    worker: StandbyWorker
+    workspace: str
+    uid: int | None
+    #: the session's limits: memory, CPU share and pids of its first call (its cgroup)
+    limits: Limits
+    calls: int = 0
+    #: why it is being ended from outside (restart, session closed), for an in-flight call
+    ended: str | None = None
+    cpu_s: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        """The process is running and its zygote is alive (a pidfd is readable once dead)."""
+        if self.ended or not self.zygote.alive or self.worker.exited.done():
+            return False
+        pidfd = self.worker.pidfd
+        if pidfd is None:
+            return True
+        readable, _, _ = select.select([pidfd], [], [], 0)
+        return not readable
+
+
+class KernelPool:
+    """The restricted backend's session kernels."""
+
+    def __init__(self, backend: RestrictedBackend) -> None:
+        self.backend = backend
+        self.kernels: dict[str, SessionKernel] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+        #: sessions closed lately (calls of theirs still queued must not start a kernel)
+        self.closed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: whether the daemon may set a kernel's CPU limits from outside (see the docs)
+        self.outside_cpu_limit = True
+
+    def live(self) -> set[str]:
+        """Sessions whose kernel is alive."""
+        return {sid for sid, k in self.kernels.items() if k.alive}
+
+    async def run(self, inv: Invocation, limits: Limits, deadline: float, code: str) -> Result:
+        """Run ``code`` in the kernel of ``inv.session`` (started when it has none)."""
+        sid = inv.session
+        assert sid is not None
+        lock = self.locks.setdefault(sid, asyncio.Lock())
+        async with lock:
+            if sid in self.closed:
+                result = outcome.result(inv, limits, Status.error, Reason.exited,
+                                        cleanup=Cleanup(verified=True),
+                                        message="the session was closed")
+                result.kernel = Kernel(lost=True, reason="the session was closed")
+                return result
+            k = self.kernels.get(sid)
+            if k is not None and (not k.alive or k.workspace != str(inv.workspace)
+                                  or k.uid != inv.uid):
+                await self._stop(sid, k, "replaced")  # died between calls (its zygote died)
+                k = None
+            if time.monotonic() >= deadline:  # it waited for the session's previous calls
+                result = outcome.result(
+                    inv, limits, Status.timeout, Reason.wall_timeout,
+                    cleanup=Cleanup(verified=True),
+                    message="the call's time ran out while it waited for the session's "
+                            "previous call; it did not run (the session's state is kept)")
+                result.kernel = Kernel(calls=k.calls if k is not None else 0)
+                return result
+            msg = standby.request(inv, limits, deadline, code)
+            msg["kernel"] = True
+            if k is None:
+                return await self._first(inv, limits, deadline, msg)
+            # memory, CPU share and pids are the kernel's (set by its first call)
+            limits = limits.model_copy(update={
+                "memory_bytes": k.limits.memory_bytes, "cpus": k.limits.cpus,
+                "pids": k.limits.pids})
+            return await self._call(k, inv, limits, deadline, msg, fresh=False)
+
+    async def _first(self, inv: Invocation, limits: Limits, deadline: float,
+                     msg: dict[str, Any]) -> Result:
+        started_at = time.monotonic()
+        try:
+            z, worker = await self.backend.take_worker(deadline)
+        except (ZygoteDied, TimeoutError) as exc:
+            status, reason = ((Status.timeout, Reason.wall_timeout)
+                              if isinstance(exc, TimeoutError) else (Status.error, Reason.exited))
+            result = outcome.result(inv, limits, status, reason, cleanup=Cleanup(verified=True),
+                                    message=f"no sandbox worker: {exc}")
+            result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
+            return result
+        z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
+        k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
+        assert inv.session is not None
+        self.kernels[inv.session] = k
+        return await self._call(k, inv, limits, deadline, msg, fresh=True, started_at=started_at)
+
+    def _move_cpu_limit(self, k: SessionKernel, msg: dict[str, Any]) -> None:
+        """This call's CPU allowance on top of what the kernel used so far (see the module
+        docs): the kernel moves its own soft limit (``cpu_call``); the daemon also sets soft
+        and hard from outside when it may (CAP_SYS_RESOURCE, or the same uid).
+        ``msg["cpu_seconds"]`` becomes the absolute limit (for the outcome mapping)."""
+        allowance = int(msg["cpu_seconds"])
+        soft = math.ceil(k.cpu_s) + 1 + allowance
+        msg["cpu_call"] = allowance
+        msg["cpu_seconds"] = soft
+        if self.outside_cpu_limit:
+            try:
+                resource.prlimit(k.worker.pid, resource.RLIMIT_CPU, (soft, soft + 1))
+            except PermissionError:
+                self.outside_cpu_limit = False
+                log.info("restricted: no CAP_SYS_RESOURCE: session kernels keep their CPU "
+                         "limit themselves (the wall-clock deadline bounds every call)")
+
+    async def _call(self, k: SessionKernel, inv: Invocation, limits: Limits, deadline: float,
+                    msg: dict[str, Any], *, fresh: bool,
+                    started_at: float | None = None) -> Result:
+        started_at = time.monotonic() if started_at is None else started_at
+        loop = asyncio.get_running_loop()
+        z, worker, layout = k.zygote, k.worker, self.backend.layout
+        reason: Reason | None = None
+        crashed: str | None = None
+        exit_info: dict[str, Any] | None = None
+        lost = True
+        reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
+                             until_report=True)
+        z.in_use += 1
+        k.calls += 1
+        try:
+            if not fresh:
+                k.cpu_s = cpu_seconds_used(worker.pid)
+                self._move_cpu_limit(k, msg)
+            data = json.dumps(msg).encode()
+            await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
+            finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
+            if not finished:
+                reason = Reason.wall_timeout
+            elif reader.violation is not None:
+                crashed = f"it broke the result protocol ({reader.violation}) and was killed"
+            elif reader.overflow:
+                reason = Reason.output_limit
+            report = reader.report
+            if (reason is None and crashed is None and report is not None
+                    and report.get("outcome") in KERNEL_SURVIVES and not k.ended):
+                used = cpu_seconds_used(worker.pid)
+                peak = layout.peak_memory(worker.cgroup) if layout.version else 0
+                exit_info = {"cpu_ms": int((used - (0 if fresh else k.cpu_s)) * 1000),
+                             "peak_memory": peak}
+                k.cpu_s = used
+                lost = False
+            else:
+                if report is None or reason is not None or crashed is not None or k.ended:
+                    standby.kill_worker(z, worker)
+                # else it reported a limit it caught itself (memory, output) and exits by
+                # itself, as a one-shot worker does: its exit report is then the genuine one
+                exit_info = await health.exit_report(z, worker)
+                if exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
+                    exit_info = await health.reap_ourselves(worker, layout)
+        except asyncio.CancelledError:
+            reader.close()  # before its socket is closed
+            info = await asyncio.shield(self._finish(inv.session, k))
+            verified, detail = outcome.verify_gone(worker.pid, worker.cgroup, info, z.pid)
+            raise CancelledAfterCleanup(verified, detail or "kernel killed and reaped") from None
+        except (ZygoteDied, OSError, TimeoutError, ValueError) as exc:
+            crashed = f"{type(exc).__name__}: {exc}"
+            exit_info = await asyncio.shield(standby.abort(z, worker, layout))
+        finally:
+            z.in_use -= 1
+            reader.close()
+        if lost and k.ended and crashed is None and reason is None:
+            crashed = f"the kernel was ended ({k.ended})"
+        result = outcome.build_result(inv, limits, msg, reader, reason, exit_info, worker,
+                                      crashed, started_at, z.pid,
+                                      None if lost else Cleanup(verified=True, detail=KEPT))
+        if lost:
+            await self._finish(inv.session, k, exit_info)
+            why = result.termination.reason
+            result.kernel = Kernel(fresh=fresh, calls=k.calls, lost=True,
+                                   reason=k.ended or ("crashed" if why is Reason.exited
+                                                      else why.value))
+        else:
+            result.kernel = Kernel(fresh=fresh, calls=k.calls)
+        return result
+
+    async def _finish(self, sid: str | None, k: SessionKernel,
+                      info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Forget ``k`` (killed and reaped already when ``info`` is given, else now)."""
+        if sid is not None and self.kernels.get(sid) is k:
+            del self.kernels[sid]
+        if info is None:
+            info = await standby.abort(k.zygote, k.worker, self.backend.layout)
+        k.worker.close()
+        return info
+
+    async def _stop(self, sid: str, k: SessionKernel, why: str) -> None:
+        """End ``k`` (no call in flight on it) and verify that it is gone (logged if not)."""
+        k.ended = k.ended or why
+        info = await self._finish(sid, k)
+        verified, detail = outcome.verify_gone(k.worker.pid, k.worker.cgroup, info, k.zygote.pid)
+        if not verified:
+            log.warning("restricted: session %s kernel (pid %d) not proven gone: %s",
+                        sid, k.worker.pid, detail)
+
+    async def end(self, sid: str, why: str = "restarted", *, forget: bool = False) -> bool:
+        """End the session's kernel; a call in flight on it is killed and ends ``lost`` with
+        ``why`` (its own cleanup runs). ``forget``: the session is gone - calls of it still
+        queued are refused, and any kernel is ended once they are done. True when a live
+        kernel was ended."""
+        if forget:
+            self.closed[sid] = None
+            while len(self.closed) > CLOSED_MEMORY:
+                self.closed.popitem(last=False)
+        k = self.kernels.get(sid)
+        was_alive = k is not None and k.alive
+        if k is not None:
+            k.ended = k.ended or why
+            standby.kill_worker(k.zygote, k.worker)  # at once: an in-flight call sees EOF
+        lock = self.locks.setdefault(sid, asyncio.Lock())
+        async with lock:
+            current = self.kernels.get(sid)
+            # a restart ends the kernel it found, not one a queued call has started since
+            if current is not None and (forget or current is k):
+                await self._stop(sid, current, why)
+        if forget and not lock.locked():
+            self.locks.pop(sid, None)
+        return was_alive
+
+    async def close(self) -> None:
+        """End every kernel (the backend closes)."""
+        for sid in list(self.kernels):
+            with contextlib.suppress(Exception):
+                await self.end(sid, "the sandbox backend closed", forget=True)
