@@ -39,7 +39,9 @@ class Daemon:
             "workspace": WorkspaceBackend(quota_bytes=1 << 20, quota_entries=1000),
             "restricted": python,
             "container": self.container})
-        self.client = TestClient(create_app(self.settings, service=self.service))
+        # a loopback Host: the browser guard refuses any other name (DNS rebinding)
+        self.client = TestClient(create_app(self.settings, service=self.service),
+                                 base_url="http://127.0.0.1")
 
     def invoke(self, tool: str, arguments: dict, **body: object):  # type: ignore[no-untyped-def]
         return self.client.post(f"/v1/tools/{tool}/invoke",
