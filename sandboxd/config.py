@@ -143,6 +143,10 @@ class Settings(BaseSettings):
                     "(CAP_SYS_ADMIN), else advisory; kernel: required (not ready without it); "
                     "advisory: never mount, check before and after calls only")
     max_sessions_per_client: int = Field(default=16, ge=1)
+    max_kernels: int = Field(
+        default=32, ge=1,
+        description="Live session Python kernels on this host at most (every backend "
+                    "together); a session python call that would start one more gets 429")
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
     sandbox_uid: int = 10001  # the image's user (images are built with it)

@@ -111,3 +111,10 @@ class ExecutionFailure(ServiceError):
     """A backend failed unexpectedly (a bug, not a sandbox outcome)."""
 
     code = "execution-failure"
+
+
+class KernelLimitReached(ServiceError):
+    """A session ``python`` call would start a kernel beyond the host's ``max_kernels``:
+    refused (429) before anything runs."""
+
+    code = "too-many-kernels"

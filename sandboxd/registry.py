@@ -51,7 +51,10 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             "python",
             ToolKind.python,
             "Run Python code in a sandbox. Returns stdout, stderr and the value of the last "
-            "expression. Only allowlisted modules can be imported; there is no network.",
+            "expression. Within a session, variables, functions and imports persist between "
+            "calls (until a timeout, a limit or a restart ends the interpreter; files stay); "
+            "without one, every call starts fresh. Only allowlisted modules can be imported; "
+            "there is no network.",
             _object(
                 {"code": {"type": "string", "minLength": 1, "description": "Python source code"}},
                 ["code"],

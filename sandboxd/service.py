@@ -29,11 +29,13 @@ from sandboxd.errors import (
     AuditFailure,
     Draining,
     ExecutionFailure,
+    KernelLimitReached,
     ServiceError,
     StorageUnavailable,
     ToolUnavailable,
     UnknownTool,
 )
+from sandboxd.kernels import KernelCap, SessionOps, note_kernel_lost
 from sandboxd.metrics import Metrics
 from sandboxd.models import (
     Cleanup,
@@ -64,8 +66,9 @@ from sandboxd.uids import UidPool
 log = logging.getLogger("sandboxd")
 
 
-class Sandboxd:
-    """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics."""
+class Sandboxd(SessionOps):
+    """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics.
+    The session operations (and kernels) are in :class:`~sandboxd.kernels.SessionOps`."""
 
     def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
@@ -88,6 +91,7 @@ class Sandboxd:
         self.backends = (backends if backends is not None
                          else build_backends(settings, self.uids))
         self.probes = BackendProbes(self.backends)
+        self.kernel_cap = KernelCap(settings.max_kernels, self.backends)
         self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use)
         self.draining = False
         # (when, problems) of the last refused policy reload while it is the latest word
@@ -279,6 +283,15 @@ class Sandboxd:
         assert decision.limits is not None
         limits = decision.limits
         deadline = admitted + limits.timeout_s
+        try:  # a session python call may start a kernel: within max_kernels only
+            ticket = self.kernel_cap.admit(request.session, decision.backend,
+                                           python=decision.kind is ToolKind.python)
+        except KernelLimitReached as exc:
+            self.metrics.rejections.labels(reason=type(exc).__name__).inc()
+            result = self._outcome(invocation_id, tool, decision, request.session,
+                                   Status.rejected, Reason.policy, str(exc))
+            await self._finish(client, result, admitted, transport=transport)
+            raise
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
@@ -309,6 +322,7 @@ class Sandboxd:
             await self._finish(client, result, admitted, ran=True, transport=transport)
             raise ExecutionFailure(f"the {decision.backend} backend failed: {exc}") from exc
         finally:
+            ticket.release()
             if task is not None:
                 self._inflight.discard(task)
         if session is not None:
@@ -336,7 +350,7 @@ class Sandboxd:
                         image=decision.image, network=decision.network,
                         max_file_bytes=decision.max_file_bytes, path=decision.path,
                         transfer=transfer)
-                    result = await backend.run(invocation, limits, deadline)
+                    result = note_kernel_lost(await backend.run(invocation, limits, deadline))
                     result = await self._note_quota(result, decision, workspace)
         except DeadlineExpired as exc:
             return self._outcome(invocation_id, tool, decision, request.session, Status.timeout,
@@ -408,53 +422,6 @@ class Sandboxd:
         if why is not None:
             self.metrics.rejections.labels(reason="storage_full").inc()
             raise StorageUnavailable(why)
-
-    # ------------------------------------------------------------ sessions
-
-    async def create_session(self, client: str, ttl_s: float | None, *,
-                             transport: str = "http") -> Session:
-        self._check_state_dir()
-        try:
-            session = await self.sessions.create(client, ttl_s)
-        except OSError as exc:
-            if is_no_space(exc):
-                raise StorageUnavailable(f"no session can be created: the state directory is "
-                                         f"full ({exc.strerror or exc})") from exc
-            raise
-        try:
-            await self.recorder.record(self.audit.write, event="session_created", client=client,
-                              session=session.id, transport=transport)
-        except AuditFailure:
-            await self.sessions.drop(session)
-            raise
-        return session
-
-    async def delete_session(self, client: str, session_id: str, *,
-                             transport: str = "http") -> None:
-        session = self.sessions.get(session_id, client)
-        await self._close_session_backends(session)
-        await self.sessions.delete(session_id, client)
-        try:  # the session is gone either way: say so, and keep the failure in the log
-            await self.recorder.record(self.audit.write, event="session_deleted", client=client,
-                              session=session_id, transport=transport)
-        except AuditFailure as exc:
-            log.error("session %s deleted without an audit record: %s", session_id, exc)
-
-    async def _expire_session(self, session: Session) -> None:
-        await self._close_session_backends(session)
-        with contextlib.suppress(Exception):
-            self.audit.write("session_expired", client=session.client, session=session.id)
-
-    async def _end_session(self, session: Session) -> None:
-        await self._close_session_backends(session)
-        with contextlib.suppress(Exception):
-            self.audit.write("session_expired", client=session.client, session=session.id,
-                             reason="the daemon stopped (its workspace was in memory)")
-
-    async def _close_session_backends(self, session: Session) -> None:
-        for backend in self.backends.values():
-            with contextlib.suppress(Exception):
-                await backend.close_session(session.id)
 
     # ------------------------------------------------------------ readiness
 

@@ -85,8 +85,10 @@ class Session:
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
     quota_entries: int = 0  # 0: written by a daemon that had no entry quota
 
-    def public(self, usage: Usage | None) -> dict[str, object]:
-        """The session as ``GET /v1/sessions/{id}`` shows it."""
+    def public(self, usage: Usage | None,
+               kernels: list[str] | None = None) -> dict[str, object]:
+        """The session as ``GET /v1/sessions/{id}`` shows it. ``kernels``: the backends on
+        which it has a live Python kernel now."""
         return {
             "id": self.id,
             "client": self.client,
@@ -97,6 +99,7 @@ class Session:
             "quota_entries": self.quota_entries,
             "workspace_bytes": usage.bytes if usage else 0,
             "workspace_entries": usage.entries if usage else 0,
+            "kernel": {"live": bool(kernels), "backends": list(kernels or [])},
         }
 
     @classmethod
@@ -234,6 +237,12 @@ class SessionManager:
         if session is None or session.client != client or session.expires_at <= time.time():
             raise SessionNotFound(f"session '{session_id}' does not exist or has expired")
         return session
+
+    def owned(self, client: str) -> list[Session]:
+        """The client's live (unexpired) sessions."""
+        now = time.time()
+        return [s for s in self._sessions.values()
+                if s.client == client and s.expires_at > now]
 
     def touch(self, session: Session) -> None:
         """Slide the session's expiry forward after a use."""

@@ -34,7 +34,8 @@ WHEN: dict[int, str] = {
     409: "Too many sessions for the client, or the session workspace is over its quota",
     413: "Request body over max_body_bytes (a file upload: over the policy's max_bytes)",
     422: "The body or the tool arguments do not match their schema",
-    429: "Queue full, waited too long for a slot, or over the client's rate limit",
+    429: "Queue full, waited too long for a slot, over the client's rate limit, or (a "
+         "session python call) the host's live kernels at max_kernels",
     500: "Unexpected failure, or the audit log cannot be written",
     503: "Shutting down, or the tool's backend is unavailable",
     507: "The state directory or the audit log's filesystem is full",

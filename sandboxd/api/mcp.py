@@ -72,8 +72,9 @@ PROGRESS_INTERVAL_S = 1.0
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
 INSTRUCTIONS = (
     "sandboxd runs code and commands in a confined sandbox under an administrator's policy. "
-    "Files written in this MCP session stay in its workspace for the next calls of the same "
-    "session. A denied call explains what is allowed."
+    "Files written in this MCP session stay in its workspace, and Python variables in its "
+    "interpreter, for the next calls of the same session. A denied call explains what is "
+    "allowed."
 )
 
 

@@ -25,6 +25,7 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "too-many-sessions": (409, "too-many-sessions", "Too many sessions"),
     "session-over-quota": (409, "session-over-quota", "Session workspace over quota"),
     "overloaded": (429, "overloaded", "Too many calls"),
+    "too-many-kernels": (429, "too-many-kernels", "Too many session kernels"),
     "draining": (503, "draining", "Shutting down"),
     "tool-unavailable": (503, "tool-unavailable", "Tool unavailable"),
     "storage-full": (507, "storage-full", "Insufficient storage"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -125,13 +124,28 @@ async def create_session(request: Request, body: SessionCreate | None = None,
     return session.public(None)
 
 
+@router.get("/v1/sessions", tags=["sessions"])
+async def list_sessions(request: Request,
+                        client: str = Depends(authenticate)) -> list[dict[str, Any]]:
+    """The caller's sessions (never another client's), oldest first, with workspace usage
+    and kernel state."""
+    return await _service(request).list_sessions(client)
+
+
 @router.get("/v1/sessions/{session_id}", tags=["sessions"])
 async def get_session(session_id: str, request: Request,
                       client: str = Depends(authenticate)) -> dict[str, Any]:
     """A session of the caller's (another client's session is "not found")."""
-    sessions = _service(request).sessions
-    session = sessions.get(session_id, client)
-    return session.public(await sessions.usage(Path(session.workspace)))
+    service = _service(request)
+    return await service.session_view(service.session(client, session_id))
+
+
+@router.post("/v1/sessions/{session_id}/restart", tags=["sessions"])
+async def restart_session(session_id: str, request: Request,
+                          client: str = Depends(authenticate)) -> dict[str, Any]:
+    """End the session's Python kernel (its variables); the next ``python`` call starts a
+    fresh one in the same workspace. ``restarted`` names the backends whose kernel ended."""
+    return await _service(request).restart_session(client, session_id)
 
 
 @router.delete("/v1/sessions/{session_id}", tags=["sessions"], status_code=204)

@@ -9,6 +9,12 @@ the deadline is enforced with the one deadline idiom (a script that outlives it 
 cleanup, and it counts the calls running at once (``peak``). It is never built from the
 daemon's settings: tests pass it to :class:`~sandboxd.service.Sandboxd` explicitly. The real
 backends' own suites stay what proves confinement.
+
+Kernels are emulated as the real backends keep them (issue 14): a session ``python`` call
+runs in the session's kernel (``kernels``: session id -> calls so far), started fresh when
+there is none; a call that ends on anything but a normal exit (timeout, limit, cancellation)
+or whose script reports ``kernel.lost`` ends it. Every session python result carries its
+``kernel`` object.
 """
 
 from __future__ import annotations
@@ -21,7 +27,16 @@ from typing import Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.deadline import within
-from sandboxd.models import Cleanup, Invocation, Limits, ProbeReport, Reason, Result
+from sandboxd.models import (
+    Cleanup,
+    Invocation,
+    Kernel,
+    Limits,
+    ProbeReport,
+    Reason,
+    Result,
+    ToolKind,
+)
 
 Script = Callable[[Invocation, Limits], "Result | Awaitable[Result]"]
 
@@ -75,6 +90,8 @@ class ScriptedBackend:
         self.running = 0
         self.peak = 0
         self.started = False
+        self.kernels: dict[str, int] = {}  # session id -> calls run in its live kernel
+        self.restarts: list[str] = []
 
     async def start(self) -> None:
         """Nothing to prepare."""
@@ -89,22 +106,46 @@ class ScriptedBackend:
         return (True, None) if self.available else (False, "scripted backend: unavailable")
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
-        """Answer with the script, within the deadline."""
+        """Answer with the script, within the deadline (in the session's kernel, if any)."""
         self.calls.append(invocation)
         self.running += 1
         self.peak = max(self.peak, self.running)
         started = time.monotonic()
+        kernel = self._enter_kernel(invocation)
         try:
             finished, result = await within(self._answer(invocation, limits),
                                             deadline - time.monotonic())
         except asyncio.CancelledError:
+            self._end_kernel(invocation)
             raise CancelledAfterCleanup(True, NOTHING_TO_CLEAN.detail) from None
         finally:
             self.running -= 1
         if not finished:
-            return Result.build(invocation, self.name, Reason.wall_timeout, limits=limits,
-                                started=started, cleanup=NOTHING_TO_CLEAN)
+            result = Result.build(invocation, self.name, Reason.wall_timeout, limits=limits,
+                                  started=started, cleanup=NOTHING_TO_CLEAN)
+        if kernel is not None:
+            lost = (result.termination.reason is not Reason.exited
+                    or (result.kernel is not None and result.kernel.lost))
+            if lost:
+                self._end_kernel(invocation)
+                reason = (result.kernel.reason if result.kernel and result.kernel.reason
+                          else result.termination.reason.value)
+                kernel = kernel.model_copy(update={"lost": True, "reason": reason})
+            result = result.model_copy(update={"kernel": kernel})
         return result.model_copy(update={"backend": self.name})
+
+    def _enter_kernel(self, invocation: Invocation) -> Kernel | None:
+        """The session's kernel for this call (started when there is none), or None."""
+        sid = invocation.session
+        if sid is None or invocation.kind is not ToolKind.python:
+            return None
+        fresh = sid not in self.kernels
+        self.kernels[sid] = self.kernels.get(sid, 0) + 1
+        return Kernel(fresh=fresh, calls=self.kernels[sid])
+
+    def _end_kernel(self, invocation: Invocation) -> None:
+        if invocation.session is not None and invocation.kind is ToolKind.python:
+            self.kernels.pop(invocation.session, None)
 
     async def _answer(self, invocation: Invocation, limits: Limits) -> Result:
         result = self.script(invocation, limits)
@@ -113,13 +154,16 @@ class ScriptedBackend:
     async def close_session(self, session_id: str) -> None:
         """Record that the session ended."""
         self.closed_sessions.append(session_id)
+        self.kernels.pop(session_id, None)
 
     def kernel_sessions(self) -> set[str]:
-        return set()
+        """Sessions with a live (emulated) kernel."""
+        return set(self.kernels)
 
     async def restart_kernel(self, session_id: str) -> bool:
-        """No kernels here (yet)."""
-        return False
+        """End the session's emulated kernel; whether there was one."""
+        self.restarts.append(session_id)
+        return self.kernels.pop(session_id, None) is not None
 
     async def probe(self) -> ProbeReport:
         """As configured (``probe_ok``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, token
+from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, session, token
 
 app = typer.Typer(
     name="sandboxd",
@@ -20,6 +20,7 @@ app.add_typer(policy.app, name="policy", help="Check and explain policy files.")
 app.add_typer(audit.app, name="audit", help="Verify and read the audit log.")
 app.add_typer(token.app, name="token", help="Manage client tokens.")
 app.add_typer(images.app, name="images", help="Build the sandbox images.")
+app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
 chat.register(app)
 mcp.register(app)
 

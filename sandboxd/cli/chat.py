@@ -184,6 +184,7 @@ def chat(
         _setup_readline(history_path)
 
     agent = Agent(llm, model, sandbox=client, api_key=api_key, session=session_id,
+                  auto_session=not no_session,
                   system_prompt=system, context_tokens=context_tokens)
     display = _Display(show_reasoning)
     typer.echo(f"sandboxd chat: model {model} at {llm}; tools: {', '.join(wanted) or 'none'}"

@@ -78,6 +78,10 @@ class Agent:
     ``base_url`` is the API root (``http://localhost:1234/v1`` for LM Studio,
     ``http://localhost:11434/v1`` for Ollama, ``http://localhost:8080/v1`` for llama.cpp).
     ``sandbox`` is a :class:`SandboxClient` or :class:`AsyncSandboxClient` for sandboxd tools.
+    Each run (:meth:`act`) opens a sandboxd session of its own (one workspace, Python variables
+    kept between its calls) and deletes it at the end, unless a ``session`` id is given (here
+    or to :meth:`act`: it is used and left open) or ``auto_session=False`` (every call then
+    gets a fresh workspace).
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class Agent:
         api_key: str | None = None,
         *,
         session: str | None = None,
+        auto_session: bool = True,
         system_prompt: str | None = None,
         temperature: float | None = None,
         max_tokens: int | None = None,
@@ -103,6 +108,7 @@ class Agent:
         self.sandbox = sandbox
         self.api_key = api_key
         self.session = session
+        self.auto_session = auto_session
         self.system_prompt = system_prompt
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -226,9 +232,14 @@ class Agent:
         final_text = ""
         rounds = 0
         pending: list[ToolCallRequest] = []  # calls of the last assistant message not answered
+        run_session = session if session is not None else self.session
+        opened_session: str | None = None  # the session opened for this run (closed after it)
         try:
             async with httpx.AsyncClient(timeout=timeout, headers=llm_headers) as http:
                 registry = await self._resolve_tools(tools, sandbox)
+                if (run_session is None and self.auto_session and sandbox is not None
+                        and any(t.fn is None for t in registry.values())):
+                    opened_session = run_session = (await sandbox.create_session()).id
                 withhold_tools = False
                 for round_index in range(max_rounds):
                     rounds = round_index + 1
@@ -292,7 +303,7 @@ class Agent:
                         break
                     round_records = await ToolRunner(self.tool_output_chars).run_calls(
                         calls, registry, round_index, sandbox,
-                        session=session if session is not None else self.session,
+                        session=run_session,
                         seen=seen_calls, parallel=parallel_tool_calls,
                         max_parallel=max_parallel, tool_timeout_s=tool_timeout_s,
                         hook=handle_invalid_tool_request,
@@ -320,6 +331,9 @@ class Agent:
                         await maybe_await(on_message(message))
             raise
         finally:
+            if opened_session is not None and sandbox is not None:
+                with contextlib.suppress(Exception):  # it expires with its TTL otherwise
+                    await sandbox.delete_session(opened_session)
             if own_sandbox is not None:
                 await own_sandbox.aclose()
         return ActResult(

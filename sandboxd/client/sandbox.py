@@ -288,6 +288,15 @@ class SandboxClient(_Base):
         """Delete a session and its workspace."""
         self.request("DELETE", f"/v1/sessions/{_seg(session_id)}")
 
+    def sessions(self) -> list[SessionInfo]:
+        """This client's sessions (oldest first), with usage and kernel state."""
+        return [SessionInfo.from_json(d) for d in self.request("GET", "/v1/sessions").json()]
+
+    def restart_session(self, session_id: str) -> SessionInfo:
+        """End the session's Python kernel (its variables); files stay."""
+        return SessionInfo.from_json(
+            self.request("POST", f"/v1/sessions/{_seg(session_id)}/restart").json())
+
     @contextmanager
     def session(self, ttl_s: float | None = None) -> Iterator[Session]:
         """``with client.session() as s: s.invoke(...)`` — deleted on exit."""
@@ -448,6 +457,16 @@ class AsyncSandboxClient(_Base):
 
     async def delete_session(self, session_id: str) -> None:
         await self.request("DELETE", f"/v1/sessions/{_seg(session_id)}")
+
+    async def sessions(self) -> list[SessionInfo]:
+        """This client's sessions (oldest first), with usage and kernel state."""
+        return [SessionInfo.from_json(d)
+                for d in (await self.request("GET", "/v1/sessions")).json()]
+
+    async def restart_session(self, session_id: str) -> SessionInfo:
+        """End the session's Python kernel (its variables); files stay."""
+        return SessionInfo.from_json(
+            (await self.request("POST", f"/v1/sessions/{_seg(session_id)}/restart")).json())
 
     @asynccontextmanager
     async def session(self, ttl_s: float | None = None):  # type: ignore[no-untyped-def]

@@ -27,6 +27,15 @@ class SessionInfo:
     quota_bytes: int | None = None
     workspace_entries: int | None = None  # files and directories (inodes) in the workspace
     quota_entries: int | None = None
+    #: ``{"live": bool, "backends": [...]}``: where the session's Python kernel lives
+    kernel: dict[str, Any] | None = None
+    #: after a restart: the backends whose kernel was ended
+    restarted: list[str] | None = None
+
+    @property
+    def kernel_live(self) -> bool:
+        """Whether the session has a live Python kernel (variables kept) now."""
+        return bool(self.kernel and self.kernel.get("live"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionInfo:
@@ -72,6 +81,12 @@ class Session:
     def refresh(self) -> SessionInfo:
         """Re-read the session's description (usage, expiry)."""
         self.info = self.client.get_session(self.id)
+        return self.info
+
+    def restart(self) -> SessionInfo:
+        """End the session's Python kernel: the next ``python`` call starts with fresh
+        variables; the workspace files stay."""
+        self.info = self.client.restart_session(self.id)
         return self.info
 
     def close(self) -> None:
@@ -127,6 +142,11 @@ class AsyncSession:
     async def list_files(self, path: str = ".") -> Any:
         """The entries of a directory of this session's workspace."""
         return await self.client.list_files(path, session=self.id)
+
+    async def restart(self) -> SessionInfo:
+        """End the session's Python kernel (fresh variables next call; files stay)."""
+        self.info = await self.client.restart_session(self.id)
+        return self.info
 
     async def close(self) -> None:
         """Delete the session (idempotent; an already expired session is fine)."""

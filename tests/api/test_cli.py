@@ -101,3 +101,37 @@ def test_serve_starts_on_the_embedded_default_when_the_policies_dir_is_empty(
         assert r.json()["stdout"] == "42\n"
         assert r.json()["policy"]["source"] == "policies/default.yaml"
         assert "embedded default policy" in d.log()
+
+
+def test_session_commands(daemon: RunningDaemon) -> None:
+    url = ("--url", daemon.url)
+    r = sandboxd("session", "create", "--ttl", "600", *url)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip()
+    assert sid.startswith("ses_")
+    r = sandboxd("invoke", "python", "--arg", "code=open('f.txt', 'w').write('hello')",
+                 "--session", sid, *url)
+    assert r.returncode == 0, r.stderr
+    listed = sandboxd("session", "list", *url)
+    assert listed.returncode == 0 and sid in listed.stdout, listed.stderr
+    data = json.loads(sandboxd("session", "list", "--json", *url).stdout)
+    (mine,) = [s for s in data if s["id"] == sid]
+    assert mine["workspace_bytes"] >= 5 and mine["kernel"]["live"] == bool(
+        mine["kernel"]["backends"])
+    shown = sandboxd("session", "show", sid, *url)
+    assert shown.returncode == 0 and f"id:         {sid}" in shown.stdout
+    assert "kernel:" in shown.stdout and "workspace:" in shown.stdout
+    restarted = json.loads(sandboxd("session", "restart", sid, "--json", *url).stdout)
+    # exactly the kernels the listing showed were ended (none before the kernels land)
+    assert restarted["restarted"] == mine["kernel"]["backends"]
+    assert restarted["kernel"] == {"live": False, "backends": []}
+    again = sandboxd("session", "restart", sid, *url)
+    assert again.returncode == 0 and "no live kernel" in again.stdout
+    assert sandboxd("session", "delete", sid, *url).returncode == 0
+    gone = sandboxd("session", "show", sid, *url)
+    assert gone.returncode == 1 and "HTTP 404" in gone.stderr
+    assert len(gone.stderr.strip().splitlines()) == 1 and "Traceback" not in gone.stderr
+    assert sid not in sandboxd("session", "list", *url).stdout
+    audit = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+    assert [a["backends"] for a in audit if a["event"] == "kernel_restart"] == [
+        mine["kernel"]["backends"], []]

@@ -41,3 +41,51 @@ def test_session_limit_per_client(tmp_path: Path) -> None:
         third = d.client.post("/v1/sessions")
         assert third.status_code == 409
         assert "maximum" in third.json()["detail"]
+
+
+def test_sessions_list_restart_and_kernel_cap_on_the_restricted_backend(
+        tmp_path: Path) -> None:
+    """The sessions list, restart and the max_kernels cap through the real API and the
+    restricted backend. The cap's reservations hold calls in flight whatever the backend
+    keeps; once the backend keeps kernels, a live kernel also holds its place after the call
+    (the branches below follow what the listing says)."""
+    import threading
+
+    slow = "import time\ntime.sleep(1.5)\nprint('done')"
+    with running_daemon(tmp_path, env={"SANDBOXD_MAX_KERNELS": "2",
+                                       "SANDBOXD_CONTAINER_ENABLED": "false"}) as d:
+        assert d.client.get("/v1/sessions").json() == []
+        sids = [d.client.post("/v1/sessions").json()["id"] for _ in range(3)]
+        statuses: dict[str, int] = {}
+
+        def call(sid: str) -> None:
+            r = d.invoke("python", {"code": slow}, session=sid, limits={"timeout_s": 30})
+            statuses[sid] = r.status_code
+
+        threads = [threading.Thread(target=call, args=(s,)) for s in sids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(statuses.values()) == [200, 200, 429], statuses
+        (refused,) = [s for s, code in statuses.items() if code == 429]
+        listed = d.client.get("/v1/sessions").json()
+        assert [s["id"] for s in listed] == sids
+        live = [s["id"] for s in listed if s["kernel"]["live"]]
+        assert refused not in live and all(s["kernel"]["live"] == bool(s["kernel"]["backends"])
+                                           for s in listed)
+        again = d.invoke("python", {"code": "print(1)"}, session=refused)
+        # two kernels kept alive fill the cap; without kept kernels nothing is live now
+        assert again.status_code == (429 if len(live) == 2 else 200), again.text
+        if again.status_code == 429:
+            assert again.json()["type"].endswith("/too-many-kernels")
+        admitted = [s for s in sids if s != refused]
+        r = d.client.post(f"/v1/sessions/{admitted[0]}/restart")
+        assert r.status_code == 200, r.text
+        assert r.json()["restarted"] == (["restricted"] if admitted[0] in live else [])
+        assert r.json()["kernel"] == {"live": False, "backends": []}
+        # a restart frees a place under the cap
+        assert d.invoke("python", {"code": "print(2)"}, session=refused).status_code == 200
+        assert d.client.post("/v1/sessions/ses_unknown/restart").status_code == 404
+        audit = d.audit_path.read_text()
+        assert '"kernel_restart"' in audit and '"rejected"' in audit

@@ -155,3 +155,32 @@ def test_sandbox_timeout_is_phrased_for_the_model(token_daemon: TokenDaemon) -> 
     assert record.result is not None and record.result.status == "timeout"
     assert record.error is not None and record.error.kind == "timeout"
     assert result.text.startswith("Error: `python` timed out after 1 s and was stopped")
+
+
+def test_act_opens_a_session_for_the_run_and_closes_it(token_daemon: TokenDaemon) -> None:
+    """Without a session given, one run's calls share a workspace (and kernel), and the
+    session is deleted when the run ends; a session passed in stays open."""
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if n % 3 == 0:
+            return tool_call_reply([("write_file", {"path": "n.txt", "content": "7 pears"})])
+        if n % 3 == 1:
+            return tool_call_reply([("read_file", {"path": "n.txt"})], ids=["call_r"])
+        return text_reply("read: " + last_tool_results(body)[0]["content"])
+
+    with ScriptedLLM(script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        before = {s.id for s in sandbox.sessions()}
+        result = Agent(llm.url, "m", sandbox=sandbox).act("remember")
+        assert result.text == "read: 7 pears"
+        used = {r.result.session for r in result.tool_calls if r.result is not None}
+        assert len(used) == 1 and None not in used
+        assert {s.id for s in sandbox.sessions()} == before  # closed at the end
+        with sandbox.session() as mine:
+            Agent(llm.url, "m", sandbox=sandbox).act("remember", session=mine.id)
+            assert mine.id in {s.id for s in sandbox.sessions()}
+            assert mine.read_file("n.txt") == "7 pears"
+        # opted out: every call gets a fresh workspace, so the read fails
+        result = Agent(llm.url, "m", sandbox=sandbox, auto_session=False).act("remember")
+        assert {r.result.session for r in result.tool_calls if r.result is not None} == {None}
+        assert "7 pears" not in result.text

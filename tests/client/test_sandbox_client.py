@@ -92,6 +92,23 @@ def test_sessions_and_file_helpers(token_daemon: TokenDaemon) -> None:
         s.close()  # idempotent
 
 
+def test_sessions_are_listed_and_restarted(token_daemon: TokenDaemon) -> None:
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as client, \
+            client.session() as s:
+        assert s.id in [i.id for i in client.sessions()]
+        assert s.invoke("python", code="x = 41").status == "ok"
+        (listed,) = [i for i in client.sessions() if i.id == s.id]
+        assert listed.kernel is not None and listed.kernel["live"] == bool(
+            listed.kernel["backends"])
+        restarted = s.restart()
+        # the restart ended exactly the kernels the listing showed; none is left
+        assert restarted.id == s.id and restarted.restarted == listed.kernel["backends"]
+        assert restarted.kernel == {"live": False, "backends": []}
+        assert not restarted.kernel_live and not s.refresh().kernel_live
+        with pytest.raises(NotFound):
+            client.restart_session("ses_nope")
+
+
 def test_policy_denial_is_a_result_not_an_exception(token_daemon: TokenDaemon) -> None:
     with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
         result = client.invoke("shell", command="curl http://example.com")

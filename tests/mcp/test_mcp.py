@@ -52,6 +52,9 @@ async def test_tools_list_is_the_api_list(mcp_daemon: McpDaemon, transport: str)
         assert tool.description == spec["description"]
         assert tool.input_schema == spec["parameters"]
         assert tool.meta["sandboxd/available"] == spec["available"]
+    # the one description tells the model that state persists within a session
+    python = next(t for t in listed if t.name == "python")
+    assert python.description and "persist between calls" in python.description
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -36,7 +36,8 @@ def test_the_cli_has_the_commands_we_document() -> None:
     names = {name for name, _ in COMMANDS}
     assert {"serve", "doctor", "invoke", "tools", "chat", "policy check", "policy explain",
             "audit verify", "audit tail", "token add", "token list", "token remove",
-            "images build"} <= names
+            "images build", "session create", "session list", "session show",
+            "session restart", "session delete"} <= names
 
 
 @pytest.mark.parametrize(("name", "command"), COMMANDS, ids=[n for n, _ in COMMANDS])

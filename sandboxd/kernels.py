@@ -1,0 +1,200 @@
+"""Session kernels seen from the service (issue 14): the host-wide cap on live kernels, the
+kernel-lost note on results, and the session operations of :class:`~sandboxd.service.Sandboxd`
+(create, list, describe, restart, delete, expire).
+
+A *kernel* is a session's persistent Python interpreter on one backend; the backends own them
+(``Backend.kernel_sessions()``, ``Backend.restart_kernel()``). The service only counts them:
+a session ``python`` call whose session has no live kernel on its backend would start one, so
+it is admitted only while the live kernels of every backend, plus the kernels reserved by
+calls in flight, stay under ``max_kernels`` (:class:`KernelCap`). Admission is synchronous on
+the event loop (no ``await`` between counting and reserving), so concurrent calls can never
+overshoot the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.backends.base import Backend
+from sandboxd.errors import AuditFailure, ExecutionFailure, KernelLimitReached, StorageUnavailable
+from sandboxd.models import KERNEL_LOST_MESSAGE, Result, kernel_lost_message
+from sandboxd.storage import is_no_space
+
+if TYPE_CHECKING:
+    from sandboxd.audit import AuditLog
+    from sandboxd.config import Settings
+    from sandboxd.recorder import AuditRecorder
+    from sandboxd.sessions import Session, SessionManager
+
+log = logging.getLogger("sandboxd")
+
+#: one live kernel: (backend name, session id)
+KernelKey = tuple[str, str]
+
+
+class KernelTicket:
+    """A kernel reserved for one call in flight; :meth:`release` it when the call is over
+    (idempotent). A ticket for a call that needs no kernel reserves nothing."""
+
+    def __init__(self, cap: KernelCap | None, key: KernelKey | None) -> None:
+        self._cap = cap
+        self._key = key
+
+    def release(self) -> None:
+        """Give the reservation back (the backend's own count has taken over, if it lives)."""
+        if self._cap is not None and self._key is not None:
+            self._cap._release(self._key)
+        self._cap = None
+
+
+class KernelCap:
+    """The host-wide limit on live session kernels (``max_kernels``), every backend together."""
+
+    def __init__(self, limit: int, backends: Mapping[str, Backend]) -> None:
+        self.limit = limit
+        self.backends = backends
+        self._reserved: Counter[KernelKey] = Counter()
+
+    def live(self) -> set[KernelKey]:
+        """Kernels alive on the backends now, and those reserved by calls in flight."""
+        keys = {(name, sid) for name, backend in self.backends.items()
+                for sid in backend.kernel_sessions()}
+        return keys | set(self._reserved)
+
+    def admit(self, session_id: str | None, backend: str | None, *,
+              python: bool) -> KernelTicket:
+        """Reserve the kernel a call needs, or raise :class:`KernelLimitReached`. Calls
+        without a session, or that are not ``python``, need none."""
+        if session_id is None or backend is None or not python:
+            return KernelTicket(None, None)
+        key = (backend, session_id)
+        live = self.live()
+        if key not in live and len(live) >= self.limit:
+            raise KernelLimitReached(
+                f"this call needs a new Python interpreter for session '{session_id}', but "
+                f"the host already runs {len(live)} session interpreters, its limit "
+                f"(max_kernels = {self.limit}); retry later, delete sessions that are no "
+                "longer needed, or run the code without a session")
+        self._reserved[key] += 1
+        return KernelTicket(self, key)
+
+    def _release(self, key: KernelKey) -> None:
+        self._reserved[key] -= 1
+        if self._reserved[key] <= 0:
+            del self._reserved[key]
+
+
+def note_kernel_lost(result: Result) -> Result:
+    """The result, whose message says the session's Python state is gone when its kernel
+    was lost (the one sentence of :func:`~sandboxd.models.kernel_lost_message`)."""
+    if result.kernel is None or not result.kernel.lost:
+        return result
+    if result.message and KERNEL_LOST_MESSAGE.split("{why}")[0] in result.message:
+        return result  # said already
+    return result.model_copy(update={"message": kernel_lost_message(result)})
+
+
+class SessionOps:
+    """The session operations of the service (a mixin of :class:`~sandboxd.service.Sandboxd`,
+    which provides the attributes below)."""
+
+    settings: Settings
+    sessions: SessionManager
+    backends: dict[str, Backend]
+    audit: AuditLog
+    recorder: AuditRecorder
+
+    def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
+        raise NotImplementedError
+
+    def kernel_backends(self, session_id: str) -> list[str]:
+        """Names of the backends on which the session has a live kernel now."""
+        return sorted(name for name, backend in self.backends.items()
+                      if session_id in backend.kernel_sessions())
+
+    async def session_view(self, session: Session) -> dict[str, Any]:
+        """The session as the API shows it: usage and kernel state included."""
+        usage = await self.sessions.usage(Path(session.workspace))
+        return session.public(usage, self.kernel_backends(session.id))
+
+    async def list_sessions(self, client: str) -> list[dict[str, Any]]:
+        """The client's live sessions, oldest first (another client's are never listed)."""
+        owned = sorted(self.sessions.owned(client), key=lambda s: s.created_at)
+        return list(await asyncio.gather(*(self.session_view(s) for s in owned)))
+
+    async def create_session(self, client: str, ttl_s: float | None, *,
+                             transport: str = "http") -> Session:
+        """A new session with its own workspace (audited)."""
+        self._check_state_dir()
+        try:
+            session = await self.sessions.create(client, ttl_s)
+        except OSError as exc:
+            if is_no_space(exc):
+                raise StorageUnavailable(f"no session can be created: the state directory is "
+                                         f"full ({exc.strerror or exc})") from exc
+            raise
+        try:
+            await self.recorder.record(self.audit.write, event="session_created", client=client,
+                                       session=session.id, transport=transport)
+        except AuditFailure:
+            await self.sessions.drop(session)
+            raise
+        return session
+
+    async def restart_session(self, client: str, session_id: str, *,
+                              transport: str = "http") -> dict[str, Any]:
+        """End the session's kernels on every backend (the next ``python`` call starts a
+        fresh one; the workspace stays); audited as ``kernel_restart``. The session view,
+        with ``restarted``: the backends whose kernel was ended."""
+        session = self.sessions.get(session_id, client)
+        restarted = []
+        for name, backend in self.backends.items():
+            try:
+                if await backend.restart_kernel(session.id):
+                    restarted.append(name)
+            except Exception as exc:
+                log.exception("backend %s failed to restart the kernel of %s", name, session.id)
+                raise ExecutionFailure(
+                    f"the {name} backend could not restart the session's kernel: {exc}") from exc
+        try:  # the kernels are gone either way: say so, and keep the failure in the log
+            await self.recorder.record(self.audit.write, event="kernel_restart", client=client,
+                                       session=session.id, backends=restarted,
+                                       transport=transport)
+        except AuditFailure as exc:
+            log.error("session %s: kernel restarted without an audit record: %s",
+                      session.id, exc)
+        return {**await self.session_view(session), "restarted": restarted}
+
+    async def delete_session(self, client: str, session_id: str, *,
+                             transport: str = "http") -> None:
+        """Delete a session: its kernels, anything a backend kept, its workspace (audited)."""
+        session = self.sessions.get(session_id, client)
+        await self._close_session_backends(session)
+        await self.sessions.delete(session_id, client)
+        try:  # the session is gone either way: say so, and keep the failure in the log
+            await self.recorder.record(self.audit.write, event="session_deleted", client=client,
+                                       session=session_id, transport=transport)
+        except AuditFailure as exc:
+            log.error("session %s deleted without an audit record: %s", session_id, exc)
+
+    async def _expire_session(self, session: Session) -> None:
+        await self._close_session_backends(session)
+        with contextlib.suppress(Exception):
+            self.audit.write("session_expired", client=session.client, session=session.id)
+
+    async def _end_session(self, session: Session) -> None:
+        await self._close_session_backends(session)
+        with contextlib.suppress(Exception):
+            self.audit.write("session_expired", client=session.client, session=session.id,
+                             reason="the daemon stopped (its workspace was in memory)")
+
+    async def _close_session_backends(self, session: Session) -> None:
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.close_session(session.id)
