@@ -59,7 +59,7 @@ from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
-from sandboxd.storage import full_reason, is_no_space
+from sandboxd.storage import full_reason
 from sandboxd.timefmt import utc_iso
 from sandboxd.uids import UidPool
 
