@@ -235,10 +235,14 @@ async def test_unknown_token_is_401_and_audited(mcp_daemon: McpDaemon) -> None:
     with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for a refused initialize
         async with http_session(mcp_daemon.url, bad):
             pass
-    failures = wait_for(lambda: [r for r in mcp_daemon.records()
-                                 if r["event"] == "auth_failure" and "/mcp" in r["paths"]])
-    assert failures, "the failed MCP authentications were not audited"
-    assert sum(r["count"] for r in failures) >= 3
+    def audited() -> list[dict]:
+        found = [r for r in mcp_daemon.records()
+                 if r["event"] == "auth_failure" and "/mcp" in r["paths"]]
+        # the failures of one interval are one record: wait until all three are written
+        return found if sum(r["count"] for r in found) >= 3 else []
+
+    failures = wait_for(audited, timeout=30)
+    assert failures, "the three failed MCP authentications were not all audited"
     assert bad not in mcp_daemon.daemon.audit_path.read_text()
 
 
