@@ -4,12 +4,7 @@ requests): Origin and, for the tokenless loopback client, Host are checked on th
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +12,7 @@ import httpx
 import pytest
 
 from sandboxd.tokens import add_token
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.daemon import RunningDaemon, running_daemon, unix_socket_daemon
 
 CALL = {"arguments": {"code": "print('ran')"}}
 MCP_INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -99,37 +94,9 @@ def test_with_tokens_any_host_name_is_served(tmp_path: Path) -> None:
                  "origin-not-allowed")
 
 
-@contextlib.contextmanager
-def _socket_daemon(tmp_path: Path) -> Iterator[httpx.Client]:
-    sock = tmp_path / "sandboxd.sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env["SANDBOXD_CONFIG"] = os.devnull
-    log_path = tmp_path / "uds.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
-             "--state-dir", str(tmp_path / "state")],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
-    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x",
-                        timeout=60)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "daemon did not come up on the socket"
-            with contextlib.suppress(httpx.HTTPError):
-                if http.get("/healthz").status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield http
-    finally:
-        http.close()
-        proc.terminate()
-        proc.wait(60)
-
-
 def test_the_unix_socket_needs_no_host_check_but_checks_origin(tmp_path: Path) -> None:
-    with _socket_daemon(tmp_path) as http:
+    with unix_socket_daemon(tmp_path) as sock, httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x", timeout=60) as http:
         assert http.get("/v1/tools", headers={"Host": "anything"}).status_code == 200
         _problem(http.get("/v1/tools", headers={"Origin": "http://evil.example"}),
                  "origin-not-allowed")

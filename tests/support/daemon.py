@@ -131,3 +131,35 @@ def running_daemon(tmp_path: Path, **kwargs: object) -> Iterator[RunningDaemon]:
     finally:
         daemon.client.close()
         daemon.stop()
+
+
+@contextlib.contextmanager
+def unix_socket_daemon(tmp_path: Path, env: Mapping[str, str] | None = None,
+                       ready_timeout: float = 240.0) -> Iterator[Path]:
+    """``sandboxd serve --uds`` (no TCP listener) until ``/healthz`` answers on the socket;
+    yields the socket's path and stops the daemon (SIGTERM) on exit."""
+    sock = tmp_path / "sandboxd.sock"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    full_env["SANDBOXD_CONFIG"] = os.devnull
+    full_env.update(env or {})
+    log_path = tmp_path / "uds.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
+             "--state-dir", str(tmp_path / "state")],
+            stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
+                          base_url="http://x") as http:
+            deadline = time.monotonic() + ready_timeout
+            while True:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "daemon did not come up on the socket"
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get("/healthz").status_code == 200:
+                        break
+                time.sleep(0.1)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(60)
