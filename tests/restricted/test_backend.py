@@ -219,6 +219,34 @@ def test_zygote_restarts_after_crash(harness: BackendHarness) -> None:
         assert not any(d.exists() for d in harness.backend.layout.dirs(name)), name
 
 
+def test_a_dead_zygote_is_replaced_once_when_a_call_and_a_health_check_race(
+        harness: BackendHarness) -> None:
+    """A health ping that timed out on a zygote which was in fact dead must not replace it a
+    second time while a call is already starting its successor (seen in the modern-host VM)."""
+    zygote = harness.backend._zygote
+    assert zygote is not None
+    before = harness.backend.restarts
+    os.kill(zygote.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while zygote.alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not zygote.alive
+
+    async def race() -> None:
+        starting = asyncio.create_task(harness.backend._ensure_zygote())
+        await asyncio.sleep(0)  # the call is now inside the replacement
+        await harness.backend.replace_zygote(zygote)
+        await starting
+
+    harness.call(race())
+    assert harness.backend.restarts == before + 1
+    new = harness.backend._zygote
+    assert new is not None and new.alive and new.pid != zygote.pid
+    res = harness.run("print('once')")
+    assert res.status is Status.ok and res.stdout == "once\n"
+    assert harness.backend._zygote is new
+
+
 def test_zygote_crash_during_call_reports_error(harness: BackendHarness) -> None:
     async def crash() -> object:
         inv = harness.invocation("while True:\n    pass")

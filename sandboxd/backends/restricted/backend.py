@@ -210,6 +210,8 @@ class RestrictedBackend:
             if self._closed:
                 raise ZygoteDied("the restricted backend is closed")
             if z is not None:
+                # nobody else may take this dead zygote for a hung one while it is replaced
+                self._zygote = None
                 self.restarts += 1
                 # workers of the dead zygote died with it (parent-death signal); their cgroups
                 # have nobody left to remove them
@@ -239,8 +241,8 @@ class RestrictedBackend:
     async def replace_zygote(self, z: ZygoteHandle) -> None:
         """Retire a zygote that does not answer and start a new one at once; the old one is
         killed when its in-flight calls are over (they end by their deadlines)."""
-        if self._zygote is not z or z.hung.is_set():
-            return
+        if self._zygote is not z or z.hung.is_set() or not z.alive:
+            return  # already replaced, or dead (that is _ensure_zygote's to handle)
         log.warning("restricted: the sandbox zygote (pid %d) did not answer a health ping "
                     "within %g s; replacing it", z.pid, health.PING_TIMEOUT_S)
         z.retire()
