@@ -291,6 +291,9 @@ class Invocation(_Model):
     path: str | None = None
     # file tools: the bytes of a raw upload or download (sandboxd.transfer.Transfer), in-process
     transfer: Any = Field(default=None, exclude=True)
+    # a streaming caller's sink (sandboxd.streaming.EventSink): the backend hands it output as
+    # it is produced (issue 14, section 5); None for a plain call. In-process, never sent.
+    events: Any = Field(default=None, exclude=True)
 
 
 # ---------------------------------------------------------------- decisions
@@ -385,6 +388,19 @@ def kernel_lost_message(result: Result) -> str:
     return KERNEL_LOST_MESSAGE.format(why=why)
 
 
+class Output(_Model):
+    """One rich output of a call (issue 14), in Jupyter's mime-bundle convention: ``data``
+    maps a MIME type to its content - text types (``text/plain``, ``text/html``,
+    ``image/svg+xml``) as text, ``image/png`` as base64, ``application/json`` as JSON. A
+    ``display(obj)`` call adds one; on the container backend so does every matplotlib figure
+    a call leaves open. ``truncated``: the item was over the size cap, and its data is only a
+    ``text/plain`` note that says so. Rules and caps: :mod:`sandboxd.outputs`."""
+
+    type: Literal["display"] = "display"
+    data: dict[str, Any]
+    truncated: bool = False
+
+
 class Explanation(_Model):
     """What ``policy explain`` answers: the decision and where its rule is written."""
 
@@ -412,6 +428,7 @@ class Result(_Model):
     cleanup: Cleanup = Field(default_factory=Cleanup)
     message: str | None = None  # human/model-readable explanation for non-ok outcomes
     kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
+    outputs: list[Output] = Field(default_factory=list)  # display items, in order (issue 14)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,

@@ -1,0 +1,46 @@
+"""Streamed output (issue 14, section 5): the events a call produces while it runs.
+
+A streaming caller puts an :data:`EventSink` on :attr:`Invocation.events
+<sandboxd.models.Invocation.events>`. The backend calls it, on the event loop, as output
+arrives from the sandbox: ``stdout``/``stderr`` with text (exactly the bytes that end up in
+the result - within the output cap, decoded incrementally so no character is split) and
+``display`` with an :class:`~sandboxd.models.Output` as a dict. The service sends the final
+``result`` event itself. A sink must not block; it is never called after the call's result
+exists. Over HTTP each event is one Server-Sent Event: ``event: <kind>`` and ``data:`` the
+JSON of :meth:`StreamEvent.payload`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+StreamKind = Literal["stdout", "stderr", "display", "result"]
+#: every event kind, in the order a client may see them (output kinds interleave)
+KINDS: tuple[StreamKind, ...] = ("stdout", "stderr", "display", "result")
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of a streamed call. ``data``: text for ``stdout``/``stderr``; the display
+    item (a dict) for ``display``; the result object (a dict) for ``result``."""
+
+    kind: StreamKind
+    data: str | dict[str, Any]
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON object sent as the SSE ``data``: ``{"text": ...}`` for output chunks,
+        the item or result itself otherwise."""
+        if isinstance(self.data, str):
+            return {"text": self.data}
+        return self.data
+
+
+EventSink = Callable[[StreamEvent], None]
+
+
+def emit(sink: EventSink | None, kind: StreamKind, data: str | dict[str, Any]) -> None:
+    """Hand one event to ``sink`` when there is one (the one call site idiom of backends)."""
+    if sink is not None and data:
+        sink(StreamEvent(kind, data))
