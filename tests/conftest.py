@@ -22,6 +22,15 @@ def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
         yield d
 
 
+@pytest.fixture(scope="module")
+def module_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """One real daemon (default policy) shared by a module's tests that leave it as they
+    found it: a daemon start costs 20-60 s under emulation in the modern-host VM job. A module
+    opts in by overriding ``daemon`` with it (tests/api/test_api.py)."""
+    with running_daemon(tmp_path_factory.mktemp("daemon")) as d:
+        yield d
+
+
 @pytest.fixture(scope="session")
 def docker_client():  # type: ignore[no-untyped-def]
     """A docker.DockerClient connected to a running engine with the sandbox images built."""

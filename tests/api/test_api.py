@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,12 @@ import pytest
 from tests.support.daemon import RunningDaemon, running_daemon
 
 PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
+    """This module's tests share one daemon (tests/conftest.py: module_daemon)."""
+    return module_daemon
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict:
@@ -277,9 +284,17 @@ def test_disconnected_client_cancels_and_cleans_up(daemon: RunningDaemon) -> Non
     assert cancelled[-1]["cleanup"]["verified"] is True, cancelled[-1]
 
 
-def test_metrics_count_invocations(daemon: RunningDaemon) -> None:
-    daemon.invoke("python", {"code": "print(1)"})
+def _ok_python_calls(daemon: RunningDaemon) -> float:
     text = daemon.client.get("/metrics").text
-    assert 'sandboxd_invocations_total{status="ok",tool="python"} 1.0' in text
+    found = re.search(r'^sandboxd_invocations_total\{status="ok",tool="python"\} (\S+)$', text,
+                      re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_metrics_count_invocations(daemon: RunningDaemon) -> None:
+    before = _ok_python_calls(daemon)  # the module's daemon ran other tests' calls
+    daemon.invoke("python", {"code": "print(1)"})
+    assert _ok_python_calls(daemon) == before + 1
+    text = daemon.client.get("/metrics").text
     assert "sandboxd_queue_depth 0.0" in text
     assert "sandboxd_slots_in_use" in text

@@ -5,7 +5,6 @@ requests): Origin and, for the tokenless loopback client, Host are checked on th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -37,9 +36,9 @@ def _calls_audited(d: RunningDaemon) -> int:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
-    with running_daemon(tmp_path) as d:
-        yield d
+def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
+    """This module's tests share one daemon (tests/conftest.py: module_daemon)."""
+    return module_daemon
 
 
 def test_a_page_origin_is_refused_before_anything_runs(daemon: RunningDaemon) -> None:

@@ -7,7 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.daemon import RunningDaemon
+
+
+@pytest.fixture
+def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
+    """This module's tests share one daemon (tests/conftest.py: module_daemon)."""
+    return module_daemon
 
 
 def sandboxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
