@@ -143,6 +143,12 @@ class Settings(BaseSettings):
                     "(CAP_SYS_ADMIN), else advisory; kernel: required (not ready without it); "
                     "advisory: never mount, check before and after calls only")
     max_sessions_per_client: int = Field(default=16, ge=1)
+    max_display_bytes: int = Field(
+        default=2 * 1024 * 1024, ge=1024,
+        description="One display item of a call (display(), a matplotlib figure) at most, as "
+                    "JSON (images as base64); a bigger one is replaced by a note saying so")
+    max_displays: int = Field(default=32, ge=1,
+                              description="Display items of one call at most")
     max_kernels: int = Field(
         default=32, ge=1,
         description="Live session Python kernels on this host at most (every backend "

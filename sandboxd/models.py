@@ -22,6 +22,7 @@ status         termination.reason
 
 from __future__ import annotations
 
+import base64
 import secrets
 import shlex
 import time
@@ -283,6 +284,10 @@ class Invocation(_Model):
     network: str | None = None
     # file tools: largest file that may be read or written
     max_file_bytes: int = 1024 * 1024
+    # display items (issue 14): one item's JSON and the items of a call at most (settings
+    # max_display_bytes / max_displays; sandboxd.display.DisplayCaps)
+    display_bytes: int = 2 * 1024 * 1024
+    displays: int = 32
     # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);
     # None when the daemon is not root
     uid: int | None = None
@@ -400,6 +405,15 @@ class Output(_Model):
     data: dict[str, Any]
     truncated: bool = False
 
+    @property
+    def image(self) -> tuple[str, str] | None:
+        """``(MIME type, base64)`` of the item's raster image (PNG, else JPEG), if it has one:
+        what ``Result.images()`` decodes and MCP hosts get as ``image`` content."""
+        for mime in ("image/png", "image/jpeg"):
+            if isinstance(self.data.get(mime), str):
+                return mime, self.data[mime]
+        return None
+
 
 class Explanation(_Model):
     """What ``policy explain`` answers: the decision and where its rule is written."""
@@ -429,6 +443,10 @@ class Result(_Model):
     message: str | None = None  # human/model-readable explanation for non-ok outcomes
     kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
     outputs: list[Output] = Field(default_factory=list)  # display items, in order (issue 14)
+
+    def images(self) -> list[bytes]:
+        """The call's images (its PNG and JPEG display items, in order), decoded."""
+        return [base64.b64decode(item.image[1]) for item in self.outputs if item.image]
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,

@@ -53,8 +53,9 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             "Run Python code in a sandbox. Returns stdout, stderr and the value of the last "
             "expression. Within a session, variables, functions and imports persist between "
             "calls (until a timeout, a limit or a restart ends the interpreter; files stay); "
-            "without one, every call starts fresh. Only allowlisted modules can be imported; "
-            "there is no network.",
+            "without one, every call starts fresh. display(obj) shows a value (a table, a "
+            "chart) beside the output. Only allowlisted modules can be imported; there is no "
+            "network.",
             _object(
                 {"code": {"type": "string", "minLength": 1, "description": "Python source code"}},
                 ["code"],

@@ -349,7 +349,8 @@ class Sandboxd(SessionOps):
                         imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
                         image=decision.image, network=decision.network,
                         max_file_bytes=decision.max_file_bytes, path=decision.path,
-                        transfer=transfer)
+                        display_bytes=self.settings.max_display_bytes,
+                        displays=self.settings.max_displays, transfer=transfer)
                     result = note_kernel_lost(await backend.run(invocation, limits, deadline))
                     result = await self._note_quota(result, decision, workspace)
         except DeadlineExpired as exc:

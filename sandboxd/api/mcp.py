@@ -88,11 +88,10 @@ def tool_for(spec: ToolSpec) -> types.Tool:
 
 
 def images_of(result: Result) -> list[types.ImageContent]:
-    """PNG display outputs as MCP ``image`` content. The seam for rich results: a
-    :class:`Result` has no display outputs yet, so there are none; when it gains them, each PNG
-    becomes ``ImageContent(data=<base64>, mime_type="image/png")`` here (and only here)."""
-    del result
-    return []
+    """The result's PNG and JPEG display items as MCP ``image`` content, in order (the text
+    content names each one with a placeholder: :func:`format_result`)."""
+    return [types.ImageContent(type="image", data=item.image[1], mime_type=item.image[0])
+            for item in result.outputs if item.image]
 
 
 def call_result(result: Result) -> types.CallToolResult:

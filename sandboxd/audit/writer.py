@@ -331,6 +331,7 @@ class AuditLog:
             rule=result.policy.rule if result.policy else None,
             stdout_bytes=len(result.stdout.encode("utf-8", "replace")),
             stderr_bytes=len(result.stderr.encode("utf-8", "replace")),
+            displays=len(result.outputs),  # display items (their content is not logged)
             truncated=result.truncated.model_dump(mode="json"),
             cleanup=result.cleanup.model_dump(mode="json"),
             message=cap(result.message),

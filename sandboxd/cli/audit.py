@@ -60,7 +60,7 @@ def verify_cmd(
 _SHOWN = ("request_id", "client", "tool", "decision", "status", "rule", "backend")
 _KNOWN = {"ts", "seq", "event", "prev", "termination", "resources", "args_preview", "message",
           "args_sha256", "args_bytes", "limits", "truncated", "cleanup", "invocation",
-          "session", "source", "policy", "stdout_bytes", "stderr_bytes", *_SHOWN}
+          "session", "source", "policy", "stdout_bytes", "stderr_bytes", "displays", *_SHOWN}
 
 
 def _text(value: Any) -> str:

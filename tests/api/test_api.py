@@ -298,3 +298,21 @@ def test_metrics_count_invocations(daemon: RunningDaemon) -> None:
     text = daemon.client.get("/metrics").text
     assert "sandboxd_queue_depth 0.0" in text
     assert "sandboxd_slots_in_use" in text
+
+
+def test_display_items_come_back_in_the_result(daemon: RunningDaemon) -> None:
+    r = daemon.invoke("python", {"code": "display([1, 2])\nprint('x')\ndisplay('done')"})
+    assert r.status_code == 200, r.text
+    result = r.json()
+    assert result["status"] == "ok" and result["stdout"] == "x\n"
+    assert result["outputs"] == [
+        {"type": "display", "data": {"text/plain": "[1, 2]", "application/json": [1, 2]},
+         "truncated": False},
+        {"type": "display", "data": {"text/plain": "'done'", "application/json": "done"},
+         "truncated": False},
+    ]
+    records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+    mine = [rec for rec in records if rec.get("invocation") == result["id"]
+            and rec.get("event") == "result"]
+    assert mine and mine[-1]["displays"] == 2  # counted, content not logged
+    assert "done" not in json.dumps(mine[-1])

@@ -184,3 +184,25 @@ def test_act_opens_a_session_for_the_run_and_closes_it(token_daemon: TokenDaemon
         result = Agent(llm.url, "m", sandbox=sandbox, auto_session=False).act("remember")
         assert {r.result.session for r in result.tool_calls if r.result is not None} == {None}
         assert "7 pears" not in result.text
+
+
+def test_the_model_reads_display_items(token_daemon: TokenDaemon) -> None:
+    """``display()`` items come back on the record's result, and the model reads their text."""
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        results = last_tool_results(body)
+        if results:
+            return text_reply("saw: " + results[0]["content"])
+        return tool_call_reply([("python", {"code": "print('rows: 3')\n"
+                                                    "display({'total': 42})"})])
+
+    with ScriptedLLM(script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        result = Agent(llm.url, "qwen2.5-7b-instruct", sandbox=sandbox).act(
+            "Sum the rows", tools=["python"])
+    (record,) = result.tool_calls
+    assert record.result is not None and record.result.status == "ok"
+    assert [o.data for o in record.result.outputs] == [
+        {"text/plain": "{'total': 42}", "application/json": {"total": 42}}]
+    assert record.result.images() == []
+    assert result.text == "saw: stdout:\nrows: 3\ndisplay:\n{'total': 42}"

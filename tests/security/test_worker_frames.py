@@ -134,3 +134,50 @@ def test_frame_after_the_report_fails_the_call(daemon: RunningDaemon) -> None:
     _assert_failed_cleanly(res, "after the final report")
     assert "forged" not in res["stdout"]
     _assert_next_call_works(daemon)
+
+
+DISPLAY_ITEMS = {
+    "unknown_mime": b'{"data": {"application/x-sh": "rm -rf /"}}',
+    "png_that_is_not": b'{"data": {"image/png": "PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg=="}}',
+    "not_base64": b'{"data": {"image/png": "%%%"}}',
+    "lying_cut_record": b'{"cut": {"mime": "text/plain", "bytes": -5}}',
+    "deep_nesting": b'{"data": {"application/json": ' + b"[" * 100_000 + b"}}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DISPLAY_ITEMS))
+def test_a_forged_display_item_fails_the_call_only(daemon: RunningDaemon, name: str) -> None:
+    code = (
+        "#unrestricted\n"
+        f"emit(b'd', {DISPLAY_ITEMS[name]!r})\n"
+        "emit(b'r', b'{\"outcome\": \"ok\", \"exit_code\": 0}')\n"
+        "time.sleep(30)\n"
+    )
+    res = _python(daemon, code)
+    _assert_failed_cleanly(res, "display item")
+    assert res["outputs"] == []  # nothing forged reaches the caller
+    _assert_next_call_works(daemon)
+
+
+def test_an_oversized_display_frame_is_refused_at_its_header(daemon: RunningDaemon) -> None:
+    code = ("#unrestricted\n"
+            "os.write(fd, struct.pack('>cII', b'd', 0, 64 * 1024 * 1024))\n"
+            "time.sleep(30)\n")
+    res = _python(daemon, code)
+    _assert_failed_cleanly(res, str(64 * 1024 * 1024))
+    _assert_next_call_works(daemon)
+
+
+def test_a_display_flood_past_the_count_is_bounded(daemon: RunningDaemon) -> None:
+    code = ("#unrestricted\n"
+            "for i in range(5000):\n"
+            "    emit(b'd', b'{\"data\": {\"text/plain\": \"spam\"}}')\n"
+            "emit(b'r', b'{\"outcome\": \"ok\", \"exit_code\": 0}')\n")
+    res = _python(daemon, code)
+    # the frame budget ends it, or the daemon keeps the cap: never 5000 items
+    assert len(res["outputs"]) <= 33, len(res["outputs"])
+    if res["status"] == "ok":
+        assert res["outputs"][-1]["truncated"] is True
+    else:
+        _assert_failed_cleanly(res)
+    _assert_next_call_works(daemon)

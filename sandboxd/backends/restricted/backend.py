@@ -334,7 +334,8 @@ class RestrictedBackend:
                 cleanup=Cleanup(verified=True),
                 message=f"no sandbox worker: {exc}",
             ), None
-        ex = await standby.exchange(z, worker, msg, limits, deadline, self.layout)
+        ex = await standby.exchange(z, worker, msg, limits, deadline, self.layout,
+                                    inv.events)
         result = outcome.build_result(
             inv,
             limits,

@@ -5,9 +5,9 @@ written by an attacker. So (see :mod:`sandboxd.wire` for the frame format):
 
 * the work per event-loop callback is bounded: one ``read`` of at most
   :data:`sandboxd.wire.READ_BYTES`, decoded, then back to the loop;
-* only ``o`` (stdout), ``e`` (stderr) - each 1 byte up to the call's output cap - and one
-  ``r`` (the report, at most the output cap plus :data:`REPORT_SLACK`) are accepted, and
-  nothing after the report;
+* only ``o`` (stdout), ``e`` (stderr) - each 1 byte up to the call's output cap -, ``d``
+  (a display item, checked by :mod:`sandboxd.outputs`) and one ``r`` (the report, at most
+  the output cap plus :data:`REPORT_SLACK`) are accepted, and nothing after the report;
 * the frames and bytes of a call are bounded (:func:`frame_budget`);
 * the report must be a JSON object with exactly the known members, of the known types.
 
@@ -27,6 +27,9 @@ import math
 import os
 from typing import Any
 
+from sandboxd.display import DisplayCaps
+from sandboxd.outputs import DisplayCollector
+from sandboxd.streaming import EventSink, emit
 from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
@@ -38,12 +41,17 @@ OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "cpu_limit"
 FLUSHES_PER_SECOND = 50
 
 
-def frame_budget(cap: int, timeout_s: float) -> tuple[int, int]:
+def frame_budget(cap: int, timeout_s: float,
+                 display: DisplayCaps | None = None) -> tuple[int, int]:
     """``(frames, bytes)`` a well-behaved worker stays within for a call with output cap
     ``cap``: a frame per 4 KiB of output (it sends 8 KiB ones), plus timed flushes of both
-    streams, plus slack; the bytes are both streams, the report and every header."""
-    frames = 1024 + 2 * (cap // 4096) + 2 * FLUSHES_PER_SECOND * math.ceil(timeout_s + 1)
-    return frames, 2 * cap + cap + REPORT_SLACK + frames * HEADER.size
+    streams, plus its display items (one past the count: the worker stops there), plus slack;
+    the bytes are both streams, the display items, the report and every header."""
+    display = display or DisplayCaps()
+    frames = (1024 + 2 * (cap // 4096) + 2 * FLUSHES_PER_SECOND * math.ceil(timeout_s + 1)
+              + display.count + 1)
+    return frames, (2 * cap + cap + REPORT_SLACK + (display.count + 1) * display.frame_bytes
+                    + frames * HEADER.size)
 
 
 def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
@@ -85,18 +93,23 @@ class FrameReader:
     """Reads one worker's frames from its socket (non-blocking, via ``add_reader``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
-                 timeout_s: float, until_report: bool = False) -> None:
+                 timeout_s: float, until_report: bool = False,
+                 display: DisplayCaps | None = None, events: EventSink | None = None) -> None:
         self.loop = loop
         self.fd = fd
         self.cap = cap
-        frames, total = frame_budget(cap, timeout_s)
+        display = display or DisplayCaps()
+        frames, total = frame_budget(cap, timeout_s, display)
         self.decoder = Decoder(
-            {b"o": (1, cap), b"e": (1, cap), b"r": (2, cap + REPORT_SLACK)},
+            {b"o": (1, cap), b"e": (1, cap), b"d": (2, display.frame_bytes),
+             b"r": (2, cap + REPORT_SLACK)},
             max_frames=frames,
             max_bytes=total,
         )
         self.stdout = bytearray()
         self.stderr = bytearray()
+        self.displays = DisplayCollector(display)
+        self.events = events  # a streaming caller's sink (sandboxd.streaming)
         self.report: dict[str, Any] | None = None
         self.overflow = False
         self.violation: str | None = None
@@ -139,6 +152,11 @@ class FrameReader:
             raise ProtocolError("a frame after the final report")
         if kind == b"r":
             self.report = check_report(payload)
+            return
+        if kind == b"d":
+            item = self.displays.take(payload)
+            if item is not None:
+                emit(self.events, "display", item.model_dump(mode="json"))
             return
         target = self.stdout if kind == b"o" else self.stderr
         target += payload

@@ -61,6 +61,7 @@ from sandboxd.backends.restricted.worker import KERNEL_SURVIVES
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER
 from sandboxd.deadline import within
+from sandboxd.display import DisplayCaps
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
 
 if TYPE_CHECKING:
@@ -207,7 +208,8 @@ class KernelPool:
         exit_info: dict[str, Any] | None = None
         lost = True
         reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
-                             until_report=True)
+                             until_report=True, display=DisplayCaps(**msg["display"]),
+                             events=inv.events)
         z.in_use += 1
         k.calls += 1
         try:

@@ -51,9 +51,29 @@ def build_result(
     cleanup: Cleanup | None = None,
 ) -> Result:
     """The call's :class:`Result` from the worker's report (if any), its exit report from the
-    zygote and what the daemon saw (deadline, overflow, protocol violation, crash).
+    zygote and what the daemon saw (deadline, overflow, protocol violation, crash), with the
+    display items the daemon accepted (whatever the outcome: they were shown as they came).
     ``cleanup``: the proof when the caller has it (a session kernel kept alive on purpose),
     else it is established here (:func:`verify_gone`)."""
+    res = _build_result(inv, limits, msg, reader, reason, exit_info, call, crashed, started_at,
+                        zygote_pid, cleanup)
+    res.outputs = list(reader.displays.items)
+    return res
+
+
+def _build_result(
+    inv: Invocation,
+    limits: Limits,
+    msg: dict[str, Any],
+    reader: FrameReader,
+    reason: Reason | None,
+    exit_info: dict[str, Any] | None,
+    call: StandbyWorker,
+    crashed: str | None,
+    started_at: float,
+    zygote_pid: int,
+    cleanup: Cleanup | None = None,
+) -> Result:
     cap = limits.output_bytes
     budget = OutputBudget(cap)  # stdout and stderr together (sandboxd.rules)
     out = bytes(reader.stdout[: budget.take(len(reader.stdout))])

@@ -21,7 +21,9 @@ from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER
 from sandboxd.deadline import within
+from sandboxd.display import DisplayCaps
 from sandboxd.models import Invocation, Limits, Reason
+from sandboxd.streaming import EventSink
 
 
 @dataclass
@@ -63,6 +65,7 @@ async def exchange(
     limits: Limits,
     deadline: float,
     layout: CgroupLayout,
+    events: EventSink | None = None,
 ) -> Exchange:
     """Run the call ``msg`` on ``worker`` (taken from ``z``). On cancellation the worker is
     killed and reaped first, then :class:`CancelledAfterCleanup` is raised."""
@@ -71,7 +74,8 @@ async def exchange(
     exit_info: dict[str, Any] | None = None
     crashed: str | None = None
     z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
-    reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s)
+    reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
+                         display=DisplayCaps(**msg["display"]), events=events)
     z.in_use += 1
     try:
         data = json.dumps(msg).encode()
@@ -120,6 +124,7 @@ def request(
         "cpu_seconds": math.ceil(remaining) + 1,
         "output": int(limits.output_bytes),
         "max_file": int(inv.max_file_bytes),
+        "display": DisplayCaps(inv.display_bytes, inv.displays).wire(),
         "uid": inv.uid,
         "probe": probe,
     }

@@ -192,6 +192,7 @@ def run_worker(
                 max_file_bytes=spec.max_file_bytes,
                 emit=emit,
                 namespace=namespace,
+                display=msg.get("display"),
             )
         report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
         emit(b"r", json.dumps(report).encode())

@@ -75,7 +75,12 @@ from sandboxd.backends.restricted.lang.guards import (
     user_classes,
 )
 from sandboxd.backends.restricted.lang.modules import ImportHook
-from sandboxd.backends.restricted.lang.output import CurrentStdout, OutputStream, PrintScope
+from sandboxd.backends.restricted.lang.output import (
+    CurrentStdout,
+    Displayer,
+    OutputStream,
+    PrintScope,
+)
 from sandboxd.backends.restricted.lang.state import (
     SANDBOX_FILENAME,
     STATE,
@@ -83,6 +88,7 @@ from sandboxd.backends.restricted.lang.state import (
     limit_check,
 )
 from sandboxd.backends.restricted.lang.transform import compile_user_code
+from sandboxd.display import DisplayCaps
 from sandboxd.rules import OutputBudget
 
 
@@ -103,9 +109,10 @@ def make_builtins(import_hook: ImportHook, opener: WorkspaceOpener) -> dict[str,
 
 
 def make_globals(
-    import_hook: ImportHook, opener: WorkspaceOpener, stdout: OutputStream
+    import_hook: ImportHook, opener: WorkspaceOpener, stdout: OutputStream,
+    displayer: Displayer | None = None,
 ) -> dict[str, Any]:
-    """The globals dict user code runs in."""
+    """The globals dict user code runs in (``displayer``: the ``display`` builtin)."""
 
     def print_factory(_getattr: Any = None) -> PrintScope:
         return PrintScope(stdout)
@@ -114,8 +121,11 @@ def make_globals(
         STATE.value = value
         STATE.has_value = True
 
+    safe_builtins = make_builtins(import_hook, opener)
+    if displayer is not None:
+        safe_builtins["display"] = displayer
     return {
-        "__builtins__": make_builtins(import_hook, opener),
+        "__builtins__": safe_builtins,
         "__name__": "__main__",
         "__metaclass__": metaclass,
         "_getattr_": guarded_getattr,
@@ -209,6 +219,7 @@ def run_user_code(
     max_file_bytes: int,
     emit: Callable[[bytes, bytes], None],
     namespace: dict[str, Any] | None = None,
+    display: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Compile and run ``source``; stream output through ``emit(kind, data)``; return the final
     report ``{"outcome", "exit_code", "value", ...}``. Never raises (except on a broken emit).
@@ -216,7 +227,8 @@ def run_user_code(
     ``namespace``: a session kernel's persistent globals (empty on its first call). Every
     trusted entry (guards, print, the builtins) is set again before each call - the builtins
     dict is updated in place, so that functions defined by earlier calls use this call's
-    import hook, ``open`` and output - and everything else is the user's own state."""
+    import hook, ``open`` and output - and everything else is the user's own state.
+    ``display``: the call's display caps (:meth:`sandboxd.display.DisplayCaps.wire`)."""
     budget = OutputBudget(output_bytes)  # one cap for stdout and stderr together
     stdout = OutputStream(b"o", emit, budget)
     CurrentStdout.stream = stdout
@@ -238,8 +250,10 @@ def run_user_code(
         source.splitlines(True),
         SANDBOX_FILENAME,
     )
+    caps = DisplayCaps(**display) if display else DisplayCaps()
     g = make_globals(
-        ImportHook(imports_allow, imports_deny), WorkspaceOpener(workspace, max_file_bytes), stdout
+        ImportHook(imports_allow, imports_deny), WorkspaceOpener(workspace, max_file_bytes), stdout,
+        Displayer(emit, caps, (stdout, stderr)),
     )
     if namespace is not None:
         g = refresh_namespace(namespace, g)

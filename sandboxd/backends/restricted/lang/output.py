@@ -1,9 +1,10 @@
 """Output capture: stdout/stderr streamed to the parent in frames within the output cap,
-and the ``print`` collector."""
+the ``print`` collector, and ``display()``."""
 
 from __future__ import annotations
 
 import builtins
+import json
 import pprint
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 from sandboxd.backends.restricted.lang.guards import guarded_getattr
 from sandboxd.backends.restricted.lang.state import STATE, LimitExceeded
+from sandboxd.display import DisplayCaps, encode_item
 from sandboxd.rules import OutputBudget
 
 
@@ -159,3 +161,37 @@ def sandbox_pprint(obj: Any, *args: Any, **kwargs: Any) -> None:
     text = pprint.pformat(obj, *args, **kwargs)
     if CurrentStdout.stream is not None:
         CurrentStdout.stream.write(text + "\n")
+
+
+class Displayer:
+    """The ``display(*objs)`` builtin of the restricted backend: each object becomes one
+    display item of plain values - ``text/plain`` (its repr) and, when the value is JSON,
+    ``application/json`` - sent as a ``d`` frame after the output written so far (so prints
+    and items keep their order), within the call's caps (:mod:`sandboxd.display`)."""
+
+    def __init__(self, emit: Callable[[bytes, bytes], None], caps: DisplayCaps,
+                 streams: tuple[OutputStream, OutputStream]) -> None:
+        self.emit = emit
+        self.caps = caps
+        self.streams = streams
+        self.sent = 0
+
+    def __call__(self, *objs: Any, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError("display() takes no keyword arguments")
+        for obj in objs:
+            if STATE.limit_hit is not None:
+                raise STATE.limit_hit
+            if self.sent > self.caps.count:  # the daemon keeps one note past the count
+                return
+            bundle: dict[str, Any] = {"text/plain": repr(obj)}
+            try:
+                text = json.dumps(obj, allow_nan=False)
+            except (TypeError, ValueError, RecursionError, OverflowError):
+                text = None
+            if text is not None and len(text) <= self.caps.item_bytes:
+                bundle["application/json"] = json.loads(text)
+            for stream in self.streams:
+                stream.flush()
+            self.emit(b"d", encode_item(bundle, self.caps))
+            self.sent += 1
