@@ -23,7 +23,14 @@ persist (see "the session kernel" below); ``{"kind": "kernel_stop"}`` ends it.
 
   daemon -> runner  b"R" JSON request (new call id), b"K" stop that call
   runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
-                    b"x" JSON exit record (ends the call)
+                    b"d" a display item (sandboxd/display.py), b"x" JSON exit record (ends
+                    the call)
+
+Display items: python code gets a ``display(*objs)`` builtin (IPython's rich-repr
+conventions; a cell's rich last value and the matplotlib figures it leaves open, or shows
+with ``plt.show()``, are displayed too). The user's process writes each item as a ``d``
+frame on a pipe of its own; the runner reads that pipe with a bounded decoder (the call's
+caps) and relays the frames; the daemon checks every item again (sandboxd/outputs.py).
 
 Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 """
@@ -67,6 +74,8 @@ def _load_shared(filename, name):
 wire = _load_shared("wire.py", "sandboxd_wire")  # sandboxd/wire.py: the frame protocol
 # sandboxd/rules.py: the import, workspace path and output rules, the daemon's very definition
 rules = _load_shared("rules.py", "sandboxd_rules")
+# sandboxd/display.py: what a display item is (MIME types, caps, IPython's repr conventions)
+display_rules = _load_shared("display.py", "sandboxd_display")
 CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
 
 
@@ -125,8 +134,9 @@ def cgroup_counters():
 # ------------------------------------------------------------------ the worker (child)
 
 
-def _user_import(allow, deny):
-    """``__import__`` for user code: the policy's imports rule (sandboxd/rules.py)."""
+def _user_import(allow, deny, after=None):
+    """``__import__`` for user code: the policy's imports rule (sandboxd/rules.py);
+    ``after()`` runs after each import (it hooks matplotlib's ``show``)."""
     real = builtins.__import__
 
     def guarded(name, globals=None, locals=None, fromlist=(), level=0):
@@ -135,9 +145,85 @@ def _user_import(allow, deny):
             admitted, _ = rules.import_verdict(str(name), allow, deny, names)
             if not admitted:
                 raise ImportError(f"import of '{name}' is not allowed by the policy")
-        return real(name, globals, locals, fromlist, level)
+        module = real(name, globals, locals, fromlist, level)
+        if after is not None:
+            after()
+        return module
 
     return guarded
+
+
+def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=memoryview):
+    """The user's ``display(*objs)``: each object's mime bundle as one ``d`` frame on ``fd``
+    (cut or counted by ``caps``: sandboxd/display.py). Once the runner stops reading (the
+    call's count is reached, or it refused a frame), further items are dropped."""
+    sent = [0]
+
+    def display(*objs, **kwargs):
+        if kwargs:
+            raise TypeError("display() takes no keyword arguments")
+        for obj in objs:
+            if sent[0] > caps.count:  # the daemon keeps one note past the count
+                return
+            payload = display_rules.encode_item(display_rules.mime_bundle(obj), caps)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            view = memoryview(pack(b"d", 0, len(payload)) + payload)
+            try:
+                while view:
+                    view = view[write(fd, view):]
+            except OSError:
+                sent[0] = caps.count + 1
+                return
+            sent[0] += 1
+
+    return display
+
+
+def _show_figures(display):
+    """Display every open matplotlib figure and close them all (a cell's end, ``show()``)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        nums = list(plt.get_fignums())
+    except Exception:
+        return
+    for num in nums:
+        try:
+            display(plt.figure(num))
+        except Exception:
+            pass
+    try:
+        plt.close("all")
+    except Exception:
+        pass
+
+
+def _hook_pyplot(display):
+    """Make ``matplotlib.pyplot.show()`` display the open figures (once it is imported)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or getattr(plt.show, "_sandboxd_display", None) is display:
+        return
+
+    def show(*args, **kwargs):
+        _show_figures(display)
+
+    show._sandboxd_display = display
+    try:
+        plt.show = show
+    except Exception:
+        pass
+
+
+def _display_tools(req, fd):
+    """``(display, after_import)`` for a python call whose display pipe is ``fd``."""
+    caps = display_rules.DisplayCaps(**(req.get("display") or {}))
+    display = _user_display(fd, caps)
+    return display, (lambda: _hook_pyplot(display))
 
 
 MAX_VALUE_JSON = 1024 * 1024 + 64  # the value's JSON text, beyond which it is dropped
@@ -160,19 +246,25 @@ def _user_environment(req):
     sys.path.insert(0, os.getcwd())
 
 
-def _user_builtins(req):
+def _user_builtins(req, display=None, after_import=None):
     """A copy of the builtins with the policy's import rule (an empty allow list admits
-    nothing: default deny, as in the policy engine)."""
+    nothing: default deny, as in the policy engine) and ``display``."""
     bi = dict(vars(builtins))
     bi["__import__"] = _user_import(list(req.get("imports_allow") or ()),
-                                    list(req.get("imports_deny") or ()))
+                                    list(req.get("imports_deny") or ()), after_import)
+    if display is not None:
+        bi["display"] = display
     return bi
 
 
-def execute(code, namespace):
-    """Run ``code`` in ``namespace`` as a cell: (exit status, value of a last expression)."""
+def execute(code, namespace, display=None):
+    """Run ``code`` in ``namespace`` as a cell: (exit status, value of a last expression).
+    With ``display``: a rich last value (a DataFrame, a figure) is displayed, and so are the
+    matplotlib figures the cell leaves open."""
     status = 0
     value = None
+    if display is not None:
+        _hook_pyplot(display)  # pyplot imported by an earlier cell of a kernel
     try:
         tree = ast.parse(code, "<code>", "exec")
         last = None
@@ -192,6 +284,13 @@ def execute(code, namespace):
         lines = traceback.format_exception(etype, evalue, tb.tb_next if tb else None)
         sys.stderr.write("".join(lines))
         status = 1
+    if display is not None:
+        try:
+            if status == 0 and display_rules.has_rich_repr(value):
+                display(value)
+            _show_figures(display)
+        except BaseException:
+            pass
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -212,12 +311,14 @@ def value_json(value):
     return data[:MAX_VALUE_JSON]
 
 
-def run_python(req, value_fd):
+def run_python(req, value_fd, display_fd):
     """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
     _user_streams()
     _user_environment(req)
-    namespace = {"__name__": "__main__", "__builtins__": _user_builtins(req)}
-    status, value = execute(req.get("code") or "", namespace)
+    display, after_import = _display_tools(req, display_fd)
+    namespace = {"__name__": "__main__",
+                 "__builtins__": _user_builtins(req, display, after_import)}
+    status, value = execute(req.get("code") or "", namespace, display)
     if value is not None and status == 0:
         try:
             os.write(value_fd, value_json(value))
@@ -226,7 +327,16 @@ def run_python(req, value_fd):
     os._exit(status)
 
 
-def worker(req, out_w, err_w, value_w):
+def _close_fds_except(keep):
+    """Close every fd from 3 up but those in ``keep``."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+
+
+def worker(req, out_w, err_w, value_w, display_w):
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
         os.setsid()
@@ -234,11 +344,7 @@ def worker(req, out_w, err_w, value_w):
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        if value_w is None:
-            os.closerange(3, 65536)
-        else:
-            os.closerange(3, value_w)
-            os.closerange(value_w + 1, 65536)
+        _close_fds_except({fd for fd in (value_w, display_w) if fd is not None})
         # only now (the channel's fd is closed) may the user's own process be dumpable
         set_dumpable(1)
         try:
@@ -252,7 +358,7 @@ def worker(req, out_w, err_w, value_w):
         os.chdir(req.get("cwd") or "/workspace")
         env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
         if req.get("kind") == "python":
-            run_python(req, value_w)
+            run_python(req, value_w, display_w)
         os._exit(run_plan(req.get("plan") or {}, env) & 0xFF)
     except BaseException as exc:  # never return into the handler's code
         try:
@@ -626,16 +732,22 @@ class Call:
         self.output_limit = False
         self.pids_limit = False
         self.hangup = False
+        caps = display_rules.DisplayCaps(**(req.get("display") or {}))
+        # the user's display frames: bounded by the call's caps (the daemon checks each item)
+        self.displays = wire.Decoder({b"d": (2, caps.frame_bytes)}, max_frames=caps.count + 1)
+        self.display_error = None
 
     def start(self):
         """Start the worker: posix_spawn for commands, fork for python code."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        value_w = None
+        value_w = display_w = None
+        self.streams = {out_r: b"o", err_r: b"e"}
         if self.req.get("kind") == "python":
             self.value_r, value_w = os.pipe()
-        self.streams = {out_r: b"o", err_r: b"e"}
-        self.pipes = {out_r, err_r} | ({self.value_r} if self.value_r is not None else set())
+            display_r, display_w = os.pipe()
+            self.streams[display_r] = b"d"
+        self.pipes = set(self.streams) | ({self.value_r} if self.value_r is not None else set())
         for fd in self.pipes:
             os.set_blocking(fd, False)
         try:
@@ -643,9 +755,9 @@ class Call:
             if pid is None:
                 pid = os.fork()
                 if pid == 0:
-                    worker(self.req, out_w, err_w, value_w)  # never returns
+                    worker(self.req, out_w, err_w, value_w, display_w)  # never returns
         finally:
-            for fd in (out_w, err_w, value_w):
+            for fd in (out_w, err_w, value_w, display_w):
                 if fd is not None:
                     os.close(fd)
         self.pid = pid
@@ -669,6 +781,11 @@ class Call:
             if len(self.value_buf) < 2 * 1024 * 1024:
                 self.value_buf += data
             return
+        if self.streams[fd] == b"d":
+            if not self.relay_display(data):
+                self.pipes.discard(fd)
+                os.close(fd)  # the user's next display() gets EPIPE
+            return
         if self.output_limit:
             return
         # one budget for stdout and stderr together (sandboxd/rules.py)
@@ -679,6 +796,24 @@ class Call:
                 send_frame(self.chan, self.streams[fd], data, self.cid)
             except OSError:
                 self.hangup = True
+
+    def relay_display(self, data):
+        """Relay the user's display frames; False once they broke the bounds (the call then
+        reports an error, and nothing more is read)."""
+        if self.display_error is not None or self.hangup:
+            return False
+        try:
+            frames = self.displays.feed(data)
+        except wire.ProtocolError as exc:
+            self.display_error = f"display(): {exc}"
+            return False
+        for frame in frames:
+            try:
+                send_frame(self.chan, b"d", frame.payload, self.cid)
+            except OSError:
+                self.hangup = True
+                return False
+        return True
 
     def poll(self, now):
         """Reap the worker without blocking; True when the call can be finished."""
@@ -716,6 +851,8 @@ class Call:
             "output_limit": self.output_limit,
             "group_gone": group_gone,
         }
+        if self.display_error:
+            record["error"] = self.display_error
         if self.value_buf:
             try:
                 record["value"] = json.loads(self.value_buf.decode())["value"]
@@ -749,12 +886,13 @@ def _killpg(pgid):
 # persist between calls; one call at a time. The runner writes it length-prefixed requests
 # (marshal) on a pipe; it answers each with one ``v`` frame (sandboxd/wire.py: exit status
 # byte + the value's JSON) on another, read with a bounded decoder: the kernel is user code,
-# its answers are hostile. Its stdout/stderr are two persistent pipes, relayed under the
-# call's output budget while a call runs and discarded between calls. After each call the
-# processes it left in the kernel's process group are killed.
+# its answers are hostile. Its stdout/stderr and its display frames are three persistent
+# pipes, relayed under the call's output budget and display caps while a call runs and
+# discarded between calls. After each call the processes it left in the kernel's process
+# group are killed.
 
 KERNEL_REPLY = {b"v": (1, 1 + MAX_VALUE_JSON)}
-_KCTL, _KREP = 3, 4  # the kernel's request and reply fds
+_KCTL, _KREP, _KDISP = 3, 4, 5  # the kernel's request, reply and display fds
 
 
 # The kernel's own machinery binds what it uses when this file is loaded (default arguments):
@@ -798,6 +936,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
     _user_environment(req)
     user_builtins = _user_builtins(req)  # one copy for the kernel's life: state, like globals
     namespace = {"__name__": "__main__", "__builtins__": user_builtins}
+    caps_of, display_tools = display_rules.DisplayCaps, _user_display
     while True:
         head = _read_exact(_KCTL, 4)
         if head is None:
@@ -806,15 +945,19 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         if body is None:
             os._exit(0)
         cell = loads(body)
-        # this call's import rule (the policy may have changed since the last call)
-        user_builtins["__import__"] = _user_import(list(cell.get("imports_allow") or ()),
-                                                   list(cell.get("imports_deny") or ()))
+        # this call's display() (its own count) and import rule (the policy may have
+        # changed since the last call)
+        display = display_tools(_KDISP, caps_of(**cell.get("display")))
+        user_builtins["__import__"] = _user_import(
+            list(cell.get("imports_allow") or ()), list(cell.get("imports_deny") or ()),
+            lambda display=display: _hook_pyplot(display))
+        user_builtins["display"] = display
         namespace["__builtins__"] = user_builtins
         code = cell.get("code")
-        _answer(*execute(code if isinstance(code, str) else "", namespace))
+        _answer(*execute(code if isinstance(code, str) else "", namespace, display))
 
 
-def kernel_child(req, ctl_r, rep_w, out_w, err_w):
+def kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w):
     """In the forked kernel: set up fds, session, signals, then serve calls forever."""
     try:
         os.setsid()
@@ -824,9 +967,11 @@ def kernel_child(req, ctl_r, rep_w, out_w, err_w):
         os.dup2(err_w, 2)
         ctl = fcntl.fcntl(ctl_r, fcntl.F_DUPFD_CLOEXEC, 200)
         rep = fcntl.fcntl(rep_w, fcntl.F_DUPFD_CLOEXEC, 200)
+        disp = fcntl.fcntl(disp_w, fcntl.F_DUPFD_CLOEXEC, 200)
         os.dup2(ctl, _KCTL, inheritable=False)
         os.dup2(rep, _KREP, inheritable=False)
-        os.closerange(_KREP + 1, 65536)
+        os.dup2(disp, _KDISP, inheritable=False)
+        os.closerange(_KDISP + 1, 65536)
         set_dumpable(1)  # the channel's fd is closed: user code may see its own process
         try:
             with open("/proc/self/oom_score_adj", "w") as fh:
@@ -886,25 +1031,29 @@ class Kernel:
         self.rep_r, rep_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        disp_r, disp_w = os.pipe()
         try:
             pid = os.fork()
             if pid == 0:
-                kernel_child(req, ctl_r, rep_w, out_w, err_w)  # never returns
+                kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w)  # never returns
         finally:
-            for fd in (ctl_r, rep_w, out_w, err_w):
+            for fd in (ctl_r, rep_w, out_w, err_w, disp_w):
                 os.close(fd)
         self.pid, self.calls = pid, 0
-        self.streams = {out_r: b"o", err_r: b"e"}
-        self.pipes = {out_r, err_r, self.rep_r}
+        self.streams = {out_r: b"o", err_r: b"e", disp_r: b"d"}
+        self.pipes = {out_r, err_r, disp_r, self.rep_r}
         for fd in self.pipes:
             os.set_blocking(fd, False)
 
     def send(self, req):
         """Hand the kernel a call (it reads it at once: it is idle)."""
         # marshal (C code only, unlike json) keeps the kernel's loop independent of builtins
+        caps = display_rules.DisplayCaps(**(req.get("display") or {}))
         body = marshal.dumps({"code": str(req.get("code") or ""),
                               "imports_allow": [str(n) for n in req.get("imports_allow") or ()],
-                              "imports_deny": [str(n) for n in req.get("imports_deny") or ()]})
+                              "imports_deny": [str(n) for n in req.get("imports_deny") or ()],
+                              "display": {"item_bytes": int(caps.item_bytes),
+                                          "count": int(caps.count)}})
         data = struct.pack(">I", len(body)) + body
         self.decoder = wire.Decoder(KERNEL_REPLY, max_frames=1,
                                     max_bytes=wire.HEADER.size + 1 + MAX_VALUE_JSON)
@@ -1071,6 +1220,10 @@ class KernelCall(Call):
         raise OSError(32, "the kernel died at once")
 
     def relay(self, kind, data):
+        if kind == b"d":
+            if not self.relay_display(data):
+                self.broken = self.broken or self.display_error
+            return
         if self.output_limit or self.hangup:
             return
         data = data[: self.budget.take(len(data))]
@@ -1082,7 +1235,7 @@ class KernelCall(Call):
                 self.hangup = True
 
     def poll(self, now):
-        if self.stopping or self.reply is not None:
+        if self.stopping or self.reply is not None or self.broken:
             return True
         self.kernel.check()
         return not self.kernel.alive
@@ -1091,7 +1244,7 @@ class KernelCall(Call):
         kernel = self.kernel
         group_gone = True
         record = {}
-        if self.reply is not None and not self.stopping and kernel.alive:
+        if self.reply is not None and not self.stopping and not self.broken and kernel.alive:
             kernel.drain()
             group_gone = kernel.sweep()
             record["exit_code"] = self.reply[0]

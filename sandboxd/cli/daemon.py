@@ -252,8 +252,11 @@ def invoke(
     url: str = URL_OPTION,
     token: str | None = TOKEN_OPTION,
     raw: bool = typer.Option(False, "--raw", help="Print the whole result JSON"),
+    save_outputs: Path | None = typer.Option(
+        None, "--save-outputs", help="Write the call's images here (display-1.png, ...)"),
 ) -> None:
-    """Invoke a tool on a running daemon and print its output. Exit 0 only for status ok."""
+    """Invoke a tool on a running daemon and print its output (display items as one line
+    each). Exit 0 only for status ok."""
     arguments: dict[str, Any] = {}
     if json_args is not None:
         try:
@@ -280,10 +283,35 @@ def invoke(
             sys.stderr.write(result.stderr)
         if result.value is not None and result.tool == "python":
             typer.echo(f"=> {json.dumps(result.value)}")
+        from sandboxd.client.render import describe_output
+        from sandboxd.text import visible
+
+        for item in result.outputs:
+            typer.echo(f"[display] {visible(describe_output(item))}")
+    if save_outputs is not None:
+        _save_images(result, save_outputs)
         if result.status != "ok":
             typer.echo(f"[{result.status}] {result.message or result.termination.reason}",
                        err=True)
     raise typer.Exit(0 if result.status == "ok" else 1)
+
+
+def _save_images(result: Any, where: Path) -> None:
+    """The result's images as files in ``where`` (created), one line each on stderr."""
+    import base64
+
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"--save-outputs {where}: {exc.strerror}")
+    n = 0
+    for item in result.outputs:
+        if item.image is None:
+            continue
+        n += 1
+        path = where / f"display-{n}.{item.image[0].split('/')[1].replace('jpeg', 'jpg')}"
+        path.write_bytes(base64.b64decode(item.image[1]))
+        typer.echo(f"saved {path}", err=True)
 
 
 def version() -> None:

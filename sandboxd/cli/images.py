@@ -103,14 +103,28 @@ def rules_module() -> Path:
     return Path(rules.__file__).resolve()
 
 
+def display_module() -> Path:
+    """``sandboxd/display.py``: the display-item rules, shared by the daemon and the runner
+    (the build puts it next to the runner as ``runner/display.py``)."""
+    from sandboxd import display
+
+    return Path(display.__file__).resolve()
+
+
+def shared_modules() -> dict[str, Path]:
+    """Every sandboxd module the runner loads from beside itself, by its file name there."""
+    return {"wire.py": wire_module(), "rules.py": rules_module(),
+            "display.py": display_module()}
+
+
 def runner_digest(context: Path) -> str:
-    """SHA-256 of the runner, its shared modules (wire, rules) and the Dockerfile: an image
-    built from them carries it."""
+    """SHA-256 of the runner, its shared modules (wire, rules, display) and the Dockerfile:
+    an image built from them carries it."""
     h = hashlib.sha256()
     for rel in ("runner/sandboxd-runner.py", "python/Dockerfile"):
         h.update((context / rel).read_bytes())
-    h.update(wire_module().read_bytes())
-    h.update(rules_module().read_bytes())
+    for path in shared_modules().values():
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -130,12 +144,12 @@ def profile_digest(context: Path, profile: Profile) -> str:
 
 
 def build_context(context: Path, into: Path) -> Path:
-    """A copy of ``images/`` with ``runner/wire.py`` and ``runner/rules.py`` added (what the
-    Dockerfile copies)."""
+    """A copy of ``images/`` with the runner's shared modules added as ``runner/wire.py``,
+    ``runner/rules.py`` and ``runner/display.py`` (what the Dockerfile copies)."""
     target = into / "images"
     shutil.copytree(context, target, symlinks=False)
-    shutil.copy2(wire_module(), target / "runner" / "wire.py")
-    shutil.copy2(rules_module(), target / "runner" / "rules.py")
+    for name, path in shared_modules().items():
+        shutil.copy2(path, target / "runner" / name)
     return target
 
 

@@ -143,3 +143,15 @@ def test_session_commands(daemon: RunningDaemon) -> None:
     audit = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
     assert [a["backends"] for a in audit if a["event"] == "kernel_restart"] == [
         mine["kernel"]["backends"], []]
+
+
+def test_invoke_prints_display_items_one_line_each(daemon: RunningDaemon,
+                                                    tmp_path: Path) -> None:
+    code = ("class Red:\n    def __repr__(self):\n        return 'line\\x1b[31mred'\n"
+            "print('rows')\ndisplay({'n': 2}, Red())")
+    r = sandboxd("invoke", "python", "--json", json.dumps({"code": code}), "--url", daemon.url,
+                 "--save-outputs", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    # the sandbox's text is shown with its control characters escaped
+    assert r.stdout == "rows\n[display] {'n': 2}\n[display] line\\x1b[31mred\n", r.stdout
+    assert list((tmp_path / "out").iterdir()) == []  # no images: no files

@@ -16,6 +16,7 @@ import pytest
 
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.scale import scaled
 
 from .conftest import labelled
 from .test_http import daemon_env
@@ -286,7 +287,9 @@ def test_kernel_output_is_capped_per_call(daemon: Daemon) -> None:
 def test_many_sessions_leave_no_kernel_container_or_workspace(daemon: Daemon,
                                                                docker_client: Any) -> None:
     """The leak test: 100 sessions, each with a kernel that ran and a process it started,
-    deleted; nothing of them is left (container, process, workspace)."""
+    deleted; nothing of them is left (container, process, workspace). (Fewer under
+    emulation: tests/support/scale.py.)"""
+    rounds = scaled(100)
 
     def one(i: int) -> str:
         sid = daemon.session()
@@ -298,8 +301,8 @@ def test_many_sessions_leave_no_kernel_container_or_workspace(daemon: Daemon,
         return sid
 
     with ThreadPoolExecutor(4) as pool:
-        ids = set(pool.map(one, range(100)))
-    assert len(ids) == 100
+        ids = set(pool.map(one, range(rounds)))
+    assert len(ids) == rounds
     left = [c for c in labelled(docker_client, daemon.instance)
             if c.labels.get("sandboxd.session") in ids]
     assert left == []  # their containers, and with them every process of theirs, are gone

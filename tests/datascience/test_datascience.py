@@ -191,3 +191,46 @@ def test_the_stack_imports_within_the_policy_limits(analyst: Analyst) -> None:
                          "try:\n    pd.read_csv('http://1.1.1.1/x.csv')\n    r = 'open'\n"
                          "except Exception as e:\n    r = type(e).__name__\nr")
     assert res["status"] == "ok" and res["value"] != "open", res["value"]
+
+
+DISPLAYS = """\
+import pandas as pd
+import matplotlib.pyplot as plt
+df = pd.read_csv('data/sales.csv')
+totals = df.groupby('region', as_index=False)['sales'].sum()
+display(totals)
+fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=100)
+ax.bar(totals['region'], totals['sales'])
+plt.show()
+print('shown')
+fig2, ax2 = plt.subplots(figsize=(3, 2), dpi=100)
+ax2.plot([1, 3, 2])
+totals
+"""
+
+
+def test_a_plot_and_a_dataframe_come_back_as_display_items(analyst: Analyst) -> None:
+    """``display(df)``, ``plt.show()``, a DataFrame as the cell's last value and a figure left
+    open: four display items, in that order, each checked as hostile data."""
+    res = analyst.python(DISPLAYS)
+    assert res["status"] == "ok", (res["message"], res["stderr"][-2000:])
+    assert res["stdout"] == "shown\n"
+    kinds = [sorted(o["data"]) for o in res["outputs"]]
+    assert kinds == [["text/html", "text/plain"], ["image/png", "text/plain"],
+                     ["text/html", "text/plain"], ["image/png", "text/plain"]], kinds
+    for table_item in (res["outputs"][0], res["outputs"][2]):
+        table = _Table()
+        table.feed(table_item["data"]["text/html"])
+        assert table.rows[0][-2:] == ["region", "sales"], table.rows
+        assert {row[-2]: int(row[-1]) for row in table.rows[1:]} == analyst.totals
+        assert "region" in table_item["data"]["text/plain"]
+    sizes = []
+    for plot in (res["outputs"][1], res["outputs"][3]):
+        image = png.decode(base64.b64decode(plot["data"]["image/png"], validate=True))
+        assert image.distinct_bytes() > 8, "the plot is blank"
+        sizes.append((image.width, image.height))
+        assert plot["data"]["text/plain"].startswith("<Figure size")
+    assert sizes == [(640, 480), (300, 200)]  # figsize x dpi, in the order they were shown
+    # the figures were closed: the next call of the session shows nothing by itself
+    again = analyst.python("len(plt.get_fignums())")
+    assert again["status"] == "ok" and again["value"] == 0 and again["outputs"] == [], again

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from sandboxd.cli.images import images_dir, rules_module, wire_module
+from sandboxd.cli.images import images_dir, shared_modules
 from sandboxd.models import Plan
 
 
@@ -27,8 +27,8 @@ def runner() -> ModuleType:
     where = Path(tempfile.mkdtemp(prefix="sandboxd-runner-"))
     path = where / "sandboxd-runner.py"
     shutil.copy2(images_dir() / "runner" / "sandboxd-runner.py", path)
-    shutil.copy2(wire_module(), where / "wire.py")
-    shutil.copy2(rules_module(), where / "rules.py")
+    for name, source in shared_modules().items():
+        shutil.copy2(source, where / name)
     spec = importlib.util.spec_from_file_location("sandboxd_runner_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

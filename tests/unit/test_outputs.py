@@ -111,3 +111,14 @@ def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
     content = call_result(result).content
     assert [c.type for c in content] == ["text", "image"]
     assert content[1].mime_type == "image/png" and base64.b64decode(content[1].data) == png
+
+
+@pytest.mark.parametrize("value", [41, 2.5, "text", [1, {"a": None}], {"k": True}, None,
+                                   float("nan"), {1, 2}, b"bytes", ("t", 1)])
+def test_plain_values_make_the_same_bundle_on_every_backend(value: object) -> None:
+    """The restricted backend's display() sends plain_bundle; the container runner's sends
+    mime_bundle: for plain values they are one rule."""
+    from sandboxd.display import mime_bundle, plain_bundle
+
+    assert mime_bundle(value) == plain_bundle(value)
+    assert plain_bundle(value)["text/plain"] == repr(value)

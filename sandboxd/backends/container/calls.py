@@ -12,6 +12,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import within
+from sandboxd.display import DisplayCaps
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -25,6 +26,8 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
+from sandboxd.outputs import DisplayCollector
+from sandboxd.streaming import EventSink
 
 BACKEND = "container"
 MAX_CODE_BYTES = 4 * 1024 * 1024
@@ -68,7 +71,8 @@ def request_for(invocation: Invocation, limits: Limits) -> dict[str, Any] | Resu
            # in the writable /tmp, not in the workspace or the read-only root
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
     base = {"id": invocation.id, "env": env, "cwd": "/workspace",
-            "output_bytes": limits.output_bytes}
+            "output_bytes": limits.output_bytes,
+            "display": DisplayCaps(invocation.display_bytes, invocation.displays).wire()}
     if invocation.kind is ToolKind.command:
         plan = invocation.plan
         if plan is None:
@@ -97,14 +101,16 @@ def rejected(invocation: Invocation, limits: Limits, message: str) -> Result:
 
 
 async def exchange(box: Box, request: dict[str, Any], limits: Limits,
-                   deadline: float) -> Outcome:
-    """Run one request on ``box`` within the deadline (raises TimeoutError).
+                   deadline: float, events: EventSink | None = None) -> Outcome:
+    """Run one request on ``box`` within the deadline (raises TimeoutError); ``events``: a
+    streaming caller's sink.
 
     The deadline is enforced with ``asyncio.wait`` around a task, never with nested
     ``wait_for``/``timeout`` (Python 3.11's ``wait_for`` can swallow a cancellation that
     races with completion, which would let a call outlive its deadline).
     """
-    out = CallOutput()
+    out = CallOutput(displays=DisplayCollector(DisplayCaps(**request["display"])),
+                     events=events)
     if deadline - time.monotonic() <= 0:
         raise TimeoutError
     task = asyncio.ensure_future(_exchange_body(box, request, limits, out))
@@ -188,4 +194,5 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         limits=limits,
         cleanup=Cleanup(verified=verified, detail=detail),
         message=message,
+        outputs=list(out.displays.items),
     )

@@ -53,7 +53,7 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
             if not made:  # Boxes.new removed what it had started
                 raise TimeoutError
         await boxes.update_shape(box, shape)
-        outcome = await exchange(box, request, limits, deadline)
+        outcome = await exchange(box, request, limits, deadline, invocation.events)
     except asyncio.CancelledError as exc:
         if box is not None:
             verified = await boxes.destroy_shielded(box)

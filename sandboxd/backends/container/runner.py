@@ -13,6 +13,8 @@ multiplexed by call id (:mod:`sandboxd.wire` frames):
   daemon -> runner  ``R`` JSON request (a new call id; a session's python call names the
                     container's kernel, ``kernel_stop`` ends it), ``K`` stop that call
   runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.wire.READ_BYTES` each),
+                    ``d`` a display item (:mod:`sandboxd.display`, checked by
+                    :mod:`sandboxd.outputs` against the call's caps),
                     ``x`` JSON exit record (ends the call)
 
 The channel is read as an attacker's writes: a bounded decoder (known kinds, sizes checked at
@@ -36,7 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd import fstree, wire
+from sandboxd.display import DisplayCaps
 from sandboxd.errors import SandboxdError
+from sandboxd.outputs import DisplayCollector
+from sandboxd.streaming import EventSink, emit
 
 SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
@@ -45,9 +50,11 @@ HELLO_TIMEOUT_S = 5.0
 MAX_BAD_PEERS = 4  # connections without the key before the endpoint gives up
 MAX_EXIT_RECORD = 4 * 1024 * 1024  # the value (<= ~2 MiB of JSON) and a few counters
 MAX_ERROR = 4096
+MAX_DISPLAY_FRAME = 64 * 1024 * 1024  # any call's; each call's own cap is checked per frame
 SIZES = {
     b"o": (1, wire.READ_BYTES),
     b"e": (1, wire.READ_BYTES),
+    b"d": (2, MAX_DISPLAY_FRAME),
     b"x": (2, MAX_EXIT_RECORD),
 }
 
@@ -101,6 +108,8 @@ class CallOutput:
     last_stream: str = "stdout"
     exit: dict[str, Any] | None = None
     over_limit: bool = False
+    displays: DisplayCollector = field(default_factory=lambda: DisplayCollector(DisplayCaps()))
+    events: EventSink | None = None  # a streaming caller's sink (sandboxd.streaming)
 
 
 @dataclass
@@ -151,6 +160,11 @@ class Channel:
             self._end(frame.call)
             return
         out = call.out
+        if frame.kind == b"d":  # a malformed item breaks the channel (ProtocolError)
+            item = out.displays.take(frame.payload)
+            if item is not None:
+                emit(out.events, "display", item.model_dump(mode="json"))
+            return
         target = out.stdout if frame.kind == b"o" else out.stderr
         out.last_stream = "stdout" if frame.kind == b"o" else "stderr"
         room = call.cap - len(out.stdout) - len(out.stderr)

@@ -115,7 +115,7 @@ class SessionContainers:
             box = await self._box(key, invocation, image, shape, deadline)
             before = box.kernel_calls
             await self.boxes.update_shape(box, shape)
-            outcome = await exchange(box, request, limits, deadline)
+            outcome = await exchange(box, request, limits, deadline, invocation.events)
         except asyncio.CancelledError as exc:
             if box is not None:
                 verified = await self.drop(key, box)

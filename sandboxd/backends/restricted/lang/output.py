@@ -4,7 +4,6 @@ the ``print`` collector, and ``display()``."""
 from __future__ import annotations
 
 import builtins
-import json
 import pprint
 import time
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 
 from sandboxd.backends.restricted.lang.guards import guarded_getattr
 from sandboxd.backends.restricted.lang.state import STATE, LimitExceeded
-from sandboxd.display import DisplayCaps, encode_item
+from sandboxd.display import DisplayCaps, encode_item, plain_bundle
 from sandboxd.rules import OutputBudget
 
 
@@ -184,13 +183,7 @@ class Displayer:
                 raise STATE.limit_hit
             if self.sent > self.caps.count:  # the daemon keeps one note past the count
                 return
-            bundle: dict[str, Any] = {"text/plain": repr(obj)}
-            try:
-                text = json.dumps(obj, allow_nan=False)
-            except (TypeError, ValueError, RecursionError, OverflowError):
-                text = None
-            if text is not None and len(text) <= self.caps.item_bytes:
-                bundle["application/json"] = json.loads(text)
+            bundle = plain_bundle(obj, self.caps)
             for stream in self.streams:
                 stream.flush()
             self.emit(b"d", encode_item(bundle, self.caps))
