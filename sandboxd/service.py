@@ -60,6 +60,7 @@ from sandboxd.registry import validate_arguments
 from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
 from sandboxd.storage import full_reason
+from sandboxd.streaming import EventSink
 from sandboxd.timefmt import utc_iso
 from sandboxd.uids import UidPool
 
@@ -239,10 +240,15 @@ class Sandboxd(SessionOps):
     # ------------------------------------------------------------ invoke
 
     async def invoke(self, client: str, tool: str, request: InvokeRequest, *,
-                     transport: str = "http", transfer: object = None) -> Result:
+                     transport: str = "http", transfer: object = None,
+                     events: EventSink | None = None,
+                     started: asyncio.Event | None = None) -> Result:
         """Run one call end to end (see the module docstring). ``transport`` names the front
         door the call came through (``http``, ``mcp``); it goes into the audit records.
-        ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.transfer`)."""
+        ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.transfer`). A streaming
+        caller passes ``events`` (the backend's output as it comes: :mod:`sandboxd.streaming`)
+        and ``started``, set once the call holds a slot and its backend runs (everything that
+        can refuse it before it runs has passed)."""
         if self.draining:
             raise Draining("the daemon is shutting down; retry on another instance or later")
         admitted = time.monotonic()
@@ -295,10 +301,11 @@ class Sandboxd(SessionOps):
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
-        started = asyncio.Event()  # set once the call holds a slot and its backend runs
+        started = started or asyncio.Event()  # set once the call holds a slot and runs
         try:
             result = await self._execute(client, invocation_id, tool, decision, backend,
-                                         session, request, limits, deadline, started, transfer)
+                                         session, request, limits, deadline, started, transfer,
+                                         events)
         except Overloaded as exc:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
@@ -336,7 +343,7 @@ class Sandboxd(SessionOps):
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
                        limits: Limits, deadline: float, started: asyncio.Event,
-                       transfer: object = None) -> Result:
+                       transfer: object = None, events: EventSink | None = None) -> Result:
         try:
             async with self.scheduler.slot(client, deadline):
                 started.set()
@@ -350,7 +357,8 @@ class Sandboxd(SessionOps):
                         image=decision.image, network=decision.network,
                         max_file_bytes=decision.max_file_bytes, path=decision.path,
                         display_bytes=self.settings.max_display_bytes,
-                        displays=self.settings.max_displays, transfer=transfer)
+                        displays=self.settings.max_displays, transfer=transfer,
+                        events=events)
                     result = note_kernel_lost(await backend.run(invocation, limits, deadline))
                     result = await self._note_quota(result, decision, workspace)
         except DeadlineExpired as exc:

@@ -12,8 +12,9 @@ JSON of :meth:`StreamEvent.payload`.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 StreamKind = Literal["stdout", "stderr", "display", "result"]
@@ -44,3 +45,37 @@ def emit(sink: EventSink | None, kind: StreamKind, data: str | dict[str, Any]) -
     """Hand one event to ``sink`` when there is one (the one call site idiom of backends)."""
     if sink is not None and data:
         sink(StreamEvent(kind, data))
+
+
+@dataclass
+class TextRelay:
+    """Hands a sandbox's stdout and stderr bytes to a sink as text, within one output budget
+    for both (like the result's), decoded incrementally so that no character is split
+    across events (the one relay of every backend's reader)."""
+
+    sink: EventSink | None
+    cap: int
+    sent: int = 0
+    _decoders: dict[str, Any] = field(default_factory=dict)
+
+    def feed(self, kind: StreamKind, data: bytes) -> None:
+        """Relay what of ``data`` fits in the budget."""
+        if self.sink is None:
+            return
+        data = data[: max(self.cap - self.sent, 0)]
+        self.sent += len(data)
+        if data:
+            emit(self.sink, kind, self._decoder(kind).decode(data))
+
+    def close(self) -> None:
+        """Flush what a decoder holds (a character cut by the end of the output)."""
+        if self.sink is None:
+            return
+        for kind, decoder in self._decoders.items():
+            emit(self.sink, kind, decoder.decode(b"", final=True))
+        self._decoders.clear()
+
+    def _decoder(self, kind: str) -> Any:
+        if kind not in self._decoders:
+            self._decoders[kind] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return self._decoders[kind]

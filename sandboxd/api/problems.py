@@ -49,16 +49,26 @@ class Problem(Exception):
         self.extra = extra
 
 
-def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+def _body(problem: Problem) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE + problem.slug,
         "title": problem.title,
         "status": problem.status,
         "detail": problem.detail,
     }
+    body.update(problem.extra)
+    return body
+
+
+def problem_body(exc: BaseException) -> dict[str, Any]:
+    """The problem+json object of an error (what a stream's ``error`` event carries)."""
+    return _body(_map(exc) if isinstance(exc, Exception) else _map(RuntimeError(str(exc))))
+
+
+def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+    body = _body(problem)
     if request is not None:
         body["instance"] = request.url.path
-    body.update(problem.extra)
     return JSONResponse(body, status_code=problem.status, headers=problem.headers,
                         media_type=MEDIA_TYPE)
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxd import __version__
+from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
 from sandboxd.errors import UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
@@ -90,10 +91,13 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
     """Run a tool call. A policy denial is a 200 with ``status: denied``.
 
     If the caller disconnects before the result is ready, the call is cancelled and its
-    processes or container are cleaned up."""
+    processes or container are cleaned up. With ``Accept: text/event-stream`` the answer is
+    a stream of Server-Sent Events while the call runs (:mod:`sandboxd.api.events`)."""
     service = _service(request)
+    if events.wants_stream(request):
+        return await events.stream_invoke(service, client, name, body, request)
     call = asyncio.create_task(service.invoke(client, name, body))
-    gone = asyncio.create_task(_disconnected(request))
+    gone = asyncio.create_task(events.disconnected(request))
     try:
         done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -105,14 +109,6 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
         return Response(status_code=499)  # nobody is listening any more
     # serialised by pydantic-core directly (FastAPI's generic encoder is ~10x slower)
     return Response(call.result().model_dump_json(), media_type="application/json")
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client closes the connection (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 @router.post("/v1/sessions", tags=["sessions"], status_code=201)

@@ -213,6 +213,8 @@ def _connect(url: str, token: str | None) -> Any:
 
 def _call(url: str, token: str | None, action: Any) -> Any:
     """Run ``action(client)``; a daemon error or an unreachable daemon is one line, exit 1."""
+    import httpx
+
     from sandboxd.client import ConnectionFailed, ProblemError
 
     try:
@@ -222,6 +224,8 @@ def _call(url: str, token: str | None, action: Any) -> Any:
         _fail(f"cannot reach the daemon at {url}: {exc}", 1)
     except ProblemError as exc:
         _fail(f"HTTP {exc.status}: {exc.detail or exc.title}", 1)
+    except httpx.HTTPError as exc:  # a stream cut short
+        _fail(f"the connection to the daemon failed: {exc}", 1)
 
 
 URL_OPTION = typer.Option(DEFAULT_URL, "--url", envvar="SANDBOXD_URL",
@@ -255,8 +259,8 @@ def invoke(
     save_outputs: Path | None = typer.Option(
         None, "--save-outputs", help="Write the call's images here (display-1.png, ...)"),
 ) -> None:
-    """Invoke a tool on a running daemon and print its output (display items as one line
-    each). Exit 0 only for status ok."""
+    """Invoke a tool on a running daemon and print its output as it arrives (display items
+    as one line each). Exit 0 only for status ok."""
     arguments: dict[str, Any] = {}
     if json_args is not None:
         try:
@@ -271,29 +275,48 @@ def invoke(
             _fail(f"--arg '{item}' must look like key=value")
         arguments[key] = value
     limits = {"timeout_s": timeout} if timeout is not None else None
-    result = _call(url, token,
-                   lambda c: c.invoke(tool, arguments, session=session, limits=limits))
     if raw:
+        result = _call(url, token,
+                       lambda c: c.invoke(tool, arguments, session=session, limits=limits))
         typer.echo(result.model_dump_json(indent=2))
     else:
-        if result.stdout:
-            sys.stdout.write(result.stdout if result.stdout.endswith("\n")
-                             else result.stdout + "\n")
-        if result.stderr:
-            sys.stderr.write(result.stderr)
+        result = _call(url, token, lambda c: _print_stream(
+            c.invoke_stream(tool, arguments, session=session, limits=limits)))
         if result.value is not None and result.tool == "python":
             typer.echo(f"=> {json.dumps(result.value)}")
-        from sandboxd.client.render import describe_output
-        from sandboxd.text import visible
-
-        for item in result.outputs:
-            typer.echo(f"[display] {visible(describe_output(item))}")
     if save_outputs is not None:
         _save_images(result, save_outputs)
         if result.status != "ok":
             typer.echo(f"[{result.status}] {result.message or result.termination.reason}",
                        err=True)
     raise typer.Exit(0 if result.status == "ok" else 1)
+
+
+def _print_stream(items: Any) -> Any:
+    """Print a streamed call's output as it arrives; return its result."""
+    from sandboxd.client import ToolOutput
+    from sandboxd.client.render import describe_output
+    from sandboxd.text import visible
+
+    ended_line = True
+    for item in items:
+        if not isinstance(item, ToolOutput):
+            if not ended_line:
+                sys.stdout.write("\n")
+            return item
+        if item.kind == "stdout":
+            sys.stdout.write(item.text)
+            sys.stdout.flush()
+            ended_line = item.text.endswith("\n")
+        elif item.kind == "stderr":
+            sys.stderr.write(item.text)
+            sys.stderr.flush()
+        elif item.item is not None:
+            if not ended_line:
+                sys.stdout.write("\n")
+            typer.echo(f"[display] {visible(describe_output(item.item))}")
+            ended_line = True
+    return None
 
 
 def _save_images(result: Any, where: Path) -> None:

@@ -25,6 +25,7 @@ from sandboxd.client.errors import (
     ServerError,
     Unavailable,
 )
+from sandboxd.client.events import StreamBroken, ToolOutput
 from sandboxd.client.records import (
     ActResult,
     Fragment,
@@ -70,12 +71,14 @@ __all__ = [
     "ServerError",
     "Session",
     "SessionInfo",
+    "StreamBroken",
     "ToolCallError",
     "ToolCallEvent",
     "ToolCallRecord",
     "ToolCallRequest",
     "ToolDefinitionError",
     "ToolFailed",
+    "ToolOutput",
     "Unavailable",
     "format_result",
     "function_tool_schema",

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import httpx
 
+from sandboxd.client.events import ToolOutput
 from sandboxd.client.llm import complete
 from sandboxd.client.records import (
     ActResult,
@@ -102,6 +103,7 @@ class Agent:
         extra_body: dict[str, Any] | None = None,
         stream_usage: bool = True,
         headers: dict[str, str] | None = None,
+        on_tool_output: Callable[[ToolCallRequest, ToolOutput], Any] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -118,6 +120,9 @@ class Agent:
         self.extra_body = dict(extra_body or {})
         self.stream_usage = stream_usage
         self.headers = dict(headers or {})
+        # (call, ToolOutput) as a sandbox call's output arrives (sync or async; the calls are
+        # then streamed: stdout/stderr chunks and display items, before the result)
+        self.on_tool_output = on_tool_output
         self.chars_per_token = 4.0  # calibrated from usage.prompt_tokens
         self._sandbox_schemas: dict[str, dict[str, Any]] | None = None
 
@@ -301,7 +306,8 @@ class Agent:
                         if on_round_end:
                             await maybe_await(on_round_end(round_index))
                         break
-                    round_records = await ToolRunner(self.tool_output_chars).run_calls(
+                    runner = ToolRunner(self.tool_output_chars, self.on_tool_output)
+                    round_records = await runner.run_calls(
                         calls, registry, round_index, sandbox,
                         session=run_session,
                         seen=seen_calls, parallel=parallel_tool_calls,

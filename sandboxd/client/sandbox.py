@@ -18,7 +18,7 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, BinaryIO, Literal, TypeVar, overload
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandboxd.client import files
 from sandboxd.client.errors import ConnectionFailed, ProblemError, RateLimited, problem_error
+from sandboxd.client.events import StreamItem, aiter_stream, iter_stream
 from sandboxd.client.files import Body
 from sandboxd.client.session import AsyncSession, Session, SessionInfo
 from sandboxd.models import LimitsRequest, Result, ToolSpec
@@ -266,6 +267,16 @@ class SandboxClient(_Base):
         response = self.request("POST", f"/v1/tools/{_seg(tool)}/invoke", json=body)
         return _lenient(Result, response.json())
 
+    def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                      session: str | None = None,
+                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      **kwargs: Any) -> Iterator[StreamItem]:
+        """Like :meth:`invoke`, but yield the call's output as it is produced
+        (:class:`ToolOutput`: stdout/stderr text, display items), then its :class:`Result`.
+        Closing the iterator early disconnects, which cancels the call."""
+        body = _invoke_body(arguments, kwargs, session, limits)
+        return iter_stream(self._http, f"/v1/tools/{_seg(tool)}/invoke", body)
+
     def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
                 limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
         """What the policy would decide for this call, without running anything."""
@@ -439,6 +450,14 @@ class AsyncSandboxClient(_Base):
         response = await self.request("POST", f"/v1/tools/{_seg(tool)}/invoke", json=body,
                                       timeout=timeout)
         return _lenient(Result, response.json())
+
+    def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                      session: str | None = None,
+                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      **kwargs: Any) -> AsyncIterator[StreamItem]:
+        """See :meth:`SandboxClient.invoke_stream` (``async for``)."""
+        body = _invoke_body(arguments, kwargs, session, limits)
+        return aiter_stream(self._http, f"/v1/tools/{_seg(tool)}/invoke", body)
 
     async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
                       limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from sandboxd.client.errors import (
     ProblemError,
     RateLimited,
 )
+from sandboxd.client.events import ToolOutput
 from sandboxd.client.records import (
     InvalidRequestHook,
     ToolCallError,
@@ -52,8 +53,11 @@ class OfferedTool:
 class ToolRunner:
     """Runs the tool calls of a round; every result is cut to ``tool_output_chars``."""
 
-    def __init__(self, tool_output_chars: int) -> None:
+    def __init__(self, tool_output_chars: int,
+                 on_output: Callable[[ToolCallRequest, ToolOutput], Any] | None = None
+                 ) -> None:
         self.tool_output_chars = tool_output_chars
+        self.on_output = on_output  # sandbox output as it comes (streamed invoke)
 
     async def run_calls(self, calls: list[ToolCallRequest], registry: dict[str, OfferedTool],
                          round_index: int, sandbox: AsyncSandboxClient | None, *,
@@ -149,7 +153,7 @@ class ToolRunner:
         if spec.fn is None:
             assert sandbox is not None
             rec.result, rec.error, text = await self._run_sandbox(
-                sandbox, call.name, args, session, tool_timeout_s)
+                sandbox, call.name, args, session, tool_timeout_s, call)
         else:
             rec.value, rec.error, text = await self._run_local(spec.fn, call.name, args,
                                                               tool_timeout_s)
@@ -157,14 +161,31 @@ class ToolRunner:
         rec.duration_s = time.monotonic() - started
         return rec
 
+    async def _invoke(self, sandbox: AsyncSandboxClient, call: ToolCallRequest,
+                      args: dict[str, Any], session: str | None,
+                      limits: dict[str, Any] | None, http_timeout: float | None) -> Result:
+        """One sandbox call; streamed when someone watches its output (``on_output``)."""
+        if self.on_output is None:
+            return await sandbox.invoke(call.name, args, session=session, limits=limits,
+                                        timeout=http_timeout)
+        result: Result | None = None
+        async for item in sandbox.invoke_stream(call.name, args, session=session,
+                                                limits=limits):
+            if isinstance(item, ToolOutput):
+                await maybe_await(self.on_output(call, item))
+            else:
+                result = item
+        assert result is not None  # invoke_stream ends with the result or raises
+        return result
+
     async def _run_sandbox(self, sandbox: AsyncSandboxClient, name: str, args: dict[str, Any],
-                           session: str | None, tool_timeout_s: float | None
+                           session: str | None, tool_timeout_s: float | None,
+                           call: ToolCallRequest
                            ) -> tuple[Result | None, ToolCallError | None, str]:
         limits = {"timeout_s": tool_timeout_s} if tool_timeout_s else None
         http_timeout = (tool_timeout_s + 60.0) if tool_timeout_s else None
         try:
-            result = await sandbox.invoke(name, args, session=session, limits=limits,
-                                          timeout=http_timeout)
+            result = await self._invoke(sandbox, call, args, session, limits, http_timeout)
         except InvalidArguments as exc:
             field_name = exc.field or "(arguments)"
             msg = (f"Error: invalid arguments for `{name}`: argument '{field_name}': "

@@ -155,3 +155,19 @@ def test_invoke_prints_display_items_one_line_each(daemon: RunningDaemon,
     # the sandbox's text is shown with its control characters escaped
     assert r.stdout == "rows\n[display] {'n': 2}\n[display] line\\x1b[31mred\n", r.stdout
     assert list((tmp_path / "out").iterdir()) == []  # no images: no files
+
+
+def test_invoke_prints_output_as_it_arrives(daemon: RunningDaemon) -> None:
+    """The first line is on the terminal while the call still runs."""
+    code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')"
+    proc = subprocess.Popen([sys.executable, "-m", "sandboxd", "invoke", "python", "--json",
+                             json.dumps({"code": code}), "--url", daemon.url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "first\n"
+        assert proc.poll() is None  # the call (and the command) still runs
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (0, "second\n"), err

@@ -206,3 +206,50 @@ def test_the_model_reads_display_items(token_daemon: TokenDaemon) -> None:
         {"text/plain": "{'total': 42}", "application/json": {"total": 42}}]
     assert record.result.images() == []
     assert result.text == "saw: stdout:\nrows: 3\ndisplay:\n{'total': 42}"
+
+
+def test_invoke_stream_yields_output_before_the_result(token_daemon: TokenDaemon) -> None:
+    from sandboxd.client import ToolOutput
+
+    code = "import time\nprint('a', flush=True)\ntime.sleep(1)\ndisplay('d')\nprint('b')"
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        arrivals = [(time.monotonic(), item) for item in sandbox.invoke_stream("python",
+                                                                                code=code)]
+    *outputs, (result_at, result) = arrivals
+    assert all(isinstance(item, ToolOutput) for _, item in outputs)
+    assert result.status == "ok" and result.stdout == "a\nb\n"
+    first_at, first = outputs[0]
+    assert (first.kind, first.text) == ("stdout", "a\n") and result_at - first_at >= 0.8
+    assert [i.item.data for _, i in outputs if i.kind == "display"] == [
+        o.data for o in result.outputs]
+
+    async def run_async() -> list[str]:
+        async with AsyncSandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+            return [type(i).__name__ async for i in sandbox.invoke_stream("python",
+                                                                         code="print(1)")]
+
+    assert asyncio.run(run_async()) == ["ToolOutput", "Result"]
+
+
+def test_the_agent_hands_tool_output_to_on_tool_output(token_daemon: TokenDaemon) -> None:
+    seen: list[tuple[str, str, float]] = []
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        if last_tool_results(body):
+            return text_reply("done")
+        return tool_call_reply([("python", {"code": "import time\nprint('step 1', flush=True)"
+                                                    "\ntime.sleep(1)\nprint('step 2')"})])
+
+    def watch(call: Any, event: Any) -> None:
+        seen.append((call.name, event.text, time.monotonic()))
+
+    with ScriptedLLM(script) as llm, \
+            SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
+        result = Agent(llm.url, "qwen2.5-7b-instruct", sandbox=sandbox,
+                       on_tool_output=watch).act("Run it", tools=["python"])
+    assert result.text == "done"
+    assert [(name, text) for name, text, _ in seen] == [("python", "step 1\n"),
+                                                         ("python", "step 2\n")]
+    assert seen[1][2] - seen[0][2] >= 0.8  # the first step was seen while the call ran
+    (record,) = result.tool_calls
+    assert record.result is not None and record.result.stdout == "step 1\nstep 2\n"

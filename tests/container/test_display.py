@@ -139,3 +139,21 @@ def test_the_cli_saves_a_calls_images(daemon: Daemon, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("[display] [image: 4x3 png]"), r.stdout
     assert (tmp_path / "display-1.png").read_bytes() == png  # the same bytes that went in
+
+
+def test_output_streams_from_a_container_one_shot_and_in_its_kernel(daemon: Daemon) -> None:
+    from tests.api.test_stream import PRINT_SLEEP_PRINT, stream, text_of
+
+    sid = daemon.session()
+    for session in (None, sid, sid):
+        body: dict[str, Any] = {"arguments": {"code": PRINT_SLEEP_PRINT + "\ndisplay(1)"}}
+        if session:
+            body["session"] = session
+        events = stream(daemon.d, body)
+        result_at, kind, result = events[-1]
+        assert kind == "result" and result["status"] == "ok", result
+        first_stdout = next(t for t, k, _ in events if k == "stdout")
+        assert result_at - first_stdout >= 0.8
+        assert text_of(events, "stdout") == result["stdout"] == "a\nb\n"
+        assert [d for _, k, d in events if k == "display"] == result["outputs"]
+    assert result["kernel"]["calls"] == 2

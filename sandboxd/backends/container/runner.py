@@ -41,7 +41,7 @@ from sandboxd import fstree, wire
 from sandboxd.display import DisplayCaps
 from sandboxd.errors import SandboxdError
 from sandboxd.outputs import DisplayCollector
-from sandboxd.streaming import EventSink, emit
+from sandboxd.streaming import EventSink, TextRelay, emit
 
 SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
@@ -110,6 +110,7 @@ class CallOutput:
     over_limit: bool = False
     displays: DisplayCollector = field(default_factory=lambda: DisplayCollector(DisplayCaps()))
     events: EventSink | None = None  # a streaming caller's sink (sandboxd.streaming)
+    relay: TextRelay | None = None  # set by Channel.call: stdout/stderr to ``events``
 
 
 @dataclass
@@ -168,6 +169,8 @@ class Channel:
         target = out.stdout if frame.kind == b"o" else out.stderr
         out.last_stream = "stdout" if frame.kind == b"o" else "stderr"
         room = call.cap - len(out.stdout) - len(out.stderr)
+        if out.relay is not None:
+            out.relay.feed(out.last_stream, frame.payload)  # (within the cap)
         if len(frame.payload) > room:  # the runner enforces the cap too; never trust it alone
             target += frame.payload[: max(room, 0)]
             out.over_limit = True
@@ -206,6 +209,7 @@ class Channel:
         if self.broken is not None:
             raise RunnerLost(self.broken)
         cid, self.next_id = self.next_id, self.next_id + 1
+        out.relay = TextRelay(out.events, output_bytes)
         done = asyncio.get_running_loop().create_future()
         self.calls[cid] = _Call(out, output_bytes, done)
         try:
@@ -216,6 +220,7 @@ class Channel:
             raise RunnerLost(f"the sandbox runner went away ({type(exc).__name__})") from exc
         finally:
             self.stop(cid)
+            out.relay.close()
 
     async def close(self) -> None:
         self.task.cancel()

@@ -29,7 +29,7 @@ from typing import Any
 
 from sandboxd.display import DisplayCaps
 from sandboxd.outputs import DisplayCollector
-from sandboxd.streaming import EventSink, emit
+from sandboxd.streaming import EventSink, TextRelay, emit
 from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
@@ -110,6 +110,7 @@ class FrameReader:
         self.stderr = bytearray()
         self.displays = DisplayCollector(display)
         self.events = events  # a streaming caller's sink (sandboxd.streaming)
+        self.relay = TextRelay(events, cap)
         self.report: dict[str, Any] | None = None
         self.overflow = False
         self.violation: str | None = None
@@ -160,11 +161,13 @@ class FrameReader:
             return
         target = self.stdout if kind == b"o" else self.stderr
         target += payload
+        self.relay.feed("stdout" if kind == b"o" else "stderr", payload)
         if len(self.stdout) + len(self.stderr) > self.cap:  # one cap for both (sandboxd.rules)
             self.overflow = True
 
     def _stop(self) -> None:
         self.close()
+        self.relay.close()
         self.done.set()
 
     def close(self) -> None:
