@@ -48,8 +48,8 @@ def test_good_items_are_collected_and_streamed_in_order() -> None:
     assert error is None and out.exit == {"exit_code": 0}
     assert [o.data["text/plain"] for o in out.displays.items] == [
         "one", "[display item cut: 9.0 MB image/png over the 2.1 MB cap]"]
-    assert [(e.kind, e.data["data"]["text/plain"][:5]) for e in seen] == [
-        ("display", "one"), ("display", "[disp")]
+    assert [(e.kind, e.data if e.kind == "stdout" else e.data["data"]["text/plain"][:5])
+            for e in seen] == [("display", "one"), ("stdout", "text"), ("display", "[disp")]
 
 
 @pytest.mark.parametrize("payload", [
