@@ -5,14 +5,14 @@ Every backend uses it instead of ``asyncio.wait_for`` / ``asyncio.timeout``: on 
 call's task then runs on as if nobody had cancelled it, and the cleanup that cancellation
 should start never happens), and it can drop a result that arrived while it was being
 cancelled. :func:`within` never loses either, and it always waits until what it cancelled has
-really stopped.
+really stopped. :func:`stop` is its companion for a task that runs until it is told to end.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -49,3 +49,20 @@ async def within(aw: Awaitable[T], timeout: float,
         if task.cancelled():
             return False, None  # type: ignore[return-value]
     return True, task.result()
+
+
+async def stop(task: asyncio.Future[Any] | None) -> None:
+    """Cancel ``task`` and wait until it has really stopped, whatever it ends with (its
+    exception is retrieved and dropped). Unlike ``suppress(BaseException): await task``, our
+    own cancellation is never swallowed: it goes on once the task has stopped."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        raise
+    finally:
+        if task.done() and not task.cancelled():
+            task.exception()

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from sandboxd.deadline import within
 from sandboxd.errors import SandboxdError
 
 
@@ -125,30 +126,21 @@ class Scheduler:
         self._queues.setdefault(client, deque()).append(future)
         self._waiting += 1
         try:
-            async with asyncio.timeout(wait):
-                await future
-        except BaseException as exc:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                # pushed out of the queue (already forgotten): its QueueFull
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                raise future.exception() from None  # type: ignore[misc]
-            if future.done() and not future.cancelled():
-                self._release()  # granted at the last moment: hand the slot on
-            else:
-                future.cancel()
-                self._forget(client, future)
-            if isinstance(exc, TimeoutError):
-                if wait >= remaining:
-                    raise DeadlineExpired(
-                        "the call's deadline passed while it waited for a slot"
-                    ) from None
-                raise QueueTimeout(
-                    f"no execution slot became free within {self.queue_timeout_s:g} s; "
-                    "retry later",
-                    self.retry_after(),
-                ) from None
+            # a slot granted just as we are cancelled is handed on (orphan), never lost; a
+            # place given away to another client raises its QueueFull from here
+            got, _ = await within(future, wait, orphan=lambda _: self._release())
+        except asyncio.CancelledError:
+            self._forget(client, future)  # (nothing to forget once it was granted)
             raise
+        if not got:
+            self._forget(client, future)
+            if wait >= remaining:
+                raise DeadlineExpired("the call's deadline passed while it waited for a slot")
+            raise QueueTimeout(
+                f"no execution slot became free within {self.queue_timeout_s:g} s; "
+                "retry later",
+                self.retry_after(),
+            )
 
     def _push_out(self, mine: int) -> bool:
         """The queue is full: free the newest place of the client holding the most places,

@@ -21,7 +21,6 @@ much memory; the sandbox is never slowed down by a reader.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandboxd.api.problems import problem_body
+from sandboxd.deadline import stop
 from sandboxd.models import InvokeRequest, Result
 from sandboxd.service import Sandboxd
 from sandboxd.streaming import StreamEvent
@@ -57,11 +57,6 @@ async def disconnected(request: Request) -> None:
             return
 
 
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    if not task.done():
-        task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
 
 
 async def stream_invoke(service: Sandboxd, client: str, name: str, body: InvokeRequest,
@@ -78,7 +73,7 @@ async def stream_invoke(service: Sandboxd, client: str, name: str, body: InvokeR
     finally:
         begun.cancel()
     if call not in done and gone in done:
-        await _cancel(call)
+        await stop(call)
         return Response(status_code=499)  # nobody is listening any more
     if call.done() and call.exception() is not None:
         gone.cancel()

@@ -29,6 +29,7 @@ from typing import Any
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
+from sandboxd.deadline import within
 from sandboxd.models import ProbeCheck, ProbeReport
 
 PROBE_TIMEOUT_S = 120.0
@@ -58,22 +59,26 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
         return False, ProbeReport(backend=name, ok=False, detail=f"cannot load: {exc}")
     try:
         try:
-            await asyncio.wait_for(backend.start(), PROBE_TIMEOUT_S)
+            started, _ = await within(backend.start(), PROBE_TIMEOUT_S)
+            if not started:
+                raise TimeoutError(f"no answer within {PROBE_TIMEOUT_S:g} s")
         except Exception as exc:
             return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
         ok, why = backend.availability()
         if not ok:
             return False, ProbeReport(backend=name, ok=False, detail=f"unavailable: {why}")
         try:
-            report = await asyncio.wait_for(backend.probe(), PROBE_TIMEOUT_S)
-        except TimeoutError:
-            report = ProbeReport(backend=name, ok=False, detail="probe timed out")
+            answered, report = await within(backend.probe(), PROBE_TIMEOUT_S)
+            if not answered:
+                report = ProbeReport(backend=name, ok=False, detail="probe timed out")
         except Exception as exc:
             report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
         return True, report
     finally:
         try:
-            await asyncio.wait_for(backend.close(), PROBE_TIMEOUT_S)
+            closed, _ = await within(backend.close(), PROBE_TIMEOUT_S)
+            if not closed:
+                raise TimeoutError(f"no answer within {PROBE_TIMEOUT_S:g} s")
         except Exception as exc:
             typer.echo(f"sandboxd doctor: closing the {name} backend failed: {exc}", err=True)
 

@@ -32,6 +32,7 @@ from sandboxd.client.render import format_result
 from sandboxd.client.sandbox import AsyncSandboxClient
 from sandboxd.client.schema import ArgumentError, validate
 from sandboxd.client.stream import ToolCallRequest
+from sandboxd.deadline import within
 from sandboxd.models import Result
 
 
@@ -233,7 +234,12 @@ class ToolRunner:
         worker thread (a thread cannot be killed: on timeout or cancel its result is dropped)."""
         try:
             coro = fn(**args) if inspect.iscoroutinefunction(fn) else asyncio.to_thread(fn, **args)
-            value = await asyncio.wait_for(coro, tool_timeout_s)
+            if tool_timeout_s is None:
+                value = await coro
+            else:
+                finished, value = await within(coro, tool_timeout_s)
+                if not finished:
+                    raise TimeoutError
         except TimeoutError:
             msg = (f"Error: `{name}` timed out after {tool_timeout_s:g} s. Make the request "
                    "smaller and try again, or do without it.")

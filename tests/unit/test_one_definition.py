@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +75,19 @@ def test_import_rule_and_output_budget() -> None:
     assert budget.take(6) == 6 and not budget.exceeded
     assert budget.take(4) == 4 and not budget.exceeded  # exactly the cap is within it
     assert budget.take(1) == 0 and budget.exceeded
+
+
+def test_every_time_limit_goes_through_sandboxd_deadline() -> None:
+    """``asyncio.wait_for`` can swallow a cancellation on 3.11 (a cancelled container call
+    once hung on it), and ``asyncio.timeout`` is the same rule written a second way: every
+    time-limited wait in the package is :func:`sandboxd.deadline.within`."""
+    root = Path(sandboxd.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "deadline.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in {"wait_for", "timeout"} \
+                    and isinstance(node.value, ast.Name) and node.value.id == "asyncio":
+                found.append(f"{path.relative_to(root)}:{node.lineno} asyncio.{node.attr}")
+    assert found == []

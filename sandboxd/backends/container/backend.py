@@ -203,6 +203,7 @@ class ContainerBackend:
             boxes.engine_client = None
         if boxes.rundir is not None:
             await asyncio.to_thread(fstree.remove_tree_quietly, boxes.rundir)
+        boxes.end_executor()
         boxes.available = (False, "the container backend is stopped")
 
     def availability(self) -> tuple[bool, str | None]:

@@ -58,7 +58,7 @@ class Boxes:
         self.seccomp: str | None = None
         self.available: tuple[bool, str | None] = (False,
                                                    "the container backend is not started")
-        self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sandboxd-docker")
+        self.executor: ThreadPoolExecutor | None = None  # made on first use, ended by close
         self.rundir: Path | None = None
         self.live: set[Box] = set()  # every live container, for close()
         self.closing = False
@@ -70,7 +70,16 @@ class Boxes:
     async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking docker SDK call in the backend's thread pool."""
         loop = asyncio.get_running_loop()
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(max_workers=16,
+                                               thread_name_prefix="sandboxd-docker")
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def end_executor(self) -> None:
+        """Let the engine threads end (the backend is closed; a later call makes new ones)."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False)
+            self.executor = None
 
     @property
     def client(self) -> docker.DockerClient:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd import fstree, wire
+from sandboxd.deadline import stop, within
 from sandboxd.display import DisplayCaps
 from sandboxd.errors import SandboxdError
 from sandboxd.outputs import DisplayCollector
@@ -223,9 +224,7 @@ class Channel:
             out.relay.close()
 
     async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(BaseException):
-            await self.task
+        await stop(self.task)
         self.writer.close()
 
 
@@ -240,6 +239,7 @@ class Endpoint:
     failure: str | None = None
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    closing: bool = False
 
     @classmethod
     async def open(cls, rundir: Path, owner: tuple[int, int] | None) -> Endpoint:
@@ -278,13 +278,16 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         bad = 0
         try:
-            while self.listener is not None:
+            while self.listener is not None and not self.closing:
                 conn, _ = await loop.sock_accept(self.listener)
                 try:
-                    ok = await asyncio.wait_for(self._hello(conn), HELLO_TIMEOUT_S)
-                except (TimeoutError, OSError, wire.ProtocolError):
+                    # within, not wait_for: on 3.11 wait_for can swallow close()'s cancel
+                    # when the hello ends at that moment, and this loop then waits forever
+                    answered, ok = await within(self._hello(conn), HELLO_TIMEOUT_S)
+                    ok = answered and ok
+                except (OSError, wire.ProtocolError):
                     ok = False
-                if ok:
+                if ok and not self.closing:
                     self._unlisten()
                     reader, writer = await asyncio.open_unix_connection(
                         sock=conn, limit=wire.READ_BYTES)
@@ -330,10 +333,8 @@ class Endpoint:
 
     async def close(self) -> None:
         """Stop listening, hang up the channel, remove the directory."""
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(BaseException):
-                await self.task
+        self.closing = True
+        await stop(self.task)
         self._unlisten()
         if self.channel is not None:
             await self.channel.close()

@@ -9,9 +9,10 @@ daemon started while the engine was down is just "down" from the start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+
+from sandboxd.deadline import within
 
 log = logging.getLogger("sandboxd.container")
 
@@ -39,12 +40,13 @@ class EngineWatch:
         backoff = CHECK_S
         while True:
             delay = CHECK_S if self.is_up else backoff
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), delay)
+            await within(self.wake.wait(), delay)
             self.wake.clear()
             if self.is_up:
                 try:
-                    await asyncio.wait_for(self.ping(), PING_TIMEOUT_S)
+                    answered, _ = await within(self.ping(), PING_TIMEOUT_S)
+                    if not answered:
+                        raise TimeoutError(f"no answer within {PING_TIMEOUT_S:g} s")
                 except Exception as exc:
                     self.is_up = False
                     backoff = CHECK_S / 2

@@ -53,6 +53,7 @@ from sandboxd.backends.restricted.zygote_client import (
     spawn_zygote,
 )
 from sandboxd.config import Settings
+from sandboxd.deadline import stop
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -148,10 +149,7 @@ class RestrictedBackend:
         self._closed = True
         await self.kernels.close()
         for task in [self._health, *self._retiring]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            await stop(task)
         z, self._zygote = self._zygote, None
         if z is not None:
             await z.close()
