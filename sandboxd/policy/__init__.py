@@ -63,7 +63,7 @@ shell
     program checked too; ``NAME=value`` prefixes and shell builtins (``cd``, ...) are refused.
     Known programs are hardened (:mod:`sandboxd.policy.programs`: git runs with options and
     an environment that repository content cannot override, and may execute only git's own
-    helpers). The result is a :class:`~sandboxd.models.Plan` that the backend executes as it
+    helpers). The result is a :class:`~sandboxd.plans.Plan` that the backend executes as it
     is; no shell ever sees the line. Without operators the plan is one argv; ``$(...)``,
     backticks and process substitution are refused. With operators the line is split at
     ``|``, ``;``, ``&&``, ``||`` and newlines, with redirects to workspace files; every

@@ -16,12 +16,9 @@ from sandboxd.models import (
     Decision,
     Limits,
     LimitsRequest,
-    Pipeline,
-    Plan,
-    PlannedCommand,
-    Redirect,
     ToolKind,
 )
+from sandboxd.plans import Pipeline, Plan, PlannedCommand, Redirect
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,

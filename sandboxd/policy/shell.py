@@ -3,7 +3,7 @@
 A command line never reaches a shell. :func:`parse` turns it into pipelines of simple commands
 (argv after POSIX quote removal, plus redirects); the policy engine checks every program of
 that structure and hands the same structure to the backend as a
-:class:`~sandboxd.models.Plan`, which the backend's runner executes itself (pipes, ``&&`` /
+:class:`~sandboxd.plans.Plan`, which the backend's runner executes itself (pipes, ``&&`` /
 ``||`` / ``;`` sequencing, redirects opened inside the workspace). So what is checked is what
 runs, by construction: there is no second parser whose reading could differ.
 
@@ -90,7 +90,7 @@ class Command:
 
 @dataclass
 class Pipeline:
-    run_if: str  # "always" | "ok" | "failed" (see sandboxd.models.Pipeline)
+    run_if: str  # "always" | "ok" | "failed" (see sandboxd.plans.Pipeline)
     commands: list[Command]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sandboxd.cli.images import images_dir, shared_modules
-from sandboxd.models import Plan
+from sandboxd.plans import Plan
 
 
 @functools.cache
