@@ -11,6 +11,8 @@ never the daemon's server stack. Install with ``pip install sandboxd[client]``.
 """
 
 from sandboxd.client.agent import Agent
+from sandboxd.client.async_sandbox import AsyncSandboxClient
+from sandboxd.client.base import ToolFailed
 from sandboxd.client.errors import (
     AuthenticationError,
     BadRequest,
@@ -38,15 +40,9 @@ from sandboxd.client.records import (
     truncate_middle,
 )
 from sandboxd.client.render import format_result
-from sandboxd.client.sandbox import (
-    AsyncSandboxClient,
-    AsyncSession,
-    SandboxClient,
-    Session,
-    SessionInfo,
-    ToolFailed,
-)
+from sandboxd.client.sandbox import SandboxClient
 from sandboxd.client.schema import ToolDefinitionError, function_tool_schema
+from sandboxd.client.session import AsyncSession, Session, SessionInfo
 from sandboxd.client.stream import ToolCallRequest
 
 __all__ = [

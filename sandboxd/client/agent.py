@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import httpx
 
+from sandboxd.client.async_sandbox import AsyncSandboxClient
 from sandboxd.client.events import ToolOutput
 from sandboxd.client.llm import complete
 from sandboxd.client.records import (
@@ -57,7 +58,7 @@ from sandboxd.client.records import (
     ToolCallRecord,
     maybe_await,
 )
-from sandboxd.client.sandbox import AsyncSandboxClient, SandboxClient
+from sandboxd.client.sandbox import SandboxClient
 from sandboxd.client.schema import ToolDefinitionError, function_tool_schema
 from sandboxd.client.stream import ToolCallRequest, parse_text_tool_calls, strip_think
 from sandboxd.client.tools import OfferedTool, ToolRunner

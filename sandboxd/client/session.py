@@ -11,7 +11,8 @@ from sandboxd.client.errors import ProblemError
 from sandboxd.models import LimitsRequest, Result
 
 if TYPE_CHECKING:
-    from sandboxd.client.sandbox import AsyncSandboxClient, SandboxClient
+    from sandboxd.client.async_sandbox import AsyncSandboxClient
+    from sandboxd.client.sandbox import SandboxClient
 
 
 @dataclass(frozen=True)

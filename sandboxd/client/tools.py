@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxd.client.async_sandbox import AsyncSandboxClient
 from sandboxd.client.errors import (
     ConnectionFailed,
     InvalidArguments,
@@ -29,7 +30,6 @@ from sandboxd.client.records import (
     truncate_middle,
 )
 from sandboxd.client.render import format_result
-from sandboxd.client.sandbox import AsyncSandboxClient
 from sandboxd.client.schema import ArgumentError, validate
 from sandboxd.client.stream import ToolCallRequest
 from sandboxd.deadline import within

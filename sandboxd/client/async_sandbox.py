@@ -1,0 +1,173 @@
+"""``AsyncSandboxClient``: the asynchronous twin of :class:`~sandboxd.client.sandbox.SandboxClient`
+(same arguments, awaitable methods)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, BinaryIO
+
+import httpx
+
+from sandboxd.client import files
+from sandboxd.client.base import (
+    ClientBase,
+    ensure_ok,
+    file_text,
+    invoke_body,
+    invoke_url,
+    lenient,
+    limits_json,
+    session_url,
+)
+from sandboxd.client.events import StreamItem, aiter_stream
+from sandboxd.client.files import Body
+from sandboxd.client.session import AsyncSession, SessionInfo
+from sandboxd.models import LimitsRequest, Result, ToolSpec
+
+
+class AsyncSandboxClient(ClientBase):
+    """Asynchronous twin of :class:`SandboxClient` (same arguments, awaitable methods).
+
+    Cancelling an awaiting call closes its HTTP request, which makes the daemon cancel the
+    execution and clean up.
+    """
+
+    def __init__(self, url: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        if transport is None and self.socket:
+            transport = httpx.AsyncHTTPTransport(uds=self.socket)
+        self._http = httpx.AsyncClient(transport=transport, **self._client_kwargs())
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, *, json: Any = None,
+                      params: dict[str, Any] | None = None,
+                      timeout: float | None = None, content: Body | None = None,
+                      headers: dict[str, str] | None = None) -> httpx.Response:
+        """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    method, path, json=json, params=params, headers=headers,
+                    content=content() if callable(content) else content,  # type: ignore[arg-type]
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TransportError as exc:
+                wait = self._transport_retry_wait(exc, attempt)
+            else:
+                wait = self._should_retry(attempt, response)
+                if wait is None:
+                    return self._check(response)
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def health(self) -> bool:
+        try:
+            return (await self._http.get("/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def ready(self) -> dict[str, Any]:
+        return (await self.request("GET", "/readyz")).json()
+
+    async def tools(self, format: str = "spec") -> list[Any]:
+        """See :meth:`SandboxClient.tools`."""
+        if format == "openai":
+            return (await self.request("GET", "/v1/tools", params={"format": "openai"})).json()
+        return [lenient(ToolSpec, t) for t in (await self.request("GET", "/v1/tools")).json()]
+
+    async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                     session: str | None = None,
+                     limits: LimitsRequest | dict[str, Any] | None = None,
+                     timeout: float | None = None, **kwargs: Any) -> Result:
+        """See :meth:`SandboxClient.invoke`. ``timeout`` bounds the HTTP wait (seconds)."""
+        body = invoke_body(arguments, kwargs, session, limits)
+        response = await self.request("POST", invoke_url(tool), json=body,
+                                      timeout=timeout)
+        return lenient(Result, response.json())
+
+    def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                      session: str | None = None,
+                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      **kwargs: Any) -> AsyncIterator[StreamItem]:
+        """See :meth:`SandboxClient.invoke_stream` (``async for``)."""
+        body = invoke_body(arguments, kwargs, session, limits)
+        return aiter_stream(self._http, invoke_url(tool), body)
+
+    async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
+                      limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
+        if limits is not None:
+            body["limits"] = limits_json(limits)
+        return (await self.request("POST", "/v1/policy/explain", json=body)).json()
+
+    async def create_session(self, ttl_s: float | None = None) -> SessionInfo:
+        body = {"ttl_s": ttl_s} if ttl_s is not None else {}
+        return SessionInfo.from_json((await self.request("POST", "/v1/sessions", json=body)).json())
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.from_json(
+            (await self.request("GET", session_url(session_id))).json())
+
+    async def delete_session(self, session_id: str) -> None:
+        await self.request("DELETE", session_url(session_id))
+
+    async def sessions(self) -> list[SessionInfo]:
+        """This client's sessions (oldest first), with usage and kernel state."""
+        return [SessionInfo.from_json(d)
+                for d in (await self.request("GET", "/v1/sessions")).json()]
+
+    async def restart_session(self, session_id: str) -> SessionInfo:
+        """End the session's Python kernel (its variables); files stay."""
+        return SessionInfo.from_json(
+            (await self.request("POST", session_url(session_id, "restart"))).json())
+
+    @asynccontextmanager
+    async def session(self, ttl_s: float | None = None):  # type: ignore[no-untyped-def]
+        """``async with client.session() as s: await s.invoke(...)``."""
+        info = await self.create_session(ttl_s)
+        s = AsyncSession(self, info)
+        try:
+            yield s
+        finally:
+            await s.close()
+
+    async def read_file(self, path: str, *, session: str | None = None,
+                        encoding: str = "utf-8") -> str | bytes:
+        """See :meth:`SandboxClient.read_file`."""
+        result = await self.invoke("read_file", files.read_arguments(path, encoding),
+                                   session=session)
+        return files.decoded(ensure_ok(result)) if encoding == "base64" else file_text(result)
+
+    async def write_file(self, path: str, content: str | bytes, *,
+                         session: str | None = None) -> Result:
+        return ensure_ok(await self.invoke("write_file", files.write_arguments(path, content),
+                                            session=session))
+
+    async def upload(self, session: str, path: str, data: bytes | BinaryIO) -> Result:
+        """See :meth:`SandboxClient.upload`."""
+        content, headers = files.upload_body(data, asynchronous=True)
+        response = await self.request("PUT", files.file_url(session, path), content=content,
+                                      headers=headers)
+        return lenient(Result, response.json())
+
+    async def download(self, session: str, path: str) -> bytes:
+        """See :meth:`SandboxClient.download`."""
+        return (await self.request("GET", files.file_url(session, path))).content
+
+    async def list_files(self, path: str = ".", *, session: str | None = None) -> Any:
+        result = ensure_ok(await self.invoke("list_files", {"path": path}, session=session))
+        return result.value if result.value is not None else result.stdout
+

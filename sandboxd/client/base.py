@@ -1,0 +1,196 @@
+"""What the sync and async clients share: configuration (address, token, retries), response
+and retry handling, request bodies, and :class:`ToolFailed` for the file helpers."""
+
+from __future__ import annotations
+
+import copy
+import email.utils
+import os
+import random
+import time
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from sandboxd.client.errors import ConnectionFailed, ProblemError, problem_error
+from sandboxd.models import LimitsRequest, Result
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+M = TypeVar("M", bound=BaseModel)
+USER_AGENT = "sandboxd-client/0.1"
+
+
+def lenient(model: type[M], data: Any) -> M:
+    """Validate ``data`` as ``model``, ignoring members a newer daemon may have added.
+
+    The shared models forbid unknown members (right for the daemon's own input); a client
+    should still read the answers of a newer daemon, so only ``extra_forbidden`` errors are
+    forgiven, by dropping those members; any other mismatch still raises.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if not errors or any(e["type"] != "extra_forbidden" for e in errors):
+            raise
+        data = copy.deepcopy(data)
+        for error in errors:
+            node: Any = data
+            *parents, last = error["loc"]
+            for key in parents:
+                node = node[key]
+            if isinstance(node, dict):
+                node.pop(last, None)
+        return model.model_validate(data)
+
+
+def path_segment(value: str) -> str:
+    """One URL path segment: a name can never reach another route (``../``, ``?``, ``#``)."""
+    return quote(str(value), safe="")
+
+
+def invoke_url(tool: str) -> str:
+    """The path of a tool's invoke endpoint."""
+    return f"/v1/tools/{path_segment(tool)}/invoke"
+
+
+def session_url(session_id: str, action: str = "") -> str:
+    """The path of a session (or of one of its actions, e.g. ``restart``)."""
+    return f"/v1/sessions/{path_segment(session_id)}" + (f"/{action}" if action else "")
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """Parse a Retry-After header: delta-seconds or an HTTP-date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when: datetime = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def limits_json(limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any] | None:
+    if limits is None:
+        return None
+    if isinstance(limits, LimitsRequest):
+        return limits.model_dump(exclude_none=True)
+    return LimitsRequest.model_validate(limits).model_dump(exclude_none=True)
+
+
+def invoke_body(arguments: dict[str, Any] | None, kwargs: dict[str, Any], session: str | None,
+                 limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any]:
+    args = dict(arguments or {})
+    args.update(kwargs)
+    return {"arguments": args, "session": session, "limits": limits_json(limits)}
+
+
+class ClientBase:
+    """Configuration and response handling shared by the sync and async clients."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        socket: str | os.PathLike[str] | None = None,
+        timeout: float = 330.0,
+        retries: int = 3,
+        max_retry_wait: float = 30.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if url is None and socket is None:
+            url = os.environ.get("SANDBOXD_URL") or None
+            sock_env = os.environ.get("SANDBOXD_SOCKET")
+            socket = sock_env or None
+        if token is None:
+            token = os.environ.get("SANDBOXD_TOKEN") or None
+        self.socket = os.fspath(socket) if socket is not None else None
+        # over a unix socket the host part is only used for the Host header
+        self.url = (url or ("http://sandboxd" if self.socket else DEFAULT_URL)).rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retries = max(0, retries)
+        self.max_retry_wait = max_retry_wait
+        self._headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        return {"base_url": self.url, "headers": self._headers, "timeout": self.timeout}
+
+    def _backoff(self, attempt: int, hint: float | None) -> float:
+        if hint is not None:
+            return min(hint, self.max_retry_wait)
+        return min(self.max_retry_wait, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+
+    @staticmethod
+    def _error(response: httpx.Response) -> ProblemError:
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = response.text
+        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+        return problem_error(response.status_code, body, retry_after)
+
+    def _transport_retry_wait(self, exc: httpx.TransportError, attempt: int) -> float:
+        """Seconds to wait before retrying a request that failed in transport; raises
+        :class:`ConnectionFailed` when it must not be retried (only refused connections are)."""
+        if isinstance(exc, httpx.ConnectError):
+            wait = self._should_retry(attempt, None)
+            if wait is not None:
+                return wait
+            raise ConnectionFailed(
+                f"cannot reach sandboxd at {self.socket or self.url}: {exc}") from exc
+        if isinstance(exc, httpx.TimeoutException):
+            raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
+        raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
+
+    def _should_retry(self, attempt: int, response: httpx.Response | None) -> float | None:
+        """Seconds to wait before another attempt, or None to stop."""
+        if attempt >= self.retries:
+            return None
+        if response is None:  # could not connect
+            return self._backoff(attempt, None)
+        if response.status_code == 429:
+            return self._backoff(attempt, _retry_after_seconds(response.headers.get("Retry-After")))
+        if response.status_code == 503 and response.headers.get("Retry-After"):
+            return self._backoff(attempt, _retry_after_seconds(response.headers.get("Retry-After")))
+        return None
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+
+class ToolFailed(ProblemError):
+    """A file helper's call ran but did not succeed (``result`` holds the details)."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(200, title=f"{result.tool} {result.status}",
+                         detail=result.message or result.stderr.strip() or str(result.status))
+        self.result = result
+
+
+def ensure_ok(result: Result) -> Result:
+    if result.status != "ok":
+        raise ToolFailed(result)
+    return result
+
+
+def file_text(result: Result) -> str:
+    result = ensure_ok(result)
+    if isinstance(result.value, str):
+        return result.value
+    if isinstance(result.value, dict) and isinstance(result.value.get("content"), str):
+        return result.value["content"]
+    return result.stdout
