@@ -28,6 +28,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ class _Level:
     dev: int
     ino: int
     fd: int | None
-    pending: list[str] | None = None  # measure: subdirectories still to visit
+    pending: list[str] | None = None  # _Walk: subdirectories still to visit
     failed: set[str] = field(default_factory=set)  # remove: entries that resisted
 
 
@@ -160,6 +161,59 @@ def _open_root(path: Path) -> int:
     return os.open(path, _DIR_FLAGS)
 
 
+class _Walk:
+    """Every entry below the directory ``root_fd``, pre-order (a directory's entries, then each
+    of its subdirectories in turn), each with the descriptor of the directory holding it: the
+    one walk of :func:`measure` and :func:`chown_tree`. ``strict``: a subdirectory that cannot
+    be entered, or a tree that changed under the walk, raises; otherwise that part is left out
+    and :attr:`complete` turns False. Stopping the iteration early closes what it opened."""
+
+    def __init__(self, root_fd: int, *, strict: bool) -> None:
+        self.root_fd = root_fd
+        self.strict = strict
+        self.complete = True
+
+    def __iter__(self) -> Iterator[tuple[int, os.DirEntry[str]]]:
+        stack = _Stack(self.root_fd)
+        try:
+            while True:
+                top = stack.top
+                if top.pending is None:
+                    top.pending = []
+                    with os.scandir(stack.fd()) as it:
+                        for entry in it:
+                            yield stack.fd(), entry
+                            if _is_dir(entry):
+                                top.pending.append(entry.name)
+                if top.pending:
+                    name = top.pending.pop()
+                    try:
+                        stack.push(name)
+                    except OSError:
+                        if self.strict:
+                            raise
+                        self.complete = False  # unreadable: what is below it is left out
+                    continue
+                if len(stack.levels) == 1:
+                    return
+                try:
+                    stack.pop()
+                except TreeError:
+                    if self.strict:
+                        raise
+                    self.complete = False
+                    return
+        finally:
+            stack.close()
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
 def measure(path: Path, *, max_entries: int, deadline_s: float | None = None) -> TreeUsage:
     """Bytes allocated and entries below ``path`` (not counting ``path`` itself), never
     following symlinks or crossing mount points. Stops, with ``complete=False``, once more than
@@ -172,43 +226,23 @@ def measure(path: Path, *, max_entries: int, deadline_s: float | None = None) ->
     except FileNotFoundError:
         return usage
     stop_at = time.monotonic() + deadline_s if deadline_s is not None else None
-    stack = _Stack(root)
+    walk = _Walk(root, strict=False)
     try:
-        while True:
-            top = stack.top
-            if top.pending is None:
-                top.pending = []
-                with os.scandir(stack.fd()) as it:
-                    for entry in it:
-                        usage.entries += 1
-                        if usage.entries > max_entries:
-                            usage.complete = False
-                            return usage
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        usage.bytes += st.st_blocks * 512 if st.st_blocks else st.st_size
-                        if stat.S_ISDIR(st.st_mode):
-                            top.pending.append(entry.name)
-                if stop_at is not None and time.monotonic() > stop_at:
-                    usage.complete = False
-                    return usage
-            if top.pending:
-                name = top.pending.pop()
-                try:
-                    stack.push(name)
-                except OSError:
-                    usage.complete = False  # unreadable: what is below it is not counted
-                continue
-            if len(stack.levels) == 1:
+        for _, entry in walk:
+            usage.entries += 1
+            if usage.entries > max_entries or (
+                    stop_at is not None and usage.entries % 256 == 0
+                    and time.monotonic() > stop_at):
+                usage.complete = False
                 return usage
-            stack.pop()
-    except TreeError:
-        usage.complete = False
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            usage.bytes += st.st_blocks * 512 if st.st_blocks else st.st_size
+        usage.complete = walk.complete  # (all seen: complete, even at the deadline)
         return usage
     finally:
-        stack.close()
         os.close(root)
 
 
@@ -216,26 +250,11 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
     """Give ``path`` and every entry below it to ``uid:gid`` (symlinks themselves, never what
     they point to; never crossing a mount point). Raises OSError when the walk fails."""
     root = _open_root(path)
-    stack = _Stack(root)
     try:
         os.fchown(root, uid, gid)
-        while True:
-            top = stack.top
-            if top.pending is None:
-                top.pending = []
-                with os.scandir(stack.fd()) as it:
-                    for entry in it:
-                        os.chown(entry.name, uid, gid, dir_fd=stack.fd(), follow_symlinks=False)
-                        if entry.is_dir(follow_symlinks=False):
-                            top.pending.append(entry.name)
-            if top.pending:
-                stack.push(top.pending.pop())
-                continue
-            if len(stack.levels) == 1:
-                return
-            stack.pop()
+        for dir_fd, entry in _Walk(root, strict=True):
+            os.chown(entry.name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
     finally:
-        stack.close()
         os.close(root)
 
 

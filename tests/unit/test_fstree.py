@@ -91,6 +91,41 @@ def test_measure_stops_at_its_entry_limit(tmp_path: Path) -> None:
     assert exact.complete and exact.entries == 3000 and exact.bytes == 0  # inodes, no bytes
 
 
+def test_measure_stops_at_its_deadline(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(2000):
+        (root / f"e{i}").touch()
+    usage = fstree.measure(root, max_entries=10_000, deadline_s=0)
+    assert not usage.complete and usage.entries < 2000
+    assert fstree.measure(root, max_entries=10_000, deadline_s=60).complete
+
+
+def test_measure_and_chown_walk_the_same_entries(tmp_path: Path) -> None:
+    """One walk: every entry measure counts is one chown_tree re-owns, and no other (deep,
+    wide, with symlinks; ``os.chown`` is watched)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    chain(root, 2500)
+    for i in range(300):
+        (root / f"w{i}").touch()
+    (root / "sub").mkdir()
+    (root / "sub" / "link").symlink_to("/etc")
+    seen: list[str] = []
+    real_chown = os.chown
+
+    def watched(path: str, uid: int, gid: int, **kw: object) -> None:
+        seen.append(path)
+        real_chown(path, uid, gid, **kw)  # type: ignore[arg-type]
+
+    fds = open_fds(tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fstree.os, "chown", watched)
+        fstree.chown_tree(root, os.getuid(), os.getgid())
+    assert len(seen) == fstree.measure(root, max_entries=10**6).entries == 2500 + 2 * 3 + 302
+    assert open_fds(tmp_path) == fds
+
+
 def test_unreadable_directories_are_removed(tmp_path: Path) -> None:
     root = tmp_path / "ws"
     (root / "a" / "b").mkdir(parents=True)
