@@ -5,7 +5,7 @@ Every backend uses it instead of ``asyncio.wait_for`` / ``asyncio.timeout``: on 
 call's task then runs on as if nobody had cancelled it, and the cleanup that cancellation
 should start never happens), and it can drop a result that arrived while it was being
 cancelled. :func:`within` never loses either, and it always waits until what it cancelled has
-really stopped. :func:`stop` is its companion for a task that runs until it is told to end.
+really stopped. :func:`stop_task` is its companion for a task that runs until it is told to end.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ async def within(aw: Awaitable[T], timeout: float,
     return True, task.result()
 
 
-async def stop(task: asyncio.Future[Any] | None) -> None:
+async def stop_task(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` and wait until it has really stopped, whatever it ends with (its
     exception is retrieved and dropped). Unlike ``suppress(BaseException): await task``, our
     own cancellation is never swallowed: it goes on once the task has stopped."""

@@ -25,6 +25,7 @@ from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.config import Settings
+from sandboxd.deadline import stop_task
 from sandboxd.errors import (
     AuditFailure,
     Draining,
@@ -150,8 +151,7 @@ class Sandboxd(SessionOps):
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await stop_task(task)
         with contextlib.suppress(Exception):  # tmpfs workspaces must not outlive the daemon
             await self.sessions.close(self._end_session)
         for backend in self.backends.values():

@@ -23,6 +23,7 @@ from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
 from sandboxd.backends.factory import DEFAULT_BACKEND
 from sandboxd.config import Settings
+from sandboxd.deadline import stop_task
 from sandboxd.errors import SandboxdError
 from sandboxd.service import Sandboxd
 
@@ -110,9 +111,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
                 async with mcp.run():  # the MCP sessions' task group lives in the lifespan
                     yield
             finally:
-                flusher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await flusher
+                await stop_task(flusher)
         finally:
             notify_systemd("STOPPING=1")
             await service.drain(settings.drain_grace_s)

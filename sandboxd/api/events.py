@@ -29,7 +29,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandboxd.api.problems import problem_body
-from sandboxd.deadline import stop
+from sandboxd.deadline import stop_task
 from sandboxd.models import InvokeRequest, Result
 from sandboxd.service import Sandboxd
 from sandboxd.streaming import StreamEvent
@@ -73,7 +73,7 @@ async def stream_invoke(service: Sandboxd, client: str, name: str, body: InvokeR
     finally:
         begun.cancel()
     if call not in done and gone in done:
-        await stop(call)
+        await stop_task(call)
         return Response(status_code=499)  # nobody is listening any more
     if call.done() and call.exception() is not None:
         gone.cancel()

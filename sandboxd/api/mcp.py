@@ -56,6 +56,7 @@ from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
 from sandboxd.client.render import format_result
+from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ServiceError, UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, Result, Status, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
@@ -200,10 +201,8 @@ class McpFrontDoor:
             with contextlib.suppress(ValueError):
                 self.service.policy_listeners.remove(self._policy_changed)
             self._serving = False
-            watcher.cancel()
             self._stop.set()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await stop_task(watcher)
             await holder
 
     async def _stop_when_draining(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -13,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxd import __version__
 from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
+from sandboxd.deadline import stop_task
 from sandboxd.errors import UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
 from sandboxd.service import Sandboxd
@@ -103,9 +103,7 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
     finally:
         gone.cancel()
     if call not in done:
-        call.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await call
+        await stop_task(call)
         return Response(status_code=499)  # nobody is listening any more
     # serialised by pydantic-core directly (FastAPI's generic encoder is ~10x slower)
     return Response(call.result().model_dump_json(), media_type="application/json")

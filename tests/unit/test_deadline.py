@@ -1,5 +1,5 @@
 """The one deadline idiom (sandboxd.deadline): ``within`` never loses a result or a
-cancellation, and ``stop`` waits until a task has stopped without swallowing our own cancel."""
+cancellation, and ``stop_task`` waits until a task has stopped without swallowing our own cancel."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.deadline import stop, within
+from sandboxd.deadline import stop_task, within
 
 
 async def _value_after(delay: float, value: Any) -> Any:
@@ -53,7 +53,7 @@ def test_within_raises_the_work_s_own_error() -> None:
         asyncio.run(within(boom(), 1))
 
 
-def test_stop_waits_for_the_task_and_drops_its_error() -> None:
+def test_stop_task_waits_for_the_task_and_drops_its_error() -> None:
     async def scenario() -> list[str]:
         seen: list[str] = []
 
@@ -67,15 +67,15 @@ def test_stop_waits_for_the_task_and_drops_its_error() -> None:
 
         task = asyncio.create_task(stubborn())
         await asyncio.sleep(0)
-        await stop(task)
-        await stop(None)
+        await stop_task(task)
+        await stop_task(None)
         seen.append("stopped")
         return seen
 
     assert asyncio.run(scenario()) == ["cleaned", "stopped"]
 
 
-def test_stop_does_not_swallow_our_own_cancellation() -> None:
+def test_stop_task_does_not_swallow_our_own_cancellation() -> None:
     async def scenario() -> tuple[bool, bool]:
         async def slow_to_stop() -> None:
             try:
@@ -85,7 +85,7 @@ def test_stop_does_not_swallow_our_own_cancellation() -> None:
 
         inner = asyncio.create_task(slow_to_stop())
         await asyncio.sleep(0)
-        outer = asyncio.create_task(stop(inner))
+        outer = asyncio.create_task(stop_task(inner))
         await asyncio.sleep(0.01)
         outer.cancel()
         try:

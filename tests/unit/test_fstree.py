@@ -124,6 +124,7 @@ def test_measure_and_chown_walk_the_same_entries(tmp_path: Path) -> None:
         fstree.chown_tree(root, os.getuid(), os.getgid())
     assert len(seen) == fstree.measure(root, max_entries=10**6).entries == 2500 + 2 * 3 + 302
     assert open_fds(tmp_path) == fds
+    fstree.remove_tree(root)  # (pytest's own clean-up of old test dirs recurses)
 
 
 def test_unreadable_directories_are_removed(tmp_path: Path) -> None:

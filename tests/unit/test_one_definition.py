@@ -91,3 +91,17 @@ def test_every_time_limit_goes_through_sandboxd_deadline() -> None:
                     and isinstance(node.value, ast.Name) and node.value.id == "asyncio":
                 found.append(f"{path.relative_to(root)}:{node.lineno} asyncio.{node.attr}")
     assert found == []
+
+
+def test_every_task_is_stopped_through_sandboxd_deadline() -> None:
+    """``task.cancel()`` then ``suppress(CancelledError): await task`` swallows the caller's
+    own cancellation too: every task is stopped with :func:`sandboxd.deadline.stop_task`."""
+    root = Path(sandboxd.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "suppress" \
+                    and any(isinstance(a, ast.Attribute) and a.attr == "CancelledError"
+                            for a in node.args):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []

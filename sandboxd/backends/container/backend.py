@@ -61,6 +61,7 @@ from sandboxd.backends.container.probe import run_probe
 from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.backends.container.watch import PING_TIMEOUT_S, EngineWatch
 from sandboxd.config import Settings
+from sandboxd.deadline import stop_task
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -181,11 +182,8 @@ class ContainerBackend:
         """Remove every container this backend started."""
         boxes = self.boxes
         boxes.closing = True
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task
-            self._watch_task = None
+        await stop_task(self._watch_task)
+        self._watch_task = None
         if self._ping_client is not None:
             with contextlib.suppress(Exception):
                 self._ping_client.close()

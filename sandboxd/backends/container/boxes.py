@@ -137,6 +137,7 @@ class Boxes:
             box.cid = await asyncio.shield(task)
         except asyncio.CancelledError:
             # the engine call runs on in its thread: wait for it, then remove what it made
+            # (a second cancel must not skip the removal: it is swallowed here, on purpose)
             with contextlib.suppress(BaseException):
                 box.cid = await task
             verified = await self.destroy(box, by_name=True)

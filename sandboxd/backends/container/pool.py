@@ -5,12 +5,12 @@ pool refills in the background, sized by the setting and by the host's free memo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, runner_lost
+from sandboxd.deadline import stop_task
 from sandboxd.models import Limits
 
 log = logging.getLogger("sandboxd.container")
@@ -67,11 +67,8 @@ class WarmPool:
     async def stop(self) -> None:
         """End the refill task and forget the queues (their containers are removed by
         the caller, with every other live one)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _refill_loop(self) -> None:
         sem = asyncio.Semaphore(POOL_PARALLEL_STARTS)

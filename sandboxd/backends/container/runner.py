@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd import fstree, wire
-from sandboxd.deadline import stop, within
+from sandboxd.deadline import stop_task, within
 from sandboxd.display import DisplayCaps
 from sandboxd.errors import SandboxdError
 from sandboxd.outputs import DisplayCollector
@@ -224,7 +224,7 @@ class Channel:
             out.relay.close()
 
     async def close(self) -> None:
-        await stop(self.task)
+        await stop_task(self.task)
         self.writer.close()
 
 
@@ -334,7 +334,7 @@ class Endpoint:
     async def close(self) -> None:
         """Stop listening, hang up the channel, remove the directory."""
         self.closing = True
-        await stop(self.task)
+        await stop_task(self.task)
         self._unlisten()
         if self.channel is not None:
             await self.channel.close()

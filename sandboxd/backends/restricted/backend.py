@@ -53,7 +53,7 @@ from sandboxd.backends.restricted.zygote_client import (
     spawn_zygote,
 )
 from sandboxd.config import Settings
-from sandboxd.deadline import stop
+from sandboxd.deadline import stop_task
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -149,7 +149,7 @@ class RestrictedBackend:
         self._closed = True
         await self.kernels.close()
         for task in [self._health, *self._retiring]:
-            await stop(task)
+            await stop_task(task)
         z, self._zygote = self._zygote, None
         if z is not None:
             await z.close()
