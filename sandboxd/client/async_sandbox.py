@@ -60,10 +60,7 @@ class AsyncSandboxClient(ClientBase):
         while True:
             try:
                 response = await self._http.request(
-                    method, path, json=json, params=params, headers=headers,
-                    content=content() if callable(content) else content,  # type: ignore[arg-type]
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                    method, path, **self._request_kwargs(json, params, timeout, content, headers))
             except httpx.TransportError as exc:
                 wait = self._transport_retry_wait(exc, attempt)
             else:

@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from sandboxd.client.errors import ConnectionFailed, ProblemError, problem_error
+from sandboxd.client.files import Body
 from sandboxd.models import LimitsRequest, Result
 
 DEFAULT_URL = "http://127.0.0.1:8765"
@@ -123,6 +124,14 @@ class ClientBase:
         self._headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+
+    @staticmethod
+    def _request_kwargs(json: Any, params: dict[str, Any] | None, timeout: float | None,
+                        content: Body | None, headers: dict[str, str] | None) -> dict[str, Any]:
+        """httpx arguments of one attempt (a callable body is called again per attempt)."""
+        return {"json": json, "params": params, "headers": headers,
+                "content": content() if callable(content) else content,
+                "timeout": timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT}
 
     def _client_kwargs(self) -> dict[str, Any]:
         return {"base_url": self.url, "headers": self._headers, "timeout": self.timeout}
