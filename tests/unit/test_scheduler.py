@@ -113,6 +113,38 @@ async def test_cancelled_waiter_leaves_queue_and_slot_is_not_lost() -> None:
         assert s.in_use == 1
 
 
+async def test_a_slot_granted_as_its_waiter_is_cancelled_passes_on() -> None:
+    """The holder leaves and the waiter is cancelled in the same loop step: the slot the
+    waiter was just granted goes to the next waiter, never lost and never double-counted."""
+    s = Scheduler(max_concurrency=1, queue_size=8)
+    release = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def hold(gate: asyncio.Event) -> None:
+        async with s.slot("c", time.monotonic() + 30):
+            await gate.wait()
+
+    holder = asyncio.create_task(hold(leave))
+    await asyncio.sleep(0.01)
+    doomed = asyncio.create_task(hold(release))
+    await asyncio.sleep(0.01)
+    nxt = asyncio.create_task(hold(release))
+    await asyncio.sleep(0.01)
+    assert (s.in_use, s.queued) == (1, 2)
+    leave.set()
+    await asyncio.sleep(0)  # the holder wakes, leaves and grants the slot to ``doomed``...
+    await asyncio.sleep(0)
+    doomed.cancel()  # ...which is cancelled before it could run
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    await holder
+    await asyncio.sleep(0.01)
+    assert (s.in_use, s.queued) == (1, 0)  # ``nxt`` holds it
+    release.set()
+    await nxt
+    assert (s.in_use, s.queued) == (0, 0)
+
+
 async def _holders(s: Scheduler, release: asyncio.Event, client: str, n: int
                    ) -> list[asyncio.Task[None]]:
     async def hold() -> None:
