@@ -107,7 +107,7 @@ def _cgroup_flags(docker_client: Any, name: str) -> tuple[dict[str, Any], list[P
             "cgroup_parent": parent,
             "cgroupns": "host",
             "volumes": {str(CGROUP): {"bind": str(CGROUP), "mode": "rw"}},
-        }, [CGROUP / parent.strip("/")]
+        }, [CGROUP / _slice_path(parent) if driver == "systemd" else CGROUP / name]
     dirs = [CGROUP / c / name for c in ("memory", "cpu", "pids")]
     for d in dirs:
         d.mkdir()
@@ -117,6 +117,12 @@ def _cgroup_flags(docker_client: Any, name: str) -> tuple[dict[str, Any], list[P
         "environment": {"SANDBOXD_CGROUP_ROOT": "/host-cgroup"},
         "volumes": volumes,
     }, dirs
+
+
+def _slice_path(unit: str) -> str:
+    """Where systemd puts a slice: ``a-b-c.slice`` is ``a.slice/a-b.slice/a-b-c.slice``."""
+    parts = unit.removesuffix(".slice").split("-")
+    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
 
 
 def _remove_cgroup_tree(d: Path) -> None:
@@ -138,6 +144,7 @@ def _run(
     *,
     cgroups: bool = True,
     user: int | None = None,
+    init: bool = False,
 ) -> Any:
     """The daemon container with the documented flags: read-only rootfs, only six
     capabilities (none with ``user``), no-new-privileges, no network, its socket / state /
@@ -168,6 +175,7 @@ def _run(
             cap_drop=["ALL"],
             cap_add=DAEMON_CAPS if user is None else [],
             security_opt=["no-new-privileges"],
+            init=init,
             network_mode="none",
             mem_limit="1g",
             pids_limit=256,
@@ -283,9 +291,48 @@ def test_sigterm_stops_cleanly(container: Any) -> None:
         for d in container.cgroup_dirs
         if d != CGROUP
         for p in d.rglob("sandboxd-*")
-        if p.is_dir()
+        if p.is_dir() and p.name != "sandboxd-daemon"  # the leaf goes with the container's cgroup
     ]
     assert not left, f"the daemon left its cgroups behind: {left}"
+
+
+def test_under_an_init_process(docker_client: Any, daemon_image: str, tmp_path: Path) -> None:
+    """`docker run --init`: tini is PID 1 and the daemon its child, in one cgroup. On cgroup v2
+    the daemon takes its container's cgroup over (tini moves into the leaf with it) instead of
+    building a cgroup of its own beside the container in the engine's (systemd's) tree."""
+    c = _run(docker_client, daemon_image, tmp_path, init=True)
+    try:
+        sock = c.run_dir / "sandboxd.sock"
+        _wait_for_socket(c, sock)
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(base_url="http://sandboxd", transport=transport, timeout=120) as client:
+            response = client.post(
+                "/v1/tools/python/invoke", json={"arguments": {"code": "print(6 * 7)"}}
+            )
+        assert response.status_code == 200, response.text
+        result = response.json()
+        assert result["status"] == "ok" and result["stdout"] == "42\n", result
+        assert result["cleanup"]["verified"] is True
+        c.reload()
+        init_pid = c.attrs["State"]["Pid"]
+        assert Path(f"/proc/{init_pid}/comm").read_text().strip().startswith("docker-init"), (
+            "not run under docker's init"
+        )
+        logs = c.logs().decode(errors="replace")
+        if (CGROUP / "cgroup.controllers").exists():
+            assert "a container's own cgroup" in logs, logs[-3000:]
+            own = Path(f"/proc/{init_pid}/cgroup").read_text().strip().removeprefix("0::")
+            assert own.endswith("/sandboxd-daemon"), own
+            container_cgroup = (CGROUP / own.lstrip("/")).parent
+            beside = [p.name for p in container_cgroup.parent.iterdir() if p.is_dir()]
+            assert beside == [container_cgroup.name], f"cgroups beside the container's: {beside}"
+        else:
+            assert "cgroup v1" in logs, logs[-3000:]
+    finally:
+        c.remove(force=True)
+        for d in c.cgroup_dirs:
+            if d != CGROUP:
+                _remove_cgroup_tree(d)
 
 
 def _landlock() -> bool:

@@ -11,10 +11,12 @@ cgroup v2 has two rules that decide where per-call cgroups can live:
 
 1. **already ours**: the process sits in ``<subtree>/sandboxd-daemon`` (an earlier call in this
    process, e.g. a restart of the backend);
-2. **alone in its cgroup** (a unit or scope with ``Delegate=yes``, a container's own cgroup),
-   or with only its own descendants beside it (e.g. the workspace-quota mount helper, started
-   earlier): the process moves itself and them into the leaf ``sandboxd-daemon`` and the cgroup
-   becomes the subtree;
+2. **its cgroup is its own**: alone in it (a unit or scope with ``Delegate=yes``), or with only
+   its own descendants beside it (e.g. the workspace-quota mount helper, started earlier), or it
+   is a container's cgroup (PID 1 of this PID namespace is in it: the daemon itself, or an init
+   such as ``docker run --init``; everything in it belongs to the container, including short
+   ``docker exec`` processes such as the image's health check): the process moves itself and
+   them into the leaf ``sandboxd-daemon`` and the cgroup becomes the subtree;
 3. **shared cgroup on a systemd host** (a login shell, ``make run``, a CI job, pytest): systemd
    is asked over D-Bus (``busctl``, ``StartTransientUnit``) for a transient scope with
    ``Delegate=yes`` holding just this process - what rootless container engines do. systemd
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -44,6 +47,7 @@ WANT = ("memory", "cpu", "pids")
 ENABLE = " ".join(f"+{c}" for c in WANT)
 LEAF = "sandboxd-daemon"
 SCOPE_WAIT_S = 10.0
+TAKEOVER_TRIES = 50  # rounds of "move newcomers, enable" (~2.5 s of docker exec churn)
 
 
 class CgroupUnavailable(SandboxdError, RuntimeError):
@@ -97,16 +101,31 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _only_ours(own: Path, rel: str) -> set[int] | None:
-    """The processes of ``own`` when they are this process and its own descendants (a cgroup
-    this process may take over), else ``None`` (shared with others: not delegated to us)."""
+@dataclass(frozen=True)
+class _Takeover:
+    """Why the own cgroup may become the subtree, and which processes may be moved into its
+    leaf: this process's descendants, or (``container``) every process of the container."""
+
+    container: bool
+
+    def may_move(self, pids: set[int]) -> bool:
+        return self.container or pids <= _descendants(os.getpid())
+
+
+def _own_cgroup_is_ours(own: Path, rel: str) -> _Takeover | None:
+    """Whether this process may take its own cgroup over (see the module docstring, 2.), else
+    ``None`` (shared with others: not delegated to us)."""
     if rel == "/":
         return None
     procs = _procs(own)
     me = os.getpid()
-    if me not in procs or not procs - {me} <= _descendants(me):
+    if me not in procs:
         return None
-    return procs
+    if 1 in procs:  # a container's: its init shares it (a host's sits in init.scope or the root)
+        return _Takeover(container=True)
+    if procs - {me} <= _descendants(me):
+        return _Takeover(container=False)
+    return None
 
 
 def _write(path: Path, value: str) -> None:
@@ -141,16 +160,33 @@ def _enable(d: Path) -> None:
         _write(d / "cgroup.subtree_control", ENABLE)
 
 
-def _into_leaf(d: Path, others: set[int] = frozenset()) -> None:
-    """Move this process (and ``others``: its own descendants) into ``d/sandboxd-daemon`` and
-    enable the controllers in ``d``."""
+def _into_leaf(d: Path, takeover: _Takeover | None = None) -> None:
+    """Move this process (and, with ``takeover``, the other processes of ``d`` it may move)
+    into ``d/sandboxd-daemon`` and enable the controllers in ``d``.
+
+    A process may join ``d`` meanwhile (``docker exec``: a health check); enabling then fails
+    with EBUSY (no internal processes), and the newcomers are moved too when ``takeover``
+    allows it."""
     leaf = d / LEAF
     leaf.mkdir(exist_ok=True)
-    for pid in sorted(others - {os.getpid()}):
-        with contextlib.suppress(ProcessLookupError):  # gone meanwhile: nothing to move
-            _write(leaf / "cgroup.procs", str(pid))
-    _write(leaf / "cgroup.procs", str(os.getpid()))
-    _enable(d)
+    me = os.getpid()
+    for attempt in range(TAKEOVER_TRIES):
+        if takeover is not None:
+            others = _procs(d) - {me}
+            if not takeover.may_move(others):
+                raise CgroupUnavailable(f"{d} is shared with processes that are not this daemon's")
+            for pid in sorted(others):
+                with contextlib.suppress(ProcessLookupError):  # gone meanwhile: nothing to move
+                    _write(leaf / "cgroup.procs", str(pid))
+        if attempt == 0:
+            _write(leaf / "cgroup.procs", str(me))
+        try:
+            _enable(d)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or takeover is None or attempt == TAKEOVER_TRIES - 1:
+                raise
+        time.sleep(0.05)
 
 
 def plan(root: Path) -> str:
@@ -159,7 +195,13 @@ def plan(root: Path) -> str:
     own = root / rel.lstrip("/")
     if own.name == LEAF:
         return f"v2; already in the daemon leaf of {rel.rsplit('/', 1)[0] or '/'}"
-    if _only_ours(own, rel) is not None:
+    takeover = _own_cgroup_is_ours(own, rel)
+    if takeover is not None and takeover.container:
+        return (
+            f"v2; own cgroup {rel} is a container's (its PID 1 is in it): used as the subtree, "
+            "the container's processes moved into its leaf"
+        )
+    if takeover is not None:
         return f"v2; own cgroup {rel} holds only this process (and its children): used as the " \
                "subtree"
     shared = f"v2; own cgroup {rel} is shared with other processes (not delegated)"
@@ -175,10 +217,11 @@ def acquire(root: Path, instance: str) -> Subtree:
     if own.name == LEAF:
         _enable(own.parent)
         return Subtree(own.parent, f"subtree {own.parent.relative_to(root)}")
-    ours = _only_ours(own, rel)
-    if ours is not None:
-        _into_leaf(own, ours)
-        return Subtree(own, f"own cgroup {rel}")
+    takeover = _own_cgroup_is_ours(own, rel)
+    if takeover is not None:
+        _into_leaf(own, takeover)
+        kind = "a container's own cgroup" if takeover.container else "own cgroup"
+        return Subtree(own, f"{kind} {rel}")
     if _systemd_running():
         scope = _systemd_scope(root, instance)
         _into_leaf(scope)
