@@ -33,6 +33,7 @@ PIDS_OVERHEAD = 6
 TMP_BYTES = 64 * 1024 * 1024
 NOFILE = 1024
 CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
+OOM_SETTLE_S = 5.0  # how long a container whose runner vanished gets to be seen stopped
 
 
 def shipped_seccomp_profile() -> Path:
@@ -206,13 +207,22 @@ def is_running(client: docker.DockerClient, cid: str) -> bool:
     return bool(state.get("Running"))
 
 
-def oom_killed(client: docker.DockerClient, cid: str) -> bool:
-    """Whether the engine saw an OOM kill in the container (``State.OOMKilled``)."""
-    try:
-        state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
-    except Exception:
-        return False
-    return bool(state.get("OOMKilled"))
+def oom_killed(client: docker.DockerClient, cid: str, *, runner_lost: bool = False) -> bool:
+    """Whether the engine saw an OOM kill in the container (``State.OOMKilled``).
+
+    ``runner_lost``: the runner vanished, so the container is stopping; the answer waits (at
+    most ``OOM_SETTLE_S``) until the engine has seen it stop. Asked at once, the engine may not
+    have handled the kernel's OOM event yet: the kernel can kill the runner in a second OOM
+    kill right after the call's process, and its socket closes before the engine hears."""
+    deadline = time.monotonic() + (OOM_SETTLE_S if runner_lost else 0.0)
+    while True:
+        try:
+            state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+        except Exception:
+            return False
+        if state.get("OOMKilled") or not state.get("Running") or time.monotonic() >= deadline:
+            return bool(state.get("OOMKilled"))
+        time.sleep(0.05)
 
 
 def ours(client: docker.DockerClient, instance: str) -> list[str]:

@@ -68,8 +68,8 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
         if box is not None:
             await boxes.destroy_shielded(box)
         raise
-    oom = outcome.needs_oom_check and await boxes.engine(engine.oom_killed, boxes.client,
-                                                         box.cid or box.name)
+    oom = outcome.needs_oom_check and await boxes.engine(
+        engine.oom_killed, boxes.client, box.cid or box.name, runner_lost=outcome.lost is not None)
     verified = await boxes.destroy_shielded(box)
     return build_result(invocation, limits, outcome, started, verified, oom=oom,
                         detail=gone(box, verified), engine_error=boxes.engine_error)

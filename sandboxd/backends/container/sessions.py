@@ -150,7 +150,8 @@ class SessionContainers:
                 result = self._kernel_kept(box, outcome, result)
             return result
         oom = outcome.needs_oom_check and await self.boxes.engine(
-            engine.oom_killed, self.boxes.client, box.cid or box.name)
+            engine.oom_killed, self.boxes.client, box.cid or box.name,
+            runner_lost=outcome.lost is not None)
         verified = await self.drop(key, box)
         result = build_result(invocation, limits, outcome, started, verified, oom=oom,
                               detail=gone(box, verified) + " (the session gets a new one)",
