@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING
 
 from sandboxd import fstree
 from sandboxd.backends.container.oneshot import PROBE_CLIENT
-from sandboxd.models import Invocation, Limits, ProbeCheck, ProbeReport, Reason, ToolKind
+from sandboxd.models import (
+    Invocation,
+    Limits,
+    ProbeCheck,
+    ProbeReport,
+    Reason,
+    Result,
+    ToolKind,
+)
 
 if TYPE_CHECKING:
     from sandboxd.backends.container.backend import ContainerBackend
@@ -61,13 +69,26 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
                              time.monotonic() + 30)
         checks.append(ProbeCheck(
             name="memory_limit", ok=mem.termination.reason is Reason.memory_limit,
-            detail=f"96 MiB under a 48 MiB limit -> {mem.termination.reason.value}"))
+            detail=f"96 MiB under a 48 MiB limit -> {_how_it_ended(mem)}"))
         checks.append(ProbeCheck(name="cleanup", ok=res.cleanup.verified
                                  and mem.cleanup.verified,
                                  detail="probe containers removed"))
     finally:
         await asyncio.to_thread(fstree.remove_tree_quietly, workspace)
     return ProbeReport(backend=backend.name, ok=all(c.ok for c in checks), checks=checks)
+
+
+def _how_it_ended(result: Result) -> str:
+    """The reason, and when it is not the expected limit, everything that says why."""
+    end = result.termination
+    if end.reason is Reason.memory_limit:
+        return end.reason.value
+    said = f"{end.reason.value}: status {result.status.value}, exit code {end.exit_code}, " \
+           f"signal {end.signal}, peak {result.resources.peak_memory_bytes >> 20} MiB"
+    if result.message:
+        said += f", {result.message}"
+    tail = (result.stderr or result.stdout)[-300:].strip()
+    return f"{said}; output: {tail}" if tail else said
 
 
 PROBE_CODE = r"""
