@@ -81,6 +81,9 @@ async def test_shell_fork_bomb(backend: ContainerBackend, ws: Path) -> None:
 
 async def test_sleep_with_one_second_timeout(backend: ContainerBackend, ws: Path,
                                              docker_client: Any) -> None:
+    # from a pool container: creating one can take longer than the second under emulation,
+    # and the call then ends truthfully with "no container was started"
+    await _wait_for_a_pool_container(backend)
     started = time.monotonic()
     res = await run(backend, ws, argv=["sleep", "100"], limits=Limits(timeout_s=1))
     elapsed = time.monotonic() - started
@@ -155,12 +158,7 @@ async def test_memory_and_swap_limits_are_applied(backend: ContainerBackend, ws:
 async def test_cancellation_removes_the_container(backend: ContainerBackend, ws: Path,
                                                   docker_client: Any) -> None:
     instance = backend.config.instance_name
-    for _ in range(100):  # wait for a ready pool container: the call will take it
-        if _ready_pool(backend):
-            break
-        await asyncio.sleep(0.1)
-    before = _ready_pool(backend)
-    assert before
+    before = await _wait_for_a_pool_container(backend)  # the call will take it
     task = asyncio.create_task(run(backend, ws, argv=["sleep", "60"], timeout=60))
     await asyncio.sleep(1.0)
     taken = before - _ready_pool(backend)
@@ -173,6 +171,15 @@ async def test_cancellation_removes_the_container(backend: ContainerBackend, ws:
     assert info.value.cleanup.detail and "removed" in info.value.cleanup.detail
     # cancellation returns only after the container is removed
     assert taken.isdisjoint(c.id for c in labelled(docker_client, instance))
+
+
+async def _wait_for_a_pool_container(backend: ContainerBackend) -> set[str]:
+    """Wait (at most 60 s) until the warm pool holds a container; returns the pool's ids."""
+    for _ in range(600):
+        if ready := _ready_pool(backend):
+            return ready
+        await asyncio.sleep(0.1)
+    raise AssertionError("the warm pool never held a container")
 
 
 def _ready_pool(backend: ContainerBackend) -> set[str]:
