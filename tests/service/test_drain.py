@@ -22,8 +22,12 @@ from tests.service.procs import (
     wait_for,
 )
 from tests.support.daemon import start_daemon
+from tests.support.scale import scaled
 
-ITERATIONS = 20_000_000  # a few seconds of pure-Python loop per call on one core
+# A few seconds of pure-Python loop per call on one core. Under emulation (the VM job) two
+# fifths of it: three such calls on two emulated CPUs, beside another test lane, once took
+# longer than their 120 s limit there; 8 M still keeps them busy for tens of seconds.
+ITERATIONS = scaled(20_000_000, floor=8_000_000)
 COUNT = f"n = 0\nwhile n < {ITERATIONS}:\n    n = n + 1\nn\n"
 BUSY = "while True:\n    pass\n"
 
