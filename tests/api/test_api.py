@@ -13,6 +13,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 
 PROBLEM = "application/problem+json"
@@ -291,7 +292,7 @@ def test_disconnected_client_cancels_and_cleans_up(daemon: RunningDaemon) -> Non
     deadline = time.monotonic() + 5
     cancelled: list[dict] = []
     while time.monotonic() < deadline and not cancelled:
-        records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+        records = audit_records(daemon.audit_path)
         cancelled = [r for r in records if r.get("event") == "result"
                      and r.get("status") == "killed"]
         time.sleep(0.1)
@@ -328,7 +329,7 @@ def test_display_items_come_back_in_the_result(daemon: RunningDaemon) -> None:
         {"type": "display", "data": {"text/plain": "'done'", "application/json": "done"},
          "truncated": False},
     ]
-    records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+    records = audit_records(daemon.audit_path)
     mine = [rec for rec in records if rec.get("invocation") == result["id"]
             and rec.get("event") == "result"]
     assert mine and mine[-1]["displays"] == 2  # counted, content not logged

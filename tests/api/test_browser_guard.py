@@ -4,13 +4,13 @@ requests): Origin and, for the tokenless loopback client, Host are checked on th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
 import pytest
 
 from sandboxd.tokens import add_token
+from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon, unix_socket_daemon
 
 CALL = {"arguments": {"code": "print('ran')"}}
@@ -29,10 +29,7 @@ def _problem(r: httpx.Response, slug: str) -> dict[str, object]:
 
 
 def _calls_audited(d: RunningDaemon) -> int:
-    if not d.audit_path.exists():
-        return 0
-    return sum(1 for line in d.audit_path.read_text().splitlines()
-               if json.loads(line).get("event") == "result")
+    return len(audit_records(d.audit_path, "result"))
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon
 
 
@@ -140,7 +141,7 @@ def test_session_commands(daemon: RunningDaemon) -> None:
     assert gone.returncode == 1 and "HTTP 404" in gone.stderr
     assert len(gone.stderr.strip().splitlines()) == 1 and "Traceback" not in gone.stderr
     assert sid not in sandboxd("session", "list", *url).stdout
-    audit = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+    audit = audit_records(daemon.audit_path)
     assert [a["backends"] for a in audit if a["event"] == "kernel_restart"] == [
         mine["kernel"]["backends"], []]
 

@@ -22,6 +22,7 @@ import pytest
 from sandboxd.client import AsyncSandboxClient, SandboxClient
 from sandboxd.client.errors import ProblemError
 from sandboxd.tokens import add_token
+from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 
 MAX_FILE = 4 * 1024 * 1024
@@ -90,7 +91,7 @@ def leftovers(root: Path) -> list[str]:
 
 
 def audit(daemon: RunningDaemon, request_id: str) -> list[dict]:
-    records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+    records = audit_records(daemon.audit_path)
     return [r for r in records if r.get("request_id") == request_id]
 
 
@@ -257,7 +258,7 @@ def test_an_upload_cut_short_or_stalled_leaves_nothing(daemon: RunningDaemon,
     deadline = time.monotonic() + 30
     aborted: list[dict] = []
     while not aborted and time.monotonic() < deadline:
-        records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+        records = audit_records(daemon.audit_path)
         aborted = [r for r in records if r.get("event") == "result" and r["session"] == session
                    and "closed the connection" in (r.get("message") or "")]
         time.sleep(0.1)

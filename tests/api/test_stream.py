@@ -16,6 +16,7 @@ import psutil
 import pytest
 from httpx_sse import connect_sse
 
+from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 
 SSE = {"Accept": "text/event-stream"}
@@ -119,7 +120,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_call(daemon: RunningDa
     assert len(_descendants(daemon.proc.pid)) <= baseline, "a worker outlived its call"
     cancelled: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not cancelled:
-        records = [json.loads(line) for line in daemon.audit_path.read_text().splitlines()]
+        records = audit_records(daemon.audit_path)
         cancelled = [r for r in records if r.get("event") == "result"
                      and r.get("termination", {}).get("reason") == "cancelled"]
         time.sleep(0.1)

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import httpx
 
 from sandboxd.audit import verify
 from sandboxd.tokens import add_token
+from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
-
-
-def audit_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_unknown_or_missing_token_is_401_and_audited(tmp_path: Path) -> None:

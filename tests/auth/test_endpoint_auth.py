@@ -5,7 +5,6 @@ as one aggregated record per peer per interval, with nothing lost."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -13,13 +12,10 @@ import httpx
 
 from sandboxd.audit import verify
 from sandboxd.tokens import add_token
+from tests.support.audit import audit_records as records
 from tests.support.daemon import running_daemon
 
 GUARDED = ("/metrics", "/readyz", "/openapi.json", "/docs", "/redoc")
-
-
-def records(path: Path, event: str) -> list[dict]:
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
 
 
 def test_operational_endpoints_need_a_token(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ daemon; the per-client rate limit as the API applies it."""
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ from sandboxd.tokens import (
     remove_token_by_id,
 )
 from tests.auth.test_tokens import run_cli
+from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
 
 
@@ -137,7 +137,7 @@ def test_daemon_refuses_an_expired_token_and_revokes_one_by_id(tmp_path: Path) -
         while status(other) == 200 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert status(other) == 401  # revoked without a restart
-    records = [json.loads(line) for line in d.audit_path.read_text().splitlines()]
+    records = audit_records(d.audit_path)
     failures = [r for r in records if r["event"] == "auth_failure"]
     assert sum(r["expired"] for r in failures) >= 2
     assert sum(r["unknown"] for r in failures) >= 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from tests.client.scripted_llm import (
     text_reply,
     tool_call_reply,
 )
+from tests.support.audit import audit_records
 
 
 def multiply_script(body: dict[str, Any], n: int) -> Reply:
@@ -117,9 +117,8 @@ async def test_cancelling_act_cancels_the_sandbox_call(
     deadline = time.monotonic() + 30
     record = None
     while time.monotonic() < deadline and record is None:
-        for line in audit.read_text().splitlines():
-            r = json.loads(line)
-            if r.get("event") == "result" and r.get("tool") == "python":
+        for r in audit_records(audit, "result"):
+            if r.get("tool") == "python":
                 record = r
         time.sleep(0.2)
     assert record is not None, "no result audited for the cancelled call"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -22,6 +21,7 @@ from tests.client.scripted_llm import (
     tool_call_reply,
 )
 from tests.client.test_agent_e2e import multiply_script
+from tests.support.audit import audit_records
 from tests.support.signals import default_signals
 
 
@@ -179,9 +179,8 @@ def test_ctrl_c_cancels_a_running_sandbox_call(tmp_path: Path,
     deadline = time.monotonic() + 30
     reasons: list[str] = []
     while time.monotonic() < deadline and not reasons:
-        reasons = [json.loads(line)["termination"]["reason"]
-                   for line in audit.read_text().splitlines()
-                   if '"event":"result"' in line.replace(" ", "") and '"python"' in line]
+        reasons = [r["termination"]["reason"] for r in audit_records(audit, "result")
+                   if r.get("tool") == "python"]
         time.sleep(0.2)
     assert reasons == ["cancelled"]
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import os
 import subprocess
 import time
@@ -55,18 +53,6 @@ def fill(directory: Path) -> Path:
     finally:
         os.close(fd)
     return filler
-
-
-def records(audit: Path, event: str | None = None) -> list[dict[str, Any]]:
-    """The complete records of an audit log (optionally of one event)."""
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for raw in audit.read_bytes().splitlines():
-            with contextlib.suppress(ValueError):
-                rec = json.loads(raw)
-                if event is None or rec.get("event") == event:
-                    out.append(rec)
-    return out
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0,

@@ -10,7 +10,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sandboxd.audit import verify
-from tests.faults.conftest import fill, records, wait_for
+from tests.faults.conftest import fill, wait_for
+from tests.support.audit import audit_records as records
 from tests.support.daemon import RunningDaemon, running_daemon
 
 SLOW = "import time\ntime.sleep(2)\nprint('ran')"

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.conftest import records, wait_for
+from tests.faults.conftest import wait_for
 from tests.faults.dockerd import PrivateDockerd, private_dockerd
+from tests.support.audit import audit_records as records
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 

@@ -5,7 +5,6 @@ MCP tests of one module, and the official SDK's client over real Streamable HTTP
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -21,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from sandboxd.tokens import add_token
+from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +46,7 @@ class McpDaemon:
         return path
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.daemon.audit_path.read_text().splitlines()
-                if line.strip()]
+        return audit_records(self.daemon.audit_path)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 
 from sandboxd.audit import verify
 from sandboxd.tokens import add_token
+from tests.support.audit import audit_records
 from tests.support.ci import require
 from tests.support.daemon import running_daemon
 
@@ -53,7 +54,7 @@ def check(inspector: list[str], target: list[str]) -> None:
 def test_inspector_over_streamable_http(tmp_path: Path, inspector: list[str]) -> None:
     with running_daemon(tmp_path) as d:
         check(inspector, [f"{d.url}/mcp", "--transport", "http"])
-    calls = [r for r in map(json.loads, d.audit_path.read_text().splitlines())
+    calls = [r for r in audit_records(d.audit_path)
              if r["event"] == "result" and r.get("transport") == "mcp"]
     assert [r["status"] for r in calls] == ["ok"]
     assert verify(d.audit_path).ok
@@ -67,7 +68,7 @@ def test_inspector_launching_the_stdio_bridge(tmp_path: Path, inspector: list[st
     with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}, token=token) as d:
         check(inspector, [sys.executable, "-m", "sandboxd", "mcp", "--url", d.url,
                           "--token-file", str(token_file)])
-    calls = [r for r in map(json.loads, d.audit_path.read_text().splitlines())
+    calls = [r for r in audit_records(d.audit_path)
              if r["event"] == "result" and r.get("transport") == "mcp"]
     assert [(r["status"], r["client"]) for r in calls] == [("ok", "carol")]
     assert verify(d.audit_path).ok

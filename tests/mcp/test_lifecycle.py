@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.mcp.conftest import http_session
+from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
 
 
@@ -26,7 +27,7 @@ async def test_sigterm_ends_mcp_sessions_and_exits(tmp_path: Path) -> None:
             # a hang would be the bug: the bound only keeps a failing run from stalling the suite
             code = await asyncio.to_thread(d.proc.wait, 60)
         assert code == 0, d.log()[-3000:]
-    records = [json.loads(line) for line in d.audit_path.read_text().splitlines()]
+    records = audit_records(d.audit_path)
     deleted = [r for r in records if r["event"] in ("session_deleted", "session_expired")
                and r.get("session") == sid]
     assert deleted, [r["event"] for r in records]
@@ -63,7 +64,7 @@ def test_idle_mcp_session_expires_with_its_workspace(tmp_path: Path) -> None:
         # no request in flight and no GET stream: the MCP session idles out after the TTL
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            records = [json.loads(line) for line in d.audit_path.read_text().splitlines()]
+            records = audit_records(d.audit_path)
             ended = [r for r in records if r.get("session") == sid
                      and r["event"] in ("session_deleted", "session_expired")]
             if ended:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from sandboxd.audit import verify
 from tests.policy.helpers import write
+from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
 
 POLICY = """\
@@ -20,10 +20,6 @@ tools:
   python: {{}}
   {extra}
 """
-
-
-def events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -45,9 +41,9 @@ def test_reload_on_change_and_refusal_keeps_old_policy(tmp_path: Path) -> None:
         wait_until(lambda: "list_files" in tools())
         # a broken edit: refused with file:line:column, the previous policy stays in force
         write(policies, "live.yaml", POLICY.format(extra="shell: {operators: sometimes}"))
-        wait_until(lambda: any(e["event"] == "policy_refused" for e in events(d.audit_path)))
+        wait_until(lambda: any(e["event"] == "policy_refused" for e in audit_records(d.audit_path)))
         assert tools() == ["python", "list_files"]
-        refused = next(e for e in events(d.audit_path) if e["event"] == "policy_refused")
+        refused = next(e for e in audit_records(d.audit_path) if e["event"] == "policy_refused")
         assert refused["errors"][0].startswith(f"{policies / 'live.yaml'}:6:22: "
                                                "tools.shell.operators:")
         # visible to monitoring: /readyz stays ready but says degraded, naming file:line ...
@@ -70,8 +66,8 @@ def test_reload_on_change_and_refusal_keeps_old_policy(tmp_path: Path) -> None:
         wait_until(lambda: tools() == ["python"])
         body = d.client.get("/readyz").json()
         assert body["policy"] == {"ok": True, "detail": None} and body["degraded"] == []
-        loaded = sum(e["event"] == "policy_loaded" for e in events(d.audit_path))
+        loaded = sum(e["event"] == "policy_loaded" for e in audit_records(d.audit_path))
         d.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: sum(e["event"] == "policy_loaded"
-                               for e in events(d.audit_path)) == loaded + 1)
+                               for e in audit_records(d.audit_path)) == loaded + 1)
     assert verify(d.audit_path).ok

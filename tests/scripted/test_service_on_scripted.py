@@ -4,7 +4,6 @@ prove confinement; these prove the API and service logic around any backend."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from sandboxd.backends.workspace import WorkspaceBackend
 from sandboxd.config import Settings
 from sandboxd.models import Reason
 from sandboxd.service import Sandboxd
+from tests.support.audit import audit_records
 
 
 def settings_for(tmp_path: Path, **overrides: object) -> Settings:
@@ -47,8 +47,7 @@ class Daemon:
                                 json={"arguments": arguments, **body})
 
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in
-                self.settings.audit_path.read_text().splitlines()]
+        return audit_records(self.settings.audit_path)
 
 
 @pytest.fixture

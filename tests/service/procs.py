@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -91,17 +90,6 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.1):  # ty
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def audit_records(path: Path) -> list[dict]:
-    """Every record of the audit log (current file only)."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            records.append(json.loads(line))
-    return records
 
 
 def audit_verify(path: Path) -> subprocess.CompletedProcess[str]:

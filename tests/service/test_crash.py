@@ -16,13 +16,13 @@ import psutil
 
 from tests.service.procs import (
     ProcId,
-    audit_records,
     audit_verify,
     busy_descendants,
     cgroup_dirs,
     still_alive,
     wait_for,
 )
+from tests.support.audit import audit_records
 from tests.support.daemon import start_daemon
 
 IN_FLIGHT = 8

@@ -15,12 +15,12 @@ import psutil
 
 from tests.service.procs import (
     ProcId,
-    audit_records,
     audit_verify,
     busy_descendants,
     still_alive,
     wait_for,
 )
+from tests.support.audit import audit_records
 from tests.support.daemon import start_daemon
 from tests.support.scale import scaled
 
