@@ -15,6 +15,7 @@ import psutil
 from tests.faults.conftest import wait_for
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.processes import running
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
 TIMEOUT_S = 5.0
@@ -59,8 +60,7 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
                 else:
                     assert result["status"] in ("ok", "timeout"), result
             # the hung zygote was killed and replaced by a new one
-            wait_for("the hung zygote to be killed", lambda: not old.is_running()
-                     or old.status() == psutil.STATUS_ZOMBIE)
+            wait_for("the hung zygote to be killed", lambda: not running(old))
             new = wait_for("a new zygote", lambda: (z := _zygote(d)) and z.pid != old.pid and z)
             assert new.status() != psutil.STATUS_STOPPED
             wait_for("/readyz 200", lambda: httpx.get(f"{d.url}/readyz", timeout=10)

@@ -16,6 +16,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandboxd.audit import verify
 from tests.mcp.conftest import McpDaemon, client_session, http_session
+from tests.support.processes import running
 
 TRANSPORTS = ["http", "stdio"]
 INVALID_PARAMS = -32602
@@ -150,7 +151,7 @@ async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
         assert text_of(await session.call_tool("python", {"code": "print(1)"})).strip() == "1"
     assert wait_for(lambda: len(descendants(pid)) <= baseline), "a worker outlived its call"
     for proc in busy:
-        assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, proc
+        assert not running(proc), proc
     killed = wait_for(lambda: [r for r in mcp_daemon.records() if r["event"] == "result"
                                and r.get("transport") == "mcp" and r["status"] == "killed"])
     assert killed and killed[-1]["termination"]["reason"] == "cancelled"

@@ -18,6 +18,7 @@ import pytest
 
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.processes import running
 
 
 class Clients:
@@ -87,7 +88,7 @@ def cgroup_dirs(pid: int) -> list[Path]:
 def wait_gone(pid: int, dirs: list[Path], what: str) -> None:
     deadline = time.monotonic() + 15
     while True:
-        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        alive = running(pid)
         left = [d for d in dirs if d.exists()]
         if not alive and not left:
             return
