@@ -65,7 +65,7 @@ async def run(backend: ContainerBackend, ws: Path, *, argv: list[str] | None = N
 
 def labelled(docker_client: Any, instance: str) -> list[Any]:
     """Containers (any state) carrying this backend instance's daemon label."""
-    return docker_client.containers.list(all=True,
+    return docker_client.containers.list(all=True, ignore_removed=True,
                                          filters={"label": f"sandboxd.daemon={instance}"})
 
 

@@ -69,7 +69,10 @@ def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
     # no worker escaped the zygote's tree: nothing in any leftover cgroup but the standbys
     standby_pids = {c.pid for c in children}
     for d in dirs:
-        procs = {int(p) for p in (d / "cgroup.procs").read_text().split()}
+        try:
+            procs = {int(p) for p in (d / "cgroup.procs").read_text().split()}
+        except FileNotFoundError:
+            continue  # a finished call's cgroup, which the zygote removed meanwhile
         assert procs <= standby_pids
     # the workspace holds nothing the failed calls left behind, no temp dirs appeared
     assert list(ws.iterdir()) == []
