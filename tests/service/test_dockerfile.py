@@ -125,6 +125,19 @@ def _slice_path(unit: str) -> str:
     return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
 
 
+def _remove_cgroups(name: str, dirs: list[Path]) -> None:
+    """Remove what a daemon container ``name`` had of cgroups once it is gone: the subtree it
+    was given and, on v1, the parent the engine made for ``--cgroup-parent`` in every
+    hierarchy (the engine removes the container's cgroup, never that parent)."""
+    for d in dirs:
+        if d != CGROUP:
+            _remove_cgroup_tree(d)
+    if not (CGROUP / "cgroup.controllers").exists():
+        for hierarchy in CGROUP.iterdir():
+            if hierarchy.is_dir() and not hierarchy.is_symlink():
+                _remove_cgroup_tree(hierarchy / name)
+
+
 def _remove_cgroup_tree(d: Path) -> None:
     for _ in range(50):
         if not d.exists():
@@ -190,8 +203,7 @@ def _run(
             **extra,
         )
     except Exception:
-        for d in cg_dirs:
-            _remove_cgroup_tree(d)
+        _remove_cgroups(name, cg_dirs)
         raise
     c.run_dir, c.state_dir, c.log_dir, c.cgroup_dirs = run_dir, state, logs, cg_dirs
     return c
@@ -204,9 +216,7 @@ def container(docker_client: Any, daemon_image: str, tmp_path: Path) -> Iterator
         yield c
     finally:
         c.remove(force=True)
-        for d in c.cgroup_dirs:
-            if d != CGROUP:
-                _remove_cgroup_tree(d)
+        _remove_cgroups(c.name, c.cgroup_dirs)
 
 
 def _wait_for_socket(c: Any, sock: Path, timeout: float = 300) -> None:
@@ -330,9 +340,7 @@ def test_under_an_init_process(docker_client: Any, daemon_image: str, tmp_path: 
             assert "cgroup v1" in logs, logs[-3000:]
     finally:
         c.remove(force=True)
-        for d in c.cgroup_dirs:
-            if d != CGROUP:
-                _remove_cgroup_tree(d)
+        _remove_cgroups(c.name, c.cgroup_dirs)
 
 
 def _landlock() -> bool:
