@@ -13,12 +13,17 @@ import httpx
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
-SLOW = """
+# Only the two calls that hold the slots are slow, and long enough that both still run when
+# carol arrives, even under emulation (the VM job). Every queued call is quick, so the test
+# takes HOLD_S and a few quick calls, wherever it runs.
+HOLD_S = 30.0
+HOLD = f"""
 import datetime
 start = datetime.datetime.now().timestamp()
-while datetime.datetime.now().timestamp() - start < 5.0:
+while datetime.datetime.now().timestamp() - start < {HOLD_S}:
     pass
 """
+QUICK = "6 * 7"
 
 
 def _gauge(d: RunningDaemon, name: str) -> float:
@@ -40,16 +45,20 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     keys = {name: add_token(tokens, name) for name in ("alice", "bob", "carol")}
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_MAX_CONCURRENCY": "2",
-           "SANDBOXD_QUEUE_SIZE": "6", "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0"}
+           "SANDBOXD_QUEUE_SIZE": "6", "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0",
+           "SANDBOXD_QUEUE_TIMEOUT_S": "300"}
     with running_daemon(tmp_path, env=env, token=keys["alice"]) as d:
-        def call(who: str) -> httpx.Response:
-            return httpx.post(f"{d.url}/v1/tools/python/invoke", timeout=120,
-                              json={"arguments": {"code": SLOW}},
+        def call(who: str, code: str = QUICK) -> httpx.Response:
+            return httpx.post(f"{d.url}/v1/tools/python/invoke", timeout=300,
+                              json={"arguments": {"code": code}},
                               headers={"Authorization": f"Bearer {keys[who]}"})
 
         with ThreadPoolExecutor(16) as pool:
-            # alice takes both slots and tries to fill the queue: she gets half of it
-            alice = [pool.submit(call, "alice") for _ in range(10)]
+            # alice takes both slots ...
+            holding = [pool.submit(call, "alice", HOLD) for _ in range(2)]
+            _wait_for(d, queued=0, running=2)
+            # ... and tries to fill the queue: she gets half of it
+            alice = [pool.submit(call, "alice") for _ in range(8)]
             deadline = time.monotonic() + 20
             while sum(f.done() for f in alice) < 5:
                 assert time.monotonic() < deadline
@@ -66,11 +75,18 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
             # call of a client holding more places than she does gives its place up
             carol = pool.submit(call, "carol")
             deadline = time.monotonic() + 20
-            while sum(f.done() for f in alice + bob) < 6:
+            while sum(f.done() for f in alice) < 6:
                 assert time.monotonic() < deadline, "nobody gave carol a place"
                 time.sleep(0.05)
+            assert not any(f.done() for f in holding), \
+                "a slot came free before carol arrived: the queue was never full for her"
+            given_up = [f.result().json()["detail"] for f in alice
+                        if f.done() and f.result().status_code == 429]
+            assert sum("gave its place to another client's" in g for g in given_up) == 1, \
+                given_up
             assert carol.result().status_code == 200, carol.result().text
             assert carol.result().json()["status"] == "ok"
             assert [f.result().status_code for f in bob] == [200] * 3
+            assert [f.result().status_code for f in holding] == [200] * 2
             alice_codes = sorted(f.result().status_code for f in alice)
-            assert alice_codes == [200] * 4 + [429] * 6, alice_codes
+            assert alice_codes == [200] * 2 + [429] * 6, alice_codes
