@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import time
@@ -10,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.processes import busy_descendants
 
 PROBLEM = "application/problem+json"
 
@@ -248,46 +247,18 @@ def test_timeout_comes_back_as_timeout(daemon: RunningDaemon) -> None:
     assert result["resources"]["wall_ms"] < 10_000
 
 
-def _descendants(pid: int) -> set[int]:
-    try:
-        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
-
-
-def _busy_descendants(pid: int, window_s: float = 1.0) -> list[int]:
-    """The daemon's descendants that burn CPU over a short window (a surviving ``while True``
-    uses the whole window; an idle zygote or spare worker next to nothing). CPU time grown,
-    not CPU time total: under emulation the zygote's imports alone take seconds."""
-    def cpu() -> dict[int, float]:
-        times: dict[int, float] = {}
-        for child in _descendants(pid):
-            with contextlib.suppress(psutil.Error):
-                t = psutil.Process(child).cpu_times()
-                times[child] = t.user + t.system
-        return times
-
-    before = cpu()
-    time.sleep(window_s)
-    after = cpu()
-    return [p for p, t in after.items() if t - before.get(p, t) > window_s / 4]
-
-
 def test_disconnected_client_cancels_and_cleans_up(daemon: RunningDaemon) -> None:
     daemon.invoke("python", {"code": "1"})  # warm up: the zygote exists now
-    baseline = _descendants(daemon.proc.pid)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{daemon.url}/v1/tools/python/invoke",
                    json={"arguments": {"code": "while True:\n    pass"},
                          "limits": {"timeout_s": 60}}, timeout=1.0)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if len(_descendants(daemon.proc.pid)) <= len(baseline):
-            break
-        time.sleep(0.1)
-    # (a pre-forked spare worker may have been replaced, so compare counts, not pids)
-    assert len(_descendants(daemon.proc.pid)) <= len(baseline), "a worker outlived its call"
-    assert not _busy_descendants(daemon.proc.pid), "a busy loop survived its cancelled call"
+    # the busy loop ends with its call (counting processes would not do: the zygote forks
+    # a standby worker in place of each one a call takes, at a moment of its own)
+    deadline = time.monotonic() + 15
+    while (busy := busy_descendants(daemon.proc.pid)) and time.monotonic() < deadline:
+        pass
+    assert not busy, f"a busy loop survived its cancelled call: {busy}"
     # the audit log says the call was cancelled
     deadline = time.monotonic() + 5
     cancelled: list[dict] = []

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from httpx_sse import connect_sse
 
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.processes import busy_descendants, running
 
 SSE = {"Accept": "text/event-stream"}
 PRINT_SLEEP_PRINT = "import time\nprint('a', flush=True)\ntime.sleep(1)\nprint('b')"
@@ -97,27 +97,25 @@ def test_refusals_before_the_call_runs_are_problem_json(daemon: RunningDaemon) -
     assert r.headers["content-type"] == "application/json" and r.json()["value"] == 1
 
 
-def _descendants(pid: int) -> set[int]:
-    try:
-        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
-
-
 def test_a_client_that_disconnects_mid_stream_cancels_the_call(daemon: RunningDaemon) -> None:
     daemon.invoke("python", {"code": "1"})  # the zygote exists now
-    baseline = len(_descendants(daemon.proc.pid))
     code = "print('started', flush=True)\nwhile True:\n    pass"
     with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=60) as c, \
             connect_sse(c, "POST", "/v1/tools/python/invoke", headers=SSE,
                         json={"arguments": {"code": code}, "limits": {"timeout_s": 60}}) as src:
-        first = next(iter(src.iter_sse()))
+        events = src.iter_sse()  # held: dropping the iterator would close the response
+        first = next(events)
         assert first.event == "stdout" and json.loads(first.data)["text"] == "started\n"
-    # the connection is closed: the call is cancelled, its worker killed and reaped
+        busy = busy_descendants(daemon.proc.pid)
+        assert busy, "the call's busy loop runs in no process of the daemon"
+        worker = busy[0]  # the busiest: a standby worker setting itself up burns far less
+    # the connection is closed: the call is cancelled, its worker killed and reaped (the
+    # very processes: the zygote forks standby workers at moments of its own, so a count of
+    # processes would not do)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and len(_descendants(daemon.proc.pid)) > baseline:
+    while time.monotonic() < deadline and running(worker):
         time.sleep(0.1)
-    assert len(_descendants(daemon.proc.pid)) <= baseline, "a worker outlived its call"
+    assert not running(worker), f"a worker outlived its call: {worker}"
     cancelled: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not cancelled:
         records = audit_records(daemon.audit_path)
