@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandboxd.audit import verify
 from tests.mcp.conftest import McpDaemon, client_session, http_session
-from tests.support.processes import running
+from tests.support.processes import descendants, running
 
 TRANSPORTS = ["http", "stdio"]
 INVALID_PARAMS = -32602
@@ -24,13 +24,6 @@ INVALID_PARAMS = -32602
 
 def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if c.type == "text")
-
-
-def descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
 
 
 def wait_for(predicate: Any, timeout: float = 15.0) -> Any:
