@@ -68,8 +68,10 @@ mcp-inspector: $(INSPECTOR)
 
 ## make test: everything the tests need (dev tools, Docker engine, sandbox images, the MCP
 ## Inspector), then pytest.
+## PYTEST_ARGS: e.g. "--reruns 1" (CI: a rerun is named FLAKY at the end), "-x tests/api".
+PYTEST_ARGS ?=
 test: venv-dev docker images mcp-inspector
-	$(BIN)/pytest -ra
+	$(BIN)/pytest -ra $(PYTEST_ARGS)
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
 ## offline with debootstrap, cached in /var/cache/sandboxd-vm) installs sandboxd as a systemd

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import flaky
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 
@@ -72,3 +73,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "docker_client" in getattr(item, "fixturenames", ()) and \
                 item.get_closest_marker("docker") is None:
             item.add_marker("docker")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Reruns are remembered, to be named at the end (tests/support/flaky.py)."""
+    flaky.note(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """``FLAKY: <test id>`` for every test that passed only on its rerun (or failed twice)."""
+    flaky.summary(terminalreporter)

@@ -140,6 +140,10 @@ if [ -f "$OUT/results/tests/summary.tsv" ]; then
   echo; echo "== test suite ($OUT/results/tests/summary.tsv)"
   column -t "$OUT/results/tests/summary.tsv"
 fi
+if [ -s "$OUT/results/tests/flaky.txt" ]; then
+  echo; echo "== flaky tests in the VM (failed once, passed on the rerun)"
+  sort -u "$OUT/results/tests/flaky.txt"
+fi
 echo; echo "== phases (s)"; column -t "$T"
 case $rc in
   0) echo "ci.sh: all green" ;;
