@@ -12,19 +12,25 @@ import pytest
 
 #: the test ids that needed a rerun in this session, in order
 RERUNS: list[str] = []
+#: the test ids that failed after their rerun too (reported as failures, not as flaky)
+FAILED: set[str] = set()
 
 
 def note(report: pytest.TestReport) -> None:
-    """Remember a test whose call was rerun (pytest-rerunfailures' ``rerun`` outcome)."""
+    """Remember a test that was rerun (pytest-rerunfailures' ``rerun`` outcome), and whether
+    its last try failed as well."""
     if report.outcome == "rerun" and report.nodeid not in RERUNS:
         RERUNS.append(report.nodeid)
+    elif report.failed:
+        FAILED.add(report.nodeid)
 
 
 def summary(terminal: pytest.TerminalReporter) -> None:
-    """Name every rerun test (``FLAKY: id``) at the end of the run and in the flaky file."""
-    if not RERUNS:
+    """Name every test that passed on its rerun (``FLAKY: id``) at the end of the run, and in
+    the flaky file."""
+    lines = [f"FLAKY: {nodeid}" for nodeid in RERUNS if nodeid not in FAILED]
+    if not lines:
         return
-    lines = [f"FLAKY: {nodeid}" for nodeid in RERUNS]
     terminal.section("flaky tests (failed once, rerun)", sep="=", yellow=True)
     for line in lines:
         terminal.write_line(line)
