@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
-from sandboxd.backends.restricted import health, outcome, standby
+from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.worker import KERNEL_SURVIVES
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
@@ -76,11 +76,11 @@ KEPT = "the session's kernel was kept for its next call"
 CLOSED_MEMORY = 4096
 
 
-def cpu_seconds_used(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(b")") + 2:].split()
+def cpu_seconds_used(pid: int, uid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (a kernel of sandbox uid ``uid``) so far
+    (``/proc/<pid>/stat``, read as :func:`.idle.read_proc` reads)."""
+    stat = idle.read_proc(pid, "stat", uid)
+    fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
@@ -214,7 +214,7 @@ class KernelPool:
         k.calls += 1
         try:
             if not fresh:
-                k.cpu_s = cpu_seconds_used(worker.pid)
+                k.cpu_s = cpu_seconds_used(worker.pid, k.uid)
                 self._move_cpu_limit(k, msg)
             data = json.dumps(msg).encode()
             await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
@@ -226,9 +226,17 @@ class KernelPool:
             elif reader.overflow:
                 reason = Reason.output_limit
             report = reader.report
-            if (reason is None and crashed is None and report is not None
-                    and report.get("outcome") in KERNEL_SURVIVES and not k.ended):
-                used = cpu_seconds_used(worker.pid)
+            survives = (reason is None and crashed is None and report is not None
+                        and report.get("outcome") in KERNEL_SURVIVES and not k.ended)
+            if survives:  # its report is its own word: the end must be seen from outside
+                busy = await idle.prove_idle(worker.pid, worker.fd, k.uid, deadline)
+                if busy is not None:
+                    log.warning("restricted: session %s kernel (pid %d) reported its end but "
+                                "%s; killed at the call's deadline", inv.session, worker.pid,
+                                busy)
+                    reason, survives = Reason.wall_timeout, False
+            if survives:
+                used = cpu_seconds_used(worker.pid, k.uid)
                 peak = layout.peak_memory(worker.cgroup) if layout.version else 0
                 exit_info = {"cpu_ms": int((used - (0 if fresh else k.cpu_s)) * 1000),
                              "peak_memory": peak}

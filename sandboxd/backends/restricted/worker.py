@@ -201,10 +201,14 @@ def run_worker(
         # a kernel: wait for the session's next call, already confined (same chroot, uid,
         # seccomp filter, Landlock domain, rlimits and cgroup); the daemon closing the
         # socket (EOF) ends it. ``read``, not ``recv``: the seccomp filter denies the latter.
+        # Every signal is blocked while it waits: the daemon proves from outside that the
+        # kernel is parked here, unwakeable but by its next request (see .idle).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         try:
             msg = recv_msg(sock, use_read=True)
         except (EOFError, OSError, ValueError):
             return 0
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         t_recv = time.perf_counter()
         if not isinstance(msg, dict) or not isinstance(msg.get("code"), str):
             return 0

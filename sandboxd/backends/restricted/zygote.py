@@ -163,6 +163,7 @@ class Zygote:
                 )
             finally:
                 os._exit(status)
+        theirs_fd = theirs.fileno()  # the worker's number for its socket (see .idle)
         theirs.close()
         self.workers[pid] = _Worker(cgroup)
         pidfd = -1
@@ -173,7 +174,8 @@ class Zygote:
         fds = FDS2.pack(ours.fileno(), pidfd) if pidfd >= 0 else FDS1.pack(ours.fileno())
         try:
             # cgroup is "w" + hex: no JSON escaping needed
-            msg = f'{{"t":"standby","pid":{pid},"cgroup":"{cgroup}"}}'.encode()
+            msg = (f'{{"t":"standby","pid":{pid},"cgroup":"{cgroup}","fd":{theirs_fd}}}'
+                   .encode())
             self.evt.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         finally:
             ours.close()

@@ -64,8 +64,12 @@ class StandbyWorker:
         pidfd: int | None,
         cgroup: str,
         loop: asyncio.AbstractEventLoop,
+        fd: int = -1,
     ) -> None:
         self.pid = pid
+        #: the worker's own descriptor of its socket (where its kernel loop reads: see
+        #: :mod:`.idle`), as the zygote that forked it knows it
+        self.fd = fd
         self.sock = sock
         self.pidfd = pidfd
         self.cgroup = cgroup
@@ -192,7 +196,8 @@ class ZygoteHandle:
             pidfd = fds[1] if len(fds) > 1 else None
             for extra in fds[2:]:
                 os.close(extra)
-            worker = StandbyWorker(int(msg["pid"]), sock, pidfd, str(msg["cgroup"]), self.loop)
+            worker = StandbyWorker(int(msg["pid"]), sock, pidfd, str(msg["cgroup"]), self.loop,
+                                   int(msg.get("fd", -1)))
             self.workers[worker.pid] = worker
             self.standby.append(worker)
             self.standby_ready.set()

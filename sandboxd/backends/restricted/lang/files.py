@@ -6,11 +6,12 @@ import builtins
 import os
 from typing import Any
 
-from sandboxd.backends.restricted.lang.guards import plain_str
+from sandboxd.backends.restricted.lang.guards import expose, plain_str
 from sandboxd.backends.restricted.lang.state import SandboxViolation
 from sandboxd.rules import PathRefused, normalise_path
 
 
+@expose()
 class WorkspaceOpener:
     """``open`` confined to the workspace (paths as :func:`sandboxd.rules.normalise_path` accepts
     them, no symlinks leaving it), with a cap on the bytes a file may hold after writing
@@ -60,6 +61,8 @@ class WorkspaceOpener:
         )
 
 
+@expose("write", "writelines", "read", "readline", "readlines", "seek", "tell", "flush",
+        "close", "closed", "name", "mode")
 class _CappedFile:
     """A file object whose writes cannot grow the file past the cap."""
 

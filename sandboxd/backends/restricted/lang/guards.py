@@ -1,5 +1,12 @@
 """Run-time guards of user code: attribute, item, iteration and write guards, the guarded
-``str.format``, the class factory recording user classes and the one-argument ``type``."""
+``str.format``, the class factory recording user classes and the one-argument ``type``.
+
+Host objects (issue 22): every object of a class defined in the daemon's own package that
+user code can hold (``display``, ``open`` and its files, the import hook, output streams...)
+exposes only the attributes its class declares with :func:`expose` - nothing when it declares
+none. Default deny: a host class nobody declared exposes nothing, so a new helper handed to
+user code cannot lead to the worker's result channel by accident.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import string
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from sandboxd.backends.restricted.lang.allowlist import (
     ALLOWED_DUNDER_READS,
@@ -27,6 +34,39 @@ from sandboxd.backends.restricted.lang.proxy import ModuleProxy
 from sandboxd.backends.restricted.lang.state import SANDBOX_FILENAME, SandboxViolation
 
 
+_T = TypeVar("_T", bound=type)
+#: host class -> the only attributes its objects show user code (see the module docs)
+HOST_SURFACES: dict[type, frozenset[str]] = {}
+#: the package whose classes are host classes
+HOST_PACKAGE = "sandboxd."
+
+
+def expose(*names: str) -> Callable[[_T], _T]:
+    """Class decorator: objects of this host class show user code ``names`` and nothing else
+    (no names: only their call)."""
+    def register(cls: _T) -> _T:
+        HOST_SURFACES[cls] = frozenset(names)
+        return cls
+    return register
+
+
+def host_surface(obj: Any) -> frozenset[str] | None:
+    """The attributes user code may read on ``obj`` when it is a host object (its class
+    comes from the daemon's package and was not created by user code), else ``None``.
+    Module proxies have their own rule (their allowlisted names)."""
+    cls = type(obj)
+    surface = HOST_SURFACES.get(cls)
+    if surface is not None:
+        return surface
+    if isinstance(obj, ModuleProxy) or is_user_class(cls):
+        return None
+    module = cls.__dict__.get("__module__")
+    if isinstance(module, str) and module.startswith(HOST_PACKAGE):
+        return frozenset()
+    return None
+
+
+@expose()
 class SafeFormatter(string.Formatter):
     """A ``string.Formatter`` whose field lookups (``{0.attr}``, ``{0[key]}``) use the guards."""
 
@@ -127,6 +167,10 @@ def guarded_getattr(obj: Any, name: Any, default: Any = _MISSING) -> Any:
             raise refuse(f"access to attribute '{name}'")
     if name in FORBIDDEN_ATTRS:
         raise refuse(f"access to attribute '{name}'")
+    surface = host_surface(obj)
+    if surface is not None and not name.startswith("_") and name not in surface:
+        raise refuse(f"access to attribute '{name}' of the sandbox's own "
+                     f"{type(obj).__name__.lstrip('_')} object")
     if isinstance(obj, BLOCKED_OBJECT_TYPES):
         raise refuse(f"access to {type(obj).__name__} internals")
     if isinstance(obj, GENERATOR_TYPES) and name not in GENERATOR_ATTRS:
@@ -249,6 +293,7 @@ def metaclass(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> 
     return cls
 
 
+@expose()
 class _TypeMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, type)

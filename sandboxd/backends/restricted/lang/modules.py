@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from sandboxd.backends.restricted.lang.guards import SafeFormatter
+from sandboxd.backends.restricted.lang.guards import SafeFormatter, expose
 from sandboxd.backends.restricted.lang.module_allowlist import MODULES
 from sandboxd.backends.restricted.lang.output import sandbox_pprint
 from sandboxd.backends.restricted.lang.proxy import ModuleProxy
@@ -24,6 +24,7 @@ def make_proxy(name: str) -> ModuleProxy:
     return ModuleProxy(name, values)
 
 
+@expose()
 class ImportHook:
     """``__import__`` of the sandbox: the policy's ``imports`` rule
     (:func:`sandboxd.rules.import_verdict`), and only modules this backend supports."""

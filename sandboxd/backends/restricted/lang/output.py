@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandboxd.backends.restricted.lang.guards import guarded_getattr
+from sandboxd.backends.restricted.lang.guards import expose, guarded_getattr
 from sandboxd.backends.restricted.lang.state import STATE, LimitExceeded
 from sandboxd.display import DisplayCaps, encode_item, plain_bundle
 from sandboxd.rules import OutputBudget
 
 
+@expose("write", "flush")
 class OutputStream:
     """Collects one stream (stdout or stderr) and forwards it to the parent in frames, within
     the call's output budget (:class:`sandboxd.rules.OutputBudget`, shared by stdout and
@@ -118,6 +119,7 @@ class OutputStream:
         self._add(data)
 
 
+@expose()
 class PrintScope:
     """What ``_print_`` returns: RestrictedPython calls ``_print._call_print(...)``."""
 
@@ -149,6 +151,7 @@ class PrintScope:
         return ""
 
 
+@expose()
 class CurrentStdout:
     """The current run's stdout stream, for helpers that print (pprint.pprint)."""
 
@@ -162,6 +165,7 @@ def sandbox_pprint(obj: Any, *args: Any, **kwargs: Any) -> None:
         CurrentStdout.stream.write(text + "\n")
 
 
+@expose()
 class Displayer:
     """The ``display(*objs)`` builtin of the restricted backend: each object becomes one
     display item of plain values - ``text/plain`` (its repr) and, when the value is JSON,
