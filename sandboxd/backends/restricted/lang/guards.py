@@ -33,7 +33,6 @@ from sandboxd.backends.restricted.lang.allowlist import (
 from sandboxd.backends.restricted.lang.proxy import ModuleProxy
 from sandboxd.backends.restricted.lang.state import SANDBOX_FILENAME, SandboxViolation
 
-
 _T = TypeVar("_T", bound=type)
 #: host class -> the only attributes its objects show user code (see the module docs)
 HOST_SURFACES: dict[type, frozenset[str]] = {}
