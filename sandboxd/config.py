@@ -153,6 +153,11 @@ class Settings(BaseSettings):
         default=32, ge=1,
         description="Live session Python kernels on this host at most (every backend "
                     "together); a session python call that would start one more gets 429")
+    kernel_interrupt_grace_s: float = Field(
+        default=2.0, ge=0, le=60,
+        description="At a session call's wall-clock limit or on a cancel, its code first gets "
+                    "a KeyboardInterrupt; a kernel back in its loop within this many seconds "
+                    "keeps its variables, else it is killed (issue 22)")
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
     sandbox_uid: int = 10001  # the image's user (images are built with it)

@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import Backend
 from sandboxd.errors import AuditFailure, ExecutionFailure, KernelLimitReached, StorageUnavailable
-from sandboxd.models import KERNEL_LOST_MESSAGE, Result, kernel_lost_message
+from sandboxd.models import (
+    KERNEL_INTERRUPTED_MESSAGE,
+    KERNEL_LOST_MESSAGE,
+    Result,
+    kernel_lost_message,
+)
 from sandboxd.storage import is_no_space
 
 if TYPE_CHECKING:
@@ -92,7 +97,13 @@ class KernelCap:
 
 def note_kernel_lost(result: Result) -> Result:
     """The result, whose message says the session's Python state is gone when its kernel
-    was lost (the one sentence of :func:`~sandboxd.models.kernel_lost_message`)."""
+    was lost (the one sentence of :func:`~sandboxd.models.kernel_lost_message`), or that it
+    is kept when its code was interrupted (:data:`~sandboxd.models.KERNEL_INTERRUPTED_MESSAGE`)."""
+    if result.kernel is not None and result.kernel.interrupted and not result.kernel.lost:
+        if result.message and KERNEL_INTERRUPTED_MESSAGE in result.message:
+            return result
+        message = "; ".join(m for m in (result.message, KERNEL_INTERRUPTED_MESSAGE) if m)
+        return result.model_copy(update={"message": message})
     if result.kernel is None or not result.kernel.lost:
         return result
     if result.message and KERNEL_LOST_MESSAGE.split("{why}")[0] in result.message:
@@ -170,6 +181,24 @@ class SessionOps:
             log.error("session %s: kernel restarted without an audit record: %s",
                       session.id, exc)
         return {**await self.session_view(session), "restarted": restarted}
+
+    async def interrupt_session(self, client: str, session_id: str, *,
+                                transport: str = "http") -> dict[str, Any]:
+        """Interrupt the ``python`` call that runs in the session now (issue 22): its code
+        gets a ``KeyboardInterrupt``, the call ends ``killed`` (``cancelled``) with its own
+        result, and the kernel keeps its variables when it comes back within the grace.
+        Audited as ``kernel_interrupt``. The session view, with ``interrupted``: the backends
+        whose call was interrupted (none when no call was running)."""
+        session = self.sessions.get(session_id, client)
+        interrupted = [name for name, backend in self.backends.items()
+                       if backend.interrupt_kernel(session.id)]
+        try:
+            await self.recorder.record(self.audit.write, event="kernel_interrupt",
+                                       client=client, session=session.id,
+                                       backends=interrupted, transport=transport)
+        except AuditFailure as exc:
+            log.error("session %s: interrupt without an audit record: %s", session.id, exc)
+        return {**await self.session_view(session), "interrupted": interrupted}
 
     async def delete_session(self, client: str, session_id: str, *,
                              transport: str = "http") -> None:

@@ -82,7 +82,8 @@ LIMIT_MESSAGES: dict[Reason, str] = {
     Reason.pids_limit: "the call hit the process limit ({pids}) and was stopped",
     Reason.output_limit: "the output exceeded {output_bytes} bytes (stdout and stderr "
                          "together); the call was stopped",
-    Reason.cancelled: "the call was cancelled (client went away or shutdown)",
+    Reason.cancelled: "the call was cancelled (the client went away or asked for an "
+                      "interrupt, or the daemon shut down)",
 }
 
 
@@ -292,17 +293,27 @@ class Kernel(_Model):
     ``fresh``: this call started a new kernel (an empty namespace; the workspace files are
     kept). ``calls``: calls run in this kernel so far, this one included. ``lost``: this call
     ended the kernel (``reason``: the termination reason, e.g. ``wall_timeout``,
-    ``memory_limit``, ``crashed``); the next call starts a fresh one."""
+    ``memory_limit``, ``crashed``); the next call starts a fresh one. ``interrupted``: the
+    call's code was interrupted (a ``KeyboardInterrupt`` at its wall-clock limit, a cancel or
+    an interrupt request; issue 22) and its kernel came back within the grace: the session's
+    variables are kept."""
 
     fresh: bool = False
     calls: int = 0
     lost: bool = False
     reason: str | None = None
+    interrupted: bool = False
 
 
 #: what the model reads when a call ended its session's kernel (one definition, every backend)
 KERNEL_LOST_MESSAGE = ("the session's Python state was lost because {why}; the next call "
                        "starts a fresh interpreter in the same workspace (files are kept)")
+
+
+#: what the model reads when its code was interrupted and the kernel kept (issue 22)
+KERNEL_INTERRUPTED_MESSAGE = ("its code was interrupted (KeyboardInterrupt) and the session's "
+                              "Python state is kept: variables defined before the interrupt "
+                              "are still there")
 
 
 def kernel_lost_message(result: Result) -> str:

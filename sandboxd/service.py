@@ -317,6 +317,9 @@ class Sandboxd(SessionOps):
                                    Status.killed, Reason.cancelled, None)
             if isinstance(exc, CancelledAfterCleanup):
                 result.cleanup = exc.cleanup
+                if exc.kernel is not None:
+                    result.kernel = exc.kernel
+                    result = note_kernel_lost(result)
             elif not started.is_set():  # cancelled while queued: nothing was started
                 result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
             with contextlib.suppress(ServiceError):

@@ -142,6 +142,17 @@ async def restart_session(session_id: str, request: Request,
     return await _service(request).restart_session(client, session_id)
 
 
+@router.post("/v1/sessions/{session_id}/interrupt", tags=["sessions"])
+async def interrupt_session(session_id: str, request: Request,
+                            client: str = Depends(authenticate)) -> dict[str, Any]:
+    """Interrupt the ``python`` call running in the session now: its code gets a
+    ``KeyboardInterrupt``; that call ends ``killed`` (reason ``cancelled``) and, when the
+    interpreter comes back within ``kernel_interrupt_grace_s``, keeps the session's variables
+    (``kernel.interrupted``). ``interrupted`` names the backends whose call was interrupted
+    (empty: no call was running)."""
+    return await _service(request).interrupt_session(client, session_id)
+
+
 @router.delete("/v1/sessions/{session_id}", tags=["sessions"], status_code=204)
 async def delete_session(session_id: str, request: Request,
                          client: str = Depends(authenticate)) -> Response:

@@ -334,6 +334,8 @@ class AuditLog:
             displays=len(result.outputs),  # display items (their content is not logged)
             truncated=result.truncated.model_dump(mode="json"),
             cleanup=result.cleanup.model_dump(mode="json"),
+            # a session call's kernel as the call left it (kept, interrupted or lost)
+            kernel=result.kernel.model_dump(mode="json") if result.kernel else None,
             message=cap(result.message),
         )
 

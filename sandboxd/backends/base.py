@@ -14,7 +14,7 @@ import asyncio
 from typing import Protocol, runtime_checkable
 
 from sandboxd.errors import SandboxdError
-from sandboxd.models import Cleanup, Invocation, Limits, ProbeReport, Result
+from sandboxd.models import Cleanup, Invocation, Kernel, Limits, ProbeReport, Result
 
 
 class BackendUnavailable(SandboxdError, RuntimeError):
@@ -28,9 +28,12 @@ class CancelledAfterCleanup(asyncio.CancelledError):
     the cleanup is done, and ``cleanup`` says whether it was verified, so that the audit
     record of a cancelled call carries the proof like any other result."""
 
-    def __init__(self, verified: bool, detail: str | None = None) -> None:
+    def __init__(self, verified: bool, detail: str | None = None,
+                 kernel: Kernel | None = None) -> None:
         super().__init__(detail or "cancelled")
         self.cleanup = Cleanup(verified=verified, detail=detail)
+        #: a session call's kernel as the cancel left it (kept when it was interrupted)
+        self.kernel = kernel
 
 
 @runtime_checkable
@@ -60,6 +63,12 @@ class Backend(Protocol):
         """End the session's persistent Python kernel, if it has one (the next session
         ``python`` call starts a fresh one; the workspace is kept). ``True`` when a kernel was
         ended. Idempotent. Backends without kernels return ``False``."""
+
+    def interrupt_kernel(self, session_id: str) -> bool:
+        """Interrupt the ``python`` call that runs in the session's kernel now, if any: its
+        code gets a ``KeyboardInterrupt``; the call ends ``killed`` (``cancelled``) and the
+        kernel is kept when it comes back within ``kernel_interrupt_grace_s`` (issue 22).
+        ``True`` when a call was running. Backends without kernels return ``False``."""
 
     def kernel_sessions(self) -> set[str]:
         """Ids of the sessions that have a live kernel on this backend now (the service caps

@@ -160,6 +160,10 @@ class ScriptedBackend:
         """Sessions with a live (emulated) kernel."""
         return set(self.kernels)
 
+    def interrupt_kernel(self, session_id: str) -> bool:
+        """No emulated call can be interrupted."""
+        return False
+
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's emulated kernel; whether there was one."""
         self.restarts.append(session_id)

@@ -85,6 +85,19 @@ def restart(session_id: str = typer.Argument(..., metavar="ID"), url: str = URL_
                else f"{info.id}: no live kernel to end")
 
 
+@app.command("interrupt")
+def interrupt(session_id: str = typer.Argument(..., metavar="ID"), url: str = URL_OPTION,
+              token: str | None = TOKEN_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """Interrupt the call running in the session (KeyboardInterrupt); variables are kept."""
+    info = _call(url, token, lambda c: c.interrupt_session(session_id))
+    if as_json:
+        typer.echo(json.dumps(_raw(info), indent=2))
+        return
+    done = info.interrupted or []
+    typer.echo(f"{info.id}: call interrupted ({', '.join(done)})" if done
+               else f"{info.id}: no call was running")
+
+
 @app.command("delete")
 def delete(session_id: str = typer.Argument(..., metavar="ID"), url: str = URL_OPTION,
            token: str | None = TOKEN_OPTION) -> None:

@@ -131,6 +131,11 @@ class AsyncSandboxClient(ClientBase):
         return SessionInfo.from_json(
             (await self.request("POST", session_url(session_id, "restart"))).json())
 
+    async def interrupt_session(self, session_id: str) -> SessionInfo:
+        """Interrupt the call running in the session now (``KeyboardInterrupt``)."""
+        return SessionInfo.from_json(
+            (await self.request("POST", session_url(session_id, "interrupt"))).json())
+
     @asynccontextmanager
     async def session(self, ttl_s: float | None = None):  # type: ignore[no-untyped-def]
         """``async with client.session() as s: await s.invoke(...)``."""

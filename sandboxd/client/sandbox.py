@@ -166,6 +166,11 @@ class SandboxClient(ClientBase):
         return SessionInfo.from_json(
             self.request("POST", session_url(session_id, "restart")).json())
 
+    def interrupt_session(self, session_id: str) -> SessionInfo:
+        """Interrupt the call running in the session now (``KeyboardInterrupt``)."""
+        return SessionInfo.from_json(
+            self.request("POST", session_url(session_id, "interrupt")).json())
+
     @contextmanager
     def session(self, ttl_s: float | None = None) -> Iterator[Session]:
         """``with client.session() as s: s.invoke(...)`` — deleted on exit."""

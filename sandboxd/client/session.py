@@ -32,6 +32,7 @@ class SessionInfo:
     kernel: dict[str, Any] | None = None
     #: after a restart: the backends whose kernel was ended
     restarted: list[str] | None = None
+    interrupted: list[str] | None = None
 
     @property
     def kernel_live(self) -> bool:
@@ -88,6 +89,13 @@ class Session:
         """End the session's Python kernel: the next ``python`` call starts with fresh
         variables; the workspace files stay."""
         self.info = self.client.restart_session(self.id)
+        return self.info
+
+    def interrupt(self) -> SessionInfo:
+        """Interrupt the call running in this session now (``KeyboardInterrupt``); its
+        variables are kept when the interpreter comes back in time (``kernel.interrupted``
+        on that call's result)."""
+        self.info = self.client.interrupt_session(self.id)
         return self.info
 
     def close(self) -> None:
@@ -147,6 +155,11 @@ class AsyncSession:
     async def restart(self) -> SessionInfo:
         """End the session's Python kernel (fresh variables next call; files stay)."""
         self.info = await self.client.restart_session(self.id)
+        return self.info
+
+    async def interrupt(self) -> SessionInfo:
+        """Interrupt the call running in this session now (variables kept in time)."""
+        self.info = await self.client.interrupt_session(self.id)
         return self.info
 
     async def close(self) -> None:

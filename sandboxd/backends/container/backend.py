@@ -259,6 +259,10 @@ class ContainerBackend:
         """Sessions whose container has a live Python kernel."""
         return self.sessions.kernel_sessions()
 
+    def interrupt_kernel(self, session_id: str) -> bool:
+        """Interrupt the call in the session container's kernel."""
+        return self.sessions.interrupt_kernel(session_id)
+
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel (the runner kills it; container and files are kept)."""
         return await self.sessions.restart_kernel(session_id)

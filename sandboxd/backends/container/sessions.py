@@ -194,6 +194,11 @@ class SessionContainers:
             update["message"] = why
         return result.model_copy(update=update)
 
+    def interrupt_kernel(self, session_id: str) -> bool:
+        """Interrupt the call in the session container's kernel (not yet: the container
+        kernel's interrupt comes with the runner's part of issue 22)."""
+        return False
+
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel(s) (the next python call starts a fresh one; the
         container and workspace are kept). True when a kernel was ended."""

@@ -171,6 +171,10 @@ class RestrictedBackend:
         """Sessions with a live kernel."""
         return self.kernels.live()
 
+    def interrupt_kernel(self, session_id: str) -> bool:
+        """Interrupt the call in the session's kernel (see :meth:`.KernelPool.interrupt`)."""
+        return self.kernels.interrupt(session_id)
+
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel; its next call starts a fresh one."""
         return await self.kernels.end(session_id, "restarted")

@@ -22,6 +22,7 @@ class RestrictedConfig:
     standby_workers: int = 4  # forked, prepared workers kept ready (one per scheduler slot)
     sandbox_uid_first: int = 10100  # the uid pool's range, when the backend makes its own
     sandbox_uid_count: int = 900
+    kernel_interrupt_grace_s: float = 2.0  # an interrupted kernel may come back this long
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RestrictedConfig:
@@ -31,4 +32,5 @@ class RestrictedConfig:
                    enabled=settings.restricted_enabled,
                    standby_workers=settings.max_concurrency,
                    sandbox_uid_first=settings.sandbox_uid_first,
-                   sandbox_uid_count=settings.sandbox_uid_count)
+                   sandbox_uid_count=settings.sandbox_uid_count,
+                   kernel_interrupt_grace_s=settings.kernel_interrupt_grace_s)

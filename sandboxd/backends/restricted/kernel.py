@@ -50,8 +50,9 @@ import math
 import os
 import resource
 import select
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
@@ -72,6 +73,9 @@ log = logging.getLogger("sandboxd.restricted")
 _TICKS = os.sysconf("SC_CLK_TCK")
 #: ``cleanup.detail`` of a call after which its session's kernel lives on, on purpose
 KEPT = "the session's kernel was kept for its next call"
+#: ``cleanup.detail`` of a call whose code was interrupted and whose kernel came back
+KEPT_INTERRUPTED = ("the call's code was interrupted and the kernel came back to its loop "
+                    "(proven idle): it was kept for the session's next call")
 #: how many closed sessions are remembered (a call queued behind a close waits seconds at most)
 CLOSED_MEMORY = 4096
 
@@ -82,6 +86,16 @@ def cpu_seconds_used(pid: int, uid: int | None = None) -> float:
     stat = idle.read_proc(pid, "stat", uid)
     fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+async def _first_set(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
 
 
 @dataclass(eq=False)
@@ -98,6 +112,10 @@ class SessionKernel:
     #: why it is being ended from outside (restart, session closed), for an in-flight call
     ended: str | None = None
     cpu_s: float = 0.0
+    #: a call runs in it now
+    busy: bool = False
+    #: an interrupt was asked for the call in flight (``POST .../interrupt``)
+    interrupt: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def alive(self) -> bool:
@@ -206,7 +224,7 @@ class KernelPool:
         reason: Reason | None = None
         crashed: str | None = None
         exit_info: dict[str, Any] | None = None
-        lost = True
+        lost, interrupted = True, False
         reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
                              until_report=True, display=DisplayCaps(**msg["display"]),
                              events=inv.events)
@@ -217,18 +235,24 @@ class KernelPool:
                 k.cpu_s = cpu_seconds_used(worker.pid, k.uid)
                 self._move_cpu_limit(k, msg)
             data = json.dumps(msg).encode()
+            k.interrupt.clear()
+            k.busy = True
             await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
-            finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
-            if not finished:
-                reason = Reason.wall_timeout
+            finished, _ = await within(_first_set(reader.done, k.interrupt),
+                                       deadline - time.monotonic())
+            if not finished or not reader.done.is_set():
+                # the deadline, or an interrupt request: interrupt before kill (issue 22)
+                reason = Reason.wall_timeout if not finished else Reason.cancelled
+                interrupted = await self._interrupt(k, reader)
             elif reader.violation is not None:
                 crashed = f"it broke the result protocol ({reader.violation}) and was killed"
             elif reader.overflow:
                 reason = Reason.output_limit
             report = reader.report
-            survives = (reason is None and crashed is None and report is not None
-                        and report.get("outcome") in KERNEL_SURVIVES and not k.ended)
-            if survives:  # its report is its own word: the end must be seen from outside
+            survives = interrupted or (
+                reason is None and crashed is None and report is not None
+                and report.get("outcome") in KERNEL_SURVIVES and not k.ended)
+            if survives and not interrupted:  # its report is its own word: prove its end
                 busy = await idle.prove_idle(worker.pid, worker.fd, k.uid, deadline)
                 if busy is not None:
                     log.warning("restricted: session %s kernel (pid %d) reported its end but "
@@ -251,21 +275,30 @@ class KernelPool:
                 if exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
                     exit_info = await health.reap_ourselves(worker, layout)
         except asyncio.CancelledError:
+            # a cancel interrupts first (issue 22): a kernel that comes back is kept
+            if (k.busy and not reader.done.is_set() and k.alive
+                    and await asyncio.shield(self._interrupt(k, reader))):
+                raise CancelledAfterCleanup(
+                    True, KEPT_INTERRUPTED,
+                    Kernel(fresh=fresh, calls=k.calls, interrupted=True)) from None
             reader.close()  # before its socket is closed
             info = await asyncio.shield(self._finish(inv.session, k))
             verified, detail = outcome.verify_gone(worker.pid, worker.cgroup, info, z.pid)
-            raise CancelledAfterCleanup(verified, detail or "kernel killed and reaped") from None
+            raise CancelledAfterCleanup(
+                verified, detail or "kernel killed and reaped",
+                Kernel(fresh=fresh, calls=k.calls, lost=True, reason="cancelled")) from None
         except (ZygoteDied, OSError, TimeoutError, ValueError) as exc:
             crashed = f"{type(exc).__name__}: {exc}"
             exit_info = await asyncio.shield(standby.abort(z, worker, layout))
         finally:
             z.in_use -= 1
+            k.busy = False
             reader.close()
         if lost and k.ended and crashed is None and reason is None:
             crashed = f"the kernel was ended ({k.ended})"
+        kept = Cleanup(verified=True, detail=KEPT_INTERRUPTED if interrupted else KEPT)
         result = outcome.build_result(inv, limits, msg, reader, reason, exit_info, worker,
-                                      crashed, started_at, z.pid,
-                                      None if lost else Cleanup(verified=True, detail=KEPT))
+                                      crashed, started_at, z.pid, None if lost else kept)
         if lost:
             await self._finish(inv.session, k, exit_info)
             why = result.termination.reason
@@ -273,8 +306,32 @@ class KernelPool:
                                    reason=k.ended or ("crashed" if why is Reason.exited
                                                       else why.value))
         else:
-            result.kernel = Kernel(fresh=fresh, calls=k.calls)
+            result.kernel = Kernel(fresh=fresh, calls=k.calls, interrupted=interrupted)
         return result
+
+    async def _interrupt(self, k: SessionKernel, reader: FrameReader) -> bool:
+        """Interrupt the call in flight (``SIGINT``: a ``KeyboardInterrupt`` in its code) and
+        wait up to the grace for the kernel to report and be proven idle. True when it came
+        back whole (a valid report, nothing over a limit, parked in its loop): it is kept."""
+        grace = self.backend.config.kernel_interrupt_grace_s
+        until = time.monotonic() + grace
+        if not k.worker.signal(signal.SIGINT):
+            return False
+        reported, _ = await within(reader.done.wait(), grace)
+        report = reader.report
+        if (not reported or report is None or reader.violation is not None or reader.overflow
+                or report.get("outcome") not in KERNEL_SURVIVES or k.ended):
+            return False
+        return await idle.prove_idle(k.worker.pid, k.worker.fd, k.uid, until) is None
+
+    def interrupt(self, sid: str) -> bool:
+        """Interrupt the call that runs in the session's kernel now, if any (it ends
+        ``killed``/``cancelled``; the kernel is kept when it comes back within the grace)."""
+        k = self.kernels.get(sid)
+        if k is None or not k.busy or not k.alive:
+            return False
+        k.interrupt.set()
+        return True
 
     async def _finish(self, sid: str | None, k: SessionKernel,
                       info: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from sandboxd import wire
+from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
 from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
 
 #: the outcomes after which a session kernel keeps running (any limit or failure ends it)
@@ -133,7 +134,12 @@ def run_worker(
     wfd = sock.fileno()
 
     def emit(kind: bytes, data: bytes) -> None:
-        write_all(wfd, wire.encode(kind, data))
+        STATE.emitting = True
+        try:
+            write_all(wfd, wire.encode(kind, data))
+        finally:
+            STATE.emitting = False
+        after_emit()
 
     uid = msg.get("uid")
     uid_range = cfg.get("uid_range")
@@ -179,6 +185,9 @@ def run_worker(
     namespace: dict[str, Any] | None = {} if msg.get("kernel") and not msg.get("probe") else None
     if namespace is not None:
         signal.signal(signal.SIGXCPU, cpu_exceeded)
+        # the daemon interrupts a kernel's call before it kills it (issue 22); a handler, so
+        # that the signal reaches a kernel that is PID 1 of its namespace
+        signal.signal(signal.SIGINT, interrupt_user_code)
     while True:
         if msg.get("probe"):
             report = self_test(msg)

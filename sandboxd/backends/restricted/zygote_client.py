@@ -84,6 +84,17 @@ class StandbyWorker:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         return True
 
+    def signal(self, signum: int) -> bool:
+        """Send ``signum`` through the pidfd (no pid-reuse race); False without a pidfd or
+        when the process is gone."""
+        if self.pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except OSError:
+            return False
+        return True
+
     def close(self) -> None:
         self.sock.close()
         if self.pidfd is not None:

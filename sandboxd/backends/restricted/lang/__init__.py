@@ -259,8 +259,12 @@ def run_user_code(
         g = refresh_namespace(namespace, g)
     old_alarm = signal.signal(signal.SIGALRM, lambda *_: stdout.tick())
     signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    STATE.running, STATE.interrupt_pending = True, False
     try:
-        exec(code, g)
+        try:
+            exec(code, g)
+        finally:
+            STATE.running = False
     except MemoryError:
         del reserve
         g.clear()
@@ -278,7 +282,7 @@ def run_user_code(
             report["exit_code"] = 1
         if report["exit_code"] != 0:
             report.update(outcome="error", message="SystemExit")
-    except BaseException as exc:  # user exceptions, KeyboardInterrupt, GeneratorExit...
+    except BaseException as exc:  # user exceptions, KeyboardInterrupt (an interrupt)...
         try:
             stderr.write_raw(format_user_traceback(exc))
         except BaseException:

@@ -55,6 +55,8 @@ class OutputStream:
             self.busy = True
             try:
                 self.flush()
+            except KeyboardInterrupt:  # a kernel's interrupt, deferred during the write
+                raise
             except BaseException:
                 pass
             finally:

@@ -35,6 +35,29 @@ class _State:
     memory_hit: bool = False
     value: Any = None
     has_value: bool = False
+    #: user code runs now (a kernel's interrupt raises KeyboardInterrupt only then)
+    running: bool = False
+    #: a frame is being written (an interrupt waits until it is whole)
+    emitting: bool = False
+    #: an interrupt came while a frame was being written
+    interrupt_pending: bool = False
+
+
+def interrupt_user_code(*_: Any) -> None:
+    """SIGINT in a session kernel (issue 22): a ``KeyboardInterrupt`` in the user's code while
+    it runs - deferred while a frame is being written, so that the result channel never
+    carries half a frame (:func:`after_emit` raises it then) - and nothing once the code has
+    ended (the call is over: the interrupt came too late)."""
+    if STATE.running and not STATE.emitting:
+        raise KeyboardInterrupt
+    STATE.interrupt_pending = STATE.running
+
+
+def after_emit() -> None:
+    """Raise the interrupt that came while a frame was being written (see above)."""
+    if STATE.interrupt_pending and STATE.running and not STATE.emitting:
+        STATE.interrupt_pending = False
+        raise KeyboardInterrupt
 
 
 STATE = _State()
