@@ -33,6 +33,27 @@ MIME_TYPES: dict[str, str] = {
 SIGNATURES: dict[str, bytes] = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 #: room in a ``d`` frame beyond the item cap: JSON keys, quoting, escapes of a text item
 FRAME_SLACK = 4096
+#: the deepest nesting a JSON value from a sandbox may have (display items, the last value):
+#: within what every client's parser and the daemon's own encoders take (issue 22)
+MAX_JSON_DEPTH = 64
+#: what stands for a JSON value over :data:`MAX_JSON_DEPTH`
+TOO_DEEP = f"its JSON nests deeper than {MAX_JSON_DEPTH} levels"
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON value ``value`` (lists, dicts, scalars) nests deeper than ``limit``
+    levels; iterative, so a deep value costs no recursion."""
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        if depth > limit:
+            return True
+        todo.extend((v, depth + 1) for v in item if isinstance(v, (list, dict)))
+    return False
 
 
 @dataclass(frozen=True)
@@ -124,7 +145,9 @@ def plain_bundle(obj: Any, caps: DisplayCaps | None = None) -> dict[str, Any]:
     except (TypeError, ValueError, RecursionError, OverflowError):
         return data
     if len(text) <= (caps or DisplayCaps()).item_bytes:
-        data["application/json"] = json.loads(text)
+        value = json.loads(text)
+        if not too_deep(value):
+            data["application/json"] = value
     return data
 
 

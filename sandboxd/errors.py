@@ -97,7 +97,7 @@ class AuditFailure(ServiceError):
     def problem_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"ran": self.result is not None}
         if self.result is not None:
-            fields["result"] = self.result.model_dump(mode="json")
+            fields["result"] = self.result.wire()
         return fields
 
 

@@ -23,6 +23,7 @@ status         termination.reason
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import time
 from enum import StrEnum
@@ -31,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from sandboxd.display import TOO_DEEP, too_deep
 from sandboxd.plans import Plan
 
 
@@ -403,6 +405,9 @@ class Result(_Model):
         if resources is None:
             resources = Resources(wall_ms=int((time.monotonic() - started) * 1000)
                                   if started is not None else 0)
+        if too_deep(fields.get("value")):  # bounded at the border (issue 22)
+            fields["value"] = None
+            message = "; ".join(m for m in (message, f"value omitted: {TOO_DEEP}") if m)
         return cls(
             id=ident, tool=tool, session=session, backend=backend,
             status=status or status_for(reason, exit_code),
@@ -410,6 +415,42 @@ class Result(_Model):
             limits=limits, resources=resources, cleanup=cleanup or Cleanup(), message=message,
             **fields,
         )
+
+    def wire_json(self) -> str:
+        """The result as a client gets it (JSON text). Never fails: should a part of it not
+        serialize after all, that part is replaced by a note (:meth:`deliverable`), so that
+        the client always hears the audited result."""
+        try:
+            return self.model_dump_json()
+        except (ValueError, RecursionError):  # pydantic's serialization error is a ValueError
+            return self.deliverable().model_dump_json()
+
+    def wire(self) -> dict[str, Any]:
+        """:meth:`wire_json` as data (an SSE event, MCP's ``structuredContent``)."""
+        try:
+            return self.model_dump(mode="json")
+        except (ValueError, RecursionError):
+            return self.deliverable().model_dump(mode="json")
+
+    def deliverable(self) -> Result:
+        """This result with every display item and the value that do not serialize replaced
+        by notes (``truncated``)."""
+        outputs = []
+        for item in self.outputs:
+            try:
+                item.model_dump_json()
+                outputs.append(item)
+            except (ValueError, RecursionError):
+                outputs.append(Output(data={"text/plain": "[display item cut: it could not "
+                                                          "be serialized]"}, truncated=True))
+        update: dict[str, Any] = {"outputs": outputs}
+        try:
+            json.dumps(self.value)
+        except (ValueError, TypeError, RecursionError):
+            update["value"] = None
+            update["message"] = "; ".join(
+                m for m in (self.message, "value omitted: it could not be serialized") if m)
+        return self.model_copy(update=update)
 
     @classmethod
     def denied(cls, invocation_id: str, tool: str, decision: Decision,

@@ -18,7 +18,7 @@ import binascii
 import json
 from typing import Any
 
-from sandboxd.display import MIME_TYPES, SIGNATURES, DisplayCaps, size_text
+from sandboxd.display import MIME_TYPES, SIGNATURES, TOO_DEEP, DisplayCaps, size_text, too_deep
 from sandboxd.models import Output
 from sandboxd.wire import ProtocolError
 
@@ -77,6 +77,11 @@ def check_item(payload: bytes, caps: DisplayCaps) -> Output:
         raise ProtocolError("display item: no data")
     for mime, value in data.items():
         _check_content(mime, value)
+    deep = [mime for mime, value in data.items() if MIME_TYPES[mime] == "json" and too_deep(value)]
+    if deep:  # bounded where the daemon accepts it: the JSON is left out, the rest kept
+        data = {m: v for m, v in data.items() if m not in deep} or {
+            "text/plain": f"[display item cut: {TOO_DEEP}]"}
+        return Output(data=data, truncated=True)
     return Output(data=data)
 
 

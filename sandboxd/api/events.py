@@ -106,7 +106,7 @@ async def _events(call: asyncio.Task[Result], queue: asyncio.Queue[StreamEvent],
         if exc is not None:
             yield frame("error", problem_body(exc))
         else:
-            yield frame("result", call.result().model_dump(mode="json"))
+            yield frame("result", call.result().wire())
     finally:
         gone.cancel()
         if not call.done():

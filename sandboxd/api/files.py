@@ -60,7 +60,7 @@ async def put_file(session_id: str, path: str, request: Request,
     result, transfer = await upload(request.app.state.service, client, session_id, path,
                                     _body(request), declared)
     _raise_for(result, transfer)
-    return Response(result.model_dump_json(), media_type="application/json")
+    return Response(result.wire_json(), media_type="application/json")
 
 
 @router.get(ROUTE, tags=["files"], response_class=Response, responses={200: {

@@ -100,7 +100,7 @@ def call_result(result: Result) -> types.CallToolResult:
     content: list[types.ContentBlock] = [types.TextContent(text=format_result(result))]
     content.extend(images_of(result))
     return types.CallToolResult(content=content,
-                                structured_content=result.model_dump(mode="json"),
+                                structured_content=result.wire(),
                                 is_error=result.status is not Status.ok)
 
 

@@ -106,7 +106,7 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
         await stop_task(call)
         return Response(status_code=499)  # nobody is listening any more
     # serialised by pydantic-core directly (FastAPI's generic encoder is ~10x slower)
-    return Response(call.result().model_dump_json(), media_type="application/json")
+    return Response(call.result().wire_json(), media_type="application/json")
 
 
 @router.post("/v1/sessions", tags=["sessions"], status_code=201)

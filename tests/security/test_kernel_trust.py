@@ -119,6 +119,30 @@ def test_a_forged_end_is_never_taken_for_the_end(bypass: RunningDaemon, how: str
     assert fresh["kernel"]["fresh"] is True, fresh
 
 
+#: a worker that escaped the language layer sends a display item and a value nested 950 deep
+DEEP_FRAMES = FIND_SOCKET + """
+import json
+wire = os.sys.modules["sandboxd.wire"]
+deep = []
+x = deep
+for _ in range(950):
+    x.append([])
+    x = x[0]
+os.write(chan, wire.encode(b"d", json.dumps({"data": {"application/json": deep}}).encode()))
+result = deep
+"""
+
+
+@pytest.mark.parametrize("sid", [False, True])
+def test_deep_json_from_an_escaped_sandbox_is_bounded_by_the_daemon(bypass: RunningDaemon,
+                                                                    sid: bool) -> None:
+    res = call(bypass, MARK + DEEP_FRAMES, session(bypass) if sid else None)
+    assert res["status"] == "ok", res
+    (item,) = res["outputs"]
+    assert item["truncated"] is True and "64 levels" in item["data"]["text/plain"], item
+    assert res["value"] is None and "64 levels" in res["message"], res
+
+
 def test_a_genuine_kernel_is_proven_idle_call_after_call(bypass: RunningDaemon) -> None:
     sid = session(bypass)
     for i in range(20):

@@ -88,7 +88,7 @@ from sandboxd.backends.restricted.lang.state import (
     limit_check,
 )
 from sandboxd.backends.restricted.lang.transform import compile_user_code
-from sandboxd.display import DisplayCaps
+from sandboxd.display import TOO_DEEP, DisplayCaps, too_deep
 from sandboxd.rules import OutputBudget
 
 
@@ -166,11 +166,15 @@ def encode_value(value: Any, cap: int) -> tuple[Any, str | None]:
     """The last expression's value: itself if JSON-serialisable, else its repr (capped)."""
     if value is None:
         return None, None
+    note = None
     try:
         text = json.dumps(value, allow_nan=False)
-        if len(text) <= cap:
-            return json.loads(text), None
-        return None, f"value omitted: its JSON is larger than the output limit ({cap} bytes)"
+        if len(text) > cap:
+            return None, f"value omitted: its JSON is larger than the output limit ({cap} bytes)"
+        decoded = json.loads(text)
+        if not too_deep(decoded):
+            return decoded, None
+        note = f"value shown as text: {TOO_DEEP}"
     except (TypeError, ValueError, RecursionError, OverflowError):
         pass
     try:
@@ -181,7 +185,7 @@ def encode_value(value: Any, cap: int) -> tuple[Any, str | None]:
     text = text[:cap]
     while len(encoded := json.dumps(text)) > cap and text:
         text = text[: max(0, len(text) * cap // len(encoded) - 1)]
-    return text, None
+    return text, note
 
 
 def refresh_namespace(namespace: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
