@@ -4,9 +4,9 @@ daemon (uvicorn subprocess, HTTP, tokens, policy) and a real Docker engine."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import pytest
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.scale import scaled
+from tests.support.wait import wait_until
 
 from .conftest import labelled
 from .test_http import daemon_env
@@ -71,6 +72,13 @@ class Daemon:
     def auth(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[who]}"}
 
+    def slots_in_use(self) -> float:
+        """Executions running now, as /metrics says."""
+        text = self.d.client.get("/metrics", headers=self.auth("alice")).text
+        found = re.search(r"^sandboxd_slots_in_use ([0-9.]+)$", text, re.MULTILINE)
+        assert found, text
+        return float(found.group(1))
+
     def py(self, code: str, session: str | None = None, who: str = "alice",
            **body: Any) -> dict[str, Any]:
         """One python call; its result object."""
@@ -106,10 +114,12 @@ def test_state_persists_within_a_session_and_never_across(daemon: Daemon) -> Non
     s1 = daemon.session()
     res = daemon.py("x = 41", s1)
     assert res["status"] == "ok", res
-    assert res["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None}
+    assert res["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None,
+                            "interrupted": False}
     res = daemon.py("x + 1", s1)
     assert res["value"] == 42, res
-    assert res["kernel"] == {"fresh": False, "calls": 2, "lost": False, "reason": None}
+    assert res["kernel"] == {"fresh": False, "calls": 2, "lost": False, "reason": None,
+                            "interrupted": False}
     # functions, classes, imported modules and open files persist too
     res = daemon.py("import json\nclass C:\n    k = 'c'\ndef f(n):\n    return x * n\n"
                     "fh = open('log.txt', 'w')\nfh.write('one ')", s1)
@@ -146,7 +156,9 @@ def test_calls_of_a_session_run_one_at_a_time_in_order(daemon: Daemon) -> None:
 
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.4)  # the slow call is running in the kernel
+    # the slow call holds its execution slot (it runs in the kernel) before the second comes
+    wait_until(lambda: daemon.slots_in_use() >= 1 or not t.is_alive(), timeout=60,
+               what="the slow call to run")
     second = daemon.py("order.append('second')\norder", sid)
     t.join()
     assert first["status"] == "ok", first
@@ -169,7 +181,8 @@ def test_timeout_ends_the_kernel_and_the_next_call_is_fresh(daemon: Daemon,
     assert res["cleanup"]["verified"] is True, res
     res = daemon.py("[open('keep.txt').read(), 'x' in globals(), len([1])]", sid)
     assert res["value"] == ["kept", False, 1], res
-    assert res["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None}
+    assert res["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None,
+                            "interrupted": False}
     daemon.d.client.delete(f"/v1/sessions/{sid}")
     assert session_containers(docker_client, daemon, sid) == []
 

@@ -39,7 +39,7 @@ def hangs_on(word: str):  # type: ignore[no-untyped-def]
 
     async def script(call: Invocation, limits: Limits) -> Result:
         if call.arguments.get("code") == word:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # sleep-ok: a test double that hangs past any deadline
         return ok(call, limits)  # type: ignore[return-value]
 
     return script
@@ -50,8 +50,10 @@ def test_session_calls_carry_their_kernel_and_one_shot_calls_none(make) -> None:
     sid = d.client.post("/v1/sessions").json()["id"]
     first = d.invoke("python", {"code": "x = 41"}, session=sid).json()
     second = d.invoke("python", {"code": "x + 1"}, session=sid).json()
-    assert first["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None}
-    assert second["kernel"] == {"fresh": False, "calls": 2, "lost": False, "reason": None}
+    assert first["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None,
+                            "interrupted": False}
+    assert second["kernel"] == {"fresh": False, "calls": 2, "lost": False, "reason": None,
+                            "interrupted": False}
     assert d.invoke("python", {"code": "1"}).json()["kernel"] is None
     # the file tools do not run in a kernel
     assert d.invoke("write_file", {"path": "f", "content": "x"}, session=sid).json()[
@@ -77,7 +79,8 @@ def test_a_lost_kernel_tells_the_model_and_the_next_call_starts_fresh(make) -> N
                                                                     "backends": []}
     again = d.invoke("python", {"code": "x"}, session=sid).json()
     assert again["status"] == "ok" and again["message"] is None
-    assert again["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None}
+    assert again["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None,
+                            "interrupted": False}
     results = [r for r in d.records() if r["event"] == "result" and r.get("session") == sid]
     assert len(results) == 3
 

@@ -123,7 +123,10 @@ def test_escape_attempt_in_a_session_kernel(env: Env, name: str, code: str,
             assert reason in ("wall_timeout", "cpu_limit") and res["status"] == "timeout", res
         else:
             assert reason == expect, res
-        assert kernel["lost"] is True and kernel["reason"] == reason, res
+        if reason == "wall_timeout" and kernel["interrupted"]:
+            assert kernel["lost"] is False, res  # interrupted and kept (issue 22)
+        else:
+            assert kernel["lost"] is True and kernel["reason"] == reason, res
     if expect == "output_limit":
         assert len(res["stdout"].encode()) <= 20_000 and res["truncated"]["stdout"]
     assert res["cleanup"]["verified"], res["cleanup"]
@@ -167,7 +170,8 @@ def test_state_planted_in_one_call_used_in_the_next(env: Env, name: str, plant: 
     first = env.run(plant, session)
     assert first["kernel"]["lost"] is False, first
     res = env.run(use, session)
-    assert res["kernel"] == {"fresh": False, "calls": 2, "lost": False, "reason": None}, res
+    assert res["kernel"] == {"fresh": False, "calls": 2, "lost": False, "reason": None,
+                            "interrupted": False}, res
     if expect == "refused":
         assert res["status"] in ("error", "rejected", "denied"), res
         assert res["termination"]["reason"] in ("exited", "policy"), res
@@ -293,7 +297,7 @@ def test_garbage_on_the_result_channel_loses_only_that_kernel(bypass: RunningDae
             "sig.signal(sig.SIGALRM, lambda *a: os.write(chan, b'\\xffgarbage' * 64))\n"
             "sig.setitimer(sig.ITIMER_REAL, 0.3)\nresult = chan"), attacker)
         assert planted["status"] == "ok" and planted["kernel"]["lost"] is False, planted
-        time.sleep(1.0)
+        time.sleep(1.0)  # sleep-ok: the kernel's own 0.3 s timer writes; nothing outside sees it
         res = call(bypass, "1 + 1", attacker)
     assert res["status"] == "error", res
     assert res["kernel"]["lost"] is True and res["kernel"]["reason"] == "crashed", res
