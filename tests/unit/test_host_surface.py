@@ -57,7 +57,7 @@ def test_the_sandbox_hands_out_host_objects_and_each_is_declared(tmp_path: Any) 
 
 def test_every_undeclared_attribute_of_a_host_object_is_refused(tmp_path: Any) -> None:
     checked = 0
-    for name, obj in host_objects(tmp_path):
+    for _name, obj in host_objects(tmp_path):
         surface = host_surface(obj)
         assert surface is not None
         for attr in dir(obj):
