@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from typing import Any
 
 import httpx
@@ -17,6 +16,7 @@ from mcp.shared.exceptions import MCPError
 from sandboxd.audit import verify
 from tests.mcp.conftest import McpDaemon, client_session, http_session
 from tests.support.processes import descendants, running
+from tests.support.wait import async_wait_until, wait_until
 
 TRANSPORTS = ["http", "stdio"]
 INVALID_PARAMS = -32602
@@ -24,15 +24,6 @@ INVALID_PARAMS = -32602
 
 def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if c.type == "text")
-
-
-def wait_for(predicate: Any, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -122,33 +113,48 @@ async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
         progress.append((value, message))
 
     async with client_session(transport, mcp_daemon) as session:
-        await session.call_tool("python", {"code": "1"})  # warm: the zygote exists
+        await session.call_tool("python", {"code": "x = 41"})  # warm: the zygote exists
         call = asyncio.create_task(session.call_tool(
             "python", {"code": "while True:\n    pass"}, progress_callback=on_progress,
             meta={"sandboxd/limits": {"timeout_s": 120}}))
-        deadline = time.monotonic() + 30
-        while len(progress) < 2 and time.monotonic() < deadline and not call.done():
-            await asyncio.sleep(0.1)
+        await async_wait_until(lambda: len(progress) >= 2 or call.done(), timeout=30,
+                               interval=0.1, what="progress notifications while the call runs")
         assert len(progress) >= 2, "no progress notifications while the call ran"
         assert progress[-1][0] > progress[0][0] and "running for" in (progress[-1][1] or "")
-        busy: list[psutil.Process] = []
-        while not busy and time.monotonic() < deadline and not call.done():
-            busy = [p for p in descendants(pid) if _cpu(p) > 0.3]
-            await asyncio.sleep(0.2)
-        assert busy, "the busy loop is not running in a sandbox process"
+
+        def busy_loop() -> list[psutil.Process]:
+            assert not call.done(), "the call ended before its busy loop was seen"
+            return [p for p in descendants(pid) if _cpu(p) > 0.3]
+
+        busy = await async_wait_until(busy_loop, timeout=30, interval=0.2,
+                                      what="the busy loop running in a sandbox process")
         call.cancel()  # the SDK sends notifications/cancelled
         with pytest.raises(asyncio.CancelledError):
             await call
-        # the session is still usable after a cancellation
-        assert text_of(await session.call_tool("python", {"code": "print(1)"})).strip() == "1"
-    # the very processes of the busy loop end (counting the daemon's processes would not do:
-    # the zygote forks a standby worker in place of each one a call takes, at its own moment)
-    assert wait_for(lambda: not any(running(p) for p in busy)), \
-        f"a worker outlived its call: {busy}"
-    killed = wait_for(lambda: [r for r in mcp_daemon.records() if r["event"] == "result"
-                               and r.get("transport") == "mcp" and r["status"] == "killed"])
-    assert killed and killed[-1]["termination"]["reason"] == "cancelled"
+        # the cancel interrupted the code first (issue 22): the session's kernel and its
+        # variables are kept, and the session is still usable
+        after = await session.call_tool("python", {"code": "print(x + 1)"})
+        assert text_of(after).strip() == "42", text_of(after)
+    # the very processes of the busy loop stop running it: ended, or the interrupted kernel
+    # parked in its loop (counting the daemon's processes would not do: the zygote forks a
+    # standby worker in place of each one a call takes, at its own moment)
+    wait_until(lambda: not any(_spinning(p) for p in busy), timeout=15, interval=0.1,
+               what="the busy loop to stop",
+               detail=lambda: f"a busy loop outlived its call: {busy}")
+    killed = wait_until(lambda: [r for r in mcp_daemon.records() if r["event"] == "result"
+                                 and r.get("transport") == "mcp" and r["status"] == "killed"],
+                        timeout=15, interval=0.1, what="the cancelled call's result record")
+    assert killed[-1]["termination"]["reason"] == "cancelled"
     assert killed[-1]["cleanup"]["verified"] is True
+    assert killed[-1]["kernel"]["interrupted"] is True, killed[-1]
+
+
+def _spinning(proc: psutil.Process) -> bool:
+    """Running on a CPU (or ready to): a process that has ended is not."""
+    try:
+        return running(proc) and proc.status() == psutil.STATUS_RUNNING
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -177,9 +183,10 @@ async def test_session_keeps_files_and_sessions_are_isolated(mcp_daemon: McpDaem
             theirs = await bob.call_tool("list_files", {})
             assert "notes.txt" not in text_of(theirs)
     # the MCP session ended: its sandboxd session and workspace are gone
-    deleted = wait_for(lambda: [r for r in mcp_daemon.records()
-                                if r["event"] == "session_deleted" and r["session"] == sid])
-    assert deleted and deleted[0]["transport"] == "mcp" and deleted[0]["client"] == "alice"
+    deleted = wait_until(lambda: [r for r in mcp_daemon.records()
+                                  if r["event"] == "session_deleted" and r["session"] == sid],
+                         timeout=15, interval=0.1, what="its sandboxd session deleted")
+    assert deleted[0]["transport"] == "mcp" and deleted[0]["client"] == "alice"
     assert not list(mcp_daemon.daemon.state_dir.rglob(f"*{sid}*"))
 
 
@@ -235,8 +242,8 @@ async def test_unknown_token_is_401_and_audited(mcp_daemon: McpDaemon) -> None:
         # the failures of one interval are one record: wait until all three are written
         return found if sum(r["count"] for r in found) >= 3 else []
 
-    failures = wait_for(audited, timeout=30)
-    assert failures, "the three failed MCP authentications were not all audited"
+    wait_until(audited, timeout=30, interval=0.1,
+               what="the three failed MCP authentications all audited")
     assert bad not in mcp_daemon.daemon.audit_path.read_text()
 
 
