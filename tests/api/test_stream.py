@@ -4,6 +4,7 @@ a real socket, the restricted backend), read with httpx-sse as any SSE client wo
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from httpx_sse import connect_sse
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.processes import busy_descendants, running
+from tests.support.wait import wait_until
 
 SSE = {"Accept": "text/event-stream"}
 PRINT_SLEEP_PRINT = "import time\nprint('a', flush=True)\ntime.sleep(1)\nprint('b')"
@@ -77,7 +79,7 @@ def test_a_session_kernel_streams_too(daemon: RunningDaemon) -> None:
         events = stream(daemon, {"arguments": {"code": "print(n + 2)"}, "session": sid})
         assert text_of(events, "stdout") == "42\n"
         assert events[-1][2]["kernel"] == {"fresh": False, "calls": 2, "lost": False,
-                                           "reason": None}
+                                           "reason": None, "interrupted": False}
     finally:
         daemon.client.delete(f"/v1/sessions/{sid}")
 
@@ -112,17 +114,22 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_call(daemon: RunningDa
     # the connection is closed: the call is cancelled, its worker killed and reaped (the
     # very processes: the zygote forks standby workers at moments of its own, so a count of
     # processes would not do)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and running(worker):
-        time.sleep(0.1)
-    assert not running(worker), f"a worker outlived its call: {worker}"
-    cancelled: list[dict[str, Any]] = []
-    while time.monotonic() < deadline and not cancelled:
-        records = audit_records(daemon.audit_path)
-        cancelled = [r for r in records if r.get("event") == "result"
-                     and r.get("termination", {}).get("reason") == "cancelled"]
-        time.sleep(0.1)
-    assert cancelled and cancelled[-1]["cleanup"]["verified"] is True, cancelled
+    wait_until(lambda: not running(worker), timeout=15,
+               what=f"the worker of the cancelled call to end: {worker}")
+    cancelled: list[dict[str, Any]] = wait_until(
+        lambda: [r for r in audit_records(daemon.audit_path) if r.get("event") == "result"
+                 and r.get("termination", {}).get("reason") == "cancelled"],
+        timeout=15, what="an audit record of the cancelled call")
+    assert cancelled[-1]["cleanup"]["verified"] is True, cancelled
+
+
+def _queue(d: RunningDaemon) -> tuple[float, float]:
+    """(calls queued, slots in use), as /metrics says."""
+    text = d.client.get("/metrics").text
+    depth = re.search(r"^sandboxd_queue_depth ([0-9.]+)$", text, re.MULTILINE)
+    slots = re.search(r"^sandboxd_slots_in_use ([0-9.]+)$", text, re.MULTILINE)
+    assert depth and slots, text
+    return float(depth.group(1)), float(slots.group(1))
 
 
 @pytest.fixture
@@ -144,7 +151,8 @@ def test_a_full_queue_is_429_problem_json_for_a_streaming_caller(
     with ThreadPoolExecutor(2) as pool:
         running = [pool.submit(occupy, i) for i in range(2)]
         ready.wait()
-        time.sleep(0.5)  # one runs, one waits in the queue
+        wait_until(lambda: _queue(busy_daemon) == (1, 1), timeout=30,
+                   what="one call running and one waiting in the queue")
         r = busy_daemon.client.post("/v1/tools/python/invoke", json=slow, headers=SSE)
         assert r.status_code == 429, r.text
         assert r.headers["content-type"].startswith("application/problem+json")

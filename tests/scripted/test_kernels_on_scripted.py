@@ -70,7 +70,7 @@ def test_a_lost_kernel_tells_the_model_and_the_next_call_starts_fresh(make) -> N
     lost = d.invoke("python", {"code": "hang"}, session=sid, limits={"timeout_s": 0.3}).json()
     assert lost["status"] == "timeout"
     assert lost["kernel"] == {"fresh": False, "calls": 2, "lost": True,
-                              "reason": "wall_timeout"}
+                              "reason": "wall_timeout", "interrupted": False}
     assert lost["message"].startswith("the session's Python state was lost because the call "
                                       "exceeded its wall-clock limit of 0.3 s")
     assert "files are kept" in lost["message"]

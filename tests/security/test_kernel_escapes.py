@@ -84,7 +84,7 @@ class Env:
         res = self.run("marker", self.bystander)
         assert res["value"] == "bystander state", res
         assert res["kernel"] == {"fresh": False, "calls": self.bystander_calls, "lost": False,
-                                 "reason": None}
+                                 "reason": None, "interrupted": False}
         assert self.canary.read_text() == CANARY_FILE
         assert not glob.glob("/tmp/pwned_*")
 
