@@ -35,6 +35,8 @@ from sandboxd.backends.restricted.contain import libc
 READ_SYSCALL = {"x86_64": 0, "aarch64": 63}.get(platform.machine(), -1)
 #: how long :func:`prove_idle` sleeps between looks, at first and at most
 FIRST_LOOK_S, LAST_LOOK_S = 0.0002, 0.02
+#: what :func:`not_idle_because` says of a process that has ended (no use waiting longer)
+GONE = "it has ended"
 
 
 def _read(path: str) -> str:
@@ -67,8 +69,12 @@ def not_idle_because(pid: int, fd: int, uid: int | None) -> str | None:
     try:
         syscall = read_proc(pid, "syscall", uid).split()
         status = read_proc(pid, "status", uid)
+    except FileNotFoundError:
+        return GONE
     except OSError as exc:
         return f"its state could not be read ({type(exc).__name__})"
+    if "\nState:\tZ" in status:
+        return GONE
     if not syscall or syscall[0] == "running":
         return "it is running"
     if syscall[0] != str(READ_SYSCALL) or len(syscall) < 2 or int(syscall[1], 16) != fd:
@@ -94,7 +100,7 @@ async def prove_idle(pid: int, fd: int, uid: int | None, deadline: float) -> str
         if why is None:
             return None
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or why is GONE:
             return why
         await asyncio.sleep(min(pause, remaining))
         pause = min(pause * 2, LAST_LOOK_S)
