@@ -115,6 +115,22 @@ echo "$out" > "$R/timeout.json"
 v=$(echo "$out" | jget 'd["status"], d["termination"]["reason"], d["cleanup"]["verified"]')
 check timeout-kill-cleanup "$( [ "$v" = "('timeout', 'wall_timeout', True)" ] && echo PASS || echo FAIL)" \
   "$(echo "$out" | jget 'd["status"], d["termination"], d["resources"], d["cleanup"]')"
+# issue 22 under the real unit (ProtectProc=invisible, no CAP_SYS_PTRACE): a session's kernel
+# is proven idle from /proc (read as the sandbox's uid) call after call, and a timeout
+# interrupts it first and keeps its variables
+sid=$(api POST /v1/sessions '{}' | jget 'd["id"]')
+api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"x = 41\"},\"session\":\"$sid\"}" > "$R/kernel-1.json"
+out=$(api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"x + 1\"},\"session\":\"$sid\"}"); echo "$out" > "$R/kernel-2.json"
+v=$(echo "$out" | jget 'd["value"], d["kernel"]["lost"], d["kernel"]["calls"]')
+check kernel-proven-idle-under-unit "$( [ "$v" = "(42, False, 2)" ] && echo PASS || echo FAIL)" \
+  "$(echo "$out" | jget 'd["status"], d["value"], d["kernel"], d.get("message")')"
+out=$(api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"while True:\\n    pass\"},\"session\":\"$sid\",\"limits\":{\"timeout_s\":2}}")
+echo "$out" > "$R/kernel-interrupt.json"
+after=$(api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"x\"},\"session\":\"$sid\"}")
+v=$(echo "$out" | jget 'd["status"], d["kernel"]["interrupted"], d["kernel"]["lost"]')
+check kernel-interrupt-keeps-state "$( [ "$v" = "('timeout', True, False)" ] && [ "$(echo "$after" | jget 'd["value"]')" = 41 ] && echo PASS || echo FAIL)" \
+  "$(echo "$out" | jget 'd["status"], d["kernel"], d["cleanup"]'); then x: $(echo "$after" | jget 'd["value"], d["kernel"]')"
+api DELETE "/v1/sessions/$sid" > /dev/null
 
 phase "per-call cgroups"
 SCG=$(svc_cg)
