@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.processes import busy_descendants
+from tests.support.wait import wait_until
 
 PROBLEM = "application/problem+json"
 
@@ -255,19 +255,14 @@ def test_disconnected_client_cancels_and_cleans_up(daemon: RunningDaemon) -> Non
                          "limits": {"timeout_s": 60}}, timeout=1.0)
     # the busy loop ends with its call (counting processes would not do: the zygote forks
     # a standby worker in place of each one a call takes, at a moment of its own)
-    deadline = time.monotonic() + 15
-    while (busy := busy_descendants(daemon.proc.pid)) and time.monotonic() < deadline:
-        pass
-    assert not busy, f"a busy loop survived its cancelled call: {busy}"
+    wait_until(lambda: not busy_descendants(daemon.proc.pid), timeout=15, interval=0,
+               what="the busy loop of the cancelled call to end",
+               detail=lambda: f"busy: {busy_descendants(daemon.proc.pid)}")
     # the audit log says the call was cancelled
-    deadline = time.monotonic() + 5
-    cancelled: list[dict] = []
-    while time.monotonic() < deadline and not cancelled:
-        records = audit_records(daemon.audit_path)
-        cancelled = [r for r in records if r.get("event") == "result"
-                     and r.get("status") == "killed"]
-        time.sleep(0.1)
-    assert cancelled, "no audit record for the cancelled call"
+    cancelled = wait_until(
+        lambda: [r for r in audit_records(daemon.audit_path)
+                 if r.get("event") == "result" and r.get("status") == "killed"],
+        timeout=5, interval=0.1, what="an audit record for the cancelled call")
     assert cancelled[-1]["termination"]["reason"] == "cancelled"
     # the backend's proof that the worker is gone reaches the audit record
     assert cancelled[-1]["cleanup"]["verified"] is True, cancelled[-1]

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -63,7 +64,6 @@ def test_invoke_reports_unreachable_daemon() -> None:
 def test_serve_on_unix_socket(tmp_path: Path) -> None:
     import os
     import stat
-    import time
 
     sock = tmp_path / "run" / "sandboxd.sock"
     proc = subprocess.Popen(
@@ -71,16 +71,19 @@ def test_serve_on_unix_socket(tmp_path: Path) -> None:
          "--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
+        wait_until(lambda: sock.exists() or proc.poll() is not None, timeout=60,
+                   what="the daemon's socket")
         assert sock.exists(), proc.stdout.read() if proc.poll() is not None else "no socket"
+
         # the socket is bound owner-only (umask 077) and opened to the group once start-up
         # is done: wait for that, never for a fixed time
-        while (mode := stat.S_IMODE(os.stat(sock).st_mode)) != 0o660:
-            assert time.monotonic() < deadline and proc.poll() is None, oct(mode)
+        def opened_to_the_group() -> bool:
+            mode = stat.S_IMODE(os.stat(sock).st_mode)
+            assert proc.poll() is None, oct(mode)
             assert mode & 0o007 == 0, f"others may use the socket: {oct(mode)}"
-            time.sleep(0.1)
+            return mode == 0o660
+
+        wait_until(opened_to_the_group, timeout=60, what="the socket opened to the group")
         r = sandboxd("invoke", "python", "--arg", "code=print(7*6)", "--url", f"unix:{sock}")
         assert (r.returncode, r.stdout) == (0, "42\n"), r.stderr
     finally:

@@ -21,6 +21,7 @@ from sandboxd.api.connections import connection_caps
 from sandboxd.tokens import add_token
 from tests.support.ci import require
 from tests.support.daemon import running_daemon
+from tests.support.wait import wait_until
 
 HALF_OPEN = 1500
 NOFILE = 1024
@@ -97,17 +98,16 @@ def test_half_open_connections_do_not_exhaust_the_daemon(tmp_path: Path) -> None
             assert _fds(d.proc.pid) < NOFILE - 128 and peak < NOFILE - 128, (peak, total)
             # the half-open ones are all closed after the header timeout, the trickling one
             # too although it keeps sending
-            deadline = time.monotonic() + HEADER_TIMEOUT + 15
-            while True:
+            def all_closed() -> bool:
                 open_ = [s for s in socks if not _closed(s)]
-                with_trickle = _closed(trickle)
-                if not open_ and with_trickle:
-                    break
-                assert time.monotonic() < deadline, f"{len(open_)} half-open still open"
-                time.sleep(0.5)
-                if not with_trickle:
-                    with contextlib.suppress(OSError):
-                        trickle.send(b"X")
+                if _closed(trickle):
+                    return not open_
+                with contextlib.suppress(OSError):
+                    trickle.send(b"X")
+                return False
+
+            wait_until(all_closed, timeout=HEADER_TIMEOUT + 15, interval=0.5,
+                       what="every half-open connection closed, the trickling one too")
             metrics = httpx.get(f"{d.url}/metrics", timeout=10,
                                 headers={"Authorization": f"Bearer {good}"}).text
             timed_out = re.search(

@@ -4,7 +4,6 @@ and floods the queue cannot starve another client; the other always gets a place
 from __future__ import annotations
 
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import httpx
 
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wait import wait_until
 
 # Only the two calls that hold the slots are slow, and long enough that both still run when
 # carol arrives, even under emulation (the VM job). Every queued call is quick, so the test
@@ -34,11 +34,9 @@ def _gauge(d: RunningDaemon, name: str) -> float:
 
 
 def _wait_for(d: RunningDaemon, queued: int, running: int) -> None:
-    deadline = time.monotonic() + 20
-    while (_gauge(d, "sandboxd_queue_depth"), _gauge(d, "sandboxd_slots_in_use")) != \
-            (queued, running):
-        assert time.monotonic() < deadline, "the daemon did not reach the expected queue"
-        time.sleep(0.05)
+    wait_until(lambda: (_gauge(d, "sandboxd_queue_depth"), _gauge(d, "sandboxd_slots_in_use"))
+               == (queued, running), timeout=20,
+               what=f"{queued} calls queued and {running} slots in use")
 
 
 def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
@@ -59,10 +57,8 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
             _wait_for(d, queued=0, running=2)
             # ... and tries to fill the queue: she gets half of it
             alice = [pool.submit(call, "alice") for _ in range(8)]
-            deadline = time.monotonic() + 20
-            while sum(f.done() for f in alice) < 5:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            wait_until(lambda: sum(f.done() for f in alice) >= 5, timeout=20,
+                       what="5 of alice's calls refused")
             refused = [f.result() for f in alice if f.done()]
             assert [r.status_code for r in refused] == [429] * 5
             assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
@@ -74,10 +70,8 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
             # the queue is full, yet carol, with nothing queued, gets a place: the newest
             # call of a client holding more places than she does gives its place up
             carol = pool.submit(call, "carol")
-            deadline = time.monotonic() + 20
-            while sum(f.done() for f in alice) < 6:
-                assert time.monotonic() < deadline, "nobody gave carol a place"
-                time.sleep(0.05)
+            wait_until(lambda: sum(f.done() for f in alice) >= 6, timeout=20,
+                       what="a call of alice's giving carol its place")
             assert not any(f.done() for f in holding), \
                 "a slot came free before carol arrived: the queue was never full for her"
             given_up = [f.result().json()["detail"] for f in alice

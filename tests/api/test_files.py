@@ -12,7 +12,6 @@ import json
 import os
 import random
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sandboxd.client.errors import ProblemError
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wait import wait_until
 
 MAX_FILE = 4 * 1024 * 1024
 QUOTA = 8 * 1024 * 1024
@@ -255,14 +255,12 @@ def test_an_upload_cut_short_or_stalled_leaves_nothing(daemon: RunningDaemon,
     # the client goes away after half of its body: the call ends as an error, audited
     with socket.create_connection((host, int(port))) as conn:
         conn.sendall(head + b"\3" * (1024 * 1024))
-    deadline = time.monotonic() + 30
-    aborted: list[dict] = []
-    while not aborted and time.monotonic() < deadline:
-        records = audit_records(daemon.audit_path)
-        aborted = [r for r in records if r.get("event") == "result" and r["session"] == session
-                   and "closed the connection" in (r.get("message") or "")]
-        time.sleep(0.1)
-    assert aborted and aborted[0]["status"] == "error", "no audit record of the cut upload"
+    aborted = wait_until(
+        lambda: [r for r in audit_records(daemon.audit_path)
+                 if r.get("event") == "result" and r["session"] == session
+                 and "closed the connection" in (r.get("message") or "")],
+        timeout=30, interval=0.1, what="an audit record of the cut upload")
+    assert aborted[0]["status"] == "error", aborted
     assert not (ws / "cut.bin").exists() and leftovers(ws) == []
     # the client stalls: the call's time limit ends it with a 408, and its slot is free again
     with socket.create_connection((host, int(port))) as conn:

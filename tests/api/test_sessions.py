@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from tests.support.daemon import running_daemon
+from tests.support.wait import wait_until
 
 
 def test_session_expires_after_ttl_and_workspace_is_removed(tmp_path: Path) -> None:
@@ -15,10 +15,8 @@ def test_session_expires_after_ttl_and_workspace_is_removed(tmp_path: Path) -> N
             "status"] == "ok"
         workspace = d.state_dir / "workspaces" / sid
         assert workspace.is_dir()
-        deadline = time.monotonic() + 10
-        while workspace.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not workspace.exists(), "expired session's workspace was not removed"
+        wait_until(lambda: not workspace.exists(), timeout=10,
+                   what="the expired session's workspace to be removed")
         assert d.client.get(f"/v1/sessions/{sid}").status_code == 404
         assert d.invoke("read_file", {"path": "f"}, session=sid).status_code == 404
 

@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-from sandboxd.audit import AuditLog, verify
+from sandboxd.audit import AuditLog, rotated_files, verify
+from tests.support.wait import wait_until
 
 
 def test_torn_final_line_at_every_offset(tmp_path: Path) -> None:
@@ -69,10 +69,15 @@ def test_writer_killed_with_sigkill_leaves_a_verifiable_log(tmp_path: Path) -> N
                                 stdout=subprocess.PIPE)
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.3 + 0.1 * round_)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        proc.stdout.close()
+        # killed while it writes, once it has rotated again (the end asserts a rotation)
+        rotated = len(rotated_files(log_path))
+        try:
+            wait_until(lambda rotated=rotated: len(rotated_files(log_path)) > rotated,
+                       timeout=60, what=f"the writer's rotation in round {round_}")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            proc.stdout.close()
         report = verify(log_path)
         assert report.ok, report.summary()
         assert report.records > 10

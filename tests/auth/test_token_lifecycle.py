@@ -3,7 +3,6 @@ daemon; the per-client rate limit as the API applies it."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from sandboxd.tokens import (
 from tests.auth.test_tokens import run_cli
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
+from tests.support.wait import wait_until
 
 
 def test_label_and_expiry_are_stored_and_expired_tokens_refused(tmp_path: Path) -> None:
@@ -120,22 +120,22 @@ def test_daemon_refuses_an_expired_token_and_revokes_one_by_id(tmp_path: Path) -
         short = add_token(tokens, "alice", label="short",
                           expires=datetime.now(UTC) + timedelta(seconds=8))
         seen = set()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def refused_after_valid() -> bool:
             code = status(short)
             seen.add(code)
-            if code == 401 and 200 in seen:
-                break
-            time.sleep(0.2)
+            return code == 401 and 200 in seen
+
+        wait_until(refused_after_valid, timeout=30, interval=0.2,
+                   what="the short-lived token to be accepted, then refused")
         assert 200 in seen and 401 in seen  # valid once picked up, refused once expired
         r = httpx.get(f"{d.url}/v1/tools", timeout=30,
                       headers={"Authorization": f"Bearer {short}"})
         assert r.status_code == 401 and "expired token" in r.json()["detail"]
         assert status(other) == 200
         remove_token_by_id(tokens, hash_token(other)[:12])
-        deadline = time.monotonic() + 10
-        while status(other) == 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: status(other) != 200, timeout=10, interval=0.2,
+                   what="the revoked token to be refused")
         assert status(other) == 401  # revoked without a restart
     records = audit_records(d.audit_path)
     failures = [r for r in records if r["event"] == "auth_failure"]

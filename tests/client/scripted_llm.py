@@ -178,7 +178,7 @@ class ScriptedLLM:
             try:
                 for c in reply.chunks:
                     if reply.delay_s:
-                        await asyncio.sleep(reply.delay_s)
+                        await asyncio.sleep(reply.delay_s)  # sleep-ok: a scripted slow stream
                     data = c if isinstance(c, str) else json.dumps(c)
                     yield f"data: {data}{sep}"
                 if reply.done:

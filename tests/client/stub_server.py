@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import uvicorn
 
 from tests.support.daemon import free_port
+from tests.support.wait import wait_until
 
 
 class StubServer:
@@ -23,11 +23,15 @@ class StubServer:
 
     def __enter__(self) -> StubServer:
         self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
+        def started() -> bool:
+            if not self._thread.is_alive():
                 raise RuntimeError("stub server did not start")
-            time.sleep(0.01)
+            return self._server.started
+
+        try:
+            wait_until(started, timeout=20, interval=0.01, what="the stub server to start")
+        except AssertionError:
+            raise RuntimeError("stub server did not start") from None
         return self
 
     def __exit__(self, *exc: object) -> None:

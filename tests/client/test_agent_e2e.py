@@ -21,6 +21,8 @@ from tests.client.scripted_llm import (
     tool_call_reply,
 )
 from tests.support.audit import audit_records
+from tests.support.processes import busy_descendants
+from tests.support.wait import async_wait_until, wait_until
 
 
 def multiply_script(body: dict[str, Any], n: int) -> Reply:
@@ -108,20 +110,18 @@ async def test_cancelling_act_cancels_the_sandbox_call(
                 "spin", tools=["python"], tool_timeout_s=120,
                 on_message=lambda m: started.set() if m.get("tool_calls") else None))
             await asyncio.wait_for(started.wait(), 30)
-            await asyncio.sleep(1.0)  # the call is running in the sandbox now
+            pid = own_token_daemon.daemon.proc.pid
+            await async_wait_until(lambda: asyncio.to_thread(busy_descendants, pid), timeout=60,
+                                   interval=0, what="the call's busy loop running in the sandbox")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
     # the daemon saw the request go away and cancelled the execution, cleaning up
     audit = own_token_daemon.daemon.audit_path
-    deadline = time.monotonic() + 30
-    record = None
-    while time.monotonic() < deadline and record is None:
-        for r in audit_records(audit, "result"):
-            if r.get("tool") == "python":
-                record = r
-        time.sleep(0.2)
-    assert record is not None, "no result audited for the cancelled call"
+    records = wait_until(lambda: [r for r in audit_records(audit, "result")
+                                  if r.get("tool") == "python"],
+                         timeout=30, interval=0.2, what="a result audited for the cancelled call")
+    record = records[-1]
     assert record["termination"]["reason"] == "cancelled"
     assert record["status"] == "killed"
     # nothing of the call is left spinning: the daemon's process tree burns no CPU any more
@@ -136,7 +136,7 @@ async def test_cancelling_act_cancels_the_sandbox_call(
         return total
 
     before = tree_cpu()
-    time.sleep(1.5)
+    time.sleep(1.5)  # sleep-ok: the CPU window in which nothing may spin any more
     assert tree_cpu() - before < 0.75, "a busy loop is still running after the cancel"
 
 

@@ -22,7 +22,9 @@ from tests.client.scripted_llm import (
 )
 from tests.client.test_agent_e2e import multiply_script
 from tests.support.audit import audit_records
+from tests.support.processes import busy_descendants
 from tests.support.signals import default_signals
+from tests.support.wait import wait_until
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -106,10 +108,8 @@ class _Reader(threading.Thread):
             self.text += chunk.decode(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.text):
-            assert time.monotonic() < deadline, f"never saw {pattern!r} in:\n{self.text}"
-            time.sleep(0.05)
+        wait_until(lambda: re.search(pattern, self.text), timeout=timeout,
+                   what=f"{pattern!r} in the output", detail=lambda: f"\n{self.text}")
 
 
 def _interactive_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon,
@@ -163,7 +163,8 @@ def test_ctrl_c_cancels_a_running_sandbox_call(tmp_path: Path,
         proc.stdin.write(b"spin forever\n")
         proc.stdin.flush()
         reader.wait_for(r"-> python")
-        time.sleep(1.0)
+        wait_until(lambda: busy_descendants(own_token_daemon.daemon.proc.pid), timeout=60,
+                   interval=0, what="the call's busy loop running in the sandbox")
         proc.send_signal(signal.SIGINT)
         reader.wait_for(r"\[cancelled\]", timeout=30)
         proc.stdin.write(b"what happened?\n")
@@ -176,12 +177,9 @@ def test_ctrl_c_cancels_a_running_sandbox_call(tmp_path: Path,
     assert sent[2]["content"].startswith("Cancelled")
     assert "after: Cancelled" in reader.text
     audit = own_token_daemon.daemon.audit_path
-    deadline = time.monotonic() + 30
-    reasons: list[str] = []
-    while time.monotonic() < deadline and not reasons:
-        reasons = [r["termination"]["reason"] for r in audit_records(audit, "result")
-                   if r.get("tool") == "python"]
-        time.sleep(0.2)
+    reasons = wait_until(lambda: [r["termination"]["reason"] for r in audit_records(audit, "result")
+                                  if r.get("tool") == "python"],
+                         timeout=30, interval=0.2, what="the python call's result record")
     assert reasons == ["cancelled"]
 
 
@@ -205,6 +203,7 @@ def test_interactive_terminal_prompts_and_readline_history(tmp_path: Path,
                                                            token_daemon: TokenDaemon) -> None:
     import pty
     import select
+    import termios
 
     hist = tmp_path / "chat_history"
 
@@ -238,14 +237,17 @@ def test_interactive_terminal_prompts_and_readline_history(tmp_path: Path,
             os.write(fd, b"hello there\r")
             pump_until(b"bot> echo hello there")
             pump_until(b"you> ", count=2)
-            time.sleep(0.3)  # let readline take the terminal before the key arrives
+            # readline takes the terminal (non-canonical mode) before the key arrives
+            wait_until(lambda: not termios.tcgetattr(fd)[3] & termios.ICANON, timeout=30,
+                       what="readline to take the terminal")
             os.write(fd, b"\x04")  # Ctrl-D
-            deadline = time.monotonic() + 30
-            status = None
-            while status is None and time.monotonic() < deadline:
+
+            def exited() -> tuple[int] | None:
                 done, code = os.waitpid(pid, os.WNOHANG)
-                status = code if done else None
-                time.sleep(0.05)
+                return (code,) if done else None
+
+            (status,) = wait_until(exited, timeout=30, what="the chat to exit on Ctrl-D",
+                                   detail=lambda: out.decode(errors="replace"))
         finally:
             if status is None:
                 os.kill(pid, signal.SIGKILL)

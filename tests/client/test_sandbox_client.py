@@ -29,6 +29,7 @@ from sandboxd.models import ToolSpec
 from tests.client.conftest import DAEMON_ARGS, TokenDaemon
 from tests.client.stub_server import StubServer
 from tests.support.daemon import free_port
+from tests.support.wait import wait_until
 
 
 def test_tools_in_both_formats(token_daemon: TokenDaemon) -> None:
@@ -148,11 +149,11 @@ def test_unix_socket(tmp_path: Path) -> None:
         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         client = SandboxClient(socket=sock)
-        deadline = time.monotonic() + 60
-        while not client.health():
+        def up() -> bool:
             assert proc.poll() is None, (tmp_path / "uds.log").read_text()
-            assert time.monotonic() < deadline, "daemon did not come up on the socket"
-            time.sleep(0.1)
+            return client.health()
+
+        wait_until(up, timeout=60, interval=0.1, what="the daemon to come up on the socket")
         with client, client.session() as s:
             s.write_file("over_uds.txt", "via unix socket")
             assert s.read_file("over_uds.txt") == "via unix socket"

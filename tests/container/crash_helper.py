@@ -10,6 +10,7 @@ from pathlib import Path
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Invocation, Limits, ToolKind
 from tests.container.conftest import make_settings, workspace
+from tests.support.wait import async_wait_until
 
 
 async def main(tmp: Path, instance: str) -> None:
@@ -23,7 +24,9 @@ async def main(tmp: Path, instance: str) -> None:
     busy = Invocation(tool="shell", kind=ToolKind.command, client="c", workspace=ws,
                       argv=["sleep", "1000"])
     task = asyncio.create_task(backend.run(busy, Limits(timeout_s=1000), time.monotonic() + 1000))
-    await asyncio.sleep(1.5)
+    # the session container, the busy call's container and the refilled pool's are there
+    await async_wait_until(lambda: len([b for b in backend.boxes.live if b.cid]) >= 3,
+                           timeout=120, what="three containers left behind")
     print("READY", flush=True)
     await task
 

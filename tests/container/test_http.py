@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.daemon import running_daemon
+from tests.support.wait import wait_until
 
 from .conftest import labelled
 
@@ -111,9 +111,9 @@ def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_p
                         state_dir=state) as d:
         sid = d.client.post("/v1/sessions").json()["id"]
         assert d.invoke("shell", {"command": "echo hi"}, session=sid).json()["status"] == "ok"
-        deadline = time.monotonic() + 30
-        while len(labelled(docker_client, instance)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)  # the warm pool fills in the background
+        # the warm pool fills in the background
+        wait_until(lambda: len(labelled(docker_client, instance)) >= 2, timeout=30, interval=0.2,
+                   what="the session container and a pool container")
         left = {c.id for c in labelled(docker_client, instance)}
         assert len(left) >= 2  # the session container and a pool container
         d.stop(signal.SIGKILL)

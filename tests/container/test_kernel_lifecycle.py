@@ -12,6 +12,7 @@ import pytest
 
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Status
+from tests.support.wait import async_wait_until
 
 from .conftest import make_settings, run, workspace
 from .test_kernel import LIST_PROCS
@@ -63,7 +64,13 @@ async def test_restart_during_a_call_ends_that_call_as_restarted(
     assert (await run(backend, ws, session="k2", code="x = 1")).status is Status.ok
     call = asyncio.create_task(run(backend, ws, session="k2",
                                    code="import time\ntime.sleep(30)"))
-    await asyncio.sleep(1.0)
+
+    def sent() -> bool:  # the call is on the session container's runner channel
+        return any(key[1] == "k2" and box.endpoint.channel is not None
+                   and bool(box.endpoint.channel.calls)
+                   for key, box in backend.sessions.by_key.items())
+
+    await async_wait_until(sent, timeout=30, what="the call to reach the session's runner")
     assert await backend.restart_kernel("k2") is True
     res = await call
     assert res.kernel is not None and res.kernel.lost and res.kernel.reason == "restarted", res

@@ -100,7 +100,7 @@ async def test_cancelled_calls_leave_no_container(docker_client: Any, tmp_path: 
         tasks = [asyncio.create_task(run(backend, ws, argv=["sleep", "100"], timeout=60)),
                  asyncio.create_task(run(backend, ws, argv=["sleep", "100"], timeout=60,
                                          session="cancel-me"))]
-        await asyncio.sleep(cancel_after)
+        await asyncio.sleep(cancel_after)  # sleep-ok: cancels at set moments of the calls' lives
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from docker.errors import NotFound
+from docker.errors import APIError, NotFound
 
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason, Status
+from tests.support.wait import async_wait_until
 
 from .conftest import labelled, run
 
@@ -160,9 +162,19 @@ async def test_cancellation_removes_the_container(backend: ContainerBackend, ws:
     instance = backend.config.instance_name
     before = await _wait_for_a_pool_container(backend)  # the call will take it
     task = asyncio.create_task(run(backend, ws, argv=["sleep", "60"], timeout=60))
-    await asyncio.sleep(1.0)
-    taken = before - _ready_pool(backend)
-    assert taken, "the call did not take a pool container"
+    taken = await async_wait_until(lambda: before - _ready_pool(backend), timeout=30,
+                                   what="the call to take a pool container")
+
+    def sleeping() -> bool:  # the call's command runs in the container it took
+        for cid in taken:
+            with contextlib.suppress(APIError):  # not running (yet, or any more)
+                top = docker_client.api.top(cid, ps_args="-ww -o pid,args")
+                if any("sleep 60" in " ".join(row) for row in top["Processes"] or []):
+                    return True
+        return False
+
+    await async_wait_until(lambda: asyncio.to_thread(sleeping), timeout=30,
+                           what="the call's command to run in its container")
     assert taken <= {c.id for c in labelled(docker_client, instance)}
     task.cancel()
     with pytest.raises(CancelledAfterCleanup) as info:
@@ -175,11 +187,8 @@ async def test_cancellation_removes_the_container(backend: ContainerBackend, ws:
 
 async def _wait_for_a_pool_container(backend: ContainerBackend) -> set[str]:
     """Wait (at most 60 s) until the warm pool holds a container; returns the pool's ids."""
-    for _ in range(600):
-        if ready := _ready_pool(backend):
-            return ready
-        await asyncio.sleep(0.1)
-    raise AssertionError("the warm pool never held a container")
+    return await async_wait_until(lambda: _ready_pool(backend), timeout=60, interval=0.1,
+                                  what="the warm pool to hold a container")
 
 
 def _ready_pool(backend: ContainerBackend) -> set[str]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -54,15 +52,3 @@ def fill(directory: Path) -> Path:
         os.close(fd)
     return filler
 
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0,
-             interval: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)

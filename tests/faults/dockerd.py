@@ -9,11 +9,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
+
+from tests.support.wait import wait_until
 
 IMAGE = "sandboxd/python:latest"
 
@@ -56,19 +57,26 @@ class PrivateDockerd:
              "--bridge", BRIDGE, "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(Exception):
-                client = docker.DockerClient(base_url=self.url, timeout=5)
-                try:
-                    client.ping()
-                    return
-                finally:
-                    client.close()
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("private dockerd did not start:\n"
-                                   + (self.root / "dockerd.log").read_text()[-3000:])
-            time.sleep(0.2)
+        try:
+            wait_until(self._answers, timeout=timeout, interval=0.2,
+                       what="the private dockerd to answer a ping")
+        except AssertionError as exc:
+            raise RuntimeError(f"private dockerd did not start ({exc}):\n"
+                               + (self.root / "dockerd.log").read_text()[-3000:]) from None
+
+    def _answers(self) -> bool:
+        """True once the engine answers a ping; raises once its process has ended."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"dockerd exited with {self.proc.returncode}")
+        with contextlib.suppress(Exception):
+            client = docker.DockerClient(base_url=self.url, timeout=5)
+            try:
+                client.ping()
+                return True
+            finally:
+                client.close()
+        return False
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
         """Stop the engine (SIGTERM: it stops its containers, as an engine restart does)."""

@@ -10,9 +10,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sandboxd.audit import verify
-from tests.faults.conftest import fill, wait_for
+from tests.faults.conftest import fill
 from tests.support.audit import audit_records as records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wait import wait_until
 
 SLOW = "import time\ntime.sleep(2)\nprint('ran')"
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
@@ -51,7 +52,8 @@ def _during_call(d: RunningDaemon, conn: Conn, body: dict, fill_dir: Path
     before = _decisions(d)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         call = pool.submit(conn.request, "POST", "/v1/tools/python/invoke", body)
-        wait_for("the call's decision record", lambda: _decisions(d) > before or call.done())
+        wait_until(lambda: _decisions(d) > before or call.done(), timeout=20,
+                   what="the call's decision record")
         filler = fill(fill_dir)
         status, headers, answer = call.result(timeout=60)
     return status, headers, answer, filler
@@ -123,7 +125,8 @@ def test_audit_disk_full_between_decision_and_result(tmp_path: Path, tmpfs
             assert status == 507 and problem["ran"] is False, problem
             # space returns: ready again by itself, the result written late, chain intact
             filler.unlink()
-            wait_for("/readyz 200", lambda: d.client.get("/readyz").status_code == 200)
+            wait_until(lambda: d.client.get("/readyz").status_code == 200, timeout=20,
+                       what="/readyz 200")
             assert any(r["request_id"] == ran_id for r in records(d.audit_path, "result"))
             assert verify(d.audit_path).ok
         finally:

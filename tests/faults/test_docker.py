@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import httpx
 import pytest
 
-from tests.faults.conftest import wait_for
 from tests.faults.dockerd import PrivateDockerd, private_dockerd
 from tests.support.audit import audit_records as records
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wait import wait_until
 
 LABEL = "sandboxd.daemon"
+SLEEPER = "import time; time.sleep(30)"  # a shell call's python3, busy for its whole test
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,22 @@ def _shell(d: RunningDaemon, command: str) -> httpx.Response:
     return d.invoke("shell", {"command": command})
 
 
+def _running(engine: PrivateDockerd, instance: str, needle: str) -> list[str]:
+    """The ids of the instance's running containers in which a process runs ``needle``."""
+    client = engine.client()
+    try:
+        found = []
+        for c in client.api.containers(filters={"label": f"{LABEL}={instance}"}):
+            with contextlib.suppress(docker.errors.APIError):  # it stopped meanwhile
+                # -ww: the whole command line (the engine's ps may cut it at 80 columns)
+                rows = client.api.top(c["Id"], ps_args="-ww -o pid,args")["Processes"] or []
+                if any(needle in " ".join(row) for row in rows):
+                    found.append(c["Id"])
+        return found
+    finally:
+        client.close()
+
+
 def test_engine_goes_away_and_comes_back(tmp_path: Path, engine: PrivateDockerd) -> None:
     if engine.proc is None or engine.proc.poll() is not None:
         engine.start()
@@ -55,13 +73,14 @@ def test_engine_goes_away_and_comes_back(tmp_path: Path, engine: PrivateDockerd)
     with running_daemon(tmp_path, env=_env(engine, instance)) as d:
         first = _shell(d, "echo hi")
         assert first.status_code == 200 and first.json()["stdout"] == "hi\n", first.text
-        wait_for("a full warm pool", lambda: len(engine.containers(
-            f"{LABEL}={instance}")) >= 2, timeout=60)
+        wait_until(lambda: len(engine.containers(f"{LABEL}={instance}")) >= 2, timeout=60,
+                   what="a full warm pool")
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            busy = [pool.submit(_shell, d, "python3 -c 'import time; time.sleep(30)'")
-                    for _ in range(2)]
-            wait_for("calls in flight", lambda: len(records(d.audit_path, "decision")) >= 3)
-            time.sleep(2)  # let both reach their containers (not a speed assertion)
+            busy = [pool.submit(_shell, d, f"python3 -c '{SLEEPER}'") for _ in range(2)]
+            wait_until(lambda: len(records(d.audit_path, "decision")) >= 3, timeout=20,
+                       what="calls in flight")
+            wait_until(lambda: len(_running(engine, instance, SLEEPER)) >= 2, timeout=60,
+                       what="both calls' commands running in their containers")
             assert not any(f.done() for f in busy)
             engine.stop(signal.SIGTERM)  # the engine stops every container (Exited 143)
             answers = [f.result(timeout=120) for f in busy]
@@ -74,8 +93,8 @@ def test_engine_goes_away_and_comes_back(tmp_path: Path, engine: PrivateDockerd)
             assert result["cleanup"]["verified"] is False
             assert "engine" in result["cleanup"]["detail"]
         # new calls: 503 problem+json with Retry-After; readiness and tools say why
-        wait_for("the container backend marked down", lambda: not _shell_available(d),
-                 timeout=15)
+        wait_until(lambda: not _shell_available(d), timeout=15,
+                   what="the container backend marked down")
         r = _shell(d, "echo hi")
         assert r.status_code == 503, r.text
         assert r.headers["content-type"] == "application/problem+json"
@@ -83,19 +102,19 @@ def test_engine_goes_away_and_comes_back(tmp_path: Path, engine: PrivateDockerd)
         assert _container_ready(d)["available"] is False
         # the engine returns: leftovers removed, pool refilled, calls work, none dead
         engine.start()
-        wait_for("the container backend back", lambda: _shell_available(d), timeout=30)
+        wait_until(lambda: _shell_available(d), timeout=30, what="the container backend back")
 
         def only_fresh_pool() -> bool:
             cs = engine.containers(f"{LABEL}={instance}")
             return len(cs) >= 1 and all(c["State"] == "running" for c in cs)
-        wait_for("leftovers removed and the pool refilled", only_fresh_pool, timeout=60)
+        wait_until(only_fresh_pool, timeout=60, what="leftovers removed and the pool refilled")
         for _ in range(4):
             r = _shell(d, "echo back")
             assert r.status_code == 200 and r.json()["status"] == "ok", r.text
             assert r.json()["stdout"] == "back\n"
         assert _container_ready(d)["ok"] is True
-    wait_for("no container left", lambda: not engine.containers(f"{LABEL}={instance}"),
-             timeout=30)
+    wait_until(lambda: not engine.containers(f"{LABEL}={instance}"), timeout=30,
+               what="no container left")
 
 
 def test_daemon_started_while_engine_down(tmp_path: Path, engine: PrivateDockerd) -> None:
@@ -106,9 +125,9 @@ def test_daemon_started_while_engine_down(tmp_path: Path, engine: PrivateDockerd
         r = _shell(d, "echo hi")
         assert r.status_code == 503 and "retry-after" in r.headers, r.text
         engine.start()
-        wait_for("the container backend reconnected by itself", lambda: _shell_available(d),
-                 timeout=30)
+        wait_until(lambda: _shell_available(d), timeout=30,
+                   what="the container backend reconnected by itself")
         r = _shell(d, "echo hi")
         assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
-    wait_for("no container left", lambda: not engine.containers(f"{LABEL}={instance}"),
-             timeout=30)
+    wait_until(lambda: not engine.containers(f"{LABEL}={instance}"), timeout=30,
+               what="no container left")

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.faults.conftest import wait_for
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.processes import running
+from tests.support.wait import wait_until
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
 TIMEOUT_S = 5.0
@@ -41,7 +41,7 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
     require(os.geteuid() == 0, "root (the restricted backend's full confinement)")
     with running_daemon(tmp_path, env=ENV) as d:
         assert d.invoke("python", {"code": "print(1)"}).json()["status"] == "ok"
-        old = wait_for("the zygote", lambda: _zygote(d))
+        old = wait_until(lambda: _zygote(d), timeout=20, what="the zygote")
         old.send_signal(signal.SIGSTOP)
         try:
             codes = ["import time\ntime.sleep(1)\nprint('ran')", "while True:\n    pass"] * 3
@@ -60,11 +60,12 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
                 else:
                     assert result["status"] in ("ok", "timeout"), result
             # the hung zygote was killed and replaced by a new one
-            wait_for("the hung zygote to be killed", lambda: not running(old))
-            new = wait_for("a new zygote", lambda: (z := _zygote(d)) and z.pid != old.pid and z)
+            wait_until(lambda: not running(old), timeout=20, what="the hung zygote to be killed")
+            new = wait_until(lambda: (z := _zygote(d)) and z.pid != old.pid and z, timeout=20,
+                             what="a new zygote")
             assert new.status() != psutil.STATUS_STOPPED
-            wait_for("/readyz 200", lambda: httpx.get(f"{d.url}/readyz", timeout=10)
-                     .status_code == 200, timeout=30)
+            wait_until(lambda: httpx.get(f"{d.url}/readyz", timeout=10).status_code == 200,
+                       timeout=30, what="/readyz 200")
             result, _ = _call(d, "print(6*7)")
             assert result["status"] == "ok" and result["stdout"] == "42\n", result
             assert result["cleanup"]["verified"] is True
@@ -76,16 +77,16 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
 def test_killed_zygote_cleanup_is_verified(tmp_path: Path) -> None:
     require(os.geteuid() == 0, "root (the restricted backend's full confinement)")
     with running_daemon(tmp_path, env=ENV) as d:
-        old = wait_for("the zygote", lambda: _zygote(d))
+        old = wait_until(lambda: _zygote(d), timeout=20, what="the zygote")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             call = pool.submit(_call, d, "while True:\n    pass")
-            wait_for("a busy worker", lambda: any(
-                c.cpu_percent(0.05) > 10 for c in old.children()), timeout=30)
+            wait_until(lambda: any(c.cpu_percent(0.05) > 10 for c in old.children()),
+                       timeout=30, what="a busy worker")
             old.kill()
             result, _ = call.result(timeout=60)
         # the worker died with its zygote; nothing leaked, and the result says so
         assert result["status"] == "error" and "zygote" in result["message"], result
         assert result["cleanup"]["verified"] is True, result
-        wait_for("a new zygote", lambda: (z := _zygote(d)) and z.pid != old.pid)
+        wait_until(lambda: (z := _zygote(d)) and z.pid != old.pid, timeout=20, what="a new zygote")
         result, _ = _call(d, "print(1)")
         assert result["status"] == "ok", result

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ import httpx
 from tests.mcp.conftest import http_session
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
+from tests.support.wait import async_wait_until, wait_until
 
 
 async def test_sigterm_ends_mcp_sessions_and_exits(tmp_path: Path) -> None:
@@ -22,7 +22,9 @@ async def test_sigterm_ends_mcp_sessions_and_exits(tmp_path: Path) -> None:
         async with http_session(f"{d.url}/mcp", None) as session:
             result = await session.call_tool("write_file", {"path": "a.txt", "content": "x"})
             sid = result.structured_content["session"]
-            await asyncio.sleep(0.5)  # the client's GET stream is open now
+            # the client's GET stream is open (its response has started: uvicorn logs it)
+            await async_wait_until(lambda: '"GET /mcp HTTP/1.1" 200' in d.log(), timeout=30,
+                                   what="the client's GET stream to open")
             d.proc.send_signal(signal.SIGTERM)
             # a hang would be the bug: the bound only keeps a failing run from stalling the suite
             code = await asyncio.to_thread(d.proc.wait, 60)
@@ -62,15 +64,9 @@ def test_idle_mcp_session_expires_with_its_workspace(tmp_path: Path) -> None:
             "params": {"name": "write_file", "arguments": {"path": "a", "content": "x"}}})
         sid = _sse_result(r.text)["structuredContent"]["session"]
         # no request in flight and no GET stream: the MCP session idles out after the TTL
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            records = audit_records(d.audit_path)
-            ended = [r for r in records if r.get("session") == sid
-                     and r["event"] in ("session_deleted", "session_expired")]
-            if ended:
-                break
-            time.sleep(0.2)
-        assert ended, "the idle MCP session's workspace was not deleted"
+        wait_until(lambda: [r for r in audit_records(d.audit_path) if r.get("session") == sid
+                            and r["event"] in ("session_deleted", "session_expired")],
+                   timeout=30, interval=0.2, what="the idle MCP session's workspace deleted")
         r = httpx.post(url, headers=headers, timeout=30,
                        json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
         assert r.status_code == 404  # the MCP session is gone too

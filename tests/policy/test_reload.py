@@ -11,6 +11,7 @@ import pytest
 
 from sandboxd.policy import PolicyError, PolicyStore
 from tests.policy.helpers import write
+from tests.support.wait import async_wait_until
 
 GOOD = """\
 version: 1
@@ -82,35 +83,31 @@ def test_failing_event_sink_does_not_break_reload(tmp_path: Path) -> None:
     assert store.reload() is True
 
 
-async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_watch_reloads_on_change_and_refuses_broken(tmp_path: Path) -> None:
     store, d, events = make(tmp_path)
     task = asyncio.create_task(store.watch(interval_s=0.05))
     try:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # the watcher takes its first snapshot of the files
         (d / "p.yaml").write_text(GOOD.format(allowed="ls, cat"))
-        await wait_for(lambda: allowed(store, "cat"))
+        await async_wait_until(lambda: allowed(store, "cat"), timeout=10,
+                               what="the edit that allows cat")
         # a broken edit: refused, the good policy stays
         (d / "p.yaml").write_text("version: 1\nname: p\nclients: ['*']\ntools: {shell: 3}\n")
-        await wait_for(lambda: events[-1][0] == "policy_refused")
+        await async_wait_until(lambda: events[-1][0] == "policy_refused", timeout=10,
+                               what="the broken edit refused")
         assert allowed(store, "cat")
         assert events[-1][1]["errors"][0] == (
             f"{d / 'p.yaml'}:4:16: tools.shell: expected a mapping (key: value pairs)")
         # a new file in the directory is picked up as well
         write(d, "q.yaml", "version: 1\nname: q\nclients: [alice]\ntools: {python: {}}\n")
         (d / "p.yaml").write_text(GOOD.format(allowed="wc"))
-        await wait_for(lambda: events[-1][0] == "policy_loaded" and allowed(store, "wc"))
+        await async_wait_until(lambda: events[-1][0] == "policy_loaded" and allowed(store, "wc"),
+                               timeout=10, what="the new file and the wc edit loaded")
         assert store.clients() == {"alice": "q", "*": "p"}
         # removing a file is a change too
         os.unlink(d / "q.yaml")
-        await wait_for(lambda: "alice" not in store.clients())
+        await async_wait_until(lambda: "alice" not in store.clients(), timeout=10,
+                               what="the removed file's client gone")
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -18,24 +19,53 @@ from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
 from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
 from tests.restricted.conftest import BackendHarness
 from tests.support.ci import require
+from tests.support.wait import async_wait_until, wait_until
 
 
 def settle(harness: BackendHarness, timeout: float = 5.0) -> tuple[list[psutil.Process], set[str]]:
     """Wait until only standby workers are left; returns (zygote children, cgroup dirs)."""
     zygote = harness.backend._zygote
     assert zygote is not None
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def left() -> tuple[list[psutil.Process], set[str]]:
         children = psutil.Process(zygote.pid).children()
         dirs = {d.name for base in harness.backend.layout.bases.values()
                 for d in base.iterdir() if d.is_dir()}
-        if len(children) <= STANDBY_WORKERS and (
+        return children, dirs
+
+    def settled() -> tuple[list[psutil.Process], set[str]] | None:
+        children, dirs = left()
+        if len(children) <= STANDBY_WORKERS and (  # count-ok: a leak bound (standbys only)
             not harness.backend.layout.version or len(dirs) <= STANDBY_WORKERS
         ):
             return children, dirs
-        if time.monotonic() > deadline:
-            return children, dirs
-        time.sleep(0.05)
+        return None
+
+    return wait_until(settled, timeout=timeout, what="only standby workers left",
+                      detail=left)
+
+
+def busy_worker(harness: BackendHarness, cpu_s: float = 0.2) -> Callable[[], bool]:
+    """A check that is true once a worker a call took (one not on standby) has burnt ``cpu_s``
+    CPU seconds since the check first saw it: the call's busy loop runs. Call it on the
+    harness's loop (it reads the zygote handle)."""
+    first: dict[int, float] = {}
+
+    def check() -> bool:
+        z = harness.backend._zygote
+        for worker in [] if z is None else list(z.workers.values()):
+            if worker in z.standby:  # type: ignore[union-attr]
+                continue
+            try:
+                times = psutil.Process(worker.pid).cpu_times()
+            except psutil.Error:
+                continue
+            used = times.user + times.system
+            if used - first.setdefault(worker.pid, used) > cpu_s:
+                return True
+        return False
+
+    return check
 
 
 def test_implements_protocol(harness: BackendHarness) -> None:
@@ -53,7 +83,7 @@ def test_wall_timeout_kills_and_cleans_up(harness: BackendHarness) -> None:
     assert res.cleanup.verified, res.cleanup.detail
     assert res.resources.wall_ms >= 900
     children, _ = settle(harness)
-    assert len(children) <= STANDBY_WORKERS
+    assert len(children) <= STANDBY_WORKERS  # count-ok: a leak bound (standbys only)
 
 
 def test_sleep_timeout(harness: BackendHarness) -> None:
@@ -181,7 +211,8 @@ def test_cancellation_kills_worker(harness: BackendHarness) -> None:
         inv = harness.invocation("while True:\n    pass")
         task = asyncio.create_task(
             harness.backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30))
-        await asyncio.sleep(0.5)
+        await async_wait_until(busy_worker(harness), timeout=20,
+                               what="the call's busy loop running in its worker")
         task.cancel()
         try:
             await task
@@ -193,7 +224,7 @@ def test_cancellation_kills_worker(harness: BackendHarness) -> None:
     assert harness.call(cancel_one())
     assert time.monotonic() - t0 < 10
     children, dirs = settle(harness)
-    assert len(children) <= STANDBY_WORKERS
+    assert len(children) <= STANDBY_WORKERS  # count-ok: a leak bound (standbys only)
     assert len(dirs) <= STANDBY_WORKERS
     for child in children:  # the survivors are fresh standbys, not the busy loop
         assert child.cpu_times().user < 1.0
@@ -206,9 +237,8 @@ def test_zygote_restarts_after_crash(harness: BackendHarness) -> None:
     old_cgroups = [w.cgroup for w in zygote.workers.values()]
     assert old_cgroups
     os.kill(zygote.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while zygote.alive and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: not zygote.alive, timeout=5, interval=0.02,
+               what="the backend to notice the zygote's death")
     res = harness.run("print('back')")
     assert res.status is Status.ok and res.stdout == "back\n"
     assert harness.backend.restarts == before + 1
@@ -227,10 +257,8 @@ def test_a_dead_zygote_is_replaced_once_when_a_call_and_a_health_check_race(
     assert zygote is not None
     before = harness.backend.restarts
     os.kill(zygote.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while zygote.alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not zygote.alive
+    wait_until(lambda: not zygote.alive, timeout=5, interval=0.02,
+               what="the backend to notice the zygote's death")
 
     async def race() -> None:
         starting = asyncio.create_task(harness.backend._ensure_zygote())
@@ -252,7 +280,8 @@ def test_zygote_crash_during_call_reports_error(harness: BackendHarness) -> None
         inv = harness.invocation("while True:\n    pass")
         task = asyncio.create_task(
             harness.backend.run(inv, Limits(timeout_s=20), time.monotonic() + 20))
-        await asyncio.sleep(0.5)
+        await async_wait_until(busy_worker(harness), timeout=15,
+                               what="the call's busy loop running in its worker")
         z = harness.backend._zygote
         assert z is not None
         os.kill(z.pid, signal.SIGKILL)

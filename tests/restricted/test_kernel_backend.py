@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -17,6 +18,7 @@ from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.models import Limits, Result
 from tests.restricted.conftest import BackendHarness
 from tests.restricted.test_kernel import cgroup_dirs, kernel_process, wait_gone
+from tests.support.wait import async_wait_until, wait_until
 
 
 def run_in(harness: BackendHarness, session: str, workspace: Path, code: str,
@@ -38,6 +40,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def busy_in(pid: int, cpu_s: float = 0.2) -> Callable[[], bool]:
+    """A check that is true once ``pid`` has burnt ``cpu_s`` more CPU seconds than now: a call's
+    busy loop runs in that kernel."""
+    start = cpu_seconds(pid)
+    return lambda: cpu_seconds(pid) > start + cpu_s
+
+
 def test_restart_ends_the_kernel_and_keeps_the_files(harness: BackendHarness) -> None:
     ws = harness.workspace()
     assert run_in(harness, "restart", ws, "x = 1\nopen('f', 'w').write('kept')").status == "ok"
@@ -56,8 +65,9 @@ def test_restart_ends_the_kernel_and_keeps_the_files(harness: BackendHarness) ->
 def test_restart_during_a_call_ends_it_as_lost(harness: BackendHarness) -> None:
     ws = harness.workspace()
     run_in(harness, "busy", ws, "y = 1")
+    burning = busy_in(kernel_process(ws).pid)
     fut = harness.submit(submit(harness, "busy", ws, "while True:\n    pass", timeout_s=60))
-    time.sleep(0.5)
+    wait_until(burning, timeout=30, what="the busy loop running in the kernel")
     started = time.monotonic()
     assert harness.call(harness.backend.restart_kernel("busy")) is True
     res = fut.result(30)
@@ -89,8 +99,9 @@ def test_cancellation_kills_the_kernel(harness: BackendHarness) -> None:
     dirs = cgroup_dirs(proc.pid)
 
     async def cancel_one() -> CancelledAfterCleanup | None:
+        burning = busy_in(proc.pid)
         task = asyncio.ensure_future(submit(harness, "cancel", ws, "while True:\n    pass", 60))
-        await asyncio.sleep(0.5)
+        await async_wait_until(burning, timeout=30, what="the busy loop running in the kernel")
         task.cancel()
         try:
             await task
@@ -150,12 +161,13 @@ def test_closing_a_session_refuses_its_queued_calls(harness: BackendHarness) -> 
     """A call still queued behind the session's close must not start a new kernel."""
     ws = harness.workspace()
     run_in(harness, "closing", ws, "a = 1")
+    burning = busy_in(kernel_process(ws).pid)
 
     async def scenario() -> tuple[Result, Result]:
         busy = asyncio.ensure_future(submit(harness, "closing", ws, "while True:\n    pass", 60))
-        await asyncio.sleep(0.3)
+        await async_wait_until(burning, timeout=30, what="the busy loop running in the kernel")
         queued = asyncio.ensure_future(submit(harness, "closing", ws, "b = 2"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # it runs up to the session's lock (no await before it)
         await harness.backend.close_session("closing")
         return await busy, await queued
 
@@ -165,10 +177,8 @@ def test_closing_a_session_refuses_its_queued_calls(harness: BackendHarness) -> 
     assert queued.status == "error" and queued.message == "the session was closed", queued
     assert "closing" not in harness.backend.kernel_sessions()
     assert "closing" not in harness.backend.kernels.kernels
-    deadline = time.monotonic() + 10
-    while processes_in(ws):
-        assert time.monotonic() < deadline, "a kernel of the closed session is alive"
-        time.sleep(0.05)
+    wait_until(lambda: not processes_in(ws), timeout=10,
+               what="the kernel of the closed session to end", detail=lambda: processes_in(ws))
 
 
 def processes_in(workspace: Path) -> list[int]:
@@ -209,7 +219,7 @@ def test_a_call_whose_time_ran_out_in_the_queue_leaves_the_kernel(
     async def scenario() -> tuple[Result, Result]:
         slow = asyncio.ensure_future(submit(
             harness, "queue", ws, "for i in range(3000000):\n    pass", 30))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # it takes the session's lock first (no await before it)
         starved = asyncio.ensure_future(submit(harness, "queue", ws, "kept", 0.1))
         return await slow, await starved
 

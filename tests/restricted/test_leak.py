@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
 from sandboxd.models import Limits, Reason
 from tests.restricted.conftest import BackendHarness
+from tests.support.wait import wait_until
 
 TIMEOUT_CODE = "while True:\n    pass"
 MEMORY_CODE = "x = []\nwhile True:\n    x.append('a' * 10**6)"
@@ -51,16 +53,22 @@ def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
 
     zygote = harness.backend._zygote
     assert zygote is not None
-    deadline = time.monotonic() + 10
-    while True:
+
+    def left() -> tuple[list[psutil.Process], list[Path]]:
         children = psutil.Process(zygote.pid).children(recursive=True)
         dirs = [d for base in harness.backend.layout.bases.values()
                 for d in base.iterdir() if d.is_dir()]
-        if len(children) <= STANDBY_WORKERS and len(dirs) <= STANDBY_WORKERS * max(
-                1, len(harness.backend.layout.bases)):
-            break
-        assert time.monotonic() < deadline, (children, dirs)
-        time.sleep(0.05)
+        return children, dirs
+
+    def settled() -> tuple[list[psutil.Process], list[Path]] | None:
+        children, dirs = left()
+        cgroups = STANDBY_WORKERS * max(1, len(harness.backend.layout.bases))
+        if len(children) <= STANDBY_WORKERS and len(dirs) <= cgroups:  # count-ok: a leak bound
+            return children, dirs
+        return None
+
+    children, dirs = wait_until(settled, timeout=10, what="only standby workers left",
+                                detail=left)
     # whatever is left is idle standby workers, each in its own cgroup
     for child in children:
         assert child.cpu_times().user < 1.0

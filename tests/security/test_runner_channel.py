@@ -88,7 +88,7 @@ def test_runner_socket_flood_leaves_the_daemon_bounded(docker_client: Any,
         for sid in (attacker, other):
             r = d.invoke("shell", {"command": "echo ready"}, session=sid)
             assert r.json()["status"] == "ok", r.text
-        time.sleep(1)  # the warm pool settles
+        time.sleep(1)  # sleep-ok: the warm pool's background refill settles: no outside signal
         fds0, rss0 = _sample(d.proc.pid)
         worst = {"fds": fds0, "rss": rss0, "healthz": 0.0}
         failures: list[str] = []
@@ -106,7 +106,7 @@ def test_runner_socket_flood_leaves_the_daemon_bounded(docker_client: Any,
                     except httpx.HTTPError as exc:
                         failures.append(f"healthz: {exc!r}")
                     worst["healthz"] = max(worst["healthz"], time.monotonic() - t0)
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # sleep-ok: the sampling period of a monitor, not a wait
 
         watcher = threading.Thread(target=watch)
         watcher.start()

@@ -33,6 +33,7 @@ import pytest
 from sandboxd import fstree
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon, start_daemon
+from tests.support.wait import wait_until
 
 MiB = 1024 * 1024
 QUOTA_MIB = 8
@@ -128,7 +129,7 @@ class Heartbeat:
                 assert c.get("/healthz").status_code == 200
                 self.worst = max(self.worst, time.monotonic() - t0)
                 self.count += 1
-                time.sleep(0.02)
+                time.sleep(0.02)  # sleep-ok: the sampling period of a monitor, not a wait
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -243,9 +244,8 @@ def test_no_mount_survives_delete_stop_or_crash(tmp_path: Path, kernel_quota: No
 
         call = threading.Thread(target=spin, daemon=True)
         call.start()
-        deadline = time.monotonic() + 30
-        while len(mounts_below(ws_root)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(mounts_below(ws_root)) >= 2, timeout=30,
+                   what="the one-shot call's workspace mount")
         assert len(mounts_below(ws_root)) == 2, "the one-shot call got no workspace mount"
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(30)
@@ -393,15 +393,11 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
         # expiring one works, and the loop goes on expiring others afterwards
         other = first.client.post("/v1/sessions").json()["id"]
         assert first.invoke("shell", shell_python(code), session=other).json()["status"] == "ok"
-        wait = time.monotonic() + 20
-        while (ws_root / other).exists() and time.monotonic() < wait:
-            time.sleep(0.2)
-        assert not (ws_root / other).exists(), "the deep session did not expire"
+        wait_until(lambda: not (ws_root / other).exists(), timeout=20, interval=0.2,
+                   what="the deep session to expire")
         later = first.client.post("/v1/sessions").json()["id"]
-        wait = time.monotonic() + 20
-        while (ws_root / later).exists() and time.monotonic() < wait:
-            time.sleep(0.2)
-        assert not (ws_root / later).exists(), "expiry stopped after a deep tree"
+        wait_until(lambda: not (ws_root / later).exists(), timeout=20, interval=0.2,
+                   what="the session after the deep one to expire (expiry goes on)")
         # a crash leaves a deep tree behind (e.g. a one-shot workspace): the restart sweeps it
         kept = first.client.post("/v1/sessions").json()["id"]
         assert first.invoke("shell", shell_python(code), session=kept).json()["status"] == "ok"
@@ -416,10 +412,8 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
         # way it can be deleted or expires, and then nothing is left
         if second.client.get(f"/v1/sessions/{kept}").status_code == 200:
             assert second.client.delete(f"/v1/sessions/{kept}").status_code == 204
-        wait = time.monotonic() + 20
-        while list(ws_root.iterdir()) and time.monotonic() < wait:
-            time.sleep(0.2)
-        assert list(ws_root.iterdir()) == []
+        wait_until(lambda: not list(ws_root.iterdir()), timeout=20, interval=0.2,
+                   what="every workspace to be gone", detail=lambda: list(ws_root.iterdir()))
         assert mounts_below(ws_root) == []
         assert second.invoke("python", {"code": "6 * 7"}).json()["value"] == 42
     finally:

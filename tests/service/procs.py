@@ -80,18 +80,6 @@ def cgroup_dirs(pid: int) -> set[Path]:
     return dirs
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
-    """Poll ``condition()`` until truthy; return its value or raise AssertionError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 def audit_verify(path: Path) -> subprocess.CompletedProcess[str]:
     """``sandboxd audit verify PATH`` as an admin would run it."""
     return subprocess.run(
@@ -107,15 +95,15 @@ def still_alive(procs: Iterable[ProcId]) -> list[ProcId]:
     return [p for p in procs if p.alive()]
 
 
-def busy_descendants(pid: int, count: int, sample_s: float = 0.5) -> list[ProcId]:
-    """Descendants of ``pid`` that burn CPU right now (at least ``count`` of them, else [])."""
+def busy_descendants(pid: int, sample_s: float = 0.5) -> list[ProcId]:
+    """Descendants of ``pid`` that burn CPU right now (over a ``sample_s`` window)."""
     before: dict[ProcId, float] = {}
     for p in descendants(pid):
         try:
             before[p] = psutil.Process(p.pid).cpu_times().user
         except psutil.Error:
             continue
-    time.sleep(sample_s)
+    time.sleep(sample_s)  # sleep-ok: the CPU window the measurement is taken over
     busy = []
     for p, t0 in before.items():
         try:
@@ -123,4 +111,21 @@ def busy_descendants(pid: int, count: int, sample_s: float = 0.5) -> list[ProcId
                 busy.append(p)
         except psutil.Error:
             continue
-    return busy if len(busy) >= count else []
+    return busy
+
+
+def workspace_of(p: ProcId, state: Path) -> Path | None:
+    """The workspace a worker runs in (its cwd, under the state directory), or None."""
+    try:
+        cwd = Path(psutil.Process(p.pid).cwd())
+    except psutil.Error:
+        return None
+    return cwd if cwd.is_relative_to(state / "workspaces") else None
+
+
+def call_workers(pid: int, state: Path, calls: int) -> list[ProcId]:
+    """The workers of ``calls`` busy calls of the daemon ``pid``: the descendants that burn
+    CPU inside a workspace (pre-forked idle workers may burn CPU while they start, on a slow
+    host, but outside any workspace); [] until there is one for every call."""
+    busy = [p for p in busy_descendants(pid) if workspace_of(p, state) is not None]
+    return busy if len(busy) >= calls else []  # count-ok: a worker per call, by what it does

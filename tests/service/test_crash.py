@@ -17,13 +17,13 @@ import psutil
 from tests.service.procs import (
     ProcId,
     audit_verify,
-    busy_descendants,
+    call_workers,
     cgroup_dirs,
     still_alive,
-    wait_for,
 )
 from tests.support.audit import audit_records
 from tests.support.daemon import start_daemon
+from tests.support.wait import wait_until
 
 IN_FLIGHT = 8
 BUSY = "while True:\n    pass\n"
@@ -39,21 +39,6 @@ def _fire(url: str, errors: list[BaseException]) -> None:
             )
     except BaseException as exc:  # the daemon dies under us: a connection error is expected
         errors.append(exc)
-
-
-def _workspace_of(p: ProcId, state: Path) -> Path | None:
-    """The workspace a worker runs in (its cwd, under the state directory), or None."""
-    try:
-        cwd = Path(psutil.Process(p.pid).cwd())
-    except psutil.Error:
-        return None
-    return cwd if cwd.is_relative_to(state / "workspaces") else None
-
-
-def _calls(pid: int, state: Path) -> list[ProcId]:
-    """The workers busy with a call: burning CPU inside a workspace (at least IN_FLIGHT)."""
-    busy = [p for p in busy_descendants(pid, 1) if _workspace_of(p, state) is not None]
-    return busy if len(busy) >= IN_FLIGHT else []
 
 
 def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: Path) -> None:
@@ -83,9 +68,8 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
 
         # Pre-forked idle workers exist before the calls (and may burn CPU while they start,
         # on a slow host): the calls are the busy workers that run in a workspace.
-        workers = wait_for(
-            lambda: _calls(first.proc.pid, state), 120, f"{IN_FLIGHT} busy workers"
-        )
+        workers = wait_until(lambda: call_workers(first.proc.pid, state, IN_FLIGHT),
+                             timeout=120, what=f"{IN_FLIGHT} busy workers")
         for p in workers:
             worker_cgroups |= cgroup_dirs(p.pid) - own_cgroups
             with contextlib.suppress(psutil.Error):
@@ -116,7 +100,8 @@ def test_kill_9_during_in_flight_calls_then_restart_sweeps_everything(tmp_path: 
         second = start_daemon(tmp_path / "second", state_dir=state, env=ENV)
 
         with contextlib.suppress(AssertionError):  # SIGKILL delivery is asynchronous
-            wait_for(lambda: not still_alive(workers), 5, "orphans to be gone", interval=0.1)
+            wait_until(lambda: not still_alive(workers), timeout=5, interval=0.1,
+                       what="orphans to be gone")
         survivors = still_alive(workers)
         assert not survivors, f"processes of the dead daemon survived the sweep: {survivors}"
         assert worker_cgroups, "the workers ran in no cgroup of their own (no memory/pids limit)"

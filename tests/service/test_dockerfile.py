@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from sandboxd.config import Settings
+from tests.support.wait import wait_until
 
 # The first test also builds the image (session fixture, counted in its timeout): minutes under
 # software emulation (the modern-host VM job), hence more than pytest's default 300 s.
@@ -139,15 +139,18 @@ def _remove_cgroups(name: str, dirs: list[Path]) -> None:
 
 
 def _remove_cgroup_tree(d: Path) -> None:
-    for _ in range(50):
+    def removed() -> bool:
         if not d.exists():
-            return
+            return True
         for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(str(p))):
             with contextlib.suppress(OSError):
                 sub.rmdir()
         with contextlib.suppress(OSError):
             d.rmdir()
-        time.sleep(0.1)
+        return not d.exists()
+
+    with contextlib.suppress(AssertionError):  # best effort: a clean-up
+        wait_until(removed, timeout=5, interval=0.1, what=f"{d} removed")
 
 
 def _run(
@@ -220,15 +223,24 @@ def container(docker_client: Any, daemon_image: str, tmp_path: Path) -> Iterator
 
 
 def _wait_for_socket(c: Any, sock: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not sock.exists():
+    def fail() -> None:
+        pytest.fail(
+            f"daemon container did not listen ({c.status}):\n"
+            f"{c.logs().decode(errors='replace')[-4000:]}"
+        )
+
+    def listening() -> bool:
+        if sock.exists():
+            return True
         c.reload()
-        if c.status == "exited" or time.monotonic() > deadline:
-            pytest.fail(
-                f"daemon container did not listen ({c.status}):\n"
-                f"{c.logs().decode(errors='replace')[-4000:]}"
-            )
-        time.sleep(0.2)
+        if c.status == "exited":
+            fail()
+        return False
+
+    try:
+        wait_until(listening, timeout=timeout, interval=0.2, what=f"the daemon's socket {sock}")
+    except AssertionError:
+        fail()
 
 
 def test_image_serves_a_python_call(container: Any) -> None:
@@ -265,14 +277,13 @@ def test_daemon_holds_only_its_capabilities_and_gets_healthy(container: Any) -> 
     assert int(status["CapEff"], 16) == want, status["CapEff"]
     assert int(status["CapBnd"], 16) == want, status["CapBnd"]
     assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
-    deadline = time.monotonic() + 120
-    health = ""
-    while time.monotonic() < deadline:
+    def verdict() -> str:
         container.reload()
         health = container.attrs["State"].get("Health", {}).get("Status", "")
-        if health in ("healthy", "unhealthy"):
-            break
-        time.sleep(1)
+        return health if health in ("healthy", "unhealthy") else ""
+
+    health = wait_until(verdict, timeout=120, interval=1, what="the health check's verdict",
+                        detail=lambda: container.attrs["State"].get("Health"))
     assert health == "healthy", container.attrs["State"].get("Health")
 
 

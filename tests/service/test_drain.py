@@ -16,13 +16,13 @@ import psutil
 from tests.service.procs import (
     ProcId,
     audit_verify,
-    busy_descendants,
+    call_workers,
     still_alive,
-    wait_for,
 )
 from tests.support.audit import audit_records
 from tests.support.daemon import start_daemon
 from tests.support.scale import scaled
+from tests.support.wait import wait_until
 
 # A few seconds of pure-Python loop per call on one core. Under emulation (the VM job) two
 # fifths of it: three such calls on two emulated CPUs, beside another test lane, once took
@@ -57,7 +57,8 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
         ]
         for t in threads:
             t.start()
-        workers = wait_for(lambda: busy_descendants(d.proc.pid, 3), 120, "3 busy workers")
+        workers = wait_until(lambda: call_workers(d.proc.pid, d.state_dir, 3), timeout=120,
+                             what="3 busy workers")
         d.proc.send_signal(signal.SIGTERM)
 
         # New calls are refused while the old ones run.
@@ -65,7 +66,7 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
             r = d.invoke("python", {"code": "1 + 1"})
             return r if r.status_code == 503 else None
 
-        r = wait_for(refused, 10, "a 503 for a new call")
+        r = wait_until(refused, timeout=10, what="a 503 for a new call")
         assert r.headers["content-type"].startswith("application/problem+json")
         assert "Retry-After" in r.headers
         assert r.json()["status"] == 503
@@ -109,7 +110,8 @@ def test_sigterm_cancels_in_flight_calls_at_the_grace_deadline(tmp_path: Path) -
         ]
         for t in threads:
             t.start()
-        workers = wait_for(lambda: busy_descendants(d.proc.pid, 2), 120, "busy workers")
+        workers = wait_until(lambda: call_workers(d.proc.pid, d.state_dir, 2), timeout=120,
+                             what="busy workers")
         started = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
         code = d.proc.wait(60)

@@ -8,12 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from tests.support.wait import wait_until
 
 PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
 
@@ -104,19 +105,18 @@ def start_daemon(
                                 preexec_fn=_nofile(nofile) if nofile else None)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    deadline = time.monotonic() + ready_timeout
-    while True:
+
+    def healthy() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"daemon did not become healthy:\n{log_path.read_text()}")
-        time.sleep(0.05)
+        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+
+    try:
+        wait_until(healthy, timeout=ready_timeout, what="the daemon's /healthz",
+                   ignore=(httpx.HTTPError,))
+    except AssertionError:
+        proc.kill()
+        raise RuntimeError(f"daemon did not become healthy:\n{log_path.read_text()}") from None
     audit = Path(full_env.get("SANDBOXD_AUDIT_LOG", state_dir / "audit.jsonl"))
     client = httpx.Client(base_url=url, headers=headers, timeout=120.0)
     return RunningDaemon(url, proc, state_dir, audit, log_path, client, headers)
@@ -151,14 +151,12 @@ def unix_socket_daemon(tmp_path: Path, env: Mapping[str, str] | None = None,
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
                           base_url="http://x") as http:
-            deadline = time.monotonic() + ready_timeout
-            while True:
+            def up() -> bool:
                 assert proc.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, "daemon did not come up on the socket"
-                with contextlib.suppress(httpx.HTTPError):
-                    if http.get("/healthz").status_code == 200:
-                        break
-                time.sleep(0.1)
+                return http.get("/healthz").status_code == 200
+
+            wait_until(up, timeout=ready_timeout, interval=0.1,
+                       what="the daemon to come up on the socket", ignore=(httpx.HTTPError,))
         yield sock
     finally:
         proc.terminate()

@@ -46,7 +46,7 @@ def busy_descendants(pid: int, window_s: float = 1.0) -> list[psutil.Process]:
         return times
 
     before = cpu()
-    time.sleep(window_s)
+    time.sleep(window_s)  # sleep-ok: the CPU window the measurement is taken over
     after = cpu()
     grown = {p: t - before.get(p, t) for p, t in after.items()}
     return sorted((p for p, g in grown.items() if g > window_s / 4), key=grown.__getitem__,

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from sandboxd.deadline import stop_task, within
+from tests.support.wait import async_wait_until
 
 
 async def _value_after(delay: float, value: Any) -> Any:
-    await asyncio.sleep(delay)
+    await asyncio.sleep(delay)  # sleep-ok: a test double's work that takes ``delay`` seconds
     return value
 
 
@@ -59,9 +60,9 @@ def test_stop_task_waits_for_the_task_and_drops_its_error() -> None:
 
         async def stubborn() -> None:
             try:
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # sleep-ok: work that runs until it is cancelled
             finally:
-                await asyncio.sleep(0.05)  # cleanup takes a while
+                await asyncio.sleep(0.05)  # sleep-ok: a test double's cleanup takes a while
                 seen.append("cleaned")
                 raise RuntimeError("while stopping")
 
@@ -77,16 +78,20 @@ def test_stop_task_waits_for_the_task_and_drops_its_error() -> None:
 
 def test_stop_task_does_not_swallow_our_own_cancellation() -> None:
     async def scenario() -> tuple[bool, bool]:
+        cleaning = asyncio.Event()
+
         async def slow_to_stop() -> None:
             try:
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # sleep-ok: work that runs until it is cancelled
             finally:
-                await asyncio.sleep(0.1)
+                cleaning.set()
+                await asyncio.sleep(0.1)  # sleep-ok: a test double's cleanup takes a while
 
         inner = asyncio.create_task(slow_to_stop())
         await asyncio.sleep(0)
         outer = asyncio.create_task(stop_task(inner))
-        await asyncio.sleep(0.01)
+        await async_wait_until(cleaning.is_set, timeout=5,
+                               what="stop_task to cancel the task and wait for its cleanup")
         outer.cancel()
         try:
             await outer

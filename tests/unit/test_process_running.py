@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import psutil
 
 from tests.support.processes import running
+from tests.support.wait import wait_until
 
 
 def _sleeper() -> subprocess.Popen[bytes]:
@@ -28,10 +28,8 @@ def test_a_live_process_runs() -> None:
 def test_a_zombie_does_not_run() -> None:
     child = _sleeper()
     child.kill()
-    deadline = time.monotonic() + 10
-    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # not yet reaped
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE,  # not reaped
+               timeout=10, interval=0.01, what="the killed child to become a zombie")
     try:
         assert not running(child.pid)
     finally:

@@ -16,6 +16,7 @@ from sandboxd.backends.container.runner import CallOutput, Channel, RunnerLost
 from sandboxd.display import DisplayCaps
 from sandboxd.outputs import DisplayCollector
 from sandboxd.streaming import StreamEvent
+from tests.support.wait import async_wait_until
 
 EXIT = json.dumps({"exit_code": 0}).encode()
 
@@ -29,7 +30,7 @@ async def _exchange(frames: list[tuple[bytes, bytes]], caps: DisplayCaps
     seen: list[StreamEvent] = []
     out = CallOutput(displays=DisplayCollector(caps), events=seen.append)
     call = asyncio.create_task(channel.call({"kind": "python", "code": "1"}, 1 << 20, out))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: 1 in channel.calls, timeout=5, what="call 1 on the channel")
     theirs.sendall(b"".join(wire.encode(kind, payload, 1) for kind, payload in frames))
     error: BaseException | None = None
     try:

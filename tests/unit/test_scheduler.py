@@ -16,7 +16,7 @@ async def _work(s: Scheduler, client: str, log: list, running: list, peak: list,
         running.append(1)
         peak.append(len(running))
         log.append(client)
-        await asyncio.sleep(hold)
+        await asyncio.sleep(hold)  # sleep-ok: a call that holds its slot ``hold`` s
         running.pop()
 
 
@@ -37,10 +37,10 @@ async def test_round_robin_between_clients() -> None:
     running: list[int] = []
     peak: list[int] = []
     blocker = asyncio.create_task(_work(s, "x", log, running, peak, hold=0.1))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     # client a floods the queue first, b arrives later: b must not wait for all of a
     tasks = [asyncio.create_task(_work(s, "a", log, running, peak)) for _ in range(5)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     tasks += [asyncio.create_task(_work(s, "b", log, running, peak)) for _ in range(2)]
     await asyncio.gather(blocker, *tasks)
     order = log[1:]
@@ -56,7 +56,7 @@ async def test_queue_full_raises_with_retry_after() -> None:
             await release.wait()
 
     tasks = [asyncio.create_task(hold()) for _ in range(3)]  # 1 running + 2 queued
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     assert s.in_use == 1 and s.queued == 2
     with pytest.raises(QueueFull) as info:
         async with s.slot("c", time.monotonic() + 30):
@@ -76,7 +76,7 @@ async def test_queue_timeout_and_deadline() -> None:
             await release.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     with pytest.raises(QueueTimeout):
         async with s.slot("c", time.monotonic() + 30):
             pass
@@ -98,9 +98,9 @@ async def test_cancelled_waiter_leaves_queue_and_slot_is_not_lost() -> None:
             await release.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     waiter = asyncio.create_task(hold())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     assert s.queued == 1
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -125,11 +125,11 @@ async def test_a_slot_granted_as_its_waiter_is_cancelled_passes_on() -> None:
             await gate.wait()
 
     holder = asyncio.create_task(hold(leave))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     doomed = asyncio.create_task(hold(release))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     nxt = asyncio.create_task(hold(release))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     assert (s.in_use, s.queued) == (1, 2)
     leave.set()
     await asyncio.sleep(0)  # the holder wakes, leaves and grants the slot to ``doomed``...
@@ -138,7 +138,7 @@ async def test_a_slot_granted_as_its_waiter_is_cancelled_passes_on() -> None:
     with pytest.raises(asyncio.CancelledError):
         await doomed
     await holder
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     assert (s.in_use, s.queued) == (1, 0)  # ``nxt`` holds it
     release.set()
     await nxt
@@ -152,7 +152,7 @@ async def _holders(s: Scheduler, release: asyncio.Event, client: str, n: int
             await release.wait()
 
     tasks = [asyncio.create_task(hold()) for _ in range(n)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # sleep-ok: orders coroutines: the tasks take their places
     return tasks
 
 
