@@ -92,15 +92,14 @@ def test_calls_of_one_session_run_one_at_a_time_in_order(harness: BackendHarness
     assert [a.kernel.calls, b.kernel.calls] == [2, 3]  # type: ignore[union-attr]
 
 
-def test_cancellation_kills_the_kernel(harness: BackendHarness) -> None:
-    ws = harness.workspace()
-    run_in(harness, "cancel", ws, "z = 1")
+def cancel_kernel_call(harness: BackendHarness, sid: str, ws: Path,
+                       code: str) -> CancelledAfterCleanup | None:
+    """Cancel the call of ``code`` in the session's kernel once it burns CPU there."""
     proc = kernel_process(ws)
-    dirs = cgroup_dirs(proc.pid)
 
     async def cancel_one() -> CancelledAfterCleanup | None:
         burning = busy_in(proc.pid)
-        task = asyncio.ensure_future(submit(harness, "cancel", ws, "while True:\n    pass", 60))
+        task = asyncio.ensure_future(submit(harness, sid, ws, code, 60))
         await async_wait_until(burning, timeout=30, what="the busy loop running in the kernel")
         task.cancel()
         try:
@@ -109,8 +108,34 @@ def test_cancellation_kills_the_kernel(harness: BackendHarness) -> None:
             return exc
         return None
 
-    exc = harness.call(cancel_one())
+    return harness.call(cancel_one())
+
+
+def test_cancellation_interrupts_and_keeps_the_kernel(harness: BackendHarness) -> None:
+    """Issue 22: a cancel interrupts first; a kernel back in its loop keeps its variables."""
+    ws = harness.workspace()
+    run_in(harness, "keep", ws, "z = 1")
+    proc = kernel_process(ws)
+    exc = cancel_kernel_call(harness, "keep", ws, "while True:\n    pass")
     assert exc is not None and exc.cleanup.verified, exc
+    assert exc.kernel is not None and exc.kernel.interrupted and not exc.kernel.lost, exc.kernel
+    assert "keep" in harness.backend.kernel_sessions()
+    after = run_in(harness, "keep", ws, "z + 1")
+    assert after.value == 2 and not after.kernel.fresh, after  # type: ignore[union-attr]
+    assert kernel_process(ws).pid == proc.pid
+
+
+def test_cancellation_kills_a_kernel_that_ignores_the_interrupt(harness: BackendHarness) -> None:
+    ws = harness.workspace()
+    run_in(harness, "cancel", ws, "z = 1")
+    proc = kernel_process(ws)
+    dirs = cgroup_dirs(proc.pid)
+    exc = cancel_kernel_call(harness, "cancel", ws,
+                             "while True:\n    try:\n        while True:\n            pass\n"
+                             "    except KeyboardInterrupt:\n        pass")
+
+    assert exc is not None and exc.cleanup.verified, exc
+    assert exc.kernel is not None and exc.kernel.lost, exc.kernel
     wait_gone(proc.pid, dirs, "the cancelled call's kernel")
     assert "cancel" not in harness.backend.kernel_sessions()
     assert run_in(harness, "cancel", ws, "1").kernel.fresh  # type: ignore[union-attr]
