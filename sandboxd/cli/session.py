@@ -72,17 +72,22 @@ def show(session_id: str = typer.Argument(..., metavar="ID"), url: str = URL_OPT
     _show(_call(url, token, lambda c: c.get_session(session_id)), as_json)
 
 
+def _action(info: Any, as_json: bool, backends: list[str] | None, done: str,
+            none: str) -> None:
+    """Print what a session action did: the backends it reached, or that there was none."""
+    if as_json:
+        typer.echo(json.dumps(_raw(info), indent=2))
+    else:
+        typer.echo(f"{info.id}: {done} ({', '.join(backends)})" if backends
+                   else f"{info.id}: {none}")
+
+
 @app.command("restart")
 def restart(session_id: str = typer.Argument(..., metavar="ID"), url: str = URL_OPTION,
             token: str | None = TOKEN_OPTION, as_json: bool = JSON_OPTION) -> None:
     """End the session's Python kernel (its variables); the files stay."""
     info = _call(url, token, lambda c: c.restart_session(session_id))
-    if as_json:
-        typer.echo(json.dumps(_raw(info), indent=2))
-        return
-    ended = info.restarted or []
-    typer.echo(f"{info.id}: kernel ended ({', '.join(ended)})" if ended
-               else f"{info.id}: no live kernel to end")
+    _action(info, as_json, info.restarted, "kernel ended", "no live kernel to end")
 
 
 @app.command("interrupt")
@@ -90,12 +95,7 @@ def interrupt(session_id: str = typer.Argument(..., metavar="ID"), url: str = UR
               token: str | None = TOKEN_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Interrupt the call running in the session (KeyboardInterrupt); variables are kept."""
     info = _call(url, token, lambda c: c.interrupt_session(session_id))
-    if as_json:
-        typer.echo(json.dumps(_raw(info), indent=2))
-        return
-    done = info.interrupted or []
-    typer.echo(f"{info.id}: call interrupted ({', '.join(done)})" if done
-               else f"{info.id}: no call was running")
+    _action(info, as_json, info.interrupted, "call interrupted", "no call was running")
 
 
 @app.command("delete")
