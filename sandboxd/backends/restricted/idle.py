@@ -40,8 +40,11 @@ GONE = "it has ended"
 
 
 def _read(path: str) -> str:
-    with open(path, "rb") as f:
-        return f.read(4096).decode("ascii", "replace")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # no file object: this runs every call
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    finally:
+        os.close(fd)
 
 
 def read_proc(pid: int, name: str, uid: int | None) -> str:
@@ -63,6 +66,16 @@ def read_proc(pid: int, name: str, uid: int | None) -> str:
         c.setfsgid(0)
 
 
+def _field(status: str, name: str) -> str:
+    """The value of ``name:`` in ``/proc/PID/status`` text ("" when it has none)."""
+    start = status.find(f"\n{name}:")
+    if start < 0:
+        return ""
+    start += len(name) + 2
+    end = status.find("\n", start)
+    return status[start:end if end >= 0 else None].strip()
+
+
 def not_idle_because(pid: int, fd: int, uid: int | None) -> str | None:
     """``None`` when process ``pid`` is parked reading descriptor ``fd`` with every signal it
     catches blocked and no other thread, else what it is doing instead."""
@@ -79,12 +92,11 @@ def not_idle_because(pid: int, fd: int, uid: int | None) -> str | None:
         return "it is running"
     if syscall[0] != str(READ_SYSCALL) or len(syscall) < 2 or int(syscall[1], 16) != fd:
         return f"it is in system call {syscall[0]}, not waiting for its next request"
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    if fields.get("Threads", "").strip() != "1":
+    if _field(status, "Threads") != "1":
         return "it runs more than one thread"
     try:
-        blocked, caught = int(fields["SigBlk"], 16), int(fields["SigCgt"], 16)
-    except (KeyError, ValueError):
+        blocked, caught = int(_field(status, "SigBlk"), 16), int(_field(status, "SigCgt"), 16)
+    except ValueError:
         return "its signal masks could not be read"
     if caught & ~blocked:
         return "a signal it catches could still wake it"

@@ -26,6 +26,8 @@ from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
 
 #: the outcomes after which a session kernel keeps running (any limit or failure ends it)
 KERNEL_SURVIVES = frozenset({"ok", "error"})
+#: what a kernel blocks while it waits for its next call (see .idle)
+ALL_SIGNALS = signal.valid_signals()
 
 
 def preimport() -> None:
@@ -204,15 +206,18 @@ def run_worker(
                 display=msg.get("display"),
             )
         report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
+        parks = namespace is not None and report.get("outcome") in KERNEL_SURVIVES
+        # a kernel that goes on waits for the session's next call, already confined (same
+        # chroot, uid, seccomp filter, Landlock domain, rlimits and cgroup), with every signal
+        # blocked from before its report: the daemon proves from outside that it is parked in
+        # the read below, unwakeable but by its next request (see .idle), and the sooner it
+        # gets there after the report, the sooner the call ends
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
         emit(b"r", json.dumps(report).encode())
-        if namespace is None or report.get("outcome") not in KERNEL_SURVIVES:
+        if mask is None:
             return 0
-        # a kernel: wait for the session's next call, already confined (same chroot, uid,
-        # seccomp filter, Landlock domain, rlimits and cgroup); the daemon closing the
-        # socket (EOF) ends it. ``read``, not ``recv``: the seccomp filter denies the latter.
-        # Every signal is blocked while it waits: the daemon proves from outside that the
-        # kernel is parked here, unwakeable but by its next request (see .idle).
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        # the daemon closing the socket (EOF) ends it. ``read``, not ``recv``: the seccomp
+        # filter denies the latter
         try:
             msg = recv_msg(sock, use_read=True)
         except (EOFError, OSError, ValueError):
