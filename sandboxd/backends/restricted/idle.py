@@ -90,7 +90,7 @@ def not_idle_because(pid: int, fd: int, uid: int | None) -> str | None:
         return GONE
     if not syscall or syscall[0] == "running":
         return "it is running"
-    if syscall[0] != str(READ_SYSCALL) or len(syscall) < 2 or int(syscall[1], 16) != fd:
+    if syscall[0] != str(READ_SYSCALL) or len(syscall) < 2 or syscall[1] != hex(fd):
         return f"it is in system call {syscall[0]}, not waiting for its next request"
     if _field(status, "Threads") != "1":
         return "it runs more than one thread"

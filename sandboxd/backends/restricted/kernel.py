@@ -322,7 +322,10 @@ class KernelPool:
         if (not reported or report is None or reader.violation is not None or reader.overflow
                 or report.get("outcome") not in KERNEL_SURVIVES or k.ended):
             return False
-        return await idle.prove_idle(k.worker.pid, k.worker.fd, k.uid, until) is None
+        try:
+            return await idle.prove_idle(k.worker.pid, k.worker.fd, k.uid, until) is None
+        except (OSError, ValueError):  # its state unreadable: not proven, so not kept
+            return False
 
     def interrupt(self, sid: str) -> bool:
         """Interrupt the call that runs in the session's kernel now, if any (it ends
