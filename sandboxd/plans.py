@@ -9,6 +9,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: what a :class:`Redirect` does with its descriptor
+RedirectMode = Literal["read", "write", "append", "readwrite", "dup", "close"]
+#: when a :class:`Pipeline` runs, after the one before it
+RunIf = Literal["always", "ok", "failed"]
+
 
 class _PlanPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,7 +27,7 @@ class Redirect(_PlanPart):
     ``/dev/null``; the runner opens it inside the workspace, never through a symlink."""
 
     fd: int = Field(ge=0, le=9)
-    mode: Literal["read", "write", "append", "readwrite", "dup", "close"]
+    mode: RedirectMode
     path: str | None = None
     dup: int | None = Field(default=None, ge=0, le=9)
 
@@ -45,7 +50,7 @@ class Pipeline(_PlanPart):
     is the operator before it: ``always`` (first, ``;``, newline), ``ok`` (``&&``: the
     previous status was 0) or ``failed`` (``||``)."""
 
-    run_if: Literal["always", "ok", "failed"] = "always"
+    run_if: RunIf = "always"
     commands: list[PlannedCommand] = Field(min_length=1)
 
 

@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sandboxd.errors import SandboxdError
+
+if TYPE_CHECKING:
+    from sandboxd.plans import RedirectMode, RunIf
 
 OPERATORS = sorted(
     ["&&", "||", ";;", "|&", "<<<", "<<-", "<<", ">>", "<&", ">&", "<>", ">|", "&>>", "&>",
@@ -38,8 +42,9 @@ OPERATORS = sorted(
     reverse=True,
 )
 SEPARATORS = {"|", "||", "&&", ";", "\n"}
-REDIRECTS = {"<": "read", ">": "write", ">|": "write", ">>": "append", "<>": "readwrite",
-             ">&": "dup", "<&": "dup"}
+REDIRECTS: dict[str, RedirectMode] = {
+    "<": "read", ">": "write", ">|": "write", ">>": "append", "<>": "readwrite",
+    ">&": "dup", "<&": "dup"}
 KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until",
             "for", "in", "function", "select", "!", "{", "}", "[[", "]]", "coproc"}
 # programs that run another program given as an argument: that one is checked too
@@ -53,7 +58,8 @@ SHELL_ONLY = {"cd", "export", "unset", "set", "alias", "unalias", "read", "exit"
               "declare", "typeset", "let", "shopt", "pushd", "popd", "dirs", "break",
               "continue", "times"}
 TRUSTED_DIRS = {"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin"}
-_RUN_IF = {None: "always", ";": "always", "\n": "always", "&&": "ok", "||": "failed"}
+_RUN_IF: dict[str | None, RunIf] = {
+    None: "always", ";": "always", "\n": "always", "&&": "ok", "||": "failed"}
 
 
 class ShellRefused(SandboxdError, ValueError):
@@ -90,7 +96,7 @@ class Command:
 
 @dataclass
 class Pipeline:
-    run_if: str  # "always" | "ok" | "failed" (see sandboxd.plans.Pipeline)
+    run_if: RunIf  # see sandboxd.plans.Pipeline
     commands: list[Command]
 
 
@@ -249,7 +255,7 @@ def _pipelines(tokens: list[Token]) -> list[Pipeline]:
     commands: list[Command] = []
     current: Command | None = None
     pending: tuple[int, str] | None = None  # a redirect waiting for its target
-    run_if = "always"
+    run_if: RunIf = "always"
     last_sep: str | None = None  # the last separator seen (None at the start)
 
     for tok in tokens:

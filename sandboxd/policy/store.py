@@ -66,8 +66,9 @@ class PolicyStore:
 
     def _files(self) -> list[tuple[Path, str]]:
         files = self._dir_files()
-        if files:
-            return [(p, str(self.policies_dir / p.name)) for p in files]  # type: ignore[operator]
+        directory = self.policies_dir  # not None when there are files
+        if files and directory is not None:
+            return [(p, str(directory / p.name)) for p in files]
         if self.policies_dir is not None:
             # A fresh install: the directory exists (or will) but holds no policy yet.
             log.warning("%s has no policy files (*.yaml, *.yml): the embedded default policy "
