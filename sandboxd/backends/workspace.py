@@ -335,6 +335,8 @@ class WorkspaceBackend:
         root = str(inv.workspace)
         args = inv.arguments
         path = inv.path if inv.path is not None else str(args.get("path", "."))
+        value: dict[str, object] | list[dict[str, object]] | None
+        exit_code: int | None
         stdout, value, status, message = "", None, Status.ok, None
         reason, exit_code = Reason.exited, 0
         transfer = inv.transfer if isinstance(inv.transfer, Transfer) else None

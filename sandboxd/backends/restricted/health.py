@@ -37,8 +37,9 @@ async def exit_report(zygote: Zygote, worker: Worker) -> dict[str, Any] | None:
     """The zygote's exit report of ``worker`` (raises what the zygote's death set), or None
     when it does not come within :data:`EXIT_REPORT_S` or the zygote is known to be hung."""
     hung = asyncio.ensure_future(zygote.hung.wait())
+    either: set[asyncio.Future[Any]] = {worker.exited, hung}
     try:
-        await asyncio.wait({worker.exited, hung}, timeout=EXIT_REPORT_S,
+        await asyncio.wait(either, timeout=EXIT_REPORT_S,
                            return_when=asyncio.FIRST_COMPLETED)
     finally:
         hung.cancel()

@@ -259,7 +259,7 @@ def self_test(msg: dict[str, Any]) -> dict[str, Any]:
     kind = msg.get("probe")
     if kind == "memory":
         limit = int(msg["memory"])
-        blocks = []
+        blocks: list[bytes] = []
         try:
             while len(blocks) * (4 << 20) < 3 * limit:
                 blocks.append(b"x" * (4 << 20))

@@ -104,12 +104,13 @@ class Zygote:
     def serve(self) -> None:
         self.refill()
         send_packet(self.evt, {"t": "ready", "pid": os.getpid()})
+        watched: list[socket.socket | int] = [self.req, self.wake_r]
         while True:
             # a cgroup whose removal failed (the kernel still tearing the worker down: EBUSY
             # for a moment on v2) is retried soon, not only at the next call
             wait = 0.05 if self.leftover else None
             try:
-                ready, _, _ = select.select([self.req, self.wake_r], [], [], wait)
+                ready, _, _ = select.select(watched, [], [], wait)
             except InterruptedError:
                 continue
             if self.wake_r in ready:

@@ -223,13 +223,13 @@ class ZygoteHandle:
             if not self.ready.done():
                 self.ready.set_result(int(msg["pid"]))
         elif kind == "exit":
-            worker = self.workers.pop(int(msg.get("pid", -1)), None)
-            if worker is not None:
-                if not worker.exited.done():
-                    worker.exited.set_result(msg)
-                if worker in self.standby:  # died while on standby
-                    self.standby.remove(worker)
-                    worker.close()
+            ended = self.workers.pop(int(msg.get("pid", -1)), None)
+            if ended is not None:
+                if not ended.exited.done():
+                    ended.exited.set_result(msg)
+                if ended in self.standby:  # died while on standby
+                    self.standby.remove(ended)
+                    ended.close()
 
     def died(self) -> None:
         if self.reading:

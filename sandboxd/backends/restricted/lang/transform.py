@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import types
-from typing import Any
+from typing import Any, cast
 
 from RestrictedPython import compile_restricted_exec
 from RestrictedPython.transformer import (
@@ -96,14 +96,15 @@ class SandboxTransformer(RestrictingNodeTransformer):
             return new
         return super().visit_AugAssign(node)
 
-    def _guard_block(self, body: list[ast.stmt], where: ast.AST) -> None:
+    def _guard_block(self, body: list[ast.stmt], where: ast.stmt | ast.excepthandler) -> None:
         check = ast.Expr(_call("_sbx_limit_check_"))
         copy_locations(check, where)
         ast.fix_missing_locations(check)
         body.insert(0, check)
 
     def visit_Try(self, node: ast.Try) -> Any:
-        node = super().visit_Try(node)
+        # RestrictedPython's visit_Try returns the node it was given (typed as any visit result)
+        node = cast(ast.Try, super().visit_Try(node))
         for handler in node.handlers:
             self._guard_block(handler.body, handler)
         if node.finalbody:
@@ -111,7 +112,8 @@ class SandboxTransformer(RestrictingNodeTransformer):
         return node
 
     def visit_Module(self, node: ast.Module) -> Any:
-        node = super().visit_Module(node)
+        # RestrictedPython's visit_Module returns the module it was given
+        node = cast(ast.Module, super().visit_Module(node))
         if node.body and isinstance(node.body[-1], ast.Expr):
             last = node.body[-1]
             new = ast.Expr(_call("_sbx_set_value_", last.value))
