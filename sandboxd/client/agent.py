@@ -269,8 +269,11 @@ class Agent:
                             content = rest
                             if on_tool_call_event:
                                 for i, c in enumerate(calls):
-                                    for kind, text in (("started", ""), ("name", c.name),
-                                                       ("ended", c.raw_arguments)):
+                                    steps: tuple[tuple[Literal["started", "name", "ended"],
+                                                       str], ...] = (
+                                        ("started", ""), ("name", c.name),
+                                        ("ended", c.raw_arguments))
+                                    for kind, text in steps:
                                         await maybe_await(on_tool_call_event(ToolCallEvent(
                                             kind, i, round_index, c.name, text)))
                     assistant: Message = {"role": "assistant", "content": strip_think(content)

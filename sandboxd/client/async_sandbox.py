@@ -64,9 +64,10 @@ class AsyncSandboxClient(ClientBase):
             except httpx.TransportError as exc:
                 wait = self._transport_retry_wait(exc, attempt)
             else:
-                wait = self._should_retry(attempt, response)
-                if wait is None:
+                retry = self._should_retry(attempt, response)
+                if retry is None:
                     return self._check(response)
+                wait = retry
             await asyncio.sleep(wait)
             attempt += 1
 
@@ -137,7 +138,7 @@ class AsyncSandboxClient(ClientBase):
             (await self.request("POST", session_url(session_id, "interrupt"))).json())
 
     @asynccontextmanager
-    async def session(self, ttl_s: float | None = None):  # type: ignore[no-untyped-def]
+    async def session(self, ttl_s: float | None = None) -> AsyncIterator[AsyncSession]:
         """``async with client.session() as s: await s.invoke(...)``."""
         info = await self.create_session(ttl_s)
         s = AsyncSession(self, info)

