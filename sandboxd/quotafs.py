@@ -384,11 +384,11 @@ class WorkspaceFS:
                 self.kernel = False
                 self.detail = f"advisory: the mount helper could not start ({exc})"
             else:
-                why = forbid_mounts_to_this_process()
+                refused = forbid_mounts_to_this_process()
                 self.detail += (", mounted by a helper process (the daemon itself cannot "
-                                "mount)" if why is None else
+                                "mount)" if refused is None else
                                 f", mounted by a helper process (the daemon could not forbid "
-                                f"itself to mount: {why})")
+                                f"itself to mount: {refused})")
         if self.setting == "kernel" and not self.kernel:
             log.error("workspace_quota=kernel but %s", self.detail)
         elif not self.kernel:

@@ -56,7 +56,7 @@ class TextRelay:
     sink: EventSink | None
     cap: int
     sent: int = 0
-    _decoders: dict[str, Any] = field(default_factory=dict)
+    _decoders: dict[StreamKind, codecs.IncrementalDecoder] = field(default_factory=dict)
 
     def feed(self, kind: StreamKind, data: bytes) -> None:
         """Relay what of ``data`` fits in the budget."""
@@ -75,7 +75,7 @@ class TextRelay:
             emit(self.sink, kind, decoder.decode(b"", final=True))
         self._decoders.clear()
 
-    def _decoder(self, kind: str) -> Any:
+    def _decoder(self, kind: StreamKind) -> codecs.IncrementalDecoder:
         if kind not in self._decoders:
             self._decoders[kind] = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return self._decoders[kind]

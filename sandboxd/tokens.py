@@ -147,8 +147,8 @@ def _parse(path: Path, text: str) -> list[TokenEntry]:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}:1:1"
-        raise TokenFileError(f"{where}: YAML syntax error: {exc.problem or exc}") from None
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}:1:1"
+        raise TokenFileError(f"{at}: YAML syntax error: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise TokenFileError(f"{path}:1:1: YAML error: {exc}") from None
     if root is None:

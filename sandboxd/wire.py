@@ -80,7 +80,8 @@ class Decoder:
         if self.max_bytes is not None and self.total > self.max_bytes:
             raise ProtocolError(f"more than {self.max_bytes} bytes on the channel")
         self.buf += data
-        buf, pos, out = self.buf, 0, []
+        buf, pos = self.buf, 0
+        out: list[Frame] = []
         try:
             while True:
                 if self._need is None:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -26,6 +27,10 @@ from sandboxd.config import Settings
 from sandboxd.deadline import stop_task
 from sandboxd.errors import SandboxdError
 from sandboxd.service import Sandboxd
+
+if TYPE_CHECKING:
+    from sandboxd.auth import RateLimiter
+    from sandboxd.tokens import TokenStore
 
 log = logging.getLogger("sandboxd")
 
@@ -197,7 +202,7 @@ async def _self_test(service: Sandboxd, settings: Settings) -> None:
     raise StartupRefused(message)
 
 
-def _load_tokens(settings: Settings):  # type: ignore[no-untyped-def]
+def _load_tokens(settings: Settings) -> TokenStore | None:
     if settings.tokens_file is None:
         return None
     from sandboxd.tokens import TokenStore
@@ -205,7 +210,7 @@ def _load_tokens(settings: Settings):  # type: ignore[no-untyped-def]
     return TokenStore.load(settings.tokens_file)
 
 
-def _rate_limiter(settings: Settings):  # type: ignore[no-untyped-def]
+def _rate_limiter(settings: Settings) -> RateLimiter | None:
     if settings.rate_limit_per_minute <= 0:
         return None
     from sandboxd.auth import RateLimiter

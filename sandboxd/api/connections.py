@@ -136,7 +136,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
 
     base: Any = AutoHTTPProtocol
 
-    class GuardedHTTPProtocol(base):  # type: ignore[misc, valid-type]
+    class GuardedHTTPProtocol(base):
         peer = "unix"
         _header_timer: asyncio.TimerHandle | None = None
         _admitted = False

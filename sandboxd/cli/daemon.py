@@ -179,7 +179,8 @@ def _draining_server_class() -> type:
                 return
             self._draining = True
             self.service.begin_drain()
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+            loop = self._loop  # set once, at startup
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
 
         async def _drain(self) -> None:
             await self.service.drain(self.grace_s)

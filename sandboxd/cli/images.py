@@ -171,7 +171,7 @@ def _has_image(client: Any, name: str) -> dict[str, Any] | None:
     from docker.errors import NotFound
 
     try:
-        return client.api.inspect_image(name)  # type: ignore[no-any-return]
+        return client.api.inspect_image(name)
     except NotFound:
         return None
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION
+
+if TYPE_CHECKING:
+    from sandboxd.policy import LoadedPolicy
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -68,7 +71,7 @@ def check(
             groups.append([(f, str(f))])
     if not separately:
         groups = [[item for group in groups for item in group]]
-    loaded = []
+    loaded: list[LoadedPolicy] = []
     for group in groups:
         if not group:
             continue
