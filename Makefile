@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run test test-vm venv venv-dev docker images mcp-inspector lint bench clean
+.PHONY: run test test-vm venv venv-dev docker images mcp-inspector typecheck lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 $(BIN)/.installed: pyproject.toml
@@ -66,11 +66,17 @@ $(INSPECTOR): tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.
 
 mcp-inspector: $(INSPECTOR)
 
-## make test: everything the tests need (dev tools, Docker engine, sandbox images, the MCP
-## Inspector), then pytest.
+## make typecheck: mypy on the sandboxd package as [tool.mypy] in pyproject.toml says (strict
+## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
+## before the Docker engine, the images and the suite are waited for.
+typecheck: venv-dev
+	$(BIN)/mypy
+
+## make test: the type check, everything the tests need (dev tools, Docker engine, sandbox
+## images, the MCP Inspector), then pytest.
 ## PYTEST_ARGS: e.g. "--reruns 1" (CI: a rerun is named FLAKY at the end), "-x tests/api".
 PYTEST_ARGS ?=
-test: venv-dev docker images mcp-inspector
+test: venv-dev typecheck docker images mcp-inspector
 	$(BIN)/pytest -ra $(PYTEST_ARGS)
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
@@ -80,7 +86,7 @@ test: venv-dev docker images mcp-inspector
 test-vm: venv images
 	VM_HOST_PYTHON=$(abspath $(BIN))/python tests/vm/ci.sh $(VM_ARGS)
 
-lint: venv-dev
+lint: venv-dev typecheck
 	$(BIN)/ruff check sandboxd tests bench
 
 bench: venv images
@@ -88,4 +94,4 @@ bench: venv images
 	$(BIN)/python bench/bench_container.py
 
 clean:
-	rm -rf $(VENV) $(STATE) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(STATE) .pytest_cache .ruff_cache .mypy_cache

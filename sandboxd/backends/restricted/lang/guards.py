@@ -10,7 +10,7 @@ user code cannot lead to the worker's result channel by accident.
 
 from __future__ import annotations
 
-import _string  # type: ignore[import-not-found]
+import _string
 import functools
 import operator
 import string
