@@ -218,12 +218,10 @@ def split_arguments(call_id: str | None, name: str, raw: str,
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
             rest = text[pos:]
-            # msg and pos are a JSONDecodeError's. Reported, left for a fix that changes
-            # behaviour (issue 23): a plain ValueError (an integer of over 4300 digits) has
-            # neither, and this raises AttributeError
+            # a plain ValueError (an integer of over 4300 digits) has no position
             why = ("the reply hit the length limit before the arguments were complete"
-                   if truncated else
-                   f"{exc.msg} at character {exc.pos - pos}")  # type: ignore[attr-defined]
+                   if truncated else f"{exc.msg} at character {exc.pos - pos}"
+                   if isinstance(exc, json.JSONDecodeError) else str(exc))
             out.append(ToolCallRequest(first_id if not out else "", name, None, rest, why))
             break
         piece = text[pos:end]

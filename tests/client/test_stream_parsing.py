@@ -45,6 +45,11 @@ def test_split_concatenated_and_truncated() -> None:
     assert not_obj.arguments is None and "JSON object" in (not_obj.parse_error or "")
 
 
+def test_an_integer_too_long_to_parse_is_a_parse_error_not_a_crash() -> None:
+    (call,) = split_arguments("x", "f", '{"n": ' + "9" * 5000 + "}")
+    assert call.arguments is None and "digits" in (call.parse_error or ""), call
+
+
 def test_generated_ids_are_unique_and_mistral_shaped() -> None:
     a = ToolCallAssembler()
     a.feed(frag(index=0, name="f", arguments='{"a": 1}{"a": 2}'))
