@@ -151,6 +151,7 @@ def _draining_server_class() -> type:
             self.grace_s = grace_s
             self._draining = False
             self._loop: asyncio.AbstractEventLoop | None = None
+            self._drain_task: asyncio.Task[None] | None = None
 
         async def serve(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
@@ -179,8 +180,11 @@ def _draining_server_class() -> type:
                 return
             self._draining = True
             self.service.begin_drain()
-            loop = self._loop  # set once, at startup
-            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+            self._loop.call_soon_threadsafe(self._start_drain, self._loop)
+
+        def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+            # kept: the event loop holds only a weak reference to a task
+            self._drain_task = loop.create_task(self._drain())
 
         async def _drain(self) -> None:
             await self.service.drain(self.grace_s)
