@@ -19,9 +19,12 @@ the exit status, rusage and the cgroup's OOM/pids events.
 
 A session's python calls (``"kernel": true``) run instead in the container's *kernel*: one
 persistent interpreter forked like a worker and kept between calls, so that their globals
-persist (see "the session kernel" below); ``{"kind": "kernel_stop"}`` ends it.
+persist (see "the session kernel" below); ``{"kind": "kernel_stop"}`` ends it. A kernel
+call ends only once the runner has proven from /proc that the kernel is idle, and the daemon
+interrupts a kernel call (SIGINT: a KeyboardInterrupt in its code) before it kills it.
 
-  daemon -> runner  b"R" JSON request (new call id), b"K" stop that call
+  daemon -> runner  b"R" JSON request (new call id), b"K" stop that call, b"I" interrupt that
+                    call (a kernel call: see "the session kernel"; other calls ignore it)
   runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
                     b"d" a display item (sandboxd/display.py), b"x" JSON exit record (ends
                     the call)
@@ -36,6 +39,7 @@ Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 """
 
 # ruff: noqa: SIM105, SIM115  (standalone script: minimal imports, fds managed by hand)
+import _signal  # pthread_sigmask without signal's enum members (tens of microseconds a call)
 import ast
 import builtins
 import ctypes
@@ -153,10 +157,44 @@ def _user_import(allow, deny, after=None):
     return guarded
 
 
-def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=memoryview):
+class CellState:
+    """What a session kernel's SIGINT handler needs to know (see :func:`interrupt_user_code`);
+    one per process (a forked kernel has its own copy)."""
+
+    running = False  # the user's code runs now
+    emitting = False  # a display frame is being written: an interrupt waits until it is whole
+    pending = False  # an interrupt came while a frame was being written
+
+
+CELL = CellState()
+
+
+def interrupt_user_code(signum=None, frame=None, cell=CELL):
+    """SIGINT in a session kernel: a ``KeyboardInterrupt`` in the user's code while it runs -
+    deferred while a display frame is being written, so that the display pipe never carries
+    half a frame (:func:`after_emit` raises it then) - and nothing once the code has ended
+    (the call is over: the interrupt came too late)."""
+    if cell.running and not cell.emitting:
+        raise KeyboardInterrupt
+    cell.pending = cell.running
+
+
+def after_emit(cell=CELL):
+    """Raise the interrupt that came while a frame was being written (see above)."""
+    if cell.pending and cell.running and not cell.emitting:
+        cell.pending = False
+        raise KeyboardInterrupt
+
+
+_INTERRUPT_FRAMES = frozenset({(__file__, "interrupt_user_code"), (__file__, "after_emit")})
+
+
+def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=memoryview,
+                  cell=CELL, after_emit=after_emit):
     """The user's ``display(*objs)``: each object's mime bundle as one ``d`` frame on ``fd``
     (cut or counted by ``caps``: sandboxd/display.py). Once the runner stops reading (the
-    call's count is reached, or it refused a frame), further items are dropped."""
+    call's count is reached, or it refused a frame), further items are dropped. A kernel's
+    interrupt waits until a frame is written whole."""
     sent = [0]
 
     def display(*objs, **kwargs):
@@ -172,13 +210,16 @@ def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=me
                 except Exception:
                     pass
             view = memoryview(pack(b"d", 0, len(payload)) + payload)
+            cell.emitting = True
             try:
                 while view:
                     view = view[write(fd, view):]
+                sent[0] += 1
             except OSError:
                 sent[0] = caps.count + 1
-                return
-            sent[0] += 1
+            finally:
+                cell.emitting = False
+            after_emit()
 
     return display
 
@@ -257,22 +298,27 @@ def _user_builtins(req, display=None, after_import=None):
     return bi
 
 
-def execute(code, namespace, display=None):
+def execute(code, namespace, display=None, cell=CELL):
     """Run ``code`` in ``namespace`` as a cell: (exit status, value of a last expression).
     With ``display``: a rich last value (a DataFrame, a figure) is displayed, and so are the
-    matplotlib figures the cell leaves open."""
+    matplotlib figures the cell leaves open. ``cell.running`` says when user code runs (a
+    kernel's interrupt lands only then)."""
     status = 0
     value = None
     if display is not None:
         _hook_pyplot(display)  # pyplot imported by an earlier cell of a kernel
     try:
-        tree = ast.parse(code, "<code>", "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "<code>", "exec"), namespace)
-        if last is not None:
-            value = eval(compile(last, "<code>", "eval"), namespace)
+        try:
+            cell.running, cell.pending = True, False
+            tree = ast.parse(code, "<code>", "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, "<code>", "exec"), namespace)
+            if last is not None:
+                value = eval(compile(last, "<code>", "eval"), namespace)
+        finally:
+            cell.running = False
     except SystemExit as exc:
         code_ = exc.code
         status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
@@ -280,16 +326,24 @@ def execute(code, namespace, display=None):
             print(code_, file=sys.stderr)
     except BaseException:
         etype, evalue, tb = sys.exc_info()
-        # drop the runner's own frame from the traceback
-        lines = traceback.format_exception(etype, evalue, tb.tb_next if tb else None)
-        sys.stderr.write("".join(lines))
+        # drop the runner's own frame from the traceback (and an interrupt's handler)
+        report = traceback.TracebackException(etype, evalue, tb.tb_next if tb else None)
+        if issubclass(etype, KeyboardInterrupt):
+            while report.stack and (report.stack[-1].filename,
+                                    report.stack[-1].name) in _INTERRUPT_FRAMES:
+                report.stack.pop()
+        sys.stderr.write("".join(report.format()))
         status = 1
     if display is not None:
         try:
-            if status == 0 and display_rules.has_rich_repr(value):
-                display(value)
-            _show_figures(display)
-        except BaseException:
+            try:
+                cell.running = True
+                if status == 0 and display_rules.has_rich_repr(value):
+                    display(value)
+                _show_figures(display)
+            finally:
+                cell.running = False
+        except BaseException:  # an exception of the user's repr, an interrupt
             pass
     try:
         sys.stdout.flush()
@@ -444,7 +498,8 @@ def _set_oom_score_adj(value):
 # 127 for a program that is not found, 126 when it cannot be executed, 2 for a redirect.
 
 _OPEN_FLAGS = {"read": os.O_RDONLY, "write": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-               "append": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "readwrite": os.O_RDWR | os.O_CREAT}
+               "append": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+               "readwrite": os.O_RDWR | os.O_CREAT}
 
 
 def simple_command(plan, env):
@@ -715,6 +770,8 @@ def _group_gone(pgid, wait_s=0.3):
 class Call:
     """One call in flight: its id on the channel, worker process and output pipes."""
 
+    wake = None  # when poll() must look again, sooner than the loop's usual tick (monotonic)
+
     def __init__(self, chan, cid, req):
         self.chan = chan
         self.cid = cid
@@ -765,6 +822,9 @@ class Call:
     @property
     def stopping(self):
         return self.hangup or self.output_limit or self.pids_limit
+
+    def interrupt(self, now):
+        """``I``: only a kernel call is interrupted (a one-shot call is stopped with ``K``)."""
 
     def on_pipe(self, fd):
         try:
@@ -890,9 +950,81 @@ def _killpg(pgid):
 # pipes, relayed under the call's output budget and display caps while a call runs and
 # discarded between calls. After each call the processes it left in the kernel's process
 # group are killed.
+#
+# The end of a call cannot be forged. A ``v`` answer is the kernel's own word, and user code
+# in the kernel can write one and run on. So the runner ends a call (sends its exit record)
+# only once it has proven from outside, in /proc and never from the kernel's words, that the
+# kernel is back in its loop and idle (:meth:`Kernel.not_idle_because`): blocked in ``read``
+# on its request fd (``/proc/PID/syscall``), alone (``Threads: 1``) and with every signal it
+# catches blocked (``/proc/PID/status``: the loop blocks them all before it reads, so that no
+# handler or timer can wake it). Such a process runs nothing until its next request. The
+# runner looks at once after the answer, again and again for a fraction of a millisecond
+# (the loop reads its next request within microseconds), then after short growing pauses
+# (its select loop never waits longer). A kernel never proven idle gets no exit record: the
+# daemon's deadline stops the call (``I``, then ``K``) and the kernel with it. One case is
+# decided here: a kernel parked in its loop that still runs other threads after
+# THREADS_SETTLE_S (the call's code left a thread running, which could write into a later
+# call) is ended, and its record says why (``not_idle``). Numeric libraries start no thread
+# pools of their own in a kernel: OPENBLAS/OMP/MKL_NUM_THREADS are 1 unless the request's
+# environment sets them.
+#
+# Interrupt before kill: ``I`` (the call's deadline, a cancel, an interrupt request) makes the
+# runner send SIGINT to the kernel, whose handler raises KeyboardInterrupt in the user's code
+# while it runs (deferred while a display frame is being written, dropped once the code has
+# ended: :func:`interrupt_user_code`). A kernel that answers and is proven idle within the
+# request's ``interrupt_grace_s`` is kept (the record says ``kernel_interrupted``); else the
+# runner kills it (``kernel_lost``, ``not_idle`` says why). A kernel that had answered already
+# but was not proven idle gets no signal: the same grace, then it is killed.
 
 KERNEL_REPLY = {b"v": (1, 1 + MAX_VALUE_JSON)}
 _KCTL, _KREP, _KDISP = 3, 4, 5  # the kernel's request, reply and display fds
+#: a kernel's numeric libraries run one thread each (a thread left running is not idle)
+KERNEL_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: ``read(2)``'s number (``/proc/PID/syscall`` shows numbers) on the machines sandboxd runs on
+READ_SYSCALL = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine, -1)
+#: how long the runner looks again and again at a kernel that just answered (its loop reads
+#: the next request within microseconds), then the pauses between looks, at first and at most
+SPIN_S, FIRST_LOOK_S, LAST_LOOK_S = 0.0003, 0.0005, 0.02
+#: how long a kernel parked in its loop may still run other threads before it is ended
+THREADS_SETTLE_S = 1.0
+MAX_INTERRUPT_GRACE_S = 60.0
+
+
+def _signal_masks():
+    """``(block, restore)`` for the kernel's loop: block every signal, then restore the mask
+    that was there before. ``rt_sigprocmask`` itself (through ctypes): glibc's sigprocmask, and
+    so Python's ``pthread_sigmask``, leaves out the two signals glibc keeps for itself (32 and
+    33), and a process that ever started a thread (numpy's pools, matplotlib's font-cache
+    timer) catches 33 for good - a kernel that cannot block it could never be proven idle.
+    On another machine (syscall number unknown), glibc's call without them."""
+    number = {"x86_64": 14, "aarch64": 135}.get(os.uname().machine)  # rt_sigprocmask
+    if number is None:
+        every_signal, before = frozenset(signal.valid_signals()), [set()]
+
+        def block(sigmask=_signal.pthread_sigmask, every=every_signal, saved=before):
+            saved[0] = sigmask(signal.SIG_BLOCK, every)
+
+        def restore(sigmask=_signal.pthread_sigmask, saved=before):
+            sigmask(signal.SIG_SETMASK, saved[0])
+
+        return block, restore
+    syscall = ctypes.CDLL(None, use_errno=True).syscall  # a function object of its own
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                        ctypes.c_size_t)
+    masks = (ctypes.c_uint64(2 ** 64 - 1), ctypes.c_uint64(0))  # kept alive by the closures
+    every_at, saved_at = ctypes.addressof(masks[0]), ctypes.addressof(masks[1])
+
+    def block(syscall=syscall, number=number, every=every_at, saved=saved_at, keep=masks):
+        syscall(number, 0, every, saved, 8)  # SIG_BLOCK (the kernel spares SIGKILL, SIGSTOP)
+
+    def restore(syscall=syscall, number=number, saved=saved_at, keep=masks):
+        syscall(number, 2, saved, None, 8)  # SIG_SETMASK
+
+    return block, restore
+
+
+KERNEL_MASKS = _signal_masks()
 
 
 # The kernel's own machinery binds what it uses when this file is loaded (default arguments):
@@ -910,9 +1042,9 @@ def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
     return bytes(buf)
 
 
-def _answer(status, value, write=os.write, pack=wire.HEADER.pack, len=len, bytes=bytes,
-            memoryview=memoryview, dumps=json.dumps, repr=repr):
-    """One ``v`` frame to the runner: the status byte and the value's JSON."""
+def _answer(status, value, pack=wire.HEADER.pack, len=len, bytes=bytes, dumps=json.dumps,
+            repr=repr):
+    """The ``v`` frame for the runner: the status byte and the value's JSON."""
     payload = bytes([status])
     if value is not None and status == 0:
         try:
@@ -923,20 +1055,31 @@ def _answer(status, value, write=os.write, pack=wire.HEADER.pack, len=len, bytes
             except Exception:
                 data = b'{"value": "<unrepresentable>"}'
         payload += data[:MAX_VALUE_JSON]
-    view = memoryview(pack(b"v", 0, len(payload)) + payload)
+    return pack(b"v", 0, len(payload)) + payload
+
+
+def _send_answer(frame, write=os.write, memoryview=memoryview):
+    view = memoryview(frame)
     while view:
         view = view[write(_KREP, view):]
 
 
 def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isinstance,
-                str=str):
+                str=str, masks=KERNEL_MASKS, execute=execute, answer=_answer,
+                send=_send_answer, state=CELL):
     """The kernel's loop (in its process): read a request, execute it in the persistent
-    namespace, answer; exit when the runner closes the request pipe."""
+    namespace, answer; exit when the runner closes the request pipe. Every signal is blocked
+    from its answer until it has read the next request (:func:`_signal_masks`): the runner
+    proves from outside that it is parked there."""
     _user_streams()
     _user_environment(req)
+    for name in KERNEL_THREAD_ENV:
+        os.environ.setdefault(name, "1")
     user_builtins = _user_builtins(req)  # one copy for the kernel's life: state, like globals
     namespace = {"__name__": "__main__", "__builtins__": user_builtins}
     caps_of, display_tools = display_rules.DisplayCaps, _user_display
+    block, restore = masks
+    block()  # idle (from its answer to its next request): nothing but that request wakes it
     while True:
         head = _read_exact(_KCTL, 4)
         if head is None:
@@ -944,6 +1087,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         body = _read_exact(_KCTL, unpack(">I", head)[0])
         if body is None:
             os._exit(0)
+        restore()
         cell = loads(body)
         # this call's display() (its own count) and import rule (the policy may have
         # changed since the last call)
@@ -954,7 +1098,14 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         user_builtins["display"] = display
         namespace["__builtins__"] = user_builtins
         code = cell.get("code")
-        _answer(*execute(code if isinstance(code, str) else "", namespace, display))
+        try:
+            status, value = execute(code if isinstance(code, str) else "", namespace, display)
+        except KeyboardInterrupt:  # an interrupt that came just as the code ended
+            status, value = 1, None
+        state.running = False
+        frame = answer(status, value)
+        block()  # before it answers: then it only reads
+        send(frame)
 
 
 def kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w):
@@ -978,8 +1129,9 @@ def kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w):
                 fh.write("1000")
         except OSError:
             pass
-        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, interrupt_user_code)  # the runner's interrupt
         os.umask(0o022)
         os.chdir(req.get("cwd") or "/workspace")
         kernel_main(req)
@@ -1007,6 +1159,26 @@ def _proc_stat(pid):
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _status_field(status, name):
+    """The value of field ``name`` of a /proc/PID/status text, or None (the process name, the
+    first line, has its newlines escaped: no line can pose as another field)."""
+    start = status.find(b"\n" + name + b":")
+    if start < 0:
+        return None
+    start += len(name) + 2
+    end = status.find(b"\n", start)
+    return status[start:end if end >= 0 else len(status)].strip()
+
+
+def _read_proc(dfd, name, size):
+    """A file of the /proc directory ``dfd`` (one read: these are generated whole)."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 class Kernel:
     """The container's session kernel, as the runner keeps it."""
 
@@ -1020,6 +1192,8 @@ class Kernel:
         self.current = None  # the KernelCall running now
         self.decoder = None
         self.ended = (None, None, True)  # (wait status, rusage, group gone) of the last one
+        self.threads = False  # the last look found it parked but with other threads
+        self.proc_fd = None  # its /proc directory
 
     @property
     def alive(self):
@@ -1040,6 +1214,10 @@ class Kernel:
             for fd in (ctl_r, rep_w, out_w, err_w, disp_w):
                 os.close(fd)
         self.pid, self.calls = pid, 0
+        try:  # this very process's /proc directory (a reused pid is another directory)
+            self.proc_fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            self.proc_fd = None  # never proven idle: its calls end at their deadline
         self.streams = {out_r: b"o", err_r: b"e", disp_r: b"d"}
         self.pipes = {out_r, err_r, disp_r, self.rep_r}
         for fd in self.pipes:
@@ -1139,13 +1317,14 @@ class Kernel:
         _killpg(pid)
         self.ended = (status, usage, _group_gone(pid))
         self.drain()  # what it wrote before it died is the call's output
-        for fd in [*self.pipes, self.ctl_w]:
+        for fd in [*self.pipes, self.ctl_w, self.proc_fd]:
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self.pipes, self.streams, self.ctl_w, self.rep_r = set(), {}, None, None
+        self.proc_fd = None
 
     def sweep(self):
         """Kill what the last call left in the kernel's process group (not the kernel);
@@ -1181,6 +1360,44 @@ class Kernel:
             pass
         return 0
 
+    def not_idle_because(self):
+        """None when the kernel is parked in its loop (see "the session kernel": blocked
+        reading its request fd, alone, every signal it catches blocked), else what it does
+        instead; ``threads`` is True when only its other threads keep it from being idle."""
+        self.threads = False
+        if self.proc_fd is None:
+            return "its state could not be read"
+        try:
+            syscall = _read_proc(self.proc_fd, "syscall", 512).split()
+        except OSError as exc:
+            return f"its state could not be read ({type(exc).__name__})"
+        if not syscall or syscall[0] == b"running":
+            return "it is running"
+        try:
+            parked = int(syscall[0]) == READ_SYSCALL and int(syscall[1], 16) == _KCTL
+        except (IndexError, ValueError):
+            parked = False
+        if not parked:
+            return (f"it is in system call {syscall[0].decode(errors='replace')[:20]}, "
+                    "not waiting for its next request")
+        try:
+            status = _read_proc(self.proc_fd, "status", 16384)
+        except OSError as exc:
+            return f"its state could not be read ({type(exc).__name__})"
+        threads = _status_field(status, b"Threads")
+        if threads != b"1":
+            self.threads = True
+            return ("the call's code left threads running "
+                    f"({(threads or b'?').decode(errors='replace')[:20]} threads)")
+        try:
+            blocked = int(_status_field(status, b"SigBlk"), 16)
+            caught = int(_status_field(status, b"SigCgt"), 16)
+        except (TypeError, ValueError):
+            return "its signal masks could not be read"
+        if caught & ~blocked:
+            return "a signal it catches could still wake it"
+        return None
+
 
 def _write_all(fd, data):
     view = memoryview(data)
@@ -1188,9 +1405,18 @@ def _write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
+def _grace(req):
+    """The request's ``interrupt_grace_s``, within bounds (0 when it has none)."""
+    try:
+        grace = float(req.get("interrupt_grace_s") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    return min(max(grace, 0.0), MAX_INTERRUPT_GRACE_S) if grace == grace else 0.0
+
+
 class KernelCall(Call):
     """One call in the kernel: its output is relayed by :class:`Kernel`, its end is the
-    kernel's answer (or the kernel's death)."""
+    kernel's answer once the kernel is proven idle (or the kernel's death)."""
 
     def __init__(self, chan, cid, req, kernel):
         super().__init__(chan, cid, req)
@@ -1200,6 +1426,15 @@ class KernelCall(Call):
         self.fresh = False
         self.cpu0 = 0
         self.stopped = False  # a kernel_stop request ended it
+        self.replied = None  # when its answer came (monotonic)
+        self.next_look = 0.0  # when to look at the kernel again (after its answer)
+        self.pause = FIRST_LOOK_S
+        self.idle = False  # proven idle after its answer: the call is over
+        self.not_idle = None  # what the kernel did instead, at the last look
+        self.given_up = False  # it is ended for not being idle (threads, the grace is over)
+        self.grace = _grace(req)
+        self.interrupt_until = None  # ``I`` came: the kernel is killed unless idle by then
+        self.interrupted = False  # SIGINT was sent while its code ran
 
     def start(self):
         kernel = self.kernel
@@ -1234,17 +1469,71 @@ class KernelCall(Call):
             except OSError:
                 self.hangup = True
 
+    @property
+    def wake(self):
+        looks = [t for t in (self.next_look if self.reply is not None else None,
+                             self.interrupt_until) if t is not None]
+        return min(looks) if looks else None
+
+    def interrupt(self, now):
+        """``I``: SIGINT to the kernel while its code runs (its handler raises
+        KeyboardInterrupt there); unless it answers and is proven idle within the grace, it
+        is killed then."""
+        kernel = self.kernel
+        if self.interrupt_until is not None or not kernel.alive:
+            return
+        self.interrupt_until = now + self.grace
+        if self.reply is None and kernel.rep_r is not None:
+            kernel.on_pipe(kernel.rep_r)  # an answer already written is no reason to interrupt
+        if self.reply is None and kernel.alive and not self.broken:
+            try:
+                os.kill(kernel.pid, signal.SIGINT)
+                self.interrupted = True
+            except OSError:
+                pass
+
     def poll(self, now):
-        if self.stopping or self.reply is not None or self.broken:
+        """True when the call can be finished: the kernel answered and is proven idle, it
+        died, the call hit a limit or was stopped, or it is given up (see the kernel's
+        section)."""
+        if self.stopping or self.broken:
             return True
-        self.kernel.check()
-        return not self.kernel.alive
+        kernel = self.kernel
+        kernel.check()
+        if not kernel.alive:
+            return True
+        if self.reply is not None and now >= self.next_look:
+            self.not_idle = kernel.not_idle_because()
+            if self.replied is None:  # its loop reads its next request within microseconds
+                self.replied = now
+                spin_until = time.monotonic() + SPIN_S
+                while self.not_idle is not None and time.monotonic() < spin_until:
+                    os.sched_yield()
+                    self.not_idle = kernel.not_idle_because()
+            if self.not_idle is None:
+                self.idle = True
+                return True
+            if kernel.threads and now - self.replied >= THREADS_SETTLE_S:
+                self.given_up = True
+                return True
+            self.next_look = time.monotonic() + self.pause
+            self.pause = min(self.pause * 2, LAST_LOOK_S)
+        if self.interrupt_until is not None and now >= self.interrupt_until:
+            self.given_up = True
+            if self.reply is None:
+                self.not_idle = (f"its code did not come back from the interrupt within "
+                                 f"{self.grace:g} s")
+            elif self.not_idle:
+                self.not_idle = f"the kernel answered but never went idle ({self.not_idle})"
+            return True
+        return False
 
     def finish(self):
         kernel = self.kernel
         group_gone = True
         record = {}
-        if self.reply is not None and not self.stopping and not self.broken and kernel.alive:
+        if (self.idle and self.reply is not None and not self.stopping and not self.broken
+                and kernel.alive):
             kernel.drain()
             group_gone = kernel.sweep()
             record["exit_code"] = self.reply[0]
@@ -1262,6 +1551,8 @@ class KernelCall(Call):
             record["signal"] = (os.WTERMSIG(status)
                                 if status is not None and os.WIFSIGNALED(status) else None)
             record["kernel_lost"] = True
+            if self.given_up and self.not_idle:
+                record["not_idle"] = self.not_idle[:500]
         kernel.current = None
         oom1, pids1 = cgroup_counters()
         record.update({
@@ -1277,6 +1568,8 @@ class KernelCall(Call):
             "kernel_stopped": self.stopped,
         })
         record.setdefault("kernel_lost", False)
+        if self.interrupted and not record["kernel_lost"]:
+            record["kernel_interrupted"] = True
         if self.broken:
             record["error"] = self.broken
         if self.value_buf:
@@ -1408,13 +1701,17 @@ def main():
     gc.freeze()
     chan = open_channel()
     cfd = chan.fileno()
-    decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0)})
+    decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)})
     calls = {}  # call id -> Call
     owners = {}  # pipe fd -> Call
     last_pids_check = 0.0
     while True:
+        timeout = 0.05 if calls else None
+        wakes = [call.wake for call in calls.values() if call.wake is not None]
+        if wakes:  # a kernel that answered is looked at again soon (see the kernel's section)
+            timeout = min(timeout, max(min(wakes) - time.monotonic(), 0.0))
         try:
-            ready, _, _ = select.select([cfd, *owners], [], [], 0.05 if calls else None)
+            ready, _, _ = select.select([cfd, *owners], [], [], timeout)
         except InterruptedError:
             continue
         for fd in ready:
@@ -1437,7 +1734,11 @@ def main():
                 for frame in frames:
                     if frame.kind == b"R":
                         _start(chan, frame.call, frame.payload, calls, owners)
-                    elif frame.call in calls:  # b"K": the daemon stopped waiting for it
+                    elif frame.call not in calls:
+                        continue
+                    elif frame.kind == b"I":  # interrupt before kill (a kernel call)
+                        calls[frame.call].interrupt(time.monotonic())
+                    else:  # b"K": the daemon stopped waiting for it
                         calls[frame.call].hangup = True
             elif fd in owners and fd in owners[fd].pipes:
                 owners[fd].on_pipe(fd)

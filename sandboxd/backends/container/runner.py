@@ -11,7 +11,9 @@ memory through ``/proc``). That one channel carries every call of the container,
 multiplexed by call id (:mod:`sandboxd.wire` frames):
 
   daemon -> runner  ``R`` JSON request (a new call id; a session's python call names the
-                    container's kernel, ``kernel_stop`` ends it), ``K`` stop that call
+                    container's kernel, ``kernel_stop`` ends it), ``K`` stop that call,
+                    ``I`` interrupt that call (a kernel call: SIGINT first, killed after the
+                    request's ``interrupt_grace_s`` unless the kernel is back and idle)
   runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.wire.READ_BYTES` each),
                     ``d`` a display item (:mod:`sandboxd.display`, checked by
                     :mod:`sandboxd.outputs` against the call's caps),
@@ -80,17 +82,20 @@ def check_exit_record(payload: bytes) -> dict[str, Any]:
         raise wire.ProtocolError("the exit record is not a JSON object")
     ints = ("cpu_ms", "peak_memory_bytes", "wall_ms", "kernel_calls")
     flags = ("oom", "pids_limit", "output_limit", "group_gone", "has_value", "kernel_fresh",
-             "kernel_lost", "kernel_stopped")
-    unknown = set(rec) - {"exit_code", "signal", "value", "error", *ints, *flags}
+             "kernel_lost", "kernel_stopped", "kernel_interrupted")
+    texts = ("error", "not_idle")
+    unknown = set(rec) - {"exit_code", "signal", "value", *texts, *ints, *flags}
     if unknown:
         raise wire.ProtocolError(f"unknown exit record members {sorted(unknown)[:3]}")
-    code, sig, error = rec.get("exit_code"), rec.get("signal"), rec.get("error")
+    code, sig = rec.get("exit_code"), rec.get("signal")
     if code is not None and not (_is(code, int) and -255 <= code <= 255):
         raise wire.ProtocolError("exit_code is not a small integer")
     if sig is not None and not (_is(sig, int) and 0 < sig < 128):
         raise wire.ProtocolError("signal is not a signal number")
-    if error is not None and not (_is(error, str) and len(error) <= MAX_ERROR):
-        raise wire.ProtocolError("error is not a short string")
+    for name in texts:
+        text = rec.get(name)
+        if text is not None and not (_is(text, str) and len(text) <= MAX_ERROR):
+            raise wire.ProtocolError(f"{name} is not a short string")
     for name in ints:
         if not (_is(rec.get(name, 0), int) and 0 <= rec.get(name, 0) < 2**63):
             raise wire.ProtocolError(f"{name} is not a non-negative integer")
@@ -112,6 +117,7 @@ class CallOutput:
     displays: DisplayCollector = field(default_factory=lambda: DisplayCollector(DisplayCaps()))
     events: EventSink | None = None  # a streaming caller's sink (sandboxd.streaming)
     relay: TextRelay | None = None  # set by Channel.call: stdout/stderr to ``events``
+    cid: int | None = None  # set by Channel.call: the call's id on the channel, once sent
 
 
 @dataclass
@@ -196,6 +202,14 @@ class Channel:
             self._end(cid, RunnerLost(self.broken))
         self.writer.close()
 
+    def interrupt(self, cid: int) -> bool:
+        """Ask the runner to interrupt a call in flight (``I``); its exit record (or a
+        :meth:`stop`) ends it as usual. False when the call is not running here."""
+        if cid not in self.calls or self.broken is not None or self.writer.is_closing():
+            return False
+        self.writer.write(wire.encode(b"I", b"", cid))
+        return True
+
     def stop(self, cid: int) -> None:
         """Stop a call here and ask the runner to kill its processes (``K``)."""
         if cid in self.calls:
@@ -210,6 +224,7 @@ class Channel:
         if self.broken is not None:
             raise RunnerLost(self.broken)
         cid, self.next_id = self.next_id, self.next_id + 1
+        out.cid = cid
         out.relay = TextRelay(out.events, output_bytes)
         done = asyncio.get_running_loop().create_future()
         self.calls[cid] = _Call(out, output_bytes, done)
