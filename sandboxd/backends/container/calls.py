@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
-from sandboxd.deadline import within
+from sandboxd.deadline import stop_task, within
 from sandboxd.display import DisplayCaps
 from sandboxd.models import (
+    LIMIT_MESSAGES,
     Cleanup,
     Invocation,
     Limits,
@@ -32,6 +33,9 @@ from sandboxd.streaming import EventSink
 BACKEND = "container"
 MAX_CODE_BYTES = 4 * 1024 * 1024
 RUNNER_CONNECT_S = 15.0  # a started container's runner connects well within this
+#: beyond an interrupt's grace, how long the daemon waits for the runner's answer (the runner
+#: kills and reaps a kernel that did not come back well within this)
+INTERRUPT_MARGIN_S = 2.0
 
 
 @dataclass
@@ -61,6 +65,44 @@ class Outcome:
         """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
         rec = self.record
         return not rec.get("oom") and (self.lost is not None or rec.get("signal") == 9)
+
+
+@dataclass
+class Interrupt:
+    """Interrupt before kill, for a call in a session kernel (issue 22): at its deadline, on
+    :meth:`request` (``POST /v1/sessions/{id}/interrupt``) or when it is cancelled, the runner
+    is asked to interrupt the call (``I``: a KeyboardInterrupt in its code) and given
+    ``grace`` seconds, plus a margin, to answer; only then is the call stopped (``K``)."""
+
+    grace: float
+    out: CallOutput | None = None  # the call's output (its id on the channel, once sent)
+    reason: Reason | None = None  # why it was interrupted: wall_timeout or cancelled
+    requested: bool = False
+    wake: asyncio.Future[None] | None = field(default=None, repr=False)  # set by request()
+
+    @property
+    def running(self) -> bool:
+        """The call is with the runner and has not ended."""
+        return self.out is not None and self.out.cid is not None and self.out.exit is None
+
+    def request(self) -> bool:
+        """Interrupt the call now (``POST .../interrupt``); False when it is not running or
+        is being interrupted already."""
+        if not self.running or self.reason is not None or self.requested:
+            return False
+        self.requested = True
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+        return True
+
+
+class CancelledAfterInterrupt(asyncio.CancelledError):
+    """A kernel call was cancelled; it was interrupted first, and ``outcome`` is what the
+    runner answered within the grace (None: nothing, the call was stopped)."""
+
+    def __init__(self, outcome: Outcome | None) -> None:
+        super().__init__("cancelled")
+        self.outcome = outcome
 
 
 def request_for(invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
@@ -101,9 +143,13 @@ def rejected(invocation: Invocation, limits: Limits, message: str) -> Result:
 
 
 async def exchange(box: Box, request: dict[str, Any], limits: Limits,
-                   deadline: float, events: EventSink | None = None) -> Outcome:
+                   deadline: float, events: EventSink | None = None,
+                   interrupt: Interrupt | None = None) -> Outcome:
     """Run one request on ``box`` within the deadline (raises TimeoutError); ``events``: a
-    streaming caller's sink.
+    streaming caller's sink. With ``interrupt`` (a kernel call), the deadline, a request and
+    a cancel interrupt the call first (see :class:`Interrupt`): the outcome is then the
+    runner's answer to the interrupt (``interrupt.reason`` says why), TimeoutError or
+    :class:`CancelledAfterInterrupt` when it did not answer within the grace.
 
     The deadline is enforced with ``asyncio.wait`` around a task, never with nested
     ``wait_for``/``timeout`` (Python 3.11's ``wait_for`` can swallow a cancellation that
@@ -114,10 +160,55 @@ async def exchange(box: Box, request: dict[str, Any], limits: Limits,
     if deadline - time.monotonic() <= 0:
         raise TimeoutError
     task = asyncio.ensure_future(_exchange_body(box, request, limits, out))
+    if interrupt is not None:
+        interrupt.out = out
+        return await _interruptible(box, task, deadline, interrupt)
     finished, result = await within(task, deadline - time.monotonic())
     if not finished:
         raise TimeoutError
     return result
+
+
+async def _interruptible(box: Box, task: asyncio.Future[Outcome], deadline: float,
+                         interrupt: Interrupt) -> Outcome:
+    # one asyncio.wait, as within() does, on the call and on an interrupt request (it cancels
+    # neither, and a cancellation of ours is never lost: it is handled here)
+    interrupt.wake = asyncio.get_running_loop().create_future()
+    try:
+        await asyncio.wait({task, interrupt.wake}, timeout=max(deadline - time.monotonic(), 0),
+                           return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        if not task.done():
+            interrupt.reason = Reason.cancelled
+        try:
+            outcome = await asyncio.shield(_interrupted(box, task, interrupt))
+        except asyncio.CancelledError:  # cancelled again: no more waiting
+            await stop_task(task)
+            raise CancelledAfterInterrupt(None) from None
+        raise CancelledAfterInterrupt(outcome) from None
+    if task.done():
+        return task.result()
+    interrupt.reason = Reason.cancelled if interrupt.requested else Reason.wall_timeout
+    outcome = await _interrupted(box, task, interrupt)
+    if outcome is None:
+        raise TimeoutError
+    return outcome
+
+
+async def _interrupted(box: Box, task: asyncio.Future[Outcome],
+                       interrupt: Interrupt) -> Outcome | None:
+    """Ask the runner to interrupt the call and wait for its answer, within the grace and a
+    margin; None (and the call stopped: ``K``) when none came, or the call never reached the
+    runner."""
+    if not task.done():
+        channel, out = box.endpoint.channel, interrupt.out
+        if channel is None or out is None or out.cid is None or not channel.interrupt(out.cid):
+            await stop_task(task)
+            return None if task.cancelled() or task.exception() else task.result()
+        finished, _ = await within(task, interrupt.grace + INTERRUPT_MARGIN_S)
+        if not finished:  # stopped (``K``): the runner kills the kernel
+            return None
+    return task.result()
 
 
 async def _exchange_body(box: Box, request: dict[str, Any], limits: Limits,
@@ -148,9 +239,10 @@ def timeout_result(invocation: Invocation, limits: Limits, started: float,
 
 def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, started: float,
                  verified: bool, *, oom: bool, detail: str | None,
-                 engine_error: str | None) -> Result:
+                 engine_error: str | None, interrupted: Reason | None = None) -> Result:
     """The result of a call that reached its runner (``engine_error``: why the engine was
-    last seen failing, if it was)."""
+    last seen failing, if it was; ``interrupted``: the call was interrupted at its deadline
+    or on a cancel, which is its termination unless it hit a limit)."""
     out, rec = outcome.output, outcome.record
     exit_code = rec.get("exit_code")
     sig = rec.get("signal")
@@ -165,6 +257,12 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         reason = Reason.output_limit
     elif rec.get("pids_limit"):
         reason = Reason.pids_limit
+    elif interrupted is not None:
+        reason = interrupted
+        why = rec.get("not_idle") or rec.get("error") or outcome.lost
+        if why:
+            message = (f"{LIMIT_MESSAGES[reason].format(**limits.model_dump())}; "
+                       f"{str(why).rstrip('.')}")
     elif outcome.lost:
         reason = Reason.exited
         message = outcome.lost
@@ -176,7 +274,7 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
     else:
         reason = Reason.exited
     status = status_for(reason, exit_code)
-    if (outcome.lost or rec.get("error")) and not outcome.superseded:
+    if (outcome.lost or rec.get("error")) and not outcome.superseded and reason is not interrupted:
         status = Status.error
     truncated = Truncated()
     if reason is Reason.output_limit:

@@ -27,6 +27,7 @@ class ContainerConfig:
     session_quota_bytes: int = 256 * 1024 * 1024  # the workspace tmpfs of a one-shot call
     session_quota_entries: int = 65536
     warm_pool_size: int = 2
+    kernel_interrupt_grace_s: float = 2.0  # an interrupted session kernel may come back this long
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContainerConfig:
@@ -41,4 +42,5 @@ class ContainerConfig:
             session_quota_bytes=settings.session_quota_bytes,
             session_quota_entries=settings.session_quota_entries,
             warm_pool_size=settings.warm_pool_size,
+            kernel_interrupt_grace_s=settings.kernel_interrupt_grace_s,
         )

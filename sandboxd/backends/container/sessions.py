@@ -5,7 +5,16 @@ the runner keeps in the container (globals persist between calls; one call at a 
 order). The container is removed by ``close_session``, at shutdown, and after any call that
 hit a limit (the next call starts a fresh one on the same workspace, with a fresh kernel). A
 kernel call that crashes the interpreter ends only the kernel; ``restart`` ends it on
-request."""
+request.
+
+Kernels you can trust (issue 22): the runner ends a kernel call only once it has proven from
+``/proc`` that the kernel is back in its loop and idle (code that writes a forged answer and
+runs on is never answered; its call ends at the deadline with the kernel lost), and it ends a
+kernel whose call left threads running. Interrupt before kill: at a kernel call's deadline,
+on a cancel and on :meth:`SessionContainers.interrupt_kernel` the runner interrupts the call
+(a KeyboardInterrupt in its code); a kernel that comes back within ``kernel_interrupt_grace_s``
+is kept with its variables (``kernel.interrupted``; the call ends ``timeout`` or ``killed``),
+else it is killed and its container removed as before."""
 
 from __future__ import annotations
 
@@ -18,6 +27,8 @@ from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, gone
 from sandboxd.backends.container.calls import (
+    CancelledAfterInterrupt,
+    Interrupt,
     Outcome,
     build_result,
     exchange,
@@ -29,6 +40,11 @@ from sandboxd.models import Invocation, Kernel, Limits, Reason, Result
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
 KERNEL_STOP_S = 10.0  # the runner kills and reaps the kernel well within this
+#: ``cleanup.detail`` of a call whose code was interrupted and whose kernel came back
+KEPT_INTERRUPTED = ("the call's code was interrupted and the kernel came back to its loop "
+                    "(proven idle): it was kept for the session's next call")
+#: ``cleanup.detail`` of a cancelled call that ended by itself as it was interrupted
+KEPT = "the call ended as it was cancelled; the session's kernel was kept for its next call"
 
 
 class SessionContainers:
@@ -39,6 +55,7 @@ class SessionContainers:
         self.by_key: dict[SessionKey, Box] = {}
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._kernel_locks: dict[SessionKey, asyncio.Lock] = {}  # one kernel call at a time
+        self._flights: dict[SessionKey, Interrupt] = {}  # the kernel call running now
 
     def lost(self) -> None:
         """The engine went away: every session container is dead, removed when it is back."""
@@ -99,15 +116,21 @@ class SessionContainers:
             box = self.by_key.get(key)
             calls = box.kernel_calls if box is not None and not box.dead else 0
             return result.model_copy(update={"kernel": Kernel(calls=calls)})
+        grace = self.boxes.config.kernel_interrupt_grace_s
+        interrupt = self._flights[key] = Interrupt(grace)
         try:
             return await self._run(key, invocation, limits, deadline,
-                                   {**request, "kernel": True}, image, shape, started)
+                                   {**request, "kernel": True, "interrupt_grace_s": grace},
+                                   image, shape, started, interrupt)
         finally:
+            if self._flights.get(key) is interrupt:
+                del self._flights[key]
             lock.release()
 
     async def _run(self, key: SessionKey, invocation: Invocation, limits: Limits,
                    deadline: float, request: dict[str, Any], image: str,
-                   shape: engine.Shape, started: float) -> Result:
+                   shape: engine.Shape, started: float,
+                   interrupt: Interrupt | None = None) -> Result:
         kernel_call = bool(request.get("kernel"))
         box: Box | None = None
         before = 0  # calls of the box's live kernel before this one (0: none)
@@ -115,11 +138,20 @@ class SessionContainers:
             box = await self._box(key, invocation, image, shape, deadline)
             before = box.kernel_calls
             await self.boxes.update_shape(box, shape)
-            outcome = await exchange(box, request, limits, deadline, invocation.events)
+            outcome = await exchange(box, request, limits, deadline, invocation.events,
+                                     interrupt)
         except asyncio.CancelledError as exc:
             if box is not None:
+                if isinstance(exc, CancelledAfterInterrupt) and exc.outcome is not None:
+                    kept = self._kept_after_interrupt(box, exc.outcome)
+                    if kept is not None:  # interrupted, back and idle: kernel and box stay
+                        raise CancelledAfterCleanup(*kept) from None
                 verified = await self.drop(key, box)
-                raise CancelledAfterCleanup(verified, gone(box, verified)) from None
+                lost = None
+                if kernel_call or before:  # the container, and so its kernel, is gone
+                    lost = Kernel(fresh=kernel_call and not before, calls=before + kernel_call,
+                                  lost=True, reason=Reason.cancelled.value)
+                raise CancelledAfterCleanup(verified, gone(box, verified), lost) from None
             if isinstance(exc, CancelledAfterCleanup):
                 raise
             raise CancelledAfterCleanup(True, "no container was started") from None
@@ -140,7 +172,21 @@ class SessionContainers:
             # another call of this session hit a limit and its container was removed
             outcome.lost = None
             outcome.superseded = True
-        if outcome.clean:
+        rec = outcome.record
+        interrupted = interrupt.reason if interrupt is not None else None
+        if interrupted is not None and outcome.clean and not rec.get("kernel_lost"):
+            if rec.get("kernel_interrupted"):  # back in its loop within the grace: kept
+                verified = bool(rec.get("group_gone", True))
+                result = build_result(invocation, limits, outcome, started, verified, oom=False,
+                                      detail=KEPT_INTERRUPTED if verified else
+                                      "processes of the call may be left",
+                                      engine_error=self.boxes.engine_error,
+                                      interrupted=interrupted)
+                box.kernel_calls = int(rec.get("kernel_calls") or 0)
+                return with_kernel(result, Kernel(fresh=bool(rec.get("kernel_fresh")),
+                                                  calls=box.kernel_calls, interrupted=True))
+            interrupted = None  # it ended by itself as it was interrupted: its own result
+        if outcome.clean and interrupted is None:
             verified = bool(outcome.record.get("group_gone", True))
             result = build_result(invocation, limits, outcome, started, verified, oom=False,
                                   detail="session container kept; the call's processes are "
@@ -155,7 +201,7 @@ class SessionContainers:
         verified = await self.drop(key, box)
         result = build_result(invocation, limits, outcome, started, verified, oom=oom,
                               detail=gone(box, verified) + " (the session gets a new one)",
-                              engine_error=self.boxes.engine_error)
+                              engine_error=self.boxes.engine_error, interrupted=interrupted)
         if kernel_call or before:  # the container, and so its kernel, is gone
             rec = outcome.record if kernel_call else {}
             fresh = rec.get("kernel_fresh", kernel_call and not before)
@@ -183,6 +229,9 @@ class SessionContainers:
         box.kernel_calls = 0
         if rec.get("kernel_stopped"):
             reason, why = "restarted", "the session's kernel was restarted during the call"
+        elif rec.get("not_idle"):  # e.g. the call's code left a thread running
+            reason = "not_idle"
+            why = f"the Python interpreter was not idle after the call: {rec['not_idle']}"
         else:
             reason = "crashed"
             sig, code = rec.get("signal"), rec.get("exit_code")
@@ -194,10 +243,31 @@ class SessionContainers:
             update["message"] = why
         return result.model_copy(update=update)
 
+    @staticmethod
+    def _kept_after_interrupt(box: Box,
+                              outcome: Outcome) -> tuple[bool, str, Kernel] | None:
+        """A cancelled kernel call's kernel, when the runner kept it (it came back from the
+        interrupt, or the call ended by itself): ``CancelledAfterCleanup``'s arguments."""
+        rec = outcome.record
+        if not outcome.clean or rec.get("kernel_lost") or "kernel_calls" not in rec:
+            return None
+        box.kernel_calls = int(rec.get("kernel_calls") or 0)
+        interrupted = bool(rec.get("kernel_interrupted"))
+        kernel = Kernel(fresh=bool(rec.get("kernel_fresh")), calls=box.kernel_calls,
+                        interrupted=interrupted)
+        verified = bool(rec.get("group_gone", True))
+        detail = KEPT_INTERRUPTED if interrupted else KEPT
+        return verified, detail if verified else "processes of the call may be left", kernel
+
     def interrupt_kernel(self, session_id: str) -> bool:
-        """Interrupt the call in the session container's kernel (not yet: the container
-        kernel's interrupt comes with the runner's part of issue 22)."""
-        return False
+        """Interrupt the python call that runs in the session's kernel now, if any: its code
+        gets a KeyboardInterrupt; it ends ``killed`` (``cancelled``), and the kernel is kept
+        when it comes back within the grace. True when a call was running."""
+        hit = False
+        for key, interrupt in self._flights.items():
+            if key[1] == session_id and interrupt.request():
+                hit = True
+        return hit
 
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel(s) (the next python call starts a fresh one; the
