@@ -326,14 +326,21 @@ def execute(code, namespace, display=None, cell=CELL):
             print(code_, file=sys.stderr)
     except BaseException:
         etype, evalue, tb = sys.exc_info()
-        # drop the runner's own frame from the traceback (and an interrupt's handler)
-        report = traceback.TracebackException(etype, evalue, tb.tb_next if tb else None)
-        if issubclass(etype, KeyboardInterrupt):
-            while report.stack and (report.stack[-1].filename,
-                                    report.stack[-1].name) in _INTERRUPT_FRAMES:
-                report.stack.pop()
-        sys.stderr.write("".join(report.format()))
         status = 1
+        try:
+            # drop the runner's own frame from the traceback (and an interrupt's handler)
+            report = traceback.TracebackException(etype, evalue, tb.tb_next if tb else None)
+            if issubclass(etype, KeyboardInterrupt):
+                while report.stack and (report.stack[-1].filename,
+                                        report.stack[-1].name) in _INTERRUPT_FRAMES:
+                    report.stack.pop()
+            sys.stderr.write("".join(report.format()))
+        except BaseException:  # the cell broke what formatting needs (builtins.len = ...)
+            try:
+                os.write(2, (etype.__name__ + " (its traceback could not be formatted)\n")
+                         .encode("utf-8", "replace"))
+            except BaseException:
+                pass
     if display is not None:
         try:
             try:

@@ -175,7 +175,9 @@ def test_timeout_ends_the_kernel_and_the_next_call_is_fresh(daemon: Daemon,
                     sid)
     assert res["status"] == "ok", res
     assert daemon.py("len([1])", sid)["value"] == 999  # the kernel's machinery is unaffected
-    res = daemon.py("while True:\n    pass", sid, limits={"timeout_s": 2})
+    # code that ignores the interrupt a timeout sends first (issue 22): the kernel is killed
+    res = daemon.py("while True:\n    try:\n        while True:\n            y = 1\n"
+                    "    except KeyboardInterrupt:\n        pass", sid, limits={"timeout_s": 2})
     assert res["status"] == "timeout" and res["termination"]["reason"] == "wall_timeout", res
     assert res["kernel"]["lost"] is True and res["kernel"]["reason"] == "wall_timeout", res
     assert res["cleanup"]["verified"] is True, res
@@ -185,6 +187,18 @@ def test_timeout_ends_the_kernel_and_the_next_call_is_fresh(daemon: Daemon,
                             "interrupted": False}
     daemon.d.client.delete(f"/v1/sessions/{sid}")
     assert session_containers(docker_client, daemon, sid) == []
+
+
+def test_an_exception_is_reported_even_when_the_cell_broke_traceback_formatting(
+        daemon: Daemon) -> None:
+    sid = daemon.session()
+    assert daemon.py("import builtins\nbuiltins.len = lambda *a: 999\nz = 3", sid)[
+        "status"] == "ok"
+    res = daemon.py("1 / 0", sid)
+    assert res["status"] == "error" and "ZeroDivisionError" in res["stderr"], res
+    assert res["kernel"]["lost"] is False, res  # the kernel's loop goes on
+    assert daemon.py("z", sid)["value"] == 3
+    daemon.d.client.delete(f"/v1/sessions/{sid}")
 
 
 def test_memory_kill_ends_the_kernel_and_the_next_call_is_fresh(daemon: Daemon) -> None:
@@ -254,33 +268,41 @@ def test_planted_state_never_reaches_another_session(daemon: Daemon) -> None:
     clean = [1, "1", "/workspace", False, None, False, False]
     attacker = daemon.session()
     res = daemon.py(
-        "import builtins, json, os, sys, threading, time, types\n"
+        "import builtins, json, os, sys, types\n"
         "builtins.len = lambda *a: 999\n"
         "builtins.planted = True\n"
         "json.dumps = lambda *a, **k: 'pwned'\n"
         "os.getcwd = lambda: '/pwned'\n"
         "os.environ['PLANTED'] = '1'\n"
         "open('/tmp/planted', 'w').write('x')\n"
-        "sys.modules['planted'] = types.ModuleType('planted')\n"
+        "sys.modules['planted'] = types.ModuleType('planted')", attacker)
+    assert res["status"] == "ok", res
+    res = daemon.py("import builtins, json, os\n"
+                    "[builtins.len([1]), json.dumps(1), os.getcwd(), os.environ['PLANTED']]",
+                    attacker)
+    assert res["value"] == [999, "pwned", "/pwned", "1"], res  # its own state persists
+    # a thread left running would outlive its call (issue 22): the kernel is not idle, and
+    # it ends with that call, whose message says why (a session of its own: the planted
+    # builtins above break threading itself)
+    threads = daemon.session()
+    res = daemon.py(
+        "import threading, time\n"
         "def noise():\n"
         "    while True:\n"
         "        print('LEAK', flush=True)\n"
         "        time.sleep(0.01)\n"
-        "threading.Thread(target=noise, daemon=True).start()", attacker)
-    assert res["status"] == "ok", res
-    res = daemon.py("import builtins, json, os, time\n"
-                    "time.sleep(0.3)\n"  # the thread gets to print during this call
-                    "[builtins.len([1]), json.dumps(1), os.getcwd(), os.environ['PLANTED']]",
-                    attacker)
-    assert res["value"] == [999, "pwned", "/pwned", "1"], res  # its own state persists
-    assert "LEAK" in res["stdout"]  # its thread runs on, into its own session's calls
+        "threading.Thread(target=noise, daemon=True).start()", threads)
+    assert res["status"] == "error" and res["kernel"]["lost"] is True, res
+    assert "threads running" in res["message"], res
+    res = daemon.py("print('after')", threads)
+    assert res["stdout"] == "after\n" and res["kernel"]["fresh"] is True, res
     victims = [(daemon.session(), "alice"), (daemon.session("bob"), "bob")]
     for sid, who in victims:
         res = daemon.py(victim_check, sid, who=who)
         assert res["value"] == clean and "LEAK" not in res["stdout"], res
     res = daemon.py(victim_check)  # a one-shot call
     assert res["value"] == clean and "LEAK" not in res["stdout"], res
-    for sid, who in [*victims, (attacker, "alice")]:
+    for sid, who in [*victims, (attacker, "alice"), (threads, "alice")]:
         daemon.d.client.delete(f"/v1/sessions/{sid}", headers=daemon.auth(who))
 
 
