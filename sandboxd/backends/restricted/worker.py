@@ -10,6 +10,7 @@ forks, so that workers import nothing and start warm.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]
 import _socket
 import errno
 import json
@@ -26,7 +27,8 @@ from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
 
 #: the outcomes after which a session kernel keeps running (any limit or failure ends it)
 KERNEL_SURVIVES = frozenset({"ok", "error"})
-#: what a kernel blocks while it waits for its next call (see .idle)
+#: what a kernel blocks while it waits for its next call (see .idle); blocked with the C
+#: module's ``pthread_sigmask`` (2 us a call: ``signal``'s wraps every number in an enum)
 ALL_SIGNALS = signal.valid_signals()
 
 
@@ -212,7 +214,7 @@ def run_worker(
         # blocked from before its report: the daemon proves from outside that it is parked in
         # the read below, unwakeable but by its next request (see .idle), and the sooner it
         # gets there after the report, the sooner the call ends
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
+        mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
         emit(b"r", json.dumps(report).encode())
         if mask is None:
             return 0
@@ -222,7 +224,7 @@ def run_worker(
             msg = recv_msg(sock, use_read=True)
         except (EOFError, OSError, ValueError):
             return 0
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         t_recv = time.perf_counter()
         if not isinstance(msg, dict) or not isinstance(msg.get("code"), str):
             return 0
