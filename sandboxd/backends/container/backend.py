@@ -17,8 +17,9 @@ Three ways a call gets a container (all with the same confinement, see :mod:`.en
   each ``python`` call runs in the session's kernel, a persistent interpreter the runner keeps
   in the container (:mod:`.sessions`). The container
   is removed by ``close_session`` (DELETE, TTL), at shutdown, and after any call that hit a
-  limit (timeout, memory, pids, output, cancellation) - the next call starts a fresh one on
-  the same workspace.
+  limit (memory, pids, output) or whose kernel was not proven idle - the next call starts a
+  fresh one on the same workspace. At a timeout or a cancel the kernel is interrupted first
+  (issue 22) and the container kept when the kernel comes back within the grace.
 * **cold** one-shot containers when the pool is empty or cannot serve the call.
 
 Limits: memory (= memory+swap), CPU and pids are container limits, changed in place with one
