@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon
+from tests.support.daemon import RunningDaemon, refused_port
 from tests.support.wait import wait_until
 
 
@@ -56,7 +56,8 @@ def test_tools_and_invoke(daemon: RunningDaemon) -> None:
 
 
 def test_invoke_reports_unreachable_daemon() -> None:
-    r = sandboxd("invoke", "python", "--arg", "code=1", "--url", "http://127.0.0.1:9")
+    with refused_port() as port:
+        r = sandboxd("invoke", "python", "--arg", "code=1", "--url", f"http://127.0.0.1:{port}")
     assert r.returncode == 1
     assert "cannot reach the daemon" in r.stderr and "Traceback" not in r.stderr
 

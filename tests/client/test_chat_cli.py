@@ -86,12 +86,13 @@ def test_chat_rejects_unknown_tool(tmp_path: Path, token_daemon: TokenDaemon) ->
 
 
 def test_chat_unreachable_sandbox_is_one_line(tmp_path: Path) -> None:
-    from tests.support.daemon import free_port
+    from tests.support.daemon import refused_port
 
-    out = subprocess.run(
-        [sys.executable, "-m", "sandboxd", "chat", "--llm", "http://127.0.0.1:9/v1",
-         "--model", "m", "--sandbox", f"http://127.0.0.1:{free_port()}"],
-        input="", capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+    with refused_port() as llm, refused_port() as sandbox:
+        out = subprocess.run(
+            [sys.executable, "-m", "sandboxd", "chat", "--llm", f"http://127.0.0.1:{llm}/v1",
+             "--model", "m", "--sandbox", f"http://127.0.0.1:{sandbox}"],
+            input="", capture_output=True, text=True, timeout=120, env=_env(tmp_path))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1
     assert "cannot use sandboxd" in out.stderr

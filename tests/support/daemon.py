@@ -17,6 +17,11 @@ import httpx
 from tests.support.wait import wait_until
 
 PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
+#: settings every test daemon gets unless its ``env`` says otherwise. No warm container pool:
+#: most test daemons never call a container tool, and two idle containers per daemon start
+#: cost seconds of CPU each under the VM job's emulation (issue 28); the tests of the pool
+#: and of container calls set ``SANDBOXD_WARM_POOL_SIZE`` themselves.
+TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0"}
 
 
 def free_port() -> int:
@@ -24,6 +29,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback TCP port that refuses connections for as long as the block runs: bound by
+    us and never listening, so no other process (a parallel test's daemon) can take it, as it
+    could take a fixed port or one that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 def _nofile(limit: int):  # type: ignore[no-untyped-def]
@@ -92,6 +107,7 @@ def start_daemon(
                 if not k.startswith("SANDBOXD_") or k in PASSED_SETTINGS}
     # a host's /etc/sandboxd/sandboxd.yaml (an installed service) must not leak into tests
     full_env["SANDBOXD_CONFIG"] = os.devnull
+    full_env.update(TEST_DEFAULTS)
     full_env.update(env or {})
     cmd = [
         *launcher, sys.executable, "-m", "sandboxd", "serve",
@@ -141,6 +157,7 @@ def unix_socket_daemon(tmp_path: Path, env: Mapping[str, str] | None = None,
     sock = tmp_path / "sandboxd.sock"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     full_env["SANDBOXD_CONFIG"] = os.devnull
+    full_env.update(TEST_DEFAULTS)
     full_env.update(env or {})
     log_path = tmp_path / "uds.log"
     with open(log_path, "wb") as log:
