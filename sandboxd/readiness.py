@@ -31,13 +31,17 @@ class Readiness(BaseModel):
 
     def default_backend_failure(self) -> str | None:
         """Why the default backend fails its self-test (None when it passes)."""
-        default = self.backends.get(DEFAULT_BACKEND, {})
-        if default.get("available") and default.get("ok"):
-            return None
-        failing = [f"{c['name']} ({c.get('detail', '')})"
-                   for c in default.get("checks", []) if not c.get("ok")]
-        return (f"failing probes: {'; '.join(failing)}" if failing else
-                default.get("reason") or default.get("detail") or "backend unavailable")
+        return backend_failure(self.backends.get(DEFAULT_BACKEND, {}))
+
+
+def backend_failure(report: dict[str, Any]) -> str | None:
+    """Why a backend's report (as in ``Readiness.backends``) fails (None when it passes)."""
+    if report.get("available") and report.get("ok"):
+        return None
+    failing = [f"{c['name']} ({c.get('detail', '')})"
+               for c in report.get("checks", []) if not c.get("ok")]
+    return (f"failing probes: {'; '.join(failing)}" if failing else
+            report.get("reason") or report.get("detail") or "backend unavailable")
 
 
 class BackendProbes:
@@ -56,22 +60,25 @@ class BackendProbes:
         if (not fresh and self._cached is not None and now - self._cached[0] < READINESS_CACHE_S
                 and self._cached[1] == available):
             return self._cached[2], self._cached[3]
-        reports: dict[str, dict[str, Any]] = {}
-        ready = DEFAULT_BACKEND in self.backends
-        for name, backend in self.backends.items():
-            ok, why = backend.availability()
-            if not ok:
-                reports[name] = {"available": False, "reason": why, "ok": name != DEFAULT_BACKEND}
-                ready = ready and name != DEFAULT_BACKEND
-                continue
-            try:
-                report: ProbeReport = await backend.probe()
-            except Exception as exc:
-                report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
-            reports[name] = {"available": True, **report.model_dump()}
-            ready = ready and report.ok
+        reports = {name: await self.report(name) for name in self.backends}
+        # an unavailable backend other than the default is ok (its report says so)
+        ready = DEFAULT_BACKEND in self.backends and all(r["ok"] for r in reports.values())
         self._cached = (now, available, ready, reports)
         return ready, reports
+
+    async def report(self, name: str) -> dict[str, Any]:
+        """One backend's report, probed now: ``available`` and, when it is, its probe. The
+        start-up self-test asks only the default backend's (a container probe starts real
+        containers; /readyz probes every backend)."""
+        backend = self.backends[name]
+        ok, why = backend.availability()
+        if not ok:
+            return {"available": False, "reason": why, "ok": name != DEFAULT_BACKEND}
+        try:
+            report: ProbeReport = await backend.probe()
+        except Exception as exc:
+            report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
+        return {"available": True, **report.model_dump()}
 
 
 def policy_state(refused: tuple[str, list[str]] | None) -> dict[str, Any]:

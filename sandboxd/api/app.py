@@ -26,6 +26,7 @@ from sandboxd.backends.factory import DEFAULT_BACKEND
 from sandboxd.config import Settings
 from sandboxd.deadline import stop_task
 from sandboxd.errors import SandboxdError
+from sandboxd.readiness import backend_failure
 from sandboxd.service import Sandboxd
 
 if TYPE_CHECKING:
@@ -185,7 +186,9 @@ def _add_docs(app: FastAPI) -> None:
 
 
 async def _self_test(service: Sandboxd, settings: Settings) -> None:
-    why = (await service.readiness(fresh=True)).default_backend_failure()
+    # the default backend's probe only: the others are probed by /readyz (and doctor)
+    why = (backend_failure(await service.probes.report(DEFAULT_BACKEND))
+           if DEFAULT_BACKEND in service.backends else "backend unavailable")
     if why is None:
         return
     if settings.allow_unconfined:

@@ -124,3 +124,25 @@ def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_p
         assert not (left & now), "containers of the killed daemon survived the restart"
         assert d.invoke("shell", {"command": "echo back"}).json()["stdout"] == "back\n"
     assert labelled(docker_client, instance) == []
+
+
+def test_start_up_probes_only_the_default_backend(docker_client: Any, tmp_path: Path,
+                                                  policies: Path) -> None:
+    """The start-up self-test judges the default (restricted) backend only: no container is
+    created before a call or /readyz asks for one (issue 28: a container probe per daemon
+    start cost seconds under emulation), and /readyz still proves the container backend."""
+    import time
+
+    instance = f"probe{secrets.token_hex(4)}"
+    env = {**daemon_env(instance), "SANDBOXD_WARM_POOL_SIZE": "0"}
+    since = int(time.time()) - 1  # the engine's event filter takes whole seconds
+    with running_daemon(tmp_path, policies_dir=policies, env=env) as d:
+        created = docker_client.api.events(
+            since=since, until=int(time.time()) + 1, decode=True,
+            filters={"type": "container", "event": "create",
+                     "label": f"sandboxd.daemon={instance}"})
+        assert list(created) == [], "a container was created during start-up"
+        ready = d.client.get("/readyz").json()
+        assert ready["backends"]["container"]["available"] is True, ready
+        assert ready["backends"]["container"]["ok"] is True, ready
+    assert labelled(docker_client, instance) == []
