@@ -96,6 +96,17 @@ class Settings(BaseSettings):
     queue_per_client: int | None = Field(
         default=None, ge=1,
         description="Queue places one client may hold (None: half the queue, at least 1)")
+    # raw file transfers (PUT/GET /v1/sessions/{id}/files/...) wait on the network, never on an
+    # execution slot: each client has a small pool of transfer slots of its own
+    transfer_slots_per_client: int = Field(
+        default=4, ge=1,
+        description="Raw file transfers one client may run at once (more wait, as calls do)")
+    transfer_min_rate_bytes_s: int = Field(
+        default=64 * 1024, ge=0,
+        description="An upload slower than this on average after transfer_rate_grace_s ends "
+                    "with 408 and leaves nothing; 0 = only the write_file time limit")
+    transfer_rate_grace_s: float = Field(
+        default=5.0, ge=0, description="Seconds an upload may take before its rate counts")
 
     # --- HTTP
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)

@@ -13,7 +13,8 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queued: Callable[[], float], in_use: Callable[[], float]) -> None:
+    def __init__(self, queued: Callable[[], float], in_use: Callable[[], float],
+                 transfers: Callable[[], float] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         self.invocations = Counter(
             "sandboxd_invocations", "Tool invocations by tool and status",
@@ -60,6 +61,10 @@ class Metrics:
         queue.set_function(queued)
         slots = Gauge("sandboxd_slots_in_use", "Executions running now", registry=self.registry)
         slots.set_function(in_use)
+        moving = Gauge("sandboxd_transfers_in_use",
+                       "Raw file transfers holding a transfer slot now (never an execution slot)",
+                       registry=self.registry)
+        moving.set_function(transfers)
 
     def render(self) -> bytes:
         """The text exposition format."""

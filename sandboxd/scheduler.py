@@ -64,8 +64,10 @@ class Scheduler:
     """Slots and a fair bounded queue; use :meth:`slot` as an async context manager."""
 
     def __init__(self, max_concurrency: int = 4, queue_size: int = 64,
-                 queue_timeout_s: float = 30.0, per_client: int | None = None) -> None:
+                 queue_timeout_s: float = 30.0, per_client: int | None = None,
+                 what: str = "execution slots") -> None:
         self.max_concurrency = max_concurrency
+        self.what = what  # what the slots are, in refusals
         self.queue_size = queue_size
         self.per_client = per_client if per_client is not None else max(1, queue_size // 2)
         self.queue_timeout_s = queue_timeout_s
@@ -107,14 +109,14 @@ class Scheduler:
         mine = len(self._queues.get(client, ()))
         if mine >= self.per_client:
             raise QueueFull(
-                f"all {self.max_concurrency} execution slots are busy and client '{client}' "
+                f"all {self.max_concurrency} {self.what} are busy and client '{client}' "
                 f"already has {mine} calls waiting (at most {self.per_client} per client); "
                 "retry later",
                 self.retry_after(),
             )
         if self._waiting >= self.queue_size and not self._push_out(mine):
             raise QueueFull(
-                f"all {self.max_concurrency} execution slots are busy and the queue is full "
+                f"all {self.max_concurrency} {self.what} are busy and the queue is full "
                 f"({self.queue_size} waiting); retry later",
                 self.retry_after(),
             )
@@ -137,7 +139,7 @@ class Scheduler:
             if wait >= remaining:
                 raise DeadlineExpired("the call's deadline passed while it waited for a slot")
             raise QueueTimeout(
-                f"no execution slot became free within {self.queue_timeout_s:g} s; "
+                f"none of the {self.what} became free within {self.queue_timeout_s:g} s; "
                 "retry later",
                 self.retry_after(),
             )
@@ -155,7 +157,7 @@ class Scheduler:
         if not queue:
             del self._queues[victim]
         future.set_exception(QueueFull(
-            f"all {self.max_concurrency} execution slots are busy and the queue is full; this "
+            f"all {self.max_concurrency} {self.what} are busy and the queue is full; this "
             f"call of client '{victim}' gave its place to another client's (every client is "
             "guaranteed a place); retry later",
             self.retry_after(),
@@ -184,3 +186,31 @@ class Scheduler:
                 future.set_result(None)  # the slot passes directly to the waiter
                 return
         self._in_use -= 1
+
+
+class ClientPools:
+    """A small :class:`Scheduler` of its own for each client (made on first use, dropped when
+    idle): the slots of raw file transfers, which wait on the network and must never hold
+    an execution slot that another client's call needs."""
+
+    def __init__(self, per_client: int, queue_size: int, queue_timeout_s: float,
+                 queue_per_client: int | None = None, what: str = "transfer slots") -> None:
+        self._make = lambda: Scheduler(per_client, queue_size, queue_timeout_s,
+                                       queue_per_client, what=f"{what} of this client")
+        self._pools: dict[str, Scheduler] = {}
+
+    @property
+    def in_use(self) -> int:
+        """Slots held now, every client together."""
+        return sum(pool.in_use for pool in self._pools.values())
+
+    @asynccontextmanager
+    async def slot(self, client: str, deadline: float) -> AsyncIterator[None]:
+        """Hold one of ``client``'s slots for the body of the ``async with``."""
+        pool = self._pools.setdefault(client, self._make())
+        try:
+            async with pool.slot(client, deadline):
+                yield
+        finally:
+            if pool.in_use == 0 and pool.queued == 0 and self._pools.get(client) is pool:
+                del self._pools[client]

@@ -3,7 +3,8 @@
     client, tool, request
       -> tool lookup (policy: enabled tools of this client) -> schema check
       -> policy decision -> audit "decision"
-      -> scheduler slot (deadline counted from admission) -> backend.run
+      -> scheduler slot (deadline counted from admission; a raw file transfer: a slot of its
+         client's own transfer pool, never an execution slot) -> backend.run
       -> audit "result" -> Result
 
 Nothing here knows about HTTP: failures are typed exceptions that the API maps to problem+json.
@@ -58,7 +59,7 @@ from sandboxd.quotafs import Usage, quota_message
 from sandboxd.readiness import BackendProbes, Readiness, policy_state
 from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
-from sandboxd.scheduler import DeadlineExpired, Overloaded, Scheduler
+from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
 from sandboxd.storage import full_reason
 from sandboxd.streaming import EventSink
@@ -81,6 +82,9 @@ class Sandboxd(SessionOps):
         self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
         self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
                                    settings.queue_timeout_s, settings.queue_per_client)
+        # raw file transfers wait on the network: slots of their own, per client, never the above
+        self.transfers = ClientPools(settings.transfer_slots_per_client, settings.queue_size,
+                                     settings.queue_timeout_s, settings.queue_per_client)
         # one pool of per-sandbox uids shared by the sessions and every backend
         self.uids = UidPool.from_settings(settings)
         self.sessions = SessionManager(
@@ -94,7 +98,8 @@ class Sandboxd(SessionOps):
                          else build_backends(settings, self.uids))
         self.probes = BackendProbes(self.backends)
         self.kernel_cap = KernelCap(settings.max_kernels, self.backends)
-        self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use)
+        self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use,
+                               lambda: self.transfers.in_use)
         self.draining = False
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
@@ -348,7 +353,9 @@ class Sandboxd(SessionOps):
                        limits: Limits, deadline: float, started: asyncio.Event,
                        transfer: object = None, events: EventSink | None = None) -> Result:
         try:
-            async with self.scheduler.slot(client, deadline):
+            # a raw transfer never takes an execution slot: its client's transfer slots
+            slots = self.scheduler if transfer is None else self.transfers
+            async with slots.slot(client, deadline):
                 started.set()
                 async with self._workspace(session, invocation_id) as workspace:
                     invocation = Invocation(

@@ -22,10 +22,11 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Scope
 
 from sandboxd.api.auth import authenticate
-from sandboxd.api.problems import Problem
-from sandboxd.backends.workspace import FileMissing, OverQuota, TooLarge
+from sandboxd.api.problems import PROBLEMS, coded
+from sandboxd.backends.workspace import RefusedPath
+from sandboxd.errors import SandboxdError
 from sandboxd.models import Result, Status
-from sandboxd.transfer import Transfer, UploadAborted, UploadTimedOut, download, upload
+from sandboxd.transfer import Transfer, UploadAborted, download, upload
 
 router = APIRouter()
 ROUTE = "/v1/sessions/{session_id}/files/{path:path}"
@@ -80,26 +81,20 @@ async def get_file(session_id: str, path: str, request: Request,
 
 
 def _raise_for(result: Result, transfer: Transfer) -> None:
-    """A failed transfer as problem+json: denied or refused path 403, too large 413, over
-    quota 409, missing 404, an upload slower than the call's time limit 408, any other
-    failure of the file 422."""
+    """A failed transfer as problem+json from the one table: denied or refused path 403, too
+    large 413, over quota 409, missing 404, an upload under the minimum rate or past the
+    call's time limit 408, any other failure of the file 422."""
     if result.status is Status.ok:
         return
     extra: dict[str, Any] = {"request_id": result.id}
     if result.policy is not None:
         extra["rule"] = result.policy.rule
     detail = result.message or result.stderr or str(result.status)
-    if result.status in (Status.denied, Status.rejected):
-        raise Problem(403, "path-refused", "Path refused", detail, **extra)
     problem = transfer.problem
-    if isinstance(problem, UploadTimedOut):
-        raise Problem(408, "upload-timeout", "Upload too slow", detail, **extra)
-    if isinstance(problem, TooLarge):
-        raise Problem(413, "too-large", "File too large", detail, **extra)
-    if isinstance(problem, OverQuota):
-        raise Problem(409, "session-over-quota", "Session workspace over quota", detail, **extra)
-    if isinstance(problem, FileMissing):
-        raise Problem(404, "file-not-found", "File not found", detail, **extra)
-    if problem is not None:
-        raise Problem(422, "file-error", "File operation failed", detail, **extra)
-    raise Problem(500, "execution-failure", "Execution failed", detail, **extra)
+    if result.status in (Status.denied, Status.rejected):
+        code = RefusedPath.code  # the policy's file rules, or the confinement
+    elif isinstance(problem, SandboxdError) and problem.code in PROBLEMS:
+        code = problem.code
+    else:
+        code = "file-tool-error" if problem is not None else "execution-failure"
+    raise coded(code, detail, **extra)

@@ -14,7 +14,7 @@ from sandboxd.errors import UNAVAILABLE_RETRY_S, SandboxdError
 PROBLEM_TYPE = "https://sandboxd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
 __all__ = ["MEDIA_TYPE", "PROBLEMS", "PROBLEM_TYPE", "UNAVAILABLE_RETRY_S", "Problem",
-           "install", "problem_response"]
+           "coded", "install", "problem_response"]
 
 #: the code of each :class:`~sandboxd.errors.SandboxdError` that leaves over HTTP -> (status,
 #: problem type slug, title). Any other error is a 500 "internal" that shows no internals.
@@ -32,6 +32,14 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "audit-failure": (500, "audit-failure", "Audit log unavailable"),
     "audit-storage-full": (507, "audit-failure", "Audit log unavailable"),
     "execution-failure": (500, "execution-failure", "Execution failed"),
+    # the raw file endpoints (sandboxd/api/files.py): why a transfer's file operation failed
+    "path-refused": (403, "path-refused", "Path refused"),
+    "file-missing": (404, "file-not-found", "File not found"),
+    "upload-timeout": (408, "upload-timeout", "Upload too slow"),
+    "file-over-quota": (409, "session-over-quota", "Session workspace over quota"),
+    "file-too-large": (413, "too-large", "File too large"),
+    "file-tool-error": (422, "file-error", "File operation failed"),
+    "upload-aborted": (422, "file-error", "File operation failed"),
 }
 
 
@@ -71,6 +79,13 @@ def problem_response(problem: Problem, request: Request | None = None) -> JSONRe
         body["instance"] = request.url.path
     return JSONResponse(body, status_code=problem.status, headers=problem.headers,
                         media_type=MEDIA_TYPE)
+
+
+def coded(code: str, detail: str, **extra: Any) -> Problem:
+    """The problem of a table ``code`` (a refusal that reached the API as a result, not as
+    a raised error), with its ``detail`` and extra members."""
+    status, slug, title = PROBLEMS[code]
+    return Problem(status, slug, title, detail, **extra)
 
 
 def _validation_problem(exc: RequestValidationError) -> Problem:

@@ -29,7 +29,8 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from sandboxd.errors import SandboxdError
 from sandboxd.models import (
@@ -58,6 +59,13 @@ class FileToolError(SandboxdError, ValueError):
     """The operation failed for an ordinary reason (not found, too large, ...)."""
 
     code = "file-tool-error"
+
+
+class RefusedPath(FileToolError):
+    """A transfer's path refused by the confinement (``..``, a symlink, not a regular file):
+    the file endpoints' 403, which a path the policy's file rules deny gets too."""
+
+    code = "path-refused"
 
 
 class FileMissing(FileToolError):
@@ -170,13 +178,14 @@ def write_file(root: str, path: str, content: str | bytes, max_bytes: int,
     if quota_left is not None and data and len(data) > quota_left:  # emptying a file frees
         raise FileToolError(_over_quota(len(data), quota_left))
 
-    def fill(fd: int) -> int:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        return len(data)
-
-    return _atomic_write(root, path, fill, owner, full_message)
+    target = AtomicFile(root, path, owner, full_message)
+    try:
+        target.write(data)
+    except BaseException:
+        target.abort()
+        raise
+    target.commit()
+    return len(data)
 
 
 def _over_quota(size: int, quota_left: int) -> str:
@@ -196,73 +205,86 @@ class OverQuota(FileToolError):
     code = "file-over-quota"
 
 
-def write_stream(root: str, path: str, next_chunk: Callable[[], bytes], max_bytes: int,
-                 quota_left: int | None, owner: tuple[int, int] | None,
-                 full_message: str | None = None) -> int:
-    """Create or replace a file atomically from chunks (``next_chunk()`` returns ``b""`` at
-    the end), never holding more than one chunk; over ``max_bytes`` (:class:`TooLarge`) or
-    the quota left (:class:`OverQuota`) the temporary file is removed and nothing changes."""
-
-    def fill(fd: int) -> int:
-        total = 0
-        while chunk := next_chunk():
-            total += len(chunk)
-            if total > max_bytes:
-                raise TooLarge(f"the upload is more than {max_bytes} bytes; files may be at "
-                               f"most {max_bytes} bytes here")
-            if quota_left is not None and total > quota_left:
-                raise OverQuota(_over_quota(total, quota_left).replace("content is", "the "
-                                "upload is more than", 1))
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
-        return total
-
-    return _atomic_write(root, path, fill, owner, full_message)
+def check_upload(total: int, max_bytes: int, quota_left: int | None, *,
+                 declared: bool = False) -> None:
+    """An upload of ``total`` bytes (so far, or as its ``Content-Length`` declared) over
+    ``max_bytes`` (:class:`TooLarge`) or over the quota left (:class:`OverQuota`)."""
+    if total > max_bytes:
+        size = f"is {total} bytes" if declared else f"is more than {max_bytes} bytes"
+        raise TooLarge(f"the upload {size}; files may be at most {max_bytes} bytes here")
+    if quota_left is not None and total > quota_left:
+        size = f"is {total} bytes" if declared else f"is more than {max(quota_left, 0)} bytes"
+        raise OverQuota(f"the upload {size} but only {max(quota_left, 0)} bytes of the "
+                        "workspace quota are left")
 
 
-def _atomic_write(root: str, path: str, fill: Callable[[int], int],
-                  owner: tuple[int, int] | None, full_message: str | None) -> int:
-    """Write a temporary file in the target's directory with ``fill(fd)`` and rename it
-    into place (removed on any failure); the path is walked without following symlinks."""
-    parts = split_workspace_path(path)
-    if not parts:
-        raise FileToolError("name a file to write, not the workspace root")
-    try:
-        dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and full_message:
-            raise OverQuota(full_message) from None
-        raise _explain(exc, path) from None
-    tmp = f".sandboxd-{new_id('w')}.tmp"
-    try:
+class AtomicFile:
+    """A new file written to a temporary file in the target's directory (the path walked
+    without following symlinks) and renamed into place by :meth:`commit`; :meth:`abort`
+    (on any failure) removes it. ``full_message`` is what running out of room
+    (``ENOSPC``: a tmpfs workspace is full) reports."""
+
+    def __init__(self, root: str, path: str, owner: tuple[int, int] | None,
+                 full_message: str | None = None) -> None:
+        parts = split_workspace_path(path)
+        if not parts:
+            raise FileToolError("name a file to write, not the workspace root")
+        self.path, self.owner, self.full = path, owner, full_message
+        self.name, self.tmp, self.fd = parts[-1], f".sandboxd-{new_id('w')}.tmp", -1
+        with self._errors():
+            self.dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
         try:
-            existing = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISDIR(existing.st_mode):
-                raise FileToolError(f"'{path}' is a directory")
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dfd)
-        try:
-            try:
-                written = fill(fd)
-                if owner is not None:
-                    os.fchown(fd, *owner)
-            finally:
-                os.close(fd)
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            with self._errors():
+                with contextlib.suppress(FileNotFoundError):
+                    existing = os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False)
+                    if stat.S_ISDIR(existing.st_mode):
+                        raise FileToolError(f"'{path}' is a directory")
+                self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                  | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+            os.close(self.dfd)
             raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and full_message:
-            raise OverQuota(full_message) from None
-        raise _explain(exc, path) from None
-    finally:
-        os.close(dfd)
-    return written
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self.full:
+                raise OverQuota(self.full) from None
+            raise _explain(exc, self.path) from None
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        with self._errors():
+            while view:
+                view = view[os.write(self.fd, view):]
+
+    def commit(self) -> None:
+        """Give the file its owner and rename it into place (removed if that fails)."""
+        try:
+            with self._errors():
+                if self.owner is not None:
+                    os.fchown(self.fd, *self.owner)
+                fd, self.fd = self.fd, -1
+                os.close(fd)
+                os.rename(self.tmp, self.name, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+        except BaseException:
+            self.abort()
+            raise
+        os.close(self.dfd)
+        self.dfd = -1
+
+    def abort(self) -> None:
+        """Remove the temporary file (nothing changes); again is harmless."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+        if self.dfd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp, dir_fd=self.dfd)
+            dfd, self.dfd = self.dfd, -1
+            os.close(dfd)
 
 
 def list_files(root: str, path: str) -> list[dict[str, object]]:
@@ -325,20 +347,61 @@ class WorkspaceBackend:
                            "paths are confined with O_NOFOLLOW descriptor walks")
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
-        """Perform one file operation (in a thread: file I/O blocks)."""
-        if isinstance(invocation.transfer, Transfer):
-            invocation.transfer.deadline = deadline  # a slow upload must not hold its slot
+        """Perform one file operation (in a thread: file I/O blocks; an upload's body is
+        received on the event loop)."""
+        transfer = invocation.transfer
+        if isinstance(transfer, Transfer) and invocation.kind is ToolKind.write_file:
+            return await self._upload(invocation, limits, transfer, deadline)
         return await asyncio.to_thread(self._run, invocation, limits)
+
+    def _budget(self, inv: Invocation) -> tuple[int, tuple[int, int] | None, str]:
+        """What a write may still take of the quota, who will own it, and what a full
+        workspace says; :class:`OverQuota` when no file fits at all."""
+        # measured (bounded; statvfs for a tmpfs workspace), and in any case held by the
+        # kernel when the workspace is a tmpfs: ENOSPC then says the same
+        usage = workspace_usage(inv.workspace, self.quota_bytes, self.quota_entries)
+        full = quota_message(usage)
+        if usage.entries >= usage.quota_entries or not usage.exact:
+            raise OverQuota(full)
+        # what it creates belongs to the sandbox identity of the workspace
+        owner = (inv.uid, inv.uid) if inv.uid is not None else None
+        return usage.quota_bytes - usage.bytes, owner, full
+
+    async def _upload(self, inv: Invocation, limits: Limits, transfer: Transfer,
+                      deadline: float) -> Result:
+        """A raw upload: the body received on the event loop (no thread waits on the
+        network, within the minimum rate and the deadline), each piece written to the
+        temporary file by a short thread hop, renamed into place at its end."""
+        started = time.monotonic()
+        path = _path_of(inv)
+        try:
+            quota_left, owner, full = await _in_thread(self._budget, inv)
+            if transfer.declared is not None:
+                check_upload(transfer.declared, inv.max_file_bytes, quota_left, declared=True)
+            target = await _in_thread(AtomicFile, str(inv.workspace), path, owner, full,
+                                      orphan=AtomicFile.abort)
+            try:
+                async for chunk in transfer.chunks(deadline):
+                    check_upload(transfer.received, inv.max_file_bytes, quota_left)
+                    await _in_thread(target.write, chunk)
+                await _in_thread(target.commit)
+            except BaseException:
+                target.abort()
+                raise
+        except (PathRefused, FileToolError, UploadAborted) as exc:
+            transfer.problem = RefusedPath(str(exc)) if isinstance(exc, PathRefused) else exc
+            return self._result(inv, limits, started, "", None, exc)
+        value = {"path": path, "bytes": transfer.received}
+        return self._result(inv, limits, started, f"wrote {transfer.received} bytes to {path}",
+                            value, None)
 
     def _run(self, inv: Invocation, limits: Limits) -> Result:
         started = time.monotonic()
         root = str(inv.workspace)
         args = inv.arguments
-        path = inv.path if inv.path is not None else str(args.get("path", "."))
-        value: dict[str, object] | list[dict[str, object]] | None
-        exit_code: int | None
-        stdout, value, status, message = "", None, Status.ok, None
-        reason, exit_code = Reason.exited, 0
+        path = _path_of(inv)
+        value: dict[str, object] | list[dict[str, object]] | None = None
+        stdout = ""
         transfer = inv.transfer if isinstance(inv.transfer, Transfer) else None
         encoding = str(args.get("encoding", "utf-8"))
         try:
@@ -361,28 +424,10 @@ class WorkspaceBackend:
                 stdout = read_file(root, path, inv.max_file_bytes, inv.session)
                 value = {"path": path, "bytes": len(stdout.encode())}
             elif inv.kind is ToolKind.write_file:
-                # measured (bounded; statvfs for a tmpfs workspace), and in any case held by
-                # the kernel when the workspace is a tmpfs: ENOSPC then says the same
-                usage = workspace_usage(inv.workspace, self.quota_bytes, self.quota_entries)
-                full = quota_message(usage)
-                if usage.entries >= usage.quota_entries or not usage.exact:
-                    raise OverQuota(full)
-                quota_left = usage.quota_bytes - usage.bytes
-                # what it creates belongs to the sandbox identity of the workspace
-                owner = (inv.uid, inv.uid) if inv.uid is not None else None
-                if transfer is not None:
-                    declared = transfer.declared
-                    if declared is not None and declared > inv.max_file_bytes:
-                        raise TooLarge(f"the upload is {declared} bytes; files may be at most "
-                                       f"{inv.max_file_bytes} bytes here")
-                    if declared is not None and declared > quota_left:
-                        raise OverQuota(_over_quota(declared, quota_left))
-                    written = write_stream(root, path, transfer.next_chunk, inv.max_file_bytes,
-                                           quota_left, owner, full)
-                else:
-                    content = decode_content(str(args["content"]), encoding)
-                    written = write_file(root, path, content, inv.max_file_bytes,
-                                         quota_left, owner, full)
+                quota_left, owner, full = self._budget(inv)
+                content = decode_content(str(args["content"]), encoding)
+                written = write_file(root, path, content, inv.max_file_bytes,
+                                     quota_left, owner, full)
                 value = {"path": path, "bytes": written}
                 stdout = f"wrote {written} bytes to {path}"
             elif inv.kind is ToolKind.list_files:
@@ -393,12 +438,23 @@ class WorkspaceBackend:
                 )
             else:
                 raise FileToolError(f"the workspace backend cannot run '{inv.kind}' tools")
-        except PathRefused as exc:
-            status, reason, exit_code, message = Status.rejected, Reason.policy, None, str(exc)
-        except (FileToolError, UploadAborted) as exc:
-            status, exit_code, message = Status.error, 1, str(exc)
+        except (PathRefused, FileToolError) as exc:
             if transfer is not None:
-                transfer.problem = exc
+                transfer.problem = RefusedPath(str(exc)) if isinstance(exc, PathRefused) else exc
+            return self._result(inv, limits, started, "", None, exc)
+        return self._result(inv, limits, started, stdout, value, None)
+
+    def _result(self, inv: Invocation, limits: Limits, started: float, stdout: str,
+                value: dict[str, object] | list[dict[str, object]] | None,
+                problem: Exception | None) -> Result:
+        """The result of a file operation: ``ok``, or the ``problem`` that stopped it (a
+        refused path is ``rejected``, any other ``error``)."""
+        exit_code: int | None = 0
+        status, reason, message = Status.ok, Reason.exited, None
+        if isinstance(problem, PathRefused):
+            status, reason, exit_code, message = Status.rejected, Reason.policy, None, str(problem)
+        elif problem is not None:
+            status, exit_code, message = Status.error, 1, str(problem)
         truncated = len(stdout.encode()) > limits.output_bytes
         if truncated:
             stdout = stdout.encode()[: limits.output_bytes].decode("utf-8", "ignore")
@@ -408,3 +464,30 @@ class WorkspaceBackend:
             stdout=stdout, stderr=message or "", truncated=Truncated(stdout=truncated),
             value=value, message=message,
         )
+
+
+def _path_of(inv: Invocation) -> str:
+    """The path the policy decided on (the raw argument only without a decision)."""
+    return inv.path if inv.path is not None else str(inv.arguments.get("path", "."))
+
+
+T = TypeVar("T")
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any,
+                     orphan: Callable[[T], None] | None = None) -> T:
+    """``fn(*args)`` in a thread (one short file step). Cancelled meanwhile, it waits for the
+    thread to finish (a descriptor is never closed under a running write) and hands a result
+    that came all the same to ``orphan``."""
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            try:
+                await asyncio.wait({future})
+            except asyncio.CancelledError:  # again: the first cancellation goes on below
+                continue
+        if orphan is not None and not future.cancelled() and future.exception() is None:
+            orphan(future.result())
+        raise
