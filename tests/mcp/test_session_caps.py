@@ -6,6 +6,7 @@ free) while one that called a tool keeps the session TTL; ``DELETE`` frees a slo
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,11 @@ def _rss(d: RunningDaemon) -> int:
     return int(psutil.Process(d.proc.pid).memory_info().rss)
 
 
-def test_initialize_flood_is_refused_past_the_cap_and_memory_stays_put(tmp_path: Path) -> None:
-    """The tokenless loopback client has the caps too: 2000 initializes, 8 sessions."""
-    flood, cap = 2000, 8
+async def test_initialize_flood_is_refused_past_the_cap_and_memory_stays_put(
+        tmp_path: Path) -> None:
+    """The tokenless loopback client has the caps too: 2000 initializes, 32 at a time (the
+    slot is taken before the SDK opens anything: no overshoot), 8 sessions."""
+    flood, cap, width = 2000, 8, 32
     env = {"SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": str(cap)}
     with running_daemon(tmp_path, env=env) as d, httpx.Client(timeout=60) as http:
         url = f"{d.url}/mcp"
@@ -87,7 +90,14 @@ def test_initialize_flood_is_refused_past_the_cap_and_memory_stays_put(tmp_path:
         first = _initialize(http, url)
         assert http.delete(url, headers=_session(http, url, first)).status_code == 200
         before = _rss(d)
-        answers = [_initialize(http, url) for _ in range(flood)]
+        lanes = asyncio.Semaphore(width)
+        async with httpx.AsyncClient(timeout=60) as flooder:
+
+            async def initialize() -> httpx.Response:
+                async with lanes:
+                    return await flooder.post(url, headers=ACCEPT, json=INITIALIZE)
+
+            answers = await asyncio.gather(*(initialize() for _ in range(flood)))
         growth = _rss(d) - before
         ok = [r for r in answers if r.status_code == 200]
         refused = [r for r in answers if r.status_code == 429]
