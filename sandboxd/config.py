@@ -154,6 +154,17 @@ class Settings(BaseSettings):
                     "(CAP_SYS_ADMIN), else advisory; kernel: required (not ready without it); "
                     "advisory: never mount, check before and after calls only")
     max_sessions_per_client: int = Field(default=16, ge=1)
+    mcp_max_sessions_per_client: int | None = Field(
+        default=None, ge=1,
+        description="Open MCP sessions one client may hold (None: max_sessions_per_client); "
+                    "an initialize past it gets 429")
+    mcp_max_sessions: int = Field(
+        default=256, ge=1,
+        description="Open MCP sessions of every client together; an initialize past it gets 429")
+    mcp_session_idle_s: float = Field(
+        default=300.0, gt=0,
+        description="An MCP session that has not called a tool ends after this long without a "
+                    "request (one that has: after session_ttl_s)")
     max_display_bytes: int = Field(
         default=2 * 1024 * 1024, ge=1024,
         description="One display item of a call (display(), a matplotlib figure) at most, as "

@@ -15,8 +15,9 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   arguments and unknown tools are JSON-RPC errors (-32602) naming the field. A caller may lower
   the call's limits with ``_meta: {"sandboxd/limits": {"timeout_s": 5, ...}}``.
 * **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
-  call and deleted when the MCP session ends (client DELETE, idle expiry = the session TTL,
-  daemon shutdown).
+  call and deleted when the MCP session ends (client DELETE, idle expiry, daemon shutdown).
+  MCP sessions are capped per client and in total, and one that never called a tool idles
+  out after ``mcp_session_idle_s`` (:mod:`sandboxd.api.mcp_sessions`).
 * **long calls**: ``notifications/progress`` (elapsed time) every ``progress_interval_s`` while
   a call runs, when the client sent a progress token; ``notifications/cancelled`` cancels the
   service's invoke task exactly as an HTTP disconnect does (the backend kills and verifies).
@@ -44,7 +45,6 @@ import mcp_types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -55,6 +55,7 @@ from starlette.types import Receive, Scope, Send
 from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
+from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
 from sandboxd.client.render import format_result
 from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ServiceError, UnknownTool
@@ -162,8 +163,12 @@ class McpFrontDoor:
             "sandboxd", version=__version__, instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
         )
-        self.manager = StreamableHTTPSessionManager(
-            app=self.server, session_idle_timeout=service.settings.session_ttl_s)
+        settings = service.settings
+        self.slots = SessionSlots(
+            per_client=settings.mcp_max_sessions_per_client or settings.max_sessions_per_client,
+            total=settings.mcp_max_sessions, idle_s=settings.mcp_session_idle_s,
+            ttl_s=settings.session_ttl_s, on_change=service.metrics.mcp_sessions.set)
+        self.manager = SessionManager(self.server, self.slots)
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
@@ -239,7 +244,25 @@ class McpFrontDoor:
         # the SDK binds a session to the identity that opened it: another client presenting its
         # id is answered 404 (the token itself is not kept)
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=client, scopes=[]))
-        await self.manager.handle_request(scope, receive, send)
+        session_id = request.headers.get("mcp-session-id")
+        if session_id is not None:
+            if scope["method"] == "DELETE":
+                send = self.slots.freeing(session_id, send)
+            await self.manager.handle_request(scope, receive, send)
+            return
+        # a request that may open a session: a slot first (or 429 naming the cap)
+        try:
+            ticket = self.slots.reserve(client)
+        except McpSessionLimit as exc:
+            self.service.metrics.rejections.labels(reason="mcp_sessions").inc()
+            await exc.response()(scope, receive, send)
+            return
+        reset = TICKET.set(ticket)
+        try:
+            await self.manager.handle_request(scope, receive, send)
+        finally:
+            TICKET.reset(reset)
+            self.slots.settle(ticket)
 
     @staticmethod
     def _unsupported_era(request: Request, version: str) -> JSONResponse:
@@ -263,7 +286,6 @@ class McpFrontDoor:
             state["client"] = client
             state["lock"] = asyncio.Lock()
             self._connections.add(connection)
-            self.service.metrics.mcp_sessions.inc()
             connection.exit_stack.push_async_callback(self._connection_ended, connection)
         elif state["client"] != client:  # the SDK refuses this already; never trust one check
             raise MCPError(types.INVALID_REQUEST, "this MCP session belongs to another client")
@@ -280,6 +302,7 @@ class McpFrontDoor:
                          ) -> types.CallToolResult:
         self.service.metrics.mcp_requests.labels(method="tools/call").inc()
         client = self._client(ctx)
+        self.slots.in_use(_connection(ctx).session_id)  # from now on: the session TTL
         counter = self.service.metrics.mcp_calls
         try:
             limits = _limits(params.meta)
@@ -362,7 +385,6 @@ class McpFrontDoor:
 
     async def _connection_ended(self, connection: Any) -> None:
         """The MCP session ended: delete its sandboxd session (workspace)."""
-        self.service.metrics.mcp_sessions.dec()
         self._connections.discard(connection)
         state = connection.state
         sid = state.pop("sandbox_session", None)

@@ -26,6 +26,7 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "session-over-quota": (409, "session-over-quota", "Session workspace over quota"),
     "overloaded": (429, "overloaded", "Too many calls"),
     "too-many-kernels": (429, "too-many-kernels", "Too many session kernels"),
+    "too-many-mcp-sessions": (429, "too-many-mcp-sessions", "Too many MCP sessions"),
     "draining": (503, "draining", "Shutting down"),
     "tool-unavailable": (503, "tool-unavailable", "Tool unavailable"),
     "storage-full": (507, "storage-full", "Insufficient storage"),

@@ -1,0 +1,188 @@
+"""Bounds on MCP sessions (issue 24): a cap per client and in total, a short idle expiry for
+a session that never called a tool, and a slot freed the moment its session ends.
+
+A request without an ``Mcp-Session-Id`` may open a session: :meth:`SessionSlots.reserve` takes
+a slot for it first, synchronously (no await between the count and the take, so a flood of
+concurrent ``initialize`` requests cannot overshoot), or refuses with
+:class:`McpSessionLimit` (HTTP 429 and a JSON-RPC error naming the setting). The SDK's session
+manager (:class:`SessionManager`) binds the slot to the session it admits; the slot is freed
+when the session is discarded (client ``DELETE``, idle expiry, crash, shutdown), or when the
+request ends without opening one.
+
+A session starts with the short idle timeout ``mcp_session_idle_s``; its first ``tools/call``
+switches it to ``session_ttl_s`` (:meth:`SessionSlots.in_use`). An expired session's id is
+answered 404 by the SDK, so a client initializes again.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.responses import JSONResponse
+from starlette.types import Message, Send
+
+from sandboxd.api import problems
+from sandboxd.errors import SandboxdError
+
+log = logging.getLogger("sandboxd.mcp")
+
+PER_CLIENT = "mcp_max_sessions_per_client"
+TOTAL = "mcp_max_sessions"
+
+
+class McpSessionLimit(SandboxdError):
+    """An ``initialize`` past an MCP session cap: refused, nothing was opened."""
+
+    code = "too-many-mcp-sessions"
+
+    def __init__(self, client: str, limit: str, value: int, idle_s: float) -> None:
+        whose = f"client '{client}' has" if limit == PER_CLIENT else "the daemon has"
+        super().__init__(
+            f"{whose} {value} open MCP sessions, the limit (setting {limit} = {value}); end one "
+            f"with DELETE /mcp, or wait for one that never called a tool to expire after "
+            f"{idle_s:g} s idle (setting mcp_session_idle_s)")
+        self.client = client
+        self.limit = limit
+        self.value = value
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"limit": self.limit, "limit_value": self.value}
+
+    def response(self) -> JSONResponse:
+        """The answer: the problem table's status, a JSON-RPC error body (what MCP clients
+        read; the SDK client raises it from ``initialize``)."""
+        status = problems.PROBLEMS[self.code][0]
+        error = {"code": types.INVALID_REQUEST, "message": str(self),
+                 "data": {"client": self.client, **self.problem_fields()}}
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status)
+
+
+@dataclass
+class Ticket:
+    """A slot reserved by one request that may open a session."""
+
+    client: str
+    session_id: str | None = None  # set when the SDK admits a session on it
+
+
+#: the ticket of the request being served (read by :meth:`SessionManager._admit_session`,
+#: which runs in the request's own task)
+TICKET: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar("mcp_ticket", default=None)
+
+
+class SessionSlots:
+    """Who holds which MCP session slot: per-client and total counts, reservations included."""
+
+    def __init__(self, *, per_client: int, total: int, idle_s: float, ttl_s: float,
+                 on_change: Any = None) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.idle_s = min(idle_s, ttl_s)
+        self.ttl_s = ttl_s
+        self._held: dict[str, int] = {}
+        self._count = 0
+        self._sessions: dict[str, tuple[str, StreamableHTTPServerTransport]] = {}
+        self._on_change = on_change or (lambda open_sessions: None)
+
+    @property
+    def open(self) -> int:
+        """MCP sessions open now (reservations not counted)."""
+        return len(self._sessions)
+
+    def reserve(self, client: str) -> Ticket:
+        """A slot for a request that may open a session, or :class:`McpSessionLimit`."""
+        held = self._held.get(client, 0)
+        if held >= self.per_client:
+            raise McpSessionLimit(client, PER_CLIENT, self.per_client, self.idle_s)
+        if self._count >= self.total:
+            raise McpSessionLimit(client, TOTAL, self.total, self.idle_s)
+        self._held[client] = held + 1
+        self._count += 1
+        return Ticket(client)
+
+    def _free(self, client: str) -> None:
+        held = self._held.get(client, 0) - 1
+        if held > 0:
+            self._held[client] = held
+        else:
+            self._held.pop(client, None)
+        self._count -= 1
+
+    def settle(self, ticket: Ticket) -> None:
+        """The request is done: a slot no session was admitted on is freed."""
+        if ticket.session_id is None:
+            self._free(ticket.client)
+
+    def admitted(self, ticket: Ticket, session_id: str,
+                 transport: StreamableHTTPServerTransport) -> None:
+        """The SDK admitted a session on this ticket: the slot is the session's now."""
+        ticket.session_id = session_id
+        self._sessions[session_id] = (ticket.client, transport)
+        self._on_change(self.open)
+
+    def ended(self, session_id: str) -> None:
+        """The session was discarded (idempotent): its slot is free at once."""
+        entry = self._sessions.pop(session_id, None)
+        if entry is not None:
+            self._free(entry[0])
+            self._on_change(self.open)
+
+    def freeing(self, session_id: str, send: Send) -> Send:
+        """``send`` of a ``DELETE``: the slot is free before the client reads the 200 (the
+        SDK discards the session only after answering)."""
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 200:
+                self.ended(session_id)
+            await send(message)
+
+        return wrapped
+
+    def in_use(self, session_id: str | None) -> None:
+        """The session called a tool: from now on it idles out after ``session_ttl_s``."""
+        entry = self._sessions.get(session_id) if session_id else None
+        if entry is not None:
+            keep_for(entry[1], self.ttl_s)
+
+
+def keep_for(transport: StreamableHTTPServerTransport, seconds: float) -> None:
+    """Set the idle timeout of a live session. The SDK's transport reads ``_idle_timeout`` each
+    time its last request in flight completes (mcp 2.3, the pinned range); fail loudly if a
+    new SDK renamed it rather than keep every session for the short idle time."""
+    if not hasattr(transport, "_idle_timeout"):  # pragma: no cover - an SDK change
+        raise RuntimeError("the MCP SDK's transport has no _idle_timeout: check the pin")
+    transport._idle_timeout = seconds
+
+
+class SessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, telling :class:`SessionSlots` which session a slot holds
+    and when it ends."""
+
+    def __init__(self, app: Any, slots: SessionSlots) -> None:
+        # the SDK's own total cap stays as a second line (503): ours counts reservations too,
+        # so it refuses first
+        super().__init__(app=app, session_idle_timeout=slots.idle_s, max_sessions=slots.total)
+        self.slots = slots
+
+    def _admit_session(self, requestor: AuthorizationContext | None
+                       ) -> StreamableHTTPServerTransport | None:
+        ticket = TICKET.get()
+        if ticket is None or ticket.session_id is not None:  # never trust one check
+            log.error("MCP session admission without a reserved slot: refused")
+            return None
+        transport = super()._admit_session(requestor)
+        if transport is not None and transport.mcp_session_id is not None:
+            self.slots.admitted(ticket, transport.mcp_session_id, transport)
+        return transport
+
+    async def _discard_session(self, session_id: str,
+                               transport: StreamableHTTPServerTransport) -> None:
+        self.slots.ended(session_id)  # the SDK forgets it before its first await, too
+        await super()._discard_session(session_id, transport)
