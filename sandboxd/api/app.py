@@ -19,7 +19,7 @@ from sandboxd import __version__
 from sandboxd.api import contract, files, problems
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
-from sandboxd.api.mcp import McpFrontDoor
+from sandboxd.api.mcp_door import LazyMcpDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
 from sandboxd.backends.factory import DEFAULT_BACKEND
@@ -145,7 +145,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     app.include_router(files.router)
     # the MCP front door (Streamable HTTP): a plain ASGI endpoint at exactly /mcp (every
     # method: POST messages, GET the notification stream, DELETE ends the session)
-    mcp = McpFrontDoor(service)
+    mcp = LazyMcpDoor(service)
     app.state.mcp = mcp
     app.router.routes.append(Route("/mcp", endpoint=mcp, include_in_schema=False))
     _add_docs(app)

@@ -1,6 +1,7 @@
 """The MCP front door: sandboxd as a Model Context Protocol server (Streamable HTTP at ``/mcp``).
 
-MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a second code path:
+MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a second code path
+(this module and the SDK are loaded on the first request to ``/mcp``: :mod:`sandboxd.api.mcp_door`):
 
 * **auth**: the HTTP API's own :func:`~sandboxd.api.auth.authenticate` (same tokens, same 401
   problem+json, same aggregated ``auth_failure`` audit records, same rate limits). The client

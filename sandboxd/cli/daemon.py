@@ -14,9 +14,7 @@ from typing import Any
 
 import typer
 
-from sandboxd import __version__
-
-DEFAULT_URL = "http://127.0.0.1:8765"
+from sandboxd import DEFAULT_URL, __version__
 
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from sandboxd.client.base import DEFAULT_URL
+from sandboxd import DEFAULT_URL
 
 EXIT_AUTH = 3
 

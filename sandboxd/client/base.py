@@ -15,11 +15,11 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from sandboxd import DEFAULT_URL
 from sandboxd.client.errors import ConnectionFailed, ProblemError, problem_error
 from sandboxd.client.files import Body
 from sandboxd.models import LimitsRequest, Result
 
-DEFAULT_URL = "http://127.0.0.1:8765"
 M = TypeVar("M", bound=BaseModel)
 USER_AGENT = "sandboxd-client/0.1"
 

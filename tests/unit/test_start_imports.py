@@ -1,0 +1,40 @@
+"""What ``sandboxd serve`` imports before it serves: every test daemon (and every restart) pays
+it, ~30x slower under the VM job's emulation (issue 28). The MCP SDK (a third of the import
+time) waits for the first MCP request, the client package and httpx for a client command.
+(The Docker SDK is loaded: the container backend connects to the engine at start.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SERVE_PATH = """
+import json, sys, tempfile
+import sandboxd.cli  # the command line, as `python -m sandboxd serve` loads it
+from sandboxd.api.app import create_app
+from sandboxd.config import Settings
+create_app(Settings(state_dir=tempfile.mkdtemp()))
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {"mcp", "mcp_types",
+      "httpx"} or m.startswith("sandboxd.client") or m == "sandboxd.api.mcp")))
+"""
+
+
+def loaded(code: str) -> list[str]:
+    env = {**os.environ, "SANDBOXD_CONFIG": os.devnull}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_serve_path_leaves_the_heavy_libraries_for_later() -> None:
+    assert loaded(SERVE_PATH) == []
+
+
+@pytest.mark.parametrize("module", ["sandboxd.api.mcp"])
+def test_the_guard_sees_a_heavy_import(module: str) -> None:
+    """The check above can fail: importing the MCP door loads the SDK."""
+    assert "mcp" in loaded(f"import {module}\n" + SERVE_PATH)
