@@ -378,7 +378,8 @@ class McpFrontDoor:
 
     def clients(self) -> set[str]:
         """The clients that own an MCP session now."""
-        return {str(owner["client_id"]) for owner in list(self.manager._session_owners.values())}
+        owners = list(self.manager._session_owners.values())
+        return {owner["client_id"] for owner in owners if owner["client_id"]}
 
     async def end_client(self, client: str) -> list[str]:
         """End every MCP session of ``client`` (its last token is gone): each answers 404 from

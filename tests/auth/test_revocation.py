@@ -181,7 +181,7 @@ def test_expiry_revokes_without_a_request(tmp_path: Path) -> None:
     admin = add_token(tokens, "admin")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_CONTAINER_ENABLED": "false"}
     with running_daemon(tmp_path, env=env, token=admin) as d:
-        expires = (datetime.now(UTC) + timedelta(seconds=20)).replace(microsecond=0)
+        expires = (datetime.now(UTC) + timedelta(seconds=30)).replace(microsecond=0)
         carol = add_token(tokens, "carol", expires=expires)
         with http(d, carol) as carol_http:
             wait_until(lambda: carol_http.get("/v1/sessions").status_code == 200, timeout=10,
