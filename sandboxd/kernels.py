@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from sandboxd.models import (
     Result,
     kernel_lost_message,
 )
+from sandboxd.sessions import SessionNotFound
 from sandboxd.storage import is_no_space
 
 if TYPE_CHECKING:
@@ -204,24 +205,57 @@ class SessionOps:
                              transport: str = "http") -> None:
         """Delete a session: its kernels, anything a backend kept, its workspace (audited)."""
         session = self.sessions.get(session_id, client)
+        if await self.end_session(session, "session_deleted", transport=transport) is None:
+            raise SessionNotFound(f"session '{session_id}' does not exist or has expired")
+
+    async def end_session(self, session: Session, event: str | None,
+                          **fields: Any) -> dict[str, Any] | None:
+        """The one way a session ends (DELETE, TTL expiry, daemon stop, client revoked):
+        unregistered first (no new call finds it), then its kernels and containers on every
+        backend, then its workspace (unmounted, removed) and uid, then the ``event`` audit
+        record with ``fields`` (none when the caller audits the whole, as a revocation does).
+        What was ended: ``{"id", "kernels": the backends whose kernel was live, "verified":
+        no kernel is left and the workspace is gone}``; None when it had ended already."""
+        if not self.sessions.forget(session):
+            return None
+        kernels = self.kernel_backends(session.id)
         await self._close_session_backends(session)
-        await self.sessions.delete(session_id, client)
-        try:  # the session is gone either way: say so, and keep the failure in the log
-            await self.recorder.record(self.audit.write, event="session_deleted", client=client,
-                                       session=session_id, transport=transport)
-        except AuditFailure as exc:
-            log.error("session %s deleted without an audit record: %s", session_id, exc)
+        removed = await self.sessions.remove(session)
+        left = self.kernel_backends(session.id)
+        if left:
+            log.error("session %s ended, but its kernel on %s is still alive", session.id, left)
+        if event is not None:
+            try:  # the session is gone either way: say so, and keep the failure in the log
+                await self.recorder.record(self.audit.write, event=event, client=session.client,
+                                           session=session.id, **fields)
+            except AuditFailure as exc:
+                log.error("session %s ended without an audit record: %s", session.id, exc)
+        return {"id": session.id, "kernels": kernels, "verified": removed and not left}
 
     async def _expire_session(self, session: Session) -> None:
-        await self._close_session_backends(session)
-        with contextlib.suppress(Exception):
-            self.audit.write("session_expired", client=session.client, session=session.id)
+        await self.end_session(session, "session_expired")
 
     async def _end_session(self, session: Session) -> None:
-        await self._close_session_backends(session)
-        with contextlib.suppress(Exception):
-            self.audit.write("session_expired", client=session.client, session=session.id,
-                             reason="the daemon stopped (its workspace was in memory)")
+        await self.end_session(session, "session_expired",
+                               reason="the daemon stopped (its workspace was in memory)")
+
+    async def revoke_client(self, client: str, reason: str, *,
+                            mcp_sessions: Sequence[str] = ()) -> dict[str, Any]:
+        """End everything of a client that has no valid token left: every session (kernels,
+        containers, workspace) through :meth:`end_session`. Audited as one
+        ``client_revoked`` record (``reason``, ``sessions`` ended, ``mcp_sessions`` the MCP
+        front door ended, ``verified``); returns its fields."""
+        ended = [e for s in self.sessions.registered(client)
+                 if (e := await self.end_session(s, None)) is not None]
+        fields: dict[str, Any] = {
+            "reason": reason, "sessions": ended, "mcp_sessions": list(mcp_sessions),
+            "verified": all(e["verified"] for e in ended)}
+        try:
+            await self.recorder.record(self.audit.write, event="client_revoked", client=client,
+                                       **fields)
+        except AuditFailure as exc:
+            log.error("client %s revoked without an audit record: %s; %s", client, exc, fields)
+        return fields
 
     async def _close_session_backends(self, session: Session) -> None:
         for backend in self.backends.values():

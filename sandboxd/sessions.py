@@ -272,51 +272,59 @@ class SessionManager:
             )
         return used
 
-    async def delete(self, session_id: str, client: str) -> Session:
-        """Remove a session and its workspace (unmounted and removed in a worker thread)."""
-        session = self.get(session_id, client)
-        self._sessions.pop(session_id, None)
-        await asyncio.to_thread(self._remove_files, session_id)
-        return session
-
     def expired(self) -> list[Session]:
         """Sessions whose TTL has passed (still registered)."""
         now = time.time()
         return [s for s in self._sessions.values() if s.expires_at <= now]
 
-    async def drop(self, session: Session) -> None:
-        """Forget and delete a session regardless of owner (expiry, shutdown cleanup)."""
-        self._sessions.pop(session.id, None)
-        await asyncio.to_thread(self._remove_files, session.id)
+    def registered(self, client: str | None = None) -> list[Session]:
+        """Every registered session (expired ones not yet ended included), or ``client``'s."""
+        return [s for s in self._sessions.values() if client is None or s.client == client]
 
-    async def expire_loop(self, on_expire: Callable[[Session], Awaitable[None]],
+    def forget(self, session: Session) -> bool:
+        """Unregister a session (no call finds it from now on); False when it was not
+        registered (ended already)."""
+        return self._sessions.pop(session.id, None) is not None
+
+    async def remove(self, session: Session) -> bool:
+        """Delete a forgotten session's workspace (unmounted first), metadata and uid. False
+        (logged) when the workspace could not be removed completely."""
+        return await asyncio.to_thread(self._remove_files, session.id)
+
+    async def drop(self, session: Session) -> bool:
+        """:meth:`forget` and :meth:`remove` a session regardless of owner."""
+        self.forget(session)
+        return await self.remove(session)
+
+    async def expire_loop(self, end: Callable[[Session], Awaitable[object]],
                           interval_s: float = 15.0) -> None:
-        """Forever: expire sessions past their TTL (call ``on_expire`` first). A session whose
-        expiry fails is logged; it never ends the loop."""
+        """Forever: end the sessions past their TTL with ``end`` (the service's one close
+        path: backends, workspace, audit). A session whose ending fails is logged and
+        dropped; it never ends the loop."""
         while True:
             await asyncio.sleep(interval_s)
             for session in self.expired():
                 try:
-                    await on_expire(session)
-                except Exception:
-                    log.exception("session %s: expiry hook failed", session.id)
-                try:
-                    await self.drop(session)  # a workspace that resists is logged, not fatal
+                    await end(session)
                 except Exception:
                     log.exception("could not expire session %s", session.id)
+                    with contextlib.suppress(Exception):
+                        await self.drop(session)
 
-    async def close(self, on_end: Callable[[Session], Awaitable[None]]) -> None:
+    async def close(self, end: Callable[[Session], Awaitable[object]]) -> None:
         """Daemon stop. Tmpfs workspaces live in memory and must not outlive the daemon: every
-        session whose workspace is a mount is ended (``on_end`` first), and any mount left below
-        the workspaces is removed. Plain-directory sessions stay for the next start."""
+        session whose workspace is a mount is ended (with ``end``, the service's one close
+        path), and any mount left below the workspaces is removed. Plain-directory sessions
+        stay for the next start."""
         for session in list(self._sessions.values()):
             if not is_mount_point(Path(session.workspace)):
                 continue
             try:
-                await on_end(session)
-                await self.drop(session)
+                await end(session)
             except Exception:
                 log.exception("could not end session %s at shutdown", session.id)
+                with contextlib.suppress(Exception):
+                    await self.drop(session)
         keep = {s.id for s in self._sessions.values()}
         for point in mounts_below(self.root):
             if point.parent == self.root and point.name in keep:

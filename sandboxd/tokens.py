@@ -245,6 +245,13 @@ class TokenStore:
     def _maybe_reload(self) -> None:
         if self.path is None or time.monotonic() - self._checked < self.CHECK_INTERVAL_S:
             return
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Reload the file now if it changed (the revocation watcher calls it every
+        :attr:`CHECK_INTERVAL_S`); a broken file is logged and the last good tokens stay."""
+        if self.path is None:
+            return
         if not self._reload_lock.acquire(blocking=False):
             return  # another thread is reloading; use the current tokens
         try:
@@ -284,6 +291,11 @@ class TokenStore:
     def clients(self) -> list[str]:
         """Client names that have at least one token."""
         return sorted({e.client for e in self.entries})
+
+    def valid_clients(self, now: datetime | None = None) -> set[str]:
+        """Client names that have at least one unexpired token (the last good file's)."""
+        now = now or datetime.now(UTC)
+        return {e.client for e in self.entries if not e.expired(now)}
 
 
 def _dump(entries: list[TokenEntry]) -> str:

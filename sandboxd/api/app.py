@@ -16,7 +16,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
-from sandboxd.api import contract, files, problems
+from sandboxd.api import contract, files, problems, revocation
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.mcp_door import LazyMcpDoor
@@ -115,7 +115,15 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
             flusher = asyncio.create_task(_flush_failed_auth(failed_auth))
             try:
                 async with mcp.run():  # the MCP sessions' task group lives in the lifespan
-                    yield
+                    # a client left without a valid token loses its sessions and kernels
+                    revoker = (asyncio.create_task(revocation.watch(tokens, service, mcp),
+                                                   name="revocation")
+                               if (tokens := app.state.tokens) is not None else None)
+                    try:
+                        yield
+                    finally:
+                        if revoker is not None:
+                            await stop_task(revoker)
             finally:
                 await stop_task(flusher)
         finally:

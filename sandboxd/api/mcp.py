@@ -18,7 +18,8 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
 * **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
   call and deleted when the MCP session ends (client DELETE, idle expiry, daemon shutdown).
   MCP sessions are capped per client and in total, and one that never called a tool idles
-  out after ``mcp_session_idle_s`` (:mod:`sandboxd.api.mcp_sessions`).
+  out after ``mcp_session_idle_s`` (:mod:`sandboxd.api.mcp_sessions`). A client whose last
+  token is removed or expires loses its MCP sessions (:mod:`sandboxd.api.revocation`).
 * **long calls**: ``notifications/progress`` (elapsed time) every ``progress_interval_s`` while
   a call runs, when the client sent a progress token; ``notifications/cancelled`` cancels the
   service's invoke task exactly as an HTTP disconnect does (the backend kills and verifies).
@@ -397,6 +398,34 @@ class McpFrontDoor:
             pass  # expired already
         except Exception:
             log.exception("MCP session ended: deleting sandboxd session %s failed", sid)
+
+    def clients(self) -> set[str]:
+        """The clients that own an MCP session now."""
+        owners = list(self.manager._session_owners.values())
+        return {owner["client_id"] for owner in owners if owner["client_id"]}
+
+    async def end_client(self, client: str) -> list[str]:
+        """End every MCP session of ``client`` (its last token is gone): each answers 404 from
+        now on and its running calls are cancelled (their backends kill and verify). Their
+        sandboxd sessions are left to the caller: the service's revocation ends them with the
+        client's others, through its one close path. Returns the ended MCP sessions (their
+        ids' first 8 characters, as the logs name them)."""
+        manager = self.manager  # the SDK's session table (mcp 2.3; see _connection)
+        by_id = {c.session_id: c for c in list(self._connections)}
+        ended: list[str] = []
+        for sid, owner in list(manager._session_owners.items()):
+            if owner["client_id"] != client:
+                continue
+            connection = by_id.get(sid)
+            if connection is not None:  # its sandboxd session is not deleted by the exit hook
+                connection.state.pop("sandbox_session", None)
+            transport = manager._server_instances.get(sid)
+            if transport is not None:
+                await manager._discard_session(sid, transport)  # 404 from now on
+                if transport.idle_scope is not None:
+                    transport.idle_scope.cancel()  # ends its server task as idle expiry does
+            ended.append(sid[:8])
+        return ended
 
     # ------------------------------------------------------------ list_changed
 

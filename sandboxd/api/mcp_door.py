@@ -49,6 +49,14 @@ class LazyMcpDoor:
                 self.door = door
             return self.door
 
+    def clients(self) -> set[str]:
+        """The clients that own an MCP session now (none before the first MCP request)."""
+        return self.door.clients() if self.door is not None else set()
+
+    async def end_client(self, client: str) -> list[str]:
+        """End every MCP session of ``client`` (:meth:`McpFrontDoor.end_client`)."""
+        return await self.door.end_client(client) if self.door is not None else []
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
