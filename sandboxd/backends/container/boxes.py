@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +107,29 @@ class Boxes:
             self.rundir = base
         else:  # unix socket paths are limited to 108 bytes
             self.rundir = Path(tempfile.mkdtemp(prefix="sandboxd-run-"))
+
+    def rundir_lost(self) -> str | None:
+        """Why the runner directory is gone under the live backend (someone removed it), or
+        None while it is there (one ``lstat``)."""
+        if self.rundir is None or self.closing:
+            return None
+        try:
+            st = os.lstat(self.rundir)
+        except FileNotFoundError:
+            return f"its runner directory {self.rundir} vanished (removed by someone else?)"
+        except OSError as exc:
+            return f"its runner directory {self.rundir} cannot be read: {exc.strerror}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"its runner directory {self.rundir} was replaced by something else"
+        return None
+
+    def restore_rundir(self) -> None:
+        """Recreate a runner directory that vanished (0700, ours; not its parents). Something
+        else in its place is left there: OSError, and the backend stays unavailable."""
+        if self.rundir is None or self.rundir_lost() is None:
+            return
+        os.mkdir(self.rundir, 0o700)
+        os.chmod(self.rundir, 0o700)
 
     async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
                   workspace: Path | None, network: str | None = None,
