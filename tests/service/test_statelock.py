@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandboxd import statelock
 from tests.support.daemon import free_port, running_daemon
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
@@ -35,6 +34,8 @@ def test_second_serve_on_the_same_state_dir_refuses(tmp_path: Path) -> None:
         r = d.invoke("python", {"code": "6 * 7"})
         assert r.status_code == 200 and r.json()["value"] == 42, r.text
         assert lock.read_text().strip() == str(d.proc.pid)
+        from sandboxd import statelock
+
         assert statelock.holder(d.state_dir) == statelock.Holder(lock, d.proc.pid)
     # the lock goes with the process: a new daemon may take the directory
     assert statelock.holder(d.state_dir) is None

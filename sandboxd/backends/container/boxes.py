@@ -27,6 +27,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
+from sandboxd.errors import ToolUnavailable
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.container")
@@ -146,9 +147,12 @@ class Boxes:
         try:
             endpoint = await Endpoint.open(self.rundir / token,
                                            (uid, uid) if uid is not None else None)
-        except BaseException:
+        except BaseException as exc:
             if self.uids is not None:
                 self.uids.release(name)
+            lost = self.rundir_lost() if isinstance(exc, OSError) else None
+            if lost is not None:  # removed under us: a 503, not an error naming a path
+                raise ToolUnavailable(f"the container backend is recovering: {lost}") from None
             raise
         box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid)
         self.live.add(box)
