@@ -54,16 +54,20 @@ class BackendProbes:
 
     async def reports(self, fresh: bool = False) -> tuple[bool, dict[str, dict[str, Any]]]:
         """``(ready, {backend: report})``: ready when every available backend's probe
-        passes and the default backend is available."""
+        passes, the default backend is available, and no backend is ``healing`` (rebuilding
+        its own state that vanished under the daemon, e.g. the container runner directory)."""
         now = time.monotonic()
         available = {n: b.availability()[0] for n, b in self.backends.items()}
         if (not fresh and self._cached is not None and now - self._cached[0] < READINESS_CACHE_S
                 and self._cached[1] == available):
             return self._cached[2], self._cached[3]
         reports = {name: await self.report(name) for name in self.backends}
-        # an unavailable backend other than the default is ok (its report says so)
+        # an unavailable backend other than the default is ok (its report says so), unless
+        # it is healing
         ready = DEFAULT_BACKEND in self.backends and all(r["ok"] for r in reports.values())
-        self._cached = (now, available, ready, reports)
+        # keyed on the availability the reports show (it may change while a probe runs)
+        self._cached = (now, {n: bool(r["available"]) for n, r in reports.items()}, ready,
+                        reports)
         return ready, reports
 
     async def report(self, name: str) -> dict[str, Any]:
@@ -73,7 +77,10 @@ class BackendProbes:
         backend = self.backends[name]
         ok, why = backend.availability()
         if not ok:
-            return {"available": False, "reason": why, "ok": name != DEFAULT_BACKEND}
+            # optional by design (ready without it), unless it is rebuilding what of its own
+            # vanished under the daemon (``healing``): then the daemon is damaged
+            fine = name != DEFAULT_BACKEND and not getattr(backend, "healing", None)
+            return {"available": False, "reason": why, "ok": fine}
         try:
             report: ProbeReport = await backend.probe()
         except Exception as exc:

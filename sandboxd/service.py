@@ -330,6 +330,11 @@ class Sandboxd(SessionOps):
             with contextlib.suppress(ServiceError):
                 await self._finish(client, result, admitted, transport=transport)
             raise
+        except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
+            result = self._outcome(invocation_id, tool, decision, request.session,
+                                   Status.error, Reason.policy, str(exc))
+            await self._finish(client, result, admitted, transport=transport)
+            raise
         except Exception as exc:
             log.exception("backend %s failed on %s", decision.backend, invocation_id)
             result = self._outcome(invocation_id, tool, decision, request.session,

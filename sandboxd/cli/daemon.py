@@ -19,6 +19,7 @@ from sandboxd import DEFAULT_URL, __version__
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
 EXIT_LISTEN = 4  # the address or socket could not be bound (e.g. the port is in use)
+EXIT_STATE_LOCKED = 5  # another daemon holds the state directory's lock (sandboxd.statelock)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -70,12 +71,26 @@ def serve(
             "listening on non-loopback address %s: every caller needs a token", settings.host)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _lock_state_dir(settings.state_dir)
     try:
         code = _run(_serve(settings, log_level))
     except Exception as exc:
         _fail(str(exc), 1)
         return
     raise typer.Exit(code)
+
+
+def _lock_state_dir(state_dir: Path) -> None:
+    """Hold the state directory's lock for the life of this process (before anything there is
+    touched), or exit :data:`EXIT_STATE_LOCKED` with one line naming the directory and pid."""
+    from sandboxd import statelock
+
+    try:
+        statelock.acquire(state_dir)  # the descriptor stays open until the process ends
+    except statelock.StateDirLocked as exc:
+        _fail(str(exc), EXIT_STATE_LOCKED)
+    except OSError as exc:
+        _fail(f"cannot lock the state directory {state_dir}: {exc}", EXIT_STATE_LOCKED)
 
 
 def _run(main: Any) -> int:

@@ -31,6 +31,7 @@ import typer
 from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.deadline import within
 from sandboxd.models import ProbeCheck, ProbeReport
+from sandboxd.statelock import Holder
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -254,20 +255,75 @@ async def run_doctor(settings: Any, names: list[str]) -> list[tuple[str, bool, P
     return results
 
 
-async def _probe_without_creating_state(
-        settings: Any, names: list[str]) -> list[tuple[str, bool, ProbeReport]]:
-    """Probe the backends; a state directory that does not exist yet is not created (the
-    probes use a scratch one, removed afterwards), so the doctor leaves nothing behind."""
-    if Path(settings.state_dir).exists():
+async def _probe_without_touching_state(
+        settings: Any, names: list[str], live: Holder | None,
+) -> list[tuple[str, bool, ProbeReport]]:
+    """Probe the backends. In the daemon's state directory only when it exists and no daemon
+    holds it (the backends' start-up then sweeps what a crashed daemon left); otherwise in a
+    scratch one under an instance name of its own, removed afterwards: the doctor creates
+    nothing, and never sweeps, stops or removes a live daemon's containers, cgroups or files."""
+    if Path(settings.state_dir).exists() and live is None:
         return await run_doctor(settings, names)
     import shutil
     import tempfile
 
     scratch = Path(tempfile.mkdtemp(prefix="sandboxd-doctor-state-"))
-    try:
-        return await run_doctor(settings.model_copy(update={"state_dir": scratch}), names)
+    try:  # instance None: named after the scratch directory, so no daemon's label or cgroup
+        return await run_doctor(
+            settings.model_copy(update={"state_dir": scratch, "instance": None}), names)
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+
+def _lock_or_holder(settings: Any) -> tuple[int | None, Holder | None]:
+    """``(fd, None)``: the doctor holds the state directory's lock while it probes (a daemon
+    started meanwhile refuses, instead of losing its containers to the doctor's sweep);
+    ``(None, holder)``: a daemon holds it; ``(None, None)``: there is no state directory."""
+    from sandboxd import statelock
+
+    state = Path(settings.state_dir)
+    if not state.exists():
+        return None, None
+    try:
+        return statelock.acquire(state), None
+    except statelock.StateDirLocked as exc:
+        return None, Holder(statelock.lock_path(state), exc.pid)
+    except OSError as exc:  # cannot tell: the safe answer is "live"
+        return None, statelock.holder(state) or Holder(
+            statelock.lock_path(state), None, f"cannot be taken: {exc.strerror or exc}")
+
+
+def left_alone(settings: Any) -> list[str]:
+    """What the backends' start-up sweep would remove in the daemon's state directory and
+    engine (its containers, runner directory and probe leftovers): read, never touched."""
+    from sandboxd.backends.restricted.probe import PROBE_PREFIX
+
+    state = Path(settings.state_dir)
+    things: list[str] = []
+    if settings.container_enabled:
+        with contextlib.suppress(Exception):  # no engine: no containers to speak of
+            from sandboxd.backends.container import engine
+            from sandboxd.backends.container.config import ContainerConfig
+
+            client = engine.connect(ContainerConfig.from_settings(settings), timeout=10)
+            try:
+                count = len(engine.ours(client, settings.instance_name))
+            finally:
+                client.close()
+            if count:
+                things.append(f"{count} container(s) labelled "
+                              f"{engine.LABEL_DAEMON}={settings.instance_name}")
+    if (state / "run").exists():
+        things.append(f"{state / 'run'}/")
+    things += [str(p) for p in sorted(state.glob(f"{PROBE_PREFIX}*"))]
+    return things
+
+
+def _live_note(settings: Any, live: Holder) -> str:
+    things = left_alone(settings)
+    what = "would remove " + ", ".join(things) if things else "nothing to clean up"
+    return (f"{what} ({live}: a live daemon's own, left alone; the probes ran in a scratch "
+            "state directory)")
 
 
 def doctor(
@@ -302,7 +358,13 @@ def doctor(
             raise typer.Exit(2)
     default = _default_backend()
     host = host_checks(settings)  # first: the cgroup row says what the probes will do
-    results = asyncio.run(_probe_without_creating_state(settings, names))
+    lock_fd, live = _lock_or_holder(settings)
+    try:
+        note = _live_note(settings, live) if live is not None else None
+        results = asyncio.run(_probe_without_touching_state(settings, names, live))
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
 
     failed_default = default in names and not any(
         n == default and a and r.ok for n, a, r in results
@@ -318,6 +380,8 @@ def doctor(
                     "default_backend": default,
                     "ok": not failed_default and not (strict and failed_any),
                     "host": [c.model_dump() for c in host],
+                    "daemon": None if live is None else {
+                        "lock": str(live.path), "pid": live.pid, "note": note},
                     "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
                 },
                 indent=2,
@@ -329,6 +393,8 @@ def doctor(
             rows += _rows(name, available, report)
         typer.echo(_table(rows))
         typer.echo("")
+        if note is not None:
+            typer.echo(note)
         if default not in enabled_backends(settings):
             typer.echo(f"FAIL: the default backend '{default}' is disabled in the settings")
         for name, available, report in results:

@@ -63,6 +63,7 @@ from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.backends.container.watch import PING_TIMEOUT_S, EngineWatch
 from sandboxd.config import Settings
 from sandboxd.deadline import stop_task
+from sandboxd.errors import ToolUnavailable
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -96,6 +97,8 @@ class ContainerBackend:
         self._probe_cache: tuple[float, ProbeReport] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._ping_client: docker.DockerClient | None = None
+        #: what of the backend's own vanished under it, while it rebuilds (see :meth:`_damaged`)
+        self.healing: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> ContainerBackend:
@@ -141,6 +144,14 @@ class ContainerBackend:
                 old.close()
         stale, boxes.stale = list(boxes.stale), set()
         await asyncio.gather(*(boxes.destroy(b) for b in stale), return_exceptions=True)
+        if self.healing is not None or boxes.rundir_lost():
+            try:
+                boxes.restore_rundir()
+            except OSError as exc:
+                boxes.available = (False, f"the container backend is recovering: "
+                                   f"{self.healing or boxes.rundir_lost()}; it cannot be "
+                                   f"recreated yet: {exc.strerror or exc}")
+                return False
         keep = frozenset(b.cid for b in boxes.live if b.cid)
         try:
             removed = await boxes.engine(engine.sweep, client, self.config.instance_name, keep)
@@ -159,11 +170,20 @@ class ContainerBackend:
         boxes.engine_error = None
         self._probe_cache = None
         boxes.available = (True, None)
+        if self.healing is not None:
+            log.warning("container backend recovered: %s; runner directory and warm pool "
+                        "recreated", self.healing)
+            self.healing = None
         self.pool.start(images)
         return True
 
     async def _ping(self) -> None:
-        """Raises when the engine does not answer (a client with a short timeout)."""
+        """Raises when the engine does not answer (a client with a short timeout). Also the
+        check that the runner directory is still there (see :meth:`_damaged`)."""
+        lost = self.boxes.rundir_lost()
+        if lost is not None and self.boxes.available[0]:
+            self._damaged(lost)
+            return
         loop = asyncio.get_running_loop()
         if self._ping_client is None:
             self._ping_client = await loop.run_in_executor(
@@ -205,8 +225,29 @@ class ContainerBackend:
         boxes.end_executor()
         boxes.available = (False, "the container backend is stopped")
 
+    def _damaged(self, why: str) -> None:
+        """Something of the backend's own vanished under the live daemon (its runner
+        directory: an ``rm -rf`` by someone else): unavailable at once (calls get 503, the
+        daemon is not ready) until the engine watch has rebuilt it: runner directory
+        recreated, every container of the backend replaced (they were bound to it; session
+        kernels are lost, their files stay), probe run again."""
+        log.error("container backend: %s; recovering", why)
+        self.healing = why
+        self.boxes.available = (False, f"the container backend is recovering: {why}")
+        self._probe_cache = None
+        self.pool.lost()
+        self.sessions.lost()
+        watch = self.boxes.watch
+        if watch is not None:  # its next round (within CHECK_S) rebuilds: up() = _connect
+            watch.is_up = False
+
     def availability(self) -> tuple[bool, str | None]:
-        """Cached: engine reachable and images present at start-up (or last failure)."""
+        """Engine reachable, images present and the runner directory there (one ``lstat``);
+        the rest is cached from start-up or the last failure."""
+        if self.boxes.available[0]:
+            lost = self.boxes.rundir_lost()
+            if lost is not None:
+                self._damaged(lost)
         return self.boxes.available
 
     # ------------------------------------------------------------ run
@@ -214,6 +255,11 @@ class ContainerBackend:
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Execute one call (see the module docstring)."""
         started = time.monotonic()
+        lost = self.boxes.rundir_lost()
+        if lost is not None:  # vanished after the service checked availability(): a 503 too
+            self._damaged(lost)
+            raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: the "
+                                  f"container backend is recovering: {lost}")
         image = self._image_for(invocation)
         kernel_call = invocation.session is not None and invocation.kind is ToolKind.python
         request = request_for(invocation, limits)

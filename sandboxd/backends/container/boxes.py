@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
+from sandboxd.errors import ToolUnavailable
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.container")
@@ -107,6 +109,29 @@ class Boxes:
         else:  # unix socket paths are limited to 108 bytes
             self.rundir = Path(tempfile.mkdtemp(prefix="sandboxd-run-"))
 
+    def rundir_lost(self) -> str | None:
+        """Why the runner directory is gone under the live backend (someone removed it), or
+        None while it is there (one ``lstat``)."""
+        if self.rundir is None or self.closing:
+            return None
+        try:
+            st = os.lstat(self.rundir)
+        except FileNotFoundError:
+            return f"its runner directory {self.rundir} vanished (removed by someone else?)"
+        except OSError as exc:
+            return f"its runner directory {self.rundir} cannot be read: {exc.strerror}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"its runner directory {self.rundir} was replaced by something else"
+        return None
+
+    def restore_rundir(self) -> None:
+        """Recreate a runner directory that vanished (0700, ours; not its parents). Something
+        else in its place is left there: OSError, and the backend stays unavailable."""
+        if self.rundir is None or self.rundir_lost() is None:
+            return
+        os.mkdir(self.rundir, 0o700)
+        os.chmod(self.rundir, 0o700)
+
     async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
                   workspace: Path | None, network: str | None = None,
                   session: str | None = None, uid: int | None = None) -> Box:
@@ -122,9 +147,12 @@ class Boxes:
         try:
             endpoint = await Endpoint.open(self.rundir / token,
                                            (uid, uid) if uid is not None else None)
-        except BaseException:
+        except BaseException as exc:
             if self.uids is not None:
                 self.uids.release(name)
+            lost = self.rundir_lost() if isinstance(exc, OSError) else None
+            if lost is not None:  # removed under us: a 503, not an error naming a path
+                raise ToolUnavailable(f"the container backend is recovering: {lost}") from None
             raise
         box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid)
         self.live.add(box)

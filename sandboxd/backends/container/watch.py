@@ -25,7 +25,9 @@ MAX_BACKOFF_S = 10.0
 
 class EngineWatch:
     """Calls ``ping`` (raises when the engine does not answer), ``down(why)`` on the first
-    failure, ``up()`` (True once the backend is usable again) while it is down."""
+    failure, ``up()`` (True once the backend is usable again) while it is down. The backend
+    sets ``is_up`` False itself when its own state vanished (its runner directory): the next
+    round rebuilds through ``up()``."""
 
     def __init__(self, ping: Callable[[], Awaitable[None]], down: Callable[[str], Awaitable[None]],
                  up: Callable[[], Awaitable[bool]], *, is_up: bool) -> None:

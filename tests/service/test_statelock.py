@@ -1,0 +1,60 @@
+"""The daemon holds a lock on its state directory (``<state>/daemon.lock``, issue 24): a second
+``serve`` there refuses to start with one line naming the directory and the holder's pid, and
+the admin commands see the live daemon and leave its things alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.daemon import free_port, running_daemon
+
+ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
+
+
+def _sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
+                          text=True, timeout=300, check=False,
+                          env={**env, "SANDBOXD_CONFIG": os.devnull, **ENV})
+
+
+def test_second_serve_on_the_same_state_dir_refuses(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, env=ENV) as d:
+        lock = d.state_dir / "daemon.lock"
+        assert lock.read_text().strip() == str(d.proc.pid)
+        second = _sandboxd("serve", "--port", str(free_port()), "--state-dir", str(d.state_dir))
+        assert second.returncode == 5, second.stdout + second.stderr
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert str(d.state_dir) in second.stderr and f"pid {d.proc.pid}" in second.stderr
+        assert "in use by another sandboxd daemon" in second.stderr
+        # the first one serves on, its lock file still names it
+        r = d.invoke("python", {"code": "6 * 7"})
+        assert r.status_code == 200 and r.json()["value"] == 42, r.text
+        assert lock.read_text().strip() == str(d.proc.pid)
+        from sandboxd import statelock
+
+        assert statelock.holder(d.state_dir) == statelock.Holder(lock, d.proc.pid)
+    # the lock goes with the process: a new daemon may take the directory
+    assert statelock.holder(d.state_dir) is None
+    with running_daemon(tmp_path, env=ENV, state_dir=d.state_dir) as again:
+        assert again.client.get("/readyz").status_code == 200
+
+
+def test_doctor_names_the_live_daemon_and_leaves_its_state(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, env=ENV) as d:
+        probe_left = d.state_dir / "restricted-probe-leftover"  # as a crash would leave it
+        probe_left.mkdir()
+        doctor = _sandboxd("doctor", "--state-dir", str(d.state_dir))
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert f"a daemon holds {d.state_dir / 'daemon.lock'}, pid {d.proc.pid}" in doctor.stdout
+        assert f"would remove {probe_left}" in doctor.stdout, doctor.stdout
+        assert probe_left.is_dir()  # a live daemon's state is not the doctor's to sweep
+        r = d.invoke("python", {"code": "1 + 1"})
+        assert r.status_code == 200 and r.json()["value"] == 2, r.text
+    # no daemon: the doctor sweeps what is left, holding the lock meanwhile
+    doctor = _sandboxd("doctor", "--state-dir", str(d.state_dir))
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "a daemon holds" not in doctor.stdout and not probe_left.exists()
