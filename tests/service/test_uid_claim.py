@@ -17,7 +17,13 @@ import pytest
 from sandboxd import uidclaim
 from sandboxd.cli.daemon import EXIT_UID_RANGE
 from tests.support.ci import require
-from tests.support.daemon import UID_SETTINGS, RunningDaemon, daemon_env, start_daemon
+from tests.support.daemon import (
+    UID_SETTINGS,
+    RunningDaemon,
+    daemon_env,
+    free_port,
+    start_daemon,
+)
 
 COUNT = 100
 
@@ -51,11 +57,18 @@ def daemons() -> Iterator[list[RunningDaemon]]:
 
 def _serve(tmp_path: Path, first: int, count: int) -> subprocess.CompletedProcess[str]:
     """A second `sandboxd serve` in the foreground: it must refuse quickly (the timeout only
-    catches a daemon that serves instead)."""
-    return subprocess.run(
-        [sys.executable, "-m", "sandboxd", "serve", "--port", "9", "--state-dir",
-         str(tmp_path / "second")],
-        env=daemon_env(_env(first, count)), capture_output=True, text=True, timeout=120)
+    catches a daemon that serves instead; it is then stopped like any other)."""
+    cmd = [sys.executable, "-m", "sandboxd", "serve", "--port", str(free_port()),
+           "--state-dir", str(tmp_path / "second")]
+    proc = subprocess.Popen(cmd, env=daemon_env(_env(first, count)), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"the second daemon served instead of refusing:\n{out}{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def test_an_overlapping_range_is_refused_with_a_free_one_named(
