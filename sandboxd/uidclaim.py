@@ -152,15 +152,23 @@ def claim_for(settings: Settings) -> UidClaim | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m sandboxd.uidclaim COUNT [START]``: print a free range's first uid (for
-    scripts: the VM's shell daemon, ``make run`` beside a service)."""
-    import sys
+    scripts: a second daemon beside a service)."""
+    import argparse
 
-    args = sys.argv[1:] if argv is None else argv
-    count = int(args[0])
-    free = free_range(count, int(args[1]) if len(args) > 1 else DEFAULT_FIRST)
+    parser = argparse.ArgumentParser(prog="python -m sandboxd.uidclaim",
+                                     description="The first uid of a free sandbox uid range.")
+    parser.add_argument("count", type=int, help="uids in the range (sandbox_uid_count)")
+    parser.add_argument("start", type=int, nargs="?", default=DEFAULT_FIRST,
+                        help=f"lowest first uid (default {DEFAULT_FIRST})")
+    args = parser.parse_args(argv)
+    if args.count < 1:
+        parser.error("count must be at least 1")
+    try:
+        free = free_range(args.count, args.start)
+    except UidClaimError as exc:
+        parser.exit(1, f"{exc}\n")
     if free is None:
-        print(f"no free range of {count} uids", file=sys.stderr)
-        return 1
+        parser.exit(1, f"no free range of {args.count} uids below {TOP}\n")
     print(free)
     return 0
 

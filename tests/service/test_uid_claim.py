@@ -129,3 +129,33 @@ def test_a_killed_daemons_claim_vanishes_with_it(
     daemons.append(start_daemon(tmp_path / "b", env=_env(first)))
     assert uidclaim.holder(first, COUNT) == uidclaim.Holder(daemons[1].proc.pid, first, COUNT)
 
+
+
+def test_test_support_takes_another_range_when_it_loses_the_race(
+    tmp_path: Path, daemons: list[RunningDaemon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/support/daemon.py picks a free range, but a parallel run may claim it before the
+    daemon does: the daemon refuses (exit 5) and start_daemon starts another one on a new
+    range. Here this process itself is the parallel run (its own claim looks free to it)."""
+    from tests.support import daemon as support
+
+    first = _free(support.TEST_UID_COUNT)
+    mine = uidclaim.claim(first, support.TEST_UID_COUNT)
+    picks: list[dict[str, str]] = []
+    real = support.uid_range_env
+
+    def racing(env: dict[str, str] | None = None) -> dict[str, str]:
+        pick = _env(first, support.TEST_UID_COUNT) if not picks else real(env)
+        picks.append(pick)
+        return pick
+
+    monkeypatch.setattr(support, "uid_range_env", racing)
+    try:
+        daemons.append(start_daemon(tmp_path))
+    finally:
+        mine.release()
+    assert len(picks) == 2 and picks[0][UID_SETTINGS[0]] == str(first), picks
+    d = daemons[0]
+    assert d.uids is not None and d.uids.start != first
+    assert uidclaim.holder(d.uids.start, len(d.uids)) == uidclaim.Holder(
+        d.proc.pid, d.uids.start, len(d.uids))
