@@ -62,11 +62,17 @@ def _open(path: Path) -> int:
     claims in: closing any descriptor of it, even a dup, would drop the claim)."""
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise UidClaimError(
             f"cannot open the uid claim file {path}: {exc.strerror} (a root-owned 0755 "
             f"directory {path.parent}; systemd-tmpfiles --create makes it)") from exc
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # anyone who can open it could take
+        os.close(fd)  # a read lock on a range and keep every daemon of that range from starting
+        raise UidClaimError(f"the uid claim file {path} must be owner-only ({oct(st.st_mode)}, "
+                            f"uid {st.st_uid}): remove it or chmod 0600 it")
+    return fd
 
 
 def holder(first: int, count: int, path: Path = LOCK_FILE) -> Holder | None:
