@@ -19,7 +19,7 @@ from sandboxd import DEFAULT_URL, __version__
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
 EXIT_LISTEN = 4  # the address or socket could not be bound (e.g. the port is in use)
-EXIT_UID_RANGE = 5  # another live daemon on this host claims (part of) the sandbox uid range
+EXIT_UID_RANGE = 6  # another live daemon on this host claims (part of) the sandbox uid range
 
 
 def _fail(message: str, code: int = 2) -> None:

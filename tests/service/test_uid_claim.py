@@ -135,7 +135,7 @@ def test_test_support_takes_another_range_when_it_loses_the_race(
     tmp_path: Path, daemons: list[RunningDaemon], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """tests/support/daemon.py picks a free range, but a parallel run may claim it before the
-    daemon does: the daemon refuses (exit 5) and start_daemon starts another one on a new
+    daemon does: the daemon refuses (exit 6) and start_daemon starts another one on a new
     range. Here this process itself is the parallel run (its own claim looks free to it)."""
     from tests.support import daemon as support
 
