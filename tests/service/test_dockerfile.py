@@ -16,7 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from sandboxd import uidclaim
 from sandboxd.config import Settings
+from tests.support.daemon import uid_range_env
 from tests.support.wait import wait_until
 
 # The first test also builds the image (session fixture, counted in its timeout): minutes under
@@ -174,10 +176,15 @@ def _run(
     extra, cg_dirs = _cgroup_flags(docker_client, name) if cgroups else ({}, [])
     if user is not None:
         extra["user"] = f"{user}:{user}"
+    # the container's root daemon hands out host uids: it claims its range in the host's
+    # claim directory (docs/operations.md, "Sandbox uid ranges"), a free one
+    uidclaim.LOCK_DIR.mkdir(mode=0o755, exist_ok=True)
+    extra["environment"] = {**extra.get("environment", {}), **uid_range_env()}
     volumes = {
         str(run_dir): {"bind": "/run/sandboxd", "mode": "rw"},
         str(state): {"bind": "/var/lib/sandboxd", "mode": "rw"},
         str(logs): {"bind": "/var/log/sandboxd", "mode": "rw"},
+        str(uidclaim.LOCK_DIR): {"bind": str(uidclaim.LOCK_DIR), "mode": "rw"},
         **extra.pop("volumes", {}),
     }
     try:
