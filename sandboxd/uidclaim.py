@@ -29,7 +29,8 @@ from sandboxd.errors import SandboxdError
 
 LOCK_DIR = Path("/run/sandboxd-uids")
 LOCK_FILE = LOCK_DIR / "ranges.lock"
-DEFAULT_FIRST = 10100  # Settings.sandbox_uid_first's default (where suggestions start)
+#: where suggestions start: the setting's default (one definition, in sandboxd.config)
+DEFAULT_FIRST: int = Settings.model_fields["sandbox_uid_first"].default
 TOP = 65534  # suggestions stay below `nobody` (16-bit uids, container images)
 
 _FLOCK = "hhqqi"  # struct flock on Linux LP64: l_type, l_whence, l_start, l_len, l_pid
