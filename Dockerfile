@@ -20,7 +20,10 @@
 #       -v /sys/fs/cgroup/cpu/sandboxd-ctr:/host-cgroup/cpu/sandboxd-ctr \
 #       -v /sys/fs/cgroup/pids/sandboxd-ctr:/host-cgroup/pids/sandboxd-ctr \
 #       -v /run/sandboxd-ctr:/run/sandboxd -v sandboxd-state:/var/lib/sandboxd \
+#       -v /run/sandboxd-uids:/run/sandboxd-uids -e SANDBOXD_SANDBOX_UID_FIRST=11000 \
 #       -v sandboxd-logs:/var/log/sandboxd sandboxd/daemon
+# /run/sandboxd-uids (root 0755 on the host): its sandbox uids are host uids, so the daemon
+# claims its range host-wide there and refuses to start without it (docs/operations.md).
 # Without a writable cgroup subtree the restricted backend's self-test fails and the daemon
 # refuses to start (it says so, naming the "cgroup" probe).
 ARG BASE=python:3.12-slim

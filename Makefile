@@ -37,6 +37,8 @@ run: venv
 	@echo "  $(BIN)/sandboxd audit verify --state-dir $(abspath $(STATE))"
 	@echo "  $(BIN)/sandboxd audit tail -f --state-dir $(abspath $(STATE))"
 	@echo "  $(BIN)/sandboxd doctor --state-dir $(abspath $(STATE))"
+	@echo "Beside another daemon as root (an installed service), sandbox uids must differ: serve names a"
+	@echo "  free range if the default one is taken; pass it as SANDBOXD_SANDBOX_UID_FIRST=N make run"
 	@echo "Stop with Ctrl-C."
 	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE)
 

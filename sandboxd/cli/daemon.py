@@ -20,6 +20,7 @@ from sandboxd import DEFAULT_URL, __version__
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
 EXIT_LISTEN = 4  # the address or socket could not be bound (e.g. the port is in use)
 EXIT_STATE_LOCKED = 5  # another daemon holds the state directory's lock (sandboxd.statelock)
+EXIT_UID_RANGE = 6  # another live daemon on this host claims (part of) the sandbox uid range
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -69,14 +70,31 @@ def serve(
                   "tokens (--tokens-file; create one with `sandboxd token add NAME`)")
         logging.getLogger("sandboxd").warning(
             "listening on non-loopback address %s: every caller needs a token", settings.host)
+    _lock_state_dir(settings.state_dir)  # first: a second serve on this directory says so
+    from sandboxd import uidclaim
+
+    try:  # held until the process exits (the kernel drops it then, SIGKILL included)
+        claim = uidclaim.claim_for(settings)
+    except uidclaim.UidRangeTaken as exc:
+        _fail(str(exc), EXIT_UID_RANGE)
+        return
+    except uidclaim.UidClaimError as exc:
+        _fail(str(exc), 1)
+        return
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _lock_state_dir(settings.state_dir)
+    if claim is not None:
+        logging.getLogger("sandboxd").info(
+            "sandbox uids %d-%d claimed on this host (%s)", claim.first,
+            claim.first + claim.count - 1, claim.path)
     try:
         code = _run(_serve(settings, log_level))
     except Exception as exc:
         _fail(str(exc), 1)
         return
+    finally:
+        if claim is not None:
+            claim.release()
     raise typer.Exit(code)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, refused_port
+from tests.support.daemon import RunningDaemon, refused_port, uid_range_env
 from tests.support.wait import wait_until
 
 
@@ -63,14 +64,14 @@ def test_invoke_reports_unreachable_daemon() -> None:
 
 
 def test_serve_on_unix_socket(tmp_path: Path) -> None:
-    import os
     import stat
 
     sock = tmp_path / "run" / "sandboxd.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
          "--state-dir", str(tmp_path / "state")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **uid_range_env()})
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, timeout=60,
                    what="the daemon's socket")
@@ -98,7 +99,8 @@ def test_serve_on_a_port_in_use_has_its_own_exit_status(daemon: RunningDaemon,
     """A second daemon on the same port: one line naming the address, exit 4 (not the
     self-test's 3), and the running daemon is untouched."""
     port = daemon.url.rsplit(":", 1)[1]
-    r = sandboxd("serve", "--port", port, "--state-dir", str(tmp_path / "second"))
+    r = sandboxd("serve", "--port", port, "--state-dir", str(tmp_path / "second"),
+                 env={**os.environ, **uid_range_env()})
     assert r.returncode == 4, r.stderr
     assert f"sandboxd: cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "Traceback" not in r.stderr

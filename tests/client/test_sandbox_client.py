@@ -28,7 +28,7 @@ from sandboxd.client import (
 from sandboxd.models import ToolSpec
 from tests.client.conftest import DAEMON_ARGS, TokenDaemon
 from tests.client.stub_server import StubServer
-from tests.support.daemon import free_port
+from tests.support.daemon import free_port, uid_range_env
 from tests.support.wait import wait_until
 
 
@@ -142,6 +142,7 @@ async def test_async_client(token_daemon: TokenDaemon) -> None:
 def test_unix_socket(tmp_path: Path) -> None:
     sock = tmp_path / "sandboxd.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    env.update(uid_range_env())
     log = open(tmp_path / "uds.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),

@@ -16,7 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from sandboxd import uidclaim
 from sandboxd.config import Settings
+from tests.support.daemon import uid_range_env
 from tests.support.wait import wait_until
 
 # The first test also builds the image (session fixture, counted in its timeout): minutes under
@@ -174,10 +176,16 @@ def _run(
     extra, cg_dirs = _cgroup_flags(docker_client, name) if cgroups else ({}, [])
     if user is not None:
         extra["user"] = f"{user}:{user}"
+    # the container's root daemon hands out host uids: it claims its range in the host's
+    # claim directory (docs/operations.md, "Sandbox uid ranges"), a free one
+    uidclaim.LOCK_DIR.mkdir(mode=0o755, exist_ok=True)
+    uids = uid_range_env()
+    extra["environment"] = {**extra.get("environment", {}), **uids}
     volumes = {
         str(run_dir): {"bind": "/run/sandboxd", "mode": "rw"},
         str(state): {"bind": "/var/lib/sandboxd", "mode": "rw"},
         str(logs): {"bind": "/var/log/sandboxd", "mode": "rw"},
+        str(uidclaim.LOCK_DIR): {"bind": str(uidclaim.LOCK_DIR), "mode": "rw"},
         **extra.pop("volumes", {}),
     }
     try:
@@ -209,6 +217,7 @@ def _run(
         _remove_cgroups(name, cg_dirs)
         raise
     c.run_dir, c.state_dir, c.log_dir, c.cgroup_dirs = run_dir, state, logs, cg_dirs
+    c.uids = uids
     return c
 
 
@@ -275,6 +284,9 @@ def test_daemon_holds_only_its_capabilities_and_gets_healthy(container: Any) -> 
     )
     want = sum(1 << CAP_BITS[c] for c in DAEMON_CAPS)
     assert int(status["CapEff"], 16) == want, status["CapEff"]
+    # its sandbox uids are host uids: it claimed them on the host (pid as the host sees it)
+    first, count = (int(v) for v in container.uids.values())
+    assert uidclaim.holder(first, count) == uidclaim.Holder(pid, first, count)
     assert int(status["CapBnd"], 16) == want, status["CapBnd"]
     assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
     def verdict() -> str:

@@ -189,6 +189,7 @@ def test_key_options_present() -> None:
         "/var/lib/sandboxd",
         "/var/log/sandboxd",
         "/run/sandboxd",
+        "-/run/sandboxd-uids",
     }
     assert one("AmbientCapabilities") == ""
     assert one("UMask") == "0077"
@@ -277,6 +278,7 @@ def test_sysusers_and_tmpfiles_create_the_layout(tmp_path: Path) -> None:
         ("var/lib/sandboxd/workspaces", 0o700),
         ("var/log/sandboxd", 0o750),
         ("run/sandboxd", 0o755),
+        ("run/sandboxd-uids", 0o755),
         ("etc/sandboxd/policies", 0o755),
     ):
         st = (root / rel).stat()

@@ -28,7 +28,7 @@ import pytest
 
 from tests.service.procs import audit_verify, cgroup_dirs, descendants
 from tests.service.unit_sandbox import bounding_set, capability_numbers, unit_settings
-from tests.support.daemon import PASSED_SETTINGS
+from tests.support.daemon import PASSED_SETTINGS, uid_range_env
 from tests.support.wait import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -258,6 +258,7 @@ def test_daemon_serves_under_the_units_confinement(
                 "SANDBOXD_WARM_POOL_SIZE": "1",
                 "HOME": str(state),
                 "SANDBOXD_SESSION_QUOTA_BYTES": str(4 * 1024 * 1024),
+                **uid_range_env(),  # a root daemon claims its range host-wide
                 # the drop-in's Environment= (the emulation applies only its confinement)
                 **({"SANDBOXD_WORKSPACE_QUOTA": "kernel"} if variant == "quota" else {}),
             },

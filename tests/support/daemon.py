@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from sandboxd import uidclaim
+from sandboxd.cli.daemon import EXIT_UID_RANGE
 from tests.support.wait import wait_until
 
 PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
@@ -22,6 +25,12 @@ PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
 #: cost seconds of CPU each under the VM job's emulation (issue 28); the tests of the pool
 #: and of container calls set ``SANDBOXD_WARM_POOL_SIZE`` themselves.
 TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0"}
+# Test daemons take sandbox uid ranges of this size from TEST_UID_BASE up: above the default
+# range (10100-10999, an installed service's) and the VM lanes' in-process backends (10100 +
+# 1000 x lane), each claimed host-wide by its daemon (sandboxd.uidclaim)
+TEST_UID_BASE = 20000
+TEST_UID_COUNT = 200
+UID_SETTINGS = ("SANDBOXD_SANDBOX_UID_FIRST", "SANDBOXD_SANDBOX_UID_COUNT")
 
 
 def free_port() -> int:
@@ -50,6 +59,45 @@ def _nofile(limit: int):  # type: ignore[no-untyped-def]
     return apply
 
 
+def uid_range_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``SANDBOXD_SANDBOX_UID_FIRST``/``_COUNT`` of a range no live daemon on this host claims
+    (empty when ``env`` names the range itself, or when not root: a non-root daemon claims
+    none). A random start spreads parallel test runs; a daemon that still loses the race exits
+    with EXIT_UID_RANGE, and :func:`start_daemon` then tries another range."""
+    if os.geteuid() != 0 or any(k in (env or {}) for k in UID_SETTINGS):
+        return {}
+    slots = (uidclaim.TOP - TEST_UID_BASE) // TEST_UID_COUNT
+    start = TEST_UID_BASE + random.randrange(slots) * TEST_UID_COUNT
+    first = uidclaim.free_range(TEST_UID_COUNT, start) or uidclaim.free_range(
+        TEST_UID_COUNT, TEST_UID_BASE)
+    assert first is not None, "no free sandbox uid range on this host"
+    return {UID_SETTINGS[0]: str(first), UID_SETTINGS[1]: str(TEST_UID_COUNT)}
+
+
+def daemon_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A test daemon's environment: ours without SANDBOXD_* settings (except the images), no
+    config file, TEST_DEFAULTS, ``env`` on top, and a free sandbox uid range unless ``env``
+    names one."""
+    # the daemon's settings come from the test, except the sandbox images: a checkout may build
+    # its own (sandboxd images build --tag ...) and point the whole suite at it
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("SANDBOXD_") or k in PASSED_SETTINGS}
+    # a host's /etc/sandboxd/sandboxd.yaml (an installed service) must not leak into tests
+    full_env["SANDBOXD_CONFIG"] = os.devnull
+    full_env.update(TEST_DEFAULTS)
+    full_env.update(env or {})
+    full_env.update(uid_range_env(env))
+    return full_env
+
+
+def uid_range(env: Mapping[str, str]) -> range | None:
+    """The sandbox uids a daemon started with ``env`` hands out (None: the default range)."""
+    if UID_SETTINGS[0] not in env:
+        return None
+    first = int(env[UID_SETTINGS[0]])
+    return range(first, first + int(env.get(UID_SETTINGS[1], "900")))
+
+
 @dataclass
 class RunningDaemon:
     """A daemon subprocess and an HTTP client bound to it."""
@@ -61,6 +109,7 @@ class RunningDaemon:
     log_path: Path
     client: httpx.Client
     headers: dict[str, str] = field(default_factory=dict)
+    uids: range | None = None  # its sandbox uid range (None: the settings' default)
 
     def log(self) -> str:
         """What the daemon printed so far (stdout and stderr)."""
@@ -96,19 +145,40 @@ def start_daemon(
 ) -> RunningDaemon:
     """Start ``python -m sandboxd serve`` (behind ``launcher``, e.g. a capability-dropping
     wrapper, when given) and wait until ``/healthz`` answers (``nofile``: the daemon's
-    RLIMIT_NOFILE, soft and hard)."""
+    RLIMIT_NOFILE, soft and hard). Unless ``env`` names one, the daemon gets a sandbox uid
+    range that is free on this host (another one if a parallel run claimed it first)."""
+    for _ in range(4):
+        try:
+            return _start_daemon(tmp_path, policies_dir=policies_dir, env=env, args=args,
+                                 state_dir=state_dir, token=token, ready_timeout=ready_timeout,
+                                 nofile=nofile, launcher=launcher)
+        except _UidRangeLost:
+            continue
+    raise RuntimeError("four sandbox uid ranges in a row were claimed by other daemons")
+
+
+class _UidRangeLost(Exception):
+    """The daemon exited EXIT_UID_RANGE on a range this module picked (a parallel run won)."""
+
+
+def _start_daemon(
+    tmp_path: Path,
+    *,
+    policies_dir: Path | None,
+    env: Mapping[str, str] | None,
+    args: Sequence[str],
+    state_dir: Path | None,
+    token: str | None,
+    ready_timeout: float,
+    nofile: int | None,
+    launcher: Sequence[str],
+) -> RunningDaemon:
     state_dir = state_dir or tmp_path / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
-    # the daemon's settings come from the test, except the sandbox images: a checkout may build
-    # its own (sandboxd images build --tag ...) and point the whole suite at it
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("SANDBOXD_") or k in PASSED_SETTINGS}
-    # a host's /etc/sandboxd/sandboxd.yaml (an installed service) must not leak into tests
-    full_env["SANDBOXD_CONFIG"] = os.devnull
-    full_env.update(TEST_DEFAULTS)
-    full_env.update(env or {})
+    full_env = daemon_env(env)
+    picked = not any(k in (env or {}) for k in UID_SETTINGS)
     cmd = [
         *launcher, sys.executable, "-m", "sandboxd", "serve",
         "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
@@ -124,6 +194,8 @@ def start_daemon(
 
     def healthy() -> bool:
         if proc.poll() is not None:
+            if picked and proc.returncode == EXIT_UID_RANGE:
+                raise _UidRangeLost
             raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
         return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
 
@@ -135,7 +207,8 @@ def start_daemon(
         raise RuntimeError(f"daemon did not become healthy:\n{log_path.read_text()}") from None
     audit = Path(full_env.get("SANDBOXD_AUDIT_LOG", state_dir / "audit.jsonl"))
     client = httpx.Client(base_url=url, headers=headers, timeout=120.0)
-    return RunningDaemon(url, proc, state_dir, audit, log_path, client, headers)
+    return RunningDaemon(url, proc, state_dir, audit, log_path, client, headers,
+                         uid_range(full_env))
 
 
 @contextlib.contextmanager
@@ -155,26 +228,44 @@ def unix_socket_daemon(tmp_path: Path, env: Mapping[str, str] | None = None,
     """``sandboxd serve --uds`` (no TCP listener) until ``/healthz`` answers on the socket;
     yields the socket's path and stops the daemon (SIGTERM) on exit."""
     sock = tmp_path / "sandboxd.sock"
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    full_env["SANDBOXD_CONFIG"] = os.devnull
-    full_env.update(TEST_DEFAULTS)
-    full_env.update(env or {})
+    for _ in range(4):  # another range when a parallel run claimed the picked one first
+        try:
+            proc = _start_uds(sock, tmp_path, env, ready_timeout)
+        except _UidRangeLost:
+            continue
+        try:
+            yield sock
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        return
+    raise RuntimeError("four sandbox uid ranges in a row were claimed by other daemons")
+
+
+def _start_uds(sock: Path, tmp_path: Path, env: Mapping[str, str] | None,
+               ready_timeout: float) -> subprocess.Popen[bytes]:
     log_path = tmp_path / "uds.log"
+    picked = not any(k in (env or {}) for k in UID_SETTINGS)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
              "--state-dir", str(tmp_path / "state")],
-            stdout=log, stderr=subprocess.STDOUT, env=full_env)
+            stdout=log, stderr=subprocess.STDOUT, env=daemon_env(env))
+
+    def up() -> bool:
+        if picked and proc.poll() == EXIT_UID_RANGE:
+            raise _UidRangeLost
+        assert proc.poll() is None, log_path.read_text()
+        return http.get("/healthz").status_code == 200
+
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
                           base_url="http://x") as http:
-            def up() -> bool:
-                assert proc.poll() is None, log_path.read_text()
-                return http.get("/healthz").status_code == 200
-
             wait_until(up, timeout=ready_timeout, interval=0.1,
                        what="the daemon to come up on the socket", ignore=(httpx.HTTPError,))
-        yield sock
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    except BaseException:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+        raise
+    return proc

@@ -189,7 +189,21 @@ check doctor-twice "$( [ $rc = 0 ] && echo PASS || echo FAIL)" "second doctor ru
 
 phase "serve from a shell (make run's way), not delegated"
 mkdir -p /root/shell-state
-SANDBOXD_CONFIG=/dev/null $SBX serve --port 8799 --state-dir /root/shell-state > "$R/serve-shell.log" 2>&1 &
+# Beside the service (sandbox uids 10100-10999, claimed host-wide) the default range is refused
+# before anything starts: exit 6, one line naming the settings, the service's pid and a free
+# range; the shell daemon then serves on that range (docs/operations.md, "Sandbox uid ranges").
+mainpid=$(systemctl show -p MainPID --value sandboxd)
+SANDBOXD_CONFIG=/dev/null timeout 120 $SBX serve --port 8799 --state-dir /root/shell-state \
+  > "$R/serve-shell-refused.log" 2>&1; rrc=$?
+refusal=$(cat "$R/serve-shell-refused.log")
+free=$(grep -o 'SANDBOXD_SANDBOX_UID_FIRST=[0-9]*' <<< "$refusal" | head -n 1 | cut -d= -f2)
+check uid-range-claimed-host-wide "$( [ $rrc = 6 ] && [ "$(grep -c . <<< "$refusal")" = 1 ] \
+  && grep -q "sandbox_uid_first=10100, sandbox_uid_count=900" <<< "$refusal" \
+  && grep -q "(pid $mainpid)" <<< "$refusal" && [ -n "$free" ] && [ "$free" -ge 11000 ] \
+  && [ ! -e /root/shell-state/audit.jsonl ] && systemctl is-active -q sandboxd && echo PASS || echo FAIL)" \
+  "exit $rrc; service pid $mainpid; $refusal"
+SANDBOXD_CONFIG=/dev/null SANDBOXD_SANDBOX_UID_FIRST=${free:-11000} \
+  $SBX serve --port 8799 --state-dir /root/shell-state > "$R/serve-shell.log" 2>&1 &
 spid=$!
 for _ in $(seq 1 90); do curl -s -o /dev/null http://127.0.0.1:8799/healthz && break; sleep 1; done
 scg=$(cut -d: -f3 /proc/$spid/cgroup 2>/dev/null)
