@@ -157,6 +157,27 @@ def claim_for(settings: Settings) -> UidClaim | None:
     return claim(settings.sandbox_uid_first, settings.sandbox_uid_count)
 
 
+def claim_for_probes(settings: Settings, path: Path = LOCK_FILE,
+                     ) -> tuple[Settings, UidClaim | None]:
+    """For a short-lived user of sandbox uids beside live daemons (``sandboxd doctor``'s
+    probes): the configured range when no daemon claims it, else the lowest free range of the
+    same size, claimed either way (a daemon started meanwhile refuses it). The settings to
+    probe with, and the claim to release (None when not root)."""
+    if os.geteuid() != 0:
+        return settings, None
+    for _ in range(3):  # another claimant may take the free range between our look and lock
+        try:
+            held = claim(settings.sandbox_uid_first, settings.sandbox_uid_count, path)
+            return settings, held
+        except UidRangeTaken:
+            first = free_range(settings.sandbox_uid_count, path=path)
+            if first is None:
+                raise
+            settings = settings.model_copy(update={"sandbox_uid_first": first})
+    raise UidRangeTaken(f"no free range of {settings.sandbox_uid_count} sandbox uids on this "
+                        "host to probe with")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sandboxd.uidclaim COUNT [START]``: print a free range's first uid (for
     scripts: a second daemon beside a service)."""

@@ -275,6 +275,16 @@ async def _probe_without_touching_state(
         await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
+def _probe_uids(settings: Any) -> tuple[Any, Any]:
+    from sandboxd import uidclaim
+
+    try:
+        return uidclaim.claim_for_probes(settings)
+    except (uidclaim.UidRangeTaken, uidclaim.UidClaimError) as exc:
+        typer.echo(f"sandboxd doctor: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
 def _lock_or_holder(settings: Any) -> tuple[int | None, Holder | None]:
     """``(fd, None)``: the doctor holds the state directory's lock while it probes (a daemon
     started meanwhile refuses, instead of losing its containers to the doctor's sweep);
@@ -359,10 +369,15 @@ def doctor(
     default = _default_backend()
     host = host_checks(settings)  # first: the cgroup row says what the probes will do
     lock_fd, live = _lock_or_holder(settings)
+    uid_claim = None
     try:
         note = _live_note(settings, live) if live is not None else None
-        results = asyncio.run(_probe_without_touching_state(settings, names, live))
+        # the probes' sandbox uids: never ones a live daemon hands out (sandboxd.uidclaim)
+        probing, uid_claim = _probe_uids(settings)
+        results = asyncio.run(_probe_without_touching_state(probing, names, live))
     finally:
+        if uid_claim is not None:
+            uid_claim.release()
         if lock_fd is not None:
             os.close(lock_fd)
 

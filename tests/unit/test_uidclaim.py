@@ -68,3 +68,30 @@ def test_a_claim_file_others_could_open_is_refused(tmp_path: Path) -> None:
         uidclaim.claim(10100, 900, path)
     path.chmod(0o600)
     uidclaim.claim(10100, 900, path).release()
+
+
+def test_doctor_probes_with_uids_no_live_daemon_hands_out(
+    tmp_path: Path, holders: list[subprocess.Popen[str]]
+) -> None:
+    """``sandboxd doctor`` beside a live daemon: its probes get a free range of the same size,
+    claimed while they run; with no daemon, the configured range itself."""
+    from sandboxd.config import Settings
+
+    path = tmp_path / "ranges.lock"
+    settings = Settings(state_dir=tmp_path / "state", sandbox_uid_first=10100,
+                        sandbox_uid_count=900)
+    mine, held = uidclaim.claim_for_probes(settings, path)
+    assert (mine.sandbox_uid_first, held is not None) == (10100, True)
+    assert held is not None
+    held.release()
+    daemon = _hold(holders, path, 10100, 900)
+    probing, held = uidclaim.claim_for_probes(settings, path)
+    try:
+        assert held is not None
+        first, count = probing.sandbox_uid_first, probing.sandbox_uid_count
+        assert count == 900 and (first >= 11000 or first + count <= 10100), first
+        assert uidclaim.holder(first, count, path) is None  # ours: a lock does not block us
+        assert uidclaim.holder(10100, 900, path) == uidclaim.Holder(daemon, 10100, 900)
+    finally:
+        if held is not None:
+            held.release()
