@@ -8,14 +8,16 @@ it. It is a message pump between the SDK's stdio server transport and its Stream
 transport, not an MCP server of its own: a proxy that re-implemented ``tools/call`` on top of
 :class:`~sandboxd.client.SandboxClient` would be a second mapping of results to MCP.
 
-When stdin closes, the bridge ends the MCP session (HTTP DELETE), so the daemon deletes the
-session's workspace.
+When stdin closes, or on SIGTERM/SIGINT, the bridge ends the MCP session (HTTP DELETE), so the
+daemon deletes the session's workspace, and exits (0.2-0.3 s, tests/mcp/test_bridge_exit.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import typer
@@ -77,6 +79,8 @@ def mcp(
 
 
 async def _bridge(endpoint: str, uds: str | None, token: str | None) -> int:
+    import signal
+
     import anyio
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
@@ -91,21 +95,74 @@ async def _bridge(endpoint: str, uds: str | None, token: str | None) -> int:
         if problem is not None:
             _say(problem)
             return EXIT_AUTH if "401" in problem else 1
-        async with (stdio_server() as (host_in, host_out),
-                    streamable_http_client(endpoint, http_client=http) as (daemon_in, daemon_out),
-                    anyio.create_task_group() as tg):
+        stdin = await _Stdin.open()
+        async with stdio_server(stdin=stdin) as (host_in, host_out):  # type: ignore[arg-type]
+            try:
+                async with (streamable_http_client(endpoint, http_client=http)
+                            as (daemon_in, daemon_out), anyio.create_task_group() as tg):
 
-            async def pump(source: object, sink: object, name: str) -> None:
-                async for message in source:  # type: ignore[attr-defined]
-                    if isinstance(message, Exception):  # unparseable line, broken stream
-                        _say(f"{name}: {message}")
-                        continue
-                    await sink.send(message)  # type: ignore[attr-defined]
-                tg.cancel_scope.cancel()  # either side closed: the bridge ends
+                    async def pump(source: object, sink: object, name: str) -> None:
+                        async for message in source:  # type: ignore[attr-defined]
+                            if isinstance(message, Exception):  # bad line, broken stream
+                                _say(f"{name}: {message}")
+                                continue
+                            await sink.send(message)  # type: ignore[attr-defined]
+                        tg.cancel_scope.cancel()  # either side closed: the bridge ends
 
-            tg.start_soon(pump, host_in, daemon_out, "from the host")
-            tg.start_soon(pump, daemon_in, host_out, "from the daemon")
+                    async def stop_on_signal() -> None:
+                        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                            async for _ in signals:
+                                tg.cancel_scope.cancel()  # as if stdin closed: DELETE, exit
+                                return
+
+                    tg.start_soon(pump, host_in, daemon_out, "from the host")
+                    tg.start_soon(pump, daemon_in, host_out, "from the daemon")
+                    tg.start_soon(stop_on_signal)
+            finally:
+                # the SDK's stdio transport ends when its streams do: the writer when the
+                # stream it drains is closed, the reader at the end of stdin (ended here too,
+                # when the daemon's side or a signal ended the bridge first)
+                stdin.close()
+                await host_out.aclose()
     return 0
+
+
+class _Stdin:
+    """The host's lines on fd 0, read by the event loop (no thread), for the SDK's stdio
+    transport: ``close()`` ends them at once, where a thread blocked in ``read`` would hold
+    the bridge until the host wrote or closed its end."""
+
+    LIMIT = 64 * 2**20  # a line longer than any request body the daemon takes
+
+    def __init__(self, reader: asyncio.StreamReader | None) -> None:
+        self.reader = reader
+
+    @classmethod
+    async def open(cls) -> _Stdin:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=cls.LIMIT)
+        try:
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        except (ValueError, OSError):  # a regular file: the loop cannot watch it; read it whole
+            reader.feed_data(sys.stdin.buffer.read())
+            reader.feed_eof()
+        return cls(reader)
+
+    def close(self) -> None:
+        if self.reader is not None and not self.reader.at_eof():
+            self.reader.feed_eof()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        assert self.reader is not None
+        while True:
+            try:
+                line = await self.reader.readline()
+            except (asyncio.LimitOverrunError, ValueError):
+                _say(f"from the host: a line over {self.LIMIT} bytes, dropped")
+                continue
+            if not line:
+                return
+            yield line.decode("utf-8", errors="replace")
 
 
 async def _preflight(http: object, endpoint: str) -> str | None:
