@@ -264,6 +264,9 @@ def _call(url: str, token: str | None, action: Any) -> Any:
         _fail(f"the connection to the daemon failed: {exc}", 1)
 
 
+#: `sandboxd invoke`'s exit status by the result's status (README, "From the CLI")
+INVOKE_EXIT = {"ok": 0, "error": 1, "denied": 2, "rejected": 2, "timeout": 3, "killed": 3}
+
 URL_OPTION = typer.Option(DEFAULT_URL, "--url", envvar="SANDBOXD_URL",
                           help="Daemon URL, or unix:/path/to.sock")
 TOKEN_OPTION = typer.Option(None, "--token", envvar="SANDBOXD_TOKEN", help="Bearer token")
@@ -296,7 +299,8 @@ def invoke(
         None, "--save-outputs", help="Write the call's images here (display-1.png, ...)"),
 ) -> None:
     """Invoke a tool on a running daemon and print its output as it arrives (display items
-    as one line each). Exit 0 only for status ok."""
+    as one line each), then the result's status line on stderr unless it is ok. Exit status
+    by the result's status: 0 ok, 1 error, 2 denied or rejected, 3 timeout or killed."""
     arguments: dict[str, Any] = {}
     if json_args is not None:
         try:
@@ -322,10 +326,9 @@ def invoke(
             typer.echo(f"=> {json.dumps(result.value)}")
     if save_outputs is not None:
         _save_images(result, save_outputs)
-        if result.status != "ok":
-            typer.echo(f"[{result.status}] {result.message or result.termination.reason}",
-                       err=True)
-    raise typer.Exit(0 if result.status == "ok" else 1)
+    if result.status != "ok":
+        typer.echo(f"[{result.status}] {result.message or result.termination.reason}", err=True)
+    raise typer.Exit(INVOKE_EXIT[result.status])
 
 
 def _print_stream(items: Any) -> Any:

@@ -56,6 +56,26 @@ def test_tools_and_invoke(daemon: RunningDaemon) -> None:
     assert r.returncode == 1 and "HTTP 404" in r.stderr
 
 
+def test_invoke_says_every_status_and_exits_by_it(daemon: RunningDaemon) -> None:
+    """Exit 0 ok, 1 error, 2 denied/rejected, 3 timeout/killed; a status line on stderr for
+    every result but ok (a denied call or a timeout printed nothing and exited 1)."""
+    cases = [
+        (["--arg", "code=print(1)"], 0, None),
+        (["--arg", "code=1/0"], 1, "[error]"),
+        (["--arg", "code=import socket"], 2, "[denied]"),
+        (["--arg", "code=while True: pass", "--timeout", "1"], 3, "[timeout]"),
+    ]
+    for args, code, line in cases:
+        r = sandboxd("invoke", "python", *args, "--url", daemon.url)
+        assert r.returncode == code, (args, r.returncode, r.stderr)
+        if line is None:
+            assert r.stderr == "", r.stderr
+        else:
+            status = [x for x in r.stderr.splitlines() if x.startswith("[")]
+            assert len(status) == 1 and status[0].startswith(line), r.stderr
+            assert len(status[0]) > len(line) + 1, r.stderr  # and a message after it
+
+
 def test_invoke_reports_unreachable_daemon() -> None:
     with refused_port() as port:
         r = sandboxd("invoke", "python", "--arg", "code=1", "--url", f"http://127.0.0.1:{port}")
