@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import mcp_types as types
-
-__all__ = ["envelope_error", "request_id", "rpc_error"]
+__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error"]
+INVALID_REQUEST = -32600  # JSON-RPC 2.0 section 5.1 (no SDK import for a constant)
 
 
 def rpc_error(ident: str | int | None, code: int, message: str,
@@ -78,4 +77,4 @@ def envelope_error(body: bytes) -> dict[str, Any] | None:
 
 
 def _invalid(ident: str | int | None, why: str) -> dict[str, Any]:
-    return rpc_error(ident, types.INVALID_REQUEST, f"invalid JSON-RPC request: {why}")
+    return rpc_error(ident, INVALID_REQUEST, f"invalid JSON-RPC request: {why}")
