@@ -33,6 +33,7 @@ from __future__ import annotations
 import unicodedata
 
 MAX_PATH = 4096
+MAX_NAME_BYTES = 255  # NAME_MAX: the longest name a Linux filesystem takes
 MOUNT = "/workspace"
 
 
@@ -91,7 +92,8 @@ def normalise_path(path: str) -> str:
 
     Refused: more than 4096 characters; lone surrogates, NUL and every character
     ``str.isprintable`` rejects; text not in Unicode NFC form; absolute paths other than
-    ``/workspace`` and ``/workspace/...``; ``..`` components; a space at either end of a name.
+    ``/workspace`` and ``/workspace/...``; ``..`` components; a space at either end of a name;
+    a name longer than 255 bytes in UTF-8 (the filesystems' ``NAME_MAX``).
     """
     if not isinstance(path, str):
         raise PathRefused("the path must be a string")
@@ -116,6 +118,10 @@ def normalise_path(path: str) -> str:
         raise PathRefused("paths must not contain '..'")
     if any(p != p.strip(" ") for p in parts):
         raise PathRefused("a name in the path starts or ends with a space; remove the space")
+    longest = max((len(p.encode("utf-8")) for p in parts), default=0)
+    if longest > MAX_NAME_BYTES:
+        raise PathRefused(f"a name in the path is {longest} bytes long; names may be at most "
+                          f"{MAX_NAME_BYTES} bytes (UTF-8)")
     return "/".join(parts) or "."
 
 

@@ -340,7 +340,10 @@ class Sandboxd(SessionOps):
             result = self._outcome(invocation_id, tool, decision, request.session,
                                    Status.error, Reason.exited, f"internal error: {exc}")
             await self._finish(client, result, admitted, ran=True, transport=transport)
-            raise ExecutionFailure(f"the {decision.backend} backend failed: {exc}") from exc
+            # the error's text stays in the log: it may carry host paths or OS messages
+            raise ExecutionFailure(
+                f"the {decision.backend} backend failed unexpectedly on {invocation_id}; the "
+                "administrator can find the error in the daemon's log") from exc
         finally:
             ticket.release()
             if task is not None:

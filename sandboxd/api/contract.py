@@ -31,7 +31,8 @@ WHEN: dict[int, str] = {
     403: "The policy refuses the workspace path (its file rules, a symlink, '..')",
     404: "Unknown tool, session or route",
     408: "A file upload did not arrive within the call's time limit",
-    409: "Too many sessions for the client, or the session workspace is over its quota",
+    409: "Too many sessions for the client, the session workspace is over its quota, or (a "
+         "file endpoint) the path is a directory or passes through a file",
     413: "Request body over max_body_bytes (a file upload: over the policy's max_bytes)",
     422: "The body or the tool arguments do not match their schema",
     429: "Queue full, waited too long for a slot, over the client's rate limit, or (a "
@@ -50,7 +51,7 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/sessions"): (409, 507),
     ("get", "/v1/tools"): (422,),
     ("put", "/v1/sessions/{session_id}/files/{path}"): (403, 408, 409, 503, 507),
-    ("get", "/v1/sessions/{session_id}/files/{path}"): (403, 422, 503, 507),
+    ("get", "/v1/sessions/{session_id}/files/{path}"): (403, 409, 422, 503, 507),
 }
 TEXT_PLAIN = {"text/plain": {"schema": {"type": "string"}}}
 

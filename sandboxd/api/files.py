@@ -65,8 +65,10 @@ async def put_file(session_id: str, path: str, request: Request,
 
 
 @router.get(ROUTE, tags=["files"], response_class=Response, responses={200: {
-    "description": "The file's bytes (Content-Type guessed from the name)",
-    "content": {"application/octet-stream": BINARY}}})
+    "description": "The file's bytes; Content-Type guessed from the name, without a charset "
+                   "(the bytes are the file's, whatever their encoding), else "
+                   "application/octet-stream",
+    "content": {"*/*": {}}}})  # no schema: the bytes are the file's, whatever they are
 async def get_file(session_id: str, path: str, request: Request,
                    client: str = Depends(authenticate)) -> Response:
     """The raw bytes of a workspace file (the read_file tool), as an attachment."""
@@ -75,15 +77,17 @@ async def get_file(session_id: str, path: str, request: Request,
     assert transfer.data is not None
     name = path.rstrip("/").rsplit("/", 1)[-1] or "file"
     media = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    headers = {**DOWNLOAD_HEADERS, "X-Sandboxd-Request-Id": result.id,
+    # set as a header, not media_type: Starlette would add "charset=utf-8" to a text/* type
+    headers = {**DOWNLOAD_HEADERS, "Content-Type": media, "X-Sandboxd-Request-Id": result.id,
                "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}"}
-    return Response(transfer.data, media_type=media, headers=headers)
+    return Response(transfer.data, headers=headers)
 
 
 def _raise_for(result: Result, transfer: Transfer) -> None:
     """A failed transfer as problem+json from the one table: denied or refused path 403, too
-    large 413, over quota 409, missing 404, an upload under the minimum rate or past the
-    call's time limit 408, any other failure of the file 422."""
+    large 413, over quota 409, a directory or a path through a file 409, missing 404, an
+    upload under the minimum rate or past the call's time limit 408, any other failure of
+    the file 422."""
     if result.status is Status.ok:
         return
     extra: dict[str, Any] = {"request_id": result.id}

@@ -52,15 +52,16 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
+from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
 from sandboxd.client.render import format_result
 from sandboxd.deadline import stop_task
-from sandboxd.errors import AuditFailure, ServiceError, UnknownTool
+from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, Result, Status, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
@@ -143,6 +144,21 @@ def _connection(ctx: Any) -> Any:
     the session ends), ``session_id`` and the standalone ``notify``. The lowlevel context does not
     expose it yet (mcp 2.3: ``ServerSession._connection``), hence the pinned SDK range."""
     return ctx.session._connection
+
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body, already read, given back first."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 class _Server(Server[Any]):
@@ -237,9 +253,18 @@ class McpFrontDoor:
         except problems.Problem as exc:
             await problems.problem_response(exc)(scope, receive, send)
             return
+        ident: str | int | None = None
+        if scope["method"] == "POST":  # the envelope first: the SDK drops some bad ones
+            body = await request.body()
+            error = envelope_error(body)
+            if error is not None:
+                await JSONResponse(error, status_code=400)(scope, receive, send)
+                return
+            ident = request_id(body)
+            receive = _replay(body, receive)
         version = request.headers.get("mcp-protocol-version")
-        if version in MODERN_PROTOCOL_VERSIONS:
-            await self._unsupported_era(request, version)(scope, receive, send)
+        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            await self._unsupported_version(version, ident)(scope, receive, send)
             return
         self.service.metrics.mcp_requests.labels(method=f"http_{scope['method']}").inc()
         scope[CLIENT_KEY] = client
@@ -267,13 +292,15 @@ class McpFrontDoor:
             self.slots.settle(ticket)
 
     @staticmethod
-    def _unsupported_era(request: Request, version: str) -> JSONResponse:
-        error = {"code": types.UNSUPPORTED_PROTOCOL_VERSION,
-                 "message": f"protocol version {version} is not served here; use the "
-                            "initialize handshake",
-                 "data": {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": version}}
-        del request
-        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=400)
+    def _unsupported_version(version: str, ident: str | int | None) -> JSONResponse:
+        """A stateless-era version (served by the handshake) or one MCP never had."""
+        why = ("is not served here; use the initialize handshake"
+               if version in MODERN_PROTOCOL_VERSIONS else "is not a version this server speaks")
+        error = rpc_error(ident, types.UNSUPPORTED_PROTOCOL_VERSION,
+                          f"protocol version {version[:40]!r} {why}",
+                          {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS),
+                           "requested": version[:40]})
+        return JSONResponse(error, status_code=400)
 
     # ------------------------------------------------------------ handlers
 
@@ -327,6 +354,9 @@ class McpFrontDoor:
             counter.labels(tool=params.name, status="rejected").inc()
             return _error_result(f"sandboxd is busy, nothing ran: {exc}; retry in "
                                  f"{max(1, exc.retry_after)} s")
+        except ExecutionFailure as exc:  # it may have run in part: never "nothing ran"
+            counter.labels(tool=params.name, status="error").inc()
+            return _error_result(str(exc))
         except (ServiceError, SessionError) as exc:
             counter.labels(tool=params.name, status="error").inc()
             return _error_result(f"nothing ran: {exc}")

@@ -36,6 +36,9 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     # the raw file endpoints (sandboxd/api/files.py): why a transfer's file operation failed
     "path-refused": (403, "path-refused", "Path refused"),
     "file-missing": (404, "file-not-found", "File not found"),
+    "is-a-directory": (409, "is-a-directory", "Path is a directory"),
+    "not-a-directory": (409, "not-a-directory", "Path passes through a file"),
+    "file-not-permitted": (409, "file-not-permitted", "File permissions refuse it"),
     "upload-timeout": (408, "upload-timeout", "Upload too slow"),
     "file-over-quota": (409, "session-over-quota", "Session workspace over quota"),
     "file-too-large": (413, "too-large", "File too large"),

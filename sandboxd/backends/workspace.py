@@ -32,7 +32,20 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from sandboxd.errors import SandboxdError
+from sandboxd.backends.workspace_errors import (
+    LIST_HINT,
+    FileMissing,
+    FileToolError,
+    IsADirectory,
+    NotADirectory,
+    NotPermitted,
+    OverQuota,
+    PathRefused,
+    RefusedPath,
+    TooLarge,
+    explain,
+    not_a_directory,
+)
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -52,26 +65,8 @@ from sandboxd.transfer import FILES_ROUTE, Transfer, UploadAborted, binary_hint
 MAX_LIST_ENTRIES = 1000
 
 
-PathRefused = paths.PathRefused  # the path is not allowed (outside the workspace, symlink, ...)
-
-
-class FileToolError(SandboxdError, ValueError):
-    """The operation failed for an ordinary reason (not found, too large, ...)."""
-
-    code = "file-tool-error"
-
-
-class RefusedPath(FileToolError):
-    """A transfer's path refused by the confinement (``..``, a symlink, not a regular file):
-    the file endpoints' 403, which a path the policy's file rules deny gets too."""
-
-    code = "path-refused"
-
-
-class FileMissing(FileToolError):
-    """The file (or a directory on its path) does not exist."""
-
-    code = "file-missing"
+__all__ = ["FileMissing", "FileToolError", "IsADirectory", "NotADirectory", "NotPermitted",
+           "OverQuota", "PathRefused", "RefusedPath", "TooLarge", "WorkspaceBackend"]
 
 
 def split_workspace_path(path: str) -> list[str]:
@@ -81,22 +76,17 @@ def split_workspace_path(path: str) -> list[str]:
 
 
 def _open_dir(root: str, parts: list[str], *, create: bool = False,
-              owner: tuple[int, int] | None = None) -> int:
-    """A descriptor of the directory ``root/parts...``, never following a symlink."""
+              owner: tuple[int, int] | None = None, target: list[str] | None = None) -> int:
+    """A descriptor of the directory ``root/parts...``, never following a symlink; a name on
+    the way that is a symlink is :class:`PathRefused`, one that is a file :class:`NotADirectory`
+    (``target``: the whole path asked for, when ``parts`` leads to its directory)."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        for part in parts:
+        for i, part in enumerate(parts):
             try:
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, 0o700, dir_fd=fd)
-                if owner is not None:
-                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=fd)
+                nxt = _open_child(fd, part, create, owner)
+            except NotADirectoryError:
+                raise not_a_directory(fd, target or parts, i) from None
             os.close(fd)
             fd = nxt
         return fd
@@ -105,38 +95,41 @@ def _open_dir(root: str, parts: list[str], *, create: bool = False,
         raise
 
 
-def _explain(exc: OSError, path: str) -> Exception:
-    if exc.errno in (errno.ELOOP, errno.EMLINK):
-        return PathRefused(f"'{path}' is or passes through a symbolic link, which is not allowed")
-    if exc.errno == errno.ENOTDIR:
-        return PathRefused(f"'{path}': a component of the path is not a directory (or a symlink)")
-    if exc.errno == errno.ENOENT:
-        return FileMissing(f"'{path}' does not exist in the workspace")
-    if exc.errno == errno.EISDIR:
-        return FileToolError(f"'{path}' is a directory")
-    return FileToolError(f"'{path}': {os.strerror(exc.errno or 0)}")
+def _open_child(fd: int, part: str, create: bool, owner: tuple[int, int] | None) -> int:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(part, flags, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    os.mkdir(part, 0o700, dir_fd=fd)
+    if owner is not None:
+        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+    return os.open(part, flags, dir_fd=fd)
 
 
 def read_bytes(root: str, path: str, max_bytes: int) -> bytes:
     """The content of a regular file in the workspace (at most ``max_bytes``)."""
     parts = split_workspace_path(path)
     if not parts:
-        raise FileToolError("the workspace root is a directory; name a file")
+        raise IsADirectory(f"the workspace root is a directory; name a file ({LIST_HINT})")
     try:
-        dfd = _open_dir(root, parts[:-1])
+        dfd = _open_dir(root, parts[:-1], target=parts)
         try:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          dir_fd=dfd)
         finally:
             os.close(dfd)
     except OSError as exc:
-        raise _explain(exc, path) from None
+        raise explain(exc, path) from None
+    mode = os.fstat(fd).st_mode  # before fdopen, which refuses a directory with EISDIR
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectory(f"'{path}' is a directory; {LIST_HINT}")
+        raise PathRefused(f"'{path}' is not a regular file")
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
-        if stat.S_ISDIR(st.st_mode):
-            raise FileToolError(f"'{path}' is a directory; use list_files")
-        if not stat.S_ISREG(st.st_mode):
-            raise PathRefused(f"'{path}' is not a regular file")
         if st.st_size > max_bytes:
             raise FileToolError(f"'{path}' is {st.st_size} bytes; the limit is {max_bytes} bytes")
         data = fh.read(max_bytes + 1)
@@ -193,18 +186,6 @@ def _over_quota(size: int, quota_left: int) -> str:
             "workspace quota are left")
 
 
-class TooLarge(FileToolError):
-    """An upload went over the file size cap (the endpoint answers 413)."""
-
-    code = "file-too-large"
-
-
-class OverQuota(FileToolError):
-    """An upload went over the session workspace quota."""
-
-    code = "file-over-quota"
-
-
 def check_upload(total: int, max_bytes: int, quota_left: int | None, *,
                  declared: bool = False) -> None:
     """An upload of ``total`` bytes (so far, or as its ``Content-Length`` declared) over
@@ -228,17 +209,18 @@ class AtomicFile:
                  full_message: str | None = None) -> None:
         parts = split_workspace_path(path)
         if not parts:
-            raise FileToolError("name a file to write, not the workspace root")
+            raise IsADirectory("the workspace root is a directory; name a file to write")
         self.path, self.owner, self.full = path, owner, full_message
         self.name, self.tmp, self.fd = parts[-1], f".sandboxd-{new_id('w')}.tmp", -1
         with self._errors():
-            self.dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
+            self.dfd = _open_dir(root, parts[:-1], create=True, owner=owner, target=parts)
         try:
             with self._errors():
                 with contextlib.suppress(FileNotFoundError):
                     existing = os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False)
                     if stat.S_ISDIR(existing.st_mode):
-                        raise FileToolError(f"'{path}' is a directory")
+                        raise IsADirectory(f"'{path}' is a directory, which a file cannot "
+                                           f"replace; {LIST_HINT}")
                 self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                   | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
         except BaseException:
@@ -252,7 +234,7 @@ class AtomicFile:
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self.full:
                 raise OverQuota(self.full) from None
-            raise _explain(exc, self.path) from None
+            raise explain(exc, self.path) from None
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -293,7 +275,7 @@ def list_files(root: str, path: str) -> list[dict[str, object]]:
     try:
         dfd = _open_dir(root, parts)
     except OSError as exc:
-        raise _explain(exc, path) from None
+        raise explain(exc, path) from None
     try:
         entries = []
         with os.scandir(dfd) as it:

@@ -13,7 +13,8 @@ is unmistakably the name the filesystem gets (``"app.key "``, ``".env\\n"``, ``"
   paragraph separators and every space but U+0020;
 * a space at the start or end of any component, and any text not in Unicode NFC form;
 * absolute paths other than ``/workspace/...`` (the container mount point, which models tend
-  to use: it maps to the workspace root), ``..`` components, more than 4096 characters.
+  to use: it maps to the workspace root), ``..`` components, more than 4096 characters, a
+  name longer than 255 bytes (UTF-8).
 
 ``.`` components, repeated and trailing slashes mean nothing to the kernel either and are
 dropped: ``"./a//b/"`` -> ``"a/b"``; the workspace root is ``"."``.

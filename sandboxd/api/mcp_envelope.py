@@ -1,0 +1,80 @@
+"""The JSON-RPC envelope of a ``POST /mcp`` message, checked before the MCP SDK reads it.
+
+The SDK takes a message whose ``id`` is not a string or an integer (``null``, ``true``,
+``1.5``, an object) for a notification: it answers ``202 Accepted`` and the caller waits for
+an answer that never comes. Its other envelope errors are a ``-32602`` with pydantic's
+validation dump. Here every such message is answered at once with one clear ``-32600 Invalid
+Request`` (HTTP 400) that echoes the ``id`` when it is a valid one (JSON-RPC 2.0 section 5:
+``null`` when it could not be read). A body that is not JSON is left to the SDK (``-32700``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error"]
+INVALID_REQUEST = -32600  # JSON-RPC 2.0 section 5.1 (no SDK import for a constant)
+
+
+def rpc_error(ident: str | int | None, code: int, message: str,
+              data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC 2.0 error response."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": ident, "error": error}
+
+
+def _valid_id(value: object) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _parse(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser
+        return None
+
+
+def request_id(body: bytes) -> str | int | None:
+    """The ``id`` of the message in ``body`` when it has a valid one (else ``None``)."""
+    message = _parse(body)
+    ident = message.get("id") if isinstance(message, dict) else None
+    return ident if _valid_id(ident) else None
+
+
+def envelope_error(body: bytes) -> dict[str, Any] | None:
+    """The error answer for a message that is not one JSON-RPC 2.0 message as MCP has them,
+    or ``None`` when the SDK should read it (valid, or not JSON at all)."""
+    if not body.strip():
+        return None
+    message = _parse(body)
+    if message is None:
+        return None  # the SDK's parse error (-32700)
+    if isinstance(message, list):
+        return _invalid(None, "a JSON-RPC batch (an array) is not served; send one message "
+                              "per request")
+    if not isinstance(message, dict):
+        return _invalid(None, "a JSON-RPC message is a JSON object")
+    ident = message.get("id")
+    echo = ident if _valid_id(ident) else None
+    if message.get("jsonrpc") != "2.0":
+        return _invalid(echo, 'the message must have "jsonrpc": "2.0"')
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return _invalid(echo, '"method" must be a string')
+        if "id" in message and echo is None:
+            return _invalid(None, '"id" must be a string or an integer (never null, a '
+                                  "fraction, a boolean, an array or an object)")
+        if "params" in message and not isinstance(message["params"], dict):
+            return _invalid(echo, '"params" must be an object')
+        return None
+    if "result" in message or "error" in message:
+        return None  # a client's answer to a server request: the SDK routes it
+    return _invalid(echo, 'a message has a "method" (a request or a notification) or a '
+                          '"result" or "error" (a response)')
+
+
+def _invalid(ident: str | int | None, why: str) -> dict[str, Any]:
+    return rpc_error(ident, INVALID_REQUEST, f"invalid JSON-RPC request: {why}")
