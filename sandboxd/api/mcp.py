@@ -13,7 +13,8 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   scheduler, backend and cleanup are the HTTP call's. ``content`` is
   :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model),
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
-  arguments and unknown tools are JSON-RPC errors (-32602) naming the field. A caller may lower
+  arguments are an ``isError`` result the model can read (2025-11-25, SEP-1303; a JSON-RPC error
+  -32602 naming the field in earlier revisions), unknown tools -32602. A caller may lower
   the call's limits with ``_meta: {"sandboxd/limits": {"timeout_s": 5, ...}}``.
 * **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
   call and deleted when the MCP session ends (client DELETE, idle expiry, daemon shutdown).
@@ -74,6 +75,10 @@ TRANSPORT = "mcp"
 CLIENT_KEY = "sandboxd.client"
 LIMITS_META = "sandboxd/limits"
 PROGRESS_INTERVAL_S = 1.0
+#: from this revision on (SEP-1303), arguments that fail a tool's input schema are a tool
+#: execution error (an ``isError`` result the model reads and fixes), no longer a protocol
+#: error (-32602) that a host shows no model; an unknown tool stays -32602 in every revision
+ARGUMENT_ERRORS_AS_RESULTS = "2025-11-25"
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
 INSTRUCTIONS = (
     "sandboxd runs code and commands in a confined sandbox under an administrator's policy. "
@@ -345,6 +350,8 @@ class McpFrontDoor:
                            {"tool": exc.tool, "available": exc.available}) from None
         except ArgumentsInvalid as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
+            if ctx.session.protocol_version >= ARGUMENT_ERRORS_AS_RESULTS:
+                return _error_result(f"nothing ran: {exc}; fix the arguments and call again")
             raise MCPError(types.INVALID_PARAMS, str(exc),
                            {"tool": exc.tool, "field": exc.field, "problem": exc.detail}) from None
         except AuditFailure as exc:

@@ -70,24 +70,39 @@ async def test_denied_call_is_an_error_with_the_policy_message(mcp_daemon: McpDa
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_schema_errors_are_mcp_errors_naming_the_field(mcp_daemon: McpDaemon,
-                                                             transport: str) -> None:
+async def test_argument_errors_are_results_the_model_reads(mcp_daemon: McpDaemon,
+                                                           transport: str) -> None:
+    """2025-11-25 (what the SDK negotiates here), SEP-1303: arguments that fail the schema are
+    an isError result naming the argument; an unknown tool and bad _meta stay -32602."""
     async with client_session(transport, mcp_daemon) as session:
-        with pytest.raises(MCPError) as missing:
-            await session.call_tool("python", {"cod": "print(1)"})
-        with pytest.raises(MCPError) as wrong_type:
-            await session.call_tool("python", {"code": 42})
+        missing = await session.call_tool("python", {"cod": "print(1)"})
+        wrong_type = await session.call_tool("python", {"code": 42})
         with pytest.raises(MCPError) as unknown:
             await session.call_tool("no_such_tool", {})
         with pytest.raises(MCPError) as bad_limit:
             await session.call_tool("python", {"code": "1"},
                                     meta={"sandboxd/limits": {"timeout_s": -1}})
-    assert missing.value.code == INVALID_PARAMS
-    assert "argument 'code': is required" in missing.value.message
-    assert missing.value.data["field"] == "code"
-    assert wrong_type.value.data["field"] == "code" and "not of type" in wrong_type.value.message
+    assert missing.is_error and wrong_type.is_error
+    text = missing.content[0].text  # type: ignore[union-attr]
+    assert "argument 'code': is required" in text and text.startswith("nothing ran"), text
+    assert "not of type" in wrong_type.content[0].text  # type: ignore[union-attr]
     assert unknown.value.code == INVALID_PARAMS and "python" in unknown.value.data["available"]
     assert bad_limit.value.data["field"] == "_meta.sandboxd/limits.timeout_s"
+
+
+def test_argument_errors_are_protocol_errors_before_2025_11_25(mcp_daemon: McpDaemon) -> None:
+    """Earlier revisions said -32602 for invalid arguments: a session of 2025-06-18 gets it."""
+    from tests.support.mcp_raw import RawMcp
+
+    mcp = RawMcp(mcp_daemon.daemon.url, {"authorization": f"Bearer {mcp_daemon.tokens['alice']}"},
+                 protocol="2025-06-18")
+    try:
+        answer = mcp.call("python", {"cod": "1"})
+    finally:
+        mcp.close()
+    assert answer["error"]["code"] == INVALID_PARAMS, answer
+    assert "argument 'code': is required" in answer["error"]["message"]
+    assert answer["error"]["data"]["field"] == "code"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -31,16 +31,16 @@ class RawMcp:
     """One initialized MCP session of ``url`` (``headers``: the bearer token, if any)."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, protocol: str = PROTOCOL) -> None:
         self.url = f"{url}/mcp"
         self.http = httpx.Client(timeout=timeout)
         self.headers = {**ACCEPT, **(headers or {})}
         r = self.post_json({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": PROTOCOL, "capabilities": {},
+            "protocolVersion": protocol, "capabilities": {},
             "clientInfo": {"name": "raw", "version": "0"}}})
         assert r.status_code == 200, r.text
         self.headers |= {"mcp-session-id": r.headers["mcp-session-id"],
-                         "mcp-protocol-version": PROTOCOL}
+                         "mcp-protocol-version": protocol}
         r = self.post_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
         assert r.status_code == 202, r.text
 
