@@ -473,6 +473,9 @@ class ToolSpec(_Model):
     backend: str | None = None
     available: bool = True
     unavailable_reason: str | None = None
+    title: str | None = None
+    #: MCP's tool annotations (readOnlyHint, destructiveHint, idempotentHint, openWorldHint)
+    annotations: dict[str, bool] = Field(default_factory=dict)
 
     def openai(self) -> dict[str, Any]:
         """This tool exactly as the OpenAI ``tools`` request field expects it."""

@@ -19,6 +19,23 @@ from sandboxd.models import ToolKind
 
 
 @dataclass(frozen=True)
+class Hints:
+    """What a tool does to its sandbox, as MCP's tool annotations say it (``readOnlyHint``,
+    ``destructiveHint``, ``idempotentHint``; ``openWorldHint`` follows the tool's network)."""
+
+    read_only: bool = False
+    destructive: bool = True
+    idempotent: bool = False
+
+    def annotations(self, network: str) -> dict[str, bool]:
+        """MCP's names; a read-only tool says nothing of the other two (they mean nothing)."""
+        hints = {"readOnlyHint": self.read_only}
+        if not self.read_only:
+            hints |= {"destructiveHint": self.destructive, "idempotentHint": self.idempotent}
+        return hints | {"openWorldHint": network != "none"}
+
+
+@dataclass(frozen=True)
 class BuiltinTool:
     """A tool the daemon knows without any policy file."""
 
@@ -26,6 +43,8 @@ class BuiltinTool:
     kind: ToolKind
     description: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    title: str = ""
+    hints: Hints = Hints()
 
 
 def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -60,6 +79,8 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
                 {"code": {"type": "string", "minLength": 1, "description": "Python source code"}},
                 ["code"],
             ),
+            title="Run Python code",
+            hints=Hints(),
         ),
         BuiltinTool(
             "shell",
@@ -70,6 +91,8 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
                 {"command": {"type": "string", "minLength": 1, "description": "Command line"}},
                 ["command"],
             ),
+            title="Run a command",
+            hints=Hints(),
         ),
         BuiltinTool(
             "read_file",
@@ -82,6 +105,8 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
                  "encoding": ENCODING},
                 ["path"],
             ),
+            title="Read a workspace file",
+            hints=Hints(read_only=True),
         ),
         BuiltinTool(
             "write_file",
@@ -97,6 +122,8 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
                 },
                 ["path", "content"],
             ),
+            title="Write a workspace file",
+            hints=Hints(idempotent=True),
         ),
         BuiltinTool(
             "list_files",
@@ -107,6 +134,8 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
                           "description": "Directory relative to the workspace"}},
                 [],
             ),
+            title="List workspace files",
+            hints=Hints(read_only=True),
         ),
     )
 }

@@ -88,13 +88,25 @@ INSTRUCTIONS = (
 )
 
 
+#: every tool's ``outputSchema``: its ``structuredContent`` is the whole sandboxd result
+RESULT_SCHEMA: dict[str, Any] = Result.model_json_schema(mode="serialization")
+
+
 def tool_for(spec: ToolSpec) -> types.Tool:
-    """A sandboxd tool as MCP lists it (availability in ``_meta``, as ``GET /v1/tools`` says)."""
+    """A sandboxd tool as MCP lists it: title, annotations (what it does to its sandbox; no
+    network: not open-world), the result's schema, availability in ``_meta`` (as
+    ``GET /v1/tools`` says)."""
     meta: dict[str, Any] = {"sandboxd/backend": spec.backend, "sandboxd/available": spec.available}
     if spec.unavailable_reason:
         meta["sandboxd/unavailable_reason"] = spec.unavailable_reason
-    return types.Tool(name=spec.name, description=spec.description,
-                      input_schema=spec.parameters, meta=meta)
+    hints = spec.annotations
+    annotations = types.ToolAnnotations(
+        title=spec.title, read_only_hint=hints.get("readOnlyHint"),
+        destructive_hint=hints.get("destructiveHint"),
+        idempotent_hint=hints.get("idempotentHint"), open_world_hint=hints.get("openWorldHint"))
+    return types.Tool(name=spec.name, title=spec.title, description=spec.description,
+                      input_schema=spec.parameters, output_schema=RESULT_SCHEMA,
+                      annotations=annotations, meta=meta)
 
 
 def images_of(result: Result) -> list[types.ImageContent]:

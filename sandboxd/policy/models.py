@@ -177,10 +177,21 @@ def _default_parameters() -> dict[str, Any]:
     return {"type": "object", "properties": {}, "additionalProperties": False}
 
 
+class ToolHintsSpec(_Strict):
+    """``custom_tools.<name>.annotations``: what the tool does to its sandbox, for MCP hosts
+    (``readOnlyHint``...; the network decides ``openWorldHint``)."""
+
+    read_only: bool = False
+    destructive: bool = True
+    idempotent: bool = False
+
+
 class CustomTool(_ToolBase):
     """``custom_tools.<name>``: an admin-defined command with an argv template."""
 
     description: Annotated[str, Field(min_length=1)]
+    title: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    annotations: ToolHintsSpec = Field(default_factory=ToolHintsSpec)
     parameters: dict[str, Any] = Field(default_factory=_default_parameters)
     backend: Literal["container"] = "container"
     image: str | None = None

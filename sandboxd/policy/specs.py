@@ -8,7 +8,7 @@ from sandboxd.models import ToolSpec
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import BUILTIN_NAMES, FileTool, PythonTool, ShellTool
 from sandboxd.policy.units import format_size
-from sandboxd.registry import BUILTIN_TOOLS
+from sandboxd.registry import BUILTIN_TOOLS, Hints
 
 _MAX_LISTED = 40
 
@@ -67,10 +67,17 @@ def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
             description += _shell_hint(cfg)
         elif isinstance(cfg, FileTool) and name != "list_files":
             description += f" Files up to {format_size(cfg.max_bytes)}."
+        network = getattr(cfg, "network", None) or pol.spec.network
         specs.append(ToolSpec(name=name, description=description,
-                              parameters=builtin.parameters, backend=cfg.backend))
+                              parameters=builtin.parameters, backend=cfg.backend,
+                              title=builtin.title,
+                              annotations=builtin.hints.annotations(network)))
     for name, tool in pol.spec.custom_tools.items():
         if tool.enabled:
+            hints = Hints(tool.annotations.read_only, tool.annotations.destructive,
+                          tool.annotations.idempotent)
             specs.append(ToolSpec(name=name, description=tool.description,
-                                  parameters=tool.parameters, backend=tool.backend))
+                                  parameters=tool.parameters, backend=tool.backend,
+                                  title=tool.title,
+                                  annotations=hints.annotations(tool.network or pol.spec.network)))
     return tuple(specs)

@@ -340,3 +340,24 @@ async def test_sdk_client_in_auto_mode_falls_back_to_the_handshake(mcp_daemon: M
         assert client.session.initialize_result is not None  # the handshake era
         result = await client.call_tool("python", {"code": "print(6*7)"})
     assert text_of(result).strip() == "42"
+
+
+async def test_tools_have_titles_annotations_and_the_result_schema(mcp_daemon: McpDaemon) -> None:
+    """What a host shows and checks before a model calls (issue 29): a title, what the tool
+    does to its sandbox (no network here: never open-world), admin-defined tools' from the
+    policy, and an outputSchema that the structuredContent of a real call validates against."""
+    import jsonschema
+
+    async with client_session("http", mcp_daemon) as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        result = await session.call_tool("python", {"code": "print(1)\n(3, 2)"})
+    assert all(t.title and t.annotations and t.output_schema for t in tools.values()), tools
+    ann = {name: t.annotations for name, t in tools.items()}
+    assert ann["read_file"].read_only_hint is True and ann["list_files"].read_only_hint is True
+    assert ann["python"].read_only_hint is False and ann["python"].destructive_hint is True
+    assert ann["write_file"].idempotent_hint is True
+    assert all(a is not None and a.open_world_hint is False for a in ann.values())
+    assert tools["git_status"].title == "Git status"
+    assert ann["git_status"].read_only_hint is True
+    assert not result.is_error
+    jsonschema.validate(result.structured_content, tools["python"].output_schema)
