@@ -92,7 +92,9 @@ class BodySizeLimit:
             await self._refuse(scope, receive, send)
 
     def _detail(self) -> str:
-        return f"the request body is larger than {self.max_bytes} bytes"
+        return (f"the request body is larger than {self.max_bytes} bytes (setting "
+                "max_body_bytes); send a file with PUT /v1/sessions/{id}/files/{path} instead "
+                "(streamed, bounded by the session's quota, not by this limit)")
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problems.problem_response(

@@ -92,7 +92,18 @@ def coded(code: str, detail: str, **extra: Any) -> Problem:
     return Problem(status, slug, title, detail, **extra)
 
 
-def _validation_problem(exc: RequestValidationError) -> Problem:
+def _json_position(body: object, loc: tuple[object, ...]) -> str:
+    """``at line L, column C`` of a JSON error's character offset (``loc[1]``) in the body."""
+    offset = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if offset is None or not isinstance(body, str | bytes):
+        return ""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return f" at line {line}, column {column}"
+
+
+def _validation_problem(exc: RequestValidationError, content_type: str = "") -> Problem:
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
@@ -100,8 +111,17 @@ def _validation_problem(exc: RequestValidationError) -> Problem:
     message = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         why = first.get("ctx", {}).get("error", "")
+        where = _json_position(exc.body, tuple(first.get("loc", ())))
         return Problem(400, "invalid-json", "Request body is not valid JSON",
-                       f"the request body is not valid JSON: {why}".rstrip(": "))
+                       f"the request body is not valid JSON: {why}{where}".rstrip(": "))
+    if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), str | bytes):
+        # a body that is no JSON object at all: most often a client that sent it as text
+        sent = content_type.split(";")[0].strip() or "no Content-Type"
+        return Problem(
+            422, "invalid-request", "Invalid request",
+            f"the request body must be a JSON object sent as application/json (it came as "
+            f"{sent}); see /docs for this route's fields", field="(body)",
+            errors=[{"field": "", "message": message}])
     return Problem(
         422, "invalid-request", "Invalid request",
         f"'{field}': {message}", field=field,
@@ -164,7 +184,8 @@ def install(app: FastAPI) -> None:
         return problem_response(problem, request)
 
     async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return problem_response(_validation_problem(exc), request)
+        return problem_response(
+            _validation_problem(exc, request.headers.get("content-type", "")), request)
 
     app.add_exception_handler(StarletteHTTPException, handle_http)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, handle_validation)  # type: ignore[arg-type]

@@ -300,3 +300,24 @@ def test_display_items_come_back_in_the_result(daemon: RunningDaemon) -> None:
             and rec.get("event") == "result"]
     assert mine and mine[-1]["displays"] == 2  # counted, content not logged
     assert "done" not in json.dumps(mine[-1])
+
+
+def test_request_errors_say_where_and_what_to_send_instead(daemon: RunningDaemon) -> None:
+    """Bad JSON names its line and column; a body that is no JSON object names the body
+    expected and the Content-Type it came with; the 413 names its setting and the route that
+    takes big files (issue 29: "Expecting ',' delimiter", "'(body)': Input should be a valid
+    dictionary", a bare 413)."""
+    url = "/v1/tools/python/invoke"
+    bad = daemon.client.post(url, content=b'{"arguments":\n  {"code" "1"}}',
+                             headers={"content-type": "application/json"})
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["detail"].endswith("at line 2, column 11"), bad.json()
+    text = daemon.client.post(url, content=b"print(1)", headers={"content-type": "text/plain"})
+    assert text.status_code == 422, text.text
+    assert "must be a JSON object sent as application/json" in text.json()["detail"]
+    assert "text/plain" in text.json()["detail"]
+    huge = daemon.client.post(url, content=b" " * 2**21,
+                              headers={"content-type": "application/json"})
+    assert huge.status_code == 413, huge.text
+    detail = huge.json()["detail"]
+    assert "max_body_bytes" in detail and "PUT /v1/sessions/{id}/files/{path}" in detail, detail
