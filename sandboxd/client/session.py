@@ -4,6 +4,7 @@ one workspace and which is deleted on close."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -12,6 +13,7 @@ from sandboxd.models import LimitsRequest, Result
 
 if TYPE_CHECKING:
     from sandboxd.client.async_sandbox import AsyncSandboxClient
+    from sandboxd.client.events import StreamItem
     from sandboxd.client.sandbox import SandboxClient
 
 
@@ -59,6 +61,14 @@ class Session:
                limits: LimitsRequest | dict[str, Any] | None = None, **kwargs: Any) -> Result:
         """Run a tool in this session's workspace."""
         return self.client.invoke(tool, arguments, session=self.id, limits=limits, **kwargs)
+
+    def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      **kwargs: Any) -> Iterator[StreamItem]:
+        """Run a tool in this session's workspace, its output as it is produced, then its
+        Result (:meth:`SandboxClient.invoke_stream`)."""
+        return self.client.invoke_stream(tool, arguments, session=self.id, limits=limits,
+                                         **kwargs)
 
     def read_file(self, path: str, encoding: str = "utf-8") -> Any:
         """Content of a file of this session's workspace (``bytes`` with ``"base64"``)."""
@@ -127,10 +137,17 @@ class AsyncSession:
 
     async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
                      limits: LimitsRequest | dict[str, Any] | None = None,
-                     **kwargs: Any) -> Result:
-        """Run a tool in this session's workspace."""
+                     timeout: float | None = None, **kwargs: Any) -> Result:
+        """Run a tool in this session's workspace (``timeout``: the HTTP wait, seconds)."""
         return await self.client.invoke(tool, arguments, session=self.id, limits=limits,
-                                        **kwargs)
+                                        timeout=timeout, **kwargs)
+
+    def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
+                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      **kwargs: Any) -> AsyncIterator[StreamItem]:
+        """See :meth:`Session.invoke_stream` (``async for``)."""
+        return self.client.invoke_stream(tool, arguments, session=self.id, limits=limits,
+                                         **kwargs)
 
     async def read_file(self, path: str, encoding: str = "utf-8") -> Any:
         """Content of a file of this session's workspace (``bytes`` with ``"base64"``)."""

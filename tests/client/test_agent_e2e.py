@@ -252,3 +252,25 @@ def test_the_agent_hands_tool_output_to_on_tool_output(token_daemon: TokenDaemon
     assert seen[1][2] - seen[0][2] >= 0.8  # the first step was seen while the call ran
     (record,) = result.tool_calls
     assert record.result is not None and record.result.stdout == "step 1\nstep 2\n"
+
+
+def test_a_session_streams_its_calls(token_daemon: TokenDaemon) -> None:
+    """``Session.invoke_stream`` (issue 29): the output as it comes, then the result, in the
+    session's workspace and with its variables (sync and async)."""
+    from sandboxd.client import ToolOutput
+
+    with SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox, \
+            sandbox.session() as s:
+        s.invoke("python", code="x = 41")
+        items = list(s.invoke_stream("python", code="print(x + 1)"))
+    assert isinstance(items[0], ToolOutput) and items[0].text == "42\n"
+    assert items[-1].status == "ok" and items[-1].session == s.id  # type: ignore[union-attr]
+
+    async def run_async() -> list[str]:
+        async with (AsyncSandboxClient(token_daemon.url, token=token_daemon.token) as sandbox,
+                    sandbox.session() as s):
+            await s.invoke("python", code="y = 1")
+            return [repr(i.text) if isinstance(i, ToolOutput) else i.status
+                    async for i in s.invoke_stream("python", code="print(y)")]
+
+    assert asyncio.run(run_async()) == ["'1\\n'", "ok"]
