@@ -253,6 +253,20 @@ def _limit_problems(limits: LimitsSpec, loc: Loc) -> Iterator[tuple[Loc, str]]:
             yield (*loc, value_name), f"{value_name} is above {max_name} of the same block"
 
 
+def _unimportable(allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """Entries of a restricted python tool's ``imports.allow`` that name no module the
+    restricted backend offers (they would fail at run time: "allowed by the policy but not
+    available"), each blamed at its own position."""
+    from sandboxd.backends.restricted.lang.module_allowlist import MODULES
+
+    offered = {name.split(".")[0] for name in MODULES}
+    for i, entry in enumerate(allow):
+        if entry != "*" and entry.split(".")[0] not in offered:
+            yield (*loc, i), (
+                f"'{entry}' cannot be imported by the restricted backend (it offers: "
+                f"{', '.join(sorted(offered))}); use backend: container for it")
+
+
 def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
     """Problems that pydantic field validation cannot see, each with the location to blame."""
     if "*" in policy.clients and len(policy.clients) > 1:
@@ -273,6 +287,8 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
             )
         if isinstance(tool, PythonTool) and "*" in tool.imports.deny:
             yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
+        if isinstance(tool, PythonTool) and tool.backend == "restricted":
+            yield from _unimportable(tool.imports.allow, (*loc, "imports", "allow"))
     for tname, tool in policy.custom_tools.items():
         loc = ("custom_tools", tname)
         if not _TOOL_NAME.match(tname):

@@ -115,6 +115,7 @@ def test_limits_are_min_of_request_tool_and_policy_max(tmp_path: Path) -> None:
 PYTHON = """\
 tools:
   python:
+    backend: container  # the restricted backend offers no os (a policy check error there)
     imports:
       allow: [math, json, os.path, collections]
       deny: [os, json.tool]
@@ -144,7 +145,7 @@ def test_python_imports(tmp_path: Path, code: str, allowed: bool, rule: str) -> 
     else:
         assert d.imports_allow == ["math", "json", "os.path", "collections"]
         assert d.imports_deny == ["os", "json.tool"]
-        assert (d.backend, d.kind) == ("restricted", ToolKind.python)
+        assert (d.backend, d.kind) == ("container", ToolKind.python)
 
 
 FILES = """\

@@ -243,3 +243,19 @@ def test_shipped_python_imports_exist_in_the_restricted_backend() -> None:
         assert policy.spec.tools.python.backend == "restricted"
         missing = set(policy.spec.tools.python.imports.allow) - set(MODULES)
         assert not missing, f"{name}: not available in the restricted backend: {missing}"
+
+
+def test_a_module_the_restricted_backend_lacks_is_an_error_at_its_entry(tmp_path: Path) -> None:
+    """issue 29: `zlib` allowed for the restricted backend passed `policy check`, `explain` said
+    allow and the tool description promised it, then the call failed at run time."""
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nname: p\nclients: ['*']\ntools:\n  python:\n    imports:\n"
+                    "      allow: [math, zlib, collections.abc, '*']\n")
+    policy, problems = load_file(path)
+    assert policy is None
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{path}:7:21: tools.python.imports.allow[1]: 'zlib' cannot "
+                                  "be imported by the restricted backend"), problems
+    assert "use backend: container" in problems[0]
+    path.write_text(path.read_text().replace("  python:\n", "  python:\n    backend: container\n"))
+    assert load_file(path)[1] == []  # a container has zlib
