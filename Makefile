@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run test test-vm venv venv-dev docker images mcp-inspector typecheck lint bench clean
+.PHONY: run profile-image test test-vm venv venv-dev docker images mcp-inspector typecheck lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 $(BIN)/.installed: pyproject.toml
@@ -27,8 +27,14 @@ venv-dev: $(BIN)/.installed-dev
 
 ## make run: install into a virtualenv and start the daemon on its embedded default
 ## (restricted-interpreter backend, default policy, loopback only).
-run: venv
-	@echo "sandboxd: serving on http://$(HOST):$(PORT) (state in $(STATE)/). Try:"
+## make run PROFILE=datascience: the data-science image (built when missing) and its policy
+## (policies/examples/datascience.yaml: pandas, matplotlib... in containers) for the local,
+## tokenless client. `sandboxd serve` equivalent: `sandboxd images build --offline
+## --if-missing --profile datascience && sandboxd serve --policies policies/examples`.
+PROFILE ?=
+PROFILES := datascience
+run: venv $(if $(PROFILE),profile-image)
+	@echo "sandboxd: serving on http://$(HOST):$(PORT) (state in $(STATE)/$(if $(PROFILE),; profile $(PROFILE): policies/examples/$(PROFILE).yaml)). Try:"
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools/python/invoke -H 'content-type: application/json' -d '{\"arguments\":{\"code\":\"print(6*7)\"}}'"
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools?format=openai"
 	@echo "  $(BIN)/sandboxd invoke python --arg code='print(6*7)'"
@@ -40,7 +46,11 @@ run: venv
 	@echo "Beside another daemon as root (an installed service), sandbox uids must differ: serve names a"
 	@echo "  free range if the default one is taken; pass it as SANDBOXD_SANDBOX_UID_FIRST=N make run"
 	@echo "Stop with Ctrl-C."
-	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE)
+	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE) $(if $(PROFILE),--policies policies/examples)
+
+profile-image: venv docker
+	@case " $(PROFILES) " in *" $(PROFILE) "*) ;; *) echo "make run: unknown PROFILE '$(PROFILE)' (known: $(PROFILES))" >&2; exit 2;; esac
+	$(BIN)/sandboxd images build --offline --if-missing --profile $(PROFILE)
 
 ## Docker engine (Debian's docker.io, dockerd started if not running) and the sandbox images.
 docker:
