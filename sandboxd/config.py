@@ -276,16 +276,46 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     return Settings(**clean)
 
 
-def settings_error(exc: Exception) -> str:
-    """One line for a settings error: ``name: why (got value)`` per problem, ``; ``-joined."""
+def settings_error(exc: Exception, config_file: Path | None = None) -> str:
+    """Every settings problem on one line, ``; ``-joined (:func:`settings_problems`)."""
+    return "; ".join(settings_problems(exc, config_file))
+
+
+def settings_problems(exc: Exception, config_file: Path | None = None) -> list[str]:
+    """One line per settings problem: ``file:line:column: name: why (got value)`` for a
+    setting of the YAML config file (``config_file``, else ``SANDBOXD_CONFIG``, else the
+    default file when it exists), ``name: why (got value)`` for one from the environment
+    (``SANDBOXD_<NAME>``) or an option."""
     from pydantic import ValidationError
 
     if not isinstance(exc, ValidationError):
-        return " ".join(str(exc).split())
-    parts = []
+        return [" ".join(str(exc).split())]
+    path = config_file or Path(os.environ.get("SANDBOXD_CONFIG") or DEFAULT_CONFIG_FILE)
+    where = _key_positions(path)
+    problems = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        loc = err.get("loc", ())
+        name = ".".join(str(p) for p in loc) or "settings"
         got = err.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}{shown}")
-    return "; ".join(parts)
+        why = "unknown setting" if err.get("type") == "extra_forbidden" else err.get(
+            "msg", "invalid")
+        key = str(loc[0]) if loc else ""
+        if key in where and f"SANDBOXD_{key.upper()}" not in os.environ:
+            line, column = where[key]
+            problems.append(f"{path}:{line}:{column}: {name}: {why}{shown}")
+        else:
+            problems.append(f"{name}: {why}{shown}")
+    return problems
+
+
+def _key_positions(path: Path) -> dict[str, tuple[int, int]]:
+    """1-based (line, column) of each top-level key of a YAML mapping file ({} if none)."""
+    try:
+        root = yaml.compose(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        return {}
+    return {str(k.value): (k.start_mark.line + 1, k.start_mark.column + 1)
+            for k, _ in root.value if isinstance(k, yaml.ScalarNode)}

@@ -35,10 +35,13 @@ def settings_for(config: Path | None, state_dir: Path | None, **overrides: Any) 
     """The daemon's settings as ``serve`` would resolve them, or exit 2 with one line."""
     from pydantic import ValidationError
 
-    from sandboxd.config import ConfigFileError, load_settings, settings_error
+    from sandboxd.config import ConfigFileError, load_settings, settings_problems
 
     try:
         return load_settings(config, state_dir=state_dir, **overrides)
     except (ConfigFileError, ValidationError, OSError) as exc:
-        fail(f"bad settings: {settings_error(exc)}")
+        problems = settings_problems(exc, config)
+        for problem in problems[:-1]:  # every problem, one line each, as policy check does
+            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
+        fail(f"bad setting: {problems[-1]}")
         raise AssertionError("unreachable") from None

@@ -53,7 +53,7 @@ def serve(
     """Run the daemon (loopback only unless configured otherwise)."""
     from pydantic import ValidationError
 
-    from sandboxd.config import ConfigFileError, load_settings, settings_error
+    from sandboxd.config import ConfigFileError, load_settings, settings_problems
 
     try:
         settings = load_settings(
@@ -62,7 +62,10 @@ def serve(
             allow_unconfined=allow_unconfined or None,
         )
     except (ConfigFileError, ValidationError) as exc:
-        _fail(f"bad settings: {settings_error(exc)}")
+        problems = settings_problems(exc, config)
+        for problem in problems[:-1]:  # every problem, one line each, as policy check does
+            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
+        _fail(f"bad setting: {problems[-1]}")
         return
     if settings.uds is None and not _is_loopback(settings.host):
         if settings.tokens_file is None:

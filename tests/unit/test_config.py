@@ -36,3 +36,31 @@ def test_bad_config_files_are_reported(tmp_path: Path) -> None:
     unknown.write_text("no_such_setting: 1\n")
     with pytest.raises(ValueError, match="no_such_setting"):
         load_settings(unknown)
+
+
+def test_a_bad_config_file_reports_every_problem_at_its_line(tmp_path: Path) -> None:
+    """issue 29: a bad daemon config reported its first problem only, with no file or line;
+    now every problem, one line each at file:line:column, as `policy check` does (a value
+    from the environment is named as the setting)."""
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "sandboxd.yaml"
+    config.write_text("port: lots\nstate_dir: /tmp/x\nmax_concurrency: 0\nnot_a_setting: 1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    r = subprocess.run([sys.executable, "-m", "sandboxd", "serve", "--config", str(config)],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines == [
+        f"sandboxd: bad setting: {config}:1:1: port: Input should be a valid integer, unable "
+        "to parse string as an integer (got 'lots')",
+        f"sandboxd: bad setting: {config}:3:1: max_concurrency: Input should be greater than or "
+        "equal to 1 (got 0)",
+        f"sandboxd: bad setting: {config}:4:1: not_a_setting: unknown setting (got 1)",
+    ], r.stderr
+    r = subprocess.run([sys.executable, "-m", "sandboxd", "serve", "--config", str(config)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**env, "SANDBOXD_PORT": "nope"})
+    assert "sandboxd: bad setting: port: " in r.stderr and "(got 'nope')" in r.stderr, r.stderr
