@@ -56,7 +56,9 @@ def format_result(result: Result) -> str:
         lines.append("stderr:\n" + result.stderr.rstrip("\n"))
         if result.truncated.stderr:
             lines.append("(stderr was cut at the sandbox output limit)")
-    if result.value is not None:
+    # a rich last value (a DataFrame) comes back as a display item too: the model reads it once
+    shown = {o.data.get("text/plain") for o in result.outputs}
+    if result.value is not None and not (isinstance(result.value, str) and result.value in shown):
         if isinstance(result.value, str) and not result.stdout and status == "ok":
             lines.append(result.value)
         else:

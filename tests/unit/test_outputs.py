@@ -122,3 +122,18 @@ def test_plain_values_make_the_same_bundle_on_every_backend(value: object) -> No
 
     assert mime_bundle(value) == plain_bundle(value)
     assert plain_bundle(value)["text/plain"] == repr(value)
+
+
+def test_a_rich_last_value_reaches_the_model_once() -> None:
+    """issue 29: a DataFrame as the last value came back as the value (its repr) and as a
+    display item, and the model read it twice; a plain value still reads as the value."""
+    from sandboxd.client.render import format_result
+    from sandboxd.models import Output, Reason, Result
+
+    table = "   a\n0  1"
+    result = Result.build(("inv_1", "python", None), "container", Reason.exited, exit_code=0)
+    result.value = table
+    result.outputs = [Output(data={"text/html": "<table/>", "text/plain": table})]
+    assert format_result(result) == "display:\n" + table
+    result.value = 42
+    assert format_result(result) == "value: 42\ndisplay:\n" + table
