@@ -34,6 +34,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from sandboxd.display import TOO_DEEP, too_deep
 from sandboxd.plans import Plan
+from sandboxd.streaming import EventSink
+from sandboxd.transfer import Transfer
 
 
 def new_id(prefix: str) -> str:
@@ -218,11 +220,11 @@ class Invocation(_Model):
     # file tools: the workspace-relative path the policy decided on (policy.paths.normalise);
     # the backend opens exactly this path, never the raw argument
     path: str | None = None
-    # file tools: the bytes of a raw upload or download (sandboxd.transfer.Transfer), in-process
-    transfer: Any = Field(default=None, exclude=True)
-    # a streaming caller's sink (sandboxd.streaming.EventSink): the backend hands it output as
-    # it is produced (issue 14, section 5); None for a plain call. In-process, never sent.
-    events: Any = Field(default=None, exclude=True)
+    # file tools: the bytes of a raw upload or download, in-process
+    transfer: Transfer | None = Field(default=None, exclude=True)
+    # a streaming caller's sink: the backend hands it output as it is produced (issue 14,
+    # section 5); None for a plain call. In-process, never sent.
+    events: EventSink | None = Field(default=None, exclude=True)
 
 
 # ---------------------------------------------------------------- decisions

@@ -64,6 +64,7 @@ from sandboxd.sessions import Session, SessionManager
 from sandboxd.storage import full_reason
 from sandboxd.streaming import EventSink
 from sandboxd.timefmt import utc_iso
+from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
@@ -245,7 +246,7 @@ class Sandboxd(SessionOps):
     # ------------------------------------------------------------ invoke
 
     async def invoke(self, client: str, tool: str, request: InvokeRequest, *,
-                     transport: str = "http", transfer: object = None,
+                     transport: str = "http", transfer: Transfer | None = None,
                      events: EventSink | None = None,
                      started: asyncio.Event | None = None) -> Result:
         """Run one call end to end (see the module docstring). ``transport`` names the front
@@ -359,7 +360,7 @@ class Sandboxd(SessionOps):
     async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
                        backend: Backend, session: Session | None, request: InvokeRequest,
                        limits: Limits, deadline: float, started: asyncio.Event,
-                       transfer: object = None, events: EventSink | None = None) -> Result:
+                       transfer: Transfer | None = None, events: EventSink | None = None) -> Result:
         try:
             # a raw transfer never takes an execution slot: its client's transfer slots
             slots = self.scheduler if transfer is None else self.transfers

@@ -1,5 +1,7 @@
-"""Raw file transfers: the ``PUT``/``GET /v1/sessions/{id}/files/{path}`` endpoints as calls of
-the ``write_file`` / ``read_file`` tools.
+"""Raw file transfers: the bytes of the ``PUT``/``GET /v1/sessions/{id}/files/{path}``
+endpoints (:mod:`sandboxd.api.files`), which are calls of the ``write_file`` / ``read_file``
+tools. This module knows nothing of the service: the endpoints make the call, the workspace
+backend moves the bytes (layers point one way: api -> service -> backends -> this).
 
 An upload or a download is one ordinary call through :meth:`Sandboxd.invoke` (tool lookup,
 policy decision with the file rules and ``max_bytes``, audit ``decision`` and ``result``
@@ -26,14 +28,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from sandboxd.deadline import within
 from sandboxd.errors import SandboxdError
-from sandboxd.models import InvokeRequest, Result
-
-if TYPE_CHECKING:
-    from sandboxd.service import Sandboxd
 
 #: the endpoint of a workspace file (``{session}`` and ``{path}`` filled in)
 FILES_ROUTE = "/v1/sessions/{session}/files/{path}"
@@ -111,32 +109,3 @@ class Transfer:
                 return
             self.received += len(chunk)
             yield chunk
-
-
-async def upload(service: Sandboxd, client: str, session_id: str, path: str,
-                 body: AsyncIterator[bytes], declared: int | None, *,
-                 transport: str = "http") -> tuple[Result, Transfer]:
-    """Create or replace ``path`` in the client's session from ``body`` (the write_file tool
-    with the bytes streamed); another client's session is :class:`SessionNotFound`."""
-    service.session(client, session_id)
-    settings = service.settings
-    transfer = Transfer("upload", body, declared, min_rate=settings.transfer_min_rate_bytes_s,
-                        grace_s=settings.transfer_rate_grace_s)
-    arguments: dict[str, object] = {"path": path, "transfer": "upload",
-                                    "declared_bytes": declared}
-    result = await service.invoke(client, "write_file",
-                                  InvokeRequest(arguments=arguments, session=session_id),
-                                  transport=transport, transfer=transfer)
-    return result, transfer
-
-
-async def download(service: Sandboxd, client: str, session_id: str, path: str, *,
-                   transport: str = "http") -> tuple[Result, Transfer]:
-    """The bytes of ``path`` in the client's session (the read_file tool, raw)."""
-    service.session(client, session_id)
-    transfer = Transfer("download")
-    arguments: dict[str, object] = {"path": path, "transfer": "download"}
-    result = await service.invoke(client, "read_file",
-                                  InvokeRequest(arguments=arguments, session=session_id),
-                                  transport=transport, transfer=transfer)
-    return result, transfer

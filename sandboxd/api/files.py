@@ -4,7 +4,8 @@
   becomes the file, streamed in bounded chunks into a temporary file renamed into place;
 * ``GET /v1/sessions/{session_id}/files/{path}``: the file's bytes, as an attachment.
 
-Both are calls of the ``write_file`` / ``read_file`` tools (:mod:`sandboxd.transfer`): the same
+Both are calls of the ``write_file`` / ``read_file`` tools (:func:`upload`, :func:`download`;
+the bytes travel in a :class:`~sandboxd.transfer.Transfer`): the same
 path rules, policy decision, size cap, quota and audit records. The request body limit of the
 JSON API (``max_body_bytes``) does not apply to the upload: the policy's ``max_bytes`` does.
 """
@@ -25,8 +26,9 @@ from sandboxd.api.auth import authenticate
 from sandboxd.api.problems import PROBLEMS, coded
 from sandboxd.backends.workspace import RefusedPath
 from sandboxd.errors import SandboxdError
-from sandboxd.models import Result, Status
-from sandboxd.transfer import Transfer, UploadAborted, download, upload
+from sandboxd.models import InvokeRequest, Result, Status
+from sandboxd.service import Sandboxd
+from sandboxd.transfer import Transfer, UploadAborted
 
 router = APIRouter()
 ROUTE = "/v1/sessions/{session_id}/files/{path:path}"
@@ -102,3 +104,32 @@ def _raise_for(result: Result, transfer: Transfer) -> None:
     else:
         code = "file-tool-error" if problem is not None else "execution-failure"
     raise coded(code, detail, **extra)
+
+
+async def upload(service: Sandboxd, client: str, session_id: str, path: str,
+                 body: AsyncIterator[bytes], declared: int | None, *,
+                 transport: str = "http") -> tuple[Result, Transfer]:
+    """Create or replace ``path`` in the client's session from ``body`` (the write_file tool
+    with the bytes streamed); another client's session is :class:`SessionNotFound`."""
+    service.session(client, session_id)
+    settings = service.settings
+    transfer = Transfer("upload", body, declared, min_rate=settings.transfer_min_rate_bytes_s,
+                        grace_s=settings.transfer_rate_grace_s)
+    arguments: dict[str, object] = {"path": path, "transfer": "upload",
+                                    "declared_bytes": declared}
+    result = await service.invoke(client, "write_file",
+                                  InvokeRequest(arguments=arguments, session=session_id),
+                                  transport=transport, transfer=transfer)
+    return result, transfer
+
+
+async def download(service: Sandboxd, client: str, session_id: str, path: str, *,
+                   transport: str = "http") -> tuple[Result, Transfer]:
+    """The bytes of ``path`` in the client's session (the read_file tool, raw)."""
+    service.session(client, session_id)
+    transfer = Transfer("download")
+    arguments: dict[str, object] = {"path": path, "transfer": "download"}
+    result = await service.invoke(client, "read_file",
+                                  InvokeRequest(arguments=arguments, session=session_id),
+                                  transport=transport, transfer=transfer)
+    return result, transfer

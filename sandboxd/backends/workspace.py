@@ -332,7 +332,7 @@ class WorkspaceBackend:
         """Perform one file operation (in a thread: file I/O blocks; an upload's body is
         received on the event loop)."""
         transfer = invocation.transfer
-        if isinstance(transfer, Transfer) and invocation.kind is ToolKind.write_file:
+        if transfer is not None and invocation.kind is ToolKind.write_file:
             return await self._upload(invocation, limits, transfer, deadline)
         return await asyncio.to_thread(self._run, invocation, limits)
 
