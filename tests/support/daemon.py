@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from sandboxd import uidclaim
-from sandboxd.cli.daemon import EXIT_UID_RANGE
+from sandboxd.cli.daemon import EXIT_LISTEN, EXIT_UID_RANGE
 from tests.support.wait import wait_until
 
 PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
@@ -146,19 +146,25 @@ def start_daemon(
     """Start ``python -m sandboxd serve`` (behind ``launcher``, e.g. a capability-dropping
     wrapper, when given) and wait until ``/healthz`` answers (``nofile``: the daemon's
     RLIMIT_NOFILE, soft and hard). Unless ``env`` names one, the daemon gets a sandbox uid
-    range that is free on this host (another one if a parallel run claimed it first)."""
+    range that is free on this host (another one if a parallel run claimed it first), and a
+    port that was free a moment ago (another one if a parallel process bound it first)."""
     for _ in range(4):
         try:
             return _start_daemon(tmp_path, policies_dir=policies_dir, env=env, args=args,
                                  state_dir=state_dir, token=token, ready_timeout=ready_timeout,
                                  nofile=nofile, launcher=launcher)
-        except _UidRangeLost:
+        except (_UidRangeLost, _PortLost):
             continue
-    raise RuntimeError("four sandbox uid ranges in a row were claimed by other daemons")
+    raise RuntimeError("four sandbox uid ranges or ports in a row were taken by others")
 
 
 class _UidRangeLost(Exception):
     """The daemon exited EXIT_UID_RANGE on a range this module picked (a parallel run won)."""
+
+
+class _PortLost(Exception):
+    """The daemon exited EXIT_LISTEN: another process bound the port this module picked
+    between :func:`free_port` and the daemon's bind."""
 
 
 def _start_daemon(
@@ -196,6 +202,8 @@ def _start_daemon(
         if proc.poll() is not None:
             if picked and proc.returncode == EXIT_UID_RANGE:
                 raise _UidRangeLost
+            if proc.returncode == EXIT_LISTEN and "--port" not in args:
+                raise _PortLost
             raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
         return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
 
