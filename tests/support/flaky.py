@@ -12,6 +12,10 @@ import pytest
 
 #: the test ids that needed a rerun in this session, in order
 RERUNS: list[str] = []
+#: why each one failed on its first try (the failure's last lines): a rerun must say why
+WHY: dict[str, str] = {}
+#: how many lines of each first failure the summary shows
+WHY_LINES = 25
 #: the test ids that failed after their rerun too (reported as failures, not as flaky)
 FAILED: set[str] = set()
 
@@ -21,6 +25,8 @@ def note(report: pytest.TestReport) -> None:
     its last try failed as well."""
     if report.outcome == "rerun" and report.nodeid not in RERUNS:
         RERUNS.append(report.nodeid)
+        text = report.longreprtext or ""
+        WHY[report.nodeid] = "\n".join(text.splitlines()[-WHY_LINES:])
     elif report.failed:
         FAILED.add(report.nodeid)
 
@@ -34,6 +40,9 @@ def summary(terminal: pytest.TerminalReporter) -> None:
     terminal.section("flaky tests (failed once, rerun)", sep="=", yellow=True)
     for line in lines:
         terminal.write_line(line)
+        why = WHY.get(line.removeprefix("FLAKY: "), "")
+        for text in why.splitlines():  # why it failed the first time, so the flake can be fixed
+            terminal.write_line("    " + text)
     path = os.environ.get("SANDBOXD_FLAKY_FILE")
     if path:
         with open(path, "a", encoding="utf-8") as f:
