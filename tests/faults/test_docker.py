@@ -107,7 +107,11 @@ def test_engine_goes_away_and_comes_back(tmp_path: Path, engine: PrivateDockerd)
         def only_fresh_pool() -> bool:
             cs = engine.containers(f"{LABEL}={instance}")
             return len(cs) >= 1 and all(c["State"] == "running" for c in cs)
-        wait_until(only_fresh_pool, timeout=60, what="leftovers removed and the pool refilled")
+        def states() -> list[tuple[str, str, str]]:
+            return [(c["Names"][0], c["State"], c["Labels"].get("sandboxd.role", "?"))
+                    for c in engine.containers(f"{LABEL}={instance}")]
+        wait_until(only_fresh_pool, timeout=60, what="leftovers removed and the pool refilled",
+                   detail=states)
         for _ in range(4):
             r = _shell(d, "echo back")
             assert r.status_code == 200 and r.json()["status"] == "ok", r.text

@@ -30,6 +30,9 @@ class WarmPool:
         self.refill = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._reaping: set[asyncio.Future[bool]] = set()
+        #: bumped by :meth:`lost`: a container whose start began before an engine outage is
+        #: dead (the engine stopped it), even when its start returned after the outage began
+        self.epoch = 0
 
     def target(self) -> int:
         """How many idle containers an image should have now."""
@@ -57,7 +60,9 @@ class WarmPool:
         self.refill.set()
 
     def lost(self) -> None:
-        """The engine went away: every idle container is dead, removed when it is back."""
+        """The engine went away: every idle container is dead, removed when it is back (and
+        so is one whose start is under way now: :attr:`epoch`)."""
+        self.epoch += 1
         for boxes in self.queues.values():
             while boxes:
                 box = boxes.popleft()
@@ -77,6 +82,7 @@ class WarmPool:
 
         async def fill_one(image: str) -> None:
             nonlocal backoff
+            epoch = self.epoch
             async with sem:
                 try:
                     box = await self.boxes.new(image=image, shape=self.shapes[image],
@@ -91,6 +97,10 @@ class WarmPool:
                 backoff = 0.5
                 if self.boxes.closing:
                     await self.boxes.destroy(box)
+                    return
+                if self.epoch != epoch:  # the engine went away while it started: a dead box,
+                    box.dead = True      # kept out of the queue and removed when it is back
+                    self.boxes.stale.add(box)
                     return
                 self.queues[image].append(box)
                 self.refill.set()
