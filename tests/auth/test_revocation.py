@@ -6,7 +6,6 @@ keeps everything; a tokens file that fails to parse revokes nobody."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,11 +19,9 @@ from sandboxd.tokens import TokenStore, add_token, hash_token
 from tests.restricted.test_kernel import kernel_process
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.mcp_raw import RawMcp
 from tests.support.processes import running
 from tests.support.wait import wait_until
-
-MCP_HEADERS = {"accept": "application/json, text/event-stream",
-               "content-type": "application/json"}
 
 
 def token_cli(*args: str) -> str:
@@ -59,25 +56,10 @@ def session_with_kernel(client: httpx.Client, state_dir: Path) -> tuple[str, int
 def mcp_session(d: RunningDaemon, token: str) -> tuple[dict[str, str], str]:
     """An MCP session (raw Streamable HTTP) that wrote a file: its request headers and its
     sandboxd session id."""
-    headers = {**MCP_HEADERS, "Authorization": f"Bearer {token}"}
-    url = f"{d.url}/mcp"
-    r = httpx.post(url, headers=headers, timeout=60, json={
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "raw", "version": "0"}}})
-    assert r.status_code == 200, r.text
-    headers |= {"mcp-session-id": r.headers["mcp-session-id"],
-                "mcp-protocol-version": "2025-06-18"}
-    r = httpx.post(url, headers=headers, timeout=60,
-                   json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-    assert r.status_code == 202, r.text
-    r = httpx.post(url, headers=headers, timeout=60, json={
-        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "write_file", "arguments": {"path": "m.txt", "content": "x"}}})
-    assert r.status_code == 200, r.text
-    result = next(json.loads(line[len("data:"):])["result"] for line in r.text.splitlines()
-                  if line.startswith("data:") and '"result"' in line)
-    return headers, result["structuredContent"]["session"]
+    mcp = RawMcp(d.url, {"Authorization": f"Bearer {token}"})
+    answer = mcp.call("write_file", {"path": "m.txt", "content": "x"}, ident=2)
+    mcp.http.close()  # the session stays open (close() would end it)
+    return dict(mcp.headers), answer["result"]["structuredContent"]["session"]
 
 
 def mcp_status(d: RunningDaemon, headers: dict[str, str]) -> int:
