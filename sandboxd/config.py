@@ -276,11 +276,6 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     return Settings(**clean)
 
 
-def settings_error(exc: Exception, config_file: Path | None = None) -> str:
-    """Every settings problem on one line, ``; ``-joined (:func:`settings_problems`)."""
-    return "; ".join(settings_problems(exc, config_file))
-
-
 def settings_problems(exc: Exception, config_file: Path | None = None) -> list[str]:
     """One line per settings problem: ``file:line:column: name: why (got value)`` for a
     setting of the YAML config file (``config_file``, else ``SANDBOXD_CONFIG``, else the

@@ -29,10 +29,6 @@ class Readiness(BaseModel):
     policy: dict[str, Any] = Field(default_factory=lambda: {"ok": True, "detail": None})
     degraded: list[str] = Field(default_factory=list)
 
-    def default_backend_failure(self) -> str | None:
-        """Why the default backend fails its self-test (None when it passes)."""
-        return backend_failure(self.backends.get(DEFAULT_BACKEND, {}))
-
 
 def backend_failure(report: dict[str, Any]) -> str | None:
     """Why a backend's report (as in ``Readiness.backends``) fails (None when it passes)."""
