@@ -7,7 +7,8 @@ and title; an error whose code is not in that table is a 500 without internals. 
 side mirrors this (:mod:`sandboxd.client.errors`: one root, a status table).
 
 Not here, on purpose: the two standalone modules the container runner shares
-(:mod:`sandboxd.wire`'s ``ProtocolError``, :mod:`sandboxd.rules`' ``PathRefused``: they may
+(:mod:`sandboxd.protocol.wire`'s ``ProtocolError``, :mod:`sandboxd.protocol.rules`'
+``PathRefused``: they may
 import nothing of sandboxd), and what user code sees inside a sandbox.
 """
 

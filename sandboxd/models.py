@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from sandboxd.display import TOO_DEEP, too_deep
 from sandboxd.plans import Plan
+from sandboxd.protocol.display import TOO_DEEP, too_deep
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 
@@ -211,7 +211,7 @@ class Invocation(_Model):
     # file tools: largest file that may be read or written
     max_file_bytes: int = 1024 * 1024
     # display items (issue 14): one item's JSON and the items of a call at most (settings
-    # max_display_bytes / max_displays; sandboxd.display.DisplayCaps)
+    # max_display_bytes / max_displays; sandboxd.protocol.display.DisplayCaps)
     display_bytes: int = 2 * 1024 * 1024
     displays: int = 32
     # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);

@@ -1,13 +1,15 @@
 """Rich outputs (issue 14): the one definition of what a display item may be.
 
 A call adds display items with ``display(obj)`` (and, on the container backend, by leaving a
-matplotlib figure open); the sandbox sends each as one ``d`` frame (:mod:`sandboxd.display`:
+matplotlib figure open); the sandbox sends each as one ``d`` frame
+(:mod:`sandboxd.protocol.display`:
 the frame's shape, the MIME types, the caps).
 
 Everything in a ``d`` frame was written by code that may have escaped its language layer:
 :func:`check_item` accepts only known MIME types with content of the right shape (text as
 text, images as base64 that decodes to the format's signature, JSON as JSON), and only within
-the caps; anything else is a :class:`~sandboxd.wire.ProtocolError`, which ends the call like
+the caps; anything else is a
+:class:`~sandboxd.protocol.wire.ProtocolError`, which ends the call like
 any other malformed frame. Both backends' daemon-side readers use it.
 """
 
@@ -18,9 +20,16 @@ import binascii
 import json
 from typing import Any
 
-from sandboxd.display import MIME_TYPES, SIGNATURES, TOO_DEEP, DisplayCaps, size_text, too_deep
 from sandboxd.models import Output
-from sandboxd.wire import ProtocolError
+from sandboxd.protocol.display import (
+    MIME_TYPES,
+    SIGNATURES,
+    TOO_DEEP,
+    DisplayCaps,
+    size_text,
+    too_deep,
+)
+from sandboxd.protocol.wire import ProtocolError
 
 __all__ = ["DisplayCaps", "DisplayCollector", "check_item", "count_note", "cut_note"]
 

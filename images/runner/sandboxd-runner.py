@@ -5,8 +5,9 @@ exists. It makes itself non-dumpable (same-uid code cannot read its memory or fd
 /proc, nor ptrace it), reads the 32-byte key the daemon left in /run/sandboxd/key, connects
 once to /run/sandboxd/runner.sock and says hello with the key. The daemon then removes the
 socket and the key: that one channel carries every call of the container, multiplexed by call
-id (frames of sandboxd/wire.py, copied next to this file by the image build). The import,
-path and output rules are sandboxd/rules.py, copied next to it too: one definition.
+id (frames of sandboxd/protocol/wire.py: the image build copies the protocol package next to
+this file). The import, path and output rules are sandboxd/protocol/rules.py, from the same
+package: one definition.
 
 Each call gets a *worker* process (its own session and process group, oom_score_adj 1000,
 stdin /dev/null, the environment the request names and nothing else): a command plan that is
@@ -26,7 +27,7 @@ interrupts a kernel call (SIGINT: a KeyboardInterrupt in its code) before it kil
   daemon -> runner  b"R" JSON request (new call id), b"K" stop that call, b"I" interrupt that
                     call (a kernel call: see "the session kernel"; other calls ignore it)
   runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
-                    b"d" a display item (sandboxd/display.py), b"x" JSON exit record (ends
+                    b"d" a display item (sandboxd/protocol/display.py), b"x" JSON exit record (ends
                     the call)
 
 Display items: python code gets a ``display(*objs)`` builtin (IPython's rich-repr
@@ -75,11 +76,12 @@ def _load_shared(filename, name):
     return module
 
 
-wire = _load_shared("wire.py", "sandboxd_wire")  # sandboxd/wire.py: the frame protocol
-# sandboxd/rules.py: the import, workspace path and output rules, the daemon's very definition
-rules = _load_shared("rules.py", "sandboxd_rules")
-# sandboxd/display.py: what a display item is (MIME types, caps, IPython's repr conventions)
-display_rules = _load_shared("display.py", "sandboxd_display")
+# sandboxd/protocol/wire.py: the frame protocol
+wire = _load_shared("protocol/wire.py", "sandboxd_wire")
+# sandboxd/protocol/rules.py: the import, workspace path and output rules (the daemon's own)
+rules = _load_shared("protocol/rules.py", "sandboxd_rules")
+# sandboxd/protocol/display.py: what a display item is (MIME types, caps, IPython's reprs)
+display_rules = _load_shared("protocol/display.py", "sandboxd_display")
 CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
 
 
@@ -139,7 +141,7 @@ def cgroup_counters():
 
 
 def _user_import(allow, deny, after=None):
-    """``__import__`` for user code: the policy's imports rule (sandboxd/rules.py);
+    """``__import__`` for user code: the policy's imports rule (sandboxd/protocol/rules.py);
     ``after()`` runs after each import (it hooks matplotlib's ``show``)."""
     real = builtins.__import__
 
@@ -192,7 +194,7 @@ _INTERRUPT_FRAMES = frozenset({(__file__, "interrupt_user_code"), (__file__, "af
 def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=memoryview,
                   cell=CELL, after_emit=after_emit):
     """The user's ``display(*objs)``: each object's mime bundle as one ``d`` frame on ``fd``
-    (cut or counted by ``caps``: sandboxd/display.py). Once the runner stops reading (the
+    (cut or counted by ``caps``: sandboxd/protocol/display.py). Once the runner stops reading (the
     call's count is reached, or it refused a frame), further items are dropped. A kernel's
     interrupt waits until a frame is written whole."""
     sent = [0]
@@ -642,7 +644,7 @@ def _open_in_workspace(path, flags):
     at a time, never following a symlink."""
     if path == "/dev/null":
         return os.open(path, flags & ~os.O_CREAT & ~os.O_TRUNC)
-    try:  # the daemon sends normalised paths; the same rule holds here (sandboxd/rules.py)
+    try:  # the daemon sends normalised paths; the same rule holds here (sandboxd/protocol/rules.py)
         norm = rules.normalise_path(path)
     except rules.PathRefused:
         raise OSError(22, "not a workspace path") from None
@@ -855,7 +857,7 @@ class Call:
             return
         if self.output_limit:
             return
-        # one budget for stdout and stderr together (sandboxd/rules.py)
+        # one budget for stdout and stderr together (sandboxd/protocol/rules.py)
         data = data[: self.budget.take(len(data))]
         self.output_limit = self.budget.exceeded
         if data:
@@ -951,7 +953,7 @@ def _killpg(pgid):
 # inherited fd but its own pipes is closed), started by the first such call and kept until
 # it dies, a call of it hits a limit or is stopped, or a ``kernel_stop`` request. Its globals
 # persist between calls; one call at a time. The runner writes it length-prefixed requests
-# (marshal) on a pipe; it answers each with one ``v`` frame (sandboxd/wire.py: exit status
+# (marshal) on a pipe; it answers each with one ``v`` frame (sandboxd/protocol/wire.py: exit status
 # byte + the value's JSON) on another, read with a bounded decoder: the kernel is user code,
 # its answers are hostile. Its stdout/stderr and its display frames are three persistent
 # pipes, relayed under the call's output budget and display caps while a call runs and

@@ -87,43 +87,30 @@ def images_dir() -> Path:
     )
 
 
-def wire_module() -> Path:
-    """``sandboxd/wire.py``: the frame protocol, shared by the daemon and the runner (the
-    build puts it next to the runner as ``runner/wire.py``)."""
-    from sandboxd import wire
+def protocol_package() -> Path:
+    """``sandboxd/protocol/``: the sandbox contract (frames, rules, display items, limits),
+    shared by the daemon and the runner (the build puts it next to the runner as
+    ``runner/protocol/``, the Dockerfile copies it to ``/opt/sandboxd/protocol/``)."""
+    from sandboxd import protocol
 
-    return Path(wire.__file__).resolve()
-
-
-def rules_module() -> Path:
-    """``sandboxd/rules.py``: the import, path and output rules, shared by the daemon and the
-    runner (the build puts it next to the runner as ``runner/rules.py``)."""
-    from sandboxd import rules
-
-    return Path(rules.__file__).resolve()
-
-
-def display_module() -> Path:
-    """``sandboxd/display.py``: the display-item rules, shared by the daemon and the runner
-    (the build puts it next to the runner as ``runner/display.py``)."""
-    from sandboxd import display
-
-    return Path(display.__file__).resolve()
+    return Path(protocol.__file__).resolve().parent
 
 
 def shared_modules() -> dict[str, Path]:
-    """Every sandboxd module the runner loads from beside itself, by its file name there."""
-    return {"wire.py": wire_module(), "rules.py": rules_module(),
-            "display.py": display_module()}
+    """Every sandboxd module the runner loads from beside itself, by its path there
+    (``protocol/wire.py``, ...)."""
+    package = protocol_package()
+    return {f"protocol/{path.name}": path for path in sorted(package.glob("*.py"))}
 
 
 def runner_digest(context: Path) -> str:
-    """SHA-256 of the runner, its shared modules (wire, rules, display) and the Dockerfile:
+    """SHA-256 of the runner, its shared modules (the protocol package) and the Dockerfile:
     an image built from them carries it."""
     h = hashlib.sha256()
     for rel in ("runner/sandboxd-runner.py", "python/Dockerfile"):
         h.update((context / rel).read_bytes())
-    for path in shared_modules().values():
+    for name, path in shared_modules().items():
+        h.update(name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -144,11 +131,13 @@ def profile_digest(context: Path, profile: Profile) -> str:
 
 
 def build_context(context: Path, into: Path) -> Path:
-    """A copy of ``images/`` with the runner's shared modules added as ``runner/wire.py``,
-    ``runner/rules.py`` and ``runner/display.py`` (what the Dockerfile copies)."""
+    """A copy of ``images/`` with the runner's shared modules added as ``runner/protocol/``
+    (what the Dockerfile copies)."""
     target = into / "images"
-    shutil.copytree(context, target, symlinks=False)
+    shutil.copytree(context, target, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     for name, path in shared_modules().items():
+        (target / "runner" / name).parent.mkdir(exist_ok=True)
         shutil.copy2(path, target / "runner" / name)
     return target
 

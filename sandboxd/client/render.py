@@ -7,8 +7,8 @@ import base64
 import binascii
 import json
 
-from sandboxd.display import png_size
 from sandboxd.models import Output, Result
+from sandboxd.protocol.display import png_size
 
 #: image MIME types a model is told about with a placeholder, most preferred first
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")

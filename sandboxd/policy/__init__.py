@@ -51,7 +51,7 @@ python
     admits any module. Imports are found up front in the code's AST (``import``, ``from``,
     literal ``__import__("x")`` / ``importlib.import_module("x")``); the backends enforce the
     same lists at run time (``Decision.imports_allow`` / ``imports_deny``) with the same rule:
-    :func:`sandboxd.rules.import_verdict` is its one definition (the container runner has a
+    :func:`sandboxd.protocol.rules.import_verdict` is its one definition (the container runner has a
     copy of that module, made by the image build).
 
 shell

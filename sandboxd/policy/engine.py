@@ -43,8 +43,8 @@ from sandboxd.policy.shell import (
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.specs import enabled_tools, listing
+from sandboxd.protocol.rules import denied_name, import_verdict
 from sandboxd.registry import BUILTIN_TOOLS
-from sandboxd.rules import denied_name, import_verdict
 from sandboxd.text import visible
 
 _LIMIT_FIELDS = {

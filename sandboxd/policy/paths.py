@@ -1,6 +1,6 @@
 """Workspace-relative paths of the file tools, and the globs of their path rules.
 
-:func:`normalise` (:func:`sandboxd.rules.normalise_path`) is the one normalisation of a
+:func:`normalise` (:func:`sandboxd.protocol.rules.normalise_path`) is the one normalisation of a
 workspace path. The policy engine applies it once; the decision's rules are matched against
 its result, and that same result (carried on the decision and the invocation) is the path the
 workspace backend opens. Nothing is cleaned:
@@ -30,9 +30,9 @@ from __future__ import annotations
 import functools
 import re
 
-from sandboxd import rules
+from sandboxd.protocol import rules
 
-# the one normalisation, shared with the backends and the container runner (sandboxd.rules)
+# the one normalisation, shared with the backends and the container runner (sandboxd.protocol.rules)
 MAX_PATH = rules.MAX_PATH
 MOUNT = rules.MOUNT
 PathRefused = rules.PathRefused

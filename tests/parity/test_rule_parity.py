@@ -1,7 +1,7 @@
 """One table of rule cases (imports, workspace paths, output sizes) through every enforcement
 point, over HTTP: the policy engine (``POST /v1/policy/explain``), the restricted backend and
 the container backend (real daemon, real Docker, the image under test). Every point must reach
-the same decision (:mod:`sandboxd.rules` is the one definition they all use).
+the same decision (:mod:`sandboxd.protocol.rules` is the one definition they all use).
 
 One daemon serves every case: each import rule set is a pair of policies (python on the
 restricted backend for client ``r-<set>``, in a container for ``c-<set>``), reached with that

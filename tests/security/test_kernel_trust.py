@@ -81,7 +81,7 @@ def test_the_documented_surface_still_works(plain: RunningDaemon) -> None:
 #: a kernel that escaped the language layer writes a well-formed report of its own, then runs
 FORGE_AND_RUN_ON = FIND_SOCKET + """
 import json
-wire = os.sys.modules["sandboxd.wire"]
+wire = os.sys.modules["sandboxd.protocol.wire"]
 report = {"outcome": "ok", "exit_code": 0, "value": "forged"}
 os.write(chan, wire.encode(b"r", json.dumps(report).encode()))
 %s
@@ -122,7 +122,7 @@ def test_a_forged_end_is_never_taken_for_the_end(bypass: RunningDaemon, how: str
 #: a worker that escaped the language layer sends a display item and a value nested 950 deep
 DEEP_FRAMES = FIND_SOCKET + """
 import json
-wire = os.sys.modules["sandboxd.wire"]
+wire = os.sys.modules["sandboxd.protocol.wire"]
 deep = []
 x = deep
 for _ in range(950):

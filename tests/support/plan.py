@@ -2,7 +2,7 @@
 
 The runner (``images/runner/sandboxd-runner.py``) is a standalone script; its plan executor
 (``run_plan``) is loaded from it as a module - from a copy laid out as in the image, next to
-``wire.py`` and ``rules.py`` -, so the tests exercise exactly the code that runs in the
+the ``protocol/`` package -, so the tests exercise exactly the code that runs in the
 sandbox. A plan runs in a forked child set up the way the runner sets up its worker: stdin
 ``/dev/null``, stdout and stderr captured, descriptors above 2 closed, default signals.
 """
@@ -28,6 +28,7 @@ def runner() -> ModuleType:
     path = where / "sandboxd-runner.py"
     shutil.copy2(images_dir() / "runner" / "sandboxd-runner.py", path)
     for name, source in shared_modules().items():
+        (where / name).parent.mkdir(exist_ok=True)
         shutil.copy2(source, where / name)
     spec = importlib.util.spec_from_file_location("sandboxd_runner_under_test", path)
     assert spec is not None and spec.loader is not None

@@ -17,8 +17,8 @@ from sandboxd.backends.restricted.lang.guards import (
 from sandboxd.backends.restricted.lang.modules import ImportHook
 from sandboxd.backends.restricted.lang.output import Displayer, OutputStream
 from sandboxd.backends.restricted.lang.state import SandboxViolation
-from sandboxd.display import DisplayCaps
-from sandboxd.rules import OutputBudget
+from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.rules import OutputBudget
 
 
 def handed_out(tmp_path: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import sandboxd
 from sandboxd.api.problems import PROBLEMS, _map
 from sandboxd.errors import SandboxdError
 from sandboxd.models import LIMIT_MESSAGES, Limits, Reason, Result, Status, status_for
-from sandboxd.rules import OutputBudget, import_verdict
+from sandboxd.protocol.rules import OutputBudget, import_verdict
 
 
 def _all_errors() -> list[type[SandboxdError]]:

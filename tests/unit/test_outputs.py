@@ -1,4 +1,4 @@
-"""The display-item rules (sandboxd.display, sandboxd.outputs): what a sandbox may send."""
+"""The display-item rules (sandboxd.protocol.display, sandboxd.outputs): what a sandbox may send."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import zlib
 
 import pytest
 
-from sandboxd.display import DisplayCaps, encode_item, png_size
 from sandboxd.outputs import DisplayCollector, check_item
-from sandboxd.wire import ProtocolError
+from sandboxd.protocol.display import DisplayCaps, encode_item, png_size
+from sandboxd.protocol.wire import ProtocolError
 
 
 def tiny_png(width: int = 3, height: int = 2) -> bytes:
@@ -118,7 +118,7 @@ def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
 def test_plain_values_make_the_same_bundle_on_every_backend(value: object) -> None:
     """The restricted backend's display() sends plain_bundle; the container runner's sends
     mime_bundle: for plain values they are one rule."""
-    from sandboxd.display import mime_bundle, plain_bundle
+    from sandboxd.protocol.display import mime_bundle, plain_bundle
 
     assert mime_bundle(value) == plain_bundle(value)
     assert plain_bundle(value)["text/plain"] == repr(value)

@@ -11,10 +11,10 @@ import socket
 
 import pytest
 
-from sandboxd import wire
 from sandboxd.backends.container.runner import CallOutput, Channel, RunnerLost
-from sandboxd.display import DisplayCaps
 from sandboxd.outputs import DisplayCollector
+from sandboxd.protocol import wire
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import StreamEvent
 from tests.support.wait import async_wait_until
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import wire
 from sandboxd.backends.container.runner import KEY_BYTES, SOCKET_NAME, Endpoint
 from sandboxd.deadline import within
+from sandboxd.protocol import wire
 
 
 async def _close_while_a_peer_says_hello(rundir: Path, spins: int, good_key: bool) -> bool:

@@ -12,7 +12,6 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import stop_task, within
-from sandboxd.display import DisplayCaps
 from sandboxd.models import (
     LIMIT_MESSAGES,
     Cleanup,
@@ -28,6 +27,7 @@ from sandboxd.models import (
     status_for,
 )
 from sandboxd.outputs import DisplayCollector
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import EventSink
 
 BACKEND = "container"

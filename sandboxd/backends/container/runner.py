@@ -8,14 +8,14 @@ authenticates the first hello that carries the key, then closes the listening so
 unlinks the socket and the key: from then on nothing in the container can connect again or
 read the key (the runner also makes itself non-dumpable, so same-uid code cannot read its
 memory through ``/proc``). That one channel carries every call of the container,
-multiplexed by call id (:mod:`sandboxd.wire` frames):
+multiplexed by call id (:mod:`sandboxd.protocol.wire` frames):
 
   daemon -> runner  ``R`` JSON request (a new call id; a session's python call names the
                     container's kernel, ``kernel_stop`` ends it), ``K`` stop that call,
                     ``I`` interrupt that call (a kernel call: SIGINT first, killed after the
                     request's ``interrupt_grace_s`` unless the kernel is back and idle)
-  runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.wire.READ_BYTES` each),
-                    ``d`` a display item (:mod:`sandboxd.display`, checked by
+  runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.protocol.wire.READ_BYTES` each),
+                    ``d`` a display item (:mod:`sandboxd.protocol.display`, checked by
                     :mod:`sandboxd.outputs` against the call's caps),
                     ``x`` JSON exit record (ends the call)
 
@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxd import fstree, wire
+from sandboxd import fstree
 from sandboxd.deadline import stop_task, within
-from sandboxd.display import DisplayCaps
 from sandboxd.errors import SandboxdError
 from sandboxd.outputs import DisplayCollector
+from sandboxd.protocol import wire
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import EventSink, TextRelay, emit
 
 SOCKET_NAME = "runner.sock"
@@ -73,7 +74,8 @@ def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 
 def check_exit_record(payload: bytes) -> dict[str, Any]:
-    """The runner's exit record, validated (raises :class:`sandboxd.wire.ProtocolError`)."""
+    """The runner's exit record, validated (raises
+    :class:`sandboxd.protocol.wire.ProtocolError`)."""
     try:
         rec = json.loads(payload)
     except (ValueError, RecursionError) as exc:

@@ -1,10 +1,10 @@
 """The daemon's reader of a restricted worker's result socket: bounded, and distrustful.
 
 The worker runs user code; once the language layer is bypassed, everything on this socket is
-written by an attacker. So (see :mod:`sandboxd.wire` for the frame format):
+written by an attacker. So (see :mod:`sandboxd.protocol.wire` for the frame format):
 
 * the work per event-loop callback is bounded: one ``read`` of at most
-  :data:`sandboxd.wire.READ_BYTES`, decoded, then back to the loop;
+  :data:`sandboxd.protocol.wire.READ_BYTES`, decoded, then back to the loop;
 * only ``o`` (stdout), ``e`` (stderr) - each 1 byte up to the call's output cap -, ``d``
   (a display item, checked by :mod:`sandboxd.outputs`) and one ``r`` (the report, at most
   the output cap plus :data:`REPORT_SLACK`) are accepted, and nothing after the report;
@@ -27,10 +27,10 @@ import math
 import os
 from typing import Any
 
-from sandboxd.display import DisplayCaps
 from sandboxd.outputs import DisplayCollector
+from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 from sandboxd.streaming import EventSink, TextRelay, emit
-from sandboxd.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
@@ -162,7 +162,7 @@ class FrameReader:
         target = self.stdout if kind == b"o" else self.stderr
         target += payload
         self.relay.feed("stdout" if kind == b"o" else "stderr", payload)
-        if len(self.stdout) + len(self.stderr) > self.cap:  # one cap for both (sandboxd.rules)
+        if len(self.stdout) + len(self.stderr) > self.cap:  # one cap for both (protocol.rules)
             self.overflow = True
 
     def _stop(self) -> None:

@@ -62,8 +62,8 @@ from sandboxd.backends.restricted.worker import KERNEL_SURVIVES
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER
 from sandboxd.deadline import within
-from sandboxd.display import DisplayCaps
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
+from sandboxd.protocol.display import DisplayCaps
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend

@@ -24,7 +24,7 @@ from sandboxd.models import (
     Status,
     Truncated,
 )
-from sandboxd.rules import OutputBudget
+from sandboxd.protocol.rules import OutputBudget
 
 #: the backend's name in results
 BACKEND_NAME = "restricted"
@@ -75,7 +75,7 @@ def _build_result(
     cleanup: Cleanup | None = None,
 ) -> Result:
     cap = limits.output_bytes
-    budget = OutputBudget(cap)  # stdout and stderr together (sandboxd.rules)
+    budget = OutputBudget(cap)  # stdout and stderr together (sandboxd.protocol.rules)
     out = bytes(reader.stdout[: budget.take(len(reader.stdout))])
     err = bytes(reader.stderr[: budget.take(len(reader.stderr))])
     stdout = out.decode("utf-8", "replace")

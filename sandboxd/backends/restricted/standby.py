@@ -21,8 +21,8 @@ from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER
 from sandboxd.deadline import within
-from sandboxd.display import DisplayCaps
 from sandboxd.models import Invocation, Limits, Reason
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import EventSink
 
 

@@ -1,7 +1,8 @@
 """A sandbox worker, the zygote's child: it prepares itself before its call (cgroup, limits
 preset), waits for its one request, confines itself (:func:`confine.enter_sandbox`), runs the
 code restricted (:mod:`.lang`) or the readiness self-test (:func:`self_test`), and reports in
-:mod:`sandboxd.wire` frames. A request with ``"kernel": true`` makes it a session kernel: after
+:mod:`sandboxd.protocol.wire` frames.
+A request with ``"kernel": true`` makes it a session kernel: after
 the report it stays, confined as it is, and runs the session's next requests in the same
 persistent namespace until EOF or a call that does not end ``ok``/``error`` (see
 :mod:`.kernel`). :func:`preimport` and :func:`prime` run in the zygote before it
@@ -21,9 +22,9 @@ import socket
 import time
 from typing import Any
 
-from sandboxd import wire
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
 from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
+from sandboxd.protocol import wire
 
 #: the outcomes after which a session kernel keeps running (any limit or failure ends it)
 KERNEL_SURVIVES = frozenset({"ok", "error"})

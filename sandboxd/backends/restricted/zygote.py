@@ -25,7 +25,7 @@ heap it writes to while workers still share it costs a copy-on-write fault, per 
 
 A call therefore goes straight from the daemon to its worker: the daemon writes the request
 (``length + JSON``) to the worker socket; the worker confines itself, runs the code and writes
-:mod:`sandboxd.wire` frames back: ``o`` stdout, ``e`` stderr, ``r`` the final JSON report;
+:mod:`sandboxd.protocol.wire` frames back: ``o`` stdout, ``e`` stderr, ``r`` the final JSON report;
 then it exits, which the daemon sees as EOF. The daemon reads them as an attacker's writes
 (:mod:`.frames`). The zygote
 never runs user code and never sees user input or output. When the daemon goes away (EOF, or

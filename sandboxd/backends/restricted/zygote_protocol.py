@@ -7,7 +7,7 @@
 * daemon -> zygote: fixed-size binary control messages (:data:`CTRL`: kind, pid, memory,
   cpus, pids; kinds ``t`` took, ``k`` kill, ``p`` ping).
 * daemon -> worker: one request as ``length + JSON`` (:data:`HEADER`, :func:`recv_msg`);
-  worker -> daemon: :mod:`sandboxd.wire` frames.
+  worker -> daemon: :mod:`sandboxd.protocol.wire` frames.
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ from sandboxd.backends.restricted.lang.state import (
     limit_check,
 )
 from sandboxd.backends.restricted.lang.transform import compile_user_code
-from sandboxd.display import TOO_DEEP, DisplayCaps, too_deep
-from sandboxd.rules import OutputBudget
+from sandboxd.protocol.display import TOO_DEEP, DisplayCaps, too_deep
+from sandboxd.protocol.rules import OutputBudget
 
 
 def make_builtins(import_hook: ImportHook, opener: WorkspaceOpener) -> dict[str, Any]:
@@ -232,7 +232,7 @@ def run_user_code(
     trusted entry (guards, print, the builtins) is set again before each call - the builtins
     dict is updated in place, so that functions defined by earlier calls use this call's
     import hook, ``open`` and output - and everything else is the user's own state.
-    ``display``: the call's display caps (:meth:`sandboxd.display.DisplayCaps.wire`)."""
+    ``display``: the call's display caps (:meth:`sandboxd.protocol.display.DisplayCaps.wire`)."""
     budget = OutputBudget(output_bytes)  # one cap for stdout and stderr together
     stdout = OutputStream(b"o", emit, budget)
     CurrentStdout.stream = stdout

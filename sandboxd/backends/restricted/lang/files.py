@@ -8,13 +8,14 @@ from typing import Any
 
 from sandboxd.backends.restricted.lang.guards import expose, plain_str
 from sandboxd.backends.restricted.lang.state import SandboxViolation
-from sandboxd.rules import PathRefused, normalise_path
+from sandboxd.protocol.rules import PathRefused, normalise_path
 
 
 @expose()
 class WorkspaceOpener:
-    """``open`` confined to the workspace (paths as :func:`sandboxd.rules.normalise_path` accepts
-    them, no symlinks leaving it), with a cap on the bytes a file may hold after writing
+    """``open`` confined to the workspace (paths as
+    :func:`sandboxd.protocol.rules.normalise_path` accepts them, no symlinks leaving it), with a
+    cap on the bytes a file may hold after writing
     (RLIMIT_FSIZE backs this)."""
 
     def __init__(self, root: str, max_bytes: int) -> None:
@@ -28,7 +29,7 @@ class WorkspaceOpener:
             path = plain_str(path, "path")
         if not isinstance(path, str) or not path or "\x00" in path:
             raise SandboxViolation("open(): the path must be a non-empty string")
-        try:  # the one workspace path rule (sandboxd.rules), then containment of the real path
+        try:  # the one workspace path rule (protocol.rules), then containment of the real path
             rel = normalise_path(path)
         except PathRefused as exc:
             raise SandboxViolation(f"open(): '{path}' is not allowed: {exc}") from None

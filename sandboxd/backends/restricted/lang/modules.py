@@ -9,7 +9,7 @@ from sandboxd.backends.restricted.lang.guards import SafeFormatter, expose
 from sandboxd.backends.restricted.lang.module_allowlist import MODULES
 from sandboxd.backends.restricted.lang.output import sandbox_pprint
 from sandboxd.backends.restricted.lang.proxy import ModuleProxy
-from sandboxd.rules import import_verdict
+from sandboxd.protocol.rules import import_verdict
 
 EXTRA_PROXY_VALUES: dict[str, dict[str, Any]] = {
     "string": {"Formatter": SafeFormatter},
@@ -27,7 +27,7 @@ def make_proxy(name: str) -> ModuleProxy:
 @expose()
 class ImportHook:
     """``__import__`` of the sandbox: the policy's ``imports`` rule
-    (:func:`sandboxd.rules.import_verdict`), and only modules this backend supports."""
+    (:func:`sandboxd.protocol.rules.import_verdict`), and only modules this backend supports."""
 
     def __init__(self, allow: list[str], deny: list[str]) -> None:
         self.allow = list(allow)

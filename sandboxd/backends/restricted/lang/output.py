@@ -11,14 +11,14 @@ from typing import Any
 
 from sandboxd.backends.restricted.lang.guards import expose, guarded_getattr
 from sandboxd.backends.restricted.lang.state import STATE, LimitExceeded
-from sandboxd.display import DisplayCaps, encode_item, plain_bundle
-from sandboxd.rules import OutputBudget
+from sandboxd.protocol.display import DisplayCaps, encode_item, plain_bundle
+from sandboxd.protocol.rules import OutputBudget
 
 
 @expose("write", "flush")
 class OutputStream:
     """Collects one stream (stdout or stderr) and forwards it to the parent in frames, within
-    the call's output budget (:class:`sandboxd.rules.OutputBudget`, shared by stdout and
+    the call's output budget (:class:`sandboxd.protocol.rules.OutputBudget`, shared by stdout and
     stderr). Exceeding it raises :class:`LimitExceeded` (sticky)."""
 
     FLUSH_BYTES = 8192
@@ -172,7 +172,7 @@ class Displayer:
     """The ``display(*objs)`` builtin of the restricted backend: each object becomes one
     display item of plain values - ``text/plain`` (its repr) and, when the value is JSON,
     ``application/json`` - sent as a ``d`` frame after the output written so far (so prints
-    and items keep their order), within the call's caps (:mod:`sandboxd.display`)."""
+    and items keep their order), within the call's caps (:mod:`sandboxd.protocol.display`)."""
 
     def __init__(self, emit: Callable[[bytes, bytes], None], caps: DisplayCaps,
                  streams: tuple[OutputStream, OutputStream]) -> None:
