@@ -154,3 +154,19 @@ def substitute(argv: list[str], url: str, variables: dict[str, str]) -> list[str
         return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: variables[m[1]], arg)
 
     return [one(a) for a in argv]
+
+
+def layout_missing(text: str, repo: Path = REPO) -> list[str]:
+    """The names of a layout block (paths in the first column of each entry, and every
+    ``*.py`` an entry mentions, in its directory or from the top) that do not exist."""
+    missing = []
+    directory = repo
+    for line in text.splitlines():
+        names: list[str] = []
+        if line and not line[0].isspace():
+            names = re.split(r" {2,}", line, maxsplit=1)[0].split()
+            directory = repo / names[0] if names[0].endswith("/") else (repo / names[0]).parent
+        names += re.findall(r"\b[\w/]+\.py\b", line)
+        missing += [n for n in dict.fromkeys(names)
+                    if not ((repo / n).exists() or (directory / n).exists())]
+    return missing

@@ -65,6 +65,6 @@ CATALOGUE: tuple[Entry, ...] = (
           "tests/service/test_dockerfile.py builds and runs it"),
     Entry(OPS, "docker run -d --name sandboxd", skip="the daemon's container under a fixed "
           "name with the host's cgroup directories: tests/service/test_dockerfile.py runs "
-          "the image with these flags"),
+          "the image with the same capabilities and confinement flags"),
     Entry(OPS, "$ sudo sandboxd doctor", run="doctor", patterns=DOCTOR_COLUMNS),
 )

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.docs.blocks import Block, all_blocks, console_commands, pipeline, substitute
+from tests.docs.blocks import (
+    Block,
+    all_blocks,
+    console_commands,
+    layout_missing,
+    pipeline,
+    substitute,
+)
 from tests.docs.catalogue import CATALOGUE, Entry
 from tests.docs.compare import output_problems, shape_problems, sse_problems
 
@@ -112,3 +119,14 @@ def test_event_stream_comparison() -> None:
     assert sse_problems(doc, real) == []
     assert sse_problems(doc, real.replace("stdout", "stderr")) != []
     assert sse_problems(doc.replace("\"a\\n", "\"b\\n"), real) != []
+
+
+def test_layout_names_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("pkg/a.py", "pkg/b.py", "pkg/sub/c.py", "top.py"):
+        (tmp_path / name).write_text("")
+    text = ("pkg/a.py b.py     what a and b do; see top.py\n"
+            "pkg/sub/          c.py (c), d.py (gone)\n"
+            "                  e.py on a continuation line\n"
+            "gone/ top.py      x\n")
+    assert layout_missing(text, tmp_path) == ["d.py", "e.py", "gone/"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,11 +18,11 @@ import pytest
 
 from tests.client.scripted_llm import ScriptedLLM, text_reply, tool_call_reply
 from tests.docs.blocks import (
-    REPO,
     Block,
     Command,
     all_blocks,
     console_commands,
+    layout_missing,
     pipeline,
     script_commands,
     substitute,
@@ -55,6 +55,7 @@ def run_pipeline(stages: list[list[str]], cwd: Path, env: dict[str, str]) -> str
     for i, argv in enumerate(stages):
         program = PROGRAMS.get(argv[0])
         assert program is not None, f"no runner knows the program {argv[0]!r} (tests/docs)"
+        assert shutil.which(program[0]), f"{program[0]} is not installed (make doc-tools)"
         err = cwd / f".stderr-{i}"
         with open(err, "wb") as err_file:
             proc = subprocess.Popen([*program, *argv[1:]], stdin=previous,
@@ -223,20 +224,8 @@ def mcp_http(entry: Entry, request: pytest.FixtureRequest, tmp_path: Path) -> No
 
 
 def layout(entry: Entry, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """The layout names files that exist: the paths of each entry's first column, and every
-    ``*.py`` it mentions (in that entry's directory)."""
-    missing = []
-    directory = REPO
-    for line in block_of(entry).text.splitlines():
-        if line and not line[0].isspace():
-            names = re.split(r" {2,}", line, maxsplit=1)[0].split()
-            first = REPO / names[0]
-            directory = first if names[0].endswith("/") else first.parent
-            missing += [n for n in names if not ((REPO / n).exists() or (directory / n).exists())]
-        for name in re.findall(r"\b[\w/]+\.py\b", line):
-            if not ((REPO / name).exists() or (directory / name).exists()):
-                missing.append(name)
-    assert missing == []
+    """The layout names files that exist."""
+    assert layout_missing(block_of(entry).text) == []
 
 
 RUNNERS: dict[str, Callable[[Entry, pytest.FixtureRequest, Path], None]] = {
