@@ -20,9 +20,7 @@ from tests.docs.blocks import (
 )
 from tests.docs.catalogue import CATALOGUE, Entry
 from tests.docs.compare import output_problems, shape_problems, sse_problems
-
-RUNNERS = {"console", "result_shape", "transfer", "client", "datascience", "mcp_stdio",
-           "mcp_http", "layout", "doctor"}
+from tests.docs.test_examples import RUNNERS
 
 
 def unclassified(blocks: list[Block], catalogue: tuple[Entry, ...]) -> list[str]:

@@ -52,23 +52,31 @@ def run_pipeline(stages: list[list[str]], cwd: Path, env: dict[str, str]) -> str
     last."""
     procs: list[tuple[list[str], subprocess.Popen[bytes], Path]] = []
     previous = None
-    for i, argv in enumerate(stages):
-        program = PROGRAMS.get(argv[0])
-        assert program is not None, f"no runner knows the program {argv[0]!r} (tests/docs)"
-        assert shutil.which(program[0]), f"{program[0]} is not installed (make doc-tools)"
-        err = cwd / f".stderr-{i}"
-        with open(err, "wb") as err_file:
-            proc = subprocess.Popen([*program, *argv[1:]], stdin=previous,
-                                    stdout=subprocess.PIPE, stderr=err_file, cwd=cwd, env=env)
-        if previous is not None:
-            previous.close()
-        previous = proc.stdout
-        procs.append((argv, proc, err))
-    out, _ = procs[-1][1].communicate(timeout=TIMEOUT)
-    for argv, proc, err in procs:
-        code = proc.wait(TIMEOUT)
-        assert code == 0, f"{argv[0]} exited {code}: {err.read_text(errors='replace')}"
-        err.unlink()
+    try:
+        for i, argv in enumerate(stages):
+            program = PROGRAMS.get(argv[0])
+            assert program is not None, f"no runner knows the program {argv[0]!r} (tests/docs)"
+            assert shutil.which(program[0]), f"{program[0]} is not installed (make doc-tools)"
+            err = cwd / f".stderr-{i}"
+            with open(err, "wb") as err_file:
+                proc = subprocess.Popen([*program, *argv[1:]], stdin=previous,
+                                        stdout=subprocess.PIPE, stderr=err_file, cwd=cwd,
+                                        env=env)
+            if previous is not None:
+                previous.close()
+            previous = proc.stdout
+            procs.append((argv, proc, err))
+        out, _ = procs[-1][1].communicate(timeout=TIMEOUT)
+        for argv, proc, err in procs:
+            code = proc.wait(TIMEOUT)
+            assert code == 0, f"{argv[0]} exited {code}: {err.read_text(errors='replace')}"
+    finally:
+        for _, proc, _ in procs:  # nothing outlives a failed example
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
     return out.decode()
 
 
