@@ -74,3 +74,16 @@ def test_every_backend_package_registers_itself() -> None:
     for entry in registry.entries():
         package = registry.load(entry.factory.partition(":")[0].rpartition(".")[0])
         assert package.ENTRY is entry, entry.name
+
+
+def test_every_setting_an_entry_names_exists() -> None:
+    """An entry's enabled flag and the settings it says it reads are real settings (the doctor
+    and the factory read the flag by name)."""
+    from sandboxd.backends import registry
+    from sandboxd.config import Settings
+
+    for entry in registry.entries():
+        named = {*entry.settings, *([entry.enabled_setting] if entry.enabled_setting else [])}
+        assert named <= set(Settings.model_fields), (entry.name, named - set(Settings.model_fields))
+        if entry.enabled_setting:
+            assert Settings.model_fields[entry.enabled_setting].annotation is bool
