@@ -134,3 +134,19 @@ def test_asking_the_registry_imports_no_backend() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split("\n")[0] == "['restricted', 'container', 'workspace'] restricted []", out
+
+
+def test_a_backend_package_still_exports_its_backend() -> None:
+    """``from sandboxd.backends.<package> import XBackend`` loads it on first use."""
+    from sandboxd.backends.container import ContainerBackend
+    from sandboxd.backends.restricted import RestrictedBackend
+    from sandboxd.backends.workspace import RefusedPath, WorkspaceBackend
+
+    assert {c.__module__ for c in (ContainerBackend, RestrictedBackend, WorkspaceBackend)} == {
+        "sandboxd.backends.container.backend", "sandboxd.backends.restricted.backend",
+        "sandboxd.backends.workspace.backend"}
+    assert RefusedPath.__name__ == "RefusedPath"
+    import sandboxd.backends.workspace as package
+
+    with pytest.raises(AttributeError, match=r"'sandboxd\.backends\.workspace' has no attribute"):
+        package.nope  # noqa: B018

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.registry import BackendEntry, register
@@ -20,11 +21,12 @@ ENTRY = register(BackendEntry(
 
 def __getattr__(name: str) -> Any:
     """The backend module's names on first use (registering the entry imports none of it)."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    from sandboxd.backends.workspace import backend
-
-    return getattr(backend, name)
+    if name.startswith("__") or name == "backend":  # "backend": the submodule, being imported
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return getattr(importlib.import_module(f"{__name__}.backend"), name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 __all__ = ["ENTRY", "WorkspaceBackend"]
