@@ -150,3 +150,20 @@ def test_a_backend_package_still_exports_its_backend() -> None:
 
     with pytest.raises(AttributeError, match=r"'sandboxd\.backends\.workspace' has no attribute"):
         package.nope  # noqa: B018
+
+
+def test_healing_is_part_of_the_protocol() -> None:
+    """Every backend has ``healing`` (None by default, from the protocol); an optional backend
+    that is unavailable is fine for readiness unless it is healing."""
+    import asyncio
+
+    from sandboxd.backends.base import Backend
+    from sandboxd.readiness import BackendProbes
+
+    optional = ScriptedBackend("container", available=False)
+    assert optional.healing is None and Backend.healing is None and isinstance(optional, Backend)
+    probes = BackendProbes({"restricted": ScriptedBackend("restricted"), "container": optional})
+    assert asyncio.run(probes.reports(fresh=True))[0] is True
+    optional.healing = "its runner directory vanished"
+    ready, reports = asyncio.run(probes.reports(fresh=True))
+    assert ready is False and reports["container"]["ok"] is False
