@@ -155,7 +155,11 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
     from sandboxd.backends import registry
 
     for entry in registry.enabled(settings):
-        checks += entry.host_checks(settings)
+        try:
+            checks += entry.host_checks(settings)
+        except Exception as exc:  # a backend's rows must not hide the others
+            checks.append(ProbeCheck(name=f"{entry.name}_rows", ok=False,
+                                     detail=f"could not be read: {exc}"))
     return checks
 
 
@@ -271,7 +275,10 @@ def left_alone(settings: Any) -> list[str]:
 
     things: list[str] = []
     for entry in registry.enabled(settings):
-        things += entry.left_behind(settings)
+        try:
+            things += entry.left_behind(settings)
+        except Exception as exc:  # cannot tell: say so, touch nothing
+            things.append(f"{entry.name} leftovers unknown ({exc})")
     return things
 
 

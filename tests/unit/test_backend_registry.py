@@ -119,6 +119,25 @@ def test_doctor_probes_a_registered_backend(
     assert bad.exit_code == 2 and "choose restricted or container or throwaway" in bad.stderr
 
 
+def broken_rows(settings: Settings) -> list[ProbeCheck]:
+    raise OSError("no such thing")
+
+
+def test_a_backend_whose_rows_crash_is_one_failed_row(tmp_path: Path) -> None:
+    from sandboxd.cli.doctor import host_checks
+
+    entry = registry.BackendEntry("broken", f"{__name__}:Throwaway.from_settings",
+                                  frozenset({"python"}), doctor_rows=f"{__name__}:broken_rows")
+    registry.register(entry)
+    try:
+        checks = host_checks(Settings(state_dir=tmp_path, **ONLY_IT))
+    finally:
+        registry.unregister("broken")
+    assert [(c.name, c.ok, c.detail) for c in checks if c.name.startswith("broken")] == [
+        ("broken_rows", False, "could not be read: no such thing")]
+    assert "workspace_quota" in {c.name for c in checks}
+
+
 def test_a_name_is_registered_once(throwaway: registry.BackendEntry) -> None:
     registry.register(ENTRY)  # the same entry again (a package imported twice) is fine
     with pytest.raises(ValueError, match="registered twice"):
