@@ -78,7 +78,8 @@ $(INSPECTOR): tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.
 
 mcp-inspector: $(INSPECTOR)
 
-## make typecheck: mypy on the sandboxd package as [tool.mypy] in pyproject.toml says (strict
+## make typecheck: mypy on the sandboxd package and the in-container runner (images/runner)
+## as [tool.mypy] in pyproject.toml says (strict
 ## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
 ## before the Docker engine, the images and the suite are waited for.
 typecheck: venv-dev
@@ -99,7 +100,7 @@ test-vm: venv images
 	VM_HOST_PYTHON=$(abspath $(BIN))/python tests/vm/ci.sh $(VM_ARGS)
 
 lint: venv-dev typecheck
-	$(BIN)/ruff check sandboxd tests bench
+	$(BIN)/ruff check sandboxd tests bench images/runner
 
 bench: venv images
 	$(BIN)/python bench/bench_restricted.py

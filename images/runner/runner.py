@@ -6,6 +6,6 @@ import sys
 
 sys.path.insert(0, __file__.rpartition("/")[0])
 
-from sandboxd_runner.main import main  # noqa: E402  (after the path)
+from sandboxd_runner.main import main
 
 sys.exit(main())

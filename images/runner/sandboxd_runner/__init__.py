@@ -11,8 +11,8 @@ sandboxd/protocol/rules.py, from the same package: one definition.
 Each call gets a *worker* process (its own session and process group, oom_score_adj 1000,
 stdin /dev/null, the environment the request names and nothing else): a command plan that is
 one plain program is started with posix_spawn; any other plan (pipes, ``&&``/``||``/``;``,
-redirects, an exec restriction) runs in a fork that executes it (see "command plans": never
-through a shell: :mod:`.plans`); python code runs in a fork of this interpreter (modules pre-imported, GC
+redirects, an exec restriction) runs in a fork that executes it (never through a shell: see
+:mod:`.plans`); python code runs in a fork of this interpreter (modules pre-imported, GC
 frozen). One select loop relays every worker's stdout/stderr as frames, stops a worker when
 the output cap is reached, the pids limit is hit or the daemon says stop, and finally sends
 the exit status, rusage and the cgroup's OOM/pids events.

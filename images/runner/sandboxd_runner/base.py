@@ -1,6 +1,8 @@
 """What every part of the runner shares: prctl(PR_SET_DUMPABLE), the cgroup's OOM and pids
 counters, oom_score_adj, program lookup on PATH and killing a call's process group."""
 
+from __future__ import annotations
+
 import ctypes
 import os
 import signal
@@ -10,7 +12,7 @@ import time
 PR_SET_DUMPABLE = 4
 
 
-def site_dirs():
+def site_dirs() -> list[str]:
     """The image's site-packages directories, which ``-S`` leaves out: what an image installs
     (numpy, pandas, ... in sandboxd/datascience) must be importable. Appended after the
     standard library (nothing there can shadow it) and without running their .pth files."""
@@ -52,12 +54,12 @@ OOM_FILES = _existing("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/mem
 PIDS_FILES = _existing("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events")
 
 
-def cgroup_counters():
+def cgroup_counters() -> tuple[int, int]:
     """(oom kills, pids-limit hits) of this container's cgroup (v2 or v1)."""
     return _read_key(OOM_FILES, "oom_kill"), _read_key(PIDS_FILES, "max")
 
 
-def find_program(argv0, path):
+def find_program(argv0: str, path: str) -> str | None:
     if "/" in argv0:
         return argv0
     for d in path.split(":"):
@@ -78,7 +80,7 @@ def _open_oom_score_adj():
 OOM_ADJ_FD = _open_oom_score_adj()
 
 
-def set_oom_score_adj(value):
+def set_oom_score_adj(value: str) -> bool:
     if OOM_ADJ_FD is None:
         return False
     try:
@@ -88,7 +90,7 @@ def set_oom_score_adj(value):
         return False
 
 
-def wait_group_gone(pgid, wait_s=0.3):
+def wait_group_gone(pgid: int, wait_s: float = 0.3) -> bool:
     """True once no process of process group ``pgid`` is left (they were SIGKILLed)."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -113,14 +115,14 @@ def wait_group_gone(pgid, wait_s=0.3):
         time.sleep(0.01)
 
 
-def killpg(pgid):
+def killpg(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
 
 
-def write_all(fd, data):
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

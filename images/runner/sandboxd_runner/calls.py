@@ -1,12 +1,18 @@
 """A one-shot call in flight: its worker, its output pipes relayed under the call's budget
 and display caps, its end (exit status, rusage, the cgroup's OOM and pids events)."""
 
+from __future__ import annotations
+
 import json
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules, wire
+
+if TYPE_CHECKING:
+    import socket
 
 from .base import cgroup_counters, killpg, wait_group_gone
 from .channel import CHUNK, send_frame
@@ -16,31 +22,34 @@ from .worker import spawn_command, worker
 class Call:
     """One call in flight: its id on the channel, worker process and output pipes."""
 
-    wake = None  # when poll() must look again, sooner than the loop's usual tick (monotonic)
+    @property
+    def wake(self) -> float | None:
+        """When poll() must look again, sooner than the loop's usual tick (monotonic)."""
+        return None
 
-    def __init__(self, chan, cid, req):
+    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any]) -> None:
         self.chan = chan
         self.cid = cid
         self.req = req
         self.budget = rules.OutputBudget(int(req.get("output_bytes") or 1024 * 1024))
         self.oom0, self.pids0 = cgroup_counters()
         self.started = time.monotonic()
-        self.pid = None
-        self.streams = {}
-        self.value_r = None
-        self.pipes = set()
+        self.pid: Any = None  # the worker's pid once started
+        self.streams: dict[int, bytes] = {}
+        self.value_r: int | None = None
+        self.pipes: set[int] = set()
         self.value_buf = bytearray()
-        self.reaped = None  # (status, rusage) once the worker has exited
-        self.grace_until = None  # then its leftovers get a moment to flush, not forever
+        self.reaped: Any = None  # (status, rusage) once the worker has exited
+        self.grace_until = 0.0  # then its leftovers get a moment to flush, not forever
         self.output_limit = False
         self.pids_limit = False
         self.hangup = False
         caps = display_rules.DisplayCaps(**(req.get("display") or {}))
         # the user's display frames: bounded by the call's caps (the daemon checks each item)
         self.displays = wire.Decoder({b"d": (2, caps.frame_bytes)}, max_frames=caps.count + 1)
-        self.display_error = None
+        self.display_error: str | None = None
 
-    def start(self):
+    def start(self) -> None:
         """Start the worker: posix_spawn for commands, fork for python code."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -60,19 +69,19 @@ class Call:
                 if pid == 0:
                     worker(self.req, out_w, err_w, value_w, display_w)  # never returns
         finally:
-            for fd in (out_w, err_w, value_w, display_w):
-                if fd is not None:
-                    os.close(fd)
+            for wfd in (out_w, err_w, value_w, display_w):
+                if wfd is not None:
+                    os.close(wfd)
         self.pid = pid
 
     @property
-    def stopping(self):
+    def stopping(self) -> bool:
         return self.hangup or self.output_limit or self.pids_limit
 
-    def interrupt(self, now):
+    def interrupt(self, now: float) -> None:
         """``I``: only a kernel call is interrupted (a one-shot call is stopped with ``K``)."""
 
-    def on_pipe(self, fd):
+    def on_pipe(self, fd: int) -> None:
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:  # a stale readiness report (fd numbers are reused)
@@ -103,7 +112,7 @@ class Call:
             except OSError:
                 self.hangup = True
 
-    def relay_display(self, data):
+    def relay_display(self, data: bytes) -> bool:
         """Relay the user's display frames; False once they broke the bounds (the call then
         reports an error, and nothing more is read)."""
         if self.display_error is not None or self.hangup:
@@ -121,7 +130,7 @@ class Call:
                 return False
         return True
 
-    def poll(self, now):
+    def poll(self, now: float) -> bool:
         """Reap the worker without blocking; True when the call can be finished."""
         if self.reaped is None:
             try:
@@ -135,7 +144,7 @@ class Call:
             return True
         return self.reaped is not None and (not self.pipes or now > self.grace_until)
 
-    def finish(self):
+    def finish(self) -> None:
         """Stop what is left of the call, report how it ended, release everything."""
         if self.stopping:
             killpg(self.pid)
@@ -146,7 +155,7 @@ class Call:
         killpg(self.pid)  # anything the worker left behind in its process group (`cmd &`)
         group_gone = wait_group_gone(self.pid)
         oom1, pids1 = cgroup_counters()
-        record = {
+        record: dict[str, Any] = {
             "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000) if usage else 0,

@@ -6,6 +6,8 @@ the socket and the key. Every call of the container is multiplexed on that chann
 (frames of sandboxd/protocol/wire.py).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import socket
@@ -20,11 +22,11 @@ KEY_BYTES = 32
 CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
 
 
-def send_frame(sock, kind, payload, call=0):
+def send_frame(sock: socket.socket, kind: bytes, payload: bytes, call: int = 0) -> None:
     sock.sendall(wire.encode(kind, payload, call))
 
 
-def connect():
+def connect() -> socket.socket:
     deadline = time.monotonic() + 30
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -38,7 +40,7 @@ def connect():
             time.sleep(0.005)
 
 
-def open_channel():
+def open_channel() -> socket.socket:
     """Read the key, connect once, say hello with it; then forget the key."""
     key = bytearray(KEY_BYTES)
     with open(KEY_PATH, "rb", buffering=0) as fh:
@@ -53,7 +55,7 @@ def open_channel():
     return chan
 
 
-def refuse(chan, cid, message, pids_limit=False):
+def refuse(chan: socket.socket, cid: int, message: str, pids_limit: bool = False) -> None:
     record = {"error": message[:1000], "pids_limit": pids_limit}
     try:
         send_frame(chan, b"x", json.dumps(record).encode(), cid)

@@ -6,8 +6,12 @@ that pipe with a bounded decoder (the call's caps, :class:`sandboxd_runner.calls
 relays the frames; the daemon checks every item again (sandboxd/outputs.py).
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
@@ -15,15 +19,16 @@ from sandboxd.protocol import wire
 from .interrupts import CELL, after_emit
 
 
-def user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=memoryview,
-                  cell=CELL, after_emit=after_emit):
+def user_display(fd: int, caps: Any, write: Any = os.write, pack: Any = wire.HEADER.pack,
+                 memoryview: Any = memoryview, cell: Any = CELL,
+                 after_emit: Any = after_emit) -> Callable[..., None]:
     """The user's ``display(*objs)``: each object's mime bundle as one ``d`` frame on ``fd``
     (cut or counted by ``caps``: sandboxd/protocol/display.py). Once the runner stops reading (the
     call's count is reached, or it refused a frame), further items are dropped. A kernel's
     interrupt waits until a frame is written whole."""
     sent = [0]
 
-    def display(*objs, **kwargs):
+    def display(*objs: Any, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError("display() takes no keyword arguments")
         for obj in objs:
@@ -50,7 +55,7 @@ def user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=mem
     return display
 
 
-def show_figures(display):
+def show_figures(display: Callable[..., None]) -> None:
     """Display every open matplotlib figure and close them all (a cell's end, ``show()``)."""
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None:
@@ -70,23 +75,24 @@ def show_figures(display):
         pass
 
 
-def hook_pyplot(display):
+def hook_pyplot(display: Callable[..., None]) -> None:
     """Make ``matplotlib.pyplot.show()`` display the open figures (once it is imported)."""
-    plt = sys.modules.get("matplotlib.pyplot")
+    plt: Any = sys.modules.get("matplotlib.pyplot")
     if plt is None or getattr(plt.show, "_sandboxd_display", None) is display:
         return
 
-    def show(*args, **kwargs):
+    def show(*args: Any, **kwargs: Any) -> None:
         show_figures(display)
 
-    show._sandboxd_display = display
+    show._sandboxd_display = display  # type: ignore[attr-defined]
     try:
         plt.show = show
     except Exception:
         pass
 
 
-def display_for_call(req, fd):
+def display_for_call(req: dict[str, Any], fd: int
+                     ) -> tuple[Callable[..., None], Callable[[], None]]:
     """``(display, after_import)`` for a python call whose display pipe is ``fd``."""
     caps = display_rules.DisplayCaps(**(req.get("display") or {}))
     display = user_display(fd, caps)

@@ -2,6 +2,8 @@
 streams, environment and builtins (the policy's import rule, ``display``), and a cell's
 execution (its last expression's value, its exit status, its traceback)."""
 
+from __future__ import annotations
+
 import ast
 import builtins
 import io
@@ -9,15 +11,18 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules
 
 from .displays import display_for_call, hook_pyplot, show_figures
-from .interrupts import CELL, INTERRUPT_FRAMES
+from .interrupts import CELL, INTERRUPT_FRAMES, CellState
 
 
-def user_import(allow, deny, after=None):
+def user_import(allow: list[str], deny: list[str],
+                after: Callable[[], None] | None = None) -> Callable[..., Any]:
     """``__import__`` for user code: the policy's imports rule (sandboxd/protocol/rules.py);
     ``after()`` runs after each import (it hooks matplotlib's ``show``)."""
     real = builtins.__import__
@@ -39,7 +44,7 @@ def user_import(allow, deny, after=None):
 MAX_VALUE_JSON = 1024 * 1024 + 64  # the value's JSON text, beyond which it is dropped
 
 
-def user_streams():
+def user_streams() -> None:
     """The user's stdin (/dev/null), stdout and stderr (fds 0-2, written through)."""
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
@@ -49,14 +54,15 @@ def user_streams():
     sys.argv = ["<sandbox>"]
 
 
-def user_environment(req):
+def user_environment(req: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(req.get("env") or {})
     sys.path[:] = [p for p in sys.path if not p.startswith("/opt/sandboxd")]
     sys.path.insert(0, os.getcwd())
 
 
-def user_builtins(req, display=None, after_import=None):
+def user_builtins(req: dict[str, Any], display: Callable[..., None] | None = None,
+                  after_import: Callable[[], None] | None = None) -> dict[str, Any]:
     """A copy of the builtins with the policy's import rule (an empty allow list admits
     nothing: default deny, as in the policy engine) and ``display``."""
     bi = dict(vars(builtins))
@@ -67,7 +73,8 @@ def user_builtins(req, display=None, after_import=None):
     return bi
 
 
-def execute(code, namespace, display=None, cell=CELL):
+def execute(code: str, namespace: dict[str, Any], display: Callable[..., None] | None = None,
+            cell: CellState = CELL) -> tuple[int, Any]:
     """Run ``code`` in ``namespace`` as a cell: (exit status, value of a last expression).
     With ``display``: a rich last value (a DataFrame, a figure) is displayed, and so are the
     matplotlib figures the cell leaves open. ``cell.running`` says when user code runs (a
@@ -81,8 +88,10 @@ def execute(code, namespace, display=None, cell=CELL):
             cell.running, cell.pending = True, False
             tree = ast.parse(code, "<code>", "exec")
             last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
+            tail = tree.body[-1] if tree.body else None
+            if isinstance(tail, ast.Expr):
+                tree.body.pop()
+                last = ast.Expression(tail.value)
             exec(compile(tree, "<code>", "exec"), namespace)
             if last is not None:
                 value = eval(compile(last, "<code>", "eval"), namespace)
@@ -93,8 +102,8 @@ def execute(code, namespace, display=None, cell=CELL):
         status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
         if code_ is not None and not isinstance(code_, int):
             print(code_, file=sys.stderr)
-    except BaseException:
-        etype, evalue, tb = sys.exc_info()
+    except BaseException as exc:
+        etype, evalue, tb = type(exc), exc, exc.__traceback__
         status = 1
         try:
             # drop the runner's own frame from the traceback (and an interrupt's handler)
@@ -129,7 +138,7 @@ def execute(code, namespace, display=None, cell=CELL):
     return status & 0xFF, value
 
 
-def value_json(value):
+def value_json(value: Any) -> bytes:
     """``{"value": ...}`` as JSON bytes (a repr when not JSON-safe), cut at the cap."""
     try:
         data = json.dumps({"value": value}, allow_nan=False).encode()
@@ -141,7 +150,7 @@ def value_json(value):
     return data[:MAX_VALUE_JSON]
 
 
-def run_python(req, value_fd, display_fd):
+def run_python(req: dict[str, Any], value_fd: int, display_fd: int) -> NoReturn:
     """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
     user_streams()
     user_environment(req)

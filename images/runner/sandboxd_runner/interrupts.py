@@ -1,6 +1,8 @@
 """What a session kernel's SIGINT handler needs to know while user code runs (the runner's
 interrupt before kill: see sandboxd_runner.kernel)."""
 
+from __future__ import annotations
+
 
 class CellState:
     """What a session kernel's SIGINT handler needs to know (see :func:`interrupt_user_code`);
@@ -14,7 +16,8 @@ class CellState:
 CELL = CellState()
 
 
-def interrupt_user_code(signum=None, frame=None, cell=CELL):
+def interrupt_user_code(signum: int | None = None, frame: object = None,
+                        cell: CellState = CELL) -> None:
     """SIGINT in a session kernel: a ``KeyboardInterrupt`` in the user's code while it runs -
     deferred while a display frame is being written, so that the display pipe never carries
     half a frame (:func:`after_emit` raises it then) - and nothing once the code has ended
@@ -24,7 +27,7 @@ def interrupt_user_code(signum=None, frame=None, cell=CELL):
     cell.pending = cell.running
 
 
-def after_emit(cell=CELL):
+def after_emit(cell: CellState = CELL) -> None:
     """Raise the interrupt that came while a frame was being written (see above)."""
     if cell.pending and cell.running and not cell.emitting:
         cell.pending = False

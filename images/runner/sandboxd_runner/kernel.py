@@ -34,17 +34,21 @@ environment sets them.
 Interrupt before kill: ``I`` (the call's deadline, a cancel, an interrupt request) makes the
 runner send SIGINT to the kernel, whose handler raises KeyboardInterrupt in the user's code
 while it runs (deferred while a display frame is being written, dropped once the code has
-ended: :func:`sandboxd_runner.interrupts.interrupt_user_code`). A kernel that answers and is proven idle within the
-request's ``interrupt_grace_s`` is kept (the record says ``kernel_interrupted``); else the
-runner kills it (``kernel_lost``, ``not_idle`` says why). A kernel that had answered already
-but was not proven idle gets no signal: the same grace, then it is killed.
+ended: :func:`sandboxd_runner.interrupts.interrupt_user_code`). A kernel that answers and is
+proven idle within the request's ``interrupt_grace_s`` is kept (the record says
+``kernel_interrupted``); else the runner kills it (``kernel_lost``, ``not_idle`` says why). A
+kernel that had answered already but was not proven idle gets no signal: the same grace, then
+it is killed.
 """
+
+from __future__ import annotations
 
 import marshal
 import os
 import signal
 import struct
 import time
+from typing import Any
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
@@ -105,24 +109,25 @@ def _read_proc(dfd, name, size):
 class Kernel:
     """The container's session kernel, as the runner keeps it."""
 
-    def __init__(self):
-        self.pid = None
+    def __init__(self) -> None:
+        self.pid: Any = None
         self.calls = 0
-        self.ctl_w = None
-        self.rep_r = None
-        self.streams = {}  # out/err pipe fd -> frame kind
-        self.pipes = set()
-        self.current = None  # the KernelCall running now
-        self.decoder = None
-        self.ended = (None, None, True)  # (wait status, rusage, group gone) of the last one
+        self.ctl_w: Any = None
+        self.rep_r: int | None = None
+        self.streams: dict[int, bytes] = {}  # out/err pipe fd -> frame kind
+        self.pipes: set[int] = set()
+        self.current: Any = None  # the KernelCall running now
+        self.decoder: Any = None
+        # (wait status, rusage, group gone) of the last one
+        self.ended: tuple[Any, Any, bool] = (None, None, True)
         self.threads = False  # the last look found it parked but with other threads
-        self.proc_fd = None  # its /proc directory
+        self.proc_fd: int | None = None  # its /proc directory
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return self.pid is not None
 
-    def start(self, req):
+    def start(self, req: dict[str, Any]) -> None:
         """Fork a fresh kernel."""
         ctl_r, self.ctl_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
@@ -146,7 +151,7 @@ class Kernel:
         for fd in self.pipes:
             os.set_blocking(fd, False)
 
-    def send(self, req):
+    def send(self, req: dict[str, Any]) -> None:
         """Hand the kernel a call (it reads it at once: it is idle)."""
         # marshal (C code only, unlike json) keeps the kernel's loop independent of builtins
         caps = display_rules.DisplayCaps(**(req.get("display") or {}))
@@ -161,7 +166,7 @@ class Kernel:
         self.calls += 1
         write_all(self.ctl_w, data)
 
-    def on_pipe(self, fd):
+    def on_pipe(self, fd: int) -> None:
         """Output or an answer of the kernel (a call's, or stray between calls)."""
         if fd not in self.pipes:
             return
@@ -199,7 +204,7 @@ class Kernel:
             return
         call.reply = frames[0].payload
 
-    def check(self):
+    def check(self) -> None:
         """Notice a kernel that died by itself (between calls, or with its pipes held open
         by a process it forked)."""
         if self.pid is None:
@@ -211,7 +216,7 @@ class Kernel:
         if done == self.pid:
             self.stop(status, usage)
 
-    def drain(self):
+    def drain(self) -> None:
         """Relay what the kernel wrote before it answered (it is in the pipes already)."""
         for fd in list(self.streams):
             for _ in range(64):
@@ -226,7 +231,7 @@ class Kernel:
                 if self.current is not None:
                     self.current.relay(self.streams[fd], data)
 
-    def stop(self, status=None, usage=None):
+    def stop(self, status: int | None = None, usage: Any = None) -> None:
         """Kill the kernel and its process group (``status``: it was reaped already)."""
         if self.pid is None:
             return
@@ -249,7 +254,7 @@ class Kernel:
         self.pipes, self.streams, self.ctl_w, self.rep_r = set(), {}, None, None
         self.proc_fd = None
 
-    def sweep(self):
+    def sweep(self) -> bool:
         """Kill what the last call left in the kernel's process group (not the kernel);
         True once nothing is left."""
         for _ in range(2):
@@ -269,11 +274,11 @@ class Kernel:
             time.sleep(0.01)
         return False
 
-    def cpu_ticks(self):
+    def cpu_ticks(self) -> int:
         st = _proc_stat(self.pid) if self.pid else None
         return st[2] if st else 0
 
-    def peak_memory(self):
+    def peak_memory(self) -> int:
         try:
             with open(f"/proc/{self.pid}/status") as fh:
                 for line in fh:
@@ -283,7 +288,7 @@ class Kernel:
             pass
         return 0
 
-    def not_idle_because(self):
+    def not_idle_because(self) -> str | None:
         """None when the kernel is parked in its loop (see "the session kernel": blocked
         reading its request fd, alone, every signal it catches blocked), else what it does
         instead; ``threads`` is True when only its other threads keep it from being idle."""

@@ -1,16 +1,29 @@
 """A call in the session kernel: relayed by the kernel, ended only once the kernel is proven
 idle, interrupted (SIGINT) before it is killed (see sandboxd_runner.kernel)."""
 
+from __future__ import annotations
+
 import json
 import os
 import signal
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import socket
 
 from .base import cgroup_counters
 from .calls import Call
 from .channel import refuse, send_frame
-from .kernel import (FIRST_LOOK_S, LAST_LOOK_S, MAX_INTERRUPT_GRACE_S, SPIN_S, THREADS_SETTLE_S,
-                     TICKS)
+from .kernel import (
+    FIRST_LOOK_S,
+    LAST_LOOK_S,
+    MAX_INTERRUPT_GRACE_S,
+    SPIN_S,
+    THREADS_SETTLE_S,
+    TICKS,
+    Kernel,
+)
 
 
 def _grace(req):
@@ -26,25 +39,27 @@ class KernelCall(Call):
     """One call in the kernel: its output is relayed by :class:`Kernel`, its end is the
     kernel's answer once the kernel is proven idle (or the kernel's death)."""
 
-    def __init__(self, chan, cid, req, kernel):
+    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any],
+                 kernel: Kernel) -> None:
         super().__init__(chan, cid, req)
         self.kernel = kernel
-        self.reply = None
-        self.broken = None
+        self.reply: bytes | None = None
+        self.broken: str | None = None
         self.fresh = False
         self.cpu0 = 0
         self.stopped = False  # a kernel_stop request ended it
-        self.replied = None  # when its answer came (monotonic)
+        self.replied: float | None = None  # when its answer came (monotonic)
         self.next_look = 0.0  # when to look at the kernel again (after its answer)
         self.pause = FIRST_LOOK_S
         self.idle = False  # proven idle after its answer: the call is over
-        self.not_idle = None  # what the kernel did instead, at the last look
+        self.not_idle: str | None = None  # what the kernel did instead, at the last look
         self.given_up = False  # it is ended for not being idle (threads, the grace is over)
         self.grace = _grace(req)
-        self.interrupt_until = None  # ``I`` came: the kernel is killed unless idle by then
+        # ``I`` came: the kernel is killed unless idle by then
+        self.interrupt_until: float | None = None
         self.interrupted = False  # SIGINT was sent while its code ran
 
-    def start(self):
+    def start(self) -> None:
         kernel = self.kernel
         kernel.check()
         for _ in range(2):
@@ -62,7 +77,7 @@ class KernelCall(Call):
                 kernel.stop()
         raise OSError(32, "the kernel died at once")
 
-    def relay(self, kind, data):
+    def relay(self, kind: bytes, data: bytes) -> None:
         if kind == b"d":
             if not self.relay_display(data):
                 self.broken = self.broken or self.display_error
@@ -78,12 +93,12 @@ class KernelCall(Call):
                 self.hangup = True
 
     @property
-    def wake(self):
+    def wake(self) -> float | None:
         looks = [t for t in (self.next_look if self.reply is not None else None,
                              self.interrupt_until) if t is not None]
         return min(looks) if looks else None
 
-    def interrupt(self, now):
+    def interrupt(self, now: float) -> None:
         """``I``: SIGINT to the kernel while its code runs (its handler raises
         KeyboardInterrupt there); unless it answers and is proven idle within the grace, it
         is killed then."""
@@ -100,7 +115,7 @@ class KernelCall(Call):
             except OSError:
                 pass
 
-    def poll(self, now):
+    def poll(self, now: float) -> bool:
         """True when the call can be finished: the kernel answered and is proven idle, it
         died, the call hit a limit or was stopped, or it is given up (see the kernel's
         section)."""
@@ -136,10 +151,10 @@ class KernelCall(Call):
             return True
         return False
 
-    def finish(self):
+    def finish(self) -> None:
         kernel = self.kernel
         group_gone = True
-        record = {}
+        record: dict[str, Any] = {}
         if (self.idle and self.reply is not None and not self.stopping and not self.broken
                 and kernel.alive):
             kernel.drain()
@@ -193,7 +208,8 @@ class KernelCall(Call):
                 pass
 
 
-def start_kernel_call(chan, cid, req, kernel, calls, owners):
+def start_kernel_call(chan: socket.socket, cid: int, req: dict[str, Any], kernel: Kernel,
+                      calls: dict[int, Call], owners: dict[int, Any]) -> None:
     if kernel.current is not None:
         refuse(chan, cid, "the session's kernel is busy with another call")
         return
@@ -211,7 +227,7 @@ def start_kernel_call(chan, cid, req, kernel, calls, owners):
         owners[pfd] = kernel
 
 
-def stop_kernel(chan, cid, kernel):
+def stop_kernel(chan: socket.socket, cid: int, kernel: Kernel) -> None:
     """A ``kernel_stop`` request: end the kernel (a call in it ends as stopped)."""
     was = kernel.alive
     if kernel.current is not None:

@@ -7,7 +7,9 @@ user code that patches builtins or modules (``builtins.len = ...``, ``json.dumps
 changes its own state, not how its kernel talks to the runner.
 """
 
-import _signal  # pthread_sigmask without signal's enum members (tens of microseconds a call)
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found]  # pthread_sigmask without signal's enum members (tens of microseconds a call)
 import ctypes
 import fcntl
 import json
@@ -15,14 +17,22 @@ import marshal
 import os
 import signal
 import struct
+from collections.abc import Callable
+from typing import Any
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
 
 from .base import set_dumpable
 from .displays import hook_pyplot, user_display
-from .execution import (MAX_VALUE_JSON, execute, user_builtins, user_environment, user_import,
-                        user_streams)
+from .execution import (
+    MAX_VALUE_JSON,
+    execute,
+    user_builtins,
+    user_environment,
+    user_import,
+    user_streams,
+)
 from .interrupts import CELL, interrupt_user_code
 
 KCTL, KREP, KDISP = 3, 4, 5  # the kernel's request, reply and display fds
@@ -30,7 +40,21 @@ KCTL, KREP, KDISP = 3, 4, 5  # the kernel's request, reply and display fds
 KERNEL_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _signal_masks():
+def _glibc_masks() -> tuple[Callable[[], None], Callable[[], None]]:
+    """``(block, restore)`` through glibc (signals 32 and 33 left out: see below)."""
+    every_signal, before = frozenset(signal.valid_signals()), [set[int]()]
+
+    def block(sigmask: Any = _signal.pthread_sigmask, every: Any = every_signal,
+              saved: Any = before) -> None:
+        saved[0] = sigmask(signal.SIG_BLOCK, every)
+
+    def restore(sigmask: Any = _signal.pthread_sigmask, saved: Any = before) -> None:
+        sigmask(signal.SIG_SETMASK, saved[0])
+
+    return block, restore
+
+
+def _signal_masks() -> tuple[Callable[[], None], Callable[[], None]]:
     """``(block, restore)`` for the kernel's loop: block every signal, then restore the mask
     that was there before. ``rt_sigprocmask`` itself (through ctypes): glibc's sigprocmask, and
     so Python's ``pthread_sigmask``, leaves out the two signals glibc keeps for itself (32 and
@@ -39,15 +63,7 @@ def _signal_masks():
     On another machine (syscall number unknown), glibc's call without them."""
     number = {"x86_64": 14, "aarch64": 135}.get(os.uname().machine)  # rt_sigprocmask
     if number is None:
-        every_signal, before = frozenset(signal.valid_signals()), [set()]
-
-        def block(sigmask=_signal.pthread_sigmask, every=every_signal, saved=before):
-            saved[0] = sigmask(signal.SIG_BLOCK, every)
-
-        def restore(sigmask=_signal.pthread_sigmask, saved=before):
-            sigmask(signal.SIG_SETMASK, saved[0])
-
-        return block, restore
+        return _glibc_masks()
     syscall = ctypes.CDLL(None, use_errno=True).syscall  # a function object of its own
     syscall.restype = ctypes.c_long
     syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
@@ -129,7 +145,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         display = display_tools(KDISP, caps_of(**cell.get("display")))
         kernel_builtins["__import__"] = user_import(
             list(cell.get("imports_allow") or ()), list(cell.get("imports_deny") or ()),
-            lambda display=display: hook_pyplot(display))
+            lambda display=display: hook_pyplot(display))  # type: ignore[misc]
         kernel_builtins["display"] = display
         namespace["__builtins__"] = kernel_builtins
         code = cell.get("code")
@@ -143,7 +159,8 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         send(frame)
 
 
-def kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w):
+def kernel_child(req: dict[str, Any], ctl_r: int, rep_w: int, out_w: int, err_w: int,
+                 disp_w: int) -> None:
     """In the forked kernel: set up fds, session, signals, then serve calls forever."""
     try:
         os.setsid()

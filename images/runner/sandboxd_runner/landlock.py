@@ -1,6 +1,8 @@
 """Exec restriction with Landlock: a command of a plan confined to the programs it may run
 (git to its own helpers, say), enforced by the kernel in the command's process before exec."""
 
+from __future__ import annotations
+
 import ctypes
 import os
 import struct
@@ -8,7 +10,7 @@ import struct
 from .base import find_program
 
 
-def restrict_exec(allowed, path):
+def restrict_exec(allowed: list[str], path: str) -> str | None:
     """From now on, let this process (and what it starts) execute only the programs named in
     ``allowed`` (names looked up on ``path``) and files beneath its absolute directories, plus
     their ELF interpreters: a Landlock ruleset that handles only EXECUTE. Returns a message

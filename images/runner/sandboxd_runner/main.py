@@ -1,6 +1,8 @@
 """The runner's main loop: one process, one select loop over the channel, every call's pipes
 and worker (see the package's docstring)."""
 
+from __future__ import annotations
+
 import gc
 import json
 import os
@@ -9,6 +11,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 from sandboxd.protocol import wire
 
@@ -118,14 +121,14 @@ def _finish_calls(calls, owners, now):
         del owners[fd]  # closed (a finished call's, a kernel's that ended)
 
 
-def main():
+def main() -> int:
     """One process, one select loop: the channel, every call's pipes and worker."""
     _prepare()
     chan = open_channel()
     cfd = chan.fileno()
     decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)})
-    calls = {}  # call id -> Call
-    owners = {}  # pipe fd -> Call
+    calls: dict[int, Call] = {}  # call id -> Call
+    owners: dict[int, Any] = {}  # pipe fd -> Call (or the kernel)
     last_pids_check = 0.0
     while True:
         try:

@@ -10,20 +10,22 @@ the workspace without following symlinks. Failures are reported the way /bin/sh 
 127 for a program that is not found, 126 when it cannot be executed, 2 for a redirect.
 """
 
+from __future__ import annotations
+
 import fcntl
 import os
+from typing import Any
 
 from sandboxd.protocol import rules
 
 from .landlock import restrict_exec
-
 
 _OPEN_FLAGS = {"read": os.O_RDONLY, "write": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                "append": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                "readwrite": os.O_RDWR | os.O_CREAT}
 
 
-def simple_command(plan, env):
+def simple_command(plan: dict[str, Any], env: dict[str, str]) -> list[str] | None:
     """The argv of a plan that is one command without redirects or exec restriction (its
     environment is added to ``env``), else None."""
     pipelines = plan.get("pipelines") or []
@@ -36,7 +38,7 @@ def simple_command(plan, env):
     return [str(a) for a in cmd.get("argv") or []] or None
 
 
-def run_plan(plan, env):
+def run_plan(plan: dict[str, Any], env: dict[str, str]) -> int:
     """Execute every pipeline of ``plan`` (in the worker); returns the exit status."""
     status = 0
     for pipeline in plan.get("pipelines") or []:

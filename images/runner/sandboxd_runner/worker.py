@@ -4,8 +4,11 @@ else, dumpable only once the channel's fd is closed) that runs python code or ex
 command plan; or, for a plan that is one plain program, that program started with posix_spawn
 (no fork of this interpreter: much cheaper)."""
 
+from __future__ import annotations
+
 import os
 import signal
+from typing import Any, NoReturn
 
 from .base import find_program, set_dumpable, set_oom_score_adj
 from .execution import run_python
@@ -21,7 +24,8 @@ def _close_fds_except(keep):
     os.closerange(low, 65536)
 
 
-def worker(req, out_w, err_w, value_w, display_w):
+def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
+           display_w: int | None) -> NoReturn:
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
         os.setsid()
@@ -43,6 +47,7 @@ def worker(req, out_w, err_w, value_w, display_w):
         os.chdir(req.get("cwd") or "/workspace")
         env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
         if req.get("kind") == "python":
+            assert value_w is not None and display_w is not None  # python: both pipes exist
             run_python(req, value_w, display_w)
         os._exit(run_plan(req.get("plan") or {}, env) & 0xFF)
     except BaseException as exc:  # never return into the handler's code
@@ -52,7 +57,7 @@ def worker(req, out_w, err_w, value_w, display_w):
             os._exit(126)
 
 
-def spawn_command(req, out_w, err_w):
+def spawn_command(req: dict[str, Any], out_w: int, err_w: int) -> int | None:
     """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
     much cheaper).
 
@@ -67,7 +72,9 @@ def spawn_command(req, out_w, err_w):
         return None
     env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
     argv = simple_command(req.get("plan") or {}, env)
-    path = find_program(argv[0], env.get("PATH", "/usr/bin:/bin")) if argv else None
+    if not argv:
+        return None
+    path = find_program(argv[0], env.get("PATH", "/usr/bin:/bin"))
     if path is None:
         return None
     adj = set_oom_score_adj("1000")  # inherited by the child; ours is restored below
