@@ -30,10 +30,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from sandboxd.plans import Plan
 from sandboxd.protocol.display import TOO_DEEP, too_deep
+from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 
@@ -125,7 +126,8 @@ class _Request(_Model):
 
 
 class LimitsRequest(_Request):
-    """Limits a caller asks for. Each may only lower the effective limit, never raise it."""
+    """Limits a caller asks for. Each may only lower the effective limit, never raise it.
+    One field per limit of :data:`sandboxd.protocol.limits.LIMITS`, within its bounds."""
 
     timeout_s: PositiveNumber | None = Field(default=None,
                                              description="Wall-clock timeout, seconds")
@@ -134,34 +136,16 @@ class LimitsRequest(_Request):
     pids: PositiveInteger | None = None
     output_bytes: PositiveInteger | None = None
 
+    @field_validator("*")
+    @classmethod
+    def _within_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.field_name is not None:
+            LIMITS[info.field_name].check(info.field_name, value)
+        return value
 
-class Limits(_Model):
-    """Effective limits of one execution: min(request, tool, policy maximum)."""
-
-    timeout_s: float = 60.0
-    memory_bytes: int = 256 * 1024 * 1024
-    cpus: float = 1.0
-    pids: int = 64
-    output_bytes: int = 1024 * 1024
-    network: bool = False
-
-    def lowered_by(self, request: LimitsRequest | None) -> Limits:
-        """These limits, lowered (never raised) by what a request asks for."""
-        if request is None:
-            return self
-        update: dict[str, Any] = {}
-        for name, wanted in request.model_dump(exclude_none=True).items():
-            update[name] = min(getattr(self, name), wanted)
-        return self.model_copy(update=update)
-
-    def lowered_requests(self, request: LimitsRequest | None) -> dict[str, tuple[Any, Any]]:
-        """The requested limits these (effective) limits do not grant in full:
-        ``{field: (asked, granted)}``."""
-        if request is None:
-            return {}
-        return {name: (asked, getattr(self, name))
-                for name, asked in request.model_dump(exclude_none=True).items()
-                if getattr(self, name) < asked}
+    def asked(self) -> dict[str, float]:
+        """The limits asked for: ``{field: value}``."""
+        return self.model_dump(exclude_none=True)
 
 
 # ---------------------------------------------------------------- requests
@@ -403,7 +387,7 @@ class Result(_Model):
         else:
             ident, tool, session = call.id, call.tool, call.session
         if message is None and reason in LIMIT_MESSAGES:
-            message = LIMIT_MESSAGES[reason].format(**(limits or Limits()).model_dump())
+            message = LIMIT_MESSAGES[reason].format(**(limits or Limits()).to_wire())
         if resources is None:
             resources = Resources(wall_ms=int((time.monotonic() - started) * 1000)
                                   if started is not None else 0)

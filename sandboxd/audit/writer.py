@@ -300,7 +300,7 @@ class AuditLog:
             "rule": decision.rule,
             "policy": decision.policy_name,
             "backend": decision.backend,
-            "limits": decision.limits.model_dump(mode="json") if decision.limits else None,
+            "limits": decision.limits.to_wire() if decision.limits else None,
         }
         if decision.network:
             fields["network"] = decision.network
@@ -327,7 +327,7 @@ class AuditLog:
             status=result.status.value,
             termination=result.termination.model_dump(mode="json"),
             resources=result.resources.model_dump(mode="json"),
-            limits=result.limits.model_dump(mode="json") if result.limits else None,
+            limits=result.limits.to_wire() if result.limits else None,
             rule=result.policy.rule if result.policy else None,
             stdout_bytes=len(result.stdout.encode("utf-8", "replace")),
             stderr_bytes=len(result.stderr.encode("utf-8", "replace")),

@@ -168,8 +168,8 @@ def explain(
         typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
         raise typer.Exit(2) from None
     decision, where = explanation.decision, explanation.location
-    lowered = (decision.limits.lowered_requests(requested) if decision.limits is not None
-               else {})
+    asked = requested.asked() if requested is not None else None
+    lowered = decision.limits.lowered_requests(asked) if decision.limits is not None else {}
     if as_json:
         out = decision.model_dump(mode="json")
         out["location"] = where

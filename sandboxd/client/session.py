@@ -169,6 +169,11 @@ class AsyncSession:
         """The entries of a directory of this session's workspace."""
         return await self.client.list_files(path, session=self.id)
 
+    async def refresh(self) -> SessionInfo:
+        """Re-read the session's description (usage, expiry)."""
+        self.info = await self.client.get_session(self.id)
+        return self.info
+
     async def restart(self) -> SessionInfo:
         """End the session's Python kernel (fresh variables next call; files stay)."""
         self.info = await self.client.restart_session(self.id)

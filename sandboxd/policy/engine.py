@@ -43,17 +43,10 @@ from sandboxd.policy.shell import (
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.specs import enabled_tools, listing
+from sandboxd.protocol.limits import LIMITS
 from sandboxd.protocol.rules import denied_name, import_verdict
 from sandboxd.registry import BUILTIN_TOOLS
 from sandboxd.text import visible
-
-_LIMIT_FIELDS = {
-    "timeout_s": ("timeout", "max_timeout"),
-    "memory_bytes": ("memory", "max_memory"),
-    "cpus": ("cpus", "max_cpus"),
-    "pids": ("pids", "max_pids"),
-    "output_bytes": ("output", "max_output"),
-}
 
 
 def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequest | None,
@@ -62,13 +55,15 @@ def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequ
     built-in default) capped by the tool's and the policy's maxima, then lowered by the request."""
     base = Limits()
     values: dict[str, Any] = {}
-    for field, (name, max_name) in _LIMIT_FIELDS.items():
-        default = next((v for v in (getattr(tool, name), getattr(policy.limits, name))
+    for field, info in LIMITS.items():
+        default = next((v for v in (getattr(tool, info.policy), getattr(policy.limits,
+                                                                        info.policy))
                         if v is not None), getattr(base, field))
-        caps = [c for c in (getattr(tool, max_name), getattr(policy.limits, max_name))
-                if c is not None]
+        caps = [c for c in (getattr(tool, info.policy_max),
+                            getattr(policy.limits, info.policy_max)) if c is not None]
         values[field] = min([default, *caps])
-    return Limits(**values, network=network is not None).lowered_by(requested)
+    return Limits(**values, network=network is not None).lowered_by(
+        requested.asked() if requested is not None else None)
 
 
 def _network(policy: PolicyFile, tool_network: str | None) -> str | None:

@@ -26,9 +26,18 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from jsonschema.exceptions import SchemaError
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from sandboxd.policy.units import parse_duration, parse_size
+from sandboxd.protocol.limits import LIMITS
 from sandboxd.registry import check_schema
 
 Loc = tuple[str | int, ...]
@@ -102,6 +111,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: every key of a ``limits:`` block (``memory``, ``max_memory``, ...) and its limit
+LIMIT_OF_KEY = {key: info for info in LIMITS.values() for key in (info.policy, info.policy_max)}
+
+
 class LimitsSpec(_Strict):
     """Default limits and their maxima. Unset values are inherited (tool <- policy <- built-in)."""
 
@@ -115,6 +128,13 @@ class LimitsSpec(_Strict):
     max_pids: Annotated[int, Field(gt=0, strict=True)] | None = None
     output: Size | None = None
     max_output: Size | None = None
+
+    @field_validator("*")
+    @classmethod
+    def _within_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.field_name is not None:
+            LIMIT_OF_KEY[info.field_name].check(info.field_name, value)
+        return value
 
 
 class ImportRules(_Strict):
@@ -217,14 +237,6 @@ class PolicyFile(_Strict):
 
 # ------------------------------------------------------------------ semantic checks
 
-_LIMIT_PAIRS = (
-    ("timeout", "max_timeout"),
-    ("memory", "max_memory"),
-    ("cpus", "max_cpus"),
-    ("pids", "max_pids"),
-    ("output", "max_output"),
-)
-
 BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
 
 
@@ -247,7 +259,8 @@ def placeholders(element: str) -> list[str]:
 
 
 def _limit_problems(limits: LimitsSpec, loc: Loc) -> Iterator[tuple[Loc, str]]:
-    for value_name, max_name in _LIMIT_PAIRS:
+    for info in LIMITS.values():
+        value_name, max_name = info.policy, info.policy_max
         value, maximum = getattr(limits, value_name), getattr(limits, max_name)
         if value is not None and maximum is not None and value > maximum:
             yield (*loc, value_name), f"{value_name} is above {max_name} of the same block"

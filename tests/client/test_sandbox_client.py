@@ -131,6 +131,8 @@ async def test_async_client(token_daemon: TokenDaemon) -> None:
         async with client.session() as s:
             await s.write_file("x.txt", "async!")
             assert await s.read_file("x.txt") == "async!"
+            assert (await s.refresh()).workspace_bytes >= len("async!")
+            assert s.info.workspace_bytes >= len("async!")
             sid = s.id
         with pytest.raises(NotFound):
             await client.get_session(sid)

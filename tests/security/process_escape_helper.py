@@ -99,6 +99,7 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     _bare_import()
     from sandboxd.backends.restricted import cgroups, confine, contain, landlock, seccomp, worker
+    from sandboxd.protocol.limits import Limits
 
     worker.preimport()
     layout = cgroups.CgroupLayout.detect(Path("/sys/fs/cgroup"), cfg["instance"])
@@ -110,8 +111,9 @@ def main() -> None:
         try:
             confine.prepare_worker([w_fd], layout, "escape", (cfg["memory"], 1.0, 16))
             spec = confine.ChildSpec(
-                cgroup="escape", workspace=cfg["workspace"], memory_bytes=cfg["memory"],
-                cpus=1.0, pids=16, cpu_seconds=10, max_file_bytes=1 << 20,
+                cgroup="escape", workspace=cfg["workspace"],
+                limits=Limits(memory_bytes=cfg["memory"], cpus=1.0, pids=16), cpu_seconds=10,
+                max_file_bytes=1 << 20,
                 uid=cfg["uid"], gid=cfg["uid"], zygote_pid=os.getppid(),
                 chroot=cfg["chroot"], baseline_vm=contain.vm_size(),
                 landlock_abi=landlock.landlock_abi(),

@@ -29,3 +29,26 @@ def test_a_session_has_every_per_call_method_of_its_client(client: type, session
         theirs = [p for p in signature.parameters if p not in ("self", "session")]
         ours = [p for p in inspect.signature(getattr(session, name)).parameters if p != "self"]
         assert ours == theirs, (name, ours, theirs)
+
+
+#: the client's methods that take the session's id, and the session's method for each
+ON_THE_SESSION = {"get_session": "refresh", "restart_session": "restart",
+                  "interrupt_session": "interrupt", "delete_session": "close"}
+
+
+@pytest.mark.parametrize(("client", "session"),
+                         [(SandboxClient, Session), (AsyncSandboxClient, AsyncSession)])
+def test_a_session_has_every_method_of_its_client_on_a_session_id(client: type,
+                                                                  session: type) -> None:
+    """``get_session(id)`` is ``refresh()``, ``restart_session(id)`` ``restart()``... on
+    both sessions (``AsyncSession`` had no ``refresh``); a new client method on a session id
+    needs its session twin here."""
+    on_id = {name for name, fn in inspect.getmembers(client, callable)
+             if not name.startswith("_") and "session_id" in inspect.signature(fn).parameters}
+    assert on_id == set(ON_THE_SESSION), on_id
+    for name, twin in ON_THE_SESSION.items():
+        assert hasattr(session, twin), f"{session.__name__} has no {twin}() (for {name})"
+        ours = [p for p in inspect.signature(getattr(session, twin)).parameters if p != "self"]
+        assert ours == [], (twin, ours)
+        assert inspect.iscoroutinefunction(getattr(session, twin)) == \
+            inspect.iscoroutinefunction(getattr(client, name)), twin

@@ -114,6 +114,8 @@ def request_for(invocation: Invocation, limits: Limits) -> dict[str, Any] | Resu
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
     base = {"id": invocation.id, "env": env, "cwd": "/workspace",
             "output_bytes": limits.output_bytes,
+            # set (soft = hard) in every process of the call: protocol.limits, one table
+            "rlimits": limits.rlimits(),
             "display": DisplayCaps(invocation.display_bytes, invocation.displays).wire()}
     if invocation.kind is ToolKind.command:
         plan = invocation.plan
@@ -261,7 +263,7 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         reason = interrupted
         why = rec.get("not_idle") or rec.get("error") or outcome.lost
         if why:
-            message = (f"{LIMIT_MESSAGES[reason].format(**limits.model_dump())}; "
+            message = (f"{LIMIT_MESSAGES[reason].format(**limits.to_wire())}; "
                        f"{str(why).rstrip('.')}")
     elif outcome.lost:
         reason = Reason.exited

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from sandboxd.backends.restricted import contain, landlock
 from sandboxd.backends.restricted.cgroups import CgroupLayout, below_usage
 from sandboxd.backends.restricted.seccomp import SeccompProgram
+from sandboxd.protocol.limits import Limits
 
 
 @dataclass
@@ -43,9 +44,7 @@ class ChildSpec:
 
     cgroup: str
     workspace: str
-    memory_bytes: int
-    cpus: float
-    pids: int
+    limits: Limits  # the call's (memory, CPU share and pids go to its cgroup too)
     cpu_seconds: int
     max_file_bytes: int
     uid: int | None  # None: do not change identity (daemon not root)
@@ -82,10 +81,12 @@ MIN_WORKER_MEMORY = 2 * 1024 * 1024
 def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram) -> None:
     """Confine the worker for its call. Raises on any failure: the caller must then ``_exit``
     without running user code."""
-    if spec.memory_bytes < MIN_WORKER_MEMORY:
-        raise below_usage(spec.memory_bytes, OSError(errno.EBUSY, "below the worker's needs"))
+    limits = spec.limits
+    if limits.memory_bytes < MIN_WORKER_MEMORY:
+        raise below_usage(limits.memory_bytes, OSError(errno.EBUSY, "below the worker's needs"))
     if layout.version:
-        layout.set_limits(spec.cgroup, spec.memory_bytes, spec.cpus, spec.pids, spec.applied)
+        layout.set_limits(spec.cgroup, limits.memory_bytes, limits.cpus, limits.pids,
+                          spec.applied)
     root = contain.enter_workspace(spec.workspace, spec.chroot)
     contain.prctl(contain.PR_SET_NO_NEW_PRIVS, 1)
     landlock.apply_landlock(root, spec.landlock_abi)
@@ -93,8 +94,8 @@ def enter_sandbox(spec: ChildSpec, layout: CgroupLayout, program: SeccompProgram
         contain.drop_privileges(spec.uid, spec.gid)
     contain.tie_to_zygote(spec.zygote_pid, spec.lifeline_fd)
     contain.set_rlimits(
-        spec.cpu_seconds, spec.baseline_vm, spec.memory_bytes, spec.pids, spec.max_file_bytes,
-        spec.cpu_hard,
+        spec.cpu_seconds, spec.baseline_vm, limits.memory_bytes, limits.pids,
+        spec.max_file_bytes, limits.rlimits(), spec.cpu_hard,
     )
     os.environ.clear()
     program.load()

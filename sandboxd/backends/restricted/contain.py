@@ -9,9 +9,11 @@ import ctypes
 import os
 import resource
 import signal
+from collections.abc import Mapping
 from typing import Any
 
 from sandboxd.backends.restricted.cgroups import read_small
+from sandboxd.protocol.limits import RLIMIT_NAMES
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -106,12 +108,14 @@ def tie_to_zygote(zygote_pid: int, lifeline_fd: int | None) -> None:
 
 def set_rlimits(
     cpu_seconds: int, baseline_vm: int, memory_bytes: int, pids: int, max_file_bytes: int,
-    cpu_hard: int | None = None,
+    rlimits: Mapping[str, int], cpu_hard: int | None = None,
 ) -> None:
     """CPU seconds, address space, open files, processes, file size; no core dumps; over-size
-    writes fail with EFBIG instead of SIGXFSZ. ``cpu_hard``: the CPU hard limit (default one
-    second above the soft one; a session kernel of a non-root daemon keeps it unlimited so
-    that the daemon can move the soft limit for every call, see :mod:`.kernel`)."""
+    writes fail with EFBIG instead of SIGXFSZ; then the call's ``rlimits``
+    (:meth:`sandboxd.protocol.limits.Limits.rlimits`: soft = hard). ``cpu_hard``: the CPU
+    hard limit (default one second above the soft one; a session kernel of a non-root daemon
+    keeps it unlimited so that the daemon can move the soft limit for every call, see
+    :mod:`.kernel`)."""
     cpu = max(1, cpu_seconds)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1 if cpu_hard is None else cpu_hard))
     resource.setrlimit(resource.RLIMIT_AS, (baseline_vm + memory_bytes,) * 2)
@@ -119,4 +123,8 @@ def set_rlimits(
     resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
     resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for name, value in rlimits.items():
+        if name not in RLIMIT_NAMES:
+            raise ValueError(f"{name} is not a limit a sandbox applies")
+        resource.setrlimit(getattr(resource, name), (value, value))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -170,14 +170,12 @@ class KernelPool:
                             "previous call; it did not run (the session's state is kept)")
                 result.kernel = Kernel(calls=k.calls if k is not None else 0)
                 return result
+            if k is not None:  # memory, CPU share, pids, rlimits: the kernel's (its first call's)
+                limits = limits.kept_by_kernel(k.limits)
             msg = standby.request(inv, limits, deadline, code)
             msg["kernel"] = True
             if k is None:
                 return await self._first(inv, limits, deadline, msg)
-            # memory, CPU share and pids are the kernel's (set by its first call)
-            limits = limits.model_copy(update={
-                "memory_bytes": k.limits.memory_bytes, "cpus": k.limits.cpus,
-                "pids": k.limits.pids})
             return await self._call(k, inv, limits, deadline, msg, fresh=False)
 
     async def _first(self, inv: Invocation, limits: Limits, deadline: float,
@@ -192,7 +190,7 @@ class KernelPool:
                                     message=f"no sandbox worker: {exc}")
             result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
             return result
-        z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
+        z.send(b"t", worker.pid, (limits.memory_bytes, limits.cpus, limits.pids))
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
         assert inv.session is not None
         self.kernels[inv.session] = k

@@ -73,7 +73,7 @@ async def exchange(
     reason: Reason | None = None
     exit_info: dict[str, Any] | None = None
     crashed: str | None = None
-    z.send(b"t", worker.pid, (msg["memory"], msg["cpus"], msg["pids"]))
+    z.send(b"t", worker.pid, (limits.memory_bytes, limits.cpus, limits.pids))
     reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
                          display=DisplayCaps(**msg["display"]), events=events)
     z.in_use += 1
@@ -118,11 +118,8 @@ def request(
         "allow": list(inv.imports_allow),
         "deny": list(inv.imports_deny),
         "workspace": str(inv.workspace),
-        "memory": int(limits.memory_bytes),
-        "cpus": float(limits.cpus),
-        "pids": int(limits.pids),
+        "limits": limits.to_wire(),
         "cpu_seconds": math.ceil(remaining) + 1,
-        "output": int(limits.output_bytes),
         "max_file": int(inv.max_file_bytes),
         "display": DisplayCaps(inv.display_bytes, inv.displays).wire(),
         "uid": inv.uid,

@@ -25,6 +25,7 @@ from typing import Any
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
 from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
 from sandboxd.protocol import wire
+from sandboxd.protocol.limits import Limits
 
 #: the outcomes after which a session kernel keeps running (any limit or failure ends it)
 KERNEL_SURVIVES = frozenset({"ok", "error"})
@@ -152,13 +153,17 @@ def run_worker(
         not isinstance(uid, int) or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
     ):
         setup_error = f"the call's uid {uid!r} is not a sandbox uid"
+    limits: Limits | None = None
     if setup_error is None:
+        try:
+            limits = Limits.from_wire(msg.get("limits"))
+        except ValueError as exc:
+            setup_error = f"the call's limits: {exc}"
+    if setup_error is None and limits is not None:
         spec = confine.ChildSpec(
             cgroup=cgroup,
             workspace=msg["workspace"],
-            memory_bytes=int(msg["memory"]),
-            cpus=float(msg["cpus"]),
-            pids=int(msg["pids"]),
+            limits=limits,
             cpu_seconds=int(msg["cpu_seconds"]),
             max_file_bytes=int(msg["max_file"]),
             uid=uid if uid_range is not None else None,
@@ -202,7 +207,7 @@ def run_worker(
                 imports_allow=msg.get("allow", []),
                 imports_deny=msg.get("deny", []),
                 workspace=workspace,
-                output_bytes=int(msg["output"]),
+                output_bytes=Limits.from_wire(msg["limits"]).output_bytes,
                 max_file_bytes=spec.max_file_bytes,
                 emit=emit,
                 namespace=namespace,
@@ -261,7 +266,7 @@ def self_test(msg: dict[str, Any]) -> dict[str, Any]:
     checks: dict[str, list[Any]] = {}
     kind = msg.get("probe")
     if kind == "memory":
-        limit = int(msg["memory"])
+        limit = int(msg["limits"]["memory_bytes"])
         blocks: list[bytes] = []
         try:
             while len(blocks) * (4 << 20) < 3 * limit:
