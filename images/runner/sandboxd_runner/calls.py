@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 from .base import cgroup_counters, killpg, wait_group_gone
 from .channel import CHUNK, send_frame
+from .rlimits import Rlimits
 from .worker import spawn_command, worker
 
 
@@ -27,10 +28,12 @@ class Call:
         """When poll() must look again, sooner than the loop's usual tick (monotonic)."""
         return None
 
-    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any]) -> None:
+    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any],
+                 rlimits: Rlimits = ()) -> None:
         self.chan = chan
         self.cid = cid
         self.req = req
+        self.rlimits = rlimits  # checked (sandboxd_runner.rlimits)
         self.budget = rules.OutputBudget(int(req.get("output_bytes") or 1024 * 1024))
         self.oom0, self.pids0 = cgroup_counters()
         self.started = time.monotonic()
@@ -63,11 +66,12 @@ class Call:
         for fd in self.pipes:
             os.set_blocking(fd, False)
         try:
-            pid = spawn_command(self.req, out_w, err_w)
+            pid = spawn_command(self.req, out_w, err_w, self.rlimits)
             if pid is None:
                 pid = os.fork()
                 if pid == 0:
-                    worker(self.req, out_w, err_w, value_w, display_w)  # never returns
+                    worker(self.req, out_w, err_w, value_w, display_w,  # never returns
+                           self.rlimits)
         finally:
             for wfd in (out_w, err_w, value_w, display_w):
                 if wfd is not None:

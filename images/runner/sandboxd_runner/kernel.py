@@ -57,6 +57,7 @@ from .base import killpg, wait_group_gone, write_all
 from .channel import CHUNK
 from .execution import MAX_VALUE_JSON
 from .kernel_loop import KCTL, kernel_child
+from .rlimits import Rlimits
 
 KERNEL_REPLY = {b"v": (1, 1 + MAX_VALUE_JSON)}
 #: ``read(2)``'s number (``/proc/PID/syscall`` shows numbers) on the machines sandboxd runs on
@@ -127,8 +128,8 @@ class Kernel:
     def alive(self) -> bool:
         return self.pid is not None
 
-    def start(self, req: dict[str, Any]) -> None:
-        """Fork a fresh kernel."""
+    def start(self, req: dict[str, Any], rlimits: Rlimits = ()) -> None:
+        """Fork a fresh kernel (with the rlimits of the call that starts it)."""
         ctl_r, self.ctl_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -137,7 +138,7 @@ class Kernel:
         try:
             pid = os.fork()
             if pid == 0:
-                kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w)  # never returns
+                kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w, rlimits)  # never returns
         finally:
             for fd in (ctl_r, rep_w, out_w, err_w, disp_w):
                 os.close(fd)

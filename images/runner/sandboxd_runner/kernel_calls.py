@@ -24,6 +24,7 @@ from .kernel import (
     TICKS,
     Kernel,
 )
+from .rlimits import Rlimits
 
 
 def _grace(req):
@@ -40,8 +41,8 @@ class KernelCall(Call):
     kernel's answer once the kernel is proven idle (or the kernel's death)."""
 
     def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any],
-                 kernel: Kernel) -> None:
-        super().__init__(chan, cid, req)
+                 kernel: Kernel, rlimits: Rlimits = ()) -> None:
+        super().__init__(chan, cid, req, rlimits)
         self.kernel = kernel
         self.reply: bytes | None = None
         self.broken: str | None = None
@@ -64,7 +65,7 @@ class KernelCall(Call):
         kernel.check()
         for _ in range(2):
             if not kernel.alive:
-                kernel.start(self.req)
+                kernel.start(self.req, self.rlimits)  # kept for the kernel's life
                 self.fresh = True
             self.pid = kernel.pid
             self.cpu0 = kernel.cpu_ticks()
@@ -209,11 +210,12 @@ class KernelCall(Call):
 
 
 def start_kernel_call(chan: socket.socket, cid: int, req: dict[str, Any], kernel: Kernel,
-                      calls: dict[int, Call], owners: dict[int, Any]) -> None:
+                      calls: dict[int, Call], owners: dict[int, Any],
+                      rlimits: Rlimits = ()) -> None:
     if kernel.current is not None:
         refuse(chan, cid, "the session's kernel is busy with another call")
         return
-    call = KernelCall(chan, cid, req, kernel)
+    call = KernelCall(chan, cid, req, kernel, rlimits)
     try:
         call.start()
     except OSError as exc:

@@ -34,6 +34,7 @@ from .execution import (
     user_streams,
 )
 from .interrupts import CELL, interrupt_user_code
+from .rlimits import Rlimits, apply_rlimits
 
 KCTL, KREP, KDISP = 3, 4, 5  # the kernel's request, reply and display fds
 #: a kernel's numeric libraries run one thread each (a thread left running is not idle)
@@ -160,7 +161,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
 
 
 def kernel_child(req: dict[str, Any], ctl_r: int, rep_w: int, out_w: int, err_w: int,
-                 disp_w: int) -> None:
+                 disp_w: int, rlimits: Rlimits = ()) -> None:
     """In the forked kernel: set up fds, session, signals, then serve calls forever."""
     try:
         os.setsid()
@@ -186,6 +187,7 @@ def kernel_child(req: dict[str, Any], ctl_r: int, rep_w: int, out_w: int, err_w:
         signal.signal(signal.SIGINT, interrupt_user_code)  # the runner's interrupt
         os.umask(0o022)
         os.chdir(req.get("cwd") or "/workspace")
+        apply_rlimits(rlimits)  # before user code: the kernel keeps them for its life
         kernel_main(req)
     except BaseException as exc:
         try:

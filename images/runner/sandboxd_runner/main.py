@@ -20,6 +20,7 @@ from .calls import Call
 from .channel import open_channel, refuse
 from .kernel import Kernel
 from .kernel_calls import start_kernel_call, stop_kernel
+from .rlimits import requested_rlimits
 
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
@@ -39,10 +40,15 @@ def _start(chan, cid, body, calls, owners):
     if req.get("kind") == "kernel_stop":
         stop_kernel(chan, cid, KERNEL)
         return
-    if req.get("kind") == "python" and req.get("kernel"):
-        start_kernel_call(chan, cid, req, KERNEL, calls, owners)
+    try:  # checked whole before anything starts: never applied in part
+        rlimits = requested_rlimits(req)
+    except ValueError as exc:
+        refuse(chan, cid, f"refused: {exc}")
         return
-    call = Call(chan, cid, req)
+    if req.get("kind") == "python" and req.get("kernel"):
+        start_kernel_call(chan, cid, req, KERNEL, calls, owners, rlimits)
+        return
+    call = Call(chan, cid, req, rlimits)
     try:
         call.start()
     except OSError as exc:

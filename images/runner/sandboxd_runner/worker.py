@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from .base import find_program, set_dumpable, set_oom_score_adj
 from .execution import run_python
 from .plans import run_plan, simple_command
+from .rlimits import Rlimits, apply_rlimits, inherited_as_is
 
 
 def _close_fds_except(keep):
@@ -25,7 +26,7 @@ def _close_fds_except(keep):
 
 
 def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
-           display_w: int | None) -> NoReturn:
+           display_w: int | None, rlimits: Rlimits = ()) -> NoReturn:
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
         os.setsid()
@@ -45,6 +46,7 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
             signal.signal(sig, signal.SIG_DFL)
         os.umask(0o022)
         os.chdir(req.get("cwd") or "/workspace")
+        apply_rlimits(rlimits)  # before user code; each command of a plan inherits them
         env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
         if req.get("kind") == "python":
             assert value_w is not None and display_w is not None  # python: both pipes exist
@@ -57,15 +59,17 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
             os._exit(126)
 
 
-def spawn_command(req: dict[str, Any], out_w: int, err_w: int) -> int | None:
+def spawn_command(req: dict[str, Any], out_w: int, err_w: int,
+                  rlimits: Rlimits = ()) -> int | None:
     """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
     much cheaper).
 
     Returns None when the request needs the fork path (python code, a plan with pipes,
-    sequencing, redirects or an exec restriction, another cwd, or a program that cannot be
+    sequencing, redirects or an exec restriction, another cwd, rlimits this process does not
+    have already - posix_spawn cannot set them in the child -, or a program that cannot be
     found - the fork path reports that with the shell's wording).
     """
-    if req.get("kind") == "python":
+    if req.get("kind") == "python" or not inherited_as_is(rlimits):
         return None
     cwd = req.get("cwd") or "/workspace"
     if os.path.realpath(cwd) != os.getcwd():
