@@ -135,6 +135,7 @@ class LimitsRequest(_Request):
     cpus: PositiveNumber | None = None
     pids: PositiveInteger | None = None
     output_bytes: PositiveInteger | None = None
+    open_files: PositiveInteger | None = None
 
     @field_validator("*")
     @classmethod

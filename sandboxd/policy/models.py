@@ -128,6 +128,8 @@ class LimitsSpec(_Strict):
     max_pids: Annotated[int, Field(gt=0, strict=True)] | None = None
     output: Size | None = None
     max_output: Size | None = None
+    open_files: Annotated[int, Field(strict=True)] | None = None
+    max_open_files: Annotated[int, Field(strict=True)] | None = None
 
     @field_validator("*")
     @classmethod

@@ -75,6 +75,9 @@ class Limits:
         "pids", "count", 1, 2.0**22, "processes and threads", kernel=True))
     output_bytes: int = _limit(MIB, LimitInfo(
         "output", "bytes", 1, 2.0**40, "stdout and stderr together, bytes"))
+    open_files: int = _limit(64, LimitInfo(
+        "open_files", "count", 16, 1024, "open file descriptors of each process",
+        rlimit="RLIMIT_NOFILE", kernel=True))
     network: bool = False  # granted by the policy's ``network``, not a limit one lowers
 
     def lowered_by(self, request: Mapping[str, float] | None) -> Limits:

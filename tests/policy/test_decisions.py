@@ -203,3 +203,36 @@ def test_tool_descriptions_tell_the_model_what_is_allowed(tmp_path: Path) -> Non
     assert "Allowed imports: math, json, os.path, collections." in specs["python"].description
     assert specs["shell"].openai()["function"]["parameters"]["required"] == ["command"]
     assert all(t.available for t in specs.values())
+
+
+OPEN_FILES = """\
+limits: {open_files: 100, max_open_files: 200}
+tools:
+  python:
+    limits: {max_open_files: 150}
+  shell:
+    commands: {allow: [ls]}
+"""
+
+
+def test_open_files_default_maximum_and_request(tmp_path: Path) -> None:
+    """``open_files`` (issue 23's proof of the limits table): a policy default and maximum,
+    a tool maximum, a request that lowers it; the built-in default without a policy value."""
+    store = store_for(tmp_path, OPEN_FILES)
+    d = decide(store, "python", {"code": "1"})
+    assert d.limits is not None and d.limits.open_files == 100
+    d = decide(store, "python", {"code": "1"}, limits=LimitsRequest(open_files=32))
+    assert d.limits is not None and d.limits.open_files == 32
+    d = decide(store, "python", {"code": "1"}, limits=LimitsRequest(open_files=1000))
+    assert d.limits is not None and d.limits.open_files == 100  # never raised
+    assert d.limits.rlimits() == {"RLIMIT_NOFILE": 100}
+    store = store_for(tmp_path / "plain", LIMITS)
+    d = decide(store, "python", {"code": "1"})
+    assert d.limits is not None and d.limits.open_files == 64
+
+
+def test_open_files_out_of_bounds_is_a_policy_error(tmp_path: Path) -> None:
+    from sandboxd.policy import PolicyError
+
+    with pytest.raises(PolicyError, match="open_files must be between 16 and 1024"):
+        store_for(tmp_path, "limits: {open_files: 4096}\ntools: {python: {}}\n")

@@ -387,3 +387,29 @@ def test_memory_limit_below_worker_needs(harness: BackendHarness) -> None:
     assert res.termination.reason is Reason.memory_limit
     assert "below what the python worker needs" in (res.message or "")
     assert res.cleanup.verified
+
+
+OPEN_MANY = (
+    "held = []\n"
+    "try:\n"
+    "    for i in range(300):\n"
+    "        held.append(open(f'f{i}', 'w'))\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc.errno)\n"
+    "print('held', len(held))\n"
+)
+
+
+def test_open_files_limit_is_the_calls_rlimit(harness: BackendHarness) -> None:
+    """``limits.open_files`` is RLIMIT_NOFILE of the worker (soft = hard): a call may hold
+    fewer descriptors than its limit (the worker's own use a few), never more; a higher
+    limit lets it hold more."""
+    low = harness.run(OPEN_MANY, open_files=32)
+    assert low.status is Status.ok, low
+    assert "refused 24" in low.stdout  # EMFILE
+    held_low = int(low.stdout.split("held ")[1])
+    assert 16 < held_low < 32
+    high = harness.run(OPEN_MANY, open_files=256)
+    assert "refused 24" in high.stdout
+    held_high = int(high.stdout.split("held ")[1])
+    assert held_high - held_low == 256 - 32

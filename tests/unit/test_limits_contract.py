@@ -106,3 +106,18 @@ def test_no_module_spells_a_policy_limit_key_of_its_own() -> None:
             if isinstance(node, ast.Constant) and node.value in keys:
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
     assert offenders == []
+
+
+def test_docs_list_every_limit() -> None:
+    """docs/policy.md's limits table has a row per limit, with its policy key and field."""
+    text = (PACKAGE.parent / "docs" / "policy.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    for name, info in LIMITS.items():
+        assert any(line.startswith(f"| `{info.policy}` | `{name}` |") for line in rows), name
+
+
+def test_the_container_ceiling_holds_every_open_files_value() -> None:
+    """The runner lowers RLIMIT_NOFILE per call; it cannot raise it above the container's."""
+    from sandboxd.backends.container.engine import NOFILE
+
+    assert LIMITS["open_files"].maximum <= NOFILE

@@ -110,8 +110,8 @@ def set_rlimits(
     cpu_seconds: int, baseline_vm: int, memory_bytes: int, pids: int, max_file_bytes: int,
     rlimits: Mapping[str, int], cpu_hard: int | None = None,
 ) -> None:
-    """CPU seconds, address space, open files, processes, file size; no core dumps; over-size
-    writes fail with EFBIG instead of SIGXFSZ; then the call's ``rlimits``
+    """CPU seconds, address space, processes, file size; no core dumps; over-size writes
+    fail with EFBIG instead of SIGXFSZ; then the call's ``rlimits`` (open files, ...)
     (:meth:`sandboxd.protocol.limits.Limits.rlimits`: soft = hard). ``cpu_hard``: the CPU
     hard limit (default one second above the soft one; a session kernel of a non-root daemon
     keeps it unlimited so that the daemon can move the soft limit for every call, see
@@ -119,7 +119,6 @@ def set_rlimits(
     cpu = max(1, cpu_seconds)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1 if cpu_hard is None else cpu_hard))
     resource.setrlimit(resource.RLIMIT_AS, (baseline_vm + memory_bytes,) * 2)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
     resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
