@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import resource
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +38,8 @@ def plan(*commands: list[str]) -> dict[str, Any]:
                            "run_if": "always"}]}
 
 
-@pytest.fixture(autouse=True)
-def nofile_allowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """RLIMIT_NOFILE among the names a call may set (the ``open_files`` limit names it; until
-    the policy side has it, the allowlist is widened here and nowhere else)."""
-    rlimits = runner_module("rlimits")
-    if "RLIMIT_NOFILE" not in rlimits.RLIMIT_NAMES:
-        monkeypatch.setattr(rlimits, "RLIMIT_NAMES", rlimits.RLIMIT_NAMES | {"RLIMIT_NOFILE"})
-    yield
-
-
 def test_every_name_of_the_contract_is_an_rlimit() -> None:
+    assert "RLIMIT_NOFILE" in limits.RLIMIT_NAMES  # the open_files limit
     assert {n for n in dir(resource) if n.startswith("RLIMIT_")} >= limits.RLIMIT_NAMES
 
 
