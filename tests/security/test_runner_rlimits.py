@@ -106,6 +106,16 @@ def test_one_plain_command_with_rlimits_is_not_spawned(tmp_path: Path) -> None:
     assert rlimits.inherited_as_is(())
 
 
+def test_one_plain_command_with_rlimits_is_exec_d_by_the_worker() -> None:
+    """Such a command is the worker itself, as it would have been posix_spawn's child: no
+    interpreter waits for it, and a signal that ends it is the call's signal."""
+    cwd = Path.cwd()  # where the runner runs (posix_spawn's condition)
+    reply = run_request({"kind": "shell", "env": ENV, "rlimits": {"RLIMIT_NOFILE": 20},
+                         "plan": plan(["sh", "-c", "ulimit -n; echo $$; kill -TERM $$"])}, cwd)
+    assert reply.stdout.split() == [b"20", str(reply.pid).encode()], reply
+    assert (reply.record["exit_code"], reply.record["signal"]) == (None, 15), reply
+
+
 @pytest.mark.parametrize(("rlimits", "why"), [
     ({"RLIMIT_CORE": 0}, "'RLIMIT_CORE' is not one a call may set"),
     ({"RLIMIT_NOFILE": 20, "RLIMIT_AS": 1 << 30}, "'RLIMIT_AS' is not one a call may set"),

@@ -30,6 +30,7 @@ class Reply:
     stderr: bytes = b""
     record: dict[str, Any] = field(default_factory=dict)
     started: bool = False  # the runner started a call (it was not refused)
+    pid: int | None = None  # the call's worker (or the program posix_spawn started)
 
 
 def run_request(request: dict[str, Any], cwd: Path, timeout_s: float = 30.0) -> Reply:
@@ -44,6 +45,7 @@ def run_request(request: dict[str, Any], cwd: Path, timeout_s: float = 30.0) -> 
     try:
         main._start(chan, 1, json.dumps({"cwd": str(cwd), **request}).encode(), calls, owners)
         reply.started = bool(calls)
+        reply.pid = next(iter(calls.values())).pid if calls else None
         deadline = time.monotonic() + timeout_s  # catches a hang only
         while calls:
             assert time.monotonic() < deadline, f"the call did not end within {timeout_s} s"

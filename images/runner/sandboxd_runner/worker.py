@@ -29,6 +29,9 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
            display_w: int | None, rlimits: Rlimits = ()) -> NoReturn:
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
+        # a command posix_spawn would have started but for the rlimits: exec'd by the worker
+        # itself once they are set (the same process, argv and environment as then)
+        direct = spawnable(req) if rlimits else None
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -51,6 +54,11 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
         if req.get("kind") == "python":
             assert value_w is not None and display_w is not None  # python: both pipes exist
             run_python(req, value_w, display_w)
+        if direct is not None:
+            try:
+                os.execve(*direct)
+            except OSError:
+                pass  # the plan executor tries again and reports why, in the shell's words
         os._exit(run_plan(req.get("plan") or {}, env) & 0xFF)
     except BaseException as exc:  # never return into the handler's code
         try:
@@ -59,17 +67,12 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
             os._exit(126)
 
 
-def spawn_command(req: dict[str, Any], out_w: int, err_w: int,
-                  rlimits: Rlimits = ()) -> int | None:
-    """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
-    much cheaper).
-
-    Returns None when the request needs the fork path (python code, a plan with pipes,
-    sequencing, redirects or an exec restriction, another cwd, rlimits this process does not
-    have already - posix_spawn cannot set them in the child -, or a program that cannot be
-    found - the fork path reports that with the shell's wording).
-    """
-    if req.get("kind") == "python" or not inherited_as_is(rlimits):
+def spawnable(req: dict[str, Any]) -> tuple[str, list[str], dict[str, str]] | None:
+    """``(path, argv, env)`` of a request that is one plain command run where this process
+    runs, else None (python code, a plan with pipes, sequencing, redirects or an exec
+    restriction, another cwd, or a program that cannot be found - the plan executor reports
+    that with the shell's wording)."""
+    if req.get("kind") == "python":
         return None
     cwd = req.get("cwd") or "/workspace"
     if os.path.realpath(cwd) != os.getcwd():
@@ -81,6 +84,22 @@ def spawn_command(req: dict[str, Any], out_w: int, err_w: int,
     path = find_program(argv[0], env.get("PATH", "/usr/bin:/bin"))
     if path is None:
         return None
+    return path, argv, env
+
+
+def spawn_command(req: dict[str, Any], out_w: int, err_w: int,
+                  rlimits: Rlimits = ()) -> int | None:
+    """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
+    much cheaper).
+
+    Returns None when the request needs the fork path (see :func:`spawnable`; also for
+    rlimits this process does not have already: posix_spawn cannot set them in the child,
+    so the worker sets them and then execs the command itself, see :func:`worker`).
+    """
+    spawn = spawnable(req) if inherited_as_is(rlimits) else None
+    if spawn is None:
+        return None
+    path, argv, env = spawn
     adj = set_oom_score_adj("1000")  # inherited by the child; ours is restored below
     try:
         return os.posix_spawn(
