@@ -49,7 +49,11 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import (
+    HANDSHAKE_PROTOCOL_VERSIONS,
+    MODERN_PROTOCOL_VERSIONS,
+    is_version_at_least,
+)
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -58,7 +62,7 @@ from starlette.types import Message, Receive, Scope, Send
 from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
-from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error
+from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error, with_request_id
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
 from sandboxd.client.render import format_result
 from sandboxd.deadline import stop_task
@@ -79,13 +83,21 @@ PROGRESS_INTERVAL_S = 1.0
 #: execution error (an ``isError`` result the model reads and fixes), no longer a protocol
 #: error (-32602) that a host shows no model; an unknown tool stays -32602 in every revision
 ARGUMENT_ERRORS_AS_RESULTS = "2025-11-25"
+#: every revision served: the initialize-handshake era (an MCP session per client, its own
+#: workspace) and the stateless era (each request stands alone: no session, no handshake)
+VERSIONS: tuple[str, ...] = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
+SESSION_META = "sandboxd/session"
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
-INSTRUCTIONS = (
-    "sandboxd runs code and commands in a confined sandbox under an administrator's policy. "
+_ABOUT = ("sandboxd runs code and commands in a confined sandbox under an administrator's "
+          "policy. A denied call explains what is allowed. ")
+INSTRUCTIONS = _ABOUT + (
     "Files written in this MCP session stay in its workspace, and Python variables in its "
-    "interpreter, for the next calls of the same session. A denied call explains what is "
-    "allowed."
-)
+    "interpreter, for the next calls of the same session.")
+#: 2026-07-28 has no sessions: each call gets a fresh workspace unless it names one
+STATELESS_INSTRUCTIONS = _ABOUT + (
+    "Each call runs in a fresh workspace that is deleted after it, unless the call names a "
+    f"sandboxd session in _meta[\"{SESSION_META}\"] (created with POST /v1/sessions): then "
+    "its files and Python variables stay for the next calls naming it.")
 
 
 #: every tool's ``outputSchema``: its ``structuredContent`` is the whole sandboxd result
@@ -151,6 +163,18 @@ def _limits(meta: Any) -> LimitsRequest | None:
                        {"field": f"_meta.{LIMITS_META}.{where}", "problem": err["msg"]}) from None
 
 
+def _named_session(meta: Any) -> str | None:
+    """The sandboxd session a call names in ``_meta["sandboxd/session"]`` (the state handle of
+    2026-07-28, which has no MCP sessions; the service checks that it is the caller's)."""
+    sid = meta.get(SESSION_META) if isinstance(meta, dict) else None
+    if sid is None:
+        return None
+    if not isinstance(sid, str) or not sid:
+        raise MCPError(types.INVALID_PARAMS, f"_meta.{SESSION_META}: a session id (a string)",
+                       {"field": f"_meta.{SESSION_META}", "problem": "not a string"})
+    return sid
+
+
 def _fingerprint(specs: list[ToolSpec]) -> str:
     data = [spec.model_dump(mode="json") for spec in specs]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -179,12 +203,20 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 class _Server(Server[Any]):
-    """The SDK's server, announcing ``tools.listChanged`` in its initialize result."""
+    """The SDK's server, announcing ``tools.listChanged`` in its initialize result (the
+    handshake era; 2026-07-28 has no standalone stream to announce it on)."""
 
     def create_initialization_options(self, notification_options: NotificationOptions | None = None,
                                       *args: Any, **kwargs: Any) -> Any:
         return super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+    async def _handle_discover(self, ctx: Any, params: Any) -> types.DiscoverResult:
+        """``server/discover`` (2026-07-28): the SDK's answer, with the stateless era's
+        instructions (no MCP session keeps a workspace there)."""
+        result = await super()._handle_discover(ctx, params)
+        result.instructions = STATELESS_INSTRUCTIONS
+        return result
 
 
 class McpFrontDoor:
@@ -279,8 +311,9 @@ class McpFrontDoor:
                 return
             ident = request_id(body)
             receive = _replay(body, receive)
+            send = with_request_id(send, ident)  # the SDK's own refusals say "id": null
         version = request.headers.get("mcp-protocol-version")
-        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        if version is not None and version not in VERSIONS:
             await self._unsupported_version(version, ident)(scope, receive, send)
             return
         self.service.metrics.mcp_requests.labels(method=f"http_{scope['method']}").inc()
@@ -289,6 +322,11 @@ class McpFrontDoor:
         # id is answered 404 (the token itself is not kept)
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=client, scopes=[]))
         session_id = request.headers.get("mcp-session-id")
+        if version in MODERN_PROTOCOL_VERSIONS:
+            # 2026-07-28: one request, one answer, no session to open (the SDK checks the
+            # per-request envelope: _meta and the Mcp-Method/Mcp-Name headers)
+            await self.manager.handle_request(scope, receive, send)
+            return
         if session_id is not None:
             if scope["method"] == "DELETE":
                 send = self.slots.freeing(session_id, send)
@@ -299,7 +337,7 @@ class McpFrontDoor:
             ticket = self.slots.reserve(client)
         except McpSessionLimit as exc:
             self.service.metrics.rejections.labels(reason="mcp_sessions").inc()
-            await exc.response()(scope, receive, send)
+            await exc.response(ident)(scope, receive, send)
             return
         reset = TICKET.set(ticket)
         try:
@@ -310,13 +348,12 @@ class McpFrontDoor:
 
     @staticmethod
     def _unsupported_version(version: str, ident: str | int | None) -> JSONResponse:
-        """A stateless-era version (served by the handshake) or one MCP never had."""
-        why = ("is not served here; use the initialize handshake"
-               if version in MODERN_PROTOCOL_VERSIONS else "is not a version this server speaks")
+        """A version MCP never had, or one newer than this server (-32022 names the ones it
+        speaks: a client picks a mutual one, as the lifecycle's negotiation says)."""
         error = rpc_error(ident, types.UNSUPPORTED_PROTOCOL_VERSION,
-                          f"protocol version {version[:40]!r} {why}",
-                          {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS),
-                           "requested": version[:40]})
+                          f"protocol version {version[:40]!r} is not a version this server "
+                          f"speaks (it speaks {', '.join(VERSIONS)})",
+                          {"supported": list(VERSIONS), "requested": version[:40]})
         return JSONResponse(error, status_code=400)
 
     # ------------------------------------------------------------ handlers
@@ -341,7 +378,9 @@ class McpFrontDoor:
         self.service.metrics.mcp_requests.labels(method="tools/list").inc()
         client = self._client(ctx)
         specs = self.service.tools(client)
-        _connection(ctx).state["tools"] = _fingerprint(specs)
+        connection = _connection(ctx)
+        if connection.session_id is not None:  # a 2026-07-28 request has no stream to notify
+            connection.state["tools"] = _fingerprint(specs)
         return types.ListToolsResult(tools=[tool_for(s) for s in specs])
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
@@ -352,7 +391,8 @@ class McpFrontDoor:
         counter = self.service.metrics.mcp_calls
         try:
             limits = _limits(params.meta)
-            session = await self._sandbox_session(_connection(ctx), client)
+            session = (_named_session(params.meta)
+                       or await self._sandbox_session(_connection(ctx), client))
             request = InvokeRequest(arguments=params.arguments or {}, session=session,
                                     limits=limits)
             result = await self._run(ctx, client, params.name, request)
@@ -362,7 +402,7 @@ class McpFrontDoor:
                            {"tool": exc.tool, "available": exc.available}) from None
         except ArgumentsInvalid as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
-            if ctx.session.protocol_version >= ARGUMENT_ERRORS_AS_RESULTS:
+            if is_version_at_least(ctx.session.protocol_version, ARGUMENT_ERRORS_AS_RESULTS):
                 return _error_result(f"nothing ran: {exc}; fix the arguments and call again")
             raise MCPError(types.INVALID_PARAMS, str(exc),
                            {"tool": exc.tool, "field": exc.field, "problem": exc.detail}) from None

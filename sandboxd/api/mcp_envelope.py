@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error"]
+from starlette.types import Message, Send
+
+__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error", "with_request_id"]
 INVALID_REQUEST = -32600  # JSON-RPC 2.0 section 5.1 (no SDK import for a constant)
 
 
@@ -78,3 +80,43 @@ def envelope_error(body: bytes) -> dict[str, Any] | None:
 
 def _invalid(ident: str | int | None, why: str) -> dict[str, Any]:
     return rpc_error(ident, INVALID_REQUEST, f"invalid JSON-RPC request: {why}")
+
+
+def with_request_id(send: Send, ident: str | int | None) -> Send:
+    """``send`` of a request with id ``ident``: a JSON-RPC error the SDK answers with
+    ``"id": null`` (its transport's own refusals: unknown session, missing session id, a
+    second ``initialize``...) gets the request's id, as JSON-RPC 2.0 section 5 wants (``null``
+    only when the id could not be read). Other answers pass through untouched."""
+    if ident is None:
+        return send
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def wrapped(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            kinds = dict(message.get("headers", []))
+            if message["status"] >= 400 and kinds.get(b"content-type", b"").startswith(
+                    b"application/json"):
+                start = message  # the body decides: held until it is whole
+                return
+        elif start is not None and message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = _with_id(b"".join(chunks), ident)
+            headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await send(message)
+
+    return wrapped
+
+
+def _with_id(body: bytes, ident: str | int) -> bytes:
+    answer = _parse(body)
+    if isinstance(answer, dict) and "error" in answer and answer.get("id") is None:
+        return json.dumps({**answer, "id": ident}, separators=(",", ":")).encode()
+    return body
