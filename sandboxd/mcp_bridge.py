@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from sandboxd.deadline import stop_task
+
 EXIT_AUTH = 3
 #: the version key of a 2026-07-28 request's ``_meta`` (the per-request envelope)
 VERSION_META = "io.modelcontextprotocol/protocolVersion"
@@ -283,11 +285,18 @@ async def run(endpoint: str, uds: str | None, token: str | None) -> int:
             say(problem)
             return EXIT_AUTH if "401" in problem else 1
         bridge = Bridge(http, endpoint)
-        pump = asyncio.create_task(_pump(bridge))
+        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):  # as if stdin closed: DELETE, exit
-            loop.add_signal_handler(signum, pump.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
-        await bridge.close()
+            loop.add_signal_handler(signum, stop.set)
+        pump = asyncio.create_task(_pump(bridge))
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({pump, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                pump.result()  # the end of stdin, or a bug: raised
+        finally:
+            await stop_task(pump)
+            await stop_task(stopped)
+            await bridge.close()
     return 0

@@ -6,6 +6,7 @@ handshake (``mode="legacy"``: 2025-11-25) it still works. In each, a bad-argumen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.mcp.conftest import McpDaemon, bridge_params
+from tests.support.wait import async_wait_until
 
 TRANSPORTS = ["http", "stdio"]
 
@@ -123,3 +125,36 @@ async def test_stateless_call_reports_progress(mcp_daemon: McpDaemon, transport:
                                         progress_callback=progress)
     assert result.is_error is False, result
     assert seen and seen == sorted(seen), seen
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_stateless_cancel_stops_the_call(mcp_daemon: McpDaemon, transport: str) -> None:
+    """2026-07-28 cancels by closing the call's response stream (the SDK does it over HTTP,
+    the bridge for a host's ``notifications/cancelled``): the service's invoke is cancelled and
+    the backend kills and verifies, as on an HTTP disconnect."""
+    def killed() -> list[dict[str, Any]]:
+        return [r for r in mcp_daemon.records() if r["event"] == "result"
+                and r.get("transport") == "mcp" and r["status"] == "killed"]
+
+    before = len(killed())
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async with sdk_client(transport, mcp_daemon) as client:
+        assert client.session.discover_result is not None
+        call = asyncio.create_task(client.call_tool(
+            "python", {"code": "while True:\n    pass"}, progress_callback=on_progress,
+            meta={"sandboxd/limits": {"timeout_s": 120}}))
+        await async_wait_until(lambda: progress or call.done(), timeout=60, interval=0.1,
+                               what="the call running (its first progress notification)")
+        assert not call.done(), call
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # the client stays connected: the cancel alone ends the call
+        records = await async_wait_until(lambda: killed()[before:], timeout=30, interval=0.1,
+                                         what="the cancelled call's result record")
+    assert records[-1]["termination"]["reason"] == "cancelled", records[-1]
+    assert records[-1]["cleanup"]["verified"] is True
