@@ -146,21 +146,22 @@ class Bridge:
 
     async def _post(self, message: Any, headers: dict[str, str]) -> None:
         ident = message.get("id") if isinstance(message, dict) else None
-        request = isinstance(message, dict) and "method" in message and ident is not None
+        # a request is answered, even one whose id the daemon refuses (then "id": null)
+        request = isinstance(message, dict) and "method" in message and "id" in message
         try:
             async with self.http.stream("POST", self.endpoint, headers=headers,
                                         content=json.dumps(message).encode()) as response:
                 if isinstance(message, dict) and message.get("method") == "initialize":
                     self.session_id = response.headers.get("mcp-session-id", self.session_id)
-                await self._answer(response, message, ident if request else None)
+                await self._answer(response, message, request, ident)
         except httpx.HTTPError as exc:
             if request:
                 _write(_error(ident, f"cannot reach the daemon at {self.endpoint}: {exc}"))
             else:
                 say(f"cannot reach the daemon at {self.endpoint}: {exc}")
 
-    async def _answer(self, response: httpx.Response, message: Any,
-                      ident: str | int | None) -> None:
+    async def _answer(self, response: httpx.Response, message: Any, request: bool,
+                      ident: Any) -> None:
         kind = response.headers.get("content-type", "")
         if kind.startswith("text/event-stream"):
             async for data in _events(response):
@@ -168,7 +169,7 @@ class Bridge:
             return
         body = await response.aread()
         text = body.decode("utf-8", errors="replace")
-        if ident is None:  # a notification or an answer: the host expects nothing back
+        if not request:  # a notification or an answer: the host expects nothing back
             if response.status_code >= 400:
                 say(f"the daemon refused a message (HTTP {response.status_code}): {text[:300]}")
         elif kind.startswith("application/json") and body:
