@@ -13,7 +13,7 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   scheduler, backend and cleanup are the HTTP call's. ``content`` is
   :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model),
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
-  arguments are an ``isError`` result the model can read (2025-11-25, SEP-1303; a JSON-RPC error
+  arguments are an ``isError`` result the model can read (2025-11-25 on, SEP-1303; a JSON-RPC error
   -32602 naming the field in earlier revisions), unknown tools -32602. A caller may lower
   the call's limits with ``_meta: {"sandboxd/limits": {"timeout_s": 5, ...}}``.
 * **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
@@ -25,10 +25,11 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   a call runs, when the client sent a progress token; ``notifications/cancelled`` cancels the
   service's invoke task exactly as an HTTP disconnect does (the backend kills and verifies).
 
-Only the initialize-handshake protocol era (2024-11-05 ... 2025-11-25, what MCP hosts speak) is
-served: a request stamped with a stateless-era version (2026-07-28) is answered with
-"unsupported protocol version", so an SDK client in ``auto`` mode falls back to the handshake.
-Sessions, workspaces and change notifications need the stateful era.
+Both protocol eras are served (docs/mcp.md, "Protocol versions"): the initialize handshake
+(2024-11-05 ... 2025-11-25: an MCP session, its workspace, list_changed on its stream) and the
+stateless 2026-07-28 (the SDK's own per-request path: ``server/discover``, the ``_meta``
+envelope and routing headers; no session, so a call names a sandboxd session in
+``_meta["sandboxd/session"]`` to keep state). The request's ``MCP-Protocol-Version`` picks it.
 """
 
 from __future__ import annotations
@@ -49,12 +50,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import (
-    HANDSHAKE_PROTOCOL_VERSIONS,
-    MODERN_PROTOCOL_VERSIONS,
-    is_version_at_least,
-)
-from pydantic import ValidationError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS, is_version_at_least
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -63,11 +59,19 @@ from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
 from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error, with_request_id
+from sandboxd.api.mcp_meta import (
+    ARGUMENT_ERRORS_AS_RESULTS,
+    INSTRUCTIONS,
+    STATELESS_INSTRUCTIONS,
+    VERSIONS,
+    limits,
+    named_session,
+)
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
 from sandboxd.client.render import format_result
 from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
-from sandboxd.models import InvokeRequest, LimitsRequest, Result, Status, ToolSpec
+from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
 from sandboxd.service import Sandboxd
@@ -77,27 +81,8 @@ log = logging.getLogger("sandboxd.mcp")
 
 TRANSPORT = "mcp"
 CLIENT_KEY = "sandboxd.client"
-LIMITS_META = "sandboxd/limits"
 PROGRESS_INTERVAL_S = 1.0
-#: from this revision on (SEP-1303), arguments that fail a tool's input schema are a tool
-#: execution error (an ``isError`` result the model reads and fixes), no longer a protocol
-#: error (-32602) that a host shows no model; an unknown tool stays -32602 in every revision
-ARGUMENT_ERRORS_AS_RESULTS = "2025-11-25"
-#: every revision served: the initialize-handshake era (an MCP session per client, its own
-#: workspace) and the stateless era (each request stands alone: no session, no handshake)
-VERSIONS: tuple[str, ...] = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
-SESSION_META = "sandboxd/session"
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
-_ABOUT = ("sandboxd runs code and commands in a confined sandbox under an administrator's "
-          "policy. A denied call explains what is allowed. ")
-INSTRUCTIONS = _ABOUT + (
-    "Files written in this MCP session stay in its workspace, and Python variables in its "
-    "interpreter, for the next calls of the same session.")
-#: 2026-07-28 has no sessions: each call gets a fresh workspace unless it names one
-STATELESS_INSTRUCTIONS = _ABOUT + (
-    "Each call runs in a fresh workspace that is deleted after it, unless the call names a "
-    f"sandboxd session in _meta[\"{SESSION_META}\"] (created with POST /v1/sessions): then "
-    "its files and Python variables stay for the next calls naming it.")
 
 
 #: every tool's ``outputSchema``: its ``structuredContent`` is the whole sandboxd result
@@ -148,33 +133,6 @@ def _error_result(message: str, result: Result | None = None) -> types.CallToolR
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
 
 
-def _limits(meta: Any) -> LimitsRequest | None:
-    """Lower limits a caller may ask for in ``_meta["sandboxd/limits"]`` (the HTTP body's
-    ``limits``: each may only lower the effective limit); bad values are -32602 naming them."""
-    wanted = (meta or {}).get(LIMITS_META) if isinstance(meta, dict) else None
-    if wanted is None:
-        return None
-    try:
-        return LimitsRequest.model_validate(wanted)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(limits)"
-        raise MCPError(types.INVALID_PARAMS, f"_meta.{LIMITS_META}.{where}: {err['msg']}",
-                       {"field": f"_meta.{LIMITS_META}.{where}", "problem": err["msg"]}) from None
-
-
-def _named_session(meta: Any) -> str | None:
-    """The sandboxd session a call names in ``_meta["sandboxd/session"]`` (the state handle of
-    2026-07-28, which has no MCP sessions; the service checks that it is the caller's)."""
-    sid = meta.get(SESSION_META) if isinstance(meta, dict) else None
-    if sid is None:
-        return None
-    if not isinstance(sid, str) or not sid:
-        raise MCPError(types.INVALID_PARAMS, f"_meta.{SESSION_META}: a session id (a string)",
-                       {"field": f"_meta.{SESSION_META}", "problem": "not a string"})
-    return sid
-
-
 def _fingerprint(specs: list[ToolSpec]) -> str:
     data = [spec.model_dump(mode="json") for spec in specs]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -185,7 +143,6 @@ def _connection(ctx: Any) -> Any:
     the session ends), ``session_id`` and the standalone ``notify``. The lowlevel context does not
     expose it yet (mcp 2.3: ``ServerSession._connection``), hence the pinned SDK range."""
     return ctx.session._connection
-
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -390,11 +347,11 @@ class McpFrontDoor:
         self.slots.in_use(_connection(ctx).session_id)  # from now on: the session TTL
         counter = self.service.metrics.mcp_calls
         try:
-            limits = _limits(params.meta)
-            session = (_named_session(params.meta)
+            lower = limits(params.meta)
+            session = (named_session(params.meta)
                        or await self._sandbox_session(_connection(ctx), client))
             request = InvokeRequest(arguments=params.arguments or {}, session=session,
-                                    limits=limits)
+                                    limits=lower)
             result = await self._run(ctx, client, params.name, request)
         except UnknownTool as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
