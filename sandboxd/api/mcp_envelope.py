@@ -17,6 +17,7 @@ from starlette.types import Message, Send
 
 __all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error", "with_request_id"]
 INVALID_REQUEST = -32600  # JSON-RPC 2.0 section 5.1 (no SDK import for a constant)
+PARSE_ERROR = -32700
 
 
 def rpc_error(ident: str | int | None, code: int, message: str,
@@ -84,9 +85,9 @@ def _invalid(ident: str | int | None, why: str) -> dict[str, Any]:
 
 def with_request_id(send: Send, ident: str | int | None) -> Send:
     """``send`` of a request with id ``ident``: a JSON-RPC error the SDK answers with
-    ``"id": null`` (its transport's own refusals: unknown session, missing session id, a
-    second ``initialize``...) gets the request's id, as JSON-RPC 2.0 section 5 wants (``null``
-    only when the id could not be read). Other answers pass through untouched."""
+    ``"id": null`` (its transport's own refusals: an unknown or a missing session id...)
+    gets the request's id, as JSON-RPC 2.0 section 5 wants (``null`` only when the id could not
+    be read: a parse error keeps it). Other answers pass through untouched."""
     if ident is None:
         return send
     start: Message | None = None
@@ -117,6 +118,9 @@ def with_request_id(send: Send, ident: str | int | None) -> Send:
 
 def _with_id(body: bytes, ident: str | int) -> bytes:
     answer = _parse(body)
-    if isinstance(answer, dict) and "error" in answer and answer.get("id") is None:
+    error = answer.get("error") if isinstance(answer, dict) else None
+    # a parse error keeps null (section 5: the message was not read, whatever this check read)
+    if (isinstance(answer, dict) and isinstance(error, dict) and answer.get("id") is None
+            and error.get("code") != PARSE_ERROR):
         return json.dumps({**answer, "id": ident}, separators=(",", ":")).encode()
     return body

@@ -109,3 +109,13 @@ def test_the_session_cap_answers_the_request(tmp_path: Path) -> None:
     answer = _error_of(r)
     assert r.status_code == 429 and answer["id"] == 6, answer
     assert "mcp_max_sessions_per_client" in answer["error"]["message"]
+
+
+def test_a_parse_error_keeps_a_null_id(mcp: RawMcp) -> None:
+    """A body nested past the SDK's parser is a parse error: its id was not read there, so the
+    answer says ``null`` even though a laxer reader could find one (section 5)."""
+    deep = "[" * 300 + "]" * 300
+    r = mcp.post(('{"jsonrpc": "2.0", "id": 200, "method": "tools/list", "params": {"x": '
+                  + deep + "}}").encode())
+    answer = _error_of(r)
+    assert answer["error"]["code"] == -32700 and answer["id"] is None, answer
