@@ -102,6 +102,14 @@ def _choice(value: Any, what: str, allowed: tuple[str, ...]) -> str:
     return cast(str, value)
 
 
+def _freeze(obj: object, *names: str) -> None:
+    """Turn the list fields ``names`` of a frozen dataclass into tuples (deeply immutable)."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            object.__setattr__(obj, name, tuple(value))
+
+
 # ---------------------------------------------------------------- the command plan
 
 
@@ -152,6 +160,7 @@ class PlannedCommand:
     redirects: tuple[Redirect, ...] = ()
 
     def __post_init__(self) -> None:
+        _freeze(self, "argv", "exec_only", "redirects")
         if not self.argv:
             raise ValueError("a planned command needs at least one word")
 
@@ -187,6 +196,7 @@ class Pipeline:
     run_if: RunIf = "always"
 
     def __post_init__(self) -> None:
+        _freeze(self, "commands")
         if not self.commands:
             raise ValueError("a pipeline needs at least one command")
         _choice(self.run_if, "run_if", get_args(RunIf))
@@ -213,6 +223,7 @@ class Plan:
     pipelines: tuple[Pipeline, ...]
 
     def __post_init__(self) -> None:
+        _freeze(self, "pipelines")
         if not self.pipelines:
             raise ValueError("a plan needs at least one pipeline")
 
@@ -288,7 +299,7 @@ class ExecutionPlan:
     ``display``: the display caps; ``limits``: the effective limits."""
 
     kind: ToolKind
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     command: Plan | None = None
     imports_allow: tuple[str, ...] = ()
     imports_deny: tuple[str, ...] = ()
@@ -296,7 +307,10 @@ class ExecutionPlan:
     network: str | None = None
     path: str | None = None
     max_file_bytes: int = 1024 * 1024
-    display: DisplayCaps = DisplayCaps()
+    display: DisplayCaps = field(default_factory=DisplayCaps)
+
+    def __post_init__(self) -> None:
+        _freeze(self, "imports_allow", "imports_deny")
 
     @property
     def argv(self) -> list[str] | None:
