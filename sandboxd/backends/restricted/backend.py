@@ -275,7 +275,7 @@ class RestrictedBackend:
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Run one python invocation: in its session's kernel when it names a session
         (:mod:`.kernel`), else in a fresh confined worker."""
-        if invocation.kind is not ToolKind.python:
+        if invocation.plan.kind is not ToolKind.python:
             return outcome.result(
                 invocation,
                 limits,
@@ -283,7 +283,7 @@ class RestrictedBackend:
                 Reason.policy,
                 cleanup=Cleanup(verified=True),
                 message=f"the restricted backend only runs python code, "
-                f"not {invocation.kind.value}",
+                f"not {invocation.plan.kind.value}",
             )
         code = invocation.arguments.get("code")
         if not isinstance(code, str):
