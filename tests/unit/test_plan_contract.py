@@ -122,3 +122,26 @@ def test_the_dataclasses_check_what_they_are_built_from() -> None:
     with pytest.raises(ValueError):
         Plan(pipelines=())
     assert Plan.single(["ls", "-l"]).argv == ["ls", "-l"]
+
+
+EXPLAIN = json.loads((Path(__file__).parent / "data" / "explain_json.json").read_text("utf-8"))
+#: what a denial no longer repeats: it has no plan (docs/policy.md, "The plan")
+NO_PLAN = {"limits": None, "kind": None, "plan": None, "argv": None, "imports_allow": [],
+           "imports_deny": [], "image": None, "network": None, "max_file_bytes": 1024 * 1024,
+           "path": None}
+
+
+@pytest.mark.parametrize("case", EXPLAIN, ids=lambda c: json.dumps(c["call"])[:60])
+def test_the_explain_json_keeps_its_form(tmp_path: Path, case: dict[str, Any]) -> None:
+    """``policy explain``'s JSON (``Decision.model_dump``) as the loose fields wrote it
+    (``data/explain_json.json``, written before the plan): the same keys in the same order,
+    the same values for an allowed call; a denial's plan keys hold their empty values."""
+    from tests.policy import test_decisions
+
+    tool, arguments = case["call"]
+    d = decide(store_for(tmp_path, getattr(test_decisions, case["policy"])), tool, arguments)
+    dump = d.model_dump(mode="json")
+    dump.pop("source")
+    assert list(dump) == list(case["json"])
+    expected = case["json"] if case["allowed"] else {**case["json"], **NO_PLAN}
+    assert json.dumps(dump) == json.dumps(expected)
