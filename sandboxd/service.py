@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,8 +73,7 @@ log = logging.getLogger("sandboxd")
 
 @dataclass(frozen=True)
 class _Call:
-    """One admitted call on its way to its backend: the request, the decision and its plan
-    (as the service passes it on), and the call's in-process I/O."""
+    """One admitted call on its way to its backend, with the plan the service passes on."""
 
     id: str
     client: str
@@ -304,8 +303,7 @@ class Sandboxd(SessionOps):
             await self._finish(client, result, admitted, transport=transport)
             raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
         assert decision.plan is not None  # an allowed decision carries what runs
-        # the plan as the policy made it, plus what the service owns: its display caps and,
-        # under an advisory quota, the room left in the session's workspace
+        # the policy's plan, plus what the service owns: display caps, advisory quota room
         plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
                                                           self.settings.max_displays))
         if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
@@ -385,29 +383,19 @@ class Sandboxd(SessionOps):
             slots = self.scheduler if call.transfer is None else self.transfers
             async with slots.slot(call.client, deadline):
                 started.set()
-                async with self._workspace(call.session, call.id) as workspace:
+                async with self.sessions.workspace(call.session, call.id) as workspace:
                     invocation = Invocation(
                         id=call.id, tool=call.tool, client=call.client, session=session,
                         workspace=workspace, uid=self.sessions.identity(call.session, call.id),
                         arguments=call.request.arguments, plan=call.plan,
                         transfer=call.transfer, events=call.events)
-                    result = note_kernel_lost(
-                        await call.backend.run(invocation, limits, deadline))
+                    result = note_kernel_lost(await call.backend.run(invocation, limits, deadline))
                     result = await self._note_quota(result, call.plan, workspace)
         except DeadlineExpired as exc:
             return self._outcome(call.id, call.tool, call.decision, session, Status.timeout,
                                  Reason.wall_timeout, str(exc))
         return result.model_copy(update={"policy": call.decision.ref,
                                          "limits": result.limits or limits})
-
-    @contextlib.asynccontextmanager
-    async def _workspace(self, session: Session | None,
-                         invocation_id: str) -> AsyncIterator[Path]:
-        if session is not None:
-            yield Path(session.workspace)
-        else:
-            async with self.sessions.temporary(invocation_id) as path:
-                yield path
 
     async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
         """Tell the model when its workspace is full: a write that failed with ENOSPC (or,
