@@ -30,11 +30,21 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
-from sandboxd.plans import Plan
 from sandboxd.protocol.display import TOO_DEEP, too_deep
 from sandboxd.protocol.limits import LIMITS, Limits
+from sandboxd.protocol.plan import ExecutionPlan
+from sandboxd.protocol.plan import ToolKind as ToolKind  # re-exported: the tools' kinds
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 
@@ -160,51 +170,23 @@ class InvokeRequest(_Request):
     limits: LimitsRequest | None = None
 
 
-class ToolKind(StrEnum):
-    """What a backend is asked to do."""
-
-    python = "python"  # run arguments["code"]
-    command = "command"  # run Invocation.plan (or a plain Invocation.argv)
-    read_file = "read_file"
-    write_file = "write_file"
-    list_files = "list_files"
-
-
 class Invocation(_Model):
-    """One call, fully resolved by the policy engine, as a backend receives it."""
+    """One call as a backend receives it: who asks, where it runs, and the policy's
+    :class:`~sandboxd.protocol.plan.ExecutionPlan` (what runs and how), passed on as the
+    policy made it; the service adds nothing but the workspace and the sandbox uid."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     id: str = Field(default_factory=lambda: new_id("inv"))
     tool: str
-    kind: ToolKind
     client: str
     session: str | None = None
     workspace: Path
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    # command tools (shell, admin-defined): what to execute, never a shell string; a plain
-    # ``argv`` is the plan of one command without additions
-    plan: Plan | None = None
-    argv: list[str] | None = None
-    # python tool: module names the import hook admits (and explicitly denies)
-    imports_allow: list[str] = Field(default_factory=list)
-    imports_deny: list[str] = Field(default_factory=list)
-    # container backend: image to use (None = the backend's default for the kind)
-    image: str | None = None
-    # named Docker network granted by the policy (None = no network at all)
-    network: str | None = None
-    # file tools: largest file that may be read or written
-    max_file_bytes: int = 1024 * 1024
-    # display items (issue 14): one item's JSON and the items of a call at most (settings
-    # max_display_bytes / max_displays; sandboxd.protocol.display.DisplayCaps)
-    display_bytes: int = 2 * 1024 * 1024
-    displays: int = 32
     # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);
     # None when the daemon is not root
     uid: int | None = None
-    # file tools: the workspace-relative path the policy decided on (policy.paths.normalise);
-    # the backend opens exactly this path, never the raw argument
-    path: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    plan: ExecutionPlan
     # file tools: the bytes of a raw upload or download, in-process
     transfer: Transfer | None = Field(default=None, exclude=True)
     # a streaming caller's sink: the backend hands it output as it is produced (issue 14,
@@ -224,7 +206,8 @@ class PolicyRef(_Model):
 
 
 class Decision(_Model):
-    """What the policy engine decided for one call, and why."""
+    """What the policy engine decided for one call, and why; for an allowed call, ``plan``
+    is what runs (every layer after the policy passes it on)."""
 
     allowed: bool
     source: str  # policy file, e.g. "policies/default.yaml"
@@ -232,16 +215,33 @@ class Decision(_Model):
     message: str = ""  # for a denial: phrased so that a model can act on it
     policy_name: str = ""
     backend: str | None = None  # "restricted" | "container" | "workspace"
-    limits: Limits | None = None  # effective limits (allowed calls only)
-    kind: ToolKind | None = None
-    plan: Plan | None = None  # command tools: what runs (see Plan)
-    argv: list[str] | None = None  # the plan's argv when it is one plain command
-    imports_allow: list[str] = Field(default_factory=list)
-    imports_deny: list[str] = Field(default_factory=list)
-    image: str | None = None
-    network: str | None = None
-    max_file_bytes: int = 1024 * 1024
-    path: str | None = None  # file tools: the normalised path the rules were matched against
+    plan: ExecutionPlan | None = None  # allowed calls only
+
+    @property
+    def limits(self) -> Limits | None:
+        """The effective limits (allowed calls only): the plan's."""
+        return self.plan.limits if self.plan is not None else None
+
+    @model_serializer(mode="wrap")
+    def _public(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The public JSON (``policy explain``) keeps its flat form: the plan's fields as
+        top-level keys, the command plan under ``plan``; a denial has no plan (nulls)."""
+        out: dict[str, Any] = handler(self)
+        out.pop("plan", None)
+        p = self.plan
+        out.update({
+            "limits": p.limits.to_wire() if p is not None else None,
+            "kind": p.kind.value if p is not None else None,
+            "plan": p.command.to_wire() if p is not None and p.command is not None else None,
+            "argv": p.argv if p is not None else None,
+            "imports_allow": list(p.imports_allow) if p is not None else [],
+            "imports_deny": list(p.imports_deny) if p is not None else [],
+            "image": p.image if p is not None else None,
+            "network": p.network if p is not None else None,
+            "max_file_bytes": p.max_file_bytes if p is not None else 1024 * 1024,
+            "path": p.path if p is not None else None,
+        })
+        return out
 
     @property
     def ref(self) -> PolicyRef:

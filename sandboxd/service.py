@@ -18,7 +18,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +46,16 @@ from sandboxd.models import (
     Explanation,
     Invocation,
     InvokeRequest,
-    Limits,
     LimitsRequest,
     Reason,
     Result,
     Status,
-    ToolKind,
     ToolSpec,
     new_id,
 )
 from sandboxd.policy import PolicyStore
+from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.plan import ExecutionPlan, ToolKind
 from sandboxd.quotafs import Usage, quota_message
 from sandboxd.readiness import BackendProbes, Readiness, policy_state
 from sandboxd.recorder import AuditRecorder, interrupted_calls
@@ -68,6 +69,22 @@ from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One admitted call on its way to its backend, with the plan the service passes on."""
+
+    id: str
+    client: str
+    tool: str
+    request: InvokeRequest
+    session: Session | None
+    decision: Decision
+    plan: ExecutionPlan
+    backend: Backend
+    transfer: Transfer | None
+    events: EventSink | None
 
 
 class Sandboxd(SessionOps):
@@ -285,19 +302,20 @@ class Sandboxd(SessionOps):
                                    Reason.policy, f"tool '{tool}' is unavailable: {why}")
             await self._finish(client, result, admitted, transport=transport)
             raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
-        if session is not None and decision.kind in (ToolKind.python, ToolKind.command):
+        assert decision.plan is not None  # an allowed decision carries what runs
+        # the policy's plan, plus what the service owns: display caps, advisory quota room
+        plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
+                                                          self.settings.max_displays))
+        if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
             used = await self.sessions.check_quota(session)
             if not self.sessions.fs.kernel:
                 # advisory quota: no single file may take more than what is left of it
                 left = max(used.quota_bytes - used.bytes, 0)
-                decision = decision.model_copy(
-                    update={"max_file_bytes": min(decision.max_file_bytes, left)})
-        assert decision.limits is not None
-        limits = decision.limits
-        deadline = admitted + limits.timeout_s
+                plan = replace(plan, max_file_bytes=min(plan.max_file_bytes, left))
+        deadline = admitted + plan.limits.timeout_s
         try:  # a session python call may start a kernel: within max_kernels only
             ticket = self.kernel_cap.admit(request.session, decision.backend,
-                                           python=decision.kind is ToolKind.python)
+                                           python=plan.kind is ToolKind.python)
         except KernelLimitReached as exc:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
@@ -308,10 +326,10 @@ class Sandboxd(SessionOps):
         if task is not None:
             self._inflight.add(task)
         started = started or asyncio.Event()  # set once the call holds a slot and runs
+        call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
+                     transfer, events)
         try:
-            result = await self._execute(client, invocation_id, tool, decision, backend,
-                                         session, request, limits, deadline, started, transfer,
-                                         events)
+            result = await self._execute(call, deadline, started)
         except Overloaded as exc:
             self.metrics.rejections.labels(reason=type(exc).__name__).inc()
             result = self._outcome(invocation_id, tool, decision, request.session,
@@ -357,49 +375,33 @@ class Sandboxd(SessionOps):
                             session.id, exc)
         return await self._finish(client, result, admitted, ran=True, transport=transport)
 
-    async def _execute(self, client: str, invocation_id: str, tool: str, decision: Decision,
-                       backend: Backend, session: Session | None, request: InvokeRequest,
-                       limits: Limits, deadline: float, started: asyncio.Event,
-                       transfer: Transfer | None = None, events: EventSink | None = None) -> Result:
+    async def _execute(self, call: _Call, deadline: float, started: asyncio.Event) -> Result:
+        """Run ``call`` in a slot, in its workspace (the session's, or a temporary one)."""
+        limits, session = call.plan.limits, call.request.session
         try:
             # a raw transfer never takes an execution slot: its client's transfer slots
-            slots = self.scheduler if transfer is None else self.transfers
-            async with slots.slot(client, deadline):
+            slots = self.scheduler if call.transfer is None else self.transfers
+            async with slots.slot(call.client, deadline):
                 started.set()
-                async with self._workspace(session, invocation_id) as workspace:
+                async with self.sessions.workspace(call.session, call.id) as workspace:
                     invocation = Invocation(
-                        id=invocation_id, tool=tool, kind=decision.kind or ToolKind.python,
-                        client=client, session=request.session, workspace=workspace,
-                        uid=self.sessions.identity(session, invocation_id),
-                        arguments=request.arguments, plan=decision.plan, argv=decision.argv,
-                        imports_allow=decision.imports_allow, imports_deny=decision.imports_deny,
-                        image=decision.image, network=decision.network,
-                        max_file_bytes=decision.max_file_bytes, path=decision.path,
-                        display_bytes=self.settings.max_display_bytes,
-                        displays=self.settings.max_displays, transfer=transfer,
-                        events=events)
-                    result = note_kernel_lost(await backend.run(invocation, limits, deadline))
-                    result = await self._note_quota(result, decision, workspace)
+                        id=call.id, tool=call.tool, client=call.client, session=session,
+                        workspace=workspace, uid=self.sessions.identity(call.session, call.id),
+                        arguments=call.request.arguments, plan=call.plan,
+                        transfer=call.transfer, events=call.events)
+                    result = note_kernel_lost(await call.backend.run(invocation, limits, deadline))
+                    result = await self._note_quota(result, call.plan, workspace)
         except DeadlineExpired as exc:
-            return self._outcome(invocation_id, tool, decision, request.session, Status.timeout,
+            return self._outcome(call.id, call.tool, call.decision, session, Status.timeout,
                                  Reason.wall_timeout, str(exc))
-        return result.model_copy(update={"policy": decision.ref,
+        return result.model_copy(update={"policy": call.decision.ref,
                                          "limits": result.limits or limits})
 
-    @contextlib.asynccontextmanager
-    async def _workspace(self, session: Session | None,
-                         invocation_id: str) -> AsyncIterator[Path]:
-        if session is not None:
-            yield Path(session.workspace)
-        else:
-            async with self.sessions.temporary(invocation_id) as path:
-                yield path
-
-    async def _note_quota(self, result: Result, decision: Decision, workspace: Path) -> Result:
+    async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
         """Tell the model when its workspace is full: a write that failed with ENOSPC (or,
         under an advisory quota, EFBIG at the per-file cap) otherwise reads as an obscure OS
         error."""
-        if decision.kind not in (ToolKind.python, ToolKind.command):
+        if plan.kind not in (ToolKind.python, ToolKind.command):
             return result  # the file tools say it themselves
         usage: Usage | None = None
         with contextlib.suppress(OSError):

@@ -338,6 +338,16 @@ class SessionManager:
     # ------------------------------------------------------------ temporary workspaces
 
     @contextlib.asynccontextmanager
+    async def workspace(self, session: Session | None,
+                        invocation_id: str) -> AsyncIterator[Path]:
+        """The workspace of one call: its session's, or a :meth:`temporary` one."""
+        if session is not None:
+            yield Path(session.workspace)
+        else:
+            async with self.temporary(invocation_id) as path:
+                yield path
+
+    @contextlib.asynccontextmanager
     async def temporary(self, invocation_id: str) -> AsyncIterator[Path]:
         """A fresh workspace for one call without a session (with the same quota as a session's
         workspace), unmounted and removed afterwards in a worker thread. A crash before that is

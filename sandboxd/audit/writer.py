@@ -302,12 +302,13 @@ class AuditLog:
             "backend": decision.backend,
             "limits": decision.limits.to_wire() if decision.limits else None,
         }
-        if decision.network:
-            fields["network"] = decision.network
-        if decision.allowed and decision.argv is not None:
-            fields["argv_preview"] = preview(decision.argv)
-        elif decision.allowed and decision.plan is not None:
-            fields["plan_preview"] = cap(decision.plan.render(), PREVIEW_CHARS)
+        plan = decision.plan
+        if plan is not None and plan.network:
+            fields["network"] = plan.network
+        if decision.allowed and plan is not None and plan.argv is not None:
+            fields["argv_preview"] = preview(plan.argv)
+        elif decision.allowed and plan is not None and plan.command is not None:
+            fields["plan_preview"] = cap(plan.command.render(), PREVIEW_CHARS)
         if not decision.allowed:
             fields["message"] = cap(decision.message)
         self.write("decision", **fields)

@@ -137,14 +137,14 @@ class ScriptedBackend(Backend):
     def _enter_kernel(self, invocation: Invocation) -> Kernel | None:
         """The session's kernel for this call (started when there is none), or None."""
         sid = invocation.session
-        if sid is None or invocation.kind is not ToolKind.python:
+        if sid is None or invocation.plan.kind is not ToolKind.python:
             return None
         fresh = sid not in self.kernels
         self.kernels[sid] = self.kernels.get(sid, 0) + 1
         return Kernel(fresh=fresh, calls=self.kernels[sid])
 
     def _end_kernel(self, invocation: Invocation) -> None:
-        if invocation.session is not None and invocation.kind is ToolKind.python:
+        if invocation.session is not None and invocation.plan.kind is ToolKind.python:
             self.kernels.pop(invocation.session, None)
 
     async def _answer(self, invocation: Invocation, limits: Limits) -> Result:

@@ -184,12 +184,13 @@ def explain(
         typer.echo(f"message:  {decision.message}")
     if decision.backend:
         typer.echo(f"backend:  {decision.backend}")
-    if decision.argv is not None:
-        typer.echo(f"argv:     {json.dumps(decision.argv)}")
-    elif decision.plan is not None:
-        typer.echo(f"runs:     {decision.plan.render()}  (no shell)")
-    if decision.allowed and decision.imports_allow:
-        typer.echo(f"imports:  {', '.join(decision.imports_allow)}")
+    plan = decision.plan
+    if plan is not None and plan.argv is not None:
+        typer.echo(f"argv:     {json.dumps(plan.argv)}")
+    elif plan is not None and plan.command is not None:
+        typer.echo(f"runs:     {plan.command.render()}  (no shell)")
+    if decision.allowed and plan is not None and plan.imports_allow:
+        typer.echo(f"imports:  {', '.join(plan.imports_allow)}")
     if decision.limits is not None:
         typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
     for name, (asked, granted) in lowered.items():

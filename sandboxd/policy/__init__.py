@@ -50,7 +50,7 @@ python
     admits the module and its submodules (``os`` covers ``os.path``); ``"*"`` in ``allow``
     admits any module. Imports are found up front in the code's AST (``import``, ``from``,
     literal ``__import__("x")`` / ``importlib.import_module("x")``); the backends enforce the
-    same lists at run time (``Decision.imports_allow`` / ``imports_deny``) with the same rule:
+    same lists at run time (``ExecutionPlan.imports_allow`` / ``imports_deny``) with the same rule:
     :func:`sandboxd.protocol.rules.import_verdict` is its one definition (the container runner has a
     copy of that module, made by the image build).
 
@@ -63,7 +63,7 @@ shell
     program checked too; ``NAME=value`` prefixes and shell builtins (``cd``, ...) are refused.
     Known programs are hardened (:mod:`sandboxd.policy.programs`: git runs with options and
     an environment that repository content cannot override, and may execute only git's own
-    helpers). The result is a :class:`~sandboxd.plans.Plan` that the backend executes as it
+    helpers). The result is a :class:`~sandboxd.protocol.plan.Plan` that the backend executes as it
     is; no shell ever sees the line. Without operators the plan is one argv; ``$(...)``,
     backticks and process substitution are refused. With operators the line is split at
     ``|``, ``;``, ``&&``, ``||`` and newlines, with redirects to workspace files; every
@@ -77,7 +77,7 @@ read_file / write_file / list_files
     other absolute paths, ``..``, control and invisible characters, spaces at either end of
     a name and non-NFC text are refused, never cleaned. The normalised path is carried on
     the decision (``Decision.path``) and is the path the backend opens. ``max_bytes`` caps
-    file sizes (``Decision.max_file_bytes``). The path check is on the requested name: the
+    file sizes (``ExecutionPlan.max_file_bytes``). The path check is on the requested name: the
     workspace backend must still refuse symlinks.
 
 custom_tools

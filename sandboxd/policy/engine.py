@@ -10,15 +10,10 @@ from __future__ import annotations
 import ast
 import re
 import string
+from dataclasses import replace
 from typing import Any
 
-from sandboxd.models import (
-    Decision,
-    Limits,
-    LimitsRequest,
-    ToolKind,
-)
-from sandboxd.plans import Pipeline, Plan, PlannedCommand, Redirect
+from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
@@ -43,7 +38,15 @@ from sandboxd.policy.shell import (
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.specs import enabled_tools, listing
-from sandboxd.protocol.limits import LIMITS
+from sandboxd.protocol.limits import LIMITS, Limits
+from sandboxd.protocol.plan import (
+    ExecutionPlan,
+    Pipeline,
+    Plan,
+    PlannedCommand,
+    Redirect,
+    ToolKind,
+)
 from sandboxd.protocol.rules import denied_name, import_verdict
 from sandboxd.registry import BUILTIN_TOOLS
 from sandboxd.text import visible
@@ -78,17 +81,24 @@ class _Ctx:
         self.pol = pol
         self.tool = tool
         self.requested = requested
-        self.base: dict[str, Any] = {}
+        self.backend: str | None = None
+        self.kind = ToolKind.python
+        #: facts of the plan found on the way (a file tool's path and file cap)
+        self.facts: dict[str, Any] = {}
 
     def deny(self, rule: str, message: str) -> Decision:
         return Decision(allowed=False, source=self.pol.source, rule=rule, message=message,
-                        policy_name=self.pol.name, **self.base)
+                        policy_name=self.pol.name, backend=self.backend)
 
     def allow(self, rule: str, limits_spec: LimitsSpec, network: str | None,
               **fields: Any) -> Decision:
+        """The allowed decision and its plan: what runs, with ``fields`` and the effective
+        limits."""
         limits = effective_limits(self.pol.spec, limits_spec, self.requested, network)
+        plan = ExecutionPlan(kind=self.kind, limits=limits, network=network,
+                             **{**self.facts, **fields})
         return Decision(allowed=True, source=self.pol.source, rule=rule, policy_name=self.pol.name,
-                        limits=limits, network=network, **{**self.base, **fields})
+                        backend=self.backend, plan=plan)
 
 
 def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],
@@ -102,7 +112,7 @@ def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str
     if tool in BUILTIN_NAMES:
         cfg = getattr(spec.tools, tool)
         if cfg is not None and cfg.enabled:
-            ctx.base = {"backend": cfg.backend, "kind": BUILTIN_TOOLS[tool].kind}
+            ctx.backend, ctx.kind = cfg.backend, BUILTIN_TOOLS[tool].kind
             if isinstance(cfg, PythonTool):
                 return _decide_python(ctx, cfg, arguments)
             if isinstance(cfg, ShellTool):
@@ -110,7 +120,7 @@ def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str
             return _decide_file(ctx, cfg, arguments)
     elif tool in spec.custom_tools and spec.custom_tools[tool].enabled:
         custom = spec.custom_tools[tool]
-        ctx.base = {"backend": custom.backend, "kind": ToolKind.command}
+        ctx.backend, ctx.kind = custom.backend, ToolKind.command
         return _decide_custom(ctx, custom, arguments)
     available = enabled_tools(pol)
     if tool in BUILTIN_NAMES and getattr(spec.tools, tool) is not None:
@@ -172,8 +182,8 @@ def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Dec
             return ctx.deny("tools.python.imports.allow",
                             f"Importing `{module}` is not allowed here; allowed modules: {hint}.")
     return ctx.allow("tools.python", cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     image=cfg.image, imports_allow=list(rules.allow),
-                     imports_deny=list(rules.deny))
+                     image=cfg.image, imports_allow=tuple(rules.allow),
+                     imports_deny=tuple(rules.deny))
 
 
 # ------------------------------------------------------------------ shell
@@ -227,7 +237,7 @@ def _harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
     names = [program_name(argv[p]) or argv[p] for p in positions]
     hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
     if not hardened:
-        return PlannedCommand(argv=argv)
+        return PlannedCommand(argv=tuple(argv))
     out = list(argv)
     env: dict[str, str] = {}
     exec_only: list[str] = []
@@ -244,7 +254,7 @@ def _harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
         out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
         env.update(rules.env)
         exec_only += [*outer, *rules.exec_only]
-    return PlannedCommand(argv=out, env=env, exec_only=list(dict.fromkeys(exec_only)))
+    return PlannedCommand(argv=tuple(out), env=env, exec_only=tuple(dict.fromkeys(exec_only)))
 
 
 def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
@@ -312,12 +322,11 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
             denied = next((r for r in redirects if isinstance(r, Decision)), None)
             if denied is not None:
                 return denied
-            planned.redirects = [r for r in redirects if isinstance(r, Redirect)]
-            commands.append(planned)
-        pipelines.append(Pipeline(run_if=pipe.run_if, commands=commands))
-    plan = Plan(pipelines=pipelines)
+            commands.append(replace(planned, redirects=tuple(
+                r for r in redirects if isinstance(r, Redirect))))
+        pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
     return ctx.allow(", ".join(rules), cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     plan=plan, argv=plan.argv, image=cfg.image)
+                     command=Plan(pipelines=tuple(pipelines)), image=cfg.image)
 
 
 # ------------------------------------------------------------------ file tools
@@ -325,14 +334,14 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
 
 def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decision:
     tool = ctx.tool
-    ctx.base["max_file_bytes"] = cfg.max_bytes
+    ctx.facts["max_file_bytes"] = cfg.max_bytes
     raw = str(arguments.get("path", "."))
     try:
         path = normalise(raw)
     except PathRefused as exc:
         return ctx.deny(f"tools.{tool}.paths",
                         f"The path `{visible(raw)}` is not allowed: {exc}.")
-    ctx.base["path"] = path
+    ctx.facts["path"] = path
     for i, pattern in enumerate(cfg.paths.deny):
         if glob_match(pattern, path):
             return ctx.deny(f"tools.{tool}.paths.deny[{i}]",
@@ -399,9 +408,8 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
     planned = _harden(argv, positions)
     if isinstance(planned, str):
         return ctx.deny(base, f"{planned[0].upper()}{planned[1:]}.")
-    plan = Plan(pipelines=[Pipeline(commands=[planned])])
-    return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network), plan=plan,
-                     argv=plan.argv, image=tool.image)
+    return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network),
+                     command=Plan(pipelines=(Pipeline(commands=(planned,)),)), image=tool.image)
 
 
 # ------------------------------------------------------------------ admin warnings

@@ -3,7 +3,7 @@
 A command line never reaches a shell. :func:`parse` turns it into pipelines of simple commands
 (argv after POSIX quote removal, plus redirects); the policy engine checks every program of
 that structure and hands the same structure to the backend as a
-:class:`~sandboxd.plans.Plan`, which the backend's runner executes itself (pipes, ``&&`` /
+:class:`~sandboxd.protocol.plan.Plan`, which the backend's runner executes itself (pipes, ``&&`` /
 ``||`` / ``;`` sequencing, redirects opened inside the workspace). So what is checked is what
 runs, by construction: there is no second parser whose reading could differ.
 
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from sandboxd.errors import SandboxdError
 
 if TYPE_CHECKING:
-    from sandboxd.plans import RedirectMode, RunIf
+    from sandboxd.protocol.plan import RedirectMode, RunIf
 
 OPERATORS = sorted(
     ["&&", "||", ";;", "|&", "<<<", "<<-", "<<", ">>", "<&", ">&", "<>", ">|", "&>>", "&>",
@@ -96,7 +96,7 @@ class Command:
 
 @dataclass
 class Pipeline:
-    run_if: RunIf  # see sandboxd.plans.Pipeline
+    run_if: RunIf  # see sandboxd.protocol.plan.Pipeline
     commands: list[Command]
 
 

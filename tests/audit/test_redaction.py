@@ -15,6 +15,7 @@ from sandboxd.models import (
     Status,
     Termination,
 )
+from sandboxd.protocol.plan import ExecutionPlan, Plan, ToolKind
 
 SECRETS = [
     "sk-abcdefghijklmnopqrstuvwx",
@@ -58,8 +59,9 @@ def test_decision_record_has_digest_preview_rule_and_limits(tmp_path: Path) -> N
                         rule="tools.shell.commands.deny[2]", message="`curl` is not allowed",
                         policy_name="default", backend="container")
     allowed = Decision(allowed=True, source="policies/default.yaml", rule="tools.python",
-                       policy_name="default", backend="restricted", limits=Limits(timeout_s=5),
-                       argv=["tool", "--password=s3cr3tP4ss"])
+                       policy_name="default", backend="restricted",
+                       plan=ExecutionPlan(kind=ToolKind.command, limits=Limits(timeout_s=5),
+                                          command=Plan.single(["tool", "--password=s3cr3tP4ss"])))
     with AuditLog(log_path) as log:
         log.decision(request_id="req_1", client="alice", tool="shell", session=None,
                      arguments=args, decision=decision)

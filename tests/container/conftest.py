@@ -16,6 +16,7 @@ import pytest_asyncio
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Result, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan, Plan
 
 #: the identity the helpers below give their workspaces and calls (the daemon would take one
 #: from its uid pool per call or session): the last uid of the default pool, adopted by the
@@ -55,11 +56,14 @@ async def run(backend: ContainerBackend, ws: Path, *, argv: list[str] | None = N
         uid = SANDBOX_UID
     if code is not None:
         # as a policy with imports: {allow: ["*"]} sends it (the runner's rule is default deny)
-        inv = Invocation(tool="python", kind=ToolKind.python, client=client, session=session,
-                         workspace=ws, arguments={"code": code}, uid=uid, imports_allow=["*"])
+        inv = Invocation(tool="python", client=client, session=session, workspace=ws,
+                         arguments={"code": code}, uid=uid,
+                         plan=ExecutionPlan(kind=ToolKind.python, limits=limits,
+                                            imports_allow=("*",)))
     else:
-        inv = Invocation(tool="shell", kind=ToolKind.command, client=client, session=session,
-                         workspace=ws, argv=argv, uid=uid)
+        inv = Invocation(tool="shell", client=client, session=session, workspace=ws, uid=uid,
+                         plan=ExecutionPlan(kind=ToolKind.command, limits=limits,
+                                            command=Plan.single(argv) if argv else None))
     return await backend.run(inv, limits, time.monotonic() + limits.timeout_s)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan
 from tests.support.ci import require
 
 from .conftest import SANDBOX_UID, run
@@ -258,8 +259,10 @@ async def test_concurrent_containers_never_share_a_uid(backend: ContainerBackend
         ws = tmp_path / f"w{i}"
         ws.mkdir(mode=0o700)
         os.chown(ws, uid, uid)
-        inv = Invocation(tool="python", kind=ToolKind.python, client="tester", workspace=ws,
-                         arguments={"code": code}, uid=uid, imports_allow=["*"])
+        inv = Invocation(tool="python", client="tester", workspace=ws,
+                         arguments={"code": code}, uid=uid,
+                         plan=ExecutionPlan(kind=ToolKind.python, limits=Limits(timeout_s=30),
+                                            imports_allow=("*",)))
         calls.append(backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30))
     try:
         results = await asyncio.gather(*calls)

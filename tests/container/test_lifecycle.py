@@ -16,6 +16,7 @@ import pytest
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason
+from sandboxd.protocol.plan import ExecutionPlan, Plan
 from tests.support.scale import scaled
 
 from .conftest import labelled, make_settings, run, workspace
@@ -142,9 +143,9 @@ async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: A
     backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
-        inv = Invocation(tool="shell", kind=ToolKind.command, client="c",
-                         workspace=workspace(tmp_path, "w"), argv=["true"],
-                         image="sandboxd/does-not-exist:1")
+        inv = Invocation(tool="shell", client="c", workspace=workspace(tmp_path, "w"),
+                         plan=ExecutionPlan(kind=ToolKind.command, command=Plan.single(["true"]),
+                                            image="sandboxd/does-not-exist:1"))
         res = await backend.run(inv, Limits(), time.monotonic() + 30)
         assert res.status is Status.error
         assert res.message and "could not be started" in res.message
@@ -170,8 +171,9 @@ async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path:
     backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
-        inv = Invocation(tool="shell", kind=ToolKind.command, client="c",
-                         workspace=workspace(tmp_path, "w"), argv=["true"], image=tag)
+        inv = Invocation(tool="shell", client="c", workspace=workspace(tmp_path, "w"),
+                         plan=ExecutionPlan(kind=ToolKind.command, limits=Limits(timeout_s=30),
+                                            command=Plan.single(["true"]), image=tag))
         res = await backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30)
         assert res.status is Status.error, res
         assert res.message and "runner" in res.message

@@ -10,6 +10,7 @@ import pytest
 
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason, Status
+from sandboxd.protocol.plan import ExecutionPlan
 
 from .conftest import labelled, run, workspace
 
@@ -224,9 +225,10 @@ async def test_import_allowlist_is_applied_in_the_container(backend: ContainerBa
     from sandboxd.models import Invocation, ToolKind
 
     ws = workspace(tmp_path, "imp")
-    inv = Invocation(tool="python", kind=ToolKind.python, client="c", workspace=ws,
+    inv = Invocation(tool="python", client="c", workspace=ws,
                      arguments={"code": "import json\nm = __import__('subprocess')"},
-                     imports_allow=["json", "math"], imports_deny=["subprocess"])
+                     plan=ExecutionPlan(kind=ToolKind.python, imports_allow=("json", "math"),
+                                        imports_deny=("subprocess",)))
     import time
 
     res = await backend.run(inv, Limits(), time.monotonic() + 30)

@@ -53,14 +53,16 @@ def test_placeholder_value_stays_one_argument(tmp_path: Path, value: str) -> Non
     store = store_for(tmp_path, CUSTOM)
     d = decide(store, "count", {"path": value, "max": 3})
     assert d.allowed, d.message
-    assert d.argv == ["wc", "--files0-from=x{y}", "--max=3", value]
-    assert (d.kind, d.backend, d.rule) == (ToolKind.command, "container", "custom_tools.count")
+    assert d.plan is not None
+    assert d.plan.argv == ["wc", "--files0-from=x{y}", "--max=3", value]
+    assert (d.plan.kind, d.backend, d.rule) == (ToolKind.command, "container",
+                                                "custom_tools.count")
 
 
 def test_optional_placeholder_drops_its_element(tmp_path: Path) -> None:
     store = store_for(tmp_path, CUSTOM)
     d = decide(store, "count", {"path": "f.txt"})
-    assert d.argv == ["wc", "--files0-from=x{y}", "f.txt"]
+    assert d.plan.argv == ["wc", "--files0-from=x{y}", "f.txt"]
 
 
 def test_option_injection_refused_unless_allowed(tmp_path: Path) -> None:
@@ -70,21 +72,23 @@ def test_option_injection_refused_unless_allowed(tmp_path: Path) -> None:
     assert "must not start with `-`" in d.message
     # inside an element that already is an option, a leading '-' is harmless
     d = decide(store, "count", {"path": "x", "max": -1})
-    assert d.allowed and d.argv is not None and "--max=-1" in d.argv
+    assert d.allowed and d.plan is not None
+    assert d.plan.argv is not None and "--max=-1" in d.plan.argv
     # the admin may declare that the program treats such values safely (after `--`)
     d = decide(store, "grep", {"pattern": "-rf"})
-    assert d.allowed and d.argv == ["grep", "-r", "--", "-rf", "."]
+    assert d.allowed and d.plan.argv == ["grep", "-r", "--", "-rf", "."]
 
 
 def test_fixed_tool_and_its_limits(tmp_path: Path) -> None:
     store = store_for(tmp_path, CUSTOM)
     d = decide(store, "status", {})
-    assert d.allowed and d.argv is not None and d.plan is not None
+    assert d.allowed and d.plan is not None and d.plan.argv is not None
     # git runs hardened: options no repository config can override, its own environment,
     # and it may execute only git's own programs (see tests/security/test_git_hardening.py)
-    assert d.argv[:2] == ["git", "--no-pager"] and d.argv[-2:] == ["status", "--short"]
-    assert "core.fsmonitor=false" in d.argv and "alias.status=" in d.argv
-    command = d.plan.pipelines[0].commands[0]
+    assert d.plan.argv[:2] == ["git", "--no-pager"] and d.plan.argv[-2:] == ["status", "--short"]
+    assert "core.fsmonitor=false" in d.plan.argv and "alias.status=" in d.plan.argv
+    assert d.plan.command is not None
+    command = d.plan.command.pipelines[0].commands[0]
     assert command.env["GIT_CONFIG_GLOBAL"] == "/dev/null"
     assert command.exec_only is not None and "git" in command.exec_only
     assert d.limits is not None and d.limits.timeout_s == 7

@@ -27,7 +27,7 @@ def test_deny_beats_allow_and_names_the_rule(tmp_path: Path) -> None:
     assert d.message.startswith("`curl` is not allowed here; allowed commands: ls, cat, echo, "
                                 "grep.")
     assert "curl" not in d.message.split("allowed commands:")[1]
-    assert d.limits is None and d.argv is None
+    assert d.limits is None and d.plan is None
 
 
 def test_default_deny_for_unlisted_program_and_tool(tmp_path: Path) -> None:
@@ -44,8 +44,8 @@ def test_allowed_command_gets_argv_backend_and_limits(tmp_path: Path) -> None:
     d = decide(store, "shell", {"command": "grep -n 'a b' \"c d\" e\\ f"})
     assert d.allowed
     assert d.rule == "tools.shell.commands.allow[3]"
-    assert d.argv == ["grep", "-n", "a b", "c d", "e f"]
-    assert (d.backend, d.kind, d.network) == ("container", ToolKind.command, None)
+    assert d.plan is not None and d.plan.argv == ["grep", "-n", "a b", "c d", "e f"]
+    assert (d.backend, d.plan.kind, d.plan.network) == ("container", ToolKind.command, None)
     assert d.limits is not None and d.limits.network is False
 
 
@@ -143,9 +143,10 @@ def test_python_imports(tmp_path: Path, code: str, allowed: bool, rule: str) -> 
         assert "is not allowed here; allowed modules: math, json, os.path, collections" in (
             d.message) or "Relative imports" in d.message
     else:
-        assert d.imports_allow == ["math", "json", "os.path", "collections"]
-        assert d.imports_deny == ["os", "json.tool"]
-        assert (d.backend, d.kind) == ("container", ToolKind.python)
+        assert d.plan is not None
+        assert d.plan.imports_allow == ("math", "json", "os.path", "collections")
+        assert d.plan.imports_deny == ("os", "json.tool")
+        assert (d.backend, d.plan.kind) == ("container", ToolKind.python)
 
 
 FILES = """\
@@ -190,8 +191,8 @@ def test_file_paths(tmp_path: Path, tool: str, args: dict, allowed: bool, rule: 
     d = decide(store, tool, args)
     assert (d.allowed, d.rule) == (allowed, rule), d.message
     assert d.backend == "workspace"
-    if tool == "read_file":
-        assert d.max_file_bytes == 1024
+    if tool == "read_file" and allowed:  # a denial runs nothing: it has no plan
+        assert d.plan is not None and d.plan.max_file_bytes == 1024
     if not allowed:
         assert d.message
 

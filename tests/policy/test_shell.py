@@ -4,6 +4,7 @@ checked structure is what the backend receives (a plan, never a shell string).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_quoted_operators_are_plain_arguments(tmp_path: Path, line: str, argv: l
     store = store_for(tmp_path, RULES.format(operators="false"))
     d = decide(store, "shell", {"command": line})
     assert d.allowed, d.message
-    assert d.argv == argv
+    assert d.plan.argv == argv
 
 
 @pytest.mark.parametrize(("line", "rule"), [
@@ -80,7 +81,7 @@ def test_wrapper_of_allowed_program_is_allowed(tmp_path: Path) -> None:
     store = store_for(tmp_path, RULES.format(operators="false"))
     d = decide(store, "shell", {"command": "timeout 5 ls -l"})
     assert d.allowed and d.rule == "tools.shell.commands.allow[7]"
-    assert d.argv == ["timeout", "5", "ls", "-l"]
+    assert d.plan.argv == ["timeout", "5", "ls", "-l"]
 
 
 @pytest.mark.parametrize(("line", "rule"), [
@@ -96,7 +97,7 @@ def test_operators_enabled_every_command_allowed(tmp_path: Path, line: str, rule
     d = decide(store, "shell", {"command": line})
     assert d.allowed, d.message
     assert d.rule == rule
-    assert d.argv is None and d.plan is not None  # several commands: no single argv
+    assert d.plan is not None and d.plan.argv is None  # several commands: no single argv
 
 
 def test_the_plan_is_the_parsed_line(tmp_path: Path) -> None:
@@ -104,7 +105,8 @@ def test_the_plan_is_the_parsed_line(tmp_path: Path) -> None:
     d = decide(store, "shell", {"command": "ls -l >out.txt 2>&1; cat 'a b' <in |\n sort -r "
                                            "&& echo ok || echo 'fail;ed' 2>/dev/null"})
     assert d.allowed and d.plan is not None, d.message
-    plan = d.plan.model_dump(exclude_defaults=True)
+    assert d.plan.command is not None
+    plan = _without_defaults(d.plan.command.to_wire())
     assert plan == {"pipelines": [
         {"commands": [{"argv": ["ls", "-l"], "redirects": [
             {"fd": 1, "mode": "write", "path": "out.txt"}, {"fd": 2, "mode": "dup", "dup": 1}]}]},
@@ -115,6 +117,18 @@ def test_the_plan_is_the_parsed_line(tmp_path: Path) -> None:
         {"run_if": "failed", "commands": [{"argv": ["echo", "fail;ed"], "redirects": [
             {"fd": 2, "mode": "write", "path": "/dev/null"}]}]},
     ]}
+
+
+def _without_defaults(value: Any) -> Any:
+    """A plan's wire form without the values that are each field's default."""
+    defaults = {"run_if": "always", "env": {}, "exec_only": None, "redirects": [],
+                "path": None, "dup": None}
+    if isinstance(value, list):
+        return [_without_defaults(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_defaults(v) for k, v in value.items()
+                if k not in defaults or v != defaults[k]}
+    return value
 
 
 @pytest.mark.parametrize(("line", "rule", "fragment"), [

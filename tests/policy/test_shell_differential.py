@@ -156,10 +156,11 @@ def test_what_is_checked_is_what_runs(tmp_path: Path, stubs: Path, operators: st
         assert d.plan is not None
         if operators == "false":
             # without operators the backend runs argv directly; the program is argv[0]
-            assert d.argv is not None
-            assert os.path.basename(d.argv[0]) in ALLOWED
+            assert d.plan.argv is not None
+            assert os.path.basename(d.plan.argv[0]) in ALLOWED
             continue
-        sh, ours = both(stubs, line, d.plan, tmp_path / str(k))
+        assert d.plan.command is not None
+        sh, ours = both(stubs, line, d.plan.command, tmp_path / str(k))
         assert ours == sh, f"{line!r}: sh did {sh}, the plan did {ours}"
         outside = [r.split("\x1f")[0] for r in sh[2] if r.split("\x1f")[0] not in ALLOWED]
         assert not outside, f"{line!r} was allowed ({d.rule}) but sh ran {outside}"
@@ -247,7 +248,8 @@ def test_accepted_lines_do_what_sh_does(tmp_path: Path, line: str) -> None:
                                timeout=20, env=env, stdin=subprocess.DEVNULL)
             status, out, err = r.returncode, r.stdout, r.stderr
         else:
-            status, out, err = execute(d.plan, cwd, env)
+            assert d.plan.command is not None
+            status, out, err = execute(d.plan.command, cwd, env)
         files = {p.name: p.read_bytes() for p in cwd.iterdir()}
         results.append((status, out, files, bool(err)))
     assert results[1] == results[0], line
@@ -264,7 +266,7 @@ def test_argv_matches_the_shell_quote_removal(tmp_path: Path, stubs: Path) -> No
     for line in lines:
         d = decide(store, "shell", {"command": line})
         assert d.allowed, (line, d.message)
-        assert d.argv is not None
+        assert d.plan.argv is not None
         r = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, timeout=20,
                            env={"PATH": str(stubs)}, cwd=tmp_path)
         if r.stdout.strip() == "":
@@ -273,7 +275,7 @@ def test_argv_matches_the_shell_quote_removal(tmp_path: Path, stubs: Path) -> No
             assert "#" in line
             continue
         expected = json.loads(r.stdout)
-        if "#" in line and expected != d.argv[1:]:
-            assert d.argv[1:len(expected) + 1] == expected
+        if "#" in line and expected != d.plan.argv[1:]:
+            assert d.plan.argv[1:len(expected) + 1] == expected
             continue
-        assert d.argv[1:] == expected, line
+        assert d.plan.argv[1:] == expected, line

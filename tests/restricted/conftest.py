@@ -18,6 +18,7 @@ import pytest
 from sandboxd.backends.restricted import RestrictedBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Result, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan
 
 DEFAULT_IMPORTS = [
     "math", "json", "re", "datetime", "statistics", "itertools", "functools", "collections",
@@ -58,10 +59,12 @@ class BackendHarness:
                    imports: list[str] | None = None, deny: list[str] | None = None,
                    max_file_bytes: int = 1024 * 1024) -> Invocation:
         return Invocation(
-            tool="python", kind=ToolKind.python, client="test",
-            workspace=workspace or self.workspace(), arguments={"code": code},
-            imports_allow=DEFAULT_IMPORTS if imports is None else imports,
-            imports_deny=deny or [], max_file_bytes=max_file_bytes, uid=self.uid,
+            tool="python", client="test", workspace=workspace or self.workspace(),
+            arguments={"code": code}, uid=self.uid,
+            plan=ExecutionPlan(
+                kind=ToolKind.python,
+                imports_allow=tuple(DEFAULT_IMPORTS if imports is None else imports),
+                imports_deny=tuple(deny or []), max_file_bytes=max_file_bytes),
         )
 
     def run(self, code: str, *, workspace: Path | None = None, timeout_s: float = 10,

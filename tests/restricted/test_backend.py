@@ -17,6 +17,7 @@ from sandboxd.backends.base import Backend
 from sandboxd.backends.restricted import RestrictedBackend
 from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
 from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan, Plan
 from tests.restricted.conftest import BackendHarness
 from tests.support.ci import require
 from tests.support.wait import async_wait_until, wait_until
@@ -185,8 +186,8 @@ def test_files_persist_in_given_workspace(harness: BackendHarness) -> None:
 
 
 def test_non_python_kind_is_rejected(harness: BackendHarness) -> None:
-    inv = Invocation(tool="shell", kind=ToolKind.command, client="t",
-                     workspace=harness.workspace(), argv=["ls"])
+    inv = Invocation(tool="shell", client="t", workspace=harness.workspace(),
+                     plan=ExecutionPlan(kind=ToolKind.command, command=Plan.single(["ls"])))
     res = harness.call(harness.backend.run(inv, Limits(), time.monotonic() + 5))
     assert res.status is Status.rejected
     assert res.cleanup.verified
@@ -373,8 +374,8 @@ def test_run_before_start_is_an_error(tmp_path: Path) -> None:
     from sandboxd.config import Settings
 
     backend = RestrictedBackend.from_settings(Settings(state_dir=tmp_path))
-    inv = Invocation(tool="python", kind=ToolKind.python, client="t", workspace=tmp_path,
-                     arguments={"code": "print(1)"})
+    inv = Invocation(tool="python", client="t", workspace=tmp_path,
+                     arguments={"code": "print(1)"}, plan=ExecutionPlan(kind=ToolKind.python))
     res = asyncio.run(backend.run(inv, Limits(), time.monotonic() + 5))
     assert res.status is Status.error and "unavailable" in (res.message or "")
     assert backend.availability()[0] is False

@@ -5,8 +5,10 @@ kernel, within the caps; the items reach a streaming caller as they are sent."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from sandboxd.models import Limits
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import StreamEvent
 from tests.restricted.conftest import BackendHarness
 
@@ -34,7 +36,7 @@ def test_no_display_means_no_outputs_and_bad_use_is_a_python_error(
 
 def test_display_caps_cut_big_items_and_count(harness: BackendHarness) -> None:
     inv = harness.invocation("display('x' * 5000)\nfor i in range(10):\n    display(i)")
-    inv = inv.model_copy(update={"display_bytes": 4096, "displays": 4})
+    inv = inv.model_copy(update={"plan": replace(inv.plan, display=DisplayCaps(4096, 4))})
     res = harness.call(harness.backend.run(inv, Limits(timeout_s=10), time.monotonic() + 10))
     assert res.status == "ok", res
     first = res.outputs[0]

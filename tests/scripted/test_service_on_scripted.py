@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from sandboxd.audit import verify
 from sandboxd.backends.scripted import ScriptedBackend, fails, prints, sleeps
 from sandboxd.backends.workspace.backend import WorkspaceBackend
 from sandboxd.config import Settings
-from sandboxd.models import Reason
+from sandboxd.models import Decision, Invocation, Limits, Reason, Result
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.service import Sandboxd
 from tests.support.audit import audit_records
 
@@ -74,7 +76,7 @@ def test_a_call_reaches_the_backend_and_is_audited(make) -> None:  # type: ignor
     assert body["backend"] == "restricted" and body["cleanup"]["verified"] is True
     (call,) = d.python.calls
     assert call.arguments == {"code": "print(6*7)"} and call.client == "local"
-    assert "math" in call.imports_allow  # the policy's import list reached the backend
+    assert "math" in call.plan.imports_allow  # the policy's import list reached the backend
     events = [(r["event"], r.get("status") or r.get("decision")) for r in d.records()
               if r["event"] in ("decision", "result")]
     assert events == [("decision", "allow"), ("result", "ok")]
@@ -142,3 +144,44 @@ def test_sessions_reach_the_backend_and_are_closed(make) -> None:  # type: ignor
     assert d.client.delete(f"/v1/sessions/{session}").status_code == 204
     assert session in d.python.closed_sessions
     assert verify(d.settings.audit_path).ok
+
+
+@pytest.mark.parametrize(("tool", "arguments", "backend"), [
+    ("shell", {"command": "ls -l"}, "container"),
+    ("python", {"code": "import math"}, "restricted"),
+    ("read_file", {"path": "./notes//a.txt"}, "workspace"),
+])
+def test_the_backend_receives_the_decisions_plan(make, monkeypatch, tool: str,  # type: ignore[no-untyped-def]
+                                                 arguments: dict, backend: str) -> None:
+    """The service passes the policy's plan on: the backend's invocation carries the very
+    plan the decision made (the same command plan and limits objects, no field copied), with
+    only the service's own display caps set."""
+    d = make(ScriptedBackend(script=prints("")))
+    decisions: list[Decision] = []
+    decide = d.service.policy.decide
+
+    def spy(*args: object) -> Decision:
+        decisions.append(decide(*args))  # type: ignore[arg-type]
+        return decisions[-1]
+
+    monkeypatch.setattr(d.service.policy, "decide", spy)
+    seen: list[Invocation] = []
+    run = d.service.backends[backend].run
+
+    async def recorded(invocation: Invocation, limits: Limits, deadline: float) -> Result:
+        seen.append(invocation)
+        return await run(invocation, limits, deadline)
+
+    monkeypatch.setattr(d.service.backends[backend], "run", recorded)
+    r = d.invoke(tool, arguments, limits={"timeout_s": 9})
+    assert r.status_code == 200, r.text
+    assert len(decisions) == 1 and len(seen) == 1, (decisions, r.json())
+    (decision,), (call,) = decisions, seen
+    assert decision.allowed and decision.plan is not None
+    caps = DisplayCaps(d.settings.max_display_bytes, d.settings.max_displays)
+    assert call.plan == replace(decision.plan, display=caps)
+    assert call.plan.limits is decision.plan.limits and call.plan.limits.timeout_s == 9
+    assert call.plan.command is decision.plan.command
+    assert (call.tool, call.client, call.arguments) == (tool, "local", arguments)
+    if tool == "read_file":  # the path the policy decided on, never the raw argument
+        assert call.plan.path == "notes/a.txt"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.plans import Pipeline, Plan, PlannedCommand
+from sandboxd.protocol.plan import Pipeline, Plan, PlannedCommand
 from tests.policy.helpers import write
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sandboxd.cli.images import images_dir
-from sandboxd.plans import Plan
+from sandboxd.protocol.plan import Plan
 
 
 @functools.cache
@@ -38,7 +38,7 @@ def execute(plan: Plan, cwd: Path, env: dict[str, str],
             timeout_s: float = 20.0) -> tuple[int, bytes, bytes]:
     """(exit status, stdout, stderr) of ``plan`` run by the runner's executor in ``cwd``."""
     run_plan = runner_module("plans").run_plan
-    data = plan.model_dump(mode="json")
+    data = plan.to_wire()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child

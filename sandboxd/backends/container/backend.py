@@ -106,9 +106,9 @@ class ContainerBackend(Backend):
         return cls(ContainerConfig.from_settings(settings), uids)
 
     def _image_for(self, invocation: Invocation) -> str:
-        if invocation.image:
-            return invocation.image
-        if invocation.kind is ToolKind.python:
+        if invocation.plan.image:
+            return invocation.plan.image
+        if invocation.plan.kind is ToolKind.python:
             return self.config.python_image
         return self.config.shell_image
 
@@ -261,7 +261,7 @@ class ContainerBackend(Backend):
             raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: the "
                                   f"container backend is recovering: {lost}")
         image = self._image_for(invocation)
-        kernel_call = invocation.session is not None and invocation.kind is ToolKind.python
+        kernel_call = invocation.session is not None and invocation.plan.kind is ToolKind.python
         request = request_for(invocation, limits)
         if isinstance(request, Result):
             if kernel_call:  # refused before it reached the session's kernel

@@ -17,7 +17,6 @@ from sandboxd.models import (
     Cleanup,
     Invocation,
     Limits,
-    Plan,
     Reason,
     Resources,
     Result,
@@ -116,26 +115,24 @@ def request_for(invocation: Invocation, limits: Limits) -> dict[str, Any] | Resu
             "output_bytes": limits.output_bytes,
             # set (soft = hard) in every process of the call: protocol.limits, one table
             "rlimits": limits.rlimits(),
-            "display": DisplayCaps(invocation.display_bytes, invocation.displays).wire()}
-    if invocation.kind is ToolKind.command:
-        plan = invocation.plan
-        if plan is None:
-            if not invocation.argv:
-                return rejected(invocation, limits, "no command to run (empty argv)")
-            plan = Plan.single([str(a) for a in invocation.argv])
+            "display": invocation.plan.display.wire()}
+    if invocation.plan.kind is ToolKind.command:
+        command = invocation.plan.command
+        if command is None:
+            return rejected(invocation, limits, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
-        return {**base, "kind": "plan", "plan": plan.model_dump(mode="json")}
-    if invocation.kind is ToolKind.python:
+        return {**base, "kind": "plan", "plan": command.to_wire()}
+    if invocation.plan.kind is ToolKind.python:
         code = invocation.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return rejected(invocation, limits, "argument 'code' must be non-empty")
         if len(code.encode()) > MAX_CODE_BYTES:
             return rejected(invocation, limits, "the code is too large")
         return {**base, "kind": "python", "code": code,
-                "imports_allow": list(invocation.imports_allow),
-                "imports_deny": list(invocation.imports_deny)}
+                "imports_allow": list(invocation.plan.imports_allow),
+                "imports_deny": list(invocation.plan.imports_deny)}
     return rejected(invocation, limits,
-                    f"the container backend does not run {invocation.kind} tools")
+                    f"the container backend does not run {invocation.plan.kind} tools")
 
 
 def rejected(invocation: Invocation, limits: Limits, message: str) -> Result:

@@ -39,7 +39,7 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
     box: Box | None = None
     try:
         own_tmpfs = _is_empty_dir(invocation.workspace)
-        poolable = invocation.network is None and own_tmpfs
+        poolable = invocation.plan.network is None and own_tmpfs
         if poolable:
             pool.serve(image, shape, probe=invocation.client == PROBE_CLIENT)
             box = pool.take(image)
@@ -48,7 +48,7 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
                 boxes.new(image=image, shape=shape, role="oneshot",
                           invocation=invocation.id,
                           workspace=None if own_tmpfs else invocation.workspace,
-                          network=invocation.network, uid=invocation.uid),
+                          network=invocation.plan.network, uid=invocation.uid),
                 deadline - time.monotonic())
             if not made:  # Boxes.new removed what it had started
                 raise TimeoutError

@@ -19,8 +19,8 @@ from sandboxd.models import (
     ProbeReport,
     Reason,
     Result,
-    ToolKind,
 )
+from sandboxd.protocol.plan import ExecutionPlan, ToolKind
 
 if TYPE_CHECKING:
     from sandboxd.backends.container.backend import ContainerBackend
@@ -33,10 +33,11 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
     try:
         # the daemon's own probe code: every import admitted (the runner's rule is default
         # deny, as for a policy's call)
-        inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
-                         workspace=workspace, arguments={"code": PROBE_CODE},
-                         imports_allow=["*"])
         limits = Limits(timeout_s=30)
+        inv = Invocation(tool="python", client=PROBE_CLIENT, workspace=workspace,
+                         arguments={"code": PROBE_CODE},
+                         plan=ExecutionPlan(kind=ToolKind.python, limits=limits,
+                                            imports_allow=("*",)))
         res = await backend.run(inv, limits, time.monotonic() + 30)
         facts = res.value if isinstance(res.value, dict) else {}
         if not facts:
@@ -61,12 +62,13 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
                                         f"{facts.get('unshare_blocked')}"))
         checks.append(ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
                                  detail=f"NoNewPrivs={facts.get('no_new_privs')}"))
-        mem_inv = Invocation(tool="python", kind=ToolKind.python, client=PROBE_CLIENT,
-                             workspace=workspace, imports_allow=["*"],
+        mem_limits = Limits(timeout_s=30, memory_bytes=48 * 1024 * 1024)
+        mem_inv = Invocation(tool="python", client=PROBE_CLIENT, workspace=workspace,
                              arguments={"code": "x = bytearray(96 * 1024 * 1024)\n"
-                                                "x[::4096] = b'x' * len(x[::4096])\n"})
-        mem = await backend.run(mem_inv, Limits(timeout_s=30, memory_bytes=48 * 1024 * 1024),
-                             time.monotonic() + 30)
+                                                "x[::4096] = b'x' * len(x[::4096])\n"},
+                             plan=ExecutionPlan(kind=ToolKind.python, limits=mem_limits,
+                                                imports_allow=("*",)))
+        mem = await backend.run(mem_inv, mem_limits, time.monotonic() + 30)
         checks.append(ProbeCheck(
             name="memory_limit", ok=mem.termination.reason is Reason.memory_limit,
             detail=f"96 MiB under a 48 MiB limit -> {_how_it_ended(mem)}"))

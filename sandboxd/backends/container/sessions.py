@@ -84,7 +84,7 @@ class SessionContainers:
             made, box = await within(
                 self.boxes.new(image=image, shape=shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
-                               network=invocation.network, session=invocation.session,
+                               network=invocation.plan.network, session=invocation.session,
                                uid=invocation.uid),
                 deadline - time.monotonic())
             if not made:

@@ -276,7 +276,7 @@ class RestrictedBackend(Backend):
     async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
         """Run one python invocation: in its session's kernel when it names a session
         (:mod:`.kernel`), else in a fresh confined worker."""
-        if invocation.kind is not ToolKind.python:
+        if invocation.plan.kind is not ToolKind.python:
             return outcome.result(
                 invocation,
                 limits,
@@ -284,7 +284,7 @@ class RestrictedBackend(Backend):
                 Reason.policy,
                 cleanup=Cleanup(verified=True),
                 message=f"the restricted backend only runs python code, "
-                f"not {invocation.kind.value}",
+                f"not {invocation.plan.kind.value}",
             )
         code = invocation.arguments.get("code")
         if not isinstance(code, str):

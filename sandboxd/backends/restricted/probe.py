@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from sandboxd import fstree
 from sandboxd.backends.restricted import health, standby
 from sandboxd.backends.restricted.outcome import BACKEND_NAME
-from sandboxd.models import Invocation, Limits, ProbeCheck, ProbeReport, Reason, ToolKind
+from sandboxd.models import Invocation, Limits, ProbeCheck, ProbeReport, Reason
+from sandboxd.protocol.plan import ExecutionPlan, ToolKind
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend
@@ -50,16 +51,10 @@ async def run_probe(backend: RestrictedBackend) -> ProbeReport:
         uid = backend.uids.acquire(base.name) if backend.uids is not None else None
         if uid is not None:
             os.chown(ws, uid, uid)
-        inv = Invocation(
-            tool="python",
-            kind=ToolKind.python,
-            client="probe",
-            workspace=ws,
-            arguments={"code": ""},
-            uid=uid,
-        )
         lim = Limits(timeout_s=PROBE_DEADLINE_S, memory_bytes=64 * 1024 * 1024,
                      output_bytes=65536)
+        inv = Invocation(tool="python", client="probe", workspace=ws, arguments={"code": ""},
+                         uid=uid, plan=ExecutionPlan(kind=ToolKind.python, limits=lim))
         deadline = time.monotonic() + PROBE_DEADLINE_S
         msg = standby.request(inv, lim, deadline, "", probe="basic")
         msg["outside_path"] = str(outside)

@@ -343,7 +343,7 @@ class WorkspaceBackend(Backend):
         """Perform one file operation (in a thread: file I/O blocks; an upload's body is
         received on the event loop)."""
         transfer = invocation.transfer
-        if transfer is not None and invocation.kind is ToolKind.write_file:
+        if transfer is not None and invocation.plan.kind is ToolKind.write_file:
             return await self._upload(invocation, limits, transfer, deadline)
         return await asyncio.to_thread(self._run, invocation, limits)
 
@@ -370,12 +370,12 @@ class WorkspaceBackend(Backend):
         try:
             quota_left, owner, full = await _in_thread(self._budget, inv)
             if transfer.declared is not None:
-                check_upload(transfer.declared, inv.max_file_bytes, quota_left, declared=True)
+                check_upload(transfer.declared, inv.plan.max_file_bytes, quota_left, declared=True)
             target = await _in_thread(AtomicFile, str(inv.workspace), path, owner, full,
                                       orphan=AtomicFile.abort)
             try:
                 async for chunk in transfer.chunks(deadline):
-                    check_upload(transfer.received, inv.max_file_bytes, quota_left)
+                    check_upload(transfer.received, inv.plan.max_file_bytes, quota_left)
                     await _in_thread(target.write, chunk)
                 await _in_thread(target.commit)
             except BaseException:
@@ -398,12 +398,12 @@ class WorkspaceBackend(Backend):
         transfer = inv.transfer if isinstance(inv.transfer, Transfer) else None
         encoding = str(args.get("encoding", "utf-8"))
         try:
-            if inv.kind is ToolKind.read_file and transfer is not None:
-                transfer.data = read_bytes(root, path, inv.max_file_bytes)
+            if inv.plan.kind is ToolKind.read_file and transfer is not None:
+                transfer.data = read_bytes(root, path, inv.plan.max_file_bytes)
                 value = {"path": path, "bytes": len(transfer.data)}
                 stdout = f"sent {len(transfer.data)} bytes of {path}"
-            elif inv.kind is ToolKind.read_file and encoding == "base64":
-                data = read_bytes(root, path, inv.max_file_bytes)
+            elif inv.plan.kind is ToolKind.read_file and encoding == "base64":
+                data = read_bytes(root, path, inv.plan.max_file_bytes)
                 encoded = base64.b64encode(data).decode("ascii")
                 if len(encoded) > limits.output_bytes:  # cut base64 would be corrupt data
                     raise FileToolError(
@@ -413,24 +413,24 @@ class WorkspaceBackend(Backend):
                             session=inv.session or "{session}", path=path))
                 stdout = encoded
                 value = {"path": path, "bytes": len(data), "encoding": "base64"}
-            elif inv.kind is ToolKind.read_file:
-                stdout = read_file(root, path, inv.max_file_bytes, inv.session)
+            elif inv.plan.kind is ToolKind.read_file:
+                stdout = read_file(root, path, inv.plan.max_file_bytes, inv.session)
                 value = {"path": path, "bytes": len(stdout.encode())}
-            elif inv.kind is ToolKind.write_file:
+            elif inv.plan.kind is ToolKind.write_file:
                 quota_left, owner, full = self._budget(inv)
                 content = decode_content(str(args["content"]), encoding)
-                written = write_file(root, path, content, inv.max_file_bytes,
+                written = write_file(root, path, content, inv.plan.max_file_bytes,
                                      quota_left, owner, full)
                 value = {"path": path, "bytes": written}
                 stdout = f"wrote {written} bytes to {path}"
-            elif inv.kind is ToolKind.list_files:
+            elif inv.plan.kind is ToolKind.list_files:
                 entries = list_files(root, path)
                 value = entries
                 stdout = "\n".join(
                     f"{e['name']}{'/' if e['type'] == 'dir' else ''}\t{e['size']}" for e in entries
                 )
             else:
-                raise FileToolError(f"the workspace backend cannot run '{inv.kind}' tools")
+                raise FileToolError(f"the workspace backend cannot run '{inv.plan.kind}' tools")
         except (PathRefused, FileToolError) as exc:
             if transfer is not None:
                 transfer.problem = RefusedPath(str(exc)) if isinstance(exc, PathRefused) else exc
@@ -461,7 +461,7 @@ class WorkspaceBackend(Backend):
 
 def _path_of(inv: Invocation) -> str:
     """The path the policy decided on (the raw argument only without a decision)."""
-    return inv.path if inv.path is not None else str(inv.arguments.get("path", "."))
+    return inv.plan.path if inv.plan.path is not None else str(inv.arguments.get("path", "."))
 
 
 T = TypeVar("T")
