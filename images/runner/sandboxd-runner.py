@@ -49,6 +49,7 @@ import gc
 import importlib.util
 import io
 import json
+import linecache
 import marshal
 import os
 import select
@@ -166,6 +167,7 @@ class CellState:
     running = False  # the user's code runs now
     emitting = False  # a display frame is being written: an interrupt waits until it is whole
     pending = False  # an interrupt came while a frame was being written
+    message = None  # the last cell's exception line ("ZeroDivisionError: division by zero")
 
 
 CELL = CellState()
@@ -191,12 +193,32 @@ def after_emit(cell=CELL):
 _INTERRUPT_FRAMES = frozenset({(__file__, "interrupt_user_code"), (__file__, "after_emit")})
 
 
+_FIONREAD = 0x541B  # Linux: bytes in a pipe (either end)
+DISPLAY_READ_WAIT_S = 2.0  # how long display() waits for the runner to read its frame
+
+
+def _frame_read(fd, ioctl=fcntl.ioctl, monotonic=time.monotonic, sleep=time.sleep,
+                from_bytes=int.from_bytes, order=sys.byteorder):
+    """Wait (bounded) until the runner has read everything on the display pipe ``fd``: it
+    relays the stdout/stderr written before an item first (:meth:`Call.drain_text`), so
+    output written after ``display()`` returns comes after the item (issue 29)."""
+    until, pause = monotonic() + DISPLAY_READ_WAIT_S, 0.0001
+    try:
+        while from_bytes(ioctl(fd, _FIONREAD, bytes(4)), order) and monotonic() < until:
+            sleep(pause)
+            pause = min(pause * 2, 0.005)
+    except OSError:
+        pass
+
+
 def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=memoryview,
-                  cell=CELL, after_emit=after_emit):
+                  cell=CELL, after_emit=after_emit, frame_read=_frame_read):
     """The user's ``display(*objs)``: each object's mime bundle as one ``d`` frame on ``fd``
-    (cut or counted by ``caps``: sandboxd/protocol/display.py). Once the runner stops reading (the
-    call's count is reached, or it refused a frame), further items are dropped. A kernel's
-    interrupt waits until a frame is written whole."""
+    (cut or counted by ``caps``: sandboxd/protocol/display.py), after flushing stdout and
+    stderr, and once the runner has read it, back to the caller (so prints keep their
+    place around it). Once the runner stops reading (the call's count is reached, or it
+    refused a frame), further items are dropped. A kernel's interrupt waits until a frame is
+    written whole."""
     sent = [0]
 
     def display(*objs, **kwargs):
@@ -222,6 +244,8 @@ def _user_display(fd, caps, write=os.write, pack=wire.HEADER.pack, memoryview=me
             finally:
                 cell.emitting = False
             after_emit()
+            if sent[0] <= caps.count:
+                frame_read(fd)
 
     return display
 
@@ -270,6 +294,7 @@ def _display_tools(req, fd):
 
 
 MAX_VALUE_JSON = 1024 * 1024 + 64  # the value's JSON text, beyond which it is dropped
+MAX_MESSAGE = 1000  # the exception line a failed cell reports as the result's message
 
 
 def _user_streams():
@@ -307,8 +332,11 @@ def execute(code, namespace, display=None, cell=CELL):
     kernel's interrupt lands only then)."""
     status = 0
     value = None
+    cell.message = None
     if display is not None:
         _hook_pyplot(display)  # pyplot imported by an earlier cell of a kernel
+    # the cell's source for its traceback's lines, as the restricted backend shows them
+    linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
     try:
         try:
             cell.running, cell.pending = True, False
@@ -326,9 +354,16 @@ def execute(code, namespace, display=None, cell=CELL):
         status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
         if code_ is not None and not isinstance(code_, int):
             print(code_, file=sys.stderr)
+        cell.message = "SystemExit" if status & 0xFF else None
     except BaseException:
         etype, evalue, tb = sys.exc_info()
         status = 1
+        try:
+            cell.message = etype.__name__
+            cell.message = "".join(
+                traceback.format_exception_only(etype, evalue)).strip()[:MAX_MESSAGE]
+        except BaseException:
+            pass
         try:
             # drop the runner's own frame from the traceback (and an interrupt's handler)
             report = traceback.TracebackException(etype, evalue, tb.tb_next if tb else None)
@@ -362,16 +397,42 @@ def execute(code, namespace, display=None, cell=CELL):
     return status & 0xFF, value
 
 
-def value_json(value):
-    """``{"value": ...}`` as JSON bytes (a repr when not JSON-safe), cut at the cap."""
+def value_json(value, message=None, dumps=json.dumps, repr=repr,
+               value_repr=display_rules.value_repr):
+    """``{"value": ..., "value_repr": ...}`` as JSON bytes (the value a repr when not
+    JSON-safe; ``value_repr`` Python's repr when JSON would change it: a tuple), cut at the
+    cap; ``{"message": ...}`` (the exception line) for a failed cell."""
+    if value is None:
+        return dumps({"message": message}).encode() if message else b""
     try:
-        data = json.dumps({"value": value}, allow_nan=False).encode()
+        data = dumps({"value": value}, allow_nan=False).encode()
+        shown = value_repr(value)
+        if shown is not None:
+            data = dumps({"value": value, "value_repr": shown}, allow_nan=False).encode()
+            if len(data) > MAX_VALUE_JSON:  # the repr must not cost the value
+                data = dumps({"value": value}, allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError):
         try:
-            data = json.dumps({"value": repr(value)}).encode()
+            data = dumps({"value": repr(value)}).encode()
         except Exception:
             data = b'{"value": "<unrepresentable>"}'
     return data[:MAX_VALUE_JSON]
+
+
+def answer_fields(record, data):
+    """Put what a worker or the kernel reported (:func:`value_json`) into the exit record."""
+    try:
+        doc = json.loads(bytes(data).decode())
+    except (ValueError, UnicodeDecodeError):
+        return
+    if not isinstance(doc, dict):
+        return
+    if "value" in doc:
+        record["value"], record["has_value"] = doc["value"], True
+    if isinstance(doc.get("value_repr"), str):
+        record["value_repr"] = doc["value_repr"]
+    if isinstance(doc.get("message"), str):
+        record["message"] = doc["message"][:MAX_MESSAGE]
 
 
 def run_python(req, value_fd, display_fd):
@@ -382,9 +443,10 @@ def run_python(req, value_fd, display_fd):
     namespace = {"__name__": "__main__",
                  "__builtins__": _user_builtins(req, display, after_import)}
     status, value = execute(req.get("code") or "", namespace, display)
-    if value is not None and status == 0:
+    data = value_json(value if status == 0 else None, CELL.message)
+    if data:
         try:
-            os.write(value_fd, value_json(value))
+            os.write(value_fd, data)
         except OSError:
             pass
     os._exit(status)
@@ -836,6 +898,8 @@ class Call:
         """``I``: only a kernel call is interrupted (a one-shot call is stopped with ``K``)."""
 
     def on_pipe(self, fd):
+        if self.streams.get(fd) == b"d":
+            self.drain_text()  # what was printed before the item goes first (issue 29)
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:  # a stale readiness report (fd numbers are reused)
@@ -865,6 +929,15 @@ class Call:
                 send_frame(self.chan, self.streams[fd], data, self.cid)
             except OSError:
                 self.hangup = True
+
+    def drain_text(self):
+        """Relay what the stdout and stderr pipes hold now (bounded): the user's display()
+        flushed them before writing its item, and waits until the item is read."""
+        for fd in [f for f, kind in self.streams.items() if kind != b"d"]:
+            for _ in range(64):
+                if fd not in self.pipes or not select.select([fd], [], [], 0)[0]:
+                    break
+                self.on_pipe(fd)
 
     def relay_display(self, data):
         """Relay the user's display frames; False once they broke the bounds (the call then
@@ -923,11 +996,7 @@ class Call:
         if self.display_error:
             record["error"] = self.display_error
         if self.value_buf:
-            try:
-                record["value"] = json.loads(self.value_buf.decode())["value"]
-                record["has_value"] = True
-            except (ValueError, KeyError, UnicodeDecodeError):
-                pass
+            answer_fields(record, self.value_buf)
         if not self.hangup:
             try:
                 send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
@@ -1051,19 +1120,11 @@ def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
     return bytes(buf)
 
 
-def _answer(status, value, pack=wire.HEADER.pack, len=len, bytes=bytes, dumps=json.dumps,
-            repr=repr):
-    """The ``v`` frame for the runner: the status byte and the value's JSON."""
-    payload = bytes([status])
-    if value is not None and status == 0:
-        try:
-            data = dumps({"value": value}, allow_nan=False).encode()
-        except (TypeError, ValueError, RecursionError):
-            try:
-                data = dumps({"value": repr(value)}).encode()
-            except Exception:
-                data = b'{"value": "<unrepresentable>"}'
-        payload += data[:MAX_VALUE_JSON]
+def _answer(status, value, message=None, pack=wire.HEADER.pack, len=len, bytes=bytes,
+            value_json=value_json):
+    """The ``v`` frame for the runner: the status byte and :func:`value_json` (the value's
+    JSON, or a failed cell's exception line)."""
+    payload = bytes([status]) + value_json(value if status == 0 else None, message)
     return pack(b"v", 0, len(payload)) + payload
 
 
@@ -1112,7 +1173,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         except KeyboardInterrupt:  # an interrupt that came just as the code ended
             status, value = 1, None
         state.running = False
-        frame = answer(status, value)
+        frame = answer(status, value, state.message)
         block()  # before it answers: then it only reads
         send(frame)
 
@@ -1251,6 +1312,8 @@ class Kernel:
         """Output or an answer of the kernel (a call's, or stray between calls)."""
         if fd not in self.pipes:
             return
+        if self.streams.get(fd) == b"d":
+            self.drain_text()  # what was printed before the item goes first (issue 29)
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:
@@ -1296,6 +1359,21 @@ class Kernel:
             done, status, usage = self.pid, None, None
         if done == self.pid:
             self.stop(status, usage)
+
+    def drain_text(self):
+        """Relay what the kernel's stdout and stderr pipes hold now (bounded; see
+        :meth:`Call.drain_text`)."""
+        for fd in [f for f, kind in self.streams.items() if kind != b"d"]:
+            for _ in range(64):
+                if fd not in self.pipes or self.current is None:
+                    break
+                try:
+                    data = os.read(fd, CHUNK)
+                except OSError:
+                    break
+                if not data:
+                    break
+                self.current.relay(self.streams[fd], data)
 
     def drain(self):
         """Relay what the kernel wrote before it answered (it is in the pipes already)."""
@@ -1546,7 +1624,7 @@ class KernelCall(Call):
             kernel.drain()
             group_gone = kernel.sweep()
             record["exit_code"] = self.reply[0]
-            if len(self.reply) > 1 and record["exit_code"] == 0:
+            if len(self.reply) > 1:
                 self.value_buf = bytearray(self.reply[1:])
             cpu = kernel.cpu_ticks() - self.cpu0
         else:  # the kernel died, or the call hit a limit or was stopped: the kernel ends
@@ -1582,11 +1660,7 @@ class KernelCall(Call):
         if self.broken:
             record["error"] = self.broken
         if self.value_buf:
-            try:
-                record["value"] = json.loads(self.value_buf.decode())["value"]
-                record["has_value"] = True
-            except (ValueError, KeyError, UnicodeDecodeError):
-                pass
+            answer_fields(record, self.value_buf)
         if not self.hangup:
             try:
                 send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
