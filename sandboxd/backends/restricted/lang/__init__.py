@@ -314,7 +314,10 @@ def run_user_code(
         try:
             report["value"], note = encode_value(STATE.value, output_bytes)
             # Python's view of a value JSON changes (a tuple), when the value is its JSON
-            shown = value_repr(STATE.value) if report["value"] is not None else None
+            # (not its repr already: a value that is no JSON)
+            as_json = report["value"] is not None and not (
+                isinstance(report["value"], str) and not isinstance(STATE.value, str))
+            shown = value_repr(STATE.value) if as_json else None
             if shown is not None and len(json.dumps(shown)) <= output_bytes:
                 report["value_repr"] = shown
         except BaseException as exc:
