@@ -57,3 +57,15 @@ def test_an_error_names_its_line_and_sets_the_message(daemon: Daemon, session: b
     assert result["status"] == "error", result
     assert result["message"] == "ZeroDivisionError: division by zero", result
     assert "line 2" in result["stderr"] and "y = x / 0" in result["stderr"], result
+
+
+def test_a_rich_last_value_is_read_once_after_the_prints(daemon: Daemon) -> None:
+    from sandboxd.client.render import format_result
+    from sandboxd.models import Result
+
+    code = ("class T:\n    def _repr_html_(self):\n        return '<b>t</b>'\n"
+            "    def __repr__(self):\n        return 'T(rows=1)'\nprint('x')\nT()")
+    for sid in (None, daemon.session()):
+        result = daemon.py(code, sid)
+        assert result["status"] == "ok" and result["value"] == "T(rows=1)", result
+        assert format_result(Result.model_validate(result)) == "stdout:\nx\ndisplay:\nT(rows=1)"
