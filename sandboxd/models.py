@@ -387,26 +387,10 @@ class Result(_Model):
     def sequence(self) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
         """Everything the call printed and displayed, in execution order (issue 29):
         ``("stdout", text)``, ``("stderr", text)`` and display items, cut at each item's
-        :attr:`Output.at`. Between two items stdout comes before stderr (the result keeps
-        their positions only at items; the stream's events keep every chunk's order). Items
-        without a position (from an older daemon) go at the end."""
-        parts: list[tuple[Literal["stdout", "stderr"], str] | Output] = []
-        done = {"stdout": 0, "stderr": 0}
-        texts = {"stdout": self.stdout, "stderr": self.stderr}
+        :attr:`Output.at` (:func:`sandboxd.outputs.in_order`)."""
+        from sandboxd.outputs import in_order
 
-        def text_until(ends: dict[str, int]) -> None:
-            for name in ("stdout", "stderr"):
-                end = min(max(ends[name], done[name]), len(texts[name]))
-                if end > done[name]:
-                    parts.append((name, texts[name][done[name]:end]))
-                    done[name] = end
-
-        for item in self.outputs:
-            if item.at is not None:
-                text_until({"stdout": item.at.stdout, "stderr": item.at.stderr})
-                parts.append(item)
-        text_until({"stdout": len(self.stdout), "stderr": len(self.stderr)})
-        return parts + [item for item in self.outputs if item.at is None]
+        return in_order(self.stdout, self.stderr, self.outputs)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,
