@@ -348,6 +348,32 @@ class Output(_Model):
         return None
 
 
+def in_order(stdout: str, stderr: str, outputs: list[Output]
+             ) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
+    """A result's text and display items in execution order (issue 29; :meth:`Result.sequence`):
+    the streams cut at each item's :attr:`Output.at`. Between two items
+    stdout comes before stderr (the result keeps positions only at items; the stream's events
+    keep every chunk's order); a position past the text (a cut output) is its end; items
+    without a position (from an older daemon) go at the end."""
+    parts: list[tuple[Literal["stdout", "stderr"], str] | Output] = []
+    done = {"stdout": 0, "stderr": 0}
+    texts: dict[Literal["stdout", "stderr"], str] = {"stdout": stdout, "stderr": stderr}
+
+    def text_until(ends: dict[str, int]) -> None:
+        for name, text in texts.items():
+            end = min(max(ends[name], done[name]), len(text))
+            if end > done[name]:
+                parts.append((name, text[done[name]:end]))
+                done[name] = end
+
+    for item in outputs:
+        if item.at is not None:
+            text_until({"stdout": item.at.stdout, "stderr": item.at.stderr})
+            parts.append(item)
+    text_until({"stdout": len(stdout), "stderr": len(stderr)})
+    return parts + [item for item in outputs if item.at is None]
+
+
 class Explanation(_Model):
     """What ``policy explain`` answers: the decision and where its rule is written."""
 
@@ -387,9 +413,7 @@ class Result(_Model):
     def sequence(self) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
         """Everything the call printed and displayed, in execution order (issue 29):
         ``("stdout", text)``, ``("stderr", text)`` and display items, cut at each item's
-        :attr:`Output.at` (:func:`sandboxd.outputs.in_order`)."""
-        from sandboxd.outputs import in_order
-
+        :attr:`Output.at` (:func:`in_order`)."""
         return in_order(self.stdout, self.stderr, self.outputs)
 
     @classmethod

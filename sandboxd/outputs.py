@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Literal
+from typing import Any
 
 from sandboxd.models import Output
 from sandboxd.protocol.display import (
@@ -31,8 +31,7 @@ from sandboxd.protocol.display import (
 )
 from sandboxd.protocol.wire import ProtocolError
 
-__all__ = ["DisplayCaps", "DisplayCollector", "check_item", "count_note", "cut_note",
-           "in_order"]
+__all__ = ["DisplayCaps", "DisplayCollector", "check_item", "count_note", "cut_note"]
 
 def cut_note(mime: str, size: int, caps: DisplayCaps) -> Output:
     """The item that stands for one over the cap."""
@@ -115,28 +114,3 @@ class DisplayCollector:
         self.items.append(item)
         return item
 
-
-def in_order(stdout: str, stderr: str, outputs: list[Output]
-             ) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
-    """A result's text and display items in execution order (issue 29; ``Result.sequence``):
-    the streams cut at each item's :attr:`~sandboxd.models.Output.at`. Between two items
-    stdout comes before stderr (the result keeps positions only at items; the stream's events
-    keep every chunk's order); a position past the text (a cut output) is its end; items
-    without a position (from an older daemon) go at the end."""
-    parts: list[tuple[Literal["stdout", "stderr"], str] | Output] = []
-    done = {"stdout": 0, "stderr": 0}
-    texts: dict[Literal["stdout", "stderr"], str] = {"stdout": stdout, "stderr": stderr}
-
-    def text_until(ends: dict[str, int]) -> None:
-        for name, text in texts.items():
-            end = min(max(ends[name], done[name]), len(text))
-            if end > done[name]:
-                parts.append((name, text[done[name]:end]))
-                done[name] = end
-
-    for item in outputs:
-        if item.at is not None:
-            text_until({"stdout": item.at.stdout, "stderr": item.at.stderr})
-            parts.append(item)
-    text_until({"stdout": len(stdout), "stderr": len(stderr)})
-    return parts + [item for item in outputs if item.at is None]
