@@ -83,7 +83,8 @@ doc-tools:
 	@command -v curl >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 || \
 	  (echo "installing curl and jq"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl jq >/dev/null)
 
-## make typecheck: mypy on the sandboxd package as [tool.mypy] in pyproject.toml says (strict
+## make typecheck: mypy on the sandboxd package and the in-container runner (images/runner)
+## as [tool.mypy] in pyproject.toml says (strict
 ## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
 ## before the Docker engine, the images and the suite are waited for.
 typecheck: venv-dev
@@ -104,7 +105,7 @@ test-vm: venv images
 	VM_HOST_PYTHON=$(abspath $(BIN))/python tests/vm/ci.sh $(VM_ARGS)
 
 lint: venv-dev typecheck
-	$(BIN)/ruff check sandboxd tests bench
+	$(BIN)/ruff check sandboxd tests bench images/runner
 
 bench: venv images
 	$(BIN)/python bench/bench_restricted.py

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandboxd.backends.base import Backend
-from sandboxd.backends.factory import DEFAULT_BACKEND
+from sandboxd.backends.registry import default_backend
 from sandboxd.models import ProbeReport
 
 #: how long probe reports are reused while no backend's availability changed
@@ -60,7 +60,7 @@ class BackendProbes:
         reports = {name: await self.report(name) for name in self.backends}
         # an unavailable backend other than the default is ok (its report says so), unless
         # it is healing
-        ready = DEFAULT_BACKEND in self.backends and all(r["ok"] for r in reports.values())
+        ready = default_backend() in self.backends and all(r["ok"] for r in reports.values())
         # keyed on the availability the reports show (it may change while a probe runs)
         self._cached = (now, {n: bool(r["available"]) for n, r in reports.items()}, ready,
                         reports)
@@ -75,7 +75,7 @@ class BackendProbes:
         if not ok:
             # optional by design (ready without it), unless it is rebuilding what of its own
             # vanished under the daemon (``healing``): then the daemon is damaged
-            fine = name != DEFAULT_BACKEND and not getattr(backend, "healing", None)
+            fine = name != default_backend() and backend.healing is None
             return {"available": False, "reason": why, "ok": fine}
         try:
             report: ProbeReport = await backend.probe()

@@ -22,7 +22,7 @@ from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.mcp_door import LazyMcpDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
-from sandboxd.backends.factory import DEFAULT_BACKEND
+from sandboxd.backends.registry import default_backend
 from sandboxd.config import Settings
 from sandboxd.deadline import stop_task
 from sandboxd.errors import SandboxdError
@@ -197,21 +197,22 @@ def _add_docs(app: FastAPI) -> None:
 
 async def _self_test(service: Sandboxd, settings: Settings) -> None:
     # the default backend's probe only: the others are probed by /readyz (and doctor)
-    why = (backend_failure(await service.probes.report(DEFAULT_BACKEND))
-           if DEFAULT_BACKEND in service.backends else "backend unavailable")
+    default = default_backend()
+    why = (backend_failure(await service.probes.report(default))
+           if default in service.backends else "backend unavailable")
     if why is None:
         return
     if settings.allow_unconfined:
         log.critical("CONFINEMENT SELF-TEST FAILED for the %s backend (%s); serving anyway "
-                     "because --allow-unconfined is set", DEFAULT_BACKEND, why)
-        service.audit_event("unconfined_start", backend=DEFAULT_BACKEND, reason=why)
+                     "because --allow-unconfined is set", default, why)
+        service.audit_event("unconfined_start", backend=default, reason=why)
         return
     message = (
-        f"the {DEFAULT_BACKEND} backend failed its confinement self-test ({why}); "
+        f"the {default} backend failed its confinement self-test ({why}); "
         "refusing to serve (use --allow-unconfined to override, at your own risk)"
     )
     log.critical(message)
-    service.audit_event("startup_refused", backend=DEFAULT_BACKEND, reason=why)
+    service.audit_event("startup_refused", backend=default, reason=why)
     raise StartupRefused(message)
 
 

@@ -24,7 +24,7 @@ from starlette.types import Scope
 
 from sandboxd.api.auth import authenticate
 from sandboxd.api.problems import PROBLEMS, coded
-from sandboxd.backends.workspace import RefusedPath
+from sandboxd.backends.workspace_errors import RefusedPath
 from sandboxd.errors import SandboxdError
 from sandboxd.models import InvokeRequest, Result, Status
 from sandboxd.service import Sandboxd

@@ -14,7 +14,7 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model), split
   so that each image display item follows, as ``image`` content, the text naming it,
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
-  arguments are an ``isError`` result the model can read (2025-11-25, SEP-1303; a JSON-RPC error
+  arguments are an ``isError`` result the model can read (2025-11-25 on, SEP-1303; a JSON-RPC error
   -32602 naming the field in earlier revisions), unknown tools -32602. A caller may lower
   the call's limits with ``_meta: {"sandboxd/limits": {"timeout_s": 5, ...}}``.
 * **sessions**: each MCP session gets its own sandboxd session (workspace), created on its first
@@ -26,10 +26,11 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   a call runs, when the client sent a progress token; ``notifications/cancelled`` cancels the
   service's invoke task exactly as an HTTP disconnect does (the backend kills and verifies).
 
-Only the initialize-handshake protocol era (2024-11-05 ... 2025-11-25, what MCP hosts speak) is
-served: a request stamped with a stateless-era version (2026-07-28) is answered with
-"unsupported protocol version", so an SDK client in ``auto`` mode falls back to the handshake.
-Sessions, workspaces and change notifications need the stateful era.
+Both protocol eras are served (docs/mcp.md, "Protocol versions"): the initialize handshake
+(2024-11-05 ... 2025-11-25: an MCP session, its workspace, list_changed on its stream) and the
+stateless 2026-07-28 (the SDK's own per-request path: ``server/discover``, the ``_meta``
+envelope and routing headers; no session, so a call names a sandboxd session in
+``_meta["sandboxd/session"]`` to keep state). The request's ``MCP-Protocol-Version`` picks it.
 """
 
 from __future__ import annotations
@@ -50,8 +51,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS, is_version_at_least
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -59,12 +59,20 @@ from starlette.types import Message, Receive, Scope, Send
 from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
-from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error
+from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error, with_request_id
+from sandboxd.api.mcp_meta import (
+    ARGUMENT_ERRORS_AS_RESULTS,
+    INSTRUCTIONS,
+    STATELESS_INSTRUCTIONS,
+    VERSIONS,
+    limits,
+    named_session,
+)
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
 from sandboxd.client.render import result_parts
 from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
-from sandboxd.models import InvokeRequest, LimitsRequest, Result, Status, ToolSpec
+from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
 from sandboxd.service import Sandboxd
@@ -74,19 +82,8 @@ log = logging.getLogger("sandboxd.mcp")
 
 TRANSPORT = "mcp"
 CLIENT_KEY = "sandboxd.client"
-LIMITS_META = "sandboxd/limits"
 PROGRESS_INTERVAL_S = 1.0
-#: from this revision on (SEP-1303), arguments that fail a tool's input schema are a tool
-#: execution error (an ``isError`` result the model reads and fixes), no longer a protocol
-#: error (-32602) that a host shows no model; an unknown tool stays -32602 in every revision
-ARGUMENT_ERRORS_AS_RESULTS = "2025-11-25"
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
-INSTRUCTIONS = (
-    "sandboxd runs code and commands in a confined sandbox under an administrator's policy. "
-    "Files written in this MCP session stay in its workspace, and Python variables in its "
-    "interpreter, for the next calls of the same session. A denied call explains what is "
-    "allowed."
-)
 
 
 #: every tool's ``outputSchema``: its ``structuredContent`` is the whole sandboxd result
@@ -137,21 +134,6 @@ def _error_result(message: str, result: Result | None = None) -> types.CallToolR
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
 
 
-def _limits(meta: Any) -> LimitsRequest | None:
-    """Lower limits a caller may ask for in ``_meta["sandboxd/limits"]`` (the HTTP body's
-    ``limits``: each may only lower the effective limit); bad values are -32602 naming them."""
-    wanted = (meta or {}).get(LIMITS_META) if isinstance(meta, dict) else None
-    if wanted is None:
-        return None
-    try:
-        return LimitsRequest.model_validate(wanted)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(limits)"
-        raise MCPError(types.INVALID_PARAMS, f"_meta.{LIMITS_META}.{where}: {err['msg']}",
-                       {"field": f"_meta.{LIMITS_META}.{where}", "problem": err["msg"]}) from None
-
-
 def _fingerprint(specs: list[ToolSpec]) -> str:
     data = [spec.model_dump(mode="json") for spec in specs]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -162,7 +144,6 @@ def _connection(ctx: Any) -> Any:
     the session ends), ``session_id`` and the standalone ``notify``. The lowlevel context does not
     expose it yet (mcp 2.3: ``ServerSession._connection``), hence the pinned SDK range."""
     return ctx.session._connection
-
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -180,12 +161,20 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 class _Server(Server[Any]):
-    """The SDK's server, announcing ``tools.listChanged`` in its initialize result."""
+    """The SDK's server, announcing ``tools.listChanged`` in its initialize result (the
+    handshake era; 2026-07-28 has no standalone stream to announce it on)."""
 
     def create_initialization_options(self, notification_options: NotificationOptions | None = None,
                                       *args: Any, **kwargs: Any) -> Any:
         return super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+    async def _handle_discover(self, ctx: Any, params: Any) -> types.DiscoverResult:
+        """``server/discover`` (2026-07-28): the SDK's answer, with the stateless era's
+        instructions (no MCP session keeps a workspace there)."""
+        result = await super()._handle_discover(ctx, params)
+        result.instructions = STATELESS_INSTRUCTIONS
+        return result
 
 
 class McpFrontDoor:
@@ -280,8 +269,9 @@ class McpFrontDoor:
                 return
             ident = request_id(body)
             receive = _replay(body, receive)
+            send = with_request_id(send, ident)  # the SDK's own refusals say "id": null
         version = request.headers.get("mcp-protocol-version")
-        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        if version is not None and version not in VERSIONS:
             await self._unsupported_version(version, ident)(scope, receive, send)
             return
         self.service.metrics.mcp_requests.labels(method=f"http_{scope['method']}").inc()
@@ -290,6 +280,11 @@ class McpFrontDoor:
         # id is answered 404 (the token itself is not kept)
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=client, scopes=[]))
         session_id = request.headers.get("mcp-session-id")
+        if version in MODERN_PROTOCOL_VERSIONS:
+            # 2026-07-28: one request, one answer, no session to open (the SDK checks the
+            # per-request envelope: _meta and the Mcp-Method/Mcp-Name headers)
+            await self.manager.handle_request(scope, receive, send)
+            return
         if session_id is not None:
             if scope["method"] == "DELETE":
                 send = self.slots.freeing(session_id, send)
@@ -300,7 +295,7 @@ class McpFrontDoor:
             ticket = self.slots.reserve(client)
         except McpSessionLimit as exc:
             self.service.metrics.rejections.labels(reason="mcp_sessions").inc()
-            await exc.response()(scope, receive, send)
+            await exc.response(ident)(scope, receive, send)
             return
         reset = TICKET.set(ticket)
         try:
@@ -311,13 +306,12 @@ class McpFrontDoor:
 
     @staticmethod
     def _unsupported_version(version: str, ident: str | int | None) -> JSONResponse:
-        """A stateless-era version (served by the handshake) or one MCP never had."""
-        why = ("is not served here; use the initialize handshake"
-               if version in MODERN_PROTOCOL_VERSIONS else "is not a version this server speaks")
+        """A version MCP never had, or one newer than this server (-32022 names the ones it
+        speaks: a client picks a mutual one, as the lifecycle's negotiation says)."""
         error = rpc_error(ident, types.UNSUPPORTED_PROTOCOL_VERSION,
-                          f"protocol version {version[:40]!r} {why}",
-                          {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS),
-                           "requested": version[:40]})
+                          f"protocol version {version[:40]!r} is not a version this server "
+                          f"speaks (it speaks {', '.join(VERSIONS)})",
+                          {"supported": list(VERSIONS), "requested": version[:40]})
         return JSONResponse(error, status_code=400)
 
     # ------------------------------------------------------------ handlers
@@ -342,7 +336,9 @@ class McpFrontDoor:
         self.service.metrics.mcp_requests.labels(method="tools/list").inc()
         client = self._client(ctx)
         specs = self.service.tools(client)
-        _connection(ctx).state["tools"] = _fingerprint(specs)
+        connection = _connection(ctx)
+        if connection.session_id is not None:  # a 2026-07-28 request has no stream to notify
+            connection.state["tools"] = _fingerprint(specs)
         return types.ListToolsResult(tools=[tool_for(s) for s in specs])
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
@@ -352,10 +348,11 @@ class McpFrontDoor:
         self.slots.in_use(_connection(ctx).session_id)  # from now on: the session TTL
         counter = self.service.metrics.mcp_calls
         try:
-            limits = _limits(params.meta)
-            session = await self._sandbox_session(_connection(ctx), client)
+            lower = limits(params.meta)
+            session = (named_session(params.meta)
+                       or await self._sandbox_session(_connection(ctx), client))
             request = InvokeRequest(arguments=params.arguments or {}, session=session,
-                                    limits=limits)
+                                    limits=lower)
             result = await self._run(ctx, client, params.name, request)
         except UnknownTool as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
@@ -363,7 +360,7 @@ class McpFrontDoor:
                            {"tool": exc.tool, "available": exc.available}) from None
         except ArgumentsInvalid as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
-            if ctx.session.protocol_version >= ARGUMENT_ERRORS_AS_RESULTS:
+            if is_version_at_least(ctx.session.protocol_version, ARGUMENT_ERRORS_AS_RESULTS):
                 return _error_result(f"nothing ran: {exc}; fix the arguments and call again")
             raise MCPError(types.INVALID_PARAMS, str(exc),
                            {"tool": exc.tool, "field": exc.field, "problem": exc.detail}) from None

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error"]
+from starlette.types import Message, Send
+
+__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error", "with_request_id"]
 INVALID_REQUEST = -32600  # JSON-RPC 2.0 section 5.1 (no SDK import for a constant)
+PARSE_ERROR = -32700
 
 
 def rpc_error(ident: str | int | None, code: int, message: str,
@@ -78,3 +81,46 @@ def envelope_error(body: bytes) -> dict[str, Any] | None:
 
 def _invalid(ident: str | int | None, why: str) -> dict[str, Any]:
     return rpc_error(ident, INVALID_REQUEST, f"invalid JSON-RPC request: {why}")
+
+
+def with_request_id(send: Send, ident: str | int | None) -> Send:
+    """``send`` of a request with id ``ident``: a JSON-RPC error the SDK answers with
+    ``"id": null`` (its transport's own refusals: an unknown or a missing session id...)
+    gets the request's id, as JSON-RPC 2.0 section 5 wants (``null`` only when the id could not
+    be read: a parse error keeps it). Other answers pass through untouched."""
+    if ident is None:
+        return send
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def wrapped(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            kinds = dict(message.get("headers", []))
+            if message["status"] >= 400 and kinds.get(b"content-type", b"").startswith(
+                    b"application/json"):
+                start = message  # the body decides: held until it is whole
+                return
+        elif start is not None and message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = _with_id(b"".join(chunks), ident)
+            headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await send(message)
+
+    return wrapped
+
+
+def _with_id(body: bytes, ident: str | int) -> bytes:
+    answer = _parse(body)
+    error = answer.get("error") if isinstance(answer, dict) else None
+    # a parse error keeps null (section 5: the message was not read, whatever this check read)
+    if (isinstance(answer, dict) and isinstance(error, dict) and answer.get("id") is None
+            and error.get("code") != PARSE_ERROR):
+        return json.dumps({**answer, "id": ident}, separators=(",", ":")).encode()
+    return body

@@ -55,13 +55,13 @@ class McpSessionLimit(SandboxdError):
     def problem_fields(self) -> dict[str, Any]:
         return {"limit": self.limit, "limit_value": self.value}
 
-    def response(self) -> JSONResponse:
-        """The answer: the problem table's status, a JSON-RPC error body (what MCP clients
-        read; the SDK client raises it from ``initialize``)."""
+    def response(self, ident: str | int | None) -> JSONResponse:
+        """The answer to request ``ident``: the problem table's status, a JSON-RPC error body
+        (what MCP clients read; the SDK client raises it from ``initialize``)."""
         status = problems.PROBLEMS[self.code][0]
         error = {"code": types.INVALID_REQUEST, "message": str(self),
                  "data": {"client": self.client, **self.problem_fields()}}
-        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status)
+        return JSONResponse({"jsonrpc": "2.0", "id": ident, "error": error}, status_code=status)
 
 
 @dataclass

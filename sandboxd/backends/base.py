@@ -38,10 +38,15 @@ class CancelledAfterCleanup(asyncio.CancelledError):
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the daemon needs from an execution backend."""
+    """What the daemon needs from an execution backend. The backends subclass it, so they
+    inherit its defaults (``healing``); which backends exist is :mod:`.registry`'s."""
 
-    #: short name used in policies and results: "restricted", "container", "workspace"
+    #: short name used in policies and results (its registry entry's name)
     name: str
+    #: why the backend is rebuilding state of its own that vanished under the daemon (e.g. the
+    #: container runner directory), or None. While it is set, the backend's unavailability
+    #: makes the daemon unready even when the backend is optional
+    healing: str | None = None
 
     async def start(self) -> None:
         """Prepare (zygote, warm pool, start-up sweep of leftovers). Called once at start-up."""

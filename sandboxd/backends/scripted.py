@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.deadline import within
 from sandboxd.models import (
     Cleanup,
@@ -76,7 +76,7 @@ def fails(reason: Reason, **fields: Any) -> Script:
     return script
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """A :class:`~sandboxd.backends.base.Backend` whose calls are answered by ``script``."""
 
     def __init__(self, name: str = "restricted", script: Script | None = None, *,

@@ -1,30 +1,61 @@
-"""The ``sandboxd`` command line (typer). One module per command group."""
+"""The ``sandboxd`` command line (typer). One module per command group.
+
+The app is built on first use (``app``, :func:`main`), not at import: ``sandboxd mcp`` (the
+stdio bridge a host launches and waits for) loads only its own command."""
 
 from __future__ import annotations
 
-import typer
+import sys
+from typing import TYPE_CHECKING, Any
 
-from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, session, token
+if TYPE_CHECKING:
+    import typer
 
-app = typer.Typer(
-    name="sandboxd",
-    help="Hardened sandboxed execution service for AI-agent tools.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain help: no type column, no `<bool>` after flags
-)
-daemon.register(app)
-doctor.register(app)
-app.add_typer(policy.app, name="policy", help="Check and explain policy files.")
-app.add_typer(audit.app, name="audit", help="Verify and read the audit log.")
-app.add_typer(token.app, name="token", help="Manage client tokens.")
-app.add_typer(images.app, name="images", help="Build the sandbox images.")
-app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
-chat.register(app)
-mcp.register(app)
+_app: typer.Typer | None = None
+
+
+def build() -> typer.Typer:
+    """The whole CLI: every command group."""
+    import typer
+
+    from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, session, token
+
+    app = typer.Typer(
+        name="sandboxd",
+        help="Hardened sandboxed execution service for AI-agent tools.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,  # plain help: no type column, no `<bool>` after flags
+    )
+    daemon.register(app)
+    doctor.register(app)
+    app.add_typer(policy.app, name="policy", help="Check and explain policy files.")
+    app.add_typer(audit.app, name="audit", help="Verify and read the audit log.")
+    app.add_typer(token.app, name="token", help="Manage client tokens.")
+    app.add_typer(images.app, name="images", help="Build the sandbox images.")
+    app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
+    chat.register(app)
+    mcp.register(app)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """``sandboxd.cli.app``: the CLI, built once on first use."""
+    global _app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _app is None:
+        _app = build()
+    return _app
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    args = sys.argv[1:]
+    if args[:1] == ["mcp"]:  # the stdio bridge: its own command only
+        from sandboxd.cli import mcp
+
+        mcp.standalone(args[1:])
+        return
+    __getattr__("app")()

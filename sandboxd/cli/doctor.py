@@ -9,20 +9,21 @@ check::
     restricted  memory_limit            FAIL    allocated 512 MiB under a 64 MiB limit
     container   -                       n/a     unavailable: no Docker engine
 
-Before the backends it lists host facts an admin needs when a probe fails (user, cgroup
-version and write access, seccomp, Docker socket ownership). Exit status: 1 when the default
-backend is unavailable or fails a check (the daemon would refuse to start), 1 with
-``--strict`` when any enabled backend does, 2 for bad settings, else 0.
+Before the backends it lists host facts an admin needs when a probe fails (user, state and
+audit directories, workspace quota, then each enabled backend's rows from its registry entry:
+cgroup version and write access, seccomp, Docker socket ownership). Which backends exist,
+which is the default, and what each adds is the registry's (:mod:`sandboxd.backends.registry`).
+Exit status: 1 when the default backend is unavailable or fails a check (the daemon would
+refuse to start), 1 with ``--strict`` when any enabled backend does, 2 for bad settings,
+else 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes.util
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,15 @@ PROBE_TIMEOUT_S = 120.0
 
 
 def _default_backend() -> str:
-    from sandboxd.backends.factory import DEFAULT_BACKEND
+    from sandboxd.backends.registry import default_backend
 
-    return DEFAULT_BACKEND
+    return default_backend()
+
+
+def _known_backends() -> list[str]:
+    from sandboxd.backends.registry import names
+
+    return names(executes=True)
 
 
 def enabled_backends(settings: Any) -> list[str]:
@@ -87,32 +94,6 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
 # ------------------------------------------------------------------ host facts
 
 
-def _cgroup_facts(root: Path) -> list[ProbeCheck]:
-    checks: list[ProbeCheck] = []
-    if (root / "cgroup.controllers").exists():
-        from sandboxd.backends.restricted import cgroup_v2
-
-        try:
-            checks.append(ProbeCheck(name="cgroup", ok=True, detail=cgroup_v2.plan(root)))
-        except (OSError, cgroup_v2.CgroupUnavailable) as exc:
-            checks.append(ProbeCheck(name="cgroup", ok=False, detail=f"v2; {exc}"))
-        return checks
-    controllers = [c for c in ("memory", "cpu", "pids") if (root / c).is_dir()]
-    if not controllers:
-        checks.append(ProbeCheck(name="cgroup", ok=False, detail=f"no cgroup fs at {root}"))
-        return checks
-    writable = [c for c in controllers if os.access(root / c, os.W_OK)]
-    checks.append(
-        ProbeCheck(
-            name="cgroup",
-            ok=len(writable) == len(controllers),
-            detail=f"v1; writable controllers: {', '.join(writable) or 'none'} of "
-            f"{', '.join(controllers)}",
-        )
-    )
-    return checks
-
-
 def _status_field(key: str) -> str | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -137,13 +118,6 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
             ),
         ),
     ]
-    checks += _cgroup_facts(Path(settings.cgroup_root))
-    lib = ctypes.util.find_library("seccomp")
-    checks.append(
-        ProbeCheck(
-            name="libseccomp", ok=lib is not None, detail=lib or "not found (apt: libseccomp2)"
-        )
-    )
     mode = _status_field("Seccomp")
     nnp = _status_field("NoNewPrivs")
     checks.append(
@@ -178,8 +152,14 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
         )
     )
     checks.append(_workspace_quota_check(settings))
-    if settings.container_enabled:
-        checks.append(_docker_socket_check(settings))
+    from sandboxd.backends import registry
+
+    for entry in registry.enabled(settings):
+        try:
+            checks += entry.host_checks(settings)
+        except Exception as exc:  # a backend's rows must not hide the others
+            checks.append(ProbeCheck(name=f"{entry.name}_rows", ok=False,
+                                     detail=f"could not be read: {exc}"))
     return checks
 
 
@@ -203,22 +183,6 @@ def _workspace_quota_check(settings: Any) -> ProbeCheck:
     if not fs.ok:
         detail += " - workspace_quota=kernel: the daemon will not be ready"
     return ProbeCheck(name="workspace_quota", ok=fs.kernel, detail=detail)
-
-
-def _docker_socket_check(settings: Any) -> ProbeCheck:
-    url = settings.docker_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not url.startswith("unix://"):
-        return ProbeCheck(name="docker_socket", ok=True, detail=f"{url} (not a unix socket)")
-    path = Path(url[len("unix://") :])
-    try:
-        st = path.stat()
-    except OSError as exc:
-        return ProbeCheck(name="docker_socket", ok=False, detail=f"{path}: {exc.strerror}")
-    rootful = st.st_uid == 0
-    detail = f"{path} owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}"
-    if rootful:
-        detail += " - rootful engine: access to it is root-equivalent (prefer rootless Docker)"
-    return ProbeCheck(name="docker_socket", ok=True, detail=detail)
 
 
 # ------------------------------------------------------------------ output
@@ -304,28 +268,17 @@ def _lock_or_holder(settings: Any) -> tuple[int | None, Holder | None]:
 
 
 def left_alone(settings: Any) -> list[str]:
-    """What the backends' start-up sweep would remove in the daemon's state directory and
-    engine (its containers, runner directory and probe leftovers): read, never touched."""
-    from sandboxd.backends.restricted.probe import PROBE_PREFIX
+    """What the enabled backends' start-up sweep would remove in the daemon's state directory
+    and engine (each entry's ``leftovers``: containers, runner directory, probe leftovers):
+    read, never touched."""
+    from sandboxd.backends import registry
 
-    state = Path(settings.state_dir)
     things: list[str] = []
-    if settings.container_enabled:
-        with contextlib.suppress(Exception):  # no engine: no containers to speak of
-            from sandboxd.backends.container import engine
-            from sandboxd.backends.container.config import ContainerConfig
-
-            client = engine.connect(ContainerConfig.from_settings(settings), timeout=10)
-            try:
-                count = len(engine.ours(client, settings.instance_name))
-            finally:
-                client.close()
-            if count:
-                things.append(f"{count} container(s) labelled "
-                              f"{engine.LABEL_DAEMON}={settings.instance_name}")
-    if (state / "run").exists():
-        things.append(f"{state / 'run'}/")
-    things += [str(p) for p in sorted(state.glob(f"{PROBE_PREFIX}*"))]
+    for entry in registry.enabled(settings):
+        try:
+            things += entry.left_behind(settings)
+        except Exception as exc:  # cannot tell: say so, touch nothing
+            things.append(f"{entry.name} leftovers unknown ({exc})")
     return things
 
 
@@ -351,12 +304,11 @@ def doctor(
     # No warm pool: the doctor starts a backend only to probe it once.
     settings = settings_for(config, state_dir, warm_pool_size=0)
     names = enabled_backends(settings)
-    unknown = [b for b in backend if b not in ("restricted", "container")]
+    known = _known_backends()
+    unknown = [b for b in backend if b not in known]
     if unknown:
-        typer.echo(
-            f"sandboxd doctor: unknown backend {unknown[0]!r} (choose restricted or container)",
-            err=True,
-        )
+        typer.echo(f"sandboxd doctor: unknown backend {unknown[0]!r} (choose "
+                   f"{' or '.join(known)})", err=True)
         raise typer.Exit(2)
     if backend:
         names = [n for n in names if n in backend]

@@ -1,7 +1,8 @@
 """``sandboxd images build``: build the sandbox image(s) of the container backend.
 
 Two ways, same result (an image with python3, coreutils, grep, sed, git, user 10001 and the
-runner at /opt/sandboxd/runner.py):
+runner at /opt/sandboxd/: its entry point runner.py, its package sandboxd_runner/ and the
+sandbox contract sandboxd/protocol/):
 
 * normal hosts: ``docker build`` of ``images/python/Dockerfile`` FROM ``python:3.12-slim``;
 * ``--offline`` (no registry; chosen automatically when none is reachable and the base image
@@ -90,28 +91,40 @@ def images_dir() -> Path:
 def protocol_package() -> Path:
     """``sandboxd/protocol/``: the sandbox contract (frames, rules, display items, limits),
     shared by the daemon and the runner (the build puts it next to the runner as
-    ``runner/protocol/``, the Dockerfile copies it to ``/opt/sandboxd/protocol/``)."""
+    ``runner/sandboxd/protocol/``, the Dockerfile copies it to
+    ``/opt/sandboxd/sandboxd/protocol/``: the runner imports it as ``sandboxd.protocol``)."""
     from sandboxd import protocol
 
     return Path(protocol.__file__).resolve().parent
 
 
 def shared_modules() -> dict[str, Path]:
-    """Every sandboxd module the runner loads from beside itself, by its path there
-    (``protocol/wire.py``, ...)."""
+    """Every sandboxd module the runner imports from beside itself, by its path there
+    (``sandboxd/protocol/wire.py``, ...)."""
     package = protocol_package()
-    return {f"protocol/{path.name}": path for path in sorted(package.glob("*.py"))}
+    return {f"sandboxd/protocol/{path.name}": path for path in sorted(package.glob("*.py"))}
+
+
+def runner_files(context: Path) -> dict[str, Path]:
+    """The runner's own files in ``images/``, by their path there: its entry point and every
+    file of its package ``runner/sandboxd_runner/`` (compiled files left out)."""
+    runner = context / "runner"
+    files = {"runner/runner.py": runner / "runner.py"}
+    for path in sorted((runner / "sandboxd_runner").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            files[path.relative_to(context).as_posix()] = path
+    return files
 
 
 def runner_digest(context: Path) -> str:
-    """SHA-256 of the runner, its shared modules (the protocol package) and the Dockerfile:
-    an image built from them carries it."""
+    """SHA-256 of the runner (entry point and package), its shared modules (the protocol
+    package) and the Dockerfile, each under its name: an image built from them carries it."""
     h = hashlib.sha256()
-    for rel in ("runner/sandboxd-runner.py", "python/Dockerfile"):
-        h.update((context / rel).read_bytes())
-    for name, path in shared_modules().items():
-        h.update(name.encode())
-        h.update(path.read_bytes())
+    files = {**runner_files(context), "python/Dockerfile": context / "python" / "Dockerfile",
+             **shared_modules()}
+    for name, path in files.items():
+        h.update(name.encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 
 
@@ -131,13 +144,13 @@ def profile_digest(context: Path, profile: Profile) -> str:
 
 
 def build_context(context: Path, into: Path) -> Path:
-    """A copy of ``images/`` with the runner's shared modules added as ``runner/protocol/``
-    (what the Dockerfile copies)."""
+    """A copy of ``images/`` with the runner's shared modules added as
+    ``runner/sandboxd/protocol/`` (what the Dockerfile copies)."""
     target = into / "images"
     shutil.copytree(context, target, symlinks=False,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name, path in shared_modules().items():
-        (target / "runner" / name).parent.mkdir(exist_ok=True)
+        (target / "runner" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target / "runner" / name)
     return target
 

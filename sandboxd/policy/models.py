@@ -35,7 +35,9 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from sandboxd.backends import registry
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
 from sandboxd.registry import check_schema
@@ -94,6 +96,24 @@ def _network(value: str) -> str:
             f"network {value!r} is not allowed: use 'none' or the name of a Docker network"
         )
     return value
+
+
+def _serving(group: registry.ToolGroup) -> Any:
+    """A tool's ``backend:`` is the name of a registered backend that serves ``group`` (the
+    error lists them, as pydantic lists a Literal's values)."""
+    def check(value: str) -> str:
+        choices = registry.names(group)
+        if value not in choices:
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": registry.quoted(choices)})
+        return value
+
+    return AfterValidator(check)
+
+
+def _default_for(group: registry.ToolGroup) -> Any:
+    """Without ``backend:``, the registry's default backend for ``group``."""
+    return Field(default_factory=lambda: registry.default_for(group))
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -162,7 +182,7 @@ class _ToolBase(_Strict):
 class PythonTool(_ToolBase):
     """``tools.python``: run code; imports are checked against ``imports``."""
 
-    backend: Literal["restricted", "container"] = "restricted"
+    backend: Annotated[str, _serving("python")] = _default_for("python")
     image: str | None = None
     network: Network | None = None
     imports: ImportRules = Field(default_factory=ImportRules)
@@ -171,7 +191,7 @@ class PythonTool(_ToolBase):
 class ShellTool(_ToolBase):
     """``tools.shell``: run a command line; every program is checked against ``commands``."""
 
-    backend: Literal["container"] = "container"
+    backend: Annotated[str, _serving("shell")] = _default_for("shell")
     image: str | None = None
     network: Network | None = None
     commands: CommandRules = Field(default_factory=CommandRules)
@@ -182,7 +202,7 @@ class ShellTool(_ToolBase):
 class FileTool(_ToolBase):
     """``tools.read_file`` / ``write_file`` / ``list_files``: workspace paths, in the daemon."""
 
-    backend: Literal["workspace"] = "workspace"
+    backend: Annotated[str, _serving("files")] = _default_for("files")
     paths: PathRules = Field(default_factory=PathRules)
     max_bytes: Size = 1024 * 1024
 
@@ -215,7 +235,7 @@ class CustomTool(_ToolBase):
     title: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     annotations: ToolHintsSpec = Field(default_factory=ToolHintsSpec)
     parameters: dict[str, Any] = Field(default_factory=_default_parameters)
-    backend: Literal["container"] = "container"
+    backend: Annotated[str, _serving("custom")] = _default_for("custom")
     image: str | None = None
     network: Network | None = None
     argv: Annotated[list[str], Field(min_length=1)]
@@ -240,6 +260,10 @@ class PolicyFile(_Strict):
 # ------------------------------------------------------------------ semantic checks
 
 BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
+#: the registry's name for what each built-in tool asks of its backend
+TOOL_GROUPS: dict[str, registry.ToolGroup] = {
+    "python": "python", "shell": "shell",
+    "read_file": "files", "write_file": "files", "list_files": "files"}
 
 
 def placeholders(element: str) -> list[str]:
@@ -268,18 +292,36 @@ def _limit_problems(limits: LimitsSpec, loc: Loc) -> Iterator[tuple[Loc, str]]:
             yield (*loc, value_name), f"{value_name} is above {max_name} of the same block"
 
 
-def _unimportable(allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
-    """Entries of a restricted python tool's ``imports.allow`` that name no module the
-    restricted backend offers (they would fail at run time: "allowed by the policy but not
-    available"), each blamed at its own position."""
-    from sandboxd.backends.restricted.lang.module_allowlist import MODULES
-
-    offered = {name.split(".")[0] for name in MODULES}
-    for i, entry in enumerate(allow):
-        if entry != "*" and entry.split(".")[0] not in offered:
+def _unimportable(backend: str, allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """Entries of a python tool's ``imports.allow`` that name no module its backend offers
+    (they would fail at run time: "allowed by the policy but not available"), each blamed at
+    its own position. Backends whose registry entry lists no modules offer any."""
+    entry = registry.get(backend)
+    offered = entry.offered_modules() if entry is not None else None
+    if offered is None:
+        return
+    others = [e.name for e in registry.entries()
+              if "python" in e.serves and e.imports is None]
+    for i, module in enumerate(allow):
+        if module != "*" and module.split(".")[0] not in offered:
             yield (*loc, i), (
-                f"'{entry}' cannot be imported by the restricted backend (it offers: "
-                f"{', '.join(sorted(offered))}); use backend: container for it")
+                f"'{module}' cannot be imported by the {backend} backend (it offers: "
+                f"{', '.join(sorted(offered))}); use backend: {' or '.join(others)} for it")
+
+
+def _network_problem(name: str, tool: Any, group: registry.ToolGroup,
+                     policy: PolicyFile, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """A tool granted a network (its own or the policy's) on a backend that has none."""
+    if "network" not in type(tool).model_fields:
+        return
+    network = tool.network or policy.network
+    entry = registry.get(tool.backend)
+    if network == "none" or entry is None or entry.network:
+        return
+    others = [e.name for e in registry.entries() if group in e.serves and e.network]
+    yield (*loc, "network") if tool.network else ("network",), (
+        f"the {tool.backend} backend has no network; '{name}' needs backend: "
+        f"{' or '.join(others)} to be granted network {network!r}")
 
 
 def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
@@ -293,17 +335,12 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
             continue
         loc: Loc = ("tools", name)
         yield from _limit_problems(tool.limits, (*loc, "limits"))
-        network = getattr(tool, "network", None) or policy.network
-        if getattr(tool, "backend", None) == "restricted" and network != "none":
-            where = (*loc, "network") if getattr(tool, "network", None) else ("network",)
-            yield where, (
-                f"the restricted backend has no network; '{name}' needs backend: container "
-                f"to be granted network {network!r}"
-            )
+        yield from _network_problem(name, tool, TOOL_GROUPS[name], policy, loc)
         if isinstance(tool, PythonTool) and "*" in tool.imports.deny:
             yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
-        if isinstance(tool, PythonTool) and tool.backend == "restricted":
-            yield from _unimportable(tool.imports.allow, (*loc, "imports", "allow"))
+        if isinstance(tool, PythonTool):
+            yield from _unimportable(tool.backend, tool.imports.allow,
+                                     (*loc, "imports", "allow"))
     for tname, tool in policy.custom_tools.items():
         loc = ("custom_tools", tname)
         if not _TOOL_NAME.match(tname):
@@ -311,6 +348,7 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
         if tname in BUILTIN_NAMES:
             yield loc, f"'{tname}' is a built-in tool; configure it under tools.{tname}"
         yield from _limit_problems(tool.limits, (*loc, "limits"))
+        yield from _network_problem(tname, tool, "custom", policy, loc)
         params = tool.parameters
         try:
             check_schema(params)

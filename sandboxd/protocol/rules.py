@@ -3,10 +3,10 @@ normalisation and the output cap.
 
 Used by the policy engine (the decision), the restricted backend (its ``__import__``, ``open``
 and output streams), the workspace backend (the file tools) and the container runner (its
-``__import__``, its redirects and its output pipes). The runner cannot import sandboxd: the
-image build copies this very file next to it (``/opt/sandboxd/protocol/rules.py``, like
-:mod:`sandboxd.protocol.wire`), so it must stay standard-library only, free of sandboxd
-imports, and run on Python 3.11+.
+``__import__``, its redirects and its output pipes). The image has no sandboxd but this
+package: the image build copies it next to the runner (``/opt/sandboxd/sandboxd/protocol/``,
+imported there as ``sandboxd.protocol``), so it must stay standard-library only, free of
+other sandboxd imports, and run on Python 3.11+.
 
 Imports (``imports: {allow, deny}`` of the python tool)
     An entry is a module name or ``"*"``. A name admits that module and its submodules

@@ -194,3 +194,49 @@ async def _wait_for_a_pool_container(backend: ContainerBackend) -> set[str]:
 def _ready_pool(backend: ContainerBackend) -> set[str]:
     """Ids of the containers waiting in the warm pool."""
     return {b.cid for boxes in backend.pool.queues.values() for b in boxes if b.cid}
+
+
+#: python code that opens files until it cannot: how many it held, and why it stopped
+OPEN_UNTIL_REFUSED = (
+    "import os\n"
+    "fds = []\n"
+    "try:\n"
+    "    while len(fds) < 40:\n"
+    "        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc.errno, len(fds), max(fds))\n"
+    "else:\n"
+    "    print('held', len(fds))\n"
+)
+
+
+async def test_python_cannot_hold_more_files_than_open_files(backend: ContainerBackend,
+                                                             ws: Path) -> None:
+    res = await run(backend, ws, code=OPEN_UNTIL_REFUSED,
+                    limits=Limits(timeout_s=30, open_files=32))
+    assert res.status == Status.ok, res
+    verdict = res.stdout.split()
+    assert verdict[:2] == ["refused", "24"], res.stdout  # EMFILE
+    assert int(verdict[3]) < 32 < 40
+
+
+async def test_a_shell_command_has_the_open_files_limit(backend: ContainerBackend,
+                                                        ws: Path) -> None:
+    res = await run(backend, ws, argv=["sh", "-c", "ulimit -n; ulimit -Hn"],
+                    limits=Limits(timeout_s=30, open_files=32))
+    assert res.status == Status.ok, res
+    assert res.stdout.split() == ["32", "32"]
+
+
+async def test_a_session_kernel_keeps_its_first_call_s_open_files(backend: ContainerBackend,
+                                                                   ws: Path) -> None:
+    code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))"
+    try:
+        first = await run(backend, ws, code=code, session="nofile",
+                          limits=Limits(timeout_s=30, open_files=32))
+        second = await run(backend, ws, code=code, session="nofile",
+                           limits=Limits(timeout_s=30, open_files=48))
+    finally:
+        await backend.close_session("nofile")
+    assert (first.stdout, second.stdout) == ("(32, 32)\n", "(32, 32)\n"), (first, second)
+    assert second.kernel is not None and not second.kernel.fresh, second

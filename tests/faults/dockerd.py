@@ -14,9 +14,11 @@ from pathlib import Path
 
 import docker
 
+from sandboxd.config import Settings
 from tests.support.wait import wait_until
 
-IMAGE = "sandboxd/python:latest"
+#: the image under test (SANDBOXD_PYTHON_IMAGE, as the daemons the tests start use it)
+IMAGE = Settings().python_image
 
 
 DOCKER = "/usr/bin/docker"  # Debian's client: a newer `docker` on PATH may not match the engine

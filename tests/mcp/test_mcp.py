@@ -321,27 +321,6 @@ def test_audit_log_has_the_mcp_calls_and_verifies(mcp_daemon: McpDaemon) -> None
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-async def test_sdk_client_in_auto_mode_falls_back_to_the_handshake(mcp_daemon: McpDaemon) -> None:
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-
-    async with httpx.AsyncClient() as http:
-        r = await http.post(mcp_daemon.url,
-                            json={"jsonrpc": "2.0", "id": 7, "method": "tools/list"},
-                            headers={**_headers(mcp_daemon.tokens["alice"]),
-                                     "mcp-protocol-version": "2026-07-28"})
-    assert r.status_code == 400
-    assert r.json()["error"]["code"] == -32022
-    assert "2025-11-25" in r.json()["error"]["data"]["supported"]
-    headers = {"Authorization": f"Bearer {mcp_daemon.tokens['alice']}"}
-    async with (create_mcp_http_client(headers=headers) as http,
-                Client(streamable_http_client(mcp_daemon.url, http_client=http)) as client):
-        assert client.session.initialize_result is not None  # the handshake era
-        result = await client.call_tool("python", {"code": "print(6*7)"})
-    assert text_of(result).strip() == "42"
-
-
 async def test_tools_have_titles_annotations_and_the_result_schema(mcp_daemon: McpDaemon) -> None:
     """What a host shows and checks before a model calls (issue 29): a title, what the tool
     does to its sandbox (no network here: never open-world), admin-defined tools' from the

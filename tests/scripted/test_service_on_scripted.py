@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from sandboxd.api.app import create_app
 from sandboxd.audit import verify
 from sandboxd.backends.scripted import ScriptedBackend, fails, prints, sleeps
-from sandboxd.backends.workspace import WorkspaceBackend
+from sandboxd.backends.workspace.backend import WorkspaceBackend
 from sandboxd.config import Settings
 from sandboxd.models import Reason
 from sandboxd.service import Sandboxd

@@ -1,46 +1,43 @@
 """Execute a command plan with the container runner's own executor, on the host (for tests).
 
-The runner (``images/runner/sandboxd-runner.py``) is a standalone script; its plan executor
-(``run_plan``) is loaded from it as a module - from a copy laid out as in the image, next to
-the ``protocol/`` package -, so the tests exercise exactly the code that runs in the
-sandbox. A plan runs in a forked child set up the way the runner sets up its worker: stdin
-``/dev/null``, stdout and stderr captured, descriptors above 2 closed, default signals.
+The runner is the package ``images/runner/sandboxd_runner/``; its plan executor (``run_plan``)
+is imported from there - with ``sandboxd.protocol``, the same package the image carries -, so
+the tests exercise exactly the code that runs in the sandbox. A plan runs in a forked child
+set up the way the runner sets up its worker: stdin ``/dev/null``, stdout and stderr
+captured, descriptors above 2 closed, default signals.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 import os
-import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from sandboxd.cli.images import images_dir, shared_modules
+from sandboxd.cli.images import images_dir
 from sandboxd.plans import Plan
 
 
 @functools.cache
-def runner() -> ModuleType:
-    where = Path(tempfile.mkdtemp(prefix="sandboxd-runner-"))
-    path = where / "sandboxd-runner.py"
-    shutil.copy2(images_dir() / "runner" / "sandboxd-runner.py", path)
-    for name, source in shared_modules().items():
-        (where / name).parent.mkdir(exist_ok=True)
-        shutil.copy2(source, where / name)
-    spec = importlib.util.spec_from_file_location("sandboxd_runner_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def runner_module(name: str) -> ModuleType:
+    """``sandboxd_runner.<name>``, imported from ``images/runner/`` (put on ``sys.path`` for
+    the import only)."""
+    where = str(images_dir() / "runner")
+    sys.path.insert(0, where)
+    try:
+        return importlib.import_module(f"sandboxd_runner.{name}")
+    finally:
+        sys.path.remove(where)
 
 
 def execute(plan: Plan, cwd: Path, env: dict[str, str],
             timeout_s: float = 20.0) -> tuple[int, bytes, bytes]:
     """(exit status, stdout, stderr) of ``plan`` run by the runner's executor in ``cwd``."""
-    run_plan = runner().run_plan
+    run_plan = runner_module("plans").run_plan
     data = plan.model_dump(mode="json")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()

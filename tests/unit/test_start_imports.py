@@ -15,6 +15,7 @@ import pytest
 SERVE_PATH = """
 import json, sys, tempfile
 import sandboxd.cli  # the command line, as `python -m sandboxd serve` loads it
+sandboxd.cli.build()
 from sandboxd.api.app import create_app
 from sandboxd.config import Settings
 create_app(Settings(state_dir=tempfile.mkdtemp()))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.backends.workspace import (
+from sandboxd.backends.workspace.backend import (
     FileToolError,
     PathRefused,
     list_files,

@@ -51,7 +51,7 @@ import docker
 import requests
 
 from sandboxd import fstree
-from sandboxd.backends.base import BackendUnavailable
+from sandboxd.backends.base import Backend, BackendUnavailable
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Boxes
 from sandboxd.backends.container.calls import request_for
@@ -82,7 +82,7 @@ log = logging.getLogger("sandboxd.container")
 PROBE_CACHE_S = 60.0  # confinement does not change at run time; /readyz may poll often
 
 
-class ContainerBackend:
+class ContainerBackend(Backend):
     """Docker containers as the sandbox (see the module docstring)."""
 
     name = "container"

@@ -1,4 +1,4 @@
-"""Host side of the in-container runner channel (see ``images/runner/sandboxd-runner.py``).
+"""Host side of the in-container runner channel (see ``images/runner/sandboxd_runner/``).
 
 Each container gets a private host directory, bind-mounted read-only at ``/run/sandboxd``,
 holding a 32-byte key file and a unix socket the daemon listens on. The runner is the

@@ -31,6 +31,36 @@ Choices worth knowing (details in the module docstrings):
   ``eval``/``exec`` strings in host context).
 """
 
-from sandboxd.backends.restricted.backend import RestrictedBackend
+from __future__ import annotations
 
-__all__ = ["RestrictedBackend"]
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.backends.registry import BackendEntry, register
+
+if TYPE_CHECKING:
+    from sandboxd.backends.restricted.backend import RestrictedBackend
+
+ENTRY = register(BackendEntry(
+    name="restricted",
+    factory="sandboxd.backends.restricted.backend:RestrictedBackend.from_settings",
+    serves=frozenset({"python"}), defaults=frozenset({"python"}),
+    enabled_setting="restricted_enabled",
+    settings=("state_dir", "instance", "cgroup_root", "max_concurrency", "sandbox_uid_first",
+              "sandbox_uid_count", "kernel_interrupt_grace_s"),
+    startup_probe=True,
+    imports="sandboxd.backends.restricted.lang.module_allowlist:MODULES",
+    doctor_rows="sandboxd.backends.restricted.doctor:host_checks",
+    leftovers="sandboxd.backends.restricted.doctor:leftovers",
+))
+
+
+def __getattr__(name: str) -> Any:
+    """``RestrictedBackend`` on first use: registering the entry imports no backend code."""
+    if name == "RestrictedBackend":
+        from sandboxd.backends.restricted.backend import RestrictedBackend
+
+        return RestrictedBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["ENTRY", "RestrictedBackend"]

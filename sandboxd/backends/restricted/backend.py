@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from sandboxd import fstree
+from sandboxd.backends.base import Backend
 from sandboxd.backends.restricted import health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
@@ -69,7 +70,7 @@ from sandboxd.uids import UidPool
 log = logging.getLogger("sandboxd.restricted")
 
 
-class RestrictedBackend:
+class RestrictedBackend(Backend):
     """RestrictedPython in a confined, pre-forked worker process (see the package docs)."""
 
     name = outcome.BACKEND_NAME

@@ -30,8 +30,9 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from sandboxd.backends.base import Backend
 from sandboxd.backends.workspace_errors import (
     LIST_HINT,
     FileMissing,
@@ -61,6 +62,10 @@ from sandboxd.models import (
 from sandboxd.policy import paths
 from sandboxd.quotafs import quota_message, workspace_usage
 from sandboxd.transfer import FILES_ROUTE, Transfer, UploadAborted, binary_hint
+
+if TYPE_CHECKING:
+    from sandboxd.config import Settings
+    from sandboxd.uids import UidPool
 
 MAX_LIST_ENTRIES = 1000
 
@@ -294,7 +299,7 @@ def list_files(root: str, path: str) -> list[dict[str, object]]:
     return sorted(entries, key=lambda e: str(e["name"]))
 
 
-class WorkspaceBackend:
+class WorkspaceBackend(Backend):
     """File tools on the session workspace, confined by descriptor-based path walking."""
 
     name = "workspace"
@@ -302,6 +307,12 @@ class WorkspaceBackend:
     def __init__(self, *, quota_bytes: int, quota_entries: int) -> None:
         self.quota_bytes = quota_bytes  # a session workspace's quota (advisory checks)
         self.quota_entries = quota_entries
+
+    @classmethod
+    def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> WorkspaceBackend:
+        """The backend as the daemon builds it from its settings (it needs no uids)."""
+        return cls(quota_bytes=settings.session_quota_bytes,
+                   quota_entries=settings.session_quota_entries)
 
     async def start(self) -> None:
         return None

@@ -1,0 +1,63 @@
+"""The runner's one channel to the daemon: the key, the connection, frames and refusals.
+
+The daemon leaves a 32-byte key in /run/sandboxd/key; the runner reads it, connects once to
+/run/sandboxd/runner.sock and says hello with it (call 0, frame ``h``); the daemon then removes
+the socket and the key. Every call of the container is multiplexed on that channel by call id
+(frames of sandboxd/protocol/wire.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+from sandboxd.protocol import wire
+
+SOCKET_PATH = os.environ.get("SANDBOXD_RUNNER_SOCKET", "/run/sandboxd/runner.sock")
+KEY_PATH = os.path.join(os.path.dirname(SOCKET_PATH), "key")
+KEY_BYTES = 32
+CHUNK = wire.READ_BYTES  # the daemon refuses bigger output frames
+
+
+def send_frame(sock: socket.socket, kind: bytes, payload: bytes, call: int = 0) -> None:
+    sock.sendall(wire.encode(kind, payload, call))
+
+
+def connect() -> socket.socket:
+    deadline = time.monotonic() + 30
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(SOCKET_PATH)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                sys.exit(3)
+            time.sleep(0.005)
+
+
+def open_channel() -> socket.socket:
+    """Read the key, connect once, say hello with it; then forget the key."""
+    key = bytearray(KEY_BYTES)
+    with open(KEY_PATH, "rb", buffering=0) as fh:
+        if fh.readinto(key) != KEY_BYTES:
+            sys.exit(3)
+    chan = connect()
+    try:
+        chan.sendall(wire.HEADER.pack(b"h", 0, KEY_BYTES))
+        chan.sendall(key)
+    finally:
+        key[:] = bytes(KEY_BYTES)
+    return chan
+
+
+def refuse(chan: socket.socket, cid: int, message: str, pids_limit: bool = False) -> None:
+    record = {"error": message[:1000], "pids_limit": pids_limit}
+    try:
+        send_frame(chan, b"x", json.dumps(record).encode(), cid)
+    except OSError:
+        pass

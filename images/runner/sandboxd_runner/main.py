@@ -1,0 +1,157 @@
+"""The runner's main loop: one process, one select loop over the channel, every call's pipes
+and worker (see the package's docstring)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from sandboxd.protocol import wire
+
+from .base import cgroup_counters, killpg, set_dumpable, site_dirs
+from .calls import Call
+from .channel import open_channel, refuse
+from .kernel import Kernel
+from .kernel_calls import start_kernel_call, stop_kernel
+from .rlimits import requested_rlimits
+
+MAX_REQUEST = 64 * 1024 * 1024
+KERNEL = Kernel()  # the container's session kernel (started by its first call)
+
+
+def _start(chan, cid, body, calls, owners):
+    """Start the call a request frame asks for (or answer why it cannot start)."""
+    if cid in calls:
+        return
+    try:
+        req = json.loads(body)
+        if not isinstance(req, dict):
+            raise ValueError
+    except ValueError:
+        refuse(chan, cid, "malformed request")
+        return
+    if req.get("kind") == "kernel_stop":
+        stop_kernel(chan, cid, KERNEL)
+        return
+    try:  # checked whole before anything starts: never applied in part
+        rlimits = requested_rlimits(req)
+    except ValueError as exc:
+        refuse(chan, cid, f"refused: {exc}")
+        return
+    if req.get("kind") == "python" and req.get("kernel"):
+        start_kernel_call(chan, cid, req, KERNEL, calls, owners, rlimits)
+        return
+    call = Call(chan, cid, req, rlimits)
+    try:
+        call.start()
+    except OSError as exc:
+        for pfd in call.pipes:
+            os.close(pfd)
+        refuse(chan, cid, f"cannot start the process: {exc.strerror}",
+               exc.errno == 11 or cgroup_counters()[1] > call.pids0)
+        return
+    calls[cid] = call
+    for pfd in call.pipes:
+        owners[pfd] = call
+
+
+def _prepare():
+    """Before the channel: the image's packages importable, SIGPIPE ignored, not dumpable, the
+    imported modules' pages kept shared with every fork."""
+    sys.path.extend(site_dirs())
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    os.umask(0o022)
+    if not set_dumpable(0):
+        sys.exit(4)  # never serve calls with our memory and fds readable by user code
+    # Everything imported so far is shared with every forked worker: keep the garbage
+    # collector from touching (and so copying) those pages after each fork.
+    gc.collect()
+    gc.freeze()
+
+
+def _timeout(calls):
+    """How long select may wait: a tick while calls run, sooner when one must be looked at."""
+    timeout = 0.05 if calls else None
+    wakes = [call.wake for call in calls.values() if call.wake is not None]
+    if wakes:  # a kernel that answered is looked at again soon (see the kernel's section)
+        timeout = min(timeout, max(min(wakes) - time.monotonic(), 0.0))
+    return timeout
+
+
+def _on_channel(chan, decoder, calls, owners):
+    """Read the channel and act on its frames; False once the daemon hung up (or broke the
+    protocol): every call and the kernel are stopped then."""
+    try:
+        data = chan.recv(wire.READ_BYTES, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        data = b""
+    try:
+        frames = decoder.feed(data) if data else None
+    except wire.ProtocolError:
+        frames = None
+    if frames is None:
+        for call in calls.values():
+            killpg(call.pid)
+        KERNEL.stop()
+        return False
+    for frame in frames:
+        if frame.kind == b"R":
+            _start(chan, frame.call, frame.payload, calls, owners)
+        elif frame.call not in calls:
+            continue
+        elif frame.kind == b"I":  # interrupt before kill (a kernel call)
+            calls[frame.call].interrupt(time.monotonic())
+        else:  # b"K": the daemon stopped waiting for it
+            calls[frame.call].hangup = True
+    return True
+
+
+def _finish_calls(calls, owners, now):
+    """Finish every call that is over; forget the pipes that were closed."""
+    for cid, call in list(calls.items()):
+        if call.poll(now):
+            for pfd in call.pipes:
+                owners.pop(pfd, None)
+            del calls[cid]
+            call.finish()
+    for fd in [f for f, owner in owners.items() if f not in owner.pipes]:
+        del owners[fd]  # closed (a finished call's, a kernel's that ended)
+
+
+def main() -> int:
+    """One process, one select loop: the channel, every call's pipes and worker."""
+    _prepare()
+    chan = open_channel()
+    cfd = chan.fileno()
+    decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)})
+    calls: dict[int, Call] = {}  # call id -> Call
+    owners: dict[int, Any] = {}  # pipe fd -> Call (or the kernel)
+    last_pids_check = 0.0
+    while True:
+        try:
+            ready, _, _ = select.select([cfd, *owners], [], [], _timeout(calls))
+        except InterruptedError:
+            continue
+        for fd in ready:
+            if fd == cfd:
+                if not _on_channel(chan, decoder, calls, owners):
+                    return 0
+            elif fd in owners and fd in owners[fd].pipes:
+                owners[fd].on_pipe(fd)
+        now = time.monotonic()
+        if calls and now - last_pids_check >= 0.05:
+            last_pids_check = now
+            pids_now = cgroup_counters()[1]
+            for call in calls.values():
+                if pids_now > call.pids0:
+                    call.pids_limit = True
+        _finish_calls(calls, owners, now)

@@ -1,0 +1,164 @@
+"""The backend registry: which backends exist, and what the core needs to know of each.
+
+Like jupyter_client's kernel provisioners: each backend package registers one frozen
+:class:`BackendEntry` in its ``__init__`` (which stays light: stdlib only), naming its code
+by dotted path (``"package.module:attr"``) that is imported only when used. The factory,
+the policy validation (the ``backend:`` names a policy may use), readiness and ``sandboxd
+doctor`` read the entries, so a new backend is a new package under ``sandboxd/backends/``
+and no edit of a core file. Importing this module imports no backend; the first question
+asked of the registry imports each backend package's ``__init__`` (never Docker nor the
+restricted worker: tests/unit/test_backend_registry.py checks it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from sandboxd.backends.base import Backend
+    from sandboxd.config import Settings
+    from sandboxd.models import ProbeCheck
+    from sandboxd.uids import UidPool
+
+#: what a policy may ask a backend to run: ``tools.python``, ``tools.shell``, ``custom_tools``
+#: and the file tools (``tools.read_file``, ``write_file``, ``list_files``)
+ToolGroup = Literal["python", "shell", "custom", "files"]
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One backend, as the core sees it. Hooks are ``"module:attr"`` paths, loaded on use."""
+
+    name: str  # as policies and results spell it
+    factory: str  # (settings, uids) -> Backend: the backend as the daemon builds it
+    serves: frozenset[ToolGroup]  # the policy tools it can run
+    defaults: frozenset[ToolGroup] = frozenset()  # ...and runs when a policy names no backend
+    enabled_setting: str | None = None  # the bool setting that turns it on (None: always on)
+    settings: tuple[str, ...] = ()  # the settings it reads (besides the enabled flag)
+    executes: bool = True  # runs code: built only when enabled, probed by the doctor
+    startup_probe: bool = False  # the default backend: start-up refuses to serve unless its
+    #                               probe passes (the others are probed by /readyz)
+    network: bool = False  # can grant a policy's network to the code it runs
+    imports: str | None = None  # -> collection of the modules its python offers (None: any)
+    doctor_rows: str | None = None  # (settings) -> list[ProbeCheck]: host rows the doctor prints
+    leftovers: str | None = None  # (settings) -> list[str]: what its start-up sweep removes
+
+    def enabled(self, settings: Settings) -> bool:
+        """Whether the settings turn this backend on."""
+        return self.enabled_setting is None or bool(getattr(settings, self.enabled_setting))
+
+    def build(self, settings: Settings, uids: UidPool | None) -> Backend:
+        """The backend built from the settings (ImportError when its dependencies are not
+        installed)."""
+        backend: Backend = load(self.factory)(settings, uids)
+        return backend
+
+    def host_checks(self, settings: Settings) -> list[ProbeCheck]:
+        """The doctor's host rows for this backend (none without a hook)."""
+        return list(load(self.doctor_rows)(settings)) if self.doctor_rows else []
+
+    def left_behind(self, settings: Settings) -> list[str]:
+        """What its start-up sweep would remove (read only; none without a hook)."""
+        return list(load(self.leftovers)(settings)) if self.leftovers else []
+
+    def offered_modules(self) -> frozenset[str] | None:
+        """Top-level modules its python can import (None: whatever the image has)."""
+        if self.imports is None:
+            return None
+        return frozenset(name.split(".")[0] for name in load(self.imports))
+
+
+def load(path: str) -> Any:
+    """The object a ``"package.module:attr.attr"`` path names (imported now)."""
+    module, _, attrs = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for attr in attrs.split(".") if attrs else ():
+        obj = getattr(obj, attr)
+    return obj
+
+
+_ENTRIES: dict[str, BackendEntry] = {}
+_discovered = False
+
+
+def register(entry: BackendEntry) -> BackendEntry:
+    """Add a backend (once: a second, different entry of the same name is an error)."""
+    known = _ENTRIES.get(entry.name)
+    if known is not None and known != entry:
+        raise ValueError(f"backend {entry.name!r} is registered twice")
+    _ENTRIES[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Forget a backend (tests that register one of their own)."""
+    _ENTRIES.pop(name, None)
+
+
+def _discover() -> None:
+    """Import every package under ``sandboxd.backends``: each registers its entry."""
+    global _discovered
+    if _discovered:
+        return
+    import sandboxd.backends as package
+
+    for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        if info.ispkg:
+            importlib.import_module(info.name)
+    _discovered = True
+
+
+def entries() -> list[BackendEntry]:
+    """Every registered backend, the default one first, then in registration order."""
+    _discover()
+    return sorted(_ENTRIES.values(), key=lambda e: not e.startup_probe)
+
+
+def get(name: str) -> BackendEntry | None:
+    """The entry of that name, if any."""
+    _discover()
+    return _ENTRIES.get(name)
+
+
+def names(group: ToolGroup | None = None, *, executes: bool | None = None) -> list[str]:
+    """Names of the backends (that serve ``group``; that execute code or not), default first."""
+    return [e.name for e in entries()
+            if (group is None or group in e.serves)
+            and (executes is None or e.executes == executes)]
+
+
+def default_backend() -> str:
+    """The backend whose probe gates start-up (the first such, if several say so)."""
+    for entry in entries():
+        if entry.startup_probe:
+            return entry.name
+    raise LookupError("no registered backend gates start-up (startup_probe)")
+
+
+def default_for(group: ToolGroup) -> str:
+    """The backend that runs ``group`` when a policy names none."""
+    for entry in entries():
+        if group in entry.defaults:
+            return entry.name
+    for entry in entries():
+        if group in entry.serves:
+            return entry.name
+    raise LookupError(f"no registered backend serves {group}")
+
+
+def enabled(settings: Settings) -> list[BackendEntry]:
+    """The backends the settings turn on, the default one first."""
+    return [e for e in entries() if e.enabled(settings)]
+
+
+def quoted(choices: list[str]) -> str:
+    """``'a', 'b' or 'c'`` (as pydantic lists a Literal's values)."""
+    shown = [f"'{c}'" for c in choices]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+__all__ = ["BackendEntry", "ToolGroup", "default_backend", "default_for", "enabled",
+           "entries", "get", "load", "names", "quoted", "register", "unregister"]

@@ -1,0 +1,160 @@
+"""Both protocol eras with the official Python SDK's own client (``mcp.Client``, issue 29): in
+its default ``auto`` mode it probes ``server/discover`` at 2026-07-28 and stays there (it used
+to be refused and fall back), over Streamable HTTP and through the stdio bridge; pinned to the
+handshake (``mode="legacy"``: 2025-11-25) it still works. In each, a bad-arguments call is an
+``isError`` result naming the argument (SEP-1303) and every tool carries its annotations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests.mcp.conftest import McpDaemon, bridge_params
+from tests.support.wait import async_wait_until
+
+TRANSPORTS = ["http", "stdio"]
+
+
+def text_of(result: Any) -> str:
+    return "".join(c.text for c in result.content if c.type == "text")
+
+
+@contextlib.asynccontextmanager
+async def sdk_client(transport: str, d: McpDaemon, mode: str = "auto",
+                     name: str = "alice") -> AsyncIterator[Client]:
+    """The SDK's high-level client, connected in ``mode`` over ``transport``."""
+    if transport == "stdio":
+        async with Client(stdio_client(bridge_params(d.daemon.url, d.token_file(name))),
+                          mode=mode) as client:  # type: ignore[arg-type]
+            yield client
+        return
+    headers = {"Authorization": f"Bearer {d.tokens[name]}"}
+    async with (create_mcp_http_client(headers=headers) as http,
+                Client(streamable_http_client(d.url, http_client=http),
+                       mode=mode) as client):  # type: ignore[arg-type]
+        yield client
+
+
+async def _check_tools_and_calls(client: Client) -> None:
+    """What a host and its model meet, the same in every era."""
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert all(t.title and t.annotations and t.output_schema for t in tools.values()), tools
+    assert tools["read_file"].annotations.read_only_hint is True  # type: ignore[union-attr]
+    assert tools["python"].annotations.destructive_hint is True  # type: ignore[union-attr]
+    assert all(t.annotations.open_world_hint is False  # type: ignore[union-attr]
+               for t in tools.values())
+    ok = await client.call_tool("python", {"code": "print(6*7)"})
+    assert ok.is_error is False and text_of(ok).strip() == "42", ok
+    bad = await client.call_tool("python", {})
+    assert bad.is_error is True, bad
+    assert "argument 'code'" in text_of(bad) and "is required" in text_of(bad), bad
+    with pytest.raises(MCPError) as unknown:  # an unknown tool stays a protocol error
+        await client.call_tool("no_such_tool", {})
+    assert unknown.value.error.code == -32602 and "no_such_tool" in unknown.value.error.message
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_sdk_client_negotiates_2026_07_28(mcp_daemon: McpDaemon, transport: str) -> None:
+    async with sdk_client(transport, mcp_daemon) as client:
+        discovered = client.session.discover_result
+        assert client.session.initialize_result is None, "fell back to the handshake"
+        assert discovered is not None and "2026-07-28" in discovered.supported_versions
+        assert "fresh workspace" in (discovered.instructions or "")
+        await _check_tools_and_calls(client)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_sdk_client_pinned_to_the_handshake_speaks_2025_11_25(mcp_daemon: McpDaemon,
+                                                                    transport: str) -> None:
+    async with sdk_client(transport, mcp_daemon, mode="legacy") as client:
+        initialized = client.session.initialize_result
+        assert initialized is not None and initialized.protocol_version == "2025-11-25"
+        assert client.session.discover_result is None
+        await _check_tools_and_calls(client)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_stateless_calls_keep_state_only_in_a_named_session(mcp_daemon: McpDaemon,
+                                                                  transport: str) -> None:
+    """2026-07-28 has no MCP session: each call has a fresh workspace, unless it names a
+    sandboxd session of its caller in ``_meta["sandboxd/session"]``; another client's is
+    refused (nothing ran)."""
+    api = mcp_daemon.daemon.url
+    async with httpx.AsyncClient(base_url=api) as http:
+        r = await http.post("/v1/sessions", headers={
+            "authorization": f"Bearer {mcp_daemon.tokens['alice']}"})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+    named = {"sandboxd/session": sid}
+    async with sdk_client(transport, mcp_daemon) as client:
+        assert client.session.discover_result is not None
+        wrote = await client.call_tool("python", {"code": "x = 41"}, meta=named)
+        assert wrote.is_error is False and wrote.structured_content["session"] == sid, wrote
+        kept = await client.call_tool("python", {"code": "print(x + 1)"}, meta=named)
+        assert text_of(kept).strip() == "42", kept
+        fresh = await client.call_tool("python", {"code": "print(x)"})
+        assert fresh.is_error is True and "NameError" in text_of(fresh), fresh
+        assert fresh.structured_content["session"] is None
+    async with sdk_client(transport, mcp_daemon, name="bob") as bob:
+        theirs = await bob.call_tool("python", {"code": "print(x)"}, meta=named)
+        assert theirs.is_error is True and "nothing ran" in text_of(theirs), theirs
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_stateless_call_reports_progress(mcp_daemon: McpDaemon, transport: str) -> None:
+    """A long call's progress reaches the caller on 2026-07-28 too (on the call's own
+    response stream: there is no other)."""
+    seen: list[float] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append(value)
+
+    async with sdk_client(transport, mcp_daemon) as client:
+        assert client.session.discover_result is not None
+        result = await client.call_tool("python", {"code": "import time\ntime.sleep(2.5)"},
+                                        progress_callback=progress)
+    assert result.is_error is False, result
+    assert seen and seen == sorted(seen), seen
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_stateless_cancel_stops_the_call(mcp_daemon: McpDaemon, transport: str) -> None:
+    """2026-07-28 cancels by closing the call's response stream (the SDK does it over HTTP,
+    the bridge for a host's ``notifications/cancelled``): the service's invoke is cancelled and
+    the backend kills and verifies, as on an HTTP disconnect."""
+    def killed() -> list[dict[str, Any]]:
+        return [r for r in mcp_daemon.records() if r["event"] == "result"
+                and r.get("transport") == "mcp" and r["status"] == "killed"]
+
+    before = len(killed())
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async with sdk_client(transport, mcp_daemon) as client:
+        assert client.session.discover_result is not None
+        call = asyncio.create_task(client.call_tool(
+            "python", {"code": "while True:\n    pass"}, progress_callback=on_progress,
+            meta={"sandboxd/limits": {"timeout_s": 120}}))
+        await async_wait_until(lambda: progress or call.done(), timeout=60, interval=0.1,
+                               what="the call running (its first progress notification)")
+        assert not call.done(), call
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # the client stays connected: the cancel alone ends the call
+        records = await async_wait_until(lambda: killed()[before:], timeout=30, interval=0.1,
+                                         what="the cancelled call's result record")
+    assert records[-1]["termination"]["reason"] == "cancelled", records[-1]
+    assert records[-1]["cleanup"]["verified"] is True

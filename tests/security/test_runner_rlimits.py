@@ -1,0 +1,157 @@
+"""Per-call rlimits in the container runner (``"rlimits"`` of a request, issue 23), run on the
+host through the runner's own loop (tests/support/runner_host.py): set in every process a
+call starts before user code - the python worker, a plan's commands (a pipeline's too), the
+session kernel -, never by posix_spawn, and a request that asks for anything a call may not
+set is refused whole, with nothing started."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxd.protocol import limits
+from tests.support.plan import runner_module
+from tests.support.runner_host import run_request, stop_kernel
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+#: python code that opens files until it cannot: how many it held, and why it stopped
+OPEN_UNTIL_REFUSED = (
+    "import os\n"
+    "fds = []\n"
+    "try:\n"
+    "    while len(fds) < 40:\n"
+    "        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc.errno, max(fds))\n"
+    "else:\n"
+    "    print('held', len(fds))\n"
+)
+
+
+def plan(*commands: list[str]) -> dict[str, Any]:
+    """A plan of one pipeline of ``commands``."""
+    return {"pipelines": [{"commands": [{"argv": argv} for argv in commands],
+                           "run_if": "always"}]}
+
+
+def test_every_name_of_the_contract_is_an_rlimit() -> None:
+    assert "RLIMIT_NOFILE" in limits.RLIMIT_NAMES  # the open_files limit
+    assert {n for n in dir(resource) if n.startswith("RLIMIT_")} >= limits.RLIMIT_NAMES
+
+
+def test_a_plan_s_command_has_the_call_s_nofile(tmp_path: Path) -> None:
+    reply = run_request({"kind": "shell", "env": ENV, "plan": plan(["sh", "-c", "ulimit -n"]),
+                         "rlimits": {"RLIMIT_NOFILE": 20}}, tmp_path)
+    assert reply.started and reply.record["exit_code"] == 0, reply
+    assert reply.stdout == b"20\n"
+
+
+def test_every_command_of_a_pipeline_has_it(tmp_path: Path) -> None:
+    reply = run_request({"kind": "shell", "env": ENV, "rlimits": {"RLIMIT_NOFILE": 20},
+                         "plan": plan(["sh", "-c", "ulimit -n; ulimit -Hn"],
+                                      [sys.executable, "-c", OPEN_UNTIL_REFUSED
+                                       .replace("import os", "import os, sys\n"
+                                                "print(sys.stdin.read().split())")])},
+                        tmp_path)
+    assert reply.record["exit_code"] == 0, reply
+    lines = reply.stdout.decode().splitlines()
+    assert lines[0] == "['20', '20']"  # the first command's soft and hard limit
+    verdict = lines[1].split()
+    assert verdict[:2] == ["refused", "24"] and int(verdict[2]) < 20  # EMFILE below 20
+
+
+def test_python_code_cannot_hold_more_files(tmp_path: Path) -> None:
+    reply = run_request({"kind": "python", "code": OPEN_UNTIL_REFUSED, "env": ENV,
+                         "imports_allow": ["os"], "rlimits": {"RLIMIT_NOFILE": 20}}, tmp_path)
+    assert reply.record["exit_code"] == 0, reply
+    verdict = reply.stdout.split()
+    assert verdict[:2] == [b"refused", b"24"] and int(verdict[2]) < 20
+
+
+def test_a_request_without_rlimits_applies_none(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    reply = run_request({"kind": "shell", "env": ENV,
+                         "plan": plan(["sh", "-c", "ulimit -n; ulimit -Hn"])}, tmp_path)
+    assert reply.record["exit_code"] == 0, reply
+    assert reply.stdout.split() == [str(soft).encode(), str(hard).encode()]
+
+
+def test_the_kernel_keeps_its_first_call_s_rlimits(tmp_path: Path) -> None:
+    code = "import resource\nresource.getrlimit(resource.RLIMIT_NOFILE)"
+    call = {"kind": "python", "kernel": True, "code": code, "env": ENV,
+            "imports_allow": ["resource"]}
+    try:
+        first = run_request({**call, "rlimits": {"RLIMIT_NOFILE": 20}}, tmp_path)
+        assert first.record.get("value") == [20, 20], first
+        second = run_request({**call, "rlimits": {"RLIMIT_NOFILE": 30}}, tmp_path)
+        assert second.record.get("value") == [20, 20], second
+        assert second.record["kernel_fresh"] is False
+    finally:
+        stop_kernel()
+
+
+def test_one_plain_command_with_rlimits_is_not_spawned(tmp_path: Path) -> None:
+    """posix_spawn cannot set rlimits in its child: such a call takes the fork path."""
+    rlimits, worker = runner_module("rlimits"), runner_module("worker")
+    asked = rlimits.requested_rlimits({"rlimits": {"RLIMIT_NOFILE": 20}})
+    request = {"kind": "shell", "cwd": str(Path.cwd()), "env": ENV, "plan": plan(["true"])}
+    assert worker.spawn_command(request, 1, 2, asked) is None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    same = rlimits.requested_rlimits({"rlimits": {"RLIMIT_NOFILE": hard}})
+    assert rlimits.inherited_as_is(same) == (soft == hard)
+    assert rlimits.inherited_as_is(())
+
+
+def test_one_plain_command_with_rlimits_is_exec_d_by_the_worker() -> None:
+    """Such a command is the worker itself, as it would have been posix_spawn's child: no
+    interpreter waits for it, and a signal that ends it is the call's signal."""
+    cwd = Path.cwd()  # where the runner runs (posix_spawn's condition)
+    reply = run_request({"kind": "shell", "env": ENV, "rlimits": {"RLIMIT_NOFILE": 20},
+                         "plan": plan(["sh", "-c", "ulimit -n; echo $$; kill -TERM $$"])}, cwd)
+    assert reply.stdout.split() == [b"20", str(reply.pid).encode()], reply
+    assert (reply.record["exit_code"], reply.record["signal"]) == (None, 15), reply
+
+
+@pytest.mark.parametrize(("rlimits", "why"), [
+    ({"RLIMIT_CORE": 0}, "'RLIMIT_CORE' is not one a call may set"),
+    ({"RLIMIT_NOFILE": 20, "RLIMIT_AS": 1 << 30}, "'RLIMIT_AS' is not one a call may set"),
+    ({"RLIMIT_BOGUS": 1}, "'RLIMIT_BOGUS' is not one a call may set"),
+    ({"RLIMIT_NOFILE": "20"}, "RLIMIT_NOFILE must be an integer"),
+    ({"RLIMIT_NOFILE": 20.0}, "RLIMIT_NOFILE must be an integer"),
+    ({"RLIMIT_NOFILE": True}, "RLIMIT_NOFILE must be an integer"),
+    ({"RLIMIT_NOFILE": None}, "RLIMIT_NOFILE must be an integer"),
+    ({"RLIMIT_NOFILE": -1}, "RLIMIT_NOFILE = -1 is outside 0 .. the runner's own hard limit"),
+    ([["RLIMIT_NOFILE", 20]], "rlimits must map RLIMIT_* names to integers"),
+])
+@pytest.mark.parametrize("kind", ["shell", "python", "kernel"])
+def test_what_a_call_may_not_set_is_refused_whole(tmp_path: Path, rlimits: Any, why: str,
+                                                  kind: str) -> None:
+    marker = tmp_path / "ran"
+    request: dict[str, Any] = {"env": ENV, "rlimits": rlimits}
+    if kind == "shell":
+        request |= {"kind": "shell", "plan": plan(["touch", str(marker)])}
+    else:
+        request |= {"kind": "python", "kernel": kind == "kernel", "imports_allow": ["pathlib"],
+                    "code": f"import pathlib\npathlib.Path({str(marker)!r}).touch()"}
+    reply = run_request(request, tmp_path)
+    assert not reply.started
+    assert set(reply.record) == {"error", "pids_limit"}, reply
+    assert reply.record["error"].startswith("refused: ") and why in reply.record["error"]
+    assert reply.record["pids_limit"] is False
+    assert not marker.exists()
+    assert not runner_module("main").KERNEL.alive
+
+
+def test_a_value_above_the_runner_s_hard_limit_is_refused(tmp_path: Path) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("this host's RLIMIT_NOFILE has no hard limit")
+    reply = run_request({"kind": "shell", "env": ENV, "plan": plan(["true"]),
+                         "rlimits": {"RLIMIT_NOFILE": hard + 1}}, tmp_path)
+    assert not reply.started
+    assert reply.record["error"] == (f"refused: rlimit RLIMIT_NOFILE = {hard + 1} is outside "
+                                     f"0 .. the runner's own hard limit ({hard})")

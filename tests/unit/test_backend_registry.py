@@ -1,0 +1,188 @@
+"""The backend registry (issue 23): a backend registered by its own package - here one this
+test defines - is built by the factory, accepted by policy validation and probed by ``sandboxd
+doctor`` with no edit of a core file; the registry itself imports no backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sandboxd.backends import registry
+from sandboxd.backends.factory import build_backend, build_backends, enabled_backends
+from sandboxd.backends.scripted import ScriptedBackend
+from sandboxd.config import Settings
+from sandboxd.models import ProbeCheck
+from sandboxd.policy import load_file
+from sandboxd.uids import UidPool
+from tests.policy.helpers import store_for, write
+
+NAME = "throwaway"
+
+
+class Throwaway(ScriptedBackend):
+    """A backend that exists only in this test."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, uids: UidPool | None) -> Throwaway:
+        return cls(NAME)
+
+
+def rows(settings: Settings) -> list[ProbeCheck]:
+    return [ProbeCheck(name="throwaway_fact", ok=True, detail=f"reads {settings.state_dir}")]
+
+
+ENTRY = registry.BackendEntry(
+    name=NAME, factory=f"{__name__}:Throwaway.from_settings",
+    serves=frozenset({"python", "shell"}), doctor_rows=f"{__name__}:rows")
+ONLY_IT = {"restricted_enabled": False, "container_enabled": False}
+
+
+@pytest.fixture
+def throwaway() -> Iterator[registry.BackendEntry]:
+    registry.register(ENTRY)
+    try:
+        yield ENTRY
+    finally:
+        registry.unregister(NAME)
+
+
+def test_the_factory_builds_a_registered_backend(
+        throwaway: registry.BackendEntry, tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path, **ONLY_IT)
+    assert enabled_backends(settings) == [NAME]
+    built = build_backends(settings, None)
+    assert set(built) == {NAME, "workspace"} and isinstance(built[NAME], Throwaway)
+    assert built[NAME].healing is None  # the protocol's default
+    assert isinstance(build_backend(NAME, settings, None), Throwaway)
+
+
+def test_policies_may_name_a_registered_backend(
+        throwaway: registry.BackendEntry, tmp_path: Path) -> None:
+    store = store_for(tmp_path, "tools:\n  python: {backend: throwaway}\n")
+    decision = store.decide("local", "python", {"code": "1"}, None)
+    assert decision.allowed and decision.backend == NAME, decision
+    p = write(tmp_path / "bad", "bad.yaml", """\
+        version: 1
+        name: bad
+        clients: ["*"]
+        tools:
+          python: {backend: bogus}
+          shell: {backend: throwaway, network: bridge}
+        """)
+    policy, problems = load_file(p, str(p))
+    assert policy is None
+    assert problems == [
+        f"{p}:5:21: tools.python.backend: Input should be 'restricted', 'container' or "
+        "'throwaway'",
+        # its entry says it has no network (the default)
+        f"{p}:6:40: tools.shell.network: the throwaway backend has no network; 'shell' needs "
+        "backend: container to be granted network 'bridge'",
+    ]
+
+
+def test_an_unregistered_backend_is_a_policy_error(tmp_path: Path) -> None:
+    """Without the fixture the same name is refused, and the error lists the known ones."""
+    p = write(tmp_path, "p.yaml", """\
+        version: 1
+        name: p
+        clients: ["*"]
+        tools:
+          python: {backend: throwaway}
+        """)
+    assert load_file(p, str(p))[1] == [
+        f"{p}:5:21: tools.python.backend: Input should be 'restricted' or 'container'"]
+
+
+def test_doctor_probes_a_registered_backend(
+        throwaway: registry.BackendEntry, tmp_path: Path) -> None:
+    from sandboxd.cli import app
+
+    env = {"SANDBOXD_CONFIG": "/dev/null", "SANDBOXD_RESTRICTED_ENABLED": "false",
+           "SANDBOXD_CONTAINER_ENABLED": "false"}
+    state = ["--state-dir", str(tmp_path / "state")]
+    out = CliRunner().invoke(app, ["doctor", *state, "--json"], env=env)
+    data = json.loads(out.stdout)
+    assert [b["backend"] for b in data["backends"]] == [NAME], data
+    assert data["backends"][0]["available"] and data["backends"][0]["ok"]
+    assert "throwaway_fact" in {c["name"] for c in data["host"]}
+    # the default backend is still the registry's, and it is disabled here
+    assert data["default_backend"] == "restricted" and out.exit_code == 1
+    table = CliRunner().invoke(app, ["doctor", *state, "--backend", NAME], env=env).stdout
+    assert f"ok: backend '{NAME}': confinement holds" in table
+    bad = CliRunner().invoke(app, ["doctor", *state, "--backend", "bogus"], env=env)
+    assert bad.exit_code == 2 and "choose restricted or container or throwaway" in bad.stderr
+
+
+def broken_rows(settings: Settings) -> list[ProbeCheck]:
+    raise OSError("no such thing")
+
+
+def test_a_backend_whose_rows_crash_is_one_failed_row(tmp_path: Path) -> None:
+    from sandboxd.cli.doctor import host_checks
+
+    entry = registry.BackendEntry("broken", f"{__name__}:Throwaway.from_settings",
+                                  frozenset({"python"}), doctor_rows=f"{__name__}:broken_rows")
+    registry.register(entry)
+    try:
+        checks = host_checks(Settings(state_dir=tmp_path, **ONLY_IT))
+    finally:
+        registry.unregister("broken")
+    assert [(c.name, c.ok, c.detail) for c in checks if c.name.startswith("broken")] == [
+        ("broken_rows", False, "could not be read: no such thing")]
+    assert "workspace_quota" in {c.name for c in checks}
+
+
+def test_a_name_is_registered_once(throwaway: registry.BackendEntry) -> None:
+    registry.register(ENTRY)  # the same entry again (a package imported twice) is fine
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(registry.BackendEntry(NAME, "x:y", frozenset({"python"})))
+
+
+def test_asking_the_registry_imports_no_backend() -> None:
+    """Start-up time: the entries are known without Docker or any backend's code."""
+    code = ("import sys\nfrom sandboxd.backends import registry\n"
+            "print(registry.names(), registry.default_backend(), sorted(m for m in sys.modules if "
+            "m.split('.')[0] == 'docker' or m.endswith(('.backend', '.engine', '.zygote_client',"
+            " '.worker', '.lang'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split("\n")[0] == "['restricted', 'container', 'workspace'] restricted []", out
+
+
+def test_a_backend_package_still_exports_its_backend() -> None:
+    """``from sandboxd.backends.<package> import XBackend`` loads it on first use."""
+    from sandboxd.backends.container import ContainerBackend
+    from sandboxd.backends.restricted import RestrictedBackend
+    from sandboxd.backends.workspace import RefusedPath, WorkspaceBackend
+
+    assert {c.__module__ for c in (ContainerBackend, RestrictedBackend, WorkspaceBackend)} == {
+        "sandboxd.backends.container.backend", "sandboxd.backends.restricted.backend",
+        "sandboxd.backends.workspace.backend"}
+    assert RefusedPath.__name__ == "RefusedPath"
+    import sandboxd.backends.workspace as package
+
+    with pytest.raises(AttributeError, match=r"'sandboxd\.backends\.workspace' has no attribute"):
+        package.nope  # noqa: B018
+
+
+def test_healing_is_part_of_the_protocol() -> None:
+    """Every backend has ``healing`` (None by default, from the protocol); an optional backend
+    that is unavailable is fine for readiness unless it is healing."""
+    import asyncio
+
+    from sandboxd.backends.base import Backend
+    from sandboxd.readiness import BackendProbes
+
+    optional = ScriptedBackend("container", available=False)
+    assert optional.healing is None and Backend.healing is None and isinstance(optional, Backend)
+    probes = BackendProbes({"restricted": ScriptedBackend("restricted"), "container": optional})
+    assert asyncio.run(probes.reports(fresh=True))[0] is True
+    optional.healing = "its runner directory vanished"
+    ready, reports = asyncio.run(probes.reports(fresh=True))
+    assert ready is False and reports["container"]["ok"] is False
