@@ -314,17 +314,29 @@ def kernel_lost_message(result: Result) -> str:
     return KERNEL_LOST_MESSAGE.format(why=why)
 
 
+class Position(_Model):
+    """Where a display item happened (issue 29): how many characters of the result's
+    ``stdout`` and ``stderr`` had been written before it (Python string indices, i.e. Unicode
+    code points; within the output cap)."""
+
+    stdout: int = Field(default=0, ge=0)
+    stderr: int = Field(default=0, ge=0)
+
+
 class Output(_Model):
     """One rich output of a call (issue 14), in Jupyter's mime-bundle convention: ``data``
     maps a MIME type to its content - text types (``text/plain``, ``text/html``,
     ``image/svg+xml``) as text, ``image/png`` as base64, ``application/json`` as JSON. A
     ``display(obj)`` call adds one; on the container backend so does every matplotlib figure
     a call leaves open. ``truncated``: the item was over the size cap, and its data is only a
-    ``text/plain`` note that says so. Rules and caps: :mod:`sandboxd.outputs`."""
+    ``text/plain`` note that says so. ``at``: where in stdout and stderr it happened
+    (:class:`Position`; None from a producer that does not say). Rules and caps:
+    :mod:`sandboxd.outputs`."""
 
     type: Literal["display"] = "display"
     data: dict[str, Any]
     truncated: bool = False
+    at: Position | None = None
 
     @property
     def image(self) -> tuple[str, str] | None:
@@ -334,6 +346,32 @@ class Output(_Model):
             if isinstance(self.data.get(mime), str):
                 return mime, self.data[mime]
         return None
+
+
+def in_order(stdout: str, stderr: str, outputs: list[Output]
+             ) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
+    """A result's text and display items in execution order (issue 29; :meth:`Result.sequence`):
+    the streams cut at each item's :attr:`Output.at`. Between two items
+    stdout comes before stderr (the result keeps positions only at items; the stream's events
+    keep every chunk's order); a position past the text (a cut output) is its end; items
+    without a position (from an older daemon) go at the end."""
+    parts: list[tuple[Literal["stdout", "stderr"], str] | Output] = []
+    done = {"stdout": 0, "stderr": 0}
+    texts: dict[Literal["stdout", "stderr"], str] = {"stdout": stdout, "stderr": stderr}
+
+    def text_until(ends: dict[str, int]) -> None:
+        for name, text in texts.items():
+            end = min(max(ends[name], done[name]), len(text))
+            if end > done[name]:
+                parts.append((name, text[done[name]:end]))
+                done[name] = end
+
+    for item in outputs:
+        if item.at is not None:
+            text_until({"stdout": item.at.stdout, "stderr": item.at.stderr})
+            parts.append(item)
+    text_until({"stdout": len(stdout), "stderr": len(stderr)})
+    return parts + [item for item in outputs if item.at is None]
 
 
 class Explanation(_Model):
@@ -364,10 +402,19 @@ class Result(_Model):
     message: str | None = None  # human/model-readable explanation for non-ok outcomes
     kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
     outputs: list[Output] = Field(default_factory=list)  # display items, in order (issue 14)
+    # Python's repr of the last value when its JSON (``value``) would change it: a tuple
+    # (issue 29); None when ``value`` says it all
+    value_repr: str | None = None
 
     def images(self) -> list[bytes]:
         """The call's images (its PNG and JPEG display items, in order), decoded."""
         return [base64.b64decode(item.image[1]) for item in self.outputs if item.image]
+
+    def sequence(self) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
+        """Everything the call printed and displayed, in execution order (issue 29):
+        ``("stdout", text)``, ``("stderr", text)`` and display items, cut at each item's
+        :attr:`Output.at` (:func:`in_order`)."""
+        return in_order(self.stdout, self.stderr, self.outputs)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,

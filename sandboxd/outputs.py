@@ -113,3 +113,4 @@ class DisplayCollector:
             item = count_note(self.caps)
         self.items.append(item)
         return item
+

@@ -4,8 +4,10 @@ A streaming caller puts an :data:`EventSink` on :attr:`Invocation.events
 <sandboxd.models.Invocation.events>`. The backend calls it, on the event loop, as output
 arrives from the sandbox: ``stdout``/``stderr`` with text (exactly the bytes that end up in
 the result - within the output cap, decoded incrementally so no character is split) and
-``display`` with an :class:`~sandboxd.models.Output` as a dict. The service sends the final
-``result`` event itself. A sink must not block; it is never called after the call's result
+``display`` with an :class:`~sandboxd.models.Output` as a dict (its ``at``: the
+characters of stdout and stderr sent before it, so events and the result agree on where it
+sits). Events are sent in the order the sandbox produced them (issue 29). The service sends
+the final ``result`` event itself. A sink must not block; it is never called after the call's result
 exists. Over HTTP each event is one Server-Sent Event: ``event: <kind>`` and ``data:`` the
 JSON of :meth:`StreamEvent.payload`.
 """
@@ -51,28 +53,35 @@ def emit(sink: EventSink | None, kind: StreamKind, data: str | dict[str, Any]) -
 class TextRelay:
     """Hands a sandbox's stdout and stderr bytes to a sink as text, within one output budget
     for both (like the result's), decoded incrementally so that no character is split
-    across events (the one relay of every backend's reader)."""
+    across events (the one relay of every backend's reader). It counts the characters of
+    each stream so far, with or without a sink: :meth:`position` is where a display item
+    sits in the result's ``stdout`` and ``stderr`` (issue 29)."""
 
     sink: EventSink | None
     cap: int
     sent: int = 0
+    chars: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
     _decoders: dict[StreamKind, codecs.IncrementalDecoder] = field(default_factory=dict)
 
     def feed(self, kind: StreamKind, data: bytes) -> None:
         """Relay what of ``data`` fits in the budget."""
-        if self.sink is None:
-            return
         data = data[: max(self.cap - self.sent, 0)]
         self.sent += len(data)
         if data:
-            emit(self.sink, kind, self._decoder(kind).decode(data))
+            text = self._decoder(kind).decode(data)
+            self.chars[kind] += len(text)
+            emit(self.sink, kind, text)
+
+    def position(self) -> dict[str, int]:
+        """``{"stdout": n, "stderr": m}``: the characters of each stream relayed so far."""
+        return dict(self.chars)
 
     def close(self) -> None:
         """Flush what a decoder holds (a character cut by the end of the output)."""
-        if self.sink is None:
-            return
         for kind, decoder in self._decoders.items():
-            emit(self.sink, kind, decoder.decode(b"", final=True))
+            text = decoder.decode(b"", final=True)
+            self.chars[kind] += len(text)
+            emit(self.sink, kind, text)
         self._decoders.clear()
 
     def _decoder(self, kind: StreamKind) -> codecs.IncrementalDecoder:

@@ -11,7 +11,8 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   session's list, ``notifications/tools/list_changed`` goes out on its standalone stream.
 * **tools/call**: ``Sandboxd.invoke(..., transport="mcp")``: schema check, policy, audit,
   scheduler, backend and cleanup are the HTTP call's. ``content`` is
-  :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model),
+  :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model), split
+  so that each image display item follows, as ``image`` content, the text naming it,
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
   arguments are an ``isError`` result the model can read (2025-11-25 on, SEP-1303; a JSON-RPC error
   -32602 naming the field in earlier revisions), unknown tools -32602. A caller may lower
@@ -68,7 +69,7 @@ from sandboxd.api.mcp_meta import (
     named_session,
 )
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
-from sandboxd.client.render import format_result
+from sandboxd.client.render import result_parts
 from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
 from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
@@ -106,17 +107,17 @@ def tool_for(spec: ToolSpec) -> types.Tool:
                       annotations=annotations, meta=meta)
 
 
-def images_of(result: Result) -> list[types.ImageContent]:
-    """The result's PNG and JPEG display items as MCP ``image`` content, in order (the text
-    content names each one with a placeholder: :func:`format_result`)."""
-    return [types.ImageContent(type="image", data=item.image[1], mime_type=item.image[0])
-            for item in result.outputs if item.image]
-
-
 def call_result(result: Result) -> types.CallToolResult:
-    """A sandboxd result as the answer to ``tools/call``."""
-    content: list[types.ContentBlock] = [types.TextContent(text=format_result(result))]
-    content.extend(images_of(result))
+    """A sandboxd result as the answer to ``tools/call``: text and image content in execution
+    order (:func:`~sandboxd.client.render.result_parts`), each image after the text that
+    names it."""
+    content: list[types.ContentBlock] = []
+    for part in result_parts(result):
+        if isinstance(part, str):
+            content.append(types.TextContent(text=part))
+        elif part.image:
+            content.append(types.ImageContent(type="image", data=part.image[1],
+                                              mime_type=part.image[0]))
     return types.CallToolResult(content=content,
                                 structured_content=result.wire(),
                                 is_error=result.status is not Status.ok)

@@ -36,35 +36,71 @@ def describe_output(item: Output) -> str:
 
 def format_result(result: Result) -> str:
     """A sandbox Result as the compact text a model reads."""
-    lines: list[str] = []
+    return "\n".join(line for line in _lines(result) if isinstance(line, str)) or "(no output)"
+
+
+def result_parts(result: Result) -> list[str | Output]:
+    """:func:`format_result` as text pieces with the image display items in their place,
+    right after the text that names them (``[image: ...]``): what MCP hosts get as ``text``
+    and ``image`` content, in execution order (issue 29)."""
+    parts: list[str | Output] = []
+    text: list[str] = []
+    for line in _lines(result):
+        if isinstance(line, str):
+            text.append(line)
+            continue
+        parts.append("\n".join(text))
+        text = []
+        parts.append(line)
+    if text or not parts:
+        parts.append("\n".join(text) or "(no output)")
+    return parts
+
+
+def _lines(result: Result) -> list[str | Output]:
+    """The lines a model reads, each image display item after its placeholder line."""
+    lines: list[str | Output] = []
     status = str(result.status)
     if (status == "ok" and not result.stderr and not result.outputs
             and not any(result.truncated.model_dump().values())):
         if result.backend == "workspace" and result.stdout:
-            return result.stdout  # file tools: stdout is the content, value only metadata
+            return [result.stdout]  # file tools: stdout is the content, value only metadata
         if result.value is None and result.stdout:
-            return result.stdout
+            return [result.stdout]
     if status != "ok":
         code = result.termination.exit_code
         lines.append(f"status: {status} ({result.termination.reason}"
                      + (f", exit code {code})" if code not in (None, 0) else ")"))
-    if result.stdout:
-        lines.append("stdout:\n" + result.stdout.rstrip("\n"))
-        if result.truncated.stdout:
-            lines.append("(stdout was cut at the sandbox output limit)")
-    if result.stderr:
-        lines.append("stderr:\n" + result.stderr.rstrip("\n"))
-        if result.truncated.stderr:
-            lines.append("(stderr was cut at the sandbox output limit)")
+    lines.extend(_in_order(result))
     # a rich last value (a DataFrame) comes back as a display item too: the model reads it once
     shown = {o.data.get("text/plain") for o in result.outputs}
-    if result.value is not None and not (isinstance(result.value, str) and result.value in shown):
+    if result.value_repr is not None and result.value_repr not in shown:
+        lines.append("value: " + result.value_repr)  # Python's view: a tuple stays a tuple
+    elif result.value is not None and not (isinstance(result.value, str)
+                                           and result.value in shown):
         if isinstance(result.value, str) and not result.stdout and status == "ok":
             lines.append(result.value)
         else:
             lines.append("value: " + json.dumps(result.value, ensure_ascii=False, default=str))
-    if result.outputs:
-        lines.append("display:\n" + "\n".join(describe_output(o) for o in result.outputs))
     if status != "ok" and result.message:
         lines.append("message: " + result.message)
-    return "\n".join(lines) if lines else "(no output)"
+    return lines
+
+
+def _in_order(result: Result) -> list[str | Output]:
+    """stdout, stderr and display items in execution order (:meth:`Result.sequence`), a
+    heading wherever the kind changes, the truncation notes after each stream's last part."""
+    parts = result.sequence()
+    kinds = ["display" if isinstance(p, Output) else p[0] for p in parts]
+    last = {kind: i for i, kind in enumerate(kinds)}
+    lines: list[str | Output] = []
+    for i, part in enumerate(parts):
+        heading = [f"{kinds[i]}:"] if i == 0 or kinds[i - 1] != kinds[i] else []
+        if isinstance(part, Output):
+            lines.extend(heading + [describe_output(part)] + ([part] if part.image else []))
+            continue
+        name, text = part  # (a stream's parts are never adjacent: each gets its heading)
+        lines.append("\n".join([*heading, text.rstrip("\n")]))
+        if last[name] == i and getattr(result.truncated, name):
+            lines.append(f"({name} was cut at the sandbox output limit)")
+    return lines

@@ -56,6 +56,46 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+#: the longest ``value_repr`` a sandbox reports (characters; longer is cut)
+MAX_VALUE_REPR = 64 * 1024
+
+
+def json_lossy(value: Any) -> bool:
+    """Whether JSON changes what ``value`` is (issue 29): anything but ``str``, ``int``,
+    ``float``, ``bool``, ``None``, ``list`` and ``dict`` with ``str`` keys, of exactly those
+    types (a tuple reads as a list, ``{1: 2}`` as ``{"1": 2}``). Iterative; a value over
+    :data:`MAX_JSON_DEPTH` counts as lossy."""
+    plain = (str, int, float, bool, type(None))
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        kind = type(item)
+        if kind in plain:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            return True
+        if kind is dict:
+            if any(type(k) is not str for k in item):
+                return True
+            todo.extend((v, depth + 1) for v in item.values())
+        elif kind is list:
+            todo.extend((v, depth + 1) for v in item)
+        else:
+            return True
+    return False
+
+
+def value_repr(value: Any) -> str | None:
+    """Python's repr of a last value whose JSON is lossy (:func:`json_lossy`), cut at
+    :data:`MAX_VALUE_REPR`; None when the JSON says it all or repr fails."""
+    if value is None or not json_lossy(value):
+        return None
+    try:
+        return repr(value)[:MAX_VALUE_REPR]
+    except Exception:
+        return None
+
+
 @dataclass(frozen=True)
 class DisplayCaps:
     """How much one call may display: ``item_bytes`` per item (the JSON of its data, images as

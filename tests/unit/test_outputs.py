@@ -108,9 +108,11 @@ def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
     assert result.images() == [png]
     assert format_result(result) == ("stdout:\nplotted\ndisplay:\n[image: 640x480 png]\n"
                                      "   a\n0  1")
-    content = call_result(result).content
-    assert [c.type for c in content] == ["text", "image"]
+    content = call_result(result).content  # each image after the text naming it (issue 29)
+    assert [c.type for c in content] == ["text", "image", "text"]
+    assert content[0].text == "stdout:\nplotted\ndisplay:\n[image: 640x480 png]"
     assert content[1].mime_type == "image/png" and base64.b64decode(content[1].data) == png
+    assert content[2].text == "   a\n0  1"
 
 
 @pytest.mark.parametrize("value", [41, 2.5, "text", [1, {"a": None}], {"k": True}, None,
@@ -136,4 +138,4 @@ def test_a_rich_last_value_reaches_the_model_once() -> None:
     result.outputs = [Output(data={"text/html": "<table/>", "text/plain": table})]
     assert format_result(result) == "display:\n" + table
     result.value = 42
-    assert format_result(result) == "value: 42\ndisplay:\n" + table
+    assert format_result(result) == "display:\n" + table + "\nvalue: 42"  # the value last

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
 from .base import cgroup_counters, killpg, wait_group_gone
 from .channel import CHUNK, send_frame
+from .execution import answer_fields
 from .rlimits import Rlimits
 from .worker import spawn_command, worker
 
@@ -86,6 +88,8 @@ class Call:
         """``I``: only a kernel call is interrupted (a one-shot call is stopped with ``K``)."""
 
     def on_pipe(self, fd: int) -> None:
+        if self.streams.get(fd) == b"d":
+            self.drain_text()  # what was printed before the item goes first (issue 29)
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:  # a stale readiness report (fd numbers are reused)
@@ -115,6 +119,15 @@ class Call:
                 send_frame(self.chan, self.streams[fd], data, self.cid)
             except OSError:
                 self.hangup = True
+
+    def drain_text(self) -> None:
+        """Relay what the stdout and stderr pipes hold now (bounded): the user's display()
+        flushed them before writing its item, and waits until the item is read."""
+        for fd in [f for f, kind in self.streams.items() if kind != b"d"]:
+            for _ in range(64):
+                if fd not in self.pipes or not select.select([fd], [], [], 0)[0]:
+                    break
+                self.on_pipe(fd)
 
     def relay_display(self, data: bytes) -> bool:
         """Relay the user's display frames; False once they broke the bounds (the call then
@@ -173,11 +186,7 @@ class Call:
         if self.display_error:
             record["error"] = self.display_error
         if self.value_buf:
-            try:
-                record["value"] = json.loads(self.value_buf.decode())["value"]
-                record["has_value"] = True
-            except (ValueError, KeyError, UnicodeDecodeError):
-                pass
+            answer_fields(record, self.value_buf)
         if not self.hangup:
             try:
                 send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)

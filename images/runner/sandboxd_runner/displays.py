@@ -8,8 +8,10 @@ relays the frames; the daemon checks every item again (sandboxd/outputs.py).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,14 +20,35 @@ from sandboxd.protocol import wire
 
 from .interrupts import CELL, after_emit
 
+FIONREAD = 0x541B  # Linux: the bytes in a pipe (either end)
+DISPLAY_READ_WAIT_S = 2.0  # how long display() waits for the runner to read its frame
+
+
+def frame_read(fd: int, ioctl: Any = fcntl.ioctl, monotonic: Any = time.monotonic,
+               sleep: Any = time.sleep, from_bytes: Any = int.from_bytes,
+               order: Any = sys.byteorder) -> None:
+    """Wait (bounded) until the runner has read everything on the display pipe ``fd``: it
+    relays the stdout/stderr written before an item first (``Call.drain_text``), so output
+    written after ``display()`` returns comes after the item (issue 29)."""
+    until, pause = monotonic() + DISPLAY_READ_WAIT_S, 0.0001
+    try:
+        while from_bytes(ioctl(fd, FIONREAD, bytes(4)), order) and monotonic() < until:
+            sleep(pause)
+            pause = min(pause * 2, 0.005)
+    except OSError:
+        pass
+
 
 def user_display(fd: int, caps: Any, write: Any = os.write, pack: Any = wire.HEADER.pack,
                  memoryview: Any = memoryview, cell: Any = CELL,
-                 after_emit: Any = after_emit) -> Callable[..., None]:
+                 after_emit: Any = after_emit, frame_read: Any = frame_read
+                 ) -> Callable[..., None]:
     """The user's ``display(*objs)``: each object's mime bundle as one ``d`` frame on ``fd``
-    (cut or counted by ``caps``: sandboxd/protocol/display.py). Once the runner stops reading (the
-    call's count is reached, or it refused a frame), further items are dropped. A kernel's
-    interrupt waits until a frame is written whole."""
+    (cut or counted by ``caps``: sandboxd/protocol/display.py), after flushing stdout and
+    stderr, and once the runner has read it, back to the caller (so prints keep their place
+    around it). Once the runner stops reading (the call's count is reached, or it refused a
+    frame), further items are dropped. A kernel's interrupt waits until a frame is written
+    whole."""
     sent = [0]
 
     def display(*objs: Any, **kwargs: Any) -> None:
@@ -51,6 +74,8 @@ def user_display(fd: int, caps: Any, write: Any = os.write, pack: Any = wire.HEA
             finally:
                 cell.emitting = False
             after_emit()
+            if sent[0] <= caps.count:
+                frame_read(fd)
 
     return display
 

@@ -8,6 +8,7 @@ import ast
 import builtins
 import io
 import json
+import linecache
 import os
 import sys
 import traceback
@@ -42,6 +43,7 @@ def user_import(allow: list[str], deny: list[str],
 
 
 MAX_VALUE_JSON = 1024 * 1024 + 64  # the value's JSON text, beyond which it is dropped
+MAX_MESSAGE = 1000  # the exception line a failed cell reports as the result's message
 
 
 def user_streams() -> None:
@@ -81,8 +83,11 @@ def execute(code: str, namespace: dict[str, Any], display: Callable[..., None] |
     kernel's interrupt lands only then)."""
     status = 0
     value = None
+    cell.message = None
     if display is not None:
         hook_pyplot(display)  # pyplot imported by an earlier cell of a kernel
+    # the cell's source for its traceback's lines, as the restricted backend shows them
+    linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
     try:
         try:
             cell.running, cell.pending = True, False
@@ -102,9 +107,16 @@ def execute(code: str, namespace: dict[str, Any], display: Callable[..., None] |
         status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
         if code_ is not None and not isinstance(code_, int):
             print(code_, file=sys.stderr)
+        cell.message = "SystemExit" if status & 0xFF else None
     except BaseException as exc:
         etype, evalue, tb = type(exc), exc, exc.__traceback__
         status = 1
+        try:
+            cell.message = etype.__name__
+            cell.message = "".join(
+                traceback.format_exception_only(etype, evalue)).strip()[:MAX_MESSAGE]
+        except BaseException:
+            pass
         try:
             # drop the runner's own frame from the traceback (and an interrupt's handler)
             report = traceback.TracebackException(etype, evalue, tb.tb_next if tb else None)
@@ -138,16 +150,42 @@ def execute(code: str, namespace: dict[str, Any], display: Callable[..., None] |
     return status & 0xFF, value
 
 
-def value_json(value: Any) -> bytes:
-    """``{"value": ...}`` as JSON bytes (a repr when not JSON-safe), cut at the cap."""
+def value_json(value: Any, message: str | None = None, dumps: Any = json.dumps,
+               repr: Any = repr, value_repr: Any = display_rules.value_repr) -> bytes:
+    """``{"value": ..., "value_repr": ...}`` as JSON bytes (the value a repr when not
+    JSON-safe; ``value_repr`` Python's repr when JSON would change it: a tuple), cut at the
+    cap; ``{"message": ...}`` (the exception line) for a failed cell."""
+    if value is None:
+        return dumps({"message": message}).encode() if message else b""
     try:
-        data = json.dumps({"value": value}, allow_nan=False).encode()
+        data = dumps({"value": value}, allow_nan=False).encode()
+        shown = value_repr(value)
+        if shown is not None:
+            data = dumps({"value": value, "value_repr": shown}, allow_nan=False).encode()
+            if len(data) > MAX_VALUE_JSON:  # the repr must not cost the value
+                data = dumps({"value": value}, allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError):
         try:
-            data = json.dumps({"value": repr(value)}).encode()
+            data = dumps({"value": repr(value)}).encode()
         except Exception:
             data = b'{"value": "<unrepresentable>"}'
-    return data[:MAX_VALUE_JSON]
+    return bytes(data[:MAX_VALUE_JSON])
+
+
+def answer_fields(record: dict[str, Any], data: bytes | bytearray) -> None:
+    """Put what a worker or the kernel reported (:func:`value_json`) into the exit record."""
+    try:
+        doc = json.loads(bytes(data).decode())
+    except (ValueError, UnicodeDecodeError):
+        return
+    if not isinstance(doc, dict):
+        return
+    if "value" in doc:
+        record["value"], record["has_value"] = doc["value"], True
+    if isinstance(doc.get("value_repr"), str):
+        record["value_repr"] = doc["value_repr"]
+    if isinstance(doc.get("message"), str):
+        record["message"] = doc["message"][:MAX_MESSAGE]
 
 
 def run_python(req: dict[str, Any], value_fd: int, display_fd: int) -> NoReturn:
@@ -158,9 +196,10 @@ def run_python(req: dict[str, Any], value_fd: int, display_fd: int) -> NoReturn:
     namespace = {"__name__": "__main__",
                  "__builtins__": user_builtins(req, display, after_import)}
     status, value = execute(req.get("code") or "", namespace, display)
-    if value is not None and status == 0:
+    data = value_json(value if status == 0 else None, CELL.message)
+    if data:
         try:
-            os.write(value_fd, value_json(value))
+            os.write(value_fd, data)
         except OSError:
             pass
     os._exit(status)

@@ -171,6 +171,8 @@ class Kernel:
         """Output or an answer of the kernel (a call's, or stray between calls)."""
         if fd not in self.pipes:
             return
+        if self.streams.get(fd) == b"d":
+            self.drain_text()  # what was printed before the item goes first (issue 29)
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:
@@ -216,6 +218,21 @@ class Kernel:
             done, status, usage = self.pid, None, None
         if done == self.pid:
             self.stop(status, usage)
+
+    def drain_text(self) -> None:
+        """Relay what the kernel's stdout and stderr pipes hold now (bounded; see
+        ``Call.drain_text``)."""
+        for fd in [f for f, kind in self.streams.items() if kind != b"d"]:
+            for _ in range(64):
+                if fd not in self.pipes or self.current is None:
+                    break
+                try:
+                    data = os.read(fd, CHUNK)
+                except OSError:
+                    break
+                if not data:
+                    break
+                self.current.relay(self.streams[fd], data)
 
     def drain(self) -> None:
         """Relay what the kernel wrote before it answered (it is in the pipes already)."""

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 from .base import cgroup_counters
 from .calls import Call
 from .channel import refuse, send_frame
+from .execution import answer_fields
 from .kernel import (
     FIRST_LOOK_S,
     LAST_LOOK_S,
@@ -161,7 +162,7 @@ class KernelCall(Call):
             kernel.drain()
             group_gone = kernel.sweep()
             record["exit_code"] = self.reply[0]
-            if len(self.reply) > 1 and record["exit_code"] == 0:
+            if len(self.reply) > 1:
                 self.value_buf = bytearray(self.reply[1:])
             cpu = kernel.cpu_ticks() - self.cpu0
         else:  # the kernel died, or the call hit a limit or was stopped: the kernel ends
@@ -197,11 +198,7 @@ class KernelCall(Call):
         if self.broken:
             record["error"] = self.broken
         if self.value_buf:
-            try:
-                record["value"] = json.loads(self.value_buf.decode())["value"]
-                record["has_value"] = True
-            except (ValueError, KeyError, UnicodeDecodeError):
-                pass
+            answer_fields(record, self.value_buf)
         if not self.hangup:
             try:
                 send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)

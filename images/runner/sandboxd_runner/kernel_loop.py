@@ -12,7 +12,6 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # pthread_sigmask without signal's enum members (tens of microseconds a call)
 import ctypes
 import fcntl
-import json
 import marshal
 import os
 import signal
@@ -26,12 +25,12 @@ from sandboxd.protocol import wire
 from .base import set_dumpable
 from .displays import hook_pyplot, user_display
 from .execution import (
-    MAX_VALUE_JSON,
     execute,
     user_builtins,
     user_environment,
     user_import,
     user_streams,
+    value_json,
 )
 from .interrupts import CELL, interrupt_user_code
 from .rlimits import Rlimits, apply_rlimits
@@ -94,19 +93,11 @@ def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
     return bytes(buf)
 
 
-def _answer(status, value, pack=wire.HEADER.pack, len=len, bytes=bytes, dumps=json.dumps,
-            repr=repr):
-    """The ``v`` frame for the runner: the status byte and the value's JSON."""
-    payload = bytes([status])
-    if value is not None and status == 0:
-        try:
-            data = dumps({"value": value}, allow_nan=False).encode()
-        except (TypeError, ValueError, RecursionError):
-            try:
-                data = dumps({"value": repr(value)}).encode()
-            except Exception:
-                data = b'{"value": "<unrepresentable>"}'
-        payload += data[:MAX_VALUE_JSON]
+def _answer(status, value, message=None, pack=wire.HEADER.pack, len=len, bytes=bytes,
+            value_json=value_json):
+    """The ``v`` frame for the runner: the status byte and :func:`value_json` (the value's
+    JSON, or a failed cell's exception line)."""
+    payload = bytes([status]) + value_json(value if status == 0 else None, message)
     return pack(b"v", 0, len(payload)) + payload
 
 
@@ -155,7 +146,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         except KeyboardInterrupt:  # an interrupt that came just as the code ended
             status, value = 1, None
         state.running = False
-        frame = answer(status, value)
+        frame = answer(status, value, state.message)
         block()  # before it answers: then it only reads
         send(frame)
 

@@ -272,6 +272,8 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         message = str(rec["error"])
     else:
         reason = Reason.exited
+        if exit_code != 0 and isinstance(rec.get("message"), str):
+            message = rec["message"]  # the exception line, as the restricted backend's
     status = status_for(reason, exit_code)
     if (outcome.lost or rec.get("error")) and not outcome.superseded and reason is not interrupted:
         status = Status.error
@@ -285,6 +287,7 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         stderr=out.stderr.decode("utf-8", errors="replace"),
         truncated=truncated,
         value=rec.get("value") if rec.get("has_value") else None,
+        value_repr=rec.get("value_repr") if rec.get("has_value") else None,
         resources=Resources(wall_ms=int((time.monotonic() - started) * 1000),
                             cpu_ms=int(rec.get("cpu_ms") or 0),
                             peak_memory_bytes=int(rec.get("peak_memory_bytes") or 0)),

@@ -42,9 +42,10 @@ from typing import Any
 from sandboxd import fstree
 from sandboxd.deadline import stop_task, within
 from sandboxd.errors import SandboxdError
+from sandboxd.models import Position
 from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol import wire
-from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps
 from sandboxd.streaming import EventSink, TextRelay, emit
 
 SOCKET_NAME = "runner.sock"
@@ -85,8 +86,9 @@ def check_exit_record(payload: bytes) -> dict[str, Any]:
     ints = ("cpu_ms", "peak_memory_bytes", "wall_ms", "kernel_calls")
     flags = ("oom", "pids_limit", "output_limit", "group_gone", "has_value", "kernel_fresh",
              "kernel_lost", "kernel_stopped", "kernel_interrupted")
-    texts = ("error", "not_idle")
-    unknown = set(rec) - {"exit_code", "signal", "value", *texts, *ints, *flags}
+    texts = ("error", "not_idle", "message")
+    unknown = set(rec) - {"exit_code", "signal", "value", "value_repr", *texts, *ints,
+                          *flags}
     if unknown:
         raise wire.ProtocolError(f"unknown exit record members {sorted(unknown)[:3]}")
     code, sig = rec.get("exit_code"), rec.get("signal")
@@ -104,6 +106,9 @@ def check_exit_record(payload: bytes) -> dict[str, Any]:
     for name in flags:
         if not isinstance(rec.get(name, False), bool):
             raise wire.ProtocolError(f"{name} is not a boolean")
+    shown = rec.get("value_repr")
+    if shown is not None and not (_is(shown, str) and len(shown) <= MAX_VALUE_REPR):
+        raise wire.ProtocolError("value_repr is not a string within its cap")
     return rec
 
 
@@ -173,6 +178,8 @@ class Channel:
         if frame.kind == b"d":  # a malformed item breaks the channel (ProtocolError)
             item = out.displays.take(frame.payload)
             if item is not None:
+                if out.relay is not None:  # where it happened (issue 29)
+                    item.at = Position(**out.relay.position())
                 emit(out.events, "display", item.model_dump(mode="json"))
             return
         target = out.stdout if frame.kind == b"o" else out.stderr

@@ -27,8 +27,9 @@ import math
 import os
 from typing import Any
 
+from sandboxd.models import Position
 from sandboxd.outputs import DisplayCollector
-from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps
 from sandboxd.protocol.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 from sandboxd.streaming import EventSink, TextRelay, emit
 
@@ -67,7 +68,8 @@ def check_report(payload: bytes) -> dict[str, Any]:
     if not isinstance(report, dict):
         raise ProtocolError("the report is not a JSON object")
     unknown = set(report) - {
-        "outcome", "exit_code", "value", "message", "truncated_stdout", "worker_us", "probe",
+        "outcome", "exit_code", "value", "value_repr", "message", "truncated_stdout",
+        "worker_us", "probe",
     }
     if unknown:
         raise ProtocolError(f"unknown report members {sorted(unknown)[:3]}")
@@ -79,6 +81,9 @@ def check_report(payload: bytes) -> dict[str, Any]:
     message = report.get("message")
     if message is not None and not (_is(message, str) and len(message) <= MAX_MESSAGE):
         raise ProtocolError("the report's message is not a short string")
+    shown = report.get("value_repr")
+    if shown is not None and not (_is(shown, str) and len(shown) <= MAX_VALUE_REPR):
+        raise ProtocolError("the report's value_repr is not a string within its cap")
     if not isinstance(report.get("truncated_stdout", False), bool):
         raise ProtocolError("the report's truncated_stdout is not a boolean")
     if not _is(report.get("worker_us", 0), int):
@@ -157,6 +162,7 @@ class FrameReader:
         if kind == b"d":
             item = self.displays.take(payload)
             if item is not None:
+                item.at = Position(**self.relay.position())  # where it happened (issue 29)
                 emit(self.events, "display", item.model_dump(mode="json"))
             return
         target = self.stdout if kind == b"o" else self.stderr

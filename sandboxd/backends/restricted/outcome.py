@@ -58,6 +58,9 @@ def build_result(
     res = _build_result(inv, limits, msg, reader, reason, exit_info, call, crashed, started_at,
                         zygote_pid, cleanup)
     res.outputs = list(reader.displays.items)
+    report = reader.report or {}
+    if res.value is not None and isinstance(report.get("value_repr"), str):
+        res.value_repr = report["value_repr"]
     return res
 
 

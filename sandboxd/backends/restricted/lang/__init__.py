@@ -88,8 +88,11 @@ from sandboxd.backends.restricted.lang.state import (
     limit_check,
 )
 from sandboxd.backends.restricted.lang.transform import compile_user_code
-from sandboxd.protocol.display import TOO_DEEP, DisplayCaps, too_deep
+from sandboxd.protocol.display import TOO_DEEP, DisplayCaps, too_deep, value_repr
 from sandboxd.protocol.rules import OutputBudget
+
+#: the longest exception line a failed call reports as its message (both backends)
+MAX_MESSAGE_CHARS = 1000
 
 
 def make_builtins(import_hook: ImportHook, opener: WorkspaceOpener) -> dict[str, Any]:
@@ -160,6 +163,16 @@ def format_user_traceback(exc: BaseException) -> str:
         lines.extend(traceback.format_list(frames))
     lines.extend(traceback.format_exception_only(type(exc), exc))
     return "".join(lines)
+
+
+def exception_line(exc: BaseException) -> str:
+    """What a failed call's ``message`` says (both backends): the traceback's last line,
+    ``ZeroDivisionError: division by zero``, cut at :data:`MAX_MESSAGE_CHARS`."""
+    try:
+        line = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    except BaseException:  # the exception's __str__ failed
+        line = type(exc).__name__
+    return line[:MAX_MESSAGE_CHARS]
 
 
 def encode_value(value: Any, cap: int) -> tuple[Any, str | None]:
@@ -291,7 +304,7 @@ def run_user_code(
             stderr.write_raw(format_user_traceback(exc))
         except BaseException:
             stderr.write_raw(f"{type(exc).__name__}\n")
-        report.update(outcome="error", exit_code=1, message=f"{type(exc).__name__}")
+        report.update(outcome="error", exit_code=1, message=exception_line(exc))
     if STATE.memory_hit:
         report.update(outcome="memory_limit", exit_code=1)
         stderr.write_raw("MemoryError: the memory limit was exceeded\n")
@@ -300,6 +313,13 @@ def run_user_code(
     elif report["outcome"] == "ok" and STATE.has_value:
         try:
             report["value"], note = encode_value(STATE.value, output_bytes)
+            # Python's view of a value JSON changes (a tuple), when the value is its JSON
+            # (not its repr already: a value that is no JSON)
+            as_json = report["value"] is not None and not (
+                isinstance(report["value"], str) and not isinstance(STATE.value, str))
+            shown = value_repr(STATE.value) if as_json else None
+            if shown is not None and len(json.dumps(shown)) <= output_bytes:
+                report["value_repr"] = shown
         except BaseException as exc:
             report["value"], note = None, f"value omitted: {type(exc).__name__}"
         if note:
