@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib
 import os
 import queue
 import threading
@@ -267,12 +269,19 @@ def _timeout(request: httpx.Request) -> float | None:
     return request.extensions.get("timeout", {}).get("read")
 
 
-def _response(first: tuple[Any, ...], stream: Any, request: httpx.Request) -> httpx.Response:
+def _http_of(request: Any) -> Any:
+    """The module of ``request``: httpx, or httpx2 (the MCP SDK's client), which has the same
+    API but classes of its own."""
+    return importlib.import_module(type(request).__module__.split(".")[0])
+
+
+def _response(first: tuple[Any, ...], stream: Any, request: Any) -> Any:
+    http = _http_of(request)
     if first[0] == "error":
         raise first[1]
     if first[0] != "start":
-        raise httpx.RemoteProtocolError("the app ended without a response", request=request)
-    return httpx.Response(first[1], headers=first[2], stream=stream, request=request)
+        raise http.RemoteProtocolError("the app ended without a response", request=request)
+    return http.Response(first[1], headers=first[2], stream=stream, request=request)
 
 
 class SyncAppTransport(httpx.BaseTransport):
@@ -317,12 +326,13 @@ class _SyncBody(httpx.SyncByteStream):
 
 
 class AsyncAppTransport(httpx.AsyncBaseTransport):
-    """``httpx.AsyncClient``'s way into an :class:`InProcessDaemon` (from any event loop)."""
+    """``httpx.AsyncClient``'s (or ``httpx2.AsyncClient``'s) way into an
+    :class:`InProcessDaemon` (from any event loop)."""
 
     def __init__(self, daemon: InProcessDaemon) -> None:
         self.daemon = daemon
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: Any) -> Any:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 
@@ -337,26 +347,33 @@ class AsyncAppTransport(httpx.AsyncBaseTransport):
             future.cancel()
             self.daemon.disconnect(left)
             raise
-        return _response(first, _AsyncBody(self.daemon, items, left), request)
+        body = _async_body(_http_of(request))(self.daemon, items, left)
+        return _response(first, body, request)
 
 
-class _AsyncBody(httpx.AsyncByteStream):
-    def __init__(self, daemon: InProcessDaemon, items: asyncio.Queue[tuple[Any, ...]],
-                 left: asyncio.Event) -> None:
-        self.daemon, self.items, self.left = daemon, items, left
+@functools.cache
+def _async_body(http: Any) -> type:
+    """The streamed body of a response, an ``AsyncByteStream`` of ``http`` (httpx, httpx2)."""
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while True:
-            item = await self.items.get()
-            if item[0] == "body":
-                yield item[1]
-            elif item[0] == "error":
-                raise httpx.RemoteProtocolError(f"the app failed: {item[1]!r}")
-            else:
-                return
+    class AsyncBody(http.AsyncByteStream):  # type: ignore[misc,name-defined]
+        def __init__(self, daemon: InProcessDaemon, items: asyncio.Queue[tuple[Any, ...]],
+                     left: asyncio.Event) -> None:
+            self.daemon, self.items, self.left = daemon, items, left
 
-    async def aclose(self) -> None:
-        self.daemon.disconnect(self.left)
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            while True:
+                item = await self.items.get()
+                if item[0] == "body":
+                    yield item[1]
+                elif item[0] == "error":
+                    raise http.RemoteProtocolError(f"the app failed: {item[1]!r}")
+                else:
+                    return
+
+        async def aclose(self) -> None:
+            self.daemon.disconnect(self.left)
+
+    return AsyncBody
 
 
 @contextlib.contextmanager
