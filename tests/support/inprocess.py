@@ -92,19 +92,32 @@ def settings_from_env(state_dir: Path, env: Mapping[str, str] | None = None,
         return Settings(**fields)
 
 
+def _claimed_settings(state_dir: Path, env: Mapping[str, str] | None,
+                      policies_dir: Path | None) -> tuple[Settings, uidclaim.UidClaim | None]:
+    """Settings whose sandbox uid range this process claimed host-wide, as ``serve`` claims
+    its own (no claim when not root); another range when a parallel run took the one picked."""
+    for _ in range(4):
+        settings = settings_from_env(state_dir, env, policies_dir)
+        try:
+            return settings, uidclaim.claim_for(settings)
+        except uidclaim.UidRangeTaken:
+            continue
+    raise RuntimeError("four sandbox uid ranges in a row were claimed by others")
+
+
 class InProcessDaemon:
     """The app of a daemon on scripted backends, served in this process (module docstring).
 
     Quacks like :class:`~tests.support.daemon.RunningDaemon` for HTTP tests: ``url``,
     ``client``, ``headers``, ``invoke``, ``state_dir``, ``audit_path``; ``anon`` is a client
-    without the token, ``http()`` makes others. ``python`` and
-    ``container`` are the scripted backends (set their ``script``)."""
+    without the token, ``http()`` makes others. ``python`` and ``container`` are the
+    scripted backends (set their ``script``)."""
 
     def __init__(self, tmp_path: Path, *, script: Script | None = None,
                  env: Mapping[str, str] | None = None, policies_dir: Path | None = None,
                  token: str | None = None, state_dir: Path | None = None) -> None:
         self.state_dir = state_dir or tmp_path / "state"
-        self.settings = settings_from_env(self.state_dir, env, policies_dir)
+        self.settings, self._claim = _claimed_settings(self.state_dir, env, policies_dir)
         self.audit_path = self.settings.audit_path
         self.url = URL
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -125,7 +138,6 @@ class InProcessDaemon:
         self._thread = threading.Thread(target=self.loop.run_forever, name="inprocess-daemon",
                                         daemon=True)
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
-        self._claim: uidclaim.UidClaim | None = None
         self.transport = SyncAppTransport(self)
         self.client = httpx.Client(transport=self.transport, base_url=self.url,
                                    headers=self.headers, timeout=120.0)
@@ -135,9 +147,8 @@ class InProcessDaemon:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> InProcessDaemon:
-        """Claim the sandbox uids (as ``serve`` does), start the loop, run the lifespan's
-        start-up (the service, the self-test: raises what ``serve`` would exit with)."""
-        self._claim = uidclaim.claim_for(self.settings)  # None unless root
+        """Start the loop, run the lifespan's start-up (the service, the self-test: raises
+        what ``serve`` would exit with)."""
         self._thread.start()
         try:
             self._run(self._startup(), timeout=120)
