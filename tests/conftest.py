@@ -11,6 +11,7 @@ import pytest
 from tests.support import flaky
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 
 # A host's /etc/sandboxd/sandboxd.yaml (an installed service) must not change what tests get.
 os.environ.setdefault("SANDBOXD_CONFIG", os.devnull)
@@ -29,6 +30,15 @@ def module_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningD
     found it: a daemon start costs 20-60 s under emulation in the modern-host VM job. A module
     opts in by overriding ``daemon`` with it (tests/api/test_api.py)."""
     with running_daemon(tmp_path_factory.mktemp("daemon")) as d:
+        yield d
+
+
+@pytest.fixture
+def inproc(tmp_path: Path) -> Iterator[InProcessDaemon]:
+    """The daemon's app in this process, on scripted backends (tests/support/inprocess.py):
+    for tests of the HTTP, client and MCP surface, which need no real backend. Its calls
+    print nothing unless the test sets ``inproc.python.script``."""
+    with inprocess_daemon(tmp_path) as d:
         yield d
 
 

@@ -1,4 +1,6 @@
-"""The HTTP API through a real uvicorn server on a real socket (a daemon subprocess)."""
+"""The HTTP API: what only the real backend answers through a real uvicorn server on a real
+socket (a daemon subprocess); the HTTP surface itself (errors, validation, policy, queueing,
+metrics) on the daemon's app in process (tests/support/inprocess.py, ``inproc``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandboxd.backends.scripted import sleeps
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.daemon import RunningDaemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 from tests.support.processes import busy_descendants
 from tests.support.wait import wait_until
 
@@ -45,15 +49,15 @@ def test_health_and_readiness(daemon: RunningDaemon) -> None:
     assert {c["name"] for c in restricted["checks"]}  # the probes that ran are named
 
 
-def test_list_tools_and_openai_format(daemon: RunningDaemon) -> None:
-    tools = daemon.client.get("/v1/tools").json()
+def test_list_tools_and_openai_format(inproc: InProcessDaemon) -> None:
+    tools = inproc.client.get("/v1/tools").json()
     by_name = {t["name"]: t for t in tools}
     assert {"python", "read_file", "write_file", "list_files"} <= set(by_name)
     python = by_name["python"]
     assert python["backend"] == "restricted"
     assert python["available"] is True
     assert python["parameters"]["required"] == ["code"]
-    openai = daemon.client.get("/v1/tools", params={"format": "openai"}).json()
+    openai = inproc.client.get("/v1/tools", params={"format": "openai"}).json()
     assert openai, "no tools in OpenAI format"
     for entry in openai:
         assert set(entry) == {"type", "function"}
@@ -83,23 +87,23 @@ def test_invoke_python_ok(daemon: RunningDaemon) -> None:
         assert key in result["limits"]
 
 
-def test_schema_errors_are_422_naming_the_field(daemon: RunningDaemon) -> None:
-    body = assert_problem(daemon.invoke("python", {"code": 5}), 422)
+def test_schema_errors_are_422_naming_the_field(inproc: InProcessDaemon) -> None:
+    body = assert_problem(inproc.invoke("python", {"code": 5}), 422)
     assert body["field"] == "code"
-    body = assert_problem(daemon.invoke("python", {}), 422)
+    body = assert_problem(inproc.invoke("python", {}), 422)
     assert body["field"] == "code"
     assert "required" in body["detail"]
-    body = assert_problem(daemon.invoke("python", {"code": "1", "evil": True}), 422)
+    body = assert_problem(inproc.invoke("python", {"code": "1", "evil": True}), 422)
     assert body["field"] == "evil"
     # a malformed envelope (limits of the wrong type) names its field too
-    r = daemon.client.post("/v1/tools/python/invoke",
+    r = inproc.client.post("/v1/tools/python/invoke",
                            json={"arguments": {"code": "1"}, "limits": {"timeout_s": -1}})
     body = assert_problem(r, 422)
     assert body["field"] == "limits.timeout_s"
 
 
 def test_other_errors_are_problem_json(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, env={"SANDBOXD_MAX_BODY_BYTES": "2000"}) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_MAX_BODY_BYTES": "2000"}) as d:
         body = assert_problem(d.invoke("no_such_tool", {}), 404)
         assert "python" in body["available_tools"]
         assert "no_such_tool" in body["detail"]
@@ -113,24 +117,24 @@ def test_other_errors_are_problem_json(tmp_path: Path) -> None:
         assert_problem(d.client.get("/v1/sessions/ses_doesnotexist"), 404)
 
 
-def test_limits_can_only_be_lowered(daemon: RunningDaemon) -> None:
-    r = daemon.invoke("python", {"code": "1"}, limits={"timeout_s": 10_000, "memory_bytes": 2**40})
+def test_limits_can_only_be_lowered(inproc: InProcessDaemon) -> None:
+    r = inproc.invoke("python", {"code": "1"}, limits={"timeout_s": 10_000, "memory_bytes": 2**40})
     limits = r.json()["limits"]
     assert limits["timeout_s"] < 10_000
     assert limits["memory_bytes"] < 2**40
-    r = daemon.invoke("python", {"code": "1"}, limits={"timeout_s": 2.5})
+    r = inproc.invoke("python", {"code": "1"}, limits={"timeout_s": 2.5})
     assert r.json()["limits"]["timeout_s"] == 2.5
 
 
-def test_denied_call_is_200_with_actionable_message(daemon: RunningDaemon) -> None:
-    r = daemon.invoke("python", {"code": "import os\nos.getcwd()"})
+def test_denied_call_is_200_with_actionable_message(inproc: InProcessDaemon) -> None:
+    r = inproc.invoke("python", {"code": "import os\nos.getcwd()"})
     assert r.status_code == 200
     result = r.json()
     assert result["status"] == "denied"
     assert result["termination"]["reason"] == "policy"
     assert "os" in result["message"]
     assert result["policy"]["decision"] == "deny"
-    explained = daemon.client.post("/v1/policy/explain",
+    explained = inproc.client.post("/v1/policy/explain",
                                    json={"tool": "python", "arguments": {"code": "import os"}})
     assert explained.status_code == 200
     assert explained.json()["allowed"] is False
@@ -173,9 +177,9 @@ def test_sessions_are_isolated_between_clients(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     alice = add_token(tokens, "alice")
     bob = add_token(tokens, "bob")
-    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}) as d:
-        a = httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {alice}"})
-        b = httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {bob}"})
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}) as d:
+        a = d.http(alice)
+        b = d.http(bob)
         sid = a.post("/v1/sessions").json()["id"]
         body = {"arguments": {"path": "secret.txt", "content": "alice's"}, "session": sid}
         assert a.post("/v1/tools/write_file/invoke", json=body).json()["status"] == "ok"
@@ -185,7 +189,7 @@ def test_sessions_are_isolated_between_clients(tmp_path: Path) -> None:
         assert_problem(b.post("/v1/tools/read_file/invoke", json=read), 404)
         assert_problem(b.delete(f"/v1/sessions/{sid}"), 404)
         assert a.post("/v1/tools/read_file/invoke", json=read).json()["stdout"] == "alice's"
-        assert_problem(httpx.get(f"{d.url}/v1/tools"), 401)
+        assert_problem(d.http().get("/v1/tools"), 401)
         a.close()
         b.close()
 
@@ -221,7 +225,7 @@ def test_concurrency_cap_with_eight_slow_calls(daemon: RunningDaemon) -> None:
 
 def test_queue_full_gives_429_with_retry_after(tmp_path: Path) -> None:
     env = {"SANDBOXD_MAX_CONCURRENCY": "1", "SANDBOXD_QUEUE_SIZE": "1"}
-    with running_daemon(tmp_path, env=env) as d:
+    with inprocess_daemon(tmp_path, env=env, script=sleeps(1.5)) as d:
         def call(_: int) -> httpx.Response:
             return d.invoke("python", {"code": SLOW.format(seconds=1.5)})
 
@@ -268,18 +272,18 @@ def test_disconnected_client_cancels_and_cleans_up(daemon: RunningDaemon) -> Non
     assert cancelled[-1]["cleanup"]["verified"] is True, cancelled[-1]
 
 
-def _ok_python_calls(daemon: RunningDaemon) -> float:
+def _ok_python_calls(daemon: RunningDaemon | InProcessDaemon) -> float:
     text = daemon.client.get("/metrics").text
     found = re.search(r'^sandboxd_invocations_total\{status="ok",tool="python"\} (\S+)$', text,
                       re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 
-def test_metrics_count_invocations(daemon: RunningDaemon) -> None:
-    before = _ok_python_calls(daemon)  # the module's daemon ran other tests' calls
-    daemon.invoke("python", {"code": "print(1)"})
-    assert _ok_python_calls(daemon) == before + 1
-    text = daemon.client.get("/metrics").text
+def test_metrics_count_invocations(inproc: InProcessDaemon) -> None:
+    before = _ok_python_calls(inproc)
+    inproc.invoke("python", {"code": "print(1)"})
+    assert _ok_python_calls(inproc) == before + 1
+    text = inproc.client.get("/metrics").text
     assert "sandboxd_queue_depth 0.0" in text
     assert "sandboxd_slots_in_use" in text
 
@@ -302,21 +306,21 @@ def test_display_items_come_back_in_the_result(daemon: RunningDaemon) -> None:
     assert "done" not in json.dumps(mine[-1])
 
 
-def test_request_errors_say_where_and_what_to_send_instead(daemon: RunningDaemon) -> None:
+def test_request_errors_say_where_and_what_to_send_instead(inproc: InProcessDaemon) -> None:
     """Bad JSON names its line and column; a body that is no JSON object names the body
     expected and the Content-Type it came with; the 413 names its setting and the route that
     takes big files (issue 29: "Expecting ',' delimiter", "'(body)': Input should be a valid
     dictionary", a bare 413)."""
     url = "/v1/tools/python/invoke"
-    bad = daemon.client.post(url, content=b'{"arguments":\n  {"code" "1"}}',
+    bad = inproc.client.post(url, content=b'{"arguments":\n  {"code" "1"}}',
                              headers={"content-type": "application/json"})
     assert bad.status_code == 400, bad.text
     assert bad.json()["detail"].endswith("at line 2, column 11"), bad.json()
-    text = daemon.client.post(url, content=b"print(1)", headers={"content-type": "text/plain"})
+    text = inproc.client.post(url, content=b"print(1)", headers={"content-type": "text/plain"})
     assert text.status_code == 422, text.text
     assert "must be a JSON object sent as application/json" in text.json()["detail"]
     assert "text/plain" in text.json()["detail"]
-    huge = daemon.client.post(url, content=b" " * 2**21,
+    huge = inproc.client.post(url, content=b" " * 2**21,
                               headers={"content-type": "application/json"})
     assert huge.status_code == 413, huge.text
     detail = huge.json()["detail"]

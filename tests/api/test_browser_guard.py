@@ -1,6 +1,7 @@
 """A web page cannot drive the daemon through the user's browser (DNS rebinding, cross-origin
 requests): Origin and, for the tokenless loopback client, Host are checked on the API and on
-/mcp, through a real daemon on a real socket."""
+/mcp, on the daemon's app in process (tests/support/inprocess.py); the unix socket's own rule
+through a real daemon on a real socket."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandboxd.backends.scripted import prints
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, running_daemon, unix_socket_daemon
+from tests.support.daemon import unix_socket_daemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 
 CALL = {"arguments": {"code": "print('ran')"}}
 MCP_INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -28,17 +31,18 @@ def _problem(r: httpx.Response, slug: str) -> dict[str, object]:
     return body
 
 
-def _calls_audited(d: RunningDaemon) -> int:
+def _calls_audited(d: InProcessDaemon) -> int:
     return len(audit_records(d.audit_path, "result"))
 
 
 @pytest.fixture
-def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
-    """This module's tests share one daemon (tests/conftest.py: module_daemon)."""
-    return module_daemon
+def daemon(inproc: InProcessDaemon) -> InProcessDaemon:
+    """The daemon's app in process, its calls printing what CALL prints."""
+    inproc.python.script = prints("ran\n")
+    return inproc
 
 
-def test_a_page_origin_is_refused_before_anything_runs(daemon: RunningDaemon) -> None:
+def test_a_page_origin_is_refused_before_anything_runs(daemon: InProcessDaemon) -> None:
     page = {"Origin": "http://evil.example"}
     before = _calls_audited(daemon)
     body = _problem(daemon.client.post("/v1/tools/python/invoke", json=CALL, headers=page),
@@ -57,8 +61,8 @@ def test_a_page_origin_is_refused_before_anything_runs(daemon: RunningDaemon) ->
     assert 'sandboxd_rejections_total{reason="origin-not-allowed"} 3.0' in metrics
 
 
-def test_a_rebound_host_name_is_refused_for_the_tokenless_client(daemon: RunningDaemon) -> None:
-    port = daemon.url.rsplit(":", 1)[1]
+def test_a_rebound_host_name_is_refused_for_the_tokenless_client(daemon: InProcessDaemon) -> None:
+    port = 8765  # in process there is no socket: any port the Host header may name
     rebound = {"Host": f"evil.example:{port}"}
     body = _problem(daemon.client.post("/v1/tools/python/invoke", json=CALL, headers=rebound),
                     "host-not-allowed")
@@ -72,7 +76,7 @@ def test_a_rebound_host_name_is_refused_for_the_tokenless_client(daemon: Running
 def test_admins_can_allow_an_origin_and_a_host(tmp_path: Path) -> None:
     env = {"SANDBOXD_ALLOWED_ORIGINS": '["http://ui.example:3000"]',
            "SANDBOXD_ALLOWED_HOSTS": '["sandbox.lan"]'}
-    with running_daemon(tmp_path, env=env) as d:
+    with inprocess_daemon(tmp_path, env=env, script=prints("ran\n")) as d:
         r = d.client.post("/v1/tools/python/invoke", json=CALL,
                           headers={"Origin": "http://ui.example:3000", "Host": "sandbox.lan:1"})
         assert r.status_code == 200 and r.json()["status"] == "ok", r.text
@@ -83,7 +87,8 @@ def test_admins_can_allow_an_origin_and_a_host(tmp_path: Path) -> None:
 def test_with_tokens_any_host_name_is_served(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     token = add_token(tokens, "ci")
-    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}, token=token) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)},
+                          token=token) as d:
         r = d.client.get("/v1/tools", headers={"Host": "sandboxd.internal:8377"})
         assert r.status_code == 200, r.text
         _problem(d.client.get("/v1/tools", headers={"Origin": "http://evil.example"}),

@@ -1,39 +1,37 @@
-"""Issue #11 item 12 through a real daemon with tokens: one client that keeps every slot busy
-and floods the queue cannot starve another client; the other always gets a place."""
+"""Issue #11 item 12 through the daemon's app with tokens (in process, on a scripted backend:
+tests/support/inprocess.py): one client that keeps every slot busy and floods the queue cannot
+starve another client; the other always gets a place."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
+from sandboxd.models import Invocation, Limits, Result
 from sandboxd.tokens import add_token
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.inprocess import InProcessDaemon, answers, by_code, inprocess_daemon
 from tests.support.wait import wait_until
 
-# Only the two calls that hold the slots are slow, and long enough that both still run when
-# carol arrives, even under emulation (the VM job). Every queued call is quick, so the test
-# takes HOLD_S and a few quick calls, wherever it runs.
+# Only the two calls that hold the slots are slow: they hold them until the test has seen
+# carol get her place (HOLD_S at most). Every queued call is quick.
 HOLD_S = 30.0
-HOLD = f"""
-import datetime
-start = datetime.datetime.now().timestamp()
-while datetime.datetime.now().timestamp() - start < {HOLD_S}:
-    pass
-"""
+HOLD = "hold the slot"
 QUICK = "6 * 7"
 
 
-def _gauge(d: RunningDaemon, name: str) -> float:
+def _gauge(d: InProcessDaemon, name: str) -> float:
     text = d.client.get("/metrics").text
     match = re.search(rf"^{name} ([0-9.]+)$", text, re.MULTILINE)
     assert match, text
     return float(match.group(1))
 
 
-def _wait_for(d: RunningDaemon, queued: int, running: int) -> None:
+def _wait_for(d: InProcessDaemon, queued: int, running: int) -> None:
     wait_until(lambda: (_gauge(d, "sandboxd_queue_depth"), _gauge(d, "sandboxd_slots_in_use"))
                == (queued, running), timeout=20,
                what=f"{queued} calls queued and {running} slots in use")
@@ -45,13 +43,21 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_MAX_CONCURRENCY": "2",
            "SANDBOXD_QUEUE_SIZE": "6", "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0",
            "SANDBOXD_QUEUE_TIMEOUT_S": "300"}
-    with running_daemon(tmp_path, env=env, token=keys["alice"]) as d:
-        def call(who: str, code: str = QUICK) -> httpx.Response:
-            return httpx.post(f"{d.url}/v1/tools/python/invoke", timeout=300,
-                              json={"arguments": {"code": code}},
-                              headers={"Authorization": f"Bearer {keys[who]}"})
+    release = threading.Event()
 
-        with ThreadPoolExecutor(16) as pool:
+    async def hold(call: Invocation, limits: Limits) -> Result:
+        await asyncio.to_thread(release.wait, HOLD_S)
+        return answers()(call, limits)  # type: ignore[return-value]
+
+    script = by_code({HOLD: hold}, default=answers(value=42))
+    with inprocess_daemon(tmp_path, env=env, token=keys["alice"], script=script) as d, \
+            ThreadPoolExecutor(16) as pool:
+        def call(who: str, code: str = QUICK) -> httpx.Response:
+            return d.client.post("/v1/tools/python/invoke", timeout=300,
+                                 json={"arguments": {"code": code}},
+                                 headers={"Authorization": f"Bearer {keys[who]}"})
+
+        try:
             # alice takes both slots ...
             holding = [pool.submit(call, "alice", HOLD) for _ in range(2)]
             _wait_for(d, queued=0, running=2)
@@ -74,6 +80,7 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
                        what="a call of alice's giving carol its place")
             assert not any(f.done() for f in holding), \
                 "a slot came free before carol arrived: the queue was never full for her"
+            release.set()
             given_up = [f.result().json()["detail"] for f in alice
                         if f.done() and f.result().status_code == 429]
             assert sum("gave its place to another client's" in g for g in given_up) == 1, \
@@ -84,3 +91,5 @@ def test_a_flooding_client_cannot_starve_another(tmp_path: Path) -> None:
             assert [f.result().status_code for f in holding] == [200] * 2
             alice_codes = sorted(f.result().status_code for f in alice)
             assert alice_codes == [200] * 2 + [429] * 6, alice_codes
+        finally:
+            release.set()

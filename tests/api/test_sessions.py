@@ -1,15 +1,17 @@
-"""Session lifetime and quota through the real API."""
+"""Session lifetime and quota through the real API: its bookkeeping on the daemon's app in
+process (tests/support/inprocess.py), kernels on a real daemon and the restricted backend."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.support.daemon import running_daemon
+from tests.support.inprocess import inprocess_daemon
 from tests.support.wait import wait_until
 
 
 def test_session_expires_after_ttl_and_workspace_is_removed(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, env={"SANDBOXD_SESSION_TTL_S": "1"}) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_SESSION_TTL_S": "1"}) as d:
         sid = d.client.post("/v1/sessions").json()["id"]
         assert d.invoke("write_file", {"path": "f", "content": "x"}, session=sid).json()[
             "status"] == "ok"
@@ -22,8 +24,9 @@ def test_session_expires_after_ttl_and_workspace_is_removed(tmp_path: Path) -> N
 
 
 def test_session_quota_is_enforced(tmp_path: Path) -> None:
-    env = {"SANDBOXD_SESSION_QUOTA_BYTES": "10000"}
-    with running_daemon(tmp_path, env=env) as d:
+    # the quota as a daemon enforces it: a tmpfs per workspace when it may mount
+    env = {"SANDBOXD_SESSION_QUOTA_BYTES": "10000", "SANDBOXD_WORKSPACE_QUOTA": "auto"}
+    with inprocess_daemon(tmp_path, env=env) as d:
         sid = d.client.post("/v1/sessions").json()["id"]
         ok = d.invoke("write_file", {"path": "a", "content": "x" * 6000}, session=sid).json()
         assert ok["status"] == "ok"
@@ -33,7 +36,7 @@ def test_session_quota_is_enforced(tmp_path: Path) -> None:
 
 
 def test_session_limit_per_client(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, env={"SANDBOXD_MAX_SESSIONS_PER_CLIENT": "2"}) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_MAX_SESSIONS_PER_CLIENT": "2"}) as d:
         assert d.client.post("/v1/sessions").status_code == 201
         assert d.client.post("/v1/sessions").status_code == 201
         third = d.client.post("/v1/sessions")

@@ -1,5 +1,6 @@
 """Streamed invoke (issue 14): ``Accept: text/event-stream`` through a real daemon (uvicorn on
-a real socket, the restricted backend), read with httpx-sse as any SSE client would."""
+a real socket, the restricted backend), read with httpx-sse as any SSE client would; refusals,
+which come before any call runs, on the daemon's app in process (tests/support/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from sandboxd.backends.scripted import sleeps
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.daemon import RunningDaemon
+from tests.support.inprocess import InProcessDaemon, answers, inprocess_daemon
 from tests.support.processes import busy_descendants, running
 from tests.support.wait import wait_until
 
@@ -31,10 +34,12 @@ def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
     return module_daemon
 
 
-def stream(d: RunningDaemon, body: dict[str, Any]) -> list[tuple[float, str, Any]]:
+def stream(d: RunningDaemon | InProcessDaemon, body: dict[str, Any],
+           ) -> list[tuple[float, str, Any]]:
     """Every event of one streamed call: (arrival time, kind, data)."""
     events: list[tuple[float, str, Any]] = []
-    with httpx.Client(base_url=d.url, headers=d.headers, timeout=60) as c, \
+    with httpx.Client(base_url=d.url, headers=d.headers, timeout=60,
+                      transport=getattr(d, "transport", None)) as c, \
             connect_sse(c, "POST", "/v1/tools/python/invoke", json=body, headers=SSE) as src:
         assert src.response.status_code == 200
         assert src.response.headers["content-type"].startswith("text/event-stream")
@@ -84,7 +89,9 @@ def test_a_session_kernel_streams_too(daemon: RunningDaemon) -> None:
         daemon.client.delete(f"/v1/sessions/{sid}")
 
 
-def test_refusals_before_the_call_runs_are_problem_json(daemon: RunningDaemon) -> None:
+def test_refusals_before_the_call_runs_are_problem_json(inproc: InProcessDaemon) -> None:
+    daemon = inproc
+    daemon.python.script = answers(value=1)
     for path, body, status in (
             ("/v1/tools/nope/invoke", {"arguments": {}}, 404),
             ("/v1/tools/python/invoke", {"arguments": {"code": 5}}, 422)):
@@ -123,7 +130,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_call(daemon: RunningDa
     assert cancelled[-1]["cleanup"]["verified"] is True, cancelled
 
 
-def _queue(d: RunningDaemon) -> tuple[float, float]:
+def _queue(d: InProcessDaemon) -> tuple[float, float]:
     """(calls queued, slots in use), as /metrics says."""
     text = d.client.get("/metrics").text
     depth = re.search(r"^sandboxd_queue_depth ([0-9.]+)$", text, re.MULTILINE)
@@ -133,14 +140,15 @@ def _queue(d: RunningDaemon) -> tuple[float, float]:
 
 
 @pytest.fixture
-def busy_daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
+def busy_daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
+    """One slot, one place in the queue; every call takes 2 s."""
     env = {"SANDBOXD_MAX_CONCURRENCY": "1", "SANDBOXD_QUEUE_SIZE": "1"}
-    with running_daemon(tmp_path, env=env) as d:
+    with inprocess_daemon(tmp_path, env=env, script=sleeps(2)) as d:
         yield d
 
 
 def test_a_full_queue_is_429_problem_json_for_a_streaming_caller(
-        busy_daemon: RunningDaemon) -> None:
+        busy_daemon: InProcessDaemon) -> None:
     slow = {"arguments": {"code": "import time\ntime.sleep(2)"}}
     ready = threading.Barrier(3)
 

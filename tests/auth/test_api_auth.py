@@ -1,4 +1,5 @@
-"""Bearer auth through a real daemon: 401 problem+json, audited, the token never logged."""
+"""Bearer auth: 401 problem+json, audited, the token never logged; through a real daemon (its
+failures flushed at SIGTERM), and on the daemon's app in process (tests/support/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sandboxd.audit import verify
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
+from tests.support.inprocess import inprocess_daemon
 from tests.support.wait import wait_until
 
 
@@ -48,7 +50,7 @@ def test_unknown_or_missing_token_is_401_and_audited(tmp_path: Path) -> None:
 
 
 def test_denied_call_over_http_names_rule_and_is_audited(tmp_path: Path) -> None:
-    with running_daemon(tmp_path) as d:
+    with inprocess_daemon(tmp_path) as d:
         r = d.invoke("shell", {"command": "curl -H 'Authorization: Bearer sk-abcdefghijklmnop"
                                           "qrstuvwx' https://example.com"})
         assert r.status_code == 200, r.text
@@ -76,10 +78,10 @@ def test_token_add_and_remove_take_effect_without_restart(tmp_path: Path) -> Non
 
     tokens = tmp_path / "tokens.yaml"
     first = add_token(tokens, "alice")
-    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}) as d:
         def status(token: str) -> int:
-            return httpx.get(f"{d.url}/v1/tools", timeout=30,
-                             headers={"Authorization": f"Bearer {token}"}).status_code
+            return d.anon.get("/v1/tools", timeout=30,
+                              headers={"Authorization": f"Bearer {token}"}).status_code
 
         assert status(first) == 200
         second = add_token(tokens, "bob")

@@ -1,18 +1,17 @@
-"""Issue #11 item 15 through a real daemon: with tokens, the operational endpoints need one
-(unless opened), failed authentications are limited per peer (429 + Retry-After) and audited
-as one aggregated record per peer per interval, with nothing lost."""
+"""Issue #11 item 15 through the daemon's app in process (tests/support/inprocess.py): with
+tokens, the operational endpoints need one (unless opened), failed authentications are limited
+per peer (429 + Retry-After) and audited as one aggregated record per peer per interval, with
+nothing lost."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-import httpx
-
 from sandboxd.audit import verify
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records as records
-from tests.support.daemon import running_daemon
+from tests.support.inprocess import answers, inprocess_daemon
 from tests.support.wait import wait_until
 
 GUARDED = ("/metrics", "/readyz", "/openapi.json", "/docs", "/redoc")
@@ -21,15 +20,15 @@ GUARDED = ("/metrics", "/readyz", "/openapi.json", "/docs", "/redoc")
 def test_operational_endpoints_need_a_token(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     good = add_token(tokens, "alice")
-    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}, token=good) as d:
-        assert httpx.get(f"{d.url}/healthz", timeout=30).status_code == 200
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}, token=good) as d:
+        assert d.anon.get("/healthz", timeout=30).status_code == 200
         for path in GUARDED:
-            r = httpx.get(f"{d.url}{path}", timeout=30)
+            r = d.anon.get(path, timeout=30)
             assert r.status_code == 401, (path, r.status_code, r.text[:200])
             assert r.headers["www-authenticate"] == "Bearer"
             assert "# HELP" not in r.text and '"paths"' not in r.text and "<html" not in r.text
-            r = httpx.get(f"{d.url}{path}", timeout=30,
-                          headers={"Authorization": "Bearer sbx_" + "B" * 43})
+            r = d.anon.get(path, timeout=30,
+                           headers={"Authorization": "Bearer sbx_" + "B" * 43})
             assert r.status_code == 401, path
             r = d.client.get(path)
             assert r.status_code in (200, 503) if path == "/readyz" else r.status_code == 200, \
@@ -44,23 +43,23 @@ def test_open_endpoints_setting_opens_them(tmp_path: Path) -> None:
     add_token(tokens, "alice")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens),
            "SANDBOXD_OPEN_ENDPOINTS": '["metrics", "readyz", "docs"]'}
-    with running_daemon(tmp_path, env=env) as d:
+    with inprocess_daemon(tmp_path, env=env) as d:
         for path in GUARDED:
-            r = httpx.get(f"{d.url}{path}", timeout=30)
+            r = d.anon.get(path, timeout=30)
             assert r.status_code in (200, 503) if path == "/readyz" else r.status_code == 200, \
                 (path, r.status_code)
-        assert httpx.get(f"{d.url}/v1/tools", timeout=30).status_code == 401
+        assert d.anon.get("/v1/tools", timeout=30).status_code == 401
     env["SANDBOXD_OPEN_ENDPOINTS"] = '["metrics"]'
-    with running_daemon(tmp_path, env=env) as d:
-        assert httpx.get(f"{d.url}/metrics", timeout=30).status_code == 200
-        assert httpx.get(f"{d.url}/readyz", timeout=30).status_code == 401
-        assert httpx.get(f"{d.url}/openapi.json", timeout=30).status_code == 401
+    with inprocess_daemon(tmp_path, env=env) as d:
+        assert d.anon.get("/metrics", timeout=30).status_code == 200
+        assert d.anon.get("/readyz", timeout=30).status_code == 401
+        assert d.anon.get("/openapi.json", timeout=30).status_code == 401
 
 
 def test_without_tokens_everything_stays_open(tmp_path: Path) -> None:
-    with running_daemon(tmp_path) as d:
+    with inprocess_daemon(tmp_path) as d:
         for path in GUARDED:
-            r = httpx.get(f"{d.url}{path}", timeout=30)
+            r = d.anon.get(path, timeout=30)
             assert r.status_code in (200, 503) if path == "/readyz" else r.status_code == 200
 
 
@@ -71,10 +70,10 @@ def test_failed_authentications_are_limited_and_aggregated(tmp_path: Path) -> No
            "SANDBOXD_AUTH_FAILURE_WINDOW_S": "60",
            "SANDBOXD_AUTH_FAILURE_AUDIT_INTERVAL_S": "3600"}  # only the shutdown flush
     bad = [f"sbx_{c * 43}" for c in "CDE"]
-    with running_daemon(tmp_path, env=env, token=good) as d:
+    with inprocess_daemon(tmp_path, env=env, token=good, script=answers(value=42)) as d:
         size_before = d.audit_path.stat().st_size
         codes = []
-        with httpx.Client(base_url=d.url, timeout=30) as anon:
+        with d.http(timeout=30) as anon:
             for i in range(300):
                 headers = {"Authorization": f"Bearer {bad[i % 3]}"} if i % 4 else {}
                 r = anon.get("/v1/tools" if i % 2 else "/metrics", headers=headers)
@@ -108,15 +107,15 @@ def test_failed_authentications_are_flushed_every_interval(tmp_path: Path) -> No
     tokens = tmp_path / "tokens.yaml"
     add_token(tokens, "alice")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_AUTH_FAILURE_AUDIT_INTERVAL_S": "1"}
-    with running_daemon(tmp_path, env=env) as d:
+    with inprocess_daemon(tmp_path, env=env) as d:
         for _ in range(3):
-            assert httpx.get(f"{d.url}/v1/tools", timeout=30).status_code == 401
+            assert d.anon.get("/v1/tools", timeout=30).status_code == 401
         wait_until(lambda: sum(r["count"] for r in records(d.audit_path, "auth_failure")) >= 3,
                    timeout=10, interval=0.2, what="auth_failure records of the 3 failures")
         first = records(d.audit_path, "auth_failure")  # the 3 may straddle an interval's end
         assert 1 <= len(first) <= 2 and sum(r["missing"] for r in first) == 3
-        assert httpx.get(f"{d.url}/v1/tools", timeout=30,
-                         headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert d.anon.get("/v1/tools", timeout=30,
+                          headers={"Authorization": "Bearer nope"}).status_code == 401
     later = records(d.audit_path, "auth_failure")
     assert len(later) == len(first) + 1 and later[-1]["count"] == 1
     assert later[-1]["digests"] == [hashlib.sha256(b"nope").hexdigest()[:12]]

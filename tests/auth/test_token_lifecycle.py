@@ -1,12 +1,12 @@
-"""Token labels, expiry and revocation of one token, through the file, the CLI and a real
-daemon; the per-client rate limit as the API applies it."""
+"""Token labels, expiry and revocation of one token, through the file, the CLI and the
+daemon's app in process (tests/support/inprocess.py); the per-client rate limit as the API
+applies it."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -20,7 +20,7 @@ from sandboxd.tokens import (
 )
 from tests.auth.test_tokens import run_cli
 from tests.support.audit import audit_records
-from tests.support.daemon import running_daemon
+from tests.support.inprocess import inprocess_daemon
 from tests.support.wait import wait_until
 
 
@@ -111,10 +111,11 @@ def test_cli_add_with_label_and_expiry_list_and_remove_by_id(tmp_path: Path) -> 
 def test_daemon_refuses_an_expired_token_and_revokes_one_by_id(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     other = add_token(tokens, "alice", label="other")
-    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}, token=other) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)},
+                          token=other) as d:
         def status(token: str) -> int:
-            return httpx.get(f"{d.url}/v1/tools", timeout=30,
-                             headers={"Authorization": f"Bearer {token}"}).status_code
+            return d.anon.get("/v1/tools", timeout=30,
+                              headers={"Authorization": f"Bearer {token}"}).status_code
 
         # added while the daemon runs (picked up within a second), valid for 8 s
         short = add_token(tokens, "alice", label="short",
@@ -129,8 +130,8 @@ def test_daemon_refuses_an_expired_token_and_revokes_one_by_id(tmp_path: Path) -
         wait_until(refused_after_valid, timeout=30, interval=0.2,
                    what="the short-lived token to be accepted, then refused")
         assert 200 in seen and 401 in seen  # valid once picked up, refused once expired
-        r = httpx.get(f"{d.url}/v1/tools", timeout=30,
-                      headers={"Authorization": f"Bearer {short}"})
+        r = d.anon.get("/v1/tools", timeout=30,
+                       headers={"Authorization": f"Bearer {short}"})
         assert r.status_code == 401 and "expired token" in r.json()["detail"]
         assert status(other) == 200
         remove_token_by_id(tokens, hash_token(other)[:12])
@@ -148,7 +149,7 @@ def test_rate_limit_applies_to_token_holders_and_says_which_limit(tmp_path: Path
     tokens = tmp_path / "tokens.yaml"
     token = add_token(tokens, "alice")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_RATE_LIMIT_PER_MINUTE": "3"}
-    with running_daemon(tmp_path, env=env, token=token) as d:
+    with inprocess_daemon(tmp_path, env=env, token=token) as d:
         codes = [d.client.get("/v1/tools").status_code for _ in range(4)]
         assert codes == [200, 200, 200, 429]
         r = d.client.get("/v1/tools")
@@ -159,6 +160,6 @@ def test_rate_limit_applies_to_token_holders_and_says_which_limit(tmp_path: Path
 
 
 def test_the_tokenless_loopback_client_is_not_rate_limited(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, env={"SANDBOXD_RATE_LIMIT_PER_MINUTE": "3"}) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_RATE_LIMIT_PER_MINUTE": "3"}) as d:
         codes = {d.client.get("/v1/tools").status_code for _ in range(10)}
         assert codes == {200}

@@ -1,4 +1,6 @@
-"""SandboxClient / AsyncSandboxClient against a real daemon (and a stub for 429 handling)."""
+"""SandboxClient / AsyncSandboxClient against the daemon's app in process (the client's side
+of the API: tests/support/inprocess.py), a real daemon on a unix socket, and a stub for 429
+handling."""
 
 from __future__ import annotations
 
@@ -26,14 +28,14 @@ from sandboxd.client import (
     ToolFailed,
 )
 from sandboxd.models import ToolSpec
-from tests.client.conftest import DAEMON_ARGS, TokenDaemon
+from tests.client.conftest import DAEMON_ARGS, InProcessTokenDaemon
 from tests.client.stub_server import StubServer
 from tests.support.daemon import free_port, uid_range_env
 from tests.support.wait import wait_until
 
 
-def test_tools_in_both_formats(token_daemon: TokenDaemon) -> None:
-    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+def test_tools_in_both_formats(inproc_token_daemon: InProcessTokenDaemon) -> None:
+    with inproc_token_daemon.client() as client:
         specs = client.tools()
         openai = client.tools("openai")
     assert all(isinstance(t, ToolSpec) for t in specs)
@@ -46,8 +48,9 @@ def test_tools_in_both_formats(token_daemon: TokenDaemon) -> None:
         assert set(entry["function"]) == {"name", "description", "parameters"}
 
 
-def test_unknown_token_is_typed_error_with_problem_details(token_daemon: TokenDaemon) -> None:
-    with SandboxClient(token_daemon.url, token="sbx_wrong") as client, \
+def test_unknown_token_is_typed_error_with_problem_details(
+        inproc_token_daemon: InProcessTokenDaemon) -> None:
+    with inproc_token_daemon.client(token="sbx_wrong") as client, \
             pytest.raises(AuthenticationError) as info:
         client.tools()
     err = info.value
@@ -57,8 +60,8 @@ def test_unknown_token_is_typed_error_with_problem_details(token_daemon: TokenDa
     assert err.problem["status"] == 401
 
 
-def test_not_found_and_invalid_arguments(token_daemon: TokenDaemon) -> None:
-    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+def test_not_found_and_invalid_arguments(inproc_token_daemon: InProcessTokenDaemon) -> None:
+    with inproc_token_daemon.client() as client:
         with pytest.raises(NotFound) as nf:
             client.invoke("no_such_tool", x=1)
         assert nf.value.status == 404 and "no_such_tool" in str(nf.value)
@@ -71,8 +74,8 @@ def test_not_found_and_invalid_arguments(token_daemon: TokenDaemon) -> None:
         assert bad.value.extra["tool"] == "write_file"
 
 
-def test_sessions_and_file_helpers(token_daemon: TokenDaemon) -> None:
-    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+def test_sessions_and_file_helpers(inproc_token_daemon: InProcessTokenDaemon) -> None:
+    with inproc_token_daemon.client() as client:
         with client.session(ttl_s=120) as s:
             assert s.id.startswith("ses_")
             assert s.info.client == "alice"
@@ -93,8 +96,8 @@ def test_sessions_and_file_helpers(token_daemon: TokenDaemon) -> None:
         s.close()  # idempotent
 
 
-def test_sessions_are_listed_and_restarted(token_daemon: TokenDaemon) -> None:
-    with SandboxClient(token_daemon.url, token=token_daemon.token) as client, \
+def test_sessions_are_listed_and_restarted(inproc_token_daemon: InProcessTokenDaemon) -> None:
+    with inproc_token_daemon.client() as client, \
             client.session() as s:
         assert s.id in [i.id for i in client.sessions()]
         assert s.invoke("python", code="x = 41").status == "ok"
@@ -110,8 +113,9 @@ def test_sessions_are_listed_and_restarted(token_daemon: TokenDaemon) -> None:
             client.restart_session("ses_nope")
 
 
-def test_policy_denial_is_a_result_not_an_exception(token_daemon: TokenDaemon) -> None:
-    with SandboxClient(token_daemon.url, token=token_daemon.token) as client:
+def test_policy_denial_is_a_result_not_an_exception(
+        inproc_token_daemon: InProcessTokenDaemon) -> None:
+    with inproc_token_daemon.client() as client:
         result = client.invoke("shell", command="curl http://example.com")
         decision = client.explain("shell", {"command": "curl http://example.com"})
     assert result.status == "denied"
@@ -123,8 +127,8 @@ def test_policy_denial_is_a_result_not_an_exception(token_daemon: TokenDaemon) -
     assert decision["source"] == result.policy.source
 
 
-async def test_async_client(token_daemon: TokenDaemon) -> None:
-    async with AsyncSandboxClient(token_daemon.url, token=token_daemon.token) as client:
+async def test_async_client(inproc_token_daemon: InProcessTokenDaemon) -> None:
+    async with inproc_token_daemon.async_client() as client:
         assert await client.health()
         names = {t.name for t in await client.tools()}
         assert "write_file" in names

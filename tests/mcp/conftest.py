@@ -1,6 +1,7 @@
 """A real daemon (restricted backend, a tokens file, its own copy of the policies) shared by the
 MCP tests of one module, and the official SDK's client over real Streamable HTTP or through the
-``sandboxd mcp`` stdio bridge (a real subprocess)."""
+``sandboxd mcp`` stdio bridge (a real subprocess); the same daemon's app in process on scripted
+backends (``inproc_mcp_daemon``, tests/support/inprocess.py) for tests of the protocol alone."""
 
 from __future__ import annotations
 
@@ -13,15 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import (
+    MCP_DEFAULT_SSE_READ_TIMEOUT,
+    MCP_DEFAULT_TIMEOUT,
+    create_mcp_http_client,
+)
 
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 class McpDaemon:
     """The daemon, its tokens and its policies directory (editable by a test)."""
 
-    daemon: RunningDaemon
+    daemon: RunningDaemon | InProcessDaemon
     tokens: dict[str, str]
     policies: Path
     tmp: Path
@@ -48,18 +55,42 @@ class McpDaemon:
     def records(self) -> list[dict[str, Any]]:
         return audit_records(self.daemon.audit_path)
 
+    def transport(self) -> Any:
+        """The transport of an HTTP client of an in-process daemon (None: a real one's)."""
+        return (self.daemon.async_transport() if isinstance(self.daemon, InProcessDaemon)
+                else None)
 
-@pytest.fixture(scope="module")
-def mcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpDaemon]:
-    tmp = tmp_path_factory.mktemp("mcp")
+    def sync_transport(self) -> Any:
+        """Like :meth:`transport`, for a sync client."""
+        return self.daemon.transport if isinstance(self.daemon, InProcessDaemon) else None
+
+
+def _mcp_setup(tmp: Path) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """The policies, tokens and settings of an MCP test daemon in ``tmp``."""
     policies = tmp / "policies"
     shutil.copytree(REPO / "policies", policies)
     tokens_file = tmp / "tokens.yaml"
     tokens = {name: add_token(tokens_file, name) for name in ("alice", "bob")}
     env = {"SANDBOXD_TOKENS_FILE": str(tokens_file),
            "SANDBOXD_AUTH_FAILURE_AUDIT_INTERVAL_S": "1"}
+    return policies, tokens, env
+
+
+@pytest.fixture(scope="module")
+def mcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpDaemon]:
+    tmp = tmp_path_factory.mktemp("mcp")
+    policies, tokens, env = _mcp_setup(tmp)
     with running_daemon(tmp, policies_dir=policies, env=env, token=tokens["alice"]) as d:
         yield McpDaemon(d, tokens, policies, tmp)
+
+
+@pytest.fixture
+def inproc_mcp_daemon(tmp_path: Path) -> Iterator[McpDaemon]:
+    """``mcp_daemon``'s app in process, on scripted backends (its calls print nothing unless
+    the test sets ``daemon.python.script``): for tests of the MCP protocol alone."""
+    policies, tokens, env = _mcp_setup(tmp_path)
+    with inprocess_daemon(tmp_path, policies_dir=policies, env=env, token=tokens["alice"]) as d:
+        yield McpDaemon(d, tokens, policies, tmp_path)
 
 
 Handler = Callable[[Any], Any]
@@ -70,7 +101,8 @@ async def client_session(transport: str, d: McpDaemon, name: str = "alice",
                          on_message: Handler | None = None) -> AsyncIterator[ClientSession]:
     """A session of client ``name`` over ``transport``: "http" or "stdio" (the bridge)."""
     if transport == "http":
-        async with http_session(d.url, d.tokens[name], on_message) as session:
+        async with http_session(d.url, d.tokens[name], on_message,
+                                transport=d.transport()) as session:
             yield session
     else:
         async with bridge_session(d.daemon.url, d.token_file(name), on_message) as session:
@@ -78,11 +110,16 @@ async def client_session(transport: str, d: McpDaemon, name: str = "alice",
 
 
 @contextlib.asynccontextmanager
-async def http_session(url: str, token: str | None,
-                       on_message: Handler | None = None) -> AsyncIterator[ClientSession]:
-    """An initialized SDK client session over Streamable HTTP."""
+async def http_session(url: str, token: str | None, on_message: Handler | None = None, *,
+                       transport: Any = None) -> AsyncIterator[ClientSession]:
+    """An initialized SDK client session over Streamable HTTP (``transport``: the HTTP
+    client's, e.g. an in-process daemon's)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with (create_mcp_http_client(headers=headers) as http,
+    # the SDK's own client, or one with its settings on ``transport``
+    http_client = create_mcp_http_client(headers=headers) if transport is None else \
+        httpx2.AsyncClient(headers=headers, transport=transport, timeout=httpx2.Timeout(
+            MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+    async with (http_client as http,
                 streamable_http_client(url, http_client=http) as (read, write),
                 ClientSession(read, write, message_handler=on_message) as session):
         await session.initialize()

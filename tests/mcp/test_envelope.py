@@ -1,7 +1,8 @@
 """Issue 24 item 6, found by the JSON-RPC fuzz (tests/api/test_fuzz.py): every malformed
 ``POST /mcp`` message gets one clear JSON-RPC error at once; none is taken for a notification
 and left unanswered (``202``), and an unknown protocol version is named as such. Raw HTTP
-(the SDK would not send these), a real daemon."""
+(the SDK would not send these), on the daemon's app in process (tests/support/inprocess.py):
+the envelope is the protocol's, whatever runs the calls."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ UNSUPPORTED_VERSION = -32022
 
 
 @pytest.fixture
-def mcp(mcp_daemon: McpDaemon) -> Iterator[RawMcp]:
-    session = RawMcp(mcp_daemon.daemon.url, mcp_daemon.daemon.headers)
+def mcp(inproc_mcp_daemon: McpDaemon) -> Iterator[RawMcp]:
+    d = inproc_mcp_daemon
+    session = RawMcp(d.daemon.url, d.daemon.headers, transport=d.sync_transport())
     yield session
     session.close()
 

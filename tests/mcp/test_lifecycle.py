@@ -9,11 +9,10 @@ import json
 import signal
 from pathlib import Path
 
-import httpx
-
 from tests.mcp.conftest import http_session
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
+from tests.support.inprocess import inprocess_daemon
 from tests.support.wait import async_wait_until, wait_until
 
 
@@ -47,19 +46,19 @@ def _sse_result(body: str) -> dict:
 def test_idle_mcp_session_expires_with_its_workspace(tmp_path: Path) -> None:
     headers = {"accept": "application/json, text/event-stream",
                "content-type": "application/json"}
-    with running_daemon(tmp_path, env={"SANDBOXD_SESSION_TTL_S": "2"}) as d:
+    with inprocess_daemon(tmp_path, env={"SANDBOXD_SESSION_TTL_S": "2"}) as d:
         url = f"{d.url}/mcp"
-        r = httpx.post(url, headers=headers, json={
+        r = d.anon.post(url, headers=headers, json={
             "jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                        "clientInfo": {"name": "raw", "version": "0"}}}, timeout=30)
         assert r.status_code == 200, r.text
         headers |= {"mcp-session-id": r.headers["mcp-session-id"],
                     "mcp-protocol-version": "2025-06-18"}
-        r = httpx.post(url, headers=headers, timeout=30,
+        r = d.anon.post(url, headers=headers, timeout=30,
                        json={"jsonrpc": "2.0", "method": "notifications/initialized"})
         assert r.status_code == 202, r.text
-        r = httpx.post(url, headers=headers, timeout=30, json={
+        r = d.anon.post(url, headers=headers, timeout=30, json={
             "jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "write_file", "arguments": {"path": "a", "content": "x"}}})
         sid = _sse_result(r.text)["structuredContent"]["session"]
@@ -67,7 +66,7 @@ def test_idle_mcp_session_expires_with_its_workspace(tmp_path: Path) -> None:
         wait_until(lambda: [r for r in audit_records(d.audit_path) if r.get("session") == sid
                             and r["event"] in ("session_deleted", "session_expired")],
                    timeout=30, interval=0.2, what="the idle MCP session's workspace deleted")
-        r = httpx.post(url, headers=headers, timeout=30,
+        r = d.anon.post(url, headers=headers, timeout=30,
                        json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
         assert r.status_code == 404  # the MCP session is gone too
         assert not list(d.state_dir.rglob(f"*{sid}*"))

@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from sandboxd.tokens import add_token
 from tests.mcp.conftest import http_session
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 from tests.support.wait import wait_until
 
 VERSION = "2025-06-18"
@@ -54,10 +55,12 @@ def _refusal(response: httpx.Response, limit: str, value: int) -> dict[str, Any]
     return error
 
 
-async def _sdk_refusal(url: str, token: str | None = None) -> str:
-    """The message of the error the SDK client's ``initialize`` raises."""
+async def _sdk_refusal(url: str, token: str | None = None,
+                       d: InProcessDaemon | None = None) -> str:
+    """The message of the error the SDK client's ``initialize`` raises (``d``: the in-process
+    daemon it talks to, if any)."""
     try:
-        async with http_session(url, token):
+        async with http_session(url, token, transport=d and d.async_transport()):
             pass
     except BaseException as exc:  # the SDK's task group wraps it
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -67,7 +70,7 @@ async def _sdk_refusal(url: str, token: str | None = None) -> str:
     raise AssertionError("the SDK client's initialize succeeded")
 
 
-def _open_sessions(d: RunningDaemon) -> int:
+def _open_sessions(d: RunningDaemon | InProcessDaemon) -> int:
     text = d.client.get("/metrics").text
     match = re.search(r"^sandboxd_mcp_sessions (\S+)$", text, re.M)
     assert match, text
@@ -116,15 +119,15 @@ async def test_the_total_cap_counts_every_client(tmp_path: Path) -> None:
     tokens_file = tmp_path / "tokens.yaml"
     tokens = {name: add_token(tokens_file, name) for name in ("alice", "bob")}
     env = {"SANDBOXD_TOKENS_FILE": str(tokens_file), "SANDBOXD_MCP_MAX_SESSIONS": "5"}
-    with running_daemon(tmp_path, env=env, token=tokens["alice"]) as d, \
-            httpx.Client(timeout=60) as http:
+    with inprocess_daemon(tmp_path, env=env, token=tokens["alice"]) as d, \
+            d.http(timeout=60) as http:
         url = f"{d.url}/mcp"
         for name, count in (("alice", 3), ("bob", 2)):
             for _ in range(count):
                 assert _initialize(http, url, tokens[name]).status_code == 200
         error = _refusal(_initialize(http, url, tokens["bob"]), "mcp_max_sessions", 5)
         assert error["data"]["client"] == "bob"
-        assert "setting mcp_max_sessions = 5" in await _sdk_refusal(url, tokens["bob"])
+        assert "setting mcp_max_sessions = 5" in await _sdk_refusal(url, tokens["bob"], d)
         assert _open_sessions(d) == 5
 
 
@@ -132,7 +135,7 @@ def test_a_session_without_tool_calls_idles_out_and_frees_its_slot(tmp_path: Pat
     """``mcp_session_idle_s`` 1: the session that only initialized answers 404 after it, and
     its slot is free; the one that called a tool earlier keeps the session TTL."""
     env = {"SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": "2", "SANDBOXD_MCP_SESSION_IDLE_S": "1"}
-    with running_daemon(tmp_path, env=env) as d, httpx.Client(timeout=60) as http:
+    with inprocess_daemon(tmp_path, env=env) as d, d.http(timeout=60) as http:
         url = f"{d.url}/mcp"
         used = _session(http, url, _initialize(http, url))
         r = http.post(url, headers=used, json={
@@ -155,16 +158,21 @@ async def test_delete_frees_a_slot_at_once(tmp_path: Path) -> None:
     """With the SDK client: a third session past a cap of 2 is refused naming the setting;
     once one session ends (the SDK client sends DELETE on exit) the next one opens."""
     env = {"SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": "2"}
-    with running_daemon(tmp_path, env=env) as d:
+    with inprocess_daemon(tmp_path, env=env) as d:
         url = f"{d.url}/mcp"
-        async with http_session(url, None) as kept:
-            async with http_session(url, None) as ended:
+
+        def sdk() -> Any:
+            return http_session(url, None, transport=d.async_transport())
+
+        async with sdk() as kept:
+            async with sdk() as ended:
                 await ended.list_tools()
-                assert "setting mcp_max_sessions_per_client = 2" in await _sdk_refusal(url)
-            async with http_session(url, None) as again:  # right after the DELETE
+                assert "setting mcp_max_sessions_per_client = 2" in await _sdk_refusal(
+                    url, None, d)
+            async with sdk() as again:  # right after the DELETE
                 assert (await again.list_tools()).tools
             assert (await kept.list_tools()).tools
-        with httpx.Client(timeout=60) as http:
+        with d.http(timeout=60) as http:
             headers = _session(http, url, _initialize(http, url))
             assert http.delete(url, headers=headers).status_code == 200
             r = http.post(url, headers=headers,

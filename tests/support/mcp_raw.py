@@ -28,12 +28,14 @@ def messages_of(response: httpx.Response) -> list[Any]:
 
 
 class RawMcp:
-    """One initialized MCP session of ``url`` (``headers``: the bearer token, if any)."""
+    """One initialized MCP session of ``url`` (``headers``: the bearer token, if any;
+    ``transport``: e.g. an in-process daemon's, tests/support/inprocess.py)."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None,
-                 timeout: float = 60.0, protocol: str = PROTOCOL) -> None:
+                 timeout: float = 60.0, protocol: str = PROTOCOL,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.url = f"{url}/mcp"
-        self.http = httpx.Client(timeout=timeout)
+        self.http = httpx.Client(timeout=timeout, transport=transport)
         self.headers = {**ACCEPT, **(headers or {})}
         r = self.post_json({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": protocol, "capabilities": {},
