@@ -20,7 +20,7 @@ import binascii
 import json
 from typing import Any
 
-from sandboxd.models import Output
+from sandboxd.output_items import Output
 from sandboxd.protocol.display import (
     MIME_TYPES,
     SIGNATURES,

@@ -4,7 +4,7 @@ A streaming caller puts an :data:`EventSink` on :attr:`Invocation.events
 <sandboxd.models.Invocation.events>`. The backend calls it, on the event loop, as output
 arrives from the sandbox: ``stdout``/``stderr`` with text (exactly the bytes that end up in
 the result - within the output cap, decoded incrementally so no character is split) and
-``display`` with an :class:`~sandboxd.models.Output` as a dict (its ``at``: the
+``display`` with an :class:`~sandboxd.output_items.Output` as a dict (its ``at``: the
 characters of stdout and stderr sent before it, so events and the result agree on where it
 sits). Events are sent in the order the sandbox produced them (issue 29). The service sends
 the final ``result`` event itself. A sink must not block; it is never called after the call's result

@@ -18,7 +18,8 @@ import httpx
 from httpx_sse import EventSource
 
 from sandboxd.client.errors import ConnectionFailed, problem_error
-from sandboxd.models import Output, Result
+from sandboxd.models import Result
+from sandboxd.output_items import Output
 
 STREAM_HEADERS = {"Accept": "text/event-stream"}
 

@@ -7,7 +7,8 @@ import base64
 import binascii
 import json
 
-from sandboxd.models import Output, Result
+from sandboxd.models import Result
+from sandboxd.output_items import Output
 from sandboxd.protocol.display import png_size
 
 #: image MIME types a model is told about with a placeholder, most preferred first

@@ -38,7 +38,8 @@ from sandboxd import uidclaim
 from sandboxd.api.app import create_app
 from sandboxd.backends.scripted import NOTHING_TO_CLEAN, Script, ScriptedBackend, prints
 from sandboxd.config import Settings
-from sandboxd.models import Invocation, Limits, Output, Reason, Result
+from sandboxd.models import Invocation, Limits, Reason, Result
+from sandboxd.output_items import Output
 from sandboxd.service import Sandboxd
 from tests.support.daemon import TEST_DEFAULTS, daemon_env
 

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 from httpx_sse import connect_sse
 
-from sandboxd.models import Output, Result
+from sandboxd.models import Result
+from sandboxd.output_items import Output
 
 #: prints and display items, alternating (several times, so that a reader that relays its
 #: pipes in any other order than they were written gets caught)

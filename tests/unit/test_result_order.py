@@ -7,7 +7,8 @@ import base64
 
 from sandboxd.api.mcp import call_result
 from sandboxd.client.render import format_result
-from sandboxd.models import Output, Position, Reason, Result
+from sandboxd.models import Reason, Result
+from sandboxd.output_items import Output, Position
 from tests.unit.test_outputs import tiny_png
 
 

@@ -42,7 +42,7 @@ from typing import Any
 from sandboxd import fstree
 from sandboxd.deadline import stop_task, within
 from sandboxd.errors import SandboxdError
-from sandboxd.models import Position
+from sandboxd.output_items import Position
 from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol import wire
 from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps

@@ -27,7 +27,7 @@ import math
 import os
 from typing import Any
 
-from sandboxd.models import Position
+from sandboxd.output_items import Position
 from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps
 from sandboxd.protocol.wire import HEADER, READ_BYTES, Decoder, ProtocolError
