@@ -185,6 +185,14 @@ class Call:
         }
         if self.display_error:
             record["error"] = self.display_error
+        self.send_exit_record(record)
+        for fd in self.pipes:
+            os.close(fd)
+        self.pipes = set()
+
+    def send_exit_record(self, record: dict[str, Any]) -> None:
+        """The call's ``x`` frame: ``record`` with what the worker reported (its value,
+        message), unless the daemon hung up on the call."""
         if self.value_buf:
             answer_fields(record, self.value_buf)
         if not self.hangup:
@@ -192,6 +200,3 @@ class Call:
                 send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
             except OSError:
                 pass
-        for fd in self.pipes:
-            os.close(fd)
-        self.pipes = set()

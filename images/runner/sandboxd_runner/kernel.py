@@ -222,23 +222,19 @@ class Kernel:
     def drain_text(self) -> None:
         """Relay what the kernel's stdout and stderr pipes hold now (bounded; see
         ``Call.drain_text``)."""
-        for fd in [f for f, kind in self.streams.items() if kind != b"d"]:
-            for _ in range(64):
-                if fd not in self.pipes or self.current is None:
-                    break
-                try:
-                    data = os.read(fd, CHUNK)
-                except OSError:
-                    break
-                if not data:
-                    break
-                self.current.relay(self.streams[fd], data)
+        self._drain([f for f, kind in self.streams.items() if kind != b"d"], for_call=True)
 
     def drain(self) -> None:
         """Relay what the kernel wrote before it answered (it is in the pipes already)."""
-        for fd in list(self.streams):
+        self._drain(list(self.streams), for_call=False)
+
+    def _drain(self, fds: list[int], *, for_call: bool) -> None:
+        """Read what ``fds`` hold now (64 chunks at most each) and relay it to the current
+        call. ``for_call``: stop when there is no current call (what is left stays in the
+        pipes); otherwise read it and drop it without one."""
+        for fd in fds:
             for _ in range(64):
-                if fd not in self.pipes:
+                if fd not in self.pipes or (for_call and self.current is None):
                     break
                 try:
                     data = os.read(fd, CHUNK)

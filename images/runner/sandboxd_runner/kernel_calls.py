@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 from .base import cgroup_counters
 from .calls import Call
 from .channel import refuse, send_frame
-from .execution import answer_fields
 from .kernel import (
     FIRST_LOOK_S,
     LAST_LOOK_S,
@@ -197,13 +196,7 @@ class KernelCall(Call):
             record["kernel_interrupted"] = True
         if self.broken:
             record["error"] = self.broken
-        if self.value_buf:
-            answer_fields(record, self.value_buf)
-        if not self.hangup:
-            try:
-                send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
-            except OSError:
-                pass
+        self.send_exit_record(record)
 
 
 def start_kernel_call(chan: socket.socket, cid: int, req: dict[str, Any], kernel: Kernel,
