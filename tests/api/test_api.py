@@ -295,9 +295,9 @@ def test_display_items_come_back_in_the_result(daemon: RunningDaemon) -> None:
     assert result["status"] == "ok" and result["stdout"] == "x\n"
     assert result["outputs"] == [
         {"type": "display", "data": {"text/plain": "[1, 2]", "application/json": [1, 2]},
-         "truncated": False},
+         "truncated": False, "at": {"stdout": 0, "stderr": 0}},
         {"type": "display", "data": {"text/plain": "'done'", "application/json": "done"},
-         "truncated": False},
+         "truncated": False, "at": {"stdout": 2, "stderr": 0}},
     ]
     records = audit_records(daemon.audit_path)
     mine = [rec for rec in records if rec.get("invocation") == result["id"]
