@@ -21,6 +21,7 @@ import pytest
 
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.order import stream
 
 from . import png
 
@@ -234,3 +235,33 @@ def test_a_plot_and_a_dataframe_come_back_as_display_items(analyst: Analyst) -> 
     # the figures were closed: the next call of the session shows nothing by itself
     again = analyst.python("len(plt.get_fignums())")
     assert again["status"] == "ok" and again["value"] == 0 and again["outputs"] == [], again
+
+
+SHOW_BETWEEN_PRINTS = """\
+import matplotlib.pyplot as plt
+print('before')
+plt.plot([1, 3, 2])
+plt.show()
+print('after')
+"""
+
+
+def test_a_plot_shown_between_two_prints_stays_between_them(analyst: Analyst) -> None:
+    """Issue 29's own case: an image from ``plt.show()`` came after prints that ran after it.
+    In the result its position is after 'before' and before 'after', and the SSE stream
+    sends stdout 'before', the image, stdout 'after' in that order."""
+    res = analyst.python(SHOW_BETWEEN_PRINTS)
+    assert res["status"] == "ok", (res["message"], res["stderr"][-2000:])
+    assert res["stdout"] == "before\nafter\n"
+    [plot] = res["outputs"]
+    assert "image/png" in plot["data"] and plot["at"] == {"stdout": 7, "stderr": 0}, plot
+    events = stream(analyst.daemon.url, analyst.daemon.headers,
+                    {"arguments": {"code": SHOW_BETWEEN_PRINTS}, "session": analyst.session})
+    shown: list[tuple[str, Any]] = []
+    for kind, data in events:
+        if kind == "stdout" and shown and shown[-1][0] == "stdout":  # a chunk may be cut
+            shown[-1] = ("stdout", shown[-1][1] + data["text"])
+        elif kind in ("stdout", "display"):
+            shown.append((kind, data["text"] if kind == "stdout" else sorted(data["data"])))
+    assert shown == [("stdout", "before\n"), ("display", ["image/png", "text/plain"]),
+                     ("stdout", "after\n")], shown
