@@ -136,17 +136,23 @@ class _Request(_Model):
 # ---------------------------------------------------------------- limits
 
 
+def _limit_field(name: str) -> Any:
+    """The request field of limit ``name``: optional, described and bounded (in its JSON
+    Schema too) as the limits table says."""
+    info = LIMITS[name]
+    return Field(default=None, description=info.doc, json_schema_extra={**info.bounds()})
+
+
 class LimitsRequest(_Request):
     """Limits a caller asks for. Each may only lower the effective limit, never raise it.
     One field per limit of :data:`sandboxd.protocol.limits.LIMITS`, within its bounds."""
 
-    timeout_s: PositiveNumber | None = Field(default=None,
-                                             description="Wall-clock timeout, seconds")
-    memory_bytes: PositiveInteger | None = None
-    cpus: PositiveNumber | None = None
-    pids: PositiveInteger | None = None
-    output_bytes: PositiveInteger | None = None
-    open_files: PositiveInteger | None = None
+    timeout_s: PositiveNumber | None = _limit_field("timeout_s")
+    memory_bytes: PositiveInteger | None = _limit_field("memory_bytes")
+    cpus: PositiveNumber | None = _limit_field("cpus")
+    pids: PositiveInteger | None = _limit_field("pids")
+    output_bytes: PositiveInteger | None = _limit_field("output_bytes")
+    open_files: PositiveInteger | None = _limit_field("open_files")
 
     @field_validator("*")
     @classmethod

@@ -43,6 +43,13 @@ class LimitInfo:
         """The policy key of this limit's maximum."""
         return f"max_{self.policy}"
 
+    def bounds(self) -> dict[str, float]:
+        """``{"minimum": ..., "maximum": ...}`` as JSON Schema says them (whole numbers for
+        sizes and counts)."""
+        whole = self.unit in ("bytes", "count")
+        return {"minimum": int(self.minimum) if whole else self.minimum,
+                "maximum": int(self.maximum) if whole else self.maximum}
+
     def check(self, name: str, value: Any) -> float:
         """``value`` if it is a number within this limit's bounds, else ``ValueError``."""
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -121,3 +121,11 @@ def test_the_container_ceiling_holds_every_open_files_value() -> None:
     from sandboxd.backends.container.engine import NOFILE
 
     assert LIMITS["open_files"].maximum <= NOFILE
+
+
+def test_the_request_schema_states_every_bound() -> None:
+    """A client (or schemathesis) reading the OpenAPI schema learns each limit's bounds: a
+    schema-valid request is never refused for its limits."""
+    props = LimitsRequest.model_json_schema()["properties"]
+    for name, info in LIMITS.items():
+        assert (props[name]["minimum"], props[name]["maximum"]) == (info.minimum, info.maximum)
