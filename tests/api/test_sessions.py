@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.support.daemon import running_daemon
-from tests.support.inprocess import inprocess_daemon
+from tests.support.inprocess import inprocess_daemon, seccomp_mode
 from tests.support.wait import wait_until
 
 
@@ -24,9 +26,10 @@ def test_session_expires_after_ttl_and_workspace_is_removed(tmp_path: Path) -> N
 
 
 def test_session_quota_is_enforced(tmp_path: Path) -> None:
-    # the quota as a daemon enforces it: a tmpfs per workspace when it may mount
+    # the quota as a daemon enforces it: a tmpfs per workspace when it may mount (a real
+    # daemon process: one that may mount installs a seccomp filter on itself)
     env = {"SANDBOXD_SESSION_QUOTA_BYTES": "10000", "SANDBOXD_WORKSPACE_QUOTA": "auto"}
-    with inprocess_daemon(tmp_path, env=env) as d:
+    with running_daemon(tmp_path, env=env) as d:
         sid = d.client.post("/v1/sessions").json()["id"]
         ok = d.invoke("write_file", {"path": "a", "content": "x" * 6000}, session=sid).json()
         assert ok["status"] == "ok"
@@ -90,3 +93,14 @@ def test_sessions_list_restart_and_kernel_cap_on_the_restricted_backend(
         assert d.client.post("/v1/sessions/ses_unknown/restart").status_code == 404
         audit = d.audit_path.read_text()
         assert '"kernel_restart"' in audit and '"rejected"' in audit
+
+
+def test_an_in_process_daemon_never_filters_the_test_process(tmp_path: Path) -> None:
+    """A daemon that may mount installs a seccomp filter on itself (sandboxd.quotafs): the
+    in-process daemon refuses that configuration, so the test process keeps its syscalls
+    (make test once ran every mount test after tests/api with mount(2) refused)."""
+    with pytest.raises(ValueError, match="workspace_quota=advisory only"):
+        inprocess_daemon(tmp_path, env={"SANDBOXD_WORKSPACE_QUOTA": "auto"}).__enter__()
+    with inprocess_daemon(tmp_path / "plain") as d:
+        assert d.client.get("/healthz").status_code == 200
+    assert seccomp_mode() == 0

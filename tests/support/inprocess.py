@@ -106,6 +106,15 @@ def _claimed_settings(state_dir: Path, env: Mapping[str, str] | None,
     raise RuntimeError("four sandbox uid ranges in a row were claimed by others")
 
 
+def seccomp_mode() -> int:
+    """This process's seccomp mode (``Seccomp:`` of /proc/self/status; 0: no filter)."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("Seccomp:"):
+                return int(line.split()[1])
+    return 0
+
+
 class InProcessDaemon:
     """The app of a daemon on scripted backends, served in this process (module docstring).
 
@@ -119,6 +128,15 @@ class InProcessDaemon:
                  token: str | None = None, state_dir: Path | None = None) -> None:
         self.state_dir = state_dir or tmp_path / "state"
         self.settings, self._claim = _claimed_settings(self.state_dir, env, policies_dir)
+        if self.settings.workspace_quota != "advisory":
+            # a daemon that may mount starts its mount helper and then installs a seccomp
+            # filter on itself that refuses mount(2): here "itself" is the test process, and
+            # every later test that mounts would fail (tests/service and tests/security run
+            # that kind of daemon as a process of its own)
+            if self._claim is not None:
+                self._claim.release()
+            raise ValueError("an in-process daemon runs with workspace_quota=advisory only "
+                             "(kernel quotas: use tests.support.daemon.running_daemon)")
         self.audit_path = self.settings.audit_path
         self.url = URL
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -159,7 +177,9 @@ class InProcessDaemon:
         return self
 
     def stop(self) -> None:
-        """The lifespan's shutdown (drain, close: the audit's shutdown record), then the loop."""
+        """The lifespan's shutdown (drain, close: the audit's shutdown record), then the loop.
+        Then the check that the daemon left the test process as it found it: no seccomp
+        filter (the daemon's mount-refusing one would break every later test that mounts)."""
         self.client.close()
         self.anon.close()
         try:
@@ -167,6 +187,7 @@ class InProcessDaemon:
                 self._run(self._shutdown(), timeout=120)
         finally:
             self._stop_loop()
+        assert seccomp_mode() == 0, "an in-process daemon filtered the test process's syscalls"
 
     async def _startup(self) -> None:
         lifespan = self.app.router.lifespan_context(self.app)
