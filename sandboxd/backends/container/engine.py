@@ -34,6 +34,7 @@ TMP_BYTES = 64 * 1024 * 1024
 NOFILE = 1024
 CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
 OOM_SETTLE_S = 5.0  # how long a container whose runner vanished gets to be seen stopped
+OOM_EVENT_GRACE_S = 1.0  # and, once stopped, to be marked OOM-killed (see oom_killed)
 
 
 def shipped_seccomp_profile() -> Path:
@@ -215,13 +216,23 @@ def oom_killed(client: docker.DockerClient, cid: str, *, runner_lost: bool = Fal
     have handled the kernel's OOM event yet: the kernel can kill the runner in a second OOM
     kill right after the call's process, and its socket closes before the engine hears."""
     deadline = time.monotonic() + (OOM_SETTLE_S if runner_lost else 0.0)
+    stopped_at: float | None = None
     while True:
         try:
             state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
         except Exception:
             return False
-        if state.get("OOMKilled") or not state.get("Running") or time.monotonic() >= deadline:
-            return bool(state.get("OOMKilled"))
+        if state.get("OOMKilled"):
+            return True
+        now = time.monotonic()
+        if not state.get("Running") and stopped_at is None:
+            stopped_at = now
+        # the engine learns of an OOM kill from an event of its own, which may come after
+        # the one that tells it the container stopped (seen under cgroup v2: a memory bomb
+        # reported as "the sandbox runner went away"): a stopped container gets
+        # OOM_EVENT_GRACE_S more to be marked
+        if now >= deadline or (stopped_at is not None and now - stopped_at >= OOM_EVENT_GRACE_S):
+            return False
         time.sleep(0.05)
 
 
