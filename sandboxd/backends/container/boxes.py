@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import stat
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,17 +96,14 @@ class Boxes:
             self.watch.wake.set()
 
     def prepare_rundir(self) -> None:
-        """The directory of the runners' sockets (a fresh one; leftovers of a crash go)."""
+        """The directory of the runners' sockets, ``<state>/run`` (a fresh one: leftovers of
+        a crash go; their containers are gone after the sweep). However long the state path,
+        the sockets are bound there (:func:`runner.bind_unix`), never in ``/tmp``."""
         base = self.config.state_dir / "run"
-        longest = base / ("x" * 16) / "runner.sock"
-        if len(str(longest)) < 100:
-            # leftovers of a crashed daemon: their containers are gone after the sweep
-            fstree.remove_tree_quietly(base)
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(base, 0o700)
-            self.rundir = base
-        else:  # unix socket paths are limited to 108 bytes
-            self.rundir = Path(tempfile.mkdtemp(prefix="sandboxd-run-"))
+        fstree.remove_tree_quietly(base)
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(base, 0o700)
+        self.rundir = base
 
     def rundir_lost(self) -> str | None:
         """Why the runner directory is gone under the live backend (someone removed it), or

@@ -252,6 +252,25 @@ class Channel:
         self.writer.close()
 
 
+#: the longest path ``bind(2)`` takes for a unix socket (``sun_path`` is 108 bytes with its NUL)
+SUN_PATH_MAX = 107
+
+
+def bind_unix(sock: socket.socket, path: Path) -> None:
+    """Bind ``sock`` at ``path``, however long: a path past ``sun_path`` is reached through
+    a descriptor of its directory (``/proc/self/fd/N/name``), so that the socket is made
+    where it belongs (below the state directory, swept by the next start) and never in a
+    temporary directory a killed daemon would leave behind."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        sock.bind(str(path))
+        return
+    dfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.bind(f"/proc/self/fd/{dfd}/{path.name}")
+    finally:
+        os.close(dfd)
+
+
 @dataclass(eq=False)
 class Endpoint:
     """A container's runner endpoint: the key, the one-shot listener, then the channel."""
@@ -281,7 +300,7 @@ class Endpoint:
             os.close(fd)
         lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         lsock.setblocking(False)
-        lsock.bind(str(sock_path))
+        bind_unix(lsock, sock_path)
         lsock.listen(1)  # one peer at a time waits; more are refused by the kernel
         ep.listener = lsock
         if owner is not None:

@@ -1,0 +1,52 @@
+"""The runners' sockets live below the state directory, however long its path: a daemon
+that is killed leaves nothing in ``/tmp`` (the next start on its state directory sweeps
+``<state>/run``). Before, a state path past a unix socket's 108 bytes moved them to a
+``/tmp/sandboxd-run-*`` directory that nothing removed after a ``kill -9``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxd.backends.container import ContainerBackend
+from sandboxd.backends.container.runner import SUN_PATH_MAX
+from tests.container.conftest import labelled, make_settings, run, workspace
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+async def test_a_long_state_path_keeps_the_runner_sockets_below_it(
+        docker_client: Any, tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    b = ContainerBackend.from_settings(make_settings(deep, warm_pool_size=0))
+    await b.start()
+    try:
+        ok, why = b.availability()
+        assert ok, why
+        rundir = b.boxes.rundir
+        assert rundir == deep / "state" / "run"
+        assert len(str(rundir / ("x" * 16) / "runner.sock")) > SUN_PATH_MAX
+        result = await run(b, workspace(tmp_path), argv=["echo", "connected"])
+        assert result.status.value == "ok", result
+        assert result.stdout == "connected\n"
+    finally:
+        await b.close()
+    assert labelled(docker_client, b.config.instance_name) == []
+    assert not rundir.exists()
+
+
+async def test_the_next_start_sweeps_what_a_killed_backend_left(
+        docker_client: Any, tmp_path: Path) -> None:
+    deep = tmp_path / ("k" * 60) / ("l" * 60)
+    leftover = deep / "state" / "run" / "0123456789abcdef"
+    leftover.mkdir(parents=True)
+    (leftover / "runner.sock").write_bytes(b"")  # a killed daemon's endpoint
+    b = ContainerBackend.from_settings(make_settings(deep, warm_pool_size=0))
+    await b.start()
+    try:
+        assert not leftover.exists()
+        assert b.boxes.rundir == deep / "state" / "run"
+    finally:
+        await b.close()
