@@ -18,7 +18,8 @@ import sandboxd.cli  # the command line, as `python -m sandboxd serve` loads it
 sandboxd.cli.build()
 from sandboxd.api.app import create_app
 from sandboxd.config import Settings
-create_app(Settings(state_dir=tempfile.mkdtemp()))
+with tempfile.TemporaryDirectory() as state:
+    create_app(Settings(state_dir=state))
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {"mcp", "mcp_types",
       "httpx"} or m.startswith("sandboxd.client") or m == "sandboxd.api.mcp")))
 """
