@@ -17,6 +17,7 @@ from typing import Any, Literal
 import httpx
 from httpx_sse import EventSource
 
+from sandboxd.client.base import lenient
 from sandboxd.client.errors import ConnectionFailed, problem_error
 from sandboxd.models import Result
 from sandboxd.output_items import Output
@@ -46,9 +47,9 @@ def _item(event: str, data: str) -> StreamItem | None:
     if event in ("stdout", "stderr"):
         return ToolOutput(event, text=str(payload.get("text", "")))  # type: ignore[arg-type]
     if event == "display":
-        return ToolOutput("display", item=Output.model_validate(payload))
+        return ToolOutput("display", item=lenient(Output, payload))
     if event == "result":
-        return Result.model_validate(payload)
+        return lenient(Result, payload)
     if event == "error":
         raise problem_error(int(payload.get("status", 500)), payload, None)
     return None
@@ -82,7 +83,7 @@ def _iter_stream(http: httpx.Client, path: str, body: dict[str, Any]) -> Iterato
         if response.status_code >= 400:
             raise _refused(response, response.read())
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
-            yield Result.model_validate_json(response.read())  # a daemon without streaming
+            yield lenient(Result, json.loads(response.read()))  # a daemon without streaming
             return
         for sse in EventSource(response).iter_sse():
             item = _item(sse.event, sse.data)
@@ -109,7 +110,7 @@ async def _aiter_stream(http: httpx.AsyncClient, path: str,
         if response.status_code >= 400:
             raise _refused(response, await response.aread())
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
-            yield Result.model_validate_json(await response.aread())
+            yield lenient(Result, json.loads(await response.aread()))
             return
         async for sse in EventSource(response).aiter_sse():
             item = _item(sse.event, sse.data)

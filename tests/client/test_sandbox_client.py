@@ -4,6 +4,7 @@ handling."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandboxd.client import (
@@ -27,7 +28,8 @@ from sandboxd.client import (
     SandboxClient,
     ToolFailed,
 )
-from sandboxd.models import ToolSpec
+from sandboxd.client.events import ToolOutput
+from sandboxd.models import Result, ToolSpec
 from tests.client.conftest import DAEMON_ARGS, InProcessTokenDaemon
 from tests.client.stub_server import StubServer
 from tests.support.daemon import free_port, uid_range_env
@@ -268,3 +270,34 @@ def test_answers_of_a_newer_daemon_still_parse() -> None:
         assert result.stdout == "hi\n" and result.termination.exit_code == 0
         with pytest.raises(ValueError, match="status"):  # a real mismatch still fails
             client.invoke("bad", code="1")
+
+
+def test_a_newer_daemon_s_stream_still_parses() -> None:
+    """The streamed display items and result of a newer daemon (members this client does not
+    know) parse as the plain answer does; a real mismatch still fails."""
+    newer = {"id": "inv_1", "tool": "python", "status": "ok", "shiny_new_field": 1,
+             "termination": {"reason": "exited", "exit_code": 0, "core_dumped": False},
+             "stdout": "hi\n"}
+    display = {"type": "display", "data": {"text/plain": "7"}, "glossy": True}
+
+    def sse(result: dict[str, object]) -> Response:
+        body = (f"event: stdout\ndata: {json.dumps({'text': 'hi'})}\n\n"
+                f"event: display\ndata: {json.dumps(display)}\n\n"
+                f"event: result\ndata: {json.dumps(result)}\n\n")
+        return Response(body, media_type="text/event-stream")
+
+    async def invoke(request: Request) -> Response:
+        return sse(newer)
+
+    async def broken(request: Request) -> Response:
+        return sse({**newer, "status": "exploded"})
+
+    app = Starlette(routes=[Route("/v1/tools/python/invoke", invoke, methods=["POST"]),
+                            Route("/v1/tools/bad/invoke", broken, methods=["POST"])])
+    with StubServer(app) as stub, SandboxClient(stub.url) as client:
+        items = list(client.invoke_stream("python", {"code": "print('hi')"}))
+        shown = [i for i in items if isinstance(i, ToolOutput) and i.kind == "display"]
+        assert shown and shown[0].item is not None and shown[0].item.data == {"text/plain": "7"}
+        assert isinstance(items[-1], Result) and items[-1].stdout == "hi\n"
+        with pytest.raises(ValueError, match="status"):
+            list(client.invoke_stream("bad", {"code": "1"}))
