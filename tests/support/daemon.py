@@ -219,12 +219,30 @@ def _start_daemon(
                          uid_range(full_env))
 
 
+#: how much of a daemon's log a failing test shows
+LOG_TAIL_LINES = 30
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a daemon's log, each cut at 300 characters."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"daemon log {path}: {exc}"
+    tail = [line[:300] for line in text.splitlines()[-lines:]]
+    return f"the daemon's log ({path.name}), last {len(tail)} lines:\n" + "\n".join(
+        "  | " + line for line in tail)
+
+
 @contextlib.contextmanager
 def running_daemon(tmp_path: Path, **kwargs: object) -> Iterator[RunningDaemon]:
     """Context manager around :func:`start_daemon`; stops the daemon (SIGTERM) on exit."""
     daemon = start_daemon(tmp_path, **kwargs)  # type: ignore[arg-type]
     try:
         yield daemon
+    except BaseException as exc:  # a failure, or pytest-timeout's: say what the daemon said
+        exc.add_note(log_tail(daemon.log_path))
+        raise
     finally:
         daemon.client.close()
         daemon.stop()

@@ -7,6 +7,7 @@ too, for ``.ci/run``'s closing summary (the VM job writes them to its results)."
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -15,7 +16,9 @@ RERUNS: list[str] = []
 #: why each one failed on its first try (the failure's last lines): a rerun must say why
 WHY: dict[str, str] = {}
 #: how many lines of each first failure the summary shows
-WHY_LINES = 25
+WHY_LINES = 45
+#: a frame's location line in pytest's long and short tracebacks, in the project's tests
+FRAME = re.compile(r"^tests/\S+\.py:\d+:")
 #: the test ids that failed after their rerun too (reported as failures, not as flaky)
 FAILED: set[str] = set()
 
@@ -25,10 +28,18 @@ def note(report: pytest.TestReport) -> None:
     its last try failed as well."""
     if report.outcome == "rerun" and report.nodeid not in RERUNS:
         RERUNS.append(report.nodeid)
-        text = report.longreprtext or ""
-        WHY[report.nodeid] = "\n".join(text.splitlines()[-WHY_LINES:])
+        WHY[report.nodeid] = why(report.longreprtext or "")
     elif report.failed:
         FAILED.add(report.nodeid)
+
+
+def why(text: str) -> str:
+    """A first failure in short: where the test's own code was (each ``tests/...:N:``
+    frame line) and the failure's last lines (with the daemon log's tail, when a test
+    daemon added it)."""
+    lines = text.splitlines()
+    where = [line for line in lines if FRAME.match(line)]
+    return "\n".join([*where, *lines[-WHY_LINES:]])
 
 
 def summary(terminal: pytest.TerminalReporter) -> None:
