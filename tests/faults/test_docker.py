@@ -20,6 +20,11 @@ from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wait import wait_until
 
+#: pytest-timeout counts a test's fixtures too: the first test of this module also pays the
+#: private engine's start and the sandbox image's copy into it (~220 s of CI's 318 s under the
+#: VM job's emulation, where the test itself took 95 s on its rerun); still a bound on a hang
+pytestmark = pytest.mark.timeout(900)
+
 LABEL = "sandboxd.daemon"
 SLEEPER = "import time; time.sleep(30)"  # a shell call's python3, busy for its whole test
 
