@@ -36,6 +36,8 @@ log = logging.getLogger("sandboxd.container")
 
 SessionKey = tuple[str, str, str]  # (client, session, image), as in sessions.py
 TICK_MAX_S = 5.0  # the idle check runs at least this often
+#: the engine did not answer (an ``APIError`` is an answer, though an ``HTTPError`` too)
+NO_ANSWER = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
 
 
 class ThawFailed(Exception):
@@ -113,7 +115,7 @@ class Idle:
             try:
                 await self.boxes.engine(engine.pause, self.boxes.client, box.cid)
             except Exception as exc:
-                if isinstance(exc, requests.exceptions.RequestException):
+                if isinstance(exc, NO_ANSWER):
                     # no answer: it may be paused; the next call thaws it either way
                     box.paused = True
                     self.boxes.engine_failed(exc)
@@ -138,7 +140,7 @@ class Idle:
             try:
                 await self.boxes.engine(engine.unpause, self.boxes.client, box.cid or box.name)
             except Exception as exc:
-                if isinstance(exc, requests.exceptions.RequestException):
+                if isinstance(exc, NO_ANSWER):
                     self.boxes.engine_failed(exc)
                 log.error("session %s: its paused container %s could not be thawed: %s",
                           key[1], box.name, exc)
