@@ -205,6 +205,12 @@ class Settings(BaseSettings):
     seccomp_profile: Path | None = Field(
         default=None, description="None: the shipped policies/seccomp.json"
     )
+    # --- idle session containers (issue 26, item 2)
+    session_pause_after_s: float = Field(
+        default=60.0, ge=0,
+        description="A session container with no call for this many seconds is paused (the "
+                    "engine's cgroup freezer; its memory stays charged to it) and thawed at "
+                    "its next call; 0: never paused")
 
     # --- start-up
     allow_unconfined: bool = Field(

@@ -133,7 +133,8 @@ class SessionOps:
     async def session_view(self, session: Session) -> dict[str, Any]:
         """The session as the API shows it: usage and kernel state included."""
         usage = await self.sessions.usage(Path(session.workspace))
-        return session.public(usage, self.kernel_backends(session.id))
+        paused = any(session.id in b.paused_sessions() for b in self.backends.values())
+        return session.public(usage, self.kernel_backends(session.id), paused)
 
     async def list_sessions(self, client: str) -> list[dict[str, Any]]:
         """The client's live sessions, oldest first (another client's are never listed)."""

@@ -85,10 +85,10 @@ class Session:
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
     quota_entries: int = 0  # 0: written by a daemon that had no entry quota
 
-    def public(self, usage: Usage | None,
-               kernels: list[str] | None = None) -> dict[str, object]:
+    def public(self, usage: Usage | None, kernels: list[str] | None = None,
+               paused: bool = False) -> dict[str, object]:
         """The session as ``GET /v1/sessions/{id}`` shows it. ``kernels``: the backends on
-        which it has a live Python kernel now."""
+        which it has a live Python kernel now; ``paused``: its sandbox is paused, idle."""
         return {
             "id": self.id,
             "client": self.client,
@@ -100,6 +100,7 @@ class Session:
             "workspace_bytes": usage.bytes if usage else 0,
             "workspace_entries": usage.entries if usage else 0,
             "kernel": {"live": bool(kernels), "backends": list(kernels or [])},
+            "paused": paused,
         }
 
     @classmethod

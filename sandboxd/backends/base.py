@@ -79,5 +79,10 @@ class Backend(Protocol):
         """Ids of the sessions that have a live kernel on this backend now (the service caps
         their number host-wide: ``max_kernels``)."""
 
+    def paused_sessions(self) -> set[str]:
+        """Ids of the sessions whose sandbox this backend has paused now, idle (issue 26):
+        ``GET /v1/sessions/{id}`` says ``paused``. Backends that never pause inherit this."""
+        return set()
+
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""

@@ -22,7 +22,8 @@ def _raw(info: Any) -> dict[str, Any]:
 
 def _kernel(info: Any) -> str:
     backends = (info.kernel or {}).get("backends") or []
-    return f"live ({', '.join(backends)})" if backends else "none"
+    state = f"live ({', '.join(backends)})" if backends else "none"
+    return state + (", paused (idle)" if getattr(info, "paused", False) else "")
 
 
 def _line(info: Any) -> str:

@@ -32,6 +32,8 @@ class SessionInfo:
     quota_entries: int | None = None
     #: ``{"live": bool, "backends": [...]}``: where the session's Python kernel lives
     kernel: dict[str, Any] | None = None
+    #: its sandbox is paused, idle (thawed by its next call; issue 26)
+    paused: bool | None = None
     #: after a restart: the backends whose kernel was ended
     restarted: list[str] | None = None
     interrupted: list[str] | None = None

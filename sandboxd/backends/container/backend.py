@@ -15,7 +15,8 @@ Three ways a call gets a container (all with the same confinement, see :mod:`.en
 * **session containers**: one per (client, session, image), with the session workspace
   bind-mounted at ``/workspace``; each command call is one fork of the runner inside it, and
   each ``python`` call runs in the session's kernel, a persistent interpreter the runner keeps
-  in the container (:mod:`.sessions`). The container
+  in the container (:mod:`.sessions`). One idle for ``session_pause_after_s`` is paused
+  and thawed at its next call (:mod:`.idle`). The container
   is removed by ``close_session`` (DELETE, TTL), at shutdown, and after any call that hit a
   limit (memory, pids, output) or whose kernel was not proven idle - the next call starts a
   fresh one on the same workspace. At a timeout or a cancel the kernel is interrupted first
@@ -127,6 +128,7 @@ class ContainerBackend(Backend):
         connected = await self._connect()
         boxes.watch = EngineWatch(self._ping, self._lost, self._connect, is_up=connected)
         self._watch_task = asyncio.create_task(boxes.watch.run(), name="docker-engine-watch")
+        self.sessions.idle.start(self.sessions.by_key)
 
     async def _connect(self) -> bool:
         """(Re)connect: sweep our leftovers (of a crash or an outage), check the images, and
@@ -210,6 +212,7 @@ class ContainerBackend(Backend):
                 self._ping_client.close()
             self._ping_client = None
         await self.pool.stop()
+        await self.sessions.idle.stop()
         live = list(boxes.live)
         await asyncio.gather(*(boxes.destroy(b) for b in live), return_exceptions=True)
         self.pool.queues.clear()
@@ -305,6 +308,10 @@ class ContainerBackend(Backend):
     def kernel_sessions(self) -> set[str]:
         """Sessions whose container has a live Python kernel."""
         return self.sessions.kernel_sessions()
+
+    def paused_sessions(self) -> set[str]:
+        """Sessions whose container is paused now (idle; thawed at their next call)."""
+        return self.sessions.paused_sessions()
 
     def interrupt_kernel(self, session_id: str) -> bool:
         """Interrupt the call in the session container's kernel."""

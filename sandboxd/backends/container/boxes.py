@@ -14,7 +14,7 @@ import secrets
 import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,6 +47,9 @@ class Box:
     uid: int | None = None
     note: str | None = None  # why its removal is not confirmed yet (engine outage)
     kernel_calls: int = 0  # calls run in its live session kernel (0: no kernel)
+    paused: bool = False  # frozen by the engine (an idle session container: see idle.py)
+    #: held while it is paused or thawed: a call never finds it half-way (see idle.py)
+    freeze: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Boxes:
@@ -178,6 +181,10 @@ class Boxes:
         ref = box.cid or (box.name if by_name else None)
         verified = True
         if ref is not None and self.engine_client is not None:
+            if box.paused:  # thawed first (best effort: the engine removes a paused one too)
+                with contextlib.suppress(Exception):
+                    await self.engine(engine.unpause, self.engine_client, ref)
+                box.paused = False
             try:
                 verified = await self.engine(engine.destroy, self.engine_client, ref)
             except Exception as exc:

@@ -199,6 +199,35 @@ def destroy(client: docker.DockerClient, cid: str, *, wait_s: float = 30.0) -> b
         time.sleep(0.05)
 
 
+def pause(client: docker.DockerClient, cid: str) -> None:
+    """Freeze every process of a container (the engine's pause: the cgroup freezer). An
+    engine refusal is an error unless the container is paused after all."""
+    try:
+        client.api.pause(cid)
+    except APIError:
+        if not _state(client, cid).get("Paused"):
+            raise
+
+
+def unpause(client: docker.DockerClient, cid: str) -> None:
+    """Thaw a paused container. An engine refusal is an error unless the container runs,
+    unpaused, after all (e.g. it was never paused: a pause whose outcome was unknown)."""
+    try:
+        client.api.unpause(cid)
+    except APIError:
+        state = _state(client, cid)
+        if not state.get("Running") or state.get("Paused"):
+            raise
+
+
+def _state(client: docker.DockerClient, cid: str) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+    except Exception:
+        return {}
+    return state
+
+
 def is_running(client: docker.DockerClient, cid: str) -> bool:
     """Whether the container exists and is running."""
     try:

@@ -34,9 +34,10 @@ from sandboxd.backends.container.calls import (
     exchange,
     timeout_result,
 )
+from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import within
-from sandboxd.models import Invocation, Kernel, Limits, Reason, Result
+from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
 KERNEL_STOP_S = 10.0  # the runner kills and reaps the kernel well within this
@@ -56,6 +57,8 @@ class SessionContainers:
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._kernel_locks: dict[SessionKey, asyncio.Lock] = {}  # one kernel call at a time
         self._flights: dict[SessionKey, Interrupt] = {}  # the kernel call running now
+        #: idle containers are paused, thawed at their next call (issue 26)
+        self.idle = Idle(boxes, boxes.config.session_pause_after_s)
 
     def lost(self) -> None:
         """The engine went away: every session container is dead, removed when it is back."""
@@ -68,6 +71,10 @@ class SessionContainers:
         """Sessions with a live kernel."""
         return {key[1] for key, box in self.by_key.items()
                 if box.kernel_calls and not box.dead}
+
+    def paused_sessions(self) -> set[str]:
+        """Sessions whose container is paused now (idle)."""
+        return {key[1] for key, box in self.by_key.items() if box.paused and not box.dead}
 
     def kernel_now(self, invocation: Invocation, image: str) -> Kernel:
         """The session kernel's state as it is (for a call that did not reach it)."""
@@ -99,6 +106,14 @@ class SessionContainers:
         a ``python`` call runs in the session's kernel, after the session's earlier ones."""
         assert invocation.session is not None
         key = (invocation.client, invocation.session, image)
+        with self.idle.using(key):  # its container is not paused while the call runs
+            return await self._serial(key, invocation, limits, deadline, request, image,
+                                      shape, started)
+
+    async def _serial(self, key: SessionKey, invocation: Invocation, limits: Limits,
+                      deadline: float, request: dict[str, Any], image: str,
+                      shape: engine.Shape, started: float) -> Result:
+        """A session call, after the session's earlier ``python`` calls when it is one."""
         if request.get("kind") != "python":
             return await self._run(key, invocation, limits, deadline, request, image, shape,
                                    started)
@@ -137,6 +152,7 @@ class SessionContainers:
         try:
             box = await self._box(key, invocation, image, shape, deadline)
             before = box.kernel_calls
+            await self.idle.thaw(key, box)  # before anything talks to it
             await self.boxes.update_shape(box, shape)
             outcome = await exchange(box, request, limits, deadline, invocation.events,
                                      interrupt)
@@ -155,6 +171,16 @@ class SessionContainers:
             if isinstance(exc, CancelledAfterCleanup):
                 raise
             raise CancelledAfterCleanup(True, "no container was started") from None
+        except ThawFailed as exc:
+            assert box is not None
+            verified = await self.drop(key, box)
+            return Result.build(
+                invocation, "container", Reason.exited, status=Status.error, limits=limits,
+                started=started, message=f"{exc}; it was removed and the session's next call "
+                "gets a new one (its files are kept)",
+                cleanup=Cleanup(verified=verified, detail=gone(box, verified)),
+                kernel=Kernel(calls=before, lost=True, reason="thaw_failed")
+                if kernel_call or before else None)
         except TimeoutError:
             verified = await self.drop(key, box) if box is not None else True
             result = timeout_result(invocation, limits, started, verified,
@@ -276,19 +302,29 @@ class SessionContainers:
         for key, box in list(self.by_key.items()):
             if key[1] != session_id or box.dead:
                 continue
+            with self.idle.using(key):
+                ended = await self._restart(key, box) or ended
+        return ended
+
+    async def _restart(self, key: SessionKey, box: Box) -> bool:
+        """End one session container's kernel (thawed first); True when one was ended."""
+        try:
+            await self.idle.thaw(key, box)
+        except ThawFailed:
+            channel = None  # the container goes (and its kernel with it)
+        else:
             channel = box.endpoint.channel
+        if channel is not None:
             out = CallOutput()
-            if channel is not None:
-                with contextlib.suppress(RunnerLost):
-                    done, _ = await within(
-                        channel.call({"kind": "kernel_stop"}, 0, out), KERNEL_STOP_S)
-                    if done and out.exit is not None:
-                        ended = ended or bool(out.exit.get("kernel_lost"))
-                        box.kernel_calls = 0
-                        continue
-            # no answer: the container goes (and its kernel with it)
-            ended = ended or bool(box.kernel_calls)
-            await self.drop(key, box)
+            with contextlib.suppress(RunnerLost):
+                done, _ = await within(
+                    channel.call({"kind": "kernel_stop"}, 0, out), KERNEL_STOP_S)
+                if done and out.exit is not None:
+                    box.kernel_calls = 0
+                    return bool(out.exit.get("kernel_lost"))
+        # no answer: the container goes (and its kernel with it)
+        ended = bool(box.kernel_calls)
+        await self.drop(key, box)
         return ended
 
     async def drop(self, key: SessionKey, box: Box) -> bool:
@@ -306,6 +342,7 @@ class SessionContainers:
         for key in keys:
             self._locks.pop(key, None)
             self._kernel_locks.pop(key, None)
+            self.idle.forget(key)
 
 
 def with_kernel(result: Result, kernel: Kernel) -> Result:
