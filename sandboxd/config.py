@@ -206,6 +206,13 @@ class Settings(BaseSettings):
         default=None, description="None: the shipped policies/seccomp.json"
     )
 
+    # --- packages (issue 26): the admin's directory of wheels that install_packages reads
+    wheelhouse: Path | None = Field(
+        default=None,
+        description="Directory of wheels (.whl) that container sessions may install from "
+                    "with install_packages (mounted read-only; the daemon never writes it); "
+                    "None: the tool is refused")
+
     # --- start-up
     allow_unconfined: bool = Field(
         default=False, description="Serve even when the default backend fails its self-test"
@@ -221,7 +228,8 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", mode="after")
+    @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", "wheelhouse",
+                     mode="after")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         return value.expanduser().absolute() if value is not None else None

@@ -17,6 +17,7 @@ from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
+    PACKAGES_TOOL,
     CustomTool,
     FileTool,
     LimitsSpec,
@@ -25,6 +26,7 @@ from sandboxd.policy.models import (
     ShellTool,
     placeholders,
 )
+from sandboxd.policy.packages import decide_packages
 from sandboxd.policy.paths import PathRefused, glob_match, normalise
 from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED, RUNS_OTHERS
 from sandboxd.policy.shell import (
@@ -109,6 +111,11 @@ def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str
                         message=f"No policy applies to client `{client}`: nothing is allowed.")
     ctx = _Ctx(pol, tool, requested)
     spec = pol.spec
+    python = spec.tools.python
+    if (tool == PACKAGES_TOOL and python is not None and python.enabled
+            and python.packages.allow):
+        ctx.backend, ctx.kind = python.backend, ToolKind.command
+        return decide_packages(ctx, python, arguments)
     if tool in BUILTIN_NAMES:
         cfg = getattr(spec.tools, tool)
         if cfg is not None and cfg.enabled:

@@ -28,6 +28,7 @@ class ContainerConfig:
     session_quota_entries: int = 65536
     warm_pool_size: int = 2
     kernel_interrupt_grace_s: float = 2.0  # an interrupted session kernel may come back this long
+    wheelhouse: Path | None = None  # mounted read-only into session containers when set
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContainerConfig:
@@ -43,4 +44,5 @@ class ContainerConfig:
             session_quota_entries=settings.session_quota_entries,
             warm_pool_size=settings.warm_pool_size,
             kernel_interrupt_grace_s=settings.kernel_interrupt_grace_s,
+            wheelhouse=settings.wheelhouse,
         )
