@@ -65,7 +65,22 @@ def user_environment(req: dict[str, Any]) -> None:
     cwd = os.getcwd()
     site = os.path.join(cwd, SITE_DIR)  # what install_packages put in this workspace
     sys.path[:0] = [p for p in (cwd, site) if p not in sys.path]
-    importlib.invalidate_caches()  # a kernel sees packages installed since its last call
+
+
+_SITE_SEEN: list[int | None] = [None]
+
+
+def fresh_site() -> None:
+    """In a kernel, before each call: when the session's site directory changed (an
+    ``install_packages`` call ran), the import system forgets what it knew of it (it may have
+    cached that the directory did not exist). One stat when nothing changed."""
+    try:
+        mtime: int | None = os.stat(SITE_DIR).st_mtime_ns
+    except OSError:
+        mtime = None
+    if mtime != _SITE_SEEN[0]:
+        _SITE_SEEN[0] = mtime
+        importlib.invalidate_caches()
 
 
 def user_builtins(req: dict[str, Any], display: Callable[..., None] | None = None,
