@@ -64,7 +64,7 @@ def decide_packages(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> De
         return ctx.deny("tools.python.backend", (
             f"install_packages needs a container session: python runs on the {cfg.backend} "
             f"backend here, which offers a fixed set of modules; use a policy whose python "
-            f"tool has backend: {' or '.join(others) or 'container'}."))
+            f"tool has backend: {' or '.join(others)}."))
     requested = [str(name) for name in arguments.get("packages") or ()]
     refused = [name for name in requested if normalise_package(name) not in allowed]
     if refused:
