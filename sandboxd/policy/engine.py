@@ -13,6 +13,7 @@ import string
 from dataclasses import replace
 from typing import Any
 
+from sandboxd.backends import registry
 from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
@@ -444,6 +445,11 @@ def policy_warnings(pol: LoadedPolicy) -> list[str]:
     python = spec.tools.python
     if python is not None and python.enabled and "*" in python.imports.allow:
         warn(("tools", "python", "imports", "allow"), "every module may be imported")
+    entry = registry.get(python.backend) if python is not None else None
+    if python is not None and python.packages.allow and entry is not None \
+            and entry.offered_modules() is not None:
+        warn(("tools", "python", "packages", "allow"), f"install_packages is refused on the "
+             f"{python.backend} backend (its python offers a fixed set of modules)")
     if spec.network != "none":
         warn(("network",), f"network {spec.network!r} is granted to every container tool")
     return out

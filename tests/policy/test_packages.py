@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandboxd.models import Decision
+from sandboxd.policy.engine import policy_warnings
 from sandboxd.policy.packages import where_refusal
 
 from .helpers import decide, store_for, write
@@ -92,6 +93,9 @@ def test_restricted_backend_refuses_naming_the_container_backend(tmp_path: Path)
     assert not d.allowed and d.rule == "tools.python.backend"
     assert "python runs on the restricted backend" in d.message
     assert d.message.endswith("use a policy whose python tool has backend: container.")
+    warnings = policy_warnings(store.policies()[0])
+    assert any("install_packages is refused on the restricted backend" in w
+               for w in warnings), warnings
 
 
 def test_a_session_and_a_wheelhouse_are_needed() -> None:
