@@ -25,7 +25,7 @@ POLICY = """\
 version: 1
 name: packages
 clients: [alice]
-limits: {timeout: 60s, max_timeout: 120s, memory: 256Mi, pids: 64, output: 1Mi}
+limits: {timeout: 120s, max_timeout: 300s, memory: 256Mi, pids: 64, output: 1Mi}
 tools:
   python:
     backend: container
