@@ -212,6 +212,13 @@ class Settings(BaseSettings):
                     "engine's cgroup freezer; its memory stays charged to it) and thawed at "
                     "its next call; 0: never paused")
 
+    # --- packages (issue 26): the admin's directory of wheels that install_packages reads
+    wheelhouse: Path | None = Field(
+        default=None,
+        description="Directory of wheels (.whl) that container sessions may install from "
+                    "with install_packages (mounted read-only; the daemon never writes it); "
+                    "None: the tool is refused")
+
     # --- start-up
     allow_unconfined: bool = Field(
         default=False, description="Serve even when the default backend fails its self-test"
@@ -227,7 +234,8 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", mode="after")
+    @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", "wheelhouse",
+                     mode="after")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         return value.expanduser().absolute() if value is not None else None

@@ -137,6 +137,24 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             title="List workspace files",
             hints=Hints(read_only=True),
         ),
+        BuiltinTool(
+            "install_packages",
+            ToolKind.command,
+            "Install Python packages into this session from the administrator's wheelhouse "
+            "(no network); later python calls of the session can import them. Only packages "
+            "the policy allows can be installed (with what they depend on); a container "
+            "session is required.",
+            _object(
+                {"packages": {
+                    "type": "array", "minItems": 1, "maxItems": 32, "uniqueItems": True,
+                    "description": "Package names (a version is set by the policy, if any)",
+                    "items": {"type": "string", "minLength": 1, "maxLength": 100,
+                              "pattern": r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"}}},
+                ["packages"],
+            ),
+            title="Install Python packages",
+            hints=Hints(idempotent=True, destructive=False),
+        ),
     )
 }
 

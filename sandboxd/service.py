@@ -54,6 +54,7 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import PolicyStore
+from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
 from sandboxd.quotafs import Usage, quota_message
@@ -288,6 +289,7 @@ class Sandboxd(SessionOps):
         self._check_state_dir()
         invocation_id = new_id("inv")
         decision = self.policy.decide(client, tool, request.arguments, request.limits)
+        decision = where_refusal(tool, decision, request.session, self.settings.wheelhouse)
         await self.recorder.record(self.audit.decision, request_id=invocation_id,
                                    client=client, tool=tool, session=request.session,
                                    arguments=request.arguments, decision=decision,

@@ -18,7 +18,18 @@ def build() -> typer.Typer:
     """The whole CLI: every command group."""
     import typer
 
-    from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, session, token
+    from sandboxd.cli import (
+        audit,
+        chat,
+        daemon,
+        doctor,
+        images,
+        mcp,
+        policy,
+        session,
+        token,
+        wheelhouse,
+    )
 
     app = typer.Typer(
         name="sandboxd",
@@ -35,6 +46,8 @@ def build() -> typer.Typer:
     app.add_typer(token.app, name="token", help="Manage client tokens.")
     app.add_typer(images.app, name="images", help="Build the sandbox images.")
     app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
+    app.add_typer(wheelhouse.app, name="wheelhouse",
+                  help="Fill and list the wheelhouse install_packages installs from.")
     chat.register(app)
     mcp.register(app)
     return app

@@ -53,6 +53,9 @@ python
     same lists at run time (``ExecutionPlan.imports_allow`` / ``imports_deny``) with the same rule:
     :func:`sandboxd.protocol.rules.import_verdict` is its one definition (the container runner has a
     copy of that module, made by the image build).
+    ``packages: {allow: [name, "name==1.2"]}``: what the ``install_packages`` tool (listed
+    only when this list is not empty) may install from the admin's wheelhouse into a container
+    session; names compared after PEP 503 normalisation (:mod:`sandboxd.policy.packages`).
 
 shell
     ``backend: container``, ``commands: {allow, deny}`` (bare program names), ``operators``

@@ -13,10 +13,12 @@ import string
 from dataclasses import replace
 from typing import Any
 
+from sandboxd.backends import registry
 from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
+    PACKAGES_TOOL,
     CustomTool,
     FileTool,
     LimitsSpec,
@@ -25,6 +27,7 @@ from sandboxd.policy.models import (
     ShellTool,
     placeholders,
 )
+from sandboxd.policy.packages import decide_packages
 from sandboxd.policy.paths import PathRefused, glob_match, normalise
 from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED, RUNS_OTHERS
 from sandboxd.policy.shell import (
@@ -109,6 +112,11 @@ def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str
                         message=f"No policy applies to client `{client}`: nothing is allowed.")
     ctx = _Ctx(pol, tool, requested)
     spec = pol.spec
+    python = spec.tools.python
+    if (tool == PACKAGES_TOOL and python is not None and python.enabled
+            and python.packages.allow):
+        ctx.backend, ctx.kind = python.backend, ToolKind.command
+        return decide_packages(ctx, python, arguments)
     if tool in BUILTIN_NAMES:
         cfg = getattr(spec.tools, tool)
         if cfg is not None and cfg.enabled:
@@ -437,6 +445,11 @@ def policy_warnings(pol: LoadedPolicy) -> list[str]:
     python = spec.tools.python
     if python is not None and python.enabled and "*" in python.imports.allow:
         warn(("tools", "python", "imports", "allow"), "every module may be imported")
+    entry = registry.get(python.backend) if python is not None else None
+    if python is not None and python.packages.allow and entry is not None \
+            and entry.offered_modules() is not None:
+        warn(("tools", "python", "packages", "allow"), f"install_packages is refused on the "
+             f"{python.backend} backend (its python offers a fixed set of modules)")
     if spec.network != "none":
         warn(("network",), f"network {spec.network!r} is granted to every container tool")
     return out

@@ -49,6 +49,9 @@ _TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NETWORK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: a package name (PEP 508), optionally pinned to one version (PEP 440 public versions)
+PACKAGE_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?)"
+                          r"(==(?P<version>[0-9][0-9A-Za-z.!+-]{0,63}))?$")
 
 
 def _check(pattern: re.Pattern[str], what: str) -> Any:
@@ -164,6 +167,23 @@ class ImportRules(_Strict):
     deny: list[ModuleName] = Field(default_factory=list)
 
 
+def _package(value: str) -> str:
+    if not PACKAGE_SPEC.match(value):
+        raise ValueError(f"{value!r} is not a package name, or a name and an exact version "
+                         "such as 'name==1.2'")
+    return value
+
+
+PackageSpec = Annotated[str, AfterValidator(_package)]
+
+
+class PackageRules(_Strict):
+    """``tools.python.packages``: what ``install_packages`` may install (names compared
+    after PEP 503 normalisation; ``name==version`` pins the one version allowed)."""
+
+    allow: list[PackageSpec] = Field(default_factory=list)
+
+
 class CommandRules(_Strict):
     allow: list[ProgramName] = Field(default_factory=list)
     deny: list[ProgramName] = Field(default_factory=list)
@@ -186,6 +206,7 @@ class PythonTool(_ToolBase):
     image: str | None = None
     network: Network | None = None
     imports: ImportRules = Field(default_factory=ImportRules)
+    packages: PackageRules = Field(default_factory=PackageRules)
 
 
 class ShellTool(_ToolBase):
@@ -260,6 +281,8 @@ class PolicyFile(_Strict):
 # ------------------------------------------------------------------ semantic checks
 
 BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
+#: the built-in tool the python tool's ``packages.allow`` enables (issue 26)
+PACKAGES_TOOL = "install_packages"
 #: the registry's name for what each built-in tool asks of its backend
 TOOL_GROUPS: dict[str, registry.ToolGroup] = {
     "python": "python", "shell": "shell",
@@ -309,6 +332,38 @@ def _unimportable(backend: str, allow: list[str], loc: Loc) -> Iterator[tuple[Lo
                 f"{', '.join(sorted(offered))}); use backend: {' or '.join(others)} for it")
 
 
+def normalise_package(name: str) -> str:
+    """A distribution name as PEP 503 compares it: runs of ``-``, ``_``, ``.`` become one
+    ``-``, lower case (the PEP's own definition)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def allowed_packages(entries: list[str]) -> dict[str, str]:
+    """``packages.allow`` as {normalised name: the requirement pip gets (``name`` or
+    ``name==version``)}."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        match = PACKAGE_SPEC.match(entry)
+        if match is not None:
+            name = normalise_package(match["name"])
+            out[name] = name + (f"=={match['version']}" if match["version"] else "")
+    return out
+
+
+def _duplicate_packages(allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """Two entries of ``packages.allow`` naming one package (after normalisation)."""
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(allow):
+        match = PACKAGE_SPEC.match(entry)
+        if match is None:
+            continue
+        name = normalise_package(match["name"])
+        if name in seen:
+            yield (*loc, i), (f"'{entry}' names the package of entry {seen[name]} again "
+                              "(names are compared after PEP 503 normalisation)")
+        seen.setdefault(name, i)
+
+
 def _network_problem(name: str, tool: Any, group: registry.ToolGroup,
                      policy: PolicyFile, loc: Loc) -> Iterator[tuple[Loc, str]]:
     """A tool granted a network (its own or the policy's) on a backend that has none."""
@@ -341,11 +396,13 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
         if isinstance(tool, PythonTool):
             yield from _unimportable(tool.backend, tool.imports.allow,
                                      (*loc, "imports", "allow"))
+            yield from _duplicate_packages(tool.packages.allow,
+                                           (*loc, "packages", "allow"))
     for tname, tool in policy.custom_tools.items():
         loc = ("custom_tools", tname)
         if not _TOOL_NAME.match(tname):
             yield loc, f"{tname!r} is not a valid tool name (letters, digits, '_', '-'; max 64)"
-        if tname in BUILTIN_NAMES:
+        if tname in (*BUILTIN_NAMES, PACKAGES_TOOL):
             yield loc, f"'{tname}' is a built-in tool; configure it under tools.{tname}"
         yield from _limit_problems(tool.limits, (*loc, "limits"))
         yield from _network_problem(tname, tool, "custom", policy, loc)

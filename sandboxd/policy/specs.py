@@ -6,7 +6,14 @@ import functools
 
 from sandboxd.models import ToolSpec
 from sandboxd.policy.loader import LoadedPolicy
-from sandboxd.policy.models import BUILTIN_NAMES, FileTool, PythonTool, ShellTool
+from sandboxd.policy.models import (
+    BUILTIN_NAMES,
+    PACKAGES_TOOL,
+    FileTool,
+    PythonTool,
+    ShellTool,
+    allowed_packages,
+)
 from sandboxd.policy.units import format_size
 from sandboxd.registry import BUILTIN_TOOLS, Hints
 
@@ -25,8 +32,16 @@ def enabled_tools(pol: LoadedPolicy) -> list[str]:
     """Names of the tools this policy enables (built-ins first, then admin-defined)."""
     names = [n for n in BUILTIN_NAMES
              if (cfg := getattr(pol.spec.tools, n)) is not None and cfg.enabled]
+    if _packages_tool(pol) is not None:
+        names.append(PACKAGES_TOOL)
     names += [n for n, t in pol.spec.custom_tools.items() if t.enabled]
     return names
+
+
+def _packages_tool(pol: LoadedPolicy) -> PythonTool | None:
+    """The python tool when it enables ``install_packages`` (packages allowed), else None."""
+    python = pol.spec.tools.python
+    return python if python is not None and python.enabled and python.packages.allow else None
 
 
 def _python_hint(cfg: PythonTool) -> str:
@@ -72,6 +87,14 @@ def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
                               parameters=builtin.parameters, backend=cfg.backend,
                               title=builtin.title,
                               annotations=builtin.hints.annotations(network)))
+    python = _packages_tool(pol)
+    if python is not None:
+        builtin = BUILTIN_TOOLS[PACKAGES_TOOL]
+        allowed = listing(sorted(allowed_packages(python.packages.allow).values()))
+        specs.append(ToolSpec(name=PACKAGES_TOOL,
+                              description=f"{builtin.description} Allowed packages: {allowed}.",
+                              parameters=builtin.parameters, backend=python.backend,
+                              title=builtin.title, annotations=builtin.hints.annotations("none")))
     for name, tool in pol.spec.custom_tools.items():
         if tool.enabled:
             hints = Hints(tool.annotations.read_only, tool.annotations.destructive,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import io
 import json
 import linecache
@@ -17,6 +18,7 @@ from typing import Any, NoReturn
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules
+from sandboxd.protocol.packages import SITE_DIR
 
 from .displays import display_for_call, hook_pyplot, show_figures
 from .interrupts import CELL, INTERRUPT_FRAMES, CellState
@@ -60,7 +62,25 @@ def user_environment(req: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(req.get("env") or {})
     sys.path[:] = [p for p in sys.path if not p.startswith("/opt/sandboxd")]
-    sys.path.insert(0, os.getcwd())
+    cwd = os.getcwd()
+    site = os.path.join(cwd, SITE_DIR)  # what install_packages put in this workspace
+    sys.path[:0] = [p for p in (cwd, site) if p not in sys.path]
+
+
+_SITE_SEEN: list[int | None] = [None]
+
+
+def fresh_site() -> None:
+    """In a kernel, before each call: when the session's site directory changed (an
+    ``install_packages`` call ran), the import system forgets what it knew of it (it may have
+    cached that the directory did not exist). One stat when nothing changed."""
+    try:
+        mtime: int | None = os.stat(SITE_DIR).st_mtime_ns
+    except OSError:
+        mtime = None
+    if mtime != _SITE_SEEN[0]:
+        _SITE_SEEN[0] = mtime
+        importlib.invalidate_caches()
 
 
 def user_builtins(req: dict[str, Any], display: Callable[..., None] | None = None,

@@ -26,6 +26,7 @@ from .base import set_dumpable
 from .displays import hook_pyplot, user_display
 from .execution import (
     execute,
+    fresh_site,
     user_builtins,
     user_environment,
     user_import,
@@ -140,6 +141,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
             lambda display=display: hook_pyplot(display))  # type: ignore[misc]
         kernel_builtins["display"] = display
         namespace["__builtins__"] = kernel_builtins
+        fresh_site()  # packages install_packages added since the last call
         code = cell.get("code")
         try:
             status, value = execute(code if isinstance(code, str) else "", namespace, display)

@@ -15,10 +15,11 @@ from typing import Any
 import docker
 import requests
 from docker.errors import APIError, NotFound
-from docker.types import Ulimit
+from docker.types import Mount, Ulimit
 
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.models import Limits
+from sandboxd.protocol.packages import WHEELHOUSE_MOUNT
 
 log = logging.getLogger("sandboxd.container")
 
@@ -116,8 +117,15 @@ def create_and_start(client: docker.DockerClient, config: ContainerConfig, secco
                                f"uid={uid},gid={gid},mode=0700")
     else:
         binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw"}
+    mounts = []
+    if spec.role == "session" and config.wheelhouse is not None and config.wheelhouse.is_dir():
+        # the admin's wheels, for install_packages: read-only; a Mount (not a bind) so that
+        # the engine refuses a missing directory instead of creating it
+        mounts.append(Mount(WHEELHOUSE_MOUNT, str(config.wheelhouse), type="bind",
+                            read_only=True))
     host_config = api.create_host_config(
         binds=binds,
+        mounts=mounts,
         tmpfs=tmpfs,
         read_only=True,
         cap_drop=["ALL"],

@@ -1,0 +1,17 @@
+"""Where a session's packages live, defined once for the daemon and the container runner
+(``install_packages``, issue 26). Standard library only, like the rest of the contract.
+
+A container session's ``install_packages`` call installs into :data:`SITE_DIR` of its
+workspace (so its bytes and files count against the session's quota and the files go with
+the workspace); every python call of a container (one-shot or kernel) finds that directory on
+``sys.path`` right after the workspace itself. The admin's wheelhouse is mounted read-only at
+:data:`WHEELHOUSE_MOUNT` in session containers when the ``wheelhouse`` setting is set.
+"""
+
+from __future__ import annotations
+
+WORKSPACE = "/workspace"
+#: the installed packages of a session, relative to its workspace
+SITE_DIR = ".site-packages"
+#: the wheelhouse in a session container (read-only)
+WHEELHOUSE_MOUNT = "/opt/wheelhouse"
