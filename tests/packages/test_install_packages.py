@@ -1,7 +1,11 @@
 """Issue 26: ``install_packages`` installs allowed packages from the admin's wheelhouse into a
 container session, whose later python calls (its kernel) import them. Through the real daemon
 (HTTP and MCP, tokens, policy) and a real Docker engine; the wheels are made here, nothing is
-fetched from a network (the session containers have none)."""
+fetched from a network (the session containers have none).
+
+Not in CI's VM job (tests/vm/README.md): pip runs for seconds per install on this host, minutes
+under the VM's emulation, and a session container is confined there exactly as the container
+lane already proves; ``make test`` runs it on every CI run."""
 
 from __future__ import annotations
 
@@ -18,8 +22,8 @@ from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wheels import make_pip_wheel, make_wheel
 
-from .conftest import labelled
-from .test_http import daemon_env
+from tests.container.conftest import labelled
+from tests.container.test_http import daemon_env
 
 POLICY = """\
 version: 1
