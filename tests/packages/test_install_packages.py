@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 
 from sandboxd.tokens import add_token
-from tests.support.daemon import RunningDaemon, running_daemon
-from tests.support.wheels import make_pip_wheel, make_wheel
-
 from tests.container.conftest import labelled
 from tests.container.test_http import daemon_env
+from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wheels import make_pip_wheel, make_wheel
 
 POLICY = """\
 version: 1
