@@ -18,7 +18,18 @@ def build() -> typer.Typer:
     """The whole CLI: every command group."""
     import typer
 
-    from sandboxd.cli import audit, chat, daemon, doctor, images, mcp, policy, session, token
+    from sandboxd.cli import (
+        audit,
+        chat,
+        daemon,
+        doctor,
+        fleet,
+        images,
+        mcp,
+        policy,
+        session,
+        token,
+    )
 
     app = typer.Typer(
         name="sandboxd",
@@ -35,6 +46,7 @@ def build() -> typer.Typer:
     app.add_typer(token.app, name="token", help="Manage client tokens.")
     app.add_typer(images.app, name="images", help="Build the sandbox images.")
     app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
+    app.add_typer(fleet.app, name="fleet", help="Run several nodes behind HAProxy.")
     chat.register(app)
     mcp.register(app)
     return app
