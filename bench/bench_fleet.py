@@ -10,7 +10,8 @@ one session each, ``python`` ``print(1)`` in the session) on node ``n1``:
 
 then the whole fleet through HAProxy (``--clients`` per node, all at once), for scale.
 Prints the median over ``--runs`` runs of each, the ratio proxied/direct (target: the proxy
-costs at most 15%) and the fork floor (``python -c pass``) of the same run.
+costs at most 15%), the median of the per-run ratios (each pair measured back to back, so a
+busy host's drift cancels out) and the fork floor (``python -c pass``) of the same run.
 
     python bench/bench_fleet.py [--nodes 3] [--clients 4] [--runs 5] [--seconds 3]
 """
@@ -103,6 +104,9 @@ def main() -> None:
     print(f"node n1, {args.clients} clients, direct:        {d:8.1f} calls/s")
     print(f"node n1, {args.clients} clients, through HAProxy: {p:8.1f} calls/s  "
           f"(ratio {p / d:.3f}: the proxy costs {100 * (1 - p / d):.1f}%)")
+    paired = sorted(x / y for x, y in zip(proxied, direct, strict=True))
+    print(f"paired ratio per run (proxied/direct, same moment): median "
+          f"{statistics.median(paired):.3f}, range {paired[0]:.3f}-{paired[-1]:.3f}")
     print(f"fleet of {args.nodes}, {args.clients} clients per node, through HAProxy: "
           f"{w:8.1f} calls/s ({w / args.nodes:.1f} per node)")
     print(f"python -c pass (floor): {statistics.median(floor) * 1000:.0f} ms  "
