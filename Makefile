@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run profile-image test test-vm venv venv-dev docker images mcp-inspector doc-tools typecheck lint bench clean
+.PHONY: run profile-image test test-vm venv venv-dev docker images mcp-inspector doc-tools haproxy typecheck lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 $(BIN)/.installed: pyproject.toml
@@ -83,6 +83,12 @@ doc-tools:
 	@command -v curl >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 || \
 	  (echo "installing curl and jq"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl jq >/dev/null)
 
+## Debian's HAProxy (2.6 on Debian 12) for tests/fleet: several daemons behind a real proxy.
+## The package's own service is not needed: the tests start haproxy themselves.
+haproxy:
+	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || \
+	  (echo "installing haproxy"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null)
+
 ## make typecheck: mypy on the sandboxd package and the in-container runner (images/runner)
 ## as [tool.mypy] in pyproject.toml says (strict
 ## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
@@ -91,10 +97,10 @@ typecheck: venv-dev
 	$(BIN)/mypy
 
 ## make test: the type check, everything the tests need (dev tools, Docker engine, sandbox
-## images, the MCP Inspector, curl and jq), then pytest.
+## images, the MCP Inspector, curl and jq, haproxy), then pytest.
 ## PYTEST_ARGS: e.g. "--reruns 1" (CI: a rerun is named FLAKY at the end), "-x tests/api".
 PYTEST_ARGS ?=
-test: venv-dev typecheck docker images mcp-inspector doc-tools
+test: venv-dev typecheck docker images mcp-inspector doc-tools haproxy
 	$(BIN)/pytest -ra $(PYTEST_ARGS)
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built

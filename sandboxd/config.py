@@ -23,6 +23,22 @@ from sandboxd.errors import SandboxdError
 DEFAULT_CONFIG_FILE = Path("/etc/sandboxd/sandboxd.yaml")
 
 
+#: a node id: lowercase letters, digits and inner hyphens, at most 32 characters (it is part of
+#: every session id, and a proxy routes by it: sandboxd.fleet)
+NODE_ID_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$"
+
+
+def default_node_id() -> str:
+    """This host's short name as a node id: lower case, ``[a-z0-9-]``, at most 32 characters
+    (``node`` when nothing of the name is left)."""
+    import re
+    import socket
+
+    name = socket.gethostname().split(".", 1)[0].lower()
+    name = re.sub(r"[^a-z0-9-]+", "-", name)[:32].strip("-")
+    return name or "node"
+
+
 def _default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/sandboxd")
@@ -218,6 +234,12 @@ class Settings(BaseSettings):
         description="Directory of wheels (.whl) that container sessions may install from "
                     "with install_packages (mounted read-only; the daemon never writes it); "
                     "None: the tool is refused")
+
+    # --- fleet (issue 27): the node this daemon is; session and MCP session ids carry it
+    node_id: str = Field(
+        default_factory=default_node_id, pattern=NODE_ID_PATTERN,
+        description="This node's id in a fleet (docs/fleet.md): [a-z0-9-], at most 32 "
+                    "characters; default: the host name's first label, cleaned")
 
     # --- start-up
     allow_unconfined: bool = Field(

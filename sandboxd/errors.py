@@ -119,3 +119,9 @@ class KernelLimitReached(ServiceError):
     refused (429) before anything runs."""
 
     code = "too-many-kernels"
+
+
+class SessionMismatch(SandboxdError):
+    """A call's path names one session and its body another (issue 27): refused (422)."""
+
+    code = "session-mismatch"

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import Backend
-from sandboxd.errors import AuditFailure, ExecutionFailure, KernelLimitReached, StorageUnavailable
+from sandboxd.errors import (
+    AuditFailure,
+    Draining,
+    ExecutionFailure,
+    KernelLimitReached,
+    StorageUnavailable,
+)
 from sandboxd.models import (
     KERNEL_INTERRUPTED_MESSAGE,
     KERNEL_LOST_MESSAGE,
@@ -121,6 +127,7 @@ class SessionOps:
     backends: dict[str, Backend]
     audit: AuditLog
     recorder: AuditRecorder
+    draining: bool
 
     def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
         raise NotImplementedError
@@ -143,7 +150,11 @@ class SessionOps:
 
     async def create_session(self, client: str, ttl_s: float | None, *,
                              transport: str = "http") -> Session:
-        """A new session with its own workspace (audited)."""
+        """A new session with its own workspace (audited). A draining daemon makes none: the
+        session would end with it (a fleet's proxy places it on another node: 503)."""
+        if self.draining:
+            raise Draining("the daemon is shutting down; create the session on another "
+                           "instance or later")
         self._check_state_dir()
         try:
             session = await self.sessions.create(client, ttl_s)

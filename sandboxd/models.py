@@ -50,9 +50,19 @@ from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 
 
-def new_id(prefix: str) -> str:
-    """A random, URL-safe identifier such as ``inv_3q9v...``."""
-    return f"{prefix}_{secrets.token_urlsafe(12).replace('-', 'x').replace('_', 'y')}"
+def new_id(prefix: str, node: str | None = None) -> str:
+    """A random, URL-safe identifier such as ``inv_3q9v...``; with ``node``, one that names
+    the node it lives on, ``ses_<node>_3q9v...`` (same randomness: a proxy routes by the
+    node part, :mod:`sandboxd.fleet`). The random part has no ``_``."""
+    random = secrets.token_urlsafe(12).replace('-', 'x').replace('_', 'y')
+    return f"{prefix}_{node}_{random}" if node else f"{prefix}_{random}"
+
+
+def node_of(identifier: str) -> str | None:
+    """The node part of an id made by :func:`new_id` with a node (None: an id without one,
+    e.g. a session made by a version before fleets)."""
+    parts = identifier.split("_")
+    return parts[1] if len(parts) == 3 and parts[1] else None
 
 
 class Status(StrEnum):
@@ -335,6 +345,7 @@ class Result(_Model):
     id: str
     tool: str
     session: str | None = None
+    node: str | None = None  # the node the call ran on (issue 27: a fleet routes by it)
     backend: str | None = None
     status: Status
     termination: Termination

@@ -112,6 +112,7 @@ class Sandboxd(SessionOps):
             max_per_client=settings.max_sessions_per_client, uids=self.uids,
             keep_free=settings.max_concurrency + 2 * settings.warm_pool_size,
             quota_entries=settings.session_quota_entries, quota_mode=settings.workspace_quota,
+            node_id=settings.node_id,
         )
         self.backends = (backends if backends is not None
                          else build_backends(settings, self.uids))
@@ -433,6 +434,7 @@ class Sandboxd(SessionOps):
         """Audit the result and count it. ``ran``: the call executed, so an audit failure
         must not be reported as a refusal: the result is kept, written late, and returned
         inside the :class:`AuditFailure`."""
+        result.node = self.settings.node_id  # which node ran it (issue 27)
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         try:

@@ -84,6 +84,7 @@ class Session:
     workspace: str
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
     quota_entries: int = 0  # 0: written by a daemon that had no entry quota
+    node: str = ""  # the node it lives on (issue 27); "": stored by a version before fleets
 
     def public(self, usage: Usage | None, kernels: list[str] | None = None,
                paused: bool = False) -> dict[str, object]:
@@ -91,6 +92,7 @@ class Session:
         which it has a live Python kernel now; ``paused``: its sandbox is paused, idle."""
         return {
             "id": self.id,
+            "node": self.node,
             "client": self.client,
             "created_at": self.created_at,
             "expires_at": self.expires_at,
@@ -115,7 +117,8 @@ class SessionManager:
 
     def __init__(self, state_dir: Path, *, ttl_s: float, quota_bytes: int,
                  max_per_client: int, uids: UidPool | None, keep_free: int = 0,
-                 quota_entries: int = 65536, quota_mode: str = "auto") -> None:
+                 quota_entries: int = 65536, quota_mode: str = "auto",
+                 node_id: str = "") -> None:
         self.root = state_dir / "workspaces"
         self.meta_dir = state_dir / "sessions"
         self.ttl_s = ttl_s
@@ -127,6 +130,7 @@ class SessionManager:
         self.fs = WorkspaceFS(self.root, quota_bytes=quota_bytes, quota_entries=quota_entries,
                               setting=quota_mode)
         self._sessions: dict[str, Session] = {}
+        self.node_id = node_id  # new session ids carry it (ses_<node>_<random>)
 
     # ------------------------------------------------------------ start-up
 
@@ -157,6 +161,7 @@ class SessionManager:
                 alive = False
             if alive:
                 session.workspace = str(workspace)
+                session.node = self.node_id  # it lives here, whatever its id says
                 try:
                     self._recover_identity(session)
                 except (OSError, UidPoolExhausted) as exc:
@@ -200,7 +205,7 @@ class SessionManager:
             )
         ttl = min(ttl_s or self.ttl_s, self.ttl_s)
         now = time.time()
-        sid = new_id("ses")
+        sid = new_id("ses", self.node_id or None)
         uid = None
         if self.uids is not None:
             try:
@@ -210,7 +215,7 @@ class SessionManager:
         try:
             workspace = await self._create_workspace(sid, uid)
             session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
-                              str(workspace), uid, self.quota_entries)
+                              str(workspace), uid, self.quota_entries, self.node_id)
             self._sessions[sid] = session
             self._save(session)
         except BaseException:

@@ -66,8 +66,9 @@ def docker_client():  # type: ignore[no-untyped-def]
 
 # Per-directory markers, so that one backend's whole suite runs alone:
 #   pytest -m restricted    pytest -m container    pytest -m docker    pytest -m scripted
+#   pytest -m fleet
 _DIRECTORY_MARKERS = {"restricted": ("restricted",), "container": ("container", "docker"),
-                      "faults": ("docker",), "scripted": ("scripted",)}
+                      "faults": ("docker",), "scripted": ("scripted",), "fleet": ("fleet",)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -193,7 +193,7 @@ class McpFrontDoor:
             per_client=settings.mcp_max_sessions_per_client or settings.max_sessions_per_client,
             total=settings.mcp_max_sessions, idle_s=settings.mcp_session_idle_s,
             ttl_s=settings.session_ttl_s, on_change=service.metrics.mcp_sessions.set)
-        self.manager = SessionManager(self.server, self.slots)
+        self.manager = SessionManager(self.server, self.slots, settings.node_id)
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()

@@ -165,11 +165,12 @@ class SessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager, telling :class:`SessionSlots` which session a slot holds
     and when it ends."""
 
-    def __init__(self, app: Any, slots: SessionSlots) -> None:
+    def __init__(self, app: Any, slots: SessionSlots, node_id: str = "") -> None:
         # the SDK's own total cap stays as a second line (503): ours counts reservations too,
         # so it refuses first
         super().__init__(app=app, session_idle_timeout=slots.idle_s, max_sessions=slots.total)
         self.slots = slots
+        self.node_id = node_id  # session ids carry it: mcp_<node>_<the SDK's uuid4 hex>
 
     def _admit_session(self, requestor: AuthorizationContext | None
                        ) -> StreamableHTTPServerTransport | None:
@@ -178,9 +179,21 @@ class SessionManager(StreamableHTTPSessionManager):
             log.error("MCP session admission without a reserved slot: refused")
             return None
         transport = super()._admit_session(requestor)
+        if transport is not None and transport.mcp_session_id is not None and self.node_id:
+            self._rename(transport, f"mcp_{self.node_id}_{transport.mcp_session_id}")
         if transport is not None and transport.mcp_session_id is not None:
             self.slots.admitted(ticket, transport.mcp_session_id, transport)
         return transport
+
+    def _rename(self, transport: StreamableHTTPServerTransport, new: str) -> None:
+        """Give a just-admitted session the id that names this node (a fleet's proxy routes
+        ``Mcp-Session-Id`` by it); its randomness stays the SDK's."""
+        old = transport.mcp_session_id
+        assert old is not None
+        transport.mcp_session_id = new
+        self._server_instances[new] = self._server_instances.pop(old)
+        if old in self._session_owners:
+            self._session_owners[new] = self._session_owners.pop(old)
 
     async def _discard_session(self, session_id: str,
                                transport: StreamableHTTPServerTransport) -> None:

@@ -13,7 +13,7 @@ from sandboxd import __version__
 from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
 from sandboxd.deadline import stop_task
-from sandboxd.errors import UnknownTool
+from sandboxd.errors import SessionMismatch, UnknownTool
 from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
 from sandboxd.service import Sandboxd
 
@@ -107,6 +107,18 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
         return Response(status_code=499)  # nobody is listening any more
     # serialised by pydantic-core directly (FastAPI's generic encoder is ~10x slower)
     return Response(call.result().wire_json(), media_type="application/json")
+
+
+@router.post("/v1/sessions/{session_id}/tools/{name}/invoke", tags=["tools", "sessions"],
+             response_model=Result, responses={200: {"model": Result}})
+async def invoke_in_session(session_id: str, name: str, body: InvokeRequest, request: Request,
+                            client: str = Depends(authenticate)) -> Response:
+    """:func:`invoke` in the session the path names, so that a proxy routes the call by its
+    path alone (a fleet: docs/fleet.md). A body ``session`` naming another session is a 422."""
+    if body.session is not None and body.session != session_id:
+        raise SessionMismatch(f"the path names the session '{session_id}' and the body "
+                              f"the session '{body.session}': name one (the path's)")
+    return await invoke(name, body.model_copy(update={"session": session_id}), request, client)
 
 
 @router.post("/v1/sessions", tags=["sessions"], status_code=201)

@@ -23,6 +23,7 @@ def build() -> typer.Typer:
         chat,
         daemon,
         doctor,
+        fleet,
         images,
         mcp,
         policy,
@@ -48,6 +49,7 @@ def build() -> typer.Typer:
     app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
     app.add_typer(wheelhouse.app, name="wheelhouse",
                   help="Fill and list the wheelhouse install_packages installs from.")
+    app.add_typer(fleet.app, name="fleet", help="Run several nodes behind HAProxy.")
     chat.register(app)
     mcp.register(app)
     return app

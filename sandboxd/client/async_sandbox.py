@@ -92,7 +92,7 @@ class AsyncSandboxClient(ClientBase):
                      timeout: float | None = None, **kwargs: Any) -> Result:
         """See :meth:`SandboxClient.invoke`. ``timeout`` bounds the HTTP wait (seconds)."""
         body = invoke_body(arguments, kwargs, session, limits)
-        response = await self.request("POST", invoke_url(tool), json=body,
+        response = await self.request("POST", invoke_url(tool, session), json=body,
                                       timeout=timeout)
         return lenient(Result, response.json())
 
@@ -102,7 +102,7 @@ class AsyncSandboxClient(ClientBase):
                       **kwargs: Any) -> AsyncIterator[StreamItem]:
         """See :meth:`SandboxClient.invoke_stream` (``async for``)."""
         body = invoke_body(arguments, kwargs, session, limits)
-        return aiter_stream(self._http, invoke_url(tool), body)
+        return aiter_stream(self._http, invoke_url(tool, session), body)
 
     async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
                       limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:

@@ -53,8 +53,11 @@ def path_segment(value: str) -> str:
     return quote(str(value), safe="")
 
 
-def invoke_url(tool: str) -> str:
-    """The path of a tool's invoke endpoint."""
+def invoke_url(tool: str, session: str | None = None) -> str:
+    """The path of a tool's invoke endpoint; in a session, the session's own (a fleet's proxy
+    routes it to the session's node by the path: docs/fleet.md)."""
+    if session is not None:
+        return f"{session_url(session)}/tools/{path_segment(tool)}/invoke"
     return f"/v1/tools/{path_segment(tool)}/invoke"
 
 

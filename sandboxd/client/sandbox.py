@@ -123,7 +123,7 @@ class SandboxClient(ClientBase):
         Tool arguments named ``arguments``, ``session`` or ``limits`` must go in the dict.
         """
         body = invoke_body(arguments, kwargs, session, limits)
-        response = self.request("POST", invoke_url(tool), json=body)
+        response = self.request("POST", invoke_url(tool, session), json=body)
         return lenient(Result, response.json())
 
     def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
@@ -134,7 +134,7 @@ class SandboxClient(ClientBase):
         (:class:`ToolOutput`: stdout/stderr text, display items), then its :class:`Result`.
         Closing the iterator early disconnects, which cancels the call."""
         body = invoke_body(arguments, kwargs, session, limits)
-        return iter_stream(self._http, invoke_url(tool), body)
+        return iter_stream(self._http, invoke_url(tool, session), body)
 
     def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
                 limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:

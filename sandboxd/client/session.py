@@ -22,6 +22,7 @@ class SessionInfo:
     """A session as the daemon describes it."""
 
     id: str
+    node: str | None = None  # the fleet node it lives on (docs/fleet.md)
     client: str | None = None
     created_at: float | str | None = None  # as the daemon sends it (epoch seconds)
     expires_at: float | str | None = None

@@ -53,6 +53,10 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "\"command\": \"/opt/sandboxd/bin/sandboxd\"", run="mcp_stdio"),
     Entry(R, "\"url\": \"http://127.0.0.1:8765/mcp\"", run="mcp_http"),
     Entry(R, "sandboxd/service.py     the facade", run="layout"),
+    # docs/fleet.md
+    Entry("docs/fleet.md", "sandboxd fleet haproxy-config --node n1=10.0.0.11:8765",
+          skip="writes /etc/haproxy and reloads a host's HAProxy: tests/fleet generates the "
+          "configuration with the same command and runs a real HAProxy with it"),
     # docs/operations.md
     Entry(OPS, "python3 -m venv /opt/sandboxd", skip="installs into /opt, /etc and systemd as "
           "root: tests/vm/guest/service-checks.sh runs it verbatim in the Debian 12 VM "
