@@ -273,9 +273,23 @@ class Sandboxd(SessionOps):
         ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.transfer`). A streaming
         caller passes ``events`` (the backend's output as it comes: :mod:`sandboxd.streaming`)
         and ``started``, set once the call holds a slot and its backend runs (everything that
-        can refuse it before it runs has passed)."""
+        can refuse it before it runs has passed). A call is in flight for :meth:`drain` from
+        its admission on, before its first ``await``."""
         if self.draining:
             raise Draining("the daemon is shutting down; retry on another instance or later")
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            return await self._invoke(client, tool, request, transport, transfer, events,
+                                      started)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _invoke(self, client: str, tool: str, request: InvokeRequest, transport: str,
+                      transfer: Transfer | None, events: EventSink | None,
+                      started: asyncio.Event | None) -> Result:
         admitted = time.monotonic()
         try:
             spec = self._spec(client, tool)
@@ -325,9 +339,6 @@ class Sandboxd(SessionOps):
                                    Status.rejected, Reason.policy, str(exc))
             await self._finish(client, result, admitted, transport=transport)
             raise
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
         started = started or asyncio.Event()  # set once the call holds a slot and runs
         call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
                      transfer, events)
@@ -368,8 +379,6 @@ class Sandboxd(SessionOps):
                 "administrator can find the error in the daemon's log") from exc
         finally:
             ticket.release()
-            if task is not None:
-                self._inflight.discard(task)
         if session is not None:
             try:
                 self.sessions.touch(session)
