@@ -17,13 +17,15 @@ from sandboxd.protocol import wire
 
 from .base import cgroup_counters, killpg, set_dumpable, site_dirs
 from .calls import Call
-from .channel import open_channel, refuse
+from .channel import KEY_BYTES, open_channel, reconnect, refuse
 from .kernel import Kernel
 from .kernel_calls import start_kernel_call, stop_kernel
 from .rlimits import requested_rlimits
 
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
+#: the one-time key of the next daemon (frame ``S``: the daemon stops and keeps the session)
+RESUME = bytearray()
 
 
 def _start(chan, cid, body, calls, owners):
@@ -87,7 +89,9 @@ def _timeout(calls):
 
 def _on_channel(chan, decoder, calls, owners):
     """Read the channel and act on its frames; False once the daemon hung up (or broke the
-    protocol): every call and the kernel are stopped then."""
+    protocol): every call and the kernel are stopped then, unless the daemon said it keeps
+    the session (``S``) and hung up cleanly with no call running: "resume" then (the kernel
+    lives on; the caller reconnects)."""
     try:
         data = chan.recv(wire.READ_BYTES, socket.MSG_DONTWAIT)
     except BlockingIOError:
@@ -99,6 +103,8 @@ def _on_channel(chan, decoder, calls, owners):
     except wire.ProtocolError:
         frames = None
     if frames is None:
+        if RESUME and not data and not calls:
+            return "resume"
         for call in calls.values():
             killpg(call.pid)
         KERNEL.stop()
@@ -106,6 +112,9 @@ def _on_channel(chan, decoder, calls, owners):
     for frame in frames:
         if frame.kind == b"R":
             _start(chan, frame.call, frame.payload, calls, owners)
+        elif frame.kind == b"S":
+            RESUME[:] = frame.payload
+            continue
         elif frame.call not in calls:
             continue
         elif frame.kind == b"I":  # interrupt before kill (a kernel call)
@@ -132,7 +141,9 @@ def main() -> int:
     _prepare()
     chan = open_channel()
     cfd = chan.fileno()
-    decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)})
+    frame_sizes = {b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0),
+                   b"S": (KEY_BYTES, KEY_BYTES)}
+    decoder = wire.Decoder(frame_sizes)
     calls: dict[int, Call] = {}  # call id -> Call
     owners: dict[int, Any] = {}  # pipe fd -> Call (or the kernel)
     last_pids_check = 0.0
@@ -143,7 +154,19 @@ def main() -> int:
             continue
         for fd in ready:
             if fd == cfd:
-                if not _on_channel(chan, decoder, calls, owners):
+                state = _on_channel(chan, decoder, calls, owners)
+                if state == "resume":  # the daemon restarts: wait for the next one
+                    chan.close()
+                    again = reconnect(RESUME)
+                    RESUME[:] = bytes(len(RESUME))
+                    del RESUME[:]
+                    if again is None:
+                        KERNEL.stop()
+                        return 0
+                    chan, cfd = again, again.fileno()
+                    decoder = wire.Decoder(frame_sizes)
+                    break
+                if not state:
                     return 0
             elif fd in owners and fd in owners[fd].pipes:
                 owners[fd].on_pipe(fd)

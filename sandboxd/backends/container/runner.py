@@ -247,6 +247,15 @@ class Channel:
             self.stop(cid)
             out.relay.close()
 
+    async def suspend(self, key: bytes) -> None:
+        """Tell the runner that the daemon stops and keeps its session (``S``, issue 26):
+        when the channel closes it keeps its kernel and reconnects to the next daemon with
+        ``key`` (once)."""
+        if self.broken is not None or self.calls:
+            raise RunnerLost(self.broken or "calls are running")
+        self.writer.write(wire.encode(b"S", key, 0))
+        await self.writer.drain()
+
     async def close(self) -> None:
         await stop_task(self.task)
         self.writer.close()
@@ -317,6 +326,29 @@ class Endpoint:
         ep.task = asyncio.create_task(ep._establish(), name="runner-endpoint")
         return ep
 
+    @classmethod
+    async def resume(cls, rundir: Path, key: bytes, owner: tuple[int, int] | None) -> Endpoint:
+        """Listen again in a kept container's ``rundir`` (a restarted daemon, issue 26) for
+        its runner, which reconnects with the one-time ``key`` it was given at the stop."""
+        ep = cls(rundir, key)
+        sock_path = rundir / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lsock.setblocking(False)
+            lsock.bind(str(sock_path))
+            lsock.listen(1)
+            os.chmod(sock_path, 0o600 if owner is not None else 0o666)
+            if owner is not None:
+                os.chown(sock_path, *owner)
+        except BaseException:
+            lsock.close()
+            raise
+        ep.listener = lsock
+        ep.task = asyncio.create_task(ep._establish(), name="runner-endpoint")
+        return ep
+
     async def _establish(self) -> None:
         loop = asyncio.get_running_loop()
         bad = 0
@@ -374,11 +406,13 @@ class Endpoint:
     def ready(self) -> bool:
         return self.channel is not None and self.channel.broken is None
 
-    async def close(self) -> None:
-        """Stop listening, hang up the channel, remove the directory."""
+    async def close(self, *, keep_dir: bool = False) -> None:
+        """Stop listening, hang up the channel, remove the directory (``keep_dir``: a kept
+        container's, which its runner reconnects through)."""
         self.closing = True
         await stop_task(self.task)
         self._unlisten()
         if self.channel is not None:
             await self.channel.close()
-        fstree.remove_tree_quietly(self.rundir)
+        if not keep_dir:
+            fstree.remove_tree_quietly(self.rundir)
