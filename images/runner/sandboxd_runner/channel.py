@@ -55,14 +55,14 @@ def open_channel() -> socket.socket:
     return chan
 
 
-#: how long a runner told to wait for the next daemon (``S``) tries to reconnect
+#: how long a runner told to wait for the next daemon (``suspend``) tries to reconnect
 RESUME_WAIT_S = 900.0
 
 
 def reconnect(key: bytearray) -> socket.socket | None:
-    """After the daemon hung up at a clean stop that keeps sessions (it sent ``S`` with a
-    one-time key): connect again to the socket path, which the next daemon binds anew, and say
-    hello with that key. None when no daemon listened within :data:`RESUME_WAIT_S`."""
+    """After the daemon hung up at a clean stop that keeps sessions (its ``suspend`` request
+    gave a one-time key): connect again to the socket path, which the next daemon binds anew,
+    and say hello with that key. None when no daemon listened within :data:`RESUME_WAIT_S`."""
     deadline = time.monotonic() + RESUME_WAIT_S
     while time.monotonic() < deadline:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

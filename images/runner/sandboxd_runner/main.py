@@ -17,14 +17,15 @@ from sandboxd.protocol import wire
 
 from .base import cgroup_counters, killpg, set_dumpable, site_dirs
 from .calls import Call
-from .channel import KEY_BYTES, open_channel, reconnect, refuse
+from .channel import KEY_BYTES, open_channel, reconnect, refuse, send_frame
 from .kernel import Kernel
 from .kernel_calls import start_kernel_call, stop_kernel
 from .rlimits import requested_rlimits
 
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
-#: the one-time key of the next daemon (frame ``S``: the daemon stops and keeps the session)
+#: the one-time key of the next daemon (a ``suspend`` request: the daemon stops and keeps the
+#: session, issue 26)
 RESUME = bytearray()
 
 
@@ -41,6 +42,14 @@ def _start(chan, cid, body, calls, owners):
         return
     if req.get("kind") == "kernel_stop":
         stop_kernel(chan, cid, KERNEL)
+        return
+    if req.get("kind") == "suspend":  # answered at once; kept for when the daemon hangs up
+        key = req.get("key")
+        if not (isinstance(key, str) and len(key) == 2 * KEY_BYTES) or calls:
+            refuse(chan, cid, "refused: a suspend needs a key and no call running")
+            return
+        RESUME[:] = bytes.fromhex(key)
+        send_frame(chan, b"x", b'{"message": "suspended"}', cid)
         return
     try:  # checked whole before anything starts: never applied in part
         rlimits = requested_rlimits(req)
@@ -90,8 +99,8 @@ def _timeout(calls):
 def _on_channel(chan, decoder, calls, owners):
     """Read the channel and act on its frames; False once the daemon hung up (or broke the
     protocol): every call and the kernel are stopped then, unless the daemon said it keeps
-    the session (``S``) and hung up cleanly with no call running: "resume" then (the kernel
-    lives on; the caller reconnects)."""
+    the session (``suspend``) and hung up cleanly with no call running: "resume" then (the
+    kernel lives on; the caller reconnects)."""
     try:
         data = chan.recv(wire.READ_BYTES, socket.MSG_DONTWAIT)
     except BlockingIOError:
@@ -112,9 +121,6 @@ def _on_channel(chan, decoder, calls, owners):
     for frame in frames:
         if frame.kind == b"R":
             _start(chan, frame.call, frame.payload, calls, owners)
-        elif frame.kind == b"S":
-            RESUME[:] = frame.payload
-            continue
         elif frame.call not in calls:
             continue
         elif frame.kind == b"I":  # interrupt before kill (a kernel call)
@@ -141,8 +147,7 @@ def main() -> int:
     _prepare()
     chan = open_channel()
     cfd = chan.fileno()
-    frame_sizes = {b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0),
-                   b"S": (KEY_BYTES, KEY_BYTES)}
+    frame_sizes = {b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)}
     decoder = wire.Decoder(frame_sizes)
     calls: dict[int, Call] = {}  # call id -> Call
     owners: dict[int, Any] = {}  # pipe fd -> Call (or the kernel)

@@ -2,11 +2,14 @@
 
 At a clean stop that keeps sessions (``sessions_survive_restart``), each live session
 container whose runner directory is in the state directory (the next daemon must reach it:
-never ``/tmp``, private to the unit) is *kept*: the daemon sends its runner ``S`` with a fresh
-one-time key, writes a record ``<state>/kept-containers/<name>.json`` (0600: the key, the
-container's id, image id, session, client, uid, workspace and kernel calls) and hangs up
-without removing the container. The runner keeps its kernel and reconnects to the socket
-path of its (read-only) runner directory with that key.
+never ``/tmp``, private to the unit) is *kept*: the daemon writes a record
+``<state>/kept-containers/<name>.json`` (0600: a fresh one-time key, the container's id, image
+id, session, client, uid, workspace and kernel calls), asks its runner to ``suspend`` with
+that key, and hangs up without removing the container. The runner keeps its kernel and
+reconnects to the socket path of its (read-only) runner directory with that key. A runner
+that does not answer the ``suspend`` request (an image built before it) is not kept: its
+container is removed as at any stop, and the session's next python call says its kernel was
+lost (``daemon_restart``).
 
 The next start re-adopts a record only when everything checks out: its session was recovered
 (same client, workspace and uid), and the engine shows the container running, labelled as this
@@ -127,7 +130,9 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) ->
                           {"memory": box.shape.memory, "nano_cpus": box.shape.nano_cpus,
                            "pids": box.shape.pids})
             _write(state, record)
-            await channel.suspend(secret)
+            if not await channel.suspend(secret):
+                raise RunnerLost(f"its runner (image {box.image}) cannot wait for the next "
+                                 "daemon: rebuild the image (sandboxd images build)")
         except (OSError, RunnerLost, docker.errors.DockerException, ValueError) as exc:
             log.warning("session container %s not kept: %s", box.name, exc)
             with contextlib.suppress(OSError):

@@ -52,6 +52,7 @@ SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
 KEY_BYTES = 32
 HELLO_TIMEOUT_S = 5.0
+SUSPEND_TIMEOUT_S = 5.0
 MAX_BAD_PEERS = 4  # connections without the key before the endpoint gives up
 MAX_EXIT_RECORD = 4 * 1024 * 1024  # the value (<= ~2 MiB of JSON) and a few counters
 MAX_ERROR = 4096
@@ -247,14 +248,17 @@ class Channel:
             self.stop(cid)
             out.relay.close()
 
-    async def suspend(self, key: bytes) -> None:
-        """Tell the runner that the daemon stops and keeps its session (``S``, issue 26):
-        when the channel closes it keeps its kernel and reconnects to the next daemon with
-        ``key`` (once)."""
-        if self.broken is not None or self.calls:
-            raise RunnerLost(self.broken or "calls are running")
-        self.writer.write(wire.encode(b"S", key, 0))
-        await self.writer.drain()
+    async def suspend(self, key: bytes) -> bool:
+        """Tell the runner that the daemon stops and keeps its session (a ``suspend``
+        request, issue 26): when the channel closes it keeps its kernel and reconnects to the
+        next daemon with ``key`` (once). True once it said so; False when it did not within
+        :data:`SUSPEND_TIMEOUT_S` (a runner that predates this answers otherwise)."""
+        if self.calls:
+            return False
+        out = CallOutput()
+        done, _ = await within(self.call({"kind": "suspend", "key": key.hex()}, 0, out),
+                               SUSPEND_TIMEOUT_S)
+        return done and out.exit is not None and out.exit.get("message") == "suspended"
 
     async def close(self) -> None:
         await stop_task(self.task)

@@ -299,6 +299,9 @@ if [ -f /share/payload/images.tar ]; then
   systemctl start docker.service > "$R/docker-start.txt" 2>&1
   /usr/bin/docker load -i /share/payload/images.tar > "$R/docker-load.txt" 2>&1 \
     && touch /share/payload/images.loaded
+  # the loaded image is the host's: rebuilt here from the loaded base only when its runner is
+  # not this tree's (a runner change not yet in the host's image; issue 26 added one)
+  $SBX images build --offline --if-missing > "$R/docker-images-build.txt" 2>&1
   install -D -m 0644 systemd/sandboxd-docker.conf /etc/systemd/system/sandboxd.service.d/docker.conf
   systemctl daemon-reload
   out=$(systemctl start sandboxd 2>&1); rc=$?
