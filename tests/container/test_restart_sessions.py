@@ -135,3 +135,27 @@ def test_a_container_removed_while_stopped_ends_its_session(
     wait_until(lambda: not labelled(docker_client, instance), timeout=60,
                what="every container of the instance removed")
     assert _empty(state / "run") and _empty(state / "kept-containers")
+
+
+def test_a_kept_container_that_stopped_keeps_its_session_not_its_kernel(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    first = _start(tmp_path, state, env, policies, daemons)
+    sid = _session(first)
+    assert first.stop() == 0
+    (kept,) = _session_containers(docker_client, instance)
+    kept.kill()  # as if its runner gave up waiting, or the engine restarted
+    second = _start(tmp_path, state, env, policies, daemons)
+    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
+    assert body["status"] == "ok" and body["value"] == "kept", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
+    assert kept.id not in {c.id for c in _session_containers(docker_client, instance)}
+    recovered = audit_records(second.audit_path, "session_recovered")
+    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [(sid, ["container"])]
+    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert second.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
+    assert _empty(state / "run") and _empty(state / "kept-containers")

@@ -17,7 +17,8 @@ daemon instance's container of that session, with the same name, image id, user 
 the workspace and runner directory bind-mounted. Then the daemon listens on the runner
 directory again and waits for the runner's hello with the key. Whatever does not check out is
 removed (by the start-up sweep of the instance's containers) and reported, so that the service
-ends its session. Records are consumed by the start that reads them.
+ends its session; but a container that merely stopped (:data:`NOT_RUNNING`) leaves its session
+be, with its kernel lost. Records are consumed by the start that reads them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from sandboxd.deadline import within
 log = logging.getLogger("sandboxd.container")
 
 KEPT_DIR = "kept-containers"
+#: a kept container that stopped by itself (its runner gave up waiting, the engine or the host
+#: restarted): removed, but its session stays (its kernel is reported lost); every other
+#: failed check ends the session
+NOT_RUNNING = "its container is not running"
 RESUME_TIMEOUT_S = 15.0  # the runner polls its socket path every 50 ms
 
 
@@ -171,7 +176,7 @@ def check(client: docker.DockerClient, instance: str, rundir: Path, kept: Kept,
     mounts = {m.get("Destination"): m.get("Source") for m in info.get("Mounts") or []}
     own_dir = rundir / kept.token
     if not state.get("Running"):
-        return "its container is not running"
+        return NOT_RUNNING
     if (labels.get(engine.LABEL_DAEMON) != instance
             or labels.get(engine.LABEL_SESSION) != kept.session
             or labels.get(engine.LABEL_ROLE) != "session"
@@ -208,7 +213,8 @@ async def adopt(boxes: Boxes, sessions: SessionContainers, records: list[Kept],
         if why is not None:
             log.warning("session %s: its kept container %s is not adopted: %s",
                         kept.session, kept.name, why)
-            failed[kept.session] = why
+            if why != NOT_RUNNING:
+                failed[kept.session] = why
     return failed
 
 
