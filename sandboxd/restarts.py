@@ -150,8 +150,10 @@ class SessionRestarts:
         (restricted ones die with the daemon), then let the backends keep what they can."""
         registered = self.sessions.registered()
         for session in registered:
-            session.kernels_at_stop = self.kernel_backends(session.id)
-            if session.kernels_at_stop:
+            # (a kernel lost at an earlier restart and not yet reported stays listed)
+            at_stop = sorted(set(session.kernels_at_stop) | set(self.kernel_backends(session.id)))
+            if at_stop != session.kernels_at_stop:
+                session.kernels_at_stop = at_stop
                 try:
                     self.sessions.save(session)
                 except OSError as exc:
