@@ -1,8 +1,8 @@
 """Session containers that outlive a daemon restart (issue 26).
 
 At a clean stop that keeps sessions (``sessions_survive_restart``), each live session
-container whose runner directory is in the state directory (the next daemon must reach it:
-never ``/tmp``, private to the unit) is *kept*: the daemon writes a record
+container whose runner directory is in the state directory (``<state>/run/<token>``: the next
+daemon must reach it) is *kept*: the daemon writes a record
 ``<state>/kept-containers/<name>.json`` (0600: a fresh one-time key, the container's id, image
 id, session, client, uid, workspace and kernel calls), asks its runner to ``suspend`` with
 that key, and hangs up without removing the container. The runner keeps its kernel and

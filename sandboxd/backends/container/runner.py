@@ -341,7 +341,7 @@ class Endpoint:
         lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             lsock.setblocking(False)
-            lsock.bind(str(sock_path))
+            bind_unix(lsock, sock_path)
             lsock.listen(1)
             os.chmod(sock_path, 0o600 if owner is not None else 0o666)
             if owner is not None:
