@@ -169,6 +169,12 @@ class Settings(BaseSettings):
         description="auto: a size/inode-limited tmpfs per workspace when the daemon may mount "
                     "(CAP_SYS_ADMIN), else advisory; kernel: required (not ready without it); "
                     "advisory: never mount, check before and after calls only")
+    # --- restarts keep sessions (issue 26, item 1)
+    sessions_survive_restart: bool = Field(
+        default=True,
+        description="A clean stop (SIGTERM) keeps every session for the next start: tmpfs "
+                    "workspaces stay mounted, session containers keep running with their "
+                    "kernels; false: a stop ends every tmpfs-backed session (and its container)")
     max_sessions_per_client: int = Field(default=16, ge=1)
     mcp_max_sessions_per_client: int | None = Field(
         default=None, ge=1,

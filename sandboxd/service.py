@@ -61,6 +61,7 @@ from sandboxd.quotafs import Usage, quota_message
 from sandboxd.readiness import BackendProbes, Readiness, policy_state
 from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
+from sandboxd.restarts import SessionRestarts
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
 from sandboxd.storage import full_reason
@@ -88,7 +89,7 @@ class _Call:
     events: EventSink | None
 
 
-class Sandboxd(SessionOps):
+class Sandboxd(SessionOps, SessionRestarts):
     """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics.
     The session operations (and kernels) are in :class:`~sandboxd.kernels.SessionOps`."""
 
@@ -146,6 +147,7 @@ class Sandboxd(SessionOps):
         interrupted = interrupted_calls(self.settings.audit_path)
         # in a thread: removing what a crash left may walk big trees
         swept = await asyncio.to_thread(self.sessions.sweep)
+        self._expect_recovered()
         if interrupted:
             self.audit.write("interrupted", requests=interrupted,
                              detail="calls in flight when the previous daemon stopped")
@@ -161,6 +163,7 @@ class Sandboxd(SessionOps):
             workspaces_removed=len(swept["removed"]), workspaces_failed=swept["failed"],
             workspace_quota=self.sessions.fs.detail,
         )
+        await self._audit_recovery()
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -177,8 +180,12 @@ class Sandboxd(SessionOps):
             task.cancel()
         for task in self._tasks:
             await stop_task(task)
-        with contextlib.suppress(Exception):  # tmpfs workspaces must not outlive the daemon
-            await self.sessions.close(self._end_session)
+        survive = self.settings.sessions_survive_restart
+        if survive and self._started:
+            with contextlib.suppress(Exception):
+                await self._keep_sessions()
+        with contextlib.suppress(Exception):  # tmpfs workspaces outlive the daemon if kept
+            await self.sessions.close(self._end_session, survive=survive and self._started)
         for backend in self.backends.values():
             with contextlib.suppress(Exception):
                 await backend.close()
@@ -342,6 +349,7 @@ class Sandboxd(SessionOps):
         started = started or asyncio.Event()  # set once the call holds a slot and runs
         call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
                      transfer, events)
+        restart_lost = self.restart_lost(session, decision.backend)  # issue 26
         try:
             result = await self._execute(call, deadline, started)
         except Overloaded as exc:
@@ -379,6 +387,7 @@ class Sandboxd(SessionOps):
                 "administrator can find the error in the daemon's log") from exc
         finally:
             ticket.release()
+        result = self.note_restart(session, decision.backend, restart_lost, result)
         if session is not None:
             try:
                 self.sessions.touch(session)

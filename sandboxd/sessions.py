@@ -15,9 +15,10 @@ Workspaces are made, measured and removed by :mod:`sandboxd.quotafs` (a size- an
 inode-limited tmpfs each when the daemon may mount, else a plain directory) and
 :mod:`sandboxd.fstree` (iterative, descriptor-based, bounded walks). Everything that walks or
 removes a tree runs in a worker thread, never on the event loop. With tmpfs workspaces the
-contents live in memory, so a daemon *stop* ends every session (unmounted, removed, audited);
-after a *crash* the restart recovers the sessions whose mounts survived (same mount namespace)
-and expires the others.
+contents live in memory: with ``sessions_survive_restart`` (the default) a clean *stop* leaves
+them mounted, as a *crash* does, and the next start re-adopts every session whose workspace
+checks out (:func:`sandboxd.restarts.workspace_problem`; the others are ended); without it a
+stop ends every session (unmounted, removed, audited).
 
 When the daemon runs as root, every workspace is owned (mode 0700) by its own sandbox identity
 from the uid pool (:mod:`sandboxd.uids`): a session's uid is taken when it is created, stored
@@ -34,12 +35,13 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from sandboxd.errors import SandboxdError
 from sandboxd.models import new_id
 from sandboxd.quotafs import Usage, WorkspaceFS, is_mount_point, mounts_below
+from sandboxd.restarts import workspace_problem
 from sandboxd.uids import UidPool, UidPoolExhausted, chown_tree
 
 log = logging.getLogger("sandboxd.sessions")
@@ -85,6 +87,9 @@ class Session:
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
     quota_entries: int = 0  # 0: written by a daemon that had no entry quota
     node: str = ""  # the node it lives on (issue 27); "": stored by a version before fleets
+    # backends on which a daemon stop found a live kernel (issue 26): the next python call
+    # there says ``kernel.lost`` (``daemon_restart``) unless that kernel is alive again
+    kernels_at_stop: list[str] = field(default_factory=list)
 
     def public(self, usage: Usage | None, kernels: list[str] | None = None,
                paused: bool = False) -> dict[str, object]:
@@ -131,6 +136,8 @@ class SessionManager:
                               setting=quota_mode)
         self._sessions: dict[str, Session] = {}
         self.node_id = node_id  # new session ids carry it (ses_<node>_<random>)
+        #: sessions the last sweep did not re-adopt because a check failed: id -> why
+        self.refused: dict[str, tuple[Session, str]] = {}
 
     # ------------------------------------------------------------ start-up
 
@@ -155,10 +162,14 @@ class SessionManager:
                 continue
             workspace = self.root / session.id
             alive = session.expires_at > now and workspace.is_dir()
-            if alive and self.fs.kernel and not is_mount_point(workspace):
-                # its tmpfs went with the mount namespace of the previous daemon: the files
-                # are gone, so the session is too (never a silently empty workspace)
-                alive = False
+            if alive:
+                # a tmpfs gone with the mount namespace of the previous daemon, or anything
+                # mounted, planted or chowned in its place while no daemon watched: the
+                # session ends (never a silently empty or foreign workspace)
+                why = workspace_problem(workspace, session.uid, tmpfs=self.fs.kernel)
+                if why is not None:
+                    alive = False
+                    self.refused[session.id] = (session, why)
             if alive:
                 session.workspace = str(workspace)
                 session.node = self.node_id  # it lives here, whatever its id says
@@ -317,13 +328,15 @@ class SessionManager:
                     with contextlib.suppress(Exception):
                         await self.drop(session)
 
-    async def close(self, end: Callable[[Session], Awaitable[object]]) -> None:
-        """Daemon stop. Tmpfs workspaces live in memory and must not outlive the daemon: every
-        session whose workspace is a mount is ended (with ``end``, the service's one close
-        path), and any mount left below the workspaces is removed. Plain-directory sessions
-        stay for the next start."""
+    async def close(self, end: Callable[[Session], Awaitable[object]], *,
+                    survive: bool = False) -> None:
+        """Daemon stop. ``survive`` (``sessions_survive_restart``): every session stays, its
+        tmpfs mounted, for the next start to re-adopt. Otherwise tmpfs workspaces must not
+        outlive the daemon: every session whose workspace is a mount is ended (with ``end``,
+        the service's one close path). Either way any other mount left below the workspaces
+        is removed; plain-directory sessions stay for the next start."""
         for session in list(self._sessions.values()):
-            if not is_mount_point(Path(session.workspace)):
+            if survive or not is_mount_point(Path(session.workspace)):
                 continue
             try:
                 await end(session)
@@ -403,6 +416,10 @@ class SessionManager:
             return
         session.uid = self.uids.acquire(session.id)
         chown_tree(Path(session.workspace), session.uid, session.uid)
+        self._save(session)
+
+    def save(self, session: Session) -> None:
+        """Write the session's metadata (atomically)."""
         self._save(session)
 
     def _save(self, session: Session) -> None:

@@ -55,6 +55,28 @@ def open_channel() -> socket.socket:
     return chan
 
 
+#: how long a runner told to wait for the next daemon (``suspend``) tries to reconnect
+RESUME_WAIT_S = 900.0
+
+
+def reconnect(key: bytearray) -> socket.socket | None:
+    """After the daemon hung up at a clean stop that keeps sessions (its ``suspend`` request
+    gave a one-time key): connect again to the socket path, which the next daemon binds anew,
+    and say hello with that key. None when no daemon listened within :data:`RESUME_WAIT_S`."""
+    deadline = time.monotonic() + RESUME_WAIT_S
+    while time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(SOCKET_PATH)
+            sock.sendall(wire.HEADER.pack(b"h", 0, KEY_BYTES))
+            sock.sendall(key)
+            return sock
+        except OSError:
+            sock.close()
+            time.sleep(0.05)
+    return None
+
+
 def refuse(chan: socket.socket, cid: int, message: str, pids_limit: bool = False) -> None:
     record = {"error": message[:1000], "pids_limit": pids_limit}
     try:

@@ -17,13 +17,16 @@ from sandboxd.protocol import wire
 
 from .base import cgroup_counters, killpg, set_dumpable, site_dirs
 from .calls import Call
-from .channel import open_channel, refuse
+from .channel import KEY_BYTES, open_channel, reconnect, refuse, send_frame
 from .kernel import Kernel
 from .kernel_calls import start_kernel_call, stop_kernel
 from .rlimits import requested_rlimits
 
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
+#: the one-time key of the next daemon (a ``suspend`` request: the daemon stops and keeps the
+#: session, issue 26)
+RESUME = bytearray()
 
 
 def _start(chan, cid, body, calls, owners):
@@ -39,6 +42,14 @@ def _start(chan, cid, body, calls, owners):
         return
     if req.get("kind") == "kernel_stop":
         stop_kernel(chan, cid, KERNEL)
+        return
+    if req.get("kind") == "suspend":  # answered at once; kept for when the daemon hangs up
+        key = req.get("key")
+        if not (isinstance(key, str) and len(key) == 2 * KEY_BYTES) or calls:
+            refuse(chan, cid, "refused: a suspend needs a key and no call running")
+            return
+        RESUME[:] = bytes.fromhex(key)
+        send_frame(chan, b"x", b'{"message": "suspended"}', cid)
         return
     try:  # checked whole before anything starts: never applied in part
         rlimits = requested_rlimits(req)
@@ -87,7 +98,9 @@ def _timeout(calls):
 
 def _on_channel(chan, decoder, calls, owners):
     """Read the channel and act on its frames; False once the daemon hung up (or broke the
-    protocol): every call and the kernel are stopped then."""
+    protocol): every call and the kernel are stopped then, unless the daemon said it keeps
+    the session (``suspend``) and hung up cleanly with no call running: "resume" then (the
+    kernel lives on; the caller reconnects)."""
     try:
         data = chan.recv(wire.READ_BYTES, socket.MSG_DONTWAIT)
     except BlockingIOError:
@@ -99,6 +112,8 @@ def _on_channel(chan, decoder, calls, owners):
     except wire.ProtocolError:
         frames = None
     if frames is None:
+        if RESUME and not data and not calls:
+            return "resume"
         for call in calls.values():
             killpg(call.pid)
         KERNEL.stop()
@@ -132,7 +147,8 @@ def main() -> int:
     _prepare()
     chan = open_channel()
     cfd = chan.fileno()
-    decoder = wire.Decoder({b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)})
+    frame_sizes = {b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)}
+    decoder = wire.Decoder(frame_sizes)
     calls: dict[int, Call] = {}  # call id -> Call
     owners: dict[int, Any] = {}  # pipe fd -> Call (or the kernel)
     last_pids_check = 0.0
@@ -143,7 +159,19 @@ def main() -> int:
             continue
         for fd in ready:
             if fd == cfd:
-                if not _on_channel(chan, decoder, calls, owners):
+                state = _on_channel(chan, decoder, calls, owners)
+                if state == "resume":  # the daemon restarts: wait for the next one
+                    chan.close()
+                    again = reconnect(RESUME)
+                    RESUME[:] = bytes(len(RESUME))
+                    del RESUME[:]
+                    if again is None:
+                        KERNEL.stop()
+                        return 0
+                    chan, cfd = again, again.fileno()
+                    decoder = wire.Decoder(frame_sizes)
+                    break
+                if not state:
                     return 0
             elif fd in owners and fd in owners[fd].pipes:
                 owners[fd].on_pipe(fd)

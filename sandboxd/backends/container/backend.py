@@ -53,8 +53,8 @@ import requests
 
 from sandboxd import fstree
 from sandboxd.backends.base import Backend, BackendUnavailable
-from sandboxd.backends.container import engine
-from sandboxd.backends.container.boxes import Boxes
+from sandboxd.backends.container import adopt, engine
+from sandboxd.backends.container.boxes import Boxes, clear_rundir
 from sandboxd.backends.container.calls import request_for
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.oneshot import run_oneshot
@@ -100,6 +100,13 @@ class ContainerBackend(Backend):
         self._ping_client: docker.DockerClient | None = None
         #: what of the backend's own vanished under it, while it rebuilds (see :meth:`_damaged`)
         self.healing: str | None = None
+        # restarts keep sessions (issue 26, :mod:`.adopt`): the recovered sessions the service
+        # expects, the records of the last stop (until adopted), what did not check out, and
+        # the ids of the containers this stop keeps (spared by close)
+        self.expected: adopt.Expected = {}
+        self._records: list[adopt.Kept] | None = None
+        self.adoption_failed: dict[str, str] = {}
+        self.kept: set[str] = set()
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> ContainerBackend:
@@ -124,7 +131,9 @@ class ContainerBackend(Backend):
         except (OSError, ValueError) as exc:
             boxes.available = (False, f"cannot read the seccomp profile: {exc}")
             return
-        boxes.prepare_rundir()
+        self._records = await asyncio.to_thread(adopt.load, self.config.state_dir)
+        self.kept = set()
+        boxes.prepare_rundir(frozenset(r.token for r in self._records))
         connected = await self._connect()
         boxes.watch = EngineWatch(self._ping, self._lost, self._connect, is_up=connected)
         self._watch_task = asyncio.create_task(boxes.watch.run(), name="docker-engine-watch")
@@ -154,6 +163,16 @@ class ContainerBackend(Backend):
                                    f"{self.healing or boxes.rundir_lost()}; it cannot be "
                                    f"recreated yet: {exc.strerror or exc}")
                 return False
+        if self._records is not None and boxes.rundir is not None:
+            records, self._records = self._records, None
+            self.adoption_failed = await adopt.adopt(boxes, self.sessions, records,
+                                                     self.expected)
+            await asyncio.to_thread(adopt.forget_all, self.config.state_dir)
+            adopted = {b.endpoint.rundir.name for b in boxes.live}
+            for record in records:
+                if record.token not in adopted:
+                    await asyncio.to_thread(fstree.remove_tree_quietly,
+                                            boxes.rundir / record.token)
         keep = frozenset(b.cid for b in boxes.live if b.cid)
         try:
             removed = await boxes.engine(engine.sweep, client, self.config.instance_name, keep)
@@ -201,8 +220,22 @@ class ContainerBackend(Backend):
         self.pool.lost()
         self.sessions.lost()
 
+    def expect_sessions(self, expected: adopt.Expected) -> None:
+        """Before :meth:`start`: the sessions the service recovered (issue 26); a container
+        kept by the last stop is adopted only for one of them."""
+        self.expected = dict(expected)
+
+    async def keep_sessions(self, session_ids: set[str]) -> set[str]:
+        """At a clean stop that keeps sessions, before :meth:`close`: keep the session
+        containers (and kernels) of ``session_ids`` running for the next daemon
+        (:mod:`.adopt`); returns the sessions whose container was kept."""
+        kept = {key[1] for key in self.sessions.by_key}
+        self.kept |= await adopt.keep(self.boxes, self.sessions, session_ids)
+        return kept - {key[1] for key in self.sessions.by_key}
+
     async def close(self) -> None:
-        """Remove every container this backend started."""
+        """Remove every container this backend started (but those :meth:`keep_sessions`
+        kept)."""
         boxes = self.boxes
         boxes.closing = True
         await stop_task(self._watch_task)
@@ -219,12 +252,14 @@ class ContainerBackend(Backend):
         self.sessions.by_key.clear()
         if boxes.engine_client is not None:
             with contextlib.suppress(Exception):
-                await boxes.engine(engine.sweep, boxes.engine_client, self.config.instance_name)
+                await boxes.engine(engine.sweep, boxes.engine_client, self.config.instance_name,
+                                   frozenset(self.kept))
             with contextlib.suppress(Exception):
                 boxes.engine_client.close()
             boxes.engine_client = None
         if boxes.rundir is not None:
-            await asyncio.to_thread(fstree.remove_tree_quietly, boxes.rundir)
+            kept_dirs = frozenset(r.token for r in adopt.load(self.config.state_dir))
+            await asyncio.to_thread(clear_rundir, boxes.rundir, kept_dirs)
         boxes.end_executor()
         boxes.available = (False, "the container backend is stopped")
 

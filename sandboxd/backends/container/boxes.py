@@ -98,12 +98,13 @@ class Boxes:
         if self.watch is not None:
             self.watch.wake.set()
 
-    def prepare_rundir(self) -> None:
+    def prepare_rundir(self, keep: frozenset[str] = frozenset()) -> None:
         """The directory of the runners' sockets, ``<state>/run`` (a fresh one: leftovers of
-        a crash go; their containers are gone after the sweep). However long the state path,
+        a crash go, their containers are gone after the sweep; but the directories ``keep`` of
+        containers kept by the last clean stop stay, issue 26). However long the state path,
         the sockets are bound there (:func:`runner.bind_unix`), never in ``/tmp``."""
         base = self.config.state_dir / "run"
-        fstree.remove_tree_quietly(base)
+        clear_rundir(base, keep)
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(base, 0o700)
         self.rundir = base
@@ -217,6 +218,16 @@ class Boxes:
         if box.shape != shape:
             await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)
             box.shape = shape
+
+
+def clear_rundir(base: Path, keep: frozenset[str] = frozenset()) -> None:
+    """Remove the runner directory ``base``, or only its entries but ``keep``."""
+    if not keep or not base.is_dir() or base.is_symlink():
+        fstree.remove_tree_quietly(base)
+        return
+    for entry in base.iterdir():
+        if entry.name not in keep:
+            fstree.remove_tree_quietly(entry)
 
 
 def gone(box: Box | None, verified: bool) -> str:

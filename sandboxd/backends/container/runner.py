@@ -52,6 +52,7 @@ SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
 KEY_BYTES = 32
 HELLO_TIMEOUT_S = 5.0
+SUSPEND_TIMEOUT_S = 5.0
 MAX_BAD_PEERS = 4  # connections without the key before the endpoint gives up
 MAX_EXIT_RECORD = 4 * 1024 * 1024  # the value (<= ~2 MiB of JSON) and a few counters
 MAX_ERROR = 4096
@@ -247,6 +248,18 @@ class Channel:
             self.stop(cid)
             out.relay.close()
 
+    async def suspend(self, key: bytes) -> bool:
+        """Tell the runner that the daemon stops and keeps its session (a ``suspend``
+        request, issue 26): when the channel closes it keeps its kernel and reconnects to the
+        next daemon with ``key`` (once). True once it said so; False when it did not within
+        :data:`SUSPEND_TIMEOUT_S` (a runner that predates this answers otherwise)."""
+        if self.calls:
+            return False
+        out = CallOutput()
+        done, _ = await within(self.call({"kind": "suspend", "key": key.hex()}, 0, out),
+                               SUSPEND_TIMEOUT_S)
+        return done and out.exit is not None and out.exit.get("message") == "suspended"
+
     async def close(self) -> None:
         await stop_task(self.task)
         self.writer.close()
@@ -317,6 +330,29 @@ class Endpoint:
         ep.task = asyncio.create_task(ep._establish(), name="runner-endpoint")
         return ep
 
+    @classmethod
+    async def resume(cls, rundir: Path, key: bytes, owner: tuple[int, int] | None) -> Endpoint:
+        """Listen again in a kept container's ``rundir`` (a restarted daemon, issue 26) for
+        its runner, which reconnects with the one-time ``key`` it was given at the stop."""
+        ep = cls(rundir, key)
+        sock_path = rundir / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lsock.setblocking(False)
+            bind_unix(lsock, sock_path)
+            lsock.listen(1)
+            os.chmod(sock_path, 0o600 if owner is not None else 0o666)
+            if owner is not None:
+                os.chown(sock_path, *owner)
+        except BaseException:
+            lsock.close()
+            raise
+        ep.listener = lsock
+        ep.task = asyncio.create_task(ep._establish(), name="runner-endpoint")
+        return ep
+
     async def _establish(self) -> None:
         loop = asyncio.get_running_loop()
         bad = 0
@@ -374,11 +410,13 @@ class Endpoint:
     def ready(self) -> bool:
         return self.channel is not None and self.channel.broken is None
 
-    async def close(self) -> None:
-        """Stop listening, hang up the channel, remove the directory."""
+    async def close(self, *, keep_dir: bool = False) -> None:
+        """Stop listening, hang up the channel, remove the directory (``keep_dir``: a kept
+        container's, which its runner reconnects through)."""
         self.closing = True
         await stop_task(self.task)
         self._unlisten()
         if self.channel is not None:
             await self.channel.close()
-        fstree.remove_tree_quietly(self.rundir)
+        if not keep_dir:
+            fstree.remove_tree_quietly(self.rundir)

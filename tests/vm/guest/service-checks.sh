@@ -299,6 +299,9 @@ if [ -f /share/payload/images.tar ]; then
   systemctl start docker.service > "$R/docker-start.txt" 2>&1
   /usr/bin/docker load -i /share/payload/images.tar > "$R/docker-load.txt" 2>&1 \
     && touch /share/payload/images.loaded
+  # the loaded image is the host's: rebuilt here from the loaded base only when its runner is
+  # not this tree's (a runner change not yet in the host's image; issue 26 added one)
+  $SBX images build --offline --if-missing > "$R/docker-images-build.txt" 2>&1
   install -D -m 0644 systemd/sandboxd-docker.conf /etc/systemd/system/sandboxd.service.d/docker.conf
   systemctl daemon-reload
   out=$(systemctl start sandboxd 2>&1); rc=$?
@@ -319,6 +322,30 @@ if [ -f /share/payload/images.tar ]; then
   echo "$out" > "$R/docker-memory.json"
   check docker-memory-limit "$( [ "$(echo "$out" | jget 'd["termination"]["reason"]')" = memory_limit ] && echo PASS || echo FAIL)" \
     "$(echo "$out" | jget 'd["status"], d["termination"], d["stderr"][:200], d["cleanup"]')"
+  # issue 26: `systemctl restart sandboxd` keeps sessions. A container session keeps its
+  # container, its kernel's variable and its files; a restricted session keeps its files (its
+  # kernel died with the daemon: its next python call says lost, daemon_restart)
+  rsid=$(api POST /v1/sessions '{}' | jget 'd["id"]')
+  api POST /v1/tools/write_file/invoke "{\"arguments\":{\"path\":\"r.txt\",\"content\":\"restricted-kept\"},\"session\":\"$rsid\"}" > "$R/restart-r-1.json"
+  api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"y = 1\"},\"session\":\"$rsid\"}" >> "$R/restart-r-1.json"
+  printf 'version: 1\nname: restart-check\nclients: ["*"]\ntools:\n  python:\n    backend: container\n' \
+    > /etc/sandboxd/policies/restart-check.yaml
+  systemctl reload sandboxd; sleep 2
+  csid=$(api POST /v1/sessions '{}' | jget 'd["id"]')
+  api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"x = 41\\nopen('c.txt', 'w').write('container-kept')\\nx\"},\"session\":\"$csid\"}" > "$R/restart-c-1.json"
+  pid0=$(systemctl show -p MainPID --value sandboxd)
+  out=$(systemctl restart sandboxd 2>&1); rc=$?
+  pid1=$(systemctl show -p MainPID --value sandboxd)
+  out=$(api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"[x + 1, open('c.txt').read()]\"},\"session\":\"$csid\"}"); echo "$out" > "$R/restart-c-2.json"
+  v=$(echo "$out" | jget 'd["value"], d["kernel"]["lost"], d["kernel"]["calls"]')
+  check restart-keeps-container-session "$( [ $rc = 0 ] && [ "$pid0" != "$pid1" ] && [ "$v" = "([42, 'container-kept'], False, 2)" ] && echo PASS || echo FAIL)" \
+    "restart rc $rc, MainPID $pid0 -> $pid1; after: $(echo "$out" | jget 'd["status"], d["value"], d["kernel"], d.get("message")')"
+  rm -f /etc/sandboxd/policies/restart-check.yaml; systemctl reload sandboxd; sleep 2
+  out=$(api POST /v1/tools/read_file/invoke "{\"arguments\":{\"path\":\"r.txt\"},\"session\":\"$rsid\"}"); echo "$out" > "$R/restart-r-2.json"
+  out2=$(api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"1\"},\"session\":\"$rsid\"}"); echo "$out2" >> "$R/restart-r-2.json"
+  check restart-keeps-restricted-session-files "$( [ "$(echo "$out" | jget 'd["stdout"]')" = restricted-kept ] && [ "$(echo "$out2" | jget 'd["kernel"]["lost"], d["kernel"]["reason"]')" = "(True, 'daemon_restart')" ] && echo PASS || echo FAIL)" \
+    "read_file: $(echo "$out" | jget 'd["status"], d["stdout"]'); python: $(echo "$out2" | jget 'd["status"], d["kernel"]'); audit: $(grep -c session_recovered /var/log/sandboxd/audit.jsonl) session_recovered"
+  api DELETE "/v1/sessions/$rsid" > /dev/null; api DELETE "/v1/sessions/$csid" > /dev/null
   systemctl stop sandboxd
   rm -f /etc/systemd/system/sandboxd.service.d/docker.conf; systemctl daemon-reload
   journalctl -b -u sandboxd --no-pager > "$R/journal-full.txt" 2>&1

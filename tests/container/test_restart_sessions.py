@@ -1,0 +1,161 @@
+"""Restarts keep sessions (issue 26), container backend: a clean stop leaves a session's
+container running with its kernel (its runner waits for the next daemon); the next daemon
+re-adopts it, so the session's next call sees its variables and its files. A container removed
+while no daemon ran ends its session (audited). Nothing is left behind: no container, no
+runner directory, no mount."""
+
+from __future__ import annotations
+
+import ctypes
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.security.test_workspace_limits import mounts_below
+from tests.support.audit import audit_records
+from tests.support.daemon import RunningDaemon, start_daemon, uid_range_env
+from tests.support.wait import wait_until
+
+from .conftest import labelled
+from .test_http import daemon_env, policies  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def state() -> Iterator[Path]:
+    """A short state path: the runner directories are then below it (``<state>/run``), where
+    the next daemon finds them (a socket path must fit in 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-"))
+    yield path / "state"
+    left = mounts_below(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    for point in sorted(left, key=len, reverse=True):  # never leave a mount on the host
+        libc.umount2(point.encode(), 2)
+    shutil.rmtree(path, ignore_errors=True)
+    assert left == [], "a mount outlived the test"
+
+
+@pytest.fixture
+def instance(docker_client: Any) -> Iterator[str]:
+    """A fresh instance name; its containers are checked gone (and removed) at the end."""
+    name = f"rst{secrets.token_hex(4)}"
+    yield name
+    left = labelled(docker_client, name)
+    for c in left:
+        c.remove(force=True)
+    assert left == [], f"containers outlived the test: {[c.name for c in left]}"
+
+
+def _start(tmp_path: Path, state: Path, env: dict[str, str], policies: Path,  # noqa: F811
+           started: list[RunningDaemon]) -> RunningDaemon:
+    where = tmp_path / f"d{len(started)}"
+    where.mkdir()
+    d = start_daemon(where, policies_dir=policies, state_dir=state, env=env)
+    started.append(d)
+    return d
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[RunningDaemon]]:
+    started: list[RunningDaemon] = []
+    yield started
+    for d in started:
+        d.client.close()
+        d.stop()
+
+
+def _empty(directory: Path) -> bool:
+    return not directory.exists() or not list(directory.iterdir())
+
+
+def _session(d: RunningDaemon) -> str:
+    sid = d.client.post("/v1/sessions").json()["id"]
+    body = d.invoke("python", {"code": "x = 41\nopen('notes.txt', 'w').write('kept')\nx"},
+                    session=sid).json()
+    assert body["value"] == 41 and body["backend"] == "container", body
+    return sid
+
+
+def _session_containers(docker_client: Any, instance: str) -> list[Any]:
+    return [c for c in labelled(docker_client, instance)
+            if c.labels.get("sandboxd.role") == "session"]
+
+
+def test_restart_keeps_a_container_sessions_variables_and_files(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    first = _start(tmp_path, state, env, policies, daemons)
+    sid = _session(first)
+    assert first.stop() == 0
+    kept = _session_containers(docker_client, instance)
+    assert [c.status for c in kept] == ["running"], kept  # the pool's went, this one stays
+    second = _start(tmp_path, state, env, policies, daemons)
+    body = second.invoke("python", {"code": "x + 1"}, session=sid).json()
+    assert body["status"] == "ok" and body["value"] == 42, body
+    assert body["kernel"]["lost"] is False and body["kernel"]["calls"] == 2, body
+    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
+    assert body["value"] == "kept", body
+    assert [c.id for c in _session_containers(docker_client, instance)] == [kept[0].id]
+    recovered = audit_records(second.audit_path, "session_recovered")
+    assert [(r["session"], r["kernels"], r["kernels_lost"]) for r in recovered] == [
+        (sid, ["container"], [])]
+    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert second.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
+    assert _empty(state / "run") and _empty(state / "kept-containers")
+
+
+def test_a_container_removed_while_stopped_ends_its_session(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    first = _start(tmp_path, state, env, policies, daemons)
+    sid = _session(first)
+    assert first.stop() == 0
+    (kept,) = _session_containers(docker_client, instance)
+    kept.remove(force=True)
+    second = _start(tmp_path, state, env, policies, daemons)
+    assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
+    expired = [r for r in audit_records(second.audit_path, "session_expired")
+               if r.get("session") == sid]
+    assert len(expired) == 1 and "its container is gone" in expired[0]["reason"], expired
+    assert audit_records(second.audit_path, "session_recovered") == []
+    assert not (state / "workspaces" / sid).exists()
+    assert second.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
+    assert _empty(state / "run") and _empty(state / "kept-containers")
+
+
+def test_a_kept_container_that_stopped_keeps_its_session_not_its_kernel(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    first = _start(tmp_path, state, env, policies, daemons)
+    sid = _session(first)
+    assert first.stop() == 0
+    (kept,) = _session_containers(docker_client, instance)
+    kept.kill()  # as if its runner gave up waiting, or the engine restarted
+    second = _start(tmp_path, state, env, policies, daemons)
+    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
+    assert body["status"] == "ok" and body["value"] == "kept", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
+    assert kept.id not in {c.id for c in _session_containers(docker_client, instance)}
+    recovered = audit_records(second.audit_path, "session_recovered")
+    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [(sid, ["container"])]
+    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert second.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
+    assert _empty(state / "run") and _empty(state / "kept-containers")

@@ -1,0 +1,128 @@
+"""Restarts keep sessions (issue 26), restricted backend, tmpfs workspaces (root): a clean stop
+leaves each session's workspace mounted; the next daemon re-adopts the sessions whose workspace
+checks out (their files are there; their kernel died with the old daemon: the next python call
+says ``kernel.lost`` with reason ``daemon_restart``), and ends, audited, those whose workspace
+was tampered with while no daemon ran. ``sessions_survive_restart: false`` keeps the old
+behaviour: a stop ends every tmpfs session."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.security.test_workspace_limits import kernel_quota, mounts_below  # noqa: F401
+from tests.support.audit import audit_records
+from tests.support.daemon import RunningDaemon, start_daemon, uid_range_env
+
+ENV = {"SANDBOXD_CONTAINER_ENABLED": "false", "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true"}
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[RunningDaemon]]:
+    """Daemons a test starts on one state directory (stopped at the end, whatever happened);
+    every test leaves no mount below it."""
+    started: list[RunningDaemon] = []
+    yield started
+    for d in started:
+        d.client.close()
+        d.stop()
+    left = mounts_below(tmp_path / "state" / "workspaces")
+    libc = ctypes.CDLL(None, use_errno=True)
+    for point in sorted(left, key=len, reverse=True):  # never leave a mount on the host
+        libc.umount2(point.encode(), 2)
+    assert left == [], "a workspace mount outlived the test"
+
+
+def _start(tmp_path: Path, daemons: list[RunningDaemon], env: dict[str, str]) -> RunningDaemon:
+    where = tmp_path / f"d{len(daemons)}"
+    where.mkdir()
+    d = start_daemon(where, state_dir=tmp_path / "state", env=env)
+    daemons.append(d)
+    return d
+
+
+def _session_with_state(d: RunningDaemon) -> str:
+    sid = d.client.post("/v1/sessions").json()["id"]
+    r = d.invoke("write_file", {"path": "notes.txt", "content": "kept"}, session=sid)
+    assert r.json()["status"] == "ok", r.text
+    r = d.invoke("python", {"code": "x = 41\nx"}, session=sid)
+    assert r.json()["value"] == 41 and r.json()["kernel"]["fresh"] is True, r.text
+    return sid
+
+
+def test_restart_keeps_files_and_says_the_kernel_was_lost(
+        tmp_path: Path, kernel_quota: None, daemons: list[RunningDaemon]) -> None:  # noqa: F811
+    env = {**ENV, **uid_range_env()}  # the same uid range for both daemons
+    first = _start(tmp_path, daemons, env)
+    sid = _session_with_state(first)
+    ws_root = tmp_path / "state" / "workspaces"
+    assert first.stop() == 0
+    # the stop left the session: its workspace is still mounted (the mounts are the host's)
+    assert mounts_below(ws_root) == [str(ws_root / sid)]
+    second = _start(tmp_path, daemons, env)
+    r = second.invoke("read_file", {"path": "notes.txt"}, session=sid)
+    assert r.json()["stdout"] == "kept", r.text
+    code = "try:\n    x\nexcept NameError:\n    x = 'gone'\nx"
+    body = second.invoke("python", {"code": code}, session=sid).json()
+    assert body["status"] == "ok" and body["value"] == "gone", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
+    assert "daemon restarted" in body["message"], body
+    # said once: the next call runs in the new kernel
+    body = second.invoke("python", {"code": "y = 1\ny"}, session=sid).json()
+    assert body["kernel"]["lost"] is False and body["kernel"]["calls"] == 2, body
+    recovered = audit_records(second.audit_path, "session_recovered")
+    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [(sid, ["restricted"])]
+    assert not [r for r in audit_records(second.audit_path, "session_expired")
+                if r.get("session") == sid]
+    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def _mount_tmpfs(path: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"planted", str(path).encode(), b"tmpfs", 0, b"size=64k") != 0:
+        raise OSError(ctypes.get_errno(), "mount")
+
+
+def test_a_workspace_tampered_with_while_stopped_ends_its_session(
+        tmp_path: Path, kernel_quota: None, daemons: list[RunningDaemon]) -> None:  # noqa: F811
+    env = {**ENV, **uid_range_env()}
+    first = _start(tmp_path, daemons, env)
+    chowned, covered, fine = (_session_with_state(first) for _ in range(3))
+    assert first.stop() == 0
+    ws_root = tmp_path / "state" / "workspaces"
+    os.chown(ws_root / chowned, 0, 0)  # its owner changed
+    _mount_tmpfs(ws_root / covered)  # something else mounted in its place
+    (ws_root / covered / "planted").symlink_to("/etc")
+    second = _start(tmp_path, daemons, env)
+    for sid in (chowned, covered):
+        assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
+        assert not (ws_root / sid).exists()
+    assert second.client.get(f"/v1/sessions/{fine}").status_code == 200
+    expired = {r["session"]: r["reason"]
+               for r in audit_records(second.audit_path, "session_expired")}
+    assert "owned by 0:0" in expired[chowned], expired
+    assert "something else is mounted" in expired[covered], expired
+    assert [r["session"] for r in audit_records(second.audit_path, "session_recovered")] == [
+        fine]
+    assert mounts_below(ws_root) == [str(ws_root / fine)]
+    assert second.client.delete(f"/v1/sessions/{fine}").status_code == 204
+
+
+def test_without_the_setting_a_stop_ends_tmpfs_sessions(
+        tmp_path: Path, kernel_quota: None, daemons: list[RunningDaemon]) -> None:  # noqa: F811
+    env = {**ENV, "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false", **uid_range_env()}
+    first = _start(tmp_path, daemons, env)
+    sid = _session_with_state(first)
+    assert first.stop() == 0
+    ws_root = tmp_path / "state" / "workspaces"
+    assert mounts_below(ws_root) == [] and list(ws_root.iterdir()) == []
+    ended = [r for r in audit_records(first.audit_path, "session_expired")
+             if r.get("session") == sid]
+    assert len(ended) == 1 and "stopped" in ended[0]["reason"], ended
+    second = _start(tmp_path, daemons, env)
+    assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
+    assert audit_records(second.audit_path, "session_recovered") == []
