@@ -114,6 +114,34 @@ def test_restart_keeps_a_container_sessions_variables_and_files(
     assert _empty(state / "run") and _empty(state / "kept-containers")
 
 
+def test_a_paused_session_is_thawed_and_kept_at_a_stop(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    """An idle session's container is paused (issue 26, item 2); a frozen runner cannot
+    answer the stop's ``suspend``, so the stop thaws it first and keeps it."""
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           "SANDBOXD_SESSION_PAUSE_AFTER_S": "1", **uid_range_env()}
+    first = _start(tmp_path, state, env, policies, daemons)
+    sid = _session(first)
+    (box,) = _session_containers(docker_client, instance)
+
+    def paused() -> bool:
+        box.reload()
+        return bool(box.attrs["State"]["Paused"])
+    wait_until(paused, timeout=60, what="the idle session's container paused")
+    assert first.stop() == 0
+    kept = _session_containers(docker_client, instance)
+    assert [(c.id, c.status) for c in kept] == [(box.id, "running")], kept
+    second = _start(tmp_path, state, env, policies, daemons)
+    body = second.invoke("python", {"code": "x + 1"}, session=sid).json()
+    assert body["status"] == "ok" and body["value"] == 42, body
+    assert body["kernel"]["lost"] is False, body
+    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert second.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
+
+
 def test_a_container_removed_while_stopped_ends_its_session(
         docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
         instance: str, daemons: list[RunningDaemon]) -> None:

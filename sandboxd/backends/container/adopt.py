@@ -38,6 +38,7 @@ from docker.errors import NotFound
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
+from sandboxd.backends.container.idle import ThawFailed
 from sandboxd.backends.container.runner import KEY_BYTES, Endpoint, RunnerLost
 from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.deadline import within
@@ -127,6 +128,8 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) ->
                 or not box.endpoint.ready):
             continue
         try:
+            with sessions.idle.using(key):  # a paused container cannot answer: thaw it first
+                await sessions.idle.thaw(key, box)
             info = await boxes.engine(boxes.engine_client.api.inspect_container, box.cid)
             secret = secrets.token_bytes(KEY_BYTES)
             record = Kept(box.name, box.cid, box.image, str(info.get("Image") or ""), key[1],
@@ -138,7 +141,8 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) ->
             if not await channel.suspend(secret):
                 raise RunnerLost(f"its runner (image {box.image}) cannot wait for the next "
                                  "daemon: rebuild the image (sandboxd images build)")
-        except (OSError, RunnerLost, docker.errors.DockerException, ValueError) as exc:
+        except (OSError, RunnerLost, ThawFailed, docker.errors.DockerException,
+                ValueError) as exc:
             log.warning("session container %s not kept: %s", box.name, exc)
             with contextlib.suppress(OSError):
                 (kept_dir(state) / f"{box.name}.json").unlink()
