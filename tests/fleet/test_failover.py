@@ -2,8 +2,7 @@
 others go on, new sessions avoid it) and SIGTERM (drained: no call lost, no new session
 placed on it, its sessions' calls reach it until it stops).
 
-A rolling restart of every node that loses no session needs sessions that survive a restart
-(the sessions-that-last issue, built elsewhere): it is not tested here (docs/fleet.md)."""
+A rolling restart of every node that loses no session: test_rolling_restart.py."""
 
 from __future__ import annotations
 

@@ -145,6 +145,7 @@ def start_daemon(
     ready_timeout: float = 240.0,
     nofile: int | None = None,
     launcher: Sequence[str] = (),
+    port: int | None = None,
 ) -> RunningDaemon:
     """Start ``python -m sandboxd serve`` (behind ``launcher``, e.g. a capability-dropping
     wrapper, when given) and wait until ``/healthz`` answers (``nofile``: the daemon's
@@ -155,7 +156,7 @@ def start_daemon(
         try:
             return _start_daemon(tmp_path, policies_dir=policies_dir, env=env, args=args,
                                  state_dir=state_dir, token=token, ready_timeout=ready_timeout,
-                                 nofile=nofile, launcher=launcher)
+                                 nofile=nofile, launcher=launcher, port=port)
         except (_UidRangeLost, _PortLost):
             continue
     raise RuntimeError("four sandbox uid ranges or ports in a row were taken by others")
@@ -181,10 +182,12 @@ def _start_daemon(
     ready_timeout: float,
     nofile: int | None,
     launcher: Sequence[str],
+    port: int | None,
 ) -> RunningDaemon:
     state_dir = state_dir or tmp_path / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    chosen = port is not None  # a restart on the port a proxy knows: not another one
+    port = port if port is not None else free_port()
     log_path = tmp_path / f"daemon-{port}.log"
     full_env = daemon_env(env)
     picked = not any(k in (env or {}) for k in UID_SETTINGS)
@@ -205,7 +208,7 @@ def _start_daemon(
         if proc.poll() is not None:
             if picked and proc.returncode == EXIT_UID_RANGE:
                 raise _UidRangeLost
-            if proc.returncode == EXIT_LISTEN and "--port" not in args:
+            if proc.returncode == EXIT_LISTEN and "--port" not in args and not chosen:
                 raise _PortLost
             raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
         return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
