@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules
+from sandboxd.protocol.call import WorkerRequest
 
 from .displays import display_for_call, hook_pyplot, show_figures
 from .interrupts import CELL, INTERRUPT_FRAMES, CellState
@@ -56,20 +57,20 @@ def user_streams() -> None:
     sys.argv = ["<sandbox>"]
 
 
-def user_environment(req: dict[str, Any]) -> None:
+def user_environment(req: WorkerRequest) -> None:
     os.environ.clear()
-    os.environ.update(req.get("env") or {})
+    os.environ.update(req.env)
     sys.path[:] = [p for p in sys.path if not p.startswith("/opt/sandboxd")]
     sys.path.insert(0, os.getcwd())
 
 
-def user_builtins(req: dict[str, Any], display: Callable[..., None] | None = None,
+def user_builtins(req: WorkerRequest, display: Callable[..., None] | None = None,
                   after_import: Callable[[], None] | None = None) -> dict[str, Any]:
     """A copy of the builtins with the policy's import rule (an empty allow list admits
     nothing: default deny, as in the policy engine) and ``display``."""
     bi = dict(vars(builtins))
-    bi["__import__"] = user_import(list(req.get("imports_allow") or ()),
-                                    list(req.get("imports_deny") or ()), after_import)
+    bi["__import__"] = user_import(list(req.imports_allow), list(req.imports_deny),
+                                    after_import)
     if display is not None:
         bi["display"] = display
     return bi
@@ -188,14 +189,14 @@ def answer_fields(record: dict[str, Any], data: bytes | bytearray) -> None:
         record["message"] = doc["message"][:MAX_MESSAGE]
 
 
-def run_python(req: dict[str, Any], value_fd: int, display_fd: int) -> NoReturn:
+def run_python(req: WorkerRequest, value_fd: int, display_fd: int) -> NoReturn:
     """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
     user_streams()
     user_environment(req)
     display, after_import = display_for_call(req, display_fd)
     namespace = {"__name__": "__main__",
                  "__builtins__": user_builtins(req, display, after_import)}
-    status, value = execute(req.get("code") or "", namespace, display)
+    status, value = execute(req.code, namespace, display)
     data = value_json(value if status == 0 else None, CELL.message)
     if data:
         try:

@@ -3,7 +3,6 @@ idle, interrupted (SIGINT) before it is killed (see sandboxd_runner.kernel)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -12,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import socket
 
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
+
 from .base import cgroup_counters
 from .calls import Call
-from .channel import refuse, send_frame
+from .channel import refuse, send_frame, send_report
 from .kernel import (
     FIRST_LOOK_S,
     LAST_LOOK_S,
@@ -27,20 +28,17 @@ from .kernel import (
 from .rlimits import Rlimits
 
 
-def _grace(req):
-    """The request's ``interrupt_grace_s``, within bounds (0 when it has none)."""
-    try:
-        grace = float(req.get("interrupt_grace_s") or 0)
-    except (TypeError, ValueError):
-        return 0.0
-    return min(max(grace, 0.0), MAX_INTERRUPT_GRACE_S) if grace == grace else 0.0
+def _grace(req: WorkerRequest) -> float:
+    """The request's ``interrupt_grace_s`` (bounded by its decoder), at most
+    :data:`MAX_INTERRUPT_GRACE_S`."""
+    return min(req.interrupt_grace_s, MAX_INTERRUPT_GRACE_S)
 
 
 class KernelCall(Call):
     """One call in the kernel: its output is relayed by :class:`Kernel`, its end is the
     kernel's answer once the kernel is proven idle (or the kernel's death)."""
 
-    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any],
+    def __init__(self, chan: socket.socket, cid: int, req: WorkerRequest,
                  kernel: Kernel, rlimits: Rlimits = ()) -> None:
         super().__init__(chan, cid, req, rlimits)
         self.kernel = kernel
@@ -199,7 +197,7 @@ class KernelCall(Call):
         self.send_exit_record(record)
 
 
-def start_kernel_call(chan: socket.socket, cid: int, req: dict[str, Any], kernel: Kernel,
+def start_kernel_call(chan: socket.socket, cid: int, req: WorkerRequest, kernel: Kernel,
                       calls: dict[int, Call], owners: dict[int, Any],
                       rlimits: Rlimits = ()) -> None:
     if kernel.current is not None:
@@ -226,6 +224,6 @@ def stop_kernel(chan: socket.socket, cid: int, kernel: Kernel) -> None:
         kernel.current.stopped = True
     kernel.stop()
     try:
-        send_frame(chan, b"x", json.dumps({"kernel_lost": was}).encode(), cid)
+        send_report(chan, cid, WorkerReport(kernel_lost=was))
     except OSError:
         pass

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerRequest
 
 from .base import cgroup_counters, killpg, set_dumpable, site_dirs
 from .calls import Call
@@ -31,21 +32,20 @@ def _start(chan, cid, body, calls, owners):
     if cid in calls:
         return
     try:
-        req = json.loads(body)
-        if not isinstance(req, dict):
-            raise ValueError
-    except ValueError:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
         refuse(chan, cid, "malformed request")
         return
-    if req.get("kind") == "kernel_stop":
-        stop_kernel(chan, cid, KERNEL)
-        return
     try:  # checked whole before anything starts: never applied in part
-        rlimits = requested_rlimits(req)
+        req = WorkerRequest.from_wire(data)
+        if req.kind == "kernel_stop":
+            stop_kernel(chan, cid, KERNEL)
+            return
+        rlimits = requested_rlimits(req.limits.rlimits())
     except ValueError as exc:
         refuse(chan, cid, f"refused: {exc}")
         return
-    if req.get("kind") == "python" and req.get("kernel"):
+    if req.kind == "python" and req.kernel:
         start_kernel_call(chan, cid, req, KERNEL, calls, owners, rlimits)
         return
     call = Call(chan, cid, req, rlimits)

@@ -13,7 +13,7 @@ without the key applies nothing (a daemon from before rlimits).
 from __future__ import annotations
 
 import resource
-from typing import Any
+from collections.abc import Mapping
 
 from sandboxd.protocol.limits import RLIMIT_NAMES
 
@@ -21,15 +21,14 @@ from sandboxd.protocol.limits import RLIMIT_NAMES
 Rlimits = tuple[tuple[int, int], ...]
 
 
-def requested_rlimits(req: dict[str, Any], allowed: frozenset[str] | None = None) -> Rlimits:
-    """The request's rlimits, every one checked (names against ``allowed``, by default
-    :data:`RLIMIT_NAMES`); ``ValueError`` (a message for the daemon) for anything a call may
-    not set."""
+def requested_rlimits(asked: Mapping[str, int],
+                      allowed: frozenset[str] | None = None) -> Rlimits:
+    """The rlimits a request's limits ask for (:meth:`~sandboxd.protocol.limits.Limits.
+    rlimits`), every one checked (names against ``allowed``, by default
+    :data:`RLIMIT_NAMES`; values against this process's own hard limits); ``ValueError`` (a
+    message for the daemon) for anything a call may not set."""
     allowed = RLIMIT_NAMES if allowed is None else allowed
-    asked = req.get("rlimits")
-    if asked is None:
-        return ()
-    if not isinstance(asked, dict):
+    if not isinstance(asked, Mapping):
         raise ValueError("rlimits must map RLIMIT_* names to integers")
     pairs = []
     for name, value in asked.items():
