@@ -171,31 +171,26 @@ class Call:
         killpg(self.pid)  # anything the worker left behind in its process group (`cmd &`)
         group_gone = wait_group_gone(self.pid)
         oom1, pids1 = cgroup_counters()
-        record: dict[str, Any] = {
-            "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000) if usage else 0,
-            "peak_memory_bytes": int(usage.ru_maxrss) * 1024 if usage else 0,
-            "wall_ms": int((time.monotonic() - self.started) * 1000),
-            "oom": oom1 > self.oom0,
-            "pids_limit": self.pids_limit or pids1 > self.pids0,
-            "output_limit": self.output_limit,
-            "group_gone": group_gone,
-        }
-        if self.display_error:
-            record["error"] = self.display_error
-        self.send_exit_record(record)
+        self.send_exit_record(WorkerReport(
+            exit_code=os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
+            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            cpu_ms=int((usage.ru_utime + usage.ru_stime) * 1000) if usage else 0,
+            peak_memory_bytes=int(usage.ru_maxrss) * 1024 if usage else 0,
+            wall_ms=int((time.monotonic() - self.started) * 1000),
+            oom=oom1 > self.oom0, pids_limit=self.pids_limit or pids1 > self.pids0,
+            output_limit=self.output_limit, group_gone=group_gone,
+            error=self.display_error or None))
         for fd in self.pipes:
             os.close(fd)
         self.pipes = set()
 
-    def send_exit_record(self, record: dict[str, Any]) -> None:
-        """The call's ``x`` frame: ``record`` with what the worker reported (its value,
+    def send_exit_record(self, report: WorkerReport) -> None:
+        """The call's ``x`` frame: ``report`` with what the worker reported (its value,
         message), unless the daemon hung up on the call."""
         if self.value_buf:
-            answer_fields(record, self.value_buf)
+            report = answer_fields(report, self.value_buf)
         if not self.hangup:
             try:
-                send_report(self.chan, self.cid, WorkerReport(**record))
+                send_report(self.chan, self.cid, report)
             except OSError:
                 pass

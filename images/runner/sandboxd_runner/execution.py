@@ -13,11 +13,12 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules
-from sandboxd.protocol.call import WorkerRequest
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 from .displays import display_for_call, hook_pyplot, show_figures
 from .interrupts import CELL, INTERRUPT_FRAMES, CellState
@@ -173,20 +174,22 @@ def value_json(value: Any, message: str | None = None, dumps: Any = json.dumps,
     return bytes(data[:MAX_VALUE_JSON])
 
 
-def answer_fields(record: dict[str, Any], data: bytes | bytearray) -> None:
-    """Put what a worker or the kernel reported (:func:`value_json`) into the exit record."""
+def answer_fields(report: WorkerReport, data: bytes | bytearray) -> WorkerReport:
+    """The exit record ``report`` with what a worker or the kernel reported
+    (:func:`value_json`): its value, value_repr and message."""
     try:
         doc = json.loads(bytes(data).decode())
     except (ValueError, UnicodeDecodeError):
-        return
+        return report
     if not isinstance(doc, dict):
-        return
+        return report
     if "value" in doc:
-        record["value"], record["has_value"] = doc["value"], True
+        report = replace(report, value=doc["value"], has_value=True)
     if isinstance(doc.get("value_repr"), str):
-        record["value_repr"] = doc["value_repr"]
+        report = replace(report, value_repr=doc["value_repr"])
     if isinstance(doc.get("message"), str):
-        record["message"] = doc["message"][:MAX_MESSAGE]
+        report = replace(report, message=doc["message"][:MAX_MESSAGE])
+    return report
 
 
 def run_python(req: WorkerRequest, value_fd: int, display_fd: int) -> NoReturn:

@@ -153,12 +153,13 @@ class KernelCall(Call):
     def finish(self) -> None:
         kernel = self.kernel
         group_gone = True
-        record: dict[str, Any] = {}
+        exit_code = sig = not_idle = None
+        lost = False
         if (self.idle and self.reply is not None and not self.stopping and not self.broken
                 and kernel.alive):
             kernel.drain()
             group_gone = kernel.sweep()
-            record["exit_code"] = self.reply[0]
+            exit_code = self.reply[0]
             if len(self.reply) > 1:
                 self.value_buf = bytearray(self.reply[1:])
             cpu = kernel.cpu_ticks() - self.cpu0
@@ -168,33 +169,24 @@ class KernelCall(Call):
                 kernel.drain()
                 kernel.stop()
             status, _, group_gone = kernel.ended
-            record["exit_code"] = (os.waitstatus_to_exitcode(status)
-                                   if status is not None and os.WIFEXITED(status) else None)
-            record["signal"] = (os.WTERMSIG(status)
-                                if status is not None and os.WIFSIGNALED(status) else None)
-            record["kernel_lost"] = True
+            exit_code = (os.waitstatus_to_exitcode(status)
+                         if status is not None and os.WIFEXITED(status) else None)
+            sig = (os.WTERMSIG(status)
+                   if status is not None and os.WIFSIGNALED(status) else None)
+            lost = True
             if self.given_up and self.not_idle:
-                record["not_idle"] = self.not_idle[:500]
+                not_idle = self.not_idle[:500]
         kernel.current = None
         oom1, pids1 = cgroup_counters()
-        record.update({
-            "cpu_ms": max(int(cpu * 1000 / TICKS), 0),
-            "peak_memory_bytes": kernel.peak_memory() if kernel.alive else 0,
-            "wall_ms": int((time.monotonic() - self.started) * 1000),
-            "oom": oom1 > self.oom0,
-            "pids_limit": self.pids_limit or pids1 > self.pids0,
-            "output_limit": self.output_limit,
-            "group_gone": group_gone,
-            "kernel_fresh": self.fresh,
-            "kernel_calls": kernel.calls,
-            "kernel_stopped": self.stopped,
-        })
-        record.setdefault("kernel_lost", False)
-        if self.interrupted and not record["kernel_lost"]:
-            record["kernel_interrupted"] = True
-        if self.broken:
-            record["error"] = self.broken
-        self.send_exit_record(record)
+        self.send_exit_record(WorkerReport(
+            exit_code=exit_code, signal=sig, kernel_lost=lost, not_idle=not_idle,
+            cpu_ms=max(int(cpu * 1000 / TICKS), 0),
+            peak_memory_bytes=kernel.peak_memory() if kernel.alive else 0,
+            wall_ms=int((time.monotonic() - self.started) * 1000),
+            oom=oom1 > self.oom0, pids_limit=self.pids_limit or pids1 > self.pids0,
+            output_limit=self.output_limit, group_gone=group_gone, kernel_fresh=self.fresh,
+            kernel_calls=kernel.calls, kernel_stopped=self.stopped,
+            kernel_interrupted=self.interrupted and not lost, error=self.broken or None))
 
 
 def start_kernel_call(chan: socket.socket, cid: int, req: WorkerRequest, kernel: Kernel,

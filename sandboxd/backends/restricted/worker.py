@@ -20,6 +20,7 @@ import resource
 import signal
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
@@ -203,7 +204,7 @@ def run_worker(
         if msg.probe is not None:
             report = self_test(msg)
         else:
-            report = lang.run_user_code(
+            report = WorkerReport(**lang.run_user_code(
                 msg.code,
                 imports_allow=list(msg.imports_allow),
                 imports_deny=list(msg.imports_deny),
@@ -213,16 +214,16 @@ def run_worker(
                 emit=emit,
                 namespace=namespace,
                 display=msg.display.wire(),
-            )
-        report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
-        parks = namespace is not None and report.get("outcome") in KERNEL_SURVIVES
+            ))
+        report = replace(report, worker_us=int((time.perf_counter() - t_recv) * 1e6))
+        parks = namespace is not None and report.outcome in KERNEL_SURVIVES
         # a kernel that goes on waits for the session's next call, already confined (same
         # chroot, uid, seccomp filter, Landlock domain, rlimits and cgroup), with every signal
         # blocked from before its report: the daemon proves from outside that it is parked in
         # the read below, unwakeable but by its next request (see .idle), and the sooner it
         # gets there after the report, the sooner the call ends
         mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
-        emit(b"r", json.dumps(report).encode())
+        emit(b"r", _report(report))
         if mask is None:
             return 0
         # the daemon closing the socket (EOF) ends it. ``read``, not ``recv``: the seccomp
@@ -265,11 +266,11 @@ def _report(report: WorkerReport) -> bytes:
     return json.dumps(report.to_wire()).encode()
 
 
-def self_test(msg: WorkerRequest) -> dict[str, Any]:
+def self_test(msg: WorkerRequest) -> WorkerReport:
     """Trusted self-test code run inside a fully confined worker (readiness probe)."""
     from sandboxd.backends.restricted import contain, landlock
 
-    checks: dict[str, list[Any]] = {}
+    checks: dict[str, tuple[bool, str]] = {}
     if msg.probe == "memory":
         limit = msg.limits.memory_bytes
         blocks: list[bytes] = []
@@ -277,47 +278,39 @@ def self_test(msg: WorkerRequest) -> dict[str, Any]:
             while len(blocks) * (4 << 20) < 3 * limit:
                 blocks.append(b"x" * (4 << 20))
         except MemoryError:
-            return {
-                "outcome": "memory_limit",
-                "probe": {"memory_limit": [True, f"MemoryError after {len(blocks) * 4} MiB"]},
-            }
-        return {
-            "outcome": "ok",
-            "probe": {
-                "memory_limit": [
-                    False,
-                    f"allocated {len(blocks) * 4} MiB without hitting the limit",
-                ]
-            },
-        }
+            return WorkerReport(outcome="memory_limit", probe={
+                "memory_limit": (True, f"MemoryError after {len(blocks) * 4} MiB")})
+        return WorkerReport(outcome="ok", probe={
+            "memory_limit": (False, f"allocated {len(blocks) * 4} MiB without hitting the "
+                                    "limit")})
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.close()
-        checks["socket_blocked"] = [False, "socket() succeeded"]
+        checks["socket_blocked"] = (False, "socket() succeeded")
     except OSError as exc:
-        checks["socket_blocked"] = [exc.errno == errno.EPERM, f"socket(): {exc}"]
+        checks["socket_blocked"] = (exc.errno == errno.EPERM, f"socket(): {exc}")
     target = msg.outside_path
     try:
         with open(target, "w") as f:
             f.write("escaped")
-        checks["write_outside_blocked"] = [False, f"wrote {target}"]
+        checks["write_outside_blocked"] = (False, f"wrote {target}")
     except OSError as exc:
-        checks["write_outside_blocked"] = [True, f"open(outside, 'w'): {type(exc).__name__}"]
+        checks["write_outside_blocked"] = (True, f"open(outside, 'w'): {type(exc).__name__}")
     uid = os.getuid()
     abi = landlock.landlock_abi()
-    checks["landlock"] = [
+    checks["landlock"] = (
         abi == 0 or landlock.LANDLOCK_STATUS.startswith("enforced"),
         landlock.LANDLOCK_STATUS,
-    ]
-    checks["unprivileged"] = [uid != 0 or not msg.expect_unprivileged, f"uid {uid}"]
+    )
+    checks["unprivileged"] = (uid != 0 or not msg.expect_unprivileged, f"uid {uid}")
     pid = os.getpid()
-    checks["pid_namespace"] = [
+    checks["pid_namespace"] = (
         pid == 1 or not msg.expect_namespaces,
         f"pid {pid} in its own PID namespace" if pid == 1 else
         f"pid {pid}: no PID namespace" + (f" ({msg.no_namespaces_reason}; sandboxes are "
                                           "separated by uid and seccomp)"
                                           if msg.no_namespaces_reason else ""),
-    ]
+    )
     try:
         mode = contain.prctl(contain.PR_GET_SECCOMP)
     except OSError:
@@ -329,8 +322,8 @@ def self_test(msg: WorkerRequest) -> dict[str, Any]:
         forked = True
     except OSError:
         forked = False
-    checks["seccomp"] = [
+    checks["seccomp"] = (
         mode == 2 and not forked,
         f"seccomp mode {mode}, fork {'allowed' if forked else 'denied'}",
-    ]
-    return {"outcome": "ok", "probe": checks}
+    )
+    return WorkerReport(outcome="ok", probe=checks)
