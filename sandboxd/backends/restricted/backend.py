@@ -274,9 +274,10 @@ class RestrictedBackend(Backend):
 
     # ------------------------------------------------------------ calls
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+    async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Run one python invocation: in its session's kernel when it names a session
         (:mod:`.kernel`), else in a fresh confined worker."""
+        limits = invocation.plan.limits
         if invocation.plan.kind is not ToolKind.python:
             return outcome.result(
                 invocation,
