@@ -8,6 +8,7 @@ or report of their own (an AST check)."""
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import math
 from collections.abc import Iterator
@@ -317,3 +318,17 @@ def test_both_sandboxes_send_reports_made_by_the_dataclass() -> None:
                             and payload.func.id == "_report"), ast.unparse(node)
     assert senders == {"images/runner/sandboxd_runner/channel.py:send_report",
                        "sandboxd/backends/restricted/worker.py:run_worker"}, senders
+
+
+def test_a_backend_reads_its_limits_from_the_plan_only() -> None:
+    """``Backend.run(invocation, deadline)``: the call's limits are ``invocation.plan.limits``
+    and nowhere else (no second copy a caller could pass out of step with the plan)."""
+    from sandboxd.backends import registry
+    from sandboxd.backends.base import Backend
+    from sandboxd.backends.scripted import ScriptedBackend
+
+    classes = [Backend, ScriptedBackend] + [
+        registry.load(entry.factory.rpartition(".")[0]) for entry in registry.entries()]
+    for cls in classes:
+        assert list(inspect.signature(cls.run).parameters) == ["self", "invocation",
+                                                               "deadline"], cls
