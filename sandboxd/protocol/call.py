@@ -30,6 +30,7 @@ CallKind = Literal["python", "plan", "kernel_stop"]
 ProbeKind = Literal["basic", "memory"]
 #: how a restricted worker says its call ended (the runner leaves it out: its exit status says)
 Outcome = Literal["ok", "error", "memory_limit", "output_limit", "cpu_limit", "setup_error"]
+_KINDS, _PROBES, _OUTCOMES = get_args(CallKind), get_args(ProbeKind), get_args(Outcome)
 
 MAX_ID = 128
 MAX_CODE = 16 * 1024 * 1024  # characters of a call's code
@@ -115,7 +116,7 @@ class WorkerRequest:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        _choice(self.kind, "kind", get_args(CallKind))
+        _choice(self.kind, "kind", _KINDS)
         if self.kind == "plan" and self.plan is None:
             raise ValueError("a plan request needs its plan")
 
@@ -145,7 +146,7 @@ class WorkerRequest:
         """The request in ``data``, every member checked and bounded (a missing one takes
         its default; ``kind`` is required): ``ValueError`` for anything else."""
         d = _obj(data, "request", _REQUEST_KEYS, ("kind",))
-        v: dict[str, Any] = {"kind": _choice(d["kind"], "kind", get_args(CallKind))}
+        v: dict[str, Any] = {"kind": _choice(d["kind"], "kind", _KINDS)}
         for name, value in d.items():
             if name != "kind":
                 v[name] = _REQUEST_DECODERS[name](value, name)
@@ -188,7 +189,7 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "cpu_seconds": lambda v, w: _int(v, w, 0, MAX_SECONDS),
     "cpu_call": lambda v, w: _opt(v, w, _int, 0, MAX_SECONDS),
     "max_file_bytes": lambda v, w: _int(v, w, 0, 2**50),
-    "probe": lambda v, w: _opt(v, w, _choice, get_args(ProbeKind)),
+    "probe": lambda v, w: _opt(v, w, _choice, _PROBES),
     "outside_path": _text,
     "expect_unprivileged": _bool,
     "expect_namespaces": _bool,
@@ -309,7 +310,7 @@ def _counter(value: Any, what: str) -> int:
 
 
 _REPORT_DECODERS: dict[str, Any] = {
-    "outcome": lambda v, w: _opt(v, w, _choice, get_args(Outcome)),
+    "outcome": lambda v, w: _opt(v, w, _choice, _OUTCOMES),
     "exit_code": lambda v, w: _opt(v, w, _int, -255, 255),
     "signal": lambda v, w: _opt(v, w, _int, 1, 127),
     "value": _json_value,
@@ -337,4 +338,4 @@ _REPORT_DECODERS: dict[str, Any] = {
 _REPORT_KEYS = tuple(f.name for f in fields(WorkerReport))
 assert set(_REPORT_DECODERS) == set(_REPORT_KEYS)
 #: the outcomes a restricted worker may report
-OUTCOMES: frozenset[str] = frozenset(get_args(Outcome))
+OUTCOMES: frozenset[str] = frozenset(_OUTCOMES)
