@@ -127,18 +127,11 @@ class WorkerRequest:
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready form (:meth:`from_wire` reads it back)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("limits", "plan"):
-                value = None if value is None else value.to_wire()
-            elif f.name == "display":
-                value = value.wire()
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, dict):
-                value = dict(value)
-            out[f.name] = value
+        out = {name: getattr(self, name) for name in _REQUEST_KEYS}
+        out.update(limits=self.limits.to_wire(), display=self.display.wire(),
+                   plan=None if self.plan is None else self.plan.to_wire(),
+                   imports_allow=list(self.imports_allow), imports_deny=list(self.imports_deny),
+                   env=dict(self.env))
         return out
 
     @classmethod
