@@ -1,13 +1,13 @@
-"""Per-call rlimits: the request's ``"rlimits": {"RLIMIT_NOFILE": 64, ...}`` (the daemon's
-:meth:`sandboxd.protocol.limits.Limits.rlimits`), set (soft = hard) in every process a call
-starts, before user code or exec: the python worker, the worker that executes a command plan
-(each command inherits them), a session kernel when it starts (a kernel keeps its first
-call's rlimits, like its memory and pids).
+"""Per-call rlimits: what a request's limits ask for (``WorkerRequest.limits.rlimits()``,
+``{"RLIMIT_NOFILE": 64, ...}``, :meth:`sandboxd.protocol.limits.Limits.rlimits`), set (soft =
+hard) in every process a call starts, before user code or exec: the python worker, the worker
+that executes a command plan (each command inherits them), a session kernel when it starts (a
+kernel keeps its first call's rlimits, like its memory and pids).
 
-Checked whole before anything starts: a name not in
+Checked whole before anything starts (after the request's own bounds,
+:meth:`sandboxd.protocol.call.WorkerRequest.from_wire`): a name not in
 :data:`sandboxd.protocol.limits.RLIMIT_NAMES`, a value that is not an integer, negative, or
-above the runner's own hard limit refuses the call (nothing is applied in part). A request
-without the key applies nothing (a daemon from before rlimits).
+above the runner's own hard limit refuses the call (nothing is applied in part).
 """
 
 from __future__ import annotations
