@@ -25,6 +25,7 @@ from pathlib import Path
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Status, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan, Plan
 
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 CLIENTS = 4
@@ -52,10 +53,11 @@ class Bench:
     async def call(self, session: str | None = None) -> float:
         self.n += 1
         ws = workspace(self.tmp, session or f"one{self.n}")
-        inv = Invocation(tool="shell", kind=ToolKind.command, client="bench", session=session,
-                         workspace=ws, argv=["echo", "hi"])
+        inv = Invocation(tool="shell", client="bench", session=session, workspace=ws,
+                         plan=ExecutionPlan(kind=ToolKind.command, limits=Limits(timeout_s=60),
+                                            command=Plan.single(["echo", "hi"])))
         start = time.perf_counter()
-        res = await self.backend.run(inv, Limits(timeout_s=60), time.monotonic() + 60)
+        res = await self.backend.run(inv, time.monotonic() + 60)
         elapsed = time.perf_counter() - start
         if res.status is not Status.ok or res.stdout != "hi\n" or not res.cleanup.verified:
             raise RuntimeError(f"bad result: {res}")

@@ -26,6 +26,7 @@ from sandboxd.backends.container import ContainerBackend
 from sandboxd.cli.images import PROFILES
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Status, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan
 
 CODE = """\
 import time
@@ -66,12 +67,13 @@ async def main() -> None:
             ws.mkdir()
             if os.geteuid() == 0:
                 os.chown(ws, uid, uid)
-            inv = Invocation(tool="python", kind=ToolKind.python, client="bench",
-                             session=session, workspace=ws, arguments={"code": CODE},
-                             image=image, imports_allow=["*"],
+            inv = Invocation(tool="python", client="bench", session=session, workspace=ws,
+                             arguments={"code": CODE},
+                             plan=ExecutionPlan(kind=ToolKind.python, limits=LIMITS,
+                                                image=image, imports_allow=("*",)),
                              uid=uid if backend.uids is not None else None)
             start = time.perf_counter()
-            res = await backend.run(inv, LIMITS, time.monotonic() + 120)
+            res = await backend.run(inv, time.monotonic() + 120)
             elapsed = time.perf_counter() - start
             if res.status is not Status.ok:
                 raise SystemExit(f"bad result: {res.status} {res.message} {res.stderr[-2000:]}")

@@ -28,6 +28,7 @@ import httpx
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Status, ToolKind
+from sandboxd.protocol.plan import ExecutionPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -69,11 +70,12 @@ class Session:
         self.x = 0
 
     async def call(self, code: str = CODE) -> float:
-        inv = Invocation(tool="python", kind=ToolKind.python, client="bench",
-                         session=self.name, workspace=self.ws,
-                         arguments={"code": code}, imports_allow=["*"])
+        inv = Invocation(tool="python", client="bench", session=self.name, workspace=self.ws,
+                         arguments={"code": code},
+                         plan=ExecutionPlan(kind=ToolKind.python, limits=Limits(timeout_s=60),
+                                            imports_allow=("*",)))
         start = time.perf_counter()
-        res = await self.backend.run(inv, Limits(timeout_s=60), time.monotonic() + 60)
+        res = await self.backend.run(inv, time.monotonic() + 60)
         elapsed = time.perf_counter() - start
         if code == CODE:
             self.x += 1

@@ -33,6 +33,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.plan import with_limits
 
 STEP = "x += 1; print(x)"
 
@@ -129,7 +130,8 @@ def backend_only(calls: int) -> tuple[float, float]:
             def run(code: str) -> tuple[float, str]:
                 inv = h.invocation(code, ws).model_copy(update={"session": "bench"})
                 t0 = time.perf_counter()
-                res = h.call(h.backend.run(inv, Limits(timeout_s=20), time.monotonic() + 20))
+                res = h.call(h.backend.run(with_limits(inv, Limits(timeout_s=20)),
+                                           time.monotonic() + 20))
                 return time.perf_counter() - t0, res.stdout
 
             run("x = 0")

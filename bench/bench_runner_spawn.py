@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 DOCKER = "/usr/bin/docker"
 
@@ -32,10 +31,12 @@ def inside(runs: int) -> None:
     sys.path.extend(runner_main.site_dirs())
     gc.collect()
     gc.freeze()
-    req: dict[str, Any] = {
-        "kind": "plan", "cwd": os.getcwd(), "env": {"PATH": "/usr/bin:/bin"},
-        "plan": {"pipelines": [{"commands": [{"argv": ["true"]}], "run_if": "always"}]}}
-    rlimits = requested_rlimits({"rlimits": {"RLIMIT_NOFILE": 64}})
+    from sandboxd.protocol.call import WorkerRequest
+    from sandboxd.protocol.plan import Plan
+
+    req = WorkerRequest(kind="plan", cwd=os.getcwd(), env={"PATH": "/usr/bin:/bin"},
+                        plan=Plan.single(["true"]))
+    rlimits = requested_rlimits(req.limits.rlimits())
 
     def one(fast: bool) -> float:
         r, w = os.pipe()

@@ -410,7 +410,7 @@ class Sandboxd(SessionOps, SessionRestarts):
                         workspace=workspace, uid=self.sessions.identity(call.session, call.id),
                         arguments=call.request.arguments, plan=call.plan,
                         transfer=call.transfer, events=call.events)
-                    result = note_kernel_lost(await call.backend.run(invocation, limits, deadline))
+                    result = note_kernel_lost(await call.backend.run(invocation, deadline))
                     result = await self._note_quota(result, call.plan, workspace)
         except DeadlineExpired as exc:
             return self._outcome(call.id, call.tool, call.decision, session, Status.timeout,

@@ -1,7 +1,8 @@
 """The backend interface: one small protocol, several implementations (like httpx transports).
 
 A backend executes an :class:`~sandboxd.models.Invocation` that the policy engine has already
-allowed, under the effective :class:`~sandboxd.models.Limits`, and must finish by ``deadline``
+allowed, under the effective limits of its plan (``invocation.plan.limits``), and must finish
+by ``deadline``
 (a ``time.monotonic()`` value). Whatever happens - success, crash, timeout, memory limit, or
 cancellation of the awaiting task - it returns (or, on cancellation, raises after cleaning up)
 only once every process / container it started is gone, and reports that in
@@ -14,7 +15,7 @@ import asyncio
 from typing import Protocol, runtime_checkable
 
 from sandboxd.errors import SandboxdError
-from sandboxd.models import Cleanup, Invocation, Kernel, Limits, ProbeReport, Result
+from sandboxd.models import Cleanup, Invocation, Kernel, ProbeReport, Result
 
 
 class BackendUnavailable(SandboxdError, RuntimeError):
@@ -57,8 +58,10 @@ class Backend(Protocol):
     def availability(self) -> tuple[bool, str | None]:
         """``(True, None)`` when the backend can run calls now, else ``(False, reason)``."""
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
-        """Execute one call. On ``asyncio.CancelledError`` clean up fully, then raise
+    async def run(self, invocation: Invocation, deadline: float) -> Result:
+        """Execute one call, under the limits of its plan (``invocation.plan.limits``: the
+        one definition of a call's limits, passed on as the policy decided them). On
+        ``asyncio.CancelledError`` clean up fully, then raise
         :class:`CancelledAfterCleanup` (or re-raise when there was nothing to clean up)."""
 
     async def close_session(self, session_id: str) -> None:

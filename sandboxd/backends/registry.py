@@ -36,8 +36,14 @@ class BackendEntry:
     factory: str  # (settings, uids) -> Backend: the backend as the daemon builds it
     serves: frozenset[ToolGroup]  # the policy tools it can run
     defaults: frozenset[ToolGroup] = frozenset()  # ...and runs when a policy names no backend
-    enabled_setting: str | None = None  # the bool setting that turns it on (None: always on)
+    enabled_setting: str | None = None  # the bool setting that turns it on (None: always on,
+    #                                     or its section's ``enabled`` when it has one)
     settings: tuple[str, ...] = ()  # the settings it reads (besides the enabled flag)
+    #: ``"module:Model"``: a pydantic model of the backend's own settings, read from the
+    #: ``backends.<name>`` section of the settings (config file: ``backends: {name: {...}}``;
+    #: environment: ``SANDBOXD_BACKENDS`` as JSON) and checked when the settings load, so that
+    #: a backend with settings of its own needs no edit of ``sandboxd/config.py``
+    section: str | None = None
     executes: bool = True  # runs code: built only when enabled, probed by the doctor
     startup_probe: bool = False  # the default backend: start-up refuses to serve unless its
     #                               probe passes (the others are probed by /readyz)
@@ -47,8 +53,21 @@ class BackendEntry:
     leftovers: str | None = None  # (settings) -> list[str]: what its start-up sweep removes
 
     def enabled(self, settings: Settings) -> bool:
-        """Whether the settings turn this backend on."""
-        return self.enabled_setting is None or bool(getattr(settings, self.enabled_setting))
+        """Whether the settings turn this backend on: its flat flag, else its section's
+        ``enabled`` (when its model has one), else always."""
+        if self.enabled_setting is not None:
+            return bool(getattr(settings, self.enabled_setting))
+        if self.section is not None:
+            return bool(getattr(self.settings_of(settings), "enabled", True))
+        return True
+
+    def settings_of(self, settings: Settings) -> Any:
+        """The backend's own settings (its ``section`` model, validated from
+        ``settings.backends[name]``; pydantic's ``ValidationError`` when they are wrong).
+        ``LookupError`` for a backend without a section."""
+        if self.section is None:
+            raise LookupError(f"the {self.name} backend has no settings section")
+        return load(self.section).model_validate(settings.backends.get(self.name, {}))
 
     def build(self, settings: Settings, uids: UidPool | None) -> Backend:
         """The backend built from the settings (ImportError when its dependencies are not

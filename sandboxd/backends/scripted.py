@@ -105,8 +105,9 @@ class ScriptedBackend(Backend):
         """As configured (``available``)."""
         return (True, None) if self.available else (False, "scripted backend: unavailable")
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+    async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Answer with the script, within the deadline (in the session's kernel, if any)."""
+        limits = invocation.plan.limits
         self.calls.append(invocation)
         self.running += 1
         self.peak = max(self.peak, self.running)

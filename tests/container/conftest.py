@@ -64,7 +64,7 @@ async def run(backend: ContainerBackend, ws: Path, *, argv: list[str] | None = N
         inv = Invocation(tool="shell", client=client, session=session, workspace=ws, uid=uid,
                          plan=ExecutionPlan(kind=ToolKind.command, limits=limits,
                                             command=Plan.single(argv) if argv else None))
-    return await backend.run(inv, limits, time.monotonic() + limits.timeout_s)
+    return await backend.run(inv, time.monotonic() + limits.timeout_s)
 
 
 def labelled(docker_client: Any, instance: str) -> list[Any]:

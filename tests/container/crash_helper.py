@@ -21,11 +21,11 @@ async def main(tmp: Path, instance: str) -> None:
     ws = workspace(tmp, "crash-ws")
     session = Invocation(tool="shell", client="c", session="kept", workspace=ws,
                          plan=ExecutionPlan(kind=ToolKind.command, command=Plan.single(["true"])))
-    await backend.run(session, Limits(), time.monotonic() + 30)
+    await backend.run(session, time.monotonic() + 30)
     busy = Invocation(tool="shell", client="c", workspace=ws,
                       plan=ExecutionPlan(kind=ToolKind.command, limits=Limits(timeout_s=1000),
                                          command=Plan.single(["sleep", "1000"])))
-    task = asyncio.create_task(backend.run(busy, Limits(timeout_s=1000), time.monotonic() + 1000))
+    task = asyncio.create_task(backend.run(busy, time.monotonic() + 1000))
     # the session container, the busy call's container and the refilled pool's are there
     await async_wait_until(lambda: len([b for b in backend.boxes.live if b.cid]) >= 3,
                            timeout=120, what="three containers left behind")

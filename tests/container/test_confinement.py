@@ -15,6 +15,7 @@ from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
 from sandboxd.protocol.plan import ExecutionPlan
 from tests.support.ci import require
+from tests.support.plan import with_limits
 
 from .conftest import SANDBOX_UID, run
 
@@ -263,7 +264,7 @@ async def test_concurrent_containers_never_share_a_uid(backend: ContainerBackend
                          arguments={"code": code}, uid=uid,
                          plan=ExecutionPlan(kind=ToolKind.python, limits=Limits(timeout_s=30),
                                             imports_allow=("*",)))
-        calls.append(backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30))
+        calls.append(backend.run(with_limits(inv, Limits(timeout_s=30)), time.monotonic() + 30))
     try:
         results = await asyncio.gather(*calls)
     finally:

@@ -17,6 +17,7 @@ from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason
 from sandboxd.protocol.plan import ExecutionPlan, Plan
+from tests.support.plan import with_limits
 from tests.support.scale import scaled
 
 from .conftest import labelled, make_settings, run, workspace
@@ -146,7 +147,7 @@ async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: A
         inv = Invocation(tool="shell", client="c", workspace=workspace(tmp_path, "w"),
                          plan=ExecutionPlan(kind=ToolKind.command, command=Plan.single(["true"]),
                                             image="sandboxd/does-not-exist:1"))
-        res = await backend.run(inv, Limits(), time.monotonic() + 30)
+        res = await backend.run(with_limits(inv, Limits()), time.monotonic() + 30)
         assert res.status is Status.error
         assert res.message and "could not be started" in res.message
         assert labelled(docker_client, backend.config.instance_name) == []
@@ -174,7 +175,7 @@ async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path:
         inv = Invocation(tool="shell", client="c", workspace=workspace(tmp_path, "w"),
                          plan=ExecutionPlan(kind=ToolKind.command, limits=Limits(timeout_s=30),
                                             command=Plan.single(["true"]), image=tag))
-        res = await backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30)
+        res = await backend.run(with_limits(inv, Limits(timeout_s=30)), time.monotonic() + 30)
         assert res.status is Status.error, res
         assert res.message and "runner" in res.message
         assert res.cleanup.verified

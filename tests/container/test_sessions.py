@@ -11,6 +11,7 @@ import pytest
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason, Status
 from sandboxd.protocol.plan import ExecutionPlan
+from tests.support.plan import with_limits
 
 from .conftest import labelled, run, workspace
 
@@ -231,9 +232,9 @@ async def test_import_allowlist_is_applied_in_the_container(backend: ContainerBa
                                         imports_deny=("subprocess",)))
     import time
 
-    res = await backend.run(inv, Limits(), time.monotonic() + 30)
+    res = await backend.run(with_limits(inv, Limits()), time.monotonic() + 30)
     assert res.status is Status.error
     assert "import of 'subprocess' is not allowed by the policy" in res.stderr
     inv = inv.model_copy(update={"arguments": {"code": "import json, math\nmath.floor(2.5)"}})
-    res = await backend.run(inv, Limits(), time.monotonic() + 30)
+    res = await backend.run(with_limits(inv, Limits()), time.monotonic() + 30)
     assert res.value == 2, res

@@ -19,6 +19,7 @@ from sandboxd.backends.restricted import RestrictedBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Result, ToolKind
 from sandboxd.protocol.plan import ExecutionPlan
+from tests.support.plan import with_limits
 
 DEFAULT_IMPORTS = [
     "math", "json", "re", "datetime", "statistics", "itertools", "functools", "collections",
@@ -72,7 +73,7 @@ class BackendHarness:
             max_file_bytes: int = 1024 * 1024, **limits: Any) -> Result:
         inv = self.invocation(code, workspace, imports, deny, max_file_bytes)
         lim = Limits(timeout_s=timeout_s, **limits)
-        return self.call(self.backend.run(inv, lim, time.monotonic() + timeout_s))
+        return self.call(self.backend.run(with_limits(inv, lim), time.monotonic() + timeout_s))
 
     def close(self) -> None:
         self.call(self.backend.close())

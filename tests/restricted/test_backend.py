@@ -20,6 +20,7 @@ from sandboxd.models import Invocation, Limits, Reason, Status, ToolKind
 from sandboxd.protocol.plan import ExecutionPlan, Plan
 from tests.restricted.conftest import BackendHarness
 from tests.support.ci import require
+from tests.support.plan import with_limits
 from tests.support.wait import async_wait_until, wait_until
 
 
@@ -188,7 +189,7 @@ def test_files_persist_in_given_workspace(harness: BackendHarness) -> None:
 def test_non_python_kind_is_rejected(harness: BackendHarness) -> None:
     inv = Invocation(tool="shell", client="t", workspace=harness.workspace(),
                      plan=ExecutionPlan(kind=ToolKind.command, command=Plan.single(["ls"])))
-    res = harness.call(harness.backend.run(inv, Limits(), time.monotonic() + 5))
+    res = harness.call(harness.backend.run(with_limits(inv, Limits()), time.monotonic() + 5))
     assert res.status is Status.rejected
     assert res.cleanup.verified
 
@@ -198,7 +199,7 @@ def test_concurrent_calls_are_isolated(harness: BackendHarness) -> None:
         invs = [harness.invocation(f"x = {i}\nprint(x * 2)\nx") for i in range(12)]
         return await asyncio.gather(*[
             # 12 at once: a deadline that only a hang reaches, also on slow emulated hosts
-            harness.backend.run(inv, Limits(timeout_s=120), time.monotonic() + 120)
+            harness.backend.run(with_limits(inv, Limits(timeout_s=120)), time.monotonic() + 120)
             for inv in invs])
 
     results = harness.call(many())
@@ -211,7 +212,7 @@ def test_cancellation_kills_worker(harness: BackendHarness) -> None:
     async def cancel_one() -> bool:
         inv = harness.invocation("while True:\n    pass")
         task = asyncio.create_task(
-            harness.backend.run(inv, Limits(timeout_s=30), time.monotonic() + 30))
+            harness.backend.run(with_limits(inv, Limits(timeout_s=30)), time.monotonic() + 30))
         await async_wait_until(busy_worker(harness), timeout=20,
                                what="the call's busy loop running in its worker")
         task.cancel()
@@ -280,7 +281,7 @@ def test_zygote_crash_during_call_reports_error(harness: BackendHarness) -> None
     async def crash() -> object:
         inv = harness.invocation("while True:\n    pass")
         task = asyncio.create_task(
-            harness.backend.run(inv, Limits(timeout_s=20), time.monotonic() + 20))
+            harness.backend.run(with_limits(inv, Limits(timeout_s=20)), time.monotonic() + 20))
         await async_wait_until(busy_worker(harness), timeout=15,
                                what="the call's busy loop running in its worker")
         z = harness.backend._zygote
@@ -376,7 +377,7 @@ def test_run_before_start_is_an_error(tmp_path: Path) -> None:
     backend = RestrictedBackend.from_settings(Settings(state_dir=tmp_path))
     inv = Invocation(tool="python", client="t", workspace=tmp_path,
                      arguments={"code": "print(1)"}, plan=ExecutionPlan(kind=ToolKind.python))
-    res = asyncio.run(backend.run(inv, Limits(), time.monotonic() + 5))
+    res = asyncio.run(backend.run(with_limits(inv, Limits()), time.monotonic() + 5))
     assert res.status is Status.error and "unavailable" in (res.message or "")
     assert backend.availability()[0] is False
 

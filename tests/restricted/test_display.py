@@ -11,6 +11,7 @@ from sandboxd.models import Limits
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import StreamEvent
 from tests.restricted.conftest import BackendHarness
+from tests.support.plan import with_limits
 
 
 def test_display_of_plain_values_in_order(harness: BackendHarness) -> None:
@@ -37,7 +38,8 @@ def test_no_display_means_no_outputs_and_bad_use_is_a_python_error(
 def test_display_caps_cut_big_items_and_count(harness: BackendHarness) -> None:
     inv = harness.invocation("display('x' * 5000)\nfor i in range(10):\n    display(i)")
     inv = inv.model_copy(update={"plan": replace(inv.plan, display=DisplayCaps(4096, 4))})
-    res = harness.call(harness.backend.run(inv, Limits(timeout_s=10), time.monotonic() + 10))
+    res = harness.call(harness.backend.run(with_limits(inv, Limits(timeout_s=10)),
+                                           time.monotonic() + 10))
     assert res.status == "ok", res
     first = res.outputs[0]
     assert first.truncated and first.data["text/plain"].startswith("[display item cut:")
@@ -53,7 +55,7 @@ def test_display_in_a_session_kernel_and_the_events_of_a_streaming_caller(
     def call(code: str) -> object:
         inv = harness.invocation(code, ws).model_copy(
             update={"session": "display-kernel", "events": seen.append})
-        return harness.call(harness.backend.run(inv, Limits(timeout_s=10),
+        return harness.call(harness.backend.run(with_limits(inv, Limits(timeout_s=10)),
                                                 time.monotonic() + 10))
 
     first = call("rows = [1, 2, 3]\ndisplay(rows)")

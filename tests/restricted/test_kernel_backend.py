@@ -18,6 +18,7 @@ from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.models import Limits, Result
 from tests.restricted.conftest import BackendHarness
 from tests.restricted.test_kernel import cgroup_dirs, kernel_process, wait_gone
+from tests.support.plan import with_limits
 from tests.support.wait import async_wait_until, wait_until
 
 
@@ -29,7 +30,7 @@ def run_in(harness: BackendHarness, session: str, workspace: Path, code: str,
 async def submit(harness: BackendHarness, session: str, workspace: Path, code: str,
                  timeout_s: float = 20) -> Result:
     inv = harness.invocation(code, workspace).model_copy(update={"session": session})
-    return await harness.backend.run(inv, Limits(timeout_s=timeout_s),
+    return await harness.backend.run(with_limits(inv, Limits(timeout_s=timeout_s)),
                                      time.monotonic() + timeout_s)
 
 

@@ -13,6 +13,7 @@ import pytest
 from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
 from sandboxd.models import Limits, Reason
 from tests.restricted.conftest import BackendHarness
+from tests.support.plan import with_limits
 from tests.support.wait import wait_until
 
 TIMEOUT_CODE = "while True:\n    pass"
@@ -33,7 +34,7 @@ def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
             inv = harness.invocation(MEMORY_CODE, workspace=ws)
             # generous: the limit must end these calls, not the clock (slow emulated hosts)
             lim = Limits(timeout_s=120, memory_bytes=32 * 1024 * 1024)
-        return i, await harness.backend.run(inv, lim, time.monotonic() + lim.timeout_s)
+        return i, await harness.backend.run(with_limits(inv, lim), time.monotonic() + lim.timeout_s)
 
     async def all_calls() -> list:
         sem = asyncio.Semaphore(4)

@@ -17,7 +17,7 @@ from sandboxd.audit import verify
 from sandboxd.backends.scripted import ScriptedBackend, fails, prints, sleeps
 from sandboxd.backends.workspace.backend import WorkspaceBackend
 from sandboxd.config import Settings
-from sandboxd.models import Decision, Invocation, Limits, Reason, Result
+from sandboxd.models import Decision, Invocation, Reason, Result
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.service import Sandboxd
 from tests.support.audit import audit_records
@@ -168,9 +168,9 @@ def test_the_backend_receives_the_decisions_plan(make, monkeypatch, tool: str,  
     seen: list[Invocation] = []
     run = d.service.backends[backend].run
 
-    async def recorded(invocation: Invocation, limits: Limits, deadline: float) -> Result:
+    async def recorded(invocation: Invocation, deadline: float) -> Result:
         seen.append(invocation)
-        return await run(invocation, limits, deadline)
+        return await run(invocation, deadline)
 
     monkeypatch.setattr(d.service.backends[backend], "run", recorded)
     r = d.invoke(tool, arguments, limits={"timeout_s": 9})

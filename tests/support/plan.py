@@ -15,10 +15,13 @@ import os
 import signal
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 from sandboxd.cli.images import images_dir
+from sandboxd.models import Invocation
+from sandboxd.protocol.limits import Limits
 from sandboxd.protocol.plan import Plan
 
 
@@ -60,3 +63,8 @@ def execute(plan: Plan, cwd: Path, env: dict[str, str],
         err.seek(0)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
         return code, out.read(), err.read()
+
+
+def with_limits(inv: Invocation, limits: Limits) -> Invocation:
+    """``inv`` whose plan has these limits (a backend runs a call under its plan's limits)."""
+    return inv.model_copy(update={"plan": replace(inv.plan, limits=limits)})

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from tests.support.plan import runner_module
 
 
@@ -28,7 +29,8 @@ class Reply:
 
     stdout: bytes = b""
     stderr: bytes = b""
-    record: dict[str, Any] = field(default_factory=dict)
+    #: the exit record, decoded as the daemon decodes it
+    record: WorkerReport = field(default_factory=WorkerReport)
     started: bool = False  # the runner started a call (it was not refused)
     pid: int | None = None  # the call's worker (or the program posix_spawn started)
 
@@ -79,9 +81,9 @@ def _read(daemon: socket.socket, decoder: wire.Decoder, reply: Reply) -> None:
             elif frame.kind == b"e":
                 reply.stderr += frame.payload
             elif frame.kind == b"x":
-                reply.record = json.loads(frame.payload)
+                reply.record = WorkerReport.from_wire(json.loads(frame.payload))
 
 
 def stop_kernel() -> Reply:
     """End the runner's session kernel (the one its loop keeps), if one runs."""
-    return run_request({"kind": "kernel_stop"}, Path(os.getcwd()))
+    return run_request(WorkerRequest.stop_kernel().to_wire(), Path(os.getcwd()))

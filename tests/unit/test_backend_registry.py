@@ -9,14 +9,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict, ValidationError
 from typer.testing import CliRunner
 
 from sandboxd.backends import registry
 from sandboxd.backends.factory import build_backend, build_backends, enabled_backends
 from sandboxd.backends.scripted import ScriptedBackend
-from sandboxd.config import Settings
+from sandboxd.config import Settings, load_settings, settings_problems
 from sandboxd.models import ProbeCheck
 from sandboxd.policy import load_file
 from sandboxd.uids import UidPool
@@ -186,3 +188,75 @@ def test_healing_is_part_of_the_protocol() -> None:
     optional.healing = "its runner directory vanished"
     ready, reports = asyncio.run(probes.reports(fresh=True))
     assert ready is False and reports["container"]["ok"] is False
+
+
+class SectionSettings(BaseModel):
+    """The settings of a backend that has its own (``backends.sectioned`` in the config)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    greeting: str = "hello"
+
+
+class Sectioned(ScriptedBackend):
+    @classmethod
+    def from_settings(cls, settings: Settings, uids: UidPool | None) -> Sectioned:
+        backend = cls("sectioned")
+        backend.greeting = SECTIONED.settings_of(settings).greeting
+        return backend
+
+
+SECTIONED = registry.BackendEntry(
+    name="sectioned", factory=f"{__name__}:Sectioned.from_settings",
+    serves=frozenset({"python"}), section=f"{__name__}:SectionSettings")
+
+
+@pytest.fixture
+def sectioned() -> Iterator[registry.BackendEntry]:
+    registry.register(SECTIONED)
+    try:
+        yield SECTIONED
+    finally:
+        registry.unregister("sectioned")
+
+
+def test_a_backend_s_own_settings_need_no_core_edit(
+        sectioned: registry.BackendEntry, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its settings section is read from the config file (or SANDBOXD_BACKENDS), checked
+    against its model, and turns it on: config.py knows nothing of it."""
+    assert "sectioned" not in enabled_backends(Settings(state_dir=tmp_path, **ONLY_IT))
+    config = tmp_path / "sandboxd.yaml"
+    config.write_text("backends:\n  sectioned: {enabled: true, greeting: hi}\n")
+    settings = load_settings(config, state_dir=tmp_path, **ONLY_IT)
+    assert enabled_backends(settings) == ["sectioned"]
+    built = build_backends(settings, None)["sectioned"]
+    assert isinstance(built, Sectioned) and built.greeting == "hi"
+    monkeypatch.setenv("SANDBOXD_BACKENDS", '{"sectioned": {"enabled": true}}')
+    assert SECTIONED.settings_of(Settings(state_dir=tmp_path)).greeting == "hello"
+
+
+@pytest.mark.parametrize(("section", "says"), [
+    ({"sectioned": {"greeting": 5}}, "backends.sectioned: greeting: Input should be a valid "
+                                     "string"),
+    ({"sectioned": {"colour": "red"}}, "backends.sectioned: colour: Extra inputs are not "
+                                       "permitted"),
+    ({"bogus": {}}, "backends.bogus: no backend of that name has a settings section "
+                    "('sectioned')"),
+    ({"restricted": {}}, "backends.restricted: no backend of that name has a settings "
+                         "section ('sectioned')"),
+])
+def test_a_wrong_section_is_a_settings_error(sectioned: registry.BackendEntry, tmp_path: Path,
+                                            section: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(state_dir=tmp_path, backends=section)
+    assert settings_problems(caught.value) == [f"settings: Value error, {says}"]
+
+
+def test_every_setting_an_entry_names_exists() -> None:
+    """The flags and settings the built-in entries name are fields of the settings."""
+    for entry in registry.entries():
+        for name in (entry.enabled_setting, *entry.settings):
+            assert name is None or name in Settings.model_fields, (entry.name, name)
+        if entry.enabled_setting is not None:
+            assert Settings.model_fields[entry.enabled_setting].annotation is bool

@@ -14,6 +14,7 @@ import pytest
 from sandboxd.backends.container.runner import CallOutput, Channel, RunnerLost
 from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import StreamEvent
 from tests.support.wait import async_wait_until
@@ -29,7 +30,7 @@ async def _exchange(frames: list[tuple[bytes, bytes]], caps: DisplayCaps
     channel = Channel(reader, writer)
     seen: list[StreamEvent] = []
     out = CallOutput(displays=DisplayCollector(caps), events=seen.append)
-    call = asyncio.create_task(channel.call({"kind": "python", "code": "1"}, 1 << 20, out))
+    call = asyncio.create_task(channel.call(WorkerRequest(kind="python", code="1"), 1 << 20, out))
     await async_wait_until(lambda: 1 in channel.calls, timeout=5, what="call 1 on the channel")
     theirs.sendall(b"".join(wire.encode(kind, payload, 1) for kind, payload in frames))
     error: BaseException | None = None
@@ -46,7 +47,7 @@ def test_good_items_are_collected_and_streamed_in_order() -> None:
     frames = [(b"d", b'{"data": {"text/plain": "one"}}'), (b"o", b"text"),
               (b"d", b'{"cut": {"mime": "image/png", "bytes": 9000000}}'), (b"x", EXIT)]
     out, error, seen = asyncio.run(_exchange(frames, DisplayCaps()))
-    assert error is None and out.exit == {"exit_code": 0}
+    assert error is None and out.exit == WorkerReport(exit_code=0)
     assert [o.data["text/plain"] for o in out.displays.items] == [
         "one", "[display item cut: 9.0 MB image/png over the 2.1 MB cap]"]
     assert [(e.kind, e.data if e.kind == "stdout" else e.data["data"]["text/plain"][:5])

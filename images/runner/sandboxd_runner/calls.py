@@ -3,20 +3,19 @@ and display caps, its end (exit status, rusage, the cgroup's OOM and pids events
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import time
 from typing import TYPE_CHECKING, Any
 
-from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules, wire
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 if TYPE_CHECKING:
     import socket
 
 from .base import cgroup_counters, killpg, wait_group_gone
-from .channel import CHUNK, send_frame
+from .channel import CHUNK, send_frame, send_report
 from .execution import answer_fields
 from .rlimits import Rlimits
 from .worker import spawn_command, worker
@@ -30,13 +29,13 @@ class Call:
         """When poll() must look again, sooner than the loop's usual tick (monotonic)."""
         return None
 
-    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any],
+    def __init__(self, chan: socket.socket, cid: int, req: WorkerRequest,
                  rlimits: Rlimits = ()) -> None:
         self.chan = chan
         self.cid = cid
         self.req = req
         self.rlimits = rlimits  # checked (sandboxd_runner.rlimits)
-        self.budget = rules.OutputBudget(int(req.get("output_bytes") or 1024 * 1024))
+        self.budget = rules.OutputBudget(req.limits.output_bytes)
         self.oom0, self.pids0 = cgroup_counters()
         self.started = time.monotonic()
         self.pid: Any = None  # the worker's pid once started
@@ -49,7 +48,7 @@ class Call:
         self.output_limit = False
         self.pids_limit = False
         self.hangup = False
-        caps = display_rules.DisplayCaps(**(req.get("display") or {}))
+        caps = req.display
         # the user's display frames: bounded by the call's caps (the daemon checks each item)
         self.displays = wire.Decoder({b"d": (2, caps.frame_bytes)}, max_frames=caps.count + 1)
         self.display_error: str | None = None
@@ -60,7 +59,7 @@ class Call:
         err_r, err_w = os.pipe()
         value_w = display_w = None
         self.streams = {out_r: b"o", err_r: b"e"}
-        if self.req.get("kind") == "python":
+        if self.req.kind == "python":
             self.value_r, value_w = os.pipe()
             display_r, display_w = os.pipe()
             self.streams[display_r] = b"d"
@@ -172,31 +171,26 @@ class Call:
         killpg(self.pid)  # anything the worker left behind in its process group (`cmd &`)
         group_gone = wait_group_gone(self.pid)
         oom1, pids1 = cgroup_counters()
-        record: dict[str, Any] = {
-            "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000) if usage else 0,
-            "peak_memory_bytes": int(usage.ru_maxrss) * 1024 if usage else 0,
-            "wall_ms": int((time.monotonic() - self.started) * 1000),
-            "oom": oom1 > self.oom0,
-            "pids_limit": self.pids_limit or pids1 > self.pids0,
-            "output_limit": self.output_limit,
-            "group_gone": group_gone,
-        }
-        if self.display_error:
-            record["error"] = self.display_error
-        self.send_exit_record(record)
+        self.send_exit_record(WorkerReport(
+            exit_code=os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
+            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            cpu_ms=int((usage.ru_utime + usage.ru_stime) * 1000) if usage else 0,
+            peak_memory_bytes=int(usage.ru_maxrss) * 1024 if usage else 0,
+            wall_ms=int((time.monotonic() - self.started) * 1000),
+            oom=oom1 > self.oom0, pids_limit=self.pids_limit or pids1 > self.pids0,
+            output_limit=self.output_limit, group_gone=group_gone,
+            error=self.display_error or None))
         for fd in self.pipes:
             os.close(fd)
         self.pipes = set()
 
-    def send_exit_record(self, record: dict[str, Any]) -> None:
-        """The call's ``x`` frame: ``record`` with what the worker reported (its value,
+    def send_exit_record(self, report: WorkerReport) -> None:
+        """The call's ``x`` frame: ``report`` with what the worker reported (its value,
         message), unless the daemon hung up on the call."""
         if self.value_buf:
-            answer_fields(record, self.value_buf)
+            report = answer_fields(report, self.value_buf)
         if not self.hangup:
             try:
-                send_frame(self.chan, b"x", json.dumps(record).encode(), self.cid)
+                send_report(self.chan, self.cid, report)
             except OSError:
                 pass

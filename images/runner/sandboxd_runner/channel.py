@@ -15,6 +15,7 @@ import sys
 import time
 
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerReport
 
 SOCKET_PATH = os.environ.get("SANDBOXD_RUNNER_SOCKET", "/run/sandboxd/runner.sock")
 KEY_PATH = os.path.join(os.path.dirname(SOCKET_PATH), "key")
@@ -75,11 +76,15 @@ def reconnect(key: bytearray) -> socket.socket | None:
             sock.close()
             time.sleep(0.05)
     return None
+def send_report(chan: socket.socket, cid: int, report: WorkerReport) -> None:
+    """The call's ``x`` frame: how it ended (the daemon decodes it with
+    :meth:`WorkerReport.from_wire`). Raises OSError."""
+    send_frame(chan, b"x", json.dumps(report.to_wire()).encode(), cid)
 
 
 def refuse(chan: socket.socket, cid: int, message: str, pids_limit: bool = False) -> None:
-    record = {"error": message[:1000], "pids_limit": pids_limit}
+    """A call that does not start: why (its ``error``)."""
     try:
-        send_frame(chan, b"x", json.dumps(record).encode(), cid)
+        send_report(chan, cid, WorkerReport(error=message[:1000], pids_limit=pids_limit))
     except OSError:
         pass

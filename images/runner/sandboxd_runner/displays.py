@@ -17,6 +17,7 @@ from typing import Any
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerRequest
 
 from .interrupts import CELL, after_emit
 
@@ -116,9 +117,9 @@ def hook_pyplot(display: Callable[..., None]) -> None:
         pass
 
 
-def display_for_call(req: dict[str, Any], fd: int
+def display_for_call(req: WorkerRequest, fd: int
                      ) -> tuple[Callable[..., None], Callable[[], None]]:
     """``(display, after_import)`` for a python call whose display pipe is ``fd``."""
-    caps = display_rules.DisplayCaps(**(req.get("display") or {}))
+    caps = req.display
     display = user_display(fd, caps)
     return display, (lambda: hook_pyplot(display))

@@ -14,10 +14,12 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import rules
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import SITE_DIR
 
 from .displays import display_for_call, hook_pyplot, show_figures
@@ -58,9 +60,9 @@ def user_streams() -> None:
     sys.argv = ["<sandbox>"]
 
 
-def user_environment(req: dict[str, Any]) -> None:
+def user_environment(req: WorkerRequest) -> None:
     os.environ.clear()
-    os.environ.update(req.get("env") or {})
+    os.environ.update(req.env)
     sys.path[:] = [p for p in sys.path if not p.startswith("/opt/sandboxd")]
     cwd = os.getcwd()
     site = os.path.join(cwd, SITE_DIR)  # what install_packages put in this workspace
@@ -83,13 +85,13 @@ def fresh_site() -> None:
         importlib.invalidate_caches()
 
 
-def user_builtins(req: dict[str, Any], display: Callable[..., None] | None = None,
+def user_builtins(req: WorkerRequest, display: Callable[..., None] | None = None,
                   after_import: Callable[[], None] | None = None) -> dict[str, Any]:
     """A copy of the builtins with the policy's import rule (an empty allow list admits
     nothing: default deny, as in the policy engine) and ``display``."""
     bi = dict(vars(builtins))
-    bi["__import__"] = user_import(list(req.get("imports_allow") or ()),
-                                    list(req.get("imports_deny") or ()), after_import)
+    bi["__import__"] = user_import(list(req.imports_allow), list(req.imports_deny),
+                                    after_import)
     if display is not None:
         bi["display"] = display
     return bi
@@ -192,30 +194,32 @@ def value_json(value: Any, message: str | None = None, dumps: Any = json.dumps,
     return bytes(data[:MAX_VALUE_JSON])
 
 
-def answer_fields(record: dict[str, Any], data: bytes | bytearray) -> None:
-    """Put what a worker or the kernel reported (:func:`value_json`) into the exit record."""
+def answer_fields(report: WorkerReport, data: bytes | bytearray) -> WorkerReport:
+    """The exit record ``report`` with what a worker or the kernel reported
+    (:func:`value_json`): its value, value_repr and message."""
     try:
         doc = json.loads(bytes(data).decode())
     except (ValueError, UnicodeDecodeError):
-        return
+        return report
     if not isinstance(doc, dict):
-        return
+        return report
     if "value" in doc:
-        record["value"], record["has_value"] = doc["value"], True
+        report = replace(report, value=doc["value"], has_value=True)
     if isinstance(doc.get("value_repr"), str):
-        record["value_repr"] = doc["value_repr"]
+        report = replace(report, value_repr=doc["value_repr"])
     if isinstance(doc.get("message"), str):
-        record["message"] = doc["message"][:MAX_MESSAGE]
+        report = replace(report, message=doc["message"][:MAX_MESSAGE])
+    return report
 
 
-def run_python(req: dict[str, Any], value_fd: int, display_fd: int) -> NoReturn:
+def run_python(req: WorkerRequest, value_fd: int, display_fd: int) -> NoReturn:
     """Execute the request's code in this (fresh, forked) interpreter; exit with its status."""
     user_streams()
     user_environment(req)
     display, after_import = display_for_call(req, display_fd)
     namespace = {"__name__": "__main__",
                  "__builtins__": user_builtins(req, display, after_import)}
-    status, value = execute(req.get("code") or "", namespace, display)
+    status, value = execute(req.code, namespace, display)
     data = value_json(value if status == 0 else None, CELL.message)
     if data:
         try:

@@ -50,8 +50,8 @@ import struct
 import time
 from typing import Any
 
-from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerRequest
 
 from .base import killpg, wait_group_gone, write_all
 from .channel import CHUNK
@@ -128,7 +128,7 @@ class Kernel:
     def alive(self) -> bool:
         return self.pid is not None
 
-    def start(self, req: dict[str, Any], rlimits: Rlimits = ()) -> None:
+    def start(self, req: WorkerRequest, rlimits: Rlimits = ()) -> None:
         """Fork a fresh kernel (with the rlimits of the call that starts it)."""
         ctl_r, self.ctl_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
@@ -152,13 +152,12 @@ class Kernel:
         for fd in self.pipes:
             os.set_blocking(fd, False)
 
-    def send(self, req: dict[str, Any]) -> None:
+    def send(self, req: WorkerRequest) -> None:
         """Hand the kernel a call (it reads it at once: it is idle)."""
         # marshal (C code only, unlike json) keeps the kernel's loop independent of builtins
-        caps = display_rules.DisplayCaps(**(req.get("display") or {}))
-        body = marshal.dumps({"code": str(req.get("code") or ""),
-                              "imports_allow": [str(n) for n in req.get("imports_allow") or ()],
-                              "imports_deny": [str(n) for n in req.get("imports_deny") or ()],
+        caps = req.display
+        body = marshal.dumps({"code": req.code, "imports_allow": list(req.imports_allow),
+                              "imports_deny": list(req.imports_deny),
                               "display": {"item_bytes": int(caps.item_bytes),
                                           "count": int(caps.count)}})
         data = struct.pack(">I", len(body)) + body

@@ -3,7 +3,6 @@ idle, interrupted (SIGINT) before it is killed (see sandboxd_runner.kernel)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -12,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import socket
 
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
+
 from .base import cgroup_counters
 from .calls import Call
-from .channel import refuse, send_frame
+from .channel import refuse, send_frame, send_report
 from .kernel import (
     FIRST_LOOK_S,
     LAST_LOOK_S,
@@ -27,20 +28,17 @@ from .kernel import (
 from .rlimits import Rlimits
 
 
-def _grace(req):
-    """The request's ``interrupt_grace_s``, within bounds (0 when it has none)."""
-    try:
-        grace = float(req.get("interrupt_grace_s") or 0)
-    except (TypeError, ValueError):
-        return 0.0
-    return min(max(grace, 0.0), MAX_INTERRUPT_GRACE_S) if grace == grace else 0.0
+def _grace(req: WorkerRequest) -> float:
+    """The request's ``interrupt_grace_s`` (bounded by its decoder), at most
+    :data:`MAX_INTERRUPT_GRACE_S`."""
+    return min(req.interrupt_grace_s, MAX_INTERRUPT_GRACE_S)
 
 
 class KernelCall(Call):
     """One call in the kernel: its output is relayed by :class:`Kernel`, its end is the
     kernel's answer once the kernel is proven idle (or the kernel's death)."""
 
-    def __init__(self, chan: socket.socket, cid: int, req: dict[str, Any],
+    def __init__(self, chan: socket.socket, cid: int, req: WorkerRequest,
                  kernel: Kernel, rlimits: Rlimits = ()) -> None:
         super().__init__(chan, cid, req, rlimits)
         self.kernel = kernel
@@ -155,12 +153,13 @@ class KernelCall(Call):
     def finish(self) -> None:
         kernel = self.kernel
         group_gone = True
-        record: dict[str, Any] = {}
+        exit_code = sig = not_idle = None
+        lost = False
         if (self.idle and self.reply is not None and not self.stopping and not self.broken
                 and kernel.alive):
             kernel.drain()
             group_gone = kernel.sweep()
-            record["exit_code"] = self.reply[0]
+            exit_code = self.reply[0]
             if len(self.reply) > 1:
                 self.value_buf = bytearray(self.reply[1:])
             cpu = kernel.cpu_ticks() - self.cpu0
@@ -170,36 +169,27 @@ class KernelCall(Call):
                 kernel.drain()
                 kernel.stop()
             status, _, group_gone = kernel.ended
-            record["exit_code"] = (os.waitstatus_to_exitcode(status)
-                                   if status is not None and os.WIFEXITED(status) else None)
-            record["signal"] = (os.WTERMSIG(status)
-                                if status is not None and os.WIFSIGNALED(status) else None)
-            record["kernel_lost"] = True
+            exit_code = (os.waitstatus_to_exitcode(status)
+                         if status is not None and os.WIFEXITED(status) else None)
+            sig = (os.WTERMSIG(status)
+                   if status is not None and os.WIFSIGNALED(status) else None)
+            lost = True
             if self.given_up and self.not_idle:
-                record["not_idle"] = self.not_idle[:500]
+                not_idle = self.not_idle[:500]
         kernel.current = None
         oom1, pids1 = cgroup_counters()
-        record.update({
-            "cpu_ms": max(int(cpu * 1000 / TICKS), 0),
-            "peak_memory_bytes": kernel.peak_memory() if kernel.alive else 0,
-            "wall_ms": int((time.monotonic() - self.started) * 1000),
-            "oom": oom1 > self.oom0,
-            "pids_limit": self.pids_limit or pids1 > self.pids0,
-            "output_limit": self.output_limit,
-            "group_gone": group_gone,
-            "kernel_fresh": self.fresh,
-            "kernel_calls": kernel.calls,
-            "kernel_stopped": self.stopped,
-        })
-        record.setdefault("kernel_lost", False)
-        if self.interrupted and not record["kernel_lost"]:
-            record["kernel_interrupted"] = True
-        if self.broken:
-            record["error"] = self.broken
-        self.send_exit_record(record)
+        self.send_exit_record(WorkerReport(
+            exit_code=exit_code, signal=sig, kernel_lost=lost, not_idle=not_idle,
+            cpu_ms=max(int(cpu * 1000 / TICKS), 0),
+            peak_memory_bytes=kernel.peak_memory() if kernel.alive else 0,
+            wall_ms=int((time.monotonic() - self.started) * 1000),
+            oom=oom1 > self.oom0, pids_limit=self.pids_limit or pids1 > self.pids0,
+            output_limit=self.output_limit, group_gone=group_gone, kernel_fresh=self.fresh,
+            kernel_calls=kernel.calls, kernel_stopped=self.stopped,
+            kernel_interrupted=self.interrupted and not lost, error=self.broken or None))
 
 
-def start_kernel_call(chan: socket.socket, cid: int, req: dict[str, Any], kernel: Kernel,
+def start_kernel_call(chan: socket.socket, cid: int, req: WorkerRequest, kernel: Kernel,
                       calls: dict[int, Call], owners: dict[int, Any],
                       rlimits: Rlimits = ()) -> None:
     if kernel.current is not None:
@@ -226,6 +216,6 @@ def stop_kernel(chan: socket.socket, cid: int, kernel: Kernel) -> None:
         kernel.current.stopped = True
     kernel.stop()
     try:
-        send_frame(chan, b"x", json.dumps({"kernel_lost": was}).encode(), cid)
+        send_report(chan, cid, WorkerReport(kernel_lost=was))
     except OSError:
         pass

@@ -21,6 +21,7 @@ from typing import Any
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerRequest
 
 from .base import set_dumpable
 from .displays import hook_pyplot, user_display
@@ -153,7 +154,7 @@ def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isins
         send(frame)
 
 
-def kernel_child(req: dict[str, Any], ctl_r: int, rep_w: int, out_w: int, err_w: int,
+def kernel_child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: int,
                  disp_w: int, rlimits: Rlimits = ()) -> None:
     """In the forked kernel: set up fds, session, signals, then serve calls forever."""
     try:
@@ -179,7 +180,7 @@ def kernel_child(req: dict[str, Any], ctl_r: int, rep_w: int, out_w: int, err_w:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, interrupt_user_code)  # the runner's interrupt
         os.umask(0o022)
-        os.chdir(req.get("cwd") or "/workspace")
+        os.chdir(req.cwd)
         apply_rlimits(rlimits)  # before user code: the kernel keeps them for its life
         kernel_main(req)
     except BaseException as exc:

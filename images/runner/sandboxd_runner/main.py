@@ -14,10 +14,11 @@ import time
 from typing import Any
 
 from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 from .base import cgroup_counters, killpg, set_dumpable, site_dirs
 from .calls import Call
-from .channel import KEY_BYTES, open_channel, reconnect, refuse, send_frame
+from .channel import KEY_BYTES, open_channel, reconnect, refuse, send_report
 from .kernel import Kernel
 from .kernel_calls import start_kernel_call, stop_kernel
 from .rlimits import requested_rlimits
@@ -29,34 +30,38 @@ KERNEL = Kernel()  # the container's session kernel (started by its first call)
 RESUME = bytearray()
 
 
+def _suspend(chan, cid, req, calls):
+    """The daemon stops and keeps this session (issue 26): remember the next daemon's
+    one-time key, answer ``suspended``."""
+    if len(req.resume_key) != 2 * KEY_BYTES or calls:
+        refuse(chan, cid, "refused: a suspend needs a key and no call running")
+        return
+    RESUME[:] = bytes.fromhex(req.resume_key)
+    send_report(chan, cid, WorkerReport(message="suspended"))
+
+
 def _start(chan, cid, body, calls, owners):
     """Start the call a request frame asks for (or answer why it cannot start)."""
     if cid in calls:
         return
     try:
-        req = json.loads(body)
-        if not isinstance(req, dict):
-            raise ValueError
-    except ValueError:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
         refuse(chan, cid, "malformed request")
         return
-    if req.get("kind") == "kernel_stop":
-        stop_kernel(chan, cid, KERNEL)
-        return
-    if req.get("kind") == "suspend":  # answered at once; kept for when the daemon hangs up
-        key = req.get("key")
-        if not (isinstance(key, str) and len(key) == 2 * KEY_BYTES) or calls:
-            refuse(chan, cid, "refused: a suspend needs a key and no call running")
-            return
-        RESUME[:] = bytes.fromhex(key)
-        send_frame(chan, b"x", b'{"message": "suspended"}', cid)
-        return
     try:  # checked whole before anything starts: never applied in part
-        rlimits = requested_rlimits(req)
+        req = WorkerRequest.from_wire(data)
+        if req.kind == "kernel_stop":
+            stop_kernel(chan, cid, KERNEL)
+            return
+        if req.kind == "suspend":  # answered at once; kept for when the daemon hangs up
+            _suspend(chan, cid, req, calls)
+            return
+        rlimits = requested_rlimits(req.limits.rlimits())
     except ValueError as exc:
         refuse(chan, cid, f"refused: {exc}")
         return
-    if req.get("kind") == "python" and req.get("kernel"):
+    if req.kind == "python" and req.kernel:
         start_kernel_call(chan, cid, req, KERNEL, calls, owners, rlimits)
         return
     call = Call(chan, cid, req, rlimits)

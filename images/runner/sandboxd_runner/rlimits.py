@@ -1,19 +1,19 @@
-"""Per-call rlimits: the request's ``"rlimits": {"RLIMIT_NOFILE": 64, ...}`` (the daemon's
-:meth:`sandboxd.protocol.limits.Limits.rlimits`), set (soft = hard) in every process a call
-starts, before user code or exec: the python worker, the worker that executes a command plan
-(each command inherits them), a session kernel when it starts (a kernel keeps its first
-call's rlimits, like its memory and pids).
+"""Per-call rlimits: what a request's limits ask for (``WorkerRequest.limits.rlimits()``,
+``{"RLIMIT_NOFILE": 64, ...}``, :meth:`sandboxd.protocol.limits.Limits.rlimits`), set (soft =
+hard) in every process a call starts, before user code or exec: the python worker, the worker
+that executes a command plan (each command inherits them), a session kernel when it starts (a
+kernel keeps its first call's rlimits, like its memory and pids).
 
-Checked whole before anything starts: a name not in
+Checked whole before anything starts (after the request's own bounds,
+:meth:`sandboxd.protocol.call.WorkerRequest.from_wire`): a name not in
 :data:`sandboxd.protocol.limits.RLIMIT_NAMES`, a value that is not an integer, negative, or
-above the runner's own hard limit refuses the call (nothing is applied in part). A request
-without the key applies nothing (a daemon from before rlimits).
+above the runner's own hard limit refuses the call (nothing is applied in part).
 """
 
 from __future__ import annotations
 
 import resource
-from typing import Any
+from collections.abc import Mapping
 
 from sandboxd.protocol.limits import RLIMIT_NAMES
 
@@ -21,15 +21,14 @@ from sandboxd.protocol.limits import RLIMIT_NAMES
 Rlimits = tuple[tuple[int, int], ...]
 
 
-def requested_rlimits(req: dict[str, Any], allowed: frozenset[str] | None = None) -> Rlimits:
-    """The request's rlimits, every one checked (names against ``allowed``, by default
-    :data:`RLIMIT_NAMES`); ``ValueError`` (a message for the daemon) for anything a call may
-    not set."""
+def requested_rlimits(asked: Mapping[str, int],
+                      allowed: frozenset[str] | None = None) -> Rlimits:
+    """The rlimits a request's limits ask for (:meth:`~sandboxd.protocol.limits.Limits.
+    rlimits`), every one checked (names against ``allowed``, by default
+    :data:`RLIMIT_NAMES`; values against this process's own hard limits); ``ValueError`` (a
+    message for the daemon) for anything a call may not set."""
     allowed = RLIMIT_NAMES if allowed is None else allowed
-    asked = req.get("rlimits")
-    if asked is None:
-        return ()
-    if not isinstance(asked, dict):
+    if not isinstance(asked, Mapping):
         raise ValueError("rlimits must map RLIMIT_* names to integers")
     pairs = []
     for name, value in asked.items():

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, NoReturn
+from typing import NoReturn
+
+from sandboxd.protocol.call import WorkerRequest
 
 from .base import find_program, set_dumpable, set_oom_score_adj
 from .execution import run_python
@@ -25,7 +27,7 @@ def _close_fds_except(keep):
     os.closerange(low, 65536)
 
 
-def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
+def worker(req: WorkerRequest, out_w: int, err_w: int, value_w: int | None,
            display_w: int | None, rlimits: Rlimits = ()) -> NoReturn:
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
@@ -48,10 +50,10 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
         for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         os.umask(0o022)
-        os.chdir(req.get("cwd") or "/workspace")
+        os.chdir(req.cwd)
         apply_rlimits(rlimits)  # before user code; each command of a plan inherits them
-        env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
-        if req.get("kind") == "python":
+        env = dict(req.env)
+        if req.kind == "python":
             assert value_w is not None and display_w is not None  # python: both pipes exist
             run_python(req, value_w, display_w)
         if direct is not None:
@@ -59,7 +61,7 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
                 os.execve(*direct)
             except OSError:
                 pass  # the plan executor tries again and reports why, in the shell's words
-        os._exit(run_plan(req.get("plan") or {}, env) & 0xFF)
+        os._exit(run_plan(req.plan.to_wire() if req.plan else {}, env) & 0xFF)
     except BaseException as exc:  # never return into the handler's code
         try:
             os.write(2, f"sandboxd runner: {exc!r}\n".encode())
@@ -67,18 +69,17 @@ def worker(req: dict[str, Any], out_w: int, err_w: int, value_w: int | None,
             os._exit(126)
 
 
-def spawnable(req: dict[str, Any]) -> tuple[str, list[str], dict[str, str]] | None:
+def spawnable(req: WorkerRequest) -> tuple[str, list[str], dict[str, str]] | None:
     """``(path, argv, env)`` of a request that is one plain command run where this process
     runs, else None (python code, a plan with pipes, sequencing, redirects or an exec
     restriction, another cwd, or a program that cannot be found - the plan executor reports
     that with the shell's wording)."""
-    if req.get("kind") == "python":
+    if req.kind != "plan" or req.plan is None:
         return None
-    cwd = req.get("cwd") or "/workspace"
-    if os.path.realpath(cwd) != os.getcwd():
+    if os.path.realpath(req.cwd) != os.getcwd():
         return None
-    env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
-    argv = simple_command(req.get("plan") or {}, env)
+    env = dict(req.env)
+    argv = simple_command(req.plan.to_wire(), env)
     if not argv:
         return None
     path = find_program(argv[0], env.get("PATH", "/usr/bin:/bin"))
@@ -87,7 +88,7 @@ def spawnable(req: dict[str, Any]) -> tuple[str, list[str], dict[str, str]] | No
     return path, argv, env
 
 
-def spawn_command(req: dict[str, Any], out_w: int, err_w: int,
+def spawn_command(req: WorkerRequest, out_w: int, err_w: int,
                   rlimits: Rlimits = ()) -> int | None:
     """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
     much cheaper).

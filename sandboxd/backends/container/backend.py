@@ -69,7 +69,6 @@ from sandboxd.models import (
     Cleanup,
     Invocation,
     Kernel,
-    Limits,
     ProbeReport,
     Reason,
     Result,
@@ -290,8 +289,9 @@ class ContainerBackend(Backend):
 
     # ------------------------------------------------------------ run
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+    async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Execute one call (see the module docstring)."""
+        limits = invocation.plan.limits
         started = time.monotonic()
         lost = self.boxes.rundir_lost()
         if lost is not None:  # vanished after the service checked availability(): a 503 too

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box
@@ -26,7 +25,7 @@ from sandboxd.models import (
     status_for,
 )
 from sandboxd.outputs import DisplayCollector
-from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.streaming import EventSink
 
 BACKEND = "container"
@@ -46,9 +45,9 @@ class Outcome:
     superseded: bool = False
 
     @property
-    def record(self) -> dict[str, Any]:
-        """The runner's exit record (empty when there was none)."""
-        return self.output.exit or {}
+    def record(self) -> WorkerReport:
+        """The runner's exit record (an empty report when there was none)."""
+        return self.output.exit or WorkerReport()
 
     @property
     def clean(self) -> bool:
@@ -56,14 +55,14 @@ class Outcome:
         rec = self.record
         return (self.output.exit is not None and not self.lost and not self.superseded
                 and not self.output.over_limit
-                and not rec.get("oom") and not rec.get("pids_limit")
-                and not rec.get("output_limit") and not rec.get("error"))
+                and not rec.oom and not rec.pids_limit
+                and not rec.output_limit and not rec.error)
 
     @property
     def needs_oom_check(self) -> bool:
         """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
         rec = self.record
-        return not rec.get("oom") and (self.lost is not None or rec.get("signal") == 9)
+        return not rec.oom and (self.lost is not None or rec.signal == 9)
 
 
 @dataclass
@@ -104,33 +103,31 @@ class CancelledAfterInterrupt(asyncio.CancelledError):
         self.outcome = outcome
 
 
-def request_for(invocation: Invocation, limits: Limits) -> dict[str, Any] | Result:
+def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Result:
     """The runner request of a call, or the result that rejects it."""
     env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
            "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
            # matplotlib (the datascience image): no display, and its config and font cache
            # in the writable /tmp, not in the workspace or the read-only root
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
-    base = {"id": invocation.id, "env": env, "cwd": "/workspace",
-            "output_bytes": limits.output_bytes,
-            # set (soft = hard) in every process of the call: protocol.limits, one table
-            "rlimits": limits.rlimits(),
-            "display": invocation.plan.display.wire()}
+    # the runner sets limits.rlimits() (soft = hard) in every process of the call and caps
+    # its output at limits.output_bytes: protocol.limits, one table
+    base = WorkerRequest(kind="python", id=invocation.id, env=env, cwd="/workspace",
+                         limits=limits, display=invocation.plan.display)
     if invocation.plan.kind is ToolKind.command:
         command = invocation.plan.command
         if command is None:
             return rejected(invocation, limits, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
-        return {**base, "kind": "plan", "plan": command.to_wire()}
+        return replace(base, kind="plan", plan=command)
     if invocation.plan.kind is ToolKind.python:
         code = invocation.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return rejected(invocation, limits, "argument 'code' must be non-empty")
         if len(code.encode()) > MAX_CODE_BYTES:
             return rejected(invocation, limits, "the code is too large")
-        return {**base, "kind": "python", "code": code,
-                "imports_allow": list(invocation.plan.imports_allow),
-                "imports_deny": list(invocation.plan.imports_deny)}
+        return replace(base, code=code, imports_allow=invocation.plan.imports_allow,
+                       imports_deny=invocation.plan.imports_deny)
     return rejected(invocation, limits,
                     f"the container backend does not run {invocation.plan.kind} tools")
 
@@ -141,7 +138,7 @@ def rejected(invocation: Invocation, limits: Limits, message: str) -> Result:
                         limits=limits, cleanup=Cleanup(verified=True), message=message)
 
 
-async def exchange(box: Box, request: dict[str, Any], limits: Limits,
+async def exchange(box: Box, request: WorkerRequest, limits: Limits,
                    deadline: float, events: EventSink | None = None,
                    interrupt: Interrupt | None = None) -> Outcome:
     """Run one request on ``box`` within the deadline (raises TimeoutError); ``events``: a
@@ -154,7 +151,7 @@ async def exchange(box: Box, request: dict[str, Any], limits: Limits,
     ``wait_for``/``timeout`` (Python 3.11's ``wait_for`` can swallow a cancellation that
     races with completion, which would let a call outlive its deadline).
     """
-    out = CallOutput(displays=DisplayCollector(DisplayCaps(**request["display"])),
+    out = CallOutput(displays=DisplayCollector(request.display),
                      events=events)
     if deadline - time.monotonic() <= 0:
         raise TimeoutError
@@ -210,7 +207,7 @@ async def _interrupted(box: Box, task: asyncio.Future[Outcome],
     return task.result()
 
 
-async def _exchange_body(box: Box, request: dict[str, Any], limits: Limits,
+async def _exchange_body(box: Box, request: WorkerRequest, limits: Limits,
                          out: CallOutput) -> Outcome:
     endpoint = box.endpoint
     if not endpoint.settled.is_set():
@@ -243,22 +240,22 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
     last seen failing, if it was; ``interrupted``: the call was interrupted at its deadline
     or on a cancel, which is its termination unless it hit a limit)."""
     out, rec = outcome.output, outcome.record
-    exit_code = rec.get("exit_code")
-    sig = rec.get("signal")
+    exit_code = rec.exit_code
+    sig = rec.signal
     message = None
     if outcome.superseded:
         reason = Reason.cancelled
         message = ("the session's container was removed while this call ran, because "
                    "another call of the session hit a limit; run it again")
-    elif rec.get("oom") or oom:
+    elif rec.oom or oom:
         reason = Reason.memory_limit  # the message: the one table (Result.build)
-    elif out.over_limit or rec.get("output_limit"):
+    elif out.over_limit or rec.output_limit:
         reason = Reason.output_limit
-    elif rec.get("pids_limit"):
+    elif rec.pids_limit:
         reason = Reason.pids_limit
     elif interrupted is not None:
         reason = interrupted
-        why = rec.get("not_idle") or rec.get("error") or outcome.lost
+        why = rec.not_idle or rec.error or outcome.lost
         if why:
             message = (f"{LIMIT_MESSAGES[reason].format(**limits.to_wire())}; "
                        f"{str(why).rstrip('.')}")
@@ -267,15 +264,15 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         message = outcome.lost
         if engine_error is not None:
             message = f"the Docker engine went away during the call ({outcome.lost})"
-    elif rec.get("error"):
+    elif rec.error:
         reason = Reason.exited
-        message = str(rec["error"])
+        message = rec.error
     else:
         reason = Reason.exited
-        if exit_code != 0 and isinstance(rec.get("message"), str):
-            message = rec["message"]  # the exception line, as the restricted backend's
+        if exit_code != 0 and rec.message is not None:
+            message = rec.message  # the exception line, as the restricted backend's
     status = status_for(reason, exit_code)
-    if (outcome.lost or rec.get("error")) and not outcome.superseded and reason is not interrupted:
+    if (outcome.lost or rec.error) and not outcome.superseded and reason is not interrupted:
         status = Status.error
     truncated = Truncated()
     if reason is Reason.output_limit:
@@ -286,11 +283,10 @@ def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, start
         stdout=out.stdout.decode("utf-8", errors="replace"),
         stderr=out.stderr.decode("utf-8", errors="replace"),
         truncated=truncated,
-        value=rec.get("value") if rec.get("has_value") else None,
-        value_repr=rec.get("value_repr") if rec.get("has_value") else None,
+        value=rec.value if rec.has_value else None,
+        value_repr=rec.value_repr if rec.has_value else None,
         resources=Resources(wall_ms=int((time.monotonic() - started) * 1000),
-                            cpu_ms=int(rec.get("cpu_ms") or 0),
-                            peak_memory_bytes=int(rec.get("peak_memory_bytes") or 0)),
+                            cpu_ms=rec.cpu_ms, peak_memory_bytes=rec.peak_memory_bytes),
         limits=limits,
         cleanup=Cleanup(verified=verified, detail=detail),
         message=message,

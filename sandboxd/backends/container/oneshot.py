@@ -7,7 +7,6 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import engine
@@ -16,12 +15,13 @@ from sandboxd.backends.container.calls import build_result, exchange, timeout_re
 from sandboxd.backends.container.pool import WarmPool
 from sandboxd.deadline import within
 from sandboxd.models import Invocation, Limits, Result
+from sandboxd.protocol.call import WorkerRequest
 
 PROBE_CLIENT = "sandboxd-probe"
 
 
 async def run_oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits: Limits,
-                      deadline: float, request: dict[str, Any], image: str,
+                      deadline: float, request: WorkerRequest, image: str,
                       shape: engine.Shape, started: float) -> Result:
     """Run one call in a container of its own, then refill the pool."""
     try:
@@ -34,7 +34,7 @@ async def run_oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limi
 
 
 async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits: Limits,
-                   deadline: float, request: dict[str, Any], image: str, shape: engine.Shape,
+                   deadline: float, request: WorkerRequest, image: str, shape: engine.Shape,
                    started: float) -> Result:
     box: Box | None = None
     try:

@@ -38,7 +38,7 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
                          arguments={"code": PROBE_CODE},
                          plan=ExecutionPlan(kind=ToolKind.python, limits=limits,
                                             imports_allow=("*",)))
-        res = await backend.run(inv, limits, time.monotonic() + 30)
+        res = await backend.run(inv, time.monotonic() + 30)
         facts = res.value if isinstance(res.value, dict) else {}
         if not facts:
             detail = f"probe failed: {res.status} {res.message or ''} {res.stderr[-300:]}"
@@ -68,7 +68,7 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
                                                 "x[::4096] = b'x' * len(x[::4096])\n"},
                              plan=ExecutionPlan(kind=ToolKind.python, limits=mem_limits,
                                                 imports_allow=("*",)))
-        mem = await backend.run(mem_inv, mem_limits, time.monotonic() + 30)
+        mem = await backend.run(mem_inv, time.monotonic() + 30)
         checks.append(ProbeCheck(
             name="memory_limit", ok=mem.termination.reason is Reason.memory_limit,
             detail=f"96 MiB under a 48 MiB limit -> {_how_it_ended(mem)}"))

@@ -37,7 +37,6 @@ import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sandboxd import fstree
 from sandboxd.deadline import stop_task, within
@@ -45,7 +44,8 @@ from sandboxd.errors import SandboxdError
 from sandboxd.output_items import Position
 from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol import wire
-from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.streaming import EventSink, TextRelay, emit
 
 SOCKET_NAME = "runner.sock"
@@ -55,7 +55,6 @@ HELLO_TIMEOUT_S = 5.0
 SUSPEND_TIMEOUT_S = 5.0
 MAX_BAD_PEERS = 4  # connections without the key before the endpoint gives up
 MAX_EXIT_RECORD = 4 * 1024 * 1024  # the value (<= ~2 MiB of JSON) and a few counters
-MAX_ERROR = 4096
 MAX_DISPLAY_FRAME = 64 * 1024 * 1024  # any call's; each call's own cap is checked per frame
 SIZES = {
     b"o": (1, wire.READ_BYTES),
@@ -71,46 +70,16 @@ class RunnerLost(SandboxdError, RuntimeError):
     code = "runner-lost"
 
 
-def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
-
-
-def check_exit_record(payload: bytes) -> dict[str, Any]:
-    """The runner's exit record, validated (raises
+def check_exit_record(payload: bytes) -> WorkerReport:
+    """The runner's exit record, validated: a :class:`~sandboxd.protocol.call.WorkerReport`
+    (the one definition both sandboxes' reports are decoded with; raises
     :class:`sandboxd.protocol.wire.ProtocolError`)."""
     try:
-        rec = json.loads(payload)
-    except (ValueError, RecursionError) as exc:
-        raise wire.ProtocolError(f"the exit record is not JSON ({type(exc).__name__})") from None
-    if not isinstance(rec, dict):
-        raise wire.ProtocolError("the exit record is not a JSON object")
-    ints = ("cpu_ms", "peak_memory_bytes", "wall_ms", "kernel_calls")
-    flags = ("oom", "pids_limit", "output_limit", "group_gone", "has_value", "kernel_fresh",
-             "kernel_lost", "kernel_stopped", "kernel_interrupted")
-    texts = ("error", "not_idle", "message")
-    unknown = set(rec) - {"exit_code", "signal", "value", "value_repr", *texts, *ints,
-                          *flags}
-    if unknown:
-        raise wire.ProtocolError(f"unknown exit record members {sorted(unknown)[:3]}")
-    code, sig = rec.get("exit_code"), rec.get("signal")
-    if code is not None and not (_is(code, int) and -255 <= code <= 255):
-        raise wire.ProtocolError("exit_code is not a small integer")
-    if sig is not None and not (_is(sig, int) and 0 < sig < 128):
-        raise wire.ProtocolError("signal is not a signal number")
-    for name in texts:
-        text = rec.get(name)
-        if text is not None and not (_is(text, str) and len(text) <= MAX_ERROR):
-            raise wire.ProtocolError(f"{name} is not a short string")
-    for name in ints:
-        if not (_is(rec.get(name, 0), int) and 0 <= rec.get(name, 0) < 2**63):
-            raise wire.ProtocolError(f"{name} is not a non-negative integer")
-    for name in flags:
-        if not isinstance(rec.get(name, False), bool):
-            raise wire.ProtocolError(f"{name} is not a boolean")
-    shown = rec.get("value_repr")
-    if shown is not None and not (_is(shown, str) and len(shown) <= MAX_VALUE_REPR):
-        raise wire.ProtocolError("value_repr is not a string within its cap")
-    return rec
+        return WorkerReport.from_wire(json.loads(payload))
+    except RecursionError:
+        raise wire.ProtocolError("the exit record is not JSON (RecursionError)") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise wire.ProtocolError(f"the exit record is not valid: {str(exc)[:200]}") from None
 
 
 @dataclass
@@ -120,7 +89,7 @@ class CallOutput:
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     last_stream: str = "stdout"
-    exit: dict[str, Any] | None = None
+    exit: WorkerReport | None = None
     over_limit: bool = False
     displays: DisplayCollector = field(default_factory=lambda: DisplayCollector(DisplayCaps()))
     events: EventSink | None = None  # a streaming caller's sink (sandboxd.streaming)
@@ -227,7 +196,7 @@ class Channel:
             if self.broken is None and not self.writer.is_closing():
                 self.writer.write(wire.encode(b"K", b"", cid))
 
-    async def call(self, request: dict[str, Any], output_bytes: int, out: CallOutput) -> None:
+    async def call(self, request: WorkerRequest, output_bytes: int, out: CallOutput) -> None:
         """Send ``request`` as a new call and collect its frames into ``out`` until its exit
         record or the output cap. Raises :class:`RunnerLost`; the caller owns timeouts
         (cancelling this stops the call in the runner)."""
@@ -239,7 +208,7 @@ class Channel:
         done = asyncio.get_running_loop().create_future()
         self.calls[cid] = _Call(out, output_bytes, done)
         try:
-            self.writer.write(wire.encode(b"R", json.dumps(request).encode(), cid))
+            self.writer.write(wire.encode(b"R", json.dumps(request.to_wire()).encode(), cid))
             await self.writer.drain()
             await done
         except (ConnectionError, OSError) as exc:
@@ -256,9 +225,9 @@ class Channel:
         if self.calls:
             return False
         out = CallOutput()
-        done, _ = await within(self.call({"kind": "suspend", "key": key.hex()}, 0, out),
+        done, _ = await within(self.call(WorkerRequest.suspend(key), 0, out),
                                SUSPEND_TIMEOUT_S)
-        return done and out.exit is not None and out.exit.get("message") == "suspended"
+        return done and out.exit is not None and out.exit.message == "suspended"
 
     async def close(self) -> None:
         await stop_task(self.task)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
@@ -38,6 +39,7 @@ from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
 KERNEL_STOP_S = 10.0  # the runner kills and reaps the kernel well within this
@@ -100,7 +102,7 @@ class SessionContainers:
             return box
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float,
-                  request: dict[str, Any], image: str, shape: engine.Shape,
+                  request: WorkerRequest, image: str, shape: engine.Shape,
                   started: float) -> Result:
         """Run one call of a session in its container (started here when it has none);
         a ``python`` call runs in the session's kernel, after the session's earlier ones."""
@@ -111,10 +113,10 @@ class SessionContainers:
                                       shape, started)
 
     async def _serial(self, key: SessionKey, invocation: Invocation, limits: Limits,
-                      deadline: float, request: dict[str, Any], image: str,
+                      deadline: float, request: WorkerRequest, image: str,
                       shape: engine.Shape, started: float) -> Result:
         """A session call, after the session's earlier ``python`` calls when it is one."""
-        if request.get("kind") != "python":
+        if request.kind != "python":
             return await self._run(key, invocation, limits, deadline, request, image, shape,
                                    started)
         lock = self._kernel_locks.setdefault(key, asyncio.Lock())
@@ -135,7 +137,7 @@ class SessionContainers:
         interrupt = self._flights[key] = Interrupt(grace)
         try:
             return await self._run(key, invocation, limits, deadline,
-                                   {**request, "kernel": True, "interrupt_grace_s": grace},
+                                   replace(request, kernel=True, interrupt_grace_s=grace),
                                    image, shape, started, interrupt)
         finally:
             if self._flights.get(key) is interrupt:
@@ -143,10 +145,10 @@ class SessionContainers:
             lock.release()
 
     async def _run(self, key: SessionKey, invocation: Invocation, limits: Limits,
-                   deadline: float, request: dict[str, Any], image: str,
+                   deadline: float, request: WorkerRequest, image: str,
                    shape: engine.Shape, started: float,
                    interrupt: Interrupt | None = None) -> Result:
-        kernel_call = bool(request.get("kernel"))
+        kernel_call = request.kernel
         box: Box | None = None
         before = 0  # calls of the box's live kernel before this one (0: none)
         try:
@@ -200,20 +202,20 @@ class SessionContainers:
             outcome.superseded = True
         rec = outcome.record
         interrupted = interrupt.reason if interrupt is not None else None
-        if interrupted is not None and outcome.clean and not rec.get("kernel_lost"):
-            if rec.get("kernel_interrupted"):  # back in its loop within the grace: kept
-                verified = bool(rec.get("group_gone", True))
+        if interrupted is not None and outcome.clean and not rec.kernel_lost:
+            if rec.kernel_interrupted:  # back in its loop within the grace: kept
+                verified = rec.group_gone is not False
                 result = build_result(invocation, limits, outcome, started, verified, oom=False,
                                       detail=KEPT_INTERRUPTED if verified else
                                       "processes of the call may be left",
                                       engine_error=self.boxes.engine_error,
                                       interrupted=interrupted)
-                box.kernel_calls = int(rec.get("kernel_calls") or 0)
-                return with_kernel(result, Kernel(fresh=bool(rec.get("kernel_fresh")),
+                box.kernel_calls = rec.kernel_calls or 0
+                return with_kernel(result, Kernel(fresh=bool(rec.kernel_fresh),
                                                   calls=box.kernel_calls, interrupted=True))
             interrupted = None  # it ended by itself as it was interrupted: its own result
         if outcome.clean and interrupted is None:
-            verified = bool(outcome.record.get("group_gone", True))
+            verified = outcome.record.group_gone is not False
             result = build_result(invocation, limits, outcome, started, verified, oom=False,
                                   detail="session container kept; the call's processes are "
                                   "gone" if verified else "processes of the call may be left",
@@ -229,10 +231,11 @@ class SessionContainers:
                               detail=gone(box, verified) + " (the session gets a new one)",
                               engine_error=self.boxes.engine_error, interrupted=interrupted)
         if kernel_call or before:  # the container, and so its kernel, is gone
-            rec = outcome.record if kernel_call else {}
-            fresh = rec.get("kernel_fresh", kernel_call and not before)
+            rec = outcome.record if kernel_call else WorkerReport()
+            fresh = (rec.kernel_fresh if rec.kernel_fresh is not None
+                     else kernel_call and not before)
             result = with_kernel(result, Kernel(
-                fresh=bool(fresh), calls=int(rec.get("kernel_calls") or before + kernel_call),
+                fresh=bool(fresh), calls=rec.kernel_calls or before + kernel_call,
                 lost=True, reason=result.termination.reason.value))
         return result
 
@@ -241,29 +244,28 @@ class SessionContainers:
         """A kernel call that ended within every limit (the container is kept): the kernel
         lives on, or it crashed or was restarted meanwhile."""
         rec = outcome.record
-        calls = int(rec.get("kernel_calls") or 0)
-        if "kernel_calls" not in rec:  # a runner without kernels ran it as a one-shot call
+        calls = rec.kernel_calls or 0
+        if rec.kernel_calls is None:  # a runner without kernels ran it as a one-shot call
             return result.model_copy(update={
                 "kernel": Kernel(fresh=True, calls=1, lost=True, reason="unsupported"),
                 "message": f"the runner of the sandbox image {box.image} predates session "
                            "kernels, so Python state is not kept between calls; rebuild the "
                            "image (sandboxd images build)"})
-        if not rec.get("kernel_lost"):
+        if not rec.kernel_lost:
             box.kernel_calls = calls
-            return with_kernel(result, Kernel(fresh=bool(rec.get("kernel_fresh")),
-                                              calls=calls))
+            return with_kernel(result, Kernel(fresh=bool(rec.kernel_fresh), calls=calls))
         box.kernel_calls = 0
-        if rec.get("kernel_stopped"):
+        if rec.kernel_stopped:
             reason, why = "restarted", "the session's kernel was restarted during the call"
-        elif rec.get("not_idle"):  # e.g. the call's code left a thread running
+        elif rec.not_idle:  # e.g. the call's code left a thread running
             reason = "not_idle"
-            why = f"the Python interpreter was not idle after the call: {rec['not_idle']}"
+            why = f"the Python interpreter was not idle after the call: {rec.not_idle}"
         else:
             reason = "crashed"
-            sig, code = rec.get("signal"), rec.get("exit_code")
+            sig, code = rec.signal, rec.exit_code
             why = (f"the Python interpreter was killed by signal {sig}" if sig else
                    f"the Python interpreter exited with status {code}")
-        update: dict[str, Any] = {"kernel": Kernel(fresh=bool(rec.get("kernel_fresh")),
+        update: dict[str, Any] = {"kernel": Kernel(fresh=bool(rec.kernel_fresh),
                                                    calls=calls, lost=True, reason=reason)}
         if result.message is None:
             update["message"] = why
@@ -275,13 +277,13 @@ class SessionContainers:
         """A cancelled kernel call's kernel, when the runner kept it (it came back from the
         interrupt, or the call ended by itself): ``CancelledAfterCleanup``'s arguments."""
         rec = outcome.record
-        if not outcome.clean or rec.get("kernel_lost") or "kernel_calls" not in rec:
+        if not outcome.clean or rec.kernel_lost or rec.kernel_calls is None:
             return None
-        box.kernel_calls = int(rec.get("kernel_calls") or 0)
-        interrupted = bool(rec.get("kernel_interrupted"))
-        kernel = Kernel(fresh=bool(rec.get("kernel_fresh")), calls=box.kernel_calls,
+        box.kernel_calls = rec.kernel_calls
+        interrupted = rec.kernel_interrupted
+        kernel = Kernel(fresh=bool(rec.kernel_fresh), calls=box.kernel_calls,
                         interrupted=interrupted)
-        verified = bool(rec.get("group_gone", True))
+        verified = rec.group_gone is not False
         detail = KEPT_INTERRUPTED if interrupted else KEPT
         return verified, detail if verified else "processes of the call may be left", kernel
 
@@ -318,10 +320,10 @@ class SessionContainers:
             out = CallOutput()
             with contextlib.suppress(RunnerLost):
                 done, _ = await within(
-                    channel.call({"kind": "kernel_stop"}, 0, out), KERNEL_STOP_S)
+                    channel.call(WorkerRequest.stop_kernel(), 0, out), KERNEL_STOP_S)
                 if done and out.exit is not None:
                     box.kernel_calls = 0
-                    return bool(out.exit.get("kernel_lost"))
+                    return bool(out.exit.kernel_lost)
         # no answer: the container goes (and its kernel with it)
         ended = bool(box.kernel_calls)
         await self.drop(key, box)

@@ -65,6 +65,7 @@ from sandboxd.models import (
     Status,
     ToolKind,
 )
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.restricted")
@@ -273,9 +274,10 @@ class RestrictedBackend(Backend):
 
     # ------------------------------------------------------------ calls
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+    async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Run one python invocation: in its session's kernel when it names a session
         (:mod:`.kernel`), else in a fresh confined worker."""
+        limits = invocation.plan.limits
         if invocation.plan.kind is not ToolKind.python:
             return outcome.result(
                 invocation,
@@ -307,8 +309,8 @@ class RestrictedBackend(Backend):
         return result
 
     async def execute(
-        self, inv: Invocation, limits: Limits, deadline: float, msg: dict[str, Any]
-    ) -> tuple[Result, dict[str, Any] | None]:
+        self, inv: Invocation, limits: Limits, deadline: float, msg: WorkerRequest
+    ) -> tuple[Result, WorkerReport | None]:
         """Run the worker request ``msg``: take a standby worker, run the call on it, build the
         result. Returns the result and the worker's final report (None without one)."""
         started_at = time.monotonic()
@@ -351,10 +353,7 @@ class RestrictedBackend(Backend):
             started_at,
             z.pid,
         )
-        report = ex.reader.report
-        if report is not None and ex.exit_info:
-            report["exit_info"] = ex.exit_info
-        return result, report
+        return result, ex.reader.report
 
     async def take_worker(self, deadline: float) -> tuple[ZygoteHandle, StandbyWorker]:
         """A standby worker by ``deadline`` (``TimeoutError``), from a new zygote when the

@@ -25,19 +25,16 @@ import asyncio
 import json
 import math
 import os
-from typing import Any
 
 from sandboxd.output_items import Position
 from sandboxd.outputs import DisplayCollector
-from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps
+from sandboxd.protocol.call import WorkerReport
+from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.wire import HEADER, READ_BYTES, Decoder, ProtocolError
 from sandboxd.streaming import EventSink, TextRelay, emit
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
-MAX_MESSAGE = 4096
-OUTCOMES = frozenset({"ok", "error", "memory_limit", "output_limit", "cpu_limit",
-                      "setup_error"})
 #: how often a worker may flush each stream by itself (OutputStream.FLUSH_SECONDS = 0.02)
 FLUSHES_PER_SECOND = 50
 
@@ -55,42 +52,20 @@ def frame_budget(cap: int, timeout_s: float,
                     + frames * HEADER.size)
 
 
-def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
-
-
-def check_report(payload: bytes) -> dict[str, Any]:
-    """The worker's final report, validated (raises :class:`ProtocolError`)."""
+def check_report(payload: bytes) -> WorkerReport:
+    """The worker's final report, validated (raises :class:`ProtocolError`): a
+    :class:`~sandboxd.protocol.call.WorkerReport` (the one definition both sandboxes'
+    reports are decoded with) that says its ``outcome``."""
     try:
-        report = json.loads(payload)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ProtocolError(f"the report is not JSON ({type(exc).__name__})") from None
-    if not isinstance(report, dict):
-        raise ProtocolError("the report is not a JSON object")
-    unknown = set(report) - {
-        "outcome", "exit_code", "value", "value_repr", "message", "truncated_stdout",
-        "worker_us", "probe",
-    }
-    if unknown:
-        raise ProtocolError(f"unknown report members {sorted(unknown)[:3]}")
-    if report.get("outcome") not in OUTCOMES:
-        raise ProtocolError("the report's outcome is missing or unknown")
-    code = report.get("exit_code", 0)
-    if not (_is(code, int) and 0 <= code <= 255):
+        report = WorkerReport.from_wire(json.loads(payload))
+    except RecursionError:
+        raise ProtocolError("the report is not JSON (RecursionError)") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ProtocolError(f"the report is not valid: {str(exc)[:200]}") from None
+    if report.outcome is None:
+        raise ProtocolError("the report's outcome is missing")
+    if report.exit_code is not None and report.exit_code < 0:
         raise ProtocolError("the report's exit_code is not an integer in 0..255")
-    message = report.get("message")
-    if message is not None and not (_is(message, str) and len(message) <= MAX_MESSAGE):
-        raise ProtocolError("the report's message is not a short string")
-    shown = report.get("value_repr")
-    if shown is not None and not (_is(shown, str) and len(shown) <= MAX_VALUE_REPR):
-        raise ProtocolError("the report's value_repr is not a string within its cap")
-    if not isinstance(report.get("truncated_stdout", False), bool):
-        raise ProtocolError("the report's truncated_stdout is not a boolean")
-    if not _is(report.get("worker_us", 0), int):
-        raise ProtocolError("the report's worker_us is not an integer")
-    probe = report.get("probe")
-    if probe is not None and not isinstance(probe, dict):
-        raise ProtocolError("the report's probe is not an object")
     return report
 
 
@@ -116,7 +91,7 @@ class FrameReader:
         self.displays = DisplayCollector(display)
         self.events = events  # a streaming caller's sink (sandboxd.streaming)
         self.relay = TextRelay(events, cap)
-        self.report: dict[str, Any] | None = None
+        self.report: WorkerReport | None = None
         self.overflow = False
         self.violation: str | None = None
         self.eof = False

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import math
 import os
@@ -52,7 +51,7 @@ import resource
 import select
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
@@ -60,10 +59,10 @@ from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.worker import KERNEL_SURVIVES
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
-from sandboxd.backends.restricted.zygote_protocol import HEADER
+from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
 from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
-from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.call import WorkerRequest
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend
@@ -172,14 +171,13 @@ class KernelPool:
                 return result
             if k is not None:  # memory, CPU share, pids, rlimits: the kernel's (its first call's)
                 limits = limits.kept_by_kernel(k.limits)
-            msg = standby.request(inv, limits, deadline, code)
-            msg["kernel"] = True
+            msg = replace(standby.request(inv, limits, deadline, code), kernel=True)
             if k is None:
                 return await self._first(inv, limits, deadline, msg)
             return await self._call(k, inv, limits, deadline, msg, fresh=False)
 
     async def _first(self, inv: Invocation, limits: Limits, deadline: float,
-                     msg: dict[str, Any]) -> Result:
+                     msg: WorkerRequest) -> Result:
         started_at = time.monotonic()
         try:
             z, worker = await self.backend.take_worker(deadline)
@@ -190,21 +188,21 @@ class KernelPool:
                                     message=f"no sandbox worker: {exc}")
             result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
             return result
-        z.send(b"t", worker.pid, (limits.memory_bytes, limits.cpus, limits.pids))
+        z.send(b"t", worker.pid, cgroup_limits(limits))
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
         assert inv.session is not None
         self.kernels[inv.session] = k
         return await self._call(k, inv, limits, deadline, msg, fresh=True, started_at=started_at)
 
-    def _move_cpu_limit(self, k: SessionKernel, msg: dict[str, Any]) -> None:
+    def _move_cpu_limit(self, k: SessionKernel, msg: WorkerRequest) -> WorkerRequest:
         """This call's CPU allowance on top of what the kernel used so far (see the module
         docs): the kernel moves its own soft limit (``cpu_call``); the daemon also sets soft
         and hard from outside when it may (CAP_SYS_RESOURCE, or the same uid).
-        ``msg["cpu_seconds"]`` becomes the absolute limit (for the outcome mapping)."""
-        allowance = int(msg["cpu_seconds"])
+        The request returned has ``cpu_seconds`` the absolute limit (for the outcome
+        mapping)."""
+        allowance = msg.cpu_seconds
         soft = math.ceil(k.cpu_s) + 1 + allowance
-        msg["cpu_call"] = allowance
-        msg["cpu_seconds"] = soft
+        msg = replace(msg, cpu_call=allowance, cpu_seconds=soft)
         if self.outside_cpu_limit:
             try:
                 resource.prlimit(k.worker.pid, resource.RLIMIT_CPU, (soft, soft + 1))
@@ -212,9 +210,10 @@ class KernelPool:
                 self.outside_cpu_limit = False
                 log.info("restricted: no CAP_SYS_RESOURCE: session kernels keep their CPU "
                          "limit themselves (the wall-clock deadline bounds every call)")
+        return msg
 
     async def _call(self, k: SessionKernel, inv: Invocation, limits: Limits, deadline: float,
-                    msg: dict[str, Any], *, fresh: bool,
+                    msg: WorkerRequest, *, fresh: bool,
                     started_at: float | None = None) -> Result:
         started_at = time.monotonic() if started_at is None else started_at
         loop = asyncio.get_running_loop()
@@ -224,18 +223,17 @@ class KernelPool:
         exit_info: dict[str, Any] | None = None
         lost, interrupted = True, False
         reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
-                             until_report=True, display=DisplayCaps(**msg["display"]),
+                             until_report=True, display=msg.display,
                              events=inv.events)
         z.in_use += 1
         k.calls += 1
         try:
             if not fresh:
                 k.cpu_s = cpu_seconds_used(worker.pid, k.uid)
-                self._move_cpu_limit(k, msg)
-            data = json.dumps(msg).encode()
+                msg = self._move_cpu_limit(k, msg)
             k.interrupt.clear()
             k.busy = True
-            await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
+            await standby.send(loop, worker, msg)
             finished, _ = await within(_first_set(reader.done, k.interrupt),
                                        deadline - time.monotonic())
             if not finished or not reader.done.is_set():
@@ -249,7 +247,7 @@ class KernelPool:
             report = reader.report
             survives = interrupted or (
                 reason is None and crashed is None and report is not None
-                and report.get("outcome") in KERNEL_SURVIVES and not k.ended)
+                and report.outcome in KERNEL_SURVIVES and not k.ended)
             if survives and not interrupted:  # its report is its own word: prove its end
                 busy = await idle.prove_idle(worker.pid, worker.fd, k.uid, deadline)
                 if busy is not None:
@@ -318,7 +316,7 @@ class KernelPool:
         reported, _ = await within(reader.done.wait(), grace)
         report = reader.report
         if (not reported or report is None or reader.violation is not None or reader.overflow
-                or report.get("outcome") not in KERNEL_SURVIVES or k.ended):
+                or report.outcome not in KERNEL_SURVIVES or k.ended):
             return False
         try:
             return await idle.prove_idle(k.worker.pid, k.worker.fd, k.uid, until) is None

@@ -24,6 +24,7 @@ from sandboxd.models import (
     Status,
     Truncated,
 )
+from sandboxd.protocol.call import WorkerRequest
 from sandboxd.protocol.rules import OutputBudget
 
 #: the backend's name in results
@@ -40,7 +41,7 @@ def result(
 def build_result(
     inv: Invocation,
     limits: Limits,
-    msg: dict[str, Any],
+    msg: WorkerRequest,
     reader: FrameReader,
     reason: Reason | None,
     exit_info: dict[str, Any] | None,
@@ -58,16 +59,16 @@ def build_result(
     res = _build_result(inv, limits, msg, reader, reason, exit_info, call, crashed, started_at,
                         zygote_pid, cleanup)
     res.outputs = list(reader.displays.items)
-    report = reader.report or {}
-    if res.value is not None and isinstance(report.get("value_repr"), str):
-        res.value_repr = report["value_repr"]
+    report = reader.report
+    if res.value is not None and report is not None and report.value_repr is not None:
+        res.value_repr = report.value_repr
     return res
 
 
 def _build_result(
     inv: Invocation,
     limits: Limits,
-    msg: dict[str, Any],
+    msg: WorkerRequest,
     reader: FrameReader,
     reason: Reason | None,
     exit_info: dict[str, Any] | None,
@@ -86,7 +87,7 @@ def _build_result(
     report = reader.report
     truncated = Truncated(
         stdout=len(out) < len(reader.stdout)
-        or bool(report and report.get("truncated_stdout")),
+        or bool(report and report.truncated_stdout),
         stderr=len(err) < len(reader.stderr),
     )
     info = exit_info or {}
@@ -115,7 +116,7 @@ def _build_result(
             cleanup=cleanup,
             message=f"sandbox worker failed: {crashed}",
         )
-    if reason is None and report is not None and report.get("outcome") == "setup_error":
+    if reason is None and report is not None and report.outcome == "setup_error":
         return result(
             inv,
             limits,
@@ -124,10 +125,10 @@ def _build_result(
             exit_code=exit_code,
             resources=resources,
             cleanup=cleanup,
-            message=f"sandbox set-up failed: {report.get('message')}",
+            message=f"sandbox set-up failed: {report.message}",
         )
     if reason is None and report is not None and sig is None:
-        outcome = report.get("outcome")
+        outcome = report.outcome
         if outcome == "memory_limit":
             reason = Reason.memory_limit
         elif outcome == "cpu_limit":  # a kernel's SIGXCPU handler (see worker.cpu_exceeded)
@@ -138,14 +139,14 @@ def _build_result(
                 truncated.stderr = True
         else:
             reason = Reason.exited
-            exit_code = int(report.get("exit_code", 0) or 0)
-            value = report.get("value")
-        message = report.get("message") if outcome != "ok" else None
+            exit_code = report.exit_code or 0
+            value = report.value
+        message = report.message if outcome != "ok" else None
     elif reason is None:
         if info.get("oom"):
             reason = Reason.memory_limit
         elif sig == signal.SIGXCPU or (
-            sig == signal.SIGKILL and resources.cpu_ms >= (int(msg["cpu_seconds"]) - 0.2) * 1000
+            sig == signal.SIGKILL and resources.cpu_ms >= (msg.cpu_seconds - 0.2) * 1000
         ):
             reason = Reason.cpu_limit
         else:

@@ -9,6 +9,7 @@ import asyncio
 import os
 import secrets
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sandboxd import fstree
@@ -56,13 +57,12 @@ async def run_probe(backend: RestrictedBackend) -> ProbeReport:
         inv = Invocation(tool="python", client="probe", workspace=ws, arguments={"code": ""},
                          uid=uid, plan=ExecutionPlan(kind=ToolKind.python, limits=lim))
         deadline = time.monotonic() + PROBE_DEADLINE_S
-        msg = standby.request(inv, lim, deadline, "", probe="basic")
-        msg["outside_path"] = str(outside)
-        msg["expect_unprivileged"] = backend.root
-        msg["expect_namespaces"] = backend.namespaces
-        msg["no_namespaces_reason"] = backend.no_namespaces
+        msg = replace(standby.request(inv, lim, deadline, "", probe="basic"),
+                      outside_path=str(outside), expect_unprivileged=backend.root,
+                      expect_namespaces=backend.namespaces,
+                      no_namespaces_reason=backend.no_namespaces)
         res, report = await backend.execute(inv, lim, deadline, msg)
-        probe = (report or {}).get("probe") or {}
+        probe: dict[str, tuple[bool, str]] = (report.probe if report else None) or {}
         for name in (
             "socket_blocked",
             "write_outside_blocked",
@@ -72,7 +72,7 @@ async def run_probe(backend: RestrictedBackend) -> ProbeReport:
             "pid_namespace",
         ):
             ok_, detail = probe.get(
-                name, [False, f"no result ({res.status.value}: {res.message})"]
+                name, (False, f"no result ({res.status.value}: {res.message})")
             )
             if name == "write_outside_blocked" and outside.exists():
                 ok_, detail = False, f"{outside} was written"
@@ -82,9 +82,8 @@ async def run_probe(backend: RestrictedBackend) -> ProbeReport:
         res, report = await backend.execute(inv, lim, time.monotonic() + PROBE_DEADLINE_S,
                                             msg)
         if res.termination.reason is Reason.memory_limit:
-            detail = ((report or {}).get("probe") or {}).get("memory_limit", [True, ""])[
-                1
-            ] or "killed by the cgroup memory limit"
+            detail = ((report.probe if report else None) or {}).get(
+                "memory_limit", (True, ""))[1] or "killed by the cgroup memory limit"
             checks.append(ProbeCheck(name="memory_limit", ok=True, detail=str(detail)))
         else:
             checks.append(

@@ -11,6 +11,7 @@ import json
 import math
 import secrets
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +20,10 @@ from sandboxd.backends.restricted import health, outcome
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
-from sandboxd.backends.restricted.zygote_protocol import HEADER
+from sandboxd.backends.restricted.zygote_protocol import HEADER, cgroup_limits
 from sandboxd.deadline import within
 from sandboxd.models import Invocation, Limits, Reason
-from sandboxd.protocol.display import DisplayCaps
+from sandboxd.protocol.call import ProbeKind, WorkerRequest
 from sandboxd.streaming import EventSink
 
 
@@ -61,7 +62,7 @@ async def abort(z: ZygoteHandle, worker: StandbyWorker, layout: CgroupLayout) ->
 async def exchange(
     z: ZygoteHandle,
     worker: StandbyWorker,
-    msg: dict[str, Any],
+    msg: WorkerRequest,
     limits: Limits,
     deadline: float,
     layout: CgroupLayout,
@@ -73,13 +74,12 @@ async def exchange(
     reason: Reason | None = None
     exit_info: dict[str, Any] | None = None
     crashed: str | None = None
-    z.send(b"t", worker.pid, (limits.memory_bytes, limits.cpus, limits.pids))
+    z.send(b"t", worker.pid, cgroup_limits(limits))
     reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
-                         display=DisplayCaps(**msg["display"]), events=events)
+                         display=msg.display, events=events)
     z.in_use += 1
     try:
-        data = json.dumps(msg).encode()
-        await loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)
+        await send(loop, worker, msg)
         finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
         if not finished:
             reason = Reason.wall_timeout
@@ -107,21 +107,21 @@ async def exchange(
 
 
 def request(
-    inv: Invocation, limits: Limits, deadline: float, code: str, probe: str | None = None
-) -> dict[str, Any]:
+    inv: Invocation, limits: Limits, deadline: float, code: str, probe: ProbeKind | None = None
+) -> WorkerRequest:
     """The request a worker gets for one call (``probe``: a self-test instead of ``code``)."""
     remaining = max(0.05, deadline - time.monotonic())
-    return {
-        "t": "run",
-        "id": f"c{secrets.token_hex(8)}",
-        "code": code,
-        "allow": list(inv.plan.imports_allow),
-        "deny": list(inv.plan.imports_deny),
-        "workspace": str(inv.workspace),
-        "limits": limits.to_wire(),
-        "cpu_seconds": math.ceil(remaining) + 1,
-        "max_file": int(inv.plan.max_file_bytes),
-        "display": inv.plan.display.wire(),
-        "uid": inv.uid,
-        "probe": probe,
-    }
+    return WorkerRequest(
+        kind="python", id=f"c{secrets.token_hex(8)}", code=code,
+        imports_allow=inv.plan.imports_allow, imports_deny=inv.plan.imports_deny,
+        workspace=str(inv.workspace), limits=limits, cpu_seconds=math.ceil(remaining) + 1,
+        max_file_bytes=int(inv.plan.max_file_bytes), display=inv.plan.display, uid=inv.uid,
+        probe=probe)
+
+
+def send(loop: asyncio.AbstractEventLoop, worker: StandbyWorker,
+         msg: WorkerRequest) -> Awaitable[None]:
+    """Write ``msg`` to the worker's socket (length + JSON, :func:`.zygote_protocol.recv_msg`
+    reads it)."""
+    data = json.dumps(msg.to_wire()).encode()
+    return loop.sock_sendall(worker.sock, HEADER.pack(len(data)) + data)

@@ -20,12 +20,13 @@ import resource
 import signal
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
 from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
 from sandboxd.protocol import wire
-from sandboxd.protocol.limits import Limits
+from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 #: the outcomes after which a session kernel keeps running (any limit or failure ends it)
 KERNEL_SURVIVES = frozenset({"ok", "error"})
@@ -133,7 +134,7 @@ def run_worker(
         setup_error = f"{type(exc).__name__}: {exc}"
     baseline = contain.vm_size()
     try:
-        msg = recv_msg(sock)
+        raw = recv_msg(sock)
     except (EOFError, OSError, ValueError):
         return 0
     t_recv = time.perf_counter()
@@ -147,25 +148,25 @@ def run_worker(
             STATE.emitting = False
         after_emit()
 
-    uid = msg.get("uid")
+    msg: WorkerRequest | None = None
+    if setup_error is None:
+        try:  # decoded once: its limits are the confinement's and the call's
+            msg = WorkerRequest.from_wire(raw)
+        except ValueError as exc:
+            setup_error = f"the call's request: {exc}"
+    uid = msg.uid if msg is not None else None
     uid_range = cfg.get("uid_range")
     if setup_error is None and uid_range is not None and (
-        not isinstance(uid, int) or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
+        uid is None or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
     ):
         setup_error = f"the call's uid {uid!r} is not a sandbox uid"
-    limits: Limits | None = None
-    if setup_error is None:
-        try:
-            limits = Limits.from_wire(msg.get("limits"))
-        except ValueError as exc:
-            setup_error = f"the call's limits: {exc}"
-    if setup_error is None and limits is not None:
+    if setup_error is None and msg is not None:
         spec = confine.ChildSpec(
             cgroup=cgroup,
-            workspace=msg["workspace"],
-            limits=limits,
-            cpu_seconds=int(msg["cpu_seconds"]),
-            max_file_bytes=int(msg["max_file"]),
+            workspace=msg.workspace,
+            limits=msg.limits,
+            cpu_seconds=msg.cpu_seconds,
+            max_file_bytes=msg.max_file_bytes,
             uid=uid if uid_range is not None else None,
             gid=uid if uid_range is not None else None,
             zygote_pid=cfg["zygote_pid"],
@@ -175,66 +176,67 @@ def run_worker(
             landlock_abi=int(cfg.get("landlock_abi", 0)),
             lifeline_fd=lifeline,
             # a kernel moves its soft CPU limit for every call (see move_cpu_limit)
-            cpu_hard=resource.RLIM_INFINITY if msg.get("kernel") else None,
+            cpu_hard=resource.RLIM_INFINITY if msg.kernel else None,
         )
         try:
             confine.enter_sandbox(spec, layout, program)
         except MemoryError as exc:  # the call's memory limit is below the worker's needs
-            emit(b"r", json.dumps({"outcome": "memory_limit", "message": str(exc)}).encode())
+            emit(b"r", _report(WorkerReport(outcome="memory_limit", message=str(exc)[:4096])))
             return 70
         except BaseException as exc:
             setup_error = f"{type(exc).__name__}: {exc}"
-    if setup_error is not None:
-        emit(b"r", json.dumps({"outcome": "setup_error", "message": setup_error}).encode())
+    if setup_error is not None or msg is None:
+        emit(b"r", _report(WorkerReport(outcome="setup_error",
+                                        message=str(setup_error)[:4096])))
         return 70
     import warnings
 
     warnings.simplefilter("ignore")
     workspace = "/" if spec.chroot else spec.workspace
     # a session kernel keeps its namespace between calls
-    namespace: dict[str, Any] | None = {} if msg.get("kernel") and not msg.get("probe") else None
+    namespace: dict[str, Any] | None = {} if msg.kernel and msg.probe is None else None
     if namespace is not None:
         signal.signal(signal.SIGXCPU, cpu_exceeded)
         # the daemon interrupts a kernel's call before it kills it (issue 22); a handler, so
         # that the signal reaches a kernel that is PID 1 of its namespace
         signal.signal(signal.SIGINT, interrupt_user_code)
     while True:
-        if msg.get("probe"):
+        if msg.probe is not None:
             report = self_test(msg)
         else:
-            report = lang.run_user_code(
-                msg["code"],
-                imports_allow=msg.get("allow", []),
-                imports_deny=msg.get("deny", []),
+            report = WorkerReport(**lang.run_user_code(
+                msg.code,
+                imports_allow=list(msg.imports_allow),
+                imports_deny=list(msg.imports_deny),
                 workspace=workspace,
-                output_bytes=Limits.from_wire(msg["limits"]).output_bytes,
+                output_bytes=msg.limits.output_bytes,
                 max_file_bytes=spec.max_file_bytes,
                 emit=emit,
                 namespace=namespace,
-                display=msg.get("display"),
-            )
-        report["worker_us"] = int((time.perf_counter() - t_recv) * 1e6)
-        parks = namespace is not None and report.get("outcome") in KERNEL_SURVIVES
+                display=msg.display.wire(),
+            ))
+        report = replace(report, worker_us=int((time.perf_counter() - t_recv) * 1e6))
+        parks = namespace is not None and report.outcome in KERNEL_SURVIVES
         # a kernel that goes on waits for the session's next call, already confined (same
         # chroot, uid, seccomp filter, Landlock domain, rlimits and cgroup), with every signal
         # blocked from before its report: the daemon proves from outside that it is parked in
         # the read below, unwakeable but by its next request (see .idle), and the sooner it
         # gets there after the report, the sooner the call ends
         mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
-        emit(b"r", json.dumps(report).encode())
+        emit(b"r", _report(report))
         if mask is None:
             return 0
         # the daemon closing the socket (EOF) ends it. ``read``, not ``recv``: the seccomp
         # filter denies the latter
         try:
-            msg = recv_msg(sock, use_read=True)
+            msg = WorkerRequest.from_wire(recv_msg(sock, use_read=True))
         except (EOFError, OSError, ValueError):
             return 0
         _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         t_recv = time.perf_counter()
-        if not isinstance(msg, dict) or not isinstance(msg.get("code"), str):
+        if msg.kind != "python" or msg.probe is not None:
             return 0
-        move_cpu_limit(int(msg.get("cpu_call", 1)))
+        move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
 
 
 def cpu_exceeded(*_: Any) -> None:
@@ -259,60 +261,56 @@ def move_cpu_limit(allowance: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def self_test(msg: dict[str, Any]) -> dict[str, Any]:
+def _report(report: WorkerReport) -> bytes:
+    """The payload of an ``r`` frame."""
+    return json.dumps(report.to_wire()).encode()
+
+
+def self_test(msg: WorkerRequest) -> WorkerReport:
     """Trusted self-test code run inside a fully confined worker (readiness probe)."""
     from sandboxd.backends.restricted import contain, landlock
 
-    checks: dict[str, list[Any]] = {}
-    kind = msg.get("probe")
-    if kind == "memory":
-        limit = int(msg["limits"]["memory_bytes"])
+    checks: dict[str, tuple[bool, str]] = {}
+    if msg.probe == "memory":
+        limit = msg.limits.memory_bytes
         blocks: list[bytes] = []
         try:
             while len(blocks) * (4 << 20) < 3 * limit:
                 blocks.append(b"x" * (4 << 20))
         except MemoryError:
-            return {
-                "outcome": "memory_limit",
-                "probe": {"memory_limit": [True, f"MemoryError after {len(blocks) * 4} MiB"]},
-            }
-        return {
-            "outcome": "ok",
-            "probe": {
-                "memory_limit": [
-                    False,
-                    f"allocated {len(blocks) * 4} MiB without hitting the limit",
-                ]
-            },
-        }
+            return WorkerReport(outcome="memory_limit", probe={
+                "memory_limit": (True, f"MemoryError after {len(blocks) * 4} MiB")})
+        return WorkerReport(outcome="ok", probe={
+            "memory_limit": (False, f"allocated {len(blocks) * 4} MiB without hitting the "
+                                    "limit")})
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.close()
-        checks["socket_blocked"] = [False, "socket() succeeded"]
+        checks["socket_blocked"] = (False, "socket() succeeded")
     except OSError as exc:
-        checks["socket_blocked"] = [exc.errno == errno.EPERM, f"socket(): {exc}"]
-    target = msg.get("outside_path", "")
+        checks["socket_blocked"] = (exc.errno == errno.EPERM, f"socket(): {exc}")
+    target = msg.outside_path
     try:
         with open(target, "w") as f:
             f.write("escaped")
-        checks["write_outside_blocked"] = [False, f"wrote {target}"]
+        checks["write_outside_blocked"] = (False, f"wrote {target}")
     except OSError as exc:
-        checks["write_outside_blocked"] = [True, f"open(outside, 'w'): {type(exc).__name__}"]
+        checks["write_outside_blocked"] = (True, f"open(outside, 'w'): {type(exc).__name__}")
     uid = os.getuid()
     abi = landlock.landlock_abi()
-    checks["landlock"] = [
+    checks["landlock"] = (
         abi == 0 or landlock.LANDLOCK_STATUS.startswith("enforced"),
         landlock.LANDLOCK_STATUS,
-    ]
-    checks["unprivileged"] = [uid != 0 or not msg.get("expect_unprivileged"), f"uid {uid}"]
+    )
+    checks["unprivileged"] = (uid != 0 or not msg.expect_unprivileged, f"uid {uid}")
     pid = os.getpid()
-    checks["pid_namespace"] = [
-        pid == 1 or not msg.get("expect_namespaces"),
+    checks["pid_namespace"] = (
+        pid == 1 or not msg.expect_namespaces,
         f"pid {pid} in its own PID namespace" if pid == 1 else
-        f"pid {pid}: no PID namespace" + (f" ({msg['no_namespaces_reason']}; sandboxes are "
+        f"pid {pid}: no PID namespace" + (f" ({msg.no_namespaces_reason}; sandboxes are "
                                           "separated by uid and seccomp)"
-                                          if msg.get("no_namespaces_reason") else ""),
-    ]
+                                          if msg.no_namespaces_reason else ""),
+    )
     try:
         mode = contain.prctl(contain.PR_GET_SECCOMP)
     except OSError:
@@ -324,8 +322,8 @@ def self_test(msg: dict[str, Any]) -> dict[str, Any]:
         forked = True
     except OSError:
         forked = False
-    checks["seccomp"] = [
+    checks["seccomp"] = (
         mode == 2 and not forked,
         f"seccomp mode {mode}, fork {'allowed' if forked else 'denied'}",
-    ]
-    return {"outcome": "ok", "probe": checks}
+    )
+    return WorkerReport(outcome="ok", probe=checks)

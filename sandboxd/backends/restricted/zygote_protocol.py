@@ -19,11 +19,19 @@ import socket
 import struct
 from typing import Any
 
+from sandboxd.protocol.limits import Limits
+
 HEADER = struct.Struct("!I")
 #: daemon -> zygote control message: kind (b"t" took, b"k" kill, b"p" ping), pid, memory,
 #: cpus, pids
 CTRL = struct.Struct("!cIQdI")
 FDS1, FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
+
+
+def cgroup_limits(limits: Limits) -> tuple[int, float, int]:
+    """What a ``t`` (took) message carries for the worker's cgroup: memory, CPU share,
+    pids (:data:`CTRL`'s last three fields, in this order)."""
+    return limits.memory_bytes, limits.cpus, limits.pids
 
 
 def send_packet(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:

@@ -339,9 +339,10 @@ class WorkspaceBackend(Backend):
         return ProbeReport(backend=self.name, ok=True, detail="file tools run in the daemon; "
                            "paths are confined with O_NOFOLLOW descriptor walks")
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float) -> Result:
+    async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Perform one file operation (in a thread: file I/O blocks; an upload's body is
         received on the event loop)."""
+        limits = invocation.plan.limits
         transfer = invocation.transfer
         if transfer is not None and invocation.plan.kind is ToolKind.write_file:
             return await self._upload(invocation, limits, transfer, deadline)
