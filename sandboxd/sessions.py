@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from sandboxd.errors import SandboxdError
@@ -109,6 +109,10 @@ class Session:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+#: how far ahead of a session's expiry :meth:`SessionManager.touch` writes it to its file
+TOUCH_AHEAD_S = 60.0
+
+
 class SessionManager:
     """Creates, finds, expires and sweeps sessions and temporary workspaces."""
 
@@ -126,6 +130,7 @@ class SessionManager:
         self.fs = WorkspaceFS(self.root, quota_bytes=quota_bytes, quota_entries=quota_entries,
                               setting=quota_mode)
         self._sessions: dict[str, Session] = {}
+        self._saved_expiry: dict[str, float] = {}  # the expiry each session's file holds
 
     # ------------------------------------------------------------ start-up
 
@@ -245,9 +250,14 @@ class SessionManager:
                 if s.client == client and s.expires_at > now]
 
     def touch(self, session: Session) -> None:
-        """Slide the session's expiry forward after a use."""
+        """Slide the session's expiry forward after a use. Its file is rewritten only when
+        the expiry passes the one the file holds, written ahead by TOUCH_AHEAD_S (a tenth of
+        the TTL at most): not on every call, and a session recovered after a crash lives at
+        most that much longer than it would have, never shorter."""
         session.expires_at = time.time() + session.ttl_s
-        self._save(session)
+        if session.expires_at > self._saved_expiry.get(session.id, 0.0):
+            ahead = min(TOUCH_AHEAD_S, session.ttl_s / 10)
+            self._save(replace(session, expires_at=session.expires_at + ahead))
 
     async def usage(self, workspace: Path) -> Usage:
         """A workspace's usage (``statvfs`` for a tmpfs, a bounded walk otherwise), measured in
@@ -406,6 +416,7 @@ class SessionManager:
         with os.fdopen(fd, "w") as fh:
             json.dump(asdict(session), fh)
         os.replace(tmp, target)
+        self._saved_expiry[session.id] = session.expires_at
 
     def _remove_workspace(self, path: Path) -> bool:
         try:
@@ -420,6 +431,7 @@ class SessionManager:
         when the workspace could not be removed completely (the next sweep tries again)."""
         ok = self._remove_workspace(self.root / session_id)
         (self.meta_dir / f"{session_id}.json").unlink(missing_ok=True)
+        self._saved_expiry.pop(session_id, None)
         if self.uids is not None:
             self.uids.release(session_id)
         return ok
