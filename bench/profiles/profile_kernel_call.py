@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("tree", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("spy_args", nargs="*", help="more py-spy options (after --), e.g. --gil")
     args = ap.parse_args()
     spy_bin = Path(sys.executable).with_name("py-spy")
     with (
@@ -45,7 +46,7 @@ def main() -> None:
         for _ in range(20):
             counter.step()
         spy = subprocess.Popen([str(spy_bin), "record", "-r", "500", "-p", str(d.proc.pid),
-                                "-f", "raw", "-o", str(args.out), "--nonblocking"],
+                                "-f", "raw", "-o", str(args.out), "--nonblocking", *args.spy_args],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.5)  # py-spy attached
         t0, n = time.monotonic(), 0
