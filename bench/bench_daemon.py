@@ -11,7 +11,8 @@ this order: its fixed cost (PSS of the daemon and its children after start, idle
 also measures the floor: ``python -I -S -c 'print(1)'`` (fork + exec of a fresh interpreter,
 p50 and 4-client throughput), the kernel call on the backend in-process (no HTTP, no service)
 and ``docker run --rm`` of the same image. ``--baseline``: the same daemon measures of another
-checkout (its code on the daemon's ``PYTHONPATH``), interleaved run by run. Medians over runs.
+checkout (its code on the daemon's ``PYTHONPATH``), interleaved run by run (in alternating
+order). Medians over runs.
 """
 
 from __future__ import annotations
@@ -223,7 +224,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {n: [] for n in trees}
     for run in range(args.runs):
         floors.append(floor_run(args))
-        for name, tree in trees.items():
+        order = list(trees.items())
+        for name, tree in order[::-1] if run % 2 else order:  # alternate: no order bias
             results[name].append(daemon_run(tree, args))
             print(f"run {run + 1} {name}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in results[name][-1].items()), flush=True)
