@@ -18,6 +18,7 @@ order). Medians over runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import statistics
@@ -162,8 +163,9 @@ def daemon_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     name = f"bench{secrets.token_hex(4)}"
     env = {**ENV, "PYTHONPATH": str(tree), "SANDBOXD_INSTANCE": name}
     out: dict[str, float] = {}
+    # `python -m sandboxd` imports from its working directory first, before PYTHONPATH
     with tempfile.TemporaryDirectory(prefix="sandboxd-bench-") as tmp, \
-            running_daemon(Path(tmp), env=env) as daemon:
+            contextlib.chdir(tree), running_daemon(Path(tmp), env=env) as daemon:
         pool_idle(daemon, name)
         time.sleep(1)  # idle: nothing of the start-up left running
         out["pss"] = pss_mib(daemon.proc.pid)
