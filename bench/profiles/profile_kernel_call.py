@@ -9,6 +9,7 @@ stacks) while one client runs ``x += 1; print(x)`` in a session kernel over HTTP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def main() -> None:
     spy_bin = Path(sys.executable).with_name("py-spy")
     with (
         tempfile.TemporaryDirectory() as tmp,
+        contextlib.chdir(args.tree),  # python -m sandboxd imports from there first
         running_daemon(Path(tmp), env={**ENV, "PYTHONPATH": str(args.tree.resolve())}) as d,
         httpx.Client(base_url=d.url, timeout=60) as client,
     ):
