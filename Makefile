@@ -116,6 +116,9 @@ lint: venv-dev typecheck
 bench: venv images
 	$(BIN)/python bench/bench_restricted.py
 	$(BIN)/python bench/bench_container.py
+	$(BIN)/python bench/bench_daemon.py
+	$(BIN)/python bench/bench_mcp_bridge.py
+	$(BIN)/python bench/bench_runner_spawn.py
 
 clean:
 	rm -rf $(VENV) $(STATE) .pytest_cache .ruff_cache .mypy_cache

@@ -179,15 +179,24 @@ def quota_message(usage: Usage) -> str:
             "or start a new session")
 
 
+def mounted_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage | None:
+    """Usage of a mounted workspace (its own size and inode limits are the quota): one
+    ``statvfs`` of a tmpfs, no walk and no disk; None when ``path`` is not a mount point."""
+    if not is_mount_point(path):
+        return None
+    st = os.statvfs(path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    entries = max(st.f_files - st.f_ffree - 1, 0)  # the root directory uses one inode
+    return Usage(used, entries, st.f_blocks * st.f_frsize or quota_bytes,
+                 max(st.f_files - 1, 0) or quota_entries)
+
+
 def workspace_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage:
-    """Usage of a workspace: ``statvfs`` for a mounted one (its own size and inode limits are
-    the quota), a bounded :func:`fstree.measure` walk otherwise. Blocks: call it in a thread."""
-    if is_mount_point(path):
-        st = os.statvfs(path)
-        used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        entries = max(st.f_files - st.f_ffree - 1, 0)  # the root directory uses one inode
-        return Usage(used, entries, st.f_blocks * st.f_frsize or quota_bytes,
-                     max(st.f_files - 1, 0) or quota_entries)
+    """Usage of a workspace: :func:`mounted_usage` for a mounted one, a bounded
+    :func:`fstree.measure` walk otherwise. Blocks: call it in a thread."""
+    mounted = mounted_usage(path, quota_bytes, quota_entries)
+    if mounted is not None:
+        return mounted
     tree = fstree.measure(path, max_entries=quota_entries, deadline_s=MEASURE_DEADLINE_S)
     return Usage(tree.bytes, tree.entries, quota_bytes, quota_entries, exact=tree.complete)
 

@@ -315,7 +315,9 @@ class Sandboxd(SessionOps, SessionRestarts):
         await self.recorder.record(self.audit.decision, request_id=invocation_id,
                                    client=client, tool=tool, session=request.session,
                                    arguments=request.arguments, decision=decision,
-                                   transport=transport)
+                                   transport=transport,
+                                   # durable with the result: the client gets nothing before
+                                   commit_with_result=events is None)
         if not decision.allowed:
             result = Result.denied(invocation_id, tool, decision, request.session)
             return await self._finish(client, result, admitted, transport=transport)

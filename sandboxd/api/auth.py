@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Callable
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from sandboxd.api.problems import Problem
 from sandboxd.auth import peer_key
@@ -23,8 +24,18 @@ from sandboxd.auth import peer_key
 LOCAL_CLIENT = "local"
 
 
-def authenticate(request: Request) -> str:
-    """FastAPI dependency: the client name of the caller (or a 401/429 problem)."""
+async def authenticate(request: Request) -> str:
+    """FastAPI dependency: the client name of the caller (or a 401/429 problem). Without a
+    tokens file the caller is the local client and nothing is read or counted: answered here,
+    without the thread hop of a sync dependency on every request (issue 25); with one, the
+    check (which may re-read the file and audit failures) runs in a worker thread."""
+    if request.app.state.tokens is None:
+        return LOCAL_CLIENT
+    return await run_in_threadpool(authenticate_now, request)
+
+
+def authenticate_now(request: Request) -> str:
+    """:func:`authenticate`, blocking (the caller is in a worker thread)."""
     state = request.app.state
     service = state.service
     tokens = state.tokens
@@ -86,6 +97,6 @@ def guard(endpoint: str) -> Callable[[Request], None]:
     def check(request: Request) -> None:
         state = request.app.state
         if state.tokens is not None and endpoint not in state.service.settings.open_endpoints:
-            authenticate(request)
+            authenticate_now(request)
 
     return check

@@ -256,7 +256,7 @@ class McpFrontDoor:
                 headers={"Retry-After": "5"}))(scope, receive, send)
             return
         try:
-            client = authenticate(request)
+            client = await authenticate(request)
         except problems.Problem as exc:
             await problems.problem_response(exc)(scope, receive, send)
             return

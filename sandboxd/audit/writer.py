@@ -1,5 +1,10 @@
 """The writer of the audit log: the hash-chained, fsynced append, rotation by size, retention
-(with its ``audit_pruned`` anchor) and the repair of a torn final line."""
+(with its ``audit_pruned`` anchor) and the repair of a torn final line.
+
+Group commit: a record is appended under the lock, then made durable outside it; writers that
+wait meanwhile share the next ``fdatasync`` (one for all of them, in append order). A record
+written with ``durable=False`` (an allowed decision of a non-streaming call) is on disk as soon
+as any later record is committed: the call's result record, before the client gets it."""
 
 from __future__ import annotations
 
@@ -61,6 +66,11 @@ class AuditLog:
         self._seq = -1
         self._prev = GENESIS
         self._broken: str | None = None
+        # group commit: records appended since open, and the last one known durable
+        self._appended = 0
+        self._synced = 0
+        self._syncing = False
+        self._sync_cond = threading.Condition(threading.Lock())
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
@@ -136,6 +146,7 @@ class AuditLog:
 
     def _rotate(self) -> None:
         assert self._fd is not None
+        os.fdatasync(self._fd)  # the records not yet committed stay durable in the old file
         os.close(self._fd)
         self._fd = None
         # shift oldest first so that no rename overwrites a file
@@ -151,6 +162,11 @@ class AuditLog:
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one record and fsync it; return the record. Raises :class:`AuditError` on
         any failure (nothing is then left in the file)."""
+        return self._write(event, fields, durable=True)
+
+    def _write(self, event: str, fields: dict[str, Any], *, durable: bool) -> dict[str, Any]:
+        """:meth:`write`; ``durable=False``: appended (it survives a crash of the daemon) and
+        made durable by the next committed record."""
         clash = RESERVED.intersection(fields)
         if clash:
             raise AuditError(f"reserved audit field(s): {', '.join(sorted(clash))}")
@@ -180,8 +196,46 @@ class AuditLog:
                         self._broken = None
                 raise AuditError(f"{self.path}: cannot rotate the audit log: "
                                  f"{exc.strerror or exc}") from exc
-            self._append(data)
-            return record
+            ticket = self._append(data)
+        if durable:
+            self._commit(ticket)
+        return record
+
+    def _commit(self, ticket: int) -> None:
+        """Return once the record ``ticket`` (and every one before it) is durable: one
+        ``fdatasync`` covers every record appended before it started. A failed sync makes
+        the log unusable (what the kernel kept of the records is unknown)."""
+        with self._sync_cond:
+            while self._synced < ticket:
+                if self._broken:
+                    raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
+                if not self._syncing:
+                    self._syncing = True
+                    break
+                self._sync_cond.wait()
+            else:
+                return
+        upto = 0
+        try:
+            with self._lock:
+                if self._fd is None:
+                    raise AuditError(f"{self.path}: the audit log is closed")
+                upto, fd = self._appended, os.dup(self._fd)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            upto = 0
+            with self._lock:
+                self._broken = f"fsync failed: {exc.strerror or exc}"
+            raise AuditError(f"{self.path}: cannot write the audit log: "
+                             f"{exc.strerror or exc}") from exc
+        finally:
+            with self._sync_cond:
+                self._synced = max(self._synced, upto)
+                self._syncing = False
+                self._sync_cond.notify_all()
 
     def _build(self, event: str, fields: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """The next record of the chain and its line (with newline); ``fields`` are redacted."""
@@ -195,8 +249,8 @@ class AuditLog:
             raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
         return record, line + b"\n"
 
-    def _append(self, data: bytes) -> None:
-        """Write one built line and fsync it, or leave the file as it was (lock held)."""
+    def _append(self, data: bytes) -> int:
+        """Write one built line, or leave the file as it was (lock held); its commit ticket."""
         assert self._fd is not None
         good = self._size
         try:
@@ -204,7 +258,6 @@ class AuditLog:
             while view:
                 written = os.write(self._fd, view)
                 view = view[written:]
-            os.fdatasync(self._fd)
         except OSError as exc:
             try:
                 os.ftruncate(self._fd, good)
@@ -216,6 +269,8 @@ class AuditLog:
         self._size += len(data)
         self._seq += 1
         self._prev = hashlib.sha256(data[:-1]).hexdigest()
+        self._appended += 1
+        return self._appended
 
     def _doomed(self) -> list[Path]:
         """The oldest rotated files the retention settings no longer keep (a prefix)."""
@@ -266,6 +321,8 @@ class AuditLog:
         })
         _, data = self._build("audit_pruned", fields)
         self._append(data)
+        assert self._fd is not None
+        os.fdatasync(self._fd)  # durable before any file goes
         for f in doomed:
             try:
                 f.unlink()
@@ -279,9 +336,11 @@ class AuditLog:
 
     def decision(self, *, request_id: str, client: str, tool: str, session: str | None,
                  arguments: dict[str, Any], decision: Decision,
-                 transport: str = "http") -> None:
+                 transport: str = "http", commit_with_result: bool = False) -> None:
         """Record a policy decision (before anything runs); ``transport``: the front door the
-        call came through (``http``, ``mcp``)."""
+        call came through (``http``, ``mcp``). ``commit_with_result``: an allowed decision is
+        appended now and made durable with the call's result record (one fsync per call);
+        only for a call whose client gets nothing before that result."""
         try:
             canonical = canonical_json(arguments)
         except (TypeError, ValueError) as exc:
@@ -311,7 +370,8 @@ class AuditLog:
             fields["plan_preview"] = cap(plan.command.render(), PREVIEW_CHARS)
         if not decision.allowed:
             fields["message"] = cap(decision.message)
-        self.write("decision", **fields)
+        self._write("decision", fields,
+                    durable=not (commit_with_result and decision.allowed))
 
     def result(self, *, request_id: str, client: str, result: Result,
                transport: str = "http") -> None:
@@ -346,6 +406,9 @@ class AuditLog:
             for name in ("_fd", "_lock_fd"):
                 fd = getattr(self, name)
                 if fd is not None:
+                    with contextlib.suppress(OSError):
+                        if name == "_fd":  # records appended without a commit
+                            os.fdatasync(fd)
                     with contextlib.suppress(OSError):
                         os.close(fd)
                     setattr(self, name, None)
