@@ -34,10 +34,10 @@ from sandboxd.errors import (
     ExecutionFailure,
     KernelLimitReached,
     ServiceError,
-    StorageUnavailable,
     ToolUnavailable,
     UnknownTool,
 )
+from sandboxd.health import HealthOps
 from sandboxd.kernels import KernelCap, SessionOps, note_kernel_lost
 from sandboxd.metrics import Metrics
 from sandboxd.models import (
@@ -58,15 +58,13 @@ from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
 from sandboxd.quotafs import Usage, quota_message
-from sandboxd.readiness import BackendProbes, Readiness, policy_state
+from sandboxd.readiness import BackendProbes
 from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
 from sandboxd.restarts import SessionRestarts
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
-from sandboxd.storage import full_reason
 from sandboxd.streaming import EventSink
-from sandboxd.timefmt import utc_iso
 from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
 
@@ -89,7 +87,7 @@ class _Call:
     events: EventSink | None
 
 
-class Sandboxd(SessionOps, SessionRestarts):
+class Sandboxd(HealthOps, SessionOps, SessionRestarts):
     """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics.
     The session operations (and kernels) are in :class:`~sandboxd.kernels.SessionOps`."""
 
@@ -465,60 +463,3 @@ class Sandboxd(SessionOps, SessionRestarts):
                 raise
             raise self.recorder.keep(client, result, transport, exc) from exc
         return result
-
-    def audit_problem(self) -> str | None:
-        """Why the audit log cannot be written now (None: it can)."""
-        return self.recorder.problem()
-
-    def _check_state_dir(self) -> None:
-        """Refuse work (507) before anything runs when the state directory is full."""
-        why = full_reason(self.settings.state_dir, "state directory")
-        if why is not None:
-            self.metrics.rejections.labels(reason="storage_full").inc()
-            raise StorageUnavailable(why)
-
-    # ------------------------------------------------------------ readiness
-
-    async def readiness(self, *, fresh: bool = False) -> Readiness:
-        """Run each available backend's confinement probe (cached briefly); storage (audit
-        log, state directory), the workspace quota, the policy and draining are read fresh."""
-        storage = await asyncio.to_thread(self._storage_state)
-        probes_ok, backends = await self.probes.reports(fresh)
-        quota = self.sessions.fs  # read fresh too: its mount helper may have died
-        policy = policy_state(self._policy_refused)
-        return Readiness(
-            ready=probes_ok and all(v["ok"] for v in storage.values()) and quota.ok
-            and not self.draining,
-            draining=self.draining, backends=backends, storage=storage,
-            workspace_quota={"mode": "kernel" if quota.kernel else "advisory",
-                             "setting": quota.setting, "ok": quota.ok, "detail": quota.detail},
-            policy=policy, degraded=[] if policy["ok"] else ["policy"])
-
-    def _storage_state(self) -> dict[str, dict[str, Any]]:
-        audit = self.audit_problem()
-        state = full_reason(self.settings.state_dir, "state directory")
-        return {"audit_log": {"ok": audit is None, "detail": audit},
-                "state_dir": {"ok": state is None, "detail": state}}
-
-    # ------------------------------------------------------------ policy events
-
-    def _policy_event(self, event: str, fields: dict[str, Any]) -> None:
-        """Audit a policy load or refusal and count it (the store logs it, once)."""
-        self.metrics.policy_reloads.labels(
-            result="refused" if event == "policy_refused" else "ok").inc()
-        if event == "policy_refused":
-            now = utc_iso(timespec="seconds")
-            self._policy_refused = (now, list(fields.get("errors", [])))
-        else:
-            self._policy_refused = None
-        if self._opened:  # an offline service (policy questions only) has no audit log
-            try:
-                self.audit.write(event, **fields)
-            except Exception as exc:
-                log.error("could not audit %s: %s", event, exc)
-        if event == "policy_loaded":
-            for listener in list(self.policy_listeners):
-                try:
-                    listener()
-                except Exception:
-                    log.exception("a policy listener failed")
