@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import statistics
 import subprocess
@@ -25,15 +24,10 @@ from pathlib import Path
 
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
-from sandboxd.models import Invocation, Limits, Status, ToolKind
-from sandboxd.protocol.plan import ExecutionPlan
 
-CODE = "x += 1; print(x)"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kernel_container import CODE, pct
+from bench_kernel_container import Session as KernelSession
 
 
 def floor_s() -> float:
@@ -43,39 +37,8 @@ def floor_s() -> float:
     return time.perf_counter() - t0
 
 
-class Session:
-    """One session of the backend and the counter its kernel keeps."""
-
-    def __init__(self, backend: ContainerBackend, tmp: Path, name: str) -> None:
-        self.backend = backend
-        self.name = name
-        self.ws = tmp / name
-        self.ws.mkdir(mode=0o700)
-        uid = None
-        if backend.uids is not None:  # as the daemon does: the session's own identity
-            uid = backend.config.sandbox_uid_first + backend.config.sandbox_uid_count - 1
-            backend.uids.adopt("bench", uid)
-            if os.geteuid() == 0:
-                os.chown(self.ws, uid, uid)
-        self.uid = uid
-        self.x = 0
-
-    async def call(self, code: str = CODE) -> float:
-        limits = Limits(timeout_s=60)
-        inv = Invocation(tool="python", client="bench", session=self.name, workspace=self.ws,
-                         arguments={"code": code}, uid=self.uid,
-                         plan=ExecutionPlan(kind=ToolKind.python, limits=limits,
-                                            imports_allow=("*",)))
-        start = time.perf_counter()
-        res = await self.backend.run(inv, limits, time.monotonic() + 60)
-        elapsed = time.perf_counter() - start
-        if code == CODE:
-            self.x += 1
-            if res.stdout != f"{self.x}\n" or res.kernel is None or res.kernel.lost:
-                raise RuntimeError(f"bad result: {res}")
-        elif res.status is not Status.ok:
-            raise RuntimeError(f"bad result: {res}")
-        return elapsed
+class Session(KernelSession):
+    """bench_kernel_container's session, which its idle check may pause."""
 
     async def pause(self) -> None:
         """Pause its container as the idle check does (it is idle: no call runs)."""

@@ -100,7 +100,7 @@ def unmount(path: Path) -> None:
     raise OSError(err, f"unmount {path}: {os.strerror(err)}")
 
 
-def _unescape(field: str) -> str:
+def unescape_mountinfo(field: str) -> str:
     """Undo mountinfo's octal escapes (``\\040`` for a space...)."""
     out, i = [], 0
     while i < len(field):
@@ -122,7 +122,7 @@ def mounts_below(root: Path) -> list[Path]:
             for line in fh:
                 fields = line.split()
                 if len(fields) > 4:
-                    point = _unescape(fields[4])
+                    point = unescape_mountinfo(fields[4])
                     if point.startswith(prefix):
                         found.append(Path(point))
     except OSError:

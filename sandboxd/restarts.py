@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Kernel, Result
-from sandboxd.quotafs import FS_SOURCE
+from sandboxd.quotafs import FS_SOURCE, unescape_mountinfo
 
 if TYPE_CHECKING:
     from sandboxd.audit import AuditLog
@@ -52,19 +52,6 @@ class SessionKeeper(Protocol):
         """At a clean stop, before close: keep what it can of these sessions."""
 
 
-def _unescape(field: str) -> str:
-    """Undo mountinfo's octal escapes (``\\040`` for a space...)."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mount_of(path: Path) -> tuple[str, str, set[str]] | None:
     """``(fstype, source, options)`` of the (topmost) mount whose point is exactly ``path`` in
     this process's mount namespace, or None."""
@@ -73,12 +60,13 @@ def mount_of(path: Path) -> tuple[str, str, set[str]] | None:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
             for line in fh:
                 fields = line.split()
-                if len(fields) < 6 or _unescape(fields[4]) != str(path) or " - " not in line:
+                if (len(fields) < 6 or " - " not in line
+                        or unescape_mountinfo(fields[4]) != str(path)):
                     continue
                 post = line.split(" - ", 1)[1].split()
                 if len(post) >= 3:
                     opts = set(fields[5].split(",")) | set(post[2].split(","))
-                    found = (post[0], _unescape(post[1]), opts)
+                    found = (post[0], unescape_mountinfo(post[1]), opts)
     except OSError:
         return None
     return found
