@@ -121,7 +121,3 @@ class KernelLimitReached(ServiceError):
     code = "too-many-kernels"
 
 
-class SessionMismatch(SandboxdError):
-    """A call's path names one session and its body another (issue 27): refused (422)."""
-
-    code = "session-mismatch"

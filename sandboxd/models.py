@@ -179,12 +179,17 @@ class LimitsRequest(_Request):
 # ---------------------------------------------------------------- requests
 
 
-class InvokeRequest(_Request):
-    """Body of ``POST /v1/tools/{name}/invoke``."""
+class SessionInvokeRequest(_Request):
+    """Body of ``POST /v1/sessions/{id}/tools/{name}/invoke``: the path names the session."""
 
     arguments: dict[str, Any] = Field(default_factory=dict)
-    session: str | None = None
     limits: LimitsRequest | None = None
+
+
+class InvokeRequest(SessionInvokeRequest):
+    """Body of ``POST /v1/tools/{name}/invoke``."""
+
+    session: str | None = None
 
 
 class Invocation(_Model):

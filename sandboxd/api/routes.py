@@ -13,8 +13,15 @@ from sandboxd import __version__
 from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
 from sandboxd.deadline import stop_task
-from sandboxd.errors import SessionMismatch, UnknownTool
-from sandboxd.models import InvokeRequest, LimitsRequest, PositiveNumber, Result, ToolSpec
+from sandboxd.errors import UnknownTool
+from sandboxd.models import (
+    InvokeRequest,
+    LimitsRequest,
+    PositiveNumber,
+    Result,
+    SessionInvokeRequest,
+    ToolSpec,
+)
 from sandboxd.service import Sandboxd
 
 router = APIRouter()
@@ -111,14 +118,14 @@ async def invoke(name: str, body: InvokeRequest, request: Request,
 
 @router.post("/v1/sessions/{session_id}/tools/{name}/invoke", tags=["tools", "sessions"],
              response_model=Result, responses={200: {"model": Result}})
-async def invoke_in_session(session_id: str, name: str, body: InvokeRequest, request: Request,
+async def invoke_in_session(session_id: str, name: str, body: SessionInvokeRequest,
+                            request: Request,
                             client: str = Depends(authenticate)) -> Response:
     """:func:`invoke` in the session the path names, so that a proxy routes the call by its
-    path alone (a fleet: docs/fleet.md). A body ``session`` naming another session is a 422."""
-    if body.session is not None and body.session != session_id:
-        raise SessionMismatch(f"the path names the session '{session_id}' and the body "
-                              f"the session '{body.session}': name one (the path's)")
-    return await invoke(name, body.model_copy(update={"session": session_id}), request, client)
+    path alone (a fleet: docs/fleet.md). The path alone names the session: its body has no
+    ``session`` (one would be a 422, as any member the schema does not have)."""
+    full = InvokeRequest(arguments=body.arguments, limits=body.limits, session=session_id)
+    return await invoke(name, full, request, client)
 
 
 @router.post("/v1/sessions", tags=["sessions"], status_code=201)

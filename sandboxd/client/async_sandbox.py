@@ -91,7 +91,7 @@ class AsyncSandboxClient(ClientBase):
                      limits: LimitsRequest | dict[str, Any] | None = None,
                      timeout: float | None = None, **kwargs: Any) -> Result:
         """See :meth:`SandboxClient.invoke`. ``timeout`` bounds the HTTP wait (seconds)."""
-        body = invoke_body(arguments, kwargs, session, limits)
+        body = invoke_body(arguments, kwargs, limits)
         response = await self.request("POST", invoke_url(tool, session), json=body,
                                       timeout=timeout)
         return lenient(Result, response.json())
@@ -101,7 +101,7 @@ class AsyncSandboxClient(ClientBase):
                       limits: LimitsRequest | dict[str, Any] | None = None,
                       **kwargs: Any) -> AsyncIterator[StreamItem]:
         """See :meth:`SandboxClient.invoke_stream` (``async for``)."""
-        body = invoke_body(arguments, kwargs, session, limits)
+        body = invoke_body(arguments, kwargs, limits)
         return aiter_stream(self._http, invoke_url(tool, session), body)
 
     async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,

@@ -90,11 +90,12 @@ def limits_json(limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any]
     return LimitsRequest.model_validate(limits).model_dump(exclude_none=True)
 
 
-def invoke_body(arguments: dict[str, Any] | None, kwargs: dict[str, Any], session: str | None,
+def invoke_body(arguments: dict[str, Any] | None, kwargs: dict[str, Any],
                  limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any]:
+    """The body of an invoke; a session is named by the path (:func:`invoke_url`)."""
     args = dict(arguments or {})
     args.update(kwargs)
-    return {"arguments": args, "session": session, "limits": limits_json(limits)}
+    return {"arguments": args, "limits": limits_json(limits)}
 
 
 class ClientBase:

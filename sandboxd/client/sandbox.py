@@ -122,7 +122,7 @@ class SandboxClient(ClientBase):
 
         Tool arguments named ``arguments``, ``session`` or ``limits`` must go in the dict.
         """
-        body = invoke_body(arguments, kwargs, session, limits)
+        body = invoke_body(arguments, kwargs, limits)
         response = self.request("POST", invoke_url(tool, session), json=body)
         return lenient(Result, response.json())
 
@@ -133,7 +133,7 @@ class SandboxClient(ClientBase):
         """Like :meth:`invoke`, but yield the call's output as it is produced
         (:class:`ToolOutput`: stdout/stderr text, display items), then its :class:`Result`.
         Closing the iterator early disconnects, which cancels the call."""
-        body = invoke_body(arguments, kwargs, session, limits)
+        body = invoke_body(arguments, kwargs, limits)
         return iter_stream(self._http, invoke_url(tool, session), body)
 
     def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
