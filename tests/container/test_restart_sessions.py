@@ -142,6 +142,41 @@ def test_a_paused_session_is_thawed_and_kept_at_a_stop(
                what="every container of the instance removed")
 
 
+def test_an_image_rebuilt_while_stopped_keeps_the_session_not_its_kernel(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    """An upgrade rebuilds the image between the stop and the start: the kept container's
+    runner may speak another protocol, so it is not re-adopted; the session keeps its files
+    and its next call says its kernel was lost."""
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    real = docker_client.images.get(env.get("SANDBOXD_PYTHON_IMAGE", "sandboxd/python:latest"))
+    tag = f"sandboxd/python:{instance}"  # this test's own name for the image
+    real.tag(tag)
+    other = docker_client.images.get("sandboxd/base-offline:latest")
+    try:
+        env.update(SANDBOXD_PYTHON_IMAGE=tag, SANDBOXD_SHELL_IMAGE=tag)
+        first = _start(tmp_path, state, env, policies, daemons)
+        sid = _session(first)
+        assert first.stop() == 0
+        (kept,) = _session_containers(docker_client, instance)
+        other.tag(tag)  # "rebuilt": the tag names another image now
+        second = _start(tmp_path, state, env, policies, daemons)
+        real.tag(tag)  # the new image, as far as the new session container is concerned
+        wait_until(lambda: kept.id not in [c.id for c in labelled(docker_client, instance)],
+                   timeout=60, what="the kept container of the old image removed")
+        body = second.invoke("python", {"code": "open('notes.txt').read()"},
+                             session=sid).json()
+        assert body["status"] == "ok" and body["value"] == "kept", body
+        assert body["kernel"]["lost"] is True, body
+        assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+        assert second.stop() == 0
+        wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+                   what="every container of the instance removed")
+    finally:
+        docker_client.images.remove(tag, noprune=True)
+
+
 def test_a_container_removed_while_stopped_ends_its_session(
         docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
         instance: str, daemons: list[RunningDaemon]) -> None:

@@ -17,8 +17,9 @@ daemon instance's container of that session, with the same name, image id, user 
 the workspace and runner directory bind-mounted. Then the daemon listens on the runner
 directory again and waits for the runner's hello with the key. Whatever does not check out is
 removed (by the start-up sweep of the instance's containers) and reported, so that the service
-ends its session; but a container that merely stopped (:data:`NOT_RUNNING`) leaves its session
-be, with its kernel lost. Records are consumed by the start that reads them.
+ends its session; but a container that merely stopped (:data:`NOT_RUNNING`), or whose image
+an upgrade rebuilt (:data:`IMAGE_REBUILT`), leaves its session be, with its kernel lost.
+Records are consumed by the start that reads them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ KEPT_DIR = "kept-containers"
 #: restarted): removed, but its session stays (its kernel is reported lost); every other
 #: failed check ends the session
 NOT_RUNNING = "its container is not running"
+#: its image's tag names another image now (an upgrade rebuilt it): the runner in the kept
+#: container may speak another protocol than this daemon, so the container goes, and the
+#: session stays, its kernel lost, as with :data:`NOT_RUNNING`
+IMAGE_REBUILT = "its image was rebuilt since the stop (its runner may speak another protocol)"
+KEEPS_SESSION = (NOT_RUNNING, IMAGE_REBUILT)
 RESUME_TIMEOUT_S = 15.0  # the runner polls its socket path every 50 ms
 
 
@@ -188,6 +194,12 @@ def check(client: docker.DockerClient, instance: str, rundir: Path, kept: Kept,
         return "its container is not this daemon's container of the session"
     if info.get("Image") != kept.image_id or config.get("Image") != kept.image:
         return "its container runs another image"
+    try:
+        current = client.api.inspect_image(kept.image).get("Id")
+    except NotFound:
+        current = None
+    if current != kept.image_id:
+        return IMAGE_REBUILT
     if uid is not None and config.get("User") != f"{uid}:{uid}":
         return "its container runs as another user"
     if mounts.get("/workspace") != workspace or mounts.get(engine.RUNNER_MOUNT) != str(own_dir):
@@ -217,7 +229,7 @@ async def adopt(boxes: Boxes, sessions: SessionContainers, records: list[Kept],
         if why is not None:
             log.warning("session %s: its kept container %s is not adopted: %s",
                         kept.session, kept.name, why)
-            if why != NOT_RUNNING:
+            if why not in KEEPS_SESSION:
                 failed[kept.session] = why
     return failed
 
