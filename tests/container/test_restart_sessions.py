@@ -6,7 +6,6 @@ runner directory, no mount."""
 
 from __future__ import annotations
 
-import ctypes
 import secrets
 import shutil
 import tempfile
@@ -16,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.security.test_workspace_limits import mounts_below
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, start_daemon, uid_range_env
+from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
+from tests.support.mounts import detach_below
 from tests.support.wait import wait_until
 
 from .conftest import labelled
@@ -33,10 +32,7 @@ def state() -> Iterator[Path]:
     the next daemon finds them (a socket path must fit in 108 bytes)."""
     path = Path(tempfile.mkdtemp(prefix="sbx-"))
     yield path / "state"
-    left = mounts_below(path)
-    libc = ctypes.CDLL(None, use_errno=True)
-    for point in sorted(left, key=len, reverse=True):  # never leave a mount on the host
-        libc.umount2(point.encode(), 2)
+    left = detach_below(path)  # never leave a mount on the host
     shutil.rmtree(path, ignore_errors=True)
     assert left == [], "a mount outlived the test"
 
@@ -63,11 +59,18 @@ def _start(tmp_path: Path, state: Path, env: dict[str, str], policies: Path,  # 
 
 @pytest.fixture
 def daemons() -> Iterator[list[RunningDaemon]]:
-    started: list[RunningDaemon] = []
-    yield started
-    for d in started:
-        d.client.close()
-        d.stop()
+    with daemon_list() as started:
+        yield started
+
+
+def _delete_and_stop(d: RunningDaemon, sid: str | None, docker_client: Any,
+                     instance: str) -> None:
+    """End a test: delete its session (if any), stop the daemon, every container gone."""
+    if sid is not None:
+        assert d.client.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert d.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
 
 
 def _empty(directory: Path) -> bool:
@@ -107,10 +110,7 @@ def test_restart_keeps_a_container_sessions_variables_and_files(
     recovered = audit_records(second.audit_path, "session_recovered")
     assert [(r["session"], r["kernels"], r["kernels_lost"]) for r in recovered] == [
         (sid, ["container"], [])]
-    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
-    assert second.stop() == 0
-    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
-               what="every container of the instance removed")
+    _delete_and_stop(second, sid, docker_client, instance)
     assert _empty(state / "run") and _empty(state / "kept-containers")
 
 
@@ -136,10 +136,7 @@ def test_a_paused_session_is_thawed_and_kept_at_a_stop(
     body = second.invoke("python", {"code": "x + 1"}, session=sid).json()
     assert body["status"] == "ok" and body["value"] == 42, body
     assert body["kernel"]["lost"] is False, body
-    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
-    assert second.stop() == 0
-    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
-               what="every container of the instance removed")
+    _delete_and_stop(second, sid, docker_client, instance)
 
 
 def test_an_image_rebuilt_while_stopped_keeps_the_session_not_its_kernel(
@@ -169,10 +166,7 @@ def test_an_image_rebuilt_while_stopped_keeps_the_session_not_its_kernel(
                              session=sid).json()
         assert body["status"] == "ok" and body["value"] == "kept", body
         assert body["kernel"]["lost"] is True, body
-        assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
-        assert second.stop() == 0
-        wait_until(lambda: not labelled(docker_client, instance), timeout=60,
-                   what="every container of the instance removed")
+        _delete_and_stop(second, sid, docker_client, instance)
     finally:
         docker_client.images.remove(tag, noprune=True)
 
@@ -194,9 +188,7 @@ def test_a_container_removed_while_stopped_ends_its_session(
     assert len(expired) == 1 and "its container is gone" in expired[0]["reason"], expired
     assert audit_records(second.audit_path, "session_recovered") == []
     assert not (state / "workspaces" / sid).exists()
-    assert second.stop() == 0
-    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
-               what="every container of the instance removed")
+    _delete_and_stop(second, None, docker_client, instance)
     assert _empty(state / "run") and _empty(state / "kept-containers")
 
 
@@ -217,8 +209,5 @@ def test_a_kept_container_that_stopped_keeps_its_session_not_its_kernel(
     assert kept.id not in {c.id for c in _session_containers(docker_client, instance)}
     recovered = audit_records(second.audit_path, "session_recovered")
     assert [(r["session"], r["kernels_lost"]) for r in recovered] == [(sid, ["container"])]
-    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
-    assert second.stop() == 0
-    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
-               what="every container of the instance removed")
+    _delete_and_stop(second, sid, docker_client, instance)
     assert _empty(state / "run") and _empty(state / "kept-containers")

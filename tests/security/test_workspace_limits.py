@@ -33,6 +33,7 @@ import pytest
 from sandboxd import fstree
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon, start_daemon
+from tests.support.mounts import mounts_below
 from tests.support.wait import wait_until
 
 MiB = 1024 * 1024
@@ -71,13 +72,6 @@ def _can_mount() -> bool:
 @pytest.fixture(scope="module")
 def kernel_quota() -> None:
     require(_can_mount(), "root with CAP_SYS_ADMIN, to mount a tmpfs per workspace")
-
-
-def mounts_below(root: Path) -> list[str]:
-    """Mount points below ``root`` in this (the daemon's) mount namespace."""
-    prefix = str(root) + "/"
-    with open("/proc/self/mountinfo") as fh:
-        return [ln.split()[4] for ln in fh if ln.split()[4].startswith(prefix)]
 
 
 def shell_python(code: str) -> dict[str, str]:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.test_workspace_limits import kernel_quota, mounts_below  # noqa: F401
+from tests.security.test_workspace_limits import kernel_quota  # noqa: F401
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, start_daemon, uid_range_env
+from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
+from tests.support.mounts import detach_below, mounts_below
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false", "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true"}
 
@@ -25,15 +26,9 @@ ENV = {"SANDBOXD_CONTAINER_ENABLED": "false", "SANDBOXD_SESSIONS_SURVIVE_RESTART
 def daemons(tmp_path: Path) -> Iterator[list[RunningDaemon]]:
     """Daemons a test starts on one state directory (stopped at the end, whatever happened);
     every test leaves no mount below it."""
-    started: list[RunningDaemon] = []
-    yield started
-    for d in started:
-        d.client.close()
-        d.stop()
-    left = mounts_below(tmp_path / "state" / "workspaces")
-    libc = ctypes.CDLL(None, use_errno=True)
-    for point in sorted(left, key=len, reverse=True):  # never leave a mount on the host
-        libc.umount2(point.encode(), 2)
+    with daemon_list() as started:
+        yield started
+    left = detach_below(tmp_path / "state" / "workspaces")  # never leave a mount on the host
     assert left == [], "a workspace mount outlived the test"
 
 

@@ -21,6 +21,7 @@ from tests.support.daemon import (
     UID_SETTINGS,
     RunningDaemon,
     daemon_env,
+    daemon_list,
     free_port,
     start_daemon,
 )
@@ -48,11 +49,8 @@ def _env(first: int, count: int = COUNT) -> dict[str, str]:
 
 @pytest.fixture
 def daemons() -> Iterator[list[RunningDaemon]]:
-    started: list[RunningDaemon] = []
-    yield started
-    for d in started:
-        d.client.close()
-        d.stop()
+    with daemon_list() as started:
+        yield started
 
 
 def _serve(tmp_path: Path, first: int, count: int) -> subprocess.CompletedProcess[str]:

@@ -241,6 +241,19 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 @contextlib.contextmanager
+def daemon_list() -> Iterator[list[RunningDaemon]]:
+    """The daemons a test starts (it appends them); each is stopped at the end, whatever
+    happened."""
+    started: list[RunningDaemon] = []
+    try:
+        yield started
+    finally:
+        for d in started:
+            d.client.close()
+            d.stop()
+
+
+@contextlib.contextmanager
 def running_daemon(tmp_path: Path, **kwargs: object) -> Iterator[RunningDaemon]:
     """Context manager around :func:`start_daemon`; stops the daemon (SIGTERM) on exit."""
     daemon = start_daemon(tmp_path, **kwargs)  # type: ignore[arg-type]
