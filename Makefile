@@ -99,9 +99,13 @@ typecheck: venv-dev
 ## make test: the type check, everything the tests need (dev tools, Docker engine, sandbox
 ## images, the MCP Inspector, curl and jq, haproxy), then pytest.
 ## PYTEST_ARGS: e.g. "--reruns 1" (CI: a rerun is named FLAKY at the end), "-x tests/api".
+## TEST_WORKERS: pytest processes side by side (pytest-xdist, a test file's tests stay in one
+## of them: module fixtures are shared as before); most tests wait on daemons, engines and
+## sandboxes, so two workers fill these 2-core machines. 1: one process, as before.
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 test: venv-dev typecheck docker images mcp-inspector doc-tools haproxy
-	$(BIN)/pytest -ra $(PYTEST_ARGS)
+	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
 ## offline with debootstrap, cached in /var/cache/sandboxd-vm) installs sandboxd as a systemd

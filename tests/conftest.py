@@ -12,9 +12,14 @@ from tests.support import flaky
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon
+from tests.support.workers import worker_uid_range
 
 # A host's /etc/sandboxd/sandboxd.yaml (an installed service) must not change what tests get.
 os.environ.setdefault("SANDBOXD_CONFIG", os.devnull)
+# pytest-xdist workers (make test runs two): each worker's in-process backends get their own
+# sandbox uid range, as the VM job's lanes do (tests/vm/guest/test-suite.sh), below the
+# ranges test daemons claim host-wide (TEST_UID_BASE up, tests/support/daemon.py)
+os.environ.update(worker_uid_range(os.environ))
 
 
 @pytest.fixture

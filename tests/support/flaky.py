@@ -44,7 +44,10 @@ def why(text: str) -> str:
 
 def summary(terminal: pytest.TerminalReporter) -> None:
     """Name every test that passed on its rerun (``FLAKY: id``) at the end of the run, and in
-    the flaky file."""
+    the flaky file. Under pytest-xdist the controller does it (it hears every worker's
+    reports), not each worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     lines = [f"FLAKY: {nodeid}" for nodeid in RERUNS if nodeid not in FAILED]
     if not lines:
         return
