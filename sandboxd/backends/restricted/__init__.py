@@ -48,7 +48,7 @@ ENTRY = register(BackendEntry(
     settings=("state_dir", "instance", "cgroup_root", "max_concurrency", "sandbox_uid_first",
               "sandbox_uid_count", "kernel_interrupt_grace_s"),
     startup_probe=True,
-    imports="sandboxd.backends.restricted.lang.module_allowlist:MODULES",
+    imports="sandboxd.backends.restricted.offered:OFFERED_MODULES",
     doctor_rows="sandboxd.backends.restricted.doctor:host_checks",
     leftovers="sandboxd.backends.restricted.doctor:leftovers",
 ))
