@@ -187,7 +187,7 @@ class KernelPool:
                                     message=f"no sandbox worker: {exc}")
             result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
             return result
-        z.send(b"t", worker.pid, cgroup_limits(limits))
+        z.took(worker, cgroup_limits(limits))
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
         assert inv.session is not None
         self.kernels[inv.session] = k
