@@ -51,6 +51,7 @@ from sandboxd.mount_helper import (  # noqa: F401 - re-exported (one definition 
     MNT_DETACH,
     UMOUNT_NOFOLLOW,
     helper_argv,
+    helper_main,  # the helper's entry point before it had a module of its own
     mount_tmpfs,
     unmount,
 )
