@@ -15,8 +15,8 @@ systemd unit has neither (a daemon that can mount could unmount the unit's own
 ``ProtectSystem=``/``ProtectHome=`` views); the drop-in ``sandboxd-quota.conf`` grants them (see
 docs/operations.md for the trade-off). Even then the daemon does not keep the right to mount:
 at start-up, before it reads any request, it starts a **mount helper** (a small process of its
-own, :func:`helper_main`) and then installs a seccomp filter on itself (every thread) that
-refuses ``mount``, ``umount2`` and the rest of the mount API. From then on only the helper
+own, :mod:`sandboxd.mount_helper`) and then installs a seccomp filter on itself (every thread)
+that refuses ``mount``, ``umount2`` and the rest of the mount API. From then on only the helper
 mounts, and only what it is asked over a private socket pair: a tmpfs with the given limits on
 an existing, empty directory directly below the workspaces directory (which it holds open by
 descriptor since start-up, so a later symlink cannot redirect it), or the unmount of such a
@@ -35,69 +35,30 @@ memory limit allows either.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import json
 import logging
 import os
 import socket
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxd import fstree
+from sandboxd.mount_helper import (  # noqa: F401 - re-exported (one definition of each)
+    FS_SOURCE,
+    MNT_DETACH,
+    UMOUNT_NOFOLLOW,
+    helper_argv,
+    helper_main,  # the helper's entry point before it had a module of its own
+    mount_tmpfs,
+    unmount,
+)
 
 log = logging.getLogger("sandboxd.quota")
 
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
-MS_NOATIME = 0x400
-MNT_DETACH = 0x2
-UMOUNT_NOFOLLOW = 0x8
-FS_SOURCE = b"sandboxd-workspace"
 PROBE_NAME = ".quota-probe"
-
-_libc: ctypes.CDLL | None = None
-
-
-def _lib() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                                ctypes.c_ulong, ctypes.c_char_p]
-        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    return _libc
-
-
-def mount_tmpfs(path: Path, *, size_bytes: int, inodes: int,
-                owner: tuple[int, int] | None) -> None:
-    """Mount a size- and inode-limited tmpfs on the (empty, daemon-made) directory ``path``."""
-    opts = f"size={int(size_bytes)},nr_inodes={int(inodes)},mode=0700"
-    if owner is not None:
-        opts += f",uid={int(owner[0])},gid={int(owner[1])}"
-    rc = _lib().mount(FS_SOURCE, os.fsencode(path), b"tmpfs",
-                      MS_NOSUID | MS_NODEV | MS_NOATIME, opts.encode())
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
-
-
-def unmount(path: Path) -> None:
-    """Unmount ``path``; lazily (``MNT_DETACH``) when a process still uses it (a worker of a
-    crashed daemon, say): it leaves the mount table at once and is freed with its last user."""
-    lib = _lib()
-    target = os.fsencode(path)
-    if lib.umount2(target, UMOUNT_NOFOLLOW) == 0:
-        return
-    err = ctypes.get_errno()
-    if err == errno.EBUSY and lib.umount2(target, UMOUNT_NOFOLLOW | MNT_DETACH) == 0:
-        return
-    err = ctypes.get_errno() or err
-    raise OSError(err, f"unmount {path}: {os.strerror(err)}")
 
 
 def unescape_mountinfo(field: str) -> str:
@@ -203,65 +164,7 @@ def workspace_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage:
 
 # ----------------------------------------------------------------- the mount helper
 
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 HELPER_REPLY_TIMEOUT_S = 30.0
-
-
-def _valid_name(name: object) -> bool:
-    """A direct child of the workspaces directory that a workspace may be (no "..", no "/")."""
-    return (isinstance(name, str) and 0 < len(name) <= 128 and set(name) <= _NAME_CHARS
-            and not name.startswith("."))
-
-
-def _helper_serve(sock: socket.socket, root_fd: int) -> None:
-    root_dev = os.fstat(root_fd).st_dev
-    while True:
-        try:
-            raw = sock.recv(4096)
-        except InterruptedError:
-            continue
-        if not raw:
-            return  # the daemon is gone
-        reply: dict[str, object] = {"ok": True}
-        try:
-            msg = json.loads(raw)
-            name = msg.get("name")
-            if not _valid_name(name):
-                raise OSError(errno.EINVAL, "not a workspace name")
-            if msg.get("op") == "mount":
-                size, inodes, uid = msg.get("size"), msg.get("inodes"), msg.get("uid")
-                if not (isinstance(size, int) and isinstance(inodes, int) and size > 0
-                        and inodes > 0 and (uid is None or (isinstance(uid, int) and uid > 0))):
-                    raise OSError(errno.EINVAL, "bad mount limits")
-                dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=root_fd)
-                try:
-                    if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
-                        raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
-                    mount_tmpfs(Path(f"/proc/self/fd/{dfd}"), size_bytes=size, inodes=inodes,
-                                owner=(uid, uid) if uid is not None else None)
-                finally:
-                    os.close(dfd)
-            elif msg.get("op") == "umount":
-                unmount(Path(f"/proc/self/fd/{root_fd}/{name}"))
-            else:
-                raise OSError(errno.EINVAL, "unknown operation")
-        except OSError as exc:
-            reply = {"ok": False, "errno": exc.errno or errno.EIO,
-                     "error": exc.strerror or str(exc)}
-        except (ValueError, AttributeError, TypeError):
-            reply = {"ok": False, "errno": errno.EINVAL, "error": "malformed request"}
-        sock.send(json.dumps(reply).encode())
-
-
-def helper_main() -> None:
-    """Entry point of the mount helper process (see the module docstring): argv[1] is its end
-    of the socket pair, argv[2] a descriptor of the workspaces directory."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    _helper_serve(sock, int(sys.argv[2]))
 
 
 class MountHelper:
@@ -272,11 +175,10 @@ class MountHelper:
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from sandboxd.quotafs import helper_main; helper_main()",
-                 str(child.fileno()), str(root_fd)],
+                helper_argv(str(Path(fstree.__file__).resolve().parent.parent),
+                            child.fileno(), root_fd),
                 pass_fds=(child.fileno(), root_fd), stdin=subprocess.DEVNULL, close_fds=True,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             )
         finally:
             child.close()

@@ -200,6 +200,23 @@ def _lone_surrogate(arguments: dict[str, Any]) -> str | None:
     return None
 
 
+#: a validator per schema object (the policy's: a reload makes new ones), kept with the schema
+#: itself so that its ``id`` is not reused meanwhile; bounded (old policies' schemas go)
+_VALIDATORS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
+_VALIDATORS_MAX = 256
+
+
+def _validator(schema: dict[str, Any]) -> Draft202012Validator:
+    cached = _VALIDATORS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    validator = Draft202012Validator(schema)
+    if len(_VALIDATORS) >= _VALIDATORS_MAX:
+        _VALIDATORS.clear()
+    _VALIDATORS[id(schema)] = (schema, validator)
+    return validator
+
+
 def validate_arguments(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:
     """Validate ``arguments`` against ``schema``; raise :class:`ArgumentsInvalid` on the first
     problem (deterministically: the shallowest, then alphabetically first, error). Every string
@@ -210,7 +227,7 @@ def validate_arguments(tool: str, schema: dict[str, Any], arguments: dict[str, A
         raise ArgumentsInvalid(tool, bad, "contains a lone surrogate (\\ud800-\\udfff), which "
                                "is not valid Unicode text")
     try:
-        validator = Draft202012Validator(schema)
+        validator = _validator(schema)
     except SchemaError as exc:  # pragma: no cover - policies are checked at load time
         raise ArgumentsInvalid(tool, "(schema)", str(exc)) from exc
     errors = sorted(

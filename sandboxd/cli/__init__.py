@@ -1,7 +1,8 @@
 """The ``sandboxd`` command line (typer). One module per command group.
 
 The app is built on first use (``app``, :func:`main`), not at import: ``sandboxd mcp`` (the
-stdio bridge a host launches and waits for) loads only its own command."""
+stdio bridge a host launches and waits for) loads only its own command, ``sandboxd serve``
+only the daemon's."""
 
 from __future__ import annotations
 
@@ -14,10 +15,31 @@ if TYPE_CHECKING:
 _app: typer.Typer | None = None
 
 
-def build() -> typer.Typer:
-    """The whole CLI: every command group."""
+def _typer_app() -> typer.Typer:
     import typer
 
+    return typer.Typer(
+        name="sandboxd",
+        help="Hardened sandboxed execution service for AI-agent tools.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,  # plain help: no type column, no `<bool>` after flags
+    )
+
+
+def build_daemon() -> typer.Typer:
+    """The daemon's own commands only (serve, tools, invoke, version): what ``sandboxd serve``
+    loads, so that the running daemon does not keep the other groups' modules (issue 25)."""
+    from sandboxd.cli import daemon
+
+    app = _typer_app()
+    daemon.register(app)
+    return app
+
+
+def build() -> typer.Typer:
+    """The whole CLI: every command group."""
     from sandboxd.cli import (
         audit,
         chat,
@@ -32,14 +54,7 @@ def build() -> typer.Typer:
         wheelhouse,
     )
 
-    app = typer.Typer(
-        name="sandboxd",
-        help="Hardened sandboxed execution service for AI-agent tools.",
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        rich_markup_mode=None,  # plain help: no type column, no `<bool>` after flags
-    )
+    app = _typer_app()
     daemon.register(app)
     doctor.register(app)
     app.add_typer(policy.app, name="policy", help="Check and explain policy files.")
@@ -72,5 +87,8 @@ def main() -> None:
         from sandboxd.cli import mcp
 
         mcp.standalone(args[1:])
+        return
+    if args[:1] == ["serve"]:
+        build_daemon()()
         return
     __getattr__("app")()

@@ -148,6 +148,10 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
     """``[(module, [names of a from-import]), ...]`` imported by ``code``:
     import statements, and ``__import__("x")`` / ``importlib.import_module("x")`` with a
     literal name. Code that does not parse yields nothing (the backend reports the error)."""
+    if code.isascii() and "import" not in code:
+        # none of them without the word (an ASCII source: no identifier that NFKC-normalises
+        # to ``__import__``), and no parse and walk of every call's code (issue 25)
+        return []
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

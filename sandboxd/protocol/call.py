@@ -349,3 +349,6 @@ _REPORT_KEYS = tuple(f.name for f in fields(WorkerReport))
 assert set(_REPORT_DECODERS) == set(_REPORT_KEYS)
 #: the outcomes a restricted worker may report
 OUTCOMES: frozenset[str] = frozenset(_OUTCOMES)
+#: the outcomes after which a session kernel keeps running (any limit or failure ends it); here,
+#: not in the worker, so that the daemon's kernel code does not import the worker's stack
+KERNEL_SURVIVES: frozenset[str] = frozenset({"ok", "error"})

@@ -22,10 +22,10 @@ Choices worth knowing (details in the module docstrings):
   Landlock (when the kernel has it) confines the filesystem to the workspace in every mode and is
   the filesystem boundary when the daemon does not run as root (then the worker keeps the
   daemon's uid, and cgroups are used only if a writable/delegated subtree exists);
-* the zygote keeps one prepared standby worker per scheduler slot; the daemon writes a call
-  straight to its worker's socket and kills through a pidfd; a worker's exit is reported (and
-  ``cleanup.verified`` set: reaped, its cgroup empty, psutil agreeing) before its cgroup
-  directory is removed, which is retried and swept at start-up and close;
+* the zygote keeps one prepared standby worker per scheduler slot (one while idle); the daemon
+  writes a call straight to its worker's socket and kills through a pidfd; a worker's exit is
+  reported (and ``cleanup.verified`` set: reaped, its cgroup empty, psutil agreeing) before its
+  cgroup directory is removed, which is retried and swept at start-up and close;
 * a module the policy allows is importable only if this backend has a name allowlist for it
   (see ``lang.module_allowlist``); ``typing`` and ``dataclasses`` are deliberately absent (they
   ``eval``/``exec`` strings in host context).
@@ -48,7 +48,7 @@ ENTRY = register(BackendEntry(
     settings=("state_dir", "instance", "cgroup_root", "max_concurrency", "sandbox_uid_first",
               "sandbox_uid_count", "kernel_interrupt_grace_s"),
     startup_probe=True,
-    imports="sandboxd.backends.restricted.lang.module_allowlist:MODULES",
+    imports="sandboxd.backends.restricted.offered:OFFERED_MODULES",
     doctor_rows="sandboxd.backends.restricted.doctor:host_checks",
     leftovers="sandboxd.backends.restricted.doctor:leftovers",
 ))

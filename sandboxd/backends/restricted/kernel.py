@@ -57,12 +57,11 @@ from typing import TYPE_CHECKING, Any
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
-from sandboxd.backends.restricted.worker import KERNEL_SURVIVES
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
 from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
-from sandboxd.protocol.call import WorkerRequest
+from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerRequest
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend
@@ -188,7 +187,7 @@ class KernelPool:
                                     message=f"no sandbox worker: {exc}")
             result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
             return result
-        z.send(b"t", worker.pid, cgroup_limits(limits))
+        z.took(worker, cgroup_limits(limits))
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
         assert inv.session is not None
         self.kernels[inv.session] = k

@@ -74,7 +74,7 @@ async def exchange(
     reason: Reason | None = None
     exit_info: dict[str, Any] | None = None
     crashed: str | None = None
-    z.send(b"t", worker.pid, cgroup_limits(limits))
+    z.took(worker, cgroup_limits(limits), probe=msg.probe is not None)
     reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
                          display=msg.display, events=events)
     z.in_use += 1

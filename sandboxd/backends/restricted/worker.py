@@ -26,10 +26,8 @@ from typing import Any
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
 from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
 from sandboxd.protocol import wire
-from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerReport, WorkerRequest
 
-#: the outcomes after which a session kernel keeps running (any limit or failure ends it)
-KERNEL_SURVIVES = frozenset({"ok", "error"})
 #: what a kernel blocks while it waits for its next call (see .idle); blocked with the C
 #: module's ``pthread_sigmask`` (2 us a call: ``signal``'s wraps every number in an enum)
 ALL_SIGNALS = signal.valid_signals()

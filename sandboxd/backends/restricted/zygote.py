@@ -3,8 +3,8 @@ call.
 
 The daemon is multi-threaded (uvicorn, asyncio, executor threads), and forking a
 multi-threaded process is unsafe, so the daemon starts this process once (``start()``). The
-zygote keeps up to ``STANDBY_WORKERS`` (one per scheduler slot) forked, prepared, never-used
-workers. For each it hands the
+zygote keeps up to ``STANDBY_WORKERS`` (one per scheduler slot; ``IDLE_STANDBY`` while idle)
+forked, prepared, never-used workers. For each it hands the
 daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
 
 * ``{"t": "standby", "pid", "cgroup"}`` with two descriptors: the daemon's end of a stream
@@ -16,9 +16,11 @@ daemon (over a ``SOCK_SEQPACKET`` pair, JSON messages with ``SCM_RIGHTS``):
 
 The daemon sends the zygote fixed-size binary messages (``CTRL`` in :mod:`.zygote_protocol`:
 kind, pid, memory, cpus, pids): ``t`` "took" (a standby was used: fork the next one, preparing
-its cgroup with these limits), as a fallback when pidfds are unavailable, ``k`` "kill" (limits
-unused), and ``p`` "ping" (the pid field is a sequence number), answered ``{"t": "pong",
-"seq"}`` (health check).
+its cgroup with these limits, and keep the full standby count), ``u`` the same for a readiness
+probe (the standby count stays as it is), as a fallback when pidfds are unavailable, ``k``
+"kill" (limits unused), ``i`` "idle" (keep only ``IDLE_STANDBY`` standbys: the daemon then kills
+the ones it no longer keeps) and ``p`` "ping" (the pid field is a sequence number), answered
+``{"t": "pong", "seq"}`` (health check).
 
 The zygote's per-call loop avoids json, pathlib and other heavy machinery: every page of its
 heap it writes to while workers still share it costs a copy-on-write fault, per call.
@@ -46,7 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.backends.restricted import worker
-from sandboxd.backends.restricted.zygote_protocol import CTRL, FDS1, FDS2, send_packet
+from sandboxd.backends.restricted.zygote_protocol import (
+    CTRL,
+    FDS1,
+    FDS2,
+    IDLE_STANDBY,
+    send_packet,
+)
 
 #: the most standby workers a zygote keeps (the target is min(this, max_concurrency))
 STANDBY_WORKERS = 4
@@ -84,7 +92,8 @@ class Zygote:
         self.lifeline = namespaces.Lifeline()
         self.program = seccomp.SeccompProgram.build(own_pid=1 if self.forker else 0)
         self.workers: dict[int, _Worker] = {}
-        self.standby_target = max(1, min(STANDBY_WORKERS, int(cfg.get("standby", 2))))
+        self.standby_max = max(1, min(STANDBY_WORKERS, int(cfg.get("standby", 2))))
+        self.standby_target = min(IDLE_STANDBY, self.standby_max)
         self.leftover: list[str] = []  # cgroups whose removal has to be retried
         # cgroup limits a standby applies in advance: those of the latest call
         self.preset: tuple[int, float, int] = (256 * 1024 * 1024, 1.0, 64)
@@ -189,9 +198,13 @@ class Zygote:
             return
         kind, pid, memory, cpus, pids = CTRL.unpack(data)
         worker = self.workers.get(pid)
-        if kind == b"t" and worker is not None:
+        if kind in (b"t", b"u") and worker is not None:
             worker.standby = False
             self.preset = (memory, cpus, pids)
+            if kind == b"t":  # a call, not a readiness probe (u)
+                self.standby_target = self.standby_max
+        elif kind == b"i":  # idle: the daemon kills the standbys it no longer keeps
+            self.standby_target = min(IDLE_STANDBY, self.standby_max)
         elif kind == b"p":
             self.evt.send(f'{{"t":"pong","seq":{pid}}}'.encode())
         elif kind == b"k" and worker is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import sandboxd
-from sandboxd.backends.restricted.zygote_protocol import CTRL
+from sandboxd.backends.restricted.zygote_protocol import CTRL, IDLE_AFTER_S, IDLE_STANDBY
 from sandboxd.deadline import within
 from sandboxd.errors import SandboxdError
 
@@ -127,6 +127,8 @@ class ZygoteHandle:
         self.in_use = 0  # calls holding one of its workers
         self._pongs: dict[int, asyncio.Future[None]] = {}
         self._ping_seq = 0
+        self._last_take = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
         self.loop.add_reader(evt.fileno(), self._on_events)
         self.reading = True
 
@@ -180,6 +182,40 @@ class ZygoteHandle:
             if not ready:
                 raise TimeoutError("no sandbox worker became available before the deadline")
 
+    def took(self, worker: StandbyWorker, preset: tuple[int, float, int],
+             probe: bool = False) -> None:
+        """Tell the zygote a standby was taken (``t``: fork the next one, with ``preset``
+        limits, and keep the full standby count). A readiness probe's take (``u``) is not a
+        call: it leaves the standby count as it is; once no call took a standby for
+        ``IDLE_AFTER_S``, :meth:`idle`."""
+        self.send(b"u" if probe else b"t", worker.pid, preset)
+        if probe:
+            return
+        self._last_take = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(self._last_take + IDLE_AFTER_S, self._idle_check)
+
+    def _idle_check(self) -> None:
+        due = self._last_take + IDLE_AFTER_S
+        if self.loop.time() < due:  # a call since: check again then
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
+            return
+        self._idle_timer = None
+        self.idle()
+
+    def idle(self) -> None:
+        """Keep only ``IDLE_STANDBY`` standby workers: the zygote lowers its target first
+        (``i``, so that it does not fork replacements), then the surplus standbys, never used,
+        are killed (a call takes standbys from the left: the newest go)."""
+        if not self.alive or len(self.standby) <= IDLE_STANDBY:
+            return
+        self.send(b"i", 0)
+        while len(self.standby) > IDLE_STANDBY:
+            worker = self.standby.pop()
+            if not worker.kill():
+                self.send(b"k", worker.pid)
+            worker.close()
+
     def _on_events(self) -> None:
         while True:
             try:
@@ -232,6 +268,9 @@ class ZygoteHandle:
                     ended.close()
 
     def died(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self.reading:
             self.loop.remove_reader(self.evt.fileno())
             self.reading = False

@@ -5,7 +5,8 @@
   (:func:`send_packet`), the ``standby`` message carrying descriptors with ``SCM_RIGHTS``
   (:data:`FDS1`/:data:`FDS2`: the daemon's end of the worker socket, and the worker's pidfd).
 * daemon -> zygote: fixed-size binary control messages (:data:`CTRL`: kind, pid, memory,
-  cpus, pids; kinds ``t`` took, ``k`` kill, ``p`` ping).
+  cpus, pids; kinds ``t`` took, ``u`` a probe took, ``k`` kill, ``i`` idle, ``p``
+  ping).
 * daemon -> worker: one request as ``length + JSON`` (:data:`HEADER`, :func:`recv_msg`);
   worker -> daemon: :mod:`sandboxd.protocol.wire` frames.
 """
@@ -22,10 +23,16 @@ from typing import Any
 from sandboxd.protocol.limits import Limits
 
 HEADER = struct.Struct("!I")
-#: daemon -> zygote control message: kind (b"t" took, b"k" kill, b"p" ping), pid, memory,
-#: cpus, pids
+#: daemon -> zygote control message: kind (b"t" took, b"u" a probe took, b"k" kill, b"i" idle,
+#: b"p" ping), pid, memory, cpus, pids
 CTRL = struct.Struct("!cIQdI")
 FDS1, FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
+#: standby workers kept while idle: from start-up to the first call, and again once no call
+#: took one for IDLE_AFTER_S seconds (the daemon sends ``i`` and kills the others); a call
+#: (``t``) raises the zygote's target to the full count. Each standby is memory the idle
+#: daemon keeps (issue 25)
+IDLE_STANDBY = 1
+IDLE_AFTER_S = 30.0
 
 
 def cgroup_limits(limits: Limits) -> tuple[int, float, int]:

@@ -37,6 +37,8 @@ import types
 import unicodedata
 import uuid
 
+from sandboxd.backends.restricted.offered import OFFERED_MODULES
+
 
 def _public(module: types.ModuleType, *exclude: str) -> frozenset[str]:
     """Public names of a C/leaf module whose values are not modules."""
@@ -430,6 +432,8 @@ def _module_table() -> dict[str, tuple[types.ModuleType, frozenset[str]]]:
             ),
         ),
     }
+    if set(table) != OFFERED_MODULES:  # the daemon's policy checks read that list
+        raise RuntimeError(f"offered.OFFERED_MODULES is not the table: {sorted(table)}")
     return table
 
 

@@ -1,0 +1,130 @@
+"""The mount helper process of :mod:`sandboxd.quotafs` and the mount calls it makes.
+
+Kept to the standard library's light modules (no ``logging``, ``subprocess``, ``ctypes.util``,
+``pathlib``...): the helper runs for as long as the daemon does, started as
+``python -I -S`` with only this module on its path, and every module it imports is memory it
+keeps (issue 25: the daemon's fixed cost)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import socket
+import sys
+
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOATIME = 0x400
+MNT_DETACH = 0x2
+UMOUNT_NOFOLLOW = 0x8
+FS_SOURCE = b"sandboxd-workspace"
+
+_libc: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        # the C library this interpreter is linked with (its symbols, without a search)
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                ctypes.c_ulong, ctypes.c_char_p]
+        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return _libc
+
+
+def mount_tmpfs(path: str | os.PathLike[str], *, size_bytes: int, inodes: int,
+                owner: tuple[int, int] | None) -> None:
+    """Mount a size- and inode-limited tmpfs on the (empty, daemon-made) directory ``path``."""
+    opts = f"size={int(size_bytes)},nr_inodes={int(inodes)},mode=0700"
+    if owner is not None:
+        opts += f",uid={int(owner[0])},gid={int(owner[1])}"
+    rc = _lib().mount(FS_SOURCE, os.fsencode(path), b"tmpfs",
+                      MS_NOSUID | MS_NODEV | MS_NOATIME, opts.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {os.fspath(path)}: {os.strerror(err)}")
+
+
+def unmount(path: str | os.PathLike[str]) -> None:
+    """Unmount ``path``; lazily (``MNT_DETACH``) when a process still uses it (a worker of a
+    crashed daemon, say): it leaves the mount table at once and is freed with its last user."""
+    lib = _lib()
+    target = os.fsencode(path)
+    if lib.umount2(target, UMOUNT_NOFOLLOW) == 0:
+        return
+    err = ctypes.get_errno()
+    if err == errno.EBUSY and lib.umount2(target, UMOUNT_NOFOLLOW | MNT_DETACH) == 0:
+        return
+    err = ctypes.get_errno() or err
+    raise OSError(err, f"unmount {os.fspath(path)}: {os.strerror(err)}")
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def _valid_name(name: object) -> bool:
+    """A direct child of the workspaces directory that a workspace may be (no "..", no "/")."""
+    return (isinstance(name, str) and 0 < len(name) <= 128 and set(name) <= _NAME_CHARS
+            and not name.startswith("."))
+
+
+def _helper_serve(sock: socket.socket, root_fd: int) -> None:
+    root_dev = os.fstat(root_fd).st_dev
+    while True:
+        try:
+            raw = sock.recv(4096)
+        except InterruptedError:
+            continue
+        if not raw:
+            return  # the daemon is gone
+        reply: dict[str, object] = {"ok": True}
+        try:
+            msg = json.loads(raw)
+            name = msg.get("name")
+            if not _valid_name(name):
+                raise OSError(errno.EINVAL, "not a workspace name")
+            if msg.get("op") == "mount":
+                size, inodes, uid = msg.get("size"), msg.get("inodes"), msg.get("uid")
+                if not (isinstance(size, int) and isinstance(inodes, int) and size > 0
+                        and inodes > 0 and (uid is None or (isinstance(uid, int) and uid > 0))):
+                    raise OSError(errno.EINVAL, "bad mount limits")
+                dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=root_fd)
+                try:
+                    if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
+                        raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
+                    mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes,
+                                owner=(uid, uid) if uid is not None else None)
+                finally:
+                    os.close(dfd)
+            elif msg.get("op") == "umount":
+                unmount(f"/proc/self/fd/{root_fd}/{name}")
+            else:
+                raise OSError(errno.EINVAL, "unknown operation")
+        except OSError as exc:
+            reply = {"ok": False, "errno": exc.errno or errno.EIO,
+                     "error": exc.strerror or str(exc)}
+        except (ValueError, AttributeError, TypeError):
+            reply = {"ok": False, "errno": errno.EINVAL, "error": "malformed request"}
+        sock.send(json.dumps(reply).encode())
+
+
+def helper_main() -> None:
+    """Entry point of the mount helper process: argv[1] is its end of the socket pair, argv[2]
+    a descriptor of the workspaces directory."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    _helper_serve(sock, int(sys.argv[2]))
+
+
+def helper_argv(package_parent: str, sock_fd: int, root_fd: int) -> list[str]:
+    """The helper's command line: an isolated interpreter without ``site`` (no environment, no
+    site-packages) that finds only the package at ``package_parent``."""
+    boot = (f"import sys; sys.path.insert(0, {package_parent!r}); "
+            "from sandboxd.mount_helper import helper_main; helper_main()")
+    return [sys.executable, "-I", "-S", "-c", boot, str(sock_fd), str(root_fd)]

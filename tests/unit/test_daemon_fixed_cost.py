@@ -1,0 +1,78 @@
+"""The daemon's fixed cost (issue 25): every module ``sandboxd serve`` imports is memory the
+daemon keeps for its lifetime, and so is every process it keeps. These tests pin what the
+serve path leaves out: the other command groups, the restricted worker's stack (RestrictedPython,
+the language layer: only the zygote's workers need it) and a heavy mount helper."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SERVE_PATH = """
+import contextlib, io, json, sys, tempfile
+import sandboxd.cli
+sys.argv = ["sandboxd", "serve", "--help"]  # the command line `sandboxd serve` takes
+with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+    sandboxd.cli.main()
+from sandboxd.api.app import create_app
+from sandboxd.config import Settings
+from sandboxd.backends import registry
+import sandboxd.backends.restricted.backend, sandboxd.backends.restricted.kernel
+import sandboxd.backends.restricted.probe
+with tempfile.TemporaryDirectory() as state:
+    create_app(Settings(state_dir=state))
+assert registry.get("restricted").offered_modules()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "RestrictedPython"
+      or m.startswith("sandboxd.backends.restricted.lang")
+      or m == "sandboxd.backends.restricted.worker"
+      or m.startswith("sandboxd.cli.") and m not in {"sandboxd.cli.daemon"})))
+"""
+
+
+def loaded(code: str) -> list[str]:
+    env = {**os.environ, "SANDBOXD_CONFIG": os.devnull}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_serve_loads_neither_other_commands_nor_the_workers_stack() -> None:
+    assert loaded(SERVE_PATH) == []
+
+
+def test_the_restricted_module_list_is_the_workers_table() -> None:
+    """The daemon's policy checks read the name list; the worker's table must offer exactly
+    those modules (its import refuses to load otherwise)."""
+    from sandboxd.backends.restricted.lang.module_allowlist import MODULES
+    from sandboxd.backends.restricted.offered import OFFERED_MODULES
+
+    assert set(MODULES) == OFFERED_MODULES
+
+
+@pytest.mark.parametrize("module", ["sandboxd.backends.restricted.worker", "sandboxd.cli.audit"])
+def test_the_guard_sees_a_heavy_import(module: str) -> None:
+    """The check above can fail."""
+    assert module in loaded(SERVE_PATH.replace("import sandboxd.cli\n",
+                                               f"import sandboxd.cli, {module}\n"))
+
+
+def test_the_mount_helper_is_an_isolated_interpreter_that_serves(tmp_path: Path) -> None:
+    """The helper runs ``python -I -S`` (no site-packages, no environment) and still answers:
+    a request for a name outside the workspaces is refused by it."""
+    from sandboxd.quotafs import MountHelper
+
+    helper = MountHelper(tmp_path)
+    try:
+        assert helper.proc.args[1:3] == ["-I", "-S"]
+        with pytest.raises(OSError) as exc:
+            helper.request(op="mount", name="../escape", size=1 << 20, inodes=16, uid=None)
+        assert exc.value.errno == errno.EINVAL
+        assert helper.alive()
+    finally:
+        helper.close()
