@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandboxd.backends.container.backend import ContainerBackend
-from sandboxd.backends.container.reaper import open_init
+from sandboxd.backends.container.reaper import InitHandle, kill_and_prove, open_init
 from sandboxd.models import Status
 from tests.container.conftest import labelled, make_settings, run, workspace
-from tests.support.wait import wait_until
+from tests.support.wait import async_wait_until, wait_until
 
 pytestmark = [pytest.mark.docker]
 
@@ -71,3 +73,40 @@ def test_a_pid_that_is_not_the_container_s_init_gets_no_handle() -> None:
     assert open_init(0, cid) is None
     assert open_init(2 ** 22 + 1, cid) is None  # above pid_max: no such process
     assert open_init(os.getpid(), "short") is None
+
+
+#: a PID namespace's init (python) with a child that holds much memory (its exit takes a while:
+#: its pages are freed) and says so by a file
+BIG_CHILD = """\
+import os, sys, time
+if os.fork() == 0:
+    held = b"x" * (512 << 20)
+    open(sys.argv[1], "w").close()
+    time.sleep(1000)
+time.sleep(1000)
+"""
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+async def test_the_proof_waits_for_every_process_of_the_namespace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--", sys.executable, "-c",
+                              BIG_CHILD, str(ready)])
+    try:
+        await async_wait_until(ready.exists, timeout=60, what="the big child's memory held")
+        (init,) = children(outer.pid)
+        (big,) = children(init)
+        handle = InitHandle(init, os.pidfd_open(init))
+        try:
+            assert await kill_and_prove(handle, 30)
+        finally:
+            handle.close()
+        # the init's exit completed only once the child's had: nothing of it is left
+        assert not os.path.exists(f"/proc/{big}"), "the proof came before the child was gone"
+    finally:
+        outer.kill()
+        outer.wait(timeout=30)
