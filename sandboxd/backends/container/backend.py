@@ -247,6 +247,7 @@ class ContainerBackend(Backend):
         await self.sessions.idle.stop()
         live = list(boxes.live)
         await asyncio.gather(*(boxes.destroy(b) for b in live), return_exceptions=True)
+        await boxes.wait_removals()
         self.pool.queues.clear()
         self.sessions.by_key.clear()
         if boxes.engine_client is not None:

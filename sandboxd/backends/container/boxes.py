@@ -22,8 +22,9 @@ import docker
 
 from sandboxd import fstree
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
-from sandboxd.backends.container import engine
+from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
+from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
 from sandboxd.errors import ToolUnavailable
@@ -31,6 +32,12 @@ from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd.container")
 T = TypeVar("T")
+#: the containers that serve one call each (the warm pool's and cold one-shot ones): their
+#: init is watched through a pidfd (reaper.py)
+ONE_SHOT_ROLES = frozenset({"pool", "oneshot"})
+#: how long the kernel may take to end a one-shot container's processes after SIGKILL before
+#: the engine's removal is waited for instead
+REAP_TIMEOUT_S = 5.0
 
 
 @dataclass(eq=False)
@@ -50,6 +57,8 @@ class Box:
     paused: bool = False  # frozen by the engine (an idle session container: see idle.py)
     #: held while it is paused or thawed: a call never finds it half-way (see idle.py)
     freeze: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: a pidfd of its init, for a one-shot call's fast end (see reaper.py); None: the engine's
+    init: InitHandle | None = None
 
 
 class Boxes:
@@ -70,6 +79,8 @@ class Boxes:
         self.watch: EngineWatch | None = None
         self.engine_error: str | None = None
         self.stale: set[Box] = set()
+        #: removals of one-shot containers whose processes are proven gone (see :meth:`end`)
+        self.removals: set[asyncio.Task[bool]] = set()
 
     async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking docker SDK call in the backend's thread pool."""
@@ -160,24 +171,59 @@ class Boxes:
                            role=role, invocation=invocation, workspace=workspace,
                            network=network, session=session, uid=uid)
         task = asyncio.ensure_future(self.engine(
-            engine.create_and_start, self.client, self.config, self.seccomp, spec))
+            _create, self.client, self.config, self.seccomp, spec, role in ONE_SHOT_ROLES))
         try:
-            box.cid = await asyncio.shield(task)
+            box.cid, pid = await asyncio.shield(task)
         except asyncio.CancelledError:
             # the engine call runs on in its thread: wait for it, then remove what it made
             # (a second cancel must not skip the removal: it is swallowed here, on purpose)
             with contextlib.suppress(BaseException):
-                box.cid = await task
+                box.cid, pid = await task
             verified = await self.destroy(box, by_name=True)
             raise CancelledAfterCleanup(verified, gone(box, verified)) from None
         except BaseException:
             await self.destroy(box, by_name=True)
             raise
+        if pid:
+            box.init = reaper.open_init(pid, box.cid)
         return box
+
+    async def end(self, box: Box, *, fast: bool = True) -> tuple[bool, str]:
+        """End a one-shot call's container: ``(verified, detail)``. When the kernel proves
+        every process of it gone (:mod:`reaper`), at once, the engine's removal following in
+        the background (awaited by :meth:`wait_removals`; a failed one is retried as
+        :meth:`destroy` retries any); else (or unless ``fast``: its runner was lost, or the
+        engine is failing, so its removal is what the result must report) the engine's
+        removal, waited for."""
+        init, box.init = box.init, None
+        if init is not None and (not fast or self.engine_error is not None):
+            init.close()
+            init = None
+        if init is not None:
+            try:
+                ended = await reaper.kill_and_prove(init, REAP_TIMEOUT_S)
+            finally:
+                init.close()
+            if ended:
+                task = asyncio.ensure_future(self.destroy(box))
+                self.removals.add(task)
+                task.add_done_callback(self.removals.discard)
+                return True, (f"every process of container {box.name} ended (its PID "
+                              "namespace is empty); the engine removes it next")
+        verified = await self.destroy_shielded(box)
+        return verified, gone(box, verified)
+
+    async def wait_removals(self) -> None:
+        """Wait for the background removals :meth:`end` started."""
+        while self.removals:
+            await asyncio.gather(*list(self.removals), return_exceptions=True)
 
     async def destroy(self, box: Box, *, by_name: bool = False) -> bool:
         """Remove the container and its endpoint; True once the engine confirms it is gone."""
         box.dead = True
+        if box.init is not None:
+            box.init.close()
+            box.init = None
         self.live.discard(box)
         ref = box.cid or (box.name if by_name else None)
         verified = True
@@ -218,6 +264,13 @@ class Boxes:
         if box.shape != shape:
             await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)
             box.shape = shape
+
+
+def _create(client: docker.DockerClient, config: ContainerConfig, seccomp: str,
+            spec: engine.Spec, want_pid: bool) -> tuple[str, int]:
+    """Create and start the container; its id, and its init's pid when ``want_pid``."""
+    cid = engine.create_and_start(client, config, seccomp, spec)
+    return cid, engine.init_pid(client, cid) if want_pid else 0
 
 
 def clear_rundir(base: Path, keep: frozenset[str] = frozenset()) -> None:

@@ -236,6 +236,11 @@ def _state(client: docker.DockerClient, cid: str) -> dict[str, Any]:
     return state
 
 
+def init_pid(client: docker.DockerClient, cid: str) -> int:
+    """The pid of the container's init, in the engine's PID namespace (0: none)."""
+    return int(_state(client, cid).get("Pid") or 0)
+
+
 def is_running(client: docker.DockerClient, cid: str) -> bool:
     """Whether the container exists and is running."""
     try:

@@ -70,9 +70,19 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
         raise
     oom = outcome.needs_oom_check and await boxes.engine(
         engine.oom_killed, boxes.client, box.cid or box.name, runner_lost=outcome.lost is not None)
-    verified = await boxes.destroy_shielded(box)
+    verified, detail = await _end_shielded(boxes, box, fast=outcome.lost is None)
     return build_result(invocation, limits, outcome, started, verified, oom=oom,
-                        detail=gone(box, verified), engine_error=boxes.engine_error)
+                        detail=detail, engine_error=boxes.engine_error)
+
+
+async def _end_shielded(boxes: Boxes, box: Box, *, fast: bool) -> tuple[bool, str]:
+    """:meth:`Boxes.end`, carried to its end even when the caller is cancelled."""
+    task = asyncio.ensure_future(boxes.end(box, fast=fast))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 def _is_empty_dir(path: Path) -> bool:

@@ -29,6 +29,8 @@ class WarmPool:
         self._filling: dict[str, int] = {}
         self.refill = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: container starts under way (each one's own task): :meth:`stop` ends them too
+        self._starting: set[asyncio.Task[None]] = set()
         self._reaping: set[asyncio.Future[bool]] = set()
         #: bumped by :meth:`lost`: a container whose start began before an engine outage is
         #: dead (the engine stopped it), even when its start returned after the outage began
@@ -74,11 +76,15 @@ class WarmPool:
         the caller, with every other live one)."""
         await stop_task(self._task)
         self._task = None
+        # a start under way would otherwise finish after the caller removed every live
+        # container, and leave one (its cancellation removes what it started)
+        for task in list(self._starting):
+            await stop_task(task)
 
     async def _refill_loop(self) -> None:
         sem = asyncio.Semaphore(POOL_PARALLEL_STARTS)
         backoff = 0.5
-        pending: set[asyncio.Task[None]] = set()
+        pending = self._starting
 
         async def fill_one(image: str) -> None:
             nonlocal backoff
