@@ -135,7 +135,10 @@ def test_file_routes_with_schemathesis(daemon: InProcessDaemon, session: str, me
                                           excluded_checks=[ignored_auth], timeout=60)
         no_internals(daemon, response.status_code, response.content.decode(errors="replace"))
 
-    check()
+    try:
+        check()
+    finally:
+        http.close()
 
 
 # ---------------------------------------------------------------- MCP (JSON-RPC)

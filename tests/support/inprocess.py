@@ -432,16 +432,17 @@ def requests_session(daemon: InProcessDaemon) -> Any:
     from urllib3._collections import HTTPHeaderDict
 
     class Adapter(requests.adapters.BaseAdapter):
+        client = daemon.http(timeout=120.0)
+
         def send(self, request: requests.PreparedRequest, stream: bool = False,
                  timeout: Any = None, verify: Any = True, cert: Any = None,
                  proxies: Any = None) -> requests.Response:
             body = request.body.encode() if isinstance(request.body, str) else request.body
             target = urlsplit(request.url or "")
             raw = (target.path or "/") + (f"?{target.query}" if target.query else "")
-            with httpx.Client(transport=daemon.transport, timeout=120.0) as client:
-                got = client.request(request.method or "GET", request.url or "",
-                                     headers=dict(request.headers), content=body,
-                                     extensions={"raw_target": raw.encode("ascii")})
+            got = self.client.request(request.method or "GET", request.url or "",
+                                      headers=dict(request.headers), content=body,
+                                      extensions={"raw_target": raw.encode("ascii")})
             headers = HTTPHeaderDict()
             for name, value in got.headers.multi_items():
                 headers.add(name, value)
@@ -456,7 +457,7 @@ def requests_session(daemon: InProcessDaemon) -> Any:
             return response
 
         def close(self) -> None:
-            pass
+            self.client.close()
 
     session = requests.Session()
     session.mount(daemon.url, Adapter())
