@@ -2,12 +2,12 @@
 through a file, a name longer than the filesystem's limit: each is its own 4xx problem from the
 one problem table on ``GET``/``PUT /v1/sessions/{id}/files/{path}``, an error result naming
 what to do instead on the JSON tools and over MCP, never an OS error text nor a host path.
-Through a real daemon (restricted backend, a real policy, real workspaces)."""
+On the daemon's app in process (tests/support/inprocess.py: a real policy, real workspaces on
+disk; the file tools run in the daemon, not in a sandbox)."""
 
 from __future__ import annotations
 
 import errno
-import http.client
 import json
 import os
 from collections.abc import Iterator
@@ -17,7 +17,7 @@ import pytest
 
 from sandboxd.backends import workspace_errors as workspace
 from sandboxd.tokens import add_token
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 from tests.support.mcp_raw import RawMcp
 
 PROBLEM = "application/problem+json"
@@ -34,18 +34,18 @@ LONG = "n" * 256  # one more byte than NAME_MAX
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
     tmp = tmp_path_factory.mktemp("file-errors")
     (tmp / "policies").mkdir()
     (tmp / "policies" / "files.yaml").write_text(POLICY)
     token = add_token(tmp / "tokens.yaml", "alice")
     env = {"SANDBOXD_CONTAINER_ENABLED": "false", "SANDBOXD_TOKENS_FILE": str(tmp / "tokens.yaml")}
-    with running_daemon(tmp, policies_dir=tmp / "policies", env=env, token=token) as d:
+    with inprocess_daemon(tmp, policies_dir=tmp / "policies", env=env, token=token) as d:
         yield d
 
 
 @pytest.fixture
-def session(daemon: RunningDaemon) -> Iterator[str]:
+def session(daemon: InProcessDaemon) -> Iterator[str]:
     """A session whose workspace has ``dir/sub/``, ``dir/a.txt``, ``f.txt``, ``ln`` (a
     symlink to ``dir``) and ``fifo``."""
     sid = daemon.client.post("/v1/sessions").json()["id"]
@@ -59,31 +59,27 @@ def session(daemon: RunningDaemon) -> Iterator[str]:
     daemon.client.delete(f"/v1/sessions/{sid}")
 
 
-def problem(daemon: RunningDaemon, method: str, url: str, status: int, slug: str) -> str:
+def problem(daemon: InProcessDaemon, method: str, url: str, status: int, slug: str) -> str:
     """The problem's detail, after checking status, type, request id and no internals."""
-    host, port = daemon.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:  # sent exactly as written: no client-side normalisation of "." or "//"
-        conn.request(method, url, body=b"data" if method == "PUT" else None,
-                     headers=daemon.headers)
-        r = conn.getresponse()
-        text = r.read().decode()
-    finally:
-        conn.close()
-    assert r.status == status, (method, url, r.status, text)
-    assert r.getheader("content-type") == PROBLEM, r.getheaders()
+    # sent exactly as written: no client-side normalisation of "." or "//" (the in-process
+    # transport's raw_target, which httpx's URL would normalise)
+    r = daemon.client.request(method, url, content=b"data" if method == "PUT" else None,
+                              extensions={"raw_target": url.encode()})
+    text = r.text
+    assert r.status_code == status, (method, url, r.status_code, text)
+    assert r.headers.get("content-type") == PROBLEM, r.headers
     body = json.loads(text)
     assert body["type"].endswith(f"/{slug}") and body["request_id"].startswith("inv_"), body
     assert_no_internals(daemon, text)
     return body["detail"]
 
 
-def assert_no_internals(daemon: RunningDaemon, text: str) -> None:
+def assert_no_internals(daemon: InProcessDaemon, text: str) -> None:
     assert "Errno" not in text and "Traceback" not in text, text
     assert str(daemon.state_dir) not in text and "/workspaces/" not in text, text
 
 
-def test_a_directory_is_409_naming_list_files(daemon: RunningDaemon, session: str) -> None:
+def test_a_directory_is_409_naming_list_files(daemon: InProcessDaemon, session: str) -> None:
     base = f"/v1/sessions/{session}/files/"
     ws = daemon.state_dir / "workspaces" / session
     for path in ("dir", "dir/", "dir/sub", "./dir//sub/", ".", "/workspace"):
@@ -103,7 +99,7 @@ def test_a_directory_is_409_naming_list_files(daemon: RunningDaemon, session: st
     assert "409" in doc["paths"]["/v1/sessions/{session_id}/files/{path}"]["get"]["responses"]
 
 
-def test_a_directory_through_the_json_tools_and_mcp(daemon: RunningDaemon, session: str) -> None:
+def test_a_directory_through_the_json_tools_and_mcp(daemon: InProcessDaemon, session: str) -> None:
     for tool, args in (("read_file", {"path": "dir"}),
                        ("read_file", {"path": "dir", "encoding": "base64"}),
                        ("write_file", {"path": "dir/sub", "content": "x"})):
@@ -112,7 +108,7 @@ def test_a_directory_through_the_json_tools_and_mcp(daemon: RunningDaemon, sessi
         result = r.json()
         assert result["status"] == "error" and "list_files" in result["message"], result
         assert_no_internals(daemon, r.text)
-    mcp = RawMcp(daemon.url, daemon.headers)
+    mcp = RawMcp(daemon.url, daemon.headers, transport=daemon.transport)
     try:
         mcp.call("write_file", {"path": "d/x", "content": "x"})
         answer = mcp.call("read_file", {"path": "d"}, ident=7)
@@ -125,7 +121,7 @@ def test_a_directory_through_the_json_tools_and_mcp(daemon: RunningDaemon, sessi
     assert_no_internals(daemon, str(answer))
 
 
-def test_a_path_through_a_file_is_409(daemon: RunningDaemon, session: str) -> None:
+def test_a_path_through_a_file_is_409(daemon: InProcessDaemon, session: str) -> None:
     base = f"/v1/sessions/{session}/files/"
     for method in ("GET", "PUT"):
         detail = problem(daemon, method, base + "f.txt/x", 409, "not-a-directory")
@@ -142,7 +138,7 @@ def test_a_path_through_a_file_is_409(daemon: RunningDaemon, session: str) -> No
     assert result["message"] == "'f.txt' is a file, not a directory; read it with read_file"
 
 
-def test_a_symlink_on_the_path_is_still_refused(daemon: RunningDaemon, session: str) -> None:
+def test_a_symlink_on_the_path_is_still_refused(daemon: InProcessDaemon, session: str) -> None:
     base = f"/v1/sessions/{session}/files/"
     for method in ("GET", "PUT"):
         detail = problem(daemon, method, base + "ln/a.txt", 403, "path-refused")
@@ -151,7 +147,7 @@ def test_a_symlink_on_the_path_is_still_refused(daemon: RunningDaemon, session: 
     assert result["status"] == "rejected" and "symbolic link" in result["message"], result
 
 
-def test_a_name_too_long_is_refused_before_the_filesystem(daemon: RunningDaemon,
+def test_a_name_too_long_is_refused_before_the_filesystem(daemon: InProcessDaemon,
                                                           session: str) -> None:
     """Over 255 bytes (NAME_MAX): the one path normalisation refuses it, like '..'."""
     base = f"/v1/sessions/{session}/files/"
@@ -188,7 +184,7 @@ def test_an_os_error_no_client_causes_is_raised_as_it_is() -> None:
     assert workspace.explain(exc, "a") is exc
 
 
-def test_a_download_claims_no_charset_and_any_type_is_documented(daemon: RunningDaemon,
+def test_a_download_claims_no_charset_and_any_type_is_documented(daemon: InProcessDaemon,
                                                                  session: str) -> None:
     """The type is guessed from the name, but the bytes are the file's: no ``charset`` is
     claimed for them (latin-1 text stays latin-1), and the OpenAPI document allows any type."""

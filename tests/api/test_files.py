@@ -1,13 +1,16 @@
-"""Issue 14 section 4: binary files through the real daemon (uvicorn on a socket, real policy,
-audit log and workspaces): the raw ``PUT``/``GET /v1/sessions/{id}/files/{path}`` endpoints,
-``encoding: "base64"`` on read_file/write_file, and the client's upload/download."""
+"""Issue 14 section 4: binary files (a real policy, audit log and workspaces): the raw
+``PUT``/``GET /v1/sessions/{id}/files/{path}`` endpoints, ``encoding: "base64"`` on
+read_file/write_file, and the client's upload/download. On the daemon's app in process
+(tests/support/inprocess.py: the file tools run in the daemon, not in a sandbox), except where
+the body's way in matters, through the real daemon (uvicorn on a socket): a body that arrives
+in pieces (chunked, or past a cap or the quota while it streams), a connection cut or stalled
+mid-upload (the in-process transport hands the app a body whole)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import hashlib
-import http.client
 import json
 import os
 import random
@@ -15,7 +18,6 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sandboxd.client import AsyncSandboxClient, SandboxClient
@@ -23,6 +25,7 @@ from sandboxd.client.errors import ProblemError
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 from tests.support.wait import wait_until
 
 MAX_FILE = 4 * 1024 * 1024
@@ -54,10 +57,11 @@ def payload(size: int, seed: int) -> bytes:
     return head + rng.randbytes(size - len(head))
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemon, str]]:
-    """One daemon for the module: clients alice (the daemon's client) and bob (the token)."""
-    tmp = tmp_path_factory.mktemp("files")
+Daemon = RunningDaemon | InProcessDaemon
+
+
+def _setup(tmp: Path) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """The policies directory, tokens (alice, bob) and settings of a daemon of this module."""
     policies = tmp / "policies"
     policies.mkdir()
     (policies / "files.yaml").write_text(POLICY)
@@ -65,23 +69,44 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemo
     keys = {name: add_token(tokens, name) for name in ("alice", "bob")}
     settings = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_SESSION_QUOTA_BYTES": str(QUOTA),
                 "SANDBOXD_MAX_BODY_BYTES": str(16 * 1024 * 1024)}
-    with running_daemon(tmp, policies_dir=policies, env=settings, token=keys["alice"]) as d:
+    return policies, keys, settings
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessDaemon, str]]:
+    """The daemon's app in process for the module: clients alice (the daemon's client) and
+    bob (the token)."""
+    tmp = tmp_path_factory.mktemp("files")
+    policies, keys, settings = _setup(tmp)
+    with inprocess_daemon(tmp, policies_dir=policies, env=settings, token=keys["alice"]) as d:
         yield d, keys["bob"]
 
 
+@pytest.fixture(scope="module")
+def real_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """A real daemon (uvicorn on a socket) for the tests of how a body comes in."""
+    tmp = tmp_path_factory.mktemp("files-real")
+    policies, keys, settings = _setup(tmp)
+    with running_daemon(tmp, policies_dir=policies, env=settings, token=keys["alice"]) as d:
+        yield d
+
+
 @pytest.fixture
-def daemon(env: tuple[RunningDaemon, str]) -> RunningDaemon:
+def daemon(env: tuple[InProcessDaemon, str]) -> InProcessDaemon:
     return env[0]
 
 
 @pytest.fixture
-def session(daemon: RunningDaemon) -> Iterator[str]:
-    sid = daemon.client.post("/v1/sessions").json()["id"]
+def session(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A session of the test's daemon: the real one if it takes ``real_daemon``."""
+    d: Daemon = request.getfixturevalue(
+        "real_daemon" if "real_daemon" in request.fixturenames else "daemon")
+    sid = d.client.post("/v1/sessions").json()["id"]
     yield sid
-    daemon.client.delete(f"/v1/sessions/{sid}")
+    d.client.delete(f"/v1/sessions/{sid}")
 
 
-def workspace(daemon: RunningDaemon, sid: str) -> Path:
+def workspace(daemon: Daemon, sid: str) -> Path:
     return daemon.state_dir / "workspaces" / sid
 
 
@@ -90,12 +115,13 @@ def leftovers(root: Path) -> list[str]:
     return [str(p) for p in root.rglob(".sandboxd-*")]
 
 
-def audit(daemon: RunningDaemon, request_id: str) -> list[dict]:
+def audit(daemon: Daemon, request_id: str) -> list[dict]:
     records = audit_records(daemon.audit_path)
     return [r for r in records if r.get("request_id") == request_id]
 
 
-def test_raw_round_trip_of_every_byte_value(daemon: RunningDaemon, session: str) -> None:
+def test_raw_round_trip_of_every_byte_value(real_daemon: RunningDaemon, session: str) -> None:
+    daemon = real_daemon
     data = payload(3 * 1024 * 1024 + 17, seed=1)
     url = f"/v1/sessions/{session}/files/data/blob.bin"
     put = daemon.client.put(url, content=data,
@@ -128,7 +154,7 @@ def test_raw_round_trip_of_every_byte_value(daemon: RunningDaemon, session: str)
     assert leftovers(workspace(daemon, session)) == []
 
 
-def test_base64_round_trip_and_cross_paths(daemon: RunningDaemon, session: str) -> None:
+def test_base64_round_trip_and_cross_paths(daemon: InProcessDaemon, session: str) -> None:
     data = payload(2 * 1024 * 1024, seed=3)
     text = base64.b64encode(data).decode()
     r = daemon.invoke("write_file", {"path": "b64.bin", "content": text, "encoding": "base64"},
@@ -157,7 +183,7 @@ def test_base64_round_trip_and_cross_paths(daemon: RunningDaemon, session: str) 
     assert r["status"] == "denied" and r["policy"]["rule"] == "tools.write_file.max_bytes", r
 
 
-def test_binary_read_file_says_how_to_fetch_it(daemon: RunningDaemon, session: str) -> None:
+def test_binary_read_file_says_how_to_fetch_it(daemon: InProcessDaemon, session: str) -> None:
     daemon.client.put(f"/v1/sessions/{session}/files/img.png", content=b"\x89PNG\r\n\x1a\n\xff")
     r = daemon.invoke("read_file", {"path": "img.png"}, session=session).json()
     assert r["status"] == "error", r
@@ -172,20 +198,16 @@ def test_binary_read_file_says_how_to_fetch_it(daemon: RunningDaemon, session: s
         assert "base64" in tools[name]["description"]
 
 
-def _raw(daemon: RunningDaemon, method: str, target: str, body: bytes | None = None
+def _raw(daemon: InProcessDaemon, method: str, target: str, body: bytes | None = None
          ) -> tuple[int, dict]:
-    """A request sent exactly as written (no client-side normalisation of ``..``)."""
-    host, port = daemon.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request(method, target, body=body, headers=daemon.headers)
-        response = conn.getresponse()
-        return response.status, json.loads(response.read() or b"{}")
-    finally:
-        conn.close()
+    """A request sent exactly as written (no client-side normalisation of ``..``: the
+    in-process transport's raw_target, which httpx's URL would normalise)."""
+    response = daemon.client.request(method, target, content=body, timeout=30,
+                                     extensions={"raw_target": target.encode()})
+    return response.status_code, json.loads(response.content or b"{}")
 
 
-def test_traversal_and_policy_paths_refused(daemon: RunningDaemon, session: str,
+def test_traversal_and_policy_paths_refused(daemon: InProcessDaemon, session: str,
                                             tmp_path: Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_bytes(b"host secret")
@@ -213,7 +235,8 @@ def test_traversal_and_policy_paths_refused(daemon: RunningDaemon, session: str,
     assert problem["rule"] == "tools.write_file.paths.deny[0]", problem
 
 
-def test_size_cap_is_413_and_leaves_nothing(daemon: RunningDaemon, session: str) -> None:
+def test_size_cap_is_413_and_leaves_nothing(real_daemon: RunningDaemon, session: str) -> None:
+    daemon = real_daemon
     url = f"/v1/sessions/{session}/files/huge.bin"
     data = b"\1" * (MAX_FILE + 1)
     declared = daemon.client.put(url, content=data)  # refused from its Content-Length
@@ -228,7 +251,8 @@ def test_size_cap_is_413_and_leaves_nothing(daemon: RunningDaemon, session: str)
     assert exact.status_code == 200, exact.text
 
 
-def test_quota_refused_with_nothing_left(daemon: RunningDaemon, session: str) -> None:
+def test_quota_refused_with_nothing_left(real_daemon: RunningDaemon, session: str) -> None:
+    daemon = real_daemon
     base = f"/v1/sessions/{session}/files/"
     chunk = b"\2" * (3 * 1024 * 1024)
     for name in ("a.bin", "b.bin"):
@@ -244,8 +268,9 @@ def test_quota_refused_with_nothing_left(daemon: RunningDaemon, session: str) ->
     assert daemon.client.put(base + "a.bin", content=b"small").status_code == 200
 
 
-def test_an_upload_cut_short_or_stalled_leaves_nothing(daemon: RunningDaemon,
+def test_an_upload_cut_short_or_stalled_leaves_nothing(real_daemon: RunningDaemon,
                                                        session: str) -> None:
+    daemon = real_daemon
     host, port = daemon.url.removeprefix("http://").split(":")
     head = (f"PUT /v1/sessions/{session}/files/cut.bin HTTP/1.1\r\nHost: {host}\r\n"
             f"Authorization: {daemon.headers['Authorization']}\r\n"
@@ -287,7 +312,7 @@ def _response(conn: socket.socket) -> bytes:
     return data
 
 
-def test_audit_records_one_call_per_transfer(daemon: RunningDaemon, session: str) -> None:
+def test_audit_records_one_call_per_transfer(daemon: InProcessDaemon, session: str) -> None:
     url = f"/v1/sessions/{session}/files/audited.bin"
     put = daemon.client.put(url, content=b"\0\1\2")
     got = daemon.client.get(url)
@@ -307,28 +332,29 @@ def test_audit_records_one_call_per_transfer(daemon: RunningDaemon, session: str
     assert [r["decision"] for r in records if r["event"] == "decision"] == ["deny"]
 
 
-def test_another_clients_session_is_not_found(env: tuple[RunningDaemon, str],
+def test_another_clients_session_is_not_found(env: tuple[InProcessDaemon, str],
                                              session: str) -> None:
     daemon, bob = env
     url = f"/v1/sessions/{session}/files/mine.bin"
     assert daemon.client.put(url, content=b"alice's").status_code == 200
-    with httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {bob}"}) as c:
+    with daemon.http(bob) as c:
         for response in (c.get(url), c.put(url, content=b"bob's")):
             assert response.status_code == 404, response.text
             assert response.json()["type"].endswith("/unknown-session")
     assert daemon.client.get(url).content == b"alice's"
     missing = daemon.client.get(f"/v1/sessions/{session}/files/nothing.bin")
     assert missing.status_code == 404 and missing.json()["type"].endswith("/file-not-found")
-    anonymous = httpx.put(daemon.url + url, content=b"x" * (MAX_FILE * 2))
+    anonymous = daemon.anon.put(url, content=b"x" * (MAX_FILE * 2))
     assert anonymous.status_code == 401
 
 
-def test_client_upload_download_and_bytes(daemon: RunningDaemon, tmp_path: Path) -> None:
+def test_client_upload_download_and_bytes(daemon: InProcessDaemon, tmp_path: Path) -> None:
     token = daemon.headers["Authorization"].split()[1]
     data = payload(1024 * 1024 + 3, seed=4)
     source = tmp_path / "source.bin"
     source.write_bytes(data)
-    with SandboxClient(daemon.url, token=token) as client, client.session() as s:
+    with SandboxClient(daemon.url, token=token, transport=daemon.transport) as client, \
+            client.session() as s:
         assert s.upload("raw.bin", data).status == "ok"
         with source.open("rb") as fh:
             assert s.upload("file.bin", fh).value == {"path": "file.bin", "bytes": len(data)}
@@ -343,11 +369,13 @@ def test_client_upload_download_and_bytes(daemon: RunningDaemon, tmp_path: Path)
         with pytest.raises(ProblemError) as err:
             s.download("../x")
         assert err.value.status == 403
-    asyncio.run(_async_client(daemon.url, token, source, data))
+    asyncio.run(_async_client(daemon, token, source, data))
 
 
-async def _async_client(url: str, token: str, source: Path, data: bytes) -> None:
-    async with AsyncSandboxClient(url, token=token) as client, client.session() as s:
+async def _async_client(daemon: InProcessDaemon, token: str, source: Path, data: bytes) -> None:
+    async with AsyncSandboxClient(daemon.url, token=token,
+                                  transport=daemon.async_transport()) as client, \
+            client.session() as s:
         with source.open("rb") as fh:
             assert (await s.upload("a/file.bin", fh)).status == "ok"
         assert await s.download("a/file.bin") == data

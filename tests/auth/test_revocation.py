@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from sandboxd.tokens import TokenStore, add_token, hash_token
+from sandboxd.tokens import TokenStore, add_token, hash_token, iso
 from tests.restricted.test_kernel import kernel_process
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
@@ -163,13 +163,18 @@ def test_expiry_revokes_without_a_request(tmp_path: Path) -> None:
     admin = add_token(tokens, "admin")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_CONTAINER_ENABLED": "false"}
     with running_daemon(tmp_path, env=env, token=admin) as d:
-        expires = (datetime.now(UTC) + timedelta(seconds=30)).replace(microsecond=0)
-        carol = add_token(tokens, "carol", expires=expires)
+        # an expiry far beyond the wait below for the set-up (however slow), then brought
+        # forward to seconds from now by an edit of the file: a revocation within the wait
+        # can only come from the near expiry, and no set-up time is spent waiting for it
+        far = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=0)
+        carol = add_token(tokens, "carol", expires=far)
         with http(d, carol) as carol_http:
             wait_until(lambda: carol_http.get("/v1/sessions").status_code == 200, timeout=10,
                        what="carol's token accepted")
             sid, pid, workspace = session_with_kernel(carol_http, d.state_dir)
-        assert datetime.now(UTC) < expires, "the set-up outlived the token; raise its expiry"
+        expires = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)
+        tokens.write_text(tokens.read_text().replace(iso(far), iso(expires)))
+        assert TokenStore.load(tokens).entries[-1].expires == iso(expires)
         # no request from here on: the daemon notices the expiry itself
         record = revoked(d, "carol")
         assert datetime.now(UTC) >= expires

@@ -1,7 +1,9 @@
 """Every JSON-RPC error answers the request it refuses: its ``id``, never ``null`` when the
 request had a valid one (JSON-RPC 2.0 section 5; issue 29). The door's own refusals (envelope,
 protocol version, session cap) and the SDK transport's (unknown or missing session, the
-2026-07-28 envelope checks) alike. Raw HTTP: no SDK client would send most of these."""
+2026-07-28 envelope checks) alike. Raw HTTP: no SDK client would send most of these; on the
+daemon's app in process (tests/support/inprocess.py): the refusals are the door's, whatever
+runs the calls."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from sandboxd.tokens import add_token
 from tests.mcp.conftest import McpDaemon
-from tests.support.daemon import running_daemon
+from tests.support.inprocess import inprocess_daemon
 from tests.support.mcp_raw import ACCEPT, RawMcp
 
 MODERN = "2026-07-28"
@@ -23,16 +25,18 @@ META = {"io.modelcontextprotocol/protocolVersion": MODERN,
 
 
 @pytest.fixture
-def mcp(mcp_daemon: McpDaemon) -> Iterator[RawMcp]:
-    raw = RawMcp(mcp_daemon.daemon.url,
-                 {"authorization": f"Bearer {mcp_daemon.tokens['alice']}"})
+def mcp(inproc_mcp_daemon: McpDaemon) -> Iterator[RawMcp]:
+    raw = RawMcp(inproc_mcp_daemon.daemon.url,
+                 {"authorization": f"Bearer {inproc_mcp_daemon.tokens['alice']}"},
+                 transport=inproc_mcp_daemon.sync_transport())
     yield raw
     raw.close()
 
 
 def _post(d: McpDaemon, message: Any, headers: dict[str, str]) -> httpx.Response:
-    return httpx.post(d.url, json=message, timeout=60, headers={
-        **ACCEPT, "authorization": f"Bearer {d.tokens['alice']}", **headers})
+    with httpx.Client(transport=d.sync_transport(), timeout=60) as http:
+        return http.post(d.url, json=message, headers={
+            **ACCEPT, "authorization": f"Bearer {d.tokens['alice']}", **headers})
 
 
 def _error_of(r: httpx.Response) -> dict[str, Any]:
@@ -58,8 +62,8 @@ def test_an_unknown_session_answers_the_request(mcp: RawMcp) -> None:
     assert r.status_code == 404 and answer["id"] == 3, answer
 
 
-def test_a_request_without_a_session_answers_the_request(mcp_daemon: McpDaemon) -> None:
-    r = _post(mcp_daemon, {"jsonrpc": "2.0", "id": "four", "method": "tools/list"},
+def test_a_request_without_a_session_answers_the_request(inproc_mcp_daemon: McpDaemon) -> None:
+    r = _post(inproc_mcp_daemon, {"jsonrpc": "2.0", "id": "four", "method": "tools/list"},
               {"mcp-protocol-version": "2025-11-25"})
     answer = _error_of(r)
     assert r.status_code == 400 and answer["id"] == "four", answer
@@ -73,20 +77,21 @@ def test_a_request_without_a_session_answers_the_request(mcp_daemon: McpDaemon) 
                                             "2025-11-25"}}, {"mcp-method": "tools/list"},
      -32020),
 ])
-def test_a_refused_stateless_request_answers_the_request(mcp_daemon: McpDaemon, label: str,
+def test_a_refused_stateless_request_answers_the_request(inproc_mcp_daemon: McpDaemon,
+                                                         label: str,
                                                          params: dict[str, Any],
                                                          headers: dict[str, str],
                                                          code: int) -> None:
-    r = _post(mcp_daemon, {"jsonrpc": "2.0", "id": 2**40, "method": "tools/list",
+    r = _post(inproc_mcp_daemon, {"jsonrpc": "2.0", "id": 2**40, "method": "tools/list",
                            "params": params}, {"mcp-protocol-version": MODERN, **headers})
     answer = _error_of(r)
     assert r.status_code == 400 and answer["id"] == 2**40, (label, answer)
     assert answer["error"]["code"] == code, (label, answer)
 
 
-def test_a_notification_refusal_keeps_a_null_id(mcp_daemon: McpDaemon) -> None:
+def test_a_notification_refusal_keeps_a_null_id(inproc_mcp_daemon: McpDaemon) -> None:
     """Nothing to echo: an answer to a message without an id says ``null``."""
-    r = _post(mcp_daemon, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    r = _post(inproc_mcp_daemon, {"jsonrpc": "2.0", "method": "notifications/initialized"},
               {"mcp-protocol-version": "2025-11-25", "mcp-session-id": "no-such-session"})
     assert r.status_code == 404, r.text
     assert r.json()["id"] is None
@@ -96,11 +101,11 @@ def test_the_session_cap_answers_the_request(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     token = add_token(tokens, "carol")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": "1"}
-    with running_daemon(tmp_path, env=env, token=token) as d:
+    with inprocess_daemon(tmp_path, env=env, token=token) as d:
         auth = {"authorization": f"Bearer {token}"}
-        first = RawMcp(d.url, auth)
+        first = RawMcp(d.url, auth, transport=d.transport)
         try:
-            r = httpx.post(f"{d.url}/mcp", timeout=60, headers={**ACCEPT, **auth}, json={
+            r = d.anon.post("/mcp", timeout=60, headers={**ACCEPT, **auth}, json={
                 "jsonrpc": "2.0", "id": 6, "method": "initialize", "params": {
                     "protocolVersion": "2025-11-25", "capabilities": {},
                     "clientInfo": {"name": "raw", "version": "0"}}})

@@ -1,5 +1,9 @@
-"""The MCP front door through a real daemon, with the official SDK's client over real Streamable
-HTTP and through the ``sandboxd mcp`` stdio bridge (a real subprocess)."""
+"""The MCP front door with the official SDK's client, through the ``sandboxd mcp`` stdio bridge (a
+real subprocess) to a real daemon, and over Streamable HTTP to the daemon's app in process
+(tests/support/inprocess.py; scripted calls print what the real ones would) where the test is of
+the door alone. The real daemon stays where a sandbox's process matters (a timeout, a
+cancellation that stops it), where a signal reloads the policy, and for the audit log of the
+module's real calls."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandboxd.audit import verify
 from tests.mcp.conftest import McpDaemon, client_session, http_session
+from tests.support.inprocess import InProcessDaemon, answers, by_code
 from tests.support.processes import descendants, running
 from tests.support.wait import async_wait_until, wait_until
 
@@ -26,10 +31,32 @@ def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if c.type == "text")
 
 
+#: what the real calls of this module print and return, for the daemon's app in process
+SCRIPT = by_code({"print(6*7)": answers("42\n"),
+                  "print(1)\n(3, 2)": answers("1\n", value=[3, 2])})
+
+
+@pytest.fixture
+def inproc_door(inproc_mcp_daemon: McpDaemon) -> McpDaemon:
+    """The daemon's app in process, its calls answered as the real ones of this module."""
+    assert isinstance(inproc_mcp_daemon.daemon, InProcessDaemon)
+    inproc_mcp_daemon.daemon.python.script = SCRIPT
+    return inproc_mcp_daemon
+
+
+@pytest.fixture
+def door(request: pytest.FixtureRequest, transport: str) -> McpDaemon:
+    """Over HTTP the daemon's app in process (``inproc_door``); through the bridge, which is
+    a process that dials a URL, the real daemon."""
+    d: McpDaemon = request.getfixturevalue("mcp_daemon" if transport == "stdio"
+                                           else "inproc_door")
+    return d
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_tools_list_is_the_api_list(mcp_daemon: McpDaemon, transport: str) -> None:
-    api = mcp_daemon.daemon.client.get("/v1/tools").json()
-    async with client_session(transport, mcp_daemon) as session:
+async def test_tools_list_is_the_api_list(door: McpDaemon, transport: str) -> None:
+    api = door.daemon.client.get("/v1/tools").json()
+    async with client_session(transport, door) as session:
         assert session.initialize_result.capabilities.tools.list_changed is True
         listed = (await session.list_tools()).tools
     assert [t.name for t in listed] == [t["name"] for t in api]
@@ -43,25 +70,25 @@ async def test_tools_list_is_the_api_list(mcp_daemon: McpDaemon, transport: str)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_python_call_and_its_audit_record(mcp_daemon: McpDaemon, transport: str) -> None:
-    async with client_session(transport, mcp_daemon) as session:
+async def test_python_call_and_its_audit_record(door: McpDaemon, transport: str) -> None:
+    async with client_session(transport, door) as session:
         result = await session.call_tool("python", {"code": "print(6*7)"})
     assert result.is_error is False
     assert text_of(result).strip() == "42"
     full = result.structured_content
     assert full["status"] == "ok" and full["stdout"] == "42\n" and full["tool"] == "python"
     assert full["session"].startswith("ses_")  # the MCP session's own workspace
-    records = [r for r in mcp_daemon.records() if r.get("request_id") == full["id"]]
+    records = [r for r in door.records() if r.get("request_id") == full["id"]]
     assert [r["event"] for r in records] == ["decision", "result"]
     assert all(r["transport"] == "mcp" and r["client"] == "alice" for r in records)
-    metrics = mcp_daemon.daemon.client.get("/metrics").text
+    metrics = door.daemon.client.get("/metrics").text
     assert 'sandboxd_mcp_tool_calls_total{status="ok",tool="python"}' in metrics
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_denied_call_is_an_error_with_the_policy_message(mcp_daemon: McpDaemon,
+async def test_denied_call_is_an_error_with_the_policy_message(door: McpDaemon,
                                                                transport: str) -> None:
-    async with client_session(transport, mcp_daemon) as session:
+    async with client_session(transport, door) as session:
         result = await session.call_tool("shell", {"command": "curl https://example.com"})
     assert result.is_error is True
     assert result.structured_content["status"] == "denied"
@@ -70,11 +97,11 @@ async def test_denied_call_is_an_error_with_the_policy_message(mcp_daemon: McpDa
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_argument_errors_are_results_the_model_reads(mcp_daemon: McpDaemon,
+async def test_argument_errors_are_results_the_model_reads(door: McpDaemon,
                                                            transport: str) -> None:
     """2025-11-25 (what the SDK negotiates here), SEP-1303: arguments that fail the schema are
     an isError result naming the argument; an unknown tool and bad _meta stay -32602."""
-    async with client_session(transport, mcp_daemon) as session:
+    async with client_session(transport, door) as session:
         missing = await session.call_tool("python", {"cod": "print(1)"})
         wrong_type = await session.call_tool("python", {"code": 42})
         with pytest.raises(MCPError) as unknown:
@@ -90,12 +117,13 @@ async def test_argument_errors_are_results_the_model_reads(mcp_daemon: McpDaemon
     assert bad_limit.value.data["field"] == "_meta.sandboxd/limits.timeout_s"
 
 
-def test_argument_errors_are_protocol_errors_before_2025_11_25(mcp_daemon: McpDaemon) -> None:
+def test_argument_errors_are_protocol_errors_before_2025_11_25(inproc_door: McpDaemon) -> None:
     """Earlier revisions said -32602 for invalid arguments: a session of 2025-06-18 gets it."""
     from tests.support.mcp_raw import RawMcp
 
-    mcp = RawMcp(mcp_daemon.daemon.url, {"authorization": f"Bearer {mcp_daemon.tokens['alice']}"},
-                 protocol="2025-06-18")
+    d = inproc_door
+    mcp = RawMcp(d.daemon.url, {"authorization": f"Bearer {d.tokens['alice']}"},
+                 protocol="2025-06-18", transport=d.sync_transport())
     try:
         answer = mcp.call("python", {"cod": "1"})
     finally:
@@ -180,9 +208,9 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_session_keeps_files_and_sessions_are_isolated(mcp_daemon: McpDaemon,
+async def test_session_keeps_files_and_sessions_are_isolated(door: McpDaemon,
                                                              transport: str) -> None:
-    async with client_session(transport, mcp_daemon) as first:
+    async with client_session(transport, door) as first:
         wrote = await first.call_tool("write_file", {"path": "notes.txt", "content": "kept"})
         assert wrote.is_error is False, text_of(wrote)
         again = await first.call_tool("read_file", {"path": "notes.txt"})
@@ -190,36 +218,36 @@ async def test_session_keeps_files_and_sessions_are_isolated(mcp_daemon: McpDaem
         sid = again.structured_content["session"]
         workspace = wrote.structured_content["session"]
         assert sid == workspace
-        async with client_session(transport, mcp_daemon) as second:
+        async with client_session(transport, door) as second:
             other = await second.call_tool("read_file", {"path": "notes.txt"})
             assert other.is_error is True, text_of(other)
             assert other.structured_content["session"] != sid
-        async with client_session(transport, mcp_daemon, name="bob") as bob:
+        async with client_session(transport, door, name="bob") as bob:
             theirs = await bob.call_tool("list_files", {})
             assert "notes.txt" not in text_of(theirs)
     # the MCP session ended: its sandboxd session and workspace are gone
-    deleted = wait_until(lambda: [r for r in mcp_daemon.records()
+    deleted = wait_until(lambda: [r for r in door.records()
                                   if r["event"] == "session_deleted" and r["session"] == sid],
                          timeout=15, interval=0.1, what="its sandboxd session deleted")
     assert deleted[0]["transport"] == "mcp" and deleted[0]["client"] == "alice"
-    assert not list(mcp_daemon.daemon.state_dir.rglob(f"*{sid}*"))
+    assert not list(door.daemon.state_dir.rglob(f"*{sid}*"))
 
 
-async def test_session_id_of_another_client_is_not_found(mcp_daemon: McpDaemon) -> None:
-    sid = await _any_session_id(mcp_daemon)
-    assert (await _post_with_session(mcp_daemon, "alice", sid)).status_code == 200
-    assert (await _post_with_session(mcp_daemon, "bob", sid)).status_code == 404
+async def test_session_id_of_another_client_is_not_found(inproc_door: McpDaemon) -> None:
+    sid = await _any_session_id(inproc_door)
+    assert (await _post_with_session(inproc_door, "alice", sid)).status_code == 200
+    assert (await _post_with_session(inproc_door, "bob", sid)).status_code == 404
 
 
 async def _any_session_id(d: McpDaemon) -> str:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(transport=d.transport()) as http:
         r = await http.post(d.url, headers=_headers(d.tokens["alice"]), json=_initialize())
         assert r.status_code == 200, r.text
         return r.headers["mcp-session-id"]
 
 
 async def _post_with_session(d: McpDaemon, name: str, sid: str) -> httpx.Response:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(transport=d.transport()) as http:
         return await http.post(d.url, headers={**_headers(d.tokens[name]),
                                                "mcp-session-id": sid,
                                                "mcp-protocol-version": "2025-06-18"},
@@ -240,16 +268,17 @@ def _initialize() -> dict[str, Any]:
                        "clientInfo": {"name": "test", "version": "0"}}}
 
 
-async def test_unknown_token_is_401_and_audited(mcp_daemon: McpDaemon) -> None:
+async def test_unknown_token_is_401_and_audited(inproc_door: McpDaemon) -> None:
+    mcp_daemon = inproc_door
     bad = "sbx_" + "B" * 43
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(transport=mcp_daemon.transport()) as http:
         for token in (None, bad):
             r = await http.post(mcp_daemon.url, headers=_headers(token), json=_initialize())
             assert r.status_code == 401, r.text
             assert r.headers["content-type"].startswith("application/problem+json")
             assert r.headers["www-authenticate"] == "Bearer"
     with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for a refused initialize
-        async with http_session(mcp_daemon.url, bad):
+        async with http_session(mcp_daemon.url, bad, transport=mcp_daemon.transport()):
             pass
     def audited() -> list[dict]:
         found = [r for r in mcp_daemon.records()
@@ -321,13 +350,14 @@ def test_audit_log_has_the_mcp_calls_and_verifies(mcp_daemon: McpDaemon) -> None
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-async def test_tools_have_titles_annotations_and_the_result_schema(mcp_daemon: McpDaemon) -> None:
+async def test_tools_have_titles_annotations_and_the_result_schema(
+        inproc_door: McpDaemon) -> None:
     """What a host shows and checks before a model calls (issue 29): a title, what the tool
     does to its sandbox (no network here: never open-world), admin-defined tools' from the
-    policy, and an outputSchema that the structuredContent of a real call validates against."""
+    policy, and an outputSchema that the structuredContent of a call validates against."""
     import jsonschema
 
-    async with client_session("http", mcp_daemon) as session:
+    async with client_session("http", inproc_door) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         result = await session.call_tool("python", {"code": "print(1)\n(3, 2)"})
     assert all(t.title and t.annotations and t.output_schema for t in tools.values()), tools

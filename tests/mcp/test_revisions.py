@@ -2,7 +2,12 @@
 its default ``auto`` mode it probes ``server/discover`` at 2026-07-28 and stays there (it used
 to be refused and fall back), over Streamable HTTP and through the stdio bridge; pinned to the
 handshake (``mode="legacy"``: 2025-11-25) it still works. In each, a bad-arguments call is an
-``isError`` result naming the argument (SEP-1303) and every tool carries its annotations."""
+``isError`` result naming the argument (SEP-1303) and every tool carries its annotations.
+
+The eras over Streamable HTTP run against the daemon's app in process (tests/support/
+inprocess.py: the protocol is the door's, a scripted call prints what ``print(6*7)`` prints);
+the bridge is a process that dials a URL, and state, progress and cancellation need a real
+sandbox (a kernel, a call that lasts, a process to kill): those run on the real daemon."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.stdio import stdio_client
@@ -20,6 +26,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.mcp.conftest import McpDaemon, bridge_params
+from tests.support.inprocess import InProcessDaemon, answers, by_code
 from tests.support.wait import async_wait_until
 
 TRANSPORTS = ["http", "stdio"]
@@ -39,7 +46,9 @@ async def sdk_client(transport: str, d: McpDaemon, mode: str = "auto",
             yield client
         return
     headers = {"Authorization": f"Bearer {d.tokens[name]}"}
-    async with (create_mcp_http_client(headers=headers) as http,
+    transport = d.transport()
+    async with (create_mcp_http_client(headers=headers) if transport is None else
+                httpx2.AsyncClient(headers=headers, transport=transport, timeout=120) as http,
                 Client(streamable_http_client(d.url, http_client=http),
                        mode=mode) as client):  # type: ignore[arg-type]
         yield client
@@ -63,9 +72,22 @@ async def _check_tools_and_calls(client: Client) -> None:
     assert unknown.value.error.code == -32602 and "no_such_tool" in unknown.value.error.message
 
 
+@pytest.fixture
+def era_daemon(request: pytest.FixtureRequest, transport: str) -> McpDaemon:
+    """Over HTTP the daemon's app in process, whose python calls print what
+    ``_check_tools_and_calls`` expects; through the bridge (a process) the real daemon."""
+    if transport == "stdio":
+        real: McpDaemon = request.getfixturevalue("mcp_daemon")
+        return real
+    d: McpDaemon = request.getfixturevalue("inproc_mcp_daemon")
+    assert isinstance(d.daemon, InProcessDaemon)
+    d.daemon.python.script = by_code({"print(6*7)": answers("42\n")})
+    return d
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_sdk_client_negotiates_2026_07_28(mcp_daemon: McpDaemon, transport: str) -> None:
-    async with sdk_client(transport, mcp_daemon) as client:
+async def test_sdk_client_negotiates_2026_07_28(era_daemon: McpDaemon, transport: str) -> None:
+    async with sdk_client(transport, era_daemon) as client:
         discovered = client.session.discover_result
         assert client.session.initialize_result is None, "fell back to the handshake"
         assert discovered is not None and "2026-07-28" in discovered.supported_versions
@@ -74,9 +96,9 @@ async def test_sdk_client_negotiates_2026_07_28(mcp_daemon: McpDaemon, transport
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_sdk_client_pinned_to_the_handshake_speaks_2025_11_25(mcp_daemon: McpDaemon,
+async def test_sdk_client_pinned_to_the_handshake_speaks_2025_11_25(era_daemon: McpDaemon,
                                                                     transport: str) -> None:
-    async with sdk_client(transport, mcp_daemon, mode="legacy") as client:
+    async with sdk_client(transport, era_daemon, mode="legacy") as client:
         initialized = client.session.initialize_result
         assert initialized is not None and initialized.protocol_version == "2025-11-25"
         assert client.session.discover_result is None

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from unittest import mock
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -288,11 +288,15 @@ class InProcessDaemon:
 
 def _scope(request: httpx.Request) -> dict[str, Any]:
     url = request.url
+    # the request target as a client sent it (dot segments kept, which httpx's URL removes):
+    # the ``raw_target`` extension of :func:`requests_session`'s requests
+    target: bytes = request.extensions.get("raw_target", url.raw_path)
+    raw_path, _, query = target.partition(b"?")
     return {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
         "method": request.method, "scheme": url.scheme,
-        "path": unquote(url.path), "raw_path": url.raw_path.split(b"?")[0],
-        "query_string": url.query, "root_path": "",
+        "path": unquote(raw_path.decode("latin-1")), "raw_path": raw_path,
+        "query_string": query, "root_path": "",
         "headers": [(k.lower(), v) for k, v in request.headers.raw],
         "server": (url.host, url.port or 80), "client": ("127.0.0.1", 50000), "state": {},
     }
@@ -417,3 +421,44 @@ def inprocess_daemon(tmp_path: Path, **kwargs: Any) -> Iterator[InProcessDaemon]
         yield daemon
     finally:
         daemon.stop()
+
+
+def requests_session(daemon: InProcessDaemon) -> Any:
+    """A ``requests.Session`` whose every request goes to ``daemon`` in process (through its
+    sync transport, headers and body as ``requests`` prepared them): for a library that
+    speaks ``requests``, e.g. schemathesis's ``case.call(session=...)``."""
+    import requests
+    from urllib3 import HTTPResponse
+    from urllib3._collections import HTTPHeaderDict
+
+    class Adapter(requests.adapters.BaseAdapter):
+        client = daemon.http(timeout=120.0)
+
+        def send(self, request: requests.PreparedRequest, stream: bool = False,
+                 timeout: Any = None, verify: Any = True, cert: Any = None,
+                 proxies: Any = None) -> requests.Response:
+            body = request.body.encode() if isinstance(request.body, str) else request.body
+            target = urlsplit(request.url or "")
+            raw = (target.path or "/") + (f"?{target.query}" if target.query else "")
+            got = self.client.request(request.method or "GET", request.url or "",
+                                      headers=dict(request.headers), content=body,
+                                      extensions={"raw_target": raw.encode("ascii")})
+            headers = HTTPHeaderDict()
+            for name, value in got.headers.multi_items():
+                headers.add(name, value)
+            response = requests.Response()
+            response.status_code, response.reason = got.status_code, got.reason_phrase
+            response.headers = requests.structures.CaseInsensitiveDict(headers)
+            response.raw = HTTPResponse(body=b"", headers=headers, status=got.status_code,
+                                        version=11, preload_content=False)
+            response._content, response.encoding = got.content, got.encoding
+            response.url, response.request = request.url or "", request
+            response.elapsed = got.elapsed
+            return response
+
+        def close(self) -> None:
+            self.client.close()
+
+    session = requests.Session()
+    session.mount(daemon.url, Adapter())
+    return session
