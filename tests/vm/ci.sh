@@ -104,9 +104,10 @@ if [ "$IMAGES" = 1 ]; then
     if [[ ",$JOBS," == *",tests,"* ]] && { [ -z "$TEST_DIRS" ] || [[ " ${TEST_DIRS//,/ } " == *" service "* ]]; }; then
       dtag=sandboxd-daemon-vm:$(date +%s)
       dwork=$(mktemp -d)
+      # saved without the sandbox image's layers, which images.tar brings
       if (cd "$OUT/payload/src" && "$PY" -m tests.support.dockerfile_image --tag "$dtag" \
-            --docker /usr/bin/docker --find-links "$CACHE" --workdir "$dwork") >> "$OUT/wheels.log" 2>&1 \
-         && /usr/bin/docker save "$dtag" -o "$OUT/payload/dockerfile-image.tar"; then
+            --docker /usr/bin/docker --find-links "$CACHE" --workdir "$dwork" \
+            --save "$OUT/payload/dockerfile-image.tar") >> "$OUT/wheels.log" 2>&1; then
         echo "$dtag" > "$OUT/payload/dockerfile-image.tag"
       else
         echo "ci.sh: the Dockerfile image did not build on the host; the VM test builds it" >&2
