@@ -101,7 +101,7 @@ if [ "$IMAGES" = 1 ]; then
     ln -f "$VM_DIR/images.tar" "$OUT/payload/images.tar" 2>/dev/null || cp "$VM_DIR/images.tar" "$OUT/payload/images.tar"
     # tests/service/test_dockerfile.py's image, built once here from the payload's tree with the
     # test's own offline build (minutes under emulation; make test still builds it in the test)
-    if [[ ",$JOBS," == *",tests,"* ]] && { [ -z "$TEST_DIRS" ] || [[ " ${TEST_DIRS//,/ } " == *" service "* ]]; }; then
+    if [[ ",$JOBS," == *",tests,"* ]] && { [ -z "$TEST_DIRS" ] || [[ " ${TEST_DIRS//,/ } " =~ \ service[\ /] ]]; }; then
       dtag=sandboxd-daemon-vm:$(date +%s)
       dwork=$(mktemp -d)
       # saved without the sandbox image's layers, which images.tar brings
