@@ -19,6 +19,8 @@ from tests.support.wait import wait_until
 
 #: the image under test (SANDBOXD_PYTHON_IMAGE, as the daemons the tests start use it)
 IMAGE = Settings().python_image
+#: a ``docker save`` file that may hold IMAGE (tests/vm/guest/test-suite.sh sets it)
+IMAGES_TAR_ENV = "SANDBOXD_TEST_IMAGES_TAR"
 
 
 DOCKER = "/usr/bin/docker"  # Debian's client: a newer `docker` on PATH may not match the engine
@@ -111,6 +113,30 @@ def _unmount_below(root: Path) -> None:
         subprocess.run(["umount", "-l", target], check=False)
 
 
+def _image_id(*host: str) -> str:
+    run = subprocess.run([DOCKER, *host, "image", "inspect", "-f", "{{.Id}}", IMAGE],
+                         capture_output=True, text=True, check=False)
+    return run.stdout.strip() if run.returncode == 0 else ""
+
+
+def _copy_image(engine: PrivateDockerd) -> None:
+    """The host engine's IMAGE into the private one: from the ``docker save`` file named by
+    IMAGES_TAR_ENV when it holds that very image (the modern-host VM's payload, which its
+    engine loaded: no second save under emulation), else saved from the host engine."""
+    tar = os.environ.get(IMAGES_TAR_ENV, "")
+    if tar and os.path.isfile(tar):
+        subprocess.run([DOCKER, "-H", engine.url, "load", "-q", "-i", tar], check=False,
+                       stdout=subprocess.DEVNULL)
+        if _image_id("-H", engine.url) and _image_id("-H", engine.url) == _image_id():
+            return
+    save = subprocess.Popen([DOCKER, "save", IMAGE], stdout=subprocess.PIPE)
+    subprocess.run([DOCKER, "-H", engine.url, "load", "-q"], stdin=save.stdout,
+                   check=True, stdout=subprocess.DEVNULL)
+    assert save.stdout is not None
+    save.stdout.close()
+    assert save.wait() == 0
+
+
 @contextlib.contextmanager
 def private_dockerd() -> Iterator[PrivateDockerd]:
     """A running private engine with the sandbox image loaded; everything is removed after."""
@@ -119,12 +145,7 @@ def private_dockerd() -> Iterator[PrivateDockerd]:
     try:
         _bridge(True)
         engine.start()
-        save = subprocess.Popen([DOCKER, "save", IMAGE], stdout=subprocess.PIPE)
-        subprocess.run([DOCKER, "-H", engine.url, "load", "-q"], stdin=save.stdout,
-                       check=True, stdout=subprocess.DEVNULL)
-        assert save.stdout is not None
-        save.stdout.close()
-        assert save.wait() == 0
+        _copy_image(engine)
         yield engine
     finally:
         with contextlib.suppress(Exception):

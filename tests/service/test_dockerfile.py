@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +15,7 @@ import pytest
 
 from sandboxd import uidclaim
 from sandboxd.config import Settings
+from tests.support import dockerfile_image
 from tests.support.daemon import uid_range_env
 from tests.support.wait import wait_until
 
@@ -25,52 +23,33 @@ from tests.support.wait import wait_until
 # software emulation (the modern-host VM job), hence more than pytest's default 300 s.
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 
-REPO = Path(__file__).resolve().parents[2]
-CONTEXT_FILES = (
-    "pyproject.toml",
-    "README.md",
-    "sandboxd",
-    "policies",
-    "images",
-    "Dockerfile",
-    ".dockerignore",
-)
-TEST_LABEL = "sandboxd.test.dockerfile"
+TEST_LABEL = dockerfile_image.TEST_LABEL
 
 
-def _context(tmp: Path) -> Path:
-    """A private build context (concurrent runs never share dist/wheels) with host wheels."""
-    ctx = tmp / "ctx"
-    ctx.mkdir()
-    for name in CONTEXT_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, ctx / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, ctx / name)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--wheel-dir",
-            str(ctx / "dist" / "wheels"),
-            str(ctx),
-            "pip",
-        ],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
-    return ctx
+def _prebuilt(docker_client: Any) -> str | None:
+    """The image the modern-host VM's payload ships (tests/support/dockerfile_image.py), when it
+    was built from these very sources; else None (the fixture builds it)."""
+    tag = os.environ.get(dockerfile_image.PREBUILT_ENV)
+    if not tag:
+        return None
+    try:
+        found = docker_client.images.get(tag).labels or {}
+    except Exception:
+        return None
+    if found.get(dockerfile_image.SOURCE_LABEL) != dockerfile_image.source_digest():
+        return None
+    return tag
 
 
 @pytest.fixture(scope="module")
 def daemon_image(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Build the Dockerfile FROM the offline base image (the sandbox python image)."""
-    ctx = _context(tmp_path_factory.mktemp("dockerfile"))
+    """Build the Dockerfile FROM the offline base image (the sandbox python image); in the VM,
+    the same build made once on the host when its sources are these (tests/vm/README.md)."""
+    prebuilt = _prebuilt(docker_client)
+    if prebuilt:
+        yield prebuilt
+        return
+    ctx = dockerfile_image.make_context(tmp_path_factory.mktemp("dockerfile"))
     tag = f"sandboxd-daemon-test:{uuid.uuid4().hex[:10]}"
     base = Settings().python_image
     try:
@@ -80,7 +59,7 @@ def daemon_image(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -
             buildargs={"BASE": base},
             rm=True,
             forcerm=True,
-            labels={TEST_LABEL: "1"},
+            labels=dockerfile_image.labels(),
             timeout=900,
         )
     except Exception as exc:

@@ -14,6 +14,7 @@
 #   --timeout S     limit for the whole VM run (default 5400)
 #   --test-dirs L   tests/ subdirectories for the tests job (default: all)
 #   --no-images     do not copy the Docker sandbox images in (container tests will then fail)
+#                   nor the daemon's Dockerfile image (built here for tests/service, when run)
 #   env TEST_DIR_TIMEOUT  seconds per tests/ directory (default 2700)
 #   env TEST_DELEGATE=1   run pytest in a delegated transient scope (see guest/test-suite.sh)
 #
@@ -98,6 +99,22 @@ if [ "$IMAGES" = 1 ]; then
       echo "$ids" > "$VM_DIR/images.ids"
     fi
     ln -f "$VM_DIR/images.tar" "$OUT/payload/images.tar" 2>/dev/null || cp "$VM_DIR/images.tar" "$OUT/payload/images.tar"
+    # tests/service/test_dockerfile.py's image, built once here from the payload's tree with the
+    # test's own offline build (minutes under emulation; make test still builds it in the test)
+    if [[ ",$JOBS," == *",tests,"* ]] && { [ -z "$TEST_DIRS" ] || [[ " ${TEST_DIRS//,/ } " =~ \ service[\ /] ]]; }; then
+      dtag=sandboxd-daemon-vm:$(date +%s)
+      dwork=$(mktemp -d)
+      # saved without the sandbox image's layers, which images.tar brings
+      if (cd "$OUT/payload/src" && "$PY" -m tests.support.dockerfile_image --tag "$dtag" \
+            --docker /usr/bin/docker --find-links "$CACHE" --workdir "$dwork" \
+            --save "$OUT/payload/dockerfile-image.tar") >> "$OUT/wheels.log" 2>&1; then
+        echo "$dtag" > "$OUT/payload/dockerfile-image.tag"
+      else
+        echo "ci.sh: the Dockerfile image did not build on the host; the VM test builds it" >&2
+      fi
+      /usr/bin/docker rmi "$dtag" > /dev/null 2>&1 || true
+      rm -rf "$dwork"
+    fi
   fi
 fi
 cp -r "$HERE/guest" "$OUT/guest"
