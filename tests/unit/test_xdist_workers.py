@@ -32,9 +32,11 @@ def test_each_worker_has_its_own_range_below_the_test_daemons() -> None:
 CONFTEST = """\
 from tests.conftest import pytest_runtest_logreport, pytest_terminal_summary  # the real hooks
 """
-TESTS = """\
+HEADER = """\
 import os
 from pathlib import Path
+"""
+FAILS_ONCE = """\
 
 
 def test_fails_once():
@@ -42,6 +44,8 @@ def test_fails_once():
     if not mark.exists():
         mark.touch()
         raise AssertionError("first try")
+"""
+RECORDS_ITS_RANGE = """\
 
 
 def test_records_its_range():
@@ -54,8 +58,8 @@ def test_a_rerun_under_two_workers_is_named_once(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "conftest.py").write_text(CONFTEST)
-    (suite / "test_a.py").write_text(TESTS)
-    (suite / "test_b.py").write_text(TESTS.replace("test_fails_once", "test_passes_later"))
+    (suite / "test_a.py").write_text(HEADER + FAILS_ONCE + RECORDS_ITS_RANGE)
+    (suite / "test_b.py").write_text(HEADER + RECORDS_ITS_RANGE)
     out = tmp_path / "out"
     out.mkdir()
     flaky_file = tmp_path / "flaky.txt"
