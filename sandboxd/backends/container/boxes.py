@@ -12,7 +12,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +79,7 @@ class Boxes:
         self.watch: EngineWatch | None = None
         self.engine_error: str | None = None
         self.stale: set[Box] = set()
-        #: removals of one-shot containers whose processes are proven gone (see :meth:`end`)
+        #: removals under way in the background (:meth:`destroy_later`)
         self.removals: set[asyncio.Task[bool]] = set()
 
     async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -205,16 +205,20 @@ class Boxes:
             finally:
                 init.close()
             if ended:
-                task = asyncio.ensure_future(self.destroy(box))
-                self.removals.add(task)
-                task.add_done_callback(self.removals.discard)
+                self.destroy_later(box)
                 return True, (f"every process of container {box.name} ended (its PID "
                               "namespace is empty); the engine removes it next")
         verified = await self.destroy_shielded(box)
         return verified, gone(box, verified)
 
+    def destroy_later(self, box: Box) -> None:
+        """:meth:`destroy` in the background (awaited by :meth:`wait_removals`)."""
+        task = asyncio.ensure_future(self.destroy(box))
+        self.removals.add(task)
+        task.add_done_callback(self.removals.discard)
+
     async def wait_removals(self) -> None:
-        """Wait for the background removals :meth:`end` started."""
+        """Wait for the background removals :meth:`destroy_later` started."""
         while self.removals:
             await asyncio.gather(*list(self.removals), return_exceptions=True)
 
@@ -252,18 +256,28 @@ class Boxes:
 
     async def destroy_shielded(self, box: Box) -> bool:
         """:meth:`destroy`, carried to its end even when the caller is cancelled."""
-        task = asyncio.ensure_future(self.destroy(box))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await task
-            raise
+        return await _carried(self.destroy(box))
+
+    async def end_shielded(self, box: Box, *, fast: bool = True) -> tuple[bool, str]:
+        """:meth:`end`, carried to its end even when the caller is cancelled."""
+        return await _carried(self.end(box, fast=fast))
 
     async def update_shape(self, box: Box, shape: engine.Shape) -> None:
         """Give ``box`` the limits of ``shape`` (one engine call, only when they differ)."""
         if box.shape != shape:
             await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)
             box.shape = shape
+
+
+async def _carried(aw: Awaitable[T]) -> T:
+    """Await ``aw`` to its end even when the caller is cancelled meanwhile (the cancellation
+    goes on once it has ended)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 def _create(client: docker.DockerClient, config: ContainerConfig, seccomp: str,

@@ -70,19 +70,10 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
         raise
     oom = outcome.needs_oom_check and await boxes.engine(
         engine.oom_killed, boxes.client, box.cid or box.name, runner_lost=outcome.lost is not None)
-    verified, detail = await _end_shielded(boxes, box, fast=outcome.lost is None)
+    verified, detail = await boxes.end_shielded(box, fast=outcome.lost is None)
     return build_result(invocation, limits, outcome, started, verified, oom=oom,
                         detail=detail, engine_error=boxes.engine_error)
 
-
-async def _end_shielded(boxes: Boxes, box: Box, *, fast: bool) -> tuple[bool, str]:
-    """:meth:`Boxes.end`, carried to its end even when the caller is cancelled."""
-    task = asyncio.ensure_future(boxes.end(box, fast=fast))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await task
-        raise
 
 
 def _is_empty_dir(path: Path) -> bool:

@@ -31,7 +31,6 @@ class WarmPool:
         self._task: asyncio.Task[None] | None = None
         #: container starts under way (each one's own task): :meth:`stop` ends them too
         self._starting: set[asyncio.Task[None]] = set()
-        self._reaping: set[asyncio.Future[bool]] = set()
         #: bumped by :meth:`lost`: a container whose start began before an engine outage is
         #: dead (the engine stopped it), even when its start returned after the outage began
         self.epoch = 0
@@ -145,9 +144,7 @@ class WarmPool:
         for box in [b for b in boxes if b.dead or runner_lost(b)]:  # never hand out those
             boxes.remove(box)
             if not box.dead:
-                task = asyncio.ensure_future(self.boxes.destroy(box))
-                self._reaping.add(task)
-                task.add_done_callback(self._reaping.discard)
+                self.boxes.destroy_later(box)
         # prefer a container whose runner is already connected
         choice = next((b for b in boxes if b.endpoint.ready and not b.dead), None)
         if choice is None:
