@@ -46,11 +46,14 @@ def test_audit_commands_follow_state_dir_and_config(tmp_path: Path) -> None:
 
 def test_doctor_follows_state_dir_and_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "not-yet"
-    r = sandboxd("doctor", "--state-dir", str(missing), "-b", "restricted")
+    scratch = tmp_path / "tmp"  # its own TMPDIR: other test workers run doctors in /tmp
+    scratch.mkdir()
+    r = sandboxd("doctor", "--state-dir", str(missing), "-b", "restricted",
+                 env={"TMPDIR": str(scratch)})
     assert r.returncode == 0, r.stdout + r.stderr
     row = next(line for line in r.stdout.splitlines() if " state_dir " in line)
     assert str(missing) in row and "does not exist yet" in row
     audit_row = next(line for line in r.stdout.splitlines() if " audit_log " in line)
     assert str(missing / "audit.jsonl") in audit_row and "not written yet" in audit_row
     assert not missing.exists()
-    assert not list(Path("/tmp").glob("sandboxd-doctor-state-*"))
+    assert list(scratch.iterdir()) == []

@@ -68,13 +68,16 @@ def test_doctor_beside_a_live_daemon_removes_nothing(
         rundir = d.state_dir / "run"
         assert rundir.is_dir()
 
-        # exactly as `make run` prints it, with the daemon's settings
+        # exactly as `make run` prints it, with the daemon's settings; its own TMPDIR, as
+        # other test workers run doctors in /tmp
+        scratch = tmp_path / "doctor-tmp"
+        scratch.mkdir()
         doctor = subprocess.run(
             [sys.executable, "-m", "sandboxd", "doctor", "--state-dir", str(d.state_dir),
              "--backend", "container"],
             capture_output=True, text=True, timeout=300, check=False,
             env={**{k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")},
-                 "SANDBOXD_CONFIG": os.devnull, **env})
+                 "SANDBOXD_CONFIG": os.devnull, "TMPDIR": str(scratch), **env})
         out = doctor.stdout + doctor.stderr
         assert doctor.returncode == 0, out
         assert "left by a previous run" not in out, out  # main swept them here
@@ -92,7 +95,7 @@ def test_doctor_beside_a_live_daemon_removes_nothing(
         assert r.json()["kernel"]["lost"] is False, r.text
         r = _python(d, "6 * 7")
         assert r.status_code == 200 and r.json()["value"] == 42, r.text
-        assert not list(Path("/tmp").glob("sandboxd-doctor-state-*"))
+        assert list(scratch.iterdir()) == []
     assert labelled(docker_client, instance) == []
 
 
