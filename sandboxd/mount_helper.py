@@ -168,7 +168,8 @@ def _helper_serve(sock_fd: int, root_fd: int) -> None:
 def helper_main() -> None:
     """Entry point of the mount helper process: argv[1] is its end of the socket pair, argv[2]
     a descriptor of the workspaces directory."""
-    import _signal  # the C module: ``signal`` builds enums of its constants (0.7 MiB)
+    # the C module: ``signal`` builds enums of its constants (0.7 MiB)
+    import _signal  # type: ignore[import-not-found]
 
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
     _helper_serve(int(sys.argv[1]), int(sys.argv[2]))
