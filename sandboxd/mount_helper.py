@@ -1,17 +1,16 @@
 """The mount helper process of :mod:`sandboxd.quotafs` and the mount calls it makes.
 
 Kept to the standard library's light modules (no ``logging``, ``subprocess``, ``ctypes.util``,
-``pathlib``...): the helper runs for as long as the daemon does, started as
-``python -I -S`` with only this module on its path, and every module it imports is memory it
-keeps (issue 25: the daemon's fixed cost)."""
+``pathlib``, and no ``json`` nor ``socket``: both pull in ``enum`` and ``re``, 1.4 MiB of the
+helper's 4.5): the helper runs for as long as the daemon does, started as ``python -I -S`` with
+only this module on its path, and every module it imports is memory it keeps (issue 25: the
+daemon's fixed cost). Its wire format is therefore its own (:func:`encode_request`)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
-import socket
 import sys
 
 MS_NOSUID = 0x2
@@ -71,55 +70,109 @@ def _valid_name(name: object) -> bool:
             and not name.startswith("."))
 
 
-def _helper_serve(sock: socket.socket, root_fd: int) -> None:
+#: one request or reply, at most (a SOCK_SEQPACKET message)
+MAX_MESSAGE = 4096
+_SEP = b"\0"
+
+
+def encode_request(msg: dict[str, object]) -> bytes:
+    """``key=value`` fields separated by NUL: values are ASCII strings without NUL, ints, or
+    None (empty). Anything else is refused here (EINVAL), not guessed at."""
+    fields = []
+    for key, value in msg.items():
+        if value is None:
+            text = ""
+        elif isinstance(value, int) and not isinstance(value, bool):
+            text = str(value)
+        elif isinstance(value, str) and value.isascii() and "\0" not in value:
+            text = value
+        else:
+            raise OSError(errno.EINVAL, f"malformed request field {key}")
+        fields.append(f"{key}={text}".encode())
+    return _SEP.join(fields)
+
+
+def decode_request(raw: bytes) -> dict[str, str]:
+    """The helper's parse of :func:`encode_request` (ValueError when malformed)."""
+    msg: dict[str, str] = {}
+    for field in raw.decode("ascii").split("\0"):
+        key, _, value = field.partition("=")
+        if not key or key in msg:
+            raise ValueError("malformed field")
+        msg[key] = value
+    return msg
+
+
+def encode_reply(err: int = 0, message: str = "") -> bytes:
+    """``b"ok"``, or the errno and its message separated by NUL."""
+    if not err:
+        return b"ok"
+    return f"{err}".encode() + _SEP + message.encode("utf-8", "replace")[:MAX_MESSAGE - 16]
+
+
+def decode_reply(raw: bytes) -> tuple[int, str]:
+    """``(0, "")`` for success, else ``(errno, message)`` (EIO when malformed)."""
+    if raw == b"ok":
+        return 0, ""
+    code, _, message = raw.partition(_SEP)
+    return (int(code) if code.isdigit() and int(code) > 0 else errno.EIO,
+            message.decode("utf-8", "replace") or "mount helper error")
+
+
+def _number(text: str | None) -> int:
+    """A positive decimal integer field, else EINVAL."""
+    if text is None or not text.isdigit() or len(text) > 20 or int(text) <= 0:
+        raise OSError(errno.EINVAL, "bad mount limits")
+    return int(text)
+
+
+def _handle(raw: bytes, root_fd: int, root_dev: int) -> None:
+    msg = decode_request(raw)
+    name = msg.get("name")
+    if not _valid_name(name):
+        raise OSError(errno.EINVAL, "not a workspace name")
+    if msg.get("op") == "mount":
+        size, inodes = _number(msg.get("size")), _number(msg.get("inodes"))
+        uid = None if msg.get("uid", "") == "" else _number(msg.get("uid"))
+        dfd = os.open(str(name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      dir_fd=root_fd)
+        try:
+            if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
+                raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
+            mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes,
+                        owner=(uid, uid) if uid is not None else None)
+        finally:
+            os.close(dfd)
+    elif msg.get("op") == "umount":
+        unmount(f"/proc/self/fd/{root_fd}/{name}")
+    else:
+        raise OSError(errno.EINVAL, "unknown operation")
+
+
+def _helper_serve(sock_fd: int, root_fd: int) -> None:
     root_dev = os.fstat(root_fd).st_dev
     while True:
-        try:
-            raw = sock.recv(4096)
-        except InterruptedError:
-            continue
+        raw = os.read(sock_fd, MAX_MESSAGE)  # one message of the SOCK_SEQPACKET pair
         if not raw:
             return  # the daemon is gone
-        reply: dict[str, object] = {"ok": True}
+        reply = encode_reply()
         try:
-            msg = json.loads(raw)
-            name = msg.get("name")
-            if not _valid_name(name):
-                raise OSError(errno.EINVAL, "not a workspace name")
-            if msg.get("op") == "mount":
-                size, inodes, uid = msg.get("size"), msg.get("inodes"), msg.get("uid")
-                if not (isinstance(size, int) and isinstance(inodes, int) and size > 0
-                        and inodes > 0 and (uid is None or (isinstance(uid, int) and uid > 0))):
-                    raise OSError(errno.EINVAL, "bad mount limits")
-                dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=root_fd)
-                try:
-                    if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
-                        raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
-                    mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes,
-                                owner=(uid, uid) if uid is not None else None)
-                finally:
-                    os.close(dfd)
-            elif msg.get("op") == "umount":
-                unmount(f"/proc/self/fd/{root_fd}/{name}")
-            else:
-                raise OSError(errno.EINVAL, "unknown operation")
+            _handle(raw, root_fd, root_dev)
         except OSError as exc:
-            reply = {"ok": False, "errno": exc.errno or errno.EIO,
-                     "error": exc.strerror or str(exc)}
-        except (ValueError, AttributeError, TypeError):
-            reply = {"ok": False, "errno": errno.EINVAL, "error": "malformed request"}
-        sock.send(json.dumps(reply).encode())
+            reply = encode_reply(exc.errno or errno.EIO, exc.strerror or str(exc))
+        except (ValueError, TypeError):
+            reply = encode_reply(errno.EINVAL, "malformed request")
+        os.write(sock_fd, reply)
 
 
 def helper_main() -> None:
     """Entry point of the mount helper process: argv[1] is its end of the socket pair, argv[2]
     a descriptor of the workspaces directory."""
-    import signal
+    # the C module: ``signal`` builds enums of its constants (0.7 MiB)
+    import _signal  # type: ignore[import-not-found]
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    _helper_serve(sock, int(sys.argv[2]))
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
+    _helper_serve(int(sys.argv[1]), int(sys.argv[2]))
 
 
 def helper_argv(package_parent: str, sock_fd: int, root_fd: int) -> list[str]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import socket
@@ -48,8 +47,11 @@ from pathlib import Path
 from sandboxd import fstree
 from sandboxd.mount_helper import (  # noqa: F401 - re-exported (one definition of each)
     FS_SOURCE,
+    MAX_MESSAGE,
     MNT_DETACH,
     UMOUNT_NOFOLLOW,
+    decode_reply,
+    encode_request,
     helper_argv,
     helper_main,  # the helper's entry point before it had a module of its own
     mount_tmpfs,
@@ -192,17 +194,17 @@ class MountHelper:
 
     def request(self, **msg: object) -> None:
         with self._lock:
+            request = encode_request(msg)
             try:
-                self.sock.send(json.dumps(msg).encode())
-                raw = self.sock.recv(4096)
+                self.sock.send(request)
+                raw = self.sock.recv(MAX_MESSAGE)
             except OSError as exc:
                 raise OSError(errno.EPIPE, f"the mount helper is gone ({exc})") from None
         if not raw:
             raise OSError(errno.EPIPE, "the mount helper is gone")
-        reply = json.loads(raw)
-        if not reply.get("ok"):
-            raise OSError(int(reply.get("errno") or errno.EIO),
-                          str(reply.get("error") or "mount helper error"))
+        err, message = decode_reply(raw)
+        if err:
+            raise OSError(err, message)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

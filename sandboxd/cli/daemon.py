@@ -206,6 +206,9 @@ def _draining_server_class() -> type:
             where = self.config.uds or f"http://{self.config.host}:{self.config.port}"
             notify_systemd(f"READY=1\nSTATUS=serving on {where}")
             logging.getLogger("sandboxd").info("sandboxd ready on %s", where)
+            from sandboxd import heap
+
+            heap.trim()  # start-up's freed C heap back to the kernel (issue 25)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self._draining or self._loop is None:

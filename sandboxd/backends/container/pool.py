@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections import deque
 
+from sandboxd import procinfo
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, runner_lost
 from sandboxd.deadline import stop_task
@@ -41,13 +42,11 @@ class WarmPool:
         if size <= 0:
             return 0
         try:
-            import psutil
-
-            free = psutil.virtual_memory().available
+            free = procinfo.mem_available()
             per = max(s.memory for s in self.shapes.values()) if self.shapes else (
                 Limits().memory_bytes)
             size = min(size, max(1, int(free * POOL_MEMORY_SHARE) // per))
-        except Exception:  # psutil missing or odd host: trust the setting
+        except Exception:  # an odd host: trust the setting
             pass
         return size
 

@@ -24,7 +24,7 @@ Choices worth knowing (details in the module docstrings):
   daemon's uid, and cgroups are used only if a writable/delegated subtree exists);
 * the zygote keeps one prepared standby worker per scheduler slot (one while idle); the daemon
   writes a call straight to its worker's socket and kills through a pidfd; a worker's exit is
-  reported (and ``cleanup.verified`` set: reaped, its cgroup empty, psutil agreeing) before its
+  reported (and ``cleanup.verified`` set: reaped, its cgroup empty, /proc agreeing) before its
   cgroup directory is removed, which is retried and swept at start-up and close;
 * a module the policy allows is importable only if this backend has a name allowlist for it
   (see ``lang.module_allowlist``); ``typing`` and ``dataclasses`` are deliberately absent (they

@@ -7,7 +7,7 @@ pidfd: ``wall_timeout``), an output overflow (``output_limit``) or a protocol vi
 worker's writes are an attacker's: :mod:`.frames` bounds them; the worker is killed and the
 call fails with ``error``). It then waits for the
 zygote's exit report (the worker has been reaped, its cgroup's peak memory and OOM count read,
-the cgroup found empty), maps what happened to the result, and checks with psutil that the
+the cgroup found empty), maps what happened to the result, and checks in /proc that the
 worker is gone before setting ``cleanup.verified``. On cancellation it kills the worker, waits
 for that report, then re-raises. If the zygote dies, in-flight calls end with status ``error``
 (their workers die with it and are killed through their pidfds; their cgroups are removed

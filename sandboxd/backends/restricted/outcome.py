@@ -9,8 +9,7 @@ import signal
 import time
 from typing import Any
 
-import psutil
-
+from sandboxd import procinfo
 from sandboxd.backends.restricted import health
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker
@@ -189,23 +188,18 @@ def verify_gone(
     problems = []
     if not info:
         problems.append("no exit report from the zygote")
-    # pid_exists (one kill(pid, 0)) first: the worker has normally been reaped already,
-    # and building a psutil.Process for a gone pid costs several /proc reads
-    if pid is not None and psutil.pid_exists(pid):
+    if pid is not None and not info:  # with the zygote's exit report it was reaped
         try:
-            proc = psutil.Process(pid)
-            if (
-                proc.ppid() in (zygote_pid, 1)
-                and proc.status() != psutil.STATUS_ZOMBIE
-                and not info
-            ):
+            seen = procinfo.parent_and_state(pid)  # one read of /proc/<pid>/stat
+        except (OSError, ValueError, IndexError) as exc:
+            seen = None
+            problems.append(f"/proc/{pid}/stat: {exc}")
+        if seen is not None:
+            ppid, state = seen
+            if ppid in (zygote_pid, 1) and state != "Z":
                 problems.append(f"worker {pid} still running")
-            elif proc.ppid() == zygote_pid and not info:
+            elif ppid == zygote_pid:
                 problems.append(f"worker {pid} not reaped")
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.Error as exc:
-            problems.append(f"psutil: {exc}")
     if info and not info.get("cgroup_empty", True):
         problems.append("processes left in the worker's cgroup")
     return (not problems), ("; ".join(problems) or None)

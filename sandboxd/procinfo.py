@@ -1,0 +1,28 @@
+"""The two process facts the daemon reads from ``/proc`` on its own (issue 25: psutil, 0.7 MiB
+for the daemon's lifetime, was imported for these alone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def parent_and_state(pid: int) -> tuple[int, str] | None:
+    """``(ppid, state letter)`` of a live (or zombie) process, None when there is none.
+    Other read errors (``EACCES``...) raise ``OSError``."""
+    try:
+        raw = (PROC / str(int(pid)) / "stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # "pid (comm) S ppid ...": comm may hold spaces and parentheses, the last ")" ends it
+    fields = raw.rpartition(b")")[2].split()
+    return int(fields[1]), fields[0].decode("ascii")
+
+
+def mem_available() -> int:
+    """The kernel's estimate of the memory available for new work (bytes, ``MemAvailable``)."""
+    for line in (PROC / "meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no MemAvailable in /proc/meminfo")
