@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.daemon import running_daemon
+from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wait import wait_until
 
 from .conftest import labelled
@@ -49,58 +50,69 @@ def daemon_env(instance: str) -> dict[str, str]:
     return env
 
 
-def test_shell_and_python_run_in_containers(docker_client: Any, tmp_path: Path,
-                                            policies: Path) -> None:
+@pytest.fixture(scope="module")
+def daemon(docker_client: Any,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemon, str]]:
+    """One daemon for the two tests below (a daemon start costs 20-60 s under the VM job's
+    emulation), and its instance; at its SIGTERM it removes every container it made."""
     instance = f"http{secrets.token_hex(4)}"
-    with running_daemon(tmp_path, policies_dir=policies, env=daemon_env(instance)) as d:
-        r = d.invoke("shell", {"command": "id -u"})
-        assert r.status_code == 200, r.text
-        body = r.json()
-        assert body["status"] == "ok", body
-        assert body["backend"] == "container"
-        uid = int(body["stdout"])  # the call's own identity from the daemon's uid pool
-        assert d.uids is not None and uid in d.uids, body
-        assert body["policy"]["decision"] == "allow"
-        assert body["cleanup"]["verified"] is True
-        r = d.invoke("python", {"code": "import os, math\n[os.getuid(), math.factorial(5)]"})
-        value = r.json()["value"]
-        assert d.uids is not None and value[0] in d.uids and value[1] == 120, r.text
-        # denied imports are refused before anything runs
-        r = d.invoke("python", {"code": "import subprocess"})
-        assert r.json()["status"] == "denied", r.text
-        # a network attempt fails inside the container
-        r = d.invoke("python", {"code": "import socket\ns = socket.socket()\ns.settimeout(2)\n"
-                                        "try:\n    s.connect(('1.1.1.1', 53))\n    r = 'open'\n"
-                                        "except OSError as e:\n    r = 'blocked'\nr"})
-        assert r.json()["value"] == "blocked", r.text
-        r = d.invoke("shell", {"command": "sleep 100"}, limits={"timeout_s": 1})
-        body = r.json()
-        assert body["status"] == "timeout" and body["termination"]["reason"] == "wall_timeout"
-        assert body["cleanup"]["verified"] is True
-        ready = d.client.get("/readyz").json()
-        assert ready["backends"]["container"]["ok"] is True, ready
+    where = tmp_path_factory.mktemp("http")
+    policies = where / "policies"
+    policies.mkdir()
+    (policies / "containers.yaml").write_text(POLICY)
+    with running_daemon(where, policies_dir=policies, env=daemon_env(instance)) as d:
+        yield d, instance
     assert labelled(docker_client, instance) == []  # SIGTERM: the daemon removed everything
 
 
-def test_session_workspace_over_http(docker_client: Any, tmp_path: Path,
-                                     policies: Path) -> None:
-    instance = f"http{secrets.token_hex(4)}"
-    with running_daemon(tmp_path, policies_dir=policies, env=daemon_env(instance)) as d:
-        s1 = d.client.post("/v1/sessions").json()["id"]
-        s2 = d.client.post("/v1/sessions").json()["id"]
-        r = d.invoke("python", {"code": "open('data.txt', 'w').write('forty-two')"}, session=s1)
-        assert r.json()["status"] == "ok", r.text
-        r = d.invoke("shell", {"command": "cat data.txt"}, session=s1)
-        assert r.json()["stdout"] == "forty-two", r.text
-        r = d.invoke("shell", {"command": "ls -A"}, session=s2)
-        assert r.json()["stdout"] == "", r.text
-        r = d.invoke("shell", {"command": "cat data.txt"})  # one-shot: a fresh workspace
-        assert r.json()["status"] == "error"
-        sessions = {c.labels.get("sandboxd.session") for c in labelled(docker_client, instance)}
-        assert {s1, s2} <= sessions
-        assert d.client.delete(f"/v1/sessions/{s1}").status_code == 204
-        sessions = {c.labels.get("sandboxd.session") for c in labelled(docker_client, instance)}
-        assert s1 not in sessions and s2 in sessions
+def test_shell_and_python_run_in_containers(daemon: tuple[RunningDaemon, str]) -> None:
+    d, _ = daemon
+    r = d.invoke("shell", {"command": "id -u"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ok", body
+    assert body["backend"] == "container"
+    uid = int(body["stdout"])  # the call's own identity from the daemon's uid pool
+    assert d.uids is not None and uid in d.uids, body
+    assert body["policy"]["decision"] == "allow"
+    assert body["cleanup"]["verified"] is True
+    r = d.invoke("python", {"code": "import os, math\n[os.getuid(), math.factorial(5)]"})
+    value = r.json()["value"]
+    assert d.uids is not None and value[0] in d.uids and value[1] == 120, r.text
+    # denied imports are refused before anything runs
+    r = d.invoke("python", {"code": "import subprocess"})
+    assert r.json()["status"] == "denied", r.text
+    # a network attempt fails inside the container
+    r = d.invoke("python", {"code": "import socket\ns = socket.socket()\ns.settimeout(2)\n"
+                                    "try:\n    s.connect(('1.1.1.1', 53))\n    r = 'open'\n"
+                                    "except OSError as e:\n    r = 'blocked'\nr"})
+    assert r.json()["value"] == "blocked", r.text
+    r = d.invoke("shell", {"command": "sleep 100"}, limits={"timeout_s": 1})
+    body = r.json()
+    assert body["status"] == "timeout" and body["termination"]["reason"] == "wall_timeout"
+    assert body["cleanup"]["verified"] is True
+    ready = d.client.get("/readyz").json()
+    assert ready["backends"]["container"]["ok"] is True, ready
+
+
+def test_session_workspace_over_http(docker_client: Any,
+                                     daemon: tuple[RunningDaemon, str]) -> None:
+    d, instance = daemon
+    s1 = d.client.post("/v1/sessions").json()["id"]
+    s2 = d.client.post("/v1/sessions").json()["id"]
+    r = d.invoke("python", {"code": "open('data.txt', 'w').write('forty-two')"}, session=s1)
+    assert r.json()["status"] == "ok", r.text
+    r = d.invoke("shell", {"command": "cat data.txt"}, session=s1)
+    assert r.json()["stdout"] == "forty-two", r.text
+    r = d.invoke("shell", {"command": "ls -A"}, session=s2)
+    assert r.json()["stdout"] == "", r.text
+    r = d.invoke("shell", {"command": "cat data.txt"})  # one-shot: a fresh workspace
+    assert r.json()["status"] == "error"
+    sessions = {c.labels.get("sandboxd.session") for c in labelled(docker_client, instance)}
+    assert {s1, s2} <= sessions
+    assert d.client.delete(f"/v1/sessions/{s1}").status_code == 204
+    sessions = {c.labels.get("sandboxd.session") for c in labelled(docker_client, instance)}
+    assert s1 not in sessions and s2 in sessions
 
 
 def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_path: Path,

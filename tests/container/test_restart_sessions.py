@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd.backends.container.engine import LABEL_SESSION
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
 from tests.support.mounts import detach_below
@@ -90,26 +91,55 @@ def _session_containers(docker_client: Any, instance: str) -> list[Any]:
             if c.labels.get("sandboxd.role") == "session"]
 
 
-def test_restart_keeps_a_container_sessions_variables_and_files(
+def _by_session(docker_client: Any, instance: str) -> dict[str, Any]:
+    return {c.labels[LABEL_SESSION]: c for c in _session_containers(docker_client, instance)}
+
+
+def test_restart_keeps_readopts_or_ends_each_kept_session(
         docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
         instance: str, daemons: list[RunningDaemon]) -> None:
+    """Three kept sessions through one stop and one start (a daemon start costs 20-60 s under
+    the VM job's emulation): the one whose container still runs is re-adopted with its
+    variables and files; the one whose container stopped keeps its files, not its kernel; the
+    one whose container was removed ends, audited."""
     env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
            **uid_range_env()}
     first = _start(tmp_path, state, env, policies, daemons)
-    sid = _session(first)
+    sid, stopped, removed = _session(first), _session(first), _session(first)
     assert first.stop() == 0
-    kept = _session_containers(docker_client, instance)
-    assert [c.status for c in kept] == ["running"], kept  # the pool's went, this one stays
+    kept = _by_session(docker_client, instance)
+    # the pool's went, these stay
+    assert {s: c.status for s, c in kept.items()} == {
+        sid: "running", stopped: "running", removed: "running"}, kept
+    kept[stopped].kill()  # as if its runner gave up waiting, or the engine restarted
+    kept[removed].remove(force=True)
     second = _start(tmp_path, state, env, policies, daemons)
+
+    # the running one: re-adopted, its kernel's variables and its files
     body = second.invoke("python", {"code": "x + 1"}, session=sid).json()
     assert body["status"] == "ok" and body["value"] == 42, body
     assert body["kernel"]["lost"] is False and body["kernel"]["calls"] == 2, body
     body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
     assert body["value"] == "kept", body
-    assert [c.id for c in _session_containers(docker_client, instance)] == [kept[0].id]
+    # the stopped one: its files, a new kernel that says why the old one went
+    body = second.invoke("python", {"code": "open('notes.txt').read()"},
+                         session=stopped).json()
+    assert body["status"] == "ok" and body["value"] == "kept", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
+    now = _by_session(docker_client, instance)
+    assert now[sid].id == kept[sid].id  # the very container, re-adopted
+    assert now[stopped].id != kept[stopped].id
+    assert set(now) == {sid, stopped}
     recovered = audit_records(second.audit_path, "session_recovered")
-    assert [(r["session"], r["kernels"], r["kernels_lost"]) for r in recovered] == [
-        (sid, ["container"], [])]
+    assert sorted((r["session"], r["kernels"], r["kernels_lost"]) for r in recovered) == sorted([
+        (sid, ["container"], []), (stopped, [], ["container"])]), recovered
+    # the removed one: ended, audited, its workspace gone
+    assert second.client.get(f"/v1/sessions/{removed}").status_code == 404
+    expired = [r for r in audit_records(second.audit_path, "session_expired")
+               if r.get("session") == removed]
+    assert len(expired) == 1 and "its container is gone" in expired[0]["reason"], expired
+    assert not (state / "workspaces" / removed).exists()
+    assert second.client.delete(f"/v1/sessions/{stopped}").status_code == 204
     _delete_and_stop(second, sid, docker_client, instance)
     assert _empty(state / "run") and _empty(state / "kept-containers")
 
@@ -169,45 +199,3 @@ def test_an_image_rebuilt_while_stopped_keeps_the_session_not_its_kernel(
         _delete_and_stop(second, sid, docker_client, instance)
     finally:
         docker_client.images.remove(tag, noprune=True)
-
-
-def test_a_container_removed_while_stopped_ends_its_session(
-        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
-        instance: str, daemons: list[RunningDaemon]) -> None:
-    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
-           **uid_range_env()}
-    first = _start(tmp_path, state, env, policies, daemons)
-    sid = _session(first)
-    assert first.stop() == 0
-    (kept,) = _session_containers(docker_client, instance)
-    kept.remove(force=True)
-    second = _start(tmp_path, state, env, policies, daemons)
-    assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
-    expired = [r for r in audit_records(second.audit_path, "session_expired")
-               if r.get("session") == sid]
-    assert len(expired) == 1 and "its container is gone" in expired[0]["reason"], expired
-    assert audit_records(second.audit_path, "session_recovered") == []
-    assert not (state / "workspaces" / sid).exists()
-    _delete_and_stop(second, None, docker_client, instance)
-    assert _empty(state / "run") and _empty(state / "kept-containers")
-
-
-def test_a_kept_container_that_stopped_keeps_its_session_not_its_kernel(
-        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
-        instance: str, daemons: list[RunningDaemon]) -> None:
-    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
-           **uid_range_env()}
-    first = _start(tmp_path, state, env, policies, daemons)
-    sid = _session(first)
-    assert first.stop() == 0
-    (kept,) = _session_containers(docker_client, instance)
-    kept.kill()  # as if its runner gave up waiting, or the engine restarted
-    second = _start(tmp_path, state, env, policies, daemons)
-    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
-    assert body["status"] == "ok" and body["value"] == "kept", body
-    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
-    assert kept.id not in {c.id for c in _session_containers(docker_client, instance)}
-    recovered = audit_records(second.audit_path, "session_recovered")
-    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [(sid, ["container"])]
-    _delete_and_stop(second, sid, docker_client, instance)
-    assert _empty(state / "run") and _empty(state / "kept-containers")

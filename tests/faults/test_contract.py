@@ -17,6 +17,12 @@ from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.scale import scaled
 
+#: the modern-host VM job leaves this module to make test (tests/vm/README.md)
+pytestmark = pytest.mark.same_on_every_host(
+    "the OpenAPI contract and the HTTP layer's answers (schemathesis over HTTP, problem types, "
+    "a chunked body's limit): the routes and their validation, on the restricted backend, "
+    "nothing that reads a cgroup, a unit, a mount or the engine")
+
 #: examples per operation: every operation and every check run at any count; under emulation
 #: (the modern-host VM job, tests/support/scale.py) a third of them, make test all 15
 EXAMPLES = scaled(15, floor=5)

@@ -18,6 +18,12 @@ from sandboxd.models import Result
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
+#: the modern-host VM job leaves this module to make test (tests/vm/README.md)
+pytestmark = pytest.mark.same_on_every_host(
+    "how both backends report a call's last value (JSON and repr): the runners' and the "
+    "daemon's serialisation; no rule, limit or confinement is asserted (test_rule_parity, the "
+    "enforcement points, stays in the VM)")
+
 #: (last expression, value, value_repr)
 VALUES: list[tuple[str, Any, str | None]] = [
     ("(3, 2)", [3, 2], "(3, 2)"),

@@ -21,7 +21,13 @@ def _sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
                           env={**env, "SANDBOXD_CONFIG": os.devnull, **ENV})
 
 
-def test_second_serve_on_the_same_state_dir_refuses(tmp_path: Path) -> None:
+def test_a_second_serve_refuses_and_the_doctor_leaves_a_live_daemons_state(
+        tmp_path: Path) -> None:
+    """One daemon for both (a daemon start costs 20-60 s under the VM job's emulation): a second
+    ``serve`` on its state directory refuses; ``doctor`` names it and sweeps nothing of it; once
+    it stopped, the doctor sweeps and a new daemon may take the directory."""
+    from sandboxd import statelock
+
     with running_daemon(tmp_path, env=ENV) as d:
         lock = d.state_dir / "daemon.lock"
         assert lock.read_text().strip() == str(d.proc.pid)
@@ -34,17 +40,8 @@ def test_second_serve_on_the_same_state_dir_refuses(tmp_path: Path) -> None:
         r = d.invoke("python", {"code": "6 * 7"})
         assert r.status_code == 200 and r.json()["value"] == 42, r.text
         assert lock.read_text().strip() == str(d.proc.pid)
-        from sandboxd import statelock
-
         assert statelock.holder(d.state_dir) == statelock.Holder(lock, d.proc.pid)
-    # the lock goes with the process: a new daemon may take the directory
-    assert statelock.holder(d.state_dir) is None
-    with running_daemon(tmp_path, env=ENV, state_dir=d.state_dir) as again:
-        assert again.client.get("/readyz").status_code == 200
-
-
-def test_doctor_names_the_live_daemon_and_leaves_its_state(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, env=ENV) as d:
+        # the doctor names the live daemon and leaves its state
         probe_left = d.state_dir / "restricted-probe-leftover"  # as a crash would leave it
         probe_left.mkdir()
         doctor = _sandboxd("doctor", "--state-dir", str(d.state_dir))
@@ -54,7 +51,12 @@ def test_doctor_names_the_live_daemon_and_leaves_its_state(tmp_path: Path) -> No
         assert probe_left.is_dir()  # a live daemon's state is not the doctor's to sweep
         r = d.invoke("python", {"code": "1 + 1"})
         assert r.status_code == 200 and r.json()["value"] == 2, r.text
+    # the lock goes with the process
+    assert statelock.holder(d.state_dir) is None
     # no daemon: the doctor sweeps what is left, holding the lock meanwhile
     doctor = _sandboxd("doctor", "--state-dir", str(d.state_dir))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "a daemon holds" not in doctor.stdout and not probe_left.exists()
+    # a new daemon may take the directory
+    with running_daemon(tmp_path, env=ENV, state_dir=d.state_dir) as again:
+        assert again.client.get("/readyz").status_code == 200

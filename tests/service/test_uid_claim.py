@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tests.support.daemon import (
     daemon_env,
     daemon_list,
     free_port,
+    running_daemon,
     start_daemon,
 )
 
@@ -45,6 +47,27 @@ def _free(span: int) -> int:
 
 def _env(first: int, count: int = COUNT) -> dict[str, str]:
     return {UID_SETTINGS[0]: str(first), UID_SETTINGS[1]: str(count)}
+
+
+@dataclass
+class Holder:
+    """A live daemon claiming ``2 * COUNT`` uids from ``first``; the ``COUNT`` uids below and
+    above its claim were free when it started."""
+
+    daemon: RunningDaemon
+    first: int
+
+
+@pytest.fixture(scope="module")
+def holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Holder]:
+    """One holder for the refusals and the adjacent range below (a daemon start costs 20-60 s
+    under the VM job's emulation); they leave it as they found it."""
+    require(os.geteuid() == 0, "root: only a root daemon hands out (and claims) sandbox uids")
+    first = _free(4 * COUNT) + COUNT
+    with running_daemon(tmp_path_factory.mktemp("holder"), env=_env(first, 2 * COUNT)) as d:
+        assert uidclaim.holder(first, 2 * COUNT) == uidclaim.Holder(d.proc.pid, first, 2 * COUNT)
+        yield Holder(d, first)
+    assert uidclaim.holder(first, 2 * COUNT) is None  # a stopped daemon's claim goes with it
 
 
 @pytest.fixture
@@ -70,18 +93,16 @@ def _serve(tmp_path: Path, first: int, count: int) -> subprocess.CompletedProces
 
 
 def test_an_overlapping_range_is_refused_with_a_free_one_named(
-    tmp_path: Path, daemons: list[RunningDaemon]
+    tmp_path: Path, holder: Holder, daemons: list[RunningDaemon]
 ) -> None:
     """10100+900 vs 10500+100 in miniature: a range that overlaps a live daemon's without being
     identical is refused in one line naming both settings, the holder's pid and a free range;
     nothing is left behind and that free range then serves beside the first daemon."""
-    first = _free(4 * COUNT)
-    daemons.append(start_daemon(tmp_path / "a", env=_env(first, 2 * COUNT)))
-    holder = daemons[0].proc.pid
+    first, pid = holder.first, holder.daemon.proc.pid
     r = _serve(tmp_path, first + COUNT + COUNT // 2, COUNT)  # its tail overlaps, not its head
     assert r.returncode == EXIT_UID_RANGE, r.stdout + r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("sandboxd: "), r.stderr
-    for word in ("sandbox_uid_first", "sandbox_uid_count", f"pid {holder}"):
+    for word in ("sandbox_uid_first", "sandbox_uid_count", f"pid {pid}"):
         assert word in r.stderr, r.stderr
     m = re.search(r"SANDBOXD_SANDBOX_UID_FIRST=(\d+)", r.stderr)
     assert m is not None, r.stderr
@@ -89,30 +110,31 @@ def test_an_overlapping_range_is_refused_with_a_free_one_named(
     assert suggested >= first + 2 * COUNT, r.stderr  # past the live claim
     assert not (tmp_path / "second" / "audit.jsonl").exists()  # refused before anything
     assert not (tmp_path / "second" / "workspaces").exists()
-    assert daemons[0].client.get("/healthz").status_code == 200
+    assert holder.daemon.client.get("/healthz").status_code == 200
     # the named range serves beside the first daemon
     daemons.append(start_daemon(tmp_path / "b", env=_env(suggested)))
-    assert daemons[1].client.get("/healthz").status_code == 200
+    assert daemons[0].client.get("/healthz").status_code == 200
     assert uidclaim.holder(suggested, COUNT) == uidclaim.Holder(
-        daemons[1].proc.pid, suggested, COUNT)
+        daemons[0].proc.pid, suggested, COUNT)
 
 
-def test_an_identical_range_is_refused(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
-    first = _free(COUNT)
-    daemons.append(start_daemon(tmp_path / "a", env=_env(first)))
-    r = _serve(tmp_path, first, COUNT)
+def test_an_identical_range_is_refused(tmp_path: Path, holder: Holder) -> None:
+    r = _serve(tmp_path, holder.first, 2 * COUNT)
     assert r.returncode == EXIT_UID_RANGE, r.stdout + r.stderr
-    assert f"pid {daemons[0].proc.pid}" in r.stderr, r.stderr
+    assert f"pid {holder.daemon.proc.pid}" in r.stderr, r.stderr
+    assert holder.daemon.client.get("/healthz").status_code == 200
 
 
-def test_adjacent_ranges_both_serve(tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+def test_adjacent_ranges_both_serve(tmp_path: Path, holder: Holder,
+                                    daemons: list[RunningDaemon]) -> None:
     """Ranges that touch but share no uid: both daemons serve, each claiming its own."""
-    first = _free(2 * COUNT)
-    daemons.append(start_daemon(tmp_path / "a", env=_env(first)))
-    daemons.append(start_daemon(tmp_path / "b", env=_env(first + COUNT)))
-    for d, at in zip(daemons, (first, first + COUNT), strict=True):
-        assert d.client.get("/healthz").status_code == 200
-        assert uidclaim.holder(at, COUNT) == uidclaim.Holder(d.proc.pid, at, COUNT)
+    below = holder.first - COUNT  # its last uid is the one just below the holder's first
+    daemons.append(start_daemon(tmp_path / "a", env=_env(below)))
+    assert daemons[0].client.get("/healthz").status_code == 200
+    assert uidclaim.holder(below, COUNT) == uidclaim.Holder(daemons[0].proc.pid, below, COUNT)
+    assert holder.daemon.client.get("/healthz").status_code == 200
+    assert uidclaim.holder(holder.first, 2 * COUNT) == uidclaim.Holder(
+        holder.daemon.proc.pid, holder.first, 2 * COUNT)
 
 
 def test_a_killed_daemons_claim_vanishes_with_it(

@@ -17,6 +17,7 @@
 #                   nor the daemon's Dockerfile image (built here for tests/service, when run)
 #   env TEST_DIR_TIMEOUT  seconds per tests/ directory (default 2700)
 #   env TEST_DELEGATE=1   run pytest in a delegated transient scope (see guest/test-suite.sh)
+#   env TEST_MARKS=EXPR   pytest -m in the guest (default "not same_on_every_host"; empty: all)
 #
 # Exit status: 0 all green; 1 a check or a test failed; 124 time limit; 125 the VM did not run
 # the job; 2 usage or preparation error. Results: $OUT/results/service/checks.tsv,
@@ -126,6 +127,8 @@ stamp payload $(( $(date +%s) - t0 ))
   echo 'rc=0'
   echo "export TEST_DIRS='$TEST_DIRS' TEST_DIR_TIMEOUT='${TEST_DIR_TIMEOUT:-2700}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
   [ -n "${PYTEST_ARGS:-}" ] && echo "export PYTEST_ARGS='$PYTEST_ARGS'"
+  # TEST_MARKS (guest/test-suite.sh): unset = its default, "not same_on_every_host"
+  [ -n "${TEST_MARKS+set}" ] && echo "export TEST_MARKS='$TEST_MARKS'"
   echo '[ -n "$TEST_DIRS" ] || unset TEST_DIRS'
   IFS=, read -ra jl <<< "$JOBS"
   for j in "${jl[@]}"; do
