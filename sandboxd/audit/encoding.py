@@ -95,9 +95,22 @@ _MAY_HOLD_SECRET = re.compile(
     re.IGNORECASE)
 
 
+#: :func:`_secret_key`'s answers for short keys: every record asks again for the same field
+#: names (issue 25: two regex scans a key, ~40 keys a call). Bounded in entries and in the
+#: length of a key, so that keys a caller chooses (argument names) cannot make it grow.
+_KEY_ANSWERS: dict[str, bool] = {}
+_KEY_ANSWERS_MAX, _KEY_ANSWERS_CHARS = 4096, 64
+
+
 def _secret_key(key: str) -> bool:
     """Whether values under ``key`` are redacted whole."""
-    return _SECRET_KEY.search(key) is not None and not _CREDENTIAL_DIGEST_KEY.match(key)
+    known = _KEY_ANSWERS.get(key)
+    if known is not None:
+        return known
+    secret = _SECRET_KEY.search(key) is not None and not _CREDENTIAL_DIGEST_KEY.match(key)
+    if len(key) <= _KEY_ANSWERS_CHARS and len(_KEY_ANSWERS) < _KEY_ANSWERS_MAX:
+        _KEY_ANSWERS[key] = secret
+    return secret
 
 
 #: :data:`_MAY_HOLD_SECRET`'s alternatives spelled out, lower case. For ASCII text they find

@@ -114,3 +114,21 @@ def test_the_fast_prefilter_agrees_with_the_regex() -> None:
         seen += expected
     assert 0 < seen < len(corpus)
     assert encoding.redact_text("PA\u017fSWORD=s3cr3tP4ss") != "PA\u017fSWORD=s3cr3tP4ss"
+
+
+def test_the_answers_for_keys_are_remembered_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same answer the first time and from memory; never more than the bound, never a long
+    key (argument names are the caller's)."""
+    monkeypatch.setattr(encoding, "_KEY_ANSWERS", {})
+    keys = ["password", "api_key", "token_sha256", "session_id", "client", "tool", "x.secret",
+            "authorization", "args_sha256", "Token", "my-private-key", "k" * 65]
+    for key in keys * 2:
+        expected = (encoding._SECRET_KEY.search(key) is not None
+                    and not encoding._CREDENTIAL_DIGEST_KEY.match(key))
+        assert encoding._secret_key(key) is expected, key
+    assert "k" * 65 not in encoding._KEY_ANSWERS
+    for i in range(encoding._KEY_ANSWERS_MAX + 100):
+        encoding._secret_key(f"key{i}")
+    assert len(encoding._KEY_ANSWERS) == encoding._KEY_ANSWERS_MAX
+    assert encoding.redact({"password": "hunter2", "tool": "x"}) == {
+        "password": encoding.REDACTED, "tool": "x"}
