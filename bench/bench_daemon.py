@@ -9,10 +9,12 @@ this order: its fixed cost (PSS of the daemon and its children after start, idle
 ``/proc/<pid>/stat``); the one-shot restricted ``print(1)`` (p50, 4-client throughput); a
 ``shell`` call in a session (container); a one-shot ``shell`` call (warm pool). The same run
 also measures the floor: ``python -I -S -c 'print(1)'`` (fork + exec of a fresh interpreter,
-p50 and 4-client throughput), the kernel call on the backend in-process (no HTTP, no service)
-and ``docker run --rm`` of the same image. ``--baseline``: the same daemon measures of another
-checkout (its code on the daemon's ``PYTHONPATH``), interleaved run by run (in alternating
-order). Medians over runs.
+p50 and 4-client throughput), the kernel call on the backend in-process (no HTTP, no service),
+``docker run --rm`` of the same image, and the HTTP floor: the same POST as a kernel call
+answered by a trivial endpoint on the daemon's server stack (uvicorn alone, and a FastAPI
+route: ``bench/http_floor.py``), the same client. ``--baseline``: the same daemon measures
+of another checkout (its code on the daemon's ``PYTHONPATH``), interleaved run by run (in
+alternating order). Medians over runs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ sys.path.insert(0, str(HERE / "bench"))
 import bench_container  # noqa: E402
 import bench_kernel_restricted as bkr  # noqa: E402
 import bench_restricted  # noqa: E402
+import http_floor  # noqa: E402
 
 from sandboxd.config import Settings  # noqa: E402
 from tests.support.daemon import RunningDaemon, running_daemon  # noqa: E402
@@ -186,6 +189,9 @@ def floor_run(args: argparse.Namespace) -> dict[str, float]:
     out = {"floor_p50": pct([floor_once() for _ in range(args.calls)], 0.5) * 1000,
            "floor_rps": throughput(floor_once, args.calls * 2),
            "backend_p50": bkr.backend_only(args.calls)[0]}
+    body = {"arguments": {"code": bkr.STEP}, "session": "ses_0123456789abcdef01234567"}
+    for kind in ("asgi", "fastapi"):
+        out[f"http_{kind}_p50"] = http_floor.floor_p50(kind, args.calls, body)
     if not args.no_container:
         image = Settings().shell_image
         out["docker_p50"] = pct([bench_container.docker_run_once(image)
@@ -196,6 +202,10 @@ def floor_run(args: argparse.Namespace) -> dict[str, float]:
 ROWS = [  # (label, target, formula over one tree's medians and the floor's)
     ("kernel call over HTTP p50 ÷ the same call on the backend in-process", "≤ 1.6x",
      lambda d, f: f"{d['kernel_p50'] / f['backend_p50']:.2f}x"),
+    ("HTTP floor: (the call in-process + a trivial POST on the same stack) ÷ the call "
+     "in-process; uvicorn alone, a FastAPI route", "(the floor of the row above)",
+     lambda d, f: f"{1 + f['http_asgi_p50'] / f['backend_p50']:.2f}x; "
+                  f"{1 + f['http_fastapi_p50'] / f['backend_p50']:.2f}x"),
     ("daemon CPU per kernel call", "≤ 1.5 ms", lambda d, f: f"{d['daemon_cpu']:.2f} ms"),
     ("kernel call over HTTP p50 ÷ fork floor", "≤ 0.6x",
      lambda d, f: f"{d['kernel_p50'] / f['floor_p50']:.2f}x"),
@@ -241,7 +251,9 @@ def main() -> None:
     m = {n: med(r) for n, r in results.items()}
     print(f"\nfloor (same run, medians of {args.runs}): `python -I -S -c 'print(1)'` p50 "
           f"{f['floor_p50']:.2f} ms, {CLIENTS} clients {f['floor_rps']:.0f}/s; kernel call on "
-          f"the backend in-process p50 {f['backend_p50']:.2f} ms"
+          f"the backend in-process p50 {f['backend_p50']:.2f} ms; HTTP floor (a trivial POST, "
+          f"same stack and client) p50 {f['http_asgi_p50']:.2f} ms uvicorn alone, "
+          f"{f['http_fastapi_p50']:.2f} ms a FastAPI route"
           + (f"; `docker run --rm` p50 {f['docker_p50']:.0f} ms" if "docker_p50" in f else ""))
     print("\n| measure | " + " | ".join(trees) + " | target |")
     print("|---|" + "---:|" * len(trees) + "---:|")

@@ -1,7 +1,8 @@
 """The service's audit bookkeeping: no unaudited execution, and no result lost.
 
-:meth:`AuditRecorder.record` writes a record in a thread (fsync must not stall other calls)
-and turns a failure into :class:`~sandboxd.errors.AuditFailure`. A call that already ran
+:meth:`AuditRecorder.record` writes a record on the audit writer thread (fsync must not stall
+other calls; concurrent records share one: :mod:`sandboxd.audit.thread`) and turns a failure
+into :class:`~sandboxd.errors.AuditFailure`. A call that already ran
 when the log failed keeps its result (:meth:`keep`); kept results are written late, first
 thing, as soon as the log is writable again (:meth:`problem`, :meth:`watch`). At start-up,
 :func:`interrupted_calls` finds the calls a previous daemon never finished recording.
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.audit import AuditLog
+from sandboxd.audit.thread import AuditThread
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Result
 from sandboxd.storage import full_reason, is_no_space
@@ -35,13 +37,14 @@ class AuditRecorder:
         self.unrecorded: list[tuple[str, Result, str]] = []
         #: why the log cannot be written (None: it can)
         self.failed: str | None = None
+        self.writer = AuditThread(audit)
 
     async def record(self, write: Callable[..., Any], **fields: Any) -> None:
         """Write one record (kept results first); :class:`AuditFailure` when it fails."""
         try:
             if self.unrecorded:
                 await asyncio.to_thread(self.flush)
-            await asyncio.to_thread(write, **fields)
+            await self.writer.run(write, **fields)
         except Exception as exc:
             log.error("audit write failed: %s", exc)
             self.failed = str(exc)
@@ -50,6 +53,10 @@ class AuditRecorder:
                 f"the administrator must fix the audit log: {exc}", storage=is_no_space(exc),
             ) from exc
         self.failed = None
+
+    def close(self) -> None:
+        """Stop the writer thread once what is queued is written (before the log closes)."""
+        self.writer.close()
 
     def keep(self, client: str, result: Result, transport: str,
              cause: AuditFailure) -> AuditFailure:

@@ -187,6 +187,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         for backend in self.backends.values():
             with contextlib.suppress(Exception):
                 await backend.close()
+        if self._opened:  # the records still queued are written before the shutdown record
+            await asyncio.to_thread(self.recorder.close)
         if self._started:
             with contextlib.suppress(Exception):
                 self.audit.write("shutdown", pid=os.getpid())

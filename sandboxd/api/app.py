@@ -55,7 +55,10 @@ class BodySizeLimit:
         if scope["type"] != "http" or self.exempt(scope):
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        declared = None  # the last one, as a dict of the headers would keep
+        for key, value in scope.get("headers") or ():
+            if key == b"content-length":
+                declared = value
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(scope, receive, send)
             return

@@ -49,9 +49,13 @@ class BrowserGuard:
         """The 403 problem for this request, or ``None`` when it may pass."""
         if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             return None
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers") or []}
-        origin = headers.get("origin")
+        origin = host = None  # the last of each, as a dict of the headers would keep
+        for key, value in scope.get("headers") or ():  # no dict of every header per request
+            key = key.lower()
+            if key == b"origin":
+                origin = value.decode("latin-1")
+            elif key == b"host":
+                host = value.decode("latin-1")
         if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
             return problems.Problem(
                 403, "origin-not-allowed", "Origin not allowed",
@@ -61,7 +65,7 @@ class BrowserGuard:
         server = scope.get("server")
         over_tcp = server is not None and server[1] is not None
         if self.check_host and over_tcp:
-            host = headers.get("host", "")
+            host = host or ""
             if host_name(host) not in self.allowed_hosts:
                 return problems.Problem(
                     403, "host-not-allowed", "Host not allowed",

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,8 @@ class AuditLog:
         self._synced = 0
         self._syncing = False
         self._sync_cond = threading.Condition(threading.Lock())
+        # the tickets of the durable records a thread appends under held_commits()
+        self._held = threading.local()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
@@ -198,8 +201,30 @@ class AuditLog:
                                  f"{exc.strerror or exc}") from exc
             ticket = self._append(data)
         if durable:
-            self._commit(ticket)
+            held: list[int] | None = getattr(self._held, "tickets", None)
+            if held is None:
+                self._commit(ticket)
+            else:
+                held.append(ticket)
         return record
+
+    @contextlib.contextmanager
+    def held_commits(self) -> Iterator[list[int]]:
+        """Within it, on this thread, a durable record's write returns once the record is
+        appended and puts its commit ticket in the yielded list: the caller must
+        :meth:`commit` the highest one before it tells anyone that the record is written
+        (the audit writer thread's batch: :mod:`sandboxd.audit.thread`)."""
+        tickets: list[int] = []
+        self._held.tickets = tickets
+        try:
+            yield tickets
+        finally:
+            self._held.tickets = None
+
+    def commit(self, ticket: int) -> None:
+        """Return once the record ``ticket`` (from :meth:`held_commits`) and every record
+        before it are durable; :class:`AuditError` when the sync fails."""
+        self._commit(ticket)
 
     def _commit(self, ticket: int) -> None:
         """Return once the record ``ticket`` (and every one before it) is durable: one
