@@ -94,15 +94,21 @@ def test_writers_waiting_on_a_sync_share_the_next_one(
     syncs = Syncs(monkeypatch)
     with AuditLog(log_path) as log:
         first_line = len(log_path.read_bytes().splitlines())
-        # the first writer's sync waits until two more records were appended meanwhile
-        syncs.hook = lambda: wait_until(
-            lambda: len(log_path.read_bytes().splitlines()) >= first_line + 3,
-            timeout=60, what="two more writers to append")
-        before = len(syncs.sizes)
         threads = [threading.Thread(target=log.write, args=("test",), kwargs={"i": i})
                    for i in range(3)]
-        for t in threads:
-            t.start()
+
+        def hook() -> None:
+            """The first writer's sync has begun (it covers its own record only): two more
+            writers start and append meanwhile, and the sync waits until both have."""
+            for t in threads[1:]:
+                t.start()
+            wait_until(lambda: len(log_path.read_bytes().splitlines()) >= first_line + 3,
+                       timeout=60, what="two more writers to append")
+
+        syncs.hook = hook
+        before = len(syncs.sizes)
+        threads[0].start()  # the others start from its sync (started together, the first
+        # writer could reach its sync after both others appended: one sync for all three)
         for t in threads:
             t.join()
         # three records, two syncs: the first writer's, then one for both that waited
