@@ -33,6 +33,8 @@ TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0",
 # 1000 x lane), each claimed host-wide by its daemon (sandboxd.uidclaim)
 TEST_UID_BASE = 20000
 TEST_UID_COUNT = 200
+#: tests/service/test_uid_claim picks its own ranges from here up
+TEST_UID_TOP = 40000
 UID_SETTINGS = ("SANDBOXD_SANDBOX_UID_FIRST", "SANDBOXD_SANDBOX_UID_COUNT")
 
 
@@ -65,15 +67,24 @@ def _nofile(limit: int):  # type: ignore[no-untyped-def]
 def uid_range_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``SANDBOXD_SANDBOX_UID_FIRST``/``_COUNT`` of a range no live daemon on this host claims
     (empty when ``env`` names the range itself, or when not root: a non-root daemon claims
-    none). A random start spreads parallel test runs; a daemon that still loses the race exits
-    with EXIT_UID_RANGE, and :func:`start_daemon` then tries another range."""
+    none). Ranges of TEST_UID_COUNT between TEST_UID_BASE and TEST_UID_TOP, each xdist worker
+    taking every Nth of them (so two workers never pick the same one at once), from a random
+    one on (parallel test runs spread). A daemon that still loses a race (another run on this
+    host) exits with EXIT_UID_RANGE, and :func:`start_daemon` then tries another range."""
     if os.geteuid() != 0 or any(k in (env or {}) for k in UID_SETTINGS):
         return {}
-    slots = (uidclaim.TOP - TEST_UID_BASE) // TEST_UID_COUNT
-    start = TEST_UID_BASE + random.randrange(slots) * TEST_UID_COUNT
-    first = uidclaim.free_range(TEST_UID_COUNT, start) or uidclaim.free_range(
-        TEST_UID_COUNT, TEST_UID_BASE)
-    assert first is not None, "no free sandbox uid range on this host"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    mine = int(worker[2:]) % workers if worker.startswith("gw") and worker[2:].isdigit() else 0
+    slots = [n for n in range((TEST_UID_TOP - TEST_UID_BASE) // TEST_UID_COUNT)
+             if n % max(workers, 1) == mine]
+    offset = random.randrange(len(slots))
+    for n in slots[offset:] + slots[:offset]:
+        first = TEST_UID_BASE + n * TEST_UID_COUNT
+        if uidclaim.holder(first, TEST_UID_COUNT) is None:
+            break
+    else:
+        raise AssertionError("no free sandbox uid range for test daemons on this host")
     return {UID_SETTINGS[0]: str(first), UID_SETTINGS[1]: str(TEST_UID_COUNT)}
 
 
