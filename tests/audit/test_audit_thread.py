@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,39 +14,12 @@ from pathlib import Path
 import pytest
 
 from sandboxd.audit import AuditError, AuditLog, verify
-from sandboxd.audit import writer as writer_module
 from sandboxd.audit.thread import AuditThread
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Reason, Result, Status, Termination
 from sandboxd.recorder import AuditRecorder
-from tests.audit.test_group_commit import allowed_decision, durable_seqs
+from tests.audit.test_group_commit import Syncs, allowed_decision, durable_seqs
 from tests.support.wait import async_wait_until, wait_until
-
-
-class Syncs:
-    """``os.fdatasync`` as the writer sees it: the size each finished sync covers; hooks run
-    (in order, one per sync) before the real one."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.sizes: list[int] = []
-        self.hooks: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-        real = os.fdatasync
-
-        def fdatasync(fd: int) -> None:
-            size = os.fstat(fd).st_size
-            if self.hooks:
-                self.hooks.pop(0)()
-            real(fd)
-            with self._lock:
-                self.sizes.append(size)
-
-        monkeypatch.setattr(writer_module.os, "fdatasync", fdatasync)
-
-    @property
-    def durable(self) -> int:
-        with self._lock:
-            return max(self.sizes, default=0)
 
 
 def hold_first_sync(entered: threading.Event, thread: AuditThread) -> Callable[[], None]:

@@ -28,20 +28,19 @@ from tests.support.wait import wait_until
 
 
 class Syncs:
-    """``os.fdatasync`` as the writer sees it: the file size each sync covers (the size when
-    it started), and an optional hook run before the real sync."""
+    """``os.fdatasync`` as the writer sees it: the size each finished sync covers; hooks run
+    (in order, one per sync) before the real one."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sizes: list[int] = []
-        self.hook: Callable[[], None] | None = None
+        self.hooks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         real = os.fdatasync
 
         def fdatasync(fd: int) -> None:
             size = os.fstat(fd).st_size
-            if self.hook is not None:
-                hook, self.hook = self.hook, None
-                hook()
+            if self.hooks:
+                self.hooks.pop(0)()
             real(fd)
             with self._lock:
                 self.sizes.append(size)
@@ -105,7 +104,7 @@ def test_writers_waiting_on_a_sync_share_the_next_one(
             wait_until(lambda: len(log_path.read_bytes().splitlines()) >= first_line + 3,
                        timeout=60, what="two more writers to append")
 
-        syncs.hook = hook
+        syncs.hooks = [hook]
         before = len(syncs.sizes)
         threads[0].start()  # the others start from its sync (started together, the first
         # writer could reach its sync after both others appended: one sync for all three)
