@@ -198,8 +198,11 @@ class Zygote:
             return
         kind, pid, memory, cpus, pids = CTRL.unpack(data)
         worker = self.workers.get(pid)
-        if kind in (b"t", b"u") and worker is not None:
-            worker.standby = False
+        if kind in (b"t", b"u"):
+            # a short call's worker can exit, and be reaped on this loop before this message
+            # is read: the take counts all the same
+            if worker is not None:
+                worker.standby = False
             self.preset = (memory, cpus, pids)
             if kind == b"t":  # a call, not a readiness probe (u)
                 self.standby_target = self.standby_max
