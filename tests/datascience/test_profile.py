@@ -40,12 +40,13 @@ def test_make_run_datascience_serves_the_readme_example(datascience_image: str,
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            assert make.poll() is None, log.read_text()
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        with httpx.Client(base_url=url, timeout=2) as client:
+            def up() -> bool:
+                assert make.poll() is None, log.read_text()
+                return client.get("/healthz").status_code == 200
 
-        wait_until(up, timeout=900, what="make run PROFILE=datascience serving",
-                   ignore=(httpx.HTTPError,))
+            wait_until(up, timeout=900, what="make run PROFILE=datascience serving",
+                       ignore=(httpx.HTTPError,))
         code = readme_example().replace("http://127.0.0.1:8765", url)
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=600, cwd=tmp_path)

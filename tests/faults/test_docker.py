@@ -48,7 +48,7 @@ def _shell_available(d: RunningDaemon) -> bool:
 
 
 def _container_ready(d: RunningDaemon) -> dict:
-    return httpx.get(f"{d.url}/readyz", timeout=30).json()["backends"]["container"]
+    return d.client.get("/readyz", timeout=30).json()["backends"]["container"]
 
 
 def _shell(d: RunningDaemon, command: str) -> httpx.Response:

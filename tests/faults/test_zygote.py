@@ -9,7 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 
 from tests.support.ci import require
@@ -48,7 +47,7 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
             with concurrent.futures.ThreadPoolExecutor(len(codes)) as pool:
                 futures = [pool.submit(_call, d, code) for code in codes]
                 # readiness answers promptly and truthfully meanwhile
-                ready = httpx.get(f"{d.url}/readyz", timeout=10)
+                ready = d.client.get("/readyz", timeout=10)
                 assert ready.status_code in (200, 503)
                 answers = [f.result(timeout=120) for f in futures]
             for (result, took), code in zip(answers, codes, strict=True):
@@ -64,7 +63,7 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
             new = wait_until(lambda: (z := _zygote(d)) and z.pid != old.pid and z, timeout=20,
                              what="a new zygote")
             assert new.status() != psutil.STATUS_STOPPED
-            wait_until(lambda: httpx.get(f"{d.url}/readyz", timeout=10).status_code == 200,
+            wait_until(lambda: d.client.get("/readyz", timeout=10).status_code == 200,
                        timeout=30, what="/readyz 200")
             result, _ = _call(d, "print(6*7)")
             assert result["status"] == "ok" and result["stdout"] == "42\n", result

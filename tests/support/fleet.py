@@ -84,15 +84,14 @@ def running_fleet(tmp_path: Path, count: int = 3, *, env: Mapping[str, str] | No
             bind=f"127.0.0.1:{port}", check_interval_ms=check_interval_ms))
         proxy = start_haproxy(config, tmp_path / "haproxy.log")
         url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert proxy is not None and proxy.poll() is None, (tmp_path / "haproxy.log"
-                                                                ).read_text()
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-
-        wait_until(up, timeout=30, what="HAProxy in front of the fleet",
-                   ignore=(httpx.HTTPError,))
         with httpx.Client(base_url=url, timeout=60) as client:
+            def up() -> bool:
+                assert proxy is not None and proxy.poll() is None, (tmp_path / "haproxy.log"
+                                                                    ).read_text()
+                return client.get("/healthz", timeout=2).status_code == 200
+
+            wait_until(up, timeout=30, what="HAProxy in front of the fleet",
+                       ignore=(httpx.HTTPError,))
             yield Fleet(nodes, url, proxy, config, client)
     finally:
         if proxy is not None:
