@@ -96,3 +96,28 @@ def test_daemon_notifies_ready_then_stopping(tmp_path: Path) -> None:
                 seen.append(_fields(sock))
         assert any(f.get("STOPPING") == "1" for f in seen), seen
         assert code == 0, daemon.log()
+
+
+def test_test_daemons_start_on_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``start_daemon`` waits for the daemon's READY=1 on a socket of its own (not a /healthz
+    poll every 50 ms, whose CPU the VM job's emulation took from the daemon starting), and
+    keeps the socket for the daemon's STOPPING=1."""
+    from tests.support import daemon as support
+
+    said: list[bool] = []
+    real = support._said_ready
+
+    def spy(sock: socket.socket, wait_s: float = 0.5) -> bool:
+        said.append(real(sock, wait_s))
+        return said[-1]
+
+    monkeypatch.setattr(support, "_said_ready", spy)
+    d = support.start_daemon(tmp_path)
+    try:
+        assert said and said[-1] is True, said
+        assert d.notify is not None
+    finally:
+        d.client.close()
+        assert d.stop() == 0
+    assert d.notify.fileno() == -1  # closed with the daemon
+    assert "sd_notify" not in d.log(), d.log()  # its STOPPING=1 reached the socket
