@@ -217,7 +217,9 @@ class Settings(BaseSettings):
 
     # --- container backend
     container_enabled: bool = True
-    docker_url: str | None = Field(default=None, description="None: DOCKER_HOST or the default")
+    docker_url: str | None = Field(
+        default=None, description="The Docker engine (unix://, tcp:// or https://); None: "
+        "DOCKER_HOST, with DOCKER_TLS_VERIFY and DOCKER_CERT_PATH, or /var/run/docker.sock")
     instance: str | None = Field(
         default=None, description="Label value for our containers; None: derived from state_dir"
     )

@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 import pytest_asyncio
 
 from sandboxd.backends.container import ContainerBackend, engine
+from sandboxd.backends.container.dockerapi import APIError
 from sandboxd.models import Status
 from tests.support.wait import async_wait_until
 
@@ -88,7 +88,7 @@ async def test_a_thaw_the_engine_refuses_ends_the_call_clearly(
     assert _state(docker_client, backend, "r2")["Paused"]
 
     def refuse(client: Any, cid: str) -> None:
-        raise docker.errors.APIError("the engine says no")
+        raise APIError(409, "the engine says no", f"POST /containers/{cid}/unpause")
 
     monkeypatch.setattr(engine, "unpause", refuse)
     res = await run(backend, ws, session="r2", code="x + 1")

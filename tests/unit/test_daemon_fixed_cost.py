@@ -1,8 +1,9 @@
 """The daemon's fixed cost (issue 25): every module ``sandboxd serve`` imports is memory the
 daemon keeps for its lifetime, and so is every process it keeps. These tests pin what the
 serve path leaves out: the other command groups, the restricted worker's stack (RestrictedPython,
-the language layer: only the zygote's workers need it), psutil (two /proc reads) and a heavy
-mount helper."""
+the language layer: only the zygote's workers need it), psutil (two /proc reads), the Docker
+SDK with requests and urllib3 (the container backend speaks the engine's API itself:
+``sandboxd/backends/container/dockerapi.py``) and a heavy mount helper."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ with tempfile.TemporaryDirectory() as state:
     create_app(Settings(state_dir=state))
 assert registry.get("restricted").offered_modules()
 import sandboxd.backends.container.backend, sandboxd.backends.restricted.outcome
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {"RestrictedPython", "psutil"}
+HEAVY = {"RestrictedPython", "psutil", "docker", "requests", "urllib3"}
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in HEAVY
       or m.startswith("sandboxd.backends.restricted.lang")
       or m == "sandboxd.backends.restricted.worker"
       or m.startswith("sandboxd.cli.") and m not in {"sandboxd.cli.daemon"})))
@@ -59,7 +61,8 @@ def test_the_restricted_module_list_is_the_workers_table() -> None:
     assert set(MODULES) == OFFERED_MODULES
 
 
-@pytest.mark.parametrize("module", ["sandboxd.backends.restricted.worker", "sandboxd.cli.audit"])
+@pytest.mark.parametrize("module", ["sandboxd.backends.restricted.worker", "sandboxd.cli.audit",
+                                    "docker"])
 def test_the_guard_sees_a_heavy_import(module: str) -> None:
     """The check above can fail."""
     assert module in loaded(SERVE_PATH.replace("import sandboxd.cli\n",

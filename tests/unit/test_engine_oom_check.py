@@ -13,7 +13,7 @@ import pytest
 from sandboxd.backends.container import engine
 
 
-class _Api:
+class _Client:
     def __init__(self, states: list[dict[str, Any]]) -> None:
         self.states = states
         self.asked = 0
@@ -24,11 +24,6 @@ class _Api:
         return {"State": state}
 
 
-class _Client:
-    def __init__(self, states: list[dict[str, Any]]) -> None:
-        self.api = _Api(states)
-
-
 RUNNING = {"Running": True, "OOMKilled": False}
 STOPPED_OOM = {"Running": False, "OOMKilled": True, "ExitCode": 137}
 STOPPED = {"Running": False, "OOMKilled": False, "ExitCode": 137}
@@ -37,14 +32,14 @@ STOPPED = {"Running": False, "OOMKilled": False, "ExitCode": 137}
 def test_a_lost_runner_waits_for_the_engine_to_see_the_stop() -> None:
     client = _Client([RUNNING, RUNNING, RUNNING, STOPPED_OOM])
     assert engine.oom_killed(client, "c", runner_lost=True) is True  # type: ignore[arg-type]
-    assert client.api.asked == 4
+    assert client.asked == 4
 
 
 def test_a_stop_without_oom_is_no_oom_after_the_grace() -> None:
     client = _Client([RUNNING, STOPPED])
     assert engine.oom_killed(client, "c", runner_lost=True) is False  # type: ignore[arg-type]
     polls = engine.OOM_EVENT_GRACE_S / 0.05
-    assert polls / 2 < client.api.asked < polls * 4  # the grace, not the whole settle time
+    assert polls / 2 < client.asked < polls * 4  # the grace, not the whole settle time
 
 
 def test_an_oom_mark_after_the_stop_is_still_seen() -> None:
@@ -57,11 +52,11 @@ def test_an_oom_mark_after_the_stop_is_still_seen() -> None:
 def test_without_a_lost_runner_the_engine_is_asked_once() -> None:
     client = _Client([RUNNING, STOPPED_OOM])
     assert engine.oom_killed(client, "c") is False  # type: ignore[arg-type]
-    assert client.api.asked == 1
+    assert client.asked == 1
 
 
 def test_the_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "OOM_SETTLE_S", 0.2)
     client = _Client([RUNNING])
     assert engine.oom_killed(client, "c", runner_lost=True) is False  # type: ignore[arg-type]
-    assert 2 <= client.api.asked <= 10
+    assert 2 <= client.asked <= 10

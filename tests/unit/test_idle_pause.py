@@ -9,11 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import requests
-from docker.errors import APIError
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box
+from sandboxd.backends.container.dockerapi import APIError, NoAnswer
 from sandboxd.backends.container.idle import Idle, ThawFailed
 
 KEY = ("client", "s1", "image")
@@ -82,7 +81,7 @@ async def test_a_call_during_a_pause_in_flight_waits_then_thaws() -> None:
 async def test_a_thaw_the_engine_refuses_raises() -> None:
     boxes, idle, box, by_key = _setup()
     await idle.pause_idle(by_key)
-    boxes.fail["unpause"] = APIError("no")
+    boxes.fail["unpause"] = APIError(409, "no", "POST /containers/c1/unpause")
     with pytest.raises(ThawFailed, match="could not be resumed: no"):
         await idle.thaw(KEY, box)
     assert box.paused  # as the engine left it; the session drops the container
@@ -90,10 +89,11 @@ async def test_a_thaw_the_engine_refuses_raises() -> None:
 
 async def test_a_failed_pause_is_truthful() -> None:
     boxes, idle, box, by_key = _setup()
-    boxes.fail["pause"] = APIError("refused")  # the engine answered: not paused
+    # the engine answered: not paused
+    boxes.fail["pause"] = APIError(409, "refused", "POST /containers/c1/pause")
     assert await idle.pause_idle(by_key) == [] and not box.paused
     # no answer: it may be paused, so the next call thaws it (harmless if it was not)
-    boxes.fail["pause"] = requests.exceptions.ConnectionError("gone")
+    boxes.fail["pause"] = NoAnswer("gone")
     assert await idle.pause_idle(by_key) == [] and box.paused and boxes.failed
     await idle.thaw(KEY, box)
     assert not box.paused and boxes.calls == ["unpause"]

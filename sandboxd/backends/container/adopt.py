@@ -34,11 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-from docker.errors import NotFound
-
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
+from sandboxd.backends.container.dockerapi import Engine, EngineError, NotFound
 from sandboxd.backends.container.idle import ThawFailed
 from sandboxd.backends.container.runner import KEY_BYTES, Endpoint, RunnerLost
 from sandboxd.backends.container.sessions import SessionContainers
@@ -136,7 +134,7 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) ->
         try:
             with sessions.idle.using(key):  # a paused container cannot answer: thaw it first
                 await sessions.idle.thaw(key, box)
-            info = await boxes.engine(boxes.engine_client.api.inspect_container, box.cid)
+            info = await boxes.engine(boxes.engine_client.inspect_container, box.cid)
             secret = secrets.token_bytes(KEY_BYTES)
             record = Kept(box.name, box.cid, box.image, str(info.get("Image") or ""), key[1],
                           key[0], box.uid, _workspace_of(info), box.endpoint.rundir.name,
@@ -147,7 +145,7 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) ->
             if not await channel.suspend(secret):
                 raise RunnerLost(f"its runner (image {box.image}) cannot wait for the next "
                                  "daemon: rebuild the image (sandboxd images build)")
-        except (OSError, RunnerLost, ThawFailed, docker.errors.DockerException,
+        except (OSError, RunnerLost, ThawFailed, EngineError,
                 ValueError) as exc:
             log.warning("session container %s not kept: %s", box.name, exc)
             with contextlib.suppress(OSError):
@@ -167,7 +165,7 @@ def _workspace_of(info: dict[str, Any]) -> str:
     return ""
 
 
-def check(client: docker.DockerClient, instance: str, rundir: Path, kept: Kept,
+def check(client: Engine, instance: str, rundir: Path, kept: Kept,
           expected: Expected) -> str | None:
     """Why the kept container may not be re-adopted (None: it checks out). Blocks."""
     want = expected.get(kept.session)
@@ -177,7 +175,7 @@ def check(client: docker.DockerClient, instance: str, rundir: Path, kept: Kept,
     if (kept.client, kept.workspace, kept.uid) != (client_name, workspace, uid):
         return "its record does not match its session"
     try:
-        info = client.api.inspect_container(kept.cid)
+        info = client.inspect_container(kept.cid)
     except NotFound:
         return "its container is gone"
     state = info.get("State") or {}
@@ -195,7 +193,7 @@ def check(client: docker.DockerClient, instance: str, rundir: Path, kept: Kept,
     if info.get("Image") != kept.image_id or config.get("Image") != kept.image:
         return "its container runs another image"
     try:
-        current = client.api.inspect_image(kept.image).get("Id")
+        current = client.inspect_image(kept.image).get("Id")
     except NotFound:
         current = None
     if current != kept.image_id:

@@ -48,15 +48,13 @@ import functools
 import logging
 import time
 
-import docker
-import requests
-
 from sandboxd import fstree
 from sandboxd.backends.base import Backend, BackendUnavailable
 from sandboxd.backends.container import adopt, engine
 from sandboxd.backends.container.boxes import Boxes, clear_rundir
 from sandboxd.backends.container.calls import request_for
 from sandboxd.backends.container.config import ContainerConfig
+from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError
 from sandboxd.backends.container.oneshot import run_oneshot
 from sandboxd.backends.container.pool import WarmPool
 from sandboxd.backends.container.probe import run_probe
@@ -96,7 +94,7 @@ class ContainerBackend(Backend):
         self.sessions = SessionContainers(self.boxes)
         self._probe_cache: tuple[float, ProbeReport] | None = None
         self._watch_task: asyncio.Task[None] | None = None
-        self._ping_client: docker.DockerClient | None = None
+        self._ping_client: Engine | None = None
         #: what of the backend's own vanished under it, while it rebuilds (see :meth:`_damaged`)
         self.healing: str | None = None
         # restarts keep sessions (issue 26, :mod:`.adopt`): the recovered sessions the service
@@ -315,14 +313,13 @@ class ContainerBackend(Backend):
                                                shape, started)
             return await run_oneshot(self.boxes, self.pool, invocation, limits, deadline,
                                      request, image, shape, started)
-        except (docker.errors.DockerException, requests.exceptions.RequestException,
-                BackendUnavailable) as exc:
+        except (EngineError, BackendUnavailable) as exc:
             # e.g. an image or network named by a policy does not exist, or the engine went
             # away; whatever was created has been removed (or is, once the engine is back)
             detail = getattr(exc, "explanation", None) or str(exc)
             message = f"the sandbox container could not be started: {detail}"
             cleanup = Cleanup(verified=True)
-            if not isinstance(exc, docker.errors.DockerException):  # no answer at all
+            if not isinstance(exc, APIError):  # no answer at all
                 self.boxes.engine_failed(exc)
                 message = f"the Docker engine went away: {detail}"
                 stale = self.boxes.stale

@@ -1,5 +1,5 @@
 """The containers themselves: :class:`Box` (one container and its runner endpoint) and
-:class:`Boxes`, which creates and removes them through the docker SDK (in a thread pool) and
+:class:`Boxes`, which creates and removes them through the engine's API (in a thread pool) and
 keeps the backend's shared state: the engine client, the seccomp profile, the runner
 directory, every live container, and those whose removal waits for the engine."""
 
@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import docker
-
 from sandboxd import fstree
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
+from sandboxd.backends.container.dockerapi import Engine
 from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
@@ -67,7 +66,7 @@ class Boxes:
     def __init__(self, config: ContainerConfig, uids: UidPool | None) -> None:
         self.config = config
         self.uids = uids
-        self.engine_client: docker.DockerClient | None = None
+        self.engine_client: Engine | None = None
         self.seccomp: str | None = None
         self.available: tuple[bool, str | None] = (False,
                                                    "the container backend is not started")
@@ -83,7 +82,7 @@ class Boxes:
         self.removals: set[asyncio.Task[bool]] = set()
 
     async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking docker SDK call in the backend's thread pool."""
+        """Run a blocking engine request in the backend's thread pool."""
         loop = asyncio.get_running_loop()
         if self.executor is None:
             self.executor = ThreadPoolExecutor(max_workers=16,
@@ -97,7 +96,7 @@ class Boxes:
             self.executor = None
 
     @property
-    def client(self) -> docker.DockerClient:
+    def client(self) -> Engine:
         """The engine client; raises :class:`BackendUnavailable` while there is none."""
         if self.engine_client is None:
             raise BackendUnavailable(self.available[1] or "the Docker engine is unreachable")
@@ -280,7 +279,7 @@ async def _carried(aw: Awaitable[T]) -> T:
         raise
 
 
-def _create(client: docker.DockerClient, config: ContainerConfig, seccomp: str,
+def _create(client: Engine, config: ContainerConfig, seccomp: str,
             spec: engine.Spec, want_pid: bool) -> tuple[str, int]:
     """Create and start the container; its id, and its init's pid when ``want_pid``."""
     cid = engine.create_and_start(client, config, seccomp, spec)

@@ -5,11 +5,11 @@ daemon's containers and runner directory that its start-up sweep removes."""
 from __future__ import annotations
 
 import contextlib
-import os
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandboxd.backends.container.dockerapi import address
 from sandboxd.models import ProbeCheck
 
 if TYPE_CHECKING:
@@ -18,10 +18,14 @@ if TYPE_CHECKING:
 
 def host_checks(settings: Settings) -> list[ProbeCheck]:
     """Who owns the Docker socket (a rootful engine's is root-equivalent)."""
-    url = settings.docker_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not url.startswith("unix://"):
-        return [ProbeCheck(name="docker_socket", ok=True, detail=f"{url} (not a unix socket)")]
-    path = Path(url[len("unix://") :])
+    try:
+        where = address(settings.docker_url)
+    except (ValueError, OSError) as exc:  # OSError: DOCKER_CERT_PATH's files
+        return [ProbeCheck(name="docker_socket", ok=False, detail=str(exc))]
+    if where.unix_path is None:
+        return [ProbeCheck(name="docker_socket", ok=True,
+                           detail=f"{where.url} (not a unix socket)")]
+    path = Path(where.unix_path)
     try:
         st = path.stat()
     except OSError as exc:

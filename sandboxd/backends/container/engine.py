@@ -1,6 +1,6 @@
 """Docker engine access for the container backend: the container spec, create/start, destroy
-with verification, and the start-up sweep. All functions here block (docker SDK); the backend
-calls them in worker threads.
+with verification, and the start-up sweep. All functions here block (an engine request,
+:mod:`.dockerapi`); the backend calls them in worker threads.
 """
 
 from __future__ import annotations
@@ -12,12 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-import requests
-from docker.errors import APIError, NotFound
-from docker.types import Mount, Ulimit
-
 from sandboxd.backends.container.config import ContainerConfig
+from sandboxd.backends.container.dockerapi import APIError, Engine, NoAnswer, NotFound
 from sandboxd.models import Limits
 from sandboxd.protocol.packages import WHEELHOUSE_MOUNT
 
@@ -57,12 +53,10 @@ def load_seccomp(config: ContainerConfig) -> str:
     return json.dumps(json.loads(path.read_text()), separators=(",", ":"))
 
 
-def connect(config: ContainerConfig, timeout: float = 60) -> docker.DockerClient:
-    """A docker client with a connection pool big enough for concurrent calls."""
-    if config.docker_url:
-        return docker.DockerClient(base_url=config.docker_url, timeout=timeout,
-                                   max_pool_size=32)
-    return docker.from_env(timeout=timeout, max_pool_size=32)
+def connect(config: ContainerConfig, timeout: float = 60) -> Engine:
+    """An engine client that keeps enough connections for concurrent calls (it connects on
+    its first request)."""
+    return Engine(config.docker_url, timeout=timeout, keep=32)
 
 
 @dataclass(frozen=True)
@@ -98,17 +92,16 @@ class Spec:
     uid: int | None = None  # the sandbox's own uid (= gid); None: config.sandbox_uid
 
 
-def create_and_start(client: docker.DockerClient, config: ContainerConfig, seccomp: str,
-                     spec: Spec) -> str:
-    """Create and start a container for ``spec``; returns its id. On failure nothing is left."""
-    api = client.api
+def container_body(config: ContainerConfig, seccomp: str, spec: Spec) -> dict[str, Any]:
+    """The engine's create request for ``spec``: the container's config and its host config
+    (every confinement the container gets is here)."""
     uid, gid = ((spec.uid, spec.uid) if spec.uid is not None
                 else (config.sandbox_uid, config.sandbox_gid))
     if uid == 0 or gid == 0:
         raise ValueError("sandbox containers never run as root")
     quota = int(config.session_quota_bytes)
     tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
-    binds = {str(spec.rundir): {"bind": RUNNER_MOUNT, "mode": "ro"}}
+    binds = [f"{spec.rundir}:{RUNNER_MOUNT}:ro"]
     if spec.workspace is None:
         # the same limits as the daemon's own tmpfs workspaces (sandboxd.quotafs): bytes, and
         # inodes (one more than the entry quota: the root directory uses one)
@@ -116,34 +109,32 @@ def create_and_start(client: docker.DockerClient, config: ContainerConfig, secco
         tmpfs["/workspace"] = (f"rw,nosuid,nodev,size={quota},nr_inodes={inodes},"
                                f"uid={uid},gid={gid},mode=0700")
     else:
-        binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw"}
-    mounts = []
-    if spec.role == "session" and config.wheelhouse is not None and config.wheelhouse.is_dir():
-        # the admin's wheels, for install_packages: read-only; a Mount (not a bind) so that
-        # the engine refuses a missing directory instead of creating it
-        mounts.append(Mount(WHEELHOUSE_MOUNT, str(config.wheelhouse), type="bind",
-                            read_only=True))
-    host_config = api.create_host_config(
-        binds=binds,
-        mounts=mounts,
-        tmpfs=tmpfs,
-        read_only=True,
-        cap_drop=["ALL"],
-        security_opt=["no-new-privileges:true", f"seccomp={seccomp}"],
-        network_mode=spec.network or "none",
-        mem_limit=spec.shape.memory,
-        memswap_limit=spec.shape.memory,
-        nano_cpus=spec.shape.nano_cpus,
-        pids_limit=spec.shape.pids,
-        ulimits=[
-            Ulimit(name="nofile", soft=NOFILE, hard=NOFILE),
-            Ulimit(name="fsize", soft=quota, hard=quota),
-            Ulimit(name="core", soft=0, hard=0),
+        binds.append(f"{spec.workspace}:/workspace:rw")
+    host: dict[str, Any] = {
+        "Binds": binds,
+        "Mounts": [],
+        "Tmpfs": tmpfs,
+        "ReadonlyRootfs": True,
+        "CapDrop": ["ALL"],
+        "SecurityOpt": ["no-new-privileges:true", f"seccomp={seccomp}"],
+        "NetworkMode": spec.network or "none",
+        "Memory": spec.shape.memory,
+        "MemorySwap": spec.shape.memory,
+        "NanoCpus": spec.shape.nano_cpus,
+        "PidsLimit": spec.shape.pids,
+        "Ulimits": [
+            {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
+            {"Name": "fsize", "Soft": quota, "Hard": quota},
+            {"Name": "core", "Soft": 0, "Hard": 0},
         ],
-        init=True,
-        ipc_mode="private",
-        auto_remove=False,
-    )
+        "Init": True,
+        "IpcMode": "private",
+    }
+    if spec.role == "session" and config.wheelhouse is not None and config.wheelhouse.is_dir():
+        # the admin's wheels, for install_packages: read-only; a mount (not a bind) so that
+        # the engine refuses a missing directory instead of creating it
+        host["Mounts"].append({"Target": WHEELHOUSE_MOUNT, "Source": str(config.wheelhouse),
+                               "Type": "bind", "ReadOnly": True})
     labels = {
         LABEL_DAEMON: config.instance_name,
         LABEL_INVOCATION: spec.invocation,
@@ -151,54 +142,57 @@ def create_and_start(client: docker.DockerClient, config: ContainerConfig, secco
     }
     if spec.session:
         labels[LABEL_SESSION] = spec.session
-    created = api.create_container(
-        spec.image,
-        name=spec.name,
-        user=f"{uid}:{gid}",
-        working_dir="/workspace",
-        environment=[],
-        labels=labels,
-        host_config=host_config,
-        hostname="sandbox",
-        network_disabled=spec.network is None,
-        stdin_open=False,
-        tty=False,
-    )
-    cid: str = created["Id"]
+    return {
+        "Image": spec.image,
+        "User": f"{uid}:{gid}",
+        "WorkingDir": "/workspace",
+        "Env": [],
+        "Labels": labels,
+        "Hostname": "sandbox",
+        "NetworkDisabled": spec.network is None,
+        "OpenStdin": False,
+        "StdinOnce": False,
+        "AttachStdin": False,
+        "AttachStdout": True,
+        "AttachStderr": True,
+        "Tty": False,
+        "HostConfig": host,
+    }
+
+
+def create_and_start(client: Engine, config: ContainerConfig, seccomp: str,
+                     spec: Spec) -> str:
+    """Create and start a container for ``spec``; returns its id. On failure nothing is left."""
+    cid = client.create(container_body(config, seccomp, spec), spec.name)
     try:
-        api.start(cid)
+        client.start(cid)
     except BaseException:
         destroy(client, cid)
         raise
     return cid
 
 
-def update_shape(client: docker.DockerClient, cid: str, shape: Shape) -> None:
+def update_shape(client: Engine, cid: str, shape: Shape) -> None:
     """Change a running container's memory, CPU and pids limits (one engine round trip)."""
-    api = client.api
-    url = api._url("/containers/{0}/update", cid)
-    body = {"Memory": shape.memory, "MemorySwap": shape.memory,
-            "NanoCpus": shape.nano_cpus, "PidsLimit": shape.pids}
-    res = api._post_json(url, data=body)
-    api._raise_for_status(res)
+    client.update(cid, {"Memory": shape.memory, "MemorySwap": shape.memory,
+                        "NanoCpus": shape.nano_cpus, "PidsLimit": shape.pids})
 
 
-def destroy(client: docker.DockerClient, cid: str, *, wait_s: float = 30.0) -> bool:
+def destroy(client: Engine, cid: str, *, wait_s: float = 30.0) -> bool:
     """Kill and remove a container; True only once the engine answers 404 for it."""
-    api = client.api
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            api.remove_container(cid, force=True, v=True)
+            client.remove(cid)
         except NotFound:
             pass
         except APIError as exc:  # e.g. 409 "removal already in progress"
             log.debug("remove %s: %s", cid[:12], exc)
         try:
-            api.inspect_container(cid)
+            client.inspect_container(cid)
         except NotFound:
             return True
-        except requests.exceptions.ConnectionError:
+        except NoAnswer:
             raise  # the engine is gone: no use retrying (its watch takes over)
         except Exception as exc:  # engine hiccup: retry until the deadline
             log.debug("inspect %s: %s", cid[:12], exc)
@@ -207,50 +201,50 @@ def destroy(client: docker.DockerClient, cid: str, *, wait_s: float = 30.0) -> b
         time.sleep(0.05)
 
 
-def pause(client: docker.DockerClient, cid: str) -> None:
+def pause(client: Engine, cid: str) -> None:
     """Freeze every process of a container (the engine's pause: the cgroup freezer). An
     engine refusal is an error unless the container is paused after all."""
     try:
-        client.api.pause(cid)
+        client.pause(cid)
     except APIError:
         if not _state(client, cid).get("Paused"):
             raise
 
 
-def unpause(client: docker.DockerClient, cid: str) -> None:
+def unpause(client: Engine, cid: str) -> None:
     """Thaw a paused container. An engine refusal is an error unless the container runs,
     unpaused, after all (e.g. it was never paused: a pause whose outcome was unknown)."""
     try:
-        client.api.unpause(cid)
+        client.unpause(cid)
     except APIError:
         state = _state(client, cid)
         if not state.get("Running") or state.get("Paused"):
             raise
 
 
-def _state(client: docker.DockerClient, cid: str) -> dict[str, Any]:
+def _state(client: Engine, cid: str) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+        state: dict[str, Any] = client.inspect_container(cid).get("State") or {}
     except Exception:
         return {}
     return state
 
 
-def init_pid(client: docker.DockerClient, cid: str) -> int:
+def init_pid(client: Engine, cid: str) -> int:
     """The pid of the container's init, in the engine's PID namespace (0: none)."""
     return int(_state(client, cid).get("Pid") or 0)
 
 
-def is_running(client: docker.DockerClient, cid: str) -> bool:
+def is_running(client: Engine, cid: str) -> bool:
     """Whether the container exists and is running."""
     try:
-        state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+        state: dict[str, Any] = client.inspect_container(cid).get("State") or {}
     except NotFound:
         return False
     return bool(state.get("Running"))
 
 
-def oom_killed(client: docker.DockerClient, cid: str, *, runner_lost: bool = False) -> bool:
+def oom_killed(client: Engine, cid: str, *, runner_lost: bool = False) -> bool:
     """Whether the engine saw an OOM kill in the container (``State.OOMKilled``).
 
     ``runner_lost``: the runner vanished, so the container is stopping; the answer waits (at
@@ -261,7 +255,7 @@ def oom_killed(client: docker.DockerClient, cid: str, *, runner_lost: bool = Fal
     stopped_at: float | None = None
     while True:
         try:
-            state: dict[str, Any] = client.api.inspect_container(cid).get("State") or {}
+            state: dict[str, Any] = client.inspect_container(cid).get("State") or {}
         except Exception:
             return False
         if state.get("OOMKilled"):
@@ -278,14 +272,12 @@ def oom_killed(client: docker.DockerClient, cid: str, *, runner_lost: bool = Fal
         time.sleep(0.05)
 
 
-def ours(client: docker.DockerClient, instance: str) -> list[str]:
+def ours(client: Engine, instance: str) -> list[str]:
     """Ids of every container (running or not) labelled as this daemon instance's."""
-    found = client.api.containers(all=True, quiet=True,
-                                  filters={"label": f"{LABEL_DAEMON}={instance}"})
-    return [c["Id"] for c in found]
+    return client.container_ids(f"{LABEL_DAEMON}={instance}")
 
 
-def sweep(client: docker.DockerClient, instance: str,
+def sweep(client: Engine, instance: str,
           keep: frozenset[str] = frozenset()) -> list[str]:
     """Remove every container of this instance (left by a crash or an engine outage) but
     those in ``keep`` (ids in use); returns their ids."""
@@ -298,10 +290,10 @@ def sweep(client: docker.DockerClient, instance: str,
     return removed
 
 
-def image_problem(client: docker.DockerClient, image: str) -> str | None:
+def image_problem(client: Engine, image: str) -> str | None:
     """None when ``image`` is present locally, else a one-line explanation."""
     try:
-        client.api.inspect_image(image)
+        client.inspect_image(image)
     except NotFound:
         return f"the sandbox image {image} is missing: run `sandboxd images build`"
     except Exception as exc:

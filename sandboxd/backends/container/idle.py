@@ -26,18 +26,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-import requests
-
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
+from sandboxd.backends.container.dockerapi import NoAnswer
 from sandboxd.deadline import stop_task
 
 log = logging.getLogger("sandboxd.container")
 
 SessionKey = tuple[str, str, str]  # (client, session, image), as in sessions.py
 TICK_MAX_S = 5.0  # the idle check runs at least this often
-#: the engine did not answer (an ``APIError`` is an answer, though an ``HTTPError`` too)
-NO_ANSWER = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
 
 
 class ThawFailed(Exception):
@@ -115,7 +112,7 @@ class Idle:
             try:
                 await self.boxes.engine(engine.pause, self.boxes.client, box.cid)
             except Exception as exc:
-                if isinstance(exc, NO_ANSWER):
+                if isinstance(exc, NoAnswer):
                     # no answer: it may be paused; the next call thaws it either way
                     box.paused = True
                     self.boxes.engine_failed(exc)
@@ -140,7 +137,7 @@ class Idle:
             try:
                 await self.boxes.engine(engine.unpause, self.boxes.client, box.cid or box.name)
             except Exception as exc:
-                if isinstance(exc, NO_ANSWER):
+                if isinstance(exc, NoAnswer):
                     self.boxes.engine_failed(exc)
                 log.error("session %s: its paused container %s could not be thawed: %s",
                           key[1], box.name, exc)

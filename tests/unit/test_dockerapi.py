@@ -1,0 +1,177 @@
+"""The container backend's engine client (:mod:`sandboxd.backends.container.dockerapi`) against
+a real HTTP server on a unix socket that answers as told: what is an answer, what is no
+answer, kept connections, and bounds. tests/container/test_dockerapi_engine.py runs it
+against the real engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxd.backends.container import dockerapi
+from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError, NoAnswer, NotFound
+
+Answer = tuple[int, str, bytes]  # status, content type, body
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    answer: Callable[[str, str, bytes], Answer]
+    seen: list[tuple[str, str, bytes]]
+    connections: int
+    close_after_answer: bool
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the engine
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.connections += 1
+
+    def _answer(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.seen.append((self.command, self.path, body))
+        status, ctype, data = self.server.answer(self.command, self.path, body)
+        self.send_response(status)
+        if ctype:
+            self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        if self.server.close_after_answer:
+            self.close_connection = True
+
+    do_GET = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[_Server]:
+    srv = _Server(str(tmp_path / "engine.sock"), _Handler)
+    srv.answer = lambda method, path, body: (200, "application/json", b"{}")
+    srv.seen, srv.connections, srv.close_after_answer = [], 0, False
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _engine(srv: _Server, **kwargs: Any) -> Engine:
+    return Engine(f"unix://{srv.server_address}", **kwargs)
+
+
+def test_a_json_answer_is_parsed_and_the_request_is_the_apis(server: _Server) -> None:
+    server.answer = lambda m, p, b: (201, "application/json", b'{"Id": "abc", "Warnings": []}')
+    engine = _engine(server)
+    assert engine.create({"Image": "img"}, "sb-1") == "abc"
+    method, path, body = server.seen[-1]
+    assert (method, path, json.loads(body)) == ("POST", "/containers/create?name=sb-1",
+                                                {"Image": "img"})
+    server.answer = lambda m, p, b: (200, "application/json", b'[{"Id": "a"}, {"Id": "b"}]')
+    assert engine.container_ids("sandboxd.daemon=x y") == ["a", "b"]
+    assert server.seen[-1][1] == ("/containers/json?all=1&filters=%7B%22label%22%3A+%5B%22"
+                                  "sandboxd.daemon%3Dx+y%22%5D%7D")
+    server.answer = lambda m, p, b: (204, "", b"")
+    engine.remove("a/../b")  # an id is one path segment, whatever it holds
+    engine.pause("c")
+    assert [s[:2] for s in server.seen[-2:]] == [("DELETE", "/containers/a%2F..%2Fb?force=1&v=1"),
+                                                ("POST", "/containers/c/pause")]
+    server.answer = lambda m, p, b: (200, "application/json", b'{"Id": "sha256:1"}')
+    assert engine.inspect_image("sandboxd/python:latest") == {"Id": "sha256:1"}
+    assert server.seen[-1][1] == "/images/sandboxd/python:latest/json"
+    engine.close()
+
+
+def test_error_answers_carry_the_engines_explanation(server: _Server) -> None:
+    server.answer = lambda m, p, b: (404, "application/json",
+                                     b'{"message": "No such container: nope"}')
+    engine = _engine(server)
+    with pytest.raises(NotFound) as found:
+        engine.inspect_container("nope")
+    assert found.value.status_code == 404
+    assert found.value.explanation == "No such container: nope"
+    assert "GET /containers/nope/json" in str(found.value)
+    server.answer = lambda m, p, b: (409, "text/plain", b"  removal in progress\n")
+    with pytest.raises(APIError) as refused:
+        engine.remove("c")
+    assert not isinstance(refused.value, NotFound)
+    assert (refused.value.status_code, refused.value.explanation) == (409, "removal in progress")
+    engine.close()
+
+
+def test_answers_that_are_not_what_was_asked_for_are_errors(
+        server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(server)
+    server.answer = lambda m, p, b: (200, "application/json", b'["a list"]')
+    with pytest.raises(EngineError, match="not an object"):
+        engine.inspect_container("c")
+    server.answer = lambda m, p, b: (200, "application/json", b"{not json")
+    with pytest.raises(EngineError, match="not JSON"):
+        engine.inspect_container("c")
+    monkeypatch.setattr(dockerapi, "MAX_ANSWER_BYTES", 1000)
+    server.answer = lambda m, p, b: (200, "application/json", b'"' + b"x" * 2000 + b'"')
+    with pytest.raises(EngineError, match="over 1000 bytes"):
+        engine.inspect_container("c")
+    server.answer = lambda m, p, b: (200, "application/json", b"{}")
+    assert engine.inspect_container("c") == {}  # the over-long answer's connection was dropped
+    engine.close()
+
+
+def test_connections_are_kept_and_a_dropped_one_is_replaced(server: _Server) -> None:
+    engine = _engine(server)
+    for _ in range(5):
+        engine.ping()
+    assert server.connections == 1
+    server.close_after_answer = True  # the engine closes each connection after its answer
+    for _ in range(3):
+        engine.ping()  # the kept connection was closed: a fresh one, and no error
+    assert server.connections > 1
+    engine.close()
+
+
+def test_no_engine_is_no_answer(tmp_path: Path) -> None:
+    engine = Engine(f"unix://{tmp_path / 'missing.sock'}")
+    with pytest.raises(NoAnswer, match="did not answer GET /_ping"):
+        engine.ping()
+
+
+def test_an_engine_that_never_answers_is_no_answer_after_the_timeout(tmp_path: Path) -> None:
+    path = str(tmp_path / "mute.sock")
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(path)
+    mute.listen(1)  # accepts (the kernel's backlog) and never reads nor answers
+    try:
+        with pytest.raises(NoAnswer, match="timed out"):
+            Engine(f"unix://{path}", timeout=0.2).ping()
+    finally:
+        mute.close()
+
+
+def test_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.delenv("DOCKER_TLS_VERIFY", raising=False)
+    assert dockerapi.address(None).unix_path == "/var/run/docker.sock"
+    assert dockerapi.address("unix:///run/user/1000/docker.sock").unix_path == (
+        "/run/user/1000/docker.sock")
+    tcp = dockerapi.address("tcp://127.0.0.1:2375")
+    assert (tcp.unix_path, tcp.host, tcp.port, tcp.tls) == (None, "127.0.0.1", 2375, None)
+    assert dockerapi.address("https://127.0.0.1").tls is not None
+    monkeypatch.setenv("DOCKER_HOST", "unix:///srv/engine.sock")
+    assert dockerapi.address(None).unix_path == "/srv/engine.sock"
+    assert dockerapi.address("unix:///x.sock").unix_path == "/x.sock"  # the setting wins
+    for bad in ("ssh://user@host", "tcp://", "unix://", "npipe:////./pipe/docker_engine"):
+        with pytest.raises(ValueError, match="Docker engine address"):
+            dockerapi.address(bad)
