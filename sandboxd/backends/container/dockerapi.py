@@ -214,8 +214,8 @@ class Engine:
                     # saw the request (an engine that died meanwhile refuses the next one)
                     conn, reused = self._connection(), False
                     continue
-                raise NoAnswer(f"the Docker engine at {self.address.url} did not answer "
-                               f"{what}: {_why(exc)}") from exc
+                raise NoAnswer(f"{self.address.url} did not answer {what}: "
+                               f"{_why(exc)}") from exc
         if len(data) > MAX_ANSWER_BYTES:
             conn.close()
             raise EngineError(f"the engine's answer to {what} is over {MAX_ANSWER_BYTES} bytes")
