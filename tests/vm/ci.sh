@@ -15,7 +15,7 @@
 #   --test-dirs L   tests/ subdirectories for the tests job (default: all)
 #   --no-images     do not copy the Docker sandbox images in (container tests will then fail)
 #                   nor the daemon's Dockerfile image (built here for tests/service, when run)
-#   env TEST_DIR_TIMEOUT  seconds per tests/ directory (default 2700)
+#   env TEST_LANE_TIMEOUT seconds per lane (one pytest run; default 3600)
 #   env TEST_DELEGATE=1   run pytest in a delegated transient scope (see guest/test-suite.sh)
 #   env TEST_MARKS=EXPR   pytest -m in the guest (default "not same_on_every_host"; empty: all)
 #
@@ -125,7 +125,7 @@ stamp payload $(( $(date +%s) - t0 ))
 {
   echo '#!/bin/bash'
   echo 'rc=0'
-  echo "export TEST_DIRS='$TEST_DIRS' TEST_DIR_TIMEOUT='${TEST_DIR_TIMEOUT:-2700}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
+  echo "export TEST_DIRS='$TEST_DIRS' TEST_LANE_TIMEOUT='${TEST_LANE_TIMEOUT:-3600}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
   [ -n "${PYTEST_ARGS:-}" ] && echo "export PYTEST_ARGS='$PYTEST_ARGS'"
   # TEST_MARKS (guest/test-suite.sh): unset = its default, "not same_on_every_host"
   [ -n "${TEST_MARKS+set}" ] && echo "export TEST_MARKS='$TEST_MARKS'"

@@ -1,0 +1,86 @@
+"""The CPU a daemon's start takes (issue 23 item 7, issue 25): ``sandboxd serve`` (embedded
+default policy, default settings, a fresh state directory) from exec to its READY=1 on an
+sd_notify socket, its own utime + stime from /proc; checkouts measured interleaved, with the
+fork floor (``python -I -S -c pass``, its CPU as a child) of the same run.
+
+    .venv/bin/python bench/profiles/start_cpu.py --runs 7 $PWD /path/to/other-checkout
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / TICK
+
+
+def one_start(tree: str) -> tuple[float, float]:
+    """(CPU ms, wall ms) of one daemon start of ``tree``."""
+    name = f"start-cpu-{secrets.token_hex(4)}"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind("\0" + name)
+    notify.settimeout(120)
+    with tempfile.TemporaryDirectory(prefix="sandboxd-start-") as state:
+        env = {**os.environ, "PYTHONPATH": tree, "NOTIFY_SOCKET": "@" + name,
+               "SANDBOXD_CONFIG": os.devnull}
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandboxd", "serve", "--host", "127.0.0.1", "--port",
+             str(20000 + secrets.randbelow(20000)), "--state-dir", state],
+            env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while b"READY=1" not in notify.recv(4096):
+                pass
+            wall = (time.monotonic() - t0) * 1000
+            cpu = cpu_ms(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait()
+            notify.close()
+    return cpu, wall
+
+
+def floor_ms() -> float:
+    """CPU ms of ``python -I -S -c pass`` (fork, exec, interpreter start)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("trees", nargs="+")
+    args = parser.parse_args()
+    starts: dict[str, list[tuple[float, float]]] = {t: [] for t in args.trees}
+    floors = []
+    for _ in range(args.runs):
+        floors.append(statistics.median(floor_ms() for _ in range(5)))
+        for tree in args.trees:
+            starts[tree].append(one_start(tree))
+    floor = statistics.median(floors)
+    print(f"fork floor (python -I -S -c pass): CPU p50 {floor:.1f} ms")
+    for tree, runs in starts.items():
+        cpu = statistics.median(r[0] for r in runs)
+        wall = statistics.median(r[1] for r in runs)
+        print(f"{tree}: start to READY=1: CPU p50 {cpu:.0f} ms ({cpu / floor:.1f}x the floor), "
+              f"wall p50 {wall:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
