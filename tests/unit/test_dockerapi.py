@@ -6,6 +6,8 @@ against the real engine."""
 from __future__ import annotations
 
 import json
+import os
+import resource
 import socket
 import socketserver
 import threading
@@ -175,3 +177,26 @@ def test_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("ssh://user@host", "tcp://", "unix://", "npipe:////./pipe/docker_engine"):
         with pytest.raises(ValueError, match="Docker engine address"):
             dockerapi.address(bad)
+
+
+def test_connections_are_kept_with_descriptors_above_1024(server: _Server) -> None:
+    """A busy daemon holds many descriptors; a kept connection numbered above FD_SETSIZE is
+    still checked (``poll``, not ``select``) and kept."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    spare = os.open(os.devnull, os.O_RDONLY)
+    low = []
+    try:
+        while (fd := os.dup(spare)) < 1030:  # the connection's socket lands above 1024
+            low.append(fd)
+        os.close(fd)
+        engine = _engine(server)
+        for _ in range(4):
+            engine.ping()
+        assert server.connections == 1
+        engine.close()
+    finally:
+        for fd in (*low, spare):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

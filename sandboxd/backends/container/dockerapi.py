@@ -125,11 +125,12 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     sock = conn.sock
     if sock is None:
         return True
+    poll = select.poll()  # not select(): the daemon may hold descriptors above 1024
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        poll.register(sock, select.POLLIN)
+        return bool(poll.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 class Engine:
