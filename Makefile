@@ -106,7 +106,7 @@ typecheck: venv-dev
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 test: venv-dev typecheck docker images mcp-inspector doc-tools haproxy
-	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
 ## offline with debootstrap, cached in /var/cache/sandboxd-vm) installs sandboxd as a systemd

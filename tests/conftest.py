@@ -12,7 +12,6 @@ from tests.support import flaky
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon
-from tests.support.schedule import longest_first
 from tests.support.workers import worker_uid_range
 
 # A host's /etc/sandboxd/sandboxd.yaml (an installed service) must not change what tests get.
@@ -78,8 +77,7 @@ _DIRECTORY_MARKERS = {"restricted": ("restricted",), "container": ("container", 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test by its directory, and ``docker`` when it uses the Docker engine; under
-    xdist, the longest files first (tests/support/schedule.py)."""
+    """Mark each test by its directory, and ``docker`` when it uses the Docker engine."""
     tests_dir = Path(__file__).parent
     for item in items:
         try:
@@ -91,8 +89,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "docker_client" in getattr(item, "fixturenames", ()) and \
                 item.get_closest_marker("docker") is None:
             item.add_marker("docker")
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # make test's workers: the longest files first
-        items[:] = longest_first(items, tests_dir.parent)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
