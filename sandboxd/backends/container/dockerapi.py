@@ -158,25 +158,25 @@ class Engine:
         return str(created["Id"])
 
     def start(self, cid: str) -> None:
-        self.request("POST", f"/containers/{quote(cid, safe='')}/start")
+        self.request("POST", _container(cid, "/start"))
 
     def update(self, cid: str, body: dict[str, Any]) -> None:
         """Change a container's resources (memory, CPU, pids)."""
-        self.request("POST", f"/containers/{quote(cid, safe='')}/update", body=body)
+        self.request("POST", _container(cid, "/update"), body=body)
 
     def remove(self, cid: str) -> None:
         """Kill and remove a container with its anonymous volumes."""
-        self.request("DELETE", f"/containers/{quote(cid, safe='')}",
+        self.request("DELETE", _container(cid),
                       query={"force": "1", "v": "1"})
 
     def pause(self, cid: str) -> None:
-        self.request("POST", f"/containers/{quote(cid, safe='')}/pause")
+        self.request("POST", _container(cid, "/pause"))
 
     def unpause(self, cid: str) -> None:
-        self.request("POST", f"/containers/{quote(cid, safe='')}/unpause")
+        self.request("POST", _container(cid, "/unpause"))
 
     def inspect_container(self, cid: str) -> dict[str, Any]:
-        return self._object(self.request("GET", f"/containers/{quote(cid, safe='')}/json"))
+        return self._object(self.request("GET", _container(cid, "/json")))
 
     def inspect_image(self, name: str) -> dict[str, Any]:
         return self._object(self.request("GET", f"/images/{quote(name, safe='/:')}/json"))
@@ -276,6 +276,11 @@ class Engine:
         if not isinstance(found, dict):
             raise EngineError(f"the engine's answer is not an object: {found!r:.200}")
         return found
+
+
+def _container(cid: str, action: str = "") -> str:
+    """A container's path: its id (or name) is one path segment, whatever it holds."""
+    return f"/containers/{quote(cid, safe='')}{action}"
 
 
 def _explanation(data: bytes) -> str:

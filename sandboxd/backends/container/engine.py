@@ -75,6 +75,11 @@ class Shape:
             pids=int(limits.pids) + PIDS_OVERHEAD,
         )
 
+    def host_fields(self) -> dict[str, int]:
+        """The engine's host-config fields of this shape (at create and at update)."""
+        return {"Memory": self.memory, "MemorySwap": self.memory,
+                "NanoCpus": self.nano_cpus, "PidsLimit": self.pids}
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -118,10 +123,7 @@ def container_body(config: ContainerConfig, seccomp: str, spec: Spec) -> dict[st
         "CapDrop": ["ALL"],
         "SecurityOpt": ["no-new-privileges:true", f"seccomp={seccomp}"],
         "NetworkMode": spec.network or "none",
-        "Memory": spec.shape.memory,
-        "MemorySwap": spec.shape.memory,
-        "NanoCpus": spec.shape.nano_cpus,
-        "PidsLimit": spec.shape.pids,
+        **spec.shape.host_fields(),
         "Ulimits": [
             {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
             {"Name": "fsize", "Soft": quota, "Hard": quota},
@@ -174,8 +176,7 @@ def create_and_start(client: Engine, config: ContainerConfig, seccomp: str,
 
 def update_shape(client: Engine, cid: str, shape: Shape) -> None:
     """Change a running container's memory, CPU and pids limits (one engine round trip)."""
-    client.update(cid, {"Memory": shape.memory, "MemorySwap": shape.memory,
-                        "NanoCpus": shape.nano_cpus, "PidsLimit": shape.pids})
+    client.update(cid, shape.host_fields())
 
 
 def destroy(client: Engine, cid: str, *, wait_s: float = 30.0) -> bool:
