@@ -9,10 +9,7 @@ import json
 import os
 import resource
 import socket
-import socketserver
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,62 +17,20 @@ import pytest
 
 from sandboxd.backends.container import dockerapi
 from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError, NoAnswer, NotFound
-
-Answer = tuple[int, str, bytes]  # status, content type, body
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    answer: Callable[[str, str, bytes], Answer]
-    seen: list[tuple[str, str, bytes]]
-    connections: int
-    close_after_answer: bool
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the engine
-    server: _Server
-
-    def setup(self) -> None:
-        super().setup()
-        self.server.connections += 1
-
-    def _answer(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.seen.append((self.command, self.path, body))
-        status, ctype, data = self.server.answer(self.command, self.path, body)
-        self.send_response(status)
-        if ctype:
-            self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        if self.server.close_after_answer:
-            self.close_connection = True
-
-    do_GET = do_POST = do_DELETE = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+from tests.support.scripted_engine import ScriptedEngine, scripted_engine, stop_listening
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[_Server]:
-    srv = _Server(str(tmp_path / "engine.sock"), _Handler)
-    srv.answer = lambda method, path, body: (200, "application/json", b"{}")
-    srv.seen, srv.connections, srv.close_after_answer = [], 0, False
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def server(tmp_path: Path) -> Iterator[ScriptedEngine]:
+    with scripted_engine(tmp_path / "engine.sock") as srv:
+        yield srv
 
 
-def _engine(srv: _Server, **kwargs: Any) -> Engine:
+def _engine(srv: ScriptedEngine, **kwargs: Any) -> Engine:
     return Engine(f"unix://{srv.server_address}", **kwargs)
 
 
-def test_a_json_answer_is_parsed_and_the_request_is_the_apis(server: _Server) -> None:
+def test_a_json_answer_is_parsed_and_the_request_is_the_apis(server: ScriptedEngine) -> None:
     server.answer = lambda m, p, b: (201, "application/json", b'{"Id": "abc", "Warnings": []}')
     engine = _engine(server)
     assert engine.create({"Image": "img"}, "sb-1") == "abc"
@@ -97,7 +52,7 @@ def test_a_json_answer_is_parsed_and_the_request_is_the_apis(server: _Server) ->
     engine.close()
 
 
-def test_error_answers_carry_the_engines_explanation(server: _Server) -> None:
+def test_error_answers_carry_the_engines_explanation(server: ScriptedEngine) -> None:
     server.answer = lambda m, p, b: (404, "application/json",
                                      b'{"message": "No such container: nope"}')
     engine = _engine(server)
@@ -115,7 +70,7 @@ def test_error_answers_carry_the_engines_explanation(server: _Server) -> None:
 
 
 def test_answers_that_are_not_what_was_asked_for_are_errors(
-        server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+        server: ScriptedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(server)
     server.answer = lambda m, p, b: (200, "application/json", b'["a list"]')
     with pytest.raises(EngineError, match="not an object"):
@@ -132,7 +87,7 @@ def test_answers_that_are_not_what_was_asked_for_are_errors(
     engine.close()
 
 
-def test_connections_are_kept_and_a_dropped_one_is_replaced(server: _Server) -> None:
+def test_connections_are_kept_and_a_dropped_one_is_replaced(server: ScriptedEngine) -> None:
     engine = _engine(server)
     for _ in range(5):
         engine.ping()
@@ -179,7 +134,7 @@ def test_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
             dockerapi.address(bad)
 
 
-def test_connections_are_kept_with_descriptors_above_1024(server: _Server) -> None:
+def test_connections_are_kept_with_descriptors_above_1024(server: ScriptedEngine) -> None:
     """A busy daemon holds many descriptors; a kept connection numbered above FD_SETSIZE is
     still checked (``poll``, not ``select``) and kept."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -200,3 +155,15 @@ def test_connections_are_kept_with_descriptors_above_1024(server: _Server) -> No
         for fd in (*low, spare):
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_stopping_engine_is_seen_on_a_fresh_connection(server: ScriptedEngine) -> None:
+    """A stopping engine closes its listener first and still answers on the connections it
+    has: a kept connection cannot tell, a fresh one can."""
+    engine = _engine(server)
+    engine.ping()
+    stop_listening(server)
+    engine.ping()  # the kept connection is still answered
+    with pytest.raises(NoAnswer, match="did not answer GET /_ping"):
+        engine.ping(fresh=True)
+    engine.close()

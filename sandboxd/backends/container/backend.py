@@ -206,7 +206,21 @@ class ContainerBackend(Backend):
         if self._ping_client is None:
             self._ping_client = await loop.run_in_executor(
                 None, functools.partial(engine.connect, self.config, PING_TIMEOUT_S))
-        await loop.run_in_executor(None, self._ping_client.ping)
+        failures = self.boxes.engine_failures
+        # on a new connection: a stopping engine still answers on those it had
+        await loop.run_in_executor(None, functools.partial(self._ping_client.ping, fresh=True))
+        self._answering_again(failures)
+
+    def _answering_again(self, failures: int) -> None:
+        """The engine answered a new connection (and was not marked down): a failure a call
+        saw before the ping began is forgotten (a later lost runner is the runner's own
+        story), and containers whose removal failed are removed again, in the background."""
+        boxes = self.boxes
+        if boxes.engine_failures == failures:
+            boxes.engine_error = None
+        stale, boxes.stale = list(boxes.stale), set()
+        for box in stale:  # one that fails again is back in ``stale``
+            boxes.destroy_later(box)
 
     async def _lost(self, why: str) -> None:
         """The engine went away: unavailable now; the warm pool and session containers are

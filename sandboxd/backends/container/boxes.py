@@ -77,6 +77,7 @@ class Boxes:
         # the engine's watch (see watch.py); containers whose removal waits for the engine
         self.watch: EngineWatch | None = None
         self.engine_error: str | None = None
+        self.engine_failures = 0  # how many times a call saw it fail (see engine_failed)
         self.stale: set[Box] = set()
         #: removals under way in the background (:meth:`destroy_later`)
         self.removals: set[asyncio.Task[bool]] = set()
@@ -105,8 +106,21 @@ class Boxes:
     def engine_failed(self, exc: BaseException) -> None:
         """A call saw the engine fail: remember why and let the watch check at once."""
         self.engine_error = str(exc) or type(exc).__name__
+        self.engine_failures += 1
         if self.watch is not None:
             self.watch.wake.set()
+
+    async def check_engine_after_lost_runner(self) -> None:
+        """A runner went away: was it because its engine is stopping? Such an engine stops
+        its containers after it has closed its listener, and still answers on the
+        connections it had; so it is asked on a new one, and a refusal is the engine's
+        failure (the call's result then says the engine went away)."""
+        if self.engine_client is None or self.engine_error is not None:
+            return
+        try:
+            await self.engine(self.engine_client.ping, fresh=True)
+        except Exception as exc:
+            self.engine_failed(exc)
 
     def prepare_rundir(self, keep: frozenset[str] = frozenset()) -> None:
         """The directory of the runners' sockets, ``<state>/run`` (a fresh one: leftovers of

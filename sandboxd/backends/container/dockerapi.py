@@ -147,9 +147,11 @@ class Engine:
 
     # ------------------------------------------------------------ the requests
 
-    def ping(self) -> None:
-        """Raises unless the engine answers ``GET /_ping``."""
-        self.request("GET", "/_ping")
+    def ping(self, *, fresh: bool = False) -> None:
+        """Raises unless the engine answers ``GET /_ping`` (``fresh``: on a new connection,
+        which a stopping engine refuses: it closes its listener first, then stops its
+        containers, and answers on the connections it had until it exits)."""
+        self.request("GET", "/_ping", fresh=fresh)
 
     def create(self, body: dict[str, Any], name: str) -> str:
         """Create a container from ``body`` (the engine's ``ContainerConfig`` with its
@@ -192,16 +194,16 @@ class Engine:
     # ------------------------------------------------------------ the transport
 
     def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                body: dict[str, Any] | None = None) -> Any:
+                body: dict[str, Any] | None = None, fresh: bool = False) -> Any:
         """One request; its answer parsed as JSON (None when it has no body). Raises
-        :class:`NoAnswer` or :class:`APIError`."""
+        :class:`NoAnswer` or :class:`APIError`. ``fresh``: on a new connection, closed after."""
         target = path + (f"?{urlencode(query)}" if query else "")
         what = f"{method} {path}"
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Host": "docker"}
         if payload is not None:
             headers["Content-Type"] = "application/json"
-        conn, reused = self._take()
+        conn, reused = (self._connection(), False) if fresh else self._take()
         while True:
             try:
                 conn.request(method, target, body=payload, headers=headers)
@@ -220,7 +222,10 @@ class Engine:
         if len(data) > MAX_ANSWER_BYTES:
             conn.close()
             raise EngineError(f"the engine's answer to {what} is over {MAX_ANSWER_BYTES} bytes")
-        self._give_back(conn, response)
+        if fresh:
+            conn.close()
+        else:
+            self._give_back(conn, response)
         status = response.status
         if status >= 400:
             explanation = _explanation(data)

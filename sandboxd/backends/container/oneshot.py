@@ -68,6 +68,8 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
         if box is not None:
             await boxes.destroy_shielded(box)
         raise
+    if outcome.lost is not None:
+        await boxes.check_engine_after_lost_runner()
     oom = outcome.needs_oom_check and await boxes.engine(
         engine.oom_killed, boxes.client, box.cid or box.name, runner_lost=outcome.lost is not None)
     verified, detail = await boxes.end_shielded(box, fast=outcome.lost is None)

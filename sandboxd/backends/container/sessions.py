@@ -223,6 +223,8 @@ class SessionContainers:
             if kernel_call:
                 result = self._kernel_kept(box, outcome, result)
             return result
+        if outcome.lost is not None:
+            await self.boxes.check_engine_after_lost_runner()
         oom = outcome.needs_oom_check and await self.boxes.engine(
             engine.oom_killed, self.boxes.client, box.cid or box.name,
             runner_lost=outcome.lost is not None)
