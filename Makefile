@@ -10,16 +10,20 @@ STATE ?= .state
 .PHONY: run profile-image test test-vm venv venv-dev docker images mcp-inspector doc-tools haproxy typecheck lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
+# The packages are installed by uv (from PyPI, into the virtualenv by pip): a fresh clone's
+# virtualenv with the dev tools in ~8 s, against ~23 s with pip (its own resolution and
+# bytecode compilation of every file). pip stays in it, upgraded (tests/vm/ci.sh runs it).
+UV := UV_LINK_MODE=copy $(BIN)/uv pip install -q --python $(BIN)/python
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
 	  (echo "installing python3-venv"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q uv
+	$(UV) --upgrade pip -e .
 	@touch $@
 
 $(BIN)/.installed-dev: $(BIN)/.installed
-	$(BIN)/pip install -q -e '.[dev]'
+	$(UV) -e '.[dev]'
 	@touch $@
 
 venv: $(BIN)/.installed
