@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run profile-image test test-vm venv venv-dev docker images mcp-inspector doc-tools haproxy typecheck lint bench clean
+.PHONY: run profile-image test test-vm venv venv-dev docker images node mcp-inspector doc-tools haproxy typecheck lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 # The packages are installed by uv (from PyPI, into the virtualenv by pip): a fresh clone's
@@ -73,9 +73,11 @@ images: venv docker
 NPM_CACHE ?= .cache/npm
 INSPECTOR := $(NPM_CACHE)/node_modules/@modelcontextprotocol/inspector/cli/build/cli.js
 
-$(INSPECTOR): tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.json
+node:
 	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || \
 	  (echo "installing nodejs and npm"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null)
+
+$(INSPECTOR): tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.json | node
 	mkdir -p $(NPM_CACHE)
 	cp tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.json $(NPM_CACHE)/
 	cd $(NPM_CACHE) && npm ci --no-audit --no-fund --loglevel=error
@@ -113,7 +115,10 @@ TEST_WORKERS ?= 4
 ## The bytecode of the package and the tests is compiled first (under a second): every test
 ## daemon, CLI and worker process imports them, and none writes it where
 ## PYTHONDONTWRITEBYTECODE is set. Not images/: the sandbox images are built from it.
-test: venv-dev typecheck docker images mcp-inspector doc-tools haproxy
+## What needs Debian's packages is done first, one at a time (apt has one lock); then the
+## virtualenv with the type check and the images, beside the MCP Inspector's npm tree.
+test: docker node doc-tools haproxy
+	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector
 	$(BIN)/python -m compileall -q -j0 sandboxd tests >/dev/null
 	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
