@@ -25,6 +25,7 @@ import asyncio
 import json
 import math
 import os
+from collections.abc import Callable
 
 from sandboxd.output_items import Position
 from sandboxd.outputs import DisplayCollector
@@ -98,6 +99,9 @@ class FrameReader:
         # a session kernel's call ends with its report, not with EOF (the worker stays)
         self.until_report = until_report
         self.done = asyncio.Event()
+        #: called once the reading ends, as ``done`` is set (a caller that waits for more
+        #: than the reader alone wakes on one event: see kernel.py)
+        self.on_stop: Callable[[], None] | None = None
         os.set_blocking(fd, False)
         loop.add_reader(fd, self._on_readable)
         self.registered = True
@@ -150,6 +154,8 @@ class FrameReader:
         self.close()
         self.relay.close()
         self.done.set()
+        if self.on_stop is not None:
+            self.on_stop()
 
     def close(self) -> None:
         if self.registered:

@@ -86,16 +86,6 @@ def cpu_seconds_used(pid: int, uid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-async def _first_set(*events: asyncio.Event) -> None:
-    """Wait until one of ``events`` is set."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
-
-
 @dataclass(eq=False)
 class SessionKernel:
     """A live kernel: its zygote, worker (socket, pidfd, cgroup) and what it was started for."""
@@ -112,8 +102,9 @@ class SessionKernel:
     cpu_s: float = 0.0
     #: a call runs in it now
     busy: bool = False
-    #: an interrupt was asked for the call in flight (``POST .../interrupt``)
-    interrupt: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set when the call in flight ends (its reader stopped) or an interrupt is asked for
+    #: it (``POST .../interrupt``): the call waits on this one event
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def alive(self) -> bool:
@@ -230,11 +221,11 @@ class KernelPool:
             if not fresh:
                 k.cpu_s = cpu_seconds_used(worker.pid, k.uid)
                 msg = self._move_cpu_limit(k, msg)
-            k.interrupt.clear()
+            k.wake.clear()
+            reader.on_stop = k.wake.set
             k.busy = True
             await standby.send(loop, worker, msg)
-            finished, _ = await within(_first_set(reader.done, k.interrupt),
-                                       deadline - time.monotonic())
+            finished, _ = await within(k.wake.wait(), deadline - time.monotonic())
             if not finished or not reader.done.is_set():
                 # the deadline, or an interrupt request: interrupt before kill (issue 22)
                 reason = Reason.wall_timeout if not finished else Reason.cancelled
@@ -328,7 +319,7 @@ class KernelPool:
         k = self.kernels.get(sid)
         if k is None or not k.busy or not k.alive:
             return False
-        k.interrupt.set()
+        k.wake.set()  # the call sees its reader still reading: an interrupt
         return True
 
     async def _finish(self, sid: str | None, k: SessionKernel,
