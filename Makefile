@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run profile-image test test-vm venv venv-dev docker images node mcp-inspector doc-tools haproxy typecheck lint bench clean
+.PHONY: run profile-image test test-vm venv venv-dev docker images node mcp-inspector doc-tools haproxy typecheck test-bytecode lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 # The packages are installed by uv (from PyPI, into the virtualenv by pip): a fresh clone's
@@ -112,15 +112,22 @@ typecheck: venv-dev
 ## a9dc937: 2 workers 430 s, 3 workers 352 s, 4 workers 327 s). 1: one process, as before.
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
-## The bytecode of the package and the tests is compiled first (under a second): every test
-## daemon, CLI and worker process imports them, and none writes it where
-## PYTHONDONTWRITEBYTECODE is set. Not images/: the sandbox images are built from it.
 ## What needs Debian's packages is done first, one at a time (apt has one lock); then the
-## virtualenv with the type check and the images, beside the MCP Inspector's npm tree.
+## virtualenv with the type check, the images and the bytecode, beside the MCP Inspector's
+## npm tree.
 test: docker node doc-tools haproxy
-	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector
-	$(BIN)/python -m compileall -q -j0 sandboxd tests >/dev/null
+	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector test-bytecode
 	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+
+## The bytecode of the package and the tests, and pytest's rewrite of the test modules (their
+## asserts), written once before the run: no process writes bytecode where
+## PYTHONDONTWRITEBYTECODE is set (CI's machines), so every test daemon, CLI and worker
+## compiled every module it imported, and each pytest worker spent ~5 s of CPU rewriting the
+## same ~450 modules. Not images/: the sandbox images are built from it.
+test-bytecode: venv-dev
+	$(BIN)/python -m compileall -q -j0 sandboxd tests >/dev/null
+	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --co -p no:xdist -p no:cacheprovider > $(VENV)/collect.log 2>&1 \
+	  || { cat $(VENV)/collect.log; exit 1; }
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
 ## offline with debootstrap, cached in /var/cache/sandboxd-vm) installs sandboxd as a systemd
