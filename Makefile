@@ -11,10 +11,14 @@ STATE ?= .state
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 # The packages are installed by uv (from PyPI, into the virtualenv by pip): a fresh clone's
-# virtualenv with the dev tools in ~16 s, against ~23 s with pip. Their bytecode is compiled
-# at install: a process never writes it where PYTHONDONTWRITEBYTECODE is set (then each one
-# compiled every module it imports). pip stays in it, upgraded (tests/vm/ci.sh runs it).
-UV := UV_LINK_MODE=copy $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
+# virtualenv with the dev tools in ~8 s, against ~23 s with pip (its resolution, and the
+# bytecode of every file compiled at install: here a module's is written by the first
+# process that imports it). pip stays in it, upgraded (tests/vm/ci.sh runs it).
+UV := UV_LINK_MODE=copy $(BIN)/uv pip install -q --python $(BIN)/python
+
+# Bytecode is written (some hosts set PYTHONDONTWRITEBYTECODE, CI's among them): else every
+# test daemon, CLI and worker process compiles every module it imports, each time.
+unexport PYTHONDONTWRITEBYTECODE
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
 	  (echo "installing python3-venv"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null)
@@ -120,13 +124,12 @@ test: docker node doc-tools haproxy
 	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 ## The bytecode of the package and the tests, and pytest's rewrite of the test modules (their
-## asserts), written once before the run: no process writes bytecode where
-## PYTHONDONTWRITEBYTECODE is set (CI's machines), so every test daemon, CLI and worker
-## compiled every module it imported, and each pytest worker spent ~5 s of CPU rewriting the
-## same ~450 modules. Not images/: the sandbox images are built from it.
+## asserts), written once before the run (a collection, beside the type check): else each of
+## the four pytest workers rewrites the same ~450 modules, ~5 s of CPU each. Not images/: the
+## sandbox images are built from it.
 test-bytecode: venv-dev
 	$(BIN)/python -m compileall -q -j0 sandboxd tests >/dev/null
-	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --co -p no:xdist -p no:cacheprovider > $(VENV)/collect.log 2>&1 \
+	@$(BIN)/pytest -q --co -p no:xdist -p no:cacheprovider > $(VENV)/collect.log 2>&1 \
 	  || { cat $(VENV)/collect.log; exit 1; }
 
 ## make test-vm: the modern-host test. A Debian 12 VM (systemd 252, cgroup v2; image built
