@@ -35,8 +35,10 @@ def main() -> None:
     ap.add_argument("tree", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("spy_args", nargs="*", help="more py-spy options (after --), e.g. --gil")
-    args = ap.parse_args()
+    # more py-spy options after ``--``, e.g. ``-- --gil`` (a positional ``nargs="*"`` before
+    # ``--`` is taken as empty by argparse, which then refuses what follows)
+    args, spy_args = ap.parse_known_args()
+    args.spy_args = [a for a in spy_args if a != "--"]
     spy_bin = Path(sys.executable).with_name("py-spy")
     with (
         tempfile.TemporaryDirectory() as tmp,
