@@ -1,0 +1,67 @@
+"""The daemon's CPU per kernel call split into user and system time (issue 25): one daemon
+(container backend off, rate limit off), a session whose kernel runs ``x += 1; print(x)``
+over HTTP, and the utime and stime of every thread of the daemon from ``/proc`` around
+``--calls`` calls, ``--rounds`` times. User time is Python (the GIL-held samples of a py-spy
+``--gil`` profile); system time is the system calls (the audit log's ``fdatasync``, ``/proc``
+reads, sockets, futexes).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/profiles/cpu_split.py [--rounds 3] [--calls 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "bench"))
+
+import httpx  # noqa: E402
+
+import bench_kernel_restricted as bkr  # noqa: E402
+
+from tests.support.daemon import running_daemon  # noqa: E402
+
+ENV = {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_CONTAINER_ENABLED": "false"}
+
+
+def thread_times(pid: int) -> tuple[int, int]:
+    """utime and stime (clock ticks) summed over the live threads of ``pid``."""
+    user = system = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        user += int(fields[11])
+        system += int(fields[12])
+    return user, system
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=500)
+    args = ap.parse_args()
+    tick = os.sysconf("SC_CLK_TCK")
+    with tempfile.TemporaryDirectory() as tmp, running_daemon(Path(tmp), env=ENV) as daemon, \
+            httpx.Client(base_url=daemon.url, timeout=60) as client:
+        counter = bkr.Counter(client)
+        for _ in range(20):
+            counter.step()
+        for n in range(args.rounds):
+            u0, s0 = thread_times(daemon.proc.pid)
+            for _ in range(args.calls):
+                counter.step()
+            u1, s1 = thread_times(daemon.proc.pid)
+            per = 1000 / tick / args.calls
+            print(f"round {n + 1}: user {(u1 - u0) * per:.2f} ms, system "
+                  f"{(s1 - s0) * per:.2f} ms per call", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
