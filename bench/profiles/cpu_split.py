@@ -20,9 +20,8 @@ HERE = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "bench"))
 
-import httpx  # noqa: E402
-
 import bench_kernel_restricted as bkr  # noqa: E402
+import httpx  # noqa: E402
 
 from tests.support.daemon import running_daemon  # noqa: E402
 
