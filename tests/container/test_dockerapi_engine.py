@@ -15,6 +15,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import APIError, Engine, NotFound
 from sandboxd.config import Settings
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -51,6 +52,10 @@ def test_a_container_from_the_backends_request(docker_client: Any, tmp_path: Pat
         assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
         assert host["NetworkMode"] == "none" and info["Config"]["User"] == "10001:10001"
         assert engine.ours(client, instance) == [cid]
+        # its runner finds no key in the runner directory and exits: the update waits for
+        # that (an update that meets a container as it stops is refused by containerd)
+        wait_until(lambda: not engine.is_running(client, cid), timeout=60,
+                   what="the runner, given no key, exited")
         engine.update_shape(client, cid, engine.Shape(96 << 20, 250_000_000, 20))
         assert client.inspect_container(cid)["HostConfig"]["Memory"] == 96 << 20
         with pytest.raises(APIError) as taken:  # the name is taken: an answer, not NotFound
