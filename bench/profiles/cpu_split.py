@@ -3,7 +3,7 @@
 over HTTP, and the utime and stime of every thread of the daemon from ``/proc`` around
 ``--calls`` calls, ``--rounds`` times. User time is Python (the GIL-held samples of a py-spy
 ``--gil`` profile); system time is the system calls (the audit log's ``fdatasync``, ``/proc``
-reads, sockets, futexes).
+reads, sockets, futexes). The fork floor of the same run (``bench_daemon``'s) is printed last.
 
     PYTHONPATH=$PWD .venv/bin/python bench/profiles/cpu_split.py [--rounds 3] [--calls 500]
 """
@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "bench"))
 
+import bench_daemon as bd  # noqa: E402
 import bench_kernel_restricted as bkr  # noqa: E402
 import httpx  # noqa: E402
 
@@ -59,7 +60,9 @@ def main() -> None:
             per = 1000 / tick / args.calls
             print(f"round {n + 1}: user {(u1 - u0) * per:.2f} ms, system "
                   f"{(s1 - s0) * per:.2f} ms per call", flush=True)
-    print(f"load average {os.getloadavg()[0]:.1f}")
+    floor = sorted(bd.floor_once() for _ in range(21))[10] * 1000
+    print(f"fork floor ({' '.join(bd.FLOOR)}) p50 {floor:.2f} ms; "
+          f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
