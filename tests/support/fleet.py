@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,30 @@ def start_haproxy(config: Path, log: Path) -> subprocess.Popen[bytes]:
                                 stderr=subprocess.STDOUT)
 
 
+def servers_not_up(stats: Path) -> list[str]:
+    """``backend/server status check`` of every server whose health check has not passed
+    yet, or failed (the runtime API's ``show stat``: a server starts "UP" with its first
+    check still to come, ``INI``; checked and up is ``UP`` with ``L7OK``)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(stats))
+        sock.sendall(b"show stat\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    lines = data.decode().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise OSError(f"not HAProxy's statistics: {data[:200]!r}")
+    header = lines[0][2:].split(",")
+    rows = [dict(zip(header, line.split(","), strict=False))  # lines end with a comma
+            for line in lines[1:] if line.strip()]
+    servers = [r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND")]
+    if not servers:
+        raise OSError(f"no server in HAProxy's statistics: {data[:200]!r}")
+    return [f"{r['pxname']}/{r['svname']} {r['status']} {r['check_status']}" for r in servers
+            if r["status"] != "UP" or r["check_status"] != "L7OK"]
+
+
 @contextlib.contextmanager
 def running_fleet(tmp_path: Path, count: int = 3, *, env: Mapping[str, str] | None = None,
                   check_interval_ms: int = CHECK_INTERVAL_MS) -> Iterator[Fleet]:
@@ -79,9 +104,13 @@ def running_fleet(tmp_path: Path, count: int = 3, *, env: Mapping[str, str] | No
             raise failed
         port = free_port()
         config = tmp_path / "haproxy.cfg"
+        stats = tmp_path / "haproxy.sock"
+        # the generated configuration, plus the runtime API on a socket of the test's own
+        # (a second global section: HAProxy merges them) to see the proxy's view of nodes
         config.write_text(haproxy_config(
             [Node(n, d.url.removeprefix("http://")) for n, d in nodes.items()],
-            bind=f"127.0.0.1:{port}", check_interval_ms=check_interval_ms))
+            bind=f"127.0.0.1:{port}", check_interval_ms=check_interval_ms)
+            + f"\nglobal\n    stats socket {stats} mode 600 level admin\n")
         proxy = start_haproxy(config, tmp_path / "haproxy.log")
         url = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=url, timeout=60) as client:
@@ -92,6 +121,11 @@ def running_fleet(tmp_path: Path, count: int = 3, *, env: Mapping[str, str] | No
 
             wait_until(up, timeout=30, what="HAProxy in front of the fleet",
                        ignore=(httpx.HTTPError,))
+            # every node up in every backend once its first check passed: a test's first
+            # requests find the proxy's view settled (not a node marked down meanwhile)
+            wait_until(lambda: servers_not_up(stats) == [], timeout=60,
+                       what="every node up in HAProxy's view",
+                       detail=lambda: servers_not_up(stats), ignore=(OSError,))
             yield Fleet(nodes, url, proxy, config, client)
     finally:
         if proxy is not None:
