@@ -123,12 +123,11 @@ test: docker node doc-tools haproxy
 	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector test-bytecode
 	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
-## The bytecode of the package and the tests, and pytest's rewrite of the test modules (their
-## asserts), written once before the run (a collection, beside the type check): else each of
-## the four pytest workers rewrites the same ~450 modules, ~5 s of CPU each. Not images/: the
-## sandbox images are built from it.
+## pytest's rewrite of the test modules (their asserts) and their bytecode, written once
+## before the run (a collection, beside the type check): else each of the four pytest workers
+## rewrites the same ~450 modules, ~5 s of CPU each. The rest of the bytecode is written by
+## the first process that imports a module (PYTHONDONTWRITEBYTECODE is unexported above).
 test-bytecode: venv-dev
-	$(BIN)/python -m compileall -q -j0 sandboxd tests >/dev/null
 	@$(BIN)/pytest -q --co -p no:xdist -p no:cacheprovider > $(VENV)/collect.log 2>&1 \
 	  || { cat $(VENV)/collect.log; exit 1; }
 
