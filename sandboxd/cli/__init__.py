@@ -1,11 +1,15 @@
 """The ``sandboxd`` command line (typer). One module per command group.
 
-The app is built on first use (``app``, :func:`main`), not at import: ``sandboxd mcp`` (the
-stdio bridge a host launches and waits for) loads only its own command, ``sandboxd serve``
-only the daemon's."""
+The app is built on first use (``app``, :func:`main`), not at import, and a command loads only
+its own module: ``sandboxd audit verify`` builds the ``audit`` group alone, ``sandboxd serve``
+only the daemon's commands (so that the running daemon does not keep the other groups'
+modules, issue 25). The whole CLI is built for ``sandboxd --help`` and for a name no module
+owns (typer's own "No such command"). :data:`GROUPS` and :data:`COMMANDS` are the one table
+of what each module adds; ``tests/unit/test_cli_help.py`` checks it against the modules."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +17,26 @@ if TYPE_CHECKING:
     import typer
 
 _app: typer.Typer | None = None
+
+#: command groups (``sandboxd <group> <command>``): name -> the help line; the module
+#: ``sandboxd.cli.<name>`` holds the group's ``app``
+GROUPS: dict[str, str] = {
+    "policy": "Check and explain policy files.",
+    "audit": "Verify and read the audit log.",
+    "token": "Manage client tokens.",
+    "images": "Build the sandbox images.",
+    "session": "Your sessions on a running daemon.",
+    "wheelhouse": "Fill and list the wheelhouse install_packages installs from.",
+    "fleet": "Run several nodes behind HAProxy.",
+}
+#: modules whose ``register(app)`` adds top-level commands -> the commands they add (in the
+#: order ``sandboxd --help`` lists them, with the groups between doctor and chat)
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "daemon": ("serve", "tools", "invoke", "version"),
+    "doctor": ("doctor",),
+    "chat": ("chat",),
+    "mcp": ("mcp",),
+}
 
 
 def _typer_app() -> typer.Typer:
@@ -28,45 +52,43 @@ def _typer_app() -> typer.Typer:
     )
 
 
-def build_daemon() -> typer.Typer:
-    """The daemon's own commands only (serve, tools, invoke, version): what ``sandboxd serve``
-    loads, so that the running daemon does not keep the other groups' modules (issue 25)."""
-    from sandboxd.cli import daemon
+def _module(name: str) -> Any:
+    return importlib.import_module(f"sandboxd.cli.{name}")
 
+
+def _register(app: typer.Typer, name: str) -> None:
+    """Add the commands of module ``name`` (a group or a :data:`COMMANDS` module)."""
+    if name in GROUPS:
+        app.add_typer(_module(name).app, name=name, help=GROUPS[name])
+    else:
+        _module(name).register(app)
+
+
+def owner(command: str) -> str | None:
+    """The module that adds ``command`` (a group or a top-level command), or None."""
+    if command in GROUPS:
+        return command
+    return next((module for module, names in COMMANDS.items() if command in names), None)
+
+
+def _group_anyway() -> None:
+    """The root's callback: it makes typer keep the command's name on the command line
+    (an app of one command is otherwise that command, without its name)."""
+
+
+def build_one(module: str) -> typer.Typer:
+    """An app with the commands of one module only (``sandboxd <command> ...``)."""
     app = _typer_app()
-    daemon.register(app)
+    app.callback()(_group_anyway)
+    _register(app, module)
     return app
 
 
 def build() -> typer.Typer:
     """The whole CLI: every command group."""
-    from sandboxd.cli import (
-        audit,
-        chat,
-        daemon,
-        doctor,
-        fleet,
-        images,
-        mcp,
-        policy,
-        session,
-        token,
-        wheelhouse,
-    )
-
     app = _typer_app()
-    daemon.register(app)
-    doctor.register(app)
-    app.add_typer(policy.app, name="policy", help="Check and explain policy files.")
-    app.add_typer(audit.app, name="audit", help="Verify and read the audit log.")
-    app.add_typer(token.app, name="token", help="Manage client tokens.")
-    app.add_typer(images.app, name="images", help="Build the sandbox images.")
-    app.add_typer(session.app, name="session", help="Your sessions on a running daemon.")
-    app.add_typer(wheelhouse.app, name="wheelhouse",
-                  help="Fill and list the wheelhouse install_packages installs from.")
-    app.add_typer(fleet.app, name="fleet", help="Run several nodes behind HAProxy.")
-    chat.register(app)
-    mcp.register(app)
+    for name in ("daemon", "doctor", *GROUPS, "chat", "mcp"):
+        _register(app, name)
     return app
 
 
@@ -88,7 +110,8 @@ def main() -> None:
 
         mcp.standalone(args[1:])
         return
-    if args[:1] == ["serve"]:
-        build_daemon()()
+    module = owner(args[0]) if args else None
+    if module is not None:
+        build_one(module)()
         return
     __getattr__("app")()

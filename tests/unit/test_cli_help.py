@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import typer.main
 
+from sandboxd import cli
 from sandboxd.cli import app
 from sandboxd.cli.chat import SLASH_COMMANDS
 
@@ -67,3 +69,36 @@ def test_chat_help_lists_the_slash_commands() -> None:
                          env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
     for name, what in SLASH_COMMANDS.items():
         assert f"{name}" in out.stdout and what in out.stdout
+
+
+def _top_level(app: Any) -> set[str]:
+    return set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def test_the_table_of_command_modules_is_what_each_module_adds() -> None:
+    """``sandboxd <command>`` builds only the module :func:`sandboxd.cli.owner` names: each
+    module adds exactly the commands the table gives it, and together they are the whole
+    CLI (a command added to a module and not to the table fails here)."""
+    modules = [*cli.GROUPS, *cli.COMMANDS]
+    added: set[str] = set()
+    for module in modules:
+        names = _top_level(cli.build_one(module))
+        assert names == ({module} if module in cli.GROUPS else set(cli.COMMANDS[module]))
+        assert all(cli.owner(name) == module for name in names)
+        added |= names
+    assert added == _top_level(app)
+    assert cli.owner("nosuch") is None
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    code = ("import sys\nsys.argv = ['sandboxd', 'audit', '--help']\n"
+            "from sandboxd.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "import json\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sandboxd.cli.'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True,
+                         env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    assert "sandboxd.cli.audit" in loaded
+    assert not {"sandboxd.cli.doctor", "sandboxd.cli.images", "sandboxd.cli.daemon"} & set(
+        loaded), loaded
