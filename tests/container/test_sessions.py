@@ -86,11 +86,13 @@ async def test_a_calls_processes_do_not_outlive_it(backend: ContainerBackend,
                                                    tmp_path: Path) -> None:
     ws = workspace(tmp_path, "bg")
     # the background sleep still holds stdout: the call ends shortly after its main process
-    # (no waiting for the deadline) and the leftover is killed
+    # (no waiting for the deadline) and the leftover is killed. The bound is half the
+    # deadline: what it catches is a wait for the deadline, and the session container's
+    # start counts (5.3 s once in the VM job, under emulation beside another lane)
     res = await run(backend, ws, session="bg", argv=["sh", "-c", "sleep 1000 & echo started"],
-                    timeout=20)
+                    timeout=60)
     assert res.status is Status.ok, res
-    assert res.resources.wall_ms < 5000
+    assert res.resources.wall_ms < 30_000, res.resources
     assert res.stdout == "started\n", res
     assert res.cleanup.verified, res.cleanup
     res = await run(backend, ws, session="bg", code=LIST_PROCS)
