@@ -98,7 +98,7 @@ async def test_sleep_with_one_second_timeout(backend: ContainerBackend, ws: Path
     elapsed = time.monotonic() - started
     assert res.termination.reason is Reason.wall_timeout, res
     assert res.status is Status.timeout
-    assert elapsed < 10
+    assert elapsed < 30  # what it catches: the sleep's 100 s (the cleanup's removal counts)
     assert res.cleanup.verified
     await assert_gone(docker_client, res.cleanup.detail)
 
