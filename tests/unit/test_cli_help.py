@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import typer.main
 from sandboxd import cli
 from sandboxd.cli import app
 from sandboxd.cli.chat import SLASH_COMMANDS
+from tests.support.imports import loaded
 
 
 def _commands() -> list[tuple[str, Any]]:
@@ -91,14 +91,10 @@ def test_the_table_of_command_modules_is_what_each_module_adds() -> None:
 
 
 def test_a_command_loads_only_its_own_module() -> None:
-    code = ("import sys\nsys.argv = ['sandboxd', 'audit', '--help']\n"
-            "from sandboxd.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            "import json\n"
+    code = ("import contextlib, json, sys\nsys.argv = ['sandboxd', 'audit', '--help']\n"
+            "from sandboxd.cli import main\nwith contextlib.suppress(SystemExit):\n    main()\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sandboxd.cli.'))))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True,
-                         env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
-    loaded = json.loads(out.stdout.splitlines()[-1])
-    assert "sandboxd.cli.audit" in loaded
+    modules = loaded(code)
+    assert "sandboxd.cli.audit" in modules
     assert not {"sandboxd.cli.doctor", "sandboxd.cli.images", "sandboxd.cli.daemon"} & set(
-        loaded), loaded
+        modules), modules

@@ -8,7 +8,6 @@ SDK with requests and urllib3 (the container backend speaks the engine's API its
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import RunningDaemon
+from tests.support.imports import loaded
 
 SERVE_PATH = """
 import contextlib, io, json, sys, tempfile
@@ -39,13 +39,6 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in HEAVY
       or m == "sandboxd.backends.restricted.worker"
       or m.startswith("sandboxd.cli.") and m not in {"sandboxd.cli.daemon"})))
 """
-
-
-def loaded(code: str) -> list[str]:
-    env = {**os.environ, "SANDBOXD_CONFIG": os.devnull}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, check=True)
-    return json.loads(out.stdout.splitlines()[-1])
 
 
 def test_serve_loads_neither_other_commands_nor_the_workers_stack() -> None:

@@ -5,12 +5,9 @@ time) waits for the first MCP request, the client package and httpx for a client
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.support.imports import loaded
 
 SERVE_PATH = """
 import json, sys, tempfile
@@ -23,13 +20,6 @@ with tempfile.TemporaryDirectory() as state:
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {"mcp", "mcp_types",
       "httpx"} or m.startswith("sandboxd.client") or m == "sandboxd.api.mcp")))
 """
-
-
-def loaded(code: str) -> list[str]:
-    env = {**os.environ, "SANDBOXD_CONFIG": os.devnull}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, check=True)
-    return json.loads(out.stdout.splitlines()[-1])
 
 
 def test_serve_path_leaves_the_heavy_libraries_for_later() -> None:
