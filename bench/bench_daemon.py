@@ -116,10 +116,17 @@ def pool_idle(daemon: RunningDaemon, name: str) -> None:
         wait_until(pooled, timeout=120, what="the warm pool")
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of one process from /proc/<pid>/stat, seconds."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """utime and stime of one process (all its threads, ended ones too) from
+    /proc/<pid>/stat, seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of one process, seconds."""
+    return sum(cpu_times(pid))
 
 
 def kernel_calls(daemon: RunningDaemon, calls: int) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """The daemon's CPU per kernel call split into user and system time (issue 25): one daemon
 (container backend off, rate limit off), a session whose kernel runs ``x += 1; print(x)``
-over HTTP, and the utime and stime of every thread of the daemon from ``/proc`` around
+over HTTP, and the daemon's utime and stime from ``/proc/<pid>/stat`` around
 ``--calls`` calls, ``--rounds`` times. User time is Python (the GIL-held samples of a py-spy
 ``--gil`` profile); system time is the system calls (the audit log's ``fdatasync``, ``/proc``
 reads, sockets, futexes). The fork floor of the same run (``bench_daemon``'s) is printed last.
@@ -29,35 +29,22 @@ from tests.support.daemon import running_daemon  # noqa: E402
 ENV = {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_CONTAINER_ENABLED": "false"}
 
 
-def thread_times(pid: int) -> tuple[int, int]:
-    """utime and stime (clock ticks) summed over the live threads of ``pid``."""
-    user = system = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-            stat = fh.read()
-        fields = stat[stat.rindex(")") + 2:].split()
-        user += int(fields[11])
-        system += int(fields[12])
-    return user, system
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=500)
     args = ap.parse_args()
-    tick = os.sysconf("SC_CLK_TCK")
     with tempfile.TemporaryDirectory() as tmp, running_daemon(Path(tmp), env=ENV) as daemon, \
             httpx.Client(base_url=daemon.url, timeout=60) as client:
         counter = bkr.Counter(client)
         for _ in range(20):
             counter.step()
         for n in range(args.rounds):
-            u0, s0 = thread_times(daemon.proc.pid)
+            u0, s0 = bd.cpu_times(daemon.proc.pid)
             for _ in range(args.calls):
                 counter.step()
-            u1, s1 = thread_times(daemon.proc.pid)
-            per = 1000 / tick / args.calls
+            u1, s1 = bd.cpu_times(daemon.proc.pid)
+            per = 1000 / args.calls
             print(f"round {n + 1}: user {(u1 - u0) * per:.2f} ms, system "
                   f"{(s1 - s0) * per:.2f} ms per call", flush=True)
     floor = sorted(bd.floor_once() for _ in range(21))[10] * 1000
