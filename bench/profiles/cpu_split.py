@@ -19,14 +19,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "bench"))
+sys.path.insert(0, str(HERE / "bench" / "profiles"))
 
 import bench_daemon as bd  # noqa: E402
 import bench_kernel_restricted as bkr  # noqa: E402
 import httpx  # noqa: E402
+from profile_kernel_call import ENV  # noqa: E402  (the daemon as the profile runs it)
 
 from tests.support.daemon import running_daemon  # noqa: E402
-
-ENV = {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_CONTAINER_ENABLED": "false"}
 
 
 def main() -> None:
