@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.support import cli
 from tests.support.daemon import running_daemon
 
 
 def sandboxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=180,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                               "SANDBOXD_CONFIG": os.devnull, **(env or {})})
+    return cli.run(*args, timeout=180,
+                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                        "SANDBOXD_CONFIG": os.devnull, **(env or {})})
 
 
 def test_audit_commands_follow_state_dir_and_config(tmp_path: Path) -> None:

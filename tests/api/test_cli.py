@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, refused_port, uid_range_env
 from tests.support.wait import wait_until
@@ -22,8 +23,7 @@ def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
 
 
 def sandboxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=60, env=env)
+    return cli.run(*args, env=env)
 
 
 def test_serve_refuses_public_bind_without_tokens(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from sandboxd.audit import AuditLog
+from tests.support import cli
 from tests.support.signals import default_signals
 
 
 def sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+    return cli.run(*args,
+                   env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
 
 
 def fill(path: Path) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from sandboxd.audit import AuditLog, read_records, rotated_files, verify
+from tests.support import cli
 from tests.support.daemon import running_daemon
 
 
@@ -50,8 +49,7 @@ def test_count_retention_keeps_the_newest_files_and_verifies(tmp_path: Path) -> 
     assert last["anchor_seq"] == report.anchor_seq and last["removed_seqs"][1] == \
         report.anchor_seq - 1 and last["retention_files"] == 2
     # the CLI agrees
-    out = subprocess.run([sys.executable, "-m", "sandboxd", "audit", "verify", "--json",
-                          str(log_path)], capture_output=True, text=True, timeout=60)
+    out = cli.run("audit", "verify", "--json", str(log_path))
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["anchor_seq"] == report.anchor_seq
 
@@ -109,7 +107,6 @@ def test_retention_through_a_real_daemon(tmp_path: Path) -> None:
             assert d.invoke("python", {"code": f"{i} * 2"}).json()["value"] == i * 2
     assert len(rotated_files(d.audit_path)) == 2
     assert pruned(d.audit_path)
-    out = subprocess.run([sys.executable, "-m", "sandboxd", "audit", "verify",
-                          str(d.audit_path)], capture_output=True, text=True, timeout=60)
+    out = cli.run("audit", "verify", str(d.audit_path))
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("ok: ") and "older records removed by retention" in out.stdout

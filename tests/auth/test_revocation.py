@@ -7,8 +7,6 @@ keeps everything; a tokens file that fails to parse revokes nobody."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ import httpx
 
 from sandboxd.tokens import TokenStore, add_token, hash_token, iso
 from tests.restricted.test_kernel import kernel_process
+from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.mcp_raw import RawMcp
@@ -28,8 +27,7 @@ def token_cli(*args: str) -> str:
     """``sandboxd token ...`` as an administrator runs it (this checkout's code); its stdout."""
     env = {"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": os.devnull,
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    r = subprocess.run([sys.executable, "-m", "sandboxd", "token", *args], capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = cli.run("token", *args, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 

@@ -6,12 +6,12 @@ import hashlib
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sandboxd.tokens import TokenFileError, TokenStore, add_token, hash_token, remove_tokens
+from tests.support import cli
 
 
 def test_add_token_stores_only_the_hash(tmp_path: Path) -> None:
@@ -86,9 +86,8 @@ def test_add_refuses_to_rewrite_a_broken_file(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", "token", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+    return cli.run("token", *args,
+                   env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
 
 
 def test_cli_add_prints_token_once_and_stores_hash(tmp_path: Path) -> None:
@@ -113,10 +112,9 @@ def test_cli_add_prints_token_once_and_stores_hash(tmp_path: Path) -> None:
 
 def test_cli_add_uses_settings_tokens_file(tmp_path: Path) -> None:
     path = tmp_path / "from-env.yaml"
-    r = subprocess.run([sys.executable, "-m", "sandboxd", "token", "add", "bob"],
-                       capture_output=True, text=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent",
-                            "SANDBOXD_TOKENS_FILE": str(path)})
+    r = cli.run("token", "add", "bob",
+                env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent",
+                     "SANDBOXD_TOKENS_FILE": str(path)})
     assert r.returncode == 0, r.stderr
     assert TokenStore.load(path).client_for(r.stdout.strip()) == "bob"
     assert os.stat(path).st_mode & 0o077 == 0

@@ -21,6 +21,7 @@ from tests.client.scripted_llm import (
     tool_call_reply,
 )
 from tests.client.test_agent_e2e import multiply_script
+from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.processes import busy_descendants
 from tests.support.signals import default_signals
@@ -35,10 +36,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def run_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon, stdin: str,
              *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "scripted",
-         "--sandbox", daemon.url, "--token", daemon.token, *extra],
-        input=stdin, capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+    return cli.run("chat", "--llm", llm.url, "--model", "scripted", "--sandbox", daemon.url,
+                   "--token", daemon.token, *extra, input=stdin, timeout=120,
+                   env=_env(tmp_path))
 
 
 def test_chat_multiplies_with_python(tmp_path: Path, token_daemon: TokenDaemon) -> None:
@@ -89,10 +89,9 @@ def test_chat_unreachable_sandbox_is_one_line(tmp_path: Path) -> None:
     from tests.support.daemon import refused_port
 
     with refused_port() as llm, refused_port() as sandbox:
-        out = subprocess.run(
-            [sys.executable, "-m", "sandboxd", "chat", "--llm", f"http://127.0.0.1:{llm}/v1",
-             "--model", "m", "--sandbox", f"http://127.0.0.1:{sandbox}"],
-            input="", capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+        out = cli.run("chat", "--llm", f"http://127.0.0.1:{llm}/v1", "--model", "m",
+                      "--sandbox", f"http://127.0.0.1:{sandbox}", input="", timeout=120,
+                      env=_env(tmp_path))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1
     assert "cannot use sandboxd" in out.stderr

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 
 from sandboxd.tokens import add_token
+from tests.support import cli
 from tests.support.daemon import running_daemon
 
 from .conftest import labelled
@@ -131,11 +130,9 @@ def test_the_cli_saves_a_calls_images(daemon: Daemon, tmp_path: Path) -> None:
     png = tiny_png(4, 3)
     code = (f"class Img:\n    def _repr_png_(self):\n        return {png!r}\n"
             "display(Img())")
-    r = subprocess.run([sys.executable, "-m", "sandboxd", "invoke", "python", "--json",
-                        json.dumps({"code": code}), "--url", daemon.d.url,
-                        "--save-outputs", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "SANDBOXD_TOKEN": daemon.keys["alice"]})
+    r = cli.run("invoke", "python", "--json", json.dumps({"code": code}), "--url",
+                daemon.d.url, "--save-outputs", str(tmp_path), timeout=120,
+                env={**os.environ, "SANDBOXD_TOKEN": daemon.keys["alice"]})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("[display] [image: 4x3 png]"), r.stdout
     assert (tmp_path / "display-1.png").read_bytes() == png  # the same bytes that went in

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ import docker.errors
 import httpx
 import pytest
 
+from tests.support import cli
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wait import wait_until
 
@@ -72,10 +71,8 @@ def test_doctor_beside_a_live_daemon_removes_nothing(
         # other test workers run doctors in /tmp
         scratch = tmp_path / "doctor-tmp"
         scratch.mkdir()
-        doctor = subprocess.run(
-            [sys.executable, "-m", "sandboxd", "doctor", "--state-dir", str(d.state_dir),
-             "--backend", "container"],
-            capture_output=True, text=True, timeout=300, check=False,
+        doctor = cli.run(
+            "doctor", "--state-dir", str(d.state_dir), "--backend", "container", timeout=300,
             env={**{k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")},
                  "SANDBOXD_CONFIG": os.devnull, "TMPDIR": str(scratch), **env})
         out = doctor.stdout + doctor.stderr

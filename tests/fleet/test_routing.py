@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.client import SandboxClient
+from tests.support import cli
 from tests.support.fleet import Fleet, haproxy, running_fleet
 from tests.support.mcp_raw import RawMcp
 
@@ -143,18 +143,17 @@ def test_the_generated_and_shipped_configurations_pass_haproxy_check(
                                text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
     out = tmp_path / "h.cfg"
-    cmd = [sys.executable, "-m", "sandboxd", "fleet", "haproxy-config", "--node",
-           "n1=10.0.0.11:8765", "--node", "n2=10.0.0.12:8765", "--node", "n3=10.0.0.13:8765",
-           "--bind", "0.0.0.0:8080", "-o", str(out)]
-    assert subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    made = cli.run("fleet", "haproxy-config", "--node", "n1=10.0.0.11:8765", "--node",
+                   "n2=10.0.0.12:8765", "--node", "n3=10.0.0.13:8765", "--bind",
+                   "0.0.0.0:8080", "-o", str(out))
+    assert made.returncode == 0, made.stderr
     assert out.read_text() == shipped.read_text()  # the shipped file is the generator's
 
 
 @pytest.mark.parametrize("node", ["N1=127.0.0.1:1", "n_1=127.0.0.1:1", "n1=nohost",
                                   "n1=127.0.0.1:99999", "n1"])
 def test_the_generator_refuses_a_bad_node(node: str) -> None:
-    cmd = [sys.executable, "-m", "sandboxd", "fleet", "haproxy-config", "--node", node]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    run = cli.run("fleet", "haproxy-config", "--node", node)
     assert run.returncode == 2 and "HOST:PORT" in run.stderr + run.stdout, run.stderr
 
 

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.policy.helpers import write
+from tests.support import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(REPO),
-                               "SANDBOXD_CONFIG": "/nonexistent/sandboxd.yaml"})
+    return cli.run(*args, cwd=REPO,
+                   env={"PATH": "/usr/bin:/bin", "HOME": str(REPO),
+                        "SANDBOXD_CONFIG": "/nonexistent/sandboxd.yaml"})
 
 
 def test_check_shipped_policies_ok() -> None:

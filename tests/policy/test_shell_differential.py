@@ -35,7 +35,7 @@ tools:
 # each stub logs its name and arguments (US-separated, RS-terminated), prints them, and exits
 # 0 - except grep, which fails like a search without a match (so that || and && both matter)
 STUB = """#!/bin/sh
-us=$(printf '\\037'); rec={name}; for a; do rec="$rec$us$a"; done
+rec={name}; for a; do rec="$rec\x1f$a"; done
 printf '%s\\036' "$rec" >> "$RAN_LOG"  # one write: concurrent stubs do not interleave
 echo {name} "$@"
 exit {status}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from tests.support import cli
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -82,13 +83,7 @@ def cgroup_dirs(pid: int) -> set[Path]:
 
 def audit_verify(path: Path) -> subprocess.CompletedProcess[str]:
     """``sandboxd audit verify PATH`` as an admin would run it."""
-    return subprocess.run(
-        [sys.executable, "-m", "sandboxd", "audit", "verify", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return cli.run("audit", "verify", str(path), timeout=120)
 
 
 def still_alive(procs: Iterable[ProcId]) -> list[ProcId]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import cli
 
 ENV_KEEP = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
 
@@ -16,19 +17,13 @@ ENV_KEEP = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")
 def _doctor(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None, config: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "sandboxd", "doctor", "--state-dir", str(tmp_path / "state")]
+    cmd = ["doctor", "--state-dir", str(tmp_path / "state")]
     if config is not None:
         path = tmp_path / "sandboxd.yaml"
         path.write_text(config)
         cmd += ["--config", str(path)]
-    return subprocess.run(
-        [*cmd, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**ENV_KEEP, "SANDBOXD_CONTAINER_ENABLED": "false", **(env or {})},
-        check=False,
-    )
+    return cli.run(*cmd, *args, timeout=300,
+                   env={**ENV_KEEP, "SANDBOXD_CONTAINER_ENABLED": "false", **(env or {})})
 
 
 def test_restricted_backend_passes_every_check(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.support import cli
 from tests.support.daemon import free_port, running_daemon
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
@@ -16,9 +16,8 @@ ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
 
 def _sandboxd(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env={**env, "SANDBOXD_CONFIG": os.devnull, **ENV})
+    return cli.run(*args, timeout=300,
+                   env={**env, "SANDBOXD_CONFIG": os.devnull, **ENV})
 
 
 def test_a_second_serve_refuses_and_the_doctor_leaves_a_live_daemons_state(

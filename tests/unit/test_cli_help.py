@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -13,6 +11,7 @@ import typer.main
 from sandboxd import cli
 from sandboxd.cli import app
 from sandboxd.cli.chat import SLASH_COMMANDS
+from tests.support import cli as command_line
 from tests.support.imports import loaded
 
 
@@ -49,9 +48,8 @@ def test_every_option_has_help_and_flags_have_no_metavar(name: str,
     for param in command.params:
         if param.param_type_name == "option":
             assert param.help, f"{name} {param.opts}: no help text"
-    out = subprocess.run([sys.executable, "-m", "sandboxd", *name.split(), "--help"],
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+    out = command_line.run(*name.split(), "--help",
+                  env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
     assert out.returncode == 0, out.stderr
     assert "<bool>" not in out.stdout
     for param in command.params:
@@ -64,9 +62,8 @@ def test_every_option_has_help_and_flags_have_no_metavar(name: str,
 
 
 def test_chat_help_lists_the_slash_commands() -> None:
-    out = subprocess.run([sys.executable, "-m", "sandboxd", "chat", "--help"],
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+    out = command_line.run("chat", "--help",
+                  env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
     for name, what in SLASH_COMMANDS.items():
         assert f"{name}" in out.stdout and what in out.stdout
 

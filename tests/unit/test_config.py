@@ -43,14 +43,13 @@ def test_a_bad_config_file_reports_every_problem_at_its_line(tmp_path: Path) -> 
     now every problem, one line each at file:line:column, as `policy check` does (a value
     from the environment is named as the setting)."""
     import os
-    import subprocess
-    import sys
+
+    from tests.support import cli
 
     config = tmp_path / "sandboxd.yaml"
     config.write_text("port: lots\nstate_dir: /tmp/x\nmax_concurrency: 0\nnot_a_setting: 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    r = subprocess.run([sys.executable, "-m", "sandboxd", "serve", "--config", str(config)],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = cli.run("serve", "--config", str(config), env=env)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.splitlines()
     assert lines == [
@@ -60,7 +59,5 @@ def test_a_bad_config_file_reports_every_problem_at_its_line(tmp_path: Path) -> 
         "equal to 1 (got 0)",
         f"sandboxd: bad setting: {config}:4:1: not_a_setting: unknown setting (got 1)",
     ], r.stderr
-    r = subprocess.run([sys.executable, "-m", "sandboxd", "serve", "--config", str(config)],
-                       capture_output=True, text=True, timeout=60,
-                       env={**env, "SANDBOXD_PORT": "nope"})
+    r = cli.run("serve", "--config", str(config), env={**env, "SANDBOXD_PORT": "nope"})
     assert "sandboxd: bad setting: port: " in r.stderr and "(got 'nope')" in r.stderr, r.stderr

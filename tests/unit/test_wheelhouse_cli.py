@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.support import cli
 from tests.support.wheels import make_wheel
 
 TARGET = ["--python-version", "3.11", "--platform", "manylinux_2_36_x86_64"]
 
 
 def sandboxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env={**os.environ, "SANDBOXD_CONFIG": os.devnull, **(env or {})})
+    return cli.run(*args, timeout=300,
+                   env={**os.environ, "SANDBOXD_CONFIG": os.devnull, **(env or {})})
 
 
 def test_add_from_a_local_directory_then_list(tmp_path: Path) -> None:

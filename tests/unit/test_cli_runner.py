@@ -1,0 +1,77 @@
+"""The tests' CLI runner (:mod:`tests.support.cli`) is ``python -m sandboxd`` in a fresh
+interpreter, as the tests that use it assume: same exit status and output, the environment,
+working directory, temporary directory and standard input it is given, and nothing left
+running after a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import cli
+
+PROBE = "tests.support.cli_probe"
+ENV = {"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"}
+
+
+def fresh(*args: str, env: dict[str, str], cwd: Path | None = None,
+          input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=cwd, input=input)
+
+
+@pytest.mark.parametrize("args", [
+    ("version",), ("audit", "--help"), ("nope",), ("audit", "verify", "/nonexistent"),
+    ("policy", "check", "/nonexistent"), ("token", "list", "--tokens-file", "missing.yaml"),
+], ids=" ".join)
+def test_the_same_status_and_output_as_a_fresh_interpreter(args: tuple[str, ...],
+                                                           tmp_path: Path) -> None:
+    want = fresh(*args, env=ENV, cwd=tmp_path)
+    got = cli.run(*args, env=ENV, cwd=tmp_path)
+    assert (got.returncode, got.stdout, got.stderr) == \
+        (want.returncode, want.stdout, want.stderr)
+    assert got.args == [sys.executable, "-m", "sandboxd", *args]
+
+
+@pytest.mark.parametrize("exit_status", ["0", "3"])
+def test_a_commands_process_is_a_fresh_interpreters(tmp_path: Path, exit_status: str) -> None:
+    """Arguments, working directory, environment (and the TMPDIR in it), standard input and
+    streams, signal dispositions and descriptors: as ``python -m`` gives them."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**ENV, "TMPDIR": str(scratch), "PYTHONPATH": str(cli.REPO),
+           "PROBE_EXIT": exit_status}
+    args = ("one", "two words", "--three")
+    want = subprocess.run([sys.executable, "-m", PROBE, *args], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path, input="in\n")
+    got = cli.run(*args, env=env, cwd=tmp_path, input="in\n", module=PROBE)
+    assert got.returncode == want.returncode == int(exit_status)
+    assert got.stderr == want.stderr == "to stderr\n"
+    found, expected = json.loads(got.stdout), json.loads(want.stdout)
+    assert found == expected
+    assert found["tmp"] == str(scratch) and found["stdin"] == "in\n"
+    assert "SANDBOXD_TOKENS_FILE" not in found["env"]  # nothing of the server's own
+
+
+def test_a_timeout_kills_the_command(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    log.write_text("")
+    pids: list[int] = []
+    real_kill = os.kill
+
+    def watching_kill(pid: int, sig: int) -> None:
+        pids.append(pid)
+        real_kill(pid, sig)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "kill", watching_kill)
+        with pytest.raises(subprocess.TimeoutExpired):
+            cli.run("audit", "tail", "-f", str(log), env=ENV, timeout=1)
+    (pid,) = pids
+    assert not psutil.pid_exists(pid)  # killed and reaped before the exception
