@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.support.daemon as daemons
 from tests.support import flaky
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
@@ -20,6 +21,8 @@ os.environ.setdefault("SANDBOXD_CONFIG", os.devnull)
 # sandbox uid range, as the VM job's lanes do (tests/vm/guest/test-suite.sh), below the
 # ranges test daemons claim host-wide (TEST_UID_BASE up, tests/support/daemon.py)
 os.environ.update(worker_uid_range(os.environ))
+# test daemons are forked from a server that made their imports once (tests/support/cli.py)
+daemons.FORKED = True
 
 
 @pytest.fixture

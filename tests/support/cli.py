@@ -19,31 +19,52 @@ import contextlib
 import io
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
+
+from tests.support import cli_server
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
 _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], str] | None = None
+#: the server's interpreter settings (see :func:`forkable`)
+_server_settings = None
+
+
+def interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` an interpreter reads as it starts (``PYTHONPATH``, ``PYTHON-
+    HASHSEED``, ...; an empty one is unset) and a forked child cannot apply itself: it has
+    the server's (those it applies: :data:`tests.support.cli_server.APPLIED`)."""
+    return {k: v for k, v in env.items()
+            if k.startswith("PYTHON") and v and k not in cli_server.APPLIED}
+
+
+def forkable(env: Mapping[str, str]) -> bool:
+    """Whether a command with ``env`` can be forked from the server: its interpreter settings
+    are the server's (a test's ``sitecustomize`` on ``PYTHONPATH`` runs at a start only)."""
+    return interpreter_settings(env) == interpreter_settings(
+        os.environ if _server_settings is None else _server_settings)
 
 
 def _socket_path() -> str:
     """The server's socket; started on first use, stopped at exit."""
-    global _server
+    global _server, _server_settings
     with _lock:
         if _server is not None and _server[0].poll() is None:
             return _server[1]
         where = tempfile.mkdtemp(prefix="sandboxd-cli-")
         path = os.path.join(where, "s")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+        _server_settings = interpreter_settings(env)
         proc = subprocess.Popen([sys.executable, "-m", "tests.support.cli_server", path],
                                 cwd=REPO, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE)
@@ -70,15 +91,79 @@ def _stop(proc: subprocess.Popen[bytes], where: str) -> None:
         os.rmdir(where)
 
 
-def _readline(conn: socket.socket, buf: bytearray) -> dict[str, int]:
-    while b"\n" not in buf:
-        chunk = conn.recv(4096)
-        if not chunk:
-            raise RuntimeError("the CLI fork server's waiter ended without an answer")
-        buf += chunk
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    return dict(json.loads(line))
+class Forked:
+    """A command forked by the server, as much of :class:`subprocess.Popen` as tests use:
+    ``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
+    ``kill``. Its end comes from its waiter (the wait status), never from a guess."""
+
+    def __init__(self, module: str, args: Sequence[str], *, env: Mapping[str, str],
+                 cwd: str | Path, stdio: tuple[int, int, int]) -> None:
+        self.args = [sys.executable, "-m", module, *args]
+        self.returncode: int | None = None
+        request = {"module": module, "argv": list(args), "env": dict(env), "cwd": str(cwd)}
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._buf = bytearray()
+        try:
+            self._conn.connect(_socket_path())
+            self._conn.sendmsg([json.dumps(request).encode()],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                 array.array("i", stdio).tobytes())])
+            self.pid = self._answer(None)["pid"]
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _answer(self, timeout: float | None) -> dict[str, int]:
+        """The waiter's next line within ``timeout`` (``TimeoutError``)."""
+        self._conn.settimeout(timeout)
+        while b"\n" not in self._buf:
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise RuntimeError("the CLI fork server's waiter ended without an answer")
+            self._buf += chunk
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf[:] = rest
+        return dict(json.loads(line))
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                status = self._answer(timeout)["status"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self._conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            return self.wait()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # not yet reaped: the pid is still this command's
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(module: str, args: Sequence[str], *, env: Mapping[str, str],
+          cwd: str | Path | None = None, stdout: int,
+          stderr: int | None = None) -> Forked | subprocess.Popen[bytes]:
+    """``python -m module *args`` started and left running (stdin ``/dev/null``; ``stderr``
+    None: to ``stdout``), e.g. a test daemon (:mod:`tests.support.daemon`); a fresh
+    interpreter when its interpreter settings are not the server's (:func:`forkable`)."""
+    err = stdout if stderr is None else stderr
+    if not forkable(env):
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
+                                stdout=stdout, stderr=err, env=env, cwd=cwd)
+    with open(os.devnull, "rb") as null:
+        return Forked(module, args, env=env, cwd=cwd if cwd is not None else os.getcwd(),
+                      stdio=(null.fileno(), stdout, err))
 
 
 def _text(data: bytes) -> str:
@@ -92,35 +177,30 @@ def run(*args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None
     """``python -m sandboxd *args`` to its end (``env``: the whole environment, this
     process's when None; ``input``: its stdin, else ``/dev/null``). A command still running
     after ``timeout`` seconds is killed and :class:`subprocess.TimeoutExpired` raised.
-    ``module``: another module to run as ``__main__`` (the runner's own tests)."""
-    cmd = [sys.executable, "-m", module, *args]
-    request = {"module": module, "argv": list(args),
-               "env": dict(os.environ if env is None else env),
-               "cwd": str(cwd if cwd is not None else os.getcwd())}
+    ``module``: another module to run as ``__main__`` (the runner's own tests). A fresh
+    interpreter when its interpreter settings are not the server's (:func:`forkable`)."""
+    env = os.environ if env is None else env
+    if not forkable(env):
+        return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                              text=True, env=env, cwd=cwd, input=input, timeout=timeout,
+                              stdin=None if input is not None else subprocess.DEVNULL)
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
-            tempfile.TemporaryFile() as err, \
-            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            tempfile.TemporaryFile() as err:
         if input is not None:
             stdin.write(input.encode())
             stdin.seek(0)
         with open(os.devnull, "rb") as null:
             source: IO[bytes] = stdin if input is not None else null
-            conn.connect(_socket_path())
-            fds = array.array("i", [source.fileno(), out.fileno(), err.fileno()])
-            conn.sendmsg([json.dumps(request).encode()],
-                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
-        buf = bytearray()
-        conn.settimeout(timeout)
-        pid = _readline(conn, buf)["pid"]
+            proc = Forked(module, args, env=env,
+                          cwd=cwd if cwd is not None else os.getcwd(),
+                          stdio=(source.fileno(), out.fileno(), err.fileno()))
         try:
-            status = _readline(conn, buf)["status"]
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            conn.settimeout(None)
-            _readline(conn, buf)  # reaped: nothing of it is left
-            raise subprocess.TimeoutExpired(cmd, timeout) from None
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()  # reaped: nothing of it is left
+            raise
         out.seek(0)
         err.seek(0)
         stdout, stderr = _text(out.read()), _text(err.read())
-    return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), stdout, stderr)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

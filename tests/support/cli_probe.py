@@ -18,8 +18,10 @@ def describe() -> dict[str, object]:
     return {
         "argv": sys.argv, "main": __name__, "cwd": os.getcwd(), "env": dict(os.environ),
         "tmp": tempfile.gettempdir(), "stdin": sys.stdin.read(),
-        "streams": [(s.encoding, s.errors) for s in (sys.stdin, sys.stdout, sys.stderr)],
-        "signals": handlers, "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "streams": [(s.encoding, s.errors, s.write_through)
+                    for s in (sys.stdin, sys.stdout, sys.stderr)],
+        "signals": handlers, "bytecode": not sys.dont_write_bytecode,
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
     }
 
 

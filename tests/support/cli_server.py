@@ -32,9 +32,23 @@ import tempfile
 import traceback
 from typing import Any
 
-#: imported before the first fork: the CLI and what its commands import when they run
+#: interpreter settings a child applies from its own environment (or that are read when used,
+#: not at the start); any other ``PYTHON*`` variable must be the server's
+#: (:func:`tests.support.cli.forkable`)
+APPLIED = frozenset({"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONCOERCECLOCALE",
+                     "PYTHONBREAKPOINT", "PYTHONASYNCIODEBUG"})
+
+#: imported before the first fork: the CLI, what its commands import when they run, and what
+#: ``sandboxd serve`` imports on its way to ready (its app, uvicorn's parts, the backends).
+#: Never psutil: a test checks that a daemon has not loaded it.
 PRELOAD = ("sandboxd.cli", "sandboxd.config", "sandboxd.models", "sandboxd.policy",
-           "sandboxd.audit", "sandboxd.tokens", "sandboxd.client", "httpx", "yaml")
+           "sandboxd.audit", "sandboxd.tokens", "sandboxd.client", "httpx", "yaml",
+           "sandboxd.cli.daemon", "sandboxd.api.app", "sandboxd.api.connections",
+           "sandboxd.heap", "sandboxd.notify", "sandboxd.uidclaim", "sandboxd.statelock",
+           "sandboxd.outputs", "sandboxd.backends.restricted.backend",
+           "sandboxd.backends.container.backend", "sandboxd.backends.workspace.backend",
+           "uvicorn", "uvloop", "uvicorn.loops.uvloop", "uvicorn.lifespan.on",
+           "uvicorn.protocols.http.httptools_impl")
 
 
 def recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -49,11 +63,14 @@ def recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 def _stdio() -> None:
     """Fresh text streams on descriptors 0-2, as a new interpreter makes them (UTF-8)."""
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+
     def stream(fd: int, mode: str, errors: str, buffering: int) -> io.TextIOWrapper:
         raw = io.FileIO(fd, mode, closefd=False)
         buffered: Any = (io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw))
         return io.TextIOWrapper(buffered, encoding="utf-8", errors=errors,
-                                line_buffering=buffering == 1 and os.isatty(fd))
+                                line_buffering=buffering == 1 and os.isatty(fd),
+                                write_through=unbuffered)
     sys.stdin = sys.__stdin__ = stream(0, "r", "surrogateescape", -1)
     sys.stdout = sys.__stdout__ = stream(1, "w", "surrogateescape", 1)
     sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace", 1)
@@ -96,6 +113,7 @@ def child(request: dict[str, Any], fds: list[int]) -> None:  # pragma: no cover 
         os.environ.update(_coerced(request["env"]))
         locale.setlocale(locale.LC_CTYPE, "")
         tempfile.tempdir = None  # found again, from this environment's TMPDIR
+        sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
         _stdio()
         sys.argv = [request["module"], *request["argv"]]
         try:

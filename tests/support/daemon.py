@@ -18,7 +18,17 @@ import httpx
 
 from sandboxd import uidclaim
 from sandboxd.cli.daemon import EXIT_LISTEN, EXIT_UID_RANGE
+from tests.support import cli
 from tests.support.wait import wait_until
+
+#: a daemon's process: a fresh interpreter, or forked from the CLI fork server
+Process = subprocess.Popen[bytes] | cli.Forked
+#: start daemons from the fork server (:mod:`tests.support.cli`: its imports done once per
+#: pytest worker, ~0.4 s of a daemon's ~0.6 s of CPU to ready here, ~5 s under the VM job's
+#: emulation); the tests' conftest sets it, benchmarks leave it: they measure a fresh
+#: interpreter's start. A daemon behind a ``launcher`` or with its own RLIMIT_NOFILE is
+#: always a fresh interpreter.
+FORKED = False
 
 PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
 #: settings every test daemon gets unless its ``env`` says otherwise. No warm container pool:
@@ -118,7 +128,7 @@ class RunningDaemon:
     """A daemon subprocess and an HTTP client bound to it."""
 
     url: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     state_dir: Path
     audit_path: Path
     log_path: Path
@@ -216,8 +226,12 @@ def _start_daemon(
         cmd += ["--policies", str(policies_dir)]
     cmd += list(args)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                preexec_fn=_nofile(nofile) if nofile else None)
+        proc: Process
+        if FORKED and not launcher and not nofile:
+            proc = cli.spawn("sandboxd", cmd[3:], env=full_env, stdout=log.fileno())
+        else:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                    preexec_fn=_nofile(nofile) if nofile else None)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # one client for the polls and the test: each ``httpx.get`` builds a client and its TLS
@@ -342,14 +356,17 @@ def unix_socket_daemon(tmp_path: Path, env: Mapping[str, str] | None = None,
 
 
 def _start_uds(sock: Path, tmp_path: Path, env: Mapping[str, str] | None,
-               ready_timeout: float) -> subprocess.Popen[bytes]:
+               ready_timeout: float) -> Process:
     log_path = tmp_path / "uds.log"
     picked = not any(k in (env or {}) for k in UID_SETTINGS)
+    args = ["serve", "--uds", str(sock), "--state-dir", str(tmp_path / "state")]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "serve", "--uds", str(sock),
-             "--state-dir", str(tmp_path / "state")],
-            stdout=log, stderr=subprocess.STDOUT, env=daemon_env(env))
+        proc: Process
+        if FORKED:
+            proc = cli.spawn("sandboxd", args, env=daemon_env(env), stdout=log.fileno())
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "sandboxd", *args], stdout=log,
+                                    stderr=subprocess.STDOUT, env=daemon_env(env))
 
     def up() -> bool:
         if picked and proc.poll() == EXIT_UID_RANGE:

@@ -39,21 +39,26 @@ def test_the_same_status_and_output_as_a_fresh_interpreter(args: tuple[str, ...]
     assert got.args == [sys.executable, "-m", "sandboxd", *args]
 
 
-@pytest.mark.parametrize("exit_status", ["0", "3"])
-def test_a_commands_process_is_a_fresh_interpreters(tmp_path: Path, exit_status: str) -> None:
+@pytest.mark.parametrize(("exit_status", "settings"), [
+    ("0", {}), ("3", {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})])
+def test_a_commands_process_is_a_fresh_interpreters(tmp_path: Path, exit_status: str,
+                                                    settings: dict[str, str]) -> None:
     """Arguments, working directory, environment (and the TMPDIR in it), standard input and
     streams, signal dispositions and descriptors: as ``python -m`` gives them."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    env = {**ENV, "TMPDIR": str(scratch), "PYTHONPATH": str(cli.REPO),
-           "PROBE_EXIT": exit_status}
+    env = {**ENV, "TMPDIR": str(scratch), "PROBE_EXIT": exit_status, **settings}
+    assert cli.forkable(env)  # so this is the forked path
     args = ("one", "two words", "--three")
+    # a fresh interpreter finds the probe on PYTHONPATH; the server's children on its sys.path
     want = subprocess.run([sys.executable, "-m", PROBE, *args], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=tmp_path, input="in\n")
+                          text=True, timeout=60, env={**env, "PYTHONPATH": str(cli.REPO)},
+                          cwd=tmp_path, input="in\n")
     got = cli.run(*args, env=env, cwd=tmp_path, input="in\n", module=PROBE)
     assert got.returncode == want.returncode == int(exit_status)
     assert got.stderr == want.stderr == "to stderr\n"
     found, expected = json.loads(got.stdout), json.loads(want.stdout)
+    del expected["env"]["PYTHONPATH"]
     assert found == expected
     assert found["tmp"] == str(scratch) and found["stdin"] == "in\n"
     assert "SANDBOXD_TOKENS_FILE" not in found["env"]  # nothing of the server's own
@@ -75,3 +80,17 @@ def test_a_timeout_kills_the_command(tmp_path: Path) -> None:
             cli.run("audit", "tail", "-f", str(log), env=ENV, timeout=1)
     (pid,) = pids
     assert not psutil.pid_exists(pid)  # killed and reaped before the exception
+
+
+def test_other_interpreter_settings_get_a_fresh_interpreter(tmp_path: Path) -> None:
+    """A ``sitecustomize`` on PYTHONPATH (the language-bypass harness of tests/security) runs
+    at an interpreter's start: such a command is not forked."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nprint('site ran', file=sys.stderr)\n")
+    env = {**ENV, "PYTHONPATH": str(tmp_path)}
+    assert not cli.forkable(env)
+    r = cli.run("version", env=env)
+    assert r.returncode == 0 and r.stderr == "site ran\n", r.stderr
+    with open(tmp_path / "log", "wb") as log:
+        proc = cli.spawn("sandboxd", ["version"], env=env, stdout=log.fileno())
+    assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
+    assert (tmp_path / "log").read_text().startswith("site ran\nsandboxd ")
