@@ -1,14 +1,23 @@
 """``sandboxd ...`` as an admin runs it, for tests: the one way a test runs a CLI command to
-its end (issue 23, item 7).
+its end, and the way a test daemon is started (issue 23, item 7).
 
 :func:`run` is ``subprocess.run([python, "-m", "sandboxd", *args], capture_output=True,
 text=True)``: a process of its own, with the environment, working directory and standard
-input given, whose exit status, stdout and stderr are returned. It is forked from a server
-(:mod:`tests.support.cli_server`, one per pytest worker) that imported the CLI once: a fresh
-interpreter spends ~0.2 s of CPU on its imports, and the suite runs some two hundred commands
-on two cores. What a command imports is asked of a fresh interpreter
-(:mod:`tests.support.imports`); a command a test talks to while it runs (``chat``,
-``audit tail -f``, ``serve``) is a :class:`subprocess.Popen` of its own.
+input given, whose exit status, stdout and stderr are returned. :func:`spawn` starts one and
+leaves it running (a :class:`Forked`, which a test waits for, signals and polls as a
+:class:`subprocess.Popen`): ``tests.support.daemon`` starts ``sandboxd serve`` with it.
+Both fork the command from a server (:mod:`tests.support.cli_server`, one per pytest worker)
+that made the CLI's and the daemon's imports once: a fresh interpreter spends ~0.2 s of CPU on
+an admin command's imports and ~0.5 s on a daemon's (some ten times that under the VM job's
+emulation), and the suite runs some two hundred commands and a hundred daemons on two cores.
+
+A command whose interpreter settings (``PYTHONPATH`` and the other ``PYTHON*`` variables
+read at a start) are not the server's is a fresh interpreter (:func:`forkable`): the
+language-bypass harness of ``tests/security`` is a ``sitecustomize`` on ``PYTHONPATH``. What
+a command imports is asked of a fresh interpreter (:mod:`tests.support.imports`); a command
+a test talks to on its pipes while it runs (``chat``, ``audit tail -f``) is a
+:class:`subprocess.Popen` of its own. tests/unit/test_cli_runner.py compares a forked
+command's process with a fresh interpreter's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Start a real ``sandboxd serve`` subprocess on a free loopback port for tests and benchmarks."""
+"""Start a real ``sandboxd serve`` process on a free loopback port for tests and benchmarks
+(for tests forked from the fork server of :mod:`tests.support.cli`: :data:`FORKED`)."""
 
 from __future__ import annotations
 
