@@ -28,4 +28,6 @@ def describe() -> dict[str, object]:
 if __name__ == "__main__":
     print(json.dumps(describe()))
     print("to stderr", file=sys.stderr)
+    if os.environ.get("PROBE_EXIT") == "interrupt":
+        raise KeyboardInterrupt
     sys.exit(int(os.environ.get("PROBE_EXIT", "0")))

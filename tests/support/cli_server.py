@@ -104,7 +104,7 @@ def child(request: dict[str, Any], fds: list[int]) -> None:  # pragma: no cover 
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.closerange(3, 65536)
-        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -121,18 +121,24 @@ def child(request: dict[str, Any], fds: list[int]) -> None:  # pragma: no cover 
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # the interpreter's end: the traceback, then SIGINT itself
             traceback.print_exc()
-            code = 130
+            _flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         except BaseException:
             traceback.print_exc()
             code = 1
         atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        _flush()
     finally:
         os._exit(code)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def waiter(conn: socket.socket, request: dict[str, Any],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,14 @@ def test_other_interpreter_settings_get_a_fresh_interpreter(tmp_path: Path) -> N
         proc = cli.spawn("sandboxd", ["version"], env=env, stdout=log.fileno())
     assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
     assert (tmp_path / "log").read_text().startswith("site ran\nsandboxd ")
+
+
+def test_an_interrupted_command_ends_as_the_interpreter_ends_it(tmp_path: Path) -> None:
+    """An uncaught KeyboardInterrupt: the traceback, then death by SIGINT (-2)."""
+    env = {**ENV, "PROBE_EXIT": "interrupt"}
+    want = subprocess.run([sys.executable, "-m", PROBE], capture_output=True, text=True,
+                          timeout=60, env={**env, "PYTHONPATH": str(cli.REPO)}, cwd=tmp_path)
+    got = cli.run(env=env, cwd=tmp_path, module=PROBE)
+    assert got.returncode == want.returncode == -signal.SIGINT
+    assert got.stderr.endswith("KeyboardInterrupt\n") and want.stderr.endswith(
+        "KeyboardInterrupt\n"), (got.stderr, want.stderr)
