@@ -100,6 +100,13 @@ def _stop(proc: subprocess.Popen[bytes], where: str) -> None:
         os.rmdir(where)
 
 
+def _ignored_signals() -> list[int]:
+    """The signals this process ignores: a child it executes ignores them too."""
+    return [int(sig) for sig in signal.valid_signals()
+            if sig not in (signal.SIGKILL, signal.SIGSTOP)
+            and signal.getsignal(sig) is signal.SIG_IGN]
+
+
 class Forked:
     """A command forked by the server, as much of :class:`subprocess.Popen` as tests use:
     ``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
@@ -109,7 +116,8 @@ class Forked:
                  cwd: str | Path, stdio: tuple[int, int, int]) -> None:
         self.args = [sys.executable, "-m", module, *args]
         self.returncode: int | None = None
-        request = {"module": module, "argv": list(args), "env": dict(env), "cwd": str(cwd)}
+        request = {"module": module, "argv": list(args), "env": dict(env), "cwd": str(cwd),
+                   "ignored": _ignored_signals()}
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._buf = bytearray()
         try:

@@ -13,8 +13,8 @@ import tempfile
 
 
 def describe() -> dict[str, object]:
-    handlers = {name: repr(signal.getsignal(getattr(signal, name)))
-                for name in ("SIGINT", "SIGPIPE", "SIGCHLD", "SIGTERM", "SIGHUP")}
+    handlers = {int(sig): repr(signal.getsignal(sig)) for sig in signal.valid_signals()
+                if sig not in (signal.SIGKILL, signal.SIGSTOP)}
     return {
         "argv": sys.argv, "main": __name__, "cwd": os.getcwd(), "env": dict(os.environ),
         "tmp": tempfile.gettempdir(), "stdin": sys.stdin.read(),

@@ -3,7 +3,8 @@ once and forks a child for every ``sandboxd ...`` a test runs.
 
 ``python -m tests.support.cli_server SOCKET``: listens on the Unix socket ``SOCKET``, prints
 ``ready`` and serves until its standard input ends (the test process is gone). A request is
-one JSON message (``module``, ``argv``, ``env``, ``cwd``) with three descriptors
+one JSON message (``module``, ``argv``, ``env``, ``cwd``, ``ignored``: the signals the caller
+ignores) with three descriptors
 (``SCM_RIGHTS``): the child's stdin, stdout and stderr. For each, a waiter process forks the
 child, sends its pid (``{"pid": N}``), waits for it and sends its wait status
 (``{"status": N}``). The child is what ``python -m sandboxd ARGV`` would be after its imports:
@@ -76,6 +77,21 @@ def _stdio() -> None:
     sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace", 1)
 
 
+def _signals(ignored: set[int]) -> None:
+    """The dispositions a new interpreter has: what its parent ignored stays ignored (an exec
+    keeps it), every other signal is at its default; then the interpreter's own: SIGPIPE and
+    SIGXFSZ ignored, SIGINT raising KeyboardInterrupt unless it was ignored."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if signal.SIGINT not in ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _coerced(env: dict[str, str]) -> dict[str, str]:
     """``env`` as the interpreter leaves it at its start (PEP 538): a C locale for text
     becomes ``LC_CTYPE=C.UTF-8``."""
@@ -104,10 +120,7 @@ def child(request: dict[str, Any], fds: list[int]) -> None:  # pragma: no cover 
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.closerange(3, 65536)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _signals(set(request["ignored"]))
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(_coerced(request["env"]))

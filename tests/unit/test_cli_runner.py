@@ -40,12 +40,28 @@ def test_the_same_status_and_output_as_a_fresh_interpreter(args: tuple[str, ...]
     assert got.args == [sys.executable, "-m", "sandboxd", *args]
 
 
-@pytest.mark.parametrize(("exit_status", "settings"), [
-    ("0", {}), ("3", {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})])
+@pytest.mark.parametrize(("exit_status", "settings", "ignored"), [
+    ("0", {}, ()),
+    ("3", {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"},
+     (signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1)),
+], ids=["plain", "settings-and-ignored-signals"])
 def test_a_commands_process_is_a_fresh_interpreters(tmp_path: Path, exit_status: str,
-                                                    settings: dict[str, str]) -> None:
+                                                    settings: dict[str, str],
+                                                    ignored: tuple[int, ...]) -> None:
     """Arguments, working directory, environment (and the TMPDIR in it), standard input and
-    streams, signal dispositions and descriptors: as ``python -m`` gives them."""
+    streams, signal dispositions (what the caller ignores stays ignored, as an exec keeps it:
+    a CI job's background shell ignores SIGINT) and descriptors: as ``python -m`` gives
+    them."""
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}
+    try:
+        _compare_with_a_fresh_interpreter(tmp_path, exit_status, settings)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _compare_with_a_fresh_interpreter(tmp_path: Path, exit_status: str,
+                                      settings: dict[str, str]) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     env = {**ENV, "TMPDIR": str(scratch), "PROBE_EXIT": exit_status, **settings}
