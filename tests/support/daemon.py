@@ -25,10 +25,10 @@ from tests.support.wait import wait_until
 #: a daemon's process: a fresh interpreter, or forked from the CLI fork server
 Process = subprocess.Popen[bytes] | cli.Forked
 #: start daemons from the fork server (:mod:`tests.support.cli`: its imports done once per
-#: pytest worker, ~0.4 s of a daemon's ~0.6 s of CPU to ready here, ~5 s under the VM job's
-#: emulation); the tests' conftest sets it, benchmarks leave it: they measure a fresh
-#: interpreter's start. A daemon behind a ``launcher`` or with its own RLIMIT_NOFILE is
-#: always a fresh interpreter.
+#: pytest worker; a daemon's CPU to ready here: 70-90 ms instead of 620-820 ms). The tests'
+#: conftest sets it; benchmarks leave it, as they measure a fresh interpreter's start. A
+#: daemon behind a ``launcher``, with its own RLIMIT_NOFILE or other interpreter settings
+#: (:func:`tests.support.cli.forkable`) is always a fresh interpreter.
 FORKED = False
 
 PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
