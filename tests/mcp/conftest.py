@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,6 +32,14 @@ from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def open_mcp_sessions(d: RunningDaemon | InProcessDaemon) -> int:
+    """The daemon's count of open MCP sessions, from its metrics (a request that touches no
+    MCP session, so it keeps none alive)."""
+    match = re.search(r"^sandboxd_mcp_sessions (\S+)$", d.client.get("/metrics").text, re.M)
+    assert match is not None, "no sandboxd_mcp_sessions in /metrics"
+    return int(float(match.group(1)))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.mcp.conftest import McpDaemon
+from tests.mcp.conftest import McpDaemon, open_mcp_sessions
 from tests.support.wait import wait_until
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -21,13 +21,6 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                          "clientInfo": {"name": "host", "version": "1"}}}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 HANG = 30.0  # catches a bridge that does not end at all; it ends in well under a second
-
-
-def _open_sessions(d: McpDaemon) -> int:
-    for line in d.daemon.client.get("/metrics").text.splitlines():
-        if line.startswith("sandboxd_mcp_sessions "):
-            return int(float(line.split()[1]))
-    raise AssertionError("no sandboxd_mcp_sessions in /metrics")
 
 
 def _bridge(d: McpDaemon) -> subprocess.Popen[bytes]:
@@ -48,11 +41,11 @@ def _bridge(d: McpDaemon) -> subprocess.Popen[bytes]:
 @pytest.mark.parametrize("end", ["stdin closed", "SIGTERM"])
 def test_the_bridge_ends_with_its_host_and_ends_its_session(mcp_daemon: McpDaemon,
                                                             end: str) -> None:
-    before = _open_sessions(mcp_daemon)
+    before = open_mcp_sessions(mcp_daemon.daemon)
     proc = _bridge(mcp_daemon)
     assert proc.stdin is not None
     try:
-        wait_until(lambda: _open_sessions(mcp_daemon) == before + 1, timeout=30,
+        wait_until(lambda: open_mcp_sessions(mcp_daemon.daemon) == before + 1, timeout=30,
                    what="the bridge's MCP session open")
         t0 = time.monotonic()
         if end == "SIGTERM":  # stdin stays open: a host that signals instead of closing
@@ -68,4 +61,4 @@ def test_the_bridge_ends_with_its_host_and_ends_its_session(mcp_daemon: McpDaemo
     assert code == 0, proc.stderr.read() if proc.stderr else code
     print(f"bridge ended {took:.2f} s after {end}")
     # the bridge ended its MCP session on its way out (DELETE), not left it to idle out
-    assert _open_sessions(mcp_daemon) == before
+    assert open_mcp_sessions(mcp_daemon.daemon) == before

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 from pathlib import Path
 
-from tests.mcp.conftest import http_session
+from tests.mcp.conftest import http_session, open_mcp_sessions
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
-from tests.support.inprocess import InProcessDaemon, inprocess_daemon
+from tests.support.inprocess import inprocess_daemon
 from tests.support.wait import async_wait_until, wait_until
 
 
@@ -44,13 +43,6 @@ def _sse_result(body: str) -> dict:
     raise AssertionError(f"no result in {body!r}")
 
 
-def _open_mcp_sessions(d: InProcessDaemon) -> int:
-    """The daemon's count of open MCP sessions (its metrics)."""
-    match = re.search(r"^sandboxd_mcp_sessions (\S+)$", d.client.get("/metrics").text, re.M)
-    assert match is not None
-    return int(float(match.group(1)))
-
-
 def test_idle_mcp_session_expires_with_its_workspace(tmp_path: Path) -> None:
     headers = {"accept": "application/json, text/event-stream",
                "content-type": "application/json"}
@@ -76,7 +68,7 @@ def test_idle_mcp_session_expires_with_its_workspace(tmp_path: Path) -> None:
                    timeout=30, interval=0.2, what="the idle MCP session's workspace deleted")
         # the MCP session idles out on a timer of its own, which may end just after the
         # workspace's: wait for its end without a request to it (one would keep it alive)
-        wait_until(lambda: _open_mcp_sessions(d) == 0, timeout=30, interval=0.2,
+        wait_until(lambda: open_mcp_sessions(d) == 0, timeout=30, interval=0.2,
                    what="the idle MCP session discarded")
         r = d.anon.post(url, headers=headers, timeout=30,
                        json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"})

@@ -7,7 +7,6 @@ free) while one that called a tool keeps the session TTL; ``DELETE`` frees a slo
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import psutil
 from mcp.shared.exceptions import MCPError
 
 from sandboxd.tokens import add_token
-from tests.mcp.conftest import http_session
+from tests.mcp.conftest import http_session, open_mcp_sessions
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 from tests.support.wait import wait_until
@@ -70,13 +69,6 @@ async def _sdk_refusal(url: str, token: str | None = None,
     raise AssertionError("the SDK client's initialize succeeded")
 
 
-def _open_sessions(d: RunningDaemon | InProcessDaemon) -> int:
-    text = d.client.get("/metrics").text
-    match = re.search(r"^sandboxd_mcp_sessions (\S+)$", text, re.M)
-    assert match, text
-    return int(float(match.group(1)))
-
-
 def _rss(d: RunningDaemon) -> int:
     return int(psutil.Process(d.proc.pid).memory_info().rss)
 
@@ -108,7 +100,7 @@ async def test_initialize_flood_is_refused_past_the_cap_and_memory_stays_put(
             sorted({r.status_code for r in answers})
         error = _refusal(refused[0], "mcp_max_sessions_per_client", cap)
         assert "client 'local'" in error["message"] and error["data"]["client"] == "local"
-        assert _open_sessions(d) == cap
+        assert open_mcp_sessions(d) == cap
         # main kept every session: ~28 KiB each, 2000 of them ~55 MiB
         assert growth < 24 * MiB, f"daemon RSS grew {growth / MiB:.1f} MiB over the flood"
 
@@ -128,7 +120,7 @@ async def test_the_total_cap_counts_every_client(tmp_path: Path) -> None:
         error = _refusal(_initialize(http, url, tokens["bob"]), "mcp_max_sessions", 5)
         assert error["data"]["client"] == "bob"
         assert "setting mcp_max_sessions = 5" in await _sdk_refusal(url, tokens["bob"], d)
-        assert _open_sessions(d) == 5
+        assert open_mcp_sessions(d) == 5
 
 
 def test_a_session_without_tool_calls_idles_out_and_frees_its_slot(tmp_path: Path) -> None:
@@ -145,7 +137,7 @@ def test_a_session_without_tool_calls_idles_out_and_frees_its_slot(tmp_path: Pat
         idle = _session(http, url, _initialize(http, url))  # last active after `used`
         _refusal(_initialize(http, url), "mcp_max_sessions_per_client", 2)
         # the event: one session left (probing `idle` itself would keep it alive)
-        wait_until(lambda: _open_sessions(d) == 1, timeout=60, interval=0.2,
+        wait_until(lambda: open_mcp_sessions(d) == 1, timeout=60, interval=0.2,
                    what="the idle MCP session to expire")
         r = http.post(url, headers=idle, json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
         assert r.status_code == 404, r.text  # the spec's answer: initialize again
@@ -193,6 +185,6 @@ def test_an_idle_session_costs_little_memory(tmp_path: Path) -> None:
         for _ in range(count):
             _session(http, url, _initialize(http, url))
         per_session = (_rss(d) - before) / count
-        assert _open_sessions(d) == count
+        assert open_mcp_sessions(d) == count
         print(f"RSS per idle MCP session: {per_session / 1024:.1f} KiB")
         assert per_session < 128 * 1024, f"{per_session / 1024:.1f} KiB per idle MCP session"
