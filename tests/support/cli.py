@@ -46,7 +46,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], str] | None = None
 #: the server's interpreter settings (see :func:`forkable`)
-_server_settings = None
+_server_settings: dict[str, str] | None = None
+
+
+def argv(module: str, args: Sequence[str]) -> list[str]:
+    """``python -m module *args``: what a command is, forked or fresh."""
+    return [sys.executable, "-m", module, *args]
 
 
 def interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -114,7 +119,7 @@ class Forked:
 
     def __init__(self, module: str, args: Sequence[str], *, env: Mapping[str, str],
                  cwd: str | Path, stdio: tuple[int, int, int]) -> None:
-        self.args = [sys.executable, "-m", module, *args]
+        self.args = argv(module, args)
         self.returncode: int | None = None
         request = {"module": module, "argv": list(args), "env": dict(env), "cwd": str(cwd),
                    "ignored": _ignored_signals()}
@@ -169,18 +174,16 @@ class Forked:
 
 
 def spawn(module: str, args: Sequence[str], *, env: Mapping[str, str],
-          cwd: str | Path | None = None, stdout: int,
-          stderr: int | None = None) -> Forked | subprocess.Popen[bytes]:
-    """``python -m module *args`` started and left running (stdin ``/dev/null``; ``stderr``
-    None: to ``stdout``), e.g. a test daemon (:mod:`tests.support.daemon`); a fresh
+          cwd: str | Path | None = None, stdout: int) -> Forked | subprocess.Popen[bytes]:
+    """``python -m module *args`` started and left running (stdin ``/dev/null``, stdout and
+    stderr to ``stdout``), e.g. a test daemon (:mod:`tests.support.daemon`); a fresh
     interpreter when its interpreter settings are not the server's (:func:`forkable`)."""
-    err = stdout if stderr is None else stderr
     if not forkable(env):
-        return subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
-                                stdout=stdout, stderr=err, env=env, cwd=cwd)
+        return subprocess.Popen(argv(module, args), stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stdout, env=env, cwd=cwd)
     with open(os.devnull, "rb") as null:
         return Forked(module, args, env=env, cwd=cwd if cwd is not None else os.getcwd(),
-                      stdio=(null.fileno(), stdout, err))
+                      stdio=(null.fileno(), stdout, stdout))
 
 
 def _text(data: bytes) -> str:
@@ -198,7 +201,7 @@ def run(*args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None
     interpreter when its interpreter settings are not the server's (:func:`forkable`)."""
     env = os.environ if env is None else env
     if not forkable(env):
-        return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+        return subprocess.run(argv(module, args), capture_output=True,
                               text=True, env=env, cwd=cwd, input=input, timeout=timeout,
                               stdin=None if input is not None else subprocess.DEVNULL)
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \

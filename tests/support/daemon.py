@@ -10,7 +10,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +64,19 @@ def refused_port() -> Iterator[int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]
+
+
+def _serve(args: Sequence[str], env: dict[str, str], log_path: Path, *,
+           launcher: Sequence[str] = (), nofile: int | None = None) -> Process:
+    """``sandboxd *args`` (``serve ...``) started with its output to ``log_path``: forked from
+    the fork server when :data:`FORKED` (and nothing about its start is its own), else a
+    fresh interpreter behind ``launcher`` with RLIMIT_NOFILE ``nofile``."""
+    with open(log_path, "wb") as log:
+        if FORKED and not launcher and not nofile:
+            return cli.spawn("sandboxd", args, env=env, stdout=log.fileno())
+        return subprocess.Popen([*launcher, *cli.argv("sandboxd", args)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=_nofile(nofile) if nofile else None)
 
 
 def _nofile(limit: int):  # type: ignore[no-untyped-def]
@@ -219,20 +231,10 @@ def _start_daemon(
     full_env = daemon_env(env)
     notify = _notify_socket(full_env) if "NOTIFY_SOCKET" not in (env or {}) else None
     picked = not any(k in (env or {}) for k in UID_SETTINGS)
-    cmd = [
-        *launcher, sys.executable, "-m", "sandboxd", "serve",
-        "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir),
-    ]
+    serve = ["serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state_dir)]
     if policies_dir is not None:
-        cmd += ["--policies", str(policies_dir)]
-    cmd += list(args)
-    with open(log_path, "wb") as log:
-        proc: Process
-        if FORKED and not launcher and not nofile:
-            proc = cli.spawn("sandboxd", cmd[3:], env=full_env, stdout=log.fileno())
-        else:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                    preexec_fn=_nofile(nofile) if nofile else None)
+        serve += ["--policies", str(policies_dir)]
+    proc = _serve([*serve, *args], full_env, log_path, launcher=launcher, nofile=nofile)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # one client for the polls and the test: each ``httpx.get`` builds a client and its TLS
@@ -360,14 +362,8 @@ def _start_uds(sock: Path, tmp_path: Path, env: Mapping[str, str] | None,
                ready_timeout: float) -> Process:
     log_path = tmp_path / "uds.log"
     picked = not any(k in (env or {}) for k in UID_SETTINGS)
-    args = ["serve", "--uds", str(sock), "--state-dir", str(tmp_path / "state")]
-    with open(log_path, "wb") as log:
-        proc: Process
-        if FORKED:
-            proc = cli.spawn("sandboxd", args, env=daemon_env(env), stdout=log.fileno())
-        else:
-            proc = subprocess.Popen([sys.executable, "-m", "sandboxd", *args], stdout=log,
-                                    stderr=subprocess.STDOUT, env=daemon_env(env))
+    proc = _serve(["serve", "--uds", str(sock), "--state-dir", str(tmp_path / "state")],
+                  daemon_env(env), log_path)
 
     def up() -> bool:
         if picked and proc.poll() == EXIT_UID_RANGE:

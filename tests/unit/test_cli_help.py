@@ -49,7 +49,7 @@ def test_every_option_has_help_and_flags_have_no_metavar(name: str,
         if param.param_type_name == "option":
             assert param.help, f"{name} {param.opts}: no help text"
     out = command_line.run(*name.split(), "--help",
-                  env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+                           env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
     assert out.returncode == 0, out.stderr
     assert "<bool>" not in out.stdout
     for param in command.params:
@@ -63,7 +63,7 @@ def test_every_option_has_help_and_flags_have_no_metavar(name: str,
 
 def test_chat_help_lists_the_slash_commands() -> None:
     out = command_line.run("chat", "--help",
-                  env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+                           env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
     for name, what in SLASH_COMMANDS.items():
         assert f"{name}" in out.stdout and what in out.stdout
 

@@ -21,10 +21,14 @@ PROBE = "tests.support.cli_probe"
 ENV = {"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"}
 
 
-def fresh(*args: str, env: dict[str, str], cwd: Path | None = None,
-          input: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandboxd", *args], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=cwd, input=input)
+def fresh(*args: str, env: dict[str, str], cwd: Path | None = None, input: str | None = None,
+          module: str = "sandboxd") -> subprocess.CompletedProcess[str]:
+    """``python -m module *args`` in a fresh interpreter (which finds the probe on
+    PYTHONPATH; the server's children find it on the server's sys.path)."""
+    if module == PROBE:
+        env = {**env, "PYTHONPATH": str(cli.REPO)}
+    return subprocess.run(cli.argv(module, args), capture_output=True, text=True, timeout=60,
+                          env=env, cwd=cwd, input=input)
 
 
 @pytest.mark.parametrize("args", [
@@ -67,10 +71,7 @@ def _compare_with_a_fresh_interpreter(tmp_path: Path, exit_status: str,
     env = {**ENV, "TMPDIR": str(scratch), "PROBE_EXIT": exit_status, **settings}
     assert cli.forkable(env)  # so this is the forked path
     args = ("one", "two words", "--three")
-    # a fresh interpreter finds the probe on PYTHONPATH; the server's children on its sys.path
-    want = subprocess.run([sys.executable, "-m", PROBE, *args], capture_output=True,
-                          text=True, timeout=60, env={**env, "PYTHONPATH": str(cli.REPO)},
-                          cwd=tmp_path, input="in\n")
+    want = fresh(*args, env=env, cwd=tmp_path, input="in\n", module=PROBE)
     got = cli.run(*args, env=env, cwd=tmp_path, input="in\n", module=PROBE)
     assert got.returncode == want.returncode == int(exit_status)
     assert got.stderr == want.stderr == "to stderr\n"
@@ -116,8 +117,7 @@ def test_other_interpreter_settings_get_a_fresh_interpreter(tmp_path: Path) -> N
 def test_an_interrupted_command_ends_as_the_interpreter_ends_it(tmp_path: Path) -> None:
     """An uncaught KeyboardInterrupt: the traceback, then death by SIGINT (-2)."""
     env = {**ENV, "PROBE_EXIT": "interrupt"}
-    want = subprocess.run([sys.executable, "-m", PROBE], capture_output=True, text=True,
-                          timeout=60, env={**env, "PYTHONPATH": str(cli.REPO)}, cwd=tmp_path)
+    want = fresh(env=env, cwd=tmp_path, module=PROBE)
     got = cli.run(env=env, cwd=tmp_path, module=PROBE)
     assert got.returncode == want.returncode == -signal.SIGINT
     assert got.stderr.endswith("KeyboardInterrupt\n") and want.stderr.endswith(
