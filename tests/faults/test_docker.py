@@ -23,8 +23,8 @@ from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wait import wait_until
 
 #: pytest-timeout counts a test's fixtures too: the first test of this module also pays the
-#: private engine's start and the sandbox image's copy into it (~220 s of CI's 318 s under the
-#: VM job's emulation, where the test itself took 95 s on its rerun); still a bound on a hang
+#: private engine's start, and the sandbox image's load into it where its layers cannot be
+#: hard-linked (~220 s of CI's 318 s under the VM job's emulation); still a bound on a hang
 pytestmark = pytest.mark.timeout(900)
 
 LABEL = "sandboxd.daemon"
