@@ -46,6 +46,13 @@ check cgroup-v2 "$( [ "$(stat -fc %T $CG)" = cgroup2fs ] && echo PASS || echo FA
   "$(stat -fc %T $CG); controllers: $(cat $CG/cgroup.controllers); $(systemctl --version | head -1)"
 check landlock-in-kernel INFO "LSMs: $(cat /sys/kernel/security/lsm 2>/dev/null)"
 
+# the payload's images load meanwhile, into docker.service's data root by a private engine
+# (guest/preload-images.sh); docker.service starts only in the container phase
+preload=""
+if [ -f /share/payload/images.tar ]; then
+  bash /share/guest/preload-images.sh "$R/docker-preload.txt" & preload=$!
+fi
+
 phase "install (docs/operations.md, systemd section, verbatim)"
 # The install block of docs/operations.md, as written there (between <!-- install:begin/end -->).
 # No network in the VM: pip resolves from the payload's wheels (PIP_NO_INDEX/PIP_FIND_LINKS).
@@ -54,8 +61,10 @@ awk '/<!-- install:begin -->/{f=1; next} /<!-- install:end -->/{f=0} f' docs/ope
   | sed '/^```/d' > "$R/install-block.sh"
 cp -a "$SRC" /root/install-src && cd /root/install-src || exit 100
 t0=$(date +%s)
+# each traced line with its time (bash takes no PS4 from the environment as root)
 PIP_NO_INDEX=1 PIP_FIND_LINKS=$WHEELS PIP_DISABLE_PIP_VERSION_CHECK=1 \
-  bash -ex "$R/install-block.sh" > "$R/install.txt" 2>&1; rc=$?
+  bash -ec 'PS4="+ [\$(date +%s)] "; set -x; . "$0"' "$R/install-block.sh" \
+  > "$R/install.txt" 2>&1; rc=$?
 st=$(show)
 check docs-install-block "$( [ $rc = 0 ] && systemctl is-active -q sandboxd && echo PASS || echo FAIL)" \
   "rc $rc in $(( $(date +%s) - t0 )) s ($(grep -c . "$R/install-block.sh") lines); $st; $(tail -n 3 "$R/install.txt")"
@@ -296,9 +305,10 @@ journalctl -b -u sandboxd --no-pager > "$R/journal-full.txt" 2>&1
 
 phase "container backend under the unit (sandboxd-docker.conf)"
 if [ -f /share/payload/images.tar ]; then
+  [ -n "$preload" ] && wait "$preload"
   systemctl start docker.service > "$R/docker-start.txt" 2>&1
-  /usr/bin/docker load -i /share/payload/images.tar > "$R/docker-load.txt" 2>&1 \
-    && touch /share/payload/images.loaded
+  [ -f /share/payload/images.loaded ] || { /usr/bin/docker load -i /share/payload/images.tar \
+    > "$R/docker-load.txt" 2>&1 && touch /share/payload/images.loaded; }
   # the loaded image is the host's: rebuilt here from the loaded base only when its runner is
   # not this tree's (a runner change not yet in the host's image; issue 26 added one)
   $SBX images build --offline --if-missing > "$R/docker-images-build.txt" 2>&1
