@@ -22,7 +22,7 @@ from tests.support.mounts import detach_below
 from tests.support.wait import wait_until
 
 from .conftest import labelled
-from .test_http import daemon_env, policies  # noqa: F401  (a fixture)
+from .test_http import SLOW_ENGINE, daemon_env, policies  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.docker
 
@@ -79,9 +79,11 @@ def _empty(directory: Path) -> bool:
 
 
 def _session(d: RunningDaemon) -> str:
+    """A container session with a variable and a file. Its first call starts the session's
+    container, within the call's time (30 s was short under emulation on a slow host)."""
     sid = d.client.post("/v1/sessions").json()["id"]
     body = d.invoke("python", {"code": "x = 41\nopen('notes.txt', 'w').write('kept')\nx"},
-                    session=sid).json()
+                    session=sid, limits=SLOW_ENGINE).json()
     assert body["value"] == 41 and body["backend"] == "container", body
     return sid
 
@@ -116,14 +118,15 @@ def test_restart_keeps_readopts_or_ends_each_kept_session(
     second = _start(tmp_path, state, env, policies, daemons)
 
     # the running one: re-adopted, its kernel's variables and its files
-    body = second.invoke("python", {"code": "x + 1"}, session=sid).json()
+    body = second.invoke("python", {"code": "x + 1"}, session=sid, limits=SLOW_ENGINE).json()
     assert body["status"] == "ok" and body["value"] == 42, body
     assert body["kernel"]["lost"] is False and body["kernel"]["calls"] == 2, body
-    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
+    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid,
+                         limits=SLOW_ENGINE).json()
     assert body["value"] == "kept", body
     # the stopped one: its files, a new kernel that says why the old one went
     body = second.invoke("python", {"code": "open('notes.txt').read()"},
-                         session=stopped).json()
+                         session=stopped, limits=SLOW_ENGINE).json()
     assert body["status"] == "ok" and body["value"] == "kept", body
     assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
     now = _by_session(docker_client, instance)
@@ -163,7 +166,7 @@ def test_a_paused_session_is_thawed_and_kept_at_a_stop(
     kept = _session_containers(docker_client, instance)
     assert [(c.id, c.status) for c in kept] == [(box.id, "running")], kept
     second = _start(tmp_path, state, env, policies, daemons)
-    body = second.invoke("python", {"code": "x + 1"}, session=sid).json()
+    body = second.invoke("python", {"code": "x + 1"}, session=sid, limits=SLOW_ENGINE).json()
     assert body["status"] == "ok" and body["value"] == 42, body
     assert body["kernel"]["lost"] is False, body
     _delete_and_stop(second, sid, docker_client, instance)
@@ -193,7 +196,7 @@ def test_an_image_rebuilt_while_stopped_keeps_the_session_not_its_kernel(
         wait_until(lambda: kept.id not in [c.id for c in labelled(docker_client, instance)],
                    timeout=60, what="the kept container of the old image removed")
         body = second.invoke("python", {"code": "open('notes.txt').read()"},
-                             session=sid).json()
+                             session=sid, limits=SLOW_ENGINE).json()
         assert body["status"] == "ok" and body["value"] == "kept", body
         assert body["kernel"]["lost"] is True, body
         _delete_and_stop(second, sid, docker_client, instance)
