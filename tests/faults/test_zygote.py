@@ -28,10 +28,15 @@ def _zygote(d: RunningDaemon) -> psutil.Process | None:
     return None
 
 
-def _call(d: RunningDaemon, code: str) -> tuple[dict, float]:
+#: a call that proves the backend works again (a new zygote's first worker): its time is a
+#: bound, not the property (over 5 s under the VM job's emulation on a slow host)
+AGAIN_S = 30.0
+
+
+def _call(d: RunningDaemon, code: str, timeout_s: float = TIMEOUT_S) -> tuple[dict, float]:
     started = time.monotonic()
     r = d.client.post("/v1/tools/python/invoke",
-                      json={"arguments": {"code": code}, "limits": {"timeout_s": TIMEOUT_S}})
+                      json={"arguments": {"code": code}, "limits": {"timeout_s": timeout_s}})
     assert r.status_code == 200, r.text
     return r.json(), time.monotonic() - started
 
@@ -65,7 +70,7 @@ def test_stopped_zygote_is_replaced_and_calls_end_by_their_deadline(tmp_path: Pa
             assert new.status() != psutil.STATUS_STOPPED
             wait_until(lambda: d.client.get("/readyz", timeout=10).status_code == 200,
                        timeout=30, what="/readyz 200")
-            result, _ = _call(d, "print(6*7)")
+            result, _ = _call(d, "print(6*7)", AGAIN_S)
             assert result["status"] == "ok" and result["stdout"] == "42\n", result
             assert result["cleanup"]["verified"] is True
         finally:
@@ -87,5 +92,5 @@ def test_killed_zygote_cleanup_is_verified(tmp_path: Path) -> None:
         assert result["status"] == "error" and "zygote" in result["message"], result
         assert result["cleanup"]["verified"] is True, result
         wait_until(lambda: (z := _zygote(d)) and z.pid != old.pid, timeout=20, what="a new zygote")
-        result, _ = _call(d, "print(1)")
+        result, _ = _call(d, "print(1)", AGAIN_S)
         assert result["status"] == "ok", result
