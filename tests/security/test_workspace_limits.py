@@ -368,8 +368,11 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
     mode = "advisory"
     state = tmp_path / "state"
     ws_root = state / "workspaces"
-    env = {"SANDBOXD_SESSION_TTL_S": "8", "SANDBOXD_WORKSPACE_QUOTA": mode,
+    # the sessions meant to expire ask for 8 s; the others keep the daemon's 120 s, so that
+    # the deep one outlives its tree's making (over 8 s under the VM job's emulation)
+    env = {"SANDBOXD_SESSION_TTL_S": "120", "SANDBOXD_WORKSPACE_QUOTA": mode,
            "SANDBOXD_SESSION_QUOTA_ENTRIES": "20000"}
+    short = {"ttl_s": 8}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = start_daemon(tmp_path / "a", state_dir=state, env=env)
@@ -386,11 +389,11 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
         assert first.client.delete(f"/v1/sessions/{deep}").status_code == 204
         assert not (ws_root / deep).exists()
         # expiring one works, and the loop goes on expiring others afterwards
-        other = first.client.post("/v1/sessions").json()["id"]
+        other = first.client.post("/v1/sessions", json=short).json()["id"]
         assert first.invoke("shell", shell_python(code), session=other).json()["status"] == "ok"
         wait_until(lambda: not (ws_root / other).exists(), timeout=20, interval=0.2,
                    what="the deep session to expire")
-        later = first.client.post("/v1/sessions").json()["id"]
+        later = first.client.post("/v1/sessions", json=short).json()["id"]
         wait_until(lambda: not (ws_root / later).exists(), timeout=20, interval=0.2,
                    what="the session after the deep one to expire (expiry goes on)")
         # a crash leaves a deep tree behind (e.g. a one-shot workspace): the restart sweeps it
