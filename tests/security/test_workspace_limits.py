@@ -391,10 +391,12 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
         # expiring one works, and the loop goes on expiring others afterwards
         other = first.client.post("/v1/sessions", json=short).json()["id"]
         assert first.invoke("shell", shell_python(code), session=other).json()["status"] == "ok"
-        wait_until(lambda: not (ws_root / other).exists(), timeout=20, interval=0.2,
+        # bounds on a hang: the expiry walks and deletes a 1,500-level tree, which took over 20 s
+        # under the VM job's emulation
+        wait_until(lambda: not (ws_root / other).exists(), timeout=60, interval=0.2,
                    what="the deep session to expire")
         later = first.client.post("/v1/sessions", json=short).json()["id"]
-        wait_until(lambda: not (ws_root / later).exists(), timeout=20, interval=0.2,
+        wait_until(lambda: not (ws_root / later).exists(), timeout=60, interval=0.2,
                    what="the session after the deep one to expire (expiry goes on)")
         # a crash leaves a deep tree behind (e.g. a one-shot workspace): the restart sweeps it
         kept = first.client.post("/v1/sessions").json()["id"]
