@@ -194,13 +194,19 @@ def _copy_image(engine: PrivateDockerd) -> None:
     (_link_image): from the ``docker save`` file named by IMAGES_TAR_ENV when it holds that
     very image (the modern-host VM's payload, which its engine loaded: no second save under
     emulation), else saved from the host engine."""
-    if _image_id("-H", engine.url) and _image_id("-H", engine.url) == _image_id():
+    wanted = _image_id()
+
+    def holds_it() -> bool:  # the private engine has the host engine's very image
+        mine = _image_id("-H", engine.url)
+        return bool(mine) and mine == wanted
+
+    if holds_it():
         return
     tar = os.environ.get(IMAGES_TAR_ENV, "")
     if tar and os.path.isfile(tar):
         subprocess.run([DOCKER, "-H", engine.url, "load", "-q", "-i", tar], check=False,
                        stdout=subprocess.DEVNULL)
-        if _image_id("-H", engine.url) and _image_id("-H", engine.url) == _image_id():
+        if holds_it():
             return
     save = subprocess.Popen([DOCKER, "save", IMAGE], stdout=subprocess.PIPE)
     subprocess.run([DOCKER, "-H", engine.url, "load", "-q"], stdin=save.stdout,
