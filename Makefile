@@ -119,7 +119,10 @@ TEST_WORKERS ?= 4
 ## What needs Debian's packages is done first, one at a time (apt has one lock); then the
 ## virtualenv with the type check, the images and the bytecode, beside the MCP Inspector's
 ## npm tree.
+## The dev install first: it reinstalls the package, and `images` runs .venv/bin/sandboxd (run
+## beside it, that entry point was briefly missing).
 test: docker node doc-tools haproxy
+	@$(MAKE) --no-print-directory venv-dev
 	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector test-bytecode
 	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
