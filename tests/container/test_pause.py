@@ -33,7 +33,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDa
     policies = tmp / "policies"
     policies.mkdir()
     (policies / "containers.yaml").write_text(
-        POLICY + '  write_file: {paths: {allow: ["**"]}, max_bytes: 1Mi}\n')
+        POLICY + '  write_file: {paths: {allow: ["**"]}, max_bytes: 1Mi}\n'
+        '  read_file: {paths: {allow: ["**"]}, max_bytes: 1Mi}\n')
     short = Path(tempfile.mkdtemp(prefix="sbx-"))  # a runner socket path fits in 108 bytes
     instance = f"pause{secrets.token_hex(4)}"
     env = {**daemon_env(instance), "SANDBOXD_SESSION_PAUSE_AFTER_S": "1"}
@@ -78,21 +79,27 @@ def test_an_idle_session_is_paused_and_its_next_call_thaws_it(
     sid = d.client.post("/v1/sessions").json()["id"]
     busy = d.client.post("/v1/sessions").json()["id"]
     assert d.client.get(f"/v1/sessions/{sid}").json()["paused"] is False
-    assert _python(d, sid, "x = 41")["status"] == "ok"
     # another session runs one call all along (until the test drops a file in its workspace)
     assert _python(d, busy, "import os")["status"] == "ok"
     answer: dict[str, Any] = {}
 
     def long_call() -> None:
-        with httpx.Client(base_url=d.url, headers=d.client.headers, timeout=60) as c:
+        with httpx.Client(base_url=d.url, headers=d.client.headers, timeout=120) as c:
             answer.update(c.post("/v1/tools/python/invoke", json={
                 "session": busy, "arguments": {"code": (
-                    "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+                    "import os, time\nopen('started', 'w').close()\n"
+                    "while not os.path.exists('go'):\n    time.sleep(0.02)\n"
                     "'busy done'")}}).json())
 
     worker = threading.Thread(target=long_call)
     worker.start()
     try:
+        # the call runs (its code wrote the file); only then does the idle session's idle
+        # spell begin, so the busy one has had a call running for longer than the pause delay
+        wait_until(lambda: d.client.get(f"/v1/sessions/{busy}/files/started").status_code
+                   == 200, timeout=60, what="the busy session's call to start",
+                   detail=lambda: answer)
+        assert _python(d, sid, "x = 41")["status"] == "ok"
         wait_until(lambda: _paused(d, docker_client, instance, sid), timeout=60,
                    what="the idle session's container to be paused",
                    detail=lambda: _state(docker_client, instance, sid))
@@ -108,7 +115,7 @@ def test_an_idle_session_is_paused_and_its_next_call_thaws_it(
     finally:
         put = d.client.put(f"/v1/sessions/{busy}/files/go", content=b"")
         assert put.status_code in (200, 201, 204), put.text
-        worker.join(60)
+        worker.join(120)
     assert answer.get("value") == "busy done", answer
     paused_id = _state(docker_client, instance, sid)["Id"]
     body = _python(d, sid, "x + 1")
