@@ -308,95 +308,96 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
-        self._check_state_dir()
-        invocation_id = new_id("inv")
-        decision = self.policy.decide(client, tool, request.arguments, request.limits)
-        decision = where_refusal(tool, decision, request.session, self.settings.wheelhouse)
-        await self.recorder.record(self.audit.decision, request_id=invocation_id,
-                                   client=client, tool=tool, session=request.session,
-                                   arguments=request.arguments, decision=decision,
-                                   transport=transport,
-                                   # durable with the result: the client gets nothing before
-                                   commit_with_result=events is None)
-        if not decision.allowed:
-            result = Result.denied(invocation_id, tool, decision, request.session)
-            return await self._finish(client, result, admitted, transport=transport)
-        backend = self.backends.get(decision.backend or "")
-        ok, why = self._availability(backend, decision.backend)
-        if not ok or backend is None:
-            result = self._outcome(invocation_id, tool, decision, request.session, Status.error,
-                                   Reason.policy, f"tool '{tool}' is unavailable: {why}")
-            await self._finish(client, result, admitted, transport=transport)
-            raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
-        assert decision.plan is not None  # an allowed decision carries what runs
-        # the policy's plan, plus what the service owns: display caps, advisory quota room
-        plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
-                                                          self.settings.max_displays))
-        if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
-            used = await self.sessions.check_quota(session)
-            if not self.sessions.fs.kernel:
-                # advisory quota: no single file may take more than what is left of it
-                left = max(used.quota_bytes - used.bytes, 0)
-                plan = replace(plan, max_file_bytes=min(plan.max_file_bytes, left))
-        deadline = admitted + plan.limits.timeout_s
-        try:  # a session python call may start a kernel: within max_kernels only
-            ticket = self.kernel_cap.admit(request.session, decision.backend,
-                                           python=plan.kind is ToolKind.python)
-        except KernelLimitReached as exc:
-            self.metrics.rejections.labels(reason=type(exc).__name__).inc()
-            result = self._outcome(invocation_id, tool, decision, request.session,
-                                   Status.rejected, Reason.policy, str(exc))
-            await self._finish(client, result, admitted, transport=transport)
-            raise
-        started = started or asyncio.Event()  # set once the call holds a slot and runs
-        call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
-                     transfer, events)
-        restart_lost = self.restart_lost(session, decision.backend)  # issue 26
-        try:
-            result = await self._execute(call, deadline, started)
-        except Overloaded as exc:
-            self.metrics.rejections.labels(reason=type(exc).__name__).inc()
-            result = self._outcome(invocation_id, tool, decision, request.session,
-                                   Status.rejected, Reason.policy, str(exc))
-            await self._finish(client, result, admitted, transport=transport)
-            raise
-        except asyncio.CancelledError as exc:
-            result = self._outcome(invocation_id, tool, decision, request.session,
-                                   Status.killed, Reason.cancelled, None)
-            if isinstance(exc, CancelledAfterCleanup):
-                result.cleanup = exc.cleanup
-                if exc.kernel is not None:
-                    result.kernel = exc.kernel
-                    result = note_kernel_lost(result)
-            elif not started.is_set():  # cancelled while queued: nothing was started
-                result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
-            with contextlib.suppress(ServiceError):
+        with self.sessions.in_use(session):  # it does not expire while the call runs
+            self._check_state_dir()
+            invocation_id = new_id("inv")
+            decision = self.policy.decide(client, tool, request.arguments, request.limits)
+            decision = where_refusal(tool, decision, request.session, self.settings.wheelhouse)
+            await self.recorder.record(self.audit.decision, request_id=invocation_id,
+                                       client=client, tool=tool, session=request.session,
+                                       arguments=request.arguments, decision=decision,
+                                       transport=transport,
+                                       # durable with the result: the client gets nothing before
+                                       commit_with_result=events is None)
+            if not decision.allowed:
+                result = Result.denied(invocation_id, tool, decision, request.session)
+                return await self._finish(client, result, admitted, transport=transport)
+            backend = self.backends.get(decision.backend or "")
+            ok, why = self._availability(backend, decision.backend)
+            if not ok or backend is None:
+                result = self._outcome(invocation_id, tool, decision, request.session, Status.error,
+                                       Reason.policy, f"tool '{tool}' is unavailable: {why}")
                 await self._finish(client, result, admitted, transport=transport)
-            raise
-        except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
-            result = self._outcome(invocation_id, tool, decision, request.session,
-                                   Status.error, Reason.policy, str(exc))
-            await self._finish(client, result, admitted, transport=transport)
-            raise
-        except Exception as exc:
-            log.exception("backend %s failed on %s", decision.backend, invocation_id)
-            result = self._outcome(invocation_id, tool, decision, request.session,
-                                   Status.error, Reason.exited, f"internal error: {exc}")
-            await self._finish(client, result, admitted, ran=True, transport=transport)
-            # the error's text stays in the log: it may carry host paths or OS messages
-            raise ExecutionFailure(
-                f"the {decision.backend} backend failed unexpectedly on {invocation_id}; the "
-                "administrator can find the error in the daemon's log") from exc
-        finally:
-            ticket.release()
-        result = self.note_restart(session, decision.backend, restart_lost, result)
-        if session is not None:
+                raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
+            assert decision.plan is not None  # an allowed decision carries what runs
+            # the policy's plan, plus what the service owns: display caps, advisory quota room
+            plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
+                                                              self.settings.max_displays))
+            if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
+                used = await self.sessions.check_quota(session)
+                if not self.sessions.fs.kernel:
+                    # advisory quota: no single file may take more than what is left of it
+                    left = max(used.quota_bytes - used.bytes, 0)
+                    plan = replace(plan, max_file_bytes=min(plan.max_file_bytes, left))
+            deadline = admitted + plan.limits.timeout_s
+            try:  # a session python call may start a kernel: within max_kernels only
+                ticket = self.kernel_cap.admit(request.session, decision.backend,
+                                               python=plan.kind is ToolKind.python)
+            except KernelLimitReached as exc:
+                self.metrics.rejections.labels(reason=type(exc).__name__).inc()
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.rejected, Reason.policy, str(exc))
+                await self._finish(client, result, admitted, transport=transport)
+                raise
+            started = started or asyncio.Event()  # set once the call holds a slot and runs
+            call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
+                         transfer, events)
+            restart_lost = self.restart_lost(session, decision.backend)  # issue 26
             try:
-                self.sessions.touch(session)
-            except OSError as exc:  # the call ran: its result goes out and into the audit log
-                log.warning("session %s: expiry not saved (%s); it stays in memory",
-                            session.id, exc)
-        return await self._finish(client, result, admitted, ran=True, transport=transport)
+                result = await self._execute(call, deadline, started)
+            except Overloaded as exc:
+                self.metrics.rejections.labels(reason=type(exc).__name__).inc()
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.rejected, Reason.policy, str(exc))
+                await self._finish(client, result, admitted, transport=transport)
+                raise
+            except asyncio.CancelledError as exc:
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.killed, Reason.cancelled, None)
+                if isinstance(exc, CancelledAfterCleanup):
+                    result.cleanup = exc.cleanup
+                    if exc.kernel is not None:
+                        result.kernel = exc.kernel
+                        result = note_kernel_lost(result)
+                elif not started.is_set():  # cancelled while queued: nothing was started
+                    result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
+                with contextlib.suppress(ServiceError):
+                    await self._finish(client, result, admitted, transport=transport)
+                raise
+            except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.error, Reason.policy, str(exc))
+                await self._finish(client, result, admitted, transport=transport)
+                raise
+            except Exception as exc:
+                log.exception("backend %s failed on %s", decision.backend, invocation_id)
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.error, Reason.exited, f"internal error: {exc}")
+                await self._finish(client, result, admitted, ran=True, transport=transport)
+                # the error's text stays in the log: it may carry host paths or OS messages
+                raise ExecutionFailure(
+                    f"the {decision.backend} backend failed unexpectedly on {invocation_id}; the "
+                    "administrator can find the error in the daemon's log") from exc
+            finally:
+                ticket.release()
+            result = self.note_restart(session, decision.backend, restart_lost, result)
+            if session is not None:
+                try:
+                    self.sessions.touch(session)
+                except OSError as exc:  # the call ran: its result goes out and into the audit log
+                    log.warning("session %s: expiry not saved (%s); it stays in memory",
+                                session.id, exc)
+            return await self._finish(client, result, admitted, ran=True, transport=transport)
 
     async def _execute(self, call: _Call, deadline: float, started: asyncio.Event) -> Result:
         """Run ``call`` in a slot, in its workspace (the session's, or a temporary one)."""

@@ -34,7 +34,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -143,6 +144,7 @@ class SessionManager:
         #: sessions the last sweep did not re-adopt because a check failed: id -> why
         self.refused: dict[str, tuple[Session, str]] = {}
         self._saved_expiry: dict[str, float] = {}  # the expiry each session's file holds
+        self._calls: Counter[str] = Counter()  # session id -> its calls running now
 
     # ------------------------------------------------------------ start-up
 
@@ -256,15 +258,39 @@ class SessionManager:
     def get(self, session_id: str, client: str) -> Session:
         """The client's live session, or :class:`SessionNotFound`."""
         session = self._sessions.get(session_id)
-        if session is None or session.client != client or session.expires_at <= time.time():
+        if session is None or session.client != client or not self._live(session, time.time()):
             raise SessionNotFound(f"session '{session_id}' does not exist or has expired")
         return session
 
     def owned(self, client: str) -> list[Session]:
         """The client's live (unexpired) sessions."""
         now = time.time()
-        return [s for s in self._sessions.values()
-                if s.client == client and s.expires_at > now]
+        return [s for s in self._sessions.values() if s.client == client and self._live(s, now)]
+
+    def _live(self, session: Session, now: float) -> bool:
+        """Unexpired: its TTL has not run out since its last call, or a call of it runs."""
+        return session.expires_at > now or session.id in self._calls
+
+    @contextlib.contextmanager
+    def in_use(self, session: Session | None) -> Iterator[None]:
+        """A call of ``session`` runs (None: no session): the session does not expire
+        meanwhile, however long the call takes, and one whose TTL ran out during the call
+        gets its whole TTL again from the call's end (:meth:`touch`)."""
+        if session is None:
+            yield
+            return
+        self._calls[session.id] += 1
+        try:
+            yield
+        finally:
+            self._calls[session.id] -= 1
+            if self._calls[session.id] <= 0:
+                del self._calls[session.id]
+                if session.expires_at <= time.time() and session.id in self._sessions:
+                    try:
+                        self.touch(session)
+                    except OSError as exc:  # it stays in memory: the next touch saves it
+                        log.warning("session %s: expiry not saved (%s)", session.id, exc)
 
     def touch(self, session: Session) -> None:
         """Slide the session's expiry forward after a use. Its file is rewritten only when
@@ -305,9 +331,9 @@ class SessionManager:
         return used
 
     def expired(self) -> list[Session]:
-        """Sessions whose TTL has passed (still registered)."""
+        """Sessions whose TTL has passed (still registered) and with no call running."""
         now = time.time()
-        return [s for s in self._sessions.values() if s.expires_at <= now]
+        return [s for s in self._sessions.values() if not self._live(s, now)]
 
     def registered(self, client: str | None = None) -> list[Session]:
         """Every registered session (expired ones not yet ended included), or ``client``'s."""
