@@ -178,14 +178,16 @@ class SessionOps:
         with ``restarted``: the backends whose kernel was ended."""
         session = self.sessions.get(session_id, client)
         restarted = []
-        for name, backend in self.backends.items():
-            try:
-                if await backend.restart_kernel(session.id):
-                    restarted.append(name)
-            except Exception as exc:
-                log.exception("backend %s failed to restart the kernel of %s", name, session.id)
-                raise ExecutionFailure(
-                    f"the {name} backend could not restart the session's kernel: {exc}") from exc
+        with self.sessions.in_use(session):  # it does not expire under the restart
+            for name, backend in self.backends.items():
+                try:
+                    if await backend.restart_kernel(session.id):
+                        restarted.append(name)
+                except Exception as exc:
+                    log.exception("backend %s failed to restart the kernel of %s", name,
+                                  session.id)
+                    raise ExecutionFailure(f"the {name} backend could not restart the "
+                                           f"session's kernel: {exc}") from exc
         try:  # the kernels are gone either way: say so, and keep the failure in the log
             await self.recorder.record(self.audit.write, event="kernel_restart", client=client,
                                        session=session.id, backends=restarted,

@@ -71,3 +71,38 @@ def test_a_session_with_a_call_running_does_not_expire(make) -> None:  # type: i
 def expired(d: Any) -> list[str]:
     """The sessions the daemon's expiry ended, in order (its audit records)."""
     return [r["session"] for r in d.records() if r["event"] == "session_expired"]
+
+
+class SlowRestart(ScriptedBackend):
+    """A scripted backend whose kernel restarts wait for the test's word."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarting = threading.Event()
+        self.release = threading.Event()
+
+    async def restart_kernel(self, session_id: str) -> bool:
+        self.restarting.set()
+        await asyncio.to_thread(self.release.wait, 60)
+        return await super().restart_kernel(session_id)
+
+
+def test_a_session_does_not_expire_under_a_kernel_restart(make) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    backend = SlowRestart()
+    d = make(backend, session_ttl_s=2.0)
+    busy = d.client.post("/v1/sessions", json={"ttl_s": TTL_S}).json()["id"]
+    idle = d.client.post("/v1/sessions", json={"ttl_s": TTL_S}).json()["id"]
+    answer: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: answer.update(
+        d.client.post(f"/v1/sessions/{busy}/restart").json()))
+    worker.start()
+    try:
+        assert backend.restarting.wait(30), "the restart never reached the backend"
+        wait_until(lambda: expired(d) == [idle], timeout=30, what="the idle session to expire",
+                   detail=lambda: expired(d))
+        assert d.client.get(f"/v1/sessions/{busy}").status_code == 200
+    finally:
+        backend.release.set()
+        worker.join(60)
+    assert answer.get("id") == busy and answer.get("restarted") == [], answer  # no kernel yet
+    assert d.client.get(f"/v1/sessions/{busy}").status_code == 200
