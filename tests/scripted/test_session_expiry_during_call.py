@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 from sandboxd.backends.scripted import NOTHING_TO_CLEAN, ScriptedBackend
@@ -53,17 +54,19 @@ def test_a_session_with_a_call_running_does_not_expire(make) -> None:  # type: i
         second = d.invoke("python", {"code": "x"}, session=busy)
         assert second.status_code == 200 and second.json()["stdout"] == "done\n", second.text
     finally:
+        released = time.time()  # the call ends after this
         release.set()
         worker.join(60)
     assert answer.get("status") == "ok" and answer.get("session") == busy, answer
-    # its TTL counts again from the call's end: the session and its kernel are still there
-    view = d.client.get(f"/v1/sessions/{busy}")
-    assert view.status_code == 200, view.text
-    assert view.json()["expires_at"] > time.time()
-    assert busy not in d.python.closed_sessions
-    # and it expires once idle for its TTL, as any session does
+    # its TTL counts again from the call's end: it expires once idle for that long, as any
+    # session does, after the call's result (the records, in order)
     wait_until(lambda: expired(d) == [idle, busy], timeout=30,
                what="the session to expire once idle", detail=lambda: expired(d))
+    records = d.records()
+    result = next(r for r in records if r["event"] == "result" and r["request_id"] == answer["id"])
+    ended = next(r for r in records if r["event"] == "session_expired" and r["session"] == busy)
+    assert result["seq"] < ended["seq"]
+    assert datetime.fromisoformat(ended["ts"]).timestamp() >= released + TTL_S, (released, ended)
     assert d.client.get(f"/v1/sessions/{busy}").status_code == 404
     assert busy in d.python.closed_sessions
 
@@ -105,4 +108,5 @@ def test_a_session_does_not_expire_under_a_kernel_restart(make) -> None:  # type
         backend.release.set()
         worker.join(60)
     assert answer.get("id") == busy and answer.get("restarted") == [], answer  # no kernel yet
-    assert d.client.get(f"/v1/sessions/{busy}").status_code == 200
+    events = [(r["event"], r.get("session")) for r in d.records()]
+    assert ("kernel_restart", busy) in events, events
