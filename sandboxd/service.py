@@ -38,7 +38,7 @@ from sandboxd.errors import (
     UnknownTool,
 )
 from sandboxd.health import HealthOps
-from sandboxd.kernels import KernelCap, SessionOps, note_kernel_lost
+from sandboxd.kernels import KernelCap, KernelTicket, SessionOps, note_kernel_lost
 from sandboxd.metrics import Metrics
 from sandboxd.models import (
     Cleanup,
@@ -340,22 +340,17 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     left = max(used.quota_bytes - used.bytes, 0)
                     plan = replace(plan, max_file_bytes=min(plan.max_file_bytes, left))
             deadline = admitted + plan.limits.timeout_s
-            try:  # a session python call may start a kernel: within max_kernels only
-                ticket = self.kernel_cap.admit(request.session, decision.backend,
-                                               python=plan.kind is ToolKind.python)
-            except KernelLimitReached as exc:
-                self.metrics.rejections.labels(reason=type(exc).__name__).inc()
-                result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.rejected, Reason.policy, str(exc))
-                await self._finish(client, result, admitted, transport=transport)
-                raise
             started = started or asyncio.Event()  # set once the call holds a slot and runs
             call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
                          transfer, events)
             restart_lost = self.restart_lost(session, decision.backend)  # issue 26
+            ticket: KernelTicket | None = None
             try:
+                # a session python call may start a kernel: within max_kernels only
+                ticket = self.kernel_cap.admit(request.session, decision.backend,
+                                               python=plan.kind is ToolKind.python)
                 result = await self._execute(call, deadline, started)
-            except Overloaded as exc:
+            except (KernelLimitReached, Overloaded) as exc:
                 self.metrics.rejections.labels(reason=type(exc).__name__).inc()
                 result = self._outcome(invocation_id, tool, decision, request.session,
                                        Status.rejected, Reason.policy, str(exc))
@@ -389,7 +384,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     f"the {decision.backend} backend failed unexpectedly on {invocation_id}; the "
                     "administrator can find the error in the daemon's log") from exc
             finally:
-                ticket.release()
+                if ticket is not None:
+                    ticket.release()
             result = self.note_restart(session, decision.backend, restart_lost, result)
             if session is not None:
                 try:
