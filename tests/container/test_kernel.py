@@ -329,7 +329,8 @@ def test_many_sessions_leave_no_kernel_container_or_workspace(daemon: Daemon,
     def one(i: int) -> str:
         sid = daemon.session()
         res = daemon.py(f"import subprocess\nx = {i}\nsubprocess.Popen(['sleep', '300'])\n"
-                        "open('f.txt', 'w').write(str(x))", sid)
+                        "open('f.txt', 'w').write(str(x))", sid,
+                        limits={"timeout_s": 60})  # a fresh kernel container, 4 at once
         assert res["status"] == "ok" and res["kernel"]["fresh"], res
         assert daemon.py("x", sid)["value"] == i
         assert daemon.d.client.delete(f"/v1/sessions/{sid}").status_code == 204
