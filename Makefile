@@ -104,8 +104,12 @@ haproxy:
 ## as [tool.mypy] in pyproject.toml says (strict
 ## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
 ## before the Docker engine, the images and the suite are waited for.
+## Its cache is kept beside uv's and npm's (MYPY_CACHE), not in the checkout: a fresh clone on
+## a machine that checked a tree before checks only what differs (mypy compares the files'
+## hashes; a cold check is ~20 s here, a warm one ~1 s).
+MYPY_CACHE ?= $(HOME)/.cache/sandboxd/mypy
 typecheck: venv-dev
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir $(MYPY_CACHE)
 
 ## make test: the type check, everything the tests need (dev tools, Docker engine, sandbox
 ## images, the MCP Inspector, curl and jq, haproxy), then pytest.
