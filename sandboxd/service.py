@@ -388,11 +388,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     ticket.release()
             result = self.note_restart(session, decision.backend, restart_lost, result)
             if session is not None:
-                try:
-                    self.sessions.touch(session)
-                except OSError as exc:  # the call ran: its result goes out and into the audit log
-                    log.warning("session %s: expiry not saved (%s); it stays in memory",
-                                session.id, exc)
+                self.sessions.touch(session)
             return await self._finish(client, result, admitted, ran=True, transport=transport)
 
     async def _execute(self, call: _Call, deadline: float, started: asyncio.Event) -> Result:

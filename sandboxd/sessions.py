@@ -287,20 +287,22 @@ class SessionManager:
             if self._calls[session.id] <= 0:
                 del self._calls[session.id]
                 if session.expires_at <= time.time() and session.id in self._sessions:
-                    try:
-                        self.touch(session)
-                    except OSError as exc:  # it stays in memory: the next touch saves it
-                        log.warning("session %s: expiry not saved (%s)", session.id, exc)
+                    self.touch(session)
 
     def touch(self, session: Session) -> None:
         """Slide the session's expiry forward after a use. Its file is rewritten only when
         the expiry passes the one the file holds, written ahead by TOUCH_AHEAD_S (a tenth of
         the TTL at most): not on every call, and a session recovered after a crash lives at
-        most that much longer than it would have, never shorter."""
+        most that much longer than it would have, never shorter. A file that cannot be
+        written is logged: the expiry holds in memory, and the next touch saves it."""
         session.expires_at = time.time() + session.ttl_s
         if session.expires_at > self._saved_expiry.get(session.id, 0.0):
             ahead = min(TOUCH_AHEAD_S, session.ttl_s / 10)
-            self._save(replace(session, expires_at=session.expires_at + ahead))
+            try:
+                self._save(replace(session, expires_at=session.expires_at + ahead))
+            except OSError as exc:  # the call ran: its result goes out and into the audit log
+                log.warning("session %s: expiry not saved (%s); it stays in memory",
+                            session.id, exc)
 
     async def usage(self, workspace: Path) -> Usage:
         """A workspace's usage: a tmpfs's ``statvfs`` (memory only) right here, as a thread
