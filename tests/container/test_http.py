@@ -99,6 +99,9 @@ def test_shell_and_python_run_in_containers(daemon: tuple[RunningDaemon, str]) -
     assert ready["backends"]["container"]["ok"] is True, ready
 
 
+@pytest.mark.same_on_every_host(
+    "a session's workspace files over the HTTP routes; the workspace's mount and persistence "
+    "in containers are test_sessions' and test_files' in the VM")
 def test_session_workspace_over_http(docker_client: Any,
                                      daemon: tuple[RunningDaemon, str]) -> None:
     d, instance = daemon

@@ -110,6 +110,15 @@ def session_containers(docker_client: Any, daemon: Daemon, session: str) -> list
         f"sandboxd.daemon={daemon.instance}", f"sandboxd.session={session}"]})
 
 
+#: a session kernel's Python-level behaviour (state, order, tracebacks, its output cap): the
+#: runner and the daemon, the same on any host; the kernel tests that end, kill or count
+#: processes and containers stay in the modern-host VM job (tests/vm/README.md)
+LANGUAGE_LEVEL = pytest.mark.same_on_every_host(
+    "a session kernel's Python-level behaviour through the runner and the daemon; no limit, "
+    "cgroup, mount or namespace is asserted (the kernel tests that do stay in the VM)")
+
+
+@LANGUAGE_LEVEL
 def test_state_persists_within_a_session_and_never_across(daemon: Daemon) -> None:
     s1 = daemon.session()
     res = daemon.py("x = 41", s1)
@@ -146,6 +155,7 @@ def test_state_persists_within_a_session_and_never_across(daemon: Daemon) -> Non
         daemon.d.client.delete(f"/v1/sessions/{s}", headers=daemon.auth(who))
 
 
+@LANGUAGE_LEVEL
 def test_calls_of_a_session_run_one_at_a_time_in_order(daemon: Daemon) -> None:
     sid = daemon.session()
     assert daemon.py("order = []", sid)["status"] == "ok"
@@ -189,6 +199,7 @@ def test_timeout_ends_the_kernel_and_the_next_call_is_fresh(daemon: Daemon,
     assert session_containers(docker_client, daemon, sid) == []
 
 
+@LANGUAGE_LEVEL
 def test_an_exception_is_reported_even_when_the_cell_broke_traceback_formatting(
         daemon: Daemon) -> None:
     sid = daemon.session()
@@ -257,6 +268,7 @@ def test_no_process_outlives_its_call_or_the_session(daemon: Daemon,
     assert session_containers(docker_client, daemon, sid) == []
 
 
+@LANGUAGE_LEVEL
 def test_planted_state_never_reaches_another_session(daemon: Daemon) -> None:
     """The escape suite's plant-then-use attacks against a session kernel: whatever call 1
     changes, call 2 of the same session sees it, and nothing else does."""
@@ -306,6 +318,7 @@ def test_planted_state_never_reaches_another_session(daemon: Daemon) -> None:
         daemon.d.client.delete(f"/v1/sessions/{sid}", headers=daemon.auth(who))
 
 
+@LANGUAGE_LEVEL
 def test_kernel_output_is_capped_per_call(daemon: Daemon) -> None:
     sid = daemon.session()
     assert daemon.py("x = 1", sid)["status"] == "ok"

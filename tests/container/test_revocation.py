@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from sandboxd.tokens import add_token
 from tests.auth.test_revocation import mounted, revoked, token_cli
@@ -16,6 +17,12 @@ from tests.support.daemon import running_daemon
 
 from .conftest import labelled
 from .test_http import POLICY, daemon_env
+
+#: the modern-host VM job leaves this module to make test (tests/vm/README.md)
+pytestmark = pytest.mark.same_on_every_host(
+    "revocation is the token store and the daemon's close of the client's sessions; that a "
+    "close removes a session's container and kernel is proven in the VM by test_sessions' "
+    "and test_kernel_lifecycle's close tests")
 
 
 def test_token_remove_ends_the_session_container(docker_client: Any, tmp_path: Path) -> None:
