@@ -3,7 +3,8 @@
 # a throwaway VM. Builds the image (cached), prepares the payload (source tree, wheels, sandbox
 # images), boots the VM, runs the guest jobs, prints the results, exits non-zero on any failure.
 #
-#   tests/vm/ci.sh [--src DIR] [--out DIR] [--jobs service,tests] [--timeout S] [--mem MB]
+#   tests/vm/ci.sh [--src DIR] [--out DIR] [--jobs service,tests] [--timeout S] [--deadline T]
+#                  [--mem MB]
 #                  [--test-dirs "restricted service ..."] [--no-images]
 #
 #   --src DIR       the sandboxd checkout to test (default: the current dir)
@@ -12,10 +13,15 @@
 #                   docs/operations.md and check it), tests (the project's pytest suite). Default
 #                   both.
 #   --timeout S     limit for the whole VM run (default 5400)
+#   --deadline T    the VM run ends by T (seconds since the epoch) at the latest: its limit is
+#                   the smaller of --timeout and what is left of T at boot (.ci/run passes the
+#                   end of its own budget, so that a slow machine's VM gets all of it)
 #   --test-dirs L   tests/ subdirectories for the tests job (default: all)
 #   --no-images     do not copy the Docker sandbox images in (container tests will then fail)
 #                   nor the daemon's Dockerfile image (built here for tests/service, when run)
-#   env TEST_LANE_TIMEOUT seconds per lane (one pytest run; default 3600)
+#   env TEST_LANE_TIMEOUT seconds per lane (one pytest run); whatever it says, a lane is
+#                   interrupted (SIGINT: pytest reports what failed so far) 150 s before the
+#                   VM's limit, so that a run that is too slow still says where it was
 #   env TEST_DELEGATE=1   run pytest in a delegated transient scope (see guest/test-suite.sh)
 #   env TEST_MARKS=EXPR   pytest -m in the guest (default "not same_on_every_host"; empty: all)
 #
@@ -26,13 +32,14 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 export VM_DIR=${VM_DIR:-/var/cache/sandboxd-vm}
-SRC="" OUT="" JOBS=service,tests TIMEOUT=5400 MEM=4096 TEST_DIRS="" IMAGES=1
+SRC="" OUT="" JOBS=service,tests TIMEOUT=5400 DEADLINE="" MEM=4096 TEST_DIRS="" IMAGES=1
 while [ $# -gt 0 ]; do
   case $1 in
     --src) SRC=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --jobs) JOBS=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
+    --deadline) DEADLINE=$2; shift 2 ;;
     --mem) MEM=$2; shift 2 ;;
     --test-dirs) TEST_DIRS=$2; shift 2 ;;
     --no-images) IMAGES=0; shift ;;
@@ -121,11 +128,21 @@ fi
 cp -r "$HERE/guest" "$OUT/guest"
 stamp payload $(( $(date +%s) - t0 ))
 
-# 3. the job
+# 3. the job (the VM's limit first: the job knows when it ends)
+if [ -n "$DEADLINE" ]; then
+  left=$(( DEADLINE - $(date +%s) ))
+  [ "$left" -lt "$TIMEOUT" ] && TIMEOUT=$left
+  [ "$TIMEOUT" -ge 600 ] || { echo "ci.sh: only ${TIMEOUT} s left before --deadline: no VM run" >&2; exit 124; }
+  echo "ci.sh: the VM run's limit is ${TIMEOUT} s (--deadline)" >&2
+fi
 {
   echo '#!/bin/bash'
   echo 'rc=0'
-  echo "export TEST_DIRS='$TEST_DIRS' TEST_LANE_TIMEOUT='${TEST_LANE_TIMEOUT:-3600}' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
+  echo "export TEST_DIRS='$TEST_DIRS' TEST_DELEGATE='${TEST_DELEGATE:-0}'"
+  [ -n "${TEST_LANE_TIMEOUT:-}" ] && echo "export TEST_LANE_TIMEOUT='$TEST_LANE_TIMEOUT'"
+  # the guest's own clock for the end of the VM's limit (guest/test-suite.sh stops its lanes
+  # 150 s before it): the limit counts from the VM's start, which is the guest's uptime ago
+  echo "export JOB_END=\$(( \$(date +%s) + $TIMEOUT - \$(cut -d. -f1 /proc/uptime) ))"
   [ -n "${PYTEST_ARGS:-}" ] && echo "export PYTEST_ARGS='$PYTEST_ARGS'"
   # TEST_MARKS (guest/test-suite.sh): unset = its default, "not same_on_every_host"
   [ -n "${TEST_MARKS+set}" ] && echo "export TEST_MARKS='$TEST_MARKS'"
