@@ -69,6 +69,9 @@ def daemon(docker_client: Any,
     assert labelled(docker_client, instance) == []  # SIGTERM: the daemon removed everything
 
 
+@pytest.mark.same_on_every_host(
+    "shell and python calls through the daemon to containers: the VM's service job makes the "
+    "same calls under the shipped unit (docker-shell-echo, -pids-limit-16, -memory-limit)")
 def test_shell_and_python_run_in_containers(daemon: tuple[RunningDaemon, str]) -> None:
     d, _ = daemon
     r = d.invoke("shell", {"command": "id -u"})

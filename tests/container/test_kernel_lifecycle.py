@@ -18,7 +18,11 @@ from .conftest import make_settings, run, workspace
 from .test_kernel import LIST_PROCS
 from .test_sessions import session_containers
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+#: the modern-host VM job leaves this module to make test (tests/vm/README.md)
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.same_on_every_host(
+    "a kernel's restart and close through the backend's API: the runner ends a process in its "
+    "container, the same on any host; the removal of a session's containers at its close and "
+    "a kernel's end at its limits are test_sessions' and test_kernel's in the VM")]
 
 
 def kernels_in(docker_client: Any, backend: ContainerBackend, session: str) -> int:

@@ -21,8 +21,8 @@ from .test_http import POLICY, daemon_env
 #: the modern-host VM job leaves this module to make test (tests/vm/README.md)
 pytestmark = pytest.mark.same_on_every_host(
     "revocation is the token store and the daemon's close of the client's sessions; that a "
-    "close removes a session's container and kernel is proven in the VM by test_sessions' "
-    "and test_kernel_lifecycle's close tests")
+    "close removes a session's container and the kernel in it is proven in the VM by "
+    "test_sessions' close test and test_kernel's no-process-outlives test")
 
 
 def test_token_remove_ends_the_session_container(docker_client: Any, tmp_path: Path) -> None:
