@@ -28,13 +28,16 @@ from tests.support.wait import wait_until
 # fifths of it: three such calls on two emulated CPUs, beside another test lane, once took
 # longer than their 120 s limit there; 8 M still keeps them busy for tens of seconds.
 ITERATIONS = scaled(20_000_000, floor=8_000_000)
+#: the calls' wall limit and the drain's grace: the policy's maximum, so that only a hang
+#: reaches them (CI's VM, 2026-11-28: the three calls once took over 120 s on a slow host)
+CALL_LIMIT_S = 300
 COUNT = f"n = 0\nwhile n < {ITERATIONS}:\n    n = n + 1\nn\n"
 BUSY = "while True:\n    pass\n"
 
 
-def _call(url: str, code: str, out: list[Any], timeout_s: float = 120) -> None:
+def _call(url: str, code: str, out: list[Any], timeout_s: float = CALL_LIMIT_S) -> None:
     try:
-        with httpx.Client(base_url=url, timeout=300) as client:
+        with httpx.Client(base_url=url, timeout=timeout_s + 120) as client:
             r = client.post(
                 "/v1/tools/python/invoke",
                 json={"arguments": {"code": code}, "limits": {"timeout_s": timeout_s}},
@@ -47,7 +50,8 @@ def _call(url: str, code: str, out: list[Any], timeout_s: float = 120) -> None:
 def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> None:
     d = start_daemon(
         tmp_path,
-        env={"SANDBOXD_DRAIN_GRACE_S": "120", "SANDBOXD_CONTAINER_ENABLED": "false"},
+        env={"SANDBOXD_DRAIN_GRACE_S": str(CALL_LIMIT_S),
+             "SANDBOXD_CONTAINER_ENABLED": "false"},
     )
     try:
         results: list[Any] = []
@@ -75,7 +79,7 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
         assert ready.status_code == 503, f"/readyz while draining: {ready.status_code} {ready.text}"
 
         for t in threads:
-            t.join(240)
+            t.join(CALL_LIMIT_S + 120)
         assert len(results) == 3
         for res in results:
             assert isinstance(res, httpx.Response), res
