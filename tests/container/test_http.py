@@ -20,7 +20,7 @@ POLICY = """\
 version: 1
 name: containers
 clients: ["*"]
-limits: {timeout: 30s, max_timeout: 60s, memory: 256Mi, max_memory: 1Gi, cpus: 1.0,
+limits: {timeout: 30s, max_timeout: 180s, memory: 256Mi, max_memory: 1Gi, cpus: 1.0,
          max_cpus: 2, pids: 64, max_pids: 256, output: 1Mi, max_output: 8Mi}
 network: none
 tools:
@@ -34,8 +34,10 @@ tools:
 """
 
 
-#: a call's limits where the engine's container start is part of the call (the policy's most)
-SLOW_ENGINE = {"timeout_s": 60}
+#: a call's limits where the engine's container start is part of the call (the policy's most:
+#: a session container's start took over 60 s in CI's VM on a host whose hypervisor took 42 %
+#: of its CPU time, 2026-11-28)
+SLOW_ENGINE = {"timeout_s": 180}
 
 
 @pytest.fixture
