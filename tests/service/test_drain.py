@@ -28,9 +28,23 @@ from tests.support.wait import wait_until
 # fifths of it: three such calls on two emulated CPUs, beside another test lane, once took
 # longer than their 120 s limit there; 8 M still keeps them busy for tens of seconds.
 ITERATIONS = scaled(20_000_000, floor=8_000_000)
-#: the calls' wall limit and the drain's grace: the policy's maximum, so that only a hang
-#: reaches them (CI's VM, 2026-11-28: the three calls once took over 120 s on a slow host)
+#: the calls' wall limit and the drain's grace, so that only a hang reaches them. A request can
+#: only lower the policy's default (60 s in the shipped policy), so the test's daemon runs the
+#: shipped policy with this default (CI's VM, 2026-11-28: the three calls took over 60 s on a
+#: host whose hypervisor took 42 % of its CPU time, and ended as timeouts)
 CALL_LIMIT_S = 300
+SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+
+def _long_calls_policy(tmp_path: Path) -> Path:
+    """A policy directory: the shipped policy with a default call limit of CALL_LIMIT_S."""
+    text = SHIPPED_POLICY.read_text()
+    assert text.count("\n  timeout: 60s\n") == 1, "the shipped policy's default limit moved"
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "default.yaml").write_text(
+        text.replace("\n  timeout: 60s\n", f"\n  timeout: {CALL_LIMIT_S}s\n"))
+    return policies
 COUNT = f"n = 0\nwhile n < {ITERATIONS}:\n    n = n + 1\nn\n"
 BUSY = "while True:\n    pass\n"
 
@@ -50,6 +64,7 @@ def _call(url: str, code: str, out: list[Any], timeout_s: float = CALL_LIMIT_S) 
 def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> None:
     d = start_daemon(
         tmp_path,
+        policies_dir=_long_calls_policy(tmp_path),
         env={"SANDBOXD_DRAIN_GRACE_S": str(CALL_LIMIT_S),
              "SANDBOXD_CONTAINER_ENABLED": "false"},
     )
@@ -85,6 +100,7 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
             assert isinstance(res, httpx.Response), res
             assert res.status_code == 200, res.text
             body = res.json()
+            assert body["limits"]["timeout_s"] == CALL_LIMIT_S, body["limits"]
             assert body["status"] == "ok" and body["value"] == ITERATIONS, body
             assert body["cleanup"]["verified"] is True
         assert d.proc.wait(60) == 0, d.log()[-3000:]
