@@ -84,6 +84,7 @@ def _session(d: RunningDaemon) -> str:
     sid = d.client.post("/v1/sessions").json()["id"]
     body = d.invoke("python", {"code": "x = 41\nopen('notes.txt', 'w').write('kept')\nx"},
                     session=sid, limits=SLOW_ENGINE).json()
+    assert body["limits"]["timeout_s"] == SLOW_ENGINE["timeout_s"], body["limits"]
     assert body["value"] == 41 and body["backend"] == "container", body
     return sid
 
