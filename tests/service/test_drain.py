@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import psutil
 
+from sandboxd.policy.store import embedded_policies_dir
 from tests.service.procs import (
     ProcId,
     audit_verify,
@@ -26,27 +27,26 @@ from tests.support.wait import wait_until
 
 # A few seconds of pure-Python loop per call on one core. Under emulation (the VM job) two
 # fifths of it: three such calls on two emulated CPUs, beside another test lane, once took
-# longer than their 120 s limit there; 8 M still keeps them busy for tens of seconds.
+# longer than their limit there; 8 M still keeps them busy for tens of seconds.
 ITERATIONS = scaled(20_000_000, floor=8_000_000)
+COUNT = f"n = 0\nwhile n < {ITERATIONS}:\n    n = n + 1\nn\n"
+BUSY = "while True:\n    pass\n"
 #: the calls' wall limit and the drain's grace, so that only a hang reaches them. A request can
 #: only lower the policy's default (60 s in the shipped policy), so the test's daemon runs the
 #: shipped policy with this default (CI's VM, 2026-11-28: the three calls took over 60 s on a
 #: host whose hypervisor took 42 % of its CPU time, and ended as timeouts)
 CALL_LIMIT_S = 300
-SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
 
 def _long_calls_policy(tmp_path: Path) -> Path:
     """A policy directory: the shipped policy with a default call limit of CALL_LIMIT_S."""
-    text = SHIPPED_POLICY.read_text()
+    text = (embedded_policies_dir() / "default.yaml").read_text()
     assert text.count("\n  timeout: 60s\n") == 1, "the shipped policy's default limit moved"
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "default.yaml").write_text(
         text.replace("\n  timeout: 60s\n", f"\n  timeout: {CALL_LIMIT_S}s\n"))
     return policies
-COUNT = f"n = 0\nwhile n < {ITERATIONS}:\n    n = n + 1\nn\n"
-BUSY = "while True:\n    pass\n"
 
 
 def _call(url: str, code: str, out: list[Any], timeout_s: float = CALL_LIMIT_S) -> None:
