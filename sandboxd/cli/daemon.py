@@ -7,6 +7,8 @@ import ipaddress
 import json
 import logging
 import os
+import socket
+import stat
 import sys
 from pathlib import Path
 from types import FrameType
@@ -196,6 +198,8 @@ def _draining_server_class() -> type:
         async def startup(self, sockets: Any = None) -> None:
             """Bind, then set the socket's mode/group and tell systemd we are ready (only
             now: the lifespan, including the confinement self-test, ran before the bind)."""
+            if self.config.uds:
+                self._placeholder_after_lifespan(Path(self.config.uds))
             await super().startup(sockets)
             if not self.started:
                 return
@@ -209,6 +213,20 @@ def _draining_server_class() -> type:
             from sandboxd import heap
 
             heap.trim()  # start-up's freed C heap back to the kernel (issue 25)
+
+        def _placeholder_after_lifespan(self, path: Path) -> None:
+            """The owner-only placeholder goes at the socket's path once the lifespan has
+            started, right before uvicorn binds there: not earlier, where a client that takes
+            the file for a listening daemon would be refused for the whole self-test."""
+            lifespan = self.lifespan
+            started = lifespan.startup
+
+            async def startup_then_placeholder() -> None:
+                await started()
+                if not lifespan.should_exit:
+                    _owner_only_placeholder(path)
+
+            lifespan.startup = startup_then_placeholder
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self._draining or self._loop is None:
@@ -228,6 +246,24 @@ def _draining_server_class() -> type:
             self.should_exit = True
 
     return _DrainingServer
+
+
+def _owner_only_placeholder(path: Path) -> None:
+    """Leave an owner-only socket file at ``path`` before uvicorn binds there.
+
+    uvicorn gives a socket file it creates mode 0666 until :func:`_secure_socket` sets the
+    configured one, but keeps the mode of a file already there, and asyncio replaces a socket
+    file at the path: with this placeholder no moment of the start is world-writable. A path
+    that holds anything but a socket is left alone (the bind then fails, as it would have)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as placeholder:
+        placeholder.bind(str(path))
+    os.chmod(path, 0o600)
 
 
 def _secure_socket(path: Path, settings: Any) -> None:
