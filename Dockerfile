@@ -73,8 +73,8 @@ USER 0:0
 WORKDIR /var/lib/sandboxd
 STOPSIGNAL SIGTERM
 # Ready = the confinement self-test passes (GET /readyz), over the unix socket when there is one,
-# else loopback TCP on $SANDBOXD_PORT.
+# else loopback TCP on $SANDBOXD_PORT (sandboxd/healthcheck.py: the standard library only).
 HEALTHCHECK --interval=30s --timeout=15s --start-period=60s --retries=3 \
-    CMD ["/opt/sandboxd/bin/python", "-c", "import os, sys, httpx; u = '/run/sandboxd/sandboxd.sock'; u = u if os.path.exists(u) else None; c = httpx.Client(transport=httpx.HTTPTransport(uds=u) if u else None, timeout=14); url = 'http://localhost/readyz' if u else 'http://127.0.0.1:%s/readyz' % os.environ.get('SANDBOXD_PORT', '8765'); sys.exit(0 if c.get(url).status_code == 200 else 1)"]
+    CMD ["/opt/sandboxd/bin/python", "-I", "-m", "sandboxd.healthcheck"]
 ENTRYPOINT ["/opt/sandboxd/bin/sandboxd"]
 CMD ["serve", "--uds", "/run/sandboxd/sandboxd.sock"]

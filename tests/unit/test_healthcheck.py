@@ -1,0 +1,127 @@
+"""The image's HEALTHCHECK (sandboxd/healthcheck.py) against real HTTP servers: on the unix
+socket when it exists, else on the TCP port; 200 is healthy, anything else or no answer is not."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxd import healthcheck
+
+
+def _handler(status: int, seen: list[str]) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[object]:
+    servers: list[socketserver.BaseServer] = []
+
+    def start(status: int, *, unix: bool) -> tuple[str | int, list[str]]:
+        seen: list[str] = []
+        handler = _handler(status, seen)
+        server: socketserver.BaseServer
+        if unix:
+            path = str(tmp_path / f"d{len(servers)}.sock")
+
+            class Unix(handler):  # type: ignore[misc, valid-type]
+                def address_string(self) -> str:
+                    return "unix"
+
+            server = _UnixServer(path, Unix)
+            where: str | int = path
+        else:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            where = server.server_address[1]
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return where, seen
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status, healthy", [(200, True), (503, False), (500, False)])
+def test_the_socket_answer_decides(serve, status: int, healthy: bool) -> None:  # type: ignore[no-untyped-def]
+    path, seen = serve(status, unix=True)
+    assert healthcheck.ready(str(path)) is healthy
+    assert seen == ["/readyz"]
+
+
+def test_without_the_socket_it_asks_the_tcp_port(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    port, seen = serve(200, unix=False)
+    assert healthcheck.ready(str(tmp_path / "absent.sock"), port=int(port)) is True
+    assert seen == ["/readyz"]
+
+
+def test_the_port_comes_from_sandboxd_port(serve, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    port, seen = serve(503, unix=False)
+    monkeypatch.setenv("SANDBOXD_PORT", str(port))
+    assert healthcheck.ready(str(tmp_path / "absent.sock")) is False
+    assert seen == ["/readyz"]
+
+
+def test_nothing_listening_is_unhealthy(tmp_path: Path) -> None:
+    dead = tmp_path / "dead.sock"
+    with socket.socket(socket.AF_UNIX) as s:  # a socket file nobody listens on any more
+        s.bind(str(dead))
+    assert healthcheck.ready(str(dead)) is False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert healthcheck.ready(str(tmp_path / "absent.sock"), port=free) is False
+
+
+def test_a_silent_daemon_is_unhealthy_within_the_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(1)  # accepts (the backlog) but never answers
+        assert healthcheck.ready(str(path), timeout=0.5) is False
+
+
+def test_the_image_command_exits_by_the_answer(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`python -I -m sandboxd.healthcheck`, as the Dockerfile runs it, with the socket path
+    pointed at the test's server."""
+    code = ("import sys, sandboxd.healthcheck as h; h.SOCKET = sys.argv[1]; h.main()")
+    for status, rc in ((200, 0), (503, 1)):
+        path, _ = serve(status, unix=True)
+        run = subprocess.run([sys.executable, "-I", "-c", code, str(path)], timeout=60)
+        assert run.returncode == rc, (status, run)
+
+
+def test_it_imports_nothing_but_the_standard_library() -> None:
+    code = ("import json, sys; before = set(sys.modules); import sandboxd.healthcheck; "
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    loaded = json.loads(run.stdout)
+    outside = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
+               and m.split(".")[0] != "sandboxd"]
+    assert outside == [], outside
