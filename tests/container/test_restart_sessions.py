@@ -24,7 +24,12 @@ from tests.support.wait import wait_until
 from .conftest import labelled
 from .test_http import SLOW_ENGINE, daemon_env, policies  # noqa: F401  (a fixture)
 
-pytestmark = pytest.mark.docker
+#: the modern-host VM job leaves this module to make test (tests/vm/README.md)
+pytestmark = [pytest.mark.docker, pytest.mark.same_on_every_host(
+    "re-adopting, thawing and ending kept sessions is the daemon's and runner's own logic on "
+    "the same engine; the VM's service job proves a restart keeps a container session's "
+    "kernel and a restricted session's files under the shipped unit "
+    "(restart-keeps-container-session, restart-keeps-restricted-session-files)")]
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pytest
 from sandboxd.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.processes import running
+from tests.support.scale import scaled
 from tests.support.wait import wait_until
 
 
@@ -217,7 +218,7 @@ def test_100_sessions_leave_no_kernel_cgroup_or_descriptor(clients: Clients) -> 
     clients.alice.delete(f"/v1/sessions/{sid}")
     fds_before = daemon.num_fds()
     seen: list[tuple[int, list[Path]]] = []
-    for i in range(100):
+    for i in range(scaled(100)):  # fewer under emulation (tests/support/scale.py)
         sid = new_session(clients.alice)
         res = py(clients.alice, "x = 1", sid)
         assert res["kernel"]["fresh"], res

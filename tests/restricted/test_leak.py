@@ -14,6 +14,7 @@ from sandboxd.backends.restricted.zygote import STANDBY_WORKERS
 from sandboxd.models import Limits, Reason
 from tests.restricted.conftest import BackendHarness
 from tests.support.plan import with_limits
+from tests.support.scale import scaled
 from tests.support.wait import wait_until
 
 TIMEOUT_CODE = "while True:\n    pass"
@@ -43,10 +44,11 @@ def test_200_failing_calls_leave_nothing(harness: BackendHarness) -> None:
             async with sem:
                 return await one(i)
 
-        return await asyncio.gather(*[bounded(i) for i in range(200)])
+        return await asyncio.gather(*[bounded(i) for i in range(rounds)])
 
+    rounds = scaled(200, floor=40)  # fewer under emulation (tests/support/scale.py)
     results = harness.call(all_calls(), timeout=1200)
-    assert len(results) == 200
+    assert len(results) == rounds
     for i, res in results:
         expected = Reason.wall_timeout if i % 2 else Reason.memory_limit
         assert res.termination.reason is expected, (i, res)

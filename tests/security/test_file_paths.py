@@ -16,6 +16,11 @@ import pytest
 
 from tests.support.daemon import RunningDaemon, running_daemon
 
+#: the modern-host VM job leaves this module to make test (tests/vm/README.md)
+pytestmark = pytest.mark.same_on_every_host(
+    "which path the policy checks and which one the daemon opens is the daemon's own path "
+    "normalisation (sandboxd.paths), the same code on any kernel")
+
 SECRETS = {"app.key": "KEY-CANARY", ".env": "ENV-CANARY", "keys/id_rsa": "RSA-CANARY"}
 
 READ_ATTACKS = [

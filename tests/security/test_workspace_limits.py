@@ -359,6 +359,14 @@ def test_kernel_quota_required_but_unavailable_is_not_ready(tmp_path: Path) -> N
 # ------------------------------------------------------------------ item 8: deep trees
 
 
+#: the advisory quota is the daemon's own walk of a plain directory: make test runs it, the VM
+#: job runs auto (the kernel quota's mount) only (tests/vm/README.md)
+ADVISORY_SAME_EVERYWHERE = pytest.mark.same_on_every_host(
+    "the advisory quota is the daemon's own walk of a plain directory on a tmpfs: the same on "
+    "any host (auto, the kernel quota's mount, stays in the VM)")
+
+
+@ADVISORY_SAME_EVERYWHERE
 def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
         tmp_path: Path, docker_client: object) -> None:
     """Advisory workspaces are plain directories, so every walk meets the deep tree: measuring
@@ -427,13 +435,6 @@ def test_deep_tree_never_stops_measure_delete_expiry_or_restart(
 
 
 # ------------------------------------------------------------------ item 9: huge workspaces
-
-
-#: the advisory quota is the daemon's own walk of a plain directory: make test runs it, the VM
-#: job runs auto (the kernel quota's mount) only (tests/vm/README.md)
-ADVISORY_SAME_EVERYWHERE = pytest.mark.same_on_every_host(
-    "the advisory quota is the daemon's own walk of a plain directory on a tmpfs: the same on "
-    "any host (auto, the kernel quota's mount, stays in the VM)")
 
 
 @pytest.mark.parametrize("mode", ["auto", pytest.param("advisory", marks=ADVISORY_SAME_EVERYWHERE)])
