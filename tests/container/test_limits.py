@@ -14,6 +14,7 @@ from docker.errors import APIError, NotFound
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import ContainerBackend
 from sandboxd.models import Limits, Reason, Status
+from tests.support.scale import time_bound
 from tests.support.wait import async_wait_until
 
 from .conftest import labelled, run
@@ -38,18 +39,20 @@ async def assert_gone(docker_client: Any, detail: str | None) -> None:
     await async_wait_until(unknown, timeout=30, what=f"the engine to forget {name}")
 
 
-#: the wall-clock limit of the memory tests: the call's deadline counts the container's start
-#: and its new shape, which took over 30 s under the VM job's emulation beside the other lane
-#: (CI, 2026-11-28: the first three tests of this module timed out once, one of them twice);
-#: the memory limit ends these calls long before it, so it only bounds a hang
-MEMORY_TEST_TIMEOUT_S = 90
+#: the wall-clock limit of every call here whose end is another limit's (memory, pids, output,
+#: open files) or its own exit: the call's deadline counts the container's start and its new
+#: shape, which took over 30 s under the VM job's emulation beside the other lane (CI,
+#: 2026-11-28: the memory tests timed out; 2026-11-29: an output flood's call, limit 20 s, found
+#: no container started after 74 s); those limits end the calls long before it, so it only
+#: bounds a hang
+CALL_TIMEOUT_S = 90
 
 
 async def test_memory_bomb_is_memory_limit(backend: ContainerBackend, ws: Path,
                                            docker_client: Any) -> None:
     res = await run(backend, ws, code="blocks = []\nwhile True:\n    blocks.append(b'x' * MiB)"
                     .replace("MiB", str(MiB)),
-                    limits=Limits(timeout_s=MEMORY_TEST_TIMEOUT_S, memory_bytes=64 * MiB))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, memory_bytes=64 * MiB))
     assert res.termination.reason is Reason.memory_limit, res
     assert res.status is Status.killed
     assert res.cleanup.verified
@@ -58,7 +61,7 @@ async def test_memory_bomb_is_memory_limit(backend: ContainerBackend, ws: Path,
 
 async def test_memory_within_limit_is_fine(backend: ContainerBackend, ws: Path) -> None:
     res = await run(backend, ws, code="len(bytearray(32 * 1024 * 1024))",
-                    limits=Limits(timeout_s=MEMORY_TEST_TIMEOUT_S, memory_bytes=128 * MiB))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, memory_bytes=128 * MiB))
     assert res.status is Status.ok and res.value == 32 * MiB, res
     assert res.resources.peak_memory_bytes >= 32 * MiB
 
@@ -66,7 +69,7 @@ async def test_memory_within_limit_is_fine(backend: ContainerBackend, ws: Path) 
 async def test_memory_bomb_in_a_shell_command(backend: ContainerBackend, ws: Path) -> None:
     # a command (not the runner's python) eating memory: python3 -c as a separate program
     res = await run(backend, ws, argv=["python3", "-c", "x = bytearray(200 * 1024 * 1024)"],
-                    limits=Limits(timeout_s=MEMORY_TEST_TIMEOUT_S, memory_bytes=64 * MiB))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, memory_bytes=64 * MiB))
     assert res.termination.reason is Reason.memory_limit, res
 
 
@@ -81,17 +84,18 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(backend: ContainerBackend,
         "        time.sleep(0.5)\n"
     )
     started = time.monotonic()
-    res = await run(backend, ws, code=code, limits=Limits(timeout_s=20, pids=32))
+    res = await run(backend, ws, code=code, limits=Limits(timeout_s=CALL_TIMEOUT_S, pids=32))
     assert res.termination.reason is Reason.pids_limit, res
     assert res.status is Status.killed
-    assert time.monotonic() - started < 15  # ended by the pids limit, not the wall clock
+    # ended by the pids limit, not the wall clock (under emulation: before it)
+    assert time.monotonic() - started < time_bound(15, emulated_s=CALL_TIMEOUT_S - 5)
     assert res.cleanup.verified
     await assert_gone(docker_client, res.cleanup.detail)
 
 
 async def test_shell_fork_bomb(backend: ContainerBackend, ws: Path) -> None:
     res = await run(backend, ws, argv=["sh", "-c", "f() { f | f & }; f; sleep 30"],
-                    limits=Limits(timeout_s=20, pids=32))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, pids=32))
     assert res.termination.reason is Reason.pids_limit, res
 
 
@@ -113,7 +117,7 @@ async def test_sleep_with_one_second_timeout(backend: ContainerBackend, ws: Path
 async def test_output_flood_is_output_limit(backend: ContainerBackend, ws: Path,
                                             docker_client: Any) -> None:
     res = await run(backend, ws, argv=["yes", "flood"],
-                    limits=Limits(timeout_s=20, output_bytes=100_000))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, output_bytes=100_000))
     assert res.termination.reason is Reason.output_limit, res
     assert res.status is Status.killed
     assert res.truncated.stdout and not res.truncated.stderr
@@ -124,7 +128,7 @@ async def test_output_flood_is_output_limit(backend: ContainerBackend, ws: Path,
 
 async def test_output_flood_on_stderr(backend: ContainerBackend, ws: Path) -> None:
     res = await run(backend, ws, code="import sys\nwhile True:\n    sys.stderr.write('e' * 4096)",
-                    limits=Limits(timeout_s=20, output_bytes=50_000))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, output_bytes=50_000))
     assert res.termination.reason is Reason.output_limit, res
     assert res.truncated.stderr
     assert len(res.stdout) + len(res.stderr) <= 50_000
@@ -133,7 +137,7 @@ async def test_output_flood_on_stderr(backend: ContainerBackend, ws: Path) -> No
 async def test_output_just_under_the_cap_is_complete(backend: ContainerBackend,
                                                      ws: Path) -> None:
     res = await run(backend, ws, code="print('y' * 9999)",
-                    limits=Limits(timeout_s=20, output_bytes=10_000))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, output_bytes=10_000))
     assert res.status is Status.ok, res
     assert res.stdout == "y" * 9999 + "\n"
     assert not res.truncated.stdout
@@ -142,11 +146,11 @@ async def test_output_just_under_the_cap_is_complete(backend: ContainerBackend,
 async def test_cpu_limit_is_applied(backend: ContainerBackend, ws: Path,
                                     docker_client: Any) -> None:
     res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/cpu.max"],
-                    limits=Limits(timeout_s=20, cpus=0.5))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, cpus=0.5))
     if res.status is not Status.ok:  # cgroup v1
         res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
                                            "/sys/fs/cgroup/cpu/cpu.cfs_period_us"],
-                        limits=Limits(timeout_s=20, cpus=0.5))
+                        limits=Limits(timeout_s=CALL_TIMEOUT_S, cpus=0.5))
     quota, period = (int(x) for x in res.stdout.split()[:2])
     assert quota / period == pytest.approx(0.5)
 
@@ -156,7 +160,7 @@ async def test_memory_and_swap_limits_are_applied(backend: ContainerBackend, ws:
     overhead), read from inside the container's own cgroup: v2 files first, v1 when on v1."""
     from sandboxd.backends.container.engine import PIDS_OVERHEAD
 
-    limits = Limits(timeout_s=20, memory_bytes=96 * MiB, pids=24)
+    limits = Limits(timeout_s=CALL_TIMEOUT_S, memory_bytes=96 * MiB, pids=24)
     res = await run(backend, ws, argv=["cat", "/sys/fs/cgroup/memory.max",
                                        "/sys/fs/cgroup/memory.swap.max",
                                        "/sys/fs/cgroup/pids.max"], limits=limits)
@@ -227,7 +231,7 @@ OPEN_UNTIL_REFUSED = (
 async def test_python_cannot_hold_more_files_than_open_files(backend: ContainerBackend,
                                                              ws: Path) -> None:
     res = await run(backend, ws, code=OPEN_UNTIL_REFUSED,
-                    limits=Limits(timeout_s=30, open_files=32))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, open_files=32))
     assert res.status == Status.ok, res
     verdict = res.stdout.split()
     assert verdict[:2] == ["refused", "24"], res.stdout  # EMFILE
@@ -237,7 +241,7 @@ async def test_python_cannot_hold_more_files_than_open_files(backend: ContainerB
 async def test_a_shell_command_has_the_open_files_limit(backend: ContainerBackend,
                                                         ws: Path) -> None:
     res = await run(backend, ws, argv=["sh", "-c", "ulimit -n; ulimit -Hn"],
-                    limits=Limits(timeout_s=30, open_files=32))
+                    limits=Limits(timeout_s=CALL_TIMEOUT_S, open_files=32))
     assert res.status == Status.ok, res
     assert res.stdout.split() == ["32", "32"]
 
@@ -247,9 +251,9 @@ async def test_a_session_kernel_keeps_its_first_call_s_open_files(backend: Conta
     code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))"
     try:
         first = await run(backend, ws, code=code, session="nofile",
-                          limits=Limits(timeout_s=30, open_files=32))
+                          limits=Limits(timeout_s=CALL_TIMEOUT_S, open_files=32))
         second = await run(backend, ws, code=code, session="nofile",
-                           limits=Limits(timeout_s=30, open_files=48))
+                           limits=Limits(timeout_s=CALL_TIMEOUT_S, open_files=48))
     finally:
         await backend.close_session("nofile")
     assert (first.stdout, second.stdout) == ("(32, 32)\n", "(32, 32)\n"), (first, second)
