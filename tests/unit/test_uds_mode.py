@@ -17,6 +17,7 @@ import uvicorn
 import uvicorn.server
 
 from sandboxd.cli.daemon import _owner_only_placeholder
+from tests.support.wait import async_wait_until
 
 
 @pytest.fixture
@@ -138,8 +139,8 @@ def test_the_daemons_start_never_gives_the_socket_more_than_its_mode(
 
     async def run() -> None:
         async def stop_once_started() -> None:
-            while not server.started:
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: server.started, timeout=30, interval=0.01,
+                                   what="the server started")
             server.should_exit = True
 
         stopper = asyncio.create_task(stop_once_started())
