@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import sys
+
+from sandboxd.unixhttp import UnixHTTPConnection
 
 #: where the image's ``serve --uds`` listens (Dockerfile ``CMD``)
 SOCKET = "/run/sandboxd/sandboxd.sock"
@@ -17,30 +18,12 @@ SOCKET = "/run/sandboxd/sandboxd.sock"
 TIMEOUT_S = 14.0
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP/1.1 over a unix stream socket."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def ready(path: str = SOCKET, port: int | None = None, timeout: float = TIMEOUT_S) -> bool:
     """Whether the daemon answers ``/readyz`` with 200: on ``path`` when it exists, else on
     127.0.0.1 at ``port`` (default ``SANDBOXD_PORT``, else 8765)."""
     conn: http.client.HTTPConnection
     if os.path.exists(path):
-        conn = _UnixConnection(path, timeout)
+        conn = UnixHTTPConnection(path, timeout)
     else:
         if port is None:
             port = int(os.environ.get("SANDBOXD_PORT") or 8765)

@@ -22,13 +22,14 @@ import http.client
 import json
 import os
 import select
-import socket
 import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
+
+from sandboxd.unixhttp import UnixHTTPConnection
 
 DEFAULT_URL = "unix:///var/run/docker.sock"
 #: how a kept connection the engine closed while it was idle fails (the close crossed the
@@ -100,24 +101,6 @@ def address(url: str | None) -> Address:
             tls.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
     port = parts.port or (2376 if tls is not None else 2375)
     return Address(url, host=parts.hostname, port=port, tls=tls)
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    """An HTTP connection over a unix socket."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
 
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:
@@ -259,7 +242,7 @@ class Engine:
     def _connection(self) -> http.client.HTTPConnection:
         a = self.address
         if a.unix_path is not None:
-            return _UnixConnection(a.unix_path, self.timeout)
+            return UnixHTTPConnection(a.unix_path, self.timeout)
         if a.tls is not None:
             return http.client.HTTPSConnection(a.host, a.port, timeout=self.timeout,
                                                context=a.tls)
