@@ -58,9 +58,9 @@ def test_a_file_that_is_not_a_socket_is_left_alone(tmp_path: Path, umask_077: No
     assert path.read_text() == "not a socket"
 
 
-def _modes_uvicorn_sets(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every mode uvicorn's own start gives the socket file (its os.chmod calls), with a
-    trivial app: the real bind, the real chmod."""
+def _record_modes(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The modes every later ``os.chmod`` of ``path`` gives it, in order (the chmod is real;
+    uvicorn's and the daemon's ``os`` are this ``os``)."""
     modes: list[int] = []
     real_chmod = os.chmod
 
@@ -69,7 +69,14 @@ def _modes_uvicorn_sets(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int
             modes.append(stat.S_IMODE(mode))
         real_chmod(target, mode, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(uvicorn.server.os, "chmod", chmod)
+    monkeypatch.setattr(os, "chmod", chmod)
+    return modes
+
+
+def _modes_uvicorn_sets(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every mode uvicorn's own start gives the socket file (its os.chmod calls), with a
+    trivial app: the real bind, the real chmod."""
+    modes = _record_modes(path, monkeypatch)
 
     async def app(scope: dict, receive: object, send: object) -> None:  # pragma: no cover
         pass
@@ -112,16 +119,8 @@ def test_the_daemons_start_never_gives_the_socket_more_than_its_mode(
     from sandboxd.cli.daemon import DrainingServer
 
     path = tmp_path / "d.sock"
-    modes: list[int] = []
+    modes = _record_modes(path, monkeypatch)
     present_during_lifespan: list[bool] = []
-    real_chmod = os.chmod
-
-    def chmod(target: object, mode: int, *args: object, **kwargs: object) -> None:
-        if Path(str(target)) == path:
-            modes.append(stat.S_IMODE(mode))
-        real_chmod(target, mode, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "chmod", chmod)
 
     async def app(scope: dict, receive: object, send: object) -> None:
         if scope["type"] == "lifespan":
