@@ -9,7 +9,9 @@ from __future__ import annotations
 import http.client
 import os
 import sys
+from urllib.parse import urlsplit
 
+from sandboxd import DEFAULT_URL
 from sandboxd.unixhttp import UnixHTTPConnection
 
 #: where the image's ``serve --uds`` listens (Dockerfile ``CMD``)
@@ -20,13 +22,13 @@ TIMEOUT_S = 14.0
 
 def ready(path: str = SOCKET, port: int | None = None, timeout: float = TIMEOUT_S) -> bool:
     """Whether the daemon answers ``/readyz`` with 200: on ``path`` when it exists, else on
-    127.0.0.1 at ``port`` (default ``SANDBOXD_PORT``, else 8765)."""
+    127.0.0.1 at ``port`` (default ``SANDBOXD_PORT``, else the daemon's default port)."""
     conn: http.client.HTTPConnection
     if os.path.exists(path):
         conn = UnixHTTPConnection(path, timeout)
     else:
         if port is None:
-            port = int(os.environ.get("SANDBOXD_PORT") or 8765)
+            port = int(os.environ.get("SANDBOXD_PORT") or urlsplit(DEFAULT_URL).port or 0)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("GET", "/readyz")
