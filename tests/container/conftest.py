@@ -17,6 +17,7 @@ from sandboxd.backends.container import ContainerBackend
 from sandboxd.config import Settings
 from sandboxd.models import Invocation, Limits, Result, ToolKind
 from sandboxd.protocol.plan import ExecutionPlan, Plan
+from tests.support.scale import time_bound
 
 #: the identity the helpers below give their workspaces and calls (the daemon would take one
 #: from its uid pool per call or session): the last uid of the default pool, adopted by the
@@ -45,11 +46,17 @@ def workspace(base: Path, name: str = "ws") -> Path:
     return path
 
 
+#: a call's wall-clock limit unless the test gives one: 30 s in make test; 120 s under
+#: emulation, where a container's creation beside the other lane's took over 30 s (CI's VM,
+#: 2026-11-29: a session's first call ended in wall_timeout before its container started)
+DEFAULT_CALL_S = time_bound(30.0, emulated_s=120.0)
+
+
 async def run(backend: ContainerBackend, ws: Path, *, argv: list[str] | None = None,
               code: str | None = None, session: str | None = None, client: str = "tester",
               limits: Limits | None = None, timeout: float | None = None) -> Result:
     """One call through the backend, as the service would make it."""
-    limits = limits or Limits(timeout_s=timeout or 30.0)
+    limits = limits or Limits(timeout_s=timeout or DEFAULT_CALL_S)
     uid = None
     if backend.uids is not None:
         assert backend.uids.adopt("tests", SANDBOX_UID)

@@ -24,6 +24,13 @@ def scaled(count: int, floor: int = 20) -> int:
     return max(min(count, floor), round(count * _factor()))
 
 
+def rounds(full: int, emulated: int) -> int:
+    """``full`` rounds at full scale (make test), ``emulated`` (at most ``full``) in a scaled
+    run: for a test whose rounds each cost seconds under emulation, where a share of ``full``
+    would still not fit its time limit on a loaded host."""
+    return full if _factor() >= 1.0 else min(full, emulated)
+
+
 def time_bound(strict_s: float, emulated_s: float) -> float:
     """A bound on how long something took: ``strict_s`` at full scale (make test, where the
     bound is the property), ``emulated_s`` under software emulation (a scaled run), where a
