@@ -40,7 +40,7 @@ TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0",
                  # leaves no mount or container behind) unless the test keeps them (issue 26)
                  "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false"}
 # Test daemons take sandbox uid ranges of this size from TEST_UID_BASE up: above the default
-# range (10100-10999, an installed service's) and the VM lanes' in-process backends (10100 +
+# range (10100-10999, an installed service's) and the VM lanes' in-process backends (12100 +
 # 1000 x lane), each claimed host-wide by its daemon (sandboxd.uidclaim)
 TEST_UID_BASE = 20000
 TEST_UID_COUNT = 200

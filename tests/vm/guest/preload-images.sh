@@ -5,18 +5,33 @@
 # guest's two CPUs idle (a load took ~190 s of the service job under emulation). Nothing else
 # sees an engine meanwhile (docker.service is not started; no bridge, no iptables rules).
 # Marks each loaded tar with /share/payload/<name>.loaded; the jobs load what is not marked.
-#   preload-images.sh LOG
+# Both jobs call it (they may run side by side, ci.sh): under one lock (LOCK below), so the
+# second waits for the first's load and then finds it done; docker.service is started under the
+# same lock (start_docker below), never while the private engine holds the data root.
+#   preload-images.sh LOG          load what is not loaded yet (waits for a load under way)
+#   preload-images.sh --start LOG  the same, then start docker.service
 set -u
+START=0
+[ "${1:-}" = --start ] && { START=1; shift; }
 LOG=${1:-/dev/null}
 P=/share/payload
 SOCK=unix:///run/sandboxd-preload/docker.sock
 DOCKER=/usr/bin/docker
+LOCK=/run/sandboxd-preload.lock
+exec 9> "$LOCK"
+flock 9
+start_docker() { [ "$START" = 0 ] || systemctl start docker.service; }
 # one engine per data root: never beside docker.service
 systemctl is-active -q docker.service && { echo "docker.service runs: nothing preloaded" >> "$LOG"; exit 0; }
+todo=0
+for name in images dockerfile-image; do
+  [ -f "$P/$name.tar" ] && [ ! -f "$P/$name.loaded" ] && todo=1
+done
+[ "$todo" = 1 ] || { start_docker; exit; }
 mkdir -p /run/sandboxd-preload
 dockerd --host "$SOCK" --pidfile /run/sandboxd-preload/dockerd.pid \
   --exec-root /run/sandboxd-preload/exec --bridge none --iptables=false --ip6tables=false \
-  --ip-masq=false >> "$LOG" 2>&1 &
+  --ip-masq=false >> "$LOG" 2>&1 9>&- &  # the lock's fd stays here
 engine=$!
 t0=$(date +%s)
 until $DOCKER -H "$SOCK" version > /dev/null 2>&1; do
@@ -33,3 +48,4 @@ done
 kill -TERM $engine
 wait $engine
 echo "preload done in $(( $(date +%s) - t0 )) s" >> "$LOG"
+start_docker
