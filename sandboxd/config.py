@@ -250,6 +250,11 @@ class Settings(BaseSettings):
                     "characters; default: the host name's first label, cleaned")
 
     # --- start-up
+    probe_call_timeout_s: float = Field(
+        default=30.0, gt=0, le=600,
+        description="The wall-clock limit of each call of the container backend's self-test "
+                    "(start-up, /readyz, doctor): its memory-limit check and its facts call; "
+                    "raise it where the engine is slow to create a container")
     allow_unconfined: bool = Field(
         default=False, description="Serve even when the default backend fails its self-test"
     )

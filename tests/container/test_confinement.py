@@ -17,7 +17,7 @@ from sandboxd.protocol.plan import ExecutionPlan
 from tests.support.ci import require
 from tests.support.plan import with_limits
 
-from .conftest import SANDBOX_UID, run
+from .conftest import SANDBOX_UID, labelled, make_settings, run
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -211,6 +211,26 @@ async def test_probe_proves_confinement(backend: ContainerBackend) -> None:
     names = {c.name for c in report.checks}
     assert {"unprivileged", "socket_blocked", "write_outside_blocked", "memory_limit",
             "seccomp"} <= names
+
+
+@pytest.mark.same_on_every_host(
+    "the self-test's wall-clock limit comes from the settings: the daemon's own arithmetic; "
+    "test_probe_proves_confinement proves the probe itself in the VM")
+async def test_probe_calls_get_the_configured_wall_limit(tmp_path: Path,
+                                                         docker_client: Any) -> None:
+    """``probe_call_timeout_s`` is each self-test call's limit: a limit too short for any
+    container says so in the report (and leaves nothing behind)."""
+    settings = make_settings(tmp_path, probe_call_timeout_s=0.05, warm_pool_size=0)
+    backend = ContainerBackend.from_settings(settings)
+    await backend.start()
+    try:
+        assert backend.config.probe_call_timeout_s == 0.05
+        report = await backend.probe()
+        assert not report.ok
+        assert "wall-clock limit of 0.05 s" in report.detail, report
+    finally:
+        await backend.close()
+    assert labelled(docker_client, settings.instance_name) == []
 
 
 async def test_every_container_has_the_hardened_config(backend: ContainerBackend, ws: Path,

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import psutil
 
-from sandboxd.policy.store import embedded_policies_dir
 from tests.service.procs import (
     ProcId,
     audit_verify,
@@ -22,6 +21,7 @@ from tests.service.procs import (
 )
 from tests.support.audit import audit_records
 from tests.support.daemon import start_daemon
+from tests.support.policy_files import long_calls_policy
 from tests.support.scale import scaled
 from tests.support.wait import wait_until
 
@@ -36,17 +36,6 @@ BUSY = "while True:\n    pass\n"
 #: shipped policy with this default (CI's VM, 2026-11-28: the three calls took over 60 s on a
 #: host whose hypervisor took 42 % of its CPU time, and ended as timeouts)
 CALL_LIMIT_S = 300
-
-
-def _long_calls_policy(tmp_path: Path) -> Path:
-    """A policy directory: the shipped policy with a default call limit of CALL_LIMIT_S."""
-    text = (embedded_policies_dir() / "default.yaml").read_text()
-    assert text.count("\n  timeout: 60s\n") == 1, "the shipped policy's default limit moved"
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "default.yaml").write_text(
-        text.replace("\n  timeout: 60s\n", f"\n  timeout: {CALL_LIMIT_S}s\n"))
-    return policies
 
 
 def _call(url: str, code: str, out: list[Any], timeout_s: float = CALL_LIMIT_S) -> None:
@@ -64,7 +53,7 @@ def _call(url: str, code: str, out: list[Any], timeout_s: float = CALL_LIMIT_S) 
 def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> None:
     d = start_daemon(
         tmp_path,
-        policies_dir=_long_calls_policy(tmp_path),
+        policies_dir=long_calls_policy(tmp_path, CALL_LIMIT_S),
         env={"SANDBOXD_DRAIN_GRACE_S": str(CALL_LIMIT_S),
              "SANDBOXD_CONTAINER_ENABLED": "false"},
     )

@@ -30,7 +30,9 @@ Process = subprocess.Popen[bytes] | cli.Forked
 #: (:func:`tests.support.cli.forkable`) is always a fresh interpreter.
 FORKED = False
 
-PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"}
+# (the VM job sets a longer self-test call limit: tests/vm/guest/test-suite.sh)
+PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE",
+                   "SANDBOXD_PROBE_CALL_TIMEOUT_S"}
 #: settings every test daemon gets unless its ``env`` says otherwise. No warm container pool:
 #: most test daemons never call a container tool, and two idle containers per daemon start
 #: cost seconds of CPU each under the VM job's emulation (issue 28); the tests of the pool

@@ -29,6 +29,7 @@ class ContainerConfig:
     warm_pool_size: int = 2
     kernel_interrupt_grace_s: float = 2.0  # an interrupted session kernel may come back this long
     session_pause_after_s: float = 60.0  # an idle session container is paused (0: never)
+    probe_call_timeout_s: float = 30.0  # each self-test call's wall-clock limit
     wheelhouse: Path | None = None  # mounted read-only into session containers when set
 
     @classmethod
@@ -46,5 +47,6 @@ class ContainerConfig:
             warm_pool_size=settings.warm_pool_size,
             kernel_interrupt_grace_s=settings.kernel_interrupt_grace_s,
             session_pause_after_s=settings.session_pause_after_s,
+            probe_call_timeout_s=settings.probe_call_timeout_s,
             wheelhouse=settings.wheelhouse,
         )

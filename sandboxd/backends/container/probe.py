@@ -33,12 +33,13 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
     try:
         # the daemon's own probe code: every import admitted (the runner's rule is default
         # deny, as for a policy's call)
-        limits = Limits(timeout_s=30)
+        wall_s = backend.config.probe_call_timeout_s
+        limits = Limits(timeout_s=wall_s)
         inv = Invocation(tool="python", client=PROBE_CLIENT, workspace=workspace,
                          arguments={"code": PROBE_CODE},
                          plan=ExecutionPlan(kind=ToolKind.python, limits=limits,
                                             imports_allow=("*",)))
-        res = await backend.run(inv, time.monotonic() + 30)
+        res = await backend.run(inv, time.monotonic() + wall_s)
         facts = res.value if isinstance(res.value, dict) else {}
         if not facts:
             detail = f"probe failed: {res.status} {res.message or ''} {res.stderr[-300:]}"
@@ -62,13 +63,13 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
                                         f"{facts.get('unshare_blocked')}"))
         checks.append(ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
                                  detail=f"NoNewPrivs={facts.get('no_new_privs')}"))
-        mem_limits = Limits(timeout_s=30, memory_bytes=48 * 1024 * 1024)
+        mem_limits = Limits(timeout_s=wall_s, memory_bytes=48 * 1024 * 1024)
         mem_inv = Invocation(tool="python", client=PROBE_CLIENT, workspace=workspace,
                              arguments={"code": "x = bytearray(96 * 1024 * 1024)\n"
                                                 "x[::4096] = b'x' * len(x[::4096])\n"},
                              plan=ExecutionPlan(kind=ToolKind.python, limits=mem_limits,
                                                 imports_allow=("*",)))
-        mem = await backend.run(mem_inv, time.monotonic() + 30)
+        mem = await backend.run(mem_inv, time.monotonic() + wall_s)
         checks.append(ProbeCheck(
             name="memory_limit", ok=mem.termination.reason is Reason.memory_limit,
             detail=f"96 MiB under a 48 MiB limit -> {_how_it_ended(mem)}"))
