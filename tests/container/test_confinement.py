@@ -17,7 +17,7 @@ from sandboxd.protocol.plan import ExecutionPlan
 from tests.support.ci import require
 from tests.support.plan import with_limits
 
-from .conftest import SANDBOX_UID, labelled, make_settings, run
+from .conftest import DEFAULT_CALL_S, SANDBOX_UID, labelled, make_settings, run
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -284,7 +284,9 @@ async def test_concurrent_containers_never_share_a_uid(backend: ContainerBackend
                          arguments={"code": code}, uid=uid,
                          plan=ExecutionPlan(kind=ToolKind.python, limits=Limits(timeout_s=30),
                                             imports_allow=("*",)))
-        calls.append(backend.run(with_limits(inv, Limits(timeout_s=30)), time.monotonic() + 30))
+        # three containers start at once: 120 s under emulation (conftest.DEFAULT_CALL_S)
+        calls.append(backend.run(with_limits(inv, Limits(timeout_s=DEFAULT_CALL_S)),
+                                 time.monotonic() + DEFAULT_CALL_S))
     try:
         results = await asyncio.gather(*calls)
     finally:
