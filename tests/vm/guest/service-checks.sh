@@ -34,6 +34,8 @@ api() {  # api METHOD PATH [JSON]: prints body, then a last line HTTP=<code>
 jget() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read().rsplit("\nHTTP=",1)[0]); print(eval(sys.argv[1], {"d": d}))' "$1" 2>/dev/null; }
 svc_cg() { echo "$CG$(systemctl show -p ControlGroup --value sandboxd.service)"; }
 cg_tree() { find "$1" -mindepth 1 -maxdepth 3 -type d 2>/dev/null | sed "s|^$1/||" | sort; }
+# the worker cgroups below the unit's daemon subtree (CGROUP/sandboxd-<instance>/<worker>)
+worker_cgroups() { find "$1" -mindepth 2 -maxdepth 2 -type d -path '*/sandboxd-*/*' 2>/dev/null; }
 # The scopes a run names in its output (sandboxd-<instance>-<pid>.scope) that still exist: only
 # its own, since the tests job's first lane runs beside this job (ci.sh) and its daemons make
 # scopes of their own. "none named" when it named none: a check on it must then fail.
@@ -191,14 +193,14 @@ cg_tree "$SCG" > "$R/cgroup-before.txt"
 cpid=$!
 # until the call runs: a cgroup below the unit's with the call's pids limit and a process in it
 for _ in $(seq 1 240); do
-  for d in $(find "$SCG" -mindepth 2 -maxdepth 2 -type d -path '*/sandboxd-*/*' 2>/dev/null); do
+  for d in $(worker_cgroups "$SCG"); do
     [ "$(cat $d/pids.max 2>/dev/null)" = 7 ] && [ -n "$(cat $d/cgroup.procs 2>/dev/null)" ] && break 2
   done
   sleep 0.25
 done
 cg_tree "$SCG" > "$R/cgroup-during.txt"
 calls=""
-for d in $(find "$SCG" -mindepth 2 -maxdepth 2 -type d -path '*/sandboxd-*/*' 2>/dev/null); do
+for d in $(worker_cgroups "$SCG"); do
   [ -n "$(cat $d/cgroup.procs 2>/dev/null)" ] || continue
   calls="$calls $d"
   echo "$d: pids.max=$(cat $d/pids.max) memory.max=$(cat $d/memory.max) cpu.max=$(cat $d/cpu.max) memory.swap.max=$(cat $d/memory.swap.max 2>&1) procs=$(cat $d/cgroup.procs | tr '\n' ' ')" >> "$R/cgroup-call-limits.txt"
