@@ -130,6 +130,10 @@ def test_session_workspace_over_http(docker_client: Any,
     assert s1 not in sessions and s2 in sessions
 
 
+@pytest.mark.same_on_every_host(
+    "a restarted daemon's sweep of the containers its killed self labelled: the engine's "
+    "labels and the daemon's own start-up; test_lifecycle's sigkilled-backend test proves the "
+    "sweep in the VM and the service job a restart after SIGKILL under the shipped unit")
 def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_path: Path,
                                                        policies: Path) -> None:
     instance = f"http{secrets.token_hex(4)}"
@@ -158,6 +162,9 @@ def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_p
     assert labelled(docker_client, instance) == []
 
 
+@pytest.mark.same_on_every_host(
+    "which backend the start-up self-test judges is the daemon's own logic; /readyz's "
+    "container probe is test_confinement's probe test in the VM")
 def test_start_up_probes_only_the_default_backend(docker_client: Any, tmp_path: Path,
                                                   policies: Path) -> None:
     """The start-up self-test judges the default (restricted) backend only: no container is

@@ -28,6 +28,11 @@ from tests.support.daemon import (
     start_daemon,
 )
 
+pytestmark = pytest.mark.same_on_every_host(
+    "a claim is a byte-range record lock on one file (fcntl), the kernel's locks and the "
+    "daemon's own arithmetic on any Linux host; the VM's service job proves a shell daemon "
+    "refused the unit's range and serving on the free one it was named, beside the unit")
+
 COUNT = 100
 
 
