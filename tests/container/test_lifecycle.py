@@ -20,7 +20,7 @@ from sandboxd.protocol.plan import ExecutionPlan, Plan
 from tests.support.plan import with_limits
 from tests.support.scale import rounds as scaled_rounds
 
-from .conftest import labelled, make_settings, run, workspace
+from .conftest import DEFAULT_CALL_S, labelled, make_settings, run, workspace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -149,7 +149,7 @@ async def test_missing_image_named_by_a_policy_is_a_clear_error(docker_client: A
         inv = Invocation(tool="shell", client="c", workspace=workspace(tmp_path, "w"),
                          plan=ExecutionPlan(kind=ToolKind.command, command=Plan.single(["true"]),
                                             image="sandboxd/does-not-exist:1"))
-        res = await backend.run(with_limits(inv, Limits()), time.monotonic() + 30)
+        res = await backend.run(with_limits(inv, Limits()), time.monotonic() + DEFAULT_CALL_S)
         assert res.status is Status.error
         assert res.message and "could not be started" in res.message
         assert labelled(docker_client, backend.config.instance_name) == []
@@ -174,10 +174,11 @@ async def test_image_without_the_runner_fails_fast(docker_client: Any, tmp_path:
     backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
     await backend.start()
     try:
+        limits = Limits(timeout_s=DEFAULT_CALL_S)
         inv = Invocation(tool="shell", client="c", workspace=workspace(tmp_path, "w"),
-                         plan=ExecutionPlan(kind=ToolKind.command, limits=Limits(timeout_s=30),
+                         plan=ExecutionPlan(kind=ToolKind.command, limits=limits,
                                             command=Plan.single(["true"]), image=tag))
-        res = await backend.run(with_limits(inv, Limits(timeout_s=30)), time.monotonic() + 30)
+        res = await backend.run(with_limits(inv, limits), time.monotonic() + DEFAULT_CALL_S)
         assert res.status is Status.error, res
         assert res.message and "runner" in res.message
         assert res.cleanup.verified

@@ -13,7 +13,7 @@ from sandboxd.models import Limits, Reason, Status
 from sandboxd.protocol.plan import ExecutionPlan
 from tests.support.plan import with_limits
 
-from .conftest import labelled, run, workspace
+from .conftest import DEFAULT_CALL_S, labelled, run, workspace
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -234,9 +234,9 @@ async def test_import_allowlist_is_applied_in_the_container(backend: ContainerBa
                                         imports_deny=("subprocess",)))
     import time
 
-    res = await backend.run(with_limits(inv, Limits()), time.monotonic() + 30)
+    res = await backend.run(with_limits(inv, Limits()), time.monotonic() + DEFAULT_CALL_S)
     assert res.status is Status.error
     assert "import of 'subprocess' is not allowed by the policy" in res.stderr
     inv = inv.model_copy(update={"arguments": {"code": "import json, math\nmath.floor(2.5)"}})
-    res = await backend.run(with_limits(inv, Limits()), time.monotonic() + 30)
+    res = await backend.run(with_limits(inv, Limits()), time.monotonic() + DEFAULT_CALL_S)
     assert res.value == 2, res

@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.scale import time_bound
 
 CANARY_ENV = "canary-env-" + secrets.token_hex(12)
 CANARY_FILE = "canary-file-" + secrets.token_hex(12)
@@ -354,6 +355,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield Env(daemon, root, canary)
 
 
+#: the wall limit of an attempt that must end by its own reason (a limit, an error)
+ENDS_BY_ITSELF_S = time_bound(3, emulated_s=30)
+
+
 def invoke(env: Env, code: str, **limits: object) -> dict:
     body: dict = {"limits": {"timeout_s": 3, **limits}}
     resp = env.daemon.invoke("python", {"code": code}, **body)
@@ -379,6 +384,10 @@ def test_escape_attempt(env: Env, name: str, code: str, expect: str) -> None:
         limits["output_bytes"] = 20_000
     if expect in ("wall_timeout", "cpu_or_wall"):
         limits["timeout_s"] = 1.5
+    if expect in ("memory_limit", "refused"):
+        # these end by themselves, never by the clock: under emulation beside the other lane a
+        # memory bomb and a caught deep recursion outlasted the usual 3 s (VM job, 2026-11-29)
+        limits["timeout_s"] = ENDS_BY_ITSELF_S
     res = invoke(env, code, **limits)
 
     reason = res["termination"]["reason"]
