@@ -205,10 +205,8 @@ def test_emulated_unit_confinement_holds(tmp_path: Path) -> None:
     assert result["no_new_privs"] == "1" and result["seccomp"] == "2"
 
 
-# The shipped unit and the docker drop-in run for real under systemd in the VM's service job
-# (tests/vm/guest/service-checks.sh: the install, "per-call cgroups", "container backend under
-# the unit"); this emulation of them is for hosts without systemd. The nonroot and quota
-# drop-ins are proven here only: they stay in the VM.
+# (tests/vm/guest/service-checks.sh; the nonroot and quota drop-ins are proven here only, so
+# they stay in the VM)
 UNDER_REAL_SYSTEMD_IN_THE_VM = pytest.mark.same_on_every_host(
     "the VM's service job runs this variant under the real unit and systemd (the install, "
     "per-call cgroups, the container backend's calls under sandboxd-docker.conf); the "
