@@ -177,8 +177,44 @@ def follow(path: Path, interval_s: float = 0.5) -> Iterator[dict[str, Any]]:
     return _follow(path, interval_s, fh, inode)
 
 
+def _chain_inodes(path: Path) -> list[tuple[Path, int]]:
+    """The chain's files with their inodes, oldest first, as one consistent picture: listed
+    until two listings in a row agree (a rotation renames every file of the chain)."""
+    def listing() -> list[tuple[Path, int]]:
+        files = []
+        for f in chain_files(path):
+            with contextlib.suppress(FileNotFoundError):
+                files.append((f, os.stat(f).st_ino))
+        return files
+
+    last = listing()
+    while True:
+        now = listing()
+        if now == last:
+            return now
+        last = now
+
+
+def _open_successor(path: Path, inode: int) -> Any:
+    """The file written after the one with ``inode``, opened and proven by its inode (the
+    names shift on every rotation); the current file when ``inode`` left the chain."""
+    while True:
+        chain = _chain_inodes(path)
+        at = next((i for i, (_, ino) in enumerate(chain) if ino == inode), None)
+        if at is None or at + 1 >= len(chain):
+            return path.open("rb")  # ours was pruned: nothing between it and now is left
+        successor, expected = chain[at + 1]
+        with contextlib.suppress(FileNotFoundError):
+            fh = successor.open("rb")
+            if os.fstat(fh.fileno()).st_ino == expected:
+                return fh
+            fh.close()  # rotated again between the listing and the open: look again
+
+
 def _follow(path: Path, interval_s: float, fh: Any, inode: int | None
             ) -> Iterator[dict[str, Any]]:
+    """Tail the file held open; when ``path`` is another file, finish ours and step to the
+    file written after it (one rotation per step, each file proven by its inode)."""
     buf = b""
 
     def parse(data: bytes) -> Iterator[dict[str, Any]]:
@@ -193,23 +229,13 @@ def _follow(path: Path, interval_s: float, fh: Any, inode: int | None
         except FileNotFoundError:
             ino = None
         if ino is not None and ino != inode:
-            if fh is None:
+            if fh is None or inode is None:
                 fh = path.open("rb")  # created after we started: read it from the start
             else:
-                yield from parse(buf + fh.read())
+                yield from parse(buf + fh.read())  # a rotated file is complete
                 fh.close()
-                newer = False
-                for older in chain_files(path)[:-1]:  # rotated files, oldest first
-                    try:
-                        older_ino = os.stat(older).st_ino
-                    except FileNotFoundError:
-                        continue
-                    if newer:
-                        yield from parse(older.read_bytes())
-                    elif older_ino == inode:
-                        newer = True
-                fh = path.open("rb")
-            inode, buf = ino, b""
+                fh = _open_successor(path, inode)
+            inode, buf = os.fstat(fh.fileno()).st_ino, b""
         if fh is not None:
             chunk = fh.read()
             if chunk:
