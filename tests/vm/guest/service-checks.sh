@@ -129,6 +129,22 @@ check start "$( [ $rc = 0 ] && systemctl is-active -q sandboxd && echo PASS || e
 check type-notify-ready "$( [ "$(systemctl show -p Type --value sandboxd)" = notify ] && \
   systemctl is-active -q sandboxd && echo PASS || echo FAIL)" \
   "Type=$(systemctl show -p Type --value sandboxd); StatusText=$(systemctl show -p StatusText --value sandboxd); NotifyAccess=$(systemctl show -p NotifyAccess --value sandboxd)"
+# The live daemon's own state, read from outside: seccomp filter mode (2), no_new_privs, and
+# effective capabilities equal to a bounding set of exactly the unit's CapabilityBoundingSet=.
+mainpid=$(systemctl show -p MainPID --value sandboxd)
+cp "/proc/$mainpid/status" "$R/mainpid-status.txt" 2>/dev/null
+caps=$(systemctl show -p CapabilityBoundingSet --value sandboxd)
+v=$(python3 - "$R/mainpid-status.txt" "$caps" <<'EOF'
+import sys
+status = dict(line.split(":\t", 1) for line in open(sys.argv[1]).read().splitlines() if ":\t" in line)
+eff, bnd, amb = (int(status[k], 16) for k in ("CapEff", "CapBnd", "CapAmb"))
+ok = (status["Seccomp"].strip() == "2" and status["NoNewPrivs"].strip() == "1" and eff == bnd
+      and amb == 0 and bin(bnd).count("1") == len(sys.argv[2].split()) > 0)
+print(("PASS" if ok else "FAIL") + f" Seccomp={status['Seccomp'].strip()} "
+      f"NoNewPrivs={status['NoNewPrivs'].strip()} CapEff={eff:#x} CapBnd={bnd:#x} CapAmb={amb:#x}")
+EOF
+) || v="FAIL cannot read /proc/$mainpid/status"
+check main-process-confined "${v%% *}" "MainPID $mainpid: ${v#* }; unit: $caps"
 systemctl status --no-pager -l sandboxd > "$R/status-after-start.txt" 2>&1
 journalctl -b -u sandboxd --no-pager > "$R/journal-after-start.txt" 2>&1
 
