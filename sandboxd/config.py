@@ -249,6 +249,11 @@ class Settings(BaseSettings):
         description="This node's id in a fleet (docs/fleet.md): [a-z0-9-], at most 32 "
                     "characters; default: the host name's first label, cleaned")
 
+    access_log: bool = Field(
+        default=False,
+        description="A line per HTTP request in the daemon's log (uvicorn's access log); the "
+                    "audit log records every call either way")
+
     # --- start-up
     probe_call_timeout_s: float = Field(
         default=30.0, gt=0, le=600,

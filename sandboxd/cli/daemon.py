@@ -136,11 +136,12 @@ async def _serve(settings: Any, log_level: str) -> int:
     if settings.uds is not None:
         settings.uds.parent.mkdir(parents=True, exist_ok=True)
         config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level, http=http,
-                                ws="none", proxy_headers=False, server_header=False)
+                                ws="none", proxy_headers=False, server_header=False,
+                                access_log=settings.access_log)
     else:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http,
                                 ws="none", log_level=log_level, proxy_headers=False,
-                                server_header=False)
+                                server_header=False, access_log=settings.access_log)
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
     try:
         await server.serve()

@@ -142,6 +142,24 @@ def test_serve_starts_on_the_embedded_default_when_the_policies_dir_is_empty(
         assert "embedded default policy" in d.log()
 
 
+#: uvicorn's access line for a request (peer - "METHOD PATH HTTP/1.1" status)
+HEALTHZ_ACCESS_LINE = '"GET /healthz HTTP/1.1" 200'
+
+
+def test_serve_writes_no_access_log_by_default(daemon: RunningDaemon) -> None:
+    """Every call is in the audit log; a line per request in the daemon's log is opt-in."""
+    assert daemon.client.get("/healthz").status_code == 200
+    assert HEALTHZ_ACCESS_LINE not in daemon.log()  # written before the response, if at all
+
+
+def test_serve_writes_the_access_log_when_asked(tmp_path: Path) -> None:
+    from tests.support.daemon import running_daemon
+
+    with running_daemon(tmp_path, env={"SANDBOXD_ACCESS_LOG": "true"}) as d:
+        assert d.client.get("/healthz").status_code == 200
+        assert HEALTHZ_ACCESS_LINE in d.log()
+
+
 def test_session_commands(daemon: RunningDaemon) -> None:
     url = ("--url", daemon.url)
     r = sandboxd("session", "create", "--ttl", "600", *url)
