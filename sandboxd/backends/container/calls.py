@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from sandboxd.backends.container import engine
-from sandboxd.backends.container.boxes import Box
+from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import stop_task, within
 from sandboxd.models import (
@@ -63,6 +63,18 @@ class Outcome:
         """Ask the engine about OOM when the process died by SIGKILL or the runner vanished."""
         rec = self.record
         return not rec.oom and (self.lost is not None or rec.signal == 9)
+
+
+async def oom_killed_after(boxes: Boxes, box: Box, outcome: Outcome) -> bool:
+    """The engine's word on a call that did not end cleanly (one-shot and session calls
+    alike): after a lost runner, whether the engine itself is going away; then, when the
+    process died by SIGKILL or the runner vanished, whether the container was OOM-killed."""
+    if outcome.lost is not None:
+        await boxes.check_engine_after_lost_runner()
+    if not outcome.needs_oom_check:
+        return False
+    return bool(await boxes.engine(engine.oom_killed, boxes.client, box.cid or box.name,
+                                   runner_lost=outcome.lost is not None))
 
 
 @dataclass

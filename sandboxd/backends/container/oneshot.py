@@ -11,7 +11,12 @@ from pathlib import Path
 from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, gone
-from sandboxd.backends.container.calls import build_result, exchange, timeout_result
+from sandboxd.backends.container.calls import (
+    build_result,
+    exchange,
+    oom_killed_after,
+    timeout_result,
+)
 from sandboxd.backends.container.pool import WarmPool
 from sandboxd.deadline import within
 from sandboxd.models import Invocation, Limits, Result
@@ -68,10 +73,7 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
         if box is not None:
             await boxes.destroy_shielded(box)
         raise
-    if outcome.lost is not None:
-        await boxes.check_engine_after_lost_runner()
-    oom = outcome.needs_oom_check and await boxes.engine(
-        engine.oom_killed, boxes.client, box.cid or box.name, runner_lost=outcome.lost is not None)
+    oom = await oom_killed_after(boxes, box, outcome)
     verified, detail = await boxes.end_shielded(box, fast=outcome.lost is None)
     return build_result(invocation, limits, outcome, started, verified, oom=oom,
                         detail=detail, engine_error=boxes.engine_error)

@@ -33,6 +33,7 @@ from sandboxd.backends.container.calls import (
     Outcome,
     build_result,
     exchange,
+    oom_killed_after,
     timeout_result,
 )
 from sandboxd.backends.container.idle import Idle, ThawFailed
@@ -223,11 +224,7 @@ class SessionContainers:
             if kernel_call:
                 result = self._kernel_kept(box, outcome, result)
             return result
-        if outcome.lost is not None:
-            await self.boxes.check_engine_after_lost_runner()
-        oom = outcome.needs_oom_check and await self.boxes.engine(
-            engine.oom_killed, self.boxes.client, box.cid or box.name,
-            runner_lost=outcome.lost is not None)
+        oom = await oom_killed_after(self.boxes, box, outcome)
         verified = await self.drop(key, box)
         result = build_result(invocation, limits, outcome, started, verified, oom=oom,
                               detail=gone(box, verified) + " (the session gets a new one)",
