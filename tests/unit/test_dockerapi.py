@@ -9,7 +9,6 @@ import json
 import os
 import resource
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,7 @@ import pytest
 
 from sandboxd.backends.container import dockerapi
 from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError, NoAnswer, NotFound
-from tests.support.scripted_engine import ScriptedEngine, scripted_engine, stop_listening
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ScriptedEngine]:
-    with scripted_engine(tmp_path / "engine.sock") as srv:
-        yield srv
+from tests.support.scripted_engine import ScriptedEngine, stop_listening
 
 
 def _engine(srv: ScriptedEngine, **kwargs: Any) -> Engine:

@@ -8,10 +8,7 @@ failure left are made again. tests/faults/test_docker.py stops a real engine und
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.backend import ContainerBackend
@@ -19,13 +16,7 @@ from sandboxd.backends.container.boxes import Box
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import Engine
 from sandboxd.models import Limits
-from tests.support.scripted_engine import ScriptedEngine, scripted_engine, stop_listening
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ScriptedEngine]:
-    with scripted_engine(tmp_path / "engine.sock") as srv:
-        yield srv
+from tests.support.scripted_engine import ScriptedEngine, stop_listening
 
 
 def _backend(tmp_path: Path, srv: ScriptedEngine) -> ContainerBackend:
