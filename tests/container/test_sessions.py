@@ -139,10 +139,10 @@ async def test_limits_follow_each_call_of_a_session(backend: ContainerBackend,
             "        v = int(open(p).read())\n"
             "v")
     res = await run(backend, ws, session="lim", code=code,
-                    limits=Limits(timeout_s=30, memory_bytes=200 * 1024 * 1024))
+                    limits=Limits(timeout_s=DEFAULT_CALL_S, memory_bytes=200 * 1024 * 1024))
     assert res.value == 200 * 1024 * 1024
     res = await run(backend, ws, session="lim", code=code,
-                    limits=Limits(timeout_s=30, memory_bytes=100 * 1024 * 1024))
+                    limits=Limits(timeout_s=DEFAULT_CALL_S, memory_bytes=100 * 1024 * 1024))
     assert res.value == 100 * 1024 * 1024
     await backend.close_session("lim")
 
@@ -152,7 +152,7 @@ async def test_memory_limit_in_a_session_keeps_the_workspace(backend: ContainerB
     ws = workspace(tmp_path, "oom")
     await run(backend, ws, session="oom", argv=["touch", "before"])
     res = await run(backend, ws, session="oom", code="x = bytearray(300 * 1024 * 1024)",
-                    limits=Limits(timeout_s=30, memory_bytes=64 * 1024 * 1024))
+                    limits=Limits(timeout_s=DEFAULT_CALL_S, memory_bytes=64 * 1024 * 1024))
     assert res.termination.reason is Reason.memory_limit, res
     res = await run(backend, ws, session="oom", argv=["ls"])
     assert res.stdout == "before\n"
@@ -184,13 +184,13 @@ async def test_killing_the_runner_ends_in_an_error_and_a_fresh_container(
         "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
         "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
         "    if b'runner.py' in cmd and int(pid) not in (os.getpid(), os.getppid()):\n"
-        "        os.kill(int(pid), signal.SIGKILL)\n"), timeout=30)
+        "        os.kill(int(pid), signal.SIGKILL)\n"))
     # the call itself may or may not finish before the container goes down with its runner
-    res = await run(backend, ws, session="kill", argv=["ls"], timeout=30)
+    res = await run(backend, ws, session="kill", argv=["ls"])
     if res.status is Status.error:  # the stopped container was noticed by this call
         assert res.message and "runner" in res.message, res
         assert res.resources.wall_ms < 10_000
-        res = await run(backend, ws, session="kill", argv=["ls"], timeout=30)
+        res = await run(backend, ws, session="kill", argv=["ls"])
     assert res.stdout == "kept\n", res
     await backend.close_session("kill")
     assert session_containers(docker_client, backend, "kill") == []
@@ -202,7 +202,7 @@ async def test_a_timeout_cancels_concurrent_calls_of_the_same_session(
     await run(backend, ws, session="conc", argv=["true"])  # the container exists
     slow, victim = await asyncio.gather(
         run(backend, ws, session="conc", argv=["sleep", "100"], limits=Limits(timeout_s=1)),
-        run(backend, ws, session="conc", argv=["sleep", "8"], timeout=30))
+        run(backend, ws, session="conc", argv=["sleep", "8"]))
     assert slow.termination.reason is Reason.wall_timeout
     assert victim.termination.reason is Reason.cancelled, victim
     assert victim.status is Status.killed
