@@ -17,11 +17,11 @@ from tests.support.wait import async_wait_until, wait_until
 
 
 async def test_sigterm_ends_mcp_sessions_and_exits(tmp_path: Path) -> None:
-    with running_daemon(tmp_path) as d:
+    # the access log says when the client's GET stream has opened (its response started)
+    with running_daemon(tmp_path, env={"SANDBOXD_ACCESS_LOG": "true"}) as d:
         async with http_session(f"{d.url}/mcp", None) as session:
             result = await session.call_tool("write_file", {"path": "a.txt", "content": "x"})
             sid = result.structured_content["session"]
-            # the client's GET stream is open (its response has started: uvicorn logs it)
             await async_wait_until(lambda: '"GET /mcp HTTP/1.1" 200' in d.log(), timeout=30,
                                    what="the client's GET stream to open")
             d.proc.send_signal(signal.SIGTERM)
