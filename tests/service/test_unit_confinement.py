@@ -205,8 +205,8 @@ def test_emulated_unit_confinement_holds(tmp_path: Path) -> None:
     assert result["no_new_privs"] == "1" and result["seccomp"] == "2"
 
 
-# (tests/vm/guest/service-checks.sh; the nonroot and quota drop-ins are proven here only, so
-# they stay in the VM)
+# The VM's service job is tests/vm/guest/service-checks.sh. It installs neither the nonroot nor
+# the quota drop-in: those variants are proven here only, so they keep running in the VM.
 UNDER_REAL_SYSTEMD_IN_THE_VM = pytest.mark.same_on_every_host(
     "the VM's service job runs this variant under the real unit and systemd (the install, "
     "per-call cgroups, the container backend's calls under sandboxd-docker.conf); the "
