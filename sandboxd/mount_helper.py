@@ -126,58 +126,97 @@ def _number(text: str | None) -> int:
     return int(text)
 
 
+def _mount_on(name: str, msg: dict[str, str], root_fd: int, root_dev: int) -> None:
+    """Mount the workspace tmpfs on ``root/name``, an empty directory of the workspaces."""
+    size, inodes = _number(msg.get("size")), _number(msg.get("inodes"))
+    uid = None if msg.get("uid", "") == "" else _number(msg.get("uid"))
+    dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  dir_fd=root_fd)
+    try:
+        if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
+            raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
+        mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes,
+                    owner=(uid, uid) if uid is not None else None)
+    finally:
+        os.close(dfd)
+
+
 def _handle(raw: bytes, root_fd: int, root_dev: int) -> None:
+    """One request: ``create`` makes the directory and mounts the tmpfs on it (the directory
+    goes again when the mount fails); ``remove`` unmounts it (when mounted) and removes the
+    then empty directory; ``umount`` only unmounts (the daemon's threads then remove what the
+    workspace held below the mount point). A workspace's start and end in one exchange each,
+    none of its file system work in the daemon (issue 25)."""
     msg = decode_request(raw)
     name = msg.get("name")
-    if not _valid_name(name):
+    if not isinstance(name, str) or not _valid_name(name):
         raise OSError(errno.EINVAL, "not a workspace name")
-    if msg.get("op") == "mount":
-        size, inodes = _number(msg.get("size")), _number(msg.get("inodes"))
-        uid = None if msg.get("uid", "") == "" else _number(msg.get("uid"))
-        dfd = os.open(str(name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      dir_fd=root_fd)
+    op = msg.get("op")
+    if op == "create":
+        for field in ("size", "inodes"):  # refused before the mkdir
+            _number(msg.get(field))
+        os.mkdir(name, 0o700, dir_fd=root_fd)
         try:
-            if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
-                raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
-            mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes,
-                        owner=(uid, uid) if uid is not None else None)
-        finally:
-            os.close(dfd)
-    elif msg.get("op") == "umount":
+            _mount_on(name, msg, root_fd, root_dev)
+        except BaseException:
+            os.rmdir(name, dir_fd=root_fd)
+            raise
+    elif op == "umount":
         unmount(f"/proc/self/fd/{root_fd}/{name}")
+    elif op == "remove":
+        try:
+            unmount(f"/proc/self/fd/{root_fd}/{name}")
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: not a mount point (any more)
+                raise
+        os.rmdir(name, dir_fd=root_fd)  # ENOTEMPTY: files of an unmounted one, not ours to walk
     else:
         raise OSError(errno.EINVAL, "unknown operation")
 
 
-def _helper_serve(sock_fd: int, root_fd: int) -> None:
+def _answer(sock_fd: int, root_fd: int, root_dev: int) -> bool:
+    """Read one request from ``sock_fd`` and answer it; False when the daemon is gone."""
+    raw = os.read(sock_fd, MAX_MESSAGE)  # one message of the SOCK_SEQPACKET pair
+    if not raw:
+        return False
+    reply = encode_reply()
+    try:
+        _handle(raw, root_fd, root_dev)
+    except OSError as exc:
+        reply = encode_reply(exc.errno or errno.EIO, exc.strerror or str(exc))
+    except (ValueError, TypeError):
+        reply = encode_reply(errno.EINVAL, "malformed request")
+    os.write(sock_fd, reply)
+    return True
+
+
+def _helper_serve(sock_fds: list[int], root_fd: int) -> None:
+    """Answer requests on every socket, each in its order, until the daemon is gone (EOF on
+    any of them)."""
+    import select  # a C module: no enum, no re
+
     root_dev = os.fstat(root_fd).st_dev
     while True:
-        raw = os.read(sock_fd, MAX_MESSAGE)  # one message of the SOCK_SEQPACKET pair
-        if not raw:
-            return  # the daemon is gone
-        reply = encode_reply()
-        try:
-            _handle(raw, root_fd, root_dev)
-        except OSError as exc:
-            reply = encode_reply(exc.errno or errno.EIO, exc.strerror or str(exc))
-        except (ValueError, TypeError):
-            reply = encode_reply(errno.EINVAL, "malformed request")
-        os.write(sock_fd, reply)
+        ready, _, _ = select.select(sock_fds, [], [])
+        for fd in ready:
+            if not _answer(fd, root_fd, root_dev):
+                return
 
 
 def helper_main() -> None:
-    """Entry point of the mount helper process: argv[1] is its end of the socket pair, argv[2]
-    a descriptor of the workspaces directory."""
+    """Entry point of the mount helper process: argv[1] its ends of the socket pairs (comma
+    separated: the daemon's threads use one, its event loop the other), argv[2] a descriptor
+    of the workspaces directory."""
     # the C module: ``signal`` builds enums of its constants (0.7 MiB)
     import _signal  # type: ignore[import-not-found]
 
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a Ctrl-C of the daemon's terminal
-    _helper_serve(int(sys.argv[1]), int(sys.argv[2]))
+    _helper_serve([int(fd) for fd in sys.argv[1].split(",")], int(sys.argv[2]))
 
 
-def helper_argv(package_parent: str, sock_fd: int, root_fd: int) -> list[str]:
+def helper_argv(package_parent: str, sock_fds: list[int], root_fd: int) -> list[str]:
     """The helper's command line: an isolated interpreter without ``site`` (no environment, no
     site-packages) that finds only the package at ``package_parent``."""
     boot = (f"import sys; sys.path.insert(0, {package_parent!r}); "
             "from sandboxd.mount_helper import helper_main; helper_main()")
-    return [sys.executable, "-I", "-S", "-c", boot, str(sock_fd), str(root_fd)]
+    return [sys.executable, "-I", "-S", "-c", boot, ",".join(map(str, sock_fds)), str(root_fd)]

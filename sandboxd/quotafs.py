@@ -20,7 +20,9 @@ that refuses ``mount``, ``umount2`` and the rest of the mount API. From then on 
 mounts, and only what it is asked over a private socket pair: a tmpfs with the given limits on
 an existing, empty directory directly below the workspaces directory (which it holds open by
 descriptor since start-up, so a later symlink cannot redirect it), or the unmount of such a
-directory. A compromised daemon can ask for nothing else. Without them (that unit, a non-root
+directory; or both steps of a workspace at once: make such a directory and mount it, unmount
+it and remove it (a call's workspace from the event loop, without a thread: issue 25). A
+compromised daemon can ask for nothing else. Without them (that unit, a non-root
 daemon, a container without ``CAP_SYS_ADMIN``) the quota is *advisory*: workspaces are plain
 directories measured by :mod:`sandboxd.fstree` (bounded, off the event loop) before and after
 each call, a call's per-file limit is lowered to what is left of the quota, and a session over
@@ -34,6 +36,7 @@ memory limit allows either.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxd import fstree
+from sandboxd.deadline import within
 from sandboxd.mount_helper import (  # noqa: F401 - re-exported (one definition of each)
     FS_SOURCE,
     MAX_MESSAGE,
@@ -170,24 +174,36 @@ HELPER_REPLY_TIMEOUT_S = 30.0
 
 
 class MountHelper:
-    """The daemon's end of the mount helper: requests are serialised (threads share it)."""
+    """The daemon's end of the mount helper: two channels, each a request and its reply at a
+    time. Threads share one (:meth:`request`, serialised by a lock); the event loop has the
+    other (:meth:`arequest`, serialised by an asyncio lock)."""
 
     def __init__(self, root: Path) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        aio_parent, aio_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             self.proc = subprocess.Popen(
                 helper_argv(str(Path(fstree.__file__).resolve().parent.parent),
-                            child.fileno(), root_fd),
-                pass_fds=(child.fileno(), root_fd), stdin=subprocess.DEVNULL, close_fds=True,
+                            [child.fileno(), aio_child.fileno()], root_fd),
+                pass_fds=(child.fileno(), aio_child.fileno(), root_fd),
+                stdin=subprocess.DEVNULL, close_fds=True,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             )
+        except BaseException:
+            parent.close()
+            aio_parent.close()
+            raise
         finally:
             child.close()
+            aio_child.close()
             os.close(root_fd)
         self.sock = parent
         self.sock.settimeout(HELPER_REPLY_TIMEOUT_S)
         self._lock = threading.Lock()
+        aio_parent.setblocking(False)
+        self.aio_sock: socket.socket | None = aio_parent
+        self._alock: asyncio.Lock | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -200,13 +216,44 @@ class MountHelper:
                 raw = self.sock.recv(MAX_MESSAGE)
             except OSError as exc:
                 raise OSError(errno.EPIPE, f"the mount helper is gone ({exc})") from None
-        if not raw:
-            raise OSError(errno.EPIPE, "the mount helper is gone")
-        err, message = decode_reply(raw)
-        if err:
-            raise OSError(err, message)
+        _raise_for(raw)
+
+    async def arequest(self, **msg: object) -> None:
+        """:meth:`request` from the event loop. The exchange runs to its end even when the
+        caller is cancelled (the channel's next reply is then still the next request's); a
+        helper that does not answer in time closes the channel for good (OSError: the
+        caller then takes the threads' channel)."""
+        raw = encode_request(msg)
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        exchange = asyncio.ensure_future(self._exchange(self._alock, raw))
+        _raise_for(await asyncio.shield(exchange))
+
+    async def _exchange(self, lock: asyncio.Lock, raw: bytes) -> bytes:
+        async with lock:
+            sock = self.aio_sock
+            if sock is None:
+                raise OSError(errno.EPIPE, "the mount helper's event-loop channel is closed")
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.sock_sendall(sock, raw)
+                answered, reply = await within(loop.sock_recv(sock, MAX_MESSAGE),
+                                               HELPER_REPLY_TIMEOUT_S)
+            except OSError as exc:
+                self._close_aio()
+                raise OSError(errno.EPIPE, f"the mount helper is gone ({exc})") from None
+            if not answered:
+                self._close_aio()
+                raise OSError(errno.ETIMEDOUT, "the mount helper did not answer")
+            return reply
+
+    def _close_aio(self) -> None:
+        sock, self.aio_sock = self.aio_sock, None
+        if sock is not None:
+            sock.close()
 
     def close(self) -> None:
+        self._close_aio()
         with contextlib.suppress(OSError):
             self.sock.close()
         with contextlib.suppress(Exception):
@@ -214,6 +261,15 @@ class MountHelper:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def _raise_for(raw: bytes) -> None:
+    """A helper's reply: nothing for success, else its OSError (EPIPE: no reply at all)."""
+    if not raw:
+        raise OSError(errno.EPIPE, "the mount helper is gone")
+    err, message = decode_reply(raw)
+    if err:
+        raise OSError(err, message)
 
 
 #: the mount API, refused to the daemon itself once its helper runs
@@ -320,16 +376,15 @@ class WorkspaceFS:
             self.helper.close()
             self.helper = None
 
-    def _mount(self, path: Path, owner: tuple[int, int] | None) -> None:
-        # one inode more than the entry quota: the root directory uses one
-        inodes = self.quota_entries + 1
-        if self.helper is not None:
-            if path.parent != self.root:
-                raise OSError(errno.EINVAL, f"{path} is not directly below {self.root}")
-            self.helper.request(op="mount", name=path.name, size=self.quota_bytes,
-                                inodes=inodes, uid=owner[0] if owner else None)
-        else:
-            mount_tmpfs(path, size_bytes=self.quota_bytes, inodes=inodes, owner=owner)
+    @property
+    def inodes(self) -> int:
+        """A workspace tmpfs's inode limit: one more than the entry quota (the root directory
+        uses one)."""
+        return self.quota_entries + 1
+
+    def _limits(self, uid: int | None) -> dict[str, int | None]:
+        """A workspace tmpfs's limits as the mount helper takes them."""
+        return {"size": self.quota_bytes, "inodes": self.inodes, "uid": uid}
 
     def _unmount(self, path: Path) -> None:
         if self.helper is not None and path.parent == self.root:
@@ -341,13 +396,17 @@ class WorkspaceFS:
 
     def create(self, name: str, uid: int | None) -> Path:
         """A new, empty workspace ``root/name`` owned by the sandbox identity ``uid`` (= gid;
-        None: the daemon's own, when it is not root)."""
-        owner = (uid, uid) if uid is not None else None
+        None: the daemon's own, when it is not root). Blocks: call it in a thread, or
+        :meth:`create_soon` on the event loop."""
         path = self.root / name
+        if self.kernel and self.helper is not None:
+            self.helper.request(op="create", name=name, **self._limits(uid))
+            return path
+        owner = (uid, uid) if uid is not None else None
         path.mkdir(mode=0o700)
         try:
             if self.kernel:
-                self._mount(path, owner)
+                mount_tmpfs(path, size_bytes=self.quota_bytes, inodes=self.inodes, owner=owner)
             elif owner is not None:
                 os.chown(path, *owner)
         except BaseException:
@@ -356,13 +415,42 @@ class WorkspaceFS:
             raise
         return path
 
+    def create_soon(self, name: str, uid: int | None) -> asyncio.Future[Path]:
+        """:meth:`create` from the event loop: one exchange with the mount helper's event-loop
+        channel when there is one (no thread), else in a worker thread. Either way it runs to
+        its end even when its awaiter is cancelled."""
+        helper = self.helper
+        if self.kernel and helper is not None and helper.aio_sock is not None:
+            async def by_helper() -> Path:
+                await helper.arequest(op="create", name=name, **self._limits(uid))
+                return self.root / name
+
+            return asyncio.ensure_future(by_helper())
+        return asyncio.get_running_loop().run_in_executor(None, self.create, name, uid)
+
     def usage(self, path: Path) -> Usage:
         """See :func:`workspace_usage`. Blocks: call it in a thread."""
         return workspace_usage(path, self.quota_bytes, self.quota_entries)
 
     def remove(self, path: Path) -> None:
-        """Unmount (if mounted) and remove a workspace. Blocks: call it in a thread. Raises
-        OSError when something stays behind."""
+        """Unmount (if mounted) and remove a workspace. Blocks: call it in a thread, or
+        :meth:`remove_soon` on the event loop. Raises OSError when something stays behind."""
         if is_mount_point(path):
             self._unmount(path)
         fstree.remove_tree(path)
+
+    async def remove_soon(self, path: Path) -> None:
+        """:meth:`remove` from the event loop: one exchange with the mount helper's event-loop
+        channel (unmount, then remove the directory it leaves empty); when that fails (the
+        directory is no mount point and holds files, the channel closed), :meth:`remove` in a
+        worker thread."""
+        helper = self.helper
+        if (self.kernel and helper is not None and helper.aio_sock is not None
+                and path.parent == self.root):
+            try:
+                await helper.arequest(op="remove", name=path.name)
+                return
+            except OSError as exc:
+                log.debug("the mount helper did not remove %s (%s): removing it here",
+                          path, exc)
+        await asyncio.to_thread(self.remove, path)

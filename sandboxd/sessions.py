@@ -412,8 +412,8 @@ class SessionManager:
     @contextlib.asynccontextmanager
     async def temporary(self, invocation_id: str) -> AsyncIterator[Path]:
         """A fresh workspace for one call without a session (with the same quota as a session's
-        workspace), unmounted and removed afterwards in a worker thread. A crash before that is
-        covered by :meth:`sweep`."""
+        workspace), unmounted and removed afterwards (:meth:`WorkspaceFS.remove_soon`). A crash
+        before that is covered by :meth:`sweep`."""
         name = TEMP_PREFIX + invocation_id
         uid = self.uids.acquire(name) if self.uids is not None else None
         try:
@@ -429,17 +429,15 @@ class SessionManager:
             # is free again, its files go with the workspace
             if self.uids is not None:
                 self.uids.release(name)
-            removal = asyncio.get_running_loop().run_in_executor(
-                None, self._remove_workspace, path)
-            await asyncio.shield(removal)
+            await asyncio.shield(asyncio.ensure_future(self._remove_workspace_soon(path)))
 
     # ------------------------------------------------------------ helpers
 
     async def _create_workspace(self, name: str, uid: int | None) -> Path:
-        """:meth:`WorkspaceFS.create` in a worker thread. Cancelled meanwhile, the thread still
-        finishes; what it made is then removed (never a mount left behind by a cancel)."""
+        """:meth:`WorkspaceFS.create_soon`. Cancelled meanwhile, the creation still finishes;
+        what it made is then removed (never a mount left behind by a cancel)."""
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, self.fs.create, name, uid)
+        future = self.fs.create_soon(name, uid)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -477,6 +475,15 @@ class SessionManager:
     def _remove_workspace(self, path: Path) -> bool:
         try:
             self.fs.remove(path)
+        except OSError as exc:
+            log.error("could not remove the workspace %s: %s", path, exc)
+            return False
+        return True
+
+    async def _remove_workspace_soon(self, path: Path) -> bool:
+        """:meth:`_remove_workspace` from the event loop (:meth:`WorkspaceFS.remove_soon`)."""
+        try:
+            await self.fs.remove_soon(path)
         except OSError as exc:
             log.error("could not remove the workspace %s: %s", path, exc)
             return False

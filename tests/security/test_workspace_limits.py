@@ -17,6 +17,7 @@ a running Docker engine with the sandbox images; in CI every requirement is enfo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -267,28 +268,45 @@ def test_no_mount_survives_delete_stop_or_crash(tmp_path: Path, kernel_quota: No
 
 def test_mount_helper_mounts_only_empty_workspaces_below_its_root(
         tmp_path: Path, kernel_quota: None) -> None:
-    """What a compromised daemon could ask its mount helper: nothing outside the workspaces."""
+    """What a compromised daemon could ask its mount helper, on either channel: nothing
+    outside the workspaces, no mount on a directory it did not make empty, no removal of one
+    that holds files."""
     from sandboxd.quotafs import MountHelper, is_mount_point
 
     root = tmp_path / "workspaces"
     outside = tmp_path / "outside"
-    for d in (root, outside, root / "ws", root / "full"):
+    for d in (root, outside, root / "full"):
         d.mkdir()
     (root / "full" / "f").write_text("x")
     (root / "link").symlink_to(outside)
     helper = MountHelper(root)
+    limits = {"size": MiB, "inodes": 10, "uid": None}
+
+    async def by_loop(**msg: object) -> None:
+        await helper.arequest(**msg)
+
+    channels = {"threads": lambda **msg: helper.request(**msg),
+                "loop": lambda **msg: asyncio.run(by_loop(**msg))}
     try:
-        limits = {"size": MiB, "inodes": 10, "uid": None}
-        helper.request(op="mount", name="ws", **limits)
-        assert is_mount_point(root / "ws")
-        for name in ("..", "../outside", ".hidden", "a/b", "link", "full", "ws", "", 5, None):
-            with pytest.raises(OSError):
-                helper.request(op="mount", name=name, **limits)
-        with pytest.raises(OSError):
-            helper.request(op="mount", name="full", size=-1, inodes=10, uid=None)
-        with pytest.raises(OSError):
-            helper.request(op="chmod", name="ws")
-        assert not mounts_below(outside) and not is_mount_point(outside)
+        for channel, ask in channels.items():
+            ask(op="create", name="ws", **limits)
+            assert is_mount_point(root / "ws"), channel
+            for name in ("..", "../outside", ".hidden", "a/b", "link", "full", "ws", "", None):
+                with pytest.raises(OSError):
+                    ask(op="create", name=name, **limits)
+            for bad in ({"size": -1}, {"inodes": "x"}, {"uid": -5}):
+                with pytest.raises(OSError):
+                    ask(op="create", name="bad", **{**limits, **bad})
+                assert not (root / "bad").exists(), (channel, bad)  # made and taken back
+            for op in ("chmod", "mount"):
+                with pytest.raises(OSError):
+                    ask(op=op, name="ws")
+            with pytest.raises(OSError):  # files, not a mount: not the helper's to remove
+                ask(op="remove", name="full")
+            assert (root / "full" / "f").exists()
+            assert not mounts_below(outside) and not is_mount_point(outside)
+            ask(op="remove", name="ws")
+            assert not (root / "ws").exists(), channel
         # the helper holds the workspaces directory by descriptor: replacing it by a symlink
         # later does not redirect it
         root.rename(tmp_path / "moved")
@@ -296,11 +314,14 @@ def test_mount_helper_mounts_only_empty_workspaces_below_its_root(
         (outside / "ws").mkdir()
         with pytest.raises(OSError):
             helper.request(op="umount", name="nothing-mounted-here")
-        helper.request(op="umount", name="ws")
-        assert not is_mount_point(tmp_path / "moved" / "ws")
-        helper.request(op="mount", name="ws", **limits)
+        helper.request(op="create", name="ws", **limits)
         assert is_mount_point(tmp_path / "moved" / "ws") and not is_mount_point(outside / "ws")
         helper.request(op="umount", name="ws")
+        assert not is_mount_point(tmp_path / "moved" / "ws")
+        asyncio.run(by_loop(op="create", name="ws2", **limits))
+        assert is_mount_point(tmp_path / "moved" / "ws2")
+        asyncio.run(by_loop(op="remove", name="ws2"))
+        assert not (tmp_path / "moved" / "ws2").exists() and (outside / "ws").is_dir()
     finally:
         helper.close()
         for point in mounts_below(tmp_path):

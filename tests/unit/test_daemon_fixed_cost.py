@@ -71,7 +71,7 @@ def test_the_mount_helper_is_an_isolated_interpreter_that_serves(tmp_path: Path)
     try:
         assert helper.proc.args[1:3] == ["-I", "-S"]
         with pytest.raises(OSError) as exc:
-            helper.request(op="mount", name="../escape", size=1 << 20, inodes=16, uid=None)
+            helper.request(op="create", name="../escape", size=1 << 20, inodes=16, uid=None)
         assert exc.value.errno == errno.EINVAL
         assert helper.alive()
     finally:
@@ -89,7 +89,7 @@ def test_the_mount_helper_loads_neither_json_nor_socket_nor_enum(tmp_path: Path)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.close()
     root = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
-    argv = helper_argv(str(Path(__file__).resolve().parents[2]), theirs.fileno(), root)
+    argv = helper_argv(str(Path(__file__).resolve().parents[2]), [theirs.fileno()], root)
     argv[4] += "; print(' '.join(sorted(sys.modules)))"
     try:
         out = subprocess.run(argv, capture_output=True, text=True, check=True,
