@@ -329,6 +329,60 @@ def test_mount_helper_mounts_only_empty_workspaces_below_its_root(
     assert helper.proc.returncode == 0
 
 
+def test_a_workspace_is_made_and_removed_from_the_event_loop_without_a_thread(
+        tmp_path: Path, kernel_quota: None) -> None:
+    """With a mount helper, a workspace's start and end are one exchange each on the loop's
+    own channel: the loop's executor is never used. A cancelled waiter leaves the channel in
+    step (the next exchange gets its own reply), and a workspace holding files that is no
+    mount point any more is still removed (by a thread, the fallback)."""
+    import concurrent.futures
+
+    from sandboxd.quotafs import MountHelper, WorkspaceFS, is_mount_point
+
+    class NoThreads(concurrent.futures.ThreadPoolExecutor):
+        used = 0
+
+        def submit(self, *args: object, **kwargs: object) -> concurrent.futures.Future[object]:
+            NoThreads.used += 1
+            return super().submit(*args, **kwargs)  # type: ignore[arg-type]
+
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    fs = WorkspaceFS(root, quota_bytes=MiB, quota_entries=16, setting="kernel")
+    fs.detect(helper=False)  # not helper=True: that forbids this test process to mount
+    assert fs.kernel
+    fs.helper = MountHelper(root)
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_default_executor(NoThreads())
+        path = await fs.create_soon("ws", 4242)
+        assert is_mount_point(path) and path.stat().st_uid == 4242
+        await fs.remove_soon(path)
+        assert not path.exists()
+        assert NoThreads.used == 0
+        # a waiter cancelled mid-exchange: the exchange still ends, the next one is in step
+        waiter = asyncio.ensure_future(fs.create_soon("cancelled", None))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        created = await fs.create_soon("next", None)
+        assert is_mount_point(created) and is_mount_point(root / "cancelled")
+        for name in ("next", "cancelled"):
+            await fs.remove_soon(root / name)
+        assert NoThreads.used == 0 and not any(root.iterdir())
+        # files in a plain directory: the helper refuses, a thread removes them
+        (root / "plain").mkdir()
+        (root / "plain" / "f").write_text("x")
+        await fs.remove_soon(root / "plain")
+        assert NoThreads.used == 1 and not any(root.iterdir())
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        fs.close()
+        for point in mounts_below(tmp_path):
+            ctypes.CDLL(None).umount2(point.encode(), 2)
+
+
 def test_advisory_quota_when_mounts_are_not_permitted(tmp_path: Path) -> None:
     """workspace_quota=advisory (what a daemon without CAP_SYS_ADMIN gets): it serves, says so
     in /readyz, and an over-quota session gets no further code calls."""
