@@ -19,6 +19,7 @@ from sandboxd import __version__
 from sandboxd.api import contract, files, problems, revocation
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
+from sandboxd.api.closing import CloseWhileDraining
 from sandboxd.api.mcp_door import LazyMcpDoor
 from sandboxd.api.routes import router
 from sandboxd.auth import FailedAuthGuard
@@ -167,6 +168,8 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     app.add_middleware(BrowserGuard, allowed_origins=settings.allowed_origins,
                        allowed_hosts=settings.allowed_hosts,
                        check_host=app.state.tokens is None)
+    # outermost: the answers of every layer below, refusals included
+    app.add_middleware(CloseWhileDraining, draining=lambda: service.draining)
     return app
 
 

@@ -78,6 +78,8 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
         assert r.headers["content-type"].startswith("application/problem+json")
         assert "Retry-After" in r.headers
         assert r.json()["status"] == 503
+        # no connection that answered during the drain is kept alive (sandboxd/api/closing.py)
+        assert r.headers.get("connection") == "close", r.headers
         assert all(t.is_alive() for t in threads), "in-flight calls must still be running"
         ready = d.client.get("/readyz")
         assert ready.status_code == 503, f"/readyz while draining: {ready.status_code} {ready.text}"
@@ -88,6 +90,8 @@ def test_sigterm_refuses_new_calls_and_finishes_in_flight(tmp_path: Path) -> Non
         for res in results:
             assert isinstance(res, httpx.Response), res
             assert res.status_code == 200, res.text
+            # admitted before the drain, answered during it: closed after its answer too
+            assert res.headers.get("connection") == "close", res.headers
             body = res.json()
             assert body["limits"]["timeout_s"] == CALL_LIMIT_S, body["limits"]
             assert body["status"] == "ok" and body["value"] == ITERATIONS, body
