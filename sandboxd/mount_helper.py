@@ -126,17 +126,23 @@ def _number(text: str | None) -> int:
     return int(text)
 
 
-def _mount_on(name: str, msg: dict[str, str], root_fd: int, root_dev: int) -> None:
-    """Mount the workspace tmpfs on ``root/name``, an empty directory of the workspaces."""
-    size, inodes = _number(msg.get("size")), _number(msg.get("inodes"))
+def _limits(msg: dict[str, str]) -> tuple[int, int, tuple[int, int] | None]:
+    """A ``create`` request's size, inode limit and owner (EINVAL when malformed)."""
     uid = None if msg.get("uid", "") == "" else _number(msg.get("uid"))
+    return (_number(msg.get("size")), _number(msg.get("inodes")),
+            (uid, uid) if uid is not None else None)
+
+
+def _mount_on(name: str, limits: tuple[int, int, tuple[int, int] | None], root_fd: int,
+              root_dev: int) -> None:
+    """Mount the workspace tmpfs on ``root/name``, an empty directory of the workspaces."""
+    size, inodes, owner = limits
     dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                   dir_fd=root_fd)
     try:
         if os.fstat(dfd).st_dev != root_dev or os.listdir(dfd):
             raise OSError(errno.EBUSY, "not an empty directory of the workspaces")
-        mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes,
-                    owner=(uid, uid) if uid is not None else None)
+        mount_tmpfs(f"/proc/self/fd/{dfd}", size_bytes=size, inodes=inodes, owner=owner)
     finally:
         os.close(dfd)
 
@@ -153,11 +159,10 @@ def _handle(raw: bytes, root_fd: int, root_dev: int) -> None:
         raise OSError(errno.EINVAL, "not a workspace name")
     op = msg.get("op")
     if op == "create":
-        for field in ("size", "inodes"):  # refused before the mkdir
-            _number(msg.get(field))
+        limits = _limits(msg)  # refused before the mkdir
         os.mkdir(name, 0o700, dir_fd=root_fd)
         try:
-            _mount_on(name, msg, root_fd, root_dev)
+            _mount_on(name, limits, root_fd, root_dev)
         except BaseException:
             os.rmdir(name, dir_fd=root_fd)
             raise

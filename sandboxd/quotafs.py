@@ -17,12 +17,12 @@ docs/operations.md for the trade-off). Even then the daemon does not keep the ri
 at start-up, before it reads any request, it starts a **mount helper** (a small process of its
 own, :mod:`sandboxd.mount_helper`) and then installs a seccomp filter on itself (every thread)
 that refuses ``mount``, ``umount2`` and the rest of the mount API. From then on only the helper
-mounts, and only what it is asked over a private socket pair: a tmpfs with the given limits on
-an existing, empty directory directly below the workspaces directory (which it holds open by
-descriptor since start-up, so a later symlink cannot redirect it), or the unmount of such a
-directory; or both steps of a workspace at once: make such a directory and mount it, unmount
-it and remove it (a call's workspace from the event loop, without a thread: issue 25). A
-compromised daemon can ask for nothing else. Without them (that unit, a non-root
+mounts, and only what it is asked over its private socket pairs (one for the daemon's
+threads, one for its event loop: a call's workspace without a thread, issue 25): make a
+directory directly below the workspaces directory (which it holds open by descriptor since
+start-up, so a later symlink cannot redirect it) and mount a tmpfs with the given limits on it
+while it is empty; unmount such a directory, and remove it once it is empty. A compromised
+daemon can ask for nothing else. Without them (that unit, a non-root
 daemon, a container without ``CAP_SYS_ADMIN``) the quota is *advisory*: workspaces are plain
 directories measured by :mod:`sandboxd.fstree` (bounded, off the event loop) before and after
 each call, a call's per-file limit is lowered to what is left of the quota, and a session over
@@ -415,12 +415,18 @@ class WorkspaceFS:
             raise
         return path
 
+    def _loop_channel(self) -> MountHelper | None:
+        """The mount helper when its event-loop channel serves this daemon's workspaces."""
+        helper = self.helper
+        usable = self.kernel and helper is not None and helper.aio_sock is not None
+        return helper if usable else None
+
     def create_soon(self, name: str, uid: int | None) -> asyncio.Future[Path]:
         """:meth:`create` from the event loop: one exchange with the mount helper's event-loop
         channel when there is one (no thread), else in a worker thread. Either way it runs to
         its end even when its awaiter is cancelled."""
-        helper = self.helper
-        if self.kernel and helper is not None and helper.aio_sock is not None:
+        helper = self._loop_channel()
+        if helper is not None:
             async def by_helper() -> Path:
                 await helper.arequest(op="create", name=name, **self._limits(uid))
                 return self.root / name
@@ -444,9 +450,8 @@ class WorkspaceFS:
         channel (unmount, then remove the directory it leaves empty); when that fails (the
         directory is no mount point and holds files, the channel closed), :meth:`remove` in a
         worker thread."""
-        helper = self.helper
-        if (self.kernel and helper is not None and helper.aio_sock is not None
-                and path.parent == self.root):
+        helper = self._loop_channel()
+        if helper is not None and path.parent == self.root:
             try:
                 await helper.arequest(op="remove", name=path.name)
                 return

@@ -429,7 +429,7 @@ class SessionManager:
             # is free again, its files go with the workspace
             if self.uids is not None:
                 self.uids.release(name)
-            await asyncio.shield(asyncio.ensure_future(self._remove_workspace_soon(path)))
+            await asyncio.shield(self._remove_workspace_soon(path))
 
     # ------------------------------------------------------------ helpers
 
