@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +132,9 @@ class SessionOps:
     def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
         raise NotImplementedError
 
+    # :meth:`~sandboxd.restarts.SessionRestarts.note_kernels` (annotated only: a later base)
+    note_kernels: Callable[[Session | None], None]
+
     def kernel_backends(self, session_id: str) -> list[str]:
         """Names of the backends on which the session has a live kernel now."""
         return sorted(name for name, backend in self.backends.items()
@@ -188,6 +191,8 @@ class SessionOps:
                                   session.id)
                     raise ExecutionFailure(f"the {name} backend could not restart the "
                                            f"session's kernel: {exc}") from exc
+                finally:
+                    self.note_kernels(session)  # ended cleanly: no crash reports it lost
         try:  # the kernels are gone either way: say so, and keep the failure in the log
             await self.recorder.record(self.audit.write, event="kernel_restart", client=client,
                                        session=session.id, backends=restarted,

@@ -8,6 +8,14 @@ containers keep running with their kernels (:mod:`sandboxd.backends.container.ad
 next start re-adopts a session only when its workspace checks out here: a real directory owned
 by its sandbox uid and, with kernel quotas, the sandboxd tmpfs itself (type, source,
 ``nosuid,nodev``), never something mounted or planted in its place while no daemon watched.
+
+A crash never hides a lost kernel: which backends hold a live kernel of a session is kept in
+its metadata file (``kernels_live``, written atomically when a call leaves a kernel started or
+ended, cleared when a clean stop moves it to ``kernels_at_stop``). What a start still finds
+there was live when the previous daemon died without stopping: unless the kernel is alive
+again (adopted), it is lost with reason ``daemon_crash``; one a clean stop noted is lost with
+``daemon_restart``. Either is audited in ``session_recovered`` and said once, by the session's
+next python call on that backend.
 """
 
 from __future__ import annotations
@@ -31,12 +39,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandboxd")
 
-#: ``kernel.reason`` of the first python call after a restart ended the session's kernel
+#: ``kernel.reason`` of the first python call after a clean stop ended the session's kernel
 DAEMON_RESTART = "daemon_restart"
+#: ``kernel.reason`` of the first python call after a crash (``SIGKILL``, OOM) ended it
+DAEMON_CRASH = "daemon_crash"
 #: what the model reads then (the files are kept; the variables are not)
 RESTART_MESSAGE = ("the daemon restarted since this session's last call: its Python state "
                    "(variables, imports) was lost and this call ran in a fresh interpreter; "
                    "the workspace files are kept")
+CRASH_MESSAGE = ("the daemon crashed and restarted since this session's last call: its Python "
+                 "state (variables, imports) was lost and this call ran in a fresh interpreter; "
+                 "the workspace files are kept")
+LOST_MESSAGES = {DAEMON_RESTART: RESTART_MESSAGE, DAEMON_CRASH: CRASH_MESSAGE}
 
 
 @runtime_checkable
@@ -95,17 +109,18 @@ def workspace_problem(path: Path, uid: int | None, *, tmpfs: bool) -> str | None
     return None
 
 
-def note_restart(result: Result) -> Result:
+def note_restart(result: Result, reason: str = DAEMON_RESTART) -> Result:
     """A session python call's result whose kernel the last restart ended: ``kernel.lost``
-    with reason ``daemon_restart`` (the call itself ran in a fresh interpreter)."""
+    with ``reason`` (``daemon_restart`` or ``daemon_crash``; the call itself ran in a fresh
+    interpreter)."""
     if result.kernel is None:
         return result
     kernel: Kernel = result.kernel
     if kernel.lost:
         return result  # this call lost its new kernel too: that reason says more
-    message = "; ".join(m for m in (result.message, RESTART_MESSAGE) if m)
+    message = "; ".join(m for m in (result.message, LOST_MESSAGES[reason]) if m)
     return result.model_copy(update={
-        "kernel": kernel.model_copy(update={"lost": True, "reason": DAEMON_RESTART}),
+        "kernel": kernel.model_copy(update={"lost": True, "reason": reason}),
         "message": message})
 
 
@@ -133,19 +148,42 @@ class SessionRestarts:
             if isinstance(backend, SessionKeeper):
                 backend.expect_sessions(expected)
 
-    async def _keep_sessions(self) -> None:
-        """Clean stop with ``sessions_survive_restart``: note each session's live kernels
-        (restricted ones die with the daemon), then let the backends keep what they can."""
-        registered = self.sessions.registered()
-        for session in registered:
+    def note_kernels(self, session: Session | None) -> None:
+        """After a session call (or a kernel restart): its file's ``kernels_live`` says which
+        kernels live now, written (atomically) only when that changed and only while the
+        session is registered. A file that cannot be written is logged: the next call tries
+        again."""
+        if session is None or not self.sessions.holds(session):
+            return
+        live = self.kernel_backends(session.id)
+        if live == session.kernels_live:
+            return
+        session.kernels_live = live
+        try:
+            self.sessions.save(session)
+        except OSError as exc:
+            log.warning("session %s: live kernels not saved: %s", session.id, exc)
+
+    def _note_stop(self) -> None:
+        """Any clean stop: each session the stop leaves lists its live kernels under
+        ``kernels_at_stop`` (restricted ones die with the daemon; a kept container's may be
+        adopted), and ``kernels_live`` is cleared: the next start reads ``daemon_restart``,
+        never ``daemon_crash``, for them."""
+        for session in self.sessions.registered():
             # (a kernel lost at an earlier restart and not yet reported stays listed)
             at_stop = sorted(set(session.kernels_at_stop) | set(self.kernel_backends(session.id)))
-            if at_stop != session.kernels_at_stop:
+            if at_stop != session.kernels_at_stop or session.kernels_live:
                 session.kernels_at_stop = at_stop
+                session.kernels_live = []
                 try:
                     self.sessions.save(session)
                 except OSError as exc:
                     log.warning("session %s: kernels at stop not saved: %s", session.id, exc)
+
+    async def _keep_sessions(self) -> None:
+        """Clean stop with ``sessions_survive_restart``, after :meth:`_note_stop`: let the
+        backends keep what they can."""
+        registered = self.sessions.registered()
         ids = {s.id for s in registered}
         for name, backend in self.backends.items():
             if isinstance(backend, SessionKeeper):
@@ -173,9 +211,25 @@ class SessionRestarts:
             backend.adoption_failed = {}
         for session in self.sessions.registered():
             live = self.kernel_backends(session.id)
-            await self._audit_quietly(
-                "session_recovered", session, kernels=live,
-                kernels_lost=[b for b in session.kernels_at_stop if b not in live])
+            self._note_crash(session, live)
+            lost = [{"backend": b, "reason": r} for b in sorted(
+                set(session.kernels_at_stop) | set(session.kernels_at_crash))
+                if (r := self.restart_lost(session, b)) is not None]
+            await self._audit_quietly("session_recovered", session, kernels=live,
+                                      kernels_lost=lost)
+
+    def _note_crash(self, session: Session, live: list[str]) -> None:
+        """At start: a kernel still listed live was live when the previous daemon died
+        without a clean stop; unless it lives again (adopted), a crash ended it."""
+        crashed = set(session.kernels_live) - set(live)
+        if not crashed and session.kernels_live == live:
+            return
+        session.kernels_at_crash = sorted(set(session.kernels_at_crash) | crashed)
+        session.kernels_live = live
+        try:
+            self.sessions.save(session)
+        except OSError as exc:  # said in the audit record either way; kept in memory
+            log.warning("session %s: kernels lost in a crash not saved: %s", session.id, exc)
 
     async def _audit_quietly(self, event: str, session: Session, **fields: Any) -> None:
         try:
@@ -184,21 +238,26 @@ class SessionRestarts:
         except AuditFailure as exc:
             log.error("session %s: no %s audit record: %s", session.id, event, exc)
 
-    def restart_lost(self, session: Session | None, backend: str | None) -> bool:
-        """Whether the session's kernel on ``backend`` was live at the last stop and is not
-        now (the restart ended it)."""
-        return (session is not None and backend is not None
-                and backend in session.kernels_at_stop
-                and backend not in self.kernel_backends(session.id))
+    def restart_lost(self, session: Session | None, backend: str | None) -> str | None:
+        """Why the session's kernel on ``backend`` is gone when a restart ended it (it was
+        live at the last crash, ``daemon_crash``, or stop, ``daemon_restart``, and is not
+        now); None when no restart did."""
+        if (session is None or backend is None
+                or backend in self.kernel_backends(session.id)):
+            return None
+        if backend in session.kernels_at_crash:
+            return DAEMON_CRASH
+        return DAEMON_RESTART if backend in session.kernels_at_stop else None
 
-    def note_restart(self, session: Session | None, backend: str | None, lost: bool,
+    def note_restart(self, session: Session | None, backend: str | None, lost: str | None,
                      result: Result) -> Result:
         """After a session call: once a python call reached the kernel on ``backend``, the
-        restart is said (``lost``: :func:`note_restart`) and forgotten."""
+        restart is said (``lost``: its reason, :func:`note_restart`) and forgotten."""
         if (session is None or backend is None or result.kernel is None
-                or backend not in session.kernels_at_stop):
+                or backend not in {*session.kernels_at_stop, *session.kernels_at_crash}):
             return result
         session.kernels_at_stop = [b for b in session.kernels_at_stop if b != backend]
+        session.kernels_at_crash = [b for b in session.kernels_at_crash if b != backend]
         with contextlib.suppress(OSError):
             self.sessions.save(session)
-        return note_restart(result) if lost else result
+        return note_restart(result, lost) if lost else result

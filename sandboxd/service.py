@@ -179,6 +179,9 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         for task in self._tasks:
             await stop_task(task)
         survive = self.settings.sessions_survive_restart
+        if self._started:  # the next start reads daemon_restart, not daemon_crash
+            with contextlib.suppress(Exception):
+                self._note_stop()
         if survive and self._started:
             with contextlib.suppress(Exception):
                 await self._keep_sessions()
@@ -386,6 +389,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             finally:
                 if ticket is not None:
                     ticket.release()
+                self.note_kernels(session)  # a crash must not hide the kernel it started
             result = self.note_restart(session, decision.backend, restart_lost, result)
             if session is not None:
                 self.sessions.touch(session)

@@ -91,6 +91,11 @@ class Session:
     # backends on which a daemon stop found a live kernel (issue 26): the next python call
     # there says ``kernel.lost`` (``daemon_restart``) unless that kernel is alive again
     kernels_at_stop: list[str] = field(default_factory=list)
+    # backends on which it has a live kernel, written when one starts and cleared when it
+    # ends or a stop notes it above: what a crash would lose (:mod:`sandboxd.restarts`)
+    kernels_live: list[str] = field(default_factory=list)
+    # backends whose kernel a crash ended: the next python call there says ``daemon_crash``
+    kernels_at_crash: list[str] = field(default_factory=list)
 
     def public(self, usage: Usage | None, kernels: list[str] | None = None,
                paused: bool = False) -> dict[str, object]:
@@ -340,6 +345,10 @@ class SessionManager:
     def registered(self, client: str | None = None) -> list[Session]:
         """Every registered session (expired ones not yet ended included), or ``client``'s."""
         return [s for s in self._sessions.values() if client is None or s.client == client]
+
+    def holds(self, session: Session) -> bool:
+        """Whether ``session`` is registered (not ended): only then may its file be written."""
+        return self._sessions.get(session.id) is session
 
     def forget(self, session: Session) -> bool:
         """Unregister a session (no call finds it from now on); False when it was not

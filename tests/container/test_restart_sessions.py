@@ -141,7 +141,8 @@ def test_restart_keeps_readopts_or_ends_each_kept_session(
     assert set(now) == {sid, stopped}
     recovered = audit_records(second.audit_path, "session_recovered")
     assert sorted((r["session"], r["kernels"], r["kernels_lost"]) for r in recovered) == sorted([
-        (sid, ["container"], []), (stopped, [], ["container"])]), recovered
+        (sid, ["container"], []),
+        (stopped, [], [{"backend": "container", "reason": "daemon_restart"}])]), recovered
     # the removed one: ended, audited, its workspace gone
     assert second.client.get(f"/v1/sessions/{removed}").status_code == 404
     expired = [r for r in audit_records(second.audit_path, "session_expired")

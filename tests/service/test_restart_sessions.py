@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,7 +82,8 @@ def test_restart_keeps_sound_sessions_and_ends_tampered_ones(
     assert "something else is mounted" in expired[covered], expired
     assert sid not in expired, expired
     recovered = audit_records(second.audit_path, "session_recovered")
-    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [(sid, ["restricted"])]
+    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [
+        (sid, [{"backend": "restricted", "reason": "daemon_restart"}])]
     assert mounts_below(ws_root) == [str(ws_root / sid)]
     # the sound one: its files, and its next python call says the kernel was lost
     assert second.client.get(f"/v1/sessions/{sid}").status_code == 200
@@ -112,3 +114,44 @@ def test_without_the_setting_a_stop_ends_tmpfs_sessions(
     second = _start(tmp_path, daemons, env)
     assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
     assert audit_records(second.audit_path, "session_recovered") == []
+
+
+def test_a_crash_reports_each_kernel_it_ended(
+        tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    """``kill -9`` of the daemon, then a start on the same state directory: the session whose
+    kernel was live says, at its next python call and in ``session_recovered``, that the crash
+    (``daemon_crash``) lost it; a session that never ran python and one whose kernel was
+    restarted (ended cleanly) before the crash report no loss."""
+    env = {**ENV, **uid_range_env()}  # the same uid range for both daemons
+    first = _start(tmp_path, daemons, env)
+    live = _session_with_state(first)
+    never = first.client.post("/v1/sessions").json()["id"]
+    r = first.invoke("write_file", {"path": "notes.txt", "content": "kept"}, session=never)
+    assert r.json()["status"] == "ok", r.text
+    ended = _session_with_state(first)
+    r = first.client.post(f"/v1/sessions/{ended}/restart")
+    assert r.status_code == 200 and r.json()["restarted"] == ["restricted"], r.text
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    second = _start(tmp_path, daemons, env)
+
+    recovered = {r["session"]: r for r in audit_records(second.audit_path, "session_recovered")}
+    assert {s: r["kernels_lost"] for s, r in recovered.items()} == {
+        live: [{"backend": "restricted", "reason": "daemon_crash"}], never: [], ended: []}
+    code = "try:\n    x\nexcept NameError:\n    x = 'gone'\nx"
+    body = second.invoke("python", {"code": code}, session=live).json()
+    assert body["status"] == "ok" and body["value"] == "gone", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_crash", body
+    assert "daemon crashed" in body["message"], body
+    (audited,) = [r for r in audit_records(second.audit_path, "result")
+                  if r["request_id"] == body["id"]]
+    assert audited["kernel"]["lost"] is True, audited
+    assert audited["kernel"]["reason"] == "daemon_crash", audited
+    # said once: the next call runs in the new kernel
+    body = second.invoke("python", {"code": "x"}, session=live).json()
+    assert body["value"] == "gone" and body["kernel"]["lost"] is False, body
+    for quiet in (never, ended):
+        body = second.invoke("python", {"code": "1"}, session=quiet).json()
+        assert body["status"] == "ok" and body["kernel"]["lost"] is False, body
+        assert body["kernel"]["fresh"] is True, body
+    for sid in (live, never, ended):
+        assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
