@@ -148,6 +148,19 @@ class SessionRestarts:
             if isinstance(backend, SessionKeeper):
                 backend.expect_sessions(expected)
 
+    def note_kernel_starting(self, session: Session | None, backend: str | None) -> None:
+        """As a session python call reaches ``backend`` (it may start the kernel there): the
+        kernel is listed live ahead, so that a crash during the call that starts it does not
+        hide it; :meth:`note_kernels` corrects the list once the call is over."""
+        if (session is None or backend is None or backend in session.kernels_live
+                or not self.sessions.holds(session)):
+            return
+        session.kernels_live = sorted({*session.kernels_live, backend})
+        try:
+            self.sessions.save(session)
+        except OSError as exc:
+            log.warning("session %s: live kernels not saved: %s", session.id, exc)
+
     def note_kernels(self, session: Session | None) -> None:
         """After a session call (or a kernel restart): its file's ``kernels_live`` says which
         kernels live now, written (atomically) only when that changed and only while the

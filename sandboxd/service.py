@@ -403,6 +403,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             slots = self.scheduler if call.transfer is None else self.transfers
             async with slots.slot(call.client, deadline):
                 started.set()
+                if call.plan.kind is ToolKind.python:  # a crash during this call loses it
+                    self.note_kernel_starting(call.session, call.decision.backend)
                 async with self.sessions.workspace(call.session, call.id) as workspace:
                     invocation = Invocation(
                         id=call.id, tool=call.tool, client=call.client, session=session,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,3 +210,34 @@ def test_an_image_rebuilt_while_stopped_keeps_the_session_not_its_kernel(
         _delete_and_stop(second, sid, docker_client, instance)
     finally:
         docker_client.images.remove(tag, noprune=True)
+
+
+def test_a_crash_reports_the_container_kernel_it_ended(
+        docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
+        instance: str, daemons: list[RunningDaemon]) -> None:
+    """``kill -9`` of the daemon keeps no container kernel: nothing was suspended, so the
+    runner sees its daemon hang up and the next start removes the container. The session keeps
+    its files, and its next python call (and ``session_recovered``) says the crash lost its
+    kernel (``daemon_crash``)."""
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    first = _start(tmp_path, state, env, policies, daemons)
+    sid = _session(first)
+    (crashed,) = _session_containers(docker_client, instance)
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    second = _start(tmp_path, state, env, policies, daemons)
+    recovered = audit_records(second.audit_path, "session_recovered")
+    assert [(r["session"], r["kernels"], r["kernels_lost"]) for r in recovered] == [
+        (sid, [], [{"backend": "container", "reason": "daemon_crash"}])], recovered
+    code = "try:\n    x\nexcept NameError:\n    x = 'gone'\n(x, open('notes.txt').read())"
+    body = second.invoke("python", {"code": code}, session=sid, limits=SLOW_ENGINE).json()
+    assert body["status"] == "ok" and body["value"] == ["gone", "kept"], body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_crash", body
+    (audited,) = [r for r in audit_records(second.audit_path, "result")
+                  if r["request_id"] == body["id"]]
+    assert audited["kernel"]["reason"] == "daemon_crash", audited
+    assert crashed.id not in [c.id for c in labelled(docker_client, instance)]
+    body = second.invoke("python", {"code": "x"}, session=sid, limits=SLOW_ENGINE).json()
+    assert body["value"] == "gone" and body["kernel"]["lost"] is False, body
+    _delete_and_stop(second, sid, docker_client, instance)
+    assert _empty(state / "run") and _empty(state / "kept-containers")

@@ -7,18 +7,22 @@ behaviour: a stop ends every tmpfs session."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.security.test_workspace_limits import kernel_quota  # noqa: F401
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
 from tests.support.mounts import detach_below, mounts_below
+from tests.support.wait import wait_until
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false", "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true"}
 
@@ -48,6 +52,15 @@ def _session_with_state(d: RunningDaemon) -> str:
     r = d.invoke("python", {"code": "x = 41\nx"}, session=sid)
     assert r.json()["value"] == 41 and r.json()["kernel"]["fresh"] is True, r.text
     return sid
+
+
+def _run_until_killed(url: str, sid: str) -> None:
+    """A session's first python call that runs (after writing ``started``) until the daemon
+    dies under it: its connection error is expected."""
+    code = "open('started', 'w').close()\nwhile True:\n    pass\n"
+    with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=url, timeout=180) as c:
+        c.post("/v1/tools/python/invoke", json={
+            "arguments": {"code": code}, "session": sid, "limits": {"timeout_s": 120}})
 
 
 def _mount_tmpfs(path: Path) -> None:
@@ -119,9 +132,10 @@ def test_without_the_setting_a_stop_ends_tmpfs_sessions(
 def test_a_crash_reports_each_kernel_it_ended(
         tmp_path: Path, daemons: list[RunningDaemon]) -> None:
     """``kill -9`` of the daemon, then a start on the same state directory: the session whose
-    kernel was live says, at its next python call and in ``session_recovered``, that the crash
-    (``daemon_crash``) lost it; a session that never ran python and one whose kernel was
-    restarted (ended cleanly) before the crash report no loss."""
+    kernel was live, and the one whose first call (which started its kernel) was running, say
+    at their next python call and in ``session_recovered`` that the crash (``daemon_crash``)
+    lost it; a session that never ran python and one whose kernel was restarted (ended
+    cleanly) before the crash report no loss."""
     env = {**ENV, **uid_range_env()}  # the same uid range for both daemons
     first = _start(tmp_path, daemons, env)
     live = _session_with_state(first)
@@ -131,12 +145,19 @@ def test_a_crash_reports_each_kernel_it_ended(
     ended = _session_with_state(first)
     r = first.client.post(f"/v1/sessions/{ended}/restart")
     assert r.status_code == 200 and r.json()["restarted"] == ["restricted"], r.text
+    busy = first.client.post("/v1/sessions").json()["id"]
+    in_flight = threading.Thread(target=_run_until_killed, args=(first.url, busy), daemon=True)
+    in_flight.start()
+    wait_until(lambda: (tmp_path / "state" / "workspaces" / busy / "started").exists(),
+               timeout=120, what="the busy session's first call running")
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    in_flight.join(30)
     second = _start(tmp_path, daemons, env)
 
     recovered = {r["session"]: r for r in audit_records(second.audit_path, "session_recovered")}
+    crashed = [{"backend": "restricted", "reason": "daemon_crash"}]
     assert {s: r["kernels_lost"] for s, r in recovered.items()} == {
-        live: [{"backend": "restricted", "reason": "daemon_crash"}], never: [], ended: []}
+        live: crashed, busy: crashed, never: [], ended: []}
     code = "try:\n    x\nexcept NameError:\n    x = 'gone'\nx"
     body = second.invoke("python", {"code": code}, session=live).json()
     assert body["status"] == "ok" and body["value"] == "gone", body
@@ -149,9 +170,11 @@ def test_a_crash_reports_each_kernel_it_ended(
     # said once: the next call runs in the new kernel
     body = second.invoke("python", {"code": "x"}, session=live).json()
     assert body["value"] == "gone" and body["kernel"]["lost"] is False, body
+    body = second.invoke("python", {"code": "1"}, session=busy).json()
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_crash", body
     for quiet in (never, ended):
         body = second.invoke("python", {"code": "1"}, session=quiet).json()
         assert body["status"] == "ok" and body["kernel"]["lost"] is False, body
         assert body["kernel"]["fresh"] is True, body
-    for sid in (live, never, ended):
+    for sid in (live, never, ended, busy):
         assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
