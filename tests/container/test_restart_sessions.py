@@ -1,8 +1,9 @@
 """Restarts keep sessions (issue 26), container backend: a clean stop leaves a session's
 container running with its kernel (its runner waits for the next daemon); the next daemon
 re-adopts it, so the session's next call sees its variables and its files. A container removed
-while no daemon ran ends its session (audited). Nothing is left behind: no container, no
-runner directory, no mount."""
+while no daemon ran ends its session (audited). A crash keeps no kernel: the session's next
+call says ``daemon_crash``. Nothing is left behind: no container, no runner directory, no
+mount."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ leaves each session's workspace mounted; the next daemon re-adopts the sessions 
 checks out (their files are there; their kernel died with the old daemon: the next python call
 says ``kernel.lost`` with reason ``daemon_restart``), and ends, audited, those whose workspace
 was tampered with while no daemon ran. ``sessions_survive_restart: false`` keeps the old
-behaviour: a stop ends every tmpfs session."""
+behaviour: a stop ends every tmpfs session. A crash (``kill -9``) hides no lost kernel: the
+next call says ``daemon_crash``."""
 
 from __future__ import annotations
 
@@ -178,3 +179,23 @@ def test_a_crash_reports_each_kernel_it_ended(
         assert body["kernel"]["fresh"] is True, body
     for sid in (live, never, ended, busy):
         assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_without_the_setting_a_stop_reports_the_kernels_of_directory_sessions(
+        tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    """``sessions_survive_restart: false`` keeps plain-directory sessions (advisory quotas)
+    across a stop, not their kernels: a clean stop notes the live ones, so the next call says
+    ``daemon_restart`` (never ``daemon_crash``, never nothing)."""
+    env = {**ENV, "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false",
+           "SANDBOXD_WORKSPACE_QUOTA": "advisory", **uid_range_env()}
+    first = _start(tmp_path, daemons, env)
+    sid = _session_with_state(first)
+    assert first.stop() == 0
+    second = _start(tmp_path, daemons, env)
+    recovered = audit_records(second.audit_path, "session_recovered")
+    assert [(r["session"], r["kernels_lost"]) for r in recovered] == [
+        (sid, [{"backend": "restricted", "reason": "daemon_restart"}])], recovered
+    body = second.invoke("python", {"code": "open('notes.txt').read()"}, session=sid).json()
+    assert body["status"] == "ok" and body["value"] == "kept", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body
+    assert second.client.delete(f"/v1/sessions/{sid}").status_code == 204
