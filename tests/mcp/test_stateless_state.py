@@ -25,6 +25,14 @@ from tests.support.wait import async_wait_until
 TRANSPORTS = ["http", "stdio"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm_door(mcp_daemon: McpDaemon) -> None:
+    """The daemon loads the MCP SDK on its first ``/mcp`` request: done here, so that on a
+    loaded machine the SDK client's ``server/discover`` probe (10 s) through a starting bridge
+    does not time out and fall back to the handshake, which these tests are not about."""
+    assert mcp_daemon.daemon.client.get("/mcp").status_code < 500
+
+
 def handle_of(result: Any) -> str:
     """The session a stateless result names, in both places a model or a host reads."""
     sid = result.structured_content["session"]
