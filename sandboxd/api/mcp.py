@@ -29,8 +29,9 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
 Both protocol eras are served (docs/mcp.md, "Protocol versions"): the initialize handshake
 (2024-11-05 ... 2025-11-25: an MCP session, its workspace, list_changed on its stream) and the
 stateless 2026-07-28 (the SDK's own per-request path: ``server/discover``, the ``_meta``
-envelope and routing headers; no session, so a call names a sandboxd session in
-``_meta["sandboxd/session"]`` to keep state). The request's ``MCP-Protocol-Version`` picks it.
+envelope and routing headers; no MCP session, so state travels in a handle: the result names
+the sandboxd session the call ran in and the model passes it back as the tools' ``session``
+argument, :mod:`sandboxd.api.mcp_handles`). The request's ``MCP-Protocol-Version`` picks it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from sandboxd import __version__
-from sandboxd.api import problems
+from sandboxd.api import mcp_handles, problems
 from sandboxd.api.auth import authenticate
 from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error, with_request_id
 from sandboxd.api.mcp_meta import (
@@ -68,15 +69,15 @@ from sandboxd.api.mcp_meta import (
     limits,
     named_session,
 )
+from sandboxd.api.mcp_results import call_result, error_result, named_result, tool_for
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
-from sandboxd.client.render import result_parts
 from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
-from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
+from sandboxd.models import InvokeRequest, Result, ToolSpec
 from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
 from sandboxd.service import Sandboxd
-from sandboxd.sessions import SessionError
+from sandboxd.sessions import SessionError, SessionNotFound
 
 log = logging.getLogger("sandboxd.mcp")
 
@@ -86,52 +87,9 @@ PROGRESS_INTERVAL_S = 1.0
 CANCEL_GRACE_S = 60.0  # how long a cancelled call may take to prove its cleanup
 
 
-#: every tool's ``outputSchema``: its ``structuredContent`` is the whole sandboxd result
-RESULT_SCHEMA: dict[str, Any] = Result.model_json_schema(mode="serialization")
-
-
-def tool_for(spec: ToolSpec) -> types.Tool:
-    """A sandboxd tool as MCP lists it: title, annotations (what it does to its sandbox; no
-    network: not open-world), the result's schema, availability in ``_meta`` (as
-    ``GET /v1/tools`` says)."""
-    meta: dict[str, Any] = {"sandboxd/backend": spec.backend, "sandboxd/available": spec.available}
-    if spec.unavailable_reason:
-        meta["sandboxd/unavailable_reason"] = spec.unavailable_reason
-    hints = spec.annotations
-    annotations = types.ToolAnnotations(
-        title=spec.title, read_only_hint=hints.get("readOnlyHint"),
-        destructive_hint=hints.get("destructiveHint"),
-        idempotent_hint=hints.get("idempotentHint"), open_world_hint=hints.get("openWorldHint"))
-    return types.Tool(name=spec.name, title=spec.title, description=spec.description,
-                      input_schema=spec.parameters, output_schema=RESULT_SCHEMA,
-                      annotations=annotations, meta=meta)
-
-
-def call_result(result: Result) -> types.CallToolResult:
-    """A sandboxd result as the answer to ``tools/call``: text and image content in execution
-    order (:func:`~sandboxd.client.render.result_parts`), each image after the text that
-    names it."""
-    content: list[types.ContentBlock] = []
-    for part in result_parts(result):
-        if isinstance(part, str):
-            content.append(types.TextContent(text=part))
-        elif part.image:
-            content.append(types.ImageContent(type="image", data=part.image[1],
-                                              mime_type=part.image[0]))
-    return types.CallToolResult(content=content,
-                                structured_content=result.wire(),
-                                is_error=result.status is not Status.ok)
-
-
-def _error_result(message: str, result: Result | None = None) -> types.CallToolResult:
-    """A call the service refused after the arguments were fine (busy, draining, storage full,
-    audit log unwritable...): an error result the model can read, not a protocol error."""
-    if result is not None:
-        answer = call_result(result)
-        answer.content.insert(0, types.TextContent(text=message))
-        answer.is_error = True
-        return answer
-    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+def _stateless(ctx: Any) -> bool:
+    """The request speaks the stateless revision (no MCP session: state travels in handles)."""
+    return ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
 def _fingerprint(specs: list[ToolSpec]) -> str:
@@ -189,8 +147,10 @@ class McpFrontDoor:
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
         )
         settings = service.settings
+        per_client = settings.mcp_max_sessions_per_client or settings.max_sessions_per_client
+        self.handles = mcp_handles.Handles(service, per_client)
         self.slots = SessionSlots(
-            per_client=settings.mcp_max_sessions_per_client or settings.max_sessions_per_client,
+            per_client=per_client,
             total=settings.mcp_max_sessions, idle_s=settings.mcp_session_idle_s,
             ttl_s=settings.session_ttl_s, on_change=service.metrics.mcp_sessions.set)
         self.manager = SessionManager(self.server, self.slots, settings.node_id)
@@ -339,7 +299,8 @@ class McpFrontDoor:
         connection = _connection(ctx)
         if connection.session_id is not None:  # a 2026-07-28 request has no stream to notify
             connection.state["tools"] = _fingerprint(specs)
-        return types.ListToolsResult(tools=[tool_for(s) for s in specs])
+        handle = _stateless(ctx)
+        return types.ListToolsResult(tools=[tool_for(s, handle) for s in specs])
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
                          ) -> types.CallToolResult:
@@ -347,13 +308,19 @@ class McpFrontDoor:
         client = self._client(ctx)
         self.slots.in_use(_connection(ctx).session_id)  # from now on: the session TTL
         counter = self.service.metrics.mcp_calls
+        named: str | None = None  # the session a stateless answer names (the handle)
         try:
             lower = limits(params.meta)
-            session = (named_session(params.meta)
-                       or await self._sandbox_session(_connection(ctx), client))
-            request = InvokeRequest(arguments=params.arguments or {}, session=session,
-                                    limits=lower)
-            result = await self._run(ctx, client, params.name, request)
+            arguments = dict(params.arguments or {})
+            if _stateless(ctx):
+                session = named = await self.handles.session_for(
+                    client, params.name, arguments, named_session(params.meta))
+            else:
+                session = (named_session(params.meta)
+                           or await self._sandbox_session(_connection(ctx), client))
+            request = InvokeRequest(arguments=arguments, session=session, limits=lower)
+            with self.handles.use(named) if named else contextlib.nullcontext():
+                result = await self._run(ctx, client, params.name, request)
         except UnknownTool as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
             raise MCPError(types.INVALID_PARAMS, str(exc),
@@ -361,24 +328,25 @@ class McpFrontDoor:
         except ArgumentsInvalid as exc:
             counter.labels(tool=params.name, status="invalid_params").inc()
             if is_version_at_least(ctx.session.protocol_version, ARGUMENT_ERRORS_AS_RESULTS):
-                return _error_result(f"nothing ran: {exc}; fix the arguments and call again")
+                return error_result(f"nothing ran: {exc}; fix the arguments and call again")
             raise MCPError(types.INVALID_PARAMS, str(exc),
                            {"tool": exc.tool, "field": exc.field, "problem": exc.detail}) from None
         except AuditFailure as exc:
             counter.labels(tool=params.name, status="error").inc()
-            return _error_result(str(exc), exc.result)
+            return named_result(error_result(str(exc), exc.result), named)
         except Overloaded as exc:
             counter.labels(tool=params.name, status="rejected").inc()
-            return _error_result(f"sandboxd is busy, nothing ran: {exc}; retry in "
-                                 f"{max(1, exc.retry_after)} s")
+            return named_result(error_result(f"sandboxd is busy, nothing ran: {exc}; retry in "
+                                        f"{max(1, exc.retry_after)} s"), named)
         except ExecutionFailure as exc:  # it may have run in part: never "nothing ran"
             counter.labels(tool=params.name, status="error").inc()
-            return _error_result(str(exc))
+            return named_result(error_result(str(exc)), named)
         except (ServiceError, SessionError) as exc:
             counter.labels(tool=params.name, status="error").inc()
-            return _error_result(f"nothing ran: {exc}")
+            gone = isinstance(exc, SessionNotFound)  # the handle names no session now
+            return named_result(error_result(f"nothing ran: {exc}"), None if gone else named)
         counter.labels(tool=params.name, status=result.status.value).inc()
-        return call_result(result)
+        return named_result(call_result(result), named)
 
     async def _run(self, ctx: Any, client: str, tool: str,
                    request: InvokeRequest) -> Result:

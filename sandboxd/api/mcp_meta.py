@@ -1,7 +1,7 @@
 """What an MCP request says besides its tool and arguments: the protocol revision it speaks
 (and what differs by revision), the instructions of each era, and sandboxd's ``_meta`` keys
 (``sandboxd/limits``: lower limits; ``sandboxd/session``: the sandboxd session a call runs in,
-the state handle of the stateless 2026-07-28)."""
+for a client that names one itself; a model passes the tools' ``session`` argument)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ _ABOUT = ("sandboxd runs code and commands in a confined sandbox under an admini
 INSTRUCTIONS = _ABOUT + (
     "Files written in this MCP session stay in its workspace, and Python variables in its "
     "interpreter, for the next calls of the same session.")
-#: 2026-07-28 has no sessions: each call gets a fresh workspace unless it names one
+#: 2026-07-28 has no MCP sessions: state travels in a handle the result names and the model
+#: passes back (sandboxd/api/mcp_handles.py)
 STATELESS_INSTRUCTIONS = _ABOUT + (
-    "Each call runs in a fresh workspace that is deleted after it, unless the call names a "
-    f"sandboxd session in _meta[\"{SESSION_META}\"] (created with POST /v1/sessions): then "
-    "its files and Python variables stay for the next calls naming it.")
+    "Each call without a \"session\" argument runs in a new session; its result names that "
+    "session. Pass it back as \"session\" in later calls to keep their files and Python "
+    "variables; leave it out for a fresh one.")
 
 
 def limits(meta: Any) -> LimitsRequest | None:
@@ -51,8 +52,8 @@ def limits(meta: Any) -> LimitsRequest | None:
 
 
 def named_session(meta: Any) -> str | None:
-    """The sandboxd session a call names in ``_meta["sandboxd/session"]`` (the state handle of
-    2026-07-28, which has no MCP sessions; the service checks that it is the caller's)."""
+    """The sandboxd session a call names in ``_meta["sandboxd/session"]`` (the service checks
+    that it is the caller's)."""
     sid = meta.get(SESSION_META) if isinstance(meta, dict) else None
     if sid is None:
         return None

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import (
@@ -152,3 +152,25 @@ async def bridge_session(url: str, token_file: Path,
                 ClientSession(read, write, message_handler=on_message) as session):
         await session.initialize()
         yield session
+
+
+def text_of(result: Any) -> str:
+    return "".join(c.text for c in result.content if c.type == "text")
+
+
+@contextlib.asynccontextmanager
+async def sdk_client(transport: str, d: McpDaemon, mode: str = "auto",
+                     name: str = "alice") -> AsyncIterator[Client]:
+    """The SDK's high-level client, connected in ``mode`` over ``transport``."""
+    if transport == "stdio":
+        async with Client(stdio_client(bridge_params(d.daemon.url, d.token_file(name))),
+                          mode=mode) as client:  # type: ignore[arg-type]
+            yield client
+        return
+    headers = {"Authorization": f"Bearer {d.tokens[name]}"}
+    transport = d.transport()
+    async with (create_mcp_http_client(headers=headers) if transport is None else
+                httpx2.AsyncClient(headers=headers, transport=transport, timeout=120) as http,
+                Client(streamable_http_client(d.url, http_client=http),
+                       mode=mode) as client):  # type: ignore[arg-type]
+        yield client

@@ -93,7 +93,7 @@ def test_png_size_reads_the_header() -> None:
 
 
 def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
-    from sandboxd.api.mcp import call_result
+    from sandboxd.api.mcp_results import call_result
     from sandboxd.client.render import format_result
     from sandboxd.models import Reason, Result
     from sandboxd.output_items import Output

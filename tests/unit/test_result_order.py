@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from sandboxd.api.mcp import call_result
+from sandboxd.api.mcp_results import call_result
 from sandboxd.client.render import format_result
 from sandboxd.models import Reason, Result
 from sandboxd.output_items import Output, Position
