@@ -162,5 +162,12 @@ bench: venv images
 	$(BIN)/python bench/bench_mcp_bridge.py
 	$(BIN)/python bench/bench_runner_spawn.py
 
+## make clean: the state directory through `sandboxd clean` (a stop that kept sessions leaves
+## their tmpfs workspaces mounted and their containers running: rm -rf fails on those); it
+## refuses, in one line, while a daemon serves that directory (then nothing is removed).
 clean:
-	rm -rf $(VENV) $(STATE) .pytest_cache .ruff_cache .mypy_cache
+	@if [ -d $(STATE) ]; then \
+	  if [ -x $(BIN)/sandboxd ]; then $(BIN)/sandboxd clean --state-dir $(STATE); \
+	  else rm -rf $(STATE); fi; \
+	fi
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
