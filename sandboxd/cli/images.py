@@ -175,6 +175,7 @@ def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
                                   tag=tag, rm=True, forcerm=True, pull=False,
                                   buildargs=buildargs, labels=labels or None,
                                   network_mode=network_mode, decode=True)
+        step, said = "", time.monotonic()
         for chunk in stream:
             if "error" in chunk:
                 _fail(f"docker build of {dockerfile} failed: {chunk['error']}\n"
@@ -182,11 +183,31 @@ def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
             text = str(chunk.get("stream", ""))
             tail = [*tail, text][-200:]
             if text.startswith("Step "):
+                step, said = text.split(" :", 1)[0], time.monotonic()
                 typer.echo(f"{STEP_PREFIX}{text.strip()[:160]}")
+            elif time.monotonic() - said >= HEARTBEAT_S:  # a long step (apt, pip) goes on
+                said = time.monotonic()
+                typer.echo(f"  {step or 'the build'} still running: {text.strip()[:100]}")
     except docker.errors.APIError as exc:
         _fail(f"docker build of {dockerfile} failed: {exc.explanation or exc}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: how often a step without output of its own (debootstrap: minutes) says it is still going
+HEARTBEAT_S = 20.0
+
+
+def _run_with_heartbeat(argv: list[str], env: dict[str, str], what: str) -> int:
+    """Run ``argv`` to its end, saying every :data:`HEARTBEAT_S` that ``what`` is still being
+    built (the debootstrap log is only shown when it fails); returns its exit status."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env)
+    while True:
+        try:
+            return proc.wait(timeout=HEARTBEAT_S)
+        except subprocess.TimeoutExpired:
+            typer.echo(f"  still building {what} ({time.monotonic() - started:.0f} s)")
 
 
 def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) -> str:
@@ -204,9 +225,9 @@ def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) 
         env = dict(os.environ)
         env.setdefault("DOCKER", "/usr/bin/docker" if Path("/usr/bin/docker").exists()
                        else "docker")
-        proc = subprocess.run([str(script), OFFLINE_BASE], env=env, check=False)
-        if proc.returncode != 0:
-            _fail(f"{script} failed (exit {proc.returncode})")
+        code = _run_with_heartbeat([str(script), OFFLINE_BASE], env, OFFLINE_BASE)
+        if code != 0:
+            _fail(f"{script} failed (exit {code})")
     return OFFLINE_BASE
 
 

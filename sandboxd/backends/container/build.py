@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.profiles import DEFAULT_PROFILE, PROFILES
-from sandboxd.deadline import within
+from sandboxd.deadline import stop_task, within
 
 log = logging.getLogger("sandboxd.container")
 
@@ -109,11 +109,8 @@ class ImageBuilds:
     async def close(self) -> None:
         """Stop a build under way (its process group is killed) and wait for it."""
         self._kill()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     def unavailable(self, image: str) -> str | None:
         """Why ``image`` cannot serve yet because of a build (None: no build stands in the
