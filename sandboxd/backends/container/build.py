@@ -104,6 +104,9 @@ class ImageBuilds:
     def start(self) -> None:
         """Begin the builds in the background (nothing to do without profiles)."""
         if self.builds and self._task is None:
+            log.info("checking the images of %s; a missing one is built now, in the "
+                        "background (its tools answer 503 until then)",
+                        ", ".join(f"{b.profile} ({', '.join(b.images)})" for b in self.builds))
             self._task = asyncio.create_task(self._run(), name="image-builds")
 
     async def close(self) -> None:
