@@ -63,7 +63,8 @@ def clean(config: Path | None = CONFIG_OPTION, state_dir: Path | None = STATE_DI
     try:
         lock = statelock.acquire(state)
     except statelock.StateDirLocked as exc:
-        fail(f"clean refused: {exc}", 1)
+        who = f"pid {exc.pid}" if exc.pid else "another process"
+        fail(f"clean refused: a daemon ({who}) serves {state}; stop it first", 1)
         return
     try:
         if settings.container_enabled and not keep_containers:

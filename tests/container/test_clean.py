@@ -6,6 +6,7 @@ directory it refuses in one line and removes nothing."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -74,7 +75,9 @@ def test_make_clean_after_a_stop_that_kept_a_session(
             refused = _make_clean(state, tmp_path / "live", admin)
             assert refused.returncode != 0
             said = [line for line in refused.stderr.splitlines() if line.startswith("sandboxd")]
-            assert len(said) == 1 and "in use by another sandboxd daemon" in said[0], said
+            assert len(said) == 1 and re.fullmatch(
+                rf"sandboxd: clean refused: a daemon \(pid \d+\) serves {re.escape(str(state))}; "
+                "stop it first", said[0]), said
             assert (state / "workspaces" / sid / "notes.txt").read_text() == "kept"
             assert d.stop() == 0
 
