@@ -73,7 +73,8 @@ docker:
 ## Each is built only when missing or older than images/ (cached otherwise). The datascience
 ## image (tests/datascience) is built here but never copied into the VM (tests/vm/ci.sh).
 ## The lines start with + : make test's --output-sync=target would hold back their output (a
-## line per build step) until the end of a build of minutes; + lines are not synchronized.
+## line per build step, one every 20 s through a long step) until the end of a build of
+## minutes; + lines are not synchronized (and, like $(MAKE) lines, run under make -n too).
 images: venv docker
 	+$(BIN)/sandboxd images build --offline --if-missing
 	+$(BIN)/sandboxd images build --offline --if-missing --profile datascience
