@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run profile-image test test-vm venv venv-dev docker images node mcp-inspector doc-tools haproxy typecheck test-bytecode lint bench clean
+.PHONY: run test test-vm venv venv-dev docker images node mcp-inspector doc-tools haproxy typecheck test-bytecode lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 # The packages are installed by uv (from PyPI, into the virtualenv by pip): a fresh clone's
@@ -35,17 +35,26 @@ venv: $(BIN)/.installed
 venv-dev: $(BIN)/.installed-dev
 
 ## make run: install into a virtualenv and start the daemon on its embedded default
-## (restricted-interpreter backend, default policy, loopback only).
-## make run PROFILE=datascience: the data-science image (built when missing) and its policy
+## (restricted-interpreter backend, default policy, loopback only), with every tool working:
+## the Docker engine is made sure of first (as for make test; without one, python still serves
+## and the container tools' 503 says why), and the daemon builds the sandbox images it lacks
+## itself, offline, in the background (setting build_images): it serves python at once, the
+## log shows each build step, /readyz and a container tool's 503 say what is being built, and
+## the tool works once the build is done.
+## make run PROFILE=datascience: the data-science image too and its policy
 ## (policies/examples/datascience.yaml: pandas, matplotlib... in containers) for the local,
-## tokenless client. `sandboxd serve` equivalent: `sandboxd images build --offline
-## --if-missing --profile datascience && sandboxd serve --policies policies/examples`.
+## tokenless client. `sandboxd serve` equivalent: `SANDBOXD_BUILD_IMAGES=python,datascience
+## sandboxd serve --policies policies/examples`.
 PROFILE ?=
 PROFILES := datascience
-run: venv $(if $(PROFILE),profile-image)
+comma := ,
+run: venv
+	@if [ -n "$(PROFILE)" ]; then case " $(PROFILES) " in *" $(PROFILE) "*) ;; *) echo "make run: unknown PROFILE '$(PROFILE)' (known: $(PROFILES))" >&2; exit 2;; esac; fi
+	@scripts/ensure-docker.sh || echo "make run: no Docker engine here: python (restricted backend) serves; the container tools answer 503 saying why"
 	@echo "sandboxd: serving on http://$(HOST):$(PORT) (state in $(STATE)/$(if $(PROFILE),; profile $(PROFILE): policies/examples/$(PROFILE).yaml)). Try:"
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools/python/invoke -H 'content-type: application/json' -d '{\"arguments\":{\"code\":\"print(6*7)\"}}'"
 	@echo "  curl -s $(HOST):$(PORT)/v1/tools?format=openai"
+	@echo "  curl -s $(HOST):$(PORT)/readyz    # .images: the sandbox images being built, if any"
 	@echo "  $(BIN)/sandboxd invoke python --arg code='print(6*7)'"
 	@echo "MCP (Streamable HTTP): http://$(HOST):$(PORT)/mcp; stdio bridge for MCP hosts: $(BIN)/sandboxd mcp --url http://$(HOST):$(PORT)"
 	@echo "Admin commands for this daemon's state ($(STATE)/):"
@@ -55,11 +64,7 @@ run: venv $(if $(PROFILE),profile-image)
 	@echo "Beside another daemon as root (an installed service), sandbox uids must differ: serve names a"
 	@echo "  free range if the default one is taken; pass it as SANDBOXD_SANDBOX_UID_FIRST=N make run"
 	@echo "Stop with Ctrl-C."
-	exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE) $(if $(PROFILE),--policies policies/examples)
-
-profile-image: venv docker
-	@case " $(PROFILES) " in *" $(PROFILE) "*) ;; *) echo "make run: unknown PROFILE '$(PROFILE)' (known: $(PROFILES))" >&2; exit 2;; esac
-	$(BIN)/sandboxd images build --offline --if-missing --profile $(PROFILE)
+	SANDBOXD_BUILD_IMAGES=python$(if $(PROFILE),$(comma)$(PROFILE)) exec $(BIN)/sandboxd serve --host $(HOST) --port $(PORT) --state-dir $(STATE) $(if $(PROFILE),--policies policies/examples)
 
 ## Docker engine (Debian's docker.io, dockerd started if not running) and the sandbox images.
 docker:
@@ -67,9 +72,12 @@ docker:
 
 ## Each is built only when missing or older than images/ (cached otherwise). The datascience
 ## image (tests/datascience) is built here but never copied into the VM (tests/vm/ci.sh).
+## The lines start with + : make test's --output-sync=target would hold back their output (a
+## line per build step, one every 20 s through a long step) until the end of a build of
+## minutes; + lines are not synchronized (and, like $(MAKE) lines, run under make -n too).
 images: venv docker
-	$(BIN)/sandboxd images build --offline --if-missing
-	$(BIN)/sandboxd images build --offline --if-missing --profile datascience
+	+$(BIN)/sandboxd images build --offline --if-missing
+	+$(BIN)/sandboxd images build --offline --if-missing --profile datascience
 
 ## The MCP Inspector CLI for tests/mcp (a client no one on this project wrote): Debian's nodejs
 ## and npm when node is missing (Debian 12: node 18), then the pinned tree (Inspector 0.15.0,
@@ -155,5 +163,12 @@ bench: venv images
 	$(BIN)/python bench/bench_mcp_bridge.py
 	$(BIN)/python bench/bench_runner_spawn.py
 
+## make clean: the state directory through `sandboxd clean` (a stop that kept sessions leaves
+## their tmpfs workspaces mounted and their containers running: rm -rf fails on those); it
+## refuses, in one line, while a daemon serves that directory (then nothing is removed).
 clean:
-	rm -rf $(VENV) $(STATE) .pytest_cache .ruff_cache .mypy_cache
+	@if [ -d $(STATE) ]; then \
+	  if [ -x $(BIN)/sandboxd ]; then $(BIN)/sandboxd clean --state-dir $(STATE); \
+	  else rm -rf $(STATE); fi; \
+	fi
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

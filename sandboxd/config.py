@@ -225,6 +225,12 @@ class Settings(BaseSettings):
     )
     python_image: str = "sandboxd/python:latest"
     shell_image: str = "sandboxd/python:latest"
+    build_images: str = Field(
+        default="", pattern=r"^[a-z0-9]*(,[a-z0-9]+)*$",
+        description="Profiles (`sandboxd images build --profile`, comma-separated: "
+                    "'python,datascience') whose image the daemon builds at start when missing "
+                    "or stale, offline, in the background, once: their tools answer 503 with "
+                    "the build's progress until it is done (`make run` sets it); '': none")
     warm_pool_size: int = Field(default=2, ge=0)
     seccomp_profile: Path | None = Field(
         default=None, description="None: the shipped policies/seccomp.json"
@@ -302,6 +308,17 @@ class Settings(BaseSettings):
                 "per concurrent call and warm container, and room for sessions"
             )
         return self
+
+    @field_validator("build_images", mode="after")
+    @classmethod
+    def _profiles(cls, value: str) -> str:
+        from sandboxd.backends.container.profiles import PROFILES
+
+        unknown = [p for p in value.split(",") if p and p not in PROFILES]
+        if unknown:
+            raise ValueError(f"unknown image profile {unknown[0]!r} (known: "
+                             f"{', '.join(PROFILES)})")
+        return value
 
     @field_validator("state_dir", "policies_dir", "audit_log", "tokens_file", "uds", "wheelhouse",
                      mode="after")

@@ -56,13 +56,18 @@ class HealthOps:
         probes_ok, backends = await self.probes.reports(fresh)
         quota = self.sessions.fs  # read fresh too: its mount helper may have died
         policy = policy_state(self._policy_refused)
+        images = {image: build for backend in self.probes.backends.values()
+                  for image, build in backend.building().items()}
+        degraded = [] if policy["ok"] else ["policy"]
+        if any(b.get("state") not in ("built", "up to date") for b in images.values()):
+            degraded.append("images")
         return Readiness(
             ready=probes_ok and all(v["ok"] for v in storage.values()) and quota.ok
             and not self.draining,
             draining=self.draining, backends=backends, storage=storage,
             workspace_quota={"mode": "kernel" if quota.kernel else "advisory",
                              "setting": quota.setting, "ok": quota.ok, "detail": quota.detail},
-            policy=policy, degraded=[] if policy["ok"] else ["policy"])
+            policy=policy, degraded=degraded, images=images)
 
     def _storage_state(self) -> dict[str, dict[str, Any]]:
         audit = self.audit_problem()

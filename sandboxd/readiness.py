@@ -28,6 +28,9 @@ class Readiness(BaseModel):
     workspace_quota: dict[str, Any] = Field(default_factory=dict)
     policy: dict[str, Any] = Field(default_factory=lambda: {"ok": True, "detail": None})
     degraded: list[str] = Field(default_factory=list)
+    #: the images the daemon is building (or failed to build) for its tools: their tools
+    #: answer 503 until then; degraded says ``images`` meanwhile
+    images: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 def backend_failure(report: dict[str, Any]) -> str | None:
@@ -53,10 +56,13 @@ class BackendProbes:
         passes, the default backend is available, and no backend is ``healing`` (rebuilding
         its own state that vanished under the daemon, e.g. the container runner directory)."""
         now = time.monotonic()
-        available = {n: b.availability()[0] for n, b in self.backends.items()}
+        now_ok = {n: b.availability() for n, b in self.backends.items()}
+        available = {n: ok for n, (ok, _why) in now_ok.items()}
         if (not fresh and self._cached is not None and now - self._cached[0] < READINESS_CACHE_S
                 and self._cached[1] == available):
-            return self._cached[2], self._cached[3]
+            # an unavailable backend's reason is read fresh (an image build's progress)
+            return self._cached[2], {n: r if r["available"] else {**r, "reason": now_ok[n][1]}
+                                     for n, r in self._cached[3].items()}
         reports = {name: await self.report(name) for name in self.backends}
         # an unavailable backend other than the default is ok (its report says so), unless
         # it is healing

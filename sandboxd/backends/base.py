@@ -87,5 +87,10 @@ class Backend(Protocol):
         ``GET /v1/sessions/{id}`` says ``paused``. Backends that never pause inherit this."""
         return set()
 
+    def building(self) -> dict[str, dict[str, object]]:
+        """What the backend is building for its tools (images, by name; ``/readyz``): a
+        build's ``state`` and progress. Backends that build nothing inherit this."""
+        return {}
+
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""

@@ -34,6 +34,7 @@ GROUPS: dict[str, str] = {
 COMMANDS: dict[str, tuple[str, ...]] = {
     "daemon": ("serve", "tools", "invoke", "version"),
     "doctor": ("doctor",),
+    "clean": ("clean",),
     "chat": ("chat",),
     "mcp": ("mcp",),
 }
@@ -87,7 +88,7 @@ def build_one(module: str) -> typer.Typer:
 def build() -> typer.Typer:
     """The whole CLI: every command group."""
     app = _typer_app()
-    for name in ("daemon", "doctor", *GROUPS, "chat", "mcp"):
+    for name in ("daemon", "doctor", "clean", *GROUPS, "chat", "mcp"):
         _register(app, name)
     return app
 

@@ -30,13 +30,13 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from sandboxd.config import Settings, load_settings
+from sandboxd.backends.container.profiles import DEFAULT_PROFILE, PROFILES, Profile
+from sandboxd.config import load_settings
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -45,32 +45,10 @@ OFFLINE_BASE = "sandboxd/base-offline:latest"
 REGISTRY = ("registry-1.docker.io", 443)
 PROFILE_LABEL = "sandboxd.profile"
 PROFILE_DIGEST_LABEL = "sandboxd.profile.sha256"
+#: what starts each line the build prints for a build step (``  step: Step 3/15 : RUN ...``)
+STEP_PREFIX = "  step: "
 
 
-@dataclass(frozen=True)
-class Profile:
-    """One buildable sandbox image: an optional layer of packages (``deps``, a Dockerfile in
-    ``images/`` built FROM the base and tagged ``deps_tag``) under the sandbox set-up."""
-
-    name: str
-    summary: str
-    tag: str | None = None  # None: the python_image setting
-    deps: str | None = None
-    deps_tag: str | None = None
-
-    def image(self, settings: Settings) -> str:
-        """The image this profile builds (``--tag`` overrides it)."""
-        return self.tag or settings.python_image
-
-
-#: The one list of profiles; the first is the default.
-PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile("python", "python3, git, coreutils, the runner (the default image)"),
-    Profile("datascience", "the python image plus numpy, pandas, matplotlib, scipy, "
-            "scikit-learn", tag="sandboxd/datascience:latest",
-            deps="datascience/Dockerfile", deps_tag="sandboxd/datascience-deps:latest"),
-)}
-DEFAULT_PROFILE = next(iter(PROFILES))
 
 
 def images_dir() -> Path:
@@ -185,21 +163,51 @@ def _labels(image: dict[str, Any] | None) -> dict[str, str]:
 def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
                   buildargs: dict[str, str], labels: dict[str, str] | None = None,
                   network_mode: str | None = None) -> None:
-    """``docker build`` of ``images/<dockerfile>`` (no pull: bases are local or built here)."""
+    """``docker build`` of ``images/<dockerfile>`` (no pull: bases are local or built here),
+    one line per build step as the engine starts it (:data:`STEP_PREFIX`): a build of minutes
+    is never silent (``make test``, the daemon's own build reads them as its progress)."""
     import docker
 
     tmp = Path(tempfile.mkdtemp(prefix="sandboxd-build-"))
+    tail: list[str] = []
     try:
-        client.images.build(path=str(build_context(context, tmp)), dockerfile=dockerfile,
-                            tag=tag, rm=True, forcerm=True, pull=False, buildargs=buildargs,
-                            labels=labels or None, network_mode=network_mode)
-    except docker.errors.BuildError as exc:
-        tail = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-2000:]
-        _fail(f"docker build of {dockerfile} failed: {exc.msg}\n{tail}")
+        stream = client.api.build(path=str(build_context(context, tmp)), dockerfile=dockerfile,
+                                  tag=tag, rm=True, forcerm=True, pull=False,
+                                  buildargs=buildargs, labels=labels or None,
+                                  network_mode=network_mode, decode=True)
+        step, said = "", time.monotonic()
+        for chunk in stream:
+            if "error" in chunk:
+                _fail(f"docker build of {dockerfile} failed: {chunk['error']}\n"
+                      + "".join(tail)[-2000:])
+            text = str(chunk.get("stream", ""))
+            tail = [*tail, text][-200:]
+            if text.startswith("Step "):
+                step, said = text.split(" :", 1)[0], time.monotonic()
+                typer.echo(f"{STEP_PREFIX}{text.strip()[:160]}")
+            elif time.monotonic() - said >= HEARTBEAT_S:  # a long step (apt, pip) goes on
+                said = time.monotonic()
+                typer.echo(f"  {step or 'the build'} still running: {text.strip()[:100]}")
     except docker.errors.APIError as exc:
         _fail(f"docker build of {dockerfile} failed: {exc.explanation or exc}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: how often a step without output of its own (debootstrap: minutes) says it is still going
+HEARTBEAT_S = 20.0
+
+
+def _run_with_heartbeat(argv: list[str], env: dict[str, str], what: str) -> int:
+    """Run ``argv`` to its end, saying every :data:`HEARTBEAT_S` that ``what`` is still being
+    built (the debootstrap log is only shown when it fails); returns its exit status."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env)
+    while True:
+        try:
+            return proc.wait(timeout=HEARTBEAT_S)
+        except subprocess.TimeoutExpired:
+            typer.echo(f"  still building {what} ({time.monotonic() - started:.0f} s)")
 
 
 def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) -> str:
@@ -217,9 +225,9 @@ def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) 
         env = dict(os.environ)
         env.setdefault("DOCKER", "/usr/bin/docker" if Path("/usr/bin/docker").exists()
                        else "docker")
-        proc = subprocess.run([str(script), OFFLINE_BASE], env=env, check=False)
-        if proc.returncode != 0:
-            _fail(f"{script} failed (exit {proc.returncode})")
+        code = _run_with_heartbeat([str(script), OFFLINE_BASE], env, OFFLINE_BASE)
+        if code != 0:
+            _fail(f"{script} failed (exit {code})")
     return OFFLINE_BASE
 
 

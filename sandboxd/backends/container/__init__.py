@@ -19,7 +19,7 @@ ENTRY = register(BackendEntry(
               "seccomp_profile", "warm_pool_size", "sandbox_uid", "sandbox_gid",
               "sandbox_uid_first", "sandbox_uid_count", "session_quota_bytes",
               "session_quota_entries", "kernel_interrupt_grace_s",
-              "session_pause_after_s"),
+              "session_pause_after_s", "build_images"),
     network=True,
     doctor_rows="sandboxd.backends.container.doctor:host_checks",
     leftovers="sandboxd.backends.container.doctor:leftovers",

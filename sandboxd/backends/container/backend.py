@@ -52,6 +52,7 @@ from sandboxd import fstree
 from sandboxd.backends.base import Backend, BackendUnavailable
 from sandboxd.backends.container import adopt, engine
 from sandboxd.backends.container.boxes import Boxes, clear_rundir
+from sandboxd.backends.container.build import ImageBuilds
 from sandboxd.backends.container.calls import request_for
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError
@@ -104,6 +105,8 @@ class ContainerBackend(Backend):
         self._records: list[adopt.Kept] | None = None
         self.adoption_failed: dict[str, str] = {}
         self.kept: set[str] = set()
+        #: the missing images this daemon builds itself (setting ``build_images``, :mod:`.build`)
+        self.builds = ImageBuilds(config, self._built)
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> ContainerBackend:
@@ -128,6 +131,7 @@ class ContainerBackend(Backend):
         except (OSError, ValueError) as exc:
             boxes.available = (False, f"cannot read the seccomp profile: {exc}")
             return
+        self.builds.start()  # in the background: the images are checked by _connect meanwhile
         self._records = await asyncio.to_thread(adopt.load, self.config.state_dir)
         self.kept = set()
         boxes.prepare_rundir(frozenset(r.token for r in self._records))
@@ -195,6 +199,13 @@ class ContainerBackend(Backend):
         self.pool.start(images)
         return True
 
+    def _built(self) -> None:
+        """An image build ended: check the images now (the engine watch reconnects when they
+        were missing), not at the watch's next backoff."""
+        watch = self.boxes.watch
+        if watch is not None:
+            watch.wake.set()
+
     async def _ping(self) -> None:
         """Raises when the engine does not answer (a client with a short timeout). Also the
         check that the runner directory is still there (see :meth:`_damaged`)."""
@@ -249,6 +260,7 @@ class ContainerBackend(Backend):
         kept)."""
         boxes = self.boxes
         boxes.closing = True
+        await self.builds.close()
         await stop_task(self._watch_task)
         self._watch_task = None
         if self._ping_client is not None:
@@ -298,7 +310,28 @@ class ContainerBackend(Backend):
             lost = self.boxes.rundir_lost()
             if lost is not None:
                 self._damaged(lost)
-        return self.boxes.available
+        ok, why = self.boxes.available
+        if not ok:  # an image missing: its build under way, or why it failed
+            for image in (self.config.python_image, self.config.shell_image):
+                building = self.builds.unavailable(image)
+                if building is not None:
+                    pending = self.builds.pending(image)
+                    return False, building if pending else f"{why}; {building}"
+        return ok, why
+
+    def building(self) -> dict[str, dict[str, object]]:
+        """The image builds of this daemon (``/readyz``), by the image each makes."""
+        return self.builds.report()
+
+    async def _image_unavailable(self, image: str) -> str | None:
+        """Why a call cannot have ``image`` because of this daemon's build of it (a policy's
+        image, e.g. the data-science profile's): the image is missing and its build is under
+        way or failed. One that is there serves, even while its build checks or renews it."""
+        why = self.builds.unavailable(image)
+        client = self.boxes.engine_client
+        if why is None or client is None:
+            return why
+        return why if await self.boxes.engine(engine.image_problem, client, image) else None
 
     # ------------------------------------------------------------ run
 
@@ -312,6 +345,9 @@ class ContainerBackend(Backend):
             raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: the "
                                   f"container backend is recovering: {lost}")
         image = self._image_for(invocation)
+        building = await self._image_unavailable(image)
+        if building is not None:
+            raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: {building}")
         kernel_call = invocation.session is not None and invocation.plan.kind is ToolKind.python
         request = request_for(invocation, limits)
         if isinstance(request, Result):

@@ -31,6 +31,7 @@ class ContainerConfig:
     session_pause_after_s: float = 60.0  # an idle session container is paused (0: never)
     probe_call_timeout_s: float = 30.0  # each self-test call's wall-clock limit
     wheelhouse: Path | None = None  # mounted read-only into session containers when set
+    build_profiles: tuple[str, ...] = ()  # image profiles built at start when missing (.build)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContainerConfig:
@@ -49,4 +50,5 @@ class ContainerConfig:
             session_pause_after_s=settings.session_pause_after_s,
             probe_call_timeout_s=settings.probe_call_timeout_s,
             wheelhouse=settings.wheelhouse,
+            build_profiles=tuple(p for p in settings.build_images.split(",") if p),
         )
