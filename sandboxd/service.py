@@ -283,7 +283,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         can refuse it before it runs has passed). A call is in flight for :meth:`drain` from
         its admission on, before its first ``await``."""
         if self.draining:
-            raise Draining("the daemon is shutting down; retry on another instance or later")
+            raise Draining.for_call(request.session, self.settings.sessions_survive_restart)
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
