@@ -80,6 +80,22 @@ class Draining(ServiceError):
     def problem_headers(self) -> dict[str, str]:
         return {"Retry-After": "5"}
 
+    @classmethod
+    def for_call(cls, session: str | None, sessions_survive: bool) -> Draining:
+        """The refusal of a call that arrives during the drain. A one-shot call may run on
+        any instance; a session's call only where its session lives, this node, so it is
+        never told to go elsewhere: its session is kept for this node's next start
+        (``sessions_survive_restart``), or ends with this stop."""
+        if session is None:
+            return cls("the daemon is shutting down; retry on another instance or later")
+        if sessions_survive:
+            return cls("the daemon is shutting down; the call's session lives on this node "
+                       "and is kept for its next start: retry the call here once the daemon "
+                       "is back")
+        return cls("the daemon is shutting down and the call's session ends with it "
+                   "(sessions_survive_restart is off): create a new session once a daemon "
+                   "is back, or on another instance")
+
 
 class AuditFailure(ServiceError):
     """The audit log could not be written. Before anything ran the call is refused; after it

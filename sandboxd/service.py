@@ -286,7 +286,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         can refuse it before it runs has passed). A call is in flight for :meth:`drain` from
         its admission on, before its first ``await``."""
         if self.draining:
-            raise Draining("the daemon is shutting down; retry on another instance or later")
+            raise Draining.for_call(request.session, self.settings.sessions_survive_restart)
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
@@ -360,8 +360,9 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                 await self._finish(client, result, admitted, transport=transport)
                 raise
             except asyncio.CancelledError as exc:
+                # its wall time is the time it was in the daemon's hands until the cancel
                 result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.killed, Reason.cancelled, None)
+                                       Status.killed, Reason.cancelled, None, started=admitted)
                 if isinstance(exc, CancelledAfterCleanup):
                     result.cleanup = exc.cleanup
                     if exc.kernel is not None:
@@ -441,11 +442,15 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         return result.model_copy(update={"message": message})
 
     def _outcome(self, invocation_id: str, tool: str, decision: Decision, session: str | None,
-                 status: Status, reason: Reason, message: str | None) -> Result:
+                 status: Status, reason: Reason, message: str | None, *,
+                 started: float | None = None) -> Result:
+        """A result the service makes itself; ``started`` (monotonic): its wall time runs
+        from then (none: nothing ran)."""
         return Result.build(
             (invocation_id, tool, session), decision.backend, reason, status=status,
             limits=decision.limits, policy=decision.ref,
             cleanup=Cleanup(verified=status is not Status.killed), message=message,
+            started=started,
         )
 
     async def _finish(self, client: str, result: Result, admitted: float, *,

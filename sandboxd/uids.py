@@ -100,6 +100,18 @@ class UidPool:
             return len(self._held)
 
 
+def identities(settings: Settings, root: bool) -> str:
+    """Who sandbox code runs as under ``settings`` (``sandboxd doctor`` says it): as root, each
+    sandbox's own uid of the pool; else restricted workers keep the daemon's uid and containers
+    run as the image's user."""
+    if root:
+        last = settings.sandbox_uid_first + settings.sandbox_uid_count - 1
+        return (f"each sandbox runs as its own uid (= gid) of {settings.sandbox_uid_first}-{last}"
+                " (sandbox_uid_first, sandbox_uid_count)")
+    return ("restricted workers keep this uid (Landlock is their filesystem boundary); "
+            f"containers run as the image's user {settings.sandbox_uid}:{settings.sandbox_gid}")
+
+
 def chown_tree(root: Path, uid: int, gid: int) -> None:
     """Give every entry below ``root`` (and ``root``) to ``uid:gid`` (a recovered session whose
     identity changed): :func:`sandboxd.fstree.chown_tree` - descriptor-based, iterative, never

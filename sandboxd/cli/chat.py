@@ -120,10 +120,12 @@ def chat(
                             help="OpenAI-compatible API root, e.g. http://localhost:1234/v1"),
     model: str = typer.Option(..., "--model", envvar="SANDBOXD_CHAT_MODEL",
                               help="Model name as the LLM server knows it"),
-    sandbox: str | None = typer.Option(None, "--sandbox", envvar="SANDBOXD_URL",
-                                       help="sandboxd URL (default http://127.0.0.1:8765)"),
+    url: str | None = typer.Option(None, "--url", envvar="SANDBOXD_URL",
+                                   help="sandboxd URL (default http://127.0.0.1:8765)"),
+    sandbox: str | None = typer.Option(None, "--sandbox", hidden=True,
+                                       help="Deprecated spelling of --url"),
     socket: Path | None = typer.Option(None, "--socket", envvar="SANDBOXD_SOCKET",
-                                       help="sandboxd unix socket (instead of --sandbox)"),
+                                       help="sandboxd unix socket (instead of --url)"),
     token: str | None = typer.Option(None, "--token", envvar="SANDBOXD_TOKEN",
                                      help="Bearer token for sandboxd"),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
@@ -149,7 +151,10 @@ def chat(
     """Chat with a local LLM whose tool calls run in sandboxd."""
     from sandboxd.client import Agent, LLMError, SandboxClient, SandboxError
 
-    client = SandboxClient(sandbox, socket=socket, token=token)
+    if sandbox is not None:  # the name every other command spells --url
+        typer.echo("sandboxd chat: --sandbox is deprecated; use --url", err=True)
+        url = sandbox
+    client = SandboxClient(url, socket=socket, token=token)
     try:
         offered = client.tools("openai")
         specs = {t.name: t for t in client.tools()}

@@ -106,16 +106,15 @@ def _status_field(key: str) -> str | None:
 
 def host_checks(settings: Any) -> list[ProbeCheck]:
     """Facts about the host and the daemon's own confinement (informational)."""
+    from sandboxd.uids import identities
+
     checks = [
         ProbeCheck(
             name="user",
             ok=True,
-            detail=f"uid={os.geteuid()} gid={os.getegid()}"
-            + (
-                f" (root: code runs as {settings.sandbox_uid}:{settings.sandbox_gid})"
-                if os.geteuid() == 0
-                else " (non-root: workers keep this uid; Landlock is their filesystem boundary)"
-            ),
+            detail=f"uid={os.geteuid()} gid={os.getegid()} "
+            f"({'root' if os.geteuid() == 0 else 'non-root'}: "
+            f"{identities(settings, os.geteuid() == 0)})",
         ),
     ]
     mode = _status_field("Seccomp")

@@ -14,6 +14,7 @@ wheelhouse is the closed set the admin published.
 from __future__ import annotations
 
 import posixpath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends import registry
@@ -77,10 +78,12 @@ def decide_packages(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> De
 
 
 def where_refusal(tool: str, decision: Decision, session: str | None,
-                  wheelhouse: object | None) -> Decision:
+                  wheelhouse: Path | None) -> Decision:
     """An allowed ``install_packages`` decision, denied when the call cannot install anything
     where it runs: without a session (a one-shot call's packages would vanish with it) or
-    without a wheelhouse (the ``wheelhouse`` setting). Other decisions pass unchanged."""
+    without a wheelhouse (the ``wheelhouse`` setting, or its directory, missing). Other
+    decisions pass unchanged. (A session whose container was made before the wheelhouse
+    existed is told so by the container backend, which knows what its container got.)"""
     if tool != PACKAGES_TOOL or not decision.allowed:
         return decision
     if session is None:
@@ -89,6 +92,10 @@ def where_refusal(tool: str, decision: Decision, session: str | None,
     elif wheelhouse is None:
         why = ("install_packages is not available on this host: the administrator has set "
                "no wheelhouse (the `wheelhouse` setting)")
+    elif not wheelhouse.is_dir():
+        why = ("install_packages is not available on this host yet: the administrator's "
+               "wheelhouse does not exist (`sandboxd wheelhouse add pip` makes it); once it "
+               "does, install in a session created after that")
     else:
         return decision
     return decision.model_copy(update={"allowed": False, "message": why, "plan": None,

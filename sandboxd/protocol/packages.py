@@ -15,3 +15,10 @@ WORKSPACE = "/workspace"
 SITE_DIR = ".site-packages"
 #: the wheelhouse in a session container (read-only)
 WHEELHOUSE_MOUNT = "/opt/wheelhouse"
+
+#: an ``install_packages`` call of a session whose container was made before the wheelhouse
+#: existed (a container keeps the mounts it was made with)
+WHEELHOUSE_CAME_LATER = (
+    "install_packages cannot install in this session: its container was made before the "
+    "administrator's wheelhouse existed, and a container keeps the mounts it was made with; "
+    "create a new session (its container gets the wheelhouse) and install there")

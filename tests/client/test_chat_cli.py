@@ -36,7 +36,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def run_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon, stdin: str,
              *extra: str) -> subprocess.CompletedProcess[str]:
-    return cli.run("chat", "--llm", llm.url, "--model", "scripted", "--sandbox", daemon.url,
+    return cli.run("chat", "--llm", llm.url, "--model", "scripted", "--url", daemon.url,
                    "--token", daemon.token, *extra, input=stdin, timeout=120,
                    env=_env(tmp_path))
 
@@ -90,11 +90,25 @@ def test_chat_unreachable_sandbox_is_one_line(tmp_path: Path) -> None:
 
     with refused_port() as llm, refused_port() as sandbox:
         out = cli.run("chat", "--llm", f"http://127.0.0.1:{llm}/v1", "--model", "m",
-                      "--sandbox", f"http://127.0.0.1:{sandbox}", input="", timeout=120,
+                      "--url", f"http://127.0.0.1:{sandbox}", input="", timeout=120,
                       env=_env(tmp_path))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1
-    assert "cannot use sandboxd" in out.stderr
+    assert f"cannot use sandboxd at http://127.0.0.1:{sandbox}" in out.stderr
+
+
+def test_chat_takes_url_like_every_command_and_sandbox_still_works(
+        tmp_path: Path, token_daemon: TokenDaemon) -> None:
+    """``--url`` as in every other command; the old ``--sandbox`` still works, with a note."""
+    with ScriptedLLM(multiply_script) as llm:
+        out = cli.run("chat", "--llm", llm.url, "--model", "scripted",
+                      "--sandbox", token_daemon.url, "--token", token_daemon.token,
+                      "--tools", "python", input="What is 12345 * 54321?\n", timeout=120,
+                      env=_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert f"<- ok: {12345 * 54321}" in out.stdout
+    assert "--sandbox is deprecated; use --url" in out.stderr
+    assert "--url" in cli.run("chat", "--help", timeout=60, env=_env(tmp_path)).stdout
 
 
 class _Reader(threading.Thread):
@@ -116,7 +130,7 @@ def _interactive_chat(tmp_path: Path, llm: ScriptedLLM, daemon: TokenDaemon,
                       *extra: str) -> tuple[subprocess.Popen[bytes], _Reader]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "scripted",
-         "--sandbox", daemon.url, "--token", daemon.token, *extra],
+         "--url", daemon.url, "--token", daemon.token, *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=_env(tmp_path), preexec_fn=default_signals)
     reader = _Reader(proc.stdout)
@@ -215,7 +229,7 @@ def test_interactive_terminal_prompts_and_readline_history(tmp_path: Path,
         if pid == 0:  # the child: a chat on a real terminal
             os.execve(sys.executable, [
                 sys.executable, "-m", "sandboxd", "chat", "--llm", llm.url, "--model", "m",
-                "--sandbox", token_daemon.url, "--token", token_daemon.token,
+                "--url", token_daemon.url, "--token", token_daemon.token,
                 "--tools", "read_file", "--history-file", str(hist)], _env(tmp_path))
         out = b""
         status: int | None = None

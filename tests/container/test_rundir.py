@@ -53,3 +53,31 @@ async def test_the_next_start_sweeps_what_a_killed_backend_left(
         assert b.boxes.rundir == deep / "state" / "run"
     finally:
         await b.close()
+
+
+async def test_a_container_sees_no_host_path_of_its_runner_socket(
+        docker_client: Any, tmp_path: Path) -> None:
+    """The runner's channel is a connection accepted on the daemon's socket, and the kernel
+    lists it with that socket's bound address in the *container's* ``/proc/net/unix``: the
+    address names no host path (the state directory), only the daemon's descriptor."""
+    b = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
+    await b.start()
+    try:
+        ok, why = b.availability()
+        assert ok, why
+        state = str(b.config.state_dir)
+        ws = workspace(tmp_path)
+        for call in ({"argv": ["cat", "/proc/net/unix"]},
+                     {"code": "print(open('/proc/net/unix').read())"}):
+            for session in (None, "s1"):
+                result = await run(b, ws, session=session, **call)  # type: ignore[arg-type]
+                assert result.status.value == "ok", result
+                paths = [ln.split()[7] for ln in result.stdout.splitlines()[1:]
+                         if len(ln.split()) > 7]
+                assert paths, result.stdout  # the runner's channel is listed
+                for path in paths:
+                    assert state not in path and str(tmp_path) not in path, result.stdout
+                    assert path.startswith("/proc/self/fd/"), result.stdout
+    finally:
+        await b.close()
+    assert labelled(docker_client, b.config.instance_name) == []

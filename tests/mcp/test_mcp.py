@@ -163,6 +163,7 @@ async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
         await async_wait_until(lambda: len(progress) >= 2 or call.done(), timeout=30,
                                interval=0.1, what="progress notifications while the call runs")
         assert len(progress) >= 2, "no progress notifications while the call ran"
+        running_since = asyncio.get_running_loop().time()  # the call was in flight by then
         assert progress[-1][0] > progress[0][0] and "running for" in (progress[-1][1] or "")
 
         def busy_loop() -> list[psutil.Process]:
@@ -172,6 +173,7 @@ async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
         busy = await async_wait_until(busy_loop, timeout=30, interval=0.2,
                                       what="the busy loop running in a sandbox process")
         call.cancel()  # the SDK sends notifications/cancelled
+        at_least_ms = (asyncio.get_running_loop().time() - running_since) * 1000
         with pytest.raises(asyncio.CancelledError):
             await call
         # the cancel interrupted the code first (issue 22): the session's kernel and its
@@ -190,6 +192,8 @@ async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
     assert killed[-1]["termination"]["reason"] == "cancelled"
     assert killed[-1]["cleanup"]["verified"] is True
     assert killed[-1]["kernel"]["interrupted"] is True, killed[-1]
+    # audited with the time it ran until the cancel, not 0
+    assert killed[-1]["resources"]["wall_ms"] >= at_least_ms > 0, killed[-1]["resources"]
 
 
 def _spinning(proc: psutil.Process) -> bool:

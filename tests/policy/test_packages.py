@@ -98,11 +98,13 @@ def test_restricted_backend_refuses_naming_the_container_backend(tmp_path: Path)
                for w in warnings), warnings
 
 
-def test_a_session_and_a_wheelhouse_are_needed() -> None:
+def test_a_session_and_a_wheelhouse_are_needed(tmp_path: Path) -> None:
     allowed = Decision(allowed=True, source="p.yaml", rule="tools.python.packages.allow")
-    d = where_refusal("install_packages", allowed, None, Path("/wh"))
+    d = where_refusal("install_packages", allowed, None, tmp_path)
     assert not d.allowed and "installs into a session" in d.message
     d = where_refusal("install_packages", allowed, "ses_1", None)
     assert not d.allowed and "no wheelhouse" in d.message
-    assert where_refusal("install_packages", allowed, "ses_1", Path("/wh")) is allowed
+    d = where_refusal("install_packages", allowed, "ses_1", tmp_path / "not-yet")
+    assert not d.allowed and "wheelhouse does not exist" in d.message
+    assert where_refusal("install_packages", allowed, "ses_1", tmp_path) is allowed
     assert where_refusal("python", allowed, None, None) is allowed

@@ -89,3 +89,26 @@ def test_container_backend_probe(tmp_path: Path, docker_client: object) -> None:
     (report,) = data["backends"]
     assert report["backend"] == "container" and report["ok"], report
     assert all(c["ok"] for c in report["checks"]) and report["checks"]
+
+
+def test_the_user_row_names_the_uids_sandboxes_run_as(tmp_path: Path) -> None:
+    """The host's ``user`` row says what the daemon does: as root, every sandbox runs as its
+    own uid of the configured range, as the restricted probe's sandbox did."""
+    from sandboxd import uidclaim
+
+    count = 50
+    # far above where daemons of parallel tests look for a free range (from the default up)
+    first = uidclaim.free_range(count, start=50000) if os.geteuid() == 0 else 50000
+    assert first is not None
+    data = json.loads(_doctor(tmp_path, "--json", env={
+        "SANDBOXD_SANDBOX_UID_FIRST": str(first),
+        "SANDBOXD_SANDBOX_UID_COUNT": str(count)}).stdout)
+    user = next(c["detail"] for c in data["host"] if c["name"] == "user")
+    probe = next(c["detail"] for c in data["backends"][0]["checks"]
+                 if c["name"] == "unprivileged")
+    if os.geteuid() != 0:
+        assert "restricted workers keep this uid" in user, user
+        return
+    assert f"own uid (= gid) of {first}-{first + count - 1}" in user, user
+    ran_as = int(probe.split()[-1])
+    assert first <= ran_as < first + count, (probe, user)

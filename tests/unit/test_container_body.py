@@ -81,7 +81,8 @@ def test_the_create_request_is_the_sdks(tmp_path: Path, kind: str) -> None:
         workspace=None if kind == "pool" else tmp_path / "ws",
         network="bridge" if kind.endswith("network") else None,
         session="s1" if kind.startswith("session") else None,
-        uid=20123 if kind.endswith("uid") else None)
+        uid=20123 if kind.endswith("uid") else None,
+        wheelhouse=engine.mounts_wheelhouse(config, kind.split("-")[0]))
     ours = engine.container_body(config, '{"defaultAction":"SCMP_ACT_ERRNO"}', spec)
     sdk = _sdk_body(config, '{"defaultAction":"SCMP_ACT_ERRNO"}', spec)
     assert _without_nulls(ours) == _without_nulls(sdk)

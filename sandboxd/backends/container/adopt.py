@@ -73,6 +73,7 @@ class Kept:
     key: str  # hex: the runner's one-time key
     kernel_calls: int
     shape: dict[str, int]
+    wheelhouse: bool | None = None  # None: a record of a daemon that did not write it
 
 
 #: what the service hands the backend about a recovered session: (client, workspace, uid)
@@ -140,7 +141,7 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) ->
                           key[0], box.uid, _workspace_of(info), box.endpoint.rundir.name,
                           secret.hex(), box.kernel_calls,
                           {"memory": box.shape.memory, "nano_cpus": box.shape.nano_cpus,
-                           "pids": box.shape.pids})
+                           "pids": box.shape.pids}, box.wheelhouse)
             _write(state, record)
             if not await channel.suspend(secret):
                 raise RunnerLost(f"its runner (image {box.image}) cannot wait for the next "
@@ -245,7 +246,8 @@ async def _reconnect(boxes: Boxes, sessions: SessionContainers, rundir: Path,
         return f"its runner did not come back ({endpoint.failure or 'no answer'})"
     shape = engine.Shape(**kept.shape)
     box = Box(name=kept.name, image=kept.image, shape=shape, endpoint=endpoint, role="session",
-              cid=kept.cid, uid=kept.uid, kernel_calls=kept.kernel_calls)
+              cid=kept.cid, uid=kept.uid, kernel_calls=kept.kernel_calls,
+              wheelhouse=kept.wheelhouse)
     boxes.live.add(box)
     sessions.by_key[(kept.client, kept.session, kept.image)] = box
     return None

@@ -58,6 +58,9 @@ class Box:
     freeze: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: a pidfd of its init, for a one-shot call's fast end (see reaper.py); None: the engine's
     init: InitHandle | None = None
+    #: a session container made with the admin's wheelhouse mounted; None: not known (kept
+    #: by a daemon that did not record it)
+    wheelhouse: bool | None = False
 
 
 class Boxes:
@@ -178,11 +181,13 @@ class Boxes:
             if lost is not None:  # removed under us: a 503, not an error naming a path
                 raise ToolUnavailable(f"the container backend is recovering: {lost}") from None
             raise
-        box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid)
+        wheelhouse = engine.mounts_wheelhouse(self.config, role)
+        box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid,
+                  wheelhouse=wheelhouse)
         self.live.add(box)
         spec = engine.Spec(name=name, image=image, shape=shape, rundir=endpoint.rundir,
                            role=role, invocation=invocation, workspace=workspace,
-                           network=network, session=session, uid=uid)
+                           network=network, session=session, uid=uid, wheelhouse=wheelhouse)
         task = asyncio.ensure_future(self.engine(
             _create, self.client, self.config, self.seccomp, spec, role in ONE_SHOT_ROLES))
         try:

@@ -95,6 +95,14 @@ class Spec:
     network: str | None = None
     session: str | None = None
     uid: int | None = None  # the sandbox's own uid (= gid); None: config.sandbox_uid
+    wheelhouse: bool = False  # the admin's wheelhouse is mounted (see :func:`mounts_wheelhouse`)
+
+
+def mounts_wheelhouse(config: ContainerConfig, role: str) -> bool:
+    """Whether a container made now for ``role`` gets the wheelhouse: a session's, when the
+    ``wheelhouse`` setting names a directory that exists now. A container keeps what it got:
+    its session's ``install_packages`` says so when the wheelhouse came later."""
+    return role == "session" and config.wheelhouse is not None and config.wheelhouse.is_dir()
 
 
 def container_body(config: ContainerConfig, seccomp: str, spec: Spec) -> dict[str, Any]:
@@ -132,7 +140,7 @@ def container_body(config: ContainerConfig, seccomp: str, spec: Spec) -> dict[st
         "Init": True,
         "IpcMode": "private",
     }
-    if spec.role == "session" and config.wheelhouse is not None and config.wheelhouse.is_dir():
+    if spec.wheelhouse and config.wheelhouse is not None:
         # the admin's wheels, for install_packages: read-only; a mount (not a bind) so that
         # the engine refuses a missing directory instead of creating it
         host["Mounts"].append({"Target": WHEELHOUSE_MOUNT, "Source": str(config.wheelhouse),

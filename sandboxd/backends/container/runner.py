@@ -239,13 +239,13 @@ SUN_PATH_MAX = 107
 
 
 def bind_unix(sock: socket.socket, path: Path) -> None:
-    """Bind ``sock`` at ``path``, however long: a path past ``sun_path`` is reached through
-    a descriptor of its directory (``/proc/self/fd/N/name``), so that the socket is made
-    where it belongs (below the state directory, swept by the next start) and never in a
-    temporary directory a killed daemon would leave behind."""
-    if len(os.fsencode(path)) <= SUN_PATH_MAX:
-        sock.bind(str(path))
-        return
+    """Bind ``sock`` at ``path`` through a descriptor of its directory
+    (``/proc/self/fd/N/name``). The kernel records the address exactly as given, and every
+    connection accepted on the socket carries it into the *connecting* side's network
+    namespace: a container lists it in its own ``/proc/net/unix`` for as long as its channel
+    lives. So the address names no host path (the state directory), only a descriptor number
+    of the daemon; and a path of any length works (past :data:`SUN_PATH_MAX` too), so that the
+    socket is made where it belongs (below the state directory, swept by the next start)."""
     dfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         sock.bind(f"/proc/self/fd/{dfd}/{path.name}")

@@ -40,7 +40,9 @@ from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
+from sandboxd.policy.models import PACKAGES_TOOL
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
 KERNEL_STOP_S = 10.0  # the runner kills and reaps the kernel well within this
@@ -155,6 +157,10 @@ class SessionContainers:
         try:
             box = await self._box(key, invocation, image, shape, deadline)
             before = box.kernel_calls
+            if invocation.tool == PACKAGES_TOOL and box.wheelhouse is False:
+                return Result.build(invocation, "container", Reason.policy,
+                                    status=Status.error, limits=limits, started=started,
+                                    message=WHEELHOUSE_CAME_LATER)
             await self.idle.thaw(key, box)  # before anything talks to it
             await self.boxes.update_shape(box, shape)
             outcome = await exchange(box, request, limits, deadline, invocation.events,
