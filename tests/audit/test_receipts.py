@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from httpx_sse import connect_sse
 
 from sandboxd.policy.store import embedded_policies_dir
 from sandboxd.receipts.canonical import check_receipt, check_result
 from sandboxd.receipts.keys import KeySet
+from sandboxd.tokens import add_token
 from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
@@ -228,3 +230,14 @@ def test_rotation_keeps_old_receipts_valid(tmp_path: Path) -> None:
     # the heads signed by both keys still verify
     r = sandboxd("audit", "verify", "--state-dir", str(state))
     assert r.returncode == 0 and "matches the signed head" in r.stdout, r.stdout
+
+
+def test_the_key_set_needs_a_token_like_every_v1_route(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    good = add_token(tokens, "alice")
+    with running_daemon(tmp_path, env={"SANDBOXD_TOKENS_FILE": str(tokens)}, token=good) as d:
+        assert httpx.get(f"{d.url}/v1/receipts/key", timeout=30).status_code == 401
+        served = keyset(d)
+        result = d.invoke("python", {"code": "print(1)"}).json()
+    assert result["receipt"]["client"] == "alice"
+    assert check_receipt(result["receipt"], KeySet.from_document(served)) is None
