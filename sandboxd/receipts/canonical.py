@@ -37,13 +37,18 @@ def _text(text: Any) -> str:
     return _sha(str(text).encode("utf-8", "surrogatepass"))
 
 
+#: the hashes of what most results hold (no value, no stderr): computed once
+_NULL, _EMPTY = _sha(b"null"), _sha(b"")
+
+
 def result_hashes(wire: dict[str, Any]) -> dict[str, Any]:
     """The hashes a receipt holds of a result as a client gets it (its JSON as data)."""
     rest = {k: v for k, v in wire.items() if k not in NOT_HASHED}
+    stdout, stderr, value = wire.get("stdout", ""), wire.get("stderr", ""), wire.get("value")
     return {
-        "stdout_sha256": _text(wire.get("stdout", "")),
-        "stderr_sha256": _text(wire.get("stderr", "")),
-        "value_sha256": _sha(canonical_json(wire.get("value"))),
+        "stdout_sha256": _text(stdout) if stdout != "" else _EMPTY,
+        "stderr_sha256": _text(stderr) if stderr != "" else _EMPTY,
+        "value_sha256": _sha(canonical_json(value)) if value is not None else _NULL,
         "outputs_sha256": [_sha(canonical_json(item)) for item in wire.get("outputs") or []],
         "result_sha256": _sha(canonical_json(rest)),
     }

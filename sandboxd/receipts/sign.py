@@ -78,6 +78,7 @@ class Receipts:
         if facts is not None and facts.request_id != result.id:
             facts = None
         policy = result.policy
+        wire = result.wire()  # the result as its client gets it (limits in their wire form)
         record: dict[str, Any] = {
             "type": RECEIPT_TYPE,
             "id": result.id, "client": client, "tool": result.tool, "session": result.session,
@@ -87,9 +88,9 @@ class Receipts:
                 "source": policy.source, "rule": policy.rule, "decision": policy.decision,
                 "sha256": facts.policy_sha256 if facts else None},
             "backend": result.backend, "node": result.node,
-            "limits": result.limits.to_wire() if result.limits else None,
+            "limits": wire.get("limits"),
             "status": result.status.value,
-            **result_hashes(result.wire()),
+            **result_hashes(wire),
             "started": utc_iso(ended - max(time.monotonic() - admitted, 0.0)),
             "ended": utc_iso(ended),
             "audit": {"seq": audit[0], "sha256": audit[1]},
