@@ -137,7 +137,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Open the state directory and the audit log, load policies, sweep leftovers of a
         crash, start backends and background loops."""
         self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        receipts = Receipts.open(self.settings.state_dir, self.settings.audit_path)  # its key
+        receipts = Receipts.open(self.settings.state_dir, self.settings.audit_path,
+                                 self.settings.audit_head_interval_s)  # its key, made at first
         self.audit = AuditLog(self.settings.audit_path, max_bytes=self.settings.audit_max_bytes,
                               retention_files=self.settings.audit_retention_files,
                               retention_days=self.settings.audit_retention_days)

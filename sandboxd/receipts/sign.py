@@ -26,9 +26,6 @@ from sandboxd.timefmt import utc_iso
 
 log = logging.getLogger("sandboxd.receipts")
 
-#: how often the audit log's head is signed while it changes (and always when it closes)
-HEAD_INTERVAL_S = 60.0
-
 
 @dataclass(frozen=True)
 class CallFacts:
@@ -53,16 +50,18 @@ def note_decision(request_id: str, args_sha256: str | None, decision: Decision) 
 class Receipts:
     """The daemon's signer (one key, one audit log)."""
 
-    def __init__(self, key: SigningKey, audit_path: Path) -> None:
+    def __init__(self, key: SigningKey, audit_path: Path, head_interval_s: float) -> None:
         self.key = key
         self.heads = heads_path(audit_path)
+        #: how often the audit log's head is signed while it changes (always when it closes)
+        self.head_interval_s = head_interval_s
         self._signed_head: tuple[int, str] | None = None
-        self._head_due = time.monotonic() + HEAD_INTERVAL_S
+        self._head_due = time.monotonic() + head_interval_s
 
     @classmethod
-    def open(cls, state_dir: Path, audit_path: Path) -> Receipts:
+    def open(cls, state_dir: Path, audit_path: Path, head_interval_s: float = 60.0) -> Receipts:
         """The signer of a state directory's key (made at first start) and audit log."""
-        return cls(SigningKey.open(state_dir), audit_path)
+        return cls(SigningKey.open(state_dir), audit_path, head_interval_s)
 
     def _sign(self, record: dict[str, Any]) -> dict[str, Any]:
         record["key_id"] = self.key.key_id
@@ -106,7 +105,7 @@ class Receipts:
     def sign_head(self, seq: int, sha256: str, reason: str) -> None:
         """Append a signed head (``seq``, ``sha256``: the last durable record) to the heads
         file and sync it; nothing when that head is already signed or the chain is empty."""
-        self._head_due = time.monotonic() + HEAD_INTERVAL_S
+        self._head_due = time.monotonic() + self.head_interval_s
         if seq < 0 or self._signed_head == (seq, sha256):
             return
         record = self._sign({"type": HEAD_TYPE, "seq": seq, "sha256": sha256,

@@ -9,6 +9,7 @@ import copy
 import hashlib
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.mcp_raw import RawMcp
+from tests.support.wait import wait_until
 
 #: a verifier's environment: no daemon settings, no state directory
 OFFLINE = {"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": os.devnull}
@@ -241,3 +243,25 @@ def test_the_key_set_needs_a_token_like_every_v1_route(tmp_path: Path) -> None:
         result = d.invoke("python", {"code": "print(1)"}).json()
     assert result["receipt"]["client"] == "alice"
     assert check_receipt(result["receipt"], KeySet.from_document(served)) is None
+
+
+def test_a_periodic_head_finds_records_cut_after_a_crash(tmp_path: Path) -> None:
+    """No head at stop (SIGKILL): the periodic one is what finds the cut."""
+    env = {"SANDBOXD_AUDIT_HEAD_INTERVAL_S": "0.5"}
+    with running_daemon(tmp_path, env=env) as d:
+        seq = d.invoke("python", {"code": "print(1)"}).json()["receipt"]["audit"]["seq"]
+        heads = Path(f"{d.audit_path}.heads")
+
+        def signed_past_the_call() -> bool:
+            return heads.exists() and any(json.loads(x)["seq"] >= seq
+                                          for x in heads.read_text().splitlines())
+
+        wait_until(signed_past_the_call, timeout=60, what="a periodic signed head")
+        d.stop(signal.SIGKILL)
+        state, log = d.state_dir, d.audit_path
+    *_, head = [json.loads(x) for x in heads.read_text().splitlines()]
+    assert head["reason"] == "periodic"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:head["seq"]]))  # the head's own record is cut too
+    r = sandboxd("audit", "verify", "--state-dir", str(state))
+    assert r.returncode == 1 and "1 record(s) missing" in r.stdout, r.stdout
