@@ -26,6 +26,11 @@ from sandboxd.timefmt import utc_iso
 
 log = logging.getLogger("sandboxd.receipts")
 
+#: the heads file is cut back to its newest :data:`HEADS_KEPT` lines past this size (only the
+#: newest head is checked; one a minute would otherwise grow it by ~130 MB a year)
+HEADS_MAX_BYTES = 1024 * 1024
+HEADS_KEPT = 100
+
 
 @dataclass(frozen=True)
 class CallFacts:
@@ -115,6 +120,26 @@ class Receipts:
         try:
             os.write(fd, line)
             os.fdatasync(fd)
+            size = os.fstat(fd).st_size
         finally:
             os.close(fd)
         self._signed_head = (seq, sha256)
+        if size > HEADS_MAX_BYTES:
+            self._cut_heads()
+
+    def _cut_heads(self) -> None:
+        """Keep the newest heads only (a new file renamed over the old one, both synced)."""
+        kept = self.heads.read_bytes().splitlines(keepends=True)[-HEADS_KEPT:]
+        tmp = self.heads.with_name(f".{self.heads.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"".join(kept))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.heads)
+        dfd = os.open(self.heads.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

@@ -265,3 +265,20 @@ def test_a_periodic_head_finds_records_cut_after_a_crash(tmp_path: Path) -> None
     log.write_bytes(b"".join(lines[:head["seq"]]))  # the head's own record is cut too
     r = sandboxd("audit", "verify", "--state-dir", str(state))
     assert r.returncode == 1 and "1 record(s) missing" in r.stdout, r.stdout
+
+
+def test_the_heads_file_keeps_its_newest_heads(tmp_path: Path, monkeypatch: Any) -> None:
+    from sandboxd.receipts import sign
+    from sandboxd.receipts.heads import last_head
+
+    monkeypatch.setattr(sign, "HEADS_MAX_BYTES", 4096)
+    monkeypatch.setattr(sign, "HEADS_KEPT", 5)
+    receipts = sign.Receipts.open(tmp_path, tmp_path / "audit.jsonl", 60.0)
+    for seq in range(60):
+        receipts.sign_head(seq, f"{seq:064x}", "periodic")
+    lines = (tmp_path / "audit.jsonl.heads").read_text().splitlines()
+    # cut back to 5 whenever past 4 KiB (a head is over 200 bytes): the oldest are gone
+    assert len(lines) <= 5 + 4096 // 200 and json.loads(lines[0])["seq"] > 0
+    assert json.loads(lines[-1])["seq"] == 59
+    head, problem = last_head(tmp_path / "audit.jsonl", receipts.key.keyset)
+    assert problem is None and head is not None and head.seq == 59
