@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     audit_retention_days: float | None = Field(
         default=None, gt=0,
         description="Delete rotated audit files older than this many days (None: never)")
+    audit_head_interval_s: float = Field(
+        default=60.0, gt=0,
+        description="Sign the audit log's head this often while it changes (and at stop)")
     tokens_file: Path | None = Field(
         default=None, description="Token hashes -> clients; None: loopback only, client 'local'"
     )

@@ -238,6 +238,9 @@ class Decision(_Model):
     policy_name: str = ""
     backend: str | None = None  # "restricted" | "container" | "workspace"
     plan: ExecutionPlan | None = None  # allowed calls only
+    #: SHA-256 of the policy file that decided (the call's receipt names it; not in the
+    #: public JSON of ``policy explain``)
+    policy_sha256: str = Field(default="", exclude=True)
 
     @property
     def limits(self) -> Limits | None:
@@ -368,6 +371,9 @@ class Result(_Model):
     # Python's repr of the last value when its JSON (``value``) would change it: a tuple
     # (issue 29); None when ``value`` says it all
     value_repr: str | None = None
+    # the signed receipt of this call (docs/receipts.md): checked offline with the daemon's
+    # public key; None when the result was never audited (it could not be written)
+    receipt: dict[str, Any] | None = None
 
     def images(self) -> list[bytes]:
         """The call's images (its PNG and JPEG display items, in order), decoded."""

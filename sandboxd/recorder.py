@@ -23,6 +23,7 @@ from sandboxd.audit import AuditLog
 from sandboxd.audit.thread import AuditThread
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Result
+from sandboxd.receipts.sign import Receipts, note_decision
 from sandboxd.storage import full_reason, is_no_space
 
 log = logging.getLogger("sandboxd")
@@ -31,20 +32,26 @@ log = logging.getLogger("sandboxd")
 class AuditRecorder:
     """Writes the service's audit records and keeps what could not be written yet."""
 
-    def __init__(self, audit: AuditLog) -> None:
+    def __init__(self, audit: AuditLog, receipts: Receipts | None = None) -> None:
         self.audit = audit
+        #: the signer of results' receipts and of the log's heads (None: no receipts)
+        self.receipts = receipts
+        if receipts is not None:  # the head as the log closes is signed (the stop's head)
+            audit.on_close = lambda seq, head: receipts.sign_head(seq, head, "close")
         #: results of calls that ran while the log could not be written: written late
         self.unrecorded: list[tuple[str, Result, str]] = []
         #: why the log cannot be written (None: it can)
         self.failed: str | None = None
         self.writer = AuditThread(audit)
 
-    async def record(self, write: Callable[..., Any], **fields: Any) -> None:
-        """Write one record (kept results first); :class:`AuditFailure` when it fails."""
+    async def record(self, write: Callable[..., Any], **fields: Any) -> Any:
+        """Write one record (kept results first); :class:`AuditFailure` when it fails.
+        Returns what ``write`` returned. A call's decision record also notes, for the call's
+        receipt, the arguments' hash and the policy's (:func:`note_decision`)."""
         try:
             if self.unrecorded:
                 await asyncio.to_thread(self.flush)
-            await self.writer.run(write, **fields)
+            value = await self.writer.run(write, **fields)
         except Exception as exc:
             log.error("audit write failed: %s", exc)
             self.failed = str(exc)
@@ -53,6 +60,22 @@ class AuditRecorder:
                 f"the administrator must fix the audit log: {exc}", storage=is_no_space(exc),
             ) from exc
         self.failed = None
+        if write == self.audit.decision and self.receipts is not None:
+            note_decision(fields["request_id"], value, fields["decision"])
+        return value
+
+    async def result(self, client: str, result: Result, admitted: float,
+                     transport: str) -> None:
+        """Write the result record of a call, then sign its receipt (``result.receipt``) with
+        that record's seq and hash: the chain head that includes this result."""
+        audit = await self.record(self.audit.result, request_id=result.id, client=client,
+                                  result=result, transport=transport)
+        if self.receipts is None:
+            return
+        try:
+            result.receipt = self.receipts.receipt(client, result, transport, admitted, audit)
+        except Exception:  # the call is audited: its client hears the result all the same
+            log.exception("the receipt of %s could not be signed", result.id)
 
     def close(self) -> None:
         """Stop the writer thread once what is queued is written (before the log closes)."""
@@ -100,6 +123,16 @@ class AuditRecorder:
             if self.failed is not None or self.unrecorded:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.problem)
+            elif self.receipts is not None and self.receipts.head_due():
+                await asyncio.to_thread(self._sign_head)
+
+    def _sign_head(self) -> None:
+        """Sign the log's head (periodic); a failure is logged and tried again next time."""
+        assert self.receipts is not None
+        try:
+            self.receipts.sign_head(*self.audit.durable_head(), "periodic")
+        except Exception as exc:
+            log.error("the audit log's head could not be signed: %s", exc)
 
 
 def interrupted_calls(audit_path: Path) -> list[str]:

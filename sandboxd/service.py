@@ -59,6 +59,7 @@ from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
 from sandboxd.quotafs import Usage, quota_message
 from sandboxd.readiness import BackendProbes
+from sandboxd.receipts.sign import Receipts
 from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
 from sandboxd.restarts import SessionRestarts
@@ -136,10 +137,12 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Open the state directory and the audit log, load policies, sweep leftovers of a
         crash, start backends and background loops."""
         self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        receipts = Receipts.open(self.settings.state_dir, self.settings.audit_path,
+                                 self.settings.audit_head_interval_s)  # its key, made at first
         self.audit = AuditLog(self.settings.audit_path, max_bytes=self.settings.audit_max_bytes,
                               retention_files=self.settings.audit_retention_files,
                               retention_days=self.settings.audit_retention_days)
-        self.recorder = AuditRecorder(self.audit)
+        self.recorder = AuditRecorder(self.audit, receipts)
         self._opened = True
         self.policy.load()
         interrupted = interrupted_calls(self.settings.audit_path)
@@ -462,8 +465,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         try:
-            await self.recorder.record(self.audit.result, request_id=result.id, client=client,
-                              result=result, transport=transport)
+            await self.recorder.result(client, result, admitted, transport)  # + its receipt
         except AuditFailure as exc:
             if not ran:
                 raise

@@ -187,3 +187,12 @@ async def explain(body: ExplainRequest, request: Request,
     explanation = _service(request).explain(client, body.tool, body.arguments, body.limits)
     return {"client": client, "tool": body.tool,
             **explanation.decision.model_dump(mode="json"), "location": explanation.location}
+
+
+@router.get("/v1/receipts/key", tags=["receipts"])
+async def receipt_keys(request: Request,
+                       client: str = Depends(authenticate)) -> dict[str, Any]:
+    """The public keys that sign results' receipts (the current one and every retired one):
+    all ``sandboxd receipt verify`` needs to check a receipt offline (docs/receipts.md)."""
+    receipts = _service(request).recorder.receipts
+    return receipts.key.keyset.document if receipts is not None else {"keys": []}

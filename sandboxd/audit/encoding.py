@@ -42,10 +42,15 @@ def json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
+#: the canonical form's encoder, made once: ``json.dumps`` with these options builds a new one
+#: on every call (a quarter of the time of a small record's receipt)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              default=json_default)
+
+
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no whitespace, UTF-8: the bytes the argument digest is computed over."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=json_default).encode("utf-8", "surrogatepass")
+    return _CANONICAL.encode(obj).encode("utf-8", "surrogatepass")
 
 
 def digest(obj: Any) -> str:

@@ -43,6 +43,8 @@ class VerifyReport:
     warnings: list[str] = field(default_factory=list)
     anchor_seq: int | None = None  # first seq when older records were removed by retention
     anchored_by: int | None = None  # seq of the audit_pruned record that names that anchor
+    signed_seq: int | None = None  # the signed head the chain was checked against
+    missing: int | None = None  # records cut from the end: how many up to the signed head
 
     def summary(self) -> str:
         """One line for humans."""
@@ -53,11 +55,16 @@ class VerifyReport:
                 if self.head_seq is not None else "")
         start = (f"; starts at seq {self.anchor_seq} (older records removed by retention, "
                  f"recorded at seq {self.anchored_by})" if self.anchor_seq is not None else "")
-        return f"ok: {self.records} records in {files}{head}{start}"
+        signed = (f"; matches the signed head at seq {self.signed_seq}"
+                  if self.signed_seq is not None else "")
+        return f"ok: {self.records} records in {files}{head}{start}{signed}"
 
 
-def verify(path: Path) -> VerifyReport:
-    """Check the whole chain of ``path`` (its rotated files first). Names the first bad record."""
+def verify(path: Path, signed_head: tuple[int, str] | None = None) -> VerifyReport:
+    """Check the whole chain of ``path`` (its rotated files first). Names the first bad record.
+    ``signed_head``: the seq and hash of the newest signed head (:mod:`sandboxd.receipts.heads`):
+    the chain must hold that record, unchanged; a chain that ends before it was cut, and the
+    report says how many records are missing."""
     path = Path(path)
     files = chain_files(path)
     report = VerifyReport(ok=True, files=files)
@@ -122,6 +129,10 @@ def verify(path: Path) -> VerifyReport:
                         and record.get("anchor_prev") == anchor[1]):
                     report.anchor_seq, report.anchored_by = anchor[0], seq
                 prev_hash = hashlib.sha256(line).hexdigest()
+                if (signed_head is not None and seq == signed_head[0]
+                        and prev_hash != signed_head[1]):
+                    return fail(f, lineno, seq, "the record is not the one the signed head "
+                                "names (the log was rewritten from here on)")
                 expected = seq + 1
                 prev_where = (f, lineno)
                 report.records += 1
@@ -140,6 +151,25 @@ def verify(path: Path) -> VerifyReport:
                     "earlier records were removed (the head of the log, or older rotated "
                     "files), and no audit_pruned record of the retention names this record "
                     "as the new start")
+    if signed_head is not None:
+        return _against_head(report, signed_head[0])
+    return report
+
+
+def _against_head(report: VerifyReport, signed_seq: int) -> VerifyReport:
+    """Fail ``report`` when its chain ends before the signed head at ``signed_seq``."""
+    last = report.head_seq if report.head_seq is not None else -1
+    if last >= signed_seq:
+        report.signed_seq = signed_seq
+        return report
+    report.ok = False
+    report.missing = signed_seq - last
+    where = report.files[-1] if report.files else Path("?")
+    report.first_bad = BadRecord(
+        where, 0, last if last >= 0 else None,
+        f"the log was cut: it ends at seq {last}, but a signed head names seq {signed_seq}: "
+        f"{report.missing} record(s) missing after seq {last} (up to the last signed head; "
+        "any written after it are gone too)")
     return report
 
 

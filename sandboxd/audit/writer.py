@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,8 @@ class AuditLog:
         self._sync_cond = threading.Condition(threading.Lock())
         # the tickets of the durable records a thread appends under held_commits()
         self._held = threading.local()
+        #: called with the last durable record's seq and hash when the log closes
+        self.on_close: Callable[[int, str], None] | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
@@ -165,11 +167,13 @@ class AuditLog:
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one record and fsync it; return the record. Raises :class:`AuditError` on
         any failure (nothing is then left in the file)."""
-        return self._write(event, fields, durable=True)
+        return self._write(event, fields, durable=True)[0]
 
-    def _write(self, event: str, fields: dict[str, Any], *, durable: bool) -> dict[str, Any]:
-        """:meth:`write`; ``durable=False``: appended (it survives a crash of the daemon) and
-        made durable by the next committed record."""
+    def _write(self, event: str, fields: dict[str, Any], *,
+               durable: bool) -> tuple[dict[str, Any], str]:
+        """:meth:`write`, and the SHA-256 of the record's line (the chain's head once it is
+        written); ``durable=False``: appended (it survives a crash of the daemon) and made
+        durable by the next committed record."""
         clash = RESERVED.intersection(fields)
         if clash:
             raise AuditError(f"reserved audit field(s): {', '.join(sorted(clash))}")
@@ -200,13 +204,23 @@ class AuditLog:
                 raise AuditError(f"{self.path}: cannot rotate the audit log: "
                                  f"{exc.strerror or exc}") from exc
             ticket = self._append(data)
+            head = self._prev
         if durable:
             held: list[int] | None = getattr(self._held, "tickets", None)
             if held is None:
                 self._commit(ticket)
             else:
                 held.append(ticket)
-        return record
+        return record, head
+
+    def durable_head(self) -> tuple[int, str]:
+        """The seq and SHA-256 of the last record, once it is durable (what a signed head
+        may name: a record lost in a power cut would read as one cut from the log)."""
+        with self._lock:
+            seq, head, ticket = self._seq, self._prev, self._appended
+        if ticket:
+            self._commit(ticket)
+        return seq, head
 
     @contextlib.contextmanager
     def held_commits(self) -> Iterator[list[int]]:
@@ -361,22 +375,24 @@ class AuditLog:
 
     def decision(self, *, request_id: str, client: str, tool: str, session: str | None,
                  arguments: dict[str, Any], decision: Decision,
-                 transport: str = "http", commit_with_result: bool = False) -> None:
+                 transport: str = "http", commit_with_result: bool = False) -> str:
         """Record a policy decision (before anything runs); ``transport``: the front door the
         call came through (``http``, ``mcp``). ``commit_with_result``: an allowed decision is
         appended now and made durable with the call's result record (one fsync per call);
-        only for a call whose client gets nothing before that result."""
+        only for a call whose client gets nothing before that result. Returns the arguments'
+        SHA-256 (the call's receipt names it)."""
         try:
             canonical = canonical_json(arguments)
         except (TypeError, ValueError) as exc:
             raise AuditError(f"arguments are not serialisable: {exc}") from exc
+        args_sha256 = hashlib.sha256(canonical).hexdigest()
         fields: dict[str, Any] = {
             "request_id": request_id,
             "client": client,
             "tool": tool,
             "session": session,
             "transport": transport,
-            "args_sha256": hashlib.sha256(canonical).hexdigest(),
+            "args_sha256": args_sha256,
             "args_bytes": len(canonical),
             "args_preview": preview(arguments),
             "decision": "allow" if decision.allowed else "deny",
@@ -397,12 +413,13 @@ class AuditLog:
             fields["message"] = cap(decision.message)
         self._write("decision", fields,
                     durable=not (commit_with_result and decision.allowed))
+        return args_sha256
 
     def result(self, *, request_id: str, client: str, result: Result,
-               transport: str = "http") -> None:
-        """Record the outcome of an invocation."""
-        self.write(
-            "result",
+               transport: str = "http") -> tuple[int, str]:
+        """Record the outcome of an invocation; returns the record's seq and SHA-256 (the
+        chain's head that includes it: the call's receipt names it)."""
+        fields = dict(
             request_id=request_id,
             client=client,
             transport=transport,
@@ -424,9 +441,17 @@ class AuditLog:
             kernel=result.kernel.model_dump(mode="json") if result.kernel else None,
             message=cap(result.message),
         )
+        record, head = self._write("result", fields, durable=True)
+        return record["seq"], head
 
     def close(self) -> None:
-        """Close the file and release the lock (idempotent)."""
+        """Close the file and release the lock (idempotent); the last head is handed to
+        :attr:`on_close` first (the receipts sign it)."""
+        if self.on_close is not None and self._fd is not None and not self._broken:
+            try:
+                self.on_close(*self.durable_head())
+            except Exception:  # the log closes all the same; the daemon's log says why
+                log.exception("%s: the audit log's final head could not be signed", self.path)
         with self._lock:
             for name in ("_fd", "_lock_fd"):
                 fd = getattr(self, name)

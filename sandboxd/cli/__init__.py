@@ -23,6 +23,7 @@ _app: typer.Typer | None = None
 GROUPS: dict[str, str] = {
     "policy": "Check and explain policy files.",
     "audit": "Verify and read the audit log.",
+    "receipt": "Check results' signed receipts offline; print and rotate the key.",
     "token": "Manage client tokens.",
     "images": "Build the sandbox images.",
     "session": "Your sessions on a running daemon.",

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.text import json_visible, visible
+
+if TYPE_CHECKING:
+    from sandboxd.receipts.keys import KeySet
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -26,6 +29,18 @@ _PATH_ARGUMENT = typer.Argument(
     None, help="Audit log (default: the daemon's, from --state-dir/--config)")
 
 
+def _receipt_keys(config: Path | None, state_dir: Path | None) -> KeySet | None:
+    """The daemon's receipt key set (to check the signed heads with); None when there is
+    none, or no readable settings (a log checked on its own)."""
+    from sandboxd.config import load_settings
+    from sandboxd.receipts.keys import ReceiptKeyError, load_keyset
+
+    try:
+        return load_keyset(load_settings(config, state_dir=state_dir).state_dir)
+    except (ReceiptKeyError, ValueError, OSError):  # settings errors are ValueErrors
+        return None
+
+
 @app.command("verify")
 def verify_cmd(
     path: Path | None = _PATH_ARGUMENT,
@@ -33,11 +48,22 @@ def verify_cmd(
     config: Path | None = CONFIG_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
-    """Check the hash chain (rotated files included). Exit 1 naming the first bad record."""
-    from sandboxd.audit import verify
+    """Check the hash chain (rotated files included) and that it reaches the last signed head
+    (records cut from the end). Exit 1 naming the first bad record."""
+    from sandboxd.audit import BadRecord, verify
+    from sandboxd.receipts.heads import heads_path, last_head
 
     log_path = _default_path(path, config, state_dir)
-    report = verify(log_path)
+    keys = _receipt_keys(config, state_dir)
+    head, head_problem = last_head(log_path, keys)
+    report = verify(log_path, (head.seq, head.sha256) if head is not None else None)
+    if head_problem is not None:  # without the keys, a warning; a forged head fails
+        line, why = head_problem
+        if keys is None:
+            report.warnings.append(f"{heads_path(log_path)}: {why}")
+        elif report.ok:
+            report.ok = False
+            report.first_bad = BadRecord(heads_path(log_path), line, None, why)
     if as_json:
         bad = report.first_bad
         typer.echo(json.dumps({
@@ -45,6 +71,7 @@ def verify_cmd(
             "files": [str(f) for f in report.files],
             "head_seq": report.head_seq, "head_sha256": report.head_hash,
             "anchor_seq": report.anchor_seq, "anchored_by": report.anchored_by,
+            "signed_seq": head.seq if head is not None else None, "missing": report.missing,
             "first_bad": None if bad is None else {
                 "file": str(bad.file), "line": bad.line, "seq": bad.seq, "reason": bad.reason},
             "warnings": report.warnings,

@@ -91,7 +91,8 @@ class _Ctx:
 
     def deny(self, rule: str, message: str) -> Decision:
         return Decision(allowed=False, source=self.pol.source, rule=rule, message=message,
-                        policy_name=self.pol.name, backend=self.backend)
+                        policy_name=self.pol.name, backend=self.backend,
+                        policy_sha256=self.pol.sha256)
 
     def allow(self, rule: str, limits_spec: LimitsSpec, network: str | None,
               **fields: Any) -> Decision:
@@ -101,7 +102,7 @@ class _Ctx:
         plan = ExecutionPlan(kind=self.kind, limits=limits, network=network,
                              **{**self.facts, **fields})
         return Decision(allowed=True, source=self.pol.source, rule=rule, policy_name=self.pol.name,
-                        backend=self.backend, plan=plan)
+                        backend=self.backend, plan=plan, policy_sha256=self.pol.sha256)
 
 
 def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],

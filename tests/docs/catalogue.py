@@ -37,7 +37,8 @@ CATALOGUE: tuple[Entry, ...] = (
     # README.md
     Entry(R, "make run    # virtualenv", skip="host set-up: apt packages, the Docker engine "
           "and images, a daemon on the fixed port 8765; the second line is the suite itself"),
-    Entry(R, "\"print(6*7)\"}}'", run="console", volatile=("id", "resources", "node")),
+    Entry(R, "\"print(6*7)\"}}'", run="console",
+          volatile=("id", "resources", "node", "receipt")),
     Entry(R, "jq -c '[.status, .message, .policy.rule]'", run="console"),
     Entry(R, "{\"arguments\":{\"code\":5}}", run="console"),
     Entry(R, "\"status\": \"ok | error | denied", run="result_shape"),

@@ -1,0 +1,64 @@
+"""The audit log's signed heads, ``<audit log>.heads``: one JSON line per signed head, the
+chain's last durable record (seq and SHA-256) signed with the receipt key, written by the
+daemon periodically and when the log closes. :func:`last_head` gives the newest one whose
+signature holds, for ``sandboxd audit verify``: a chain that ends before it was cut."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxd.receipts.canonical import check_receipt
+from sandboxd.receipts.keys import KeySet
+
+HEAD_TYPE = "sandboxd-audit-head/1"
+
+
+def heads_path(audit_path: Path) -> Path:
+    """The heads file of an audit log (beside it; not one of its rotated files)."""
+    return Path(f"{audit_path}.heads")
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    seq: int
+    sha256: str
+    ts: str
+    line: int
+
+
+#: a problem of the heads file: its line (0: the whole file) and what is wrong
+Problem = tuple[int, str]
+
+
+def last_head(audit_path: Path,
+              keys: KeySet | None) -> tuple[SignedHead | None, Problem | None]:
+    """The newest signed head of ``audit_path`` and, when a head line does not verify (or no
+    ``keys`` were given to verify with), the problem. (None, None): no heads file."""
+    path = heads_path(audit_path)
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, (0, f"cannot read: {exc.strerror or exc}")
+    head: SignedHead | None = None
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return head, (number, "not a signed head (edited or corrupt)")
+        why = check_receipt(record, keys, kind=HEAD_TYPE) if keys is not None else None
+        if why is not None:
+            return head, (number, f"the signed head does not verify: {why}")
+        seq, sha = record.get("seq"), record.get("sha256")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(sha, str):
+            return head, (number, "not a signed head (edited or corrupt)")
+        if head is None or seq >= head.seq:
+            head = SignedHead(seq, sha, str(record.get("ts")), number)
+    if head is not None and keys is None:
+        return head, (0, "no receipt keys to check the signed heads' signatures with")
+    return head, None
