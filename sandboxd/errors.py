@@ -81,6 +81,18 @@ class Draining(ServiceError):
         return {"Retry-After": "5"}
 
 
+class DrainCancelled(Draining):
+    """A call the drain cancelled at the end of its grace (``drain_grace_s``): its processes
+    were stopped; ``result`` is what the audit log has of it (``killed``, ``cancelled``)."""
+
+    def __init__(self, message: str, result: Result) -> None:
+        super().__init__(message)
+        self.result = result
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"ran": True, "result": self.result.wire()}
+
+
 class AuditFailure(ServiceError):
     """The audit log could not be written. Before anything ran the call is refused; after it
     ran, ``result`` is the call's result (recorded as soon as the log is writable again).

@@ -27,9 +27,10 @@ from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.config import Settings
-from sandboxd.deadline import stop_task
+from sandboxd.deadline import stop_task, within
 from sandboxd.errors import (
     AuditFailure,
+    DrainCancelled,
     Draining,
     ExecutionFailure,
     KernelLimitReached,
@@ -123,6 +124,9 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._drain_cancelled: set[asyncio.Task[Any]] = set()  # answered as DrainCancelled
+        #: when a stop must be over (the drain's grace ended): see :meth:`stop_left`
+        self.stop_deadline: float | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._opened = False
         self._started = False
@@ -161,7 +165,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             workspaces_removed=len(swept["removed"]), workspaces_failed=swept["failed"],
             workspace_quota=self.sessions.fs.detail,
         )
-        await self._audit_recovery()
+        await self._start_recovery()  # kept containers are re-adopted while it serves
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -179,9 +183,10 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         for task in self._tasks:
             await stop_task(task)
         survive = self.settings.sessions_survive_restart
+        await stop_task(self._recovery)  # a start's adoption still under way: it ends here
         if survive and self._started:
-            with contextlib.suppress(Exception):
-                await self._keep_sessions()
+            with contextlib.suppress(Exception):  # bounded: what is not kept by then is not
+                await within(self._keep_sessions(), self.stop_left())
         with contextlib.suppress(Exception):  # tmpfs workspaces outlive the daemon if kept
             await self.sessions.close(self._end_session, survive=survive and self._started)
         for backend in self.backends.values():
@@ -200,15 +205,36 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self.draining = True
 
     async def drain(self, grace_s: float) -> None:
-        """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them."""
+        """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them
+        (each answers :class:`DrainCancelled`); their cleanup gets the first half of
+        ``shutdown_timeout_s`` (:meth:`calls_left`)."""
         self.begin_drain()
         pending = set(self._inflight)
         if pending:
             _done, still = await asyncio.wait(pending, timeout=grace_s)
+            self._stop_clock()
             for task in still:
+                self._drain_cancelled.add(task)
                 task.cancel()
             if still:
-                await asyncio.wait(still, timeout=30)
+                await asyncio.wait(still, timeout=self.calls_left())
+        self._stop_clock()
+
+    def _stop_clock(self) -> None:
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.settings.shutdown_timeout_s
+
+    def stop_left(self) -> float:
+        """Seconds left of the stop's bound (``shutdown_timeout_s`` after the drain's grace;
+        all of it before the drain)."""
+        if self.stop_deadline is None:
+            return self.settings.shutdown_timeout_s
+        return max(self.stop_deadline - time.monotonic(), 0.0)
+
+    def calls_left(self) -> float:
+        """What is left of the first half of the stop's bound: for the cancelled calls'
+        cleanup and the answers still going out; the second half keeps the sessions."""
+        return max(self.stop_left() - self.settings.shutdown_timeout_s / 2, 0.0)
 
     # ------------------------------------------------------------ tools
 
@@ -290,9 +316,16 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         try:
             return await self._invoke(client, tool, request, transport, transfer, events,
                                       started)
+        except asyncio.CancelledError:
+            if task is None or task not in self._drain_cancelled:
+                raise
+            task.uncancel()  # cancelled by the drain before its backend ran: refused
+            raise Draining("the daemon is shutting down and cancelled this call before it "
+                           "ran; retry on another instance or later") from None
         finally:
             if task is not None:
                 self._inflight.discard(task)
+                self._drain_cancelled.discard(task)
 
     async def _invoke(self, client: str, tool: str, request: InvokeRequest, transport: str,
                       transfer: Transfer | None, events: EventSink | None,
@@ -309,6 +342,9 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
         with self.sessions.in_use(session):  # it does not expire while the call runs
+            if session is not None and self._recovery is not None and not self._recovery.done():
+                await self.recovered(session)  # its kept kernel may be being re-adopted
+                session = self.sessions.get(session.id, client)  # (ended if it failed)
             self._check_state_dir()
             invocation_id = new_id("inv")
             decision = self.policy.decide(client, tool, request.arguments, request.limits)
@@ -359,6 +395,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             except asyncio.CancelledError as exc:
                 result = self._outcome(invocation_id, tool, decision, request.session,
                                        Status.killed, Reason.cancelled, None)
+                mine = asyncio.current_task()
+                drained = mine is not None and mine in self._drain_cancelled
                 if isinstance(exc, CancelledAfterCleanup):
                     result.cleanup = exc.cleanup
                     if exc.kernel is not None:
@@ -368,6 +406,12 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
                 with contextlib.suppress(ServiceError):
                     await self._finish(client, result, admitted, transport=transport)
+                if drained and mine is not None:  # the drain's cancel: an answer, not a cut
+                    mine.uncancel()
+                    raise DrainCancelled(
+                        "the daemon is shutting down and cancelled this call at the end of "
+                        f"its drain grace ({self.settings.drain_grace_s:g} s): it was stopped; "
+                        "retry on another instance or later", result) from None
                 raise
             except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
                 result = self._outcome(invocation_id, tool, decision, request.session,

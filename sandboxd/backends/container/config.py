@@ -31,6 +31,7 @@ class ContainerConfig:
     session_pause_after_s: float = 60.0  # an idle session container is paused (0: never)
     probe_call_timeout_s: float = 30.0  # each self-test call's wall-clock limit
     wheelhouse: Path | None = None  # mounted read-only into session containers when set
+    adopt_timeout_s: float = 15.0  # a start's re-adoption of kept session containers, in all
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContainerConfig:
@@ -49,4 +50,5 @@ class ContainerConfig:
             session_pause_after_s=settings.session_pause_after_s,
             probe_call_timeout_s=settings.probe_call_timeout_s,
             wheelhouse=settings.wheelhouse,
+            adopt_timeout_s=settings.adopt_timeout_s,
         )
