@@ -65,6 +65,7 @@ from sandboxd.registry import validate_arguments
 from sandboxd.restarts import SessionRestarts
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
+from sandboxd.stopclock import StopClock
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
@@ -125,8 +126,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._drain_cancelled: set[asyncio.Task[Any]] = set()  # answered as DrainCancelled
-        #: when a stop must be over (the drain's grace ended): see :meth:`stop_left`
-        self.stop_deadline: float | None = None
+        self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
         self._tasks: list[asyncio.Task[Any]] = []
         self._opened = False
         self._started = False
@@ -186,7 +186,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         await stop_task(self._recovery)  # a start's adoption still under way: it ends here
         if survive and self._started:
             with contextlib.suppress(Exception):  # bounded: what is not kept by then is not
-                await within(self._keep_sessions(), self.stop_left())
+                await within(self._keep_sessions(), self.stop_clock.left())
         with contextlib.suppress(Exception):  # tmpfs workspaces outlive the daemon if kept
             await self.sessions.close(self._end_session, survive=survive and self._started)
         for backend in self.backends.values():
@@ -206,35 +206,18 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them
-        (each answers :class:`DrainCancelled`); their cleanup gets the first half of
-        ``shutdown_timeout_s`` (:meth:`calls_left`)."""
+        (each answers :class:`DrainCancelled`) within the calls' half of the stop's bound."""
         self.begin_drain()
         pending = set(self._inflight)
         if pending:
             _done, still = await asyncio.wait(pending, timeout=grace_s)
-            self._stop_clock()
+            self.stop_clock.start()
             for task in still:
                 self._drain_cancelled.add(task)
                 task.cancel()
             if still:
-                await asyncio.wait(still, timeout=self.calls_left())
-        self._stop_clock()
-
-    def _stop_clock(self) -> None:
-        if self.stop_deadline is None:
-            self.stop_deadline = time.monotonic() + self.settings.shutdown_timeout_s
-
-    def stop_left(self) -> float:
-        """Seconds left of the stop's bound (``shutdown_timeout_s`` after the drain's grace;
-        all of it before the drain)."""
-        if self.stop_deadline is None:
-            return self.settings.shutdown_timeout_s
-        return max(self.stop_deadline - time.monotonic(), 0.0)
-
-    def calls_left(self) -> float:
-        """What is left of the first half of the stop's bound: for the cancelled calls'
-        cleanup and the answers still going out; the second half keeps the sessions."""
-        return max(self.stop_left() - self.settings.shutdown_timeout_s / 2, 0.0)
+                await asyncio.wait(still, timeout=self.stop_clock.calls_left())
+        self.stop_clock.start()
 
     # ------------------------------------------------------------ tools
 
@@ -408,10 +391,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     await self._finish(client, result, admitted, transport=transport)
                 if drained and mine is not None:  # the drain's cancel: an answer, not a cut
                     mine.uncancel()
-                    raise DrainCancelled(
-                        "the daemon is shutting down and cancelled this call at the end of "
-                        f"its drain grace ({self.settings.drain_grace_s:g} s): it was stopped; "
-                        "retry on another instance or later", result) from None
+                    raise DrainCancelled(result, self.settings.drain_grace_s) from None
                 raise
             except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
                 result = self._outcome(invocation_id, tool, decision, request.session,

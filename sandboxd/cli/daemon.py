@@ -257,7 +257,7 @@ def _draining_server_class() -> type:
             # uvicorn then waits for every request's task (an answer still going out, to a
             # client that may never read it): within what is left of the calls' half of the
             # stop's bound, then it cancels them (shutdown_timeout_s)
-            self.config.timeout_graceful_shutdown = self.service.calls_left()
+            self.config.timeout_graceful_shutdown = self.service.stop_clock.calls_left()
             self.should_exit = True
 
     return _DrainingServer

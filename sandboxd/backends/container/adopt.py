@@ -240,10 +240,8 @@ async def adopt(boxes: Boxes, sessions: SessionContainers, records: list[Kept],
         return_exceptions=True)
     failed: dict[str, str] = {}
     for kept, why in zip(records, results, strict=True):
-        if isinstance(why, BaseException):
-            if isinstance(why, asyncio.CancelledError):
-                raise why
-            why = f"its adoption failed ({type(why).__name__})"
+        if isinstance(why, BaseException):  # (only a cancel: _adopt_one says why otherwise)
+            raise why
         if why is not None and not keeps_session(why):
             failed[kept.session] = why
     return failed
@@ -271,6 +269,9 @@ async def _adopt_one(boxes: Boxes, sessions: SessionContainers, kept: Kept,
                 why = await _reconnect(boxes, sessions, rundir, kept, deadline)
     except EngineError as exc:
         why = f"the Docker engine did not answer about it ({exc})"
+    except Exception as exc:  # (its container is removed all the same, below)
+        log.exception("session %s: re-adopting its kept container failed", kept.session)
+        why = f"its re-adoption failed ({type(exc).__name__})"
     if why is None:
         settled(kept.session, None)
         return None
