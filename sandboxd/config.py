@@ -158,6 +158,19 @@ class Settings(BaseSettings):
         default=None, ge=1,
         description="Open connections per peer address (None: a quarter of max_connections)")
     drain_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM: in-flight grace")
+    shutdown_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="A stop's bound after the drain's grace: cancelled calls' cleanup, answers "
+                    "still going out, keeping sessions (their runners suspended at once); what "
+                    "does not finish by then is cut and reported (keep drain_grace_s plus this "
+                    "under the unit's TimeoutStopSec=45s)")
+    response_write_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="Close a connection whose client reads none of its answer for this long "
+                    "(the send buffer stays full): it holds no call, task or stop")
+    request_body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="Close a connection whose request body sends nothing for this long")
 
     # --- sessions
     session_ttl_s: float = Field(default=3600.0, gt=0)
@@ -178,6 +191,11 @@ class Settings(BaseSettings):
         description="A clean stop (SIGTERM) keeps every session for the next start: tmpfs "
                     "workspaces stay mounted, session containers keep running with their "
                     "kernels; false: a stop ends every tmpfs-backed session (and its container)")
+    adopt_timeout_s: float = Field(
+        default=15.0, gt=0,
+        description="At start, the re-adoption of every kept session container in all (tried "
+                    "at once, while the daemon serves): a runner that has not reconnected by "
+                    "then loses its kernel; a call of a session being adopted waits for it")
     max_sessions_per_client: int = Field(default=16, ge=1)
     mcp_max_sessions_per_client: int | None = Field(
         default=None, ge=1,

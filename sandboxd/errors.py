@@ -97,6 +97,20 @@ class Draining(ServiceError):
                    "is back, or on another instance")
 
 
+class DrainCancelled(Draining):
+    """A call the drain cancelled at the end of its grace (``drain_grace_s``): its processes
+    were stopped; ``result`` is what the audit log has of it (``killed``, ``cancelled``)."""
+
+    def __init__(self, result: Result, grace_s: float) -> None:
+        super().__init__(f"the daemon is shutting down and cancelled this call at the end of its "
+                         f"drain grace ({grace_s:g} s): it was stopped; retry on another "
+                         "instance or later")
+        self.result = result
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"ran": True, "result": self.result.wire()}
+
+
 class AuditFailure(ServiceError):
     """The audit log could not be written. Before anything ran the call is refused; after it
     ran, ``result`` is the call's result (recorded as soon as the log is writable again).

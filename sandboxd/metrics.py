@@ -41,7 +41,8 @@ class Metrics:
         self.connections_closed = Counter(
             "sandboxd_connections_closed",
             "Connections the daemon closed: header_timeout, evicted (an idle connection over "
-            "a cap made room for a new one), refused (over a cap, nothing idle to evict)",
+            "a cap made room for a new one), refused (over a cap, nothing idle to evict), "
+            "body_timeout (a request body that stopped), write_timeout (an answer not read)",
             ["reason"], registry=self.registry,
         )
         self.mcp_requests = Counter(

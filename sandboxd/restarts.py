@@ -20,6 +20,7 @@ next python call on that backend.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -27,6 +28,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from sandboxd.deadline import within
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Kernel, Result
 from sandboxd.quotafs import FS_SOURCE, unescape_mountinfo
@@ -34,6 +36,7 @@ from sandboxd.quotafs import FS_SOURCE, unescape_mountinfo
 if TYPE_CHECKING:
     from sandboxd.audit import AuditLog
     from sandboxd.backends.base import Backend
+    from sandboxd.config import Settings
     from sandboxd.recorder import AuditRecorder
     from sandboxd.sessions import Session, SessionManager
 
@@ -58,12 +61,18 @@ class SessionKeeper(Protocol):
     """A backend whose session state can outlive the daemon (the container backend)."""
 
     adoption_failed: dict[str, str]  # after start: sessions whose kept state did not check out
+    adopting: bool  # after start: its re-adoption is still under way
 
     def expect_sessions(self, expected: dict[str, tuple[str, str, int | None]]) -> None:
         """Before start: the recovered sessions, ``id -> (client, workspace, uid)``."""
 
     async def keep_sessions(self, session_ids: set[str]) -> set[str]:
         """At a clean stop, before close: keep what it can of these sessions."""
+
+    async def adopted(self, session_id: str | None = None) -> None:
+        """After start: until the re-adoption of what the last stop kept has ended, or has
+        settled ``session_id``'s (it runs while the daemon serves, within
+        ``adopt_timeout_s``)."""
 
 
 def mount_of(path: Path) -> tuple[str, str, set[str]] | None:
@@ -133,6 +142,9 @@ class SessionRestarts:
     backends: dict[str, Backend]
     audit: AuditLog
     recorder: AuditRecorder
+    settings: Settings
+    #: the start's re-adoption and its audit, while the daemon serves (:meth:`_recover`)
+    _recovery: asyncio.Task[None] | None = None
 
     def kernel_backends(self, session_id: str) -> list[str]:  # pragma: no cover - SessionOps
         raise NotImplementedError
@@ -206,6 +218,34 @@ class SessionRestarts:
                     log.exception("backend %s could not keep its sessions", name)
                 else:
                     log.info("backend %s kept %d session container(s)", name, len(kept))
+
+    async def _recover(self) -> None:
+        """In the background after start: wait for the keepers' re-adoption (each bounds its
+        own by ``adopt_timeout_s``), then audit the recovery."""
+        for backend in self.backends.values():
+            if isinstance(backend, SessionKeeper):
+                await backend.adopted()
+        await self._audit_recovery()
+
+    async def _start_recovery(self) -> None:
+        """At start: the recovery's audit now, or in the background while a keeper still
+        re-adopts (the daemon serves meanwhile; :meth:`recovered`)."""
+        self._recovery = asyncio.create_task(self._recover(), name="session-recovery")
+        if not any(isinstance(b, SessionKeeper) and b.adopting for b in self.backends.values()):
+            await asyncio.wait({self._recovery})
+
+    async def recovered(self, session: Session | None) -> None:
+        """Before a call of ``session``, or its end: when the last stop kept one of its
+        kernels and the start's re-adoption is still under way, wait for it (bounded by
+        ``adopt_timeout_s``); a call of any other session never waits."""
+        task = self._recovery
+        if session is None or task is None or task.done() or not session.kernels_at_stop:
+            return
+        keepers = [b for b in self.backends.values() if isinstance(b, SessionKeeper)]
+        for keeper in keepers:
+            await within(keeper.adopted(session.id), self.settings.adopt_timeout_s)
+        if any(session.id in k.adoption_failed for k in keepers):  # the recovery ends it
+            await within(asyncio.shield(task), self.settings.adopt_timeout_s)
 
     async def _audit_recovery(self) -> None:
         """After start: audit each session the sweep did not re-adopt (``session_expired``,

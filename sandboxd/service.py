@@ -27,9 +27,10 @@ from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.config import Settings
-from sandboxd.deadline import stop_task
+from sandboxd.deadline import stop_task, within
 from sandboxd.errors import (
     AuditFailure,
+    DrainCancelled,
     Draining,
     ExecutionFailure,
     KernelLimitReached,
@@ -65,6 +66,7 @@ from sandboxd.registry import validate_arguments
 from sandboxd.restarts import SessionRestarts
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
 from sandboxd.sessions import Session, SessionManager
+from sandboxd.stopclock import StopClock
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
@@ -124,6 +126,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._drain_cancelled: set[asyncio.Task[Any]] = set()  # answered as DrainCancelled
+        self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
         self._tasks: list[asyncio.Task[Any]] = []
         self._opened = False
         self._started = False
@@ -164,7 +168,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             workspaces_removed=len(swept["removed"]), workspaces_failed=swept["failed"],
             workspace_quota=self.sessions.fs.detail,
         )
-        await self._audit_recovery()
+        await self._start_recovery()  # kept containers are re-adopted while it serves
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -182,12 +186,13 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         for task in self._tasks:
             await stop_task(task)
         survive = self.settings.sessions_survive_restart
+        await stop_task(self._recovery)  # a start's adoption still under way: it ends here
         if self._started:  # the next start reads daemon_restart, not daemon_crash
             with contextlib.suppress(Exception):
                 self._note_stop()
         if survive and self._started:
-            with contextlib.suppress(Exception):
-                await self._keep_sessions()
+            with contextlib.suppress(Exception):  # bounded: what is not kept by then is not
+                await within(self._keep_sessions(), self.stop_clock.left())
         with contextlib.suppress(Exception):  # tmpfs workspaces outlive the daemon if kept
             await self.sessions.close(self._end_session, survive=survive and self._started)
         for backend in self.backends.values():
@@ -206,15 +211,19 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self.draining = True
 
     async def drain(self, grace_s: float) -> None:
-        """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them."""
+        """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them
+        (each answers :class:`DrainCancelled`) within the calls' half of the stop's bound."""
         self.begin_drain()
         pending = set(self._inflight)
         if pending:
             _done, still = await asyncio.wait(pending, timeout=grace_s)
+            self.stop_clock.start()
             for task in still:
+                self._drain_cancelled.add(task)
                 task.cancel()
             if still:
-                await asyncio.wait(still, timeout=30)
+                await asyncio.wait(still, timeout=self.stop_clock.calls_left())
+        self.stop_clock.start()
 
     # ------------------------------------------------------------ tools
 
@@ -296,9 +305,16 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         try:
             return await self._invoke(client, tool, request, transport, transfer, events,
                                       started)
+        except asyncio.CancelledError:
+            if task is None or task not in self._drain_cancelled:
+                raise
+            task.uncancel()  # cancelled by the drain before its backend ran: refused
+            raise Draining("the daemon is shutting down and cancelled this call before it "
+                           "ran; retry on another instance or later") from None
         finally:
             if task is not None:
                 self._inflight.discard(task)
+                self._drain_cancelled.discard(task)
 
     async def _invoke(self, client: str, tool: str, request: InvokeRequest, transport: str,
                       transfer: Transfer | None, events: EventSink | None,
@@ -315,6 +331,9 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
         with self.sessions.in_use(session):  # it does not expire while the call runs
+            if session is not None and self._recovery is not None and not self._recovery.done():
+                await self.recovered(session)  # its kept kernel may be being re-adopted
+                session = self.sessions.get(session.id, client)  # (ended if it failed)
             self._check_state_dir()
             invocation_id = new_id("inv")
             decision = self.policy.decide(client, tool, request.arguments, request.limits)
@@ -366,6 +385,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                 # its wall time is the time it was in the daemon's hands until the cancel
                 result = self._outcome(invocation_id, tool, decision, request.session,
                                        Status.killed, Reason.cancelled, None, started=admitted)
+                mine = asyncio.current_task()
+                drained = mine is not None and mine in self._drain_cancelled
                 if isinstance(exc, CancelledAfterCleanup):
                     result.cleanup = exc.cleanup
                     if exc.kernel is not None:
@@ -375,6 +396,9 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
                 with contextlib.suppress(ServiceError):
                     await self._finish(client, result, admitted, transport=transport)
+                if drained and mine is not None:  # the drain's cancel: an answer, not a cut
+                    mine.uncancel()
+                    raise DrainCancelled(result, self.settings.drain_grace_s) from None
                 raise
             except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
                 result = self._outcome(invocation_id, tool, decision, request.session,

@@ -9,6 +9,11 @@ everyone. uvicorn has a keep-alive timeout but no header timeout, so the server 
 * **Header timeout**: a connection must complete its request headers within
   ``header_timeout_s`` of connecting (and of its previous response, on a kept-alive
   connection), however slowly it trickles them; otherwise it is closed.
+* **Body and answer deadlines**: a request body that sends nothing for
+  ``request_body_timeout_s`` (the daemon waiting to read, not the other way round), and an
+  answer the client reads none of for ``response_write_timeout_s`` (the send buffer full), close
+  the connection. A client that does not send, or does not read, then holds neither the call's
+  task nor a stop (uvicorn waits for every request's task before the daemon exits).
 * **Caps**: at most ``max_connections`` open connections in all (default: half of
   ``RLIMIT_NOFILE``, so that the daemon's own files, workers and the accept of the next
   connection always find a descriptor) and ``max_connections_per_peer`` from one address
@@ -64,14 +69,18 @@ class ConnectionGuard:
     """Open connections in the order they last became idle, in all and per peer."""
 
     def __init__(self, max_connections: int, per_peer: int, header_timeout_s: float,
-                 on_close: Any = None) -> None:
+                 on_close: Any = None, *, body_timeout_s: float = 30.0,
+                 write_timeout_s: float = 30.0) -> None:
         self.max_connections = max_connections
         self.per_peer = per_peer
         self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.write_timeout_s = write_timeout_s
         self._on_close = on_close or (lambda reason: None)
         self._all: OrderedDict[Any, None] = OrderedDict()
         self._peers: dict[str, OrderedDict[Any, None]] = {}
-        self._counts = {"evicted": 0, "refused": 0, "header_timeout": 0}
+        self._counts = {"evicted": 0, "refused": 0, "header_timeout": 0, "body_timeout": 0,
+                        "write_timeout": 0}
         self._reported = time.monotonic()
 
     def __len__(self) -> int:
@@ -139,6 +148,8 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
     class GuardedHTTPProtocol(base):
         peer = "unix"
         _header_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+        _write_timer: asyncio.TimerHandle | None = None
         _admitted = False
 
         def connection_made(self, transport: Any) -> None:
@@ -152,9 +163,10 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            for timer in (self._header_timer, self._body_timer, self._write_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._header_timer = self._body_timer = self._write_timer = None
             if self._admitted:
                 guard.remove(self)
             super().connection_lost(exc)
@@ -169,6 +181,55 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
             """A request is in progress (its headers are complete, its response is not)."""
             cycle = self.cycle
             return cycle is not None and not cycle.response_complete
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm_body()
+
+        def on_body(self, body: bytes) -> None:
+            super().on_body(body)
+            self._arm_body()  # a pause, not the whole body, is what is bounded
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _arm_body(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+            self._body_timer = self.loop.call_later(guard.body_timeout_s, self._body_timeout)
+
+        def _body_timeout(self) -> None:
+            self._body_timer = None
+            cycle = self.cycle
+            if cycle is None or not cycle.more_body or self.transport.is_closing():
+                return
+            if self.flow is not None and self.flow.read_paused:
+                self._arm_body()  # the app is not reading yet: the wait is ours, not theirs
+                return
+            guard.closed("body_timeout")
+            self.transport.abort()  # the app's receive() says http.disconnect
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_timer is None and self._admitted:
+                self._write_timer = self.loop.call_later(guard.write_timeout_s,
+                                                         self._write_timeout)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_timeout(self) -> None:
+            # the client read nothing of the answer for write_timeout_s: abort (a close would
+            # wait for the buffer to drain); the blocked send() returns, its task ends
+            self._write_timer = None
+            guard.closed("write_timeout")
+            self.transport.abort()
 
         def _arm(self) -> None:
             if self._header_timer is not None:

@@ -137,11 +137,13 @@ async def _serve(settings: Any, log_level: str) -> int:
         settings.uds.parent.mkdir(parents=True, exist_ok=True)
         config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level, http=http,
                                 ws="none", proxy_headers=False, server_header=False,
-                                access_log=settings.access_log)
+                                access_log=settings.access_log,
+                                timeout_graceful_shutdown=_graceful(settings))
     else:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http,
                                 ws="none", log_level=log_level, proxy_headers=False,
-                                server_header=False, access_log=settings.access_log)
+                                server_header=False, access_log=settings.access_log,
+                                timeout_graceful_shutdown=_graceful(settings))
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
     try:
         await server.serve()
@@ -157,6 +159,12 @@ async def _serve(settings: Any, log_level: str) -> int:
     return 0 if server.started else 1
 
 
+def _graceful(settings: Any) -> Any:
+    """uvicorn's wait for the requests' tasks at a stop that did not drain first (a second
+    signal): the calls' half of the stop's bound (float, though uvicorn's hint says int)."""
+    return settings.shutdown_timeout_s / 2
+
+
 def _guarded_http(settings: Any, service: Any) -> type:
     """uvicorn's HTTP protocol with the header timeout and connection caps
     (:mod:`sandboxd.api.connections`)."""
@@ -166,7 +174,9 @@ def _guarded_http(settings: Any, service: Any) -> type:
                                       settings.max_connections_per_peer)
     closed = service.metrics.connections_closed
     guard = ConnectionGuard(total, per_peer, settings.header_timeout_s,
-                            on_close=lambda reason: closed.labels(reason=reason).inc())
+                            on_close=lambda reason: closed.labels(reason=reason).inc(),
+                            body_timeout_s=settings.request_body_timeout_s,
+                            write_timeout_s=settings.response_write_timeout_s)
     service.metrics.connections_open.set_function(lambda: len(guard))
     logging.getLogger("sandboxd").info(
         "connections: at most %d open, %d per peer; request headers within %g s",
@@ -244,6 +254,10 @@ def _draining_server_class() -> type:
 
         async def _drain(self) -> None:
             await self.service.drain(self.grace_s)
+            # uvicorn then waits for every request's task (an answer still going out, to a
+            # client that may never read it): within what is left of the calls' half of the
+            # stop's bound, then it cancels them (shutdown_timeout_s)
+            self.config.timeout_graceful_shutdown = self.service.stop_clock.calls_left()
             self.should_exit = True
 
     return _DrainingServer

@@ -134,11 +134,17 @@ def test_sigterm_cancels_in_flight_calls_at_the_grace_deadline(tmp_path: Path) -
         for t in threads:
             t.join(30)
         assert not still_alive(workers), "a cancelled call's worker survived the shutdown"
-        for res in results:  # a cancelled call: a result saying so, or the connection closed
-            if isinstance(res, httpx.Response) and res.status_code == 200:
-                body = res.json()
-                assert body["status"] == "killed", body
-                assert body["termination"]["reason"] == "cancelled", body
+        assert len(results) == 2, results
+        for res in results:  # a cancelled call: problem+json that says so, never a bare 500
+            assert isinstance(res, httpx.Response), res
+            assert res.status_code == 503, res.text
+            assert res.headers["content-type"].startswith("application/problem+json"), res.text
+            body = res.json()
+            assert body["type"].endswith("/draining") and body["ran"] is True, body
+            assert "cancelled this call" in body["detail"], body
+            result = body["result"]  # what the audit log has of it
+            assert result["status"] == "killed", result
+            assert result["termination"]["reason"] == "cancelled", result
         verify = audit_verify(d.audit_path)
         assert verify.returncode == 0, verify.stdout + verify.stderr
         events = [r.get("event") for r in audit_records(d.audit_path)]

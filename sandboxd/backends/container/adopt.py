@@ -16,28 +16,36 @@ The next start re-adopts a record only when everything checks out: its session w
 daemon instance's container of that session, with the same name, image id, user and exactly
 the workspace and runner directory bind-mounted. Then the daemon listens on the runner
 directory again and waits for the runner's hello with the key. Whatever does not check out is
-removed (by the start-up sweep of the instance's containers) and reported, so that the service
-ends its session; but a container that merely stopped (:data:`NOT_RUNNING`), or whose image
-an upgrade rebuilt (:data:`IMAGE_REBUILT`), leaves its session be, with its kernel lost.
-Records are consumed by the start that reads them.
+removed and reported, so that the service ends its session; but a container that merely
+stopped (:data:`NOT_RUNNING`), whose image an upgrade rebuilt (:data:`IMAGE_REBUILT`) or
+whose runner did not come back in time (:data:`NOT_BACK`) leaves its session be, with its
+kernel lost.
+
+Bounded whatever the sandboxes do: the stop suspends every runner at once, within what is
+left of the stop's bound (``shutdown_timeout_s``); the start re-adopts every record at once,
+in the background while the daemon serves, within ``adopt_timeout_s`` in all; each record
+is consumed as it is tried, so a start killed meanwhile does not wait for it again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import secrets
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sandboxd import fstree
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.dockerapi import Engine, EngineError, NotFound
-from sandboxd.backends.container.idle import ThawFailed
 from sandboxd.backends.container.runner import KEY_BYTES, Endpoint, RunnerLost
 from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.deadline import within
@@ -54,7 +62,9 @@ NOT_RUNNING = "its container is not running"
 #: session stays, its kernel lost, as with :data:`NOT_RUNNING`
 IMAGE_REBUILT = "its image was rebuilt since the stop (its runner may speak another protocol)"
 KEEPS_SESSION = (NOT_RUNNING, IMAGE_REBUILT)
-RESUME_TIMEOUT_S = 15.0  # the runner polls its socket path every 50 ms
+#: its runner did not reconnect within ``adopt_timeout_s`` (stopped by its own code, say): the
+#: container goes, the session stays with its kernel lost (the runner polls every 50 ms)
+NOT_BACK = "its runner did not come back"
 
 
 @dataclass
@@ -98,15 +108,6 @@ def load(state_dir: Path) -> list[Kept]:
     return found
 
 
-def forget_all(state_dir: Path) -> None:
-    """Consume the records (after an adoption round)."""
-    directory = kept_dir(state_dir)
-    if directory.is_dir():
-        for path in directory.iterdir():
-            with contextlib.suppress(OSError):
-                path.unlink()
-
-
 def _write(state_dir: Path, kept: Kept) -> None:
     directory = kept_dir(state_dir)
     directory.mkdir(mode=0o700, exist_ok=True)
@@ -118,45 +119,59 @@ def _write(state_dir: Path, kept: Kept) -> None:
     os.replace(tmp, target)
 
 
-async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str]) -> set[str]:
+async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str],
+               kept: set[str]) -> None:
     """At a clean stop: keep the live session containers of the sessions ``keep_ids`` (see
-    the module docstring). Returns the container ids kept (the caller's close must spare
-    them and their runner directories)."""
-    kept: set[str] = set()
+    the module docstring), all at once; adds each container id to ``kept`` as soon as its
+    runner said so (the caller's close must spare them and their runner directories, also
+    when the stop's bound cuts this short)."""
     rundir = boxes.rundir
     state = boxes.config.state_dir
     if rundir is None or not rundir.is_relative_to(state) or boxes.engine_client is None:
-        return kept  # a runner directory in /tmp would be gone for the next daemon
-    for key, box in list(sessions.by_key.items()):
-        channel = box.endpoint.channel
-        if (key[1] not in keep_ids or box.dead or box.cid is None or channel is None
-                or not box.endpoint.ready):
-            continue
-        try:
-            with sessions.idle.using(key):  # a paused container cannot answer: thaw it first
-                await sessions.idle.thaw(key, box)
-            info = await boxes.engine(boxes.engine_client.inspect_container, box.cid)
-            secret = secrets.token_bytes(KEY_BYTES)
-            record = Kept(box.name, box.cid, box.image, str(info.get("Image") or ""), key[1],
-                          key[0], box.uid, _workspace_of(info), box.endpoint.rundir.name,
-                          secret.hex(), box.kernel_calls,
-                          {"memory": box.shape.memory, "nano_cpus": box.shape.nano_cpus,
-                           "pids": box.shape.pids}, box.wheelhouse)
-            _write(state, record)
-            if not await channel.suspend(secret):
-                raise RunnerLost(f"its runner (image {box.image}) cannot wait for the next "
-                                 "daemon: rebuild the image (sandboxd images build)")
-        except (OSError, RunnerLost, ThawFailed, EngineError,
-                ValueError) as exc:
+        return  # a runner directory in /tmp would be gone for the next daemon
+    chosen = [(key, box) for key, box in list(sessions.by_key.items())
+              if key[1] in keep_ids and not box.dead and box.cid is not None
+              and box.endpoint.channel is not None and box.endpoint.ready]
+    results = await asyncio.gather(*(_keep_one(boxes, sessions, key, box, kept)
+                                     for key, box in chosen), return_exceptions=True)
+    for result in results:
+        if isinstance(result, asyncio.CancelledError):
+            raise result
+
+
+async def _keep_one(boxes: Boxes, sessions: SessionContainers, key: tuple[str, str, str],
+                    box: Box, kept: set[str]) -> None:
+    state = boxes.config.state_dir
+    channel = box.endpoint.channel
+    assert channel is not None and box.cid is not None and boxes.engine_client is not None
+    try:
+        with sessions.idle.using(key):  # a paused container cannot answer: thaw it first
+            await sessions.idle.thaw(key, box)
+        info = await boxes.engine(boxes.engine_client.inspect_container, box.cid)
+        secret = secrets.token_bytes(KEY_BYTES)
+        record = Kept(box.name, box.cid, box.image, str(info.get("Image") or ""), key[1],
+                      key[0], box.uid, _workspace_of(info), box.endpoint.rundir.name,
+                      secret.hex(), box.kernel_calls,
+                      {"memory": box.shape.memory, "nano_cpus": box.shape.nano_cpus,
+                       "pids": box.shape.pids}, box.wheelhouse)
+        _write(state, record)
+        if not await channel.suspend(secret):
+            raise RunnerLost(f"its runner (image {box.image}) did not say it waits for the "
+                             "next daemon (stopped, busy, or an image older than that: "
+                             "sandboxd images build)")
+    except BaseException as exc:
+        if isinstance(exc, Exception):
             log.warning("session container %s not kept: %s", box.name, exc)
-            with contextlib.suppress(OSError):
-                (kept_dir(state) / f"{box.name}.json").unlink()
-            continue
+        with contextlib.suppress(OSError):
+            (kept_dir(state) / f"{box.name}.json").unlink()
+        if isinstance(exc, Exception):
+            return
+        raise
+    kept.add(box.cid)
+    if sessions.by_key.get(key) is box:
         del sessions.by_key[key]
-        boxes.live.discard(box)
-        await box.endpoint.close(keep_dir=True)
-        kept.add(box.cid)
-    return kept
+    boxes.live.discard(box)
+    await box.endpoint.close(keep_dir=True)
 
 
 def _workspace_of(info: dict[str, Any]) -> str:
@@ -213,37 +228,84 @@ def check(client: Engine, instance: str, rundir: Path, kept: Kept,
 
 
 async def adopt(boxes: Boxes, sessions: SessionContainers, records: list[Kept],
-                expected: Expected) -> dict[str, str]:
-    """Re-adopt the kept containers that check out (see the module docstring); returns the
-    sessions whose kept container did not, with why (their containers are left to the
-    start-up sweep, which removes every container of the instance that is not live)."""
+                expected: Expected, deadline: float,
+                settled: Callable[[str, str | None], None] = lambda session, why: None,
+                ) -> dict[str, str]:
+    """Re-adopt the kept containers that check out (see the module docstring), all at once and
+    by ``deadline`` (monotonic) in all; returns the sessions whose kept container did not,
+    with why. Each record is consumed as it is tried (a start killed meanwhile does not wait
+    for it again); a container of this instance that is not adopted is removed here, with its
+    runner directory. ``settled(session, why)`` is called as each record is settled."""
+    results = await asyncio.gather(
+        *(_adopt_one(boxes, sessions, kept, expected, deadline, settled) for kept in records),
+        return_exceptions=True)
     failed: dict[str, str] = {}
-    rundir = boxes.rundir
-    for kept in records:
-        why = ("the container backend has no runner directory" if rundir is None else
-               await boxes.engine(check, boxes.client, boxes.config.instance_name, rundir,
-                                  kept, expected))
-        if why is None and rundir is not None:
-            why = await _reconnect(boxes, sessions, rundir, kept)
-        if why is not None:
-            log.warning("session %s: its kept container %s is not adopted: %s",
-                        kept.session, kept.name, why)
-            if why not in KEEPS_SESSION:
-                failed[kept.session] = why
+    for kept, why in zip(records, results, strict=True):
+        if isinstance(why, BaseException):  # (only a cancel: _adopt_one says why otherwise)
+            raise why
+        if why is not None and not keeps_session(why):
+            failed[kept.session] = why
     return failed
 
 
+def keeps_session(why: str) -> bool:
+    """Whether a kept container that was not adopted for ``why`` leaves its session be (its
+    kernel lost): it stopped, its image was rebuilt, or its runner did not come back in time
+    (what its own code can do to it: SIGSTOP). Every other failed check ends the session."""
+    return why in KEEPS_SESSION or why.startswith(NOT_BACK)
+
+
+async def _adopt_one(boxes: Boxes, sessions: SessionContainers, kept: Kept,
+                     expected: Expected, deadline: float,
+                     settled: Callable[[str, str | None], None]) -> str | None:
+    state, rundir = boxes.config.state_dir, boxes.rundir
+    with contextlib.suppress(OSError):  # consumed as it is tried
+        (kept_dir(state) / f"{kept.name}.json").unlink()
+    why: str | None = "the container backend has no runner directory"
+    try:
+        if rundir is not None:
+            why = await boxes.engine(check, boxes.client, boxes.config.instance_name, rundir,
+                                     kept, expected)
+            if why is None:
+                why = await _reconnect(boxes, sessions, rundir, kept, deadline)
+    except EngineError as exc:
+        why = f"the Docker engine did not answer about it ({exc})"
+    except Exception as exc:  # (its container is removed all the same, below)
+        log.exception("session %s: re-adopting its kept container failed", kept.session)
+        why = f"its re-adoption failed ({type(exc).__name__})"
+    if why is None:
+        settled(kept.session, None)
+        return None
+    log.warning("session %s: its kept container %s is not adopted: %s",
+                kept.session, kept.name, why)
+    with contextlib.suppress(EngineError, OSError):  # only a container of this instance
+        await boxes.engine(_remove_if_ours, boxes.client, boxes.config.instance_name, kept.cid)
+    if rundir is not None:
+        await asyncio.to_thread(fstree.remove_tree_quietly, rundir / kept.token)
+    settled(kept.session, why)
+    return why
+
+
+def _remove_if_ours(client: Engine, instance: str, cid: str) -> None:
+    if any(c.startswith(cid) or cid.startswith(c) for c in engine.ours(client, instance)):
+        engine.destroy(client, cid)
+
+
 async def _reconnect(boxes: Boxes, sessions: SessionContainers, rundir: Path,
-                     kept: Kept) -> str | None:
+                     kept: Kept, deadline: float) -> str | None:
     owner = (kept.uid, kept.uid) if kept.uid is not None else None
     try:
         endpoint = await Endpoint.resume(rundir / kept.token, bytes.fromhex(kept.key), owner)
     except (OSError, ValueError) as exc:
         return f"its runner directory cannot be listened on ({exc})"
-    done, _ = await within(endpoint.settled.wait(), RESUME_TIMEOUT_S)
+    try:
+        done, _ = await within(endpoint.settled.wait(), deadline - time.monotonic())
+    except BaseException:
+        await endpoint.close(keep_dir=True)
+        raise
     if not done or not endpoint.ready:
-        await endpoint.close()
-        return f"its runner did not come back ({endpoint.failure or 'no answer'})"
+        await endpoint.close(keep_dir=True)
+        return f"{NOT_BACK} ({endpoint.failure or 'no answer within adopt_timeout_s'})"
     shape = engine.Shape(**kept.shape)
     box = Box(name=kept.name, image=kept.image, shape=shape, endpoint=endpoint, role="session",
               cid=kept.cid, uid=kept.uid, kernel_calls=kept.kernel_calls,

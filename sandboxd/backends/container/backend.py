@@ -47,8 +47,8 @@ import contextlib
 import functools
 import logging
 import time
+from typing import Any
 
-from sandboxd import fstree
 from sandboxd.backends.base import Backend, BackendUnavailable
 from sandboxd.backends.container import adopt, engine
 from sandboxd.backends.container.boxes import Boxes, clear_rundir
@@ -107,6 +107,13 @@ class ContainerBackend(Backend):
         self.kept: set[str] = set()
         #: the missing images this daemon builds itself (setting ``build_images``, :mod:`.build`)
         self.builds = ImageBuilds(config, self._built)
+        # the start's re-adoption, in the background while the daemon serves: its task, and
+        # the container ids and sessions of the records it has not settled yet
+        self._adoption: asyncio.Task[None] | None = None
+        self._adopting: frozenset[str] = frozenset()
+        #: per session with a record: set once it is settled, unless it failed a check that
+        #: ends the session (a call of it then waits for the whole round)
+        self._settled: dict[str, asyncio.Event] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> ContainerBackend:
@@ -166,15 +173,11 @@ class ContainerBackend(Backend):
                 return False
         if self._records is not None and boxes.rundir is not None:
             records, self._records = self._records, None
-            self.adoption_failed = await adopt.adopt(boxes, self.sessions, records,
-                                                     self.expected)
-            await asyncio.to_thread(adopt.forget_all, self.config.state_dir)
-            adopted = {b.endpoint.rundir.name for b in boxes.live}
-            for record in records:
-                if record.token not in adopted:
-                    await asyncio.to_thread(fstree.remove_tree_quietly,
-                                            boxes.rundir / record.token)
-        keep = frozenset(b.cid for b in boxes.live if b.cid)
+            self._adopting = frozenset(r.cid for r in records)
+            self._settled = {r.session: asyncio.Event() for r in records}
+            self._adoption = asyncio.create_task(self._adopt(records), name="container-adopt")
+        # a kept container still being re-adopted is not swept
+        keep = frozenset(b.cid for b in boxes.live if b.cid) | self._adopting
         try:
             removed = await boxes.engine(engine.sweep, client, self.config.instance_name, keep)
         except Exception as exc:
@@ -242,6 +245,42 @@ class ContainerBackend(Backend):
         self.pool.lost()
         self.sessions.lost()
 
+    async def _adopt(self, records: list[adopt.Kept]) -> None:
+        """Re-adopt what the last stop kept (:mod:`.adopt`), within ``adopt_timeout_s``."""
+        deadline = time.monotonic() + self.config.adopt_timeout_s
+        def settled(session: str, why: str | None) -> None:
+            if why is None or adopt.keeps_session(why):
+                self._settled[session].set()
+
+        try:
+            self.adoption_failed = await adopt.adopt(self.boxes, self.sessions, records,
+                                                     self.expected, deadline, settled)
+        finally:
+            self._adopting = frozenset()
+
+    @property
+    def adopting(self) -> bool:
+        """The start's re-adoption is still under way."""
+        return self._adoption is not None and not self._adoption.done()
+
+    async def adopted(self, session_id: str | None = None) -> None:
+        """Until the start's re-adoption has ended, or (``session_id``) settled that session's
+        kept container; at once when there is none."""
+        task = self._adoption
+        if task is None or task.done():
+            return
+        event = self._settled.get(session_id) if session_id is not None else None
+        if session_id is not None and (event is None or event.is_set()):
+            return
+        waits: set[asyncio.Future[Any]] = {asyncio.shield(task)}
+        if event is not None:
+            waits.add(asyncio.ensure_future(event.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()  # (the shield's outer future: the round itself goes on)
+
     def expect_sessions(self, expected: adopt.Expected) -> None:
         """Before :meth:`start`: the sessions the service recovered (issue 26); a container
         kept by the last stop is adopted only for one of them."""
@@ -252,7 +291,7 @@ class ContainerBackend(Backend):
         containers (and kernels) of ``session_ids`` running for the next daemon
         (:mod:`.adopt`); returns the sessions whose container was kept."""
         kept = {key[1] for key in self.sessions.by_key}
-        self.kept |= await adopt.keep(self.boxes, self.sessions, session_ids)
+        await adopt.keep(self.boxes, self.sessions, session_ids, self.kept)
         return kept - {key[1] for key in self.sessions.by_key}
 
     async def close(self) -> None:
@@ -261,6 +300,7 @@ class ContainerBackend(Backend):
         boxes = self.boxes
         boxes.closing = True
         await self.builds.close()
+        await stop_task(self._adoption)  # what it had not adopted yet is removed below
         await stop_task(self._watch_task)
         self._watch_task = None
         if self._ping_client is not None:
@@ -344,6 +384,8 @@ class ContainerBackend(Backend):
             self._damaged(lost)
             raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: the "
                                   f"container backend is recovering: {lost}")
+        if invocation.session is not None:
+            await self.adopted(invocation.session)  # its kept container may come back
         image = self._image_for(invocation)
         building = await self._image_unavailable(image)
         if building is not None:
@@ -386,6 +428,7 @@ class ContainerBackend(Backend):
 
     async def close_session(self, session_id: str) -> None:
         """Remove the session's container(s). Idempotent."""
+        await self.adopted(session_id)  # its kept container, once adopted, goes too
         await self.sessions.close(session_id)
 
     def kernel_sessions(self) -> set[str]:

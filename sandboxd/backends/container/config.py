@@ -32,6 +32,7 @@ class ContainerConfig:
     probe_call_timeout_s: float = 30.0  # each self-test call's wall-clock limit
     wheelhouse: Path | None = None  # mounted read-only into session containers when set
     build_profiles: tuple[str, ...] = ()  # image profiles built at start when missing (.build)
+    adopt_timeout_s: float = 15.0  # a start's re-adoption of kept session containers, in all
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContainerConfig:
@@ -51,4 +52,5 @@ class ContainerConfig:
             probe_call_timeout_s=settings.probe_call_timeout_s,
             wheelhouse=settings.wheelhouse,
             build_profiles=tuple(p for p in settings.build_images.split(",") if p),
+            adopt_timeout_s=settings.adopt_timeout_s,
         )

@@ -418,6 +418,38 @@ if [ -f /share/payload/images.tar ]; then
   v=$(echo "$out" | jget 'd["value"], d["kernel"]["lost"], d["kernel"]["calls"]')
   check restart-keeps-container-session "$( [ $rc = 0 ] && [ "$pid0" != "$pid1" ] && [ "$v" = "([42, 'container-kept'], False, 2)" ] && echo PASS || echo FAIL)" \
     "restart rc $rc, MainPID $pid0 -> $pid1; after: $(echo "$out" | jget 'd["status"], d["value"], d["kernel"], d.get("message")')"
+  # a start is bounded whatever sandboxes do: three sessions whose runners are stopped (SIGSTOP,
+  # as their own code could after the daemon hung up) do not hold it (they are re-adopted while
+  # it serves, within adopt_timeout_s); each kept record is consumed as it is tried; their next
+  # python calls say their kernels were lost
+  fsids=""
+  for _ in 1 2 3; do
+    fsid=$(api POST /v1/sessions '{}' | jget 'd["id"]')
+    api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"x = 1\"},\"session\":\"$fsid\"}" >> "$R/frozen-1.json"
+    fsids="$fsids $fsid"
+  done
+  systemctl stop sandboxd
+  frozen=""
+  for fsid in $fsids; do
+    ipid=$(docker inspect -f '{{.State.Pid}}' "$(docker ps -q --filter "label=sandboxd.session=$fsid")" 2>/dev/null)
+    rpid=$(pgrep -P "${ipid:-0}" -f runner.py | head -n 1)
+    [ -n "$rpid" ] && kill -STOP "$rpid" && frozen="$frozen $rpid"
+  done
+  t0=$(date +%s.%N)
+  out=$(systemctl start sandboxd 2>&1); rc=$?
+  t1=$(date +%s.%N)
+  records=$(find /var/lib/sandboxd/kept-containers -name '*.json' 2>/dev/null | wc -l)
+  lost=""
+  for fsid in $fsids; do
+    out2=$(curl -sS --max-time 200 --unix-socket "$SOCK" -X POST -H 'content-type: application/json' \
+      -d "{\"arguments\":{\"code\":\"x\"},\"session\":\"$fsid\"}" -w '\nHTTP=%{http_code}\n' http://sandboxd/v1/tools/python/invoke)
+    echo "$out2" >> "$R/frozen-2.json"
+    lost="$lost$(echo "$out2" | jget 'd["kernel"]["lost"], d["kernel"]["reason"]');"
+  done
+  left=$(docker ps -q --filter label=sandboxd.role=session | tr '\n' ' ')
+  check start-with-stopped-runners-bounded "$( [ $rc = 0 ] && [ "$(echo $frozen | wc -w)" = 3 ] && [ "$records" = 0 ] && [ "$lost" = "(True, 'daemon_restart');(True, 'daemon_restart');(True, 'daemon_restart');" ] && echo PASS || echo FAIL)" \
+    "start rc $rc in $(python3 -c "print(round($t1-$t0,1))") s (the first start: ${start_s} s) with runners$frozen stopped; records left at READY: $records; kernels: $lost; session containers now: ${left:-none}; $(grep -c session_recovered /var/log/sandboxd/audit.jsonl) session_recovered; $out"
+  for fsid in $fsids; do api DELETE "/v1/sessions/$fsid" > /dev/null; done
   since=$(date '+%Y-%m-%d %H:%M:%S.%6N')
   rm -f /etc/sandboxd/policies/restart-check.yaml; systemctl reload sandboxd
   until_logged "$since" 'policies reloaded|reload refused'
@@ -426,7 +458,31 @@ if [ -f /share/payload/images.tar ]; then
   check restart-keeps-restricted-session-files "$( [ "$(echo "$out" | jget 'd["stdout"]')" = restricted-kept ] && [ "$(echo "$out2" | jget 'd["kernel"]["lost"], d["kernel"]["reason"]')" = "(True, 'daemon_restart')" ] && echo PASS || echo FAIL)" \
     "read_file: $(echo "$out" | jget 'd["status"], d["stdout"]'); python: $(echo "$out2" | jget 'd["status"], d["kernel"]'); audit: $(grep -c session_recovered /var/log/sandboxd/audit.jsonl) session_recovered"
   api DELETE "/v1/sessions/$rsid" > /dev/null; api DELETE "/v1/sessions/$csid" > /dev/null
-  systemctl stop sandboxd
+  # a stop is bounded whatever clients do: a call printing 1 MB to a client that never reads
+  # its answer (a unix socket's send buffer holds ~200 KB) does not hold it past the unit's
+  # TimeoutStopSec=45s (drain_grace_s 30 + shutdown_timeout_s 10): it exits 0 by itself
+  results=$(grep -c '"event":"result"' /var/log/sandboxd/audit.jsonl)
+  python3 -c '
+import json, socket, sys, time
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+sock.connect(sys.argv[1])
+body = json.dumps({"arguments": {"code": "print(\"x\" * 1_000_000)"}}).encode()
+sock.sendall(b"POST /v1/tools/python/invoke HTTP/1.1\r\nhost: sandboxd\r\ncontent-type: application/json\r\n"
+             + b"content-length: %d\r\n\r\n" % len(body) + body)
+time.sleep(120)  # never reads
+' "$SOCK" > "$R/stop-deaf-client.txt" 2>&1 &
+  dpid=$!
+  # until the call's result is audited: its answer is going out, to nobody
+  for _ in $(seq 1 240); do [ "$(grep -c '"event":"result"' /var/log/sandboxd/audit.jsonl)" -gt "$results" ] && break; sleep 0.5; done
+  t0=$(date +%s.%N)
+  out=$(systemctl stop sandboxd 2>&1); rc=$?
+  t1=$(date +%s.%N)
+  kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+  st=$(systemctl show -p Result,ExecMainCode,ExecMainStatus sandboxd | tr '\n' ' ')
+  took=$(python3 -c "print(round($t1-$t0,1))")
+  check stop-with-unread-answer-bounded "$( [ $rc = 0 ] && echo "$st" | grep -q 'Result=success' && echo "$st" | grep -q 'ExecMainStatus=0' && python3 -c "import sys; sys.exit(0 if $took < 45 else 1)" && echo PASS || echo FAIL)" \
+    "rc $rc; stop took $took s; $st; journal: $(journalctl -u sandboxd -n 20 --no-pager 2>/dev/null | grep -m2 -iE 'graceful|Cancel' | cut -c1-200) $out"
   rm -f /etc/systemd/system/sandboxd.service.d/docker.conf; systemctl daemon-reload
   journalctl -b -u sandboxd --no-pager > "$R/journal-full.txt" 2>&1
 fi
