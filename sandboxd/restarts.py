@@ -155,6 +155,7 @@ class SessionRestarts:
 
     def _expect_recovered(self) -> None:
         """Before the backends start: tell the keepers which sessions the sweep recovered."""
+        self._note_crashes()
         expected = {s.id: (s.client, s.workspace, s.uid) for s in self.sessions.registered()}
         for backend in self.backends.values():
             if isinstance(backend, SessionKeeper):
@@ -264,25 +265,29 @@ class SessionRestarts:
             backend.adoption_failed = {}
         for session in self.sessions.registered():
             live = self.kernel_backends(session.id)
-            self._note_crash(session, live)
             lost = [{"backend": b, "reason": r} for b in sorted(
                 set(session.kernels_at_stop) | set(session.kernels_at_crash))
                 if (r := self.restart_lost(session, b)) is not None]
             await self._audit_quietly("session_recovered", session, kernels=live,
                                       kernels_lost=lost)
 
-    def _note_crash(self, session: Session, live: list[str]) -> None:
-        """At start: a kernel still listed live was live when the previous daemon died
-        without a clean stop; unless it lives again (adopted), a crash ended it."""
-        crashed = set(session.kernels_live) - set(live)
-        if not crashed and session.kernels_live == live:
-            return
-        session.kernels_at_crash = sorted(set(session.kernels_at_crash) | crashed)
-        session.kernels_live = live
-        try:
-            self.sessions.save(session)
-        except OSError as exc:  # said in the audit record either way; kept in memory
-            log.warning("session %s: kernels lost in a crash not saved: %s", session.id, exc)
+    def _note_crashes(self) -> None:
+        """At start, before anything runs: a kernel still listed live was live when the
+        previous daemon died without a clean stop (a clean stop clears the list), so a crash
+        ended it. Read here, not after the re-adoption round: calls served meanwhile list the
+        kernels they start. A kept kernel that lives again is not reported
+        (:meth:`restart_lost` asks the backends first)."""
+        for session in self.sessions.registered():
+            if not session.kernels_live:
+                continue
+            session.kernels_at_crash = sorted({*session.kernels_at_crash,
+                                               *session.kernels_live})
+            session.kernels_live = []
+            try:
+                self.sessions.save(session)
+            except OSError as exc:  # said in the audit record either way; kept in memory
+                log.warning("session %s: kernels lost in a crash not saved: %s", session.id,
+                            exc)
 
     async def _audit_quietly(self, event: str, session: Session, **fields: Any) -> None:
         try:

@@ -95,7 +95,8 @@ def test_a_start_serves_while_stopped_runners_are_adopted_and_says_their_kernels
     assert took < ADOPT_S + 60, f"the stopped runners held the start {took:.0f} s"
     recovered = {r["session"]: r["kernels_lost"]
                  for r in audit_records(second.audit_path, "session_recovered")}
-    assert recovered == {sound: [], frozen: ["container"], other: ["container"]}, recovered
+    restart = [{"backend": "container", "reason": "daemon_restart"}]
+    assert recovered == {sound: [], frozen: restart, other: restart}, recovered
     # the stopped runners' containers are gone (a stopped process dies by SIGKILL all the same)
     now = {c.id for c in labelled(docker_client, instance)}
     assert kept[sound].id in now and not {kept[frozen].id, kept[other].id} & now
