@@ -1,0 +1,166 @@
+"""``sandboxd policy replay`` and ``sandboxd policy suggest``: policies tried on the audit log
+(:mod:`sandboxd.policy.replay`, :mod:`sandboxd.policy.suggest`)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from sandboxd.cli.common import CONFIG_OPTION
+from sandboxd.cli.policy import _offline_service, _settings_policies_dir, app
+from sandboxd.text import visible
+
+if TYPE_CHECKING:
+    from sandboxd.models import Decision, LimitsRequest
+    from sandboxd.policy.replay import Replay
+
+#: exit status: nothing changes / something changes / bad input / nothing changes among the
+#: calls re-decided, but some could not be
+EXIT_SAME, EXIT_CHANGED, EXIT_BAD, EXIT_UNDECIDABLE = 0, 1, 2, 3
+
+_AUDIT = typer.Option(..., "--audit", help="Audit log file, or the directory holding it "
+                                           "(rotated files are read too)")
+
+
+def _fail(line: str) -> typer.Exit:
+    typer.echo(f"sandboxd: {line}", err=True)
+    return typer.Exit(EXIT_BAD)
+
+
+def _records(audit: Path, client: str | None) -> list[dict[str, Any]]:
+    from sandboxd.policy.replay import AuditPathError, decision_records
+
+    try:
+        return list(decision_records(audit, client))
+    except AuditPathError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"{audit}: cannot read the audit log: {exc.strerror or exc}") from None
+
+
+def _decider(policies: Path | None, config: Path | None) -> Any:
+    """The daemon's own decision for a call (tool lookup, argument schema, policy), from the
+    policies in ``policies`` (else the settings', else the embedded default)."""
+    from sandboxd.models import Decision
+    from sandboxd.policy import PolicyError
+    from sandboxd.registry import ArgumentsInvalid
+
+    service = _offline_service(policies if policies is not None
+                               else _settings_policies_dir(config))
+    try:
+        service.load_policy()
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(EXIT_BAD) from None
+
+    def decide(client: str, tool: str, arguments: dict[str, Any],
+               requested: LimitsRequest | None) -> Decision:
+        try:
+            return service.explain(client, tool, arguments, requested,
+                                   unknown_tool_denied=True).decision
+        except ArgumentsInvalid as exc:  # refused before any policy rule: the tool's schema
+            return Decision(allowed=False, source="(tool parameters)", rule="parameters",
+                            message=f"invalid arguments: {exc}")
+
+    return decide
+
+
+def _print(result: Replay, audit: Path) -> None:
+    from sandboxd.policy.replay import KINDS, UNDECIDABLE
+
+    counts = ", ".join(f"{result.count(k)} {k}" for k in KINDS)
+    typer.echo(f"{result.calls} decided call(s) in {audit}: {counts}, "
+               f"{result.unchanged} unchanged")
+    for kind in KINDS:
+        changes = [c for c in result.changes if c.kind == kind]
+        if not changes:
+            continue
+        typer.echo(f"\n{kind}:")
+        for c in changes:
+            what = (c.rule if kind == UNDECIDABLE
+                    else f"{c.rule} (was {c.was_rule})" + (f": {c.detail}" if c.detail else ""))
+            typer.echo(visible(f"  {c.request_id}  client={c.client}  tool={c.tool}  {what}"))
+    if not result.changes:
+        return
+    typer.echo("\nby rule:")
+    for (kind, rule), n in sorted(result.by_rule().items()):
+        typer.echo(visible(f"  {n:>5}  {kind}  {rule}"))
+    typer.echo("\nby client:")
+    for (client, kind), n in sorted(result.by_client().items()):
+        typer.echo(visible(f"  {n:>5}  {kind}  {client}"))
+
+
+@app.command("replay")
+def replay_cmd(
+    audit: Path = _AUDIT,
+    policies: Path | None = typer.Option(
+        None, "--policies", help="Policies to try (default: settings, else embedded)"),
+    client: str | None = typer.Option(None, "--client", help="Only this client's calls"),
+    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON"),
+    config: Path | None = CONFIG_OPTION,
+) -> None:
+    """Decide every call of the audit log again under other policies; print what changes.
+
+    Exit 0 when nothing changes, 1 when a decision or its limits change, 2 for bad input,
+    3 when nothing changes among the calls re-decided but some could not be (their
+    arguments were cut or redacted in the log)."""
+    from sandboxd.policy.replay import replay
+
+    records = _records(audit, client)
+    result = replay(records, _decider(policies, config))
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
+    else:
+        _print(result, audit)
+    if result.changed:
+        raise typer.Exit(EXIT_CHANGED)
+    if result.changes:
+        raise typer.Exit(EXIT_UNDECIDABLE)
+
+
+@app.command("suggest")
+def suggest_cmd(
+    audit: Path = _AUDIT,
+    client: str = typer.Option(..., "--client", help="The client to write a policy for"),
+    output: Path | None = typer.Option(None, "--output", "-o",
+                                       help="Write the policy here (default: stdout)"),
+) -> None:
+    """Write a least-privilege policy for a client: what its allowed calls in the audit log
+    used, with the largest limits they got. It is checked before it is written: it loads,
+    and every allowed call of the client replays under it as allowed with its limits."""
+    from sandboxd.policy import PolicyError, PolicyStore
+    from sandboxd.policy.replay import DENIED_ALLOWED, UNDECIDABLE, replay
+    from sandboxd.policy.suggest import suggest
+
+    records = _records(audit, client)
+    if not records:
+        raise _fail(f"{audit}: no decided calls of client {visible(client)!r}")
+    text = suggest(records, client, audit=str(audit))
+    with tempfile.TemporaryDirectory(prefix="sandboxd-suggest-") as tmp:
+        (Path(tmp) / "suggested.yaml").write_text(text, encoding="utf-8")
+        store = PolicyStore(Path(tmp))
+        try:
+            store.load()
+        except PolicyError as exc:  # a bug here, not the admin's: say so whole
+            for line in exc.problems:
+                typer.echo(f"sandboxd: the suggested policy does not load: {line}", err=True)
+            raise typer.Exit(1) from None
+        check = replay(records, store.decide)
+    refused = [c for c in check.changes if c.kind not in (DENIED_ALLOWED, UNDECIDABLE)]
+    if refused:
+        for c in refused:
+            typer.echo(visible(f"sandboxd: the suggested policy changes {c.request_id} "
+                               f"({c.kind}: {c.rule} {c.detail})"), err=True)
+        raise typer.Exit(1)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+    allowed = sum(1 for r in records if r.get("decision") == "allow")
+    typer.echo(f"checked: {allowed} allowed call(s) of {visible(client)} replay allowed, with "
+               "their limits", err=True)
