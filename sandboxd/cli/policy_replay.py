@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +32,15 @@ def _fail(line: str) -> typer.Exit:
     return typer.Exit(EXIT_BAD)
 
 
-def _records(audit: Path, client: str | None) -> list[dict[str, Any]]:
-    from sandboxd.policy.replay import AuditPathError, decision_records
+def _records(audit: Path, client: str | None) -> Iterator[dict[str, Any]]:
+    """The log's decision records, read as they are used (a log can be gigabytes); a path
+    that names no log fails here, before anything is read."""
+    from sandboxd.policy.replay import AuditPathError, audit_log_path, decision_records
 
     try:
-        return list(decision_records(audit, client))
+        return decision_records(audit_log_path(audit), client)
     except AuditPathError as exc:
         raise _fail(str(exc)) from None
-    except OSError as exc:
-        raise _fail(f"{audit}: cannot read the audit log: {exc.strerror or exc}") from None
 
 
 def _decider(policies: Path | None, config: Path | None) -> Any:
@@ -137,7 +138,7 @@ def suggest_cmd(
     from sandboxd.policy.replay import DENIED_ALLOWED, UNDECIDABLE, replay
     from sandboxd.policy.suggest import suggest
 
-    records = _records(audit, client)
+    records = list(_records(audit, client))  # read twice: for the policy, for its check
     if not records:
         raise _fail(f"{audit}: no decided calls of client {visible(client)!r}")
     text = suggest(records, client, audit=str(audit))

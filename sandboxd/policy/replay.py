@@ -169,6 +169,8 @@ def _limit_changes(record: dict[str, Any], decision: Decision) -> str:
 def replay(records: Iterable[dict[str, Any]], decide: Decider) -> Replay:
     """Decide every recorded call again with ``decide`` and collect what changes."""
     out = Replay()
+    # a log repeats itself (the same `ls`, the same import): one decision per distinct call
+    seen: dict[tuple[str, str, str, str], Decision] = {}
     for record in records:
         out.calls += 1
         rid, client = str(record.get("request_id")), str(record.get("client"))
@@ -177,7 +179,11 @@ def replay(records: Iterable[dict[str, Any]], decide: Decider) -> Replay:
         if isinstance(args, str):
             out.changes.append(Change(UNDECIDABLE, rid, client, tool, was_rule, args, ""))
             continue
-        decision = decide(client, tool, args, recorded_request(record))
+        key = (client, tool, str(record.get("args_sha256")),
+               json.dumps(record.get("limits"), sort_keys=True))
+        if key not in seen:
+            seen[key] = decide(client, tool, args, recorded_request(record))
+        decision = seen[key]
         was_allowed = record.get("decision") == "allow"
         if was_allowed and not decision.allowed:
             out.changes.append(Change(ALLOWED_DENIED, rid, client, tool, was_rule,
