@@ -43,6 +43,18 @@ def _records(audit: Path, client: str | None) -> Iterator[dict[str, Any]]:
         raise _fail(str(exc)) from None
 
 
+def _warn_unverified(audit: Path) -> None:
+    """A log whose hash chain breaks is replayed as it stands, with a warning: its records
+    may not be the calls that were made."""
+    from sandboxd.audit import verify
+    from sandboxd.policy.replay import audit_log_path
+
+    report = verify(audit_log_path(audit))
+    if not report.ok:
+        typer.echo(visible(f"sandboxd: warning: the audit log does not verify, its records "
+                           f"may have been altered: {report.first_bad}"), err=True)
+
+
 def _decider(policies: Path | None, config: Path | None) -> Any:
     """The daemon's own decision for a call (tool lookup, argument schema, policy), from the
     policies in ``policies`` (else the settings', else the embedded default)."""
@@ -113,6 +125,7 @@ def replay_cmd(
     from sandboxd.policy.replay import replay
 
     records = _records(audit, client)
+    _warn_unverified(audit)
     result = replay(records, _decider(policies, config))
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, ensure_ascii=False))

@@ -13,6 +13,8 @@ import httpx
 import pytest
 import yaml
 
+from sandboxd.audit import AuditLog
+from sandboxd.policy import PolicyStore
 from sandboxd.tokens import add_token
 from tests.support import cli
 from tests.support.daemon import running_daemon
@@ -165,11 +167,36 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["counts"]["allowed → denied"] == 2
 
 
+def test_replay_warns_of_an_altered_log(tmp_path: Path) -> None:
+    """A record edited after the fact is replayed as it stands, and the replay says so."""
+    store = PolicyStore(None)
+    store.load()
+    log_path = tmp_path / "audit.jsonl"
+    with AuditLog(log_path) as log:
+        for i, code in enumerate(("import json", "import os", "import math")):
+            log.decision(request_id=f"inv_{i}", client="local", tool="python", session=None,
+                         arguments={"code": code},
+                         decision=store.decide("local", "python", {"code": code}, None))
+    r = sandboxd("policy", "replay", "--audit", str(log_path), "--json")
+    assert (r.returncode, r.stderr) == (0, ""), r.stdout + r.stderr
+    assert json.loads(r.stdout)["unchanged"] == 3
+    # the denial, edited into an allow (a record the chain's next record pins)
+    log_path.write_text(log_path.read_text().replace('"decision":"deny"', '"decision":"allow"'))
+    r = sandboxd("policy", "replay", "--audit", str(log_path), "--json")
+    assert r.returncode == 1
+    assert r.stderr.startswith("sandboxd: warning: the audit log does not verify, its records "
+                               f"may have been altered: {log_path}:2 (seq 1)")
+    changes = json.loads(r.stdout)["changes"]
+    assert [(c["request_id"], c["kind"]) for c in changes] == [("inv_1", "allowed → denied")]
+
+
 def test_replay_bad_input_is_one_line(tmp_path: Path) -> None:
     r = sandboxd("policy", "replay", "--audit", str(tmp_path / "nope.jsonl"))
     assert r.returncode == 2
     assert r.stderr.splitlines() == [f"sandboxd: {tmp_path / 'nope.jsonl'}: no such audit log"]
     (tmp_path / "audit.jsonl").write_text("")
+    r = sandboxd("policy", "replay", "--audit", str(tmp_path))
+    assert (r.returncode, r.stderr) == (0, "")  # an empty log: nothing to change
     broken = policies(tmp_path, "broken", "version: 1\nname: x\nclients: ['*']\ntools:\n"
                                           "  shell: {operators: maybe}\n")
     r = sandboxd("policy", "replay", "--audit", str(tmp_path), "--policies", str(broken))
