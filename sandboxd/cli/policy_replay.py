@@ -143,18 +143,32 @@ def suggest_cmd(
     client: str = typer.Option(..., "--client", help="The client to write a policy for"),
     output: Path | None = typer.Option(None, "--output", "-o",
                                        help="Write the policy here (default: stdout)"),
+    policies: Path | None = typer.Option(
+        None, "--policies", help="Policies in force, for the definitions of admin-defined "
+                                 "tools (default: settings, else embedded)"),
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Write a least-privilege policy for a client: what its allowed calls in the audit log
     used, with the largest limits they got. It is checked before it is written: it loads,
     and every allowed call of the client replays under it as allowed with its limits."""
     from sandboxd.policy import PolicyError, PolicyStore
     from sandboxd.policy.replay import DENIED_ALLOWED, UNDECIDABLE, replay
-    from sandboxd.policy.suggest import suggest
+    from sandboxd.policy.suggest import SUGGESTED, custom_definition, suggest
 
     records = list(_records(audit, client))  # read twice: for the policy, for its check
     if not records:
         raise _fail(f"{audit}: no decided calls of client {visible(client)!r}")
-    text = suggest(records, client, audit=str(audit))
+    in_force = PolicyStore(policies if policies is not None else _settings_policies_dir(config))
+    try:
+        in_force.load()
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(EXIT_BAD) from None
+    pol = in_force.policy_for(client)
+    used = {str(r.get("tool")) for r in records} - set(SUGGESTED)
+    definitions = {t: d for t in used if (d := custom_definition(pol, t)) is not None}
+    text = suggest(records, client, audit=str(audit), definitions=definitions)
     with tempfile.TemporaryDirectory(prefix="sandboxd-suggest-") as tmp:
         (Path(tmp) / "suggested.yaml").write_text(text, encoding="utf-8")
         store = PolicyStore(Path(tmp))
@@ -165,7 +179,9 @@ def suggest_cmd(
                 typer.echo(f"sandboxd: the suggested policy does not load: {line}", err=True)
             raise typer.Exit(1) from None
         check = replay(records, store.decide)
-    refused = [c for c in check.changes if c.kind not in (DENIED_ALLOWED, UNDECIDABLE)]
+    # (calls of admin-defined tools it could not copy are left to the admin: it says so)
+    refused = [c for c in check.changes if c.kind not in (DENIED_ALLOWED, UNDECIDABLE)
+               and (c.tool in SUGGESTED or c.tool in definitions)]
     if refused:
         for c in refused:
             typer.echo(visible(f"sandboxd: the suggested policy changes {c.request_id} "
@@ -175,6 +191,5 @@ def suggest_cmd(
         typer.echo(text, nl=False)
     else:
         output.write_text(text, encoding="utf-8")
-    allowed = sum(1 for r in records if r.get("decision") == "allow")
-    typer.echo(f"checked: {allowed} allowed call(s) of {visible(client)} replay allowed, with "
-               "their limits", err=True)
+    typer.echo(f"checked: every allowed call of {visible(client)} that the log holds whole "
+               "replays allowed under it, with its limits", err=True)

@@ -16,7 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+from yaml.nodes import MappingNode
+
 from sandboxd.policy.engine import imported_modules
+from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.paths import PathRefused, normalise
 from sandboxd.policy.replay import recorded_arguments
 from sandboxd.policy.shell import ShellRefused, parse, program_name, wrapped_index
@@ -24,7 +28,8 @@ from sandboxd.policy.units import format_duration, format_size
 from sandboxd.protocol.limits import LIMITS
 
 FILE_TOOLS = ("read_file", "write_file", "list_files")
-#: the tools a suggestion can write (admin-defined tools need their definition: not from a log)
+#: the tools a suggestion writes from the log (admin-defined ones are copied from the policy
+#: in force: a log does not hold their definition)
 SUGGESTED = ("python", "shell", *FILE_TOOLS)
 
 
@@ -38,6 +43,12 @@ class _Seen:
     limits: dict[str, float] = field(default_factory=dict)
     names: Counter[str] = field(default_factory=Counter)  # imports, programs or paths
     operators: bool = False
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar (JSON's form; characters beyond ASCII as they
+    are: YAML would read a ``\\u`` surrogate pair as two characters)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _glob_literal(path: str) -> str:
@@ -91,8 +102,27 @@ def _limits_block(limits: dict[str, float], indent: str) -> list[str]:
     return out
 
 
-def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str) -> str:
-    """The text of a policy file for ``client`` from its ``decision`` records."""
+def custom_definition(pol: LoadedPolicy | None, name: str) -> str | None:
+    """The YAML of the admin-defined tool ``name`` as ``pol``'s file writes it (its own
+    nodes, re-emitted: not re-derived from the validated model), or None."""
+    if pol is None or name not in pol.spec.custom_tools:
+        return None
+    tools = next((v for k, v in pol.root.value if getattr(k, "value", None) == "custom_tools"),
+                 None)
+    if not isinstance(tools, MappingNode):
+        return None
+    for pair in tools.value:
+        if getattr(pair[0], "value", None) == name:
+            return yaml.serialize(MappingNode("tag:yaml.org,2002:map", [pair]))
+    return None
+
+
+def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str,
+            definitions: dict[str, str] | None = None) -> str:
+    """The text of a policy file for ``client`` from its ``decision`` records;
+    ``definitions``: the YAML of admin-defined tools (:func:`custom_definition`) to copy
+    for the ones it used."""
+    definitions = definitions or {}
     tools: dict[str, _Seen] = defaultdict(_Seen)
     denied: Counter[str] = Counter()
     unknown: Counter[str] = Counter()
@@ -129,11 +159,13 @@ def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str) -> st
     for tool, n in sorted(unknown.items()):
         lines.append(f"# {tool}: {n} allowed call(s) with arguments not recorded in full "
                      "(cut or redacted): what they used is not known, nothing added for them")
+    copied = {t: definitions[t] for t in sorted(other) if t in definitions}
     for tool, n in sorted(other.items()):
-        lines.append(f"# {tool}: {n} allowed call(s) of a tool this command does not write "
-                     "(copy its definition from the policy in force)")
-    lines += ["version: 1", f"name: {json.dumps(f'{client}-suggested')}",
-              f"clients: [{json.dumps(client)}]", "network: none"]
+        if tool not in copied:
+            lines.append(f"# {tool}: {n} allowed call(s) of a tool this command cannot write "
+                         "(copy its definition from the policy in force)")
+    lines += ["version: 1", f"name: {_quoted(f'{client}-suggested')}",
+              f"clients: [{_quoted(client)}]", "network: none"]
     # limits every tool got alike are said once, for the policy; others per tool
     shared = [seen.limits for seen in tools.values()]
     common = shared[0] if shared and all(x == shared[0] for x in shared) else {}
@@ -147,20 +179,26 @@ def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str) -> st
         if tool in ("python", "shell") and seen.backend:
             lines.append(f"    backend: {seen.backend}")
         if seen.network:
-            lines.append(f"    network: {json.dumps(seen.network)}")
+            lines.append(f"    network: {_quoted(seen.network)}")
         entries = sorted(seen.names.items(), key=lambda kv: (-kv[1], kv[0]))
         if tool == "python":
             lines += ["    imports:", "      allow:" + ("" if entries else " []")]
-            lines += [f"        - {json.dumps(m)}  # in {n} call(s)" for m, n in entries]
+            lines += [f"        - {_quoted(m)}  # in {n} call(s)" for m, n in entries]
         elif tool == "shell":
             lines += ["    commands:", "      allow:" + ("" if entries else " []")]
-            lines += [f"        - {json.dumps(p)}  # in {n} call(s)" for p, n in entries]
+            lines += [f"        - {_quoted(p)}  # in {n} call(s)" for p, n in entries]
             lines.append(f"    operators: {'true' if seen.operators else 'false'}")
         else:
             lines += ["    paths:", "      allow:" + ("" if entries else " []")]
-            lines += [f"        - {json.dumps(_glob_literal(p))}  # {n} call(s)"
+            lines += [f"        - {_quoted(_glob_literal(p))}  # {n} call(s)"
                       for p, n in entries]
+            lines.append("    # max_bytes: the default (1Mi); the log does not record file sizes")
         if seen.limits and not common:
             lines.append("    # the largest limits these calls got")
             lines += _limits_block(seen.limits, "    ")
+    if copied:
+        lines.append("custom_tools:")
+        for tool, text in copied.items():
+            lines.append(f"  # {other[tool]} allowed call(s); the definition in force, copied")
+            lines += [f"  {line}" for line in text.rstrip("\n").splitlines()]
     return "\n".join(lines) + "\n"

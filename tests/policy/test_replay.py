@@ -50,6 +50,8 @@ def record_log(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         ("alice", "read", "read_file", {"path": "a.txt"}, "error"),
         ("alice", "list", "list_files", {"path": "."}, "ok"),
         ("alice", "curl", "shell", {"command": "curl x"}, "denied"),
+        # an admin-defined tool (allowed; a fresh workspace is no git repository)
+        ("alice", "git_status", "git_status", {}, "error"),
         ("bob", "bob_csv", "python", {"code": "import csv\nprint(2)"}, "ok"),
         ("bob", "date", "shell", {"command": "date"}, "ok"),
         ("bob", "os", "python", {"code": "import os"}, "denied"),
@@ -92,7 +94,7 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
                  "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     out = json.loads(r.stdout)
-    assert out["calls"] == 13
+    assert out["calls"] == 14
     assert out["counts"] == {"allowed → denied": 3, "denied → allowed": 0,
                              "limits changed": 2, "undecidable": 2}
     refused = {c["request_id"]: (c["client"], c["rule"], c["was_rule"])
@@ -110,7 +112,7 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     assert {c["request_id"]: (c["client"], c["detail"]) for c in out["changes"]
             if c["kind"] == "limits changed"} == {
         ids["ls"]: ("alice", "timeout_s 60 → 30"), ids["date"]: ("bob", "timeout_s 60 → 30")}
-    assert out["unchanged"] == 6
+    assert out["unchanged"] == 7
     assert {(x["client"], x["kind"], x["count"]) for x in out["by_client"]} == {
         ("alice", "allowed → denied", 2), ("bob", "allowed → denied", 1),
         ("alice", "limits changed", 1), ("bob", "limits changed", 1), ("bob", "undecidable", 2)}
@@ -121,8 +123,8 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     r = sandboxd("policy", "replay", "--audit", str(audit), "--policies", str(strict_dir))
     assert r.returncode == 1
     assert r.stdout.splitlines()[0] == (
-        f"13 decided call(s) in {audit}: 3 allowed → denied, 0 denied → allowed, "
-        "2 limits changed, 2 undecidable, 6 unchanged")
+        f"14 decided call(s) in {audit}: 3 allowed → denied, 0 denied → allowed, "
+        "2 limits changed, 2 undecidable, 7 unchanged")
     assert "      2  allowed → denied  tools.python.imports.deny[0]" in r.stdout
     assert "      1  allowed → denied  bob" in r.stdout
     assert f"  {ids['ls']}  client=alice  tool=shell  tools.shell.commands.allow[0] (was " \
@@ -135,7 +137,7 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     r = sandboxd("policy", "replay", "--audit", str(audit), "--policies", str(same_dir),
                  "--client", "alice", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert json.loads(r.stdout)["unchanged"] == 8 and json.loads(r.stdout)["changes"] == []
+    assert json.loads(r.stdout)["unchanged"] == 9 and json.loads(r.stdout)["changes"] == []
 
     # a least-privilege policy for alice
     suggested = tmp_path / "suggested" / "alice.yaml"
@@ -155,7 +157,8 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     assert spec["tools"]["read_file"]["paths"]["allow"] == ["a.txt"]
     assert spec["limits"] == {"timeout": "60s", "memory": "256Mi", "cpus": 1, "pids": 64,
                               "output": "1Mi", "open_files": 64}  # what the calls got
-    assert "git_status" not in suggested.read_text()
+    # the admin-defined tool it used: its definition in force, copied
+    assert spec["custom_tools"]["git_status"]["argv"] == ["git", "status", "--short"]
     assert "# shell: 1 denied call(s) seen" in suggested.read_text()
     r = sandboxd("policy", "replay", "--audit", str(audit), "--policies",
                  str(suggested.parent), "--client", "alice")
