@@ -17,7 +17,7 @@ from sandboxd.audit import AuditLog
 from sandboxd.policy import PolicyStore
 from sandboxd.tokens import add_token
 from tests.support import cli
-from tests.support.daemon import running_daemon
+from tests.support.daemon import RunningDaemon, running_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "policies" / "default.yaml"
@@ -35,11 +35,29 @@ def policies(tmp_path: Path, name: str, text: str) -> Path:
     return directory
 
 
-def record_log(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A mix of calls from alice and bob; the audit log and ``{label: request id}``."""
-    tokens = tmp_path / "tokens.yaml"
-    alice, bob = add_token(tokens, "alice"), add_token(tokens, "bob")
-    calls: list[tuple[str, str, str, dict[str, Any], str]] = [
+Call = tuple[str, str, str, dict[str, Any], str]  # client, label, tool, arguments, status
+
+
+def make_calls(daemon: RunningDaemon, tokens: dict[str, str], calls: list[Call]
+               ) -> dict[str, str]:
+    """Make each call as its client; check its status; ``{label: request id}``."""
+    ids: dict[str, str] = {}
+    for client, label, tool, arguments, status in calls:
+        r = httpx.post(f"{daemon.url}/v1/tools/{tool}/invoke", json={"arguments": arguments},
+                       headers={"Authorization": f"Bearer {tokens[client]}"}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == status, (label, r.json())
+        ids[label] = r.json()["id"]
+    return ids
+
+
+def record_log(tmp_path: Path
+               ) -> tuple[Path, dict[str, str], list[Call], dict[str, str]]:
+    """A mix of calls from alice and bob: the audit log, ``{label: request id}``, the calls
+    and the clients' tokens."""
+    tokens_file = tmp_path / "tokens.yaml"
+    tokens = {"alice": add_token(tokens_file, "alice"), "bob": add_token(tokens_file, "bob")}
+    calls: list[Call] = [
         ("alice", "json_math", "python",
          {"code": "import json, math\nprint(json.dumps(math.pi))"}, "ok"),
         ("alice", "csv", "python", {"code": "import csv\nimport statistics\nprint(1)"}, "ok"),
@@ -60,23 +78,16 @@ def record_log(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         # a secret-looking value: redacted in the log
         ("bob", "secret", "shell", {"command": "echo password=hunter22"}, "ok"),
     ]
-    ids: dict[str, str] = {}
     # a small audit file: the log rotates, and replay reads the rotated files first
-    env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_AUDIT_MAX_BYTES": "8192"}
-    with running_daemon(tmp_path, env=env, token=alice) as d:
-        for client, label, tool, arguments, status in calls:
-            token = alice if client == "alice" else bob
-            r = httpx.post(f"{d.url}/v1/tools/{tool}/invoke", json={"arguments": arguments},
-                           headers={"Authorization": f"Bearer {token}"}, timeout=120)
-            assert r.status_code == 200, r.text
-            assert r.json()["status"] == status, (label, r.json())
-            ids[label] = r.json()["id"]
-    return d.audit_path, ids
+    env = {"SANDBOXD_TOKENS_FILE": str(tokens_file), "SANDBOXD_AUDIT_MAX_BYTES": "8192"}
+    with running_daemon(tmp_path, env=env, token=tokens["alice"]) as d:
+        ids = make_calls(d, tokens, calls)
+    return d.audit_path, ids, calls, tokens
 
 
 @pytest.mark.docker
 def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
-    audit, ids = record_log(tmp_path)
+    audit, ids, calls, tokens = record_log(tmp_path)
     default = DEFAULT.read_text()
     assert (audit.parent / "audit.jsonl.2").exists()
     # stricter: csv may not be imported, echo may not run (deny beats allow), shell commands
@@ -163,6 +174,12 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     r = sandboxd("policy", "replay", "--audit", str(audit), "--policies",
                  str(suggested.parent), "--client", "alice")
     assert r.returncode == 0, r.stdout + r.stderr
+    # in force: a daemon with the suggested policy runs alice's calls as before
+    again = tmp_path / "again"
+    again.mkdir()
+    with running_daemon(again, policies_dir=suggested.parent, token=tokens["alice"],
+                        env={"SANDBOXD_TOKENS_FILE": str(tmp_path / "tokens.yaml")}) as d:
+        make_calls(d, tokens, [c for c in calls if c[0] == "alice"])
     # stricter than the default: bob (no policy names him) is refused everything he did
     r = sandboxd("policy", "replay", "--audit", str(audit), "--policies",
                  str(suggested.parent), "--client", "bob", "--json")
