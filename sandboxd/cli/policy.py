@@ -239,3 +239,7 @@ def show(
                                           None if net == "none" else net)
                 line += f"; {_fmt_limits(limits)}"
             typer.echo(line)
+
+
+# `policy replay` and `policy suggest` (their own module: this one stays about one policy)
+from sandboxd.cli import policy_replay as _replay  # noqa: E402,F401
