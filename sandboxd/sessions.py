@@ -229,15 +229,14 @@ class SessionManager:
         """A new session with an empty workspace. Its place under ``max_per_client`` is
         reserved before the first await (:mod:`sandboxd.reservations`) and held until it is
         registered: a burst of creations admits exactly the cap."""
-        owned = len(self.registered(client))
+        held = len(self.registered(client)) + self._creating.held(client)
         try:
             place = self._creating.reserve(
-                client, Cap("max_sessions_per_client", owned + self._creating.held(client),
-                            self.max_per_client))
+                client, Cap("max_sessions_per_client", held, self.max_per_client))
         except CapReached:
             raise SessionLimitReached(
-                f"client '{client}' already has {owned} sessions (the maximum, with those "
-                "being created); delete one first") from None
+                f"client '{client}' already has {held} sessions (the maximum, those being "
+                "created included); delete one first") from None
         try:
             return await self._create(client, ttl_s)
         finally:
