@@ -73,7 +73,9 @@ class SessionCalls:
         Returns how many were cancelled."""
         cancelled = 0
         for task in self._cancellable.pop(session_id, set()):
-            if not task.done():
+            # one being cancelled already (its caller went away) is ending: a second cancel
+            # could cut the cleanup it is carrying out, so it is only waited for
+            if not task.done() and not task.cancelling():
                 self._cancels[task] += 1
                 task.cancel()
                 cancelled += 1
