@@ -65,13 +65,15 @@ from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
 from sandboxd.restarts import SessionRestarts
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
-from sandboxd.sessions import Session, SessionManager
+from sandboxd.sessions import Session, SessionEnded, SessionManager
 from sandboxd.stopclock import StopClock
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
+#: the message of a call its session's end cancelled (delete, expiry, revocation)
+SESSION_ENDED = "the session ended (deleted, expired or its client revoked) during the call"
 
 
 @dataclass(frozen=True)
@@ -370,11 +372,18 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                          transfer, events)
             restart_lost = self.restart_lost(session, decision.backend)  # issue 26
             ticket: KernelTicket | None = None
+            task = asyncio.current_task()
             try:
                 # a session python call may start a kernel: within max_kernels only
                 ticket = self.kernel_cap.admit(request.session, decision.backend,
                                                python=plan.kind is ToolKind.python)
-                result = await self._execute(call, deadline, started)
+                with self.sessions.cancellable(session):  # the session's end cancels it
+                    result = await self._execute(call, deadline, started)
+            except SessionEnded as exc:  # it found its session ended: nothing ran
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.killed, Reason.cancelled, str(exc))
+                result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
+                return await self._finish(client, result, admitted, transport=transport)
             except (KernelLimitReached, Overloaded) as exc:
                 self.metrics.rejections.labels(reason=type(exc).__name__).inc()
                 result = self._outcome(invocation_id, tool, decision, request.session,
@@ -394,6 +403,16 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                         result = note_kernel_lost(result)
                 elif not started.is_set():  # cancelled while queued: nothing was started
                     result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
+                # cancelled by its session's end (or refused by a backend that found the
+                # session closed), not by its caller: the caller hears the cancelled result
+                if task is not None:
+                    for _ in range(self.sessions.calls.ended_call(task)):
+                        task.uncancel()
+                if session is not None and not self.sessions.live(session) and (
+                        task is None or not task.cancelling()):
+                    result.message = SESSION_ENDED
+                    return await self._finish(client, result, admitted, ran=True,
+                                              transport=transport)
                 with contextlib.suppress(ServiceError):
                     await self._finish(client, result, admitted, transport=transport)
                 if drained and mine is not None:  # the drain's cancel: an answer, not a cut
@@ -418,6 +437,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                 if ticket is not None:
                     ticket.release()
                 self.note_kernels(session)  # a crash must not hide the kernel it started
+                self.sessions.calls.ended_call(task)  # a cancel swallowed on the way
             result = self.note_restart(session, decision.backend, restart_lost, result)
             if session is not None:
                 self.sessions.touch(session)
@@ -430,6 +450,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             # a raw transfer never takes an execution slot: its client's transfer slots
             slots = self.scheduler if call.transfer is None else self.transfers
             async with slots.slot(call.client, deadline):
+                self.sessions.check_live(call.session)  # it may have ended while we waited
                 started.set()
                 if call.plan.kind is ToolKind.python:  # a crash during this call loses it
                     self.note_kernel_starting(call.session, call.decision.backend)
