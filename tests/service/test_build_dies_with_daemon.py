@@ -23,11 +23,11 @@ import os, subprocess, sys
 child = subprocess.Popen(
     [sys.executable, "-m", "sandboxd", "images", "build", "--offline", "--profile", "python",
      "--tag", "sandboxd-test/never-built"],
-    env={**os.environ, %r: str(os.getpid()), "SANDBOXD_DOCKER_URL": "unix://" + sys.argv[1]},
+    env={**os.environ, DIE_WITH: str(os.getpid()), "SANDBOXD_DOCKER_URL": "unix://" + sys.argv[1]},
     stdin=subprocess.DEVNULL)
 print(child.pid, flush=True)
 child.wait()
-""" % DIE_WITH_ENV
+""".replace("DIE_WITH", repr(DIE_WITH_ENV))
 
 
 def test_a_build_dies_with_the_daemon_that_started_it(tmp_path: Path) -> None:
