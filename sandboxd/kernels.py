@@ -124,6 +124,8 @@ class SessionOps:
     audit: AuditLog
     recorder: AuditRecorder
     draining: bool
+    #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
+    _endings: set[asyncio.Future[dict[str, Any]]]
 
     def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
         raise NotImplementedError
@@ -234,6 +236,16 @@ class SessionOps:
         no kernel is left and the workspace is gone}``; None when it had ended already."""
         if not self.sessions.forget(session):
             return None
+        # the rest runs to its end even when the caller is cancelled (a DELETE whose client
+        # hung up): an unregistered session is found by nothing else that would end it
+        ending = asyncio.ensure_future(self._end_forgotten(session, event, fields))
+        self._endings.add(ending)
+        ending.add_done_callback(self._endings.discard)
+        return await asyncio.shield(ending)
+
+    async def _end_forgotten(self, session: Session, event: str | None,
+                             fields: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`end_session` after the session was unregistered."""
         kernels = self.kernel_backends(session.id)
         # its calls first (cancelled, their sandboxes ended and verified): nothing of it may
         # run once its workspace and uid are free (sandboxd.session_calls)

@@ -128,6 +128,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._endings: set[asyncio.Future[dict[str, Any]]] = set()
         self._drain_cancelled: set[asyncio.Task[Any]] = set()  # answered as DrainCancelled
         self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
         self._tasks: list[asyncio.Task[Any]] = []
