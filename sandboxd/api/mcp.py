@@ -11,7 +11,7 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   session's list, ``notifications/tools/list_changed`` goes out on its standalone stream.
 * **tools/call**: ``Sandboxd.invoke(..., transport="mcp")``: schema check, policy, audit,
   scheduler, backend and cleanup are the HTTP call's. ``content`` is
-  :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model), split
+  :func:`~sandboxd_client.render.format_result` (what the agent loop shows a model), split
   so that each image display item follows, as ``image`` content, the text naming it,
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
   arguments are an ``isError`` result the model can read (2025-11-25 on, SEP-1303; a JSON-RPC error
@@ -69,7 +69,6 @@ from sandboxd.api.mcp_meta import (
     named_session,
 )
 from sandboxd.api.mcp_sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
-from sandboxd.client.render import result_parts
 from sandboxd.deadline import stop_task
 from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
 from sandboxd.models import InvokeRequest, Result, Status, ToolSpec
@@ -77,6 +76,7 @@ from sandboxd.registry import ArgumentsInvalid
 from sandboxd.scheduler import Overloaded
 from sandboxd.service import Sandboxd
 from sandboxd.sessions import SessionError
+from sandboxd_client.render import result_parts
 
 log = logging.getLogger("sandboxd.mcp")
 
@@ -109,7 +109,7 @@ def tool_for(spec: ToolSpec) -> types.Tool:
 
 def call_result(result: Result) -> types.CallToolResult:
     """A sandboxd result as the answer to ``tools/call``: text and image content in execution
-    order (:func:`~sandboxd.client.render.result_parts`), each image after the text that
+    order (:func:`~sandboxd_client.render.result_parts`), each image after the text that
     names it."""
     content: list[types.ContentBlock] = []
     for part in result_parts(result):

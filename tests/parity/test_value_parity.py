@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from sandboxd.client.render import format_result
 from sandboxd.models import Result
 from sandboxd.tokens import add_token
+from sandboxd_client.render import format_result
 from tests.support.daemon import RunningDaemon, running_daemon
 
 #: the modern-host VM job leaves this module to make test (tests/vm/README.md)

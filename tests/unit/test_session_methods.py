@@ -10,8 +10,8 @@ import inspect
 
 import pytest
 
-from sandboxd.client import AsyncSandboxClient, SandboxClient
-from sandboxd.client.session import AsyncSession, Session
+from sandboxd_client import AsyncSandboxClient, SandboxClient
+from sandboxd_client.session import AsyncSession, Session
 
 
 def _per_call(cls: type) -> dict[str, inspect.Signature]:

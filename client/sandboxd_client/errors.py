@@ -6,7 +6,7 @@ from typing import Any
 
 
 class SandboxError(Exception):
-    """Base class of every error raised by :mod:`sandboxd.client`."""
+    """Base class of every error raised by :mod:`sandboxd_client`."""
 
 
 class ConnectionFailed(SandboxError):

@@ -17,10 +17,10 @@ from typing import Any, Literal
 import httpx
 from httpx_sse import EventSource
 
-from sandboxd.client.base import lenient
-from sandboxd.client.errors import ConnectionFailed, problem_error
-from sandboxd.models import Result
-from sandboxd.output_items import Output
+from sandboxd_client.base import lenient
+from sandboxd_client.errors import ConnectionFailed, problem_error
+from sandboxd_client.models import Result
+from sandboxd_client.output_items import Output
 
 STREAM_HEADERS = {"Accept": "text/event-stream"}
 
