@@ -44,6 +44,8 @@ class SandboxClient(ClientBase):
 
     ``SandboxClient()`` reads ``SANDBOXD_URL`` / ``SANDBOXD_SOCKET`` / ``SANDBOXD_TOKEN`` and
     defaults to ``http://127.0.0.1:8765``. Use it as a context manager or call :meth:`close`.
+    ``retries``, ``max_retry_wait``, ``on_retry``, ``connect_retries``: what is retried and
+    how (:mod:`sandboxd_client.base`; by default a 429 or 503 is raised at once).
     """
 
     def __init__(self, url: str | None = None, *, transport: httpx.BaseTransport | None = None,
