@@ -75,6 +75,15 @@ def test_the_client_installs_nothing_of_the_daemon(fresh_client: Path) -> None:
     assert "sandboxd-client" in installed and "httpx" in installed
     assert installed <= ALLOWED, installed - ALLOWED
     assert not installed & SERVER
+    # every module of the client imports there: none of them needs the daemon
+    every = ("import importlib, pkgutil, sandboxd_client\n"
+             "names = [m.name for m in pkgutil.walk_packages(sandboxd_client.__path__, "
+             "'sandboxd_client.')]\n"
+             "for name in names: importlib.import_module(name)\n"
+             "print(len(names))")
+    run = subprocess.run([str(fresh_client), "-I", "-c", every], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0 and int(run.stdout) >= 15, run.stderr
     for module in ("sandboxd.service", "sandboxd", "fastapi", "uvicorn", "docker", "mcp",
                    "RestrictedPython", "seccomp"):
         run = subprocess.run([str(fresh_client), "-I", "-c", f"import {module}"],
