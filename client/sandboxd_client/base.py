@@ -14,12 +14,9 @@ those too (the error: :class:`ConnectionFailed`).
 from __future__ import annotations
 
 import copy
-import email.utils
 import os
 import random
-import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -27,7 +24,13 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from sandboxd_client import DEFAULT_URL
-from sandboxd_client.errors import ConnectionFailed, ProblemError, SandboxError, problem_error
+from sandboxd_client.errors import (
+    ConnectionFailed,
+    ProblemError,
+    SandboxError,
+    problem_error,
+    retry_after_seconds,
+)
 from sandboxd_client.files import Body
 from sandboxd_client.models import Result
 
@@ -81,22 +84,6 @@ def invoke_url(tool: str, session: str | None = None) -> str:
 def session_url(session_id: str, action: str = "") -> str:
     """The path of a session (or of one of its actions, e.g. ``restart``)."""
     return f"/v1/sessions/{path_segment(session_id)}" + (f"/{action}" if action else "")
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    """Parse a Retry-After header: delta-seconds or an HTTP-date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when: datetime = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def limits_json(limits: LimitsArg | None) -> dict[str, Any] | None:
@@ -172,7 +159,7 @@ class ClientBase:
             body: Any = response.json()
         except ValueError:
             body = response.text
-        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+        retry_after = retry_after_seconds(response.headers.get("Retry-After"))
         return problem_error(response.status_code, body, retry_after)
 
     def _retry_wait(self, error: SandboxError, attempt: int, budget: int,

@@ -68,6 +68,11 @@ def rate_limit(report: dict[str, Any]) -> None:
                 report["limited_sent"] = counted.sent  # one request each: nothing retried
                 report["retry_after"] = exc.retry_after
                 break
+    with SandboxClient(URL, token=BOB) as client:  # a streamed call hears it the same way
+        try:
+            list(client.invoke_stream("python", code="print(1)"))
+        except RateLimited as exc:
+            report["stream_retry_after"] = exc.retry_after
     hooked: list[tuple[str, int, float]] = []
     transport = Counting()
     with SandboxClient(URL, token=BOB, transport=transport, retries=2, max_retry_wait=0.01,

@@ -106,7 +106,7 @@ def test_the_fresh_client_against_a_real_daemon(fresh_client: Path,
     assert report["attach_deleted"] == "NotFound"  # its maker's close deleted it
     # the limit's 429 is raised at the first refused call, with the daemon's hint
     assert report["limited_after"] == report["limited_sent"] == RATE_LIMIT + 1
-    assert 0 < report["retry_after"] <= 60
+    assert 0 < report["retry_after"] <= 60 and 0 < report["stream_retry_after"] <= 60
     # retries=2: two more requests, the hook told before each, then the typed error
     bounded = report["bounded"]
     assert bounded["error"] == "RateLimited" and bounded["sent"] == 3

@@ -10,8 +10,9 @@ import zlib
 import pytest
 
 from sandboxd.outputs import DisplayCollector, check_item
-from sandboxd.protocol.display import DisplayCaps, encode_item, png_size
+from sandboxd.protocol.display import DisplayCaps, encode_item
 from sandboxd.protocol.wire import ProtocolError
+from sandboxd_client.output_items import png_size
 
 
 def tiny_png(width: int = 3, height: int = 2) -> bytes:
