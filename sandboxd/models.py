@@ -22,13 +22,11 @@ status         termination.reason
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import time
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -41,13 +39,23 @@ from pydantic import (
     model_serializer,
 )
 
-from sandboxd.output_items import Output, in_order
 from sandboxd.protocol.display import TOO_DEEP, too_deep
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import ExecutionPlan
 from sandboxd.protocol.plan import ToolKind as ToolKind  # re-exported: the tools' kinds
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
+from sandboxd_client import models as results
+from sandboxd_client.models import Cleanup as Cleanup
+from sandboxd_client.models import Kernel as Kernel
+from sandboxd_client.models import PolicyRef as PolicyRef
+from sandboxd_client.models import Reason as Reason
+from sandboxd_client.models import Resources as Resources
+from sandboxd_client.models import Status as Status
+from sandboxd_client.models import Termination as Termination
+from sandboxd_client.models import ToolSpec as ToolSpec
+from sandboxd_client.models import Truncated as Truncated
+from sandboxd_client.output_items import Output
 
 
 def new_id(prefix: str, node: str | None = None) -> str:
@@ -63,30 +71,6 @@ def node_of(identifier: str) -> str | None:
     e.g. a session made by a version before fleets)."""
     parts = identifier.split("_")
     return parts[1] if len(parts) == 3 and parts[1] else None
-
-
-class Status(StrEnum):
-    """Outcome of an invocation as a whole."""
-
-    ok = "ok"
-    error = "error"
-    denied = "denied"
-    timeout = "timeout"
-    killed = "killed"
-    rejected = "rejected"
-
-
-class Reason(StrEnum):
-    """Why the execution ended."""
-
-    exited = "exited"
-    wall_timeout = "wall_timeout"
-    cpu_limit = "cpu_limit"
-    memory_limit = "memory_limit"
-    pids_limit = "pids_limit"
-    output_limit = "output_limit"
-    policy = "policy"
-    cancelled = "cancelled"
 
 
 STATUS_FOR_REASON: dict[Reason, Status] = {
@@ -219,14 +203,6 @@ class Invocation(_Model):
 # ---------------------------------------------------------------- decisions
 
 
-class PolicyRef(_Model):
-    """Which policy file and rule made a decision."""
-
-    decision: Literal["allow", "deny"]
-    source: str
-    rule: str
-
-
 class Decision(_Model):
     """What the policy engine decided for one call, and why; for an allowed call, ``plan``
     is what runs (every layer after the policy passes it on)."""
@@ -278,47 +254,6 @@ class Decision(_Model):
 # ---------------------------------------------------------------- results
 
 
-class Termination(_Model):
-    reason: Reason
-    exit_code: int | None = None
-    signal: int | None = None
-
-
-class Truncated(_Model):
-    stdout: bool = False
-    stderr: bool = False
-
-
-class Resources(_Model):
-    wall_ms: int = 0
-    cpu_ms: int = 0
-    peak_memory_bytes: int = 0
-
-
-class Cleanup(_Model):
-    verified: bool = False
-    detail: str | None = None
-
-
-class Kernel(_Model):
-    """The session's persistent Python interpreter, as a session ``python`` call left it
-    (issue 14). One-shot calls carry ``kernel: null``.
-
-    ``fresh``: this call started a new kernel (an empty namespace; the workspace files are
-    kept). ``calls``: calls run in this kernel so far, this one included. ``lost``: this call
-    ended the kernel (``reason``: the termination reason, e.g. ``wall_timeout``,
-    ``memory_limit``, ``crashed``); the next call starts a fresh one. ``interrupted``: the
-    call's code was interrupted (a ``KeyboardInterrupt`` at its wall-clock limit, a cancel or
-    an interrupt request; issue 22) and its kernel came back within the grace: the session's
-    variables are kept."""
-
-    fresh: bool = False
-    calls: int = 0
-    lost: bool = False
-    reason: str | None = None
-    interrupted: bool = False
-
-
 #: what the model reads when a call ended its session's kernel (one definition, every backend)
 KERNEL_LOST_MESSAGE = ("the session's Python state was lost because {why}; the next call "
                        "starts a fresh interpreter in the same workspace (files are kept)")
@@ -347,43 +282,12 @@ class Explanation(_Model):
     location: str | None
 
 
-class Result(_Model):
-    """The single result format of every backend and every outcome."""
+class Result(results.Result):
+    """The single result format of every backend and every outcome: the fields a client reads
+    (:class:`sandboxd_client.models.Result`, their one definition), the effective limits typed,
+    and how the daemon builds and sends one."""
 
-    id: str
-    tool: str
-    session: str | None = None
-    node: str | None = None  # the node the call ran on (issue 27: a fleet routes by it)
-    backend: str | None = None
-    status: Status
-    termination: Termination
-    stdout: str = ""
-    stderr: str = ""
-    truncated: Truncated = Field(default_factory=Truncated)
-    value: Any = None
-    resources: Resources = Field(default_factory=Resources)
     limits: Limits | None = None
-    policy: PolicyRef | None = None
-    cleanup: Cleanup = Field(default_factory=Cleanup)
-    message: str | None = None  # human/model-readable explanation for non-ok outcomes
-    kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
-    outputs: list[Output] = Field(default_factory=list)  # display items, in order (issue 14)
-    # Python's repr of the last value when its JSON (``value``) would change it: a tuple
-    # (issue 29); None when ``value`` says it all
-    value_repr: str | None = None
-    # the signed receipt of this call (docs/receipts.md): checked offline with the daemon's
-    # public key; None when the result was never audited (it could not be written)
-    receipt: dict[str, Any] | None = None
-
-    def images(self) -> list[bytes]:
-        """The call's images (its PNG and JPEG display items, in order), decoded."""
-        return [base64.b64decode(item.image[1]) for item in self.outputs if item.image]
-
-    def sequence(self) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
-        """Everything the call printed and displayed, in execution order (issue 29):
-        ``("stdout", text)``, ``("stderr", text)`` and display items, cut at each item's
-        :attr:`Output.at` (:func:`in_order`)."""
-        return in_order(self.stdout, self.stderr, self.outputs)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,
@@ -462,34 +366,6 @@ class Result(_Model):
         return cls.build((invocation_id, tool, session), decision.backend, Reason.policy,
                          status=Status.denied, policy=decision.ref, limits=decision.limits,
                          cleanup=Cleanup(verified=True), message=decision.message)
-
-
-# ---------------------------------------------------------------- tools
-
-
-class ToolSpec(_Model):
-    """A tool as ``GET /v1/tools`` lists it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    backend: str | None = None
-    available: bool = True
-    unavailable_reason: str | None = None
-    title: str | None = None
-    #: MCP's tool annotations (readOnlyHint, destructiveHint, idempotentHint, openWorldHint)
-    annotations: dict[str, bool] = Field(default_factory=dict)
-
-    def openai(self) -> dict[str, Any]:
-        """This tool exactly as the OpenAI ``tools`` request field expects it."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
 
 
 # ---------------------------------------------------------------- readiness

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.client import AsyncSandboxClient, SandboxClient
-from sandboxd.client.errors import ProblemError
 from sandboxd.tokens import add_token
+from sandboxd_client import AsyncSandboxClient, SandboxClient
+from sandboxd_client.errors import ProblemError
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon

@@ -66,8 +66,8 @@ def test_an_error_names_its_line_and_sets_the_message(daemon: Daemon, session: b
 
 
 def test_a_rich_last_value_is_read_once_after_the_prints(daemon: Daemon) -> None:
-    from sandboxd.client.render import format_result
     from sandboxd.models import Result
+    from sandboxd_client.render import format_result
 
     code = ("class T:\n    def _repr_html_(self):\n        return '<b>t</b>'\n"
             "    def __repr__(self):\n        return 'T(rows=1)'\nprint('x')\nT()")

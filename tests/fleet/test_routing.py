@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.client import SandboxClient
+from sandboxd_client import SandboxClient
 from tests.support import cli
 from tests.support.fleet import Fleet, haproxy, running_fleet
 from tests.support.mcp_raw import RawMcp

@@ -26,7 +26,8 @@ FIRST = [
 HEAVY = ("mcp", "mcp_types", "fastapi", "starlette", "uvicorn", "docker", "RestrictedPython",
          "sandboxd.backends", "sandboxd.service", "sandboxd.api", "sandboxd.config",
          "sandboxd.models", "sandboxd.policy", "sandboxd.cli.daemon", "sandboxd.cli.doctor",
-         "sandboxd.cli.chat", "sandboxd.client")
+         "sandboxd.cli.chat", "sandboxd.client", "sandboxd_client.models",
+         "sandboxd_client.sandbox", "sandboxd_client.agent")
 
 
 def test_the_bridge_imports_nothing_heavy(mcp_daemon: McpDaemon) -> None:

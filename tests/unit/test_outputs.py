@@ -10,8 +10,9 @@ import zlib
 import pytest
 
 from sandboxd.outputs import DisplayCollector, check_item
-from sandboxd.protocol.display import DisplayCaps, encode_item, png_size
+from sandboxd.protocol.display import DisplayCaps, encode_item
 from sandboxd.protocol.wire import ProtocolError
+from sandboxd_client.output_items import png_size
 
 
 def tiny_png(width: int = 3, height: int = 2) -> bytes:
@@ -94,9 +95,9 @@ def test_png_size_reads_the_header() -> None:
 
 def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
     from sandboxd.api.mcp_results import call_result
-    from sandboxd.client.render import format_result
     from sandboxd.models import Reason, Result
     from sandboxd.output_items import Output
+    from sandboxd_client.render import format_result
 
     png = tiny_png(640, 480)
     result = Result.build(("inv_1", "python", None), "container", Reason.exited, exit_code=0,
@@ -130,9 +131,9 @@ def test_plain_values_make_the_same_bundle_on_every_backend(value: object) -> No
 def test_a_rich_last_value_reaches_the_model_once() -> None:
     """issue 29: a DataFrame as the last value came back as the value (its repr) and as a
     display item, and the model read it twice; a plain value still reads as the value."""
-    from sandboxd.client.render import format_result
     from sandboxd.models import Reason, Result
     from sandboxd.output_items import Output
+    from sandboxd_client.render import format_result
 
     table = "   a\n0  1"
     result = Result.build(("inv_1", "python", None), "container", Reason.exited, exit_code=0)

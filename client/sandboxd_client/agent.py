@@ -44,10 +44,10 @@ from typing import Any, Literal
 
 import httpx
 
-from sandboxd.client.async_sandbox import AsyncSandboxClient
-from sandboxd.client.events import ToolOutput
-from sandboxd.client.llm import complete
-from sandboxd.client.records import (
+from sandboxd_client.async_sandbox import AsyncSandboxClient
+from sandboxd_client.events import ToolOutput
+from sandboxd_client.llm import complete
+from sandboxd_client.records import (
     ActResult,
     Fragment,
     InvalidRequestHook,
@@ -58,10 +58,10 @@ from sandboxd.client.records import (
     ToolCallRecord,
     maybe_await,
 )
-from sandboxd.client.sandbox import SandboxClient
-from sandboxd.client.schema import ToolDefinitionError, function_tool_schema
-from sandboxd.client.stream import ToolCallRequest, parse_text_tool_calls, strip_think
-from sandboxd.client.tools import OfferedTool, ToolRunner
+from sandboxd_client.sandbox import SandboxClient
+from sandboxd_client.schema import ToolDefinitionError, function_tool_schema
+from sandboxd_client.stream import ToolCallRequest, parse_text_tool_calls, strip_think
+from sandboxd_client.tools import OfferedTool, ToolRunner
 
 
 def _arity(cb: Callable[..., Any]) -> int:

@@ -7,9 +7,8 @@ import base64
 import binascii
 import json
 
-from sandboxd.models import Result
-from sandboxd.output_items import Output
-from sandboxd.protocol.display import png_size
+from sandboxd_client.models import Result
+from sandboxd_client.output_items import Output, png_size
 
 #: image MIME types a model is told about with a placeholder, most preferred first
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
