@@ -100,7 +100,7 @@ def main() -> None:
                 floor.append(floor_s())
                 for name, tree in trees.items():
                     for first in FIRST:
-                        # a bridge that refuses discover (main before issue 29) has no figure
+                        # a bridge that refuses discover (an older checkout) has no figure
                         with contextlib.suppress(RuntimeError, ValueError):
                             took = answer_s(tree, d.url, token_file, first)
                             results[name][first].append(took)
