@@ -1,4 +1,4 @@
-"""Issue 14: a session's ``python`` calls on the container backend run in the session's
+"""A session's ``python`` calls on the container backend run in the session's
 kernel, a persistent interpreter the runner keeps in the session container. Through the real
 daemon (uvicorn subprocess, HTTP, tokens, policy) and a real Docker engine."""
 
