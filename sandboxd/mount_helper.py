@@ -153,8 +153,8 @@ def _handle(raw: bytes, root_fd: int, root_dev: int) -> None:
     goes again when the mount fails); ``remove`` unmounts it (when mounted) and removes the
     then empty directory; ``umount`` only unmounts (the daemon's threads then remove what the
     workspace held below the mount point). A workspace's start and end in one exchange each,
-    none of its file system work in the daemon (no thread hop
-    on the daemon's side for each step of a call's workspace)."""
+    none of its file system work in the daemon (no daemon CPU
+    or thread for each step of a call's workspace)."""
     msg = decode_request(raw)
     name = msg.get("name")
     if not isinstance(name, str) or not _valid_name(name):

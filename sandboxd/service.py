@@ -371,7 +371,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             started = started or asyncio.Event()  # set once the call holds a slot and runs
             call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
                          transfer, events)
-            restart_lost = self.restart_lost(session, decision.backend)  # lost to a daemon restart?
+            restart_lost = self.restart_lost(session, decision.backend)  # ended by a restart?
             ticket: KernelTicket | None = None
             task = asyncio.current_task()
             try:

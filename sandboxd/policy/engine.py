@@ -152,7 +152,7 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
     if code.isascii() and "import" not in code:
         # none of them without the word (an ASCII source: no identifier that NFKC-normalises
         # to ``__import__``), and no parse and walk of every call's code (most calls
-        # import nothing; the parse was a large part of a call's CPU in the daemon)
+        # import nothing, and the parse is daemon CPU paid on every call)
         return []
     try:
         tree = ast.parse(code)

@@ -1,5 +1,5 @@
 """Tool argument validators are built once per schema object (they were built per
-call, a large share of its CPU), and
+call: daemon CPU on every call), and
 a new schema object (a policy reload builds new tool specs) is never checked with another's."""
 
 from __future__ import annotations
