@@ -1,6 +1,6 @@
-"""Session kernels seen from the service (issue 14): the host-wide cap on live kernels, the
-kernel-lost note on results, and the session operations of :class:`~sandboxd.service.Sandboxd`
-(create, list, describe, restart, delete, expire).
+"""Session kernels (persistent Python state per session) seen from the service: the host-wide
+cap on live kernels, the kernel-lost note on results, and the session operations of
+:class:`~sandboxd.service.Sandboxd` (create, list, describe, restart, delete, expire).
 
 A *kernel* is a session's persistent Python interpreter on one backend; the backends own them
 (``Backend.kernel_sessions()``, ``Backend.restart_kernel()``). The service only counts them:
@@ -202,7 +202,8 @@ class SessionOps:
 
     async def interrupt_session(self, client: str, session_id: str, *,
                                 transport: str = "http") -> dict[str, Any]:
-        """Interrupt the ``python`` call that runs in the session now (issue 22): its code
+        """Interrupt the ``python`` call that runs in the session now (so that a runaway
+        call need not cost the session its state): its code
         gets a ``KeyboardInterrupt``, the call ends ``killed`` (``cancelled``) with its own
         result, and the kernel keeps its variables when it comes back within the grace.
         Audited as ``kernel_interrupt``. The session view, with ``interrupted``: the backends

@@ -195,8 +195,8 @@ class Invocation(_Model):
     plan: ExecutionPlan
     # file tools: the bytes of a raw upload or download, in-process
     transfer: Transfer | None = Field(default=None, exclude=True)
-    # a streaming caller's sink: the backend hands it output as it is produced (issue 14,
-    # section 5); None for a plain call. In-process, never sent.
+    # a streaming caller's sink: the backend hands it output as it is produced (so a
+    # caller sees a long call's progress); None for a plain call. In-process, never sent.
     events: EventSink | None = Field(default=None, exclude=True)
 
 
@@ -259,7 +259,8 @@ KERNEL_LOST_MESSAGE = ("the session's Python state was lost because {why}; the n
                        "starts a fresh interpreter in the same workspace (files are kept)")
 
 
-#: what the model reads when its code was interrupted and the kernel kept (issue 22)
+#: what the model reads when its code was interrupted and the kernel kept (what
+#: it can still use, so that it does not redo the work)
 KERNEL_INTERRUPTED_MESSAGE = ("its code was interrupted (KeyboardInterrupt) and the session's "
                               "Python state is kept: variables defined before the interrupt "
                               "are still there")
@@ -312,7 +313,7 @@ class Result(results.Result):
         if resources is None:
             resources = Resources(wall_ms=int((time.monotonic() - started) * 1000)
                                   if started is not None else 0)
-        if too_deep(fields.get("value")):  # bounded at the border (issue 22)
+        if too_deep(fields.get("value")):  # bounded at the border, for clients' parsers
             fields["value"] = None
             message = "; ".join(m for m in (message, f"value omitted: {TOO_DEEP}") if m)
         return cls(

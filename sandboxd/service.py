@@ -371,7 +371,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             started = started or asyncio.Event()  # set once the call holds a slot and runs
             call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
                          transfer, events)
-            restart_lost = self.restart_lost(session, decision.backend)  # issue 26
+            restart_lost = self.restart_lost(session, decision.backend)  # ended by a restart?
             ticket: KernelTicket | None = None
             task = asyncio.current_task()
             try:
@@ -507,7 +507,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Audit the result and count it. ``ran``: the call executed, so an audit failure
         must not be reported as a refusal: the result is kept, written late, and returned
         inside the :class:`AuditFailure`."""
-        result.node = self.settings.node_id  # which node ran it (issue 27)
+        result.node = self.settings.node_id  # which node ran it (a fleet routes by it)
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         try:

@@ -93,8 +93,9 @@ class Session:
     workspace: str
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
     quota_entries: int = 0  # 0: written by a daemon that had no entry quota
-    node: str = ""  # the node it lives on (issue 27); "": stored by a version before fleets
-    # backends on which a daemon stop found a live kernel (issue 26): the next python call
+    node: str = ""  # the node it lives on (a fleet routes by it); "": stored before fleets
+    # backends on which a daemon stop found a live kernel (the session survives a restart but
+    # that kernel may not, and a caller must not lose state unawares): the next python call
     # there says ``kernel.lost`` (``daemon_restart``) unless that kernel is alive again
     kernels_at_stop: list[str] = field(default_factory=list)
     # backends on which it has a live kernel, written when one starts and cleared when it
@@ -351,7 +352,7 @@ class SessionManager:
 
     async def usage(self, workspace: Path) -> Usage:
         """A workspace's usage: a tmpfs's ``statvfs`` (memory only) right here, as a thread
-        hop costs more than it and a call takes two (issue 25); a bounded walk otherwise,
+        hop costs more than it and a call takes two (per-call CPU); a bounded walk otherwise,
         in a worker thread so that a huge workspace never stalls the event loop."""
         if self.fs.kernel:
             mounted = mounted_usage(workspace, self.fs.quota_bytes, self.fs.quota_entries)

@@ -77,14 +77,15 @@ class Cleanup(_Model):
 
 class Kernel(_Model):
     """The session's persistent Python interpreter, as a session ``python`` call left it
-    (issue 14). One-shot calls carry ``kernel: null``.
+    (so that a caller knows whether its variables are still there). One-shot calls carry
+    ``kernel: null``.
 
     ``fresh``: this call started a new kernel (an empty namespace; the workspace files are
     kept). ``calls``: calls run in this kernel so far, this one included. ``lost``: this call
     ended the kernel (``reason``: the termination reason, e.g. ``wall_timeout``,
     ``memory_limit``, ``crashed``); the next call starts a fresh one. ``interrupted``: the
     call's code was interrupted (a ``KeyboardInterrupt`` at its wall-clock limit, a cancel or
-    an interrupt request; issue 22) and its kernel came back within the grace: the session's
+    an interrupt request) and its kernel came back within the grace: the session's
     variables are kept."""
 
     fresh: bool = False
@@ -104,7 +105,7 @@ class Result(_Model):
     id: str
     tool: str
     session: str | None = None
-    node: str | None = None  # the node the call ran on (issue 27: a fleet routes by it)
+    node: str | None = None  # the node the call ran on (a fleet routes by it)
     backend: str | None = None
     status: Status
     termination: Termination
@@ -117,10 +118,10 @@ class Result(_Model):
     policy: PolicyRef | None = None
     cleanup: Cleanup = Field(default_factory=Cleanup)
     message: str | None = None  # human/model-readable explanation for non-ok outcomes
-    kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
-    outputs: list[Output] = Field(default_factory=list)  # display items, in order (issue 14)
+    kernel: Kernel | None = None  # session python calls: the session's kernel
+    outputs: list[Output] = Field(default_factory=list)  # display items, in order
     # Python's repr of the last value when its JSON (``value``) would change it: a tuple
-    # (issue 29); None when ``value`` says it all
+    # reads as a list, so a model would be told the wrong type; None when ``value`` says it all
     value_repr: str | None = None
     # the signed receipt of this call (docs/receipts.md): checked offline with the daemon's
     # public key; None when the result was never audited (it could not be written)
@@ -131,7 +132,7 @@ class Result(_Model):
         return [base64.b64decode(item.image[1]) for item in self.outputs if item.image]
 
     def sequence(self) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
-        """Everything the call printed and displayed, in execution order (issue 29):
+        """Everything the call printed and displayed, in execution order, as a notebook shows it:
         ``("stdout", text)``, ``("stderr", text)`` and display items, cut at each item's
         :attr:`Output.at` (:func:`in_order`)."""
         return in_order(self.stdout, self.stderr, self.outputs)

@@ -1,4 +1,5 @@
-"""A call's rich outputs (issue 14) and their place among its printed text (issue 29):
+"""A call's rich outputs and their place among its printed text (so that a reader sees each
+where it happened):
 :class:`Output` (a display item in Jupyter's mime-bundle convention), :class:`Position` and
 :func:`in_order`, which :meth:`sandboxd_client.models.Result.sequence` uses; :func:`png_size`
 for what a model reads of an image."""
@@ -16,7 +17,8 @@ class _Model(BaseModel):
 
 
 class Position(_Model):
-    """Where a display item happened (issue 29): how many characters of the result's
+    """Where a display item happened (so that it can be shown in
+    execution order): how many characters of the result's
     ``stdout`` and ``stderr`` had been written before it (Python string indices, i.e. Unicode
     code points; within the output cap)."""
 
@@ -25,7 +27,7 @@ class Position(_Model):
 
 
 class Output(_Model):
-    """One rich output of a call (issue 14), in Jupyter's mime-bundle convention: ``data``
+    """One rich output of a call, in Jupyter's mime-bundle convention: ``data``
     maps a MIME type to its content - text types (``text/plain``, ``text/html``,
     ``image/svg+xml``) as text, ``image/png`` as base64, ``application/json`` as JSON. A
     ``display(obj)`` call adds one; on the container backend so does every matplotlib figure
@@ -59,7 +61,7 @@ def png_size(png: bytes) -> tuple[int, int] | None:
 
 def in_order(stdout: str, stderr: str, outputs: list[Output]
              ) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
-    """A result's text and display items in execution order (issue 29; :meth:`Result.sequence`):
+    """A result's text and display items in execution order (:meth:`Result.sequence`):
     the streams cut at each item's :attr:`Output.at`. Between two items
     stdout comes before stderr (the result keeps positions only at items; the stream's events
     keep every chunk's order); a position past the text (a cut output) is its end; items

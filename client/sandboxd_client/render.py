@@ -42,7 +42,8 @@ def format_result(result: Result) -> str:
 def result_parts(result: Result) -> list[str | Output]:
     """:func:`format_result` as text pieces with the image display items in their place,
     right after the text that names them (``[image: ...]``): what MCP hosts get as ``text``
-    and ``image`` content, in execution order (issue 29)."""
+    and ``image`` content, in execution order, so that a model reads
+    each image where the code produced it."""
     parts: list[str | Output] = []
     text: list[str] = []
     for line in _lines(result):

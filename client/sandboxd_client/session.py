@@ -35,7 +35,7 @@ class SessionInfo:
     quota_entries: int | None = None
     #: ``{"live": bool, "backends": [...]}``: where the session's Python kernel lives
     kernel: dict[str, Any] | None = None
-    #: its sandbox is paused, idle (thawed by its next call; issue 26)
+    #: its sandbox is paused, idle (holding no CPU; thawed by its next call)
     paused: bool | None = None
     #: after a restart: the backends whose kernel was ended
     restarted: list[str] | None = None

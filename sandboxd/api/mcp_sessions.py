@@ -1,5 +1,6 @@
-"""Bounds on MCP sessions (issue 24): a cap per client and in total, a short idle expiry for
-a session that never called a tool, and a slot freed the moment its session ends.
+"""Bounds on MCP sessions, each of which holds memory (unbounded, one client could exhaust the
+daemon's): a cap per client and in total, a short idle expiry for a session that never called a
+tool, and a slot freed the moment its session ends.
 
 A request without an ``Mcp-Session-Id`` may open a session: :meth:`SessionSlots.reserve` takes
 a slot for it first, before any await (:mod:`sandboxd.reservations`: a flood of concurrent

@@ -223,7 +223,7 @@ def _draining_server_class() -> type:
             logging.getLogger("sandboxd").info("sandboxd ready on %s", where)
             from sandboxd import heap
 
-            heap.trim()  # start-up's freed C heap back to the kernel (issue 25)
+            heap.trim()  # start-up's freed C heap back to the kernel (less idle memory)
 
         def _placeholder_after_lifespan(self, path: Path) -> None:
             """The owner-only placeholder goes at the socket's path once the lifespan has

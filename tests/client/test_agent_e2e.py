@@ -255,7 +255,7 @@ def test_the_agent_hands_tool_output_to_on_tool_output(token_daemon: TokenDaemon
 
 
 def test_a_session_streams_its_calls(token_daemon: TokenDaemon) -> None:
-    """``Session.invoke_stream`` (issue 29): the output as it comes, then the result, in the
+    """``Session.invoke_stream``: the output as it comes, then the result, in the
     session's workspace and with its variables (sync and async)."""
     from sandboxd_client import ToolOutput
 

@@ -1,8 +1,8 @@
-"""Issue 29 on the container backend (real daemon, real Docker, the image under test): prints
-and display items keep execution order in the SSE stream and in the result, one-shot and in a
-session kernel, although the runner reads stdout, stderr and display items from three pipes;
-a failed call's message is its exception line and its traceback shows the failing source line
-(as on the restricted backend: tests/api/test_output_order.py)."""
+"""Execution order (a reader sees each output where it happened) on the container backend (real
+daemon, real Docker, the image under test): prints and display items keep execution order in the SSE
+stream and in the result, one-shot and in a session kernel, although the runner reads stdout, stderr
+and display items from three pipes; a failed call's message is its exception line and its traceback
+shows the failing source line (as on the restricted backend: tests/api/test_output_order.py)."""
 
 from __future__ import annotations
 

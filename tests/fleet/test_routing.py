@@ -1,4 +1,4 @@
-"""A fleet behind HAProxy (issue 27): every session-bound call lands on its session's node.
+"""A fleet behind HAProxy: every session-bound call lands on its session's node.
 
 Three real daemons (restricted backend) on loopback ports behind a real HAProxy started with
 the configuration ``sandboxd fleet haproxy-config`` writes."""

@@ -1,4 +1,4 @@
-"""The stdio bridge loads only what it needs (issue 29): a host waits for its first answer, and
+"""The stdio bridge loads only what it needs: a host waits for its first answer, and
 the MCP SDK (most of a second), the daemon's stack and the other commands' modules cost it
 that answer's second. Its timing is measured in bench/bench_mcp_bridge.py, not here: this test
 reads what a real bridge run imported (``python -X importtime``), answering both eras' first

@@ -1,8 +1,9 @@
-"""Issue 29, "tuples stay tuples": a call's last value as both backends report it, one table
-through a real daemon (the restricted backend and a container, one-shot and in a session
-kernel). ``value`` is the value's JSON (a tuple reads as a list there, as before);
-``value_repr`` is Python's repr whenever that JSON would change the value, and what the model
-reads (:func:`sandboxd_client.render.format_result`). Both backends must say the same."""
+"""Tuples stay tuples (a model told a tuple is a list reasons about the wrong type): a call's last
+value as both backends report it, one table through a real daemon (the restricted backend and a
+container, one-shot and in a session kernel). ``value`` is the value's JSON (a tuple reads as a list
+there, as before); ``value_repr`` is Python's repr whenever that JSON would change the value, and
+what the model reads (:func:`sandboxd_client.render.format_result`). Both backends must say the
+same."""
 
 from __future__ import annotations
 

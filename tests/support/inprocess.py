@@ -1,5 +1,5 @@
 """The real daemon's app in this process: fast API, client and MCP tests without a daemon
-start (issue 23, item 7).
+start (CI's emulated VM job is slow).
 
 :class:`InProcessDaemon` is ``sandboxd serve`` minus the process and the socket: the real
 FastAPI app (:func:`sandboxd.api.app.create_app`, every middleware, the problem table, the

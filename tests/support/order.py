@@ -1,4 +1,4 @@
-"""Issue 29, one order for everything a call prints: the code both backends' ordering tests
+"""Execution order, one order for everything a call prints: the code both backends' ordering tests
 run, and the check that a result's ``outputs`` (their positions) and the SSE stream follow
 execution order."""
 

@@ -1,7 +1,7 @@
 """The engine request that creates a sandbox container (``engine.container_body``) is the one
-the Docker SDK built before the daemon dropped it (issue 25): the same container config and
-host config for every kind of container. The SDK stays installed for ``sandboxd images``;
-here it is the reference."""
+the Docker SDK built before the daemon dropped it (for the memory and start time it cost): the same
+container config and host config for every kind of container. The SDK stays installed for ``sandboxd
+images``; here it is the reference."""
 
 from __future__ import annotations
 

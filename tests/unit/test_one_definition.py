@@ -1,4 +1,5 @@
-"""The single definitions of issue 13: the rules module, the result table and the error table."""
+"""The single definitions (a rule, message or limit spelled twice drifts apart): the rules module,
+the result table and the error table."""
 
 from __future__ import annotations
 

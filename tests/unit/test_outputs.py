@@ -110,7 +110,7 @@ def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
     assert result.images() == [png]
     assert format_result(result) == ("stdout:\nplotted\ndisplay:\n[image: 640x480 png]\n"
                                      "   a\n0  1")
-    content = call_result(result).content  # each image after the text naming it (issue 29)
+    content = call_result(result).content  # each image after the text naming it, in order
     assert [c.type for c in content] == ["text", "image", "text"]
     assert content[0].text == "stdout:\nplotted\ndisplay:\n[image: 640x480 png]"
     assert content[1].mime_type == "image/png" and base64.b64decode(content[1].data) == png
@@ -129,7 +129,7 @@ def test_plain_values_make_the_same_bundle_on_every_backend(value: object) -> No
 
 
 def test_a_rich_last_value_reaches_the_model_once() -> None:
-    """issue 29: a DataFrame as the last value came back as the value (its repr) and as a
+    """A regression: a DataFrame as the last value came back as the value (its repr) and as a
     display item, and the model read it twice; a plain value still reads as the value."""
     from sandboxd.models import Reason, Result
     from sandboxd.output_items import Output

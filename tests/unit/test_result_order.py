@@ -1,4 +1,4 @@
-"""Issue 29: a result's stdout, stderr and display items in execution order
+"""A result's stdout, stderr and display items in execution order
 (:meth:`Result.sequence`), in what the model reads and in the MCP content list."""
 
 from __future__ import annotations

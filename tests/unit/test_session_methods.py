@@ -1,4 +1,4 @@
-"""A session offers every per-call method of its client (issue 29: ``Session`` had no
+"""A session offers every per-call method of its client (``Session`` had no
 ``invoke_stream``, so one passed ``session=s.id`` to the client instead): each method of
 ``SandboxClient`` / ``AsyncSandboxClient`` that takes the session (a ``session`` parameter)
 has a namesake on ``Session`` / ``AsyncSession`` that fills it in, and takes the same other

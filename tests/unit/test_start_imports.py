@@ -1,5 +1,5 @@
 """What ``sandboxd serve`` imports before it serves: every test daemon (and every restart) pays
-it, ~30x slower under the VM job's emulation (issue 28). The MCP SDK (a third of the import
+it, ~30x slower under the VM job's emulation, where CI runs it. The MCP SDK (a third of the import
 time) waits for the first MCP request, the client package and httpx for a client command.
 (The Docker SDK is loaded: the container backend connects to the engine at start.)"""
 

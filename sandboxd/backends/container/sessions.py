@@ -7,14 +7,14 @@ hit a limit (the next call starts a fresh one on the same workspace, with a fres
 kernel call that crashes the interpreter ends only the kernel; ``restart`` ends it on
 request.
 
-Kernels you can trust (issue 22): the runner ends a kernel call only once it has proven from
-``/proc`` that the kernel is back in its loop and idle (code that writes a forged answer and
-runs on is never answered; its call ends at the deadline with the kernel lost), and it ends a
-kernel whose call left threads running. Interrupt before kill: at a kernel call's deadline,
-on a cancel and on :meth:`SessionContainers.interrupt_kernel` the runner interrupts the call
-(a KeyboardInterrupt in its code); a kernel that comes back within ``kernel_interrupt_grace_s``
-is kept with its variables (``kernel.interrupted``; the call ends ``timeout`` or ``killed``),
-else it is killed and its container removed as before."""
+Kernels you can trust (code in a kernel is hostile and may lie about being done): the runner
+ends a kernel call only once it has proven from ``/proc`` that the kernel is back in its loop and
+idle (code that writes a forged answer and runs on is never answered; its call ends at the deadline
+with the kernel lost), and it ends a kernel whose call left threads running. Interrupt before kill:
+at a kernel call's deadline, on a cancel and on :meth:`SessionContainers.interrupt_kernel` the
+runner interrupts the call (a KeyboardInterrupt in its code); a kernel that comes back within
+``kernel_interrupt_grace_s`` is kept with its variables (``kernel.interrupted``; the call ends
+``timeout`` or ``killed``), else it is killed and its container removed as before."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ class SessionContainers:
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._kernel_locks: dict[SessionKey, asyncio.Lock] = {}  # one kernel call at a time
         self._flights: dict[SessionKey, Interrupt] = {}  # the kernel call running now
-        #: idle containers are paused, thawed at their next call (issue 26)
+        #: idle containers are paused, thawed at their next call (no CPU
+        #: while idle)
         self.idle = Idle(boxes, boxes.config.session_pause_after_s)
         #: sessions closed lately: no container is ever made for one again (the service ends
         #: a session's calls before it closes it; this holds whatever else comes late)
