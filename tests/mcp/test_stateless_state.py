@@ -11,6 +11,8 @@ daemon's app in process with small settings."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from typing import Any
 import pytest
 
 from sandboxd.api.mcp_handles import note
+from sandboxd.backends.scripted import NOTHING_TO_CLEAN
+from sandboxd.models import Invocation, Limits, Reason, Result
 from tests.mcp.conftest import McpDaemon, _mcp_setup, sdk_client, text_of
 from tests.support.inprocess import inprocess_daemon
 from tests.support.wait import async_wait_until
@@ -150,3 +154,37 @@ async def test_a_minted_session_expires_after_the_session_ttl(small_caps: McpDae
                      if r["event"] == "session_expired" and r["session"] == sid],
             timeout=30, interval=0.1, what="the minted session's expiry")
         assert refused(await client.call_tool("python", {"code": "1", "session": sid}))
+
+
+async def test_a_burst_without_handles_mints_exactly_the_cap(small_caps: McpDaemon) -> None:
+    """Eight calls at once that name no session, each held in its backend until the test lets
+    it go: two get a minted session (the cap), the six others are refused (no idle minted
+    session to end for them), and no more than two sessions are ever made."""
+    d = small_caps
+    let_go = threading.Event()
+
+    async def held(call: Invocation, limits: Limits) -> Result:
+        await asyncio.to_thread(let_go.wait, 120)
+        return Result.build(call, None, Reason.exited, exit_code=0, stdout="done\n",
+                            limits=limits, cleanup=NOTHING_TO_CLEAN)
+
+    d.daemon.python.script = held
+    async with sdk_client("http", d) as client:
+        calls = [asyncio.create_task(client.call_tool("python", {"code": "1"}))
+                 for _ in range(8)]
+        try:
+            await async_wait_until(lambda: sum(c.done() for c in calls) >= 6, timeout=120,
+                                   interval=0.05, what="the calls past the cap to be refused")
+            refusals = [c.result() for c in calls if c.done()]
+            assert len(refusals) == 6, [text_of(r) for r in refusals]
+            for refusal in refusals:
+                assert refusal.is_error and "mcp_max_sessions_per_client" in text_of(refusal), \
+                    text_of(refusal)
+            assert len(d.daemon.client.get("/v1/sessions").json()) == 2
+        finally:
+            let_go.set()
+        ran = [r for r in await asyncio.gather(*calls) if not r.is_error]
+        assert len(ran) == 2 and {handle_of(r) for r in ran} == {
+            s["id"] for s in d.daemon.client.get("/v1/sessions").json()}, ran
+    created = [r for r in d.records() if r["event"] == "session_created"]
+    assert len(created) == 2, created
