@@ -39,6 +39,7 @@ from sandboxd.backends.container.calls import (
 )
 from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
+from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, kernel_verdict
 from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
 from sandboxd.policy.models import PACKAGES_TOOL
@@ -49,11 +50,6 @@ SessionKey = tuple[str, str, str]  # (client, session, image)
 KERNEL_STOP_S = 10.0
 #: how many closed sessions are remembered (a call of one comes seconds late at most)
 CLOSED_MEMORY = 4096  # the runner kills and reaps the kernel well within this
-#: ``cleanup.detail`` of a call whose code was interrupted and whose kernel came back
-KEPT_INTERRUPTED = ("the call's code was interrupted and the kernel came back to its loop "
-                    "(proven idle): it was kept for the session's next call")
-#: ``cleanup.detail`` of a cancelled call that ended by itself as it was interrupted
-KEPT = "the call ended as it was cancelled; the session's kernel was kept for its next call"
 
 
 class SessionContainers:
@@ -179,20 +175,11 @@ class SessionContainers:
             outcome = await exchange(box, request, limits, deadline, invocation.events,
                                      interrupt)
         except asyncio.CancelledError as exc:
-            if box is not None:
-                if isinstance(exc, CancelledAfterInterrupt) and exc.outcome is not None:
-                    kept = self._kept_after_interrupt(box, exc.outcome)
-                    if kept is not None:  # interrupted, back and idle: kernel and box stay
-                        raise CancelledAfterCleanup(*kept) from None
-                verified = await self.drop(key, box)
-                lost = None
-                if kernel_call or before:  # the container, and so its kernel, is gone
-                    lost = Kernel(fresh=kernel_call and not before, calls=before + kernel_call,
-                                  lost=True, reason=Reason.cancelled.value)
-                raise CancelledAfterCleanup(verified, gone(box, verified), lost) from None
-            if isinstance(exc, CancelledAfterCleanup):
-                raise
-            raise CancelledAfterCleanup(True, "no container was started") from None
+            if box is None:
+                if isinstance(exc, CancelledAfterCleanup):
+                    raise
+                raise CancelledAfterCleanup(True, "no container was started") from None
+            raise await self._cancelled(key, box, exc, kernel_call, before) from None
         except ThawFailed as exc:
             assert box is not None
             verified = await self.drop(key, box)
@@ -201,44 +188,60 @@ class SessionContainers:
                 started=started, message=f"{exc}; it was removed and the session's next call "
                 "gets a new one (its files are kept)",
                 cleanup=Cleanup(verified=verified, detail=gone(box, verified)),
-                kernel=Kernel(calls=before, lost=True, reason="thaw_failed")
-                if kernel_call or before else None)
+                kernel=kernel_verdict(Observed(Ended.THAW_FAILED, False, before,
+                                               has_kernel=bool(kernel_call or before))).kernel)
         except TimeoutError:
             verified = await self.drop(key, box) if box is not None else True
             result = timeout_result(invocation, limits, started, verified,
                                     gone(box, verified))
-            if kernel_call or before:  # the container, and so its kernel, is gone
-                result = with_kernel(result, Kernel(
-                    fresh=kernel_call and not before, calls=before + kernel_call, lost=True,
-                    reason=Reason.wall_timeout.value))
-            return result
+            return with_lost(result, Ended.TIMEOUT, kernel_call, before)
         except BaseException:
             if box is not None:
                 await self.drop(key, box)
             raise
+        return await self._answer(key, box, invocation, limits, outcome, started,
+                                  interrupt.reason if interrupt is not None else None,
+                                  kernel_call, before)
+
+    async def _cancelled(self, key: SessionKey, box: Box, exc: asyncio.CancelledError,
+                         kernel_call: bool, before: int) -> CancelledAfterCleanup:
+        """A cancelled call: its kernel kept when the runner kept it (interrupted and back,
+        or the call ended by itself), else its container (and so its kernel) removed."""
+        if isinstance(exc, CancelledAfterInterrupt) and exc.outcome is not None:
+            kept = self._kept_after_interrupt(box, exc.outcome)
+            if kept is not None:  # interrupted, back and idle: kernel and box stay
+                return CancelledAfterCleanup(*kept)
+        verified = await self.drop(key, box)
+        lost = gone_kernel(Ended.CANCELLED, kernel_call, before)
+        return CancelledAfterCleanup(verified, gone(box, verified), lost)
+
+    async def _answer(self, key: SessionKey, box: Box, invocation: Invocation,
+                      limits: Limits, outcome: Outcome, started: float,
+                      interrupted: Reason | None, kernel_call: bool, before: int) -> Result:
+        """The result of a call the runner answered: the container (and its kernel) kept
+        when the call ended within every limit, else removed."""
         if outcome.lost and box.dead:
             # another call of this session hit a limit and its container was removed
             outcome.lost = None
             outcome.superseded = True
         rec = outcome.record
-        interrupted = interrupt.reason if interrupt is not None else None
+        verified = rec.group_gone is not False
         if interrupted is not None and outcome.clean and not rec.kernel_lost:
             if rec.kernel_interrupted:  # back in its loop within the grace: kept
-                verified = rec.group_gone is not False
+                verdict = kernel_verdict(Observed(
+                    Ended.FINISHED, bool(rec.kernel_fresh), rec.kernel_calls or 0, back=True,
+                    interrupted=True, verified=verified))
                 result = build_result(invocation, limits, outcome, started, verified, oom=False,
-                                      detail=KEPT_INTERRUPTED if verified else
-                                      "processes of the call may be left",
+                                      detail=verdict.detail,
                                       engine_error=self.boxes.engine_error,
                                       interrupted=interrupted)
                 box.kernel_calls = rec.kernel_calls or 0
-                return with_kernel(result, Kernel(fresh=bool(rec.kernel_fresh),
-                                                  calls=box.kernel_calls, interrupted=True))
+                return with_kernel(result, verdict.kernel)
             interrupted = None  # it ended by itself as it was interrupted: its own result
         if outcome.clean and interrupted is None:
-            verified = outcome.record.group_gone is not False
             result = build_result(invocation, limits, outcome, started, verified, oom=False,
                                   detail="session container kept; the call's processes are "
-                                  "gone" if verified else "processes of the call may be left",
+                                  "gone" if verified else LEFT,
                                   engine_error=self.boxes.engine_error)
             if kernel_call:
                 result = self._kernel_kept(box, outcome, result)
@@ -248,62 +251,42 @@ class SessionContainers:
         result = build_result(invocation, limits, outcome, started, verified, oom=oom,
                               detail=gone(box, verified) + " (the session gets a new one)",
                               engine_error=self.boxes.engine_error, interrupted=interrupted)
-        if kernel_call or before:  # the container, and so its kernel, is gone
-            rec = outcome.record if kernel_call else WorkerReport()
-            fresh = (rec.kernel_fresh if rec.kernel_fresh is not None
-                     else kernel_call and not before)
-            result = with_kernel(result, Kernel(
-                fresh=bool(fresh), calls=rec.kernel_calls or before + kernel_call,
-                lost=True, reason=result.termination.reason.value))
-        return result
+        return with_lost(result, Ended.FINISHED, kernel_call, before,
+                         rec if kernel_call else WorkerReport())
 
     @staticmethod
     def _kernel_kept(box: Box, outcome: Outcome, result: Result) -> Result:
         """A kernel call that ended within every limit (the container is kept): the kernel
         lives on, or it crashed or was restarted meanwhile."""
         rec = outcome.record
-        calls = rec.kernel_calls or 0
-        if rec.kernel_calls is None:  # a runner without kernels ran it as a one-shot call
-            return result.model_copy(update={
-                "kernel": Kernel(fresh=True, calls=1, lost=True, reason="unsupported"),
-                "message": f"the runner of the sandbox image {box.image} predates session "
-                           "kernels, so Python state is not kept between calls; rebuild the "
-                           "image (sandboxd images build)"})
-        if not rec.kernel_lost:
-            box.kernel_calls = calls
-            return with_kernel(result, Kernel(fresh=bool(rec.kernel_fresh), calls=calls))
-        box.kernel_calls = 0
-        if rec.kernel_stopped:
-            reason, why = "restarted", "the session's kernel was restarted during the call"
-        elif rec.not_idle:  # e.g. the call's code left a thread running
-            reason = "not_idle"
-            why = f"the Python interpreter was not idle after the call: {rec.not_idle}"
-        else:
-            reason = "crashed"
-            sig, code = rec.signal, rec.exit_code
-            why = (f"the Python interpreter was killed by signal {sig}" if sig else
-                   f"the Python interpreter exited with status {code}")
-        update: dict[str, Any] = {"kernel": Kernel(fresh=bool(rec.kernel_fresh),
-                                                   calls=calls, lost=True, reason=reason)}
-        if result.message is None:
-            update["message"] = why
+        verdict = kernel_verdict(Observed(
+            Ended.FINISHED, bool(rec.kernel_fresh), rec.kernel_calls or 0,
+            back=not rec.kernel_lost, stopped="restarted" if rec.kernel_stopped else None,
+            not_idle=rec.not_idle, crashed=True, signal=rec.signal, exit_code=rec.exit_code,
+            old_runner=box.image if rec.kernel_calls is None else None))
+        assert verdict.kernel is not None
+        if rec.kernel_calls is not None:  # None: a runner without kernels ran it one-shot
+            box.kernel_calls = 0 if verdict.kernel.lost else rec.kernel_calls
+        update: dict[str, Any] = {"kernel": verdict.kernel}
+        message = verdict.message or (verdict.why if result.message is None else None)
+        if message is not None:
+            update["message"] = message
         return result.model_copy(update=update)
 
     @staticmethod
     def _kept_after_interrupt(box: Box,
-                              outcome: Outcome) -> tuple[bool, str, Kernel] | None:
+                              outcome: Outcome) -> tuple[bool, str | None, Kernel | None] | None:
         """A cancelled kernel call's kernel, when the runner kept it (it came back from the
         interrupt, or the call ended by itself): ``CancelledAfterCleanup``'s arguments."""
         rec = outcome.record
         if not outcome.clean or rec.kernel_lost or rec.kernel_calls is None:
             return None
         box.kernel_calls = rec.kernel_calls
-        interrupted = rec.kernel_interrupted
-        kernel = Kernel(fresh=bool(rec.kernel_fresh), calls=box.kernel_calls,
-                        interrupted=interrupted)
         verified = rec.group_gone is not False
-        detail = KEPT_INTERRUPTED if interrupted else KEPT
-        return verified, detail if verified else "processes of the call may be left", kernel
+        verdict = kernel_verdict(Observed(
+            Ended.CANCELLED, bool(rec.kernel_fresh), box.kernel_calls, back=True,
+            interrupted=bool(rec.kernel_interrupted), verified=verified))
+        return verified, verdict.detail, verdict.kernel
 
     def interrupt_kernel(self, session_id: str) -> bool:
         """Interrupt the python call that runs in the session's kernel now, if any: its code
@@ -383,3 +366,22 @@ class SessionContainers:
 def with_kernel(result: Result, kernel: Kernel) -> Result:
     """``result`` carrying the session kernel's state."""
     return result.model_copy(update={"kernel": kernel})
+
+
+def gone_kernel(ended: Ended, kernel_call: bool, before: int, rec: WorkerReport | None = None,
+                termination: Reason | None = None) -> Kernel | None:
+    """The kernel of a call whose container is gone (and so its kernel): ``rec`` the
+    runner's report of the call and ``termination`` its result's reason, when it answered;
+    None when the session had no kernel."""
+    fresh = rec.kernel_fresh if rec is not None else None
+    calls = (rec.kernel_calls if rec is not None else None) or before + kernel_call
+    return kernel_verdict(Observed(
+        ended, bool(kernel_call and not before if fresh is None else fresh), calls,
+        has_kernel=bool(kernel_call or before), termination=termination)).kernel
+
+
+def with_lost(result: Result, ended: Ended, kernel_call: bool, before: int,
+              rec: WorkerReport | None = None) -> Result:
+    """``result`` carrying its session's lost kernel, when the session had one."""
+    kernel = gone_kernel(ended, kernel_call, before, rec, result.termination.reason)
+    return result if kernel is None else with_kernel(result, kernel)

@@ -55,13 +55,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.kernel_verdict import Ended, Observed, kernel_verdict
 from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
 from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
-from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerRequest
+from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerReport, WorkerRequest
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend
@@ -69,11 +70,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandboxd.restricted")
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-#: ``cleanup.detail`` of a call after which its session's kernel lives on, on purpose
-KEPT = "the session's kernel was kept for its next call"
-#: ``cleanup.detail`` of a call whose code was interrupted and whose kernel came back
-KEPT_INTERRUPTED = ("the call's code was interrupted and the kernel came back to its loop "
-                    "(proven idle): it was kept for the session's next call")
 #: how many closed sessions are remembered (a call queued behind a close waits seconds at most)
 CLOSED_MEMORY = 4096
 
@@ -84,6 +80,19 @@ def cpu_seconds_used(pid: int, uid: int | None = None) -> float:
     stat = idle.read_proc(pid, "stat", uid)
     fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+@dataclass(eq=False)
+class _Run:
+    """What one kernel call saw so far (filled in as it runs), for its result."""
+
+    #: the request as sent (its CPU limit moved for a kernel's later call)
+    msg: WorkerRequest
+    reason: Reason | None = None
+    crashed: str | None = None
+    exit_info: dict[str, Any] | None = None
+    interrupted: bool = False
+    lost: bool = True
 
 
 @dataclass(eq=False)
@@ -206,94 +215,125 @@ class KernelPool:
                     msg: WorkerRequest, *, fresh: bool,
                     started_at: float | None = None) -> Result:
         started_at = time.monotonic() if started_at is None else started_at
-        loop = asyncio.get_running_loop()
-        z, worker, layout = k.zygote, k.worker, self.backend.layout
-        reason: Reason | None = None
-        crashed: str | None = None
-        exit_info: dict[str, Any] | None = None
-        lost, interrupted = True, False
-        reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
-                             until_report=True, display=msg.display,
-                             events=inv.events)
+        z, worker = k.zygote, k.worker
+        run = _Run(msg)
+        reader = FrameReader(asyncio.get_running_loop(), worker.sock.fileno(),
+                             limits.output_bytes, limits.timeout_s, until_report=True,
+                             display=msg.display, events=inv.events)
         z.in_use += 1
         k.calls += 1
         try:
-            if not fresh:
-                k.cpu_s = cpu_seconds_used(worker.pid, k.uid)
-                msg = self._move_cpu_limit(k, msg)
-            k.wake.clear()
-            reader.on_stop = k.wake.set
-            k.busy = True
-            await standby.send(loop, worker, msg)
-            finished, _ = await within(k.wake.wait(), deadline - time.monotonic())
-            if not finished or not reader.done.is_set():
-                # the deadline, or an interrupt request: interrupt before kill, to keep the state
-                reason = Reason.wall_timeout if not finished else Reason.cancelled
-                interrupted = await self._interrupt(k, reader)
-            elif reader.violation is not None:
-                crashed = f"it broke the result protocol ({reader.violation}) and was killed"
-            elif reader.overflow:
-                reason = Reason.output_limit
-            report = reader.report
-            survives = interrupted or (
-                reason is None and crashed is None and report is not None
-                and report.outcome in KERNEL_SURVIVES and not k.ended)
-            if survives and not interrupted:  # its report is its own word: prove its end
-                busy = await idle.prove_idle(worker.pid, worker.fd, k.uid, deadline)
-                if busy is not None:
-                    log.warning("restricted: session %s kernel (pid %d) reported its end but "
-                                "%s; killed at the call's deadline", inv.session, worker.pid,
-                                busy)
-                    reason, survives = Reason.wall_timeout, False
-            if survives:
-                used = cpu_seconds_used(worker.pid, k.uid)
-                peak = layout.peak_memory(worker.cgroup) if layout.version else 0
-                exit_info = {"cpu_ms": int((used - (0 if fresh else k.cpu_s)) * 1000),
-                             "peak_memory": peak}
-                k.cpu_s = used
-                lost = False
-            else:
-                if report is None or reason is not None or crashed is not None or k.ended:
-                    standby.kill_worker(z, worker)
-                # else it reported a limit it caught itself (memory, output) and exits by
-                # itself, as a one-shot worker does: its exit report is then the genuine one
-                exit_info = await health.exit_report(z, worker)
-                if exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
-                    exit_info = await health.reap_ourselves(worker, layout)
+            await self._exchange(k, inv, deadline, reader, run, fresh)
         except asyncio.CancelledError:
-            # a cancel interrupts first, to keep the state: a kernel that comes back is kept
-            if (k.busy and not reader.done.is_set() and k.alive
-                    and await asyncio.shield(self._interrupt(k, reader))):
-                raise CancelledAfterCleanup(
-                    True, KEPT_INTERRUPTED,
-                    Kernel(fresh=fresh, calls=k.calls, interrupted=True)) from None
-            reader.close()  # before its socket is closed
-            info = await asyncio.shield(self._finish(inv.session, k))
-            verified, detail = outcome.verify_gone(worker.pid, worker.cgroup, info, z.pid)
-            raise CancelledAfterCleanup(
-                verified, detail or "kernel killed and reaped",
-                Kernel(fresh=fresh, calls=k.calls, lost=True, reason="cancelled")) from None
+            raise await self._cancelled(k, inv, reader, fresh) from None
         except (ZygoteDied, OSError, TimeoutError, ValueError) as exc:
-            crashed = f"{type(exc).__name__}: {exc}"
-            exit_info = await asyncio.shield(standby.abort(z, worker, layout))
+            run.crashed = f"{type(exc).__name__}: {exc}"
+            run.exit_info = await asyncio.shield(standby.abort(z, worker, self.backend.layout))
         finally:
             z.in_use -= 1
             k.busy = False
             reader.close()
-        if lost and k.ended and crashed is None and reason is None:
-            crashed = f"the kernel was ended ({k.ended})"
-        kept = Cleanup(verified=True, detail=KEPT_INTERRUPTED if interrupted else KEPT)
-        result = outcome.build_result(inv, limits, msg, reader, reason, exit_info, worker,
-                                      crashed, started_at, z.pid, None if lost else kept)
-        if lost:
-            await self._finish(inv.session, k, exit_info)
+        if run.lost and k.ended and run.crashed is None and run.reason is None:
+            run.crashed = f"the kernel was ended ({k.ended})"
+        seen = Observed(Ended.FINISHED, fresh, k.calls, back=not run.lost,
+                        interrupted=run.interrupted)
+        if run.lost:
+            result = self._result(inv, limits, reader, run, k, started_at, None)
+            await self._finish(inv.session, k, run.exit_info)
             why = result.termination.reason
-            result.kernel = Kernel(fresh=fresh, calls=k.calls, lost=True,
-                                   reason=k.ended or ("crashed" if why is Reason.exited
-                                                      else why.value))
-        else:
-            result.kernel = Kernel(fresh=fresh, calls=k.calls, interrupted=interrupted)
+            seen = replace(seen, stopped=k.ended, crashed=why is Reason.exited, termination=why)
+            result.kernel = kernel_verdict(seen).kernel
+            return result
+        verdict = kernel_verdict(seen)
+        result = self._result(inv, limits, reader, run, k, started_at,
+                              Cleanup(verified=True, detail=verdict.detail))
+        result.kernel = verdict.kernel
         return result
+
+    @staticmethod
+    def _result(inv: Invocation, limits: Limits, reader: FrameReader, run: _Run,
+                k: SessionKernel, started_at: float, kept: Cleanup | None) -> Result:
+        """The call's result (:func:`.outcome.build_result`, as for a one-shot call)."""
+        return outcome.build_result(inv, limits, run.msg, reader, run.reason, run.exit_info,
+                                    k.worker, run.crashed, started_at, k.zygote.pid, kept)
+
+    async def _exchange(self, k: SessionKernel, inv: Invocation, deadline: float,
+                        reader: FrameReader, run: _Run, fresh: bool) -> None:
+        """Send the call, wait for its end (interrupt before kill at its deadline or on a
+        request), then keep the kernel or end it; ``run`` is what it saw."""
+        worker = k.worker
+        if not fresh:
+            k.cpu_s = cpu_seconds_used(worker.pid, k.uid)
+            run.msg = self._move_cpu_limit(k, run.msg)
+        k.wake.clear()
+        reader.on_stop = k.wake.set
+        k.busy = True
+        await standby.send(asyncio.get_running_loop(), worker, run.msg)
+        finished, _ = await within(k.wake.wait(), deadline - time.monotonic())
+        if not finished or not reader.done.is_set():
+            # the deadline, or an interrupt request: interrupt before kill
+            run.reason = Reason.wall_timeout if not finished else Reason.cancelled
+            run.interrupted = await self._interrupt(k, reader)
+        elif reader.violation is not None:
+            run.crashed = f"it broke the result protocol ({reader.violation}) and was killed"
+        elif reader.overflow:
+            run.reason = Reason.output_limit
+        report = reader.report
+        if await self._survives(k, inv, deadline, report, run):
+            self._keep(k, run, fresh)
+            return
+        if report is None or run.reason is not None or run.crashed is not None or k.ended:
+            standby.kill_worker(k.zygote, worker)
+        # else it reported a limit it caught itself (memory, output) and exits by
+        # itself, as a one-shot worker does: its exit report is then the genuine one
+        run.exit_info = await health.exit_report(k.zygote, worker)
+        if run.exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
+            run.exit_info = await health.reap_ourselves(worker, self.backend.layout)
+
+    @staticmethod
+    async def _survives(k: SessionKernel, inv: Invocation, deadline: float,
+                        report: WorkerReport | None, run: _Run) -> bool:
+        """The kernel lives on: it came back from an interrupt, or it reported an end within
+        every limit and is proven idle (its report is its own word)."""
+        if run.interrupted:
+            return True
+        if (run.reason is not None or run.crashed is not None or report is None
+                or report.outcome not in KERNEL_SURVIVES or k.ended):
+            return False
+        worker = k.worker
+        busy = await idle.prove_idle(worker.pid, worker.fd, k.uid, deadline)
+        if busy is None:
+            return True
+        log.warning("restricted: session %s kernel (pid %d) reported its end but %s; killed "
+                    "at the call's deadline", inv.session, worker.pid, busy)
+        run.reason = Reason.wall_timeout
+        return False
+
+    def _keep(self, k: SessionKernel, run: _Run, fresh: bool) -> None:
+        """The kernel lives on: the call's share of its CPU time and its cgroup's peak."""
+        layout = self.backend.layout
+        used = cpu_seconds_used(k.worker.pid, k.uid)
+        peak = layout.peak_memory(k.worker.cgroup) if layout.version else 0
+        run.exit_info = {"cpu_ms": int((used - (0 if fresh else k.cpu_s)) * 1000),
+                         "peak_memory": peak}
+        k.cpu_s = used
+        run.lost = False
+
+    async def _cancelled(self, k: SessionKernel, inv: Invocation, reader: FrameReader,
+                         fresh: bool) -> CancelledAfterCleanup:
+        """A cancel interrupts first: a kernel that comes back is kept, else it is killed,
+        reaped and verified gone."""
+        if (k.busy and not reader.done.is_set() and k.alive
+                and await asyncio.shield(self._interrupt(k, reader))):
+            verdict = kernel_verdict(Observed(Ended.CANCELLED, fresh, k.calls, back=True,
+                                              interrupted=True))
+            return CancelledAfterCleanup(True, verdict.detail, verdict.kernel)
+        reader.close()  # before its socket is closed
+        info = await asyncio.shield(self._finish(inv.session, k))
+        verified, detail = outcome.verify_gone(k.worker.pid, k.worker.cgroup, info, k.zygote.pid)
+        verdict = kernel_verdict(Observed(Ended.CANCELLED, fresh, k.calls))
+        return CancelledAfterCleanup(verified, detail or "kernel killed and reaped",
+                                     verdict.kernel)
 
     async def _interrupt(self, k: SessionKernel, reader: FrameReader) -> bool:
         """Interrupt the call in flight (``SIGINT``: a ``KeyboardInterrupt`` in its code) and
