@@ -2,7 +2,7 @@
 Ed25519 signature: ``Receipts.receipt``, exactly what the daemon runs after a call's result
 record is written) timed on real results of a real daemon, against the whole call over HTTP
 (``print(1)`` on the restricted backend) in the same run, with the zygote floor of the same
-run: ``/work/shared/bench/zygote_floor.py`` (a pre-imported process that forks per request,
+run: ``../shared/bench/zygote_floor.py`` (a pre-imported process that forks per request,
 no isolation; its path: ``--floor``).
 
     python bench/bench_receipts.py [--calls 200] [--signs 5000] [--floor PATH]
@@ -28,7 +28,8 @@ from sandboxd.models import Result  # noqa: E402
 from sandboxd.receipts.sign import Receipts  # noqa: E402
 from tests.support.daemon import running_daemon  # noqa: E402
 
-FLOOR = Path("/work/shared/bench/zygote_floor.py")
+#: the shared zygote floor, beside the checkout (``../shared``, as CI and every session lay it)
+FLOOR = HERE.parent / "shared" / "bench" / "zygote_floor.py"
 TARGET_MS = 0.2
 
 
