@@ -227,6 +227,27 @@ class PolicyRef(_Model):
     rule: str
 
 
+class ApprovalRule(_Model):
+    """An allowed call the policy gates on a person's yes (``approve:``, docs/policy.md):
+    the rule that asks, who may answer, whether an MCP host's user may, how long it waits."""
+
+    rule: str  # e.g. "tools.shell.approve.patterns[0]"
+    by: list[str] = Field(default_factory=list)  # client names that may approve
+    elicit: bool = False  # the calling MCP host's user may answer (elicitation)
+    timeout_s: float = 300.0
+
+
+class Approval(_Model):
+    """How a gated call's approval ended (on the result and the decision that ran or not)."""
+
+    id: str
+    state: Literal["approved", "denied", "expired"]
+    by: str | None = None  # the approver (a client name, or "<client> (elicitation)")
+    reason: str | None = None
+    at: str | None = None  # when it was decided (UTC, ISO 8601)
+    scope: Literal["call", "session"] = "call"
+
+
 class Decision(_Model):
     """What the policy engine decided for one call, and why; for an allowed call, ``plan``
     is what runs (every layer after the policy passes it on)."""
@@ -238,6 +259,10 @@ class Decision(_Model):
     policy_name: str = ""
     backend: str | None = None  # "restricted" | "container" | "workspace"
     plan: ExecutionPlan | None = None  # allowed calls only
+    #: an allowed call that waits for a person's yes first (None: it runs at once)
+    approve: ApprovalRule | None = None
+    #: how that wait ended (set by the service, never by the policy)
+    approval: Approval | None = None
     #: SHA-256 of the policy file that decided (the call's receipt names it; not in the
     #: public JSON of ``policy explain``)
     policy_sha256: str = Field(default="", exclude=True)
@@ -374,6 +399,8 @@ class Result(_Model):
     # the signed receipt of this call (docs/receipts.md): checked offline with the daemon's
     # public key; None when the result was never audited (it could not be written)
     receipt: dict[str, Any] | None = None
+    # a call the policy gated on a person's yes: who said yes or no, or that nobody did
+    approval: Approval | None = None
 
     def images(self) -> list[bytes]:
         """The call's images (its PNG and JPEG display items, in order), decoded."""
@@ -461,7 +488,8 @@ class Result(_Model):
         """A call the policy refused: nothing ran, so cleanup is trivially verified."""
         return cls.build((invocation_id, tool, session), decision.backend, Reason.policy,
                          status=Status.denied, policy=decision.ref, limits=decision.limits,
-                         cleanup=Cleanup(verified=True), message=decision.message)
+                         cleanup=Cleanup(verified=True), message=decision.message,
+                         approval=decision.approval)
 
 
 # ---------------------------------------------------------------- tools
