@@ -15,6 +15,7 @@ from typing import Any
 
 from sandboxd.backends import registry
 from sandboxd.models import Decision, LimitsRequest
+from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
@@ -27,7 +28,6 @@ from sandboxd.policy.models import (
     ShellTool,
     placeholders,
 )
-from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.packages import decide_packages
 from sandboxd.policy.paths import PathRefused, glob_match, normalise
 from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED, RUNS_OTHERS
