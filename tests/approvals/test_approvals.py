@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from sandboxd.tokens import add_token
+from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wait import wait_until
@@ -180,3 +181,33 @@ def test_a_session_scoped_approval_covers_the_next_call(gated: Gated) -> None:
     assert again["session"] == other
     gated.post("lead", f"/v1/approvals/{again['id']}", {"decision": "deny"})
     assert third.result(timeout=120).json()["status"] == "denied"
+
+
+def _cli(gated: Gated, who: str, *args: str) -> Any:
+    return cli.run("approvals", *args, "--url", gated.daemon.url, "--token", gated.keys[who],
+                   env={"PATH": "/usr/bin:/bin", "SANDBOXD_CONFIG": "/nonexistent"})
+
+
+def test_the_cli_lists_and_approves(gated: Gated) -> None:
+    sid = gated.session("alice")
+    waiting = gated.call("alice", "python", {"code": "print('from the cli')"}, sid)
+    [pending] = gated.pending()
+    listed = _cli(gated, "lead", "list")
+    assert listed.returncode == 0, listed.stderr
+    [line] = listed.stdout.splitlines()
+    assert line.startswith(f"{pending['id']}  client=alice  tool=python  session={sid}  "
+                           "rule=tools.python.approve")
+    assert "print('from the cli')" in line
+    # a non-approver sees nothing and may not decide: one line, exit 1
+    assert _cli(gated, "mallory", "list").stdout == ""
+    refused = _cli(gated, "mallory", "approve", pending["id"])
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("sandboxd: HTTP 403: client 'mallory' may not decide")
+    assert len(refused.stderr.splitlines()) == 1
+    approved = _cli(gated, "lead", "approve", pending["id"], "--reason", "ok by me")
+    assert approved.returncode == 0, approved.stderr
+    assert approved.stdout == f"{pending['id']}: approved by lead\n"
+    result = waiting.result(timeout=120).json()
+    assert (result["status"], result["stdout"]) == ("ok", "from the cli\n")
+    gone = _cli(gated, "lead", "deny", pending["id"])
+    assert gone.returncode == 1 and "HTTP 404" in gone.stderr
