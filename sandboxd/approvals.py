@@ -6,7 +6,8 @@ slot, so a waiting call holds no execution slot. An approver answers over HTTP
 user answers an elicitation (the MCP door sets :data:`ELICIT` for the call). Nobody answering
 within the rule's ``approval_timeout_s`` expires the request. An approval scoped to the
 session lets the same rule's later calls of that session run without asking until it lapses.
-Every step is audited: ``approval_requested``, ``approval_decided``, ``approval_expired``.
+Every step is audited: ``approval_requested``, ``approval_decided``, ``approval_expired``, and
+``approval_withdrawn`` (the caller went away while it waited: its result record says so).
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sandboxd.models import Approval, ApprovalRule, Decision, new_id
+from sandboxd.models import (
+    Approval,
+    ApprovalRule,
+    Cleanup,
+    Decision,
+    Reason,
+    Result,
+    Status,
+    new_id,
+)
 from sandboxd.timefmt import utc_iso
 
 #: what the MCP door lends a call whose host can answer an elicitation: ask it the question
@@ -31,6 +41,7 @@ ELICIT: ContextVar[Elicit | None] = ContextVar("sandboxd_elicit", default=None)
 MAX_SCOPE_MINUTES = 24 * 60
 
 Audit = Callable[..., Awaitable[Any]]
+Finish = Callable[[str, Result, str], Awaitable[Any]]
 
 
 class NotApprover(Exception):
@@ -77,15 +88,17 @@ class Pending:
 class ApprovalBook:
     """Pending approvals and session-scoped grants of one daemon."""
 
-    def __init__(self, audit: Audit) -> None:
+    def __init__(self, audit: Audit, finish: Finish) -> None:
         self._audit = audit
+        self._finish = finish  # audits a call's result (the service's own)
         self._pending: dict[str, Pending] = {}
         #: (client, session, source, rule) -> (monotonic end, the approval that granted it)
         self._grants: dict[tuple[str, str, str, str], tuple[float, Approval]] = {}
 
-    def pending(self, approver: str) -> list[Pending]:
-        """The pending approvals ``approver`` may decide, oldest first."""
-        return [p for p in self._pending.values() if approver in p.rule.by]
+    def pending(self, approver: str, role: str | None = None) -> list[Pending]:
+        """The pending approvals ``approver`` (whose token has ``role``) may decide, oldest
+        first."""
+        return [p for p in self._pending.values() if may_decide(p, approver, role)]
 
     async def gate(self, invocation: str, client: str, tool: str, session: str | None,
                    arguments: dict[str, Any], decision: Decision, transport: str,
@@ -114,6 +127,10 @@ class ApprovalBook:
         try:
             approval, minutes = await asyncio.wait_for(asyncio.shield(pending.answer),
                                                        need.timeout_s)
+        except asyncio.CancelledError:  # the caller went away (or a drain): nothing ran
+            self._pending.pop(pending.id, None)
+            await self._withdrawn(pending, decision)
+            raise
         except TimeoutError:
             self._pending.pop(pending.id, None)
             if pending.answer.done():  # answered as the wait ran out: the answer stands
@@ -136,14 +153,30 @@ class ApprovalBook:
             return decision.model_copy(update={"approval": approval}), time.monotonic()
         return _refused(decision, approval, need), admitted
 
+    async def _withdrawn(self, pending: Pending, decision: Decision) -> None:
+        """Audit a request whose caller went away, and its call's result (it never ran)."""
+        approval = Approval(id=pending.id, state="withdrawn", at=utc_iso())
+        result = Result.build(
+            (pending.invocation, pending.tool, pending.session), decision.backend,
+            Reason.cancelled, status=Status.killed, policy=decision.ref,
+            limits=decision.limits, approval=approval,
+            message="the call was cancelled while it waited for approval; nothing ran",
+            cleanup=Cleanup(verified=True, detail="cancelled while waiting for approval"))
+        with contextlib.suppress(Exception):  # a failing audit is the recorder's to report
+            await self._audit(event="approval_withdrawn", approval=pending.id,
+                              request_id=pending.invocation, client=pending.client,
+                              tool=pending.tool, session=pending.session,
+                              rule=pending.rule.rule)
+            await self._finish(pending.client, result, pending.transport)
+
     async def decide(self, approval_id: str, approver: str, verdict: Literal["approve", "deny"],
                      reason: str | None = None, scope: Literal["call", "session"] = "call",
-                     minutes: float = 0.0) -> Approval:
+                     minutes: float = 0.0, role: str | None = None) -> Approval:
         """An approver's answer over HTTP (or the CLI)."""
         pending = self._pending.get(approval_id)
         if pending is None or pending.answer.done():
             raise UnknownApproval(approval_id)
-        if approver not in pending.rule.by:
+        if not may_decide(pending, approver, role):
             raise NotApprover(approver)
         return await self._answer(pending, approver, verdict, reason, scope, minutes)
 
@@ -196,6 +229,12 @@ class ApprovalBook:
             del self._grants[key]
             return None
         return grant[1]
+
+
+def may_decide(pending: Pending, approver: str, role: str | None) -> bool:
+    """A client the rule lists, or a token with the ``approvers`` role of another client than
+    the caller's (nobody approves their own call unless the policy names them)."""
+    return approver in pending.rule.by or (role == "approvers" and approver != pending.client)
 
 
 def _refused(decision: Decision, approval: Approval, need: ApprovalRule) -> Decision:

@@ -241,7 +241,7 @@ class Approval(_Model):
     """How a gated call's approval ended (on the result and the decision that ran or not)."""
 
     id: str
-    state: Literal["approved", "denied", "expired"]
+    state: Literal["approved", "denied", "expired", "withdrawn"]
     by: str | None = None  # the approver (a client name, or "<client> (elicitation)")
     reason: str | None = None
     at: str | None = None  # when it was decided (UTC, ISO 8601)

@@ -136,7 +136,10 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # MCP front door announces changed tool lists with it
         self.policy_listeners: list[Callable[[], None]] = []
         # calls the policy gates on a person's yes, waiting (sandboxd.approvals)
-        self.approvals = ApprovalBook(lambda **f: self.recorder.record(self.audit.write, **f))
+        self.approvals = ApprovalBook(
+            lambda **f: self.recorder.record(self.audit.write, **f),
+            lambda client, result, transport: self._finish(client, result, time.monotonic(),
+                                                           transport=transport))
 
     # ------------------------------------------------------------ lifecycle
 

@@ -1,7 +1,8 @@
 """``/v1/approvals``: the calls waiting for a person's yes, and the answer (docs/api.md).
 
-Only an approver of a request (a client its rule lists in ``approve.by``) sees it and may
-decide it; anyone else gets 403 problem+json, an id nothing waits under 404.
+Only an approver of a request (a client its rule lists in ``approve.by``, or a token with the
+``approvers`` role of another client than the caller's) sees it and may decide it; anyone else
+gets 403 problem+json, an id nothing waits under 404.
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from sandboxd.models import Approval
 router = APIRouter()
 
 
+def _role(request: Request) -> str | None:
+    """The role of the (already authenticated) caller's token; None without tokens."""
+    tokens = request.app.state.tokens
+    if tokens is None:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    entry = tokens.entry_for(token.strip()) if scheme.lower() == "bearer" else None
+    return entry.role if entry is not None else None
+
+
 class ApprovalAnswer(BaseModel):
     """Body of ``POST /v1/approvals/{id}``."""
 
@@ -34,7 +45,8 @@ class ApprovalAnswer(BaseModel):
 async def list_approvals(request: Request,
                          client: str = Depends(authenticate)) -> list[dict[str, Any]]:
     """The pending approvals this client may decide: what will run, where, under which rule."""
-    return [p.public() for p in request.app.state.service.approvals.pending(client)]
+    book = request.app.state.service.approvals
+    return [p.public() for p in book.pending(client, _role(request))]
 
 
 @router.post("/v1/approvals/{approval_id}", tags=["approvals"])
@@ -45,7 +57,7 @@ async def decide_approval(approval_id: str, body: ApprovalAnswer, request: Reque
     book = request.app.state.service.approvals
     try:
         return await book.decide(approval_id, client, body.decision, body.reason, body.scope,
-                                 body.minutes)
+                                 body.minutes, _role(request))
     except UnknownApproval:
         raise Problem(404, "approval-not-found", "No such pending approval",
                       f"no call waits for approval '{approval_id}': it was never requested, "
@@ -53,4 +65,5 @@ async def decide_approval(approval_id: str, body: ApprovalAnswer, request: Reque
     except NotApprover:
         raise Problem(403, "not-an-approver", "Not an approver",
                       f"client '{client}' may not decide approval '{approval_id}': its policy "
-                      "rule lists other approvers (approve.by)") from None
+                      "rule lists other approvers (approve.by), and this token has no "
+                      "approvers role (or the call is its own client's)") from None

@@ -5,6 +5,8 @@ session's next call; only listed approvers see and decide; every step is audited
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from tests.support.wait import wait_until
 POLICY = """\
 version: 1
 name: gated
-clients: [alice, lead, mallory]
+clients: [alice, lead, mallory, oncall]
 tools:
   python:
     backend: restricted
@@ -65,9 +67,11 @@ class Gated:
 
     def pending(self, count: int = 1) -> list[dict[str, Any]]:
         """Wait until the approver sees ``count`` pending approvals."""
-        return wait_until(lambda: (lambda r: r if len(r) == count else None)(
-            self.get("lead", "/v1/approvals").json()), timeout=60,
-            what=f"{count} pending approvals")
+        def seen() -> tuple[list[dict[str, Any]]] | None:
+            listed = self.get("lead", "/v1/approvals").json()
+            return (listed,) if len(listed) == count else None
+
+        return wait_until(seen, timeout=60, what=f"{count} pending approvals")[0]
 
     def session(self, who: str) -> str:
         r = self.post(who, "/v1/sessions", {})
@@ -86,6 +90,9 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gated]:
     (tmp / "policies" / "hasty.yaml").write_text(HASTY)
     tokens = tmp / "tokens.yaml"
     keys = {n: add_token(tokens, n) for n in ("alice", "lead", "mallory", "eve")}
+    # tokens with the approvers role: another client's, and one of the caller's own client
+    keys["oncall"] = add_token(tokens, "oncall", role="approvers")
+    keys["alice-approver"] = add_token(tokens, "alice", role="approvers")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_MAX_CONCURRENCY": "1",
            "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_QUEUE_TIMEOUT_S": "300"}
     with running_daemon(tmp, policies_dir=tmp / "policies", env=env,
@@ -211,3 +218,40 @@ def test_the_cli_lists_and_approves(gated: Gated) -> None:
     assert (result["status"], result["stdout"]) == ("ok", "from the cli\n")
     gone = _cli(gated, "lead", "deny", pending["id"])
     assert gone.returncode == 1 and "HTTP 404" in gone.stderr
+
+
+def test_a_caller_that_goes_away_withdraws_its_request(gated: Gated) -> None:
+    sid = gated.session("alice")
+    body = json.dumps({"arguments": {"code": WRITE}, "session": sid}).encode()
+    host, port = gated.daemon.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"POST /v1/tools/python/invoke HTTP/1.1\r\nHost: sandboxd\r\n"
+                     b"Authorization: Bearer " + gated.keys["alice"].encode() + b"\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        [pending] = gated.pending()
+    # the connection closed while the call waited: no longer pending, audited, never ran
+    gated.pending(0)
+    records = audit_records(gated.daemon.audit_path)
+    [withdrawn] = [r for r in records if r["event"] == "approval_withdrawn"
+                   and r["approval"] == pending["id"]]
+    [result] = [r for r in records if r["event"] == "result"
+                and r["request_id"] == withdrawn["request_id"]]
+    assert result["status"] == "killed"
+    assert not (gated.workspace(sid) / "proof.txt").exists()
+
+
+def test_a_token_with_the_approvers_role_decides_others_calls(gated: Gated) -> None:
+    sid = gated.session("alice")
+    waiting = gated.call("alice", "python", {"code": "print('on call')"}, sid)
+    [pending] = gated.pending()
+    # alice's own approver token may not approve alice's call (the rule does not list alice)
+    assert gated.get("alice-approver", "/v1/approvals").json() == []
+    assert gated.post("alice-approver", f"/v1/approvals/{pending['id']}",
+                      {"decision": "approve"}).status_code == 403
+    [seen] = gated.get("oncall", "/v1/approvals").json()
+    assert seen["id"] == pending["id"]
+    assert gated.post("oncall", f"/v1/approvals/{pending['id']}",
+                      {"decision": "approve"}).status_code == 200
+    result = waiting.result(timeout=120).json()
+    assert (result["status"], result["approval"]["by"]) == ("ok", "oncall")
