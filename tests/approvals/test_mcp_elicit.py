@@ -5,10 +5,12 @@ naming what will run, where and under which rule; its yes runs the call, its no 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import mcp_types as types
 import pytest
 from mcp import ClientSession
@@ -18,6 +20,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wait import async_wait_until
 
 POLICY = """\
 version: 1
@@ -28,23 +31,36 @@ tools:
     backend: restricted
     approve: {by: [lead], elicit: true, approval_timeout_s: 120}
 """
+#: bob's calls wait for the lead alone: his host is never asked, though it could answer
+APPROVER_ONLY = """\
+version: 1
+name: approver-only
+clients: [bob]
+tools:
+  python:
+    backend: restricted
+    approve: {by: [lead], approval_timeout_s: 120}
+"""
 WRITE = "open('proof.txt', 'w').write('ran')\nprint('wrote')"
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemon, str]]:
+def daemon(tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[RunningDaemon, dict[str, str]]]:
     tmp = tmp_path_factory.mktemp("elicit")
     (tmp / "policies").mkdir()
     (tmp / "policies" / "asks.yaml").write_text(POLICY)
+    (tmp / "policies" / "approver-only.yaml").write_text(APPROVER_ONLY)
     tokens = tmp / "tokens.yaml"
-    alice = add_token(tokens, "alice")
-    add_token(tokens, "lead")
+    keys = {name: add_token(tokens, name) for name in ("alice", "bob", "lead")}
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0"}
-    with running_daemon(tmp, policies_dir=tmp / "policies", env=env, token=alice) as d:
-        yield d, alice
+    with running_daemon(tmp, policies_dir=tmp / "policies", env=env,
+                        token=keys["alice"]) as d:
+        yield d, keys
 
 
-async def _call_with_answer(d: RunningDaemon, token: str, approve: bool | None
+async def _call_with_answer(d: RunningDaemon, token: str, approve: bool | None,
+                            lead: str | None = None
                             ) -> tuple[Any, list[types.ElicitRequestParams], bool]:
     """One python call from a host whose user answers ``approve`` (None: dismisses); also
     whether the file the call writes is in its session's workspace (looked at on disk while
@@ -62,9 +78,23 @@ async def _call_with_answer(d: RunningDaemon, token: str, approve: bool | None
     async with (http, streamable_http_client(f"{d.url}/mcp", http_client=http) as (r, w),
                 ClientSession(r, w, elicitation_callback=answer) as session):
         await session.initialize()
-        result = await session.call_tool("python", {"code": WRITE})
+        call = asyncio.create_task(session.call_tool("python", {"code": WRITE}))
+        if lead is not None:  # the approver answers over HTTP meanwhile
+            await _approve_over_http(d, lead)
+        result = await call
         written = (_workspace(d, result.structured_content["session"]) / "proof.txt").exists()
     return result, asked, written
+
+
+async def _approve_over_http(d: RunningDaemon, lead: str) -> None:
+    headers = {"Authorization": f"Bearer {lead}"}
+    async with httpx.AsyncClient(base_url=d.url, headers=headers, timeout=60) as http:
+        async def pending() -> list[dict[str, Any]]:
+            return (await http.get("/v1/approvals")).json()  # type: ignore[no-any-return]
+
+        [waiting] = await async_wait_until(pending, timeout=60, what="the pending approval")
+        r = await http.post(f"/v1/approvals/{waiting['id']}", json={"decision": "approve"})
+        assert r.status_code == 200, r.text
 
 
 def _workspace(d: RunningDaemon, session: str | None) -> Path:
@@ -72,9 +102,9 @@ def _workspace(d: RunningDaemon, session: str | None) -> Path:
     return d.state_dir / "workspaces" / session
 
 
-async def test_the_hosts_yes_runs_the_call(daemon: tuple[RunningDaemon, str]) -> None:
-    d, token = daemon
-    result, asked, written = await _call_with_answer(d, token, True)
+async def test_the_hosts_yes_runs_the_call(daemon: tuple[RunningDaemon, dict[str, str]]) -> None:
+    d, keys = daemon
+    result, asked, written = await _call_with_answer(d, keys["alice"], True)
     assert written
     [question] = asked
     assert "open('proof.txt'" in question.message and "tools.python.approve" in question.message
@@ -88,10 +118,10 @@ async def test_the_hosts_yes_runs_the_call(daemon: tuple[RunningDaemon, str]) ->
 
 
 @pytest.mark.parametrize("answer", [False, None], ids=["declined", "dismissed"])
-async def test_the_hosts_no_refuses_it(daemon: tuple[RunningDaemon, str],
+async def test_the_hosts_no_refuses_it(daemon: tuple[RunningDaemon, dict[str, str]],
                                        answer: bool | None) -> None:
-    d, token = daemon
-    result, asked, written = await _call_with_answer(d, token, answer)
+    d, keys = daemon
+    result, asked, written = await _call_with_answer(d, keys["alice"], answer)
     assert len(asked) == 1
     out = result.structured_content
     assert result.is_error and out["status"] == "denied", out
@@ -101,3 +131,14 @@ async def test_the_hosts_no_refuses_it(daemon: tuple[RunningDaemon, str],
     [decided] = [r for r in audit_records(d.audit_path, "approval_decided")
                  if r["approval"] == out["approval"]["id"]]
     assert decided["decision"] == "denied" and decided["by"] == "alice (elicitation)"
+
+
+async def test_without_elicit_the_host_is_not_asked(
+        daemon: tuple[RunningDaemon, dict[str, str]]) -> None:
+    d, keys = daemon
+    # bob's host would say no at once; the rule does not let it answer: the lead approves
+    result, asked, written = await _call_with_answer(d, keys["bob"], False, lead=keys["lead"])
+    assert asked == []
+    out = result.structured_content
+    assert out["status"] == "ok" and out["approval"]["by"] == "lead", out
+    assert written
