@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sandboxd.deadline import stop_task, within
 from sandboxd.models import (
     Approval,
     ApprovalRule,
@@ -125,27 +126,23 @@ class ApprovalBook:
         self._pending[pending.id] = pending
         asker = self._elicit(pending) if need.elicit else None
         try:
-            approval, minutes = await asyncio.wait_for(asyncio.shield(pending.answer),
-                                                       need.timeout_s)
+            answered, got = await within(asyncio.shield(pending.answer), need.timeout_s)
         except asyncio.CancelledError:  # the caller went away (or a drain): nothing ran
             self._pending.pop(pending.id, None)
             await self._withdrawn(pending, decision)
             raise
-        except TimeoutError:
-            self._pending.pop(pending.id, None)
-            if pending.answer.done():  # answered as the wait ran out: the answer stands
-                approval, minutes = pending.answer.result()
-            else:
-                approval, minutes = Approval(id=pending.id, state="expired", at=utc_iso()), 0.0
-                await self._audit(event="approval_expired", approval=pending.id,
-                                  request_id=invocation, client=client, tool=tool,
-                                  session=session, rule=need.rule, timeout_s=need.timeout_s)
         finally:
             self._pending.pop(pending.id, None)
-            if asker is not None:
-                asker.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asker
+            await stop_task(asker)
+        if answered:
+            approval, minutes = got
+        elif pending.answer.done():  # answered as the wait ran out: the answer stands
+            approval, minutes = pending.answer.result()
+        else:
+            approval, minutes = Approval(id=pending.id, state="expired", at=utc_iso()), 0.0
+            await self._audit(event="approval_expired", approval=pending.id,
+                              request_id=invocation, client=client, tool=tool,
+                              session=session, rule=need.rule, timeout_s=need.timeout_s)
         if approval.state == "approved":
             if approval.scope == "session" and session is not None:
                 self._grants[(client, session, decision.source, need.rule)] = (
