@@ -35,7 +35,8 @@ LABEL org.sandboxd.stage=build
 USER root
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# .dockerignore keeps this to pyproject.toml, README.md, sandboxd/, policies/ and dist/wheels/.
+# .dockerignore keeps this to pyproject.toml, README.md, sandboxd/, client/sandboxd_client/,
+# policies/ and dist/wheels/.
 COPY . /src
 RUN set -eu; \
     mkdir -p /src/dist/wheels; \

@@ -154,7 +154,7 @@ test-vm: venv images
 	VM_HOST_PYTHON=$(abspath $(BIN))/python tests/vm/ci.sh $(VM_ARGS)
 
 lint: venv-dev typecheck
-	$(BIN)/ruff check sandboxd tests bench images/runner
+	$(BIN)/ruff check sandboxd client tests bench images/runner
 
 bench: venv images
 	$(BIN)/python bench/bench_restricted.py

@@ -1,4 +1,5 @@
-"""The daemon's own path (issue 25): every row of the issue's target table from one run, with
+"""The daemon's own path: every row of its cost table (fixed memory, per-call time and CPU,
+start) from one run, with
 the fork floor measured in the same run.
 
     python bench/bench_daemon.py [--runs 3] [--calls 200] [--baseline /path/to/other/checkout]

@@ -1,4 +1,4 @@
-"""Benchmark (issue 27): what HAProxy in front of a fleet costs a node.
+"""Benchmark: what HAProxy in front of a fleet costs a node.
 
 Starts a fleet (tests/support/fleet.py: ``--nodes`` real daemons, restricted backend, behind
 a real HAProxy with the generated configuration) and measures, in the same run and

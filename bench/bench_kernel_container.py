@@ -1,4 +1,4 @@
-"""Container backend, session kernel (issue 14): a stateful call, ``x += 1; print(x)``, in
+"""Container backend, session kernel: a stateful call, ``x += 1; print(x)``, in
 a session whose kernel is already running.
 
     python bench/bench_kernel_container.py [--repeats 3] [--calls 200] [--http]

@@ -1,4 +1,4 @@
-"""Benchmark: a stateful ``python`` call in a session kernel (restricted backend, issue 14)
+"""Benchmark: a stateful ``python`` call in a session kernel (restricted backend)
 through the HTTP API: ``x += 1; print(x)``, the printed counter checked on every call.
 
 Starts a real daemon (subprocess, default policy, rate limit off, container backend off),

@@ -2,7 +2,7 @@
 host's first request (``initialize`` at 2025-11-25, ``server/discover`` at 2026-07-28), sent
 the moment the process starts, as a host does. Medians over repeated runs, against a real
 daemon started once, with the fork floor (``python -c pass``) of the same run.
-Issue 29: the answer is due within 1 s of start.
+The answer is due within 1 s of start: a host waits for it before it shows any tool.
 
     python bench/bench_mcp_bridge.py [--runs 5] [--baseline /path/to/other/checkout]
 
@@ -100,7 +100,7 @@ def main() -> None:
                 floor.append(floor_s())
                 for name, tree in trees.items():
                     for first in FIRST:
-                        # a bridge that refuses discover (main before issue 29) has no figure
+                        # a bridge that refuses discover (an older checkout) has no figure
                         with contextlib.suppress(RuntimeError, ValueError):
                             took = answer_s(tree, d.url, token_file, first)
                             results[name][first].append(took)

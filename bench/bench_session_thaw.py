@@ -1,4 +1,4 @@
-"""Container backend, idle pause (issue 26, item 2): what a thaw adds to a session call.
+"""Container backend, idle pause (idle sessions hold no CPU): what a thaw adds to a session call.
 
     python bench/bench_session_thaw.py [--repeats 5] [--calls 40]
 

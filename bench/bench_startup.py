@@ -1,6 +1,6 @@
 """Daemon start-up: ``sandboxd serve`` from exec to a 200 on ``/healthz``, and the import of
 what ``serve`` loads, medians over repeated runs. Every test daemon pays this, ~30x slower
-under the VM job's emulation (issue 28).
+under the VM job's emulation, where CI runs hundreds of them.
 
     python bench/bench_startup.py [--runs 9] [--baseline /path/to/other/checkout]
 

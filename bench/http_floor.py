@@ -1,4 +1,5 @@
-"""The HTTP floor of a kernel call (issue 25): what the daemon's server stack alone costs.
+"""The HTTP floor of a kernel call (the part no change to sandboxd's own code
+can save): what the daemon's server stack alone costs.
 
     python bench/http_floor.py {asgi,fastapi}    # serves; prints its port on the first line
 

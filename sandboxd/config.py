@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         description="auto: a size/inode-limited tmpfs per workspace when the daemon may mount "
                     "(CAP_SYS_ADMIN), else advisory; kernel: required (not ready without it); "
                     "advisory: never mount, check before and after calls only")
-    # --- restarts keep sessions (issue 26, item 1)
+    # --- restarts keep sessions (an upgrade or a config change must not end users' work)
     sessions_survive_restart: bool = Field(
         default=True,
         description="A clean stop (SIGTERM) keeps every session for the next start: tmpfs "
@@ -222,7 +222,8 @@ class Settings(BaseSettings):
         default=2.0, ge=0, le=60,
         description="At a session call's wall-clock limit or on a cancel, its code first gets "
                     "a KeyboardInterrupt; a kernel back in its loop within this many seconds "
-                    "keeps its variables, else it is killed (issue 22)")
+                    "keeps its variables, else it is killed (a runaway call need not cost the "
+                    "session its state)")
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
     sandbox_uid: int = 10001  # the image's user (images are built with it)
@@ -256,21 +257,22 @@ class Settings(BaseSettings):
     seccomp_profile: Path | None = Field(
         default=None, description="None: the shipped policies/seccomp.json"
     )
-    # --- idle session containers (issue 26, item 2)
+    # --- idle session containers (paused: an idle session holds no CPU and can be thawed)
     session_pause_after_s: float = Field(
         default=60.0, ge=0,
         description="A session container with no call for this many seconds is paused (the "
                     "engine's cgroup freezer; its memory stays charged to it) and thawed at "
                     "its next call; 0: never paused")
 
-    # --- packages (issue 26): the admin's directory of wheels that install_packages reads
+    # --- packages: the admin's directory of wheels that install_packages reads
     wheelhouse: Path | None = Field(
         default=None,
         description="Directory of wheels (.whl) that container sessions may install from "
                     "with install_packages (mounted read-only; the daemon never writes it); "
                     "None: the tool is refused")
 
-    # --- fleet (issue 27): the node this daemon is; session and MCP session ids carry it
+    # --- fleet: the node this daemon is; session and MCP session ids carry it so that HAProxy
+    # routes each call to the node that holds its session
     node_id: str = Field(
         default_factory=default_node_id, pattern=NODE_ID_PATTERN,
         description="This node's id in a fleet (docs/fleet.md): [a-z0-9-], at most 32 "
@@ -291,9 +293,9 @@ class Settings(BaseSettings):
         default=False, description="Serve even when the default backend fails its self-test"
     )
 
-    # --- backends registered by their own packages (issue 23): each one's settings section,
-    # checked against the model its registry entry names (sandboxd.backends.registry); the
-    # built-in backends keep their flat settings above
+    # --- backends registered by their own packages (a new backend needs no core change):
+    # each one's settings section, checked against the model its registry entry names
+    # (sandboxd.backends.registry); the built-in backends keep their flat settings above
     backends: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Settings sections of backends that define their own: {name: {...}}")

@@ -4,7 +4,7 @@ Every error the daemon raises on purpose derives from it (service, scheduler, se
 registry validation, policy loading, audit, configuration, tokens, storage, backends). The
 HTTP layer (:mod:`sandboxd.api.problems`) is a table from ``code`` to status, problem type
 and title; an error whose code is not in that table is a 500 without internals. The client
-side mirrors this (:mod:`sandboxd.client.errors`: one root, a status table).
+side mirrors this (:mod:`sandboxd_client.errors`: one root, a status table).
 
 Not here, on purpose: the two standalone modules the container runner shares
 (:mod:`sandboxd.protocol.wire`'s ``ProtocolError``, :mod:`sandboxd.protocol.rules`'

@@ -1,4 +1,4 @@
-"""A fleet of sandboxd nodes behind HAProxy (issue 27; docs/fleet.md): the configuration.
+"""A fleet of sandboxd nodes behind HAProxy (docs/fleet.md): the configuration.
 
 Every session id names its node (``ses_<node>_<random>``, MCP's ``mcp_<node>_<random>``:
 :func:`sandboxd.models.new_id`), and everything a session does is under its own path

@@ -1,4 +1,5 @@
-"""Handing the C heap's free memory back to the kernel (issue 25: the daemon's fixed cost).
+"""Handing the C heap's free memory back to the kernel (the daemon's fixed
+memory cost: what it holds while idle).
 
 Start-up (imports, the app, the policy, the backends' first work) leaves freed blocks at the
 top of glibc's heap that ``free`` keeps for later; ``malloc_trim(0)`` returns them (0.8 MiB

@@ -1,14 +1,14 @@
-"""Session kernels seen from the service (issue 14): the host-wide cap on live kernels, the
-kernel-lost note on results, and the session operations of :class:`~sandboxd.service.Sandboxd`
-(create, list, describe, restart, delete, expire).
+"""Session kernels (persistent Python state per session) seen from the service: the host-wide
+cap on live kernels, the kernel-lost note on results, and the session operations of
+:class:`~sandboxd.service.Sandboxd` (create, list, describe, restart, delete, expire).
 
 A *kernel* is a session's persistent Python interpreter on one backend; the backends own them
 (``Backend.kernel_sessions()``, ``Backend.restart_kernel()``). The service only counts them:
 a session ``python`` call whose session has no live kernel on its backend would start one, so
 it is admitted only while the live kernels of every backend, plus the kernels reserved by
-calls in flight, stay under ``max_kernels`` (:class:`KernelCap`). Admission is synchronous on
-the event loop (no ``await`` between counting and reserving), so concurrent calls can never
-overshoot the cap.
+calls in flight, stay under ``max_kernels`` (:class:`KernelCap`), reserved before the call's
+first ``await`` as :mod:`sandboxd.reservations` reserves every cap, so concurrent calls can
+never overshoot it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from sandboxd.models import (
     Result,
     kernel_lost_message,
 )
+from sandboxd.reservations import Cap, CapReached, Ledger, Reservation
 from sandboxd.sessions import SessionNotFound
 from sandboxd.storage import is_no_space
 
@@ -50,56 +50,52 @@ log = logging.getLogger("sandboxd")
 KernelKey = tuple[str, str]
 
 
-class KernelTicket:
-    """A kernel reserved for one call in flight; :meth:`release` it when the call is over
-    (idempotent). A ticket for a call that needs no kernel reserves nothing."""
-
-    def __init__(self, cap: KernelCap | None, key: KernelKey | None) -> None:
-        self._cap = cap
-        self._key = key
+class _NoKernel:
+    """The ticket of a call that needs no kernel: reserves nothing."""
 
     def release(self) -> None:
-        """Give the reservation back (the backend's own count has taken over, if it lives)."""
-        if self._cap is not None and self._key is not None:
-            self._cap._release(self._key)
-        self._cap = None
+        return None
+
+
+#: a kernel reserved for one call in flight (a :class:`~sandboxd.reservations.Reservation`
+#: of its :data:`KernelKey`); ``release()`` it when the call is over (the backend's own
+#: count has taken over, if the kernel lives)
+KernelTicket = Reservation[KernelKey] | _NoKernel
 
 
 class KernelCap:
-    """The host-wide limit on live session kernels (``max_kernels``), every backend together."""
+    """The host-wide limit on live session kernels (``max_kernels``), every backend together
+    (reserved as :mod:`sandboxd.reservations` reserves every cap)."""
 
     def __init__(self, limit: int, backends: Mapping[str, Backend]) -> None:
         self.limit = limit
         self.backends = backends
-        self._reserved: Counter[KernelKey] = Counter()
+        self._reserved: Ledger[KernelKey] = Ledger()
 
     def live(self) -> set[KernelKey]:
         """Kernels alive on the backends now, and those reserved by calls in flight."""
         keys = {(name, sid) for name, backend in self.backends.items()
                 for sid in backend.kernel_sessions()}
-        return keys | set(self._reserved)
+        return keys | self._reserved.keys()
 
     def admit(self, session_id: str | None, backend: str | None, *,
               python: bool) -> KernelTicket:
         """Reserve the kernel a call needs, or raise :class:`KernelLimitReached`. Calls
         without a session, or that are not ``python``, need none."""
         if session_id is None or backend is None or not python:
-            return KernelTicket(None, None)
+            return _NoKernel()
         key = (backend, session_id)
         live = self.live()
-        if key not in live and len(live) >= self.limit:
+        if key in live:  # its kernel is counted already: the call shares it
+            return self._reserved.reserve(key)
+        try:
+            return self._reserved.reserve(key, Cap("max_kernels", len(live), self.limit))
+        except CapReached:
             raise KernelLimitReached(
                 f"this call needs a new Python interpreter for session '{session_id}', but "
                 f"the host already runs {len(live)} session interpreters, its limit "
                 f"(max_kernels = {self.limit}); retry later, delete sessions that are no "
-                "longer needed, or run the code without a session")
-        self._reserved[key] += 1
-        return KernelTicket(self, key)
-
-    def _release(self, key: KernelKey) -> None:
-        self._reserved[key] -= 1
-        if self._reserved[key] <= 0:
-            del self._reserved[key]
+                "longer needed, or run the code without a session") from None
 
 
 def note_kernel_lost(result: Result) -> Result:
@@ -128,6 +124,8 @@ class SessionOps:
     audit: AuditLog
     recorder: AuditRecorder
     draining: bool
+    #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
+    _endings: set[asyncio.Future[dict[str, Any]]]
 
     def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
         raise NotImplementedError
@@ -204,7 +202,8 @@ class SessionOps:
 
     async def interrupt_session(self, client: str, session_id: str, *,
                                 transport: str = "http") -> dict[str, Any]:
-        """Interrupt the ``python`` call that runs in the session now (issue 22): its code
+        """Interrupt the ``python`` call that runs in the session now (so that a runaway
+        call need not cost the session its state): its code
         gets a ``KeyboardInterrupt``, the call ends ``killed`` (``cancelled``) with its own
         result, and the kernel keeps its variables when it comes back within the grace.
         Audited as ``kernel_interrupt``. The session view, with ``interrupted``: the backends
@@ -230,14 +229,28 @@ class SessionOps:
     async def end_session(self, session: Session, event: str | None,
                           **fields: Any) -> dict[str, Any] | None:
         """The one way a session ends (DELETE, TTL expiry, daemon stop, client revoked):
-        unregistered first (no new call finds it), then its kernels and containers on every
-        backend, then its workspace (unmounted, removed) and uid, then the ``event`` audit
-        record with ``fields`` (none when the caller audits the whole, as a revocation does).
+        unregistered first (no new call finds it), then its calls cancelled and waited for
+        (:mod:`sandboxd.session_calls`), then its kernels and containers on every backend,
+        then its workspace (unmounted, removed) and uid, then the ``event`` audit record
+        with ``fields`` (none when the caller audits the whole, as a revocation does).
         What was ended: ``{"id", "kernels": the backends whose kernel was live, "verified":
         no kernel is left and the workspace is gone}``; None when it had ended already."""
         if not self.sessions.forget(session):
             return None
+        # the rest runs to its end even when the caller is cancelled (a DELETE whose client
+        # hung up): an unregistered session is found by nothing else that would end it
+        ending = asyncio.ensure_future(self._end_forgotten(session, event, fields))
+        self._endings.add(ending)
+        ending.add_done_callback(self._endings.discard)
+        return await asyncio.shield(ending)
+
+    async def _end_forgotten(self, session: Session, event: str | None,
+                             fields: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`end_session` after the session was unregistered."""
         kernels = self.kernel_backends(session.id)
+        # its calls first (cancelled, their sandboxes ended and verified): nothing of it may
+        # run once its workspace and uid are free (sandboxd.session_calls)
+        await self.sessions.end_calls(session)
         await self._close_session_backends(session)
         removed = await self.sessions.remove(session)
         left = self.kernel_backends(session.id)

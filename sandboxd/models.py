@@ -22,13 +22,11 @@ status         termination.reason
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import time
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -41,13 +39,24 @@ from pydantic import (
     model_serializer,
 )
 
-from sandboxd.output_items import Output, in_order
 from sandboxd.protocol.display import TOO_DEEP, too_deep
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import ExecutionPlan
 from sandboxd.protocol.plan import ToolKind as ToolKind  # re-exported: the tools' kinds
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
+from sandboxd_client import models as results
+from sandboxd_client.models import Approval as Approval
+from sandboxd_client.models import Cleanup as Cleanup
+from sandboxd_client.models import Kernel as Kernel
+from sandboxd_client.models import PolicyRef as PolicyRef
+from sandboxd_client.models import Reason as Reason
+from sandboxd_client.models import Resources as Resources
+from sandboxd_client.models import Status as Status
+from sandboxd_client.models import Termination as Termination
+from sandboxd_client.models import ToolSpec as ToolSpec
+from sandboxd_client.models import Truncated as Truncated
+from sandboxd_client.output_items import Output
 
 
 def new_id(prefix: str, node: str | None = None) -> str:
@@ -63,30 +72,6 @@ def node_of(identifier: str) -> str | None:
     e.g. a session made by a version before fleets)."""
     parts = identifier.split("_")
     return parts[1] if len(parts) == 3 and parts[1] else None
-
-
-class Status(StrEnum):
-    """Outcome of an invocation as a whole."""
-
-    ok = "ok"
-    error = "error"
-    denied = "denied"
-    timeout = "timeout"
-    killed = "killed"
-    rejected = "rejected"
-
-
-class Reason(StrEnum):
-    """Why the execution ended."""
-
-    exited = "exited"
-    wall_timeout = "wall_timeout"
-    cpu_limit = "cpu_limit"
-    memory_limit = "memory_limit"
-    pids_limit = "pids_limit"
-    output_limit = "output_limit"
-    policy = "policy"
-    cancelled = "cancelled"
 
 
 STATUS_FOR_REASON: dict[Reason, Status] = {
@@ -211,20 +196,12 @@ class Invocation(_Model):
     plan: ExecutionPlan
     # file tools: the bytes of a raw upload or download, in-process
     transfer: Transfer | None = Field(default=None, exclude=True)
-    # a streaming caller's sink: the backend hands it output as it is produced (issue 14,
-    # section 5); None for a plain call. In-process, never sent.
+    # a streaming caller's sink: the backend hands it output as it is produced (so a
+    # caller sees a long call's progress); None for a plain call. In-process, never sent.
     events: EventSink | None = Field(default=None, exclude=True)
 
 
 # ---------------------------------------------------------------- decisions
-
-
-class PolicyRef(_Model):
-    """Which policy file and rule made a decision."""
-
-    decision: Literal["allow", "deny"]
-    source: str
-    rule: str
 
 
 class ApprovalRule(_Model):
@@ -235,17 +212,6 @@ class ApprovalRule(_Model):
     by: list[str] = Field(default_factory=list)  # client names that may approve
     elicit: bool = False  # the calling MCP host's user may answer (elicitation)
     timeout_s: float = 300.0
-
-
-class Approval(_Model):
-    """How a gated call's approval ended (on the result and the decision that ran or not)."""
-
-    id: str
-    state: Literal["approved", "denied", "expired", "withdrawn"]
-    by: str | None = None  # the approver (a client name, or "<client> (elicitation)")
-    reason: str | None = None
-    at: str | None = None  # when it was decided (UTC, ISO 8601)
-    scope: Literal["call", "session"] = "call"
 
 
 class Decision(_Model):
@@ -303,53 +269,13 @@ class Decision(_Model):
 # ---------------------------------------------------------------- results
 
 
-class Termination(_Model):
-    reason: Reason
-    exit_code: int | None = None
-    signal: int | None = None
-
-
-class Truncated(_Model):
-    stdout: bool = False
-    stderr: bool = False
-
-
-class Resources(_Model):
-    wall_ms: int = 0
-    cpu_ms: int = 0
-    peak_memory_bytes: int = 0
-
-
-class Cleanup(_Model):
-    verified: bool = False
-    detail: str | None = None
-
-
-class Kernel(_Model):
-    """The session's persistent Python interpreter, as a session ``python`` call left it
-    (issue 14). One-shot calls carry ``kernel: null``.
-
-    ``fresh``: this call started a new kernel (an empty namespace; the workspace files are
-    kept). ``calls``: calls run in this kernel so far, this one included. ``lost``: this call
-    ended the kernel (``reason``: the termination reason, e.g. ``wall_timeout``,
-    ``memory_limit``, ``crashed``); the next call starts a fresh one. ``interrupted``: the
-    call's code was interrupted (a ``KeyboardInterrupt`` at its wall-clock limit, a cancel or
-    an interrupt request; issue 22) and its kernel came back within the grace: the session's
-    variables are kept."""
-
-    fresh: bool = False
-    calls: int = 0
-    lost: bool = False
-    reason: str | None = None
-    interrupted: bool = False
-
-
 #: what the model reads when a call ended its session's kernel (one definition, every backend)
 KERNEL_LOST_MESSAGE = ("the session's Python state was lost because {why}; the next call "
                        "starts a fresh interpreter in the same workspace (files are kept)")
 
 
-#: what the model reads when its code was interrupted and the kernel kept (issue 22)
+#: what the model reads when its code was interrupted and the kernel kept (what
+#: it can still use, so that it does not redo the work)
 KERNEL_INTERRUPTED_MESSAGE = ("its code was interrupted (KeyboardInterrupt) and the session's "
                               "Python state is kept: variables defined before the interrupt "
                               "are still there")
@@ -372,45 +298,12 @@ class Explanation(_Model):
     location: str | None
 
 
-class Result(_Model):
-    """The single result format of every backend and every outcome."""
+class Result(results.Result):
+    """The single result format of every backend and every outcome: the fields a client reads
+    (:class:`sandboxd_client.models.Result`, their one definition), the effective limits typed,
+    and how the daemon builds and sends one."""
 
-    id: str
-    tool: str
-    session: str | None = None
-    node: str | None = None  # the node the call ran on (issue 27: a fleet routes by it)
-    backend: str | None = None
-    status: Status
-    termination: Termination
-    stdout: str = ""
-    stderr: str = ""
-    truncated: Truncated = Field(default_factory=Truncated)
-    value: Any = None
-    resources: Resources = Field(default_factory=Resources)
     limits: Limits | None = None
-    policy: PolicyRef | None = None
-    cleanup: Cleanup = Field(default_factory=Cleanup)
-    message: str | None = None  # human/model-readable explanation for non-ok outcomes
-    kernel: Kernel | None = None  # session python calls: the session's kernel (issue 14)
-    outputs: list[Output] = Field(default_factory=list)  # display items, in order (issue 14)
-    # Python's repr of the last value when its JSON (``value``) would change it: a tuple
-    # (issue 29); None when ``value`` says it all
-    value_repr: str | None = None
-    # the signed receipt of this call (docs/receipts.md): checked offline with the daemon's
-    # public key; None when the result was never audited (it could not be written)
-    receipt: dict[str, Any] | None = None
-    # a call the policy gated on a person's yes: who said yes or no, or that nobody did
-    approval: Approval | None = None
-
-    def images(self) -> list[bytes]:
-        """The call's images (its PNG and JPEG display items, in order), decoded."""
-        return [base64.b64decode(item.image[1]) for item in self.outputs if item.image]
-
-    def sequence(self) -> list[tuple[Literal["stdout", "stderr"], str] | Output]:
-        """Everything the call printed and displayed, in execution order (issue 29):
-        ``("stdout", text)``, ``("stderr", text)`` and display items, cut at each item's
-        :attr:`Output.at` (:func:`in_order`)."""
-        return in_order(self.stdout, self.stderr, self.outputs)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,
@@ -435,7 +328,7 @@ class Result(_Model):
         if resources is None:
             resources = Resources(wall_ms=int((time.monotonic() - started) * 1000)
                                   if started is not None else 0)
-        if too_deep(fields.get("value")):  # bounded at the border (issue 22)
+        if too_deep(fields.get("value")):  # bounded at the border, for clients' parsers
             fields["value"] = None
             message = "; ".join(m for m in (message, f"value omitted: {TOO_DEEP}") if m)
         return cls(
@@ -490,34 +383,6 @@ class Result(_Model):
                          status=Status.denied, policy=decision.ref, limits=decision.limits,
                          cleanup=Cleanup(verified=True), message=decision.message,
                          approval=decision.approval)
-
-
-# ---------------------------------------------------------------- tools
-
-
-class ToolSpec(_Model):
-    """A tool as ``GET /v1/tools`` lists it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    backend: str | None = None
-    available: bool = True
-    unavailable_reason: str | None = None
-    title: str | None = None
-    #: MCP's tool annotations (readOnlyHint, destructiveHint, idempotentHint, openWorldHint)
-    annotations: dict[str, bool] = Field(default_factory=dict)
-
-    def openai(self) -> dict[str, Any]:
-        """This tool exactly as the OpenAI ``tools`` request field expects it."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
 
 
 # ---------------------------------------------------------------- readiness

@@ -3,8 +3,9 @@
 Kept to the standard library's light modules (no ``logging``, ``subprocess``, ``ctypes.util``,
 ``pathlib``, and no ``json`` nor ``socket``: both pull in ``enum`` and ``re``, 1.4 MiB of the
 helper's 4.5): the helper runs for as long as the daemon does, started as ``python -I -S`` with
-only this module on its path, and every module it imports is memory it keeps (issue 25: the
-daemon's fixed cost). Its wire format is therefore its own (:func:`encode_request`)."""
+only this module on its path, and every module it imports is memory it keeps for the
+daemon's whole life (part of the daemon's fixed cost). Its wire format is therefore its own
+(:func:`encode_request`)."""
 
 from __future__ import annotations
 
@@ -152,7 +153,8 @@ def _handle(raw: bytes, root_fd: int, root_dev: int) -> None:
     goes again when the mount fails); ``remove`` unmounts it (when mounted) and removes the
     then empty directory; ``umount`` only unmounts (the daemon's threads then remove what the
     workspace held below the mount point). A workspace's start and end in one exchange each,
-    none of its file system work in the daemon (issue 25)."""
+    none of its file system work in the daemon (no daemon CPU
+    or thread for each step of a call's workspace)."""
     msg = decode_request(raw)
     name = msg.get("name")
     if not isinstance(name, str) or not _valid_name(name):

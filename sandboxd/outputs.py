@@ -1,4 +1,5 @@
-"""Rich outputs (issue 14): the one definition of what a display item may be.
+"""Rich outputs (images, HTML, tables a call displays): the one definition of what a display
+item may be.
 
 A call adds display items with ``display(obj)`` (and, on the container backend, by leaving a
 matplotlib figure open); the sandbox sends each as one ``d`` frame

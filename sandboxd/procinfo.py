@@ -1,5 +1,5 @@
-"""The two process facts the daemon reads from ``/proc`` on its own (issue 25: psutil, 0.7 MiB
-for the daemon's lifetime, was imported for these alone)."""
+"""The two process facts the daemon reads from ``/proc`` on its own: psutil, 0.7 MiB of memory
+for the daemon's lifetime, was imported for these alone."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ at start-up, before it reads any request, it starts a **mount helper** (a small 
 own, :mod:`sandboxd.mount_helper`) and then installs a seccomp filter on itself (every thread)
 that refuses ``mount``, ``umount2`` and the rest of the mount API. From then on only the helper
 mounts, and only what it is asked over its private socket pairs (one for the daemon's
-threads, one for its event loop: a call's workspace without a thread, issue 25): make a
+threads, one for its event loop: a call's workspace without the CPU of a thread hop): make a
 directory directly below the workspaces directory (which it holds open by descriptor since
 start-up, so a later symlink cannot redirect it) and mount a tmpfs with the given limits on it
 while it is empty; unmount such a directory, and remove it once it is empty. A compromised

@@ -1,5 +1,6 @@
-"""Restarts keep sessions (issue 26): what a restarted daemon checks before it re-adopts a
-session, and what a session's next call is told about a kernel the restart ended.
+"""Restarts keep sessions (an upgrade must not end users' work): what a restarted daemon checks
+before it re-adopts a session, and what a session's next call is told about a kernel the restart
+ended.
 
 A clean stop with ``sessions_survive_restart`` (the default) ends no session: a tmpfs workspace
 stays mounted (the mounts are the host's: a test daemon's namespace, or the unit's with

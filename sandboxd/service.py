@@ -66,13 +66,15 @@ from sandboxd.recorder import AuditRecorder, interrupted_calls
 from sandboxd.registry import validate_arguments
 from sandboxd.restarts import SessionRestarts
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
-from sandboxd.sessions import Session, SessionManager
+from sandboxd.sessions import Session, SessionEnded, SessionManager
 from sandboxd.stopclock import StopClock
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 from sandboxd.uids import UidPool
 
 log = logging.getLogger("sandboxd")
+#: the message of a call its session's end cancelled (delete, expiry, revocation)
+SESSION_ENDED = "the session ended (deleted, expired or its client revoked) during the call"
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._endings: set[asyncio.Future[dict[str, Any]]] = set()
         self._drain_cancelled: set[asyncio.Task[Any]] = set()  # answered as DrainCancelled
         self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
         self._tasks: list[asyncio.Task[Any]] = []
@@ -378,13 +381,20 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             started = started or asyncio.Event()  # set once the call holds a slot and runs
             call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
                          transfer, events)
-            restart_lost = self.restart_lost(session, decision.backend)  # issue 26
+            restart_lost = self.restart_lost(session, decision.backend)  # ended by a restart?
             ticket: KernelTicket | None = None
+            task = asyncio.current_task()
             try:
                 # a session python call may start a kernel: within max_kernels only
                 ticket = self.kernel_cap.admit(request.session, decision.backend,
                                                python=plan.kind is ToolKind.python)
-                result = await self._execute(call, deadline, started)
+                with self.sessions.cancellable(session):  # the session's end cancels it
+                    result = await self._execute(call, deadline, started)
+            except SessionEnded as exc:  # it found its session ended: nothing ran
+                result = self._outcome(invocation_id, tool, decision, request.session,
+                                       Status.killed, Reason.cancelled, str(exc))
+                result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
+                return await self._finish(client, result, admitted, transport=transport)
             except (KernelLimitReached, Overloaded) as exc:
                 self.metrics.rejections.labels(reason=type(exc).__name__).inc()
                 result = self._outcome(invocation_id, tool, decision, request.session,
@@ -404,6 +414,16 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                         result = note_kernel_lost(result)
                 elif not started.is_set():  # cancelled while queued: nothing was started
                     result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
+                # cancelled by its session's end (or refused by a backend that found the
+                # session closed), not by its caller: the caller hears the cancelled result
+                if task is not None:
+                    for _ in range(self.sessions.calls.ended_call(task)):
+                        task.uncancel()
+                if session is not None and not self.sessions.live(session) and (
+                        task is None or not task.cancelling()):
+                    result.message = SESSION_ENDED
+                    return await self._finish(client, result, admitted, ran=True,
+                                              transport=transport)
                 with contextlib.suppress(ServiceError):
                     await self._finish(client, result, admitted, transport=transport)
                 if drained and mine is not None:  # the drain's cancel: an answer, not a cut
@@ -428,6 +448,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                 if ticket is not None:
                     ticket.release()
                 self.note_kernels(session)  # a crash must not hide the kernel it started
+                self.sessions.calls.ended_call(task)  # a cancel swallowed on the way
             result = self.note_restart(session, decision.backend, restart_lost, result)
             if session is not None:
                 self.sessions.touch(session)
@@ -440,6 +461,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             # a raw transfer never takes an execution slot: its client's transfer slots
             slots = self.scheduler if call.transfer is None else self.transfers
             async with slots.slot(call.client, deadline):
+                self.sessions.check_live(call.session)  # it may have ended while we waited
                 started.set()
                 if call.plan.kind is ToolKind.python:  # a crash during this call loses it
                     self.note_kernel_starting(call.session, call.decision.backend)
@@ -496,7 +518,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Audit the result and count it. ``ran``: the call executed, so an audit failure
         must not be reported as a refusal: the result is kept, written late, and returned
         inside the :class:`AuditFailure`."""
-        result.node = self.settings.node_id  # which node ran it (issue 27)
+        result.node = self.settings.node_id  # which node ran it (a fleet routes by it)
         self.metrics.invocations.labels(tool=result.tool, status=result.status.value).inc()
         self.metrics.duration.labels(tool=result.tool).observe(time.monotonic() - admitted)
         try:

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -42,7 +41,9 @@ from pathlib import Path
 from sandboxd.errors import SandboxdError
 from sandboxd.models import new_id
 from sandboxd.quotafs import Usage, WorkspaceFS, is_mount_point, mounted_usage, mounts_below
+from sandboxd.reservations import Cap, CapReached, Ledger
 from sandboxd.restarts import workspace_problem
+from sandboxd.session_calls import SessionCalls
 from sandboxd.uids import UidPool, UidPoolExhausted, chown_tree
 
 log = logging.getLogger("sandboxd.sessions")
@@ -60,6 +61,11 @@ class SessionNotFound(SessionError):
     """No such session for this client (or it expired)."""
 
     code = "unknown-session"
+
+
+class SessionEnded(SessionNotFound):
+    """The call's session ended (deleted, expired, its client revoked) while the call waited:
+    the service answers it ``killed`` (``cancelled``); nothing of it ran."""
 
 
 class SessionLimitReached(SessionError):
@@ -87,8 +93,9 @@ class Session:
     workspace: str
     uid: int | None = None  # its sandbox identity (uid = gid); None when the daemon is not root
     quota_entries: int = 0  # 0: written by a daemon that had no entry quota
-    node: str = ""  # the node it lives on (issue 27); "": stored by a version before fleets
-    # backends on which a daemon stop found a live kernel (issue 26): the next python call
+    node: str = ""  # the node it lives on (a fleet routes by it); "": stored before fleets
+    # backends on which a daemon stop found a live kernel (the session survives a restart but
+    # that kernel may not, and a caller must not lose state unawares): the next python call
     # there says ``kernel.lost`` (``daemon_restart``) unless that kernel is alive again
     kernels_at_stop: list[str] = field(default_factory=list)
     # backends on which it has a live kernel, written when one starts and cleared when it
@@ -149,7 +156,8 @@ class SessionManager:
         #: sessions the last sweep did not re-adopt because a check failed: id -> why
         self.refused: dict[str, tuple[Session, str]] = {}
         self._saved_expiry: dict[str, float] = {}  # the expiry each session's file holds
-        self._calls: Counter[str] = Counter()  # session id -> its calls running now
+        self.calls = SessionCalls()  # each session's calls in flight, for its end
+        self._creating: Ledger[str] = Ledger()  # by client: sessions being created now
 
     # ------------------------------------------------------------ start-up
 
@@ -219,13 +227,23 @@ class SessionManager:
     # ------------------------------------------------------------ sessions
 
     async def create(self, client: str, ttl_s: float | None = None) -> Session:
-        """A new session with an empty workspace."""
-        owned = [s for s in self._sessions.values() if s.client == client]
-        if len(owned) >= self.max_per_client:
+        """A new session with an empty workspace. Its place under ``max_per_client`` is
+        reserved before the first await (:mod:`sandboxd.reservations`) and held until it is
+        registered: a burst of creations admits exactly the cap."""
+        held = len(self.registered(client)) + self._creating.held(client)
+        try:
+            place = self._creating.reserve(
+                client, Cap("max_sessions_per_client", held, self.max_per_client))
+        except CapReached:
             raise SessionLimitReached(
-                f"client '{client}' already has {len(owned)} sessions (the maximum); "
-                "delete one first"
-            )
+                f"client '{client}' already has {held} sessions (the maximum, those being "
+                "created included); delete one first") from None
+        try:
+            return await self._create(client, ttl_s)
+        finally:
+            place.release()  # registered (it counts itself) or failed
+
+    async def _create(self, client: str, ttl_s: float | None) -> Session:
         ttl = min(ttl_s or self.ttl_s, self.ttl_s)
         now = time.time()
         sid = new_id("ses", self.node_id or None)
@@ -274,25 +292,48 @@ class SessionManager:
 
     def _live(self, session: Session, now: float) -> bool:
         """Unexpired: its TTL has not run out since its last call, or a call of it runs."""
-        return session.expires_at > now or session.id in self._calls
+        return session.expires_at > now or self.calls.running(session.id)
+
+    def live(self, session: Session) -> bool:
+        """The session has not ended: it is still registered (an ended one never comes back)."""
+        return self._sessions.get(session.id) is session
+
+    def check_live(self, session: Session | None) -> None:
+        """:class:`SessionEnded` when ``session`` has ended (None: no session, nothing to
+        check). A call checks again after every wait (its slot, its kernel)."""
+        if session is not None and not self.live(session):
+            raise SessionEnded(f"session '{session.id}' ended before the call could run")
 
     @contextlib.contextmanager
     def in_use(self, session: Session | None) -> Iterator[None]:
         """A call of ``session`` runs (None: no session): the session does not expire
         meanwhile, however long the call takes, and one whose TTL ran out during the call
-        gets its whole TTL again from the call's end (:meth:`touch`)."""
+        gets its whole TTL again from the call's end (:meth:`touch`). Its end
+        (:meth:`end_calls`) waits for the call to be over."""
         if session is None:
             yield
             return
-        self._calls[session.id] += 1
-        try:
+        self.check_live(session)
+        with self.calls.counted(session.id) as last:
             yield
-        finally:
-            self._calls[session.id] -= 1
-            if self._calls[session.id] <= 0:
-                del self._calls[session.id]
-                if session.expires_at <= time.time() and session.id in self._sessions:
-                    self.touch(session)
+        if last[0] and session.expires_at <= time.time() and session.id in self._sessions:
+            self.touch(session)
+
+    @contextlib.contextmanager
+    def cancellable(self, session: Session | None) -> Iterator[None]:
+        """The part of a call of ``session`` (inside :meth:`in_use`) that the session's end
+        cancels: its wait for a slot and a kernel, and its run. :class:`SessionEnded` when
+        the session has ended already."""
+        if session is None:
+            yield
+            return
+        self.check_live(session)
+        with self.calls.cancellable(session.id):
+            yield
+
+    async def end_calls(self, session: Session) -> int:
+        """:meth:`SessionCalls.end` of a session that has ended (:meth:`forget`)."""
+        return await self.calls.end(session.id)
 
     def touch(self, session: Session) -> None:
         """Slide the session's expiry forward after a use. Its file is rewritten only when
@@ -311,7 +352,7 @@ class SessionManager:
 
     async def usage(self, workspace: Path) -> Usage:
         """A workspace's usage: a tmpfs's ``statvfs`` (memory only) right here, as a thread
-        hop costs more than it and a call takes two (issue 25); a bounded walk otherwise,
+        hop costs more than it and a call takes two (per-call CPU); a bounded walk otherwise,
         in a worker thread so that a huge workspace never stalls the event loop."""
         if self.fs.kernel:
             mounted = mounted_usage(workspace, self.fs.quota_bytes, self.fs.quota_entries)

@@ -1,4 +1,5 @@
-"""Streamed output (issue 14, section 5): the events a call produces while it runs.
+"""Streamed output (a caller sees a long call's progress): the events a call produces while it
+runs.
 
 A streaming caller puts an :data:`EventSink` on :attr:`Invocation.events
 <sandboxd.models.Invocation.events>`. The backend calls it, on the event loop, as output
@@ -6,7 +7,8 @@ arrives from the sandbox: ``stdout``/``stderr`` with text (exactly the bytes tha
 the result - within the output cap, decoded incrementally so no character is split) and
 ``display`` with an :class:`~sandboxd.output_items.Output` as a dict (its ``at``: the
 characters of stdout and stderr sent before it, so events and the result agree on where it
-sits). Events are sent in the order the sandbox produced them (issue 29). The service sends
+sits). Events are sent in the order the sandbox produced them, so
+that a reader sees text and displays where they happened. The service sends
 the final ``result`` event itself. A sink must not block; it is never called after the call's result
 exists. Over HTTP each event is one Server-Sent Event: ``event: <kind>`` and ``data:`` the
 JSON of :meth:`StreamEvent.payload`.
@@ -55,7 +57,8 @@ class TextRelay:
     for both (like the result's), decoded incrementally so that no character is split
     across events (the one relay of every backend's reader). It counts the characters of
     each stream so far, with or without a sink: :meth:`position` is where a display item
-    sits in the result's ``stdout`` and ``stderr`` (issue 29)."""
+    sits in the result's ``stdout`` and ``stderr`` (so that a client can show them in
+    execution order)."""
 
     sink: EventSink | None
     cap: int

@@ -64,7 +64,7 @@ class UidPool:
         with self._lock:
             if holder in self._held:
                 return self._held[holder]
-            if self.count - len(self._held) <= keep_free:
+            if self.count - len(set(self._held.values())) <= keep_free:
                 raise UidPoolExhausted(
                     f"all {self.count} sandbox identities are in use; try again later"
                 )
@@ -86,6 +86,12 @@ class UidPool:
             self._held[holder] = uid
             return True
 
+    def hold_also(self, holder: str, uid: int) -> None:
+        """``holder`` holds ``uid`` too (a sandbox of a session that ended whose end is not
+        confirmed yet): the uid stays taken until every holder has released it."""
+        with self._lock:
+            self._held[holder] = uid
+
     def release(self, holder: str) -> None:
         with self._lock:
             self._held.pop(holder, None)
@@ -96,8 +102,9 @@ class UidPool:
 
     @property
     def in_use(self) -> int:
+        """Distinct uids held now."""
         with self._lock:
-            return len(self._held)
+            return len(set(self._held.values()))
 
 
 def identities(settings: Settings, root: bool) -> str:

@@ -1,4 +1,4 @@
-"""The daemon's CPU per kernel call (issue 25) alone, for two or more checkouts interleaved
+"""The daemon's CPU per kernel call alone, for two or more checkouts interleaved
 run by run (alternating order): one daemon per run (container backend off), ``--calls``
 stateful kernel calls over HTTP after ten to warm up, the daemon's CPU from ``/proc``.
 

@@ -1,4 +1,4 @@
-"""Where the CPU of a one-shot restricted call goes (issue 25), for two or more checkouts
+"""Where the CPU of a one-shot restricted call goes, for two or more checkouts
 interleaved run by run (alternating order): one daemon per run (container backend off),
 ``print(1)`` over HTTP: the sequential p50, then ``--calls`` calls from 4 clients with the
 CPU of the daemon, its zygote and the zygote's reaped workers (``/proc``) and of the whole

@@ -1,5 +1,5 @@
-"""What one hand-off to the audit writer thread costs (issue 25): a future answered by a
-thread fed through a :class:`queue.SimpleQueue` (as :mod:`sandboxd.audit.thread` does),
+"""What one hand-off to the audit writer thread costs (one is paid per record): a future answered by
+a thread fed through a :class:`queue.SimpleQueue` (as :mod:`sandboxd.audit.thread` does),
 against the same future answered on the event loop itself (the baseline of the same run).
 
     python bench/profiles/audit_handoff.py [--rounds 20000]

@@ -1,4 +1,4 @@
-"""The daemon's CPU per kernel call split into user and system time (issue 25): one daemon
+"""The daemon's CPU per kernel call split into user and system time: one daemon
 (container backend off, rate limit off), a session whose kernel runs ``x += 1; print(x)``
 over HTTP, and the daemon's utime and stime from ``/proc/<pid>/stat`` around
 ``--calls`` calls, ``--rounds`` times. User time is Python (the GIL-held samples of a py-spy

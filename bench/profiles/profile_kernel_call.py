@@ -1,4 +1,5 @@
-"""Profile a daemon under a kernel-call loop (issue 25): py-spy records it (raw collapsed
+"""Profile a daemon under a kernel-call loop (where its per-call CPU
+goes): py-spy records it (raw collapsed
 stacks) while one client runs ``x += 1; print(x)`` in a session kernel over HTTP.
 
     python bench/profiles/profile_kernel_call.py <checkout> <out.raw> [--seconds 10]

@@ -1,4 +1,5 @@
-"""The CPU a daemon's start takes (issue 23 item 7, issue 25): ``sandboxd serve`` (embedded
+"""The CPU a daemon's start takes (CI's emulated VM job starts
+hundreds): ``sandboxd serve`` (embedded
 default policy, default settings, a fresh state directory) from exec to its READY=1 on an
 sd_notify socket, its own utime + stime from /proc; checkouts measured interleaved, with the
 fork floor (``python -I -S -c pass``, its CPU as a child) of the same run. ``--command``:

@@ -1,4 +1,4 @@
-"""Where a one-shot container call's time goes (issue 25): the container backend in process,
+"""Where a one-shot container call's time goes: the container backend in process,
 a warm pool of 2, sequential ``echo 1`` calls (each after the pool has refilled), the exchange
 with the runner and the container's end timed apart.
 

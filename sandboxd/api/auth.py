@@ -27,7 +27,8 @@ LOCAL_CLIENT = "local"
 async def authenticate(request: Request) -> str:
     """FastAPI dependency: the client name of the caller (or a 401/429 problem). Without a
     tokens file the caller is the local client and nothing is read or counted: answered here,
-    without the thread hop of a sync dependency on every request (issue 25); with one, the
+    without the thread hop of a sync dependency on every request (its
+    CPU on every call); with one, the
     check (which may re-read the file and audit failures) runs in a worker thread."""
     if request.app.state.tokens is None:
         return LOCAL_CLIENT

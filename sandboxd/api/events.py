@@ -1,4 +1,4 @@
-"""Streamed invoke (issue 14): ``POST /v1/tools/{name}/invoke`` with ``Accept:
+"""Streamed invoke (output while a long call runs): ``POST /v1/tools/{name}/invoke`` with ``Accept:
 text/event-stream`` answers with Server-Sent Events while the call runs.
 
 Events (one JSON object per ``data:`` line, :mod:`sandboxd.streaming`): ``stdout`` and

@@ -11,7 +11,7 @@ MCP is another door to the same :class:`~sandboxd.service.Sandboxd`, never a sec
   session's list, ``notifications/tools/list_changed`` goes out on its standalone stream.
 * **tools/call**: ``Sandboxd.invoke(..., transport="mcp")``: schema check, policy, audit,
   scheduler, backend and cleanup are the HTTP call's. ``content`` is
-  :func:`~sandboxd.client.render.format_result` (what the agent loop shows a model), split
+  :func:`~sandboxd_client.render.format_result` (what the agent loop shows a model), split
   so that each image display item follows, as ``image`` content, the text naming it,
   ``structuredContent`` the whole sandboxd result, ``isError`` every status but ``ok``. Bad
   arguments are an ``isError`` result the model can read (2025-11-25 on, SEP-1303; a JSON-RPC error

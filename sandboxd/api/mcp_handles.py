@@ -24,6 +24,7 @@ from typing import Any
 
 from sandboxd.errors import UnknownTool
 from sandboxd.registry import ArgumentsInvalid, validate_arguments
+from sandboxd.reservations import Cap, CapReached, Ledger
 from sandboxd.service import Sandboxd
 from sandboxd.sessions import Session, SessionError, SessionLimitReached, SessionNotFound
 
@@ -84,7 +85,7 @@ class Handles:
         self.service = service
         self.per_client = per_client
         self._minted: dict[str, set[str]] = {}  # client -> ids of its minted sessions
-        self._minting: Counter[str] = Counter()  # client -> mints not yet done
+        self._minting: Ledger[str] = Ledger()  # client -> mints not yet done
         self._busy: Counter[str] = Counter()  # session id -> its MCP calls running now
         self._ending: set[str] = set()  # evicted, being ended: no call may start in them
 
@@ -107,22 +108,25 @@ class Handles:
         concurrent mints cannot overshoot."""
         live = self._live(client)
         idle = sorted((s for s in live if not self._busy[s.id]), key=lambda s: s.expires_at)
-        pending = self._minting[client]
+        pending = self._minting.held(client)
         native = len(self.service.sessions.owned(client))
         native_cap = self.service.sessions.max_per_client
         victims: list[Session] = []
         while idle and (len(live) - len(victims) + pending >= self.per_client
                         or native - len(victims) + pending >= native_cap):
             victims.append(idle.pop(0))
-        if len(live) - len(victims) + pending >= self.per_client:
+        try:  # the room, taken before the first await (sandboxd.reservations)
+            place = self._minting.reserve(client, Cap(
+                "mcp_max_sessions_per_client", len(live) - len(victims) + pending,
+                self.per_client))
+        except CapReached:
             raise HandleLimit(
                 f"client '{client}' has {len(live) + pending} MCP sessions running calls, the "
                 f"limit (setting mcp_max_sessions_per_client = {self.per_client}); pass one "
-                f"of them as \"{ARGUMENT}\" or wait for a call to end")
+                f"of them as \"{ARGUMENT}\" or wait for a call to end") from None
         for victim in victims:
             self._minted.get(client, set()).discard(victim.id)
             self._ending.add(victim.id)
-        self._minting[client] += 1
         try:
             for victim in victims:
                 try:
@@ -132,9 +136,7 @@ class Handles:
                     self._ending.discard(victim.id)
             session = await self.service.create_session(client, None, transport="mcp")
         finally:
-            self._minting[client] -= 1
-            if not self._minting[client]:
-                del self._minting[client]
+            place.release()
         self._minted.setdefault(client, set()).add(session.id)
         return session.id
 

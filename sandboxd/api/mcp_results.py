@@ -8,8 +8,8 @@ from typing import Any
 import mcp_types as types
 
 from sandboxd.api import mcp_handles
-from sandboxd.client.render import result_parts
 from sandboxd.models import Result, Status, ToolSpec
+from sandboxd_client.render import result_parts
 
 #: every tool's ``outputSchema``: its ``structuredContent`` is the whole sandboxd result
 RESULT_SCHEMA: dict[str, Any] = Result.model_json_schema(mode="serialization")
@@ -35,7 +35,7 @@ def tool_for(spec: ToolSpec, handle: bool = False) -> types.Tool:
 
 def call_result(result: Result) -> types.CallToolResult:
     """A sandboxd result as the answer to ``tools/call``: text and image content in execution
-    order (:func:`~sandboxd.client.render.result_parts`), each image after the text that
+    order (:func:`~sandboxd_client.render.result_parts`), each image after the text that
     names it."""
     content: list[types.ContentBlock] = []
     for part in result_parts(result):

@@ -1,9 +1,10 @@
-"""Bounds on MCP sessions (issue 24): a cap per client and in total, a short idle expiry for
-a session that never called a tool, and a slot freed the moment its session ends.
+"""Bounds on MCP sessions, each of which holds memory (unbounded, one client could exhaust the
+daemon's): a cap per client and in total, a short idle expiry for a session that never called a
+tool, and a slot freed the moment its session ends.
 
 A request without an ``Mcp-Session-Id`` may open a session: :meth:`SessionSlots.reserve` takes
-a slot for it first, synchronously (no await between the count and the take, so a flood of
-concurrent ``initialize`` requests cannot overshoot), or refuses with
+a slot for it first, before any await (:mod:`sandboxd.reservations`: a flood of concurrent
+``initialize`` requests cannot overshoot), or refuses with
 :class:`McpSessionLimit` (HTTP 429 and a JSON-RPC error naming the setting). The SDK's session
 manager (:class:`SessionManager`) binds the slot to the session it admits; the slot is freed
 when the session is discarded (client ``DELETE``, idle expiry, crash, shutdown), or when the
@@ -30,6 +31,7 @@ from starlette.types import Message, Send
 
 from sandboxd.api import problems
 from sandboxd.errors import SandboxdError
+from sandboxd.reservations import Cap, CapReached, Ledger, Reservation
 
 log = logging.getLogger("sandboxd.mcp")
 
@@ -69,6 +71,7 @@ class Ticket:
     """A slot reserved by one request that may open a session."""
 
     client: str
+    slot: Reservation[str]
     session_id: str | None = None  # set when the SDK admits a session on it
 
 
@@ -86,9 +89,8 @@ class SessionSlots:
         self.total = total
         self.idle_s = min(idle_s, ttl_s)
         self.ttl_s = ttl_s
-        self._held: dict[str, int] = {}
-        self._count = 0
-        self._sessions: dict[str, tuple[str, StreamableHTTPServerTransport]] = {}
+        self._slots: Ledger[str] = Ledger()  # by client: reservations and open sessions
+        self._sessions: dict[str, tuple[Ticket, StreamableHTTPServerTransport]] = {}
         self._on_change = on_change or (lambda open_sessions: None)
 
     @property
@@ -98,40 +100,31 @@ class SessionSlots:
 
     def reserve(self, client: str) -> Ticket:
         """A slot for a request that may open a session, or :class:`McpSessionLimit`."""
-        held = self._held.get(client, 0)
-        if held >= self.per_client:
-            raise McpSessionLimit(client, PER_CLIENT, self.per_client, self.idle_s)
-        if self._count >= self.total:
-            raise McpSessionLimit(client, TOTAL, self.total, self.idle_s)
-        self._held[client] = held + 1
-        self._count += 1
-        return Ticket(client)
-
-    def _free(self, client: str) -> None:
-        held = self._held.get(client, 0) - 1
-        if held > 0:
-            self._held[client] = held
-        else:
-            self._held.pop(client, None)
-        self._count -= 1
+        try:
+            slot = self._slots.reserve(
+                client, Cap(PER_CLIENT, self._slots.held(client), self.per_client),
+                Cap(TOTAL, self._slots.total, self.total))
+        except CapReached as exc:
+            raise McpSessionLimit(client, exc.cap.name, exc.cap.limit, self.idle_s) from None
+        return Ticket(client, slot)
 
     def settle(self, ticket: Ticket) -> None:
         """The request is done: a slot no session was admitted on is freed."""
         if ticket.session_id is None:
-            self._free(ticket.client)
+            ticket.slot.release()
 
     def admitted(self, ticket: Ticket, session_id: str,
                  transport: StreamableHTTPServerTransport) -> None:
         """The SDK admitted a session on this ticket: the slot is the session's now."""
         ticket.session_id = session_id
-        self._sessions[session_id] = (ticket.client, transport)
+        self._sessions[session_id] = (ticket, transport)
         self._on_change(self.open)
 
     def ended(self, session_id: str) -> None:
         """The session was discarded (idempotent): its slot is free at once."""
         entry = self._sessions.pop(session_id, None)
         if entry is not None:
-            self._free(entry[0])
+            entry[0].slot.release()
             self._on_change(self.open)
 
     def freeing(self, session_id: str, send: Send) -> Send:

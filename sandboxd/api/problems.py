@@ -44,7 +44,7 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "file-too-large": (413, "too-large", "File too large"),
     "file-tool-error": (422, "file-error", "File operation failed"),
     "upload-aborted": (422, "file-error", "File operation failed"),
-    # a fleet (issue 27, docs/fleet.md): the session's node is down (HAProxy answers this
+    # a fleet (docs/fleet.md): the session's node is down (HAProxy answers this
     # one: sandboxd.fleet writes it into its config)
     "node-unavailable": (503, "node-unavailable", "Node unavailable"),
 }

@@ -91,9 +91,10 @@ _SECRET_TEXT: list[tuple[re.Pattern[str], str]] = [
 
 
 #: what every match of a :data:`_SECRET_TEXT` pattern contains (case-insensitive: a superset):
-#: a string without any of these is left as it is after one scan, not thirteen (issue 25: every
-#: string of every audit record is redacted). tests/audit/test_redaction_prefilter.py holds a
-#: sample of each pattern and checks that this sees it.
+#: a string without any of these is left as it is after one scan, not thirteen (every
+#: string of every audit record is redacted, so this is on every call's path). The test
+#: tests/audit/test_redaction_prefilter.py holds a sample of each pattern and checks that this
+#: sees it.
 _NEEDLES = (
     "-----begin ", "bearer", "basic", "token", "akia", "asia", "sk-",
     *(f"gh{c}_" for c in "pousr"), "github_pat_", "glpat-", *(f"xox{c}-" for c in "abprs"),
@@ -106,7 +107,7 @@ _MAY_HOLD_SECRET = re.compile("|".join(_NEEDLES), re.IGNORECASE)
 
 
 #: :func:`_secret_key`'s answers for short keys: every record asks again for the same field
-#: names (issue 25: two regex scans a key, ~40 keys a call). Bounded in entries and in the
+#: names (two regex scans a key, ~40 keys a call). Bounded in entries and in the
 #: length of a key, so that keys a caller chooses (argument names) cannot make it grow.
 _KEY_ANSWERS: dict[str, bool] = {}
 _KEY_ANSWERS_MAX, _KEY_ANSWERS_CHARS = 4096, 64
@@ -126,7 +127,7 @@ def _secret_key(key: str) -> bool:
 #: The fast path of :data:`_MAY_HOLD_SECRET` for ASCII text: its lower-case needles find in
 #: ``text.lower()`` what the regex finds in ``text`` (ASCII letters fold only to each other) in
 #: a fraction of its time: the case-insensitive regex tries every alternative at every position
-#: (issue 25: 3-8 us for a 20-character id, and an audit record has twenty strings). Non-ASCII
+#: (3-8 us for a 20-character id, and an audit record has twenty strings). Non-ASCII
 #: text goes to the regex (the long s U+017F matches ``s``, the Kelvin sign ``k``, under
 #: ``IGNORECASE``). tests/audit/test_redaction_prefilter.py checks that both agree. The needles
 #: as one case-sensitive regex: the fastest scan of a short string.

@@ -1,4 +1,5 @@
-"""The audit writer thread (issue 25): the service's records are written by one thread fed by
+"""The audit writer thread (an executor's machinery per record was a large share of a call's
+CPU in the daemon): the service's records are written by one thread fed by
 a :class:`queue.SimpleQueue`, one hand-off each way per record (the answer comes back with
 ``loop.call_soon_threadsafe``), instead of an executor's machinery per record.
 

@@ -75,7 +75,8 @@ class Backend(Protocol):
     def interrupt_kernel(self, session_id: str) -> bool:
         """Interrupt the ``python`` call that runs in the session's kernel now, if any: its
         code gets a ``KeyboardInterrupt``; the call ends ``killed`` (``cancelled``) and the
-        kernel is kept when it comes back within ``kernel_interrupt_grace_s`` (issue 22).
+        kernel is kept when it comes back within ``kernel_interrupt_grace_s``
+        (a runaway call need not cost the session its state).
         ``True`` when a call was running. Backends without kernels return ``False``."""
 
     def kernel_sessions(self) -> set[str]:
@@ -83,7 +84,7 @@ class Backend(Protocol):
         their number host-wide: ``max_kernels``)."""
 
     def paused_sessions(self) -> set[str]:
-        """Ids of the sessions whose sandbox this backend has paused now, idle (issue 26):
+        """Ids of the sessions whose sandbox this backend has paused now, idle (holding no CPU):
         ``GET /v1/sessions/{id}`` says ``paused``. Backends that never pause inherit this."""
         return set()
 

@@ -10,7 +10,8 @@ cleanup, and it counts the calls running at once (``peak``). It is never built f
 daemon's settings: tests pass it to :class:`~sandboxd.service.Sandboxd` explicitly. The real
 backends' own suites stay what proves confinement.
 
-Kernels are emulated as the real backends keep them (issue 14): a session ``python`` call
+Kernels are emulated as the real backends keep them (so that service tests
+need no real sandbox): a session ``python`` call
 runs in the session's kernel (``kernels``: session id -> calls so far), started fresh when
 there is none; a call that ends on anything but a normal exit (timeout, limit, cancellation)
 or whose script reports ``kernel.lost`` ends it. Every session python result carries its

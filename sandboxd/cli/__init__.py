@@ -3,9 +3,10 @@
 The app is built on first use (``app``, :func:`main`), not at import, and a command loads only
 its own module: ``sandboxd audit verify`` builds the ``audit`` group alone, ``sandboxd serve``
 only the daemon's commands (so that the running daemon does not keep the other groups'
-modules, issue 25). The whole CLI is built for ``sandboxd --help`` and for a name no module
-owns (typer's own "No such command"). :data:`GROUPS` and :data:`COMMANDS` are the one table
-of what each module adds; ``tests/unit/test_cli_help.py`` checks it against the modules."""
+modules' memory for its whole life). The whole CLI is built for ``sandboxd --help`` and for
+a name no module owns (typer's own "No such command"). :data:`GROUPS` and :data:`COMMANDS` are the
+one table of what each module adds; ``tests/unit/test_cli_help.py`` checks it against the
+modules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``sandboxd chat``: an interactive terminal agent on a local OpenAI-compatible LLM.
 
-Every tool call the model makes runs in sandboxd (through :mod:`sandboxd.client`). Tokens are
+Every tool call the model makes runs in sandboxd (through :mod:`sandboxd_client`). Tokens are
 streamed as they arrive; each tool call is shown as one ``->`` line and its result as one
 ``<-`` line. Ctrl-C cancels the current turn (the running sandbox call is cancelled too) and
 returns to the prompt; Ctrl-D, ``/exit`` or ``/quit`` leave. ``/reset`` starts a new
@@ -149,7 +149,7 @@ def chat(
                                     help="No session: every call gets a fresh workspace"),
 ) -> None:
     """Chat with a local LLM whose tool calls run in sandboxd."""
-    from sandboxd.client import Agent, LLMError, SandboxClient, SandboxError
+    from sandboxd_client import Agent, LLMError, SandboxClient, SandboxError
 
     if sandbox is not None:  # the name every other command spells --url
         typer.echo("sandboxd chat: --sandbox is deprecated; use --url", err=True)

@@ -45,3 +45,25 @@ def settings_for(config: Path | None, state_dir: Path | None, **overrides: Any) 
             typer.echo(f"sandboxd: bad setting: {problem}", err=True)
         fail(f"bad setting: {problems[-1]}")
         raise AssertionError("unreachable") from None
+
+
+def settings_policies_dir(config: Path | None) -> Path | None:
+    """The policies directory the settings name (None: the embedded default), as serve
+    resolves it; a broken config is a warning, not a failure."""
+    from sandboxd.config import load_settings
+
+    try:
+        return load_settings(config).policies_dir
+    except Exception as exc:  # a broken config must not hide the policy answer
+        typer.echo(f"sandboxd: warning: settings not loaded ({exc}); using the embedded "
+                   "default policy", err=True)
+        return None
+
+
+def offline_service(policies_dir: Path | None) -> Any:
+    """A :class:`~sandboxd.service.Sandboxd` for questions about the policy alone: no
+    backends, nothing opened (construction does no I/O; only the policy is loaded)."""
+    from sandboxd.config import Settings
+    from sandboxd.service import Sandboxd
+
+    return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})

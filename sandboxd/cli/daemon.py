@@ -223,7 +223,7 @@ def _draining_server_class() -> type:
             logging.getLogger("sandboxd").info("sandboxd ready on %s", where)
             from sandboxd import heap
 
-            heap.trim()  # start-up's freed C heap back to the kernel (issue 25)
+            heap.trim()  # start-up's freed C heap back to the kernel (less idle memory)
 
         def _placeholder_after_lifespan(self, path: Path) -> None:
             """The owner-only placeholder goes at the socket's path once the lifespan has
@@ -296,8 +296,8 @@ def DrainingServer(config: Any, service: Any, grace_s: float) -> Any:
 
 
 def _connect(url: str, token: str | None) -> Any:
-    """A :class:`~sandboxd.client.SandboxClient` for ``url`` (``unix:/path`` for a socket)."""
-    from sandboxd.client import SandboxClient
+    """A :class:`~sandboxd_client.SandboxClient` for ``url`` (``unix:/path`` for a socket)."""
+    from sandboxd_client import SandboxClient
 
     if url.startswith("unix:"):
         return SandboxClient(socket=url[len("unix:"):], token=token, retries=0)
@@ -308,7 +308,7 @@ def _call(url: str, token: str | None, action: Any) -> Any:
     """Run ``action(client)``; a daemon error or an unreachable daemon is one line, exit 1."""
     import httpx
 
-    from sandboxd.client import ConnectionFailed, ProblemError
+    from sandboxd_client import ConnectionFailed, ProblemError
 
     try:
         with _connect(url, token) as client:
@@ -390,9 +390,9 @@ def invoke(
 
 def _print_stream(items: Any) -> Any:
     """Print a streamed call's output as it arrives; return its result."""
-    from sandboxd.client import ToolOutput
-    from sandboxd.client.render import describe_output
     from sandboxd.text import visible
+    from sandboxd_client import ToolOutput
+    from sandboxd_client.render import describe_output
 
     ended_line = True
     for item in items:

@@ -258,6 +258,24 @@ def _profile(name: str) -> Profile:
     return profile
 
 
+def _die_with_daemon() -> None:
+    """A build the daemon started (:mod:`sandboxd.backends.container.build`) ends with the
+    daemon, even one killed with SIGKILL: ``PR_SET_PDEATHSIG``, then a check that the daemon
+    is still its parent (it may have died before the call)."""
+    import ctypes
+    import signal
+
+    from sandboxd.backends.container.build import DIE_WITH_ENV
+
+    daemon = os.environ.get(DIE_WITH_ENV, "")
+    if not daemon.isdigit():
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(daemon):
+        _fail("the daemon that started this build is gone")
+
+
 @app.command("build")
 def build(
     offline: bool | None = typer.Option(
@@ -279,6 +297,8 @@ def build(
 ) -> None:
     """Build the sandbox image used by the container backend."""
     import docker
+
+    _die_with_daemon()
 
     profile = _profile(profile_name)
     settings = load_settings()

@@ -8,32 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import CONFIG_OPTION
+from sandboxd.cli.common import CONFIG_OPTION, offline_service, settings_policies_dir
 
 if TYPE_CHECKING:
     from sandboxd.policy import LoadedPolicy
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
-
-
-def _settings_policies_dir(config: Path | None) -> Path | None:
-    from sandboxd.config import load_settings
-
-    try:
-        return load_settings(config).policies_dir
-    except Exception as exc:  # a broken config must not hide the policy answer
-        typer.echo(f"sandboxd: warning: settings not loaded ({exc}); using the embedded "
-                   "default policy", err=True)
-        return None
-
-
-def _offline_service(policies_dir: Path | None) -> Any:
-    """A :class:`~sandboxd.service.Sandboxd` for questions about the policy alone: no
-    backends, nothing opened (construction does no I/O; only the policy is loaded)."""
-    from sandboxd.config import Settings
-    from sandboxd.service import Sandboxd
-
-    return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})
 
 
 @app.command("check")
@@ -153,8 +133,8 @@ def explain(
         except ValidationError as exc:
             typer.echo(f"sandboxd: --limits: {exc.errors()[0]['msg']}", err=True)
             raise typer.Exit(2) from None
-    service = _offline_service(policies if policies is not None
-                               else _settings_policies_dir(config))
+    service = offline_service(policies if policies is not None
+                               else settings_policies_dir(config))
     try:
         service.load_policy()
     except PolicyError as exc:
@@ -218,7 +198,7 @@ def show(
     from sandboxd.policy.engine import effective_limits
     from sandboxd.policy.specs import tool_specs
 
-    store = PolicyStore(policies if policies is not None else _settings_policies_dir(config))
+    store = PolicyStore(policies if policies is not None else settings_policies_dir(config))
     try:
         store.load()
     except PolicyError as exc:
@@ -248,4 +228,6 @@ def show(
 
 
 # `policy replay` and `policy suggest` (their own module: this one stays about one policy)
-from sandboxd.cli import policy_replay as _replay  # noqa: E402,F401
+from sandboxd.cli.policy_replay import register as _register_replay  # noqa: E402
+
+_register_replay(app)

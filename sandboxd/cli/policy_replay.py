@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import CONFIG_OPTION
-from sandboxd.cli.policy import _offline_service, _settings_policies_dir, app
+from sandboxd.cli.common import CONFIG_OPTION, offline_service, settings_policies_dir
 from sandboxd.text import visible
 
 if TYPE_CHECKING:
@@ -62,8 +61,8 @@ def _decider(policies: Path | None, config: Path | None) -> Any:
     from sandboxd.policy import PolicyError
     from sandboxd.registry import ArgumentsInvalid
 
-    service = _offline_service(policies if policies is not None
-                               else _settings_policies_dir(config))
+    service = offline_service(policies if policies is not None
+                               else settings_policies_dir(config))
     try:
         service.load_policy()
     except PolicyError as exc:
@@ -108,7 +107,6 @@ def _print(result: Replay, audit: Path) -> None:
         typer.echo(visible(f"  {n:>5}  {kind}  {client}"))
 
 
-@app.command("replay")
 def replay_cmd(
     audit: Path = _AUDIT,
     policies: Path | None = typer.Option(
@@ -137,7 +135,6 @@ def replay_cmd(
         raise typer.Exit(EXIT_UNDECIDABLE)
 
 
-@app.command("suggest")
 def suggest_cmd(
     audit: Path = _AUDIT,
     client: str = typer.Option(..., "--client", help="The client to write a policy for"),
@@ -158,7 +155,7 @@ def suggest_cmd(
     records = list(_records(audit, client))  # read twice: for the policy, for its check
     if not records:
         raise _fail(f"{audit}: no decided calls of client {visible(client)!r}")
-    in_force = PolicyStore(policies if policies is not None else _settings_policies_dir(config))
+    in_force = PolicyStore(policies if policies is not None else settings_policies_dir(config))
     try:
         in_force.load()
     except PolicyError as exc:
@@ -193,3 +190,9 @@ def suggest_cmd(
         output.write_text(text, encoding="utf-8")
     typer.echo(f"checked: every allowed call of {visible(client)} that the log holds whole "
                "replays allowed under it, with its limits", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``replay`` and ``suggest`` to the ``policy`` group's ``app``."""
+    app.command("replay")(replay_cmd)
+    app.command("suggest")(suggest_cmd)

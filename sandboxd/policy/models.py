@@ -294,7 +294,8 @@ class PolicyFile(_Strict):
 # ------------------------------------------------------------------ semantic checks
 
 BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
-#: the built-in tool the python tool's ``packages.allow`` enables (issue 26)
+#: the built-in tool the python tool's ``packages.allow`` enables (off unless a policy lists
+#: packages: installing code into a session widens what it can run)
 PACKAGES_TOOL = "install_packages"
 #: the registry's name for what each built-in tool asks of its backend
 TOOL_GROUPS: dict[str, registry.ToolGroup] = {

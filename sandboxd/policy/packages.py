@@ -1,4 +1,4 @@
-"""``install_packages`` (issue 26): the decision and the command it runs in a container session.
+"""``install_packages``: the decision and the command it runs in a container session.
 
 The python tool's ``packages.allow`` lists what may be installed (``name`` or
 ``name==version``, compared after PEP 503 normalisation). A call naming anything else is

@@ -309,8 +309,8 @@ def test_display_items_come_back_in_the_result(daemon: RunningDaemon) -> None:
 def test_request_errors_say_where_and_what_to_send_instead(inproc: InProcessDaemon) -> None:
     """Bad JSON names its line and column; a body that is no JSON object names the body
     expected and the Content-Type it came with; the 413 names its setting and the route that
-    takes big files (issue 29: "Expecting ',' delimiter", "'(body)': Input should be a valid
-    dictionary", a bare 413)."""
+    takes big files (they used to say only "Expecting ',' delimiter",
+    "'(body)': Input should be a valid dictionary", a bare 413)."""
     url = "/v1/tools/python/invoke"
     bad = inproc.client.post(url, content=b'{"arguments":\n  {"code" "1"}}',
                              headers={"content-type": "application/json"})

@@ -1,4 +1,4 @@
-"""Issue #11 item 11 through a real daemon: half-open connections (request headers never
+"""Connection exhaustion through a real daemon: half-open connections (request headers never
 finished) cannot exhaust it. With RLIMIT_NOFILE at 1024, 1,500 idle half-open sockets from one
 peer: ``/healthz`` and an authenticated call are still served, the daemon stays well below its
 descriptor limit, and the half-open sockets are closed after the header timeout, also the one

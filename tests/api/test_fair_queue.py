@@ -1,4 +1,4 @@
-"""Issue #11 item 12 through the daemon's app with tokens (in process, on a scripted backend:
+"""Fair queueing through the daemon's app with tokens (in process, on a scripted backend:
 tests/support/inprocess.py): one client that keeps every slot busy and floods the queue cannot
 starve another client; the other always gets a place."""
 

@@ -1,4 +1,4 @@
-"""Issue 24 item 6: no 500 from a client's mistake on the file routes. A directory, a path
+"""No 500 from a client's mistake on the file routes. A directory, a path
 through a file, a name longer than the filesystem's limit: each is its own 4xx problem from the
 one problem table on ``GET``/``PUT /v1/sessions/{id}/files/{path}``, an error result naming
 what to do instead on the JSON tools and over MCP, never an OS error text nor a host path.

@@ -1,5 +1,5 @@
-"""Issue 14 section 4: binary files (a real policy, audit log and workspaces): the raw
-``PUT``/``GET /v1/sessions/{id}/files/{path}`` endpoints, ``encoding: "base64"`` on
+"""Binary files (no base64 bloat for big or binary data) (a real policy, audit log and workspaces):
+the raw ``PUT``/``GET /v1/sessions/{id}/files/{path}`` endpoints, ``encoding: "base64"`` on
 read_file/write_file, and the client's upload/download. On the daemon's app in process
 (tests/support/inprocess.py: the file tools run in the daemon, not in a sandbox), except where
 the body's way in matters, through the real daemon (uvicorn on a socket): a body that arrives
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.client import AsyncSandboxClient, SandboxClient
-from sandboxd.client.errors import ProblemError
 from sandboxd.tokens import add_token
+from sandboxd_client import AsyncSandboxClient, SandboxClient
+from sandboxd_client.errors import ProblemError
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon

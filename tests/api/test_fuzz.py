@@ -1,6 +1,6 @@
-"""Issue 24 item 6: fuzzing the doors a client's mistakes come through, against the daemon's
-app in process (tests/support/inprocess.py: the real routes, policy, workspaces and MCP door;
-file tools only, a tokens file; the doors fuzzed run no sandbox):
+"""No 500 from a client's mistake: fuzzing the doors a client's mistakes come through, against the
+daemon's app in process (tests/support/inprocess.py: the real routes, policy, workspaces and MCP
+door; file tools only, a tokens file; the doors fuzzed run no sandbox):
 
 * the file routes (``GET``/``PUT /v1/sessions/{id}/files/{path}``) with schemathesis (v4,
   its Python API) over the daemon's own OpenAPI document, in a real session whose workspace

@@ -1,7 +1,7 @@
-"""Issue 29 on the restricted backend (real daemon, default policy): prints and display items
-keep execution order in the SSE stream and in the result (each item's position), one-shot and
-in a session kernel; a failed call's message is its exception line and its traceback shows the
-failing source line."""
+"""Execution order (a reader sees each output where it happened) on the restricted backend (real
+daemon, default policy): prints and display items keep execution order in the SSE stream and in the
+result (each item's position), one-shot and in a session kernel; a failed call's message is its
+exception line and its traceback shows the failing source line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Streamed invoke (issue 14): ``Accept: text/event-stream`` through a real daemon (uvicorn on
-a real socket, the restricted backend), read with httpx-sse as any SSE client would; refusals,
-which come before any call runs, on the daemon's app in process (tests/support/inprocess.py)."""
+"""Streamed invoke (output while a long call runs): ``Accept: text/event-stream`` through a real
+daemon (uvicorn on a real socket, the restricted backend), read with httpx-sse as any SSE client
+would; refusals, which come before any call runs, on the daemon's app in process
+(tests/support/inprocess.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue 24 item 1 through a real daemon with tokens: raw file transfers never hold execution
-slots. Four uploads trickling a byte a second (alice) once held all four slots, and another
-client's ``print(1)`` waited for the upload deadline; now it runs at once, the trickling
+"""A slow client must not starve others, through a real daemon with tokens: raw file transfers never
+hold execution slots. Four uploads trickling a byte a second (alice) once held all four slots, and
+another client's ``print(1)`` waited for the upload deadline; now it runs at once, the trickling
 uploads end with 408 under ``transfer_min_rate_bytes_s`` and leave nothing, and a fast upload
 of another client goes through (and counts against its session's quota) meanwhile."""
 

@@ -1,7 +1,8 @@
-"""The audit writer thread (issue 25): records written through it are durable before they are
-answered, in order, on a valid chain; a batch shares one fdatasync; an allowed decision that
-its result commits is answered once appended (before that sync); a failed sync is the answer
-of every durable record of its batch, and the recorder turns it into the truthful refusal."""
+"""The audit writer thread (cheaper per record than an executor): records written through it are
+durable before they are answered, in order, on a valid chain; a batch shares one fdatasync; an
+allowed decision that its result commits is answered once appended (before that sync); a failed sync
+is the answer of every durable record of its batch, and the recorder turns it into the truthful
+refusal."""
 
 from __future__ import annotations
 

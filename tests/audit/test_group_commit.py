@@ -1,6 +1,7 @@
-"""Group commit (issue 25): concurrent writers share one fdatasync, every record is durable
-before its write returns, in order, on a valid chain; an allowed decision of a call whose
-client gets nothing before its result is made durable by that result's commit."""
+"""Group commit (the fdatasync of every record was the daemon's largest per-call cost): concurrent
+writers share one fdatasync, every record is durable before its write returns, in order, on a valid
+chain; an allowed decision of a call whose client gets nothing before its result is made durable by
+that result's commit."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The redaction prefilter (issue 25): a string none of whose substrings can start a secret
-pattern is returned after one scan. It must see every secret the patterns redact: one sample
-per pattern, each redacted, and every pattern has its sample."""
+"""The redaction prefilter (every string of every record is redacted): a string none of whose
+substrings can start a secret pattern is returned after one scan. It must see every secret the
+patterns redact: one sample per pattern, each redacted, and every pattern has its sample."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Audit retention (issue #11 item 15): rotated files are deleted by count or age, oldest
-first, and what is kept still verifies, anchored by an ``audit_pruned`` record in the chain;
-deleting anything else is still detected."""
+"""Audit retention (a log that only grows fills the disk): rotated files are deleted by count or
+age, oldest first, and what is kept still verifies, anchored by an ``audit_pruned`` record in the
+chain; deleting anything else is still detected."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue #11 item 15 through the daemon's app in process (tests/support/inprocess.py): with
-tokens, the operational endpoints need one (unless opened), failed authentications are limited
+"""Operational endpoints and failed logins (a token holder's metrics are private, and a
+guesser must not flood the log) through the daemon's app in process (tests/support/inprocess.py):
+with tokens, the operational endpoints need one (unless opened), failed authentications are limited
 per peer (429 + Retry-After) and audited as one aggregated record per peer per interval, with
 nothing lost."""
 

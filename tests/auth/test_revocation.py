@@ -1,8 +1,8 @@
-"""Revocation ends what it must (issue 24, item 3), through a real daemon (restricted backend)
-and the real ``sandboxd token`` CLI on its tokens file: a client whose last token is removed
-or expires loses its sessions, kernel processes, workspaces and MCP sessions (audited as
-``client_revoked``), and its kernel stops counting against ``max_kernels``; a rotated token
-keeps everything; a tokens file that fails to parse revokes nobody."""
+"""Revocation ends what it must (a revoked client must keep nothing running), through a real
+daemon (restricted backend) and the real ``sandboxd token`` CLI on its tokens file: a client whose
+last token is removed or expires loses its sessions, kernel processes, workspaces and MCP sessions
+(audited as ``client_revoked``), and its kernel stops counting against ``max_kernels``; a rotated
+token keeps everything; a tokens file that fails to parse revokes nobody."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sandboxd.client import Agent, AsyncSandboxClient, SandboxClient
+from sandboxd_client import Agent, AsyncSandboxClient, SandboxClient
 from tests.client.conftest import TokenDaemon
 from tests.client.scripted_llm import (
     Reply,
@@ -208,7 +208,7 @@ def test_the_model_reads_display_items(token_daemon: TokenDaemon) -> None:
 
 
 def test_invoke_stream_yields_output_before_the_result(token_daemon: TokenDaemon) -> None:
-    from sandboxd.client import ToolOutput
+    from sandboxd_client import ToolOutput
 
     code = "import time\nprint('a', flush=True)\ntime.sleep(1)\ndisplay('d')\nprint('b')"
     with SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox:
@@ -255,9 +255,9 @@ def test_the_agent_hands_tool_output_to_on_tool_output(token_daemon: TokenDaemon
 
 
 def test_a_session_streams_its_calls(token_daemon: TokenDaemon) -> None:
-    """``Session.invoke_stream`` (issue 29): the output as it comes, then the result, in the
+    """``Session.invoke_stream``: the output as it comes, then the result, in the
     session's workspace and with its variables (sync and async)."""
-    from sandboxd.client import ToolOutput
+    from sandboxd_client import ToolOutput
 
     with SandboxClient(token_daemon.url, token=token_daemon.token) as sandbox, \
             sandbox.session() as s:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.client import Agent, ToolCallRequest
+from sandboxd_client import Agent, ToolCallRequest
 from tests.client.scripted_llm import (
     Reply,
     ScriptedLLM,
@@ -357,7 +357,7 @@ async def test_cancellation_during_streaming() -> None:
 
 
 def test_undescribable_function_raises_at_registration() -> None:
-    from sandboxd.client import ToolDefinitionError
+    from sandboxd_client import ToolDefinitionError
 
     def untyped(x):  # type: ignore[no-untyped-def]
         """No types."""
@@ -369,7 +369,7 @@ def test_undescribable_function_raises_at_registration() -> None:
 
 
 def test_tool_wrapper_names_and_async_functions() -> None:
-    from sandboxd.client import tool
+    from sandboxd_client import tool
 
     @tool(name="mul", description="Multiply two integers.")
     async def multiply_ints(a: int, b: int) -> int:
@@ -387,7 +387,7 @@ def test_tool_wrapper_names_and_async_functions() -> None:
 
 
 def test_duplicate_tool_names_and_sandbox_names_without_sandbox() -> None:
-    from sandboxd.client import ToolDefinitionError
+    from sandboxd_client import ToolDefinitionError
 
     with ScriptedLLM() as llm:
         with pytest.raises(ToolDefinitionError, match="two tools are named 'echo'"):

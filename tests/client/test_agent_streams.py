@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.client import Agent, Fragment
+from sandboxd_client import Agent, Fragment
 from tests.client.scripted_llm import (
     Reply,
     ScriptedLLM,
@@ -326,7 +326,7 @@ def test_strict_server_rejects_unanswered_tool_call() -> None:
 
 
 def test_llm_http_error_is_raised() -> None:
-    from sandboxd.client import LLMError
+    from sandboxd_client import LLMError
 
     with ScriptedLLM(lambda b, n: Reply(status=500, json_body={"error": "model not loaded"})) \
             as llm, pytest.raises(LLMError) as info:

@@ -16,7 +16,7 @@ def test_client_import_is_light() -> None:
     code = (
         "import json, sys\n"
         "import sandboxd.client\n"
-        "from sandboxd.client import Agent, SandboxClient, AsyncSandboxClient\n"
+        "from sandboxd_client import Agent, SandboxClient, AsyncSandboxClient\n"
         f"heavy = {HEAVY!r}\n"
         "loaded = sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') "
         "for h in heavy))\n"

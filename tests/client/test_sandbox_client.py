@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandboxd.client import (
+from sandboxd_client import (
     AsyncSandboxClient,
     AuthenticationError,
     ConnectionFailed,
@@ -28,8 +28,8 @@ from sandboxd.client import (
     SandboxClient,
     ToolFailed,
 )
-from sandboxd.client.events import ToolOutput
-from sandboxd.models import Result, ToolSpec
+from sandboxd_client.events import ToolOutput
+from sandboxd_client.models import Result, ToolSpec
 from tests.client.conftest import DAEMON_ARGS, InProcessTokenDaemon
 from tests.client.stub_server import StubServer
 from tests.support.daemon import free_port, uid_range_env
@@ -197,11 +197,15 @@ def _rate_limited_app(plan: list[tuple[int, dict[str, str]]], seen: list[float])
 
 def test_429_retried_after_retry_after() -> None:
     seen: list[float] = []
+    retried: list[tuple[str, int, float]] = []
     plan = [(429, {"Retry-After": "1"}), (429, {"Retry-After": "1"}), (200, {})]
-    with StubServer(_rate_limited_app(plan, seen)) as stub, SandboxClient(stub.url) as client:
+    with StubServer(_rate_limited_app(plan, seen)) as stub, SandboxClient(
+            stub.url, retries=2,
+            on_retry=lambda e, n, wait: retried.append((type(e).__name__, n, wait))) as client:
         result = client.invoke("python", code="print('done')")
     assert result.stdout == "done\n"
     assert len(seen) == 3
+    assert retried == [("RateLimited", 1, 1.0), ("RateLimited", 2, 1.0)]
     # the client waited as long as the server asked, each time
     assert seen[1] - seen[0] >= 0.95 and seen[2] - seen[1] >= 0.95
 

@@ -7,8 +7,8 @@ from typing import Literal, Optional, Union
 
 import pytest
 
-from sandboxd.client import ToolDefinitionError, function_tool_schema
-from sandboxd.client.schema import ArgumentError, validate
+from sandboxd_client import ToolDefinitionError, function_tool_schema
+from sandboxd_client.schema import ArgumentError, validate
 
 
 class Color(enum.Enum):

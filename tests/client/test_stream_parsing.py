@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxd.client.stream import (
+from sandboxd_client.stream import (
     ThinkSplitter,
     ToolCallAssembler,
     parse_text_tool_calls,
@@ -98,7 +98,7 @@ def test_think_splitter_and_strip() -> None:
 
 
 def test_split_think() -> None:
-    from sandboxd.client.stream import split_think
+    from sandboxd_client.stream import split_think
 
     assert split_think("a<think>b</think>c<think>d") == ("ac", "bd")
     assert split_think("pre</think> post <think>x</think>!") == ("post !", "prex")

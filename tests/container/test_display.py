@@ -1,4 +1,4 @@
-"""Issue 14, rich results on the container backend (base image): ``display()`` by IPython's
+"""Rich results on the container backend (base image): ``display()`` by IPython's
 conventions, one-shot and in a session kernel, through the real daemon and Docker engine;
 and a user process that writes garbage on its display pipe gets nothing past the runner and
 the daemon, and breaks nothing but its own call."""

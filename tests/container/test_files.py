@@ -1,4 +1,4 @@
-"""Issue 14 section 4 on the container backend: a file uploaded raw is what the session's
+"""Binary files on the container backend: a file uploaded raw is what the session's
 container sees (``sha256sum`` inside it), and a file a program in the container wrote comes back
 byte for byte through the raw download (real daemon, real Docker)."""
 

@@ -168,8 +168,8 @@ def test_sigkilled_daemon_leftovers_removed_on_restart(docker_client: Any, tmp_p
 def test_start_up_probes_only_the_default_backend(docker_client: Any, tmp_path: Path,
                                                   policies: Path) -> None:
     """The start-up self-test judges the default (restricted) backend only: no container is
-    created before a call or /readyz asks for one (issue 28: a container probe per daemon
-    start cost seconds under emulation), and /readyz still proves the container backend."""
+    created before a call or /readyz asks for one (a container probe per
+    daemon start cost seconds under emulation), and /readyz still proves the container backend."""
     import time
 
     instance = f"probe{secrets.token_hex(4)}"

@@ -1,4 +1,4 @@
-"""Issue 14: a session's ``python`` calls on the container backend run in the session's
+"""A session's ``python`` calls on the container backend run in the session's
 kernel, a persistent interpreter the runner keeps in the session container. Through the real
 daemon (uvicorn subprocess, HTTP, tokens, policy) and a real Docker engine."""
 
@@ -192,7 +192,7 @@ def test_timeout_ends_the_kernel_and_the_next_call_is_fresh(daemon: Daemon,
                     sid)
     assert res["status"] == "ok", res
     assert daemon.py("len([1])", sid)["value"] == 999  # the kernel's machinery is unaffected
-    # code that ignores the interrupt a timeout sends first (issue 22): the kernel is killed
+    # code that ignores the interrupt a timeout sends first: the kernel is killed
     res = daemon.py("while True:\n    try:\n        while True:\n            y = 1\n"
                     "    except KeyboardInterrupt:\n        pass", sid, limits={"timeout_s": 2})
     assert res["status"] == "timeout" and res["termination"]["reason"] == "wall_timeout", res
@@ -300,7 +300,7 @@ def test_planted_state_never_reaches_another_session(daemon: Daemon) -> None:
                     "[builtins.len([1]), json.dumps(1), os.getcwd(), os.environ['PLANTED']]",
                     attacker)
     assert res["value"] == [999, "pwned", "/pwned", "1"], res  # its own state persists
-    # a thread left running would outlive its call (issue 22): the kernel is not idle, and
+    # a thread left running would outlive its call and act later: the kernel is not idle, and
     # it ends with that call, whose message says why (a session of its own: the planted
     # builtins above break threading itself)
     threads = daemon.session()

@@ -1,5 +1,5 @@
-"""Interrupt before kill (issue 22) on the container backend, through a real daemon and a
-real Docker engine.
+"""Interrupt before kill (so a runaway call need not cost its state) on the container backend,
+through a real daemon and a real Docker engine.
 
 At a session call's wall-clock limit, on ``POST /v1/sessions/{id}/interrupt`` and when the
 client goes away, the runner first sends the kernel SIGINT: a ``KeyboardInterrupt`` in the

@@ -1,4 +1,4 @@
-"""Issue 14, container backend: the session kernel's lifecycle through the backend's own API
+"""Container backend: the session kernel's lifecycle through the backend's own API
 (``restart_kernel``, ``kernel_sessions``, ``close_session``, ``close``) on a real Docker
 engine. The HTTP route that restarts a kernel is the service's; these are what it calls."""
 

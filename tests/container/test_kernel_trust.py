@@ -1,4 +1,5 @@
-"""Session kernels you can trust (issue 22) on the container backend, through a real daemon
+"""Session kernels you can trust (code in a kernel may lie about being
+done) on the container backend, through a real daemon
 (uvicorn subprocess, HTTP, policy, audit) and a real Docker engine.
 
 In a container the user's code is real CPython in the kernel process: it can write anything

@@ -1,6 +1,6 @@
-"""Admin commands are guests in a live daemon's house (issue 24): ``sandboxd doctor`` beside a
-serving daemon removes none of its containers or files, and what vanishes under a live daemon
-anyway (its runner directory, its containers) makes calls a 503 and the daemon not ready
+"""Admin commands are guests in a live daemon's house (they must not break it): ``sandboxd
+doctor`` beside a serving daemon removes none of its containers or files, and what vanishes under a
+live daemon anyway (its runner directory, its containers) makes calls a 503 and the daemon not ready
 until it has rebuilt them by itself."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A one-shot container call ends as soon as the kernel proves its processes gone (its init's
 pidfd: sandboxd/backends/container/reaper.py), not when the engine has removed the container
-(issue 25): nothing it started outlives the result, and the engine's removal follows."""
+(a removal's wait is no part of the call's time): nothing it started outlives the result, and the
+engine's removal follows."""
 
 from __future__ import annotations
 

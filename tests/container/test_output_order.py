@@ -1,8 +1,8 @@
-"""Issue 29 on the container backend (real daemon, real Docker, the image under test): prints
-and display items keep execution order in the SSE stream and in the result, one-shot and in a
-session kernel, although the runner reads stdout, stderr and display items from three pipes;
-a failed call's message is its exception line and its traceback shows the failing source line
-(as on the restricted backend: tests/api/test_output_order.py)."""
+"""Execution order (a reader sees each output where it happened) on the container backend (real
+daemon, real Docker, the image under test): prints and display items keep execution order in the SSE
+stream and in the result, one-shot and in a session kernel, although the runner reads stdout, stderr
+and display items from three pipes; a failed call's message is its exception line and its traceback
+shows the failing source line (as on the restricted backend: tests/api/test_output_order.py)."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def test_an_error_names_its_line_and_sets_the_message(daemon: Daemon, session: b
 
 
 def test_a_rich_last_value_is_read_once_after_the_prints(daemon: Daemon) -> None:
-    from sandboxd.client.render import format_result
     from sandboxd.models import Result
+    from sandboxd_client.render import format_result
 
     code = ("class T:\n    def _repr_html_(self):\n        return '<b>t</b>'\n"
             "    def __repr__(self):\n        return 'T(rows=1)'\nprint('x')\nT()")

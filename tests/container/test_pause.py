@@ -1,4 +1,4 @@
-"""Issue 26, item 2, through the real daemon: a session container idle for
+"""Idle pause (an idle session holds no CPU), through the real daemon: a session container idle for
 ``session_pause_after_s`` is paused by the engine (``State.Paused``), ``GET
 /v1/sessions/{id}`` says ``paused``, and its next call thaws it with its kernel's variables;
 a paused session can be closed and leaves no container; the warm pool and a busy session are

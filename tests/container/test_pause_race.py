@@ -1,5 +1,5 @@
-"""Issue 26, item 2, through the container backend on a real engine: a call that starts while
-its session container is being paused waits for the pause, thaws it and gets its result; a
+"""Idle pause against a call, through the container backend on a real engine: a call that starts
+while its session container is being paused waits for the pause, thaws it and gets its result; a
 thaw the engine refuses ends that call with a clear error and a removed container (never a
 hang); a kernel restart thaws a paused container first."""
 

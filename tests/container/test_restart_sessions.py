@@ -1,7 +1,7 @@
-"""Restarts keep sessions (issue 26), container backend: a clean stop leaves a session's
-container running with its kernel (its runner waits for the next daemon); the next daemon
-re-adopts it, so the session's next call sees its variables and its files. A container removed
-while no daemon ran ends its session (audited). A crash keeps no kernel: the session's next
+"""Restarts keep sessions (an upgrade must not end users' work), container backend: a clean stop
+leaves a session's container running with its kernel (its runner waits for the next daemon); the
+next daemon re-adopts it, so the session's next call sees its variables and its files. A container
+removed while no daemon ran ends its session (audited). A crash keeps no kernel: the session's next
 call says ``daemon_crash``. Nothing is left behind: no container, no runner directory, no
 mount."""
 
@@ -159,7 +159,7 @@ def test_restart_keeps_readopts_or_ends_each_kept_session(
 def test_a_paused_session_is_thawed_and_kept_at_a_stop(
         docker_client: Any, tmp_path: Path, policies: Path, state: Path,  # noqa: F811
         instance: str, daemons: list[RunningDaemon]) -> None:
-    """An idle session's container is paused (issue 26, item 2); a frozen runner cannot
+    """An idle session's container is paused (it holds no CPU); a frozen runner cannot
     answer the stop's ``suspend``, so the stop thaws it first and keeps it."""
     env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
            "SANDBOXD_SESSION_PAUSE_AFTER_S": "1", **uid_range_env()}

@@ -1,6 +1,6 @@
-"""Revocation on the container backend (issue 24, item 3): removing a client's last token with
-``sandboxd token remove`` ends its session container (and the kernel in it) and its workspace,
-audited as ``client_revoked``; another client's session container stays."""
+"""Revocation on the container backend (a revoked client must keep nothing running): removing a
+client's last token with ``sandboxd token remove`` ends its session container (and the kernel in it)
+and its workspace, audited as ``client_revoked``; another client's session container stays."""
 
 from __future__ import annotations
 

@@ -247,7 +247,7 @@ print('after')
 
 
 def test_a_plot_shown_between_two_prints_stays_between_them(analyst: Analyst) -> None:
-    """Issue 29's own case: an image from ``plt.show()`` came after prints that ran after it.
+    """The case that started it: an image from ``plt.show()`` came after prints that ran after it.
     In the result its position is after 'before' and before 'after', and the SSE stream
     sends stdout 'before', the image, stdout 'after' in that order."""
     res = analyst.python(SHOW_BETWEEN_PRINTS)

@@ -1,5 +1,5 @@
 """`make run PROFILE=datascience` and the README's data-science example, as a newcomer runs
-them (issue 29: the README said to copy the policy and add a token; `make run` had neither, and
+them (the README said to copy the policy and add a token; `make run` had neither, and
 every tokenless example then answered 401): the daemon `make run` starts, and the README's own
 Python block, taken from the README and run unchanged but for the port."""
 

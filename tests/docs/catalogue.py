@@ -44,7 +44,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "\"status\": \"ok | error | denied", run="result_shape"),
     Entry(R, "-H 'Accept: text/event-stream'", run="console"),
     Entry(R, "--data-binary @photo.jpg", run="transfer"),
-    Entry(R, "from sandboxd.client import Agent, SandboxClient", run="client"),
+    Entry(R, "from sandboxd_client import Agent, SandboxClient", run="client"),
     Entry(R, "make run PROFILE=datascience", skip="make run serves on the fixed port 8765: "
           "tests/datascience/test_profile.py runs it on a free one; the Python it names is "
           "the next block, run here"),

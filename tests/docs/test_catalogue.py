@@ -86,7 +86,7 @@ REAL: dict[str, Any] = {"id": "inv_1", "status": "ok", "stdout": "42\n", "kernel
 
 def test_shape_comparison_names_missing_and_extra_keys() -> None:
     """The README's first sample lacked ``kernel`` and ``outputs``, its result schema
-    ``cleanup.detail`` (issue 29): each is named."""
+    ``cleanup.detail``: each is named."""
     doc = {"id": "inv_…", "status": "ok | error", "stdout": "42\n", "cleanup": {"verified": True},
            "extra": 1}
     problems = shape_problems(doc, REAL)

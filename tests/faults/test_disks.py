@@ -1,4 +1,4 @@
-"""Issue 12 items 4 and 5: a full state directory or audit disk ends in truthful answers."""
+"""Faults answered truthfully: a full state directory or audit disk ends in truthful answers."""
 
 from __future__ import annotations
 

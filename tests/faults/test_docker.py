@@ -1,4 +1,4 @@
-"""Issue 12 items 1-3: the Docker engine goes away, comes back, or is down at start-up."""
+"""Faults answered truthfully: the Docker engine goes away, comes back, or is down at start-up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 6: a stopped (SIGSTOP) zygote: calls end by their deadlines, it is replaced."""
+"""A stopped (SIGSTOP) zygote must stall no call: calls end by their deadlines, it is replaced."""
 
 from __future__ import annotations
 

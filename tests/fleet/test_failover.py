@@ -1,4 +1,4 @@
-"""A fleet losing a node (issue 27): ``kill -9`` (its sessions get a problem naming it, the
+"""A fleet losing a node: ``kill -9`` (its sessions get a problem naming it, the
 others go on, new sessions avoid it) and SIGTERM (drained: no call lost, no new session
 placed on it, its sessions' calls reach it until it stops).
 

@@ -1,6 +1,6 @@
-"""A rolling restart of every node loses no session (issue 27 item 4, with the sessions that
-survive a restart of issue 26): each node in turn is stopped (SIGTERM) and started again on
-its state directory and port; the proxy's health checks take it out and back; afterwards
+"""A rolling restart of every node loses no session (an upgrade of a fleet,
+with the sessions that survive a restart): each node in turn is stopped (SIGTERM) and started again
+on its state directory and port; the proxy's health checks take it out and back; afterwards
 every session of the fleet still answers on its node, with its files, and its first python
 call says that the kernel went with the restart (restricted kernels die with their daemon)."""
 

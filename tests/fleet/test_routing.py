@@ -1,4 +1,4 @@
-"""A fleet behind HAProxy (issue 27): every session-bound call lands on its session's node.
+"""A fleet behind HAProxy: every session-bound call lands on its session's node.
 
 Three real daemons (restricted backend) on loopback ports behind a real HAProxy started with
 the configuration ``sandboxd fleet haproxy-config`` writes."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.client import SandboxClient
+from sandboxd_client import SandboxClient
 from tests.support import cli
 from tests.support.fleet import Fleet, haproxy, running_fleet
 from tests.support.mcp_raw import RawMcp

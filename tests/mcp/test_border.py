@@ -1,4 +1,5 @@
-"""Bounded at the border, always delivered (issue 22): every value that crosses from a sandbox
+"""Bounded at the border, always delivered (a hostile value must not crash a reader):
+every value that crosses from a sandbox
 into the daemon - display items, the last value - is bounded in nesting depth where the daemon
 accepts it and replaced by a note with ``truncated: true`` when over; the client always gets
 the audited result: never a 500 on the plain route, an SSE stream that ends with ``result``,

@@ -1,6 +1,6 @@
 """The stdio bridge ends with its host: at the end of stdin (the host closed the pipe, as most
 hosts do when a chat ends) and on SIGTERM, each time ending its MCP session first. A bridge
-that outlived its stdin held one process per chat on hosts that do not kill it (issue 29)."""
+that outlived its stdin held one process per chat on hosts that do not kill it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stdio bridge loads only what it needs (issue 29): a host waits for its first answer, and
+"""The stdio bridge loads only what it needs: a host waits for its first answer, and
 the MCP SDK (most of a second), the daemon's stack and the other commands' modules cost it
 that answer's second. Its timing is measured in bench/bench_mcp_bridge.py, not here: this test
 reads what a real bridge run imported (``python -X importtime``), answering both eras' first
@@ -26,7 +26,8 @@ FIRST = [
 HEAVY = ("mcp", "mcp_types", "fastapi", "starlette", "uvicorn", "docker", "RestrictedPython",
          "sandboxd.backends", "sandboxd.service", "sandboxd.api", "sandboxd.config",
          "sandboxd.models", "sandboxd.policy", "sandboxd.cli.daemon", "sandboxd.cli.doctor",
-         "sandboxd.cli.chat", "sandboxd.client")
+         "sandboxd.cli.chat", "sandboxd.client", "sandboxd_client.models",
+         "sandboxd_client.sandbox", "sandboxd_client.agent")
 
 
 def test_the_bridge_imports_nothing_heavy(mcp_daemon: McpDaemon) -> None:

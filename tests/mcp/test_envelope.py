@@ -1,4 +1,4 @@
-"""Issue 24 item 6, found by the JSON-RPC fuzz (tests/api/test_fuzz.py): every malformed
+"""No message left unanswered, found by the JSON-RPC fuzz (tests/api/test_fuzz.py): every malformed
 ``POST /mcp`` message gets one clear JSON-RPC error at once; none is taken for a notification
 and left unanswered (``202``), and an unknown protocol version is named as such. Raw HTTP
 (the SDK would not send these), on the daemon's app in process (tests/support/inprocess.py):

@@ -1,5 +1,5 @@
 """Every JSON-RPC error answers the request it refuses: its ``id``, never ``null`` when the
-request had a valid one (JSON-RPC 2.0 section 5; issue 29). The door's own refusals (envelope,
+request had a valid one (JSON-RPC 2.0 section 5). The door's own refusals (envelope,
 protocol version, session cap) and the SDK transport's (unknown or missing session, the
 2026-07-28 envelope checks) alike. Raw HTTP: no SDK client would send most of these; on the
 daemon's app in process (tests/support/inprocess.py): the refusals are the door's, whatever

@@ -176,7 +176,7 @@ async def test_cancelled_call_stops_the_sandbox_process(mcp_daemon: McpDaemon,
         at_least_ms = (asyncio.get_running_loop().time() - running_since) * 1000
         with pytest.raises(asyncio.CancelledError):
             await call
-        # the cancel interrupted the code first (issue 22): the session's kernel and its
+        # the cancel interrupted the code first: the session's kernel and its
         # variables are kept, and the session is still usable
         after = await session.call_tool("python", {"code": "print(x + 1)"})
         assert text_of(after).strip() == "42", text_of(after)
@@ -356,7 +356,7 @@ def test_audit_log_has_the_mcp_calls_and_verifies(mcp_daemon: McpDaemon) -> None
 
 async def test_tools_have_titles_annotations_and_the_result_schema(
         inproc_door: McpDaemon) -> None:
-    """What a host shows and checks before a model calls (issue 29): a title, what the tool
+    """What a host shows and checks before a model calls: a title, what the tool
     does to its sandbox (no network here: never open-world), admin-defined tools' from the
     policy, and an outputSchema that the structuredContent of a call validates against."""
     import jsonschema

@@ -1,4 +1,4 @@
-"""Both protocol eras with the official Python SDK's own client (``mcp.Client``, issue 29): in
+"""Both protocol eras with the official Python SDK's own client (``mcp.Client``): in
 its default ``auto`` mode it probes ``server/discover`` at 2026-07-28 and stays there (it used
 to be refused and fall back), over Streamable HTTP and through the stdio bridge; pinned to the
 handshake (``mode="legacy"``: 2025-11-25) it still works. In each, a bad-arguments call is an

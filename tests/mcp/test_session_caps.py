@@ -1,4 +1,4 @@
-"""MCP sessions are bounded (issue 24, item 2), through a real daemon with raw JSON-RPC over
+"""MCP sessions are bounded (each holds memory), through a real daemon with raw JSON-RPC over
 httpx and the official SDK client: an ``initialize`` flood past the per-client and total caps
 is refused (429 + a JSON-RPC error naming the setting) and the daemon's memory stays put; a
 session that never called a tool idles out after ``mcp_session_idle_s`` (404 after, its slot
@@ -174,7 +174,7 @@ async def test_delete_frees_a_slot_at_once(tmp_path: Path) -> None:
 
 def test_an_idle_session_costs_little_memory(tmp_path: Path) -> None:
     """500 idle sessions (initialized, no call): the daemon's RSS per session, against its RSS
-    before them in the same run (measured about 40 KiB; issue 24)."""
+    before them in the same run (measured about 40 KiB)."""
     count = 500
     env = {"SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": str(count),
            "SANDBOXD_MCP_MAX_SESSIONS": str(count)}

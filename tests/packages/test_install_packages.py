@@ -1,4 +1,4 @@
-"""Issue 26: ``install_packages`` installs allowed packages from the admin's wheelhouse into a
+"""``install_packages`` installs allowed packages from the admin's wheelhouse into a
 container session, whose later python calls (its kernel) import them. Through the real daemon
 (HTTP and MCP, tokens, policy) and a real Docker engine; the wheels are made here, nothing is
 fetched from a network (the session containers have none).

@@ -1,8 +1,9 @@
-"""Issue 29, "tuples stay tuples": a call's last value as both backends report it, one table
-through a real daemon (the restricted backend and a container, one-shot and in a session
-kernel). ``value`` is the value's JSON (a tuple reads as a list there, as before);
-``value_repr`` is Python's repr whenever that JSON would change the value, and what the model
-reads (:func:`sandboxd.client.render.format_result`). Both backends must say the same."""
+"""Tuples stay tuples (a model told a tuple is a list reasons about the wrong type): a call's last
+value as both backends report it, one table through a real daemon (the restricted backend and a
+container, one-shot and in a session kernel). ``value`` is the value's JSON (a tuple reads as a list
+there, as before); ``value_repr`` is Python's repr whenever that JSON would change the value, and
+what the model reads (:func:`sandboxd_client.render.format_result`). Both backends must say the
+same."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from sandboxd.client.render import format_result
 from sandboxd.models import Result
 from sandboxd.tokens import add_token
+from sandboxd_client.render import format_result
 from tests.support.daemon import RunningDaemon, running_daemon
 
 #: the modern-host VM job leaves this module to make test (tests/vm/README.md)

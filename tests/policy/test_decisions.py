@@ -217,7 +217,8 @@ tools:
 
 
 def test_open_files_default_maximum_and_request(tmp_path: Path) -> None:
-    """``open_files`` (issue 23's proof of the limits table): a policy default and maximum,
+    """``open_files`` (the limit that proves a new one needs only a row in the
+    limits table): a policy default and maximum,
     a tool maximum, a request that lowers it; the built-in default without a policy value."""
     store = store_for(tmp_path, OPEN_FILES)
     d = decide(store, "python", {"code": "1"})

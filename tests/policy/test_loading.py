@@ -246,7 +246,7 @@ def test_shipped_python_imports_exist_in_the_restricted_backend() -> None:
 
 
 def test_a_module_the_restricted_backend_lacks_is_an_error_at_its_entry(tmp_path: Path) -> None:
-    """issue 29: `zlib` allowed for the restricted backend passed `policy check`, `explain` said
+    """A regression: `zlib` allowed for the restricted backend passed `policy check`, `explain` said
     allow and the tool description promised it, then the call failed at run time."""
     path = tmp_path / "p.yaml"
     path.write_text("version: 1\nname: p\nclients: ['*']\ntools:\n  python:\n    imports:\n"

@@ -1,4 +1,4 @@
-"""Issue 26: ``tools.python.packages.allow`` (what ``install_packages`` may install): its
+"""``tools.python.packages.allow`` (what ``install_packages`` may install): its
 errors at file:line:col, PEP 503 names, the tool it enables and the decisions it makes."""
 
 from __future__ import annotations

@@ -144,7 +144,8 @@ def _without_defaults(value: Any) -> Any:
     ("ls > ../x", "tools.shell.operators", "must not contain '..'"),
     ("ls >&x", "tools.shell.operators", "must be followed by a descriptor"),
     # every construct /bin/sh would read differently from this parser is refused, with a
-    # message saying what to write instead (the attack lines of issue 11, item 5 first)
+    # message saying what to write instead (the lines a POSIX tokenizer and /bin/sh read differently
+    # first)
     ("true #'\nid\n#'", "tools.shell.operators", "Comments (`#`)"),
     ("echo \"${x#\"'\"}\"; id #'", "tools.shell.operators", "`$` expansions"),
     ("ls > x; $X", "tools.shell.operators", "`$` expansions"),

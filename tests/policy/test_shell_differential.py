@@ -4,7 +4,8 @@ With ``operators: true`` a line is parsed once (:mod:`sandboxd.policy.shell`), c
 the parsed structure (a plan) is executed by the container runner's own executor - no shell.
 For every line the policy accepts, that executor must do exactly what ``/bin/sh -c line``
 does: the same programs with the same arguments, the same output, exit status and files. For
-the lines on which a POSIX tokenizer and /bin/sh disagree (issue 11, item 5), the policy must
+the lines on which a POSIX tokenizer and /bin/sh disagree (each is a way to run what the
+policy never saw), the policy must
 refuse. Without operators the argv the backend runs must be the argv sh would have built.
 """
 
@@ -168,7 +169,8 @@ def test_what_is_checked_is_what_runs(tmp_path: Path, stubs: Path, operators: st
 
 
 # Lines a tokenizer that does not model every rule of sh reads as one allowed command while
-# /bin/sh runs several (issue 11, item 5), and variants: all refused with operators on.
+# /bin/sh runs several (a command the policy never checked), and variants: all refused with
+# operators on.
 ATTACKS = [
     "cat #'\nid\n#'",
     "ls #'\nid\n#'",

@@ -1,4 +1,4 @@
-"""``display()`` on the restricted backend (issue 14, rich results): plain values become
+"""``display()`` on the restricted backend (rich results): plain values become
 display items (``text/plain``, ``application/json``) in order, one-shot and in a session
 kernel, within the caps; the items reach a streaming caller as they are sent."""
 

@@ -1,7 +1,7 @@
-"""Idle standby workers (issue 25): an idle zygote keeps ``IDLE_STANDBY`` standbys (each is
-memory the idle daemon keeps), a call raises the count to one per scheduler slot, and once no
-call took one for ``IDLE_AFTER_S`` the daemon kills the surplus and the zygote does not
-replace them. A readiness probe is not a call: it leaves the count as it is."""
+"""Idle standby workers (few while idle, for the daemon's idle memory): an idle zygote keeps
+``IDLE_STANDBY`` standbys (each is memory the idle daemon keeps), a call raises the count to one per
+scheduler slot, and once no call took one for ``IDLE_AFTER_S`` the daemon kills the surplus and the
+zygote does not replace them. A readiness probe is not a call: it leaves the count as it is."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Session kernels of the restricted backend (issue 14), through the HTTP API of a real daemon:
+"""Session kernels of the restricted backend, through the HTTP API of a real daemon:
 Python state persists between the calls of one session and never crosses sessions or
 clients; a timeout or a memory kill ends the kernel, says so, and the next call starts fresh
 with the workspace files intact; deleting the session ends the kernel (process reaped,
@@ -41,7 +41,7 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
                          timeout=120.0) as bob_client:
         yield Clients(d, bob_client)
 
-#: code that ignores the interrupt a timeout sends first (issue 22): its kernel is killed
+#: code that ignores the interrupt a timeout sends first: its kernel is killed
 IGNORES_INTERRUPT = ("while True:\n    try:\n        while True:\n            pass\n"
                      "    except KeyboardInterrupt:\n        pass")
 
@@ -152,7 +152,7 @@ def test_state_never_crosses_sessions_or_clients(clients: Clients) -> None:
 @pytest.mark.parametrize(
     ("code", "limits", "reason", "status"),
     [
-        # code that ignores the interrupt it gets first (issue 22): killed after the grace
+        # code that ignores the interrupt it gets first: killed after the grace
         ("while True:\n    try:\n        while True:\n            pass\n"
          "    except KeyboardInterrupt:\n        pass", {"timeout_s": 1.5}, "wall_timeout",
          "timeout"),

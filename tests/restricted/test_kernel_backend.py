@@ -113,7 +113,8 @@ def cancel_kernel_call(harness: BackendHarness, sid: str, ws: Path,
 
 
 def test_cancellation_interrupts_and_keeps_the_kernel(harness: BackendHarness) -> None:
-    """Issue 22: a cancel interrupts first; a kernel back in its loop keeps its variables."""
+    """A cancel interrupts first (the session need not lose its state); a kernel back in its loop
+    keeps its variables."""
     ws = harness.workspace()
     run_in(harness, "keep", ws, "z = 1")
     proc = kernel_process(ws)

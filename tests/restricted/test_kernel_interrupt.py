@@ -1,4 +1,5 @@
-"""Interrupt before kill (issue 22), on the restricted backend through a real daemon.
+"""Interrupt before kill (so a runaway call need not cost its state), on the restricted backend
+through a real daemon.
 
 At a session call's wall-clock limit, on a client's disconnect and on ``POST
 /v1/sessions/{id}/interrupt``, the call's code first gets a ``KeyboardInterrupt``; a kernel

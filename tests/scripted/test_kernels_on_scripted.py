@@ -1,4 +1,5 @@
-"""Session kernels through the HTTP API on the scripted backend (issue 14): the service's side
+"""Session kernels through the HTTP API on the scripted backend (no real sandbox needed): the
+service's side
 of them (kernel objects and the lost message, restart, the sessions list, the host-wide cap).
 The backends' own kernels are proven by their suites; the scripted backend emulates one the
 way they keep it (a live kernel per session python call, ended by a timeout or a limit)."""

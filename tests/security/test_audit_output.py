@@ -1,7 +1,7 @@
 """What reaches the audit log from outside, and what ``sandboxd audit tail`` prints of it.
 
-Issue 11, item 14: a tool name with ``%0a`` forged a record line in ``audit tail``, and OSC/ANSI
-escapes sent on an unauthenticated path reached the admin's terminal. Item 16: the 401 record's
+A regression: a tool name with ``%0a`` forged a record line in ``audit tail``, and OSC/ANSI
+escapes sent on an unauthenticated path reached the admin's terminal. And the 401 record's
 token digest was always ``[REDACTED]`` (its key matched the secret-key pattern).
 """
 
@@ -74,7 +74,7 @@ def test_tail_escapes_what_clients_and_strangers_sent(tmp_path: Path) -> None:
     assert any("\\x1b]0;pwned\\x07" in line and "\\n2026-01-01" in line for line in lines)
     as_json = tail(d.audit_path, "--json")
     assert [json.loads(line) for line in as_json] == records  # same values, escaped text
-    # item 16: the digest of the token that failed is kept (it is not a secret), the token not
+    # the digest of the token that failed is kept (it is not a secret), the token not
     failure = next(r for r in records if r["event"] == "auth_failure")
     assert failure["digests"] == [hashlib.sha256(bad_token.encode()).hexdigest()[:12]], failure
     raw = d.audit_path.read_text()

@@ -1,6 +1,6 @@
 """File tools through the real daemon: the path the policy checks is the path that is opened.
 
-Issue 11, items 6 and 16: the policy matched the raw string while the backend stripped it, so
+A regression: the policy matched the raw string while the backend stripped it, so
 ``"app.key "``, ``".env\\n"``, ``".env\\u00a0"`` and ``" .git/hooks/pre-commit"`` passed deny
 rules; a lone surrogate in a path crashed the call (500).
 """

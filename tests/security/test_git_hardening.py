@@ -1,4 +1,5 @@
-"""git runs no program that repository content names (issue 11, item 7), through the real daemon
+"""git runs no program that repository content names (hooks, filters, pagers
+would run it outside the policy), through the real daemon
 and the container backend.
 
 The shipped ``git_status`` tool ran attacker-chosen programs: a ``.git`` *file* (``gitdir: g``)

@@ -1,4 +1,5 @@
-"""Sandboxes are isolated from each other at the process layer (issue 11, items 1 and 2).
+"""Sandboxes are isolated from each other at the process layer (no sandbox
+may see, signal or trace another's processes).
 
 Through a real daemon whose workers run unrestricted Python for ``#bypass`` code (see
 :mod:`tests.security.language_bypass`: the language layer is assumed broken):

@@ -1,5 +1,5 @@
-"""Escape attempts against restricted *session kernels* (issue 14), through the HTTP API of
-real daemons.
+"""Escape attempts against restricted *session kernels* (they live across calls), through the HTTP
+API of real daemons.
 
 * The whole escape suite of :mod:`tests.security.test_restricted_escapes` runs in one session
   kernel, call after call: each attack ends as it does in a one-shot call, a limit ends the
@@ -126,7 +126,7 @@ def test_escape_attempt_in_a_session_kernel(env: Env, name: str, code: str,
         else:
             assert reason == expect, res
         if reason == "wall_timeout" and kernel["interrupted"]:
-            assert kernel["lost"] is False, res  # interrupted and kept (issue 22)
+            assert kernel["lost"] is False, res  # interrupted and kept
         else:
             assert kernel["lost"] is True and kernel["reason"] == reason, res
     if expect == "output_limit":

@@ -1,4 +1,4 @@
-"""Session kernels you can trust (issue 22), through the HTTP API of real daemons.
+"""Session kernels you can trust (code in them is hostile), through the HTTP API of real daemons.
 
 * No object the sandbox hands user code leads to the worker's result channel: ``display``,
   ``open`` and its files, ``type`` and the module proxies show only their documented surface.

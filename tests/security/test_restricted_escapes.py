@@ -165,7 +165,7 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("format_getattr_in_fstring", "f\"{getattr(1, '__class__')}\"", "refused"),
     ("format_item_then_attr", "'{0[0].__class__}'.format([1])", "refused"),
     ("format_spec_nested", "'{0:{1.__class__}}'.format(1, 2)", "refused"),
-    # ---- the real str.format reached around the attribute guard (issue 11 item 13): each
+    # ---- the real str.format reached around the attribute guard: each
     # runs the format inside a generator so that ``gi_frame.f_back`` is the caller's frame
     ("super_str_format", textwrap.dedent("""
         class S(str):

@@ -1,4 +1,4 @@
-"""Per-call rlimits in the container runner (the rlimits of a request's ``limits``, issue 23),
+"""Per-call rlimits in the container runner (the rlimits of a request's ``limits``),
 run on the host through the runner's own loop (tests/support/runner_host.py): set in every process a
 call starts before user code - the python worker, a plan's commands (a pipeline's too), the
 session kernel -, never by posix_spawn, and a request that asks for anything a call may not

@@ -1,4 +1,5 @@
-"""Shell operators through the real daemon and the container backend (issue 11, item 5).
+"""Shell operators through the real daemon and the container backend (a line the
+policy reads one way must not run another way).
 
 With ``operators: true`` the policy's reading of a line and /bin/sh's disagreed (comments,
 nested quotes in parameter expansions), so denied programs ran. Now the line never reaches a

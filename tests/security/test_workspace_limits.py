@@ -1,4 +1,5 @@
-"""Attacks on workspaces through the real daemon (issue 11, items 8-10).
+"""Attacks on workspaces through the real daemon (sandboxed code
+writes what it likes, and the daemon must still measure and remove it).
 
 8. A deep directory tree (thousands of levels) in a session must not break measuring, deleting
    or expiring it, nor the start-up sweep after a crash: walks are iterative and bounded.

@@ -1,10 +1,10 @@
-"""Restarts keep sessions (issue 26), restricted backend, tmpfs workspaces (root): a clean stop
-leaves each session's workspace mounted; the next daemon re-adopts the sessions whose workspace
-checks out (their files are there; their kernel died with the old daemon: the next python call
-says ``kernel.lost`` with reason ``daemon_restart``), and ends, audited, those whose workspace
-was tampered with while no daemon ran. ``sessions_survive_restart: false`` keeps the old
-behaviour: a stop ends every tmpfs session. A crash (``kill -9``) hides no lost kernel: the
-next call says ``daemon_crash``."""
+"""Restarts keep sessions (an upgrade must not end users' work), restricted backend, tmpfs
+workspaces (root): a clean stop leaves each session's workspace mounted; the next daemon re-adopts
+the sessions whose workspace checks out (their files are there; their kernel died with the old
+daemon: the next python call says ``kernel.lost`` with reason ``daemon_restart``), and ends,
+audited, those whose workspace was tampered with while no daemon ran. ``sessions_survive_restart:
+false`` keeps the old behaviour: a stop ends every tmpfs session. A crash (``kill -9``) hides no
+lost kernel: the next call says ``daemon_crash``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The daemon holds a lock on its state directory (``<state>/daemon.lock``, issue 24): a second
-``serve`` there refuses to start with one line naming the directory and the holder's pid, and
-the admin commands see the live daemon and leave its things alone."""
+"""The daemon holds a lock on its state directory (``<state>/daemon.lock``, so that two daemons
+never share one): a second ``serve`` there refuses to start with one line naming the directory and
+the holder's pid, and the admin commands see the live daemon and leave its things alone."""
 
 from __future__ import annotations
 

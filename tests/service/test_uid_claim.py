@@ -1,5 +1,5 @@
 """Sandbox uid ranges are claimed host-wide: two live daemons never share a sandbox uid
-(issue 24; sandboxd.uidclaim). Real daemons, the real host-wide claim file."""
+(sandboxd.uidclaim). Real daemons, the real host-wide claim file."""
 
 from __future__ import annotations
 

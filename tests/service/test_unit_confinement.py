@@ -334,8 +334,8 @@ def test_daemon_serves_under_the_units_confinement(
                 "/v1/tools/python/invoke", json={"arguments": {"code": code}, "session": sid}
             )
             assert r.status_code == 200 and r.json()["value"] == "hi", r.text
-            # the session's kernel is proven idle from /proc without CAP_SYS_PTRACE (issue 22:
-            # read as the sandbox's uid), so its state lives on into the next call
+            # the session's kernel is proven idle from /proc without CAP_SYS_PTRACE
+            # (read as the sandbox's uid), so its state lives on into the next call
             r = c.post("/v1/tools/python/invoke",
                        json={"arguments": {"code": "f = 1\nf + 1"}, "session": sid})
             kernel = r.json()["kernel"]

@@ -1,5 +1,6 @@
 """``sandboxd ...`` as an admin runs it, for tests: the one way a test runs a CLI command to
-its end, and the way a test daemon is started (issue 23, item 7).
+its end, and the way a test daemon is started (forked from a
+server that did the imports once: CI's emulated VM job is slow).
 
 :func:`run` is ``subprocess.run([python, "-m", "sandboxd", *args], capture_output=True,
 text=True)``: a process of its own, with the environment, working directory and standard

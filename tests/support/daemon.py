@@ -35,11 +35,11 @@ PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE",
                    "SANDBOXD_PROBE_CALL_TIMEOUT_S"}
 #: settings every test daemon gets unless its ``env`` says otherwise. No warm container pool:
 #: most test daemons never call a container tool, and two idle containers per daemon start
-#: cost seconds of CPU each under the VM job's emulation (issue 28); the tests of the pool
+#: cost seconds of CPU each under the VM job's emulation; the tests of the pool
 #: and of container calls set ``SANDBOXD_WARM_POOL_SIZE`` themselves.
 TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0",
                  # a test daemon's state goes with the test: a stop ends its sessions (and so
-                 # leaves no mount or container behind) unless the test keeps them (issue 26)
+                 # leaves no mount or container behind) unless the test keeps them
                  "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false"}
 # Test daemons take sandbox uid ranges of this size from TEST_UID_BASE up: above the default
 # range (10100-10999, an installed service's) and the VM lanes' in-process backends (12100 +

@@ -1,6 +1,6 @@
-"""Reruns in plain sight (issue 28): CI reruns a failed test once (``--reruns 1``, from
-pytest-rerunfailures, CI only) and every rerun is named at the end of the run as
-``FLAKY: <test id>``, so that one unlucky timing costs no change and no flake stays silent.
+"""Reruns in plain sight (a flaky test must be seen, not hidden): CI reruns a failed test once
+(``--reruns 1``, from pytest-rerunfailures, CI only) and every rerun is named at the end of the run
+as ``FLAKY: <test id>``, so that one unlucky timing costs no change and no flake stays silent.
 A test that fails twice fails the run. ``SANDBOXD_FLAKY_FILE``: the lines are appended there
 too, for ``.ci/run``'s closing summary (the VM job writes them to its results)."""
 

@@ -1,4 +1,4 @@
-"""A fleet for tests and benchmarks (issue 27): real daemons on loopback ports, each with its
+"""A fleet for tests and benchmarks: real daemons on loopback ports, each with its
 own ``node_id``, behind a real HAProxy started with the configuration ``sandboxd fleet
 haproxy-config`` generates (its own process: stopped, and waited for, at the end)."""
 

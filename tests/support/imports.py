@@ -15,3 +15,10 @@ def loaded(code: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True, timeout=120)
     return list(json.loads(out.stdout.splitlines()[-1]))
+
+
+#: the thin client's modules a daemon (or the stdio bridge) may load: the package itself (its
+#: names load on first use), its deadline idiom and its answer models (the daemon's build on
+#: them); any other ``sandboxd_client`` module is the client's machinery (httpx, the agent)
+CLIENT_SHARED = frozenset({"sandboxd_client", "sandboxd_client.deadline",
+                           "sandboxd_client.models", "sandboxd_client.output_items"})

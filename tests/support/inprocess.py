@@ -1,5 +1,5 @@
 """The real daemon's app in this process: fast API, client and MCP tests without a daemon
-start (issue 23, item 7).
+start (CI's emulated VM job is slow).
 
 :class:`InProcessDaemon` is ``sandboxd serve`` minus the process and the socket: the real
 FastAPI app (:func:`sandboxd.api.app.create_app`, every middleware, the problem table, the
@@ -7,7 +7,7 @@ policy engine, the audit log, sessions and the workspace file tools) wired to a
 :class:`~sandboxd.service.Sandboxd` whose execution backends are scripted
 (:mod:`sandboxd.backends.scripted`), on an event loop of its own in a thread, its lifespan
 run as uvicorn runs it. Requests reach it through in-process transports (no socket): a sync
-one for ``httpx.Client`` and :class:`~sandboxd.client.SandboxClient`, an async one for
+one for ``httpx.Client`` and :class:`~sandboxd_client.SandboxClient`, an async one for
 ``httpx.AsyncClient`` (the MCP SDK's client). Unlike ``httpx.ASGITransport`` they stream
 the response as the app sends it (server-sent events, the MCP notification stream), and
 closing a response tells the app that its client went away (``http.disconnect``).

@@ -1,4 +1,4 @@
-"""Issue 29, one order for everything a call prints: the code both backends' ordering tests
+"""Execution order, one order for everything a call prints: the code both backends' ordering tests
 run, and the check that a result's ``outputs`` (their positions) and the SSE stream follow
 execution order."""
 
@@ -83,7 +83,7 @@ def check_order(events: list[tuple[str, Any]]) -> dict[str, Any]:
     assert displays == result["outputs"]  # the same items, positions included
     assert [o["at"] for o in result["outputs"]][:2] == [{"stdout": 3, "stderr": 0},
                                                          {"stdout": 6, "stderr": 0}]
-    from sandboxd.client.render import format_result
+    from sandboxd_client.render import format_result
 
     text = format_result(Result.model_validate(result))
     assert text.startswith("stdout:\np0\ndisplay:\n0\nstdout:\np1\ndisplay:\n1\n"), text

@@ -1,4 +1,5 @@
-"""Wait for an event, the one way every test waits (tracker issue 28, item 2).
+"""Wait for an event, the one way every test waits (a fixed
+sleep is flaky on a slow host and slow on a fast one).
 
 A test waits for what it needs (a process's own state, a record, a file), never for a fixed
 time: ``timeout`` only catches a hang, so give it generously. This module is the only place

@@ -1,6 +1,6 @@
-"""One definition of the set of backends (issue 23): the registry. The core modules that build,
-configure, validate and diagnose backends name none of them; each backend's name, settings and
-hooks live in its own package's registry entry."""
+"""One definition of the set of backends (a new backend needs no core edit): the registry. The core
+modules that build, configure, validate and diagnose backends name none of them; each backend's
+name, settings and hooks live in its own package's registry entry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The backend registry (issue 23): a backend registered by its own package - here one this
-test defines - is built by the factory, accepted by policy validation and probed by ``sandboxd
-doctor`` with no edit of a core file; the registry itself imports no backend."""
+"""The backend registry (a new backend needs no core edit): a backend registered by its own package
+- here one this test defines - is built by the factory, accepted by policy validation and probed by
+``sandboxd doctor`` with no edit of a core file; the registry itself imports no backend."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def test_bad_config_files_are_reported(tmp_path: Path) -> None:
 
 
 def test_a_bad_config_file_reports_every_problem_at_its_line(tmp_path: Path) -> None:
-    """issue 29: a bad daemon config reported its first problem only, with no file or line;
+    """A regression: a bad daemon config reported its first problem only, with no file or line;
     now every problem, one line each at file:line:column, as `policy check` does (a value
     from the environment is named as the setting)."""
     import os

@@ -1,7 +1,7 @@
 """The engine request that creates a sandbox container (``engine.container_body``) is the one
-the Docker SDK built before the daemon dropped it (issue 25): the same container config and
-host config for every kind of container. The SDK stays installed for ``sandboxd images``;
-here it is the reference."""
+the Docker SDK built before the daemon dropped it (for the memory and start time it cost): the same
+container config and host config for every kind of container. The SDK stays installed for ``sandboxd
+images``; here it is the reference."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def _sdk_body(config: ContainerConfig, seccomp: str, spec: engine.Spec) -> dict[
         inodes = int(config.session_quota_entries) + 1
         tmpfs["/workspace"] = (f"rw,nosuid,nodev,size={quota},nr_inodes={inodes},"
                                f"uid={uid},gid={gid},mode=0700")
-    else:
-        binds[str(spec.workspace)] = {"bind": "/workspace", "mode": "rw"}
     mounts = []
+    if spec.workspace is not None:  # a mount: the engine refuses a missing source
+        mounts.append(Mount("/workspace", str(spec.workspace), type="bind", read_only=False))
     if spec.role == "session" and config.wheelhouse is not None and config.wheelhouse.is_dir():
         mounts.append(Mount(WHEELHOUSE_MOUNT, str(config.wheelhouse), type="bind",
                             read_only=True))
@@ -86,7 +86,12 @@ def test_the_create_request_is_the_sdks(tmp_path: Path, kind: str) -> None:
     ours = engine.container_body(config, '{"defaultAction":"SCMP_ACT_ERRNO"}', spec)
     sdk = _sdk_body(config, '{"defaultAction":"SCMP_ACT_ERRNO"}', spec)
     assert _without_nulls(ours) == _without_nulls(sdk)
-    assert bool(ours["HostConfig"]["Mounts"]) is (kind == "session")
+    wheelhouse = [m for m in ours["HostConfig"]["Mounts"] if m["Source"] == str(wheels)]
+    assert bool(wheelhouse) is (kind == "session")
+    # the workspace is a mount, never a bind (which the engine would make when missing)
+    workspace = [m for m in ours["HostConfig"]["Mounts"] if m["Target"] == "/workspace"]
+    assert len(workspace) == (kind != "pool")
+    assert not any(b.endswith(":/workspace:rw") for b in ours["HostConfig"]["Binds"])
 
 
 def test_never_root(tmp_path: Path) -> None:

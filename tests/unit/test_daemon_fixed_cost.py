@@ -1,5 +1,5 @@
-"""The daemon's fixed cost (issue 25): every module ``sandboxd serve`` imports is memory the
-daemon keeps for its lifetime, and so is every process it keeps. These tests pin what the
+"""The daemon's fixed cost (what it holds while idle): every module ``sandboxd serve`` imports is
+memory the daemon keeps for its lifetime, and so is every process it keeps. These tests pin what the
 serve path leaves out: the other command groups, the restricted worker's stack (RestrictedPython,
 the language layer: only the zygote's workers need it), psutil (two /proc reads), the Docker
 SDK with requests and urllib3 (the container backend speaks the engine's API itself:

@@ -1,6 +1,6 @@
 """Test support: a port that another process binds between ``free_port()`` and the daemon's
-bind costs a retry on another port, not a failed test (issue 28: a test that guessed gets
-the event it needs; several daemons and test runs share this host)."""
+bind costs a retry on another port, not a failed test (a
+test that guessed gets the event it needs; several daemons and test runs share this host)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Every runtime dependency of pyproject.toml is one the daemon uses: imported somewhere in
-sandboxd/, or named in :data:`INDIRECT` with where it is used. What only tests or benchmarks
-import belongs in the ``dev`` extra."""
+"""Every runtime dependency of pyproject.toml is one the daemon's distribution uses: imported
+somewhere in the packages its wheel carries (sandboxd/, and the client it ships beside it,
+client/sandboxd_client/), or named in :data:`INDIRECT` with where it is used. What only tests
+or benchmarks import belongs in the ``dev`` extra."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ INDIRECT = {"httptools": "uvicorn's AutoHTTPProtocol (sandboxd.api.connections) 
 
 def _imported() -> set[str]:
     found: set[str] = set()
-    for path in (REPO / "sandboxd").rglob("*.py"):
+    wheel = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = wheel["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    for path in (p for package in packages for p in (REPO / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found.update(alias.name.split(".")[0] for alias in node.names)
@@ -41,5 +44,5 @@ def test_every_runtime_dependency_is_used_by_the_daemon() -> None:
     imported = _imported()
     unused = sorted(dep for dep in declared
                     if dep not in INDIRECT and not modules.get(dep, set()) & imported)
-    assert unused == [], (f"runtime dependencies nothing in sandboxd/ imports: {unused} "
+    assert unused == [], (f"runtime dependencies nothing in the wheel's packages imports: {unused} "
                           "(a test's or a benchmark's belongs in the dev extra)")

@@ -1,4 +1,5 @@
-"""sandboxd.fstree: measure, re-own and remove trees that sandboxed code wrote (issue 11 item 8).
+"""sandboxd.fstree: measure, re-own and remove trees that sandboxed code wrote (hostile
+trees must not break or redirect the daemon's own file work).
 
 Deep (far past Python's recursion limit and PATH_MAX), wide, full of symlinks that lead out of
 the tree, with unreadable directories: every walk is iterative, descriptor-based and bounded.

@@ -1,5 +1,6 @@
 """Every object the restricted sandbox hands user code shows only its declared surface
-(issue 22): the globals and builtins of a real run, walked attribute by attribute."""
+(a walk from one must not reach the daemon's internals): the globals and builtins of a real run,
+walked attribute by attribute."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue 26, item 2: the pause/thaw logic of :mod:`sandboxd.backends.container.idle` against
-a fake engine: never a pause while a call is counted, a thaw waits for a pause in flight,
-and engine failures give truthful states."""
+"""Idle session containers are paused (no CPU while idle): the pause/thaw logic of
+:mod:`sandboxd.backends.container.idle` against a fake engine: never a pause while a call is
+counted, a thaw waits for a pause in flight, and engine failures give truthful states."""
 
 from __future__ import annotations
 

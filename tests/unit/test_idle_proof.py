@@ -1,4 +1,5 @@
-"""The proof from outside that a kernel is idle (issue 22, ``sandboxd.backends.restricted.idle``)
+"""The proof from outside that a kernel is idle (its own word cannot be
+trusted; ``sandboxd.backends.restricted.idle``)
 on real processes: parked in ``read`` on the right descriptor with every caught signal blocked
 is idle; running, sleeping elsewhere, wakeable by a signal it catches, another descriptor, or
 ended is not."""

@@ -1,4 +1,5 @@
-"""Layers point one way (issue 23): the import graph of the package has no cycle.
+"""Layers point one way (so each can be read and changed alone): the import graph of the package has
+no cycle.
 
 Every import counts, lazy ones inside functions included, except those under
 ``TYPE_CHECKING``; an edge is a module naming another (a package's ``__init__``, which a

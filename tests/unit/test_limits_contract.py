@@ -1,6 +1,7 @@
-"""One definition of every limit (issue 23): ``sandboxd.protocol.limits.LIMITS`` is the table
-the policy file keys, the request fields, the engine, the wire to a sandbox and the rlimits
-derive from. These tests fail when a boundary spells a limit its own way."""
+"""One definition of every limit (so that no boundary reads one differently):
+``sandboxd.protocol.limits.LIMITS`` is the table the policy file keys, the request fields, the
+engine, the wire to a sandbox and the rlimits derive from. These tests fail when a boundary spells a
+limit its own way."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Node ids (issue 27): the setting, the ids that carry it, and sessions stored before it."""
+"""Node ids (a fleet routes each call to the node its id names): the setting, the ids that carry it,
+and sessions stored before it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The single definitions of issue 13: the rules module, the result table and the error table."""
+"""The single definitions (a rule, message or limit spelled twice drifts apart): the rules module,
+the result table and the error table."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ from pathlib import Path
 import pytest
 
 import sandboxd
+import sandboxd_client
 from sandboxd.api.problems import PROBLEMS, _map
 from sandboxd.errors import SandboxdError
 from sandboxd.models import LIMIT_MESSAGES, Limits, Reason, Result, Status, status_for
 from sandboxd.protocol.rules import OutputBudget, import_verdict
+
+
+def _sources() -> list[tuple[Path, Path]]:
+    """Every module of the daemon and of the thin client (whose agent loop waits too), with
+    its package's directory."""
+    roots = [Path(sandboxd.__file__).parent, Path(sandboxd_client.__file__).parent]
+    return [(root, path) for root in roots for path in sorted(root.rglob("*.py"))]
 
 
 def _all_errors() -> list[type[SandboxdError]]:
@@ -81,9 +90,8 @@ def test_every_time_limit_goes_through_sandboxd_deadline() -> None:
     """``asyncio.wait_for`` can swallow a cancellation on 3.11 (a cancelled container call
     once hung on it), and ``asyncio.timeout`` is the same rule written a second way: every
     time-limited wait in the package is :func:`sandboxd.deadline.within`."""
-    root = Path(sandboxd.__file__).parent
     found = []
-    for path in sorted(root.rglob("*.py")):
+    for root, path in _sources():
         if path.name == "deadline.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -96,9 +104,8 @@ def test_every_time_limit_goes_through_sandboxd_deadline() -> None:
 def test_every_task_is_stopped_through_sandboxd_deadline() -> None:
     """``task.cancel()`` then ``suppress(CancelledError): await task`` swallows the caller's
     own cancellation too: every task is stopped with :func:`sandboxd.deadline.stop_task`."""
-    root = Path(sandboxd.__file__).parent
     found = []
-    for path in sorted(root.rglob("*.py")):
+    for root, path in _sources():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "suppress" \
                     and any(isinstance(a, ast.Attribute) and a.attr == "CancelledError"

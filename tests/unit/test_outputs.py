@@ -10,8 +10,9 @@ import zlib
 import pytest
 
 from sandboxd.outputs import DisplayCollector, check_item
-from sandboxd.protocol.display import DisplayCaps, encode_item, png_size
+from sandboxd.protocol.display import DisplayCaps, encode_item
 from sandboxd.protocol.wire import ProtocolError
+from sandboxd_client.output_items import png_size
 
 
 def tiny_png(width: int = 3, height: int = 2) -> bytes:
@@ -94,9 +95,9 @@ def test_png_size_reads_the_header() -> None:
 
 def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
     from sandboxd.api.mcp_results import call_result
-    from sandboxd.client.render import format_result
     from sandboxd.models import Reason, Result
     from sandboxd.output_items import Output
+    from sandboxd_client.render import format_result
 
     png = tiny_png(640, 480)
     result = Result.build(("inv_1", "python", None), "container", Reason.exited, exit_code=0,
@@ -109,7 +110,7 @@ def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
     assert result.images() == [png]
     assert format_result(result) == ("stdout:\nplotted\ndisplay:\n[image: 640x480 png]\n"
                                      "   a\n0  1")
-    content = call_result(result).content  # each image after the text naming it (issue 29)
+    content = call_result(result).content  # each image after the text naming it, in order
     assert [c.type for c in content] == ["text", "image", "text"]
     assert content[0].text == "stdout:\nplotted\ndisplay:\n[image: 640x480 png]"
     assert content[1].mime_type == "image/png" and base64.b64decode(content[1].data) == png
@@ -128,11 +129,11 @@ def test_plain_values_make_the_same_bundle_on_every_backend(value: object) -> No
 
 
 def test_a_rich_last_value_reaches_the_model_once() -> None:
-    """issue 29: a DataFrame as the last value came back as the value (its repr) and as a
+    """A regression: a DataFrame as the last value came back as the value (its repr) and as a
     display item, and the model read it twice; a plain value still reads as the value."""
-    from sandboxd.client.render import format_result
     from sandboxd.models import Reason, Result
     from sandboxd.output_items import Output
+    from sandboxd_client.render import format_result
 
     table = "   a\n0  1"
     result = Result.build(("inv_1", "python", None), "container", Reason.exited, exit_code=0)

@@ -1,5 +1,6 @@
 """The policy's scan of ``python`` code for imports skips the parse of ASCII code without the
-word ``import`` (issue 25): it must find exactly what the parse finds, in every case."""
+word ``import`` (the parse is daemon CPU paid on every call): it must find exactly what the parse
+finds, in every case."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 29: a result's stdout, stderr and display items in execution order
+"""A result's stdout, stderr and display items in execution order
 (:meth:`Result.sequence`), in what the model reads and in the MCP content list."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import base64
 
 from sandboxd.api.mcp_results import call_result
-from sandboxd.client.render import format_result
 from sandboxd.models import Reason, Result
 from sandboxd.output_items import Output, Position
+from sandboxd_client.render import format_result
 from tests.unit.test_outputs import tiny_png
 
 

@@ -1,4 +1,5 @@
-"""The ``same_on_every_host`` marker (issue 23, item 7): a test whose proof is the same on any
+"""The ``same_on_every_host`` marker (CI's emulated VM job is slow, so
+it runs only what a modern host can change): a test whose proof is the same on any
 host leaves the modern-host VM job (tests/vm/README.md) and runs in ``make test`` only. Every
 use says why, and the VM's pytest command is the one place that deselects it."""
 

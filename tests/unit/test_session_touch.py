@@ -1,4 +1,5 @@
-"""A call in a session slides its expiry (issue 25): the session file is rewritten only when
+"""A call in a session slides its expiry (without a file write per call): the session
+file is rewritten only when
 the expiry passes the one it holds, written ahead by TOUCH_AHEAD_S; a daemon that crashes
 and restarts recovers the session expiring no earlier than the live one would have, and at
 most TOUCH_AHEAD_S later."""

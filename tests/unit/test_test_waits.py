@@ -1,4 +1,5 @@
-"""The one rule for waiting in tests (tracker issue 28, item 2): a test waits for the event it
+"""The one rule for waiting in tests (a fixed sleep is flaky on a slow host
+and slow on a fast one): a test waits for the event it
 needs with :func:`tests.support.wait.wait_until`, never for a fixed time and never by counting
 processes. A deliberate sleep or count says why on its own line (``# sleep-ok: ...``,
 ``# count-ok: ...``)."""

@@ -1,5 +1,5 @@
-"""Issue 24 item 1 on a real event loop: an upload's minimum rate and time limit
-(:meth:`sandboxd.transfer.Transfer.chunks`), and the per-client transfer slots."""
+"""A slow upload must not hold a slot forever, on a real event loop: an upload's minimum rate and
+time limit (:meth:`sandboxd.transfer.Transfer.chunks`), and the per-client transfer slots."""
 
 from __future__ import annotations
 

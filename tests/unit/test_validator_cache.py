@@ -1,4 +1,5 @@
-"""Tool argument validators are built once per schema object (issue 25: per call before), and
+"""Tool argument validators are built once per schema object (they were built per
+call: daemon CPU on every call), and
 a new schema object (a policy reload builds new tool specs) is never checked with another's."""
 
 from __future__ import annotations

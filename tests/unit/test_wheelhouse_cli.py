@@ -1,4 +1,4 @@
-"""Issue 26: ``sandboxd wheelhouse add`` / ``list`` as real subprocesses, without a network:
+"""``sandboxd wheelhouse add`` / ``list`` as real subprocesses, without a network:
 ``add`` from a local directory (``--find-links --no-index``) with the target Python and
 platform given, and its one-line errors."""
 

@@ -1,5 +1,6 @@
 """make test's workers side by side (pytest-xdist): each has its own sandbox uid range, and a
-rerun is still named once as ``FLAKY:`` at the end and in the flaky file (issue 23, item 7)."""
+rerun is still named once as ``FLAKY:`` at the end and in the flaky file (parallel
+workers must hide no flaky test)."""
 
 from __future__ import annotations
 

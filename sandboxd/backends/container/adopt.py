@@ -1,4 +1,4 @@
-"""Session containers that outlive a daemon restart (issue 26).
+"""Session containers that outlive a daemon restart (an upgrade must not end users' work).
 
 At a clean stop that keeps sessions (``sessions_survive_restart``), each live session
 container whose runner directory is in the state directory (``<state>/run/<token>``: the next

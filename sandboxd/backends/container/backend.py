@@ -20,7 +20,8 @@ Three ways a call gets a container (all with the same confinement, see :mod:`.en
   is removed by ``close_session`` (DELETE, TTL), at shutdown, and after any call that hit a
   limit (memory, pids, output) or whose kernel was not proven idle - the next call starts a
   fresh one on the same workspace. At a timeout or a cancel the kernel is interrupted first
-  (issue 22) and the container kept when the kernel comes back within the grace.
+  (a runaway call need not cost the session its state) and the container kept when the
+  kernel comes back within the grace.
 * **cold** one-shot containers when the pool is empty or cannot serve the call.
 
 Limits: memory (= memory+swap), CPU and pids are container limits, changed in place with one
@@ -98,7 +99,7 @@ class ContainerBackend(Backend):
         self._ping_client: Engine | None = None
         #: what of the backend's own vanished under it, while it rebuilds (see :meth:`_damaged`)
         self.healing: str | None = None
-        # restarts keep sessions (issue 26, :mod:`.adopt`): the recovered sessions the service
+        # restarts keep sessions (:mod:`.adopt`): the recovered sessions the service
         # expects, the records of the last stop (until adopted), what did not check out, and
         # the ids of the containers this stop keeps (spared by close)
         self.expected: adopt.Expected = {}
@@ -282,7 +283,8 @@ class ContainerBackend(Backend):
                 wait.cancel()  # (the shield's outer future: the round itself goes on)
 
     def expect_sessions(self, expected: adopt.Expected) -> None:
-        """Before :meth:`start`: the sessions the service recovered (issue 26); a container
+        """Before :meth:`start`: the sessions the service recovered from the last stop; a
+        container
         kept by the last stop is adopted only for one of them."""
         self.expected = dict(expected)
 

@@ -128,8 +128,9 @@ class Boxes:
     def prepare_rundir(self, keep: frozenset[str] = frozenset()) -> None:
         """The directory of the runners' sockets, ``<state>/run`` (a fresh one: leftovers of
         a crash go, their containers are gone after the sweep; but the directories ``keep`` of
-        containers kept by the last clean stop stay, issue 26). However long the state path,
-        the sockets are bound there (:func:`runner.bind_unix`), never in ``/tmp``."""
+        containers kept by the last clean stop stay for the next daemon to adopt). However long
+        the state path, the sockets are bound there (:func:`runner.bind_unix`), never in
+        ``/tmp``."""
         base = self.config.state_dir / "run"
         clear_rundir(base, keep)
         base.mkdir(mode=0o700, parents=True, exist_ok=True)

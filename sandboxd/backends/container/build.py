@@ -9,7 +9,8 @@ built (step 5/15)``), as ``/readyz`` does. When a build ends the backend checks 
 again at once (no restart).
 
 Bounded by construction: one build at a time, each a child process in its own process group
-(killed with its children when the daemon stops, or after :data:`BUILD_TIMEOUT_S`), its
+(killed with its children when the daemon stops, or after :data:`BUILD_TIMEOUT_S`; tied to
+the daemon by ``PR_SET_PDEATHSIG``, so a daemon killed with SIGKILL leaves no build), its
 output read line by line with a length bound, only its last lines kept. A failed build is
 reported (the 503 and ``/readyz`` say why), never retried: ``sandboxd images build`` by hand,
 or a restart, tries again.
@@ -42,6 +43,8 @@ TAIL_LINES = 20
 _STEP = re.compile(r"^\s*step: Step (\d+)/(\d+) :")
 _STAGE = re.compile(r"^building (\S+[:/]\S*) ")  # "building sandboxd/python:latest FROM ..."
 _BASE = re.compile(r"^building the base rootfs (\S+)")
+#: names the daemon's pid to a build it started: the build dies with it (``images build``)
+DIE_WITH_ENV = "SANDBOXD_BUILD_DIES_WITH"
 #: the build states that make an image's tools wait (503)
 PENDING = frozenset({"waiting", "checking", "building"})
 
@@ -144,6 +147,8 @@ class ImageBuilds:
                    SANDBOXD_SANDBOX_GID=str(cfg.sandbox_gid))
         if cfg.docker_url:
             env["SANDBOXD_DOCKER_URL"] = cfg.docker_url
+        # the build dies with the daemon, even one killed with SIGKILL (``images build``)
+        env[DIE_WITH_ENV] = str(os.getpid())
         return env
 
     async def _run(self) -> None:

@@ -79,7 +79,8 @@ async def oom_killed_after(boxes: Boxes, box: Box, outcome: Outcome) -> bool:
 
 @dataclass
 class Interrupt:
-    """Interrupt before kill, for a call in a session kernel (issue 22): at its deadline, on
+    """Interrupt before kill, for a call in a session kernel (so that it need not cost the
+    session its state): at its deadline, on
     :meth:`request` (``POST /v1/sessions/{id}/interrupt``) or when it is cancelled, the runner
     is asked to interrupt the call (``I``: a KeyboardInterrupt in its code) and given
     ``grace`` seconds, plus a margin, to answer; only then is the call stopped (``K``)."""

@@ -3,7 +3,8 @@ library's ``http.client``.
 
 The daemon makes about ten kinds of engine request (create, start, update, remove, inspect,
 list, pause, unpause, ping). The Docker SDK with requests, urllib3 and charset_normalizer cost
-the daemon ~5 MiB of memory and ~0.7 s of every start under emulation (issues 23 and 25), for
+the daemon ~5 MiB of memory and ~0.7 s of every start under emulation (memory
+for its whole life, and start time), for
 requests this module sends itself; ``sandboxd images`` and ``sandboxd wheelhouse`` (admin
 commands that build images) keep the SDK. Requests go to the engine's own API version (no
 ``/v1.xx`` prefix), as the SDK's version negotiation would choose.

@@ -121,11 +121,13 @@ def container_body(config: ContainerConfig, seccomp: str, spec: Spec) -> dict[st
         inodes = int(config.session_quota_entries) + 1
         tmpfs["/workspace"] = (f"rw,nosuid,nodev,size={quota},nr_inodes={inodes},"
                                f"uid={uid},gid={gid},mode=0700")
-    else:
-        binds.append(f"{spec.workspace}:/workspace:rw")
     host: dict[str, Any] = {
         "Binds": binds,
-        "Mounts": [],
+        # a mount (not a bind): the engine refuses a missing workspace (a session that
+        # ended) instead of making an empty one as root
+        "Mounts": [] if spec.workspace is None else [
+            {"Target": "/workspace", "Source": str(spec.workspace), "Type": "bind",
+             "ReadOnly": False}],
         "Tmpfs": tmpfs,
         "ReadonlyRootfs": True,
         "CapDrop": ["ALL"],

@@ -1,4 +1,4 @@
-"""Idle session containers are paused (issue 26, item 2).
+"""Idle session containers are paused, so that an idle session holds no CPU.
 
 A session container with no call for ``session_pause_after_s`` (0: never) is frozen with the
 engine's pause (the cgroup freezer: its processes get no CPU; its memory stays charged to it,

@@ -148,7 +148,7 @@ class Channel:
         if frame.kind == b"d":  # a malformed item breaks the channel (ProtocolError)
             item = out.displays.take(frame.payload)
             if item is not None:
-                if out.relay is not None:  # where it happened (issue 29)
+                if out.relay is not None:  # where it happened, for order
                     item.at = Position(**out.relay.position())
                 emit(out.events, "display", item.model_dump(mode="json"))
             return
@@ -219,9 +219,10 @@ class Channel:
 
     async def suspend(self, key: bytes) -> bool:
         """Tell the runner that the daemon stops and keeps its session (a ``suspend``
-        request, issue 26): when the channel closes it keeps its kernel and reconnects to the
-        next daemon with ``key`` (once). True once it said so; False when it did not within
-        :data:`SUSPEND_TIMEOUT_S` (a runner that predates this answers otherwise)."""
+        request, so that a restart does not end the session): when the channel closes it
+        keeps its kernel and reconnects to the next daemon with ``key`` (once). True once it said
+        so; False when it did not within :data:`SUSPEND_TIMEOUT_S` (a runner that predates this
+        answers otherwise)."""
         if self.calls:
             return False
         out = CallOutput()
@@ -301,7 +302,7 @@ class Endpoint:
 
     @classmethod
     async def resume(cls, rundir: Path, key: bytes, owner: tuple[int, int] | None) -> Endpoint:
-        """Listen again in a kept container's ``rundir`` (a restarted daemon, issue 26) for
+        """Listen again in a kept container's ``rundir`` (a restarted daemon) for
         its runner, which reconnects with the one-time ``key`` it was given at the stop."""
         ep = cls(rundir, key)
         sock_path = rundir / SOCKET_NAME

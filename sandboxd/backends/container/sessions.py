@@ -7,18 +7,19 @@ hit a limit (the next call starts a fresh one on the same workspace, with a fres
 kernel call that crashes the interpreter ends only the kernel; ``restart`` ends it on
 request.
 
-Kernels you can trust (issue 22): the runner ends a kernel call only once it has proven from
-``/proc`` that the kernel is back in its loop and idle (code that writes a forged answer and
-runs on is never answered; its call ends at the deadline with the kernel lost), and it ends a
-kernel whose call left threads running. Interrupt before kill: at a kernel call's deadline,
-on a cancel and on :meth:`SessionContainers.interrupt_kernel` the runner interrupts the call
-(a KeyboardInterrupt in its code); a kernel that comes back within ``kernel_interrupt_grace_s``
-is kept with its variables (``kernel.interrupted``; the call ends ``timeout`` or ``killed``),
-else it is killed and its container removed as before."""
+Kernels you can trust (code in a kernel is hostile and may lie about being done): the runner
+ends a kernel call only once it has proven from ``/proc`` that the kernel is back in its loop and
+idle (code that writes a forged answer and runs on is never answered; its call ends at the deadline
+with the kernel lost), and it ends a kernel whose call left threads running. Interrupt before kill:
+at a kernel call's deadline, on a cancel and on :meth:`SessionContainers.interrupt_kernel` the
+runner interrupts the call (a KeyboardInterrupt in its code); a kernel that comes back within
+``kernel_interrupt_grace_s`` is kept with its variables (``kernel.interrupted``; the call ends
+``timeout`` or ``killed``), else it is killed and its container removed as before."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from dataclasses import replace
@@ -45,7 +46,9 @@ from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
-KERNEL_STOP_S = 10.0  # the runner kills and reaps the kernel well within this
+KERNEL_STOP_S = 10.0
+#: how many closed sessions are remembered (a call of one comes seconds late at most)
+CLOSED_MEMORY = 4096  # the runner kills and reaps the kernel well within this
 #: ``cleanup.detail`` of a call whose code was interrupted and whose kernel came back
 KEPT_INTERRUPTED = ("the call's code was interrupted and the kernel came back to its loop "
                     "(proven idle): it was kept for the session's next call")
@@ -62,8 +65,12 @@ class SessionContainers:
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._kernel_locks: dict[SessionKey, asyncio.Lock] = {}  # one kernel call at a time
         self._flights: dict[SessionKey, Interrupt] = {}  # the kernel call running now
-        #: idle containers are paused, thawed at their next call (issue 26)
+        #: idle containers are paused, thawed at their next call (no CPU
+        #: while idle)
         self.idle = Idle(boxes, boxes.config.session_pause_after_s)
+        #: sessions closed lately: no container is ever made for one again (the service ends
+        #: a session's calls before it closes it; this holds whatever else comes late)
+        self.closed: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def lost(self) -> None:
         """The engine went away: every session container is dead, removed when it is back."""
@@ -90,9 +97,12 @@ class SessionContainers:
                    shape: engine.Shape, deadline: float) -> Box:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
+            self._check_open(key)
             box = self.by_key.get(key)
             if box is not None and not box.dead:
                 return box
+            if not invocation.workspace.is_dir():  # never made anew: the engine would
+                raise RuntimeError(f"the workspace of session {key[1]} is missing")
             made, box = await within(
                 self.boxes.new(image=image, shape=shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
@@ -129,6 +139,9 @@ class SessionContainers:
         except asyncio.CancelledError:
             raise CancelledAfterCleanup(True, "the call had not started: it waited for the "
                                               "session's earlier calls") from None
+        if got and key[1] in self.closed:  # it ended while this call waited for its kernel
+            lock.release()
+            self._check_open(key)
         if not got:  # the session's earlier calls ran past this one's deadline
             result = timeout_result(invocation, limits, started, True,
                                     "the call waited for the session's earlier calls and "
@@ -334,15 +347,30 @@ class SessionContainers:
         await self.drop(key, box)
         return ended
 
+    def _check_open(self, key: SessionKey) -> None:
+        """Refuse a call of a closed session (cancelled: nothing was started)."""
+        if key[1] in self.closed:
+            raise CancelledAfterCleanup(True, "the session was closed: no container was "
+                                              "started")
+
     async def drop(self, key: SessionKey, box: Box) -> bool:
-        """Forget and remove one session container; True once its removal is confirmed."""
+        """Forget and remove one session container; True once its removal is confirmed.
+        Unconfirmed (the engine is away), the container keeps the session's uid under its
+        own name until it is (:meth:`Boxes.destroy` frees it): a uid is free only when
+        nothing runs as it."""
         if self.by_key.get(key) is box:
             del self.by_key[key]
         box.kernel_calls = 0
-        return await self.boxes.destroy_shielded(box)
+        verified = await self.boxes.destroy_shielded(box)
+        if not verified and box.uid is not None and self.boxes.uids is not None:
+            self.boxes.uids.hold_also(box.name, box.uid)
+        return verified
 
     async def close(self, session_id: str) -> None:
-        """Remove the session's container(s). Idempotent."""
+        """Remove the session's container(s); none is made for it from now on. Idempotent."""
+        self.closed[session_id] = None
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
         keys = [k for k in self.by_key if k[1] == session_id]
         await asyncio.gather(*(self.drop(k, self.by_key[k]) for k in keys),
                              return_exceptions=True)

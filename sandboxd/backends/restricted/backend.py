@@ -92,7 +92,7 @@ class RestrictedBackend(Backend):
         self.restarts = 0
         self._health: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
-        self.kernels = KernelPool(self)  # session kernels (issue 14, see .kernel)
+        self.kernels = KernelPool(self)  # session kernels (see .kernel)
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> RestrictedBackend:

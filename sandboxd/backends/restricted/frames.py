@@ -141,7 +141,7 @@ class FrameReader:
         if kind == b"d":
             item = self.displays.take(payload)
             if item is not None:
-                item.at = Position(**self.relay.position())  # where it happened (issue 29)
+                item.at = Position(**self.relay.position())  # where it happened, for order
                 emit(self.events, "display", item.model_dump(mode="json"))
             return
         target = self.stdout if kind == b"o" else self.stderr

@@ -1,4 +1,4 @@
-"""Proof from outside that a session kernel is idle (issue 22).
+"""Proof from outside that a session kernel is idle (its own word cannot be trusted).
 
 A kernel's report says its call is over, but the report is written by the process that ran
 user code: code that escaped the language layer can write one and run on. So the daemon ends

@@ -1,4 +1,4 @@
-"""Session kernels of the restricted backend (issue 14): persistent Python per session.
+"""Session kernels of the restricted backend: persistent Python per session.
 
 A ``python`` call that names a session runs in that session's kernel: a standby worker taken
 from the zygote like any other, confined for the session's first call exactly as a one-shot
@@ -227,7 +227,7 @@ class KernelPool:
             await standby.send(loop, worker, msg)
             finished, _ = await within(k.wake.wait(), deadline - time.monotonic())
             if not finished or not reader.done.is_set():
-                # the deadline, or an interrupt request: interrupt before kill (issue 22)
+                # the deadline, or an interrupt request: interrupt before kill, to keep the state
                 reason = Reason.wall_timeout if not finished else Reason.cancelled
                 interrupted = await self._interrupt(k, reader)
             elif reader.violation is not None:
@@ -261,7 +261,7 @@ class KernelPool:
                 if exit_info is None:  # it lingers, or the zygote hangs: kill and reap it
                     exit_info = await health.reap_ourselves(worker, layout)
         except asyncio.CancelledError:
-            # a cancel interrupts first (issue 22): a kernel that comes back is kept
+            # a cancel interrupts first, to keep the state: a kernel that comes back is kept
             if (k.busy and not reader.done.is_set() and k.alive
                     and await asyncio.shield(self._interrupt(k, reader))):
                 raise CancelledAfterCleanup(

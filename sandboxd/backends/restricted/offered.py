@@ -1,7 +1,7 @@
 """The modules the restricted backend's python offers, by name only: what the daemon's policy
 checks read (:attr:`ENTRY.imports`). The module table itself (:mod:`.lang.module_allowlist`)
 lives in the worker's stack (RestrictedPython, the proxies, the modules themselves): the daemon
-does not import it (issue 25: every module it imports is memory it keeps), and the table checks
+does not import it (every module it imports is memory it keeps for good), and the table checks
 at import that it offers exactly these."""
 
 from __future__ import annotations

@@ -195,7 +195,8 @@ def run_worker(
     namespace: dict[str, Any] | None = {} if msg.kernel and msg.probe is None else None
     if namespace is not None:
         signal.signal(signal.SIGXCPU, cpu_exceeded)
-        # the daemon interrupts a kernel's call before it kills it (issue 22); a handler, so
+        # the daemon interrupts a kernel's call before it kills it (the
+        # session keeps its state if the code comes back); a handler, so
         # that the signal reaches a kernel that is PID 1 of its namespace
         signal.signal(signal.SIGINT, interrupt_user_code)
     while True:

@@ -30,7 +30,7 @@ FDS1, FDS2 = struct.Struct("i"), struct.Struct("ii")  # SCM_RIGHTS payloads
 #: standby workers kept while idle: from start-up to the first call, and again once no call
 #: took one for IDLE_AFTER_S seconds (the daemon sends ``i`` and kills the others); a call
 #: (``t``) raises the zygote's target to the full count. Each standby is memory the idle
-#: daemon keeps (issue 25)
+#: daemon keeps, so an idle one keeps few
 IDLE_STANDBY = 1
 IDLE_AFTER_S = 30.0
 

@@ -180,8 +180,8 @@ echo "$out" > "$R/timeout.json"
 v=$(echo "$out" | jget 'd["status"], d["termination"]["reason"], d["cleanup"]["verified"]')
 check timeout-kill-cleanup "$( [ "$v" = "('timeout', 'wall_timeout', True)" ] && echo PASS || echo FAIL)" \
   "$(echo "$out" | jget 'd["status"], d["termination"], d["resources"], d["cleanup"]')"
-# issue 22 under the real unit (ProtectProc=invisible, no CAP_SYS_PTRACE): a session's kernel
-# is proven idle from /proc (read as the sandbox's uid) call after call, and a timeout
+# kernels you can trust, under the real unit (ProtectProc=invisible, no CAP_SYS_PTRACE): a session's
+# kernel is proven idle from /proc (read as the sandbox's uid) call after call, and a timeout
 # interrupts it first and keeps its variables
 sid=$(api POST /v1/sessions '{}' | jget 'd["id"]')
 api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"x = 41\"},\"session\":\"$sid\"}" > "$R/kernel-1.json"
@@ -377,7 +377,7 @@ if [ -f /share/payload/images.tar ]; then
   [ -f /share/payload/images.loaded ] || { /usr/bin/docker load -i /share/payload/images.tar \
     > "$R/docker-load.txt" 2>&1 && touch /share/payload/images.loaded; }
   # the loaded image is the host's: rebuilt here from the loaded base only when its runner is
-  # not this tree's (a runner change not yet in the host's image; issue 26 added one)
+  # not this tree's (a runner change not yet in the host's image, e.g. a new runner request)
   $SBX images build --offline --if-missing > "$R/docker-images-build.txt" 2>&1
   install -D -m 0644 systemd/sandboxd-docker.conf /etc/systemd/system/sandboxd.service.d/docker.conf
   systemctl daemon-reload
@@ -399,9 +399,9 @@ if [ -f /share/payload/images.tar ]; then
   echo "$out" > "$R/docker-memory.json"
   check docker-memory-limit "$( [ "$(echo "$out" | jget 'd["termination"]["reason"]')" = memory_limit ] && echo PASS || echo FAIL)" \
     "$(echo "$out" | jget 'd["status"], d["termination"], d["stderr"][:200], d["cleanup"]')"
-  # issue 26: `systemctl restart sandboxd` keeps sessions. A container session keeps its
-  # container, its kernel's variable and its files; a restricted session keeps its files (its
-  # kernel died with the daemon: its next python call says lost, daemon_restart)
+  # an upgrade must not end users' work: `systemctl restart sandboxd` keeps sessions. A container
+  # session keeps its container, its kernel's variable and its files; a restricted session keeps its
+  # files (its kernel died with the daemon: its next python call says lost, daemon_restart)
   rsid=$(api POST /v1/sessions '{}' | jget 'd["id"]')
   api POST /v1/tools/write_file/invoke "{\"arguments\":{\"path\":\"r.txt\",\"content\":\"restricted-kept\"},\"session\":\"$rsid\"}" > "$R/restart-r-1.json"
   api POST /v1/tools/python/invoke "{\"arguments\":{\"code\":\"y = 1\"},\"session\":\"$rsid\"}" >> "$R/restart-r-1.json"

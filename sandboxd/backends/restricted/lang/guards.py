@@ -1,8 +1,9 @@
 """Run-time guards of user code: attribute, item, iteration and write guards, the guarded
 ``str.format``, the class factory recording user classes and the one-argument ``type``.
 
-Host objects (issue 22): every object of a class defined in the daemon's own package that
-user code can hold (``display``, ``open`` and its files, the import hook, output streams...)
+Host objects (an attribute walk from one must not reach the daemon's internals): every object
+of a class defined in the daemon's own package that user code can hold (``display``, ``open`` and
+its files, the import hook, output streams...)
 exposes only the attributes its class declares with :func:`expose` - nothing when it declares
 none. Default deny: a host class nobody declared exposes nothing, so a new helper handed to
 user code cannot lead to the worker's result channel by accident.

@@ -44,10 +44,10 @@ class _State:
 
 
 def interrupt_user_code(*_: Any) -> None:
-    """SIGINT in a session kernel (issue 22): a ``KeyboardInterrupt`` in the user's code while
-    it runs - deferred while a frame is being written, so that the result channel never
-    carries half a frame (:func:`after_emit` raises it then) - and nothing once the code has
-    ended (the call is over: the interrupt came too late)."""
+    """SIGINT in a session kernel (interrupt before kill, so the session keeps its state): a
+    ``KeyboardInterrupt`` in the user's code while it runs - deferred while a frame is being
+    written, so that the result channel never carries half a frame (:func:`after_emit` raises it
+    then) - and nothing once the code has ended (the call is over: the interrupt came too late)."""
     if STATE.running and not STATE.emitting:
         raise KeyboardInterrupt
     STATE.interrupt_pending = STATE.running

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import email.utils
+import time
+from datetime import datetime
 from typing import Any
 
 
 class SandboxError(Exception):
-    """Base class of every error raised by :mod:`sandboxd.client`."""
+    """Base class of every error raised by :mod:`sandboxd_client`."""
 
 
 class ConnectionFailed(SandboxError):
@@ -113,3 +116,20 @@ def problem_error(status: int, body: Any, retry_after: float | None = None) -> P
         )
     text = body if isinstance(body, str) else ""
     return cls(status, detail=text[:500], retry_after=retry_after)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (it says delta-seconds or an HTTP-date); None
+    without one or for one that is neither."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when: datetime = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

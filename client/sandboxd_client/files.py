@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from sandboxd.models import Result
+from sandboxd_client.models import Result
 
 CHUNK = 256 * 1024
 #: a body: bytes, or a factory of a fresh chunk iterator (called again on a retry)

@@ -30,8 +30,10 @@ What a production loop needs and this one does (choices written down here):
 * **Tool calls written as text** (``<tool_call>``, ``<|python_tag|>``, ``[TOOL_CALLS]``) are
   used when the structured ``tool_calls`` are empty, for registered tool names only.
 
-Modules: :mod:`.llm` (the streamed request to the model), :mod:`.tools` (checking and running
-tool calls), :mod:`.records` (what the loop reports); this one is the loop.
+Modules: :mod:`.agent_steps` (the loop's logic, a generator of the I/O it needs), :mod:`.llm`
+(the streamed request to the model), :mod:`.tools` (checking and running tool calls),
+:mod:`.records` (what the loop reports); this one is the agent and the driver that performs
+the loop's I/O (``act`` runs the same driver in an event loop of its own).
 """
 
 from __future__ import annotations
@@ -39,29 +41,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
-from sandboxd.client.async_sandbox import AsyncSandboxClient
-from sandboxd.client.events import ToolOutput
-from sandboxd.client.llm import complete
-from sandboxd.client.records import (
+from sandboxd_client.agent_steps import (
+    CANCELLED,
+    Ask,
+    Effect,
+    Hooks,
+    LoopState,
+    Notify,
+    Steps,
+    steps,
+    tool_message,
+)
+from sandboxd_client.async_sandbox import AsyncSandboxClient
+from sandboxd_client.events import ToolOutput
+from sandboxd_client.llm import complete
+from sandboxd_client.records import (
     ActResult,
     Fragment,
     InvalidRequestHook,
     LocalTool,
     Message,
-    ToolCallError,
     ToolCallEvent,
     ToolCallRecord,
     maybe_await,
 )
-from sandboxd.client.sandbox import SandboxClient
-from sandboxd.client.schema import ToolDefinitionError, function_tool_schema
-from sandboxd.client.stream import ToolCallRequest, parse_text_tool_calls, strip_think
-from sandboxd.client.tools import OfferedTool, ToolRunner
+from sandboxd_client.sandbox import SandboxClient
+from sandboxd_client.schema import ToolDefinitionError, function_tool_schema
+from sandboxd_client.stream import ToolCallRequest
+from sandboxd_client.tools import OfferedTool, ToolRunner
 
 
 def _arity(cb: Callable[..., Any]) -> int:
@@ -72,6 +85,84 @@ def _arity(cb: Callable[..., Any]) -> int:
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return 2
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _local_tool(entry: Any) -> LocalTool:
+    """A local tool from a :func:`tool` object or a plain function."""
+    if isinstance(entry, LocalTool):
+        return entry
+    if callable(entry):
+        return LocalTool(entry, function_tool_schema(entry))
+    raise ToolDefinitionError(f"cannot use {entry!r} as a tool: give a sandboxd "
+                              "tool name, a function, or tool(fn)")
+
+
+def _fragment_sink(on_fragment: Callable[..., Any] | None
+                   ) -> Callable[[Fragment], Awaitable[None]]:
+    """``on_fragment`` called as it wants: ``(fragment, round_index)`` or ``(fragment)``."""
+    two = _arity(on_fragment) >= 2 if on_fragment else False
+
+    async def emit_fragment(fragment: Fragment) -> None:
+        if on_fragment is None:
+            return
+        if two:
+            await maybe_await(on_fragment(fragment, fragment.round_index))
+        else:
+            await maybe_await(on_fragment(fragment))
+    return emit_fragment
+
+
+async def _answer_pending(state: LoopState, on_message: Callable[[Message], Any] | None) -> None:
+    """Keep the history valid after an interruption: every call gets its one tool message."""
+    for call in state.pending:
+        message = tool_message(call, CANCELLED)
+        state.messages.append(message)
+        if on_message is not None:
+            with contextlib.suppress(Exception):
+                await maybe_await(on_message(message))
+
+
+@dataclass
+class _AsyncIO:
+    """Performs the effects of :func:`~sandboxd_client.agent_steps.steps` for one run."""
+
+    agent: Agent
+    http: httpx.AsyncClient
+    sandbox: AsyncSandboxClient | None
+    registry: dict[str, OfferedTool]
+    state: LoopState
+    emit_fragment: Callable[[Fragment], Awaitable[None]]
+    on_tool_call_event: Callable[[ToolCallEvent], Any] | None
+    session: str | None
+    parallel: bool
+    max_parallel: int
+    tool_timeout_s: float | None
+    hook: InvalidRequestHook | None
+
+    async def drive(self, gen: Steps) -> None:
+        """Run the generator to its end, sending each effect's answer back into it."""
+        answer: Any = None
+        with contextlib.closing(gen):
+            while True:
+                try:
+                    effect = gen.send(answer)
+                except StopIteration:
+                    return
+                answer = await self.perform(effect)
+
+    async def perform(self, effect: Effect) -> Any:
+        if isinstance(effect, Notify):
+            return await maybe_await(effect.fn(*effect.args))
+        if isinstance(effect, Ask):
+            return await complete(self.agent, self.http, self.state.messages, effect.tools,
+                                  effect.round_index, self.emit_fragment,
+                                  self.on_tool_call_event)
+        runner = ToolRunner(self.agent.tool_output_chars, self.agent.on_tool_output)
+        return await runner.run_calls(
+            effect.calls, self.registry, effect.round_index, self.sandbox,
+            session=self.session, seen=self.state.seen_calls, parallel=self.parallel,
+            max_parallel=self.max_parallel, tool_timeout_s=self.tool_timeout_s, hook=self.hook,
+        )
 
 
 class Agent:
@@ -203,142 +294,25 @@ class Agent:
             raise ValueError("max_rounds must be at least 1")
         if max_parallel < 1:
             raise ValueError("max_parallel must be at least 1")
-        messages = self._initial_messages(prompt_or_messages)
-        start = len(messages)
-        frag_arity = _arity(on_fragment) if on_fragment else 0
-
-        async def emit_message(message: Message) -> None:
-            messages.append(message)
-            if on_message is not None:
-                await maybe_await(on_message(message))
-
-        async def emit_fragment(fragment: Fragment) -> None:
-            if on_fragment is None:
-                return
-            if frag_arity >= 2:
-                await maybe_await(on_fragment(fragment, fragment.round_index))
-            else:
-                await maybe_await(on_fragment(fragment))
-
-        own_sandbox: AsyncSandboxClient | None = None
-        sandbox: AsyncSandboxClient | None = None
-        if isinstance(self.sandbox, SandboxClient):
-            own_sandbox = sandbox = self.sandbox.to_async()
-        elif isinstance(self.sandbox, AsyncSandboxClient):
-            sandbox = self.sandbox
-        timeout = httpx.Timeout(self.llm_timeout_s, connect=30.0)
-        llm_headers = {"Accept": "text/event-stream", **self.headers}
-        if self.api_key:
-            llm_headers["Authorization"] = f"Bearer {self.api_key}"
-        records: list[ToolCallRecord] = []
-        usage_total: dict[str, int] = {}
-        reasoning_all: list[str] = []
-        seen_calls: dict[str, int] = {}
-        stop_reason: Literal["answer", "max_rounds", "loop_guard", "length"] = "answer"
-        final_text = ""
-        rounds = 0
-        pending: list[ToolCallRequest] = []  # calls of the last assistant message not answered
-        run_session = session if session is not None else self.session
+        state = LoopState(self._initial_messages(prompt_or_messages))
+        hooks = Hooks(on_message, on_round_start, on_round_end, on_tool_result,
+                      on_tool_call_event)
+        own_sandbox, sandbox = self._async_sandbox()
         opened_session: str | None = None  # the session opened for this run (closed after it)
         try:
-            async with httpx.AsyncClient(timeout=timeout, headers=llm_headers) as http:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(self.llm_timeout_s, connect=30.0),
+                                         headers=self._llm_headers()) as http:
                 registry = await self._resolve_tools(tools, sandbox)
+                run_session = session if session is not None else self.session
                 if (run_session is None and self.auto_session and sandbox is not None
                         and any(t.fn is None for t in registry.values())):
                     opened_session = run_session = (await sandbox.create_session()).id
-                withhold_tools = False
-                for round_index in range(max_rounds):
-                    rounds = round_index + 1
-                    last = round_index == max_rounds - 1
-                    offer = bool(registry) and not last and not withhold_tools
-                    if on_round_start:
-                        await maybe_await(on_round_start(round_index))
-                    turn = await complete(self, http, messages,
-                                          [t.schema for t in registry.values()] if offer else [],
-                                          round_index, emit_fragment, on_tool_call_event)
-                    for key, value in (turn.usage or {}).items():
-                        if isinstance(value, int):
-                            usage_total[key] = usage_total.get(key, 0) + value
-                    if turn.reasoning:
-                        reasoning_all.append(turn.reasoning)
-                    calls = turn.calls
-                    content = turn.content
-                    if not calls and offer:
-                        calls, rest = parse_text_tool_calls(content, set(registry))
-                        if calls:
-                            content = rest
-                            if on_tool_call_event:
-                                for i, c in enumerate(calls):
-                                    steps: tuple[tuple[Literal["started", "name", "ended"],
-                                                       str], ...] = (
-                                        ("started", ""), ("name", c.name),
-                                        ("ended", c.raw_arguments))
-                                    for kind, text in steps:
-                                        await maybe_await(on_tool_call_event(ToolCallEvent(
-                                            kind, i, round_index, c.name, text)))
-                    assistant: Message = {"role": "assistant", "content": strip_think(content)
-                                          if calls else content}
-                    if calls:
-                        assistant["tool_calls"] = [c.openai() for c in calls]
-                        pending = list(calls)
-                    await emit_message(assistant)
-                    if not calls:
-                        final_text = strip_think(content)
-                        if turn.finish_reason == "length":
-                            stop_reason = "length"
-                        elif not offer and registry and (last or withhold_tools):
-                            stop_reason = "loop_guard" if withhold_tools else "max_rounds"
-                        if on_round_end:
-                            await maybe_await(on_round_end(round_index))
-                        break
-                    if not offer:
-                        # the model called tools although none were offered: answer, then stop
-                        why = ("the tool-call limit of this task was reached" if last or
-                               not withhold_tools else "the loop guard withheld tools")
-                        for call in calls:
-                            msg = (f"Not run: {why}. Do not call tools any more; answer the "
-                                   "user with what you already know.")
-                            rec = ToolCallRecord(round_index, call, msg,
-                                                 ToolCallError("round_limit", msg))
-                            records.append(rec)
-                            await emit_message(self._tool_message(call, msg))
-                            pending.remove(call)
-                            if on_tool_result:
-                                await maybe_await(on_tool_result(rec))
-                        final_text = strip_think(content)
-                        stop_reason = "loop_guard" if withhold_tools and not last else "max_rounds"
-                        if on_round_end:
-                            await maybe_await(on_round_end(round_index))
-                        break
-                    runner = ToolRunner(self.tool_output_chars, self.on_tool_output)
-                    round_records = await runner.run_calls(
-                        calls, registry, round_index, sandbox,
-                        session=run_session,
-                        seen=seen_calls, parallel=parallel_tool_calls,
-                        max_parallel=max_parallel, tool_timeout_s=tool_timeout_s,
-                        hook=handle_invalid_tool_request,
-                    )
-                    for rec in round_records:
-                        records.append(rec)
-                        await emit_message(self._tool_message(rec.call, rec.content))
-                        pending = [c for c in pending if c.id != rec.call.id]
-                        if on_tool_result:
-                            await maybe_await(on_tool_result(rec))
-                    if any(r.error and r.error.kind == "loop_guard" for r in round_records):
-                        withhold_tools = True
-                    if on_round_end:
-                        await maybe_await(on_round_end(round_index))
-                else:  # pragma: no cover - the last round always breaks
-                    stop_reason = "max_rounds"
+                io = _AsyncIO(self, http, sandbox, registry, state, _fragment_sink(on_fragment),
+                              hooks.on_tool_call_event, run_session, parallel_tool_calls,
+                              max_parallel, tool_timeout_s, handle_invalid_tool_request)
+                await io.drive(steps(state, registry, max_rounds, hooks))
         except BaseException:
-            # keep the history valid: every call gets its one tool message
-            for call in pending:
-                msg = "Cancelled: this call was interrupted before it finished."
-                message = self._tool_message(call, msg)
-                messages.append(message)
-                if on_message is not None:
-                    with contextlib.suppress(Exception):
-                        await maybe_await(on_message(message))
+            await _answer_pending(state, on_message)
             raise
         finally:
             if opened_session is not None and sandbox is not None:
@@ -346,11 +320,22 @@ class Agent:
                     await sandbox.delete_session(opened_session)
             if own_sandbox is not None:
                 await own_sandbox.aclose()
-        return ActResult(
-            text=final_text, rounds=rounds, messages=messages, new_messages=messages[start:],
-            tool_calls=records, stop_reason=stop_reason, reasoning="\n".join(reasoning_all),
-            usage=usage_total,
-        )
+        return state.result()
+
+    def _async_sandbox(self) -> tuple[AsyncSandboxClient | None, AsyncSandboxClient | None]:
+        """(the async client this run opens and closes, the async client it uses)."""
+        if isinstance(self.sandbox, SandboxClient):
+            own = self.sandbox.to_async()
+            return own, own
+        if isinstance(self.sandbox, AsyncSandboxClient):
+            return None, self.sandbox
+        return None, None
+
+    def _llm_headers(self) -> dict[str, str]:
+        headers = {"Accept": "text/event-stream", **self.headers}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
 
     # ------------------------------------------------------------ messages
 
@@ -365,44 +350,39 @@ class Agent:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 
-    @staticmethod
-    def _tool_message(call: ToolCallRequest, content: str) -> Message:
-        return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
-
     # ------------------------------------------------------------ tools
 
     async def _resolve_tools(self, tools: Sequence[Any] | None,
                              sandbox: AsyncSandboxClient | None) -> dict[str, OfferedTool]:
-        registry: dict[str, OfferedTool] = {}
         wanted = list(tools) if tools is not None else None
-        names = [t for t in (wanted or []) if isinstance(t, str)]
-        if (wanted is None and sandbox is not None) or names:
-            if sandbox is None:
-                raise ValueError(f"sandboxd tools {names} need Agent(sandbox=SandboxClient(...))")
-            schemas = await self._sandbox_tools(sandbox, refresh=False)
-            missing = [n for n in names if n not in schemas]
-            if missing:
-                schemas = await self._sandbox_tools(sandbox, refresh=True)
-                missing = [n for n in names if n not in schemas]
-            if missing:
-                raise ValueError(f"sandboxd has no tool named {', '.join(missing)} for this "
-                                 f"client (available: {', '.join(sorted(schemas)) or 'none'})")
-            for n in (names if wanted is not None else sorted(schemas)):
-                registry[n] = OfferedTool(n, schemas[n])
+        registry = await self._sandbox_registry(wanted, sandbox)
         for entry in wanted or []:
             if isinstance(entry, str):
                 continue
-            if isinstance(entry, LocalTool):
-                local = entry
-            elif callable(entry):
-                local = LocalTool(entry, function_tool_schema(entry))
-            else:
-                raise ToolDefinitionError(f"cannot use {entry!r} as a tool: give a sandboxd "
-                                          "tool name, a function, or tool(fn)")
+            local = _local_tool(entry)
             if local.name in registry:
                 raise ToolDefinitionError(f"two tools are named {local.name!r}")
             registry[local.name] = OfferedTool(local.name, local.schema, local.fn)
         return registry
+
+    async def _sandbox_registry(self, wanted: list[Any] | None,
+                                sandbox: AsyncSandboxClient | None) -> dict[str, OfferedTool]:
+        """The sandboxd tools named in ``wanted`` (all of them when ``wanted`` is None)."""
+        names = [t for t in (wanted or []) if isinstance(t, str)]
+        if not ((wanted is None and sandbox is not None) or names):
+            return {}
+        if sandbox is None:
+            raise ValueError(f"sandboxd tools {names} need Agent(sandbox=SandboxClient(...))")
+        schemas = await self._sandbox_tools(sandbox, refresh=False)
+        missing = [n for n in names if n not in schemas]
+        if missing:
+            schemas = await self._sandbox_tools(sandbox, refresh=True)
+            missing = [n for n in names if n not in schemas]
+        if missing:
+            raise ValueError(f"sandboxd has no tool named {', '.join(missing)} for this "
+                             f"client (available: {', '.join(sorted(schemas)) or 'none'})")
+        return {n: OfferedTool(n, schemas[n])
+                for n in (names if wanted is not None else sorted(schemas))}
 
     async def _sandbox_tools(self, sandbox: AsyncSandboxClient,
                              refresh: bool) -> dict[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""``AsyncSandboxClient``: the asynchronous twin of :class:`~sandboxd.client.sandbox.SandboxClient`
+"""``AsyncSandboxClient``: the asynchronous twin of :class:`~sandboxd_client.sandbox.SandboxClient`
 (same arguments, awaitable methods)."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from sandboxd.client import files
-from sandboxd.client.base import (
+from sandboxd_client import files
+from sandboxd_client.base import (
     ClientBase,
+    LimitsArg,
     ensure_ok,
     file_text,
     invoke_body,
@@ -21,10 +22,10 @@ from sandboxd.client.base import (
     limits_json,
     session_url,
 )
-from sandboxd.client.events import StreamItem, aiter_stream
-from sandboxd.client.files import Body
-from sandboxd.client.session import AsyncSession, SessionInfo
-from sandboxd.models import LimitsRequest, Result, ToolSpec
+from sandboxd_client.events import StreamItem, aiter_stream
+from sandboxd_client.files import Body
+from sandboxd_client.models import Result, ToolSpec
+from sandboxd_client.session import AsyncSession, SessionInfo
 
 
 class AsyncSandboxClient(ClientBase):
@@ -56,20 +57,21 @@ class AsyncSandboxClient(ClientBase):
                       timeout: float | None = None, content: Body | None = None,
                       headers: dict[str, str] | None = None) -> httpx.Response:
         """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
-        attempt = 0
+        refused = answered = 0  # retries so far: of a refused connection, of an answer
         while True:
             try:
                 response = await self._http.request(
                     method, path, **self._request_kwargs(json, params, timeout, content, headers))
             except httpx.TransportError as exc:
-                wait = self._transport_retry_wait(exc, attempt)
+                wait = self._transport_retry_wait(exc, refused)
+                refused += 1
             else:
-                retry = self._should_retry(attempt, response)
+                retry = self._response_retry_wait(response, answered)
                 if retry is None:
                     return self._check(response)
                 wait = retry
+                answered += 1
             await asyncio.sleep(wait)
-            attempt += 1
 
     async def health(self) -> bool:
         try:
@@ -88,7 +90,7 @@ class AsyncSandboxClient(ClientBase):
 
     async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
                      session: str | None = None,
-                     limits: LimitsRequest | dict[str, Any] | None = None,
+                     limits: LimitsArg | None = None,
                      timeout: float | None = None, **kwargs: Any) -> Result:
         """See :meth:`SandboxClient.invoke`. ``timeout`` bounds the HTTP wait (seconds)."""
         body = invoke_body(arguments, kwargs, limits)
@@ -98,14 +100,14 @@ class AsyncSandboxClient(ClientBase):
 
     def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
                       session: str | None = None,
-                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      limits: LimitsArg | None = None,
                       **kwargs: Any) -> AsyncIterator[StreamItem]:
         """See :meth:`SandboxClient.invoke_stream` (``async for``)."""
         body = invoke_body(arguments, kwargs, limits)
         return aiter_stream(self._http, invoke_url(tool, session), body)
 
     async def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
-                      limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
+                      limits: LimitsArg | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
         if limits is not None:
             body["limits"] = limits_json(limits)
@@ -137,11 +139,15 @@ class AsyncSandboxClient(ClientBase):
         return SessionInfo.from_json(
             (await self.request("POST", session_url(session_id, "interrupt"))).json())
 
+    async def attach(self, session_id: str) -> AsyncSession:
+        """See :meth:`SandboxClient.attach` (an existing session by id, left open on close)."""
+        return AsyncSession(self, await self.get_session(session_id), owned=False)
+
     @asynccontextmanager
     async def session(self, ttl_s: float | None = None) -> AsyncIterator[AsyncSession]:
         """``async with client.session() as s: await s.invoke(...)``."""
         info = await self.create_session(ttl_s)
-        s = AsyncSession(self, info)
+        s = AsyncSession(self, info, owned=True)
         try:
             yield s
         finally:

@@ -7,9 +7,8 @@ import base64
 import binascii
 import json
 
-from sandboxd.models import Result
-from sandboxd.output_items import Output
-from sandboxd.protocol.display import png_size
+from sandboxd_client.models import Result
+from sandboxd_client.output_items import Output, png_size
 
 #: image MIME types a model is told about with a placeholder, most preferred first
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
@@ -43,7 +42,8 @@ def format_result(result: Result) -> str:
 def result_parts(result: Result) -> list[str | Output]:
     """:func:`format_result` as text pieces with the image display items in their place,
     right after the text that names them (``[image: ...]``): what MCP hosts get as ``text``
-    and ``image`` content, in execution order (issue 29)."""
+    and ``image`` content, in execution order, so that a model reads
+    each image where the code produced it."""
     parts: list[str | Output] = []
     text: list[str] = []
     for line in _lines(result):

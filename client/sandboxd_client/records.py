@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sandboxd.client.schema import function_tool_schema
-from sandboxd.client.stream import ToolCallRequest
-from sandboxd.models import Result
+from sandboxd_client.models import Result
+from sandboxd_client.schema import function_tool_schema
+from sandboxd_client.stream import ToolCallRequest
 
 Message = dict[str, Any]
 ErrorKind = Literal[

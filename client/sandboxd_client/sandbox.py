@@ -1,14 +1,13 @@
 """``SandboxClient``: the daemon's HTTP API as typed Python calls (its asynchronous twin,
-``AsyncSandboxClient``, is in :mod:`sandboxd.client.async_sandbox`; what they share is in
-:mod:`sandboxd.client.base`).
+``AsyncSandboxClient``, is in :mod:`sandboxd_client.async_sandbox`; what they share is in
+:mod:`sandboxd_client.base`).
 
 Both talk to the daemon over loopback TCP (``url``) or a unix socket (``socket``), send the
-bearer token, raise :mod:`sandboxd.client.errors` exceptions for problem+json answers, and
-retry a call that was rate limited (429) after the ``Retry-After`` the daemon asked for
-(exponential backoff with jitter when it gave none), at most ``retries`` times. A call that
-could not connect at all is retried the same way (nothing was sent, so it is safe).
+bearer token and raise :mod:`sandboxd_client.errors` exceptions for problem+json answers: a
+rate-limited or overloaded call raises :class:`RateLimited` / :class:`Unavailable` with the
+daemon's ``retry_after`` unless the caller asked for ``retries`` (:mod:`sandboxd_client.base`).
 
-A policy denial is not an exception: it is a :class:`~sandboxd.models.Result` with
+A policy denial is not an exception: it is a :class:`~sandboxd_client.models.Result` with
 ``status == "denied"`` and a ``message`` saying why.
 """
 
@@ -21,10 +20,11 @@ from typing import Any, BinaryIO, Literal, overload
 
 import httpx
 
-from sandboxd.client import files
-from sandboxd.client.async_sandbox import AsyncSandboxClient
-from sandboxd.client.base import (
+from sandboxd_client import files
+from sandboxd_client.async_sandbox import AsyncSandboxClient
+from sandboxd_client.base import (
     ClientBase,
+    LimitsArg,
     ensure_ok,
     file_text,
     invoke_body,
@@ -33,10 +33,10 @@ from sandboxd.client.base import (
     limits_json,
     session_url,
 )
-from sandboxd.client.events import StreamItem, iter_stream
-from sandboxd.client.files import Body
-from sandboxd.client.session import Session, SessionInfo
-from sandboxd.models import LimitsRequest, Result, ToolSpec
+from sandboxd_client.events import StreamItem, iter_stream
+from sandboxd_client.files import Body
+from sandboxd_client.models import Result, ToolSpec
+from sandboxd_client.session import Session, SessionInfo
 
 
 class SandboxClient(ClientBase):
@@ -44,6 +44,8 @@ class SandboxClient(ClientBase):
 
     ``SandboxClient()`` reads ``SANDBOXD_URL`` / ``SANDBOXD_SOCKET`` / ``SANDBOXD_TOKEN`` and
     defaults to ``http://127.0.0.1:8765``. Use it as a context manager or call :meth:`close`.
+    ``retries``, ``max_retry_wait``, ``on_retry``, ``connect_retries``: what is retried and
+    how (:mod:`sandboxd_client.base`; by default a 429 or 503 is raised at once).
     """
 
     def __init__(self, url: str | None = None, *, transport: httpx.BaseTransport | None = None,
@@ -69,7 +71,8 @@ class SandboxClient(ClientBase):
         """An :class:`AsyncSandboxClient` with the same address, token and retry settings."""
         return AsyncSandboxClient(
             self.url, token=self.token, socket=self.socket, timeout=self.timeout,
-            retries=self.retries, max_retry_wait=self.max_retry_wait,
+            retries=self.retries, max_retry_wait=self.max_retry_wait, on_retry=self.on_retry,
+            connect_retries=self.connect_retries,
             headers={k: v for k, v in self._headers.items() if k != "Authorization"},
         )
 
@@ -78,20 +81,21 @@ class SandboxClient(ClientBase):
                 timeout: float | None = None, content: Body | None = None,
                 headers: dict[str, str] | None = None) -> httpx.Response:
         """Send one request with retries; raise a typed error for a 4xx/5xx answer."""
-        attempt = 0
+        refused = answered = 0  # retries so far: of a refused connection, of an answer
         while True:
             try:
                 response = self._http.request(
                     method, path, **self._request_kwargs(json, params, timeout, content, headers))
             except httpx.TransportError as exc:
-                wait = self._transport_retry_wait(exc, attempt)
+                wait = self._transport_retry_wait(exc, refused)
+                refused += 1
             else:
-                retry = self._should_retry(attempt, response)
+                retry = self._response_retry_wait(response, answered)
                 if retry is None:
                     return self._check(response)
                 wait = retry
+                answered += 1
             time.sleep(wait)
-            attempt += 1
 
     # -- API
     def health(self) -> bool:
@@ -116,7 +120,7 @@ class SandboxClient(ClientBase):
         return [lenient(ToolSpec, t) for t in self.request("GET", "/v1/tools").json()]
 
     def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-               session: str | None = None, limits: LimitsRequest | dict[str, Any] | None = None,
+               session: str | None = None, limits: LimitsArg | None = None,
                **kwargs: Any) -> Result:
         """Run ``tool`` with ``arguments`` (a dict and/or keyword arguments); return its Result.
 
@@ -128,7 +132,7 @@ class SandboxClient(ClientBase):
 
     def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
                       session: str | None = None,
-                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      limits: LimitsArg | None = None,
                       **kwargs: Any) -> Iterator[StreamItem]:
         """Like :meth:`invoke`, but yield the call's output as it is produced
         (:class:`ToolOutput`: stdout/stderr text, display items), then its :class:`Result`.
@@ -137,7 +141,7 @@ class SandboxClient(ClientBase):
         return iter_stream(self._http, invoke_url(tool, session), body)
 
     def explain(self, tool: str, arguments: dict[str, Any] | None = None, *,
-                limits: LimitsRequest | dict[str, Any] | None = None) -> dict[str, Any]:
+                limits: LimitsArg | None = None) -> dict[str, Any]:
         """What the policy would decide for this call, without running anything."""
         body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
         if limits is not None:
@@ -172,11 +176,18 @@ class SandboxClient(ClientBase):
         return SessionInfo.from_json(
             self.request("POST", session_url(session_id, "interrupt")).json())
 
+    def attach(self, session_id: str) -> Session:
+        """An existing session of this client's (made by another process, an earlier run, or
+        ``sandboxd`` CLI), by its id: its calls share its workspace and Python variables.
+        Closing it leaves the session to its owner (:meth:`Session.delete` deletes it); raises
+        :class:`NotFound` when there is no such session (or it expired)."""
+        return Session(self, self.get_session(session_id), owned=False)
+
     @contextmanager
     def session(self, ttl_s: float | None = None) -> Iterator[Session]:
         """``with client.session() as s: s.invoke(...)`` — deleted on exit."""
         info = self.create_session(ttl_s)
-        s = Session(self, info)
+        s = Session(self, info, owned=True)
         try:
             yield s
         finally:

@@ -17,10 +17,10 @@ from typing import Any, Literal
 import httpx
 from httpx_sse import EventSource
 
-from sandboxd.client.base import lenient
-from sandboxd.client.errors import ConnectionFailed, problem_error
-from sandboxd.models import Result
-from sandboxd.output_items import Output
+from sandboxd_client.base import lenient
+from sandboxd_client.errors import ConnectionFailed, problem_error, retry_after_seconds
+from sandboxd_client.models import Result
+from sandboxd_client.output_items import Output
 
 STREAM_HEADERS = {"Accept": "text/event-stream"}
 
@@ -60,7 +60,8 @@ def _refused(response: httpx.Response, body: bytes) -> Exception:
         payload: Any = json.loads(body)
     except ValueError:
         payload = body.decode("utf-8", "replace")
-    return problem_error(response.status_code, payload, None)
+    return problem_error(response.status_code, payload,
+                         retry_after_seconds(response.headers.get("Retry-After")))
 
 
 def _unreachable(http: httpx.Client | httpx.AsyncClient, exc: httpx.TransportError

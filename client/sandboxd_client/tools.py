@@ -12,16 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxd.client.async_sandbox import AsyncSandboxClient
-from sandboxd.client.errors import (
+from sandboxd_client.async_sandbox import AsyncSandboxClient
+from sandboxd_client.deadline import within
+from sandboxd_client.errors import (
     ConnectionFailed,
     InvalidArguments,
     NotFound,
     ProblemError,
     RateLimited,
 )
-from sandboxd.client.events import ToolOutput
-from sandboxd.client.records import (
+from sandboxd_client.events import ToolOutput
+from sandboxd_client.models import Result
+from sandboxd_client.records import (
     InvalidRequestHook,
     ToolCallError,
     ToolCallRecord,
@@ -29,11 +31,9 @@ from sandboxd.client.records import (
     maybe_await,
     truncate_middle,
 )
-from sandboxd.client.render import format_result
-from sandboxd.client.schema import ArgumentError, validate
-from sandboxd.client.stream import ToolCallRequest
-from sandboxd.deadline import within
-from sandboxd.models import Result
+from sandboxd_client.render import format_result
+from sandboxd_client.schema import ArgumentError, validate
+from sandboxd_client.stream import ToolCallRequest
 
 
 @dataclass
@@ -214,7 +214,7 @@ class ToolRunner:
                    "Choose an allowed alternative or tell the user it is not permitted.")
             return result, ToolCallError("denied", msg), msg
         if status == "timeout":
-            limit = result.limits.timeout_s if result.limits else tool_timeout_s
+            limit = (result.limits or {}).get("timeout_s", tool_timeout_s)
             msg = (f"Error: `{name}` timed out after {limit:g} s and was stopped "
                    f"({result.termination.reason}). Make the work smaller or faster and try "
                    f"again.\n{body}")

@@ -1,6 +1,7 @@
 """Sessions on the client side: :class:`SessionInfo` (what the daemon says of one) and
 :class:`Session` / :class:`AsyncSession`, a session bound to its client, whose calls share
-one workspace and which is deleted on close."""
+one workspace. One the client made (``client.session()``) is deleted on close; one it attached
+to by id (``client.attach(id)``) is left to its owner (``delete()`` deletes it all the same)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from sandboxd.client.errors import ProblemError
-from sandboxd.models import LimitsRequest, Result
+from sandboxd_client.errors import ProblemError
+from sandboxd_client.models import Result
 
 if TYPE_CHECKING:
-    from sandboxd.client.async_sandbox import AsyncSandboxClient
-    from sandboxd.client.events import StreamItem
-    from sandboxd.client.sandbox import SandboxClient
+    from sandboxd_client.async_sandbox import AsyncSandboxClient
+    from sandboxd_client.base import LimitsArg
+    from sandboxd_client.events import StreamItem
+    from sandboxd_client.sandbox import SandboxClient
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class SessionInfo:
     quota_entries: int | None = None
     #: ``{"live": bool, "backends": [...]}``: where the session's Python kernel lives
     kernel: dict[str, Any] | None = None
-    #: its sandbox is paused, idle (thawed by its next call; issue 26)
+    #: its sandbox is paused, idle (holding no CPU; thawed by its next call)
     paused: bool | None = None
     #: after a restart: the backends whose kernel was ended
     restarted: list[str] | None = None
@@ -54,19 +56,21 @@ class SessionInfo:
 class Session:
     """A daemon session bound to a :class:`SandboxClient`: calls share one workspace."""
 
-    def __init__(self, client: SandboxClient, info: SessionInfo) -> None:
+    def __init__(self, client: SandboxClient, info: SessionInfo, *, owned: bool = True) -> None:
         self.client = client
         self.info = info
         self.id = info.id
+        #: deleted on close (made by this client); False: attached to by id, left open
+        self.owned = owned
         self._closed = False
 
     def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-               limits: LimitsRequest | dict[str, Any] | None = None, **kwargs: Any) -> Result:
+               limits: LimitsArg | None = None, **kwargs: Any) -> Result:
         """Run a tool in this session's workspace."""
         return self.client.invoke(tool, arguments, session=self.id, limits=limits, **kwargs)
 
     def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      limits: LimitsArg | None = None,
                       **kwargs: Any) -> Iterator[StreamItem]:
         """Run a tool in this session's workspace, its output as it is produced, then its
         Result (:meth:`SandboxClient.invoke_stream`)."""
@@ -112,9 +116,16 @@ class Session:
         return self.info
 
     def close(self) -> None:
-        """Delete the session (idempotent; an already expired session is fine)."""
+        """Done with the session: delete it when this client made it, else leave it open
+        (idempotent)."""
         if self._closed:
             return
+        self._closed = True
+        if self.owned:
+            self.delete()
+
+    def delete(self) -> None:
+        """Delete the session and its workspace (an already expired session is fine)."""
         self._closed = True
         try:
             self.client.delete_session(self.id)
@@ -132,21 +143,24 @@ class Session:
 class AsyncSession:
     """A daemon session bound to an :class:`AsyncSandboxClient`."""
 
-    def __init__(self, client: AsyncSandboxClient, info: SessionInfo) -> None:
+    def __init__(self, client: AsyncSandboxClient, info: SessionInfo, *,
+                 owned: bool = True) -> None:
         self.client = client
         self.info = info
         self.id = info.id
+        #: deleted on close (made by this client); False: attached to by id, left open
+        self.owned = owned
         self._closed = False
 
     async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-                     limits: LimitsRequest | dict[str, Any] | None = None,
+                     limits: LimitsArg | None = None,
                      timeout: float | None = None, **kwargs: Any) -> Result:
         """Run a tool in this session's workspace (``timeout``: the HTTP wait, seconds)."""
         return await self.client.invoke(tool, arguments, session=self.id, limits=limits,
                                         timeout=timeout, **kwargs)
 
     def invoke_stream(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
-                      limits: LimitsRequest | dict[str, Any] | None = None,
+                      limits: LimitsArg | None = None,
                       **kwargs: Any) -> AsyncIterator[StreamItem]:
         """See :meth:`Session.invoke_stream` (``async for``)."""
         return self.client.invoke_stream(tool, arguments, session=self.id, limits=limits,
@@ -188,9 +202,16 @@ class AsyncSession:
         return self.info
 
     async def close(self) -> None:
-        """Delete the session (idempotent; an already expired session is fine)."""
+        """Done with the session: delete it when this client made it, else leave it open
+        (idempotent)."""
         if self._closed:
             return
+        self._closed = True
+        if self.owned:
+            await self.delete()
+
+    async def delete(self) -> None:
+        """Delete the session and its workspace (an already expired session is fine)."""
         self._closed = True
         try:
             await self.client.delete_session(self.id)

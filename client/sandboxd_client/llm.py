@@ -12,8 +12,8 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from sandboxd.client.records import Fragment, LLMError, Message, ToolCallEvent, maybe_await
-from sandboxd.client.stream import (
+from sandboxd_client.records import Fragment, LLMError, Message, ToolCallEvent, maybe_await
+from sandboxd_client.stream import (
     ThinkSplitter,
     ToolCallAssembler,
     ToolCallRequest,
@@ -23,7 +23,7 @@ from sandboxd.client.stream import (
 
 
 class LLMSettings(Protocol):
-    """What a request is built from (an :class:`~sandboxd.client.Agent` is one). ``complete``
+    """What a request is built from (an :class:`~sandboxd_client.Agent` is one). ``complete``
     updates ``stream_usage`` (off for a server that refuses it) and ``chars_per_token``
     (calibrated from the server's ``usage.prompt_tokens``)."""
 

@@ -1,26 +1,46 @@
 """What the sync and async clients share: configuration (address, token, retries), response
-and retry handling, request bodies, and :class:`ToolFailed` for the file helpers."""
+and retry handling, request bodies, and :class:`ToolFailed` for the file helpers.
+
+Retries. A rate-limited (429) or overloaded (503 with ``Retry-After``) answer raises
+:class:`RateLimited` / :class:`Unavailable` at once by default, with the daemon's
+``retry_after``: an agent loop decides what to do (a silent wait of up to a minute looks like
+a hang to it). ``retries=N`` retries such an answer at most N times, each after the daemon's
+``Retry-After`` (capped by ``max_retry_wait``; jittered exponential backoff without one), and
+calls ``on_retry(error, attempt, wait)`` before each wait. A connection that was refused is
+retried ``connect_retries`` times (nothing was sent, so it is safe); ``on_retry`` hears of
+those too (the error: :class:`ConnectionFailed`).
+"""
 
 from __future__ import annotations
 
 import copy
-import email.utils
 import os
 import random
-import time
-from datetime import datetime
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from sandboxd import DEFAULT_URL
-from sandboxd.client.errors import ConnectionFailed, ProblemError, problem_error
-from sandboxd.client.files import Body
-from sandboxd.models import LimitsRequest, Result
+from sandboxd_client import DEFAULT_URL
+from sandboxd_client.errors import (
+    ConnectionFailed,
+    ProblemError,
+    SandboxError,
+    problem_error,
+    retry_after_seconds,
+)
+from sandboxd_client.files import Body
+from sandboxd_client.models import Result
 
 M = TypeVar("M", bound=BaseModel)
+#: the limits a call asks for: ``{"timeout_s": 5, "memory_bytes": 64 << 20}`` (the daemon
+#: checks them: a value out of bounds is an :class:`InvalidArguments` naming it)
+LimitsArg = Mapping[str, float] | BaseModel
+#: called before each retry with the error that is retried, the attempt (1 for the first
+#: retry) and the seconds it waits (:data:`ClientBase.on_retry`)
+RetryHook = Callable[[SandboxError, int, float], object]
 USER_AGENT = "sandboxd-client/0.1"
 
 
@@ -66,32 +86,16 @@ def session_url(session_id: str, action: str = "") -> str:
     return f"/v1/sessions/{path_segment(session_id)}" + (f"/{action}" if action else "")
 
 
-def _retry_after_seconds(value: str | None) -> float | None:
-    """Parse a Retry-After header: delta-seconds or an HTTP-date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when: datetime = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def limits_json(limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any] | None:
+def limits_json(limits: LimitsArg | None) -> dict[str, Any] | None:
+    """The ``limits`` member of a request body (unset ones left out)."""
     if limits is None:
         return None
-    if isinstance(limits, LimitsRequest):
-        return limits.model_dump(exclude_none=True)
-    return LimitsRequest.model_validate(limits).model_dump(exclude_none=True)
+    data = limits.model_dump() if isinstance(limits, BaseModel) else dict(limits)
+    return {name: value for name, value in data.items() if value is not None}
 
 
 def invoke_body(arguments: dict[str, Any] | None, kwargs: dict[str, Any],
-                 limits: LimitsRequest | dict[str, Any] | None) -> dict[str, Any]:
+                 limits: LimitsArg | None) -> dict[str, Any]:
     """The body of an invoke; a session is named by the path (:func:`invoke_url`)."""
     args = dict(arguments or {})
     args.update(kwargs)
@@ -108,8 +112,10 @@ class ClientBase:
         token: str | None = None,
         socket: str | os.PathLike[str] | None = None,
         timeout: float = 330.0,
-        retries: int = 3,
+        retries: int = 0,
         max_retry_wait: float = 30.0,
+        on_retry: RetryHook | None = None,
+        connect_retries: int = 3,
         headers: dict[str, str] | None = None,
     ) -> None:
         if url is None and socket is None:
@@ -125,6 +131,8 @@ class ClientBase:
         self.timeout = timeout
         self.retries = max(0, retries)
         self.max_retry_wait = max_retry_wait
+        self.on_retry = on_retry
+        self.connect_retries = max(0, connect_retries)
         self._headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -151,32 +159,39 @@ class ClientBase:
             body: Any = response.json()
         except ValueError:
             body = response.text
-        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+        retry_after = retry_after_seconds(response.headers.get("Retry-After"))
         return problem_error(response.status_code, body, retry_after)
+
+    def _retry_wait(self, error: SandboxError, attempt: int, budget: int,
+                    hint: float | None) -> float:
+        """Seconds to wait before retry number ``attempt + 1`` of ``error`` (the hook is told),
+        or ``error`` raised when ``budget`` retries are spent."""
+        if attempt >= budget:
+            raise error
+        wait = self._backoff(attempt, hint)
+        if self.on_retry is not None:
+            self.on_retry(error, attempt + 1, wait)
+        return wait
 
     def _transport_retry_wait(self, exc: httpx.TransportError, attempt: int) -> float:
         """Seconds to wait before retrying a request that failed in transport; raises
         :class:`ConnectionFailed` when it must not be retried (only refused connections are)."""
         if isinstance(exc, httpx.ConnectError):
-            wait = self._should_retry(attempt, None)
-            if wait is not None:
-                return wait
-            raise ConnectionFailed(
-                f"cannot reach sandboxd at {self.socket or self.url}: {exc}") from exc
+            error = ConnectionFailed(f"cannot reach sandboxd at {self.socket or self.url}: {exc}")
+            error.__cause__ = exc
+            return self._retry_wait(error, attempt, self.connect_retries, None)
         if isinstance(exc, httpx.TimeoutException):
             raise ConnectionFailed(f"sandboxd did not answer in time: {exc}") from exc
         raise ConnectionFailed(f"connection to sandboxd failed: {exc}") from exc
 
-    def _should_retry(self, attempt: int, response: httpx.Response | None) -> float | None:
-        """Seconds to wait before another attempt, or None to stop."""
-        if attempt >= self.retries:
-            return None
-        if response is None:  # could not connect
-            return self._backoff(attempt, None)
-        if response.status_code == 429:
-            return self._backoff(attempt, _retry_after_seconds(response.headers.get("Retry-After")))
-        if response.status_code == 503 and response.headers.get("Retry-After"):
-            return self._backoff(attempt, _retry_after_seconds(response.headers.get("Retry-After")))
+    def _response_retry_wait(self, response: httpx.Response, attempt: int) -> float | None:
+        """Seconds to wait before another attempt after an answer that may be retried (429,
+        503 with ``Retry-After``), None for any other answer; the typed error raised when the
+        retries are spent (``retries=0``: at once)."""
+        if response.status_code == 429 or (response.status_code == 503
+                                           and response.headers.get("Retry-After")):
+            error = self._error(response)
+            return self._retry_wait(error, attempt, self.retries, error.retry_after)
         return None
 
     def _check(self, response: httpx.Response) -> httpx.Response:
