@@ -46,6 +46,7 @@ from sandboxd.protocol.plan import ToolKind as ToolKind  # re-exported: the tool
 from sandboxd.streaming import EventSink
 from sandboxd.transfer import Transfer
 from sandboxd_client import models as results
+from sandboxd_client.models import Approval as Approval
 from sandboxd_client.models import Cleanup as Cleanup
 from sandboxd_client.models import Kernel as Kernel
 from sandboxd_client.models import PolicyRef as PolicyRef
@@ -203,6 +204,16 @@ class Invocation(_Model):
 # ---------------------------------------------------------------- decisions
 
 
+class ApprovalRule(_Model):
+    """An allowed call the policy gates on a person's yes (``approve:``, docs/policy.md):
+    the rule that asks, who may answer, whether an MCP host's user may, how long it waits."""
+
+    rule: str  # e.g. "tools.shell.approve.patterns[0]"
+    by: list[str] = Field(default_factory=list)  # client names that may approve
+    elicit: bool = False  # the calling MCP host's user may answer (elicitation)
+    timeout_s: float = 300.0
+
+
 class Decision(_Model):
     """What the policy engine decided for one call, and why; for an allowed call, ``plan``
     is what runs (every layer after the policy passes it on)."""
@@ -214,6 +225,10 @@ class Decision(_Model):
     policy_name: str = ""
     backend: str | None = None  # "restricted" | "container" | "workspace"
     plan: ExecutionPlan | None = None  # allowed calls only
+    #: an allowed call that waits for a person's yes first (None: it runs at once)
+    approve: ApprovalRule | None = None
+    #: how that wait ended (set by the service, never by the policy)
+    approval: Approval | None = None
     #: SHA-256 of the policy file that decided (the call's receipt names it; not in the
     #: public JSON of ``policy explain``)
     policy_sha256: str = Field(default="", exclude=True)
@@ -366,7 +381,8 @@ class Result(results.Result):
         """A call the policy refused: nothing ran, so cleanup is trivially verified."""
         return cls.build((invocation_id, tool, session), decision.backend, Reason.policy,
                          status=Status.denied, policy=decision.ref, limits=decision.limits,
-                         cleanup=Cleanup(verified=True), message=decision.message)
+                         cleanup=Cleanup(verified=True), message=decision.message,
+                         approval=decision.approval)
 
 
 # ---------------------------------------------------------------- readiness

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sandboxd.approvals import ApprovalBook
 from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
@@ -137,6 +138,11 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # called (in the event loop's thread) after every policy load that took effect: the
         # MCP front door announces changed tool lists with it
         self.policy_listeners: list[Callable[[], None]] = []
+        # calls the policy gates on a person's yes, waiting (sandboxd.approvals)
+        self.approvals = ApprovalBook(
+            lambda **f: self.recorder.record(self.audit.write, **f),
+            lambda client, result, transport: self._finish(client, result, time.monotonic(),
+                                                           transport=transport))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -347,6 +353,10 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                                        transport=transport,
                                        # durable with the result: the client gets nothing before
                                        commit_with_result=events is None)
+            # a gated call waits for a person's yes here, holding no slot (its clock then starts)
+            decision, admitted = await self.approvals.gate(
+                invocation_id, client, tool, request.session, request.arguments, decision,
+                transport, admitted)
             if not decision.allowed:
                 result = Result.denied(invocation_id, tool, decision, request.session)
                 return await self._finish(client, result, admitted, transport=transport)
@@ -467,7 +477,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             return self._outcome(call.id, call.tool, call.decision, session, Status.timeout,
                                  Reason.wall_timeout, str(exc))
         return result.model_copy(update={"policy": call.decision.ref,
-                                         "limits": result.limits or limits})
+                                         "limits": result.limits or limits,
+                                         "approval": call.decision.approval})
 
     async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
         """Tell the model when its workspace is full: a write that failed with ENOSPC (or,

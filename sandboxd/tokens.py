@@ -9,6 +9,7 @@ The tokens file is YAML::
         created: "2026-11-21T10:00:00Z"
         label: laptop agent          # optional: what the token is for
         expires: "2027-02-21T10:00:00Z"  # optional: refused from then on
+        role: approvers              # optional: may decide any pending approval
 
 A token's id is a prefix of its hash (``sandboxd token list`` shows 12 hex digits);
 ``sandboxd token remove --id PREFIX`` revokes that one token.
@@ -48,7 +49,10 @@ log = logging.getLogger("sandboxd.tokens")
 TOKEN_PREFIX = "sbx_"
 _CLIENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_KEYS = ("client", "sha256", "created", "label", "expires")
+_KEYS = ("client", "sha256", "created", "label", "expires", "role")
+#: what a token may do besides its client's calls: ``approvers`` decide any pending approval
+#: (``approve:`` in a policy; not their own client's calls unless the rule lists it)
+ROLES = ("approvers",)
 MIN_ID_DIGITS = 6
 _HEADER = ("# sandboxd tokens: SHA-256 hashes of bearer tokens, each with its client name.\n"
            "# Add one with `sandboxd token add NAME` (the token is printed once, never stored).\n")
@@ -79,6 +83,7 @@ class TokenEntry:
     created: str | None = None
     label: str | None = None
     expires: str | None = None
+    role: str | None = None
 
     @property
     def id(self) -> str:
@@ -196,10 +201,15 @@ def _parse(path: Path, text: str) -> list[TokenEntry]:
             except ValueError:
                 raise TokenFileError(f"{_where(path, expires)}: expires must be an ISO 8601 "
                                      "time, e.g. 2027-01-31T00:00:00Z") from None
+        where, role = _scalar(item, "role")
+        if role is not None and role.value not in ROLES:
+            raise TokenFileError(f"{_where(path, role)}: unknown role {role.value!r} (roles: "
+                                 f"{', '.join(ROLES)})")
         entries.append(TokenEntry(client.value, digest.value,
                                   created.value if created else None,
                                   label.value if label else None,
-                                  expires.value if expires else None))
+                                  expires.value if expires else None,
+                                  role.value if role else None))
     return entries
 
 
@@ -301,7 +311,8 @@ class TokenStore:
 def _dump(entries: list[TokenEntry]) -> str:
     data: dict[str, Any] = {"tokens": [
         {"client": e.client, "sha256": e.sha256,
-         **{key: getattr(e, key) for key in ("created", "label", "expires") if getattr(e, key)}}
+         **{key: getattr(e, key) for key in ("created", "label", "expires", "role")
+           if getattr(e, key)}}
         for e in entries
     ]}
     return _HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
@@ -333,7 +344,7 @@ def _edit(path: Path) -> list[TokenEntry]:
 
 
 def add_token(path: Path, client: str, *, label: str | None = None,
-              expires: datetime | None = None) -> str:
+              expires: datetime | None = None, role: str | None = None) -> str:
     """Create a token for ``client`` (optionally labelled, optionally expiring), store only
     its hash in ``path`` (created 0600 if needed), and return the plaintext token (the only
     time it exists)."""
@@ -342,6 +353,8 @@ def add_token(path: Path, client: str, *, label: str | None = None,
                              "'.', '-'; at most 64)")
     if label is not None and (not label.strip() or len(label) > 200 or not label.isprintable()):
         raise TokenFileError("a label must be 1 to 200 printable characters")
+    if role is not None and role not in ROLES:
+        raise TokenFileError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
     now = datetime.now(UTC)
     if expires is not None and expires <= now:
         raise TokenFileError(f"the expiry {iso(expires)} is not in the future")
@@ -349,7 +362,7 @@ def add_token(path: Path, client: str, *, label: str | None = None,
     entries = _edit(path)
     token = new_token()
     entries.append(TokenEntry(client, hash_token(token), iso(now), label,
-                              iso(expires) if expires is not None else None))
+                              iso(expires) if expires is not None else None, role))
     _write_atomic(path, _dump(entries))
     return token
 

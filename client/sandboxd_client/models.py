@@ -53,6 +53,19 @@ class PolicyRef(_Model):
     rule: str
 
 
+class Approval(_Model):
+    """How the wait of a call the policy held for a person's yes ended (``approve:`` in the
+    daemon's policy): approved (it ran), denied or expired (it did not), or withdrawn (the
+    caller went away)."""
+
+    id: str
+    state: Literal["approved", "denied", "expired", "withdrawn"]
+    by: str | None = None  # the approver (a client name, or "<client> (elicitation)")
+    reason: str | None = None
+    at: str | None = None  # when it was decided (UTC, ISO 8601)
+    scope: Literal["call", "session"] = "call"
+
+
 class Termination(_Model):
     reason: Reason
     exit_code: int | None = None
@@ -126,6 +139,8 @@ class Result(_Model):
     # the signed receipt of this call (docs/receipts.md): checked offline with the daemon's
     # public key; None when the result was never audited (it could not be written)
     receipt: dict[str, Any] | None = None
+    # a call the daemon's policy held for a person's yes: who said yes or no, or that nobody did
+    approval: Approval | None = None
 
     def images(self) -> list[bytes]:
         """The call's images (its PNG and JPEG display items, in order), decoded."""

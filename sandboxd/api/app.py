@@ -16,7 +16,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
-from sandboxd.api import contract, files, problems, revocation
+from sandboxd.api import approvals, contract, files, problems, revocation
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.closing import CloseWhileDraining
@@ -157,6 +157,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     contract.install(app, tokens=app.state.tokens is not None)
     app.include_router(router)
     app.include_router(files.router)
+    app.include_router(approvals.router)
     # the MCP front door (Streamable HTTP): a plain ASGI endpoint at exactly /mcp (every
     # method: POST messages, GET the notification stream, DELETE ends the session)
     mcp = LazyMcpDoor(service)

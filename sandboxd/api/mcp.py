@@ -60,6 +60,7 @@ from starlette.types import Message, Receive, Scope, Send
 from sandboxd import __version__
 from sandboxd.api import mcp_handles, problems
 from sandboxd.api.auth import authenticate
+from sandboxd.api.mcp_elicit import call_context
 from sandboxd.api.mcp_envelope import envelope_error, request_id, rpc_error, with_request_id
 from sandboxd.api.mcp_meta import (
     ARGUMENT_ERRORS_AS_RESULTS,
@@ -354,7 +355,7 @@ class McpFrontDoor:
         SDK cancels this handler on ``notifications/cancelled`` or when the session ends)."""
         call = asyncio.create_task(
             self.service.invoke(client, tool, request, transport=TRANSPORT),
-            name=f"mcp-call-{tool}")
+            name=f"mcp-call-{tool}", context=call_context(ctx))  # a gated call may ask the host
         started = time.monotonic()
         self._calls += 1
         try:

@@ -411,6 +411,8 @@ class AuditLog:
             fields["plan_preview"] = cap(plan.command.render(), PREVIEW_CHARS)
         if not decision.allowed:
             fields["message"] = cap(decision.message)
+        if decision.approve is not None:  # it waits for a person's yes (approval_* records)
+            fields["approve"] = decision.approve.rule
         self._write("decision", fields,
                     durable=not (commit_with_result and decision.allowed))
         return args_sha256

@@ -28,6 +28,7 @@ GROUPS: dict[str, str] = {
     "token": "Manage client tokens.",
     "images": "Build the sandbox images.",
     "session": "Your sessions on a running daemon.",
+    "approvals": "Calls waiting for your approval on a running daemon.",
     "wheelhouse": "Fill and list the wheelhouse install_packages installs from.",
     "fleet": "Run several nodes behind HAProxy.",
 }

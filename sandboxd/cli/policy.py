@@ -162,6 +162,12 @@ def explain(
     typer.echo(f"rule:     {where}: {decision.rule}")
     if decision.message:
         typer.echo(f"message:  {decision.message}")
+    if decision.approve is not None:
+        gate = decision.approve
+        who = ", ".join(gate.by) + (" or " if gate.by and gate.elicit else "") + (
+            "the calling MCP host's user" if gate.elicit else "")
+        typer.echo(f"approval: needed ({gate.rule}): waits up to {gate.timeout_s:g} s for "
+                   f"{who}")
     if decision.backend:
         typer.echo(f"backend:  {decision.backend}")
     plan = decision.plan

@@ -50,6 +50,8 @@ def add(name: str = typer.Argument(..., help="Client name"),
         label: str | None = typer.Option(None, "--label", help="What the token is for"),
         expires: str | None = typer.Option(
             None, "--expires", help="Expiry: a duration (30d, 12h) or an ISO 8601 time"),
+        role: str | None = typer.Option(
+            None, "--role", help="approvers: may decide any pending approval (docs/api.md)"),
         tokens_file: Path | None = _FILE_OPTION,
         config: Path | None = CONFIG_OPTION) -> None:
     """Create a token for a client: prints it once; only its SHA-256 is stored."""
@@ -62,7 +64,7 @@ def add(name: str = typer.Argument(..., help="Client name"),
         return
     path = _tokens_file(tokens_file, config)
     try:
-        token = add_token(path, name, label=label, expires=expiry)
+        token = add_token(path, name, label=label, expires=expiry, role=role)
     except (TokenFileError, OSError) as exc:
         fail(str(exc), 1)
         return

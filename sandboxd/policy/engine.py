@@ -15,6 +15,7 @@ from typing import Any
 
 from sandboxd.backends import registry
 from sandboxd.models import Decision, LimitsRequest
+from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
@@ -107,7 +108,14 @@ class _Ctx:
 
 def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],
            requested: LimitsRequest | None) -> Decision:
-    """The decision for one call by ``client`` (``arguments`` already schema-valid)."""
+    """The decision for one call by ``client`` (``arguments`` already schema-valid), with
+    the person's approval an allowed call must wait for (``approve:``) if any."""
+    decision = _decide(pol, client, tool, arguments, requested)
+    return decision if pol is None else approval_gate(pol.spec, tool, arguments, decision)
+
+
+def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],
+            requested: LimitsRequest | None) -> Decision:
     if pol is None:
         return Decision(allowed=False, source="(no policy)", rule="clients",
                         message=f"No policy applies to client `{client}`: nothing is allowed.")

@@ -177,11 +177,23 @@ def _package(value: str) -> str:
 PackageSpec = Annotated[str, AfterValidator(_package)]
 
 
+class ApprovalSpec(_Strict):
+    """``approve:``: a call this rule admits waits for a person's yes (docs/policy.md).
+    ``by``: the clients that may approve over HTTP; ``elicit``: the calling MCP host's user
+    may answer too; ``patterns`` (shell only): only command lines one of them matches wait."""
+
+    by: list[ClientName] = Field(default_factory=list)
+    elicit: bool = False
+    approval_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    patterns: list[Regex] = Field(default_factory=list)
+
+
 class PackageRules(_Strict):
     """``tools.python.packages``: what ``install_packages`` may install (names compared
     after PEP 503 normalisation; ``name==version`` pins the one version allowed)."""
 
     allow: list[PackageSpec] = Field(default_factory=list)
+    approve: ApprovalSpec | None = None
 
 
 class CommandRules(_Strict):
@@ -197,6 +209,7 @@ class PathRules(_Strict):
 class _ToolBase(_Strict):
     enabled: bool = True
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    approve: ApprovalSpec | None = None
 
 
 class PythonTool(_ToolBase):
@@ -380,10 +393,31 @@ def _network_problem(name: str, tool: Any, group: registry.ToolGroup,
         f"{' or '.join(others)} to be granted network {network!r}")
 
 
+def _approval_problems(spec: ApprovalSpec | None, loc: Loc,
+                       shell: bool) -> Iterator[tuple[Loc, str]]:
+    """An ``approve:`` nobody could answer, or with command patterns outside the shell."""
+    if spec is None:
+        return
+    if not spec.by and not spec.elicit:
+        yield (*loc, "by"), ("nobody may approve: list approver clients in 'by', or set "
+                             "'elicit: true' to let the calling MCP host's user answer")
+    if spec.patterns and not shell:
+        yield (*loc, "patterns"), "'patterns' is only meaningful under tools.shell.approve"
+
+
 def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
     """Problems that pydantic field validation cannot see, each with the location to blame."""
     if "*" in policy.clients and len(policy.clients) > 1:
         yield ("clients",), "'*' must be the only entry when present"
+    for tname, tool in [*((n, getattr(policy.tools, n)) for n in BUILTIN_NAMES),
+                        *policy.custom_tools.items()]:
+        if tool is None:
+            continue
+        where = ("tools", tname) if tname in BUILTIN_NAMES else ("custom_tools", tname)
+        yield from _approval_problems(tool.approve, (*where, "approve"), tname == "shell")
+        if isinstance(tool, PythonTool):
+            yield from _approval_problems(tool.packages.approve,
+                                          (*where, "packages", "approve"), False)
     yield from _limit_problems(policy.limits, ("limits",))
     for name in BUILTIN_NAMES:
         tool = getattr(policy.tools, name)

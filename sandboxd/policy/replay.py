@@ -94,7 +94,7 @@ def recorded_request(record: dict[str, Any]) -> LimitsRequest | None:
 class Change:
     """One call whose decision changes (or that cannot be re-decided)."""
 
-    kind: str  # "allowed → denied", "denied → allowed", "limits changed", "undecidable"
+    kind: str  # one of KINDS
     request_id: str
     client: str
     tool: str
@@ -108,7 +108,10 @@ class Change:
 
 ALLOWED_DENIED, DENIED_ALLOWED = "allowed → denied", "denied → allowed"
 LIMITS_CHANGED, UNDECIDABLE = "limits changed", "undecidable"
-KINDS = (ALLOWED_DENIED, DENIED_ALLOWED, LIMITS_CHANGED, UNDECIDABLE)
+#: an allowed call that would now wait for a person's yes (``approve:``), or no longer would
+NEEDS_APPROVAL, APPROVAL_DROPPED = "needs approval", "no longer needs approval"
+KINDS = (ALLOWED_DENIED, DENIED_ALLOWED, NEEDS_APPROVAL, APPROVAL_DROPPED, LIMITS_CHANGED,
+         UNDECIDABLE)
 
 
 @dataclass
@@ -191,6 +194,13 @@ def replay(records: Iterable[dict[str, Any]], decide: Decider) -> Replay:
         elif not was_allowed and decision.allowed:
             out.changes.append(Change(DENIED_ALLOWED, rid, client, tool, was_rule,
                                       decision.rule, ""))
+        elif was_allowed and decision.approve is not None and not record.get("approve"):
+            out.changes.append(Change(NEEDS_APPROVAL, rid, client, tool, was_rule,
+                                      decision.approve.rule, "approvers: " + (
+                                          ", ".join(decision.approve.by) or "-")))
+        elif was_allowed and decision.approve is None and record.get("approve"):
+            out.changes.append(Change(APPROVAL_DROPPED, rid, client, tool, was_rule,
+                                      decision.rule, f"was {record.get('approve')}"))
         elif was_allowed and (detail := _limit_changes(record, decision)):
             out.changes.append(Change(LIMITS_CHANGED, rid, client, tool, was_rule,
                                       decision.rule, detail))

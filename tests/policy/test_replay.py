@@ -91,12 +91,13 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     default = DEFAULT.read_text()
     assert (audit.parent / "audit.jsonl.2").exists()
     # stricter: csv may not be imported, echo may not run (deny beats allow), shell commands
-    # get 30 s
+    # get 30 s, a file is written only once a person says yes
     stricter = default.replace("deny: [os, sys,", "deny: [csv, os, sys,").replace(
         "deny: [curl, wget,", "deny: [echo, curl, wget,").replace(
-        "    operators: false\n", "    operators: false\n    limits: {timeout: 30s}\n")
+        "    operators: false\n", "    operators: false\n    limits: {timeout: 30s}\n").replace(
+        "  write_file:\n", "  write_file:\n    approve: {by: [lead]}\n")
     assert stricter.count("deny: [csv,") == 1 and stricter.count("deny: [echo,") == 1
-    assert stricter.count("timeout: 30s") == 1
+    assert stricter.count("timeout: 30s") == 1 and stricter.count("approve:") == 1
     strict_dir = policies(tmp_path, "stricter", stricter)
     same_dir = policies(tmp_path, "same", default)
 
@@ -107,7 +108,11 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     out = json.loads(r.stdout)
     assert out["calls"] == 14
     assert out["counts"] == {"allowed → denied": 3, "denied → allowed": 0,
+                             "needs approval": 1, "no longer needs approval": 0,
                              "limits changed": 2, "undecidable": 2}
+    assert [(c["request_id"], c["rule"], c["detail"]) for c in out["changes"]
+            if c["kind"] == "needs approval"] == [
+        (ids["write"], "tools.write_file.approve", "approvers: lead")]
     refused = {c["request_id"]: (c["client"], c["rule"], c["was_rule"])
                for c in out["changes"] if c["kind"] == "allowed → denied"}
     assert refused == {
@@ -123,9 +128,10 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     assert {c["request_id"]: (c["client"], c["detail"]) for c in out["changes"]
             if c["kind"] == "limits changed"} == {
         ids["ls"]: ("alice", "timeout_s 60 → 30"), ids["date"]: ("bob", "timeout_s 60 → 30")}
-    assert out["unchanged"] == 7
+    assert out["unchanged"] == 6
     assert {(x["client"], x["kind"], x["count"]) for x in out["by_client"]} == {
         ("alice", "allowed → denied", 2), ("bob", "allowed → denied", 1),
+        ("alice", "needs approval", 1),
         ("alice", "limits changed", 1), ("bob", "limits changed", 1), ("bob", "undecidable", 2)}
     assert {(x["rule"], x["count"]) for x in out["by_rule"]
             if x["kind"] == "allowed → denied"} == {
@@ -135,7 +141,8 @@ def test_replay_and_suggest_on_a_recorded_log(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stdout.splitlines()[0] == (
         f"14 decided call(s) in {audit}: 3 allowed → denied, 0 denied → allowed, "
-        "2 limits changed, 2 undecidable, 7 unchanged")
+        "1 needs approval, 0 no longer needs approval, 2 limits changed, 2 undecidable, "
+        "6 unchanged")
     assert "      2  allowed → denied  tools.python.imports.deny[0]" in r.stdout
     assert "      1  allowed → denied  bob" in r.stdout
     assert f"  {ids['ls']}  client=alice  tool=shell  tools.shell.commands.allow[0] (was " \
