@@ -146,6 +146,19 @@ def quota_message(usage: Usage) -> str:
             "or start a new session")
 
 
+def full_note(usage: Usage | None, output_tail: str, quota: Usage) -> str | None:
+    """What a call's result tells the model when its workspace is full, or None: a write that
+    failed with ENOSPC (or, under an advisory quota, EFBIG at the per-file cap) otherwise
+    reads as an obscure OS error. ``usage``: the workspace's after the call (None: not
+    measured); ``output_tail``: the end of its output, all there is to go by when the
+    workspace is gone with its sandbox (a one-shot container's own tmpfs), against ``quota``."""
+    if usage is None or not (usage.full or usage.over):
+        if not any(s in output_tail for s in ("No space left on device", "Disk quota exceeded")):
+            return None
+        usage = quota
+    return quota_message(usage)
+
+
 def mounted_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage | None:
     """Usage of a mounted workspace (its own size and inode limits are the quota): one
     ``statvfs`` of a tmpfs, no walk and no disk; None when ``path`` is not a mount point."""

@@ -59,7 +59,7 @@ from sandboxd.policy import PolicyStore
 from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
-from sandboxd.quotafs import Usage, quota_message
+from sandboxd.quotafs import Usage, full_note
 from sandboxd.readiness import BackendProbes
 from sandboxd.receipts.sign import Receipts
 from sandboxd.recorder import AuditRecorder, interrupted_calls
@@ -481,23 +481,17 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                                          "approval": call.decision.approval})
 
     async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
-        """Tell the model when its workspace is full: a write that failed with ENOSPC (or,
-        under an advisory quota, EFBIG at the per-file cap) otherwise reads as an obscure OS
-        error."""
+        """Tell the model when its workspace is full (:func:`~sandboxd.quotafs.full_note`)."""
         if plan.kind not in (ToolKind.python, ToolKind.command):
             return result  # the file tools say it themselves
         usage: Usage | None = None
         with contextlib.suppress(OSError):
             usage = await self.sessions.usage(workspace)
-        if usage is None or not (usage.full or usage.over):
-            text = result.stderr[-8192:] + result.stdout[-4096:]
-            if not any(s in text for s in ("No space left on device", "Disk quota exceeded")):
-                return result
-            # a one-shot container call has a tmpfs of its own (gone with the container): its
-            # error is all there is to go by
-            usage = Usage(0, 0, self.settings.session_quota_bytes,
-                          self.settings.session_quota_entries)
-        note = quota_message(usage)
+        note = full_note(usage, result.stderr[-8192:] + result.stdout[-4096:],
+                         Usage(0, 0, self.settings.session_quota_bytes,
+                               self.settings.session_quota_entries))
+        if note is None:
+            return result
         message = note if not result.message else f"{note} ({result.message})"
         return result.model_copy(update={"message": message})
 
