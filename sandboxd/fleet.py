@@ -2,8 +2,11 @@
 
 Every session id names its node (``ses_<node>_<random>``, MCP's ``mcp_<node>_<random>``:
 :func:`sandboxd.models.new_id`), and everything a session does is under its own path
-(``/v1/sessions/<id>/...``) or carries its ``Mcp-Session-Id``. So the proxy routes by the
-request alone, with no table of its own:
+(``/v1/sessions/<id>/...``) or carries its ``Mcp-Session-Id``; a ``tools/call`` at MCP's
+sessionless revision (2026-07-28) names it in its JSON body (``params.arguments.session``,
+else ``params._meta["sandboxd/session"]``), which the proxy reads from the first
+:data:`BODY_BUFFER_BYTES` it buffers of a ``POST /mcp``. So the proxy routes by the request
+alone, with no table of its own:
 
 * a request naming a session goes to that session's node, and only there (no redispatch:
   no other node has the session). A node that is down answers with the RFC 9457 problem
@@ -30,7 +33,27 @@ from sandboxd.errors import SandboxdError
 
 #: the problem type of a session whose node is down (the one table: sandboxd.api.problems)
 NODE_UNAVAILABLE = "node-unavailable"
+#: HAProxy's buffer (``tune.bufsize``, its default): a ``POST /mcp`` whose headers and body
+#: fit in it, less HAProxy's rewrite reserve (1 KiB), is read whole for the session it names;
+#: a longer one goes on unread (to any ready node). Bounded so that a proxy holding
+#: ``maxconn`` requests holds a known amount of memory.
+BODY_BUFFER_BYTES = 16384
+#: the longest the proxy waits for a ``POST /mcp``'s body before it routes by what it has
+BODY_WAIT_S = 10
 _ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
+
+#: a POST to the MCP endpoint that named no session in its path or headers
+_MCP_POST = "METH_POST { path /mcp } !{ var(txn.sid) -m found }"
+
+
+def body_session_paths() -> tuple[str, str]:
+    """Where a 2026-07-28 ``tools/call`` names its session, as ``json_query`` paths, in the
+    order the daemon reads them (the argument wins); json_query takes the slash of
+    ``sandboxd/session`` in a dotted key (checked with HAProxy 2.6)."""
+    from sandboxd.api.mcp_handles import ARGUMENT
+    from sandboxd.api.mcp_meta import SESSION_META
+
+    return f"$.params.arguments.{ARGUMENT}", f"$.params._meta.{SESSION_META}"
 
 
 class NodeUnavailable(SandboxdError):
@@ -96,6 +119,8 @@ def haproxy_config(nodes: list[Node], *, bind: str = "127.0.0.1:8080",
         "# How it routes, and how to run it: docs/fleet.md. HAProxy 2.6 (Debian 12).",
         "global",
         "    maxconn 4096",
+        "    # a request's headers and the part of its body read for routing (a POST /mcp)",
+        f"    tune.bufsize {BODY_BUFFER_BYTES}",
         "",
         "defaults",
         "    mode http",
@@ -113,6 +138,13 @@ def haproxy_config(nodes: list[Node], *, bind: str = "127.0.0.1:8080",
         "    http-request set-var(txn.sid) path,field(4,/) if { path_beg /v1/sessions/ }",
         "    http-request set-var(txn.sid) req.hdr(mcp-session-id) if "
         "!{ var(txn.sid) -m found } { req.hdr(mcp-session-id) -m found }",
+        "    # else, for a POST /mcp (2026-07-28: no Mcp-Session-Id), the session its JSON",
+        "    # body names: the tool's session argument, else _meta's sandboxd/session. The",
+        f"    # body is read up to the buffer ({BODY_BUFFER_BYTES} bytes with the headers) or "
+        f"for {BODY_WAIT_S}s at most",
+        f"    http-request wait-for-body time {BODY_WAIT_S}s if {_MCP_POST}",
+        *(f"    http-request set-var(txn.sid) req.body,json_query('{path}') if {_MCP_POST}"
+          for path in body_session_paths()),
         "    # its node: the middle part of ses_<node>_<random> / mcp_<node>_<random>",
         "    http-request set-var(txn.node) var(txn.sid),field(2,_) if "
         "{ var(txn.sid) -m reg ^(ses|mcp)_[a-z0-9-]+_[A-Za-z0-9]+$ }",
