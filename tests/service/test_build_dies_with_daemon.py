@@ -15,8 +15,12 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from sandboxd.backends.container.build import DIE_WITH_ENV
+
+pytestmark = pytest.mark.same_on_every_host(
+    "a process's death signal is the kernel's, the same on any host")
 
 PARENT = """
 import os, subprocess, sys

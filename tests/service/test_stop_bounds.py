@@ -13,10 +13,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from sandboxd.policy.store import embedded_policies_dir
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, start_daemon
 from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.same_on_every_host(
+    "the connection deadlines and the stop's bound are the daemon's own timers; the VM's "
+    "service job stops the shipped unit with an unread answer (stop-with-unread-answer-bounded)")
 
 #: a call whose answer cannot fit in the kernel's socket buffers of a client that reads none
 #: of it: over loopback TCP the daemon's send buffer grows to 4 MB (tcp_wmem), so 6 MB of
