@@ -227,8 +227,9 @@ class Decision(_Model):
     plan: ExecutionPlan | None = None  # allowed calls only
     #: an allowed call that waits for a person's yes first (None: it runs at once)
     approve: ApprovalRule | None = None
-    #: how that wait ended (set by the service, never by the policy)
-    approval: Approval | None = None
+    #: how that wait ended (set by the service, never by the policy; the result carries it,
+    #: not the public JSON of ``policy explain``)
+    approval: Approval | None = Field(default=None, exclude=True)
     #: SHA-256 of the policy file that decided (the call's receipt names it; not in the
     #: public JSON of ``policy explain``)
     policy_sha256: str = Field(default="", exclude=True)

@@ -108,7 +108,8 @@ def _python_for(uid: int, where: Path) -> str:
     venv = where / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
     (pth_dir,) = venv.glob("lib/python3*/site-packages")
-    (pth_dir / "sandboxd-under-test.pth").write_text(f"{REPO}\n{site}\n")
+    # the tree's two packages: sandboxd, and the client it carries (client/sandboxd_client)
+    (pth_dir / "sandboxd-under-test.pth").write_text(f"{REPO}\n{REPO / 'client'}\n{site}\n")
     return str(venv / "bin" / "python")
 
 

@@ -27,6 +27,7 @@ CONTEXT_FILES = (
     "pyproject.toml",
     "README.md",
     "sandboxd",
+    "client/sandboxd_client",  # the daemon's wheel carries the client's package too
     "policies",
     "images",
     "Dockerfile",
