@@ -30,8 +30,11 @@ def socket_daemon(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 async def test_mcp_on_the_unix_socket(tmp_path: Path, transport: str) -> None:
     with socket_daemon(tmp_path) as (sock, token):
         if transport == "http":
+            # the daemon loads the MCP SDK on its first /mcp request: seconds on a loaded
+            # machine, past httpx's 5 s default (what is tested is the socket, not the speed)
             http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(sock)),
-                                      headers={"Authorization": f"Bearer {token}"})
+                                      headers={"Authorization": f"Bearer {token}"},
+                                      timeout=60)
             async with (http,
                         streamable_http_client("http://sandboxd/mcp", http_client=http)
                         as (read, write),
