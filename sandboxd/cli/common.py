@@ -67,3 +67,18 @@ def offline_service(policies_dir: Path | None) -> Any:
     from sandboxd.service import Sandboxd
 
     return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})
+
+
+def loaded_offline_service(policies_dir: Path | None, exit_code: int) -> Any:
+    """:func:`offline_service` with its policy loaded; a policy that does not load is its
+    problems, one ``file:line:column`` line each, then exit ``exit_code``."""
+    from sandboxd.policy import PolicyError
+
+    service = offline_service(policies_dir)
+    try:
+        service.load_policy()
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(exit_code) from None
+    return service

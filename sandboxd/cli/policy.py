@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import CONFIG_OPTION, offline_service, settings_policies_dir
+from sandboxd.cli.common import CONFIG_OPTION, loaded_offline_service, settings_policies_dir
 
 if TYPE_CHECKING:
     from sandboxd.policy import LoadedPolicy
@@ -115,7 +115,6 @@ def explain(
     from pydantic import ValidationError
 
     from sandboxd.models import LimitsRequest
-    from sandboxd.policy import PolicyError
     from sandboxd.registry import ArgumentsInvalid
 
     try:
@@ -133,14 +132,8 @@ def explain(
         except ValidationError as exc:
             typer.echo(f"sandboxd: --limits: {exc.errors()[0]['msg']}", err=True)
             raise typer.Exit(2) from None
-    service = offline_service(policies if policies is not None
-                               else settings_policies_dir(config))
-    try:
-        service.load_policy()
-    except PolicyError as exc:
-        for line in exc.problems:
-            typer.echo(line, err=True)
-        raise typer.Exit(2) from None
+    service = loaded_offline_service(policies if policies is not None
+                                     else settings_policies_dir(config), 2)
     try:  # the daemon's own explain: the same tool lookup, schema check and decision
         explanation = service.explain(client, tool, arguments, requested,
                                       unknown_tool_denied=True)

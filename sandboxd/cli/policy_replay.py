@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import CONFIG_OPTION, offline_service, settings_policies_dir
+from sandboxd.cli.common import CONFIG_OPTION, loaded_offline_service, settings_policies_dir
 from sandboxd.text import visible
 
 if TYPE_CHECKING:
@@ -58,17 +58,10 @@ def _decider(policies: Path | None, config: Path | None) -> Any:
     """The daemon's own decision for a call (tool lookup, argument schema, policy), from the
     policies in ``policies`` (else the settings', else the embedded default)."""
     from sandboxd.models import Decision
-    from sandboxd.policy import PolicyError
     from sandboxd.registry import ArgumentsInvalid
 
-    service = offline_service(policies if policies is not None
-                               else settings_policies_dir(config))
-    try:
-        service.load_policy()
-    except PolicyError as exc:
-        for line in exc.problems:
-            typer.echo(line, err=True)
-        raise typer.Exit(EXIT_BAD) from None
+    service = loaded_offline_service(policies if policies is not None
+                                     else settings_policies_dir(config), EXIT_BAD)
 
     def decide(client: str, tool: str, arguments: dict[str, Any],
                requested: LimitsRequest | None) -> Decision:
