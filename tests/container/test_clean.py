@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sandboxd.quotafs import mounts_below
+from tests.support.ci import require
 from tests.support.daemon import daemon_list, start_daemon, uid_range_env
 from tests.support.mounts import detach_below
 
@@ -56,8 +57,7 @@ def _make_clean(state: Path, where: Path, env: dict[str, str]) -> subprocess.Com
 
 def test_make_clean_after_a_stop_that_kept_a_session(
         docker_client: Any, tmp_path: Path, policies: Path, state: Path) -> None:  # noqa: F811
-    if os.geteuid() != 0:
-        pytest.skip("tmpfs workspaces need root")
+    require(os.geteuid() == 0, "tmpfs workspaces need root")
     instance = f"cln{secrets.token_hex(4)}"
     env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
            **uid_range_env()}
