@@ -69,16 +69,30 @@ def offline_service(policies_dir: Path | None) -> Any:
     return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})
 
 
-def loaded_offline_service(policies_dir: Path | None, exit_code: int) -> Any:
-    """:func:`offline_service` with its policy loaded; a policy that does not load is its
-    problems, one ``file:line:column`` line each, then exit ``exit_code``."""
+def _or_exit(load: Any, exit_code: int) -> None:
+    """Run ``load`` (a policy load); a policy that does not load is its problems, one
+    ``file:line:column`` line each, then exit ``exit_code``."""
     from sandboxd.policy import PolicyError
 
-    service = offline_service(policies_dir)
     try:
-        service.load_policy()
+        load()
     except PolicyError as exc:
         for line in exc.problems:
             typer.echo(line, err=True)
         raise typer.Exit(exit_code) from None
+
+
+def loaded_offline_service(policies_dir: Path | None, exit_code: int) -> Any:
+    """:func:`offline_service` with its policy loaded (:func:`_or_exit`)."""
+    service = offline_service(policies_dir)
+    _or_exit(service.load_policy, exit_code)
     return service
+
+
+def loaded_policy_store(policies_dir: Path | None, exit_code: int) -> Any:
+    """A :class:`~sandboxd.policy.PolicyStore` of ``policies_dir``, loaded (:func:`_or_exit`)."""
+    from sandboxd.policy import PolicyStore
+
+    store = PolicyStore(policies_dir)
+    _or_exit(store.load, exit_code)
+    return store

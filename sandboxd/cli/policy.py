@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import CONFIG_OPTION, loaded_offline_service, settings_policies_dir
+from sandboxd.cli.common import (
+    CONFIG_OPTION,
+    loaded_offline_service,
+    loaded_policy_store,
+    settings_policies_dir,
+)
 
 if TYPE_CHECKING:
     from sandboxd.policy import LoadedPolicy
@@ -187,17 +192,11 @@ def show(
     config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Show the policies in force: who gets which, which tools, on which backend, limits."""
-    from sandboxd.policy import PolicyError, PolicyStore
     from sandboxd.policy.engine import effective_limits
     from sandboxd.policy.specs import tool_specs
 
-    store = PolicyStore(policies if policies is not None else settings_policies_dir(config))
-    try:
-        store.load()
-    except PolicyError as exc:
-        for line in exc.problems:
-            typer.echo(line, err=True)
-        raise typer.Exit(2) from None
+    store = loaded_policy_store(policies if policies is not None
+                              else settings_policies_dir(config), 2)
     chosen = store.policies()
     if client is not None:
         pol = store.policy_for(client)

@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import CONFIG_OPTION, loaded_offline_service, settings_policies_dir
+from sandboxd.cli.common import (
+    CONFIG_OPTION,
+    loaded_offline_service,
+    loaded_policy_store,
+    settings_policies_dir,
+)
 from sandboxd.text import visible
 
 if TYPE_CHECKING:
@@ -148,13 +153,8 @@ def suggest_cmd(
     records = list(_records(audit, client))  # read twice: for the policy, for its check
     if not records:
         raise _fail(f"{audit}: no decided calls of client {visible(client)!r}")
-    in_force = PolicyStore(policies if policies is not None else settings_policies_dir(config))
-    try:
-        in_force.load()
-    except PolicyError as exc:
-        for line in exc.problems:
-            typer.echo(line, err=True)
-        raise typer.Exit(EXIT_BAD) from None
+    in_force = loaded_policy_store(policies if policies is not None
+                              else settings_policies_dir(config), EXIT_BAD)
     pol = in_force.policy_for(client)
     used = {str(r.get("tool")) for r in records} - set(SUGGESTED)
     definitions = {t: d for t in used if (d := custom_definition(pol, t)) is not None}
