@@ -29,15 +29,31 @@ _PATH_ARGUMENT = typer.Argument(
     None, help="Audit log (default: the daemon's, from --state-dir/--config)")
 
 
-def _receipt_keys(config: Path | None, state_dir: Path | None) -> KeySet | None:
-    """The daemon's receipt key set (to check the signed heads with); None when there is
-    none, or no readable settings (a log checked on its own)."""
+def _receipt_keys(key: Path | None, path: Path | None, config: Path | None,
+                  state_dir: Path | None) -> KeySet | None:
+    """The key set to check the signed heads with; None when there is none (a warning).
+
+    ``--key`` first; else, for a log named on its own, the key set of the state directory
+    beside it (or the daemon's, when it is the daemon's log): never another daemon's keys,
+    which would call every head of this log forged; else the daemon's, from the settings."""
+    from sandboxd.cli.receipt import read_keyset_file
     from sandboxd.config import load_settings
     from sandboxd.receipts.keys import ReceiptKeyError, load_keyset
 
+    if key is not None:
+        keys: KeySet = read_keyset_file(key)
+        return keys
     try:
-        return load_keyset(load_settings(config, state_dir=state_dir).state_dir)
-    except (ReceiptKeyError, ValueError, OSError):  # settings errors are ValueErrors
+        settings = load_settings(config, state_dir=state_dir)
+    except (ValueError, OSError):  # settings errors are ValueErrors: a log checked alone
+        settings = None
+    directory = settings.state_dir if settings is not None else None
+    named_alone = path is not None and config is None and state_dir is None
+    if named_alone and (settings is None or path.absolute() != settings.audit_path):
+        directory = path.absolute().parent
+    try:
+        return load_keyset(directory) if directory is not None else None
+    except ReceiptKeyError:
         return None
 
 
@@ -45,6 +61,10 @@ def _receipt_keys(config: Path | None, state_dir: Path | None) -> KeySet | None:
 def verify_cmd(
     path: Path | None = _PATH_ARGUMENT,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
+    key: Path | None = typer.Option(
+        None, "--key", help="The receipt key set to check the signed heads with (`sandboxd "
+        "receipt key`); default: the state directory's beside a log named alone, else the "
+        "daemon's"),
     config: Path | None = CONFIG_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
@@ -54,7 +74,7 @@ def verify_cmd(
     from sandboxd.receipts.heads import heads_path, last_head
 
     log_path = _default_path(path, config, state_dir)
-    keys = _receipt_keys(config, state_dir)
+    keys = _receipt_keys(key, path, config, state_dir)
     head, head_problem = last_head(log_path, keys)
     report = verify(log_path, (head.seq, head.sha256) if head is not None else None)
     if head_problem is not None:  # without the keys, a warning; a forged head fails

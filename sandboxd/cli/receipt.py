@@ -85,13 +85,21 @@ def _read_json(path: Path, what: str) -> Any:
 
 
 def _keyset(key: Path | None, config: Path | None, state_dir: Path | None) -> Any:
-    from sandboxd.receipts.keys import KeySet, ReceiptKeyError, load_keyset
+    from sandboxd.receipts.keys import ReceiptKeyError, load_keyset
 
     if key is None:  # on the daemon's host: its own key set
         try:
             return load_keyset(settings_for(config, state_dir).state_dir)
         except ReceiptKeyError as exc:
             _die(f"{exc} (or give the public key set with --key)")
+    return read_keyset_file(key)
+
+
+def read_keyset_file(key: Path) -> Any:
+    """The public key set in ``key`` (JSON as ``receipt key`` prints it, or one PEM key), or
+    exit 2 with one ``path:line:col`` line."""
+    from sandboxd.receipts.keys import KeySet
+
     try:
         data = key.read_bytes()
     except OSError as exc:

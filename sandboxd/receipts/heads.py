@@ -60,5 +60,6 @@ def last_head(audit_path: Path,
         if head is None or seq >= head.seq:
             head = SignedHead(seq, sha, str(record.get("ts")), number)
     if head is not None and keys is None:
-        return head, (0, "no receipt keys to check the signed heads' signatures with")
+        return head, (0, "no receipt keys to check the signed heads' signatures with (give "
+                         "--key or --state-dir)")
     return head, None

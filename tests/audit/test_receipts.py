@@ -19,7 +19,7 @@ from httpx_sse import connect_sse
 
 from sandboxd.policy.store import embedded_policies_dir
 from sandboxd.receipts.canonical import check_receipt, check_result
-from sandboxd.receipts.keys import KeySet
+from sandboxd.receipts.keys import KeySet, SigningKey
 from sandboxd.tokens import add_token
 from tests.support import cli
 from tests.support.audit import audit_records
@@ -206,6 +206,34 @@ def test_cutting_records_after_a_signed_head_is_reported(tmp_path: Path) -> None
     heads.write_text(heads.read_text() + json.dumps(forged) + "\n")
     r = sandboxd("audit", "verify", "--state-dir", str(state))
     assert r.returncode == 1 and "the signed head does not verify" in r.stdout
+
+
+def test_a_log_named_alone_is_checked_with_its_own_keys(tmp_path: Path) -> None:
+    """Another daemon's key set on the host (the admin's default) never judges a log named
+    on the command line: the keys beside the log do, else none (a warning), else --key."""
+    with running_daemon(tmp_path, state_dir=tmp_path / "state") as d:
+        assert d.invoke("python", {"code": "print(1)"}).status_code == 200
+        log = d.audit_path
+        assert d.stop() == 0
+    other = tmp_path / "other-daemon"
+    SigningKey.open(other)  # the host's default daemon, with a key of its own
+    host = dict(OFFLINE, SANDBOXD_STATE_DIR=str(other))
+    r = sandboxd("audit", "verify", str(log), env=host)
+    assert r.returncode == 0 and "matches the signed head" in r.stdout, r.stdout + r.stderr
+    alone = tmp_path / "copied"
+    alone.mkdir()
+    for name in (log.name, f"{log.name}.heads"):
+        (alone / name).write_bytes((log.parent / name).read_bytes())
+    r = sandboxd("audit", "verify", str(alone / log.name), env=host)
+    assert r.returncode == 0 and "no receipt keys to check" in r.stderr, r.stdout + r.stderr
+    wrong = tmp_path / "wrong-keys.json"
+    wrong.write_text(sandboxd("receipt", "key", "--state-dir", str(other)).stdout)
+    r = sandboxd("audit", "verify", "--key", str(wrong), str(alone / log.name), env=host)
+    assert r.returncode == 1 and "unknown key id" in r.stdout, r.stdout
+    right = tmp_path / "keys.json"
+    right.write_text(sandboxd("receipt", "key", "--state-dir", str(tmp_path / "state")).stdout)
+    r = sandboxd("audit", "verify", "--key", str(right), str(alone / log.name), env=host)
+    assert r.returncode == 0 and "matches the signed head" in r.stdout, r.stdout
 
 
 def test_rotation_keeps_old_receipts_valid(tmp_path: Path) -> None:
