@@ -278,6 +278,16 @@ class Settings(BaseSettings):
         description="This node's id in a fleet (docs/fleet.md): [a-z0-9-], at most 32 "
                     "characters; default: the host name's first label, cleaned")
 
+    # --- E2B's wire protocol (sandboxd.e2b, docs/e2b.md): the template an E2B SDK names ->
+    # what the sandbox's code runs with (``python``: run_code is the python tool in the
+    # sandbox's session; ``shell``: commands and files only)
+    e2b_templates: dict[str, Literal["python", "shell"]] = Field(
+        default_factory=lambda: {"code-interpreter-v1": "python", "code-interpreter": "python",
+                                 "base": "shell"},
+        description="E2B template name -> 'python' (code interpreter: run_code runs the "
+                    "python tool in the sandbox's session) or 'shell' (commands and files "
+                    "only); a template not named here is refused")
+
     access_log: bool = Field(
         default=False,
         description="A line per HTTP request in the daemon's log (uvicorn's access log); the "
