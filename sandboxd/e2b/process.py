@@ -21,6 +21,7 @@ from sandboxd.e2b.commands import Background
 from sandboxd.e2b.results import refusal
 from sandboxd.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
+from sandboxd.session_record import SessionNotFound
 
 router = APIRouter(include_in_schema=False)
 SERVICE = "/process.Process/"
@@ -43,6 +44,19 @@ def command_line(config: dict[str, Any]) -> str:
     if not cmd:
         raise connect.ConnectError("invalid_argument", "process.cmd names the program")
     return shlex.join([cmd, *map(str, args)])
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """envd's health: 204 while the caller's sandbox lives, else 502, which the SDKs read as
+    "not running" (what E2B's proxy answers for a sandbox that is gone)."""
+    try:
+        await _record(request)
+    except SessionNotFound as exc:
+        return JSONResponse({"code": 502, "message": str(exc)}, status_code=502)
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return Response(status_code=204)
 
 
 @router.post(SERVICE + "Start")
