@@ -76,6 +76,13 @@ class _YamlFileSource(PydanticBaseSettingsSource):
         return data
 
 
+#: E2B's templates and what each runs with (the setting ``e2b_templates``'s default): the
+#: code interpreter's (its SDK's default, ``code-interpreter-v1``) a python session, the base
+#: template's commands and files only
+E2B_TEMPLATES: dict[str, Literal["python", "shell"]] = {
+    "code-interpreter-v1": "python", "code-interpreter": "python", "base": "shell"}
+
+
 class Settings(BaseSettings):
     """Every setting of the daemon. Environment variables are ``SANDBOXD_<NAME>``."""
 
@@ -282,8 +289,7 @@ class Settings(BaseSettings):
     # what the sandbox's code runs with (``python``: run_code is the python tool in the
     # sandbox's session; ``shell``: commands and files only)
     e2b_templates: dict[str, Literal["python", "shell"]] = Field(
-        default_factory=lambda: {"code-interpreter-v1": "python", "code-interpreter": "python",
-                                 "base": "shell"},
+        default_factory=lambda: dict(E2B_TEMPLATES),
         description="E2B template name -> 'python' (code interpreter: run_code runs the "
                     "python tool in the sandbox's session) or 'shell' (commands and files "
                     "only); a template not named here is refused")

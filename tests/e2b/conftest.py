@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sandboxd.tokens import add_token
-from tests.datascience.conftest import datascience_image  # noqa: F401  (a fixture)
+from tests.datascience import conftest as datascience
 from tests.support.daemon import RunningDaemon, running_daemon
 
 POLICY = """\
@@ -36,6 +36,9 @@ tools:
   write_file: {paths: {allow: ["**"]}, max_bytes: 4Mi}
   list_files: {paths: {allow: ["**"]}}
 """
+
+#: the data-science image, present and current (its fixture, shared with tests/datascience)
+datascience_image = datascience.datascience_image
 
 
 @dataclass

@@ -65,10 +65,10 @@ def test_two_keys_never_see_or_reach_each_others_sandboxes(e2b_env: E2bDaemon) -
         forged = {"E2b-Sandbox-Id": alice.sandbox_id, "E2b-Sandbox-Port": "49983",
                   "X-Access-Token": bob_key}
         url = e2b_env.daemon.url
-        for method, path, body in (("POST", "/process.Process/List", {}),
-                                   ("POST", "/filesystem.Filesystem/ListDir", {"path": "/home/user"}),
-                                   ("POST", "/execute", {"code": "1"}),
-                                   ("GET", "/contexts", None)):
+        for method, path, body in (
+                ("POST", "/process.Process/List", {}),
+                ("POST", "/filesystem.Filesystem/ListDir", {"path": "/home/user"}),
+                ("POST", "/execute", {"code": "1"}), ("GET", "/contexts", None)):
             answer = httpx.request(method, url + path, json=body, headers=forged)
             assert answer.status_code == 404, (path, answer.text)
         assert alice.is_running()

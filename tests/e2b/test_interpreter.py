@@ -87,3 +87,41 @@ def test_a_denied_import_raises_and_is_audited_as_denied(e2b_env: E2bDaemon) -> 
     denied = [r for r in audit_records(e2b_env.daemon.audit_path, "decision")
               if r["transport"] == "e2b" and r["decision"] == "deny"]
     assert any("import socket" in str(r["args_preview"]) for r in denied), denied
+
+
+def test_contexts_create_list_restart_remove(e2b_env: E2bDaemon) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    with Sandbox.create() as sbx:
+        context = sbx.create_code_context(cwd="/home/user/work")
+        sbx.run_code("where = __import__('os').getcwd()", context=context)
+        assert sbx.run_code("where", context=context).text.endswith("/work'")
+        sbx.run_code("y = 7", context=context)
+        assert sbx.run_code("y", context=context).text == "7"
+        assert sbx.run_code("'y' in globals()").text == "False"  # the default context's own
+        assert context.id in [c.id for c in sbx.list_code_contexts()]
+        sbx.restart_code_context(context)
+        assert sbx.run_code("'y' in globals()", context=context).text == "False"
+        sbx.remove_code_context(context)
+        assert context.id not in [c.id for c in sbx.list_code_contexts()]
+
+
+SECOND_PROCESS = """
+import sys
+from e2b_code_interpreter import Sandbox
+sbx = Sandbox.connect(sys.argv[1])
+print(sbx.run_code("shared").text)
+"""
+
+
+def test_connect_from_a_second_process_sees_the_same_state(e2b_env: E2bDaemon) -> None:
+    import subprocess
+    import sys
+
+    from e2b_code_interpreter import Sandbox
+
+    with Sandbox.create() as sbx:
+        sbx.run_code("shared = 'set by the first process'")
+        second = subprocess.run([sys.executable, "-c", SECOND_PROCESS, sbx.sandbox_id],
+                                capture_output=True, text=True, timeout=120, check=True)
+    assert second.stdout.strip() == "'set by the first process'"
