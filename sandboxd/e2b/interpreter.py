@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,6 +42,7 @@ from sandboxd.session_record import SessionNotFound
 from sandboxd.streaming import StreamEvent
 
 router = APIRouter(route_class=E2bRoute, include_in_schema=False)
+_PIP = re.compile(r"^[!%]pip3? install\s+\S")
 #: interrupts under way after their caller left (each waits for its call to end)
 _LEFT: set[asyncio.Task[Any]] = set()
 
@@ -66,6 +68,17 @@ def _context_session(record: E2bSandbox, context_id: str | None) -> str:
     return context_id
 
 
+def pip_install(code: str) -> list[str] | None:
+    """The packages of a cell that is only Jupyter's ``!pip install``/``%pip install``
+    lines (what frameworks send to install their requirements), else None. Such a cell is
+    the ``install_packages`` tool: from the administrator's wheelhouse, as the policy
+    allows (its schema refuses options and URLs)."""
+    lines = [line.strip() for line in code.splitlines() if line.strip()]
+    if not lines or not all(_PIP.match(line) for line in lines):
+        return None
+    return [name for line in lines for name in line.split()[2:]]
+
+
 @router.post("/execute")
 async def execute(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
@@ -81,8 +94,11 @@ async def execute(request: Request, client: str = Depends(e2b_client)) -> Respon
     service: Sandboxd = request.app.state.service
     queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
     started = asyncio.Event()
+    packages = pip_install(body["code"])
+    tool, arguments = (("install_packages", {"packages": packages}) if packages
+                       else ("python", {"code": body["code"]}))
     call = asyncio.create_task(service.invoke(
-        client, "python", InvokeRequest(arguments={"code": body["code"]}, session=session),
+        client, tool, InvokeRequest(arguments=arguments, session=session),
         transport=TRANSPORT, events=queue.put_nowait, started=started))
     begun = asyncio.create_task(started.wait())
     try:

@@ -16,8 +16,9 @@ MIME_KEYS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdo
              "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
              "application/javascript": "javascript"}
 TRACEBACK = "Traceback (most recent call last):"
-#: the last line of a Python traceback: ``Name: value`` (or the name alone)
-_LAST = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$", re.S)
+#: the line of a traceback that names the exception: ``Name: value`` (or the name alone), the
+#: name qualified as Python prints it (``module.Outer.<locals>.Name``)
+_RAISED = re.compile(r"^([A-Za-z_][\w.<>]*)(?::\s?(.*))?$")
 
 
 def _timestamp() -> int:
@@ -68,15 +69,24 @@ def error(result: Result) -> dict[str, Any] | None:
     at = stderr.rfind(TRACEBACK)
     if result.status is Status.error and at >= 0:
         traceback = stderr[at:].rstrip("\n")
-        last = traceback.rsplit("\n", 1)[-1]
-        match = _LAST.match(last)
-        if match:
-            return {"type": "error", "name": match.group(1), "value": match.group(2) or "",
+        raised = _raised(traceback.split("\n"))
+        if raised is not None:
+            return {"type": "error", "name": raised[0], "value": raised[1],
                     "traceback": traceback}
     name = {Status.timeout: "TimeoutError", Status.killed: "KeyboardInterrupt"}.get(
         result.status, "SandboxdError")
-    return {"type": "error", "name": name, "value": result.message or result.status.value,
-            "traceback": result.message or ""}
+    why = result.message or result.stderr.strip()[-4000:] or result.status.value
+    return {"type": "error", "name": name, "value": why, "traceback": why}
+
+
+def _raised(lines: list[str]) -> tuple[str, str] | None:
+    """The exception's name (unqualified, as Jupyter's ``ename``) and value (its lines)."""
+    for at in range(len(lines) - 1, 0, -1):
+        match = _RAISED.match(lines[at])
+        if match and not lines[at].startswith((" ", "Traceback")):
+            value = "\n".join([match.group(2) or "", *lines[at + 1:]]).strip("\n")
+            return match.group(1).rsplit(".", 1)[-1], value
+    return None
 
 
 def final_lines(result: Result) -> Iterator[dict[str, Any]]:

@@ -13,6 +13,7 @@ import pytest
 from sandboxd.tokens import add_token
 from tests.datascience import conftest as datascience
 from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.wheels import make_pip_wheel, make_wheel
 
 POLICY = """\
 version: 1
@@ -24,9 +25,15 @@ tools:
   python:
     backend: container
     image: sandboxd/datascience:latest
+    # smolagents' tool definitions import the last line's modules (pickle only when its
+    # executor allows pickle, but the check reads every import of the code)
     imports:
-      allow: [numpy, pandas, matplotlib, math, json, time, os, io, base64, sys, random]
+      allow: [numpy, pandas, matplotlib, math, json, time, os, io, base64, sys, random,
+              typing, collections, datetime, itertools, queue, re, stat, statistics,
+              unicodedata, PIL, decimal, pathlib, dataclasses, pickle]
       deny: [socket, subprocess, ctypes, urllib, http]
+    # `!pip install` cells are install_packages (smolagents sends `!pip install pillow numpy`)
+    packages: {allow: [pillow, numpy]}
   shell:
     backend: container
     commands:
@@ -62,7 +69,15 @@ def e2b_daemon(tmp_path_factory: pytest.TempPathFactory, docker_client: Any,
     (policies / "e2b.yaml").write_text(POLICY)
     tokens_file = tmp / "tokens"
     tokens = {who: add_token(tokens_file, who) for who in ("alice", "bob")}
-    env = {"SANDBOXD_TOKENS_FILE": str(tokens_file), "SANDBOXD_SESSION_TTL_S": "600"}
+    wheelhouse = tmp / "wheelhouse"
+    wheelhouse.mkdir()
+    make_pip_wheel(wheelhouse)
+    # the image has pillow and numpy already: the wheelhouse's are empty stand-ins (their
+    # metadata only), so that pip, which installs into the session, finds something to install
+    for name in ("pillow", "numpy"):
+        make_wheel(wheelhouse, name, "0.0.1", {})
+    env = {"SANDBOXD_TOKENS_FILE": str(tokens_file), "SANDBOXD_SESSION_TTL_S": "600",
+           "SANDBOXD_WHEELHOUSE": str(wheelhouse)}
     with running_daemon(tmp, policies_dir=policies, env=env, token=tokens["alice"]) as d:
         yield E2bDaemon(d, tokens)
 
