@@ -30,9 +30,9 @@ from typing import Any
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
-from sandboxd.deadline import within
+from sandboxd.host.statelock import Holder
 from sandboxd.models import ProbeCheck, ProbeReport
-from sandboxd.statelock import Holder
+from sandboxd.util.deadline import within
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -59,7 +59,7 @@ def enabled_backends(settings: Any) -> list[str]:
 async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
     """``(available, report)`` for one backend: construct, start, probe, close."""
     from sandboxd.backends.factory import build_backend
-    from sandboxd.uids import UidPool
+    from sandboxd.host.uids import UidPool
 
     try:
         backend = build_backend(name, settings, UidPool.from_settings(settings))
@@ -106,7 +106,7 @@ def _status_field(key: str) -> str | None:
 
 def host_checks(settings: Any) -> list[ProbeCheck]:
     """Facts about the host and the daemon's own confinement (informational)."""
-    from sandboxd.uids import identities
+    from sandboxd.host.uids import identities
 
     checks = [
         ProbeCheck(
@@ -167,7 +167,7 @@ def _workspace_quota_check(settings: Any) -> ProbeCheck:
     then holds the quota during calls), tried in a scratch directory."""
     import tempfile
 
-    from sandboxd.quotafs import WorkspaceFS
+    from sandboxd.workspaces.quota import WorkspaceFS
 
     scratch = Path(tempfile.mkdtemp(prefix="sandboxd-doctor-"))
     try:
@@ -239,7 +239,7 @@ async def _probe_without_touching_state(
 
 
 def _probe_uids(settings: Any) -> tuple[Any, Any]:
-    from sandboxd import uidclaim
+    from sandboxd.host import uidclaim
 
     try:
         return uidclaim.claim_for_probes(settings)
@@ -252,7 +252,7 @@ def _lock_or_holder(settings: Any) -> tuple[int | None, Holder | None]:
     """``(fd, None)``: the doctor holds the state directory's lock while it probes (a daemon
     started meanwhile refuses, instead of losing its containers to the doctor's sweep);
     ``(None, holder)``: a daemon holds it; ``(None, None)``: there is no state directory."""
-    from sandboxd import statelock
+    from sandboxd.host import statelock
 
     state = Path(settings.state_dir)
     if not state.exists():
@@ -323,7 +323,7 @@ def doctor(
     uid_claim = None
     try:
         note = _live_note(settings, live) if live is not None else None
-        # the probes' sandbox uids: never ones a live daemon hands out (sandboxd.uidclaim)
+        # the probes' sandbox uids: never ones a live daemon hands out (sandboxd.host.uidclaim)
         probing, uid_claim = _probe_uids(settings)
         results = asyncio.run(_probe_without_touching_state(probing, names, live))
     finally:
