@@ -14,10 +14,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandboxd.deadline import stop_task
 from sandboxd.models import InvokeRequest, Result
+from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd
-from sandboxd.streaming import StreamEvent
+from sandboxd.util.deadline import stop_task
 
 TRANSPORT = "e2b"
 

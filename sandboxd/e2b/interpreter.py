@@ -37,9 +37,9 @@ from sandboxd.e2b.sandboxes import (
     workspace_path,
 )
 from sandboxd.models import InvokeRequest, Result, Status
+from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd
-from sandboxd.session_record import SessionNotFound
-from sandboxd.streaming import StreamEvent
+from sandboxd.sessions.record import SessionNotFound
 
 router = APIRouter(route_class=E2bRoute, include_in_schema=False)
 _PIP = re.compile(r"^[!%]pip3? install\s+\S")

@@ -21,7 +21,7 @@ from sandboxd.e2b.commands import Background
 from sandboxd.e2b.results import refusal
 from sandboxd.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
-from sandboxd.session_record import SessionNotFound
+from sandboxd.sessions.record import SessionNotFound
 
 router = APIRouter(include_in_schema=False)
 SERVICE = "/process.Process/"

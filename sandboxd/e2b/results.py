@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandboxd.models import Result, Status
-from sandboxd.streaming import StreamEvent
+from sandboxd.results.streaming import StreamEvent
 
 #: E2B's result keys by MIME type (the SDK's ``Result`` fields)
 MIME_KEYS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown",

@@ -1,7 +1,7 @@
 """E2B sandboxes: each one is a sandboxd session of its client, plus what E2B says of it.
 
 The session is the sandbox: its workspace, its kernel, its containers, its TTL and its end
-(``kill``, expiry, revocation: :meth:`~sandboxd.kernels.SessionOps.end_session`, verified).
+(``kill``, expiry, revocation: :meth:`~sandboxd.sessions.kernels.SessionOps.end_session`, verified).
 Beside it this module keeps E2B's own facts (template, metadata, start time, the extra code
 contexts, the background commands), in memory and in ``<state_dir>/e2b/<id>.json`` so that a
 daemon restart that keeps the session keeps them too. A record whose session has ended is
@@ -22,7 +22,7 @@ from typing import Any, Literal
 from sandboxd.api.problems import Problem
 from sandboxd.e2b.commands import Background
 from sandboxd.service import Sandboxd
-from sandboxd.session_record import SessionNotFound
+from sandboxd.sessions.record import SessionNotFound
 
 Kind = Literal["python", "shell"]
 TRANSPORT = "e2b"  # the front door named in the audit records

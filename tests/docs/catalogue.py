@@ -53,7 +53,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "ok 1195 ms", output_of="s.write_file(\"data/sales.csv\""),
     Entry(R, "\"command\": \"/opt/sandboxd/bin/sandboxd\"", run="mcp_stdio"),
     Entry(R, "\"url\": \"http://127.0.0.1:8765/mcp\"", run="mcp_http"),
-    Entry(R, "sandboxd/service.py     the facade", run="layout"),
+    Entry(R, "sandboxd/               at the top", run="layout"),
     # docs/e2b.md
     Entry("docs/e2b.md", "export E2B_SANDBOX_URL", skip="the environment of the next block: "
           "tests/e2b/test_docs.py sets the same variables for the daemon it starts"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.datascience import conftest as datascience
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wheels import make_pip_wheel, make_wheel
