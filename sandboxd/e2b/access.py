@@ -11,6 +11,7 @@ found with :meth:`SessionManager.get` for that client only: another client's id 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -52,6 +53,20 @@ async def e2b_client(request: Request) -> str:
         headers.append((b"authorization", f"Bearer {token}".encode("latin-1", "replace")))
     bearer = Request({**request.scope, "headers": headers}, request.receive)
     return await run_in_threadpool(authenticate_now, bearer)
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """A request's JSON object (an empty body is ``{}``), or a 400 that says what is wrong."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise Problem(400, "e2b-body", "Bad request", f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise Problem(400, "e2b-body", "Bad request", "the body is a JSON object")
+    return body
 
 
 def sandbox_id(request: Request) -> str:

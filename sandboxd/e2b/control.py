@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from sandboxd.api.problems import Problem
-from sandboxd.e2b.access import E2bRoute, e2b_client, presented_token
+from sandboxd.e2b.access import E2bRoute, e2b_client, json_body, presented_token
 from sandboxd.e2b.sandboxes import E2bSandbox, Sandboxes, not_served
 from sandboxd.service import Sandboxd
 
@@ -57,15 +57,6 @@ def _listed(request: Request, record: E2bSandbox) -> dict[str, Any]:
             "metadata": record.metadata}
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    if not await request.body():
-        return {}
-    body = await request.json()
-    if not isinstance(body, dict):
-        raise Problem(400, "e2b-body", "Bad request", "the body is a JSON object")
-    return body
-
-
 def _strings(value: Any, name: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -87,7 +78,7 @@ def _timeout(body: dict[str, Any]) -> float | None:
 @router.post("/v2/sandboxes", status_code=201)
 @router.post("/sandboxes", status_code=201)
 async def create(request: Request, client: str = Depends(e2b_client)) -> Response:
-    body = await _body(request)
+    body = await json_body(request)
     for option, feature in _REFUSED_OPTIONS.items():
         if body.get(option):
             raise not_served(feature)
@@ -108,7 +99,7 @@ async def connect(sandbox_id: str, request: Request,
     """Connect to a running sandbox; a timeout given extends it (never shortens, as E2B)."""
     sandboxes = _sandboxes(request)
     record = sandboxes.get(client, sandbox_id)
-    timeout = _timeout(await _body(request))
+    timeout = _timeout(await json_body(request))
     if timeout is not None and time.time() + timeout > sandboxes.expires_at(record):
         await sandboxes.set_timeout(record, timeout)
     return JSONResponse(_created(request, record))
@@ -166,7 +157,7 @@ async def set_timeout(sandbox_id: str, request: Request,
     like every session's, a call extends it by its TTL again."""
     sandboxes = _sandboxes(request)
     record = sandboxes.get(client, sandbox_id)
-    timeout = _timeout(await _body(request))
+    timeout = _timeout(await json_body(request))
     if timeout is None:
         raise Problem(400, "e2b-body", "Bad request", "the body is {\"timeout\": seconds}")
     await sandboxes.set_timeout(record, timeout)

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandboxd.api.problems import Problem
 from sandboxd.e2b import results
-from sandboxd.e2b.access import E2bRoute, e2b_client, sandbox_id
+from sandboxd.e2b.access import E2bRoute, e2b_client, json_body, sandbox_id
 from sandboxd.e2b.sandboxes import (
     HOME,
     TRANSPORT,
@@ -82,8 +82,8 @@ def pip_install(code: str) -> list[str] | None:
 @router.post("/execute")
 async def execute(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
-    body = await request.json()
-    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+    body = await json_body(request)
+    if not isinstance(body.get("code"), str):
         raise Problem(400, "e2b-execute", "Bad request", "the body is {\"code\": \"...\"}")
     language = body.get("language")
     if language not in (None, "python"):
@@ -158,11 +158,13 @@ def _context(context_id: str, cwd: str) -> dict[str, str]:
 @router.post("/contexts")
 async def create_context(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
-    body = await request.json() if await request.body() else {}
-    language = body.get("language") if isinstance(body, dict) else None
+    body = await json_body(request)
+    language = body.get("language")
     if language not in (None, "python"):
         raise not_served(f"code contexts of language '{language}'", "sandboxd runs Python only")
-    cwd = (body.get("cwd") if isinstance(body, dict) else None) or HOME
+    cwd = body.get("cwd") or HOME
+    if not isinstance(cwd, str):
+        raise Problem(400, "e2b-body", "Bad request", "cwd is a path")
     where = workspace_path(cwd)
     service: Sandboxd = request.app.state.service
     sandboxes = _sandboxes(request)

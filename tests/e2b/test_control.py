@@ -89,3 +89,31 @@ def test_what_is_not_served_names_the_feature(e2b_env: E2bDaemon) -> None:
         sbx.kill()
     with pytest.raises(SandboxException, match="template 'no-such-template'"):
         Sandbox.create(template="no-such-template")
+
+
+def test_bad_requests_and_unserved_envd_methods_say_what_is_wrong(e2b_env: E2bDaemon) -> None:
+    import httpx
+
+    key = {"X-API-Key": e2b_env.tokens["alice"]}
+    with httpx.Client(base_url=e2b_env.daemon.url, headers=key, timeout=60) as http:
+        bad = http.post("/v2/sandboxes", content=b"{not json")
+        assert bad.status_code == 400 and "not JSON" in bad.json()["message"]
+        made = http.post("/v2/sandboxes", json={"templateID": "base"})
+        assert made.status_code == 201, made.text
+        sid = made.json()["sandboxID"]
+        plane = {"E2b-Sandbox-Id": sid, "X-Access-Token": made.json()["envdAccessToken"]}
+        stdin = http.post("/process.Process/SendInput", json={}, headers=plane)
+        assert stdin.status_code == 501
+        assert stdin.json() == {"code": "unimplemented",
+                                "message": "sandboxd does not serve envd's process.SendInput"}
+        watch = http.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/home/user"},
+                          headers=plane)
+        assert watch.status_code == 501 and "CreateWatcher" in watch.json()["message"]
+        outside = http.post("/filesystem.Filesystem/ListDir", json={"path": "/etc"},
+                            headers=plane)
+        assert outside.status_code == 403 and "outside" in outside.json()["message"]
+        assert http.delete(f"/sandboxes/{sid}").status_code == 204
+        assert http.get("/health", headers=plane).status_code == 502  # gone: not running
+    unauthenticated = httpx.get(f"{e2b_env.daemon.url}/v2/sandboxes",
+                                headers={"X-API-Key": "sbx_not-a-token"})
+    assert unauthenticated.status_code == 401
