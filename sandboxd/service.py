@@ -178,6 +178,10 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             workspace_quota=self.sessions.fs.detail,
         )
         await self._start_recovery()  # kept containers are re-adopted while it serves
+        for backend in self.backends.values():  # the egress proxy's records (sandboxd.egress)
+            proxy = getattr(getattr(backend, "boxes", None), "egress_proxy", None)
+            if proxy is not None:
+                proxy.sink = self._egress_record
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -277,6 +281,13 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Re-read the policies (SIGHUP). A broken set is refused: the previous policy stays,
         readiness says so; returns whether the new set took effect."""
         return self.policy.reload()
+
+    async def _egress_record(self, fields: dict[str, Any]) -> None:
+        """One egress connection attempt: its audit record and counters."""
+        self.metrics.egress.labels(fields["verdict"]).inc()
+        self.metrics.egress_bytes.labels("out").inc(fields["bytes_out"])
+        self.metrics.egress_bytes.labels("in").inc(fields["bytes_in"])
+        await self.recorder.record(self.audit.write, event="egress", **fields)
 
     def audit_event(self, event: str, **fields: Any) -> None:
         """Write one audit record from a front door (start-up refusals, failed
