@@ -34,6 +34,7 @@ tools:
         - "api.test:{http}"
         - "api.test:{https}"
         - "other.test:{https} GET /v1/"
+        - "other.test:{http} GET /v1/"
         - "rebind-loopback.test:{http}"
         - "rebind-bridge.test:{http}"
         - "rebind-metadata.test:{http}"
@@ -75,7 +76,8 @@ class EgressLab:
 
     def ca_code(self) -> str:
         """Python that makes ``ctx``: an SSL context trusting the fake internet's CA."""
-        return (f"import ssl\nctx = ssl.create_default_context(cadata={self.net.ca.pem().decode()!r})\n")
+        pem = self.net.ca.pem().decode()
+        return f"import ssl\nctx = ssl.create_default_context(cadata={pem!r})\n"
 
     def metrics(self) -> str:
         return self.d.client.get("/metrics").text
