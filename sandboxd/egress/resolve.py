@@ -9,6 +9,7 @@ a split-horizon resolver, or the tests' own fake internet.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 from typing import cast
@@ -77,9 +78,9 @@ class Resolver:
             query = DNSRecord.question(host, qtype)
             loop = asyncio.get_running_loop()
             family = socket.AF_INET6 if ":" in self.server[0] else socket.AF_INET
-            packet = query.pack()
             transport, proto = await loop.create_datagram_endpoint(
-                lambda: _Query(packet), remote_addr=self.server, family=family)
+                functools.partial(_Query, query.pack()), remote_addr=self.server,
+                family=family)
             try:
                 reply = DNSRecord.parse(await proto.answer)
             finally:

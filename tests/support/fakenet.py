@@ -39,10 +39,10 @@ ALLOWED_NET = "127.1.2.0/24"
 class _Handler(BaseHTTPRequestHandler):
     server_version = "fakenet"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         name = getattr(self.server, "label", "?")
         self.server.requests.append(  # type: ignore[attr-defined]
             {"path": self.path, "headers": dict(self.headers.items())})
