@@ -29,7 +29,8 @@ def _deny(rule: str, reason: str) -> Verdict:
 def check_target(rules: EgressRules, host: str, port: int, method: str,
                  path: str | None) -> Verdict:
     """Whether ``host:port`` may be reached; ``path`` None: a CONNECT tunnel whose requests
-    the proxy cannot read (method/path rules then cannot allow it)."""
+    the proxy cannot read (method/path rules then cannot allow it), unless the proxy
+    terminates it (a host with secrets: each request is checked again inside)."""
     where = f"policy '{rules.policy}'"
     addr = ip_literal(host)
     if addr is not None:
@@ -43,15 +44,18 @@ def check_target(rules: EgressRules, host: str, port: int, method: str,
     matching = rules.for_name(host, port)
     if not matching:
         return _deny(DEFAULT_DENY, f"no egress.allow entry of {where} matches {host}:{port}")
-    return _l7(matching, host, port, method, path, where)
+    return _l7(matching, host, port, method, path, where,
+               terminated=rules.secret_for(host) is not None)
 
 
 def _l7(matching: list[Rule], host: str, port: int, method: str, path: str | None,
-        where: str) -> Verdict:
+        where: str, terminated: bool = False) -> Verdict:
     if path is None:
         plain = [r for r in matching if not r.l7]
         if plain:
             return Verdict(True, f"egress.allow: {plain[0].text}")
+        if terminated:  # a host with secrets: each request in the tunnel is checked
+            return Verdict(True, f"egress.allow: {matching[0].text}")
         return _deny(f"egress.allow: {matching[0].text}",
                      f"{host}:{port} is allowed by {where} for some methods or paths only, "
                      "which the proxy cannot see inside a TLS tunnel")

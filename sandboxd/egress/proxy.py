@@ -27,6 +27,8 @@ from typing import Any
 from sandboxd.egress.decide import Verdict, check_address, check_target, same_host
 from sandboxd.egress.resolve import ResolveError, Resolver
 from sandboxd.egress.rules import EgressRules, ip_literal
+from sandboxd.egress.terminate import terminate
+from sandboxd.egress.tls import DaemonCA, upstream_context
 from sandboxd.egress.wire import (
     MAX_HEAD_BYTES,
     BadRequest,
@@ -102,10 +104,22 @@ class Conn:
 class EgressProxy:
     """The daemon's egress proxy: :meth:`attach` a socket per sandbox, :meth:`detach` it."""
 
-    def __init__(self, resolver: Resolver | None = None, sink: Sink | None = None) -> None:
+    def __init__(self, resolver: Resolver | None = None, sink: Sink | None = None, *,
+                 ca_dir: Path | None = None, upstream_ca: Path | None = None) -> None:
         self.resolver = resolver or Resolver()
         self.sink = sink
         self.identities: set[Identity] = set()
+        self.ca_dir = ca_dir
+        self.ca: DaemonCA | None = None  # made or loaded by the first sandbox with secrets
+        self.upstream_tls = upstream_context(upstream_ca)
+
+    def ensure_ca(self) -> DaemonCA:
+        """The daemon's CA (its key never leaves ``ca_dir``)."""
+        if self.ca is None:
+            if self.ca_dir is None:
+                raise RuntimeError("the egress proxy has no directory for its CA")
+            self.ca = DaemonCA.load_or_make(self.ca_dir)
+        return self.ca
 
     async def attach(self, directory: Path, uid: int | None, ident: Identity) -> Path:
         """Listen on ``directory/egress.sock`` for ``ident`` (owned by the sandbox's uid so
@@ -271,6 +285,10 @@ class EgressProxy:
         if not same_host(conn.host, sni) and not (sni is None and ip_literal(conn.host)):
             conn.verdict = Verdict(False, conn.verdict.rule, f"the TLS server name {sni!r} "
                                    f"is not the CONNECT host {conn.host}")
+            return
+        spec = conn.ident.rules.secret_for(conn.host)
+        if spec is not None and self.ca is not None:
+            await terminate(self, conn, reader, writer, hello, spec)
             return
         up_r, up_w = await self._open(conn)
         up_w.write(hello)

@@ -45,8 +45,9 @@ def split_hostport(text: str, default_port: int | None) -> tuple[str, int]:
     return match["host"].lower().strip("[]"), port
 
 
-def parse_head(data: bytes) -> Head:
-    """A proxy request: ``CONNECT host:port`` or an absolute ``http://`` URL."""
+def parse_head(data: bytes, origin: tuple[str, int] | None = None) -> Head:
+    """A proxy request: ``CONNECT host:port`` or an absolute ``http://`` URL; with
+    ``origin`` (a terminated tunnel's host and port), an origin-form request to it."""
     try:
         text = data.decode("ascii")
     except UnicodeDecodeError:
@@ -65,6 +66,10 @@ def parse_head(data: bytes) -> Head:
         if not sep or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
             raise BadRequest("malformed header")
         headers.append((name, value.strip()))
+    if origin is not None:
+        if not target.startswith("/") or method == "CONNECT":
+            raise BadRequest("a request in a tunnel names a path (origin form)")
+        return Head(method, origin[0], origin[1], target, version, headers)
     if method == "CONNECT":
         host, port = split_hostport(target, None)
         return Head(method, host, port, "", version, headers)

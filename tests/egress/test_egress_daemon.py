@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support import cli
-from tests.support.egress import EgressLab, egress_lab
+from tests.support.egress import SECRET, EgressLab, egress_lab
 
 pytestmark = pytest.mark.docker
 
@@ -118,3 +118,38 @@ def test_audit_tail_and_metrics_show_egress(lab: EgressLab) -> None:
     assert allowed and float(allowed[0].split()[-1]) >= 1, metrics
     assert denied and float(denied[0].split()[-1]) >= 1, metrics
     assert 'sandboxd_egress_bytes_total{direction="in"}' in metrics
+
+
+def test_a_secret_header_reaches_the_server_and_never_the_sandbox(lab: EgressLab) -> None:
+    net = lab.net
+    out = lab.py(f"""\
+import json, os, urllib.request, urllib.error
+body = urllib.request.urlopen("https://secret.test:{net.https_port}/headers",
+                              timeout=30).read().decode()
+try:
+    urllib.request.urlopen(urllib.request.Request(
+        "https://secret.test:{net.https_port}/headers", data=b"x", method="POST"), timeout=30)
+    post = "sent"
+except urllib.error.HTTPError as e:
+    post = [e.code, e.reason]
+seen = []
+for name in sorted(os.listdir("/run/sandboxd")):
+    try:
+        seen.append(open("/run/sandboxd/" + name, "rb").read().decode("latin-1"))
+    except OSError:
+        pass
+[json.loads(body), post, json.dumps(dict(os.environ)), "\\n".join(seen)]""")
+    assert out["status"] == "ok", out
+    echoed, post, env, files = out["value"]
+    sent = [r for r in net.requests("api-tls") if r["path"] == "/headers"]
+    assert len(sent) == 1 and sent[0]["headers"]["X-Api-Key"] == f"Token {SECRET}", sent
+    # the server echoed it back: masked on the way to the sandbox
+    assert echoed["X-Api-Key"] == "*" * len(f"Token {SECRET}"), echoed
+    assert SECRET not in env and SECRET not in files and SECRET not in json.dumps(out)
+    assert "PRIVATE KEY" not in files and "BEGIN CERTIFICATE" in files  # the CA's cert only
+    # method/path rules apply inside the terminated tunnel (a POST is outside GET /)
+    assert post[0] == 403 and "POST /headers on secret.test" in post[1], post
+    record = lab.wait_egress(host="secret.test", method="GET", path="/headers")
+    assert record["verdict"] == "allowed" and record["rule"].endswith("GET /")
+    assert lab.wait_egress(host="secret.test", method="POST")["verdict"] == "denied"
+    assert SECRET not in lab.d.audit_path.read_text()

@@ -38,14 +38,21 @@ tools:
         - "rebind-loopback.test:{http}"
         - "rebind-bridge.test:{http}"
         - "rebind-metadata.test:{http}"
+        - "secret.test:{https} GET /"
         - "{net}:{http}"
         - "{net}:{https}"
+      secrets:
+        secret.test: {{header: X-Api-Key, env: EGRESS_TEST_SECRET, prefix: "Token "}}
   shell:
     backend: container
     commands: {{allow: [python3, cat]}}
     egress:
       allow: ["api.test:{http}", "{net}:{http}"]
 """
+
+
+#: the value of the lab's secret header (the daemon's environment holds it; sandboxes never)
+SECRET = f"s3cr3t-{secrets.token_hex(8)}"
 
 
 @dataclass
@@ -95,7 +102,9 @@ def egress_lab(env: dict[str, str] | None = None) -> Iterator[EgressLab]:
                 http=net.http_port, https=net.https_port, net=ALLOWED_NET))
             instance = f"egr{secrets.token_hex(4)}"
             daemon_env = {"SANDBOXD_INSTANCE": instance, "SANDBOXD_WARM_POOL_SIZE": "0",
-                          "SANDBOXD_EGRESS_RESOLVER": net.resolver, **(env or {})}
+                          "SANDBOXD_EGRESS_RESOLVER": net.resolver,
+                          "SANDBOXD_EGRESS_UPSTREAM_CA": str(net.ca.write(where)),
+                          "EGRESS_TEST_SECRET": SECRET, **(env or {})}
             for name in ("SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE"):
                 if name in os.environ:
                     daemon_env[name] = os.environ[name]

@@ -88,6 +88,11 @@ class CA:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    def write(self, where: Path) -> Path:
+        path = where / "fakenet-ca.pem"
+        path.write_bytes(self.pem())
+        return path
+
     def leaf(self, names: list[str], where: Path) -> tuple[Path, Path]:
         """A server certificate for ``names``: (cert file, key file) under ``where``."""
         key = ec.generate_private_key(ec.SECP256R1())
@@ -170,12 +175,12 @@ def fake_internet(where: Path) -> Iterator[FakeNet]:
     rebind to loopback, the Docker bridge and the metadata address."""
     net = FakeNet(where)
     net.http_port, net.https_port = free_port(), free_port()
-    net.zone.update({"api.test": ALLOWED_IP, "other.test": ALLOWED_IP,
+    net.zone.update({"api.test": ALLOWED_IP, "other.test": ALLOWED_IP, "secret.test": ALLOWED_IP,
                      "forbidden.test": FORBIDDEN_IP, "rebind-loopback.test": "127.0.0.1",
                      "rebind-bridge.test": "172.17.0.1",
                      "rebind-metadata.test": "169.254.169.254"})
     net._serve("api", ALLOWED_IP, net.http_port)
-    net._serve("api-tls", ALLOWED_IP, net.https_port, ["api.test", "other.test"])
+    net._serve("api-tls", ALLOWED_IP, net.https_port, ["api.test", "other.test", "secret.test"])
     net._serve("forbidden", FORBIDDEN_IP, net.http_port)
     net._serve("forbidden-tls", FORBIDDEN_IP, net.https_port, ["forbidden.test"])
     dns = None

@@ -91,7 +91,9 @@ class Boxes:
         #: removals under way in the background (:meth:`destroy_later`)
         self.removals: set[asyncio.Task[bool]] = set()
         #: the egress proxy of every container with egress rules (sandboxd.egress)
-        self.egress_proxy = EgressProxy(Resolver(_resolver(config.egress_resolver)))
+        self.egress_proxy = EgressProxy(Resolver(_resolver(config.egress_resolver)),
+                                        ca_dir=config.state_dir / "egress",
+                                        upstream_ca=config.egress_upstream_ca)
 
     async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking engine request in the backend's thread pool."""

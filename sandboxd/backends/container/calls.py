@@ -125,7 +125,7 @@ def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Resul
            # in the writable /tmp, not in the workspace or the read-only root
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
     if invocation.plan.egress is not None:  # through the daemon's egress proxy (its forwarder)
-        env.update(egress_sandbox.proxy_env())
+        env.update(egress_sandbox.proxy_env(invocation.plan.egress))
     # the runner sets limits.rlimits() (soft = hard) in every process of the call and caps
     # its output at limits.output_bytes: protocol.limits, one table
     base = WorkerRequest(kind="python", id=invocation.id, env=env, cwd="/workspace",
