@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -29,6 +30,7 @@ from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.config import Settings
 from sandboxd.deadline import stop_task, within
+from sandboxd.egress.checks import rules_for as egress_rules_for
 from sandboxd.errors import (
     AuditFailure,
     DrainCancelled,
@@ -182,6 +184,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             proxy = getattr(getattr(backend, "boxes", None), "egress_proxy", None)
             if proxy is not None:
                 proxy.sink = self._egress_record
+                self.policy_listeners.append(functools.partial(self._egress_reload, proxy))
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -281,6 +284,13 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Re-read the policies (SIGHUP). A broken set is refused: the previous policy stays,
         readiness says so; returns whether the new set took effect."""
         return self.policy.reload()
+
+    def _egress_reload(self, proxy: Any) -> None:
+        """A policy load took effect: every sandbox's egress follows it now (open
+        connections to what it no longer allows are cut)."""
+        for ident in list(proxy.identities):
+            proxy.update(ident, egress_rules_for(self.policy.policy_for(ident.client),
+                                                 ident.tool))
 
     async def _egress_record(self, fields: dict[str, Any]) -> None:
         """One egress connection attempt: its audit record and counters."""

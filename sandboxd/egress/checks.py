@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandboxd.backends import registry
-from sandboxd.egress.rules import EgressSpec, parse_entry
+from sandboxd.egress.rules import EgressRules, EgressSpec, parse_entry
 
 Loc = tuple[str | int, ...]
 
@@ -16,6 +16,20 @@ def effective(tool: Any, policy: Any) -> EgressSpec | None:
     """The egress block that applies to ``tool``: its own, else the policy's."""
     own = getattr(tool, "egress", None)
     return own if own is not None else getattr(policy, "egress", None)
+
+
+def rules_for(policy: Any, tool: str) -> EgressRules:
+    """The egress rules ``tool`` has under ``policy`` (a ``LoadedPolicy``; None: no policy
+    applies any more): nothing allowed when the tool or its egress is gone."""
+    if policy is None:
+        return EgressRules(policy="(none)", rules=())
+    spec = policy.spec
+    cfg = getattr(spec.tools, tool, None) if tool in type(spec.tools).model_fields \
+        else spec.custom_tools.get(tool)
+    block = effective(cfg, spec) if cfg is not None and "egress" in type(cfg).model_fields \
+        else None
+    return block.compiled(policy.name) if block is not None else \
+        EgressRules(policy=policy.name, rules=())
 
 
 def egress_problems(name: str, tool: Any, group: registry.ToolGroup, policy: Any,

@@ -60,6 +60,7 @@ class Identity:
     client: str
     session: str | None
     rules: EgressRules
+    tool: str = ""  # the tool of its latest call (a reload recomputes its rules)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     open: set[Conn] = field(default_factory=set)
     server: asyncio.AbstractServer | None = None

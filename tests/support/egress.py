@@ -62,6 +62,7 @@ class EgressLab:
     d: RunningDaemon
     net: FakeNet
     instance: str
+    policy_path: Path
 
     def py(self, code: str, session: str | None = None) -> dict[str, Any]:
         """A python call in a sandbox; its result body."""
@@ -110,6 +111,6 @@ def egress_lab(env: dict[str, str] | None = None) -> Iterator[EgressLab]:
                     daemon_env[name] = os.environ[name]
             with running_daemon(where, policies_dir=policies, env=daemon_env) as d:
                 d.client.timeout = httpx.Timeout(240.0)
-                yield EgressLab(d, net, instance)
+                yield EgressLab(d, net, instance, policies / "egress.yaml")
     finally:
         shutil.rmtree(where, ignore_errors=True)

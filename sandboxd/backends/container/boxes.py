@@ -173,7 +173,8 @@ class Boxes:
     async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
                   workspace: Path | None, network: str | None = None,
                   session: str | None = None, uid: int | None = None,
-                  egress: EgressRules | None = None, client: str = "") -> Box:
+                  egress: EgressRules | None = None, client: str = "",
+                  tool: str = "") -> Box:
         """Create and start a container (its runner connects asynchronously). ``uid``: the
         sandbox identity of the call or session; None (warm pool): the container takes its
         own from the pool, until it is destroyed."""
@@ -198,7 +199,8 @@ class Boxes:
                   wheelhouse=wheelhouse)
         self.live.add(box)
         if egress is not None:
-            box.egress = Identity(box=name, client=client, session=session, rules=egress)
+            box.egress = Identity(box=name, client=client, session=session, rules=egress,
+                                  tool=tool)
             try:
                 await egress_sandbox.prepare(self.egress_proxy, endpoint.rundir, uid,
                                              box.egress)

@@ -55,7 +55,8 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
                           invocation=invocation.id,
                           workspace=None if own_tmpfs else invocation.workspace,
                           network=invocation.plan.network, uid=invocation.uid,
-                          egress=invocation.plan.egress, client=invocation.client),
+                          egress=invocation.plan.egress, client=invocation.client,
+                          tool=invocation.tool),
                 deadline - time.monotonic())
             if not made:  # Boxes.new removed what it had started
                 raise TimeoutError

@@ -99,6 +99,7 @@ class SessionContainers:
                 if box.egress is not None and invocation.plan.egress is not None:
                     # this call's decision, under the policy in force now: new connections
                     # follow it, open ones it no longer allows are cut
+                    box.egress.tool = invocation.tool
                     self.boxes.egress_proxy.update(box.egress, invocation.plan.egress)
                 return box
             if not invocation.workspace.is_dir():  # never made anew: the engine would
@@ -108,7 +109,7 @@ class SessionContainers:
                                invocation=invocation.id, workspace=invocation.workspace,
                                network=invocation.plan.network, session=invocation.session,
                                uid=invocation.uid, egress=invocation.plan.egress,
-                               client=invocation.client),
+                               client=invocation.client, tool=invocation.tool),
                 deadline - time.monotonic())
             if not made:
                 raise TimeoutError
