@@ -54,6 +54,10 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "\"command\": \"/opt/sandboxd/bin/sandboxd\"", run="mcp_stdio"),
     Entry(R, "\"url\": \"http://127.0.0.1:8765/mcp\"", run="mcp_http"),
     Entry(R, "sandboxd/service.py     the facade", run="layout"),
+    # docs/egress.md
+    Entry("docs/egress.md", '"*.pypi.org:443"', skip="a fragment of a policy (its tools: "
+          "only); tests/egress/test_egress_policy.py parses such entries and "
+          "tests/support/egress.py's policy runs the same keys through a daemon"),
     # docs/fleet.md
     Entry("docs/fleet.md", "sandboxd fleet haproxy-config --node n1=10.0.0.11:8765",
           skip="writes /etc/haproxy and reloads a host's HAProxy: tests/fleet generates the "
