@@ -43,7 +43,7 @@ from sandboxd.egress.checks import block_problems, egress_problems
 from sandboxd.egress.rules import EgressSpec
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
-from sandboxd.registry import check_schema
+from sandboxd.tools import check_schema
 
 Loc = tuple[str | int, ...]
 

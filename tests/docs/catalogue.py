@@ -53,7 +53,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "ok 1195 ms", output_of="s.write_file(\"data/sales.csv\""),
     Entry(R, "\"command\": \"/opt/sandboxd/bin/sandboxd\"", run="mcp_stdio"),
     Entry(R, "\"url\": \"http://127.0.0.1:8765/mcp\"", run="mcp_http"),
-    Entry(R, "sandboxd/service.py     the facade", run="layout"),
+    Entry(R, "sandboxd/               at the top", run="layout"),
     # docs/egress.md
     Entry("docs/egress.md", '"*.pypi.org:443"', skip="a fragment of a policy (its tools: "
           "only); tests/egress/test_egress_policy.py parses such entries and "

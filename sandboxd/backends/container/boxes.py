@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandboxd import fstree
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
@@ -31,7 +30,8 @@ from sandboxd.egress.proxy import EgressProxy, Identity
 from sandboxd.egress.resolve import Resolver
 from sandboxd.egress.rules import EgressRules
 from sandboxd.errors import ToolUnavailable
-from sandboxd.uids import UidPool
+from sandboxd.host.uids import UidPool
+from sandboxd.workspaces import fstree
 
 log = logging.getLogger("sandboxd.container")
 T = TypeVar("T")
