@@ -1,5 +1,6 @@
 """The ``egress:`` policy block: entries, errors at file:line:col, the restricted backend's
-refusal, what ``policy explain`` shows, and the decision rules the proxy applies."""
+refusal, what ``policy explain`` shows, the decision rules the proxy applies, and where a
+secret's value may come from and how it is kept from answers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sandboxd.egress.decide import check_address, check_target, same_host
-from sandboxd.egress.rules import EgressSpec, parse_entry
+from sandboxd.egress.rules import EgressSpec, SecretSpec, parse_entry
+from sandboxd.egress.tls import SecretUnavailable, masked, secret_value
 from sandboxd.egress.wire import BadRequest, client_hello_sni, parse_head
 from sandboxd.policy import load_file
 from tests.policy.helpers import write
@@ -156,3 +158,34 @@ def test_request_heads_and_client_hellos_are_parsed_strictly() -> None:
             parse_head(bad)
     with pytest.raises(ValueError):
         client_hello_sni(b"\x16\x03\x01\x00\x04\x02\x00\x00\x00")  # a ServerHello
+
+
+def test_a_secret_is_masked_across_chunk_boundaries() -> None:
+    secret = b"Token abc123"
+    stream = b'{"X-Api-Key": "Token abc123", "again": "Token abc123"}'
+    for cut in range(1, len(stream)):
+        out, tail = b"", b""
+        for chunk in (stream[:cut], stream[cut:]):
+            now, tail = masked(secret, tail, chunk)
+            out += now
+        out += tail
+        assert out == stream.replace(secret, b"*" * len(secret)), cut
+
+
+def test_secret_values_come_only_from_the_daemons_own_sources(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EGRESS_UNIT_TOKEN", "v4lue")
+    assert secret_value(SecretSpec(header="X-K", env="EGRESS_UNIT_TOKEN",
+                                   prefix="Bearer ")) == "Bearer v4lue"
+    with pytest.raises(SecretUnavailable, match="no environment variable EGRESS_NOPE"):
+        secret_value(SecretSpec(header="X-K", env="EGRESS_NOPE"))
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    path.chmod(0o644)  # readable by others: refused, the value never read
+    with pytest.raises(SecretUnavailable, match="mode 0600"):
+        secret_value(SecretSpec(header="X-K", file=str(path)))
+    path.chmod(0o600)
+    assert secret_value(SecretSpec(header="X-K", file=str(path))) == "from-file"
+    path.write_text("two\nlines")
+    with pytest.raises(SecretUnavailable, match="spans lines"):
+        secret_value(SecretSpec(header="X-K", file=str(path)))

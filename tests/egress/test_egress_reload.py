@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.egress import egress_lab
+from tests.support.egress import RECORD_S, egress_lab
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.docker
@@ -51,4 +51,4 @@ except OSError as e:
 out""", session=session)
         assert "403" in again["value"] and f"matches api.test:{port}" in again["value"], again
         wait_until(lambda: lab.egress(host="api.test", port=port, verdict="denied") or None,
-                   timeout=30, what="the refused new connection's record")
+                   timeout=RECORD_S, what="the refused new connection's record")

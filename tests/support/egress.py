@@ -18,6 +18,7 @@ import httpx
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.fakenet import ALLOWED_NET, FakeNet, fake_internet
+from tests.support.scale import time_bound
 from tests.support.wait import wait_until
 
 POLICY = """\
@@ -51,6 +52,9 @@ tools:
 """
 
 
+#: how long a connection's record may take to appear once it ended (120 s under the VM's
+#: emulation, where a loaded host slows everything by a factor no bound can know)
+RECORD_S = time_bound(30.0, emulated_s=120.0)
 #: the value of the lab's secret header (the daemon's environment holds it; sandboxes never)
 SECRET = f"s3cr3t-{secrets.token_hex(8)}"
 
@@ -79,7 +83,7 @@ class EgressLab:
     def wait_egress(self, **match: Any) -> dict[str, Any]:
         """The first egress record matching ``match`` (waited for: a connection's record is
         written when it ends)."""
-        return wait_until(lambda: next(iter(self.egress(**match)), None), timeout=30,
+        return wait_until(lambda: next(iter(self.egress(**match)), None), timeout=RECORD_S,
                           what=f"an egress audit record with {match}")
 
     def ca_code(self) -> str:
