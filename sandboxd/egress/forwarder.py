@@ -14,7 +14,9 @@ import sys
 
 READY_LINE = b"SANDBOXD-EGRESS-FORWARDER READY\r\n\r\n"
 CHUNK = 64 * 1024
-MAX_PAIRS = 64
+#: a guard of the forwarder's own descriptors (the container's NOFILE is 1024); the rule a
+#: sandbox meets is the proxy's (sandboxd.egress.proxy.MAX_CONNECTIONS, below this)
+MAX_PAIRS = 256
 
 
 def _unix(path: str) -> socket.socket:

@@ -30,9 +30,13 @@ from sandboxd.egress.rules import EgressRules, ip_literal
 from sandboxd.egress.terminate import terminate
 from sandboxd.egress.tls import DaemonCA, upstream_context
 from sandboxd.egress.wire import (
+    CONNECT_TIMEOUT_S,
+    HEAD_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
     MAX_HEAD_BYTES,
     BadRequest,
     Head,
+    body_length,
     client_hello_sni,
     parse_head,
     record_length,
@@ -42,9 +46,6 @@ from sandboxd.egress.wire import (
 
 log = logging.getLogger("sandboxd.egress")
 
-HEAD_TIMEOUT_S = 10.0  # a request head (or a ClientHello) that trickles in: a slowloris
-CONNECT_TIMEOUT_S = 10.0
-IDLE_TIMEOUT_S = 300.0  # a tunnel with no byte either way for this long is closed
 MAX_CONNECTIONS = 64  # per sandbox
 READY_LINE = b"SANDBOXD-EGRESS-FORWARDER READY\r\n\r\n"
 SOCKET_NAME = "egress.sock"
@@ -219,6 +220,7 @@ class EgressProxy:
             return
         try:
             head = parse_head(data[:-4])
+            length = body_length(head) if head.method != "CONNECT" else 0
         except BadRequest as exc:
             conn.verdict = Verdict(False, "egress (request head)", str(exc))
             await _refuse(writer, conn.verdict, 400)
@@ -241,7 +243,7 @@ class EgressProxy:
         if tunnel:
             await self._tunnel(conn, reader, writer)
         else:
-            await self._forward(conn, reader, writer, head)
+            await self._forward(conn, reader, writer, head, length)
 
     async def _address(self, conn: Conn, rules: EgressRules, head: Head) -> Verdict | None:
         """Resolve the allowed name (an allowed IP literal is its own address); a refusal
@@ -297,7 +299,7 @@ class EgressProxy:
         await self._relay(conn, reader, writer, up_r, up_w)
 
     async def _forward(self, conn: Conn, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter, head: Head) -> None:
+                       writer: asyncio.StreamWriter, head: Head, length: int) -> None:
         """Plain HTTP: the checked request to the origin in origin form, then the rest of
         the connection both ways (``Connection: close``: one request per connection)."""
         try:
@@ -309,32 +311,42 @@ class EgressProxy:
         out = upstream_head(head)
         up_w.write(out)
         conn.sent += len(out)
-        await self._relay(conn, reader, writer, up_r, up_w)
+        await self._relay(conn, reader, writer, up_r, up_w, limit=length)
 
     async def _relay(self, conn: Conn, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter, up_r: asyncio.StreamReader,
-                     up_w: asyncio.StreamWriter) -> None:
+                     up_w: asyncio.StreamWriter, limit: int | None = None) -> None:
+        """Bytes both ways until both ends are done; ``limit``: how many the sandbox may
+        still send (a plain request's body; None: a tunnel's, any)."""
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                       outbound: bool) -> None:
-            while True:
+                       outbound: bool, left: int | None = None) -> None:
+            while left is None or left > 0:
                 async with asyncio.timeout(IDLE_TIMEOUT_S):
-                    data = await src.read(64 * 1024)
+                    data = await src.read(64 * 1024 if left is None else min(64 * 1024, left))
                 if not data:
                     break
                 dst.write(data)
                 await dst.drain()
+                if left is not None:
+                    left -= len(data)
                 if outbound:
                     conn.sent += len(data)
                 else:
                     conn.received += len(data)
+            if left is not None:  # the body is complete: what the sandbox sends after it
+                while await src.read(64 * 1024):  # goes nowhere; its end ends the relay
+                    pass
+                return
             with contextlib.suppress(OSError):
                 if dst.can_write_eof():
                     dst.write_eof()
 
-        tasks = [asyncio.ensure_future(pump(reader, up_w, True)),
+        tasks = [asyncio.ensure_future(pump(reader, up_w, True, limit)),
                  asyncio.ensure_future(pump(up_r, writer, False))]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            # a request ends when either side is done with it; a tunnel when both are
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED if limit is not None
+                               else asyncio.FIRST_EXCEPTION)
         finally:
             for task in tasks:
                 task.cancel()

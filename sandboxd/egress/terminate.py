@@ -11,12 +11,20 @@ from typing import TYPE_CHECKING
 from sandboxd.egress.decide import Verdict, check_target, same_host
 from sandboxd.egress.rules import SecretSpec
 from sandboxd.egress.tls import SecretUnavailable, ServerSide, masked, secret_value
-from sandboxd.egress.wire import HOP_BY_HOP, MAX_HEAD_BYTES, BadRequest, parse_head, refusal
+from sandboxd.egress.wire import (
+    CONNECT_TIMEOUT_S,
+    HEAD_TIMEOUT_S,
+    HOP_BY_HOP,
+    IDLE_TIMEOUT_S,
+    MAX_HEAD_BYTES,
+    BadRequest,
+    body_length,
+    parse_head,
+    refusal,
+)
 
 if TYPE_CHECKING:
     from sandboxd.egress.proxy import Conn, EgressProxy
-
-HEAD_TIMEOUT_S = 10.0
 
 
 async def _head(side: ServerSide) -> tuple[bytes, bytes] | None:
@@ -50,6 +58,7 @@ async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader
         if got is None:
             return
         head = parse_head(got[0], origin=(conn.host, conn.port))
+        length = body_length(head)
     except BadRequest as exc:
         conn.verdict = Verdict(False, "egress (request head)", str(exc))
         await side.write(refusal(str(exc), conn.verdict.rule, 400))
@@ -70,21 +79,27 @@ async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader
               if k.lower() not in HOP_BY_HOP and k.lower() not in (name, "accept-encoding")]
     # identity encoding: a compressed answer could carry the value past the mask
     lines += [f"{spec.header}: {value}", "Accept-Encoding: identity", "Connection: close"]
-    out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + got[1]
+    out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + got[1][:length]
     assert conn.address is not None
-    async with asyncio.timeout(10.0):
+    async with asyncio.timeout(CONNECT_TIMEOUT_S):
         up_r, up_w = await asyncio.open_connection(
             conn.address, conn.port, ssl=proxy.upstream_tls, server_hostname=conn.host)
     conn.upstream = up_w
     up_w.write(out)
     conn.sent += len(out)
-    await _relay(conn, side, up_r, up_w, value.encode("latin-1"))
+    await _relay(conn, side, up_r, up_w, value.encode("latin-1"),
+                 length - len(got[1][:length]))
 
 
 async def _relay(conn: Conn, side: ServerSide, up_r: asyncio.StreamReader,
-                 up_w: asyncio.StreamWriter, secret: bytes) -> None:
+                 up_w: asyncio.StreamWriter, secret: bytes, left: int) -> None:
+    """The rest of the request's body (``left`` bytes, no more: a pipelined request would
+    pass unchecked), and the answer, masked."""
     async def outbound() -> None:
-        while data := await side.read():
+        remaining = left
+        while remaining > 0 and (data := await side.read()):
+            data = data[:remaining]
+            remaining -= len(data)
             up_w.write(data)
             await up_w.drain()
             conn.sent += len(data)
@@ -92,7 +107,7 @@ async def _relay(conn: Conn, side: ServerSide, up_r: asyncio.StreamReader,
     async def inbound() -> None:
         tail = b""
         while True:
-            async with asyncio.timeout(300.0):
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
                 data = await up_r.read(64 * 1024)
             if not data:
                 break

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 16 * 1024
+HEAD_TIMEOUT_S = 10.0  # a request head (or a ClientHello, a handshake) that trickles: slowloris
+CONNECT_TIMEOUT_S = 10.0  # to the server
+IDLE_TIMEOUT_S = 300.0  # a connection with no byte either way for this long is closed
 _TOKEN = re.compile(r"^[A-Z]{1,16}$")
 _HOSTPORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]{1,253})"
                        r"(?::(?P<port>[0-9]{1,5}))?$")
@@ -79,6 +82,21 @@ def parse_head(data: bytes, origin: tuple[str, int] | None = None) -> Head:
     host, port = split_hostport(url.netloc, 80)
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
     return Head(method, host, port, path, version, headers)
+
+
+def body_length(head: Head) -> int:
+    """How many body bytes follow the head: exactly its ``Content-Length`` (0 without one),
+    and not one more: bytes after it (a pipelined second request that a server might read
+    despite ``Connection: close``) never reach the server unchecked. Chunked bodies are
+    refused (they would need a parser here)."""
+    if head.header("transfer-encoding") is not None:
+        raise BadRequest("chunked request bodies are not proxied (send a Content-Length)")
+    values = [v for k, v in head.headers if k.lower() == "content-length"]
+    if not values:
+        return 0
+    if len(values) > 1 or not values[0].isdigit() or len(values[0]) > 15:
+        raise BadRequest("malformed Content-Length")
+    return int(values[0])
 
 
 def upstream_head(head: Head) -> bytes:

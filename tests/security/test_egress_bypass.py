@@ -292,3 +292,29 @@ while slow and time.monotonic() - t0 < 60:
                       timeout=RECORD_S, what="the slow connections' records")
     assert len(slow) >= 40 and served["sandbox"] != started["sandbox"]
     assert served["seq"] < min(r["seq"] for r in slow)  # served while they were held open
+
+
+def test_a_request_pipelined_after_an_allowed_one_never_reaches_the_server(
+        lab: EgressLab) -> None:
+    """Request smuggling: a server that reads on despite ``Connection: close`` would get a
+    second request the proxy never checked (here a path outside ``GET /v1/``); the proxy
+    forwards the first request's body (by its Content-Length) and nothing after it."""
+    p = lab.net.http_port
+    out = _run(lab, f"""\
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(b"GET http://other.test:{p}/v1/keepreading HTTP/1.1\\r\\nHost: other.test:{p}\\r\\n"
+          b"Content-Length: 0\\r\\n\\r\\n"
+          b"GET /v2/smuggled HTTP/1.1\\r\\nHost: other.test:{p}\\r\\n\\r\\n")
+got = b""
+while not got.endswith(b"/v1/keepreading\\n"):
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    got += chunk
+s.close()
+got.decode()""")
+    assert out.startswith("HTTP/1.1 200") and "hello from api /v1/keepreading" in out, out
+    record = lab.wait_egress(path="/v1/keepreading")
+    assert record["verdict"] == "allowed", record
+    paths = [r["path"] for r in lab.net.requests("api")]
+    assert "/v1/keepreading" in paths and "/v2/smuggled" not in paths, paths

@@ -58,6 +58,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.dumps(dict(self.headers.items())).encode()
         else:
             body = f"hello from {name} {self.path}\n".encode()
+        if self.path.endswith("/keepreading"):  # a server that reads on despite
+            self.close_connection = False       # "Connection: close" (request smuggling)
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
