@@ -278,6 +278,16 @@ class Settings(BaseSettings):
                     "with install_packages (mounted read-only; the daemon never writes it); "
                     "None: the tool is refused")
 
+    # --- egress: the proxy that a policy's egress: rules are enforced by (sandboxd/egress)
+    egress_resolver: str | None = Field(
+        default=None, pattern=r"^(\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):\d{1,5}$",
+        description="IP:PORT of the DNS server the egress proxy asks for the addresses of "
+                    "allowed names (A and AAAA over UDP); None: the host's resolver")
+    egress_upstream_ca: Path | None = Field(
+        default=None,
+        description="PEM file of the roots the egress proxy verifies servers with where it "
+                    "terminates TLS (hosts with secrets); None: the system's roots")
+
     # --- fleet: the node this daemon is; session and MCP session ids carry it so that HAProxy
     # routes each call to the node that holds its session
     node_id: str = Field(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.config import Settings
+from sandboxd.egress.checks import rules_for as egress_rules_for
 from sandboxd.errors import (
     AuditFailure,
     DrainCancelled,
@@ -178,6 +180,11 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             workspace_quota=self.sessions.fs.detail,
         )
         await self._start_recovery()  # kept containers are re-adopted while it serves
+        for backend in self.backends.values():  # the egress proxy's records (sandboxd.egress)
+            proxy = getattr(getattr(backend, "boxes", None), "egress_proxy", None)
+            if proxy is not None:
+                proxy.sink = self._egress_record
+                self.policy_listeners.append(functools.partial(self._egress_reload, proxy))
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -277,6 +284,20 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Re-read the policies (SIGHUP). A broken set is refused: the previous policy stays,
         readiness says so; returns whether the new set took effect."""
         return self.policy.reload()
+
+    def _egress_reload(self, proxy: Any) -> None:
+        """A policy load took effect: every sandbox's egress follows it now (open
+        connections to what it no longer allows are cut)."""
+        for ident in list(proxy.identities):
+            proxy.update(ident, egress_rules_for(self.policy.policy_for(ident.client),
+                                                 ident.tool))
+
+    async def _egress_record(self, fields: dict[str, Any]) -> None:
+        """One egress connection attempt: its audit record and counters."""
+        self.metrics.egress.labels(fields["verdict"]).inc()
+        self.metrics.egress_bytes.labels("out").inc(fields["bytes_out"])
+        self.metrics.egress_bytes.labels("in").inc(fields["bytes_in"])
+        await self.recorder.record(self.audit.write, event="egress", **fields)
 
     def audit_event(self, event: str, **fields: Any) -> None:
         """Write one audit record from a front door (start-up refusals, failed

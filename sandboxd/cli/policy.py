@@ -151,6 +151,8 @@ def explain(
     if as_json:
         out = decision.model_dump(mode="json")
         out["location"] = where
+        if decision.plan is not None and decision.plan.egress is not None:
+            out["egress"] = decision.plan.egress.describe()
         out["lowered"] = {name: {"requested": asked, "granted": granted}
                           for name, (asked, granted) in lowered.items()}
         typer.echo(json.dumps(out, indent=2))
@@ -177,6 +179,9 @@ def explain(
         typer.echo(f"imports:  {', '.join(plan.imports_allow)}")
     if decision.limits is not None:
         typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
+    if decision.allowed and plan is not None and plan.egress is not None:
+        for line in plan.egress.describe():  # what the call's sandbox may reach, one per line
+            typer.echo(f"egress:   {line}")
     for name, (asked, granted) in lowered.items():
         typer.echo(f"lowered:  {name} requested {_fmt_value(name, asked)}, granted "
                    f"{_fmt_value(name, granted)} (the policy's limit)")

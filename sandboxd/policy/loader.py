@@ -58,7 +58,8 @@ class LoadedPolicy:
             if name:
                 loc.append(name)
             loc.extend(int(i.rstrip("]")) for i in indexes if i.rstrip("]").isdigit())
-        if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network"):
+        if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network",
+                                       "egress"):
             return self.source
         node = node_at(self.root, loc, key=True)
         return f"{self.source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"

@@ -44,7 +44,8 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
     box: Box | None = None
     try:
         own_tmpfs = _is_empty_dir(invocation.workspace)
-        poolable = invocation.plan.network is None and own_tmpfs
+        poolable = (invocation.plan.network is None and invocation.plan.egress is None
+                    and own_tmpfs)
         if poolable:
             pool.serve(image, shape, probe=invocation.client == PROBE_CLIENT)
             box = pool.take(image)
@@ -53,7 +54,9 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
                 boxes.new(image=image, shape=shape, role="oneshot",
                           invocation=invocation.id,
                           workspace=None if own_tmpfs else invocation.workspace,
-                          network=invocation.plan.network, uid=invocation.uid),
+                          network=invocation.plan.network, uid=invocation.uid,
+                          egress=invocation.plan.egress, client=invocation.client,
+                          tool=invocation.tool),
                 deadline - time.monotonic())
             if not made:  # Boxes.new removed what it had started
                 raise TimeoutError

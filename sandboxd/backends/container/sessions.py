@@ -96,6 +96,11 @@ class SessionContainers:
             self._check_open(key)
             box = self.by_key.get(key)
             if box is not None and not box.dead:
+                if box.egress is not None and invocation.plan.egress is not None:
+                    # this call's decision, under the policy in force now: new connections
+                    # follow it, open ones it no longer allows are cut
+                    box.egress.tool = invocation.tool
+                    self.boxes.egress_proxy.update(box.egress, invocation.plan.egress)
                 return box
             if not invocation.workspace.is_dir():  # never made anew: the engine would
                 raise RuntimeError(f"the workspace of session {key[1]} is missing")
@@ -103,7 +108,8 @@ class SessionContainers:
                 self.boxes.new(image=image, shape=shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
                                network=invocation.plan.network, session=invocation.session,
-                               uid=invocation.uid),
+                               uid=invocation.uid, egress=invocation.plan.egress,
+                               client=invocation.client, tool=invocation.tool),
                 deadline - time.monotonic())
             if not made:
                 raise TimeoutError
