@@ -77,8 +77,8 @@ SESSION_ENDED = "the session ended (deleted, expired or its client revoked) duri
 class Sandboxd:
     """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics.
     Its parts are built here with what each needs: :attr:`health`, :attr:`restarts`, the
-    session operations (:attr:`session_ops`, the public ones delegated below) and the
-    execution of admitted calls (:attr:`execution`)."""
+    session operations (:attr:`session_ops`, the public ones delegated below), the
+    execution of admitted calls (:attr:`execution`) and the calls in flight (:attr:`drains`)."""
 
     def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
@@ -309,6 +309,10 @@ class Sandboxd:
                             mcp_sessions: Sequence[str] = ()) -> dict[str, Any]:
         """End every session of a client that has no valid token left (audited)."""
         return await self.session_ops.revoke_client(client, reason, mcp_sessions=mcp_sessions)
+
+    def kernel_backends(self, session_id: str) -> list[str]:
+        """Names of the backends on which the session has a live kernel now."""
+        return self.session_ops.kernel_backends(session_id)
 
     async def readiness(self, *, fresh: bool = False) -> Readiness:
         """Whether the daemon may take work, and why not (:class:`Health`)."""
