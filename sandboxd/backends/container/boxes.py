@@ -22,6 +22,8 @@ from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import Engine
+# Shape by name: inside Boxes, ``engine`` is its method (the module is shadowed there)
+from sandboxd.backends.container.engine import Shape
 from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
@@ -160,7 +162,7 @@ class Boxes:
         os.mkdir(self.rundir, 0o700)
         os.chmod(self.rundir, 0o700)
 
-    async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
+    async def new(self, *, image: str, shape: Shape, role: str, invocation: str,
                   workspace: Path | None, network: str | None = None,
                   session: str | None = None, uid: int | None = None) -> Box:
         """Create and start a container (its runner connects asynchronously). ``uid``: the
@@ -192,7 +194,8 @@ class Boxes:
         task = asyncio.ensure_future(self.engine(
             _create, self.client, self.config, self.seccomp, spec, role in ONE_SHOT_ROLES))
         try:
-            box.cid, pid = await asyncio.shield(task)
+            cid, pid = await asyncio.shield(task)
+            box.cid = cid
         except asyncio.CancelledError:
             # the engine call runs on in its thread: wait for it, then remove what it made
             # (a second cancel must not skip the removal: it is swallowed here, on purpose)
@@ -204,7 +207,7 @@ class Boxes:
             await self.destroy(box, by_name=True)
             raise
         if pid:
-            box.init = reaper.open_init(pid, box.cid)
+            box.init = reaper.open_init(pid, cid)
         return box
 
     async def end(self, box: Box, *, fast: bool = True) -> tuple[bool, str]:
@@ -281,7 +284,7 @@ class Boxes:
         """:meth:`end`, carried to its end even when the caller is cancelled."""
         return await _carried(self.end(box, fast=fast))
 
-    async def update_shape(self, box: Box, shape: engine.Shape) -> None:
+    async def update_shape(self, box: Box, shape: Shape) -> None:
         """Give ``box`` the limits of ``shape`` (one engine call, only when they differ)."""
         if box.shape != shape:
             await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)

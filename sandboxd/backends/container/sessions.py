@@ -99,7 +99,7 @@ class SessionContainers:
                 return box
             if not invocation.workspace.is_dir():  # never made anew: the engine would
                 raise RuntimeError(f"the workspace of session {key[1]} is missing")
-            made, box = await within(
+            made, new = await within(
                 self.boxes.new(image=image, shape=shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
                                network=invocation.plan.network, session=invocation.session,
@@ -107,8 +107,8 @@ class SessionContainers:
                 deadline - time.monotonic())
             if not made:
                 raise TimeoutError
-            self.by_key[key] = box
-            return box
+            self.by_key[key] = new
+            return new
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float,
                   request: WorkerRequest, image: str, shape: engine.Shape,
@@ -363,7 +363,7 @@ class SessionContainers:
             self.idle.forget(key)
 
 
-def with_kernel(result: Result, kernel: Kernel) -> Result:
+def with_kernel(result: Result, kernel: Kernel | None) -> Result:
     """``result`` carrying the session kernel's state."""
     return result.model_copy(update={"kernel": kernel})
 
