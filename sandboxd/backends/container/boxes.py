@@ -22,8 +22,7 @@ from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import Engine
-# Shape by name: inside Boxes, ``engine`` is its method (the module is shadowed there)
-from sandboxd.backends.container.engine import Shape
+from sandboxd.backends.container.engine import Shape  # (in Boxes, engine is a method)
 from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
