@@ -151,8 +151,8 @@ def explain(
     if as_json:
         out = decision.model_dump(mode="json")
         out["location"] = where
-        out["lowered"] = {name: {"requested": asked, "granted": granted}
-                          for name, (asked, granted) in lowered.items()}
+        out["lowered"] = {name: {"requested": wanted, "granted": granted}
+                          for name, (wanted, granted) in lowered.items()}
         typer.echo(json.dumps(out, indent=2))
         raise typer.Exit(0 if decision.allowed else 1)
     typer.echo(f"decision: {'allow' if decision.allowed else 'deny'}")
@@ -177,8 +177,8 @@ def explain(
         typer.echo(f"imports:  {', '.join(plan.imports_allow)}")
     if decision.limits is not None:
         typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
-    for name, (asked, granted) in lowered.items():
-        typer.echo(f"lowered:  {name} requested {_fmt_value(name, asked)}, granted "
+    for name, (wanted, granted) in lowered.items():
+        typer.echo(f"lowered:  {name} requested {_fmt_value(name, wanted)}, granted "
                    f"{_fmt_value(name, granted)} (the policy's limit)")
     if not decision.allowed:
         raise typer.Exit(1)
