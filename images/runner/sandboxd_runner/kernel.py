@@ -171,7 +171,7 @@ class Kernel:
         if fd not in self.pipes:
             return
         if self.streams.get(fd) == b"d":
-            self.drain_text()  # what was printed before the item goes first (issue 29)
+            self.drain_text()  # what was printed before the item goes first: written order
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:

@@ -26,13 +26,13 @@ from .rlimits import requested_rlimits
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
 #: the one-time key of the next daemon (a ``suspend`` request: the daemon stops and keeps the
-#: session, issue 26)
+#: session, so that the next daemon finds its kernel alive)
 RESUME = bytearray()
 
 
 def _suspend(chan: socket.socket, cid: int, req: WorkerRequest, calls: dict[int, Call]) -> None:
-    """The daemon stops and keeps this session (issue 26): remember the next daemon's
-    one-time key, answer ``suspended``."""
+    """The daemon stops and keeps this session (a restart that keeps sessions): remember the
+    next daemon's one-time key, answer ``suspended``."""
     if len(req.resume_key) != 2 * KEY_BYTES or calls:
         refuse(chan, cid, "refused: a suspend needs a key and no call running")
         return
