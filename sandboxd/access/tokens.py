@@ -33,6 +33,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,7 +148,8 @@ def _read(path: Path) -> list[TokenEntry]:
     return _parse(path, text)
 
 
-def _parse(path: Path, text: str) -> list[TokenEntry]:
+def _tokens_node(path: Path, text: str) -> SequenceNode | None:
+    """The ``tokens`` list of a tokens file (None: an empty file or list)."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
@@ -157,7 +159,7 @@ def _parse(path: Path, text: str) -> list[TokenEntry]:
     except yaml.YAMLError as exc:
         raise TokenFileError(f"{path}:1:1: YAML error: {exc}") from None
     if root is None:
-        return []
+        return None
     if not isinstance(root, MappingNode):
         raise TokenFileError(f"{_where(path, root)}: expected a mapping with a 'tokens' list")
     tokens_node: Node | None = None
@@ -167,50 +169,72 @@ def _parse(path: Path, text: str) -> list[TokenEntry]:
         tokens_node = v
     if tokens_node is None or (isinstance(tokens_node, ScalarNode) and tokens_node.value in
                                ("", "null", "~")):
-        return []
+        return None
     if not isinstance(tokens_node, SequenceNode):
         raise TokenFileError(f"{_where(path, tokens_node)}: 'tokens' must be a list")
-    entries: list[TokenEntry] = []
+    return tokens_node
+
+
+def _checked(path: Path, item: MappingNode, key: str, ok: Callable[[str], bool],
+             why: str) -> ScalarNode | None:
+    """The scalar ``key`` of ``item`` (None when absent), or the problem at its place."""
+    node = _scalar(item, key)[1]
+    if node is not None and not ok(node.value):
+        raise TokenFileError(f"{_where(path, node)}: {why}")
+    return node
+
+
+def _required(path: Path, item: MappingNode, key: str, pattern: re.Pattern[str],
+              why: str) -> ScalarNode:
+    where, node = _scalar(item, key)
+    if node is None or not pattern.match(node.value):
+        raise TokenFileError(f"{_where(path, node or where)}: {why}")
+    return node
+
+
+def _is_time(value: str) -> bool:
+    try:
+        parse_time(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _entry(path: Path, item: Node, seen: dict[str, int]) -> TokenEntry:
+    """One entry of the ``tokens`` list, checked (``seen``: the hashes above it, by line)."""
+    if not isinstance(item, MappingNode):
+        raise TokenFileError(f"{_where(path, item)}: each token must be a mapping with "
+                             "client and sha256")
+    for k, _v in item.value:
+        if not (isinstance(k, ScalarNode) and k.value in _KEYS):
+            raise TokenFileError(f"{_where(path, k)}: unknown key (expected "
+                                 f"{', '.join(_KEYS)})")
+    client = _required(path, item, "client", _CLIENT,
+                       "client must be a name (letters, digits, '_', '.', '-')")
+    digest = _required(path, item, "sha256", _HEX64, "sha256 must be 64 lowercase hex digits "
+                       "(the hash of the token, never the token itself)")
+    if digest.value in seen:
+        raise TokenFileError(f"{_where(path, digest)}: duplicate token hash (first on line "
+                             f"{seen[digest.value]})")
+    seen[digest.value] = digest.start_mark.line + 1
+    expires = _checked(path, item, "expires", _is_time,
+                       "expires must be an ISO 8601 time, e.g. 2027-01-31T00:00:00Z")
+    role = _scalar(item, "role")[1]
+    if role is not None and role.value not in ROLES:
+        raise TokenFileError(f"{_where(path, role)}: unknown role {role.value!r} (roles: "
+                             f"{', '.join(ROLES)})")
+    created, label = _scalar(item, "created")[1], _scalar(item, "label")[1]
+    return TokenEntry(client.value, digest.value, created.value if created else None,
+                      label.value if label else None, expires.value if expires else None,
+                      role.value if role else None)
+
+
+def _parse(path: Path, text: str) -> list[TokenEntry]:
+    tokens_node = _tokens_node(path, text)
+    if tokens_node is None:
+        return []
     seen: dict[str, int] = {}
-    for item in tokens_node.value:
-        if not isinstance(item, MappingNode):
-            raise TokenFileError(f"{_where(path, item)}: each token must be a mapping with "
-                                 "client and sha256")
-        for k, _v in item.value:
-            if not (isinstance(k, ScalarNode) and k.value in _KEYS):
-                raise TokenFileError(f"{_where(path, k)}: unknown key (expected "
-                                     f"{', '.join(_KEYS)})")
-        where, client = _scalar(item, "client")
-        if client is None or not _CLIENT.match(client.value):
-            raise TokenFileError(f"{_where(path, client or where)}: client must be a name "
-                                 "(letters, digits, '_', '.', '-')")
-        where, digest = _scalar(item, "sha256")
-        if digest is None or not _HEX64.match(digest.value):
-            raise TokenFileError(f"{_where(path, digest or where)}: sha256 must be 64 lowercase "
-                                 "hex digits (the hash of the token, never the token itself)")
-        if digest.value in seen:
-            raise TokenFileError(f"{_where(path, digest)}: duplicate token hash (first on line "
-                                 f"{seen[digest.value]})")
-        seen[digest.value] = digest.start_mark.line + 1
-        _w, created = _scalar(item, "created")
-        _w, label = _scalar(item, "label")
-        where, expires = _scalar(item, "expires")
-        if expires is not None:
-            try:
-                parse_time(expires.value)
-            except ValueError:
-                raise TokenFileError(f"{_where(path, expires)}: expires must be an ISO 8601 "
-                                     "time, e.g. 2027-01-31T00:00:00Z") from None
-        where, role = _scalar(item, "role")
-        if role is not None and role.value not in ROLES:
-            raise TokenFileError(f"{_where(path, role)}: unknown role {role.value!r} (roles: "
-                                 f"{', '.join(ROLES)})")
-        entries.append(TokenEntry(client.value, digest.value,
-                                  created.value if created else None,
-                                  label.value if label else None,
-                                  expires.value if expires else None,
-                                  role.value if role else None))
-    return entries
+    return [_entry(path, item, seen) for item in tokens_node.value]
 
 
 class TokenStore:

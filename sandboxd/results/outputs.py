@@ -63,6 +63,17 @@ def _check_content(mime: str, value: Any) -> None:
             raise ProtocolError(f"display item: {mime} content is not a {mime} image")
 
 
+def _cut_record(cut: object) -> tuple[str, int]:
+    """The MIME type and size of an item the sandbox cut (``{"cut": {"mime", "bytes"}}``)."""
+    if not (isinstance(cut, dict) and set(cut) == {"mime", "bytes"}):
+        raise ProtocolError("display item: a malformed cut record")
+    mime, size = cut["mime"], cut["bytes"]
+    if not (isinstance(mime, str) and mime in MIME_TYPES and isinstance(size, int)
+            and not isinstance(size, bool) and 0 <= size < 2**63):
+        raise ProtocolError("display item: a malformed cut record")
+    return mime, size
+
+
 def check_item(payload: bytes, caps: DisplayCaps) -> Output:
     """The :class:`Output` a ``d`` frame stands for, validated (raises
     :class:`ProtocolError`)."""
@@ -75,13 +86,7 @@ def check_item(payload: bytes, caps: DisplayCaps) -> Output:
     if not isinstance(item, dict) or len(item) != 1:
         raise ProtocolError("display item: not an object with one member")
     if "cut" in item:
-        cut = item["cut"]
-        if not (isinstance(cut, dict) and set(cut) == {"mime", "bytes"}
-                and isinstance(cut["mime"], str) and cut["mime"] in MIME_TYPES
-                and isinstance(cut["bytes"], int) and not isinstance(cut["bytes"], bool)
-                and 0 <= cut["bytes"] < 2**63):
-            raise ProtocolError("display item: a malformed cut record")
-        return cut_note(cut["mime"], cut["bytes"], caps)
+        return cut_note(*_cut_record(item["cut"]), caps)
     data = item.get("data")
     if not isinstance(data, dict) or not data:
         raise ProtocolError("display item: no data")
