@@ -120,9 +120,9 @@ haproxy:
 	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || \
 	  (echo "installing haproxy"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null)
 
-## make typecheck: mypy on the sandboxd package and the in-container runner (images/runner)
-## as [tool.mypy] in pyproject.toml says (strict
-## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
+## make typecheck: mypy on the sandboxd package, the client and the in-container runner
+## (images/runner) as [tool.mypy] in pyproject.toml says (--strict on all of them, no module
+## left out). make test runs it first: seconds, and it fails
 ## before the Docker engine, the images and the suite are waited for.
 ## Its cache is kept beside uv's and npm's (MYPY_CACHE), not in the checkout: a fresh clone on
 ## a machine that checked a tree before checks only what differs (mypy compares the files'

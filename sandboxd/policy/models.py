@@ -43,6 +43,7 @@ from sandboxd.egress.checks import block_problems, egress_problems
 from sandboxd.egress.rules import EgressSpec
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
+from sandboxd.tools import PACKAGES_TOOL as PACKAGES_TOOL  # (the policy's name for it)
 from sandboxd.tools import check_schema
 
 Loc = tuple[str | int, ...]
@@ -301,9 +302,6 @@ class PolicyFile(_Strict):
 # ------------------------------------------------------------------ semantic checks
 
 BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
-#: the built-in tool the python tool's ``packages.allow`` enables (off unless a policy lists
-#: packages: installing code into a session widens what it can run)
-PACKAGES_TOOL = "install_packages"
 #: the registry's name for what each built-in tool asks of its backend
 TOOL_GROUPS: dict[str, registry.ToolGroup] = {
     "python": "python", "shell": "shell",

@@ -22,6 +22,7 @@ from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import Engine
+from sandboxd.backends.container.engine import Shape  # (in Boxes, engine is a method)
 from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
@@ -170,7 +171,7 @@ class Boxes:
         os.mkdir(self.rundir, 0o700)
         os.chmod(self.rundir, 0o700)
 
-    async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
+    async def new(self, *, image: str, shape: Shape, role: str, invocation: str,
                   workspace: Path | None, network: str | None = None,
                   session: str | None = None, uid: int | None = None,
                   egress: EgressRules | None = None, client: str = "",
@@ -213,7 +214,8 @@ class Boxes:
         task = asyncio.ensure_future(self.engine(
             _create, self.client, self.config, self.seccomp, spec, role in ONE_SHOT_ROLES))
         try:
-            box.cid, pid = await asyncio.shield(task)
+            cid, pid = await asyncio.shield(task)
+            box.cid = cid
         except asyncio.CancelledError:
             # the engine call runs on in its thread: wait for it, then remove what it made
             # (a second cancel must not skip the removal: it is swallowed here, on purpose)
@@ -225,7 +227,7 @@ class Boxes:
             await self.destroy(box, by_name=True)
             raise
         if pid:
-            box.init = reaper.open_init(pid, box.cid)
+            box.init = reaper.open_init(pid, cid)
         if box.egress is not None:
             await self._start_forwarder(box)
         return box
@@ -321,7 +323,7 @@ class Boxes:
         """:meth:`end`, carried to its end even when the caller is cancelled."""
         return await _carried(self.end(box, fast=fast))
 
-    async def update_shape(self, box: Box, shape: engine.Shape) -> None:
+    async def update_shape(self, box: Box, shape: Shape) -> None:
         """Give ``box`` the limits of ``shape`` (one engine call, only when they differ)."""
         if box.shape != shape:
             await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)

@@ -185,9 +185,11 @@ async def _interruptible(box: Box, task: asyncio.Future[Outcome], deadline: floa
                          interrupt: Interrupt) -> Outcome:
     # one asyncio.wait, as within() does, on the call and on an interrupt request (it cancels
     # neither, and a cancellation of ours is never lost: it is handled here)
-    interrupt.wake = asyncio.get_running_loop().create_future()
+    wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    interrupt.wake = wake
+    either: set[asyncio.Future[Outcome] | asyncio.Future[None]] = {task, wake}
     try:
-        await asyncio.wait({task, interrupt.wake}, timeout=max(deadline - time.monotonic(), 0),
+        await asyncio.wait(either, timeout=max(deadline - time.monotonic(), 0),
                            return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         if not task.done():

@@ -50,7 +50,7 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
             pool.serve(image, shape, probe=invocation.client == PROBE_CLIENT)
             box = pool.take(image)
         if box is None:
-            made, box = await within(
+            made, new = await within(
                 boxes.new(image=image, shape=shape, role="oneshot",
                           invocation=invocation.id,
                           workspace=None if own_tmpfs else invocation.workspace,
@@ -60,6 +60,7 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
                 deadline - time.monotonic())
             if not made:  # Boxes.new removed what it had started
                 raise TimeoutError
+            box = new
         await boxes.update_shape(box, shape)
         outcome = await exchange(box, request, limits, deadline, invocation.events)
     except asyncio.CancelledError as exc:
