@@ -33,7 +33,8 @@ _REFUSED_OPTIONS = {"autoPause": "auto-pause", "autoResume": "auto-resume",
 
 
 def _sandboxes(request: Request) -> Sandboxes:
-    return request.app.state.e2b
+    sandboxes: Sandboxes = request.app.state.e2b
+    return sandboxes
 
 
 def _iso(when: float) -> str:

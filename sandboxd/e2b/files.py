@@ -38,7 +38,7 @@ async def _record(request: Request) -> tuple[str, E2bSandbox]:
 async def _call(request: Request, client: str, record: E2bSandbox, tool: str,
                 arguments: dict[str, Any]) -> Result:
     """One tool call of the sandbox's session; a refusal or failure as a Connect error."""
-    result = await request.app.state.service.invoke(
+    result: Result = await request.app.state.service.invoke(
         client, tool, InvokeRequest(arguments=arguments, session=record.id), transport=TRANSPORT)
     if result.status in (Status.denied, Status.rejected):
         raise connect.ConnectError("permission_denied", refusal(result))

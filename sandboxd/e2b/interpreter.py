@@ -48,7 +48,8 @@ _LEFT: set[asyncio.Task[Any]] = set()
 
 
 def _sandboxes(request: Request) -> Sandboxes:
-    return request.app.state.e2b
+    sandboxes: Sandboxes = request.app.state.e2b
+    return sandboxes
 
 
 def _interpreter(request: Request, client: str) -> E2bSandbox:
