@@ -58,7 +58,7 @@ from sandboxd.models import (
 from sandboxd.policy import PolicyStore
 from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.display import DisplayCaps
-from sandboxd.protocol.plan import ExecutionPlan, ToolKind
+from sandboxd.protocol.plan import KERNEL_KINDS, ExecutionPlan, ToolKind
 from sandboxd.quotafs import Usage, full_note
 from sandboxd.readiness import BackendProbes
 from sandboxd.receipts.sign import Receipts
@@ -371,7 +371,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             # the policy's plan, plus what the service owns: display caps, advisory quota room
             plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
                                                               self.settings.max_displays))
-            if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
+            if session is not None and plan.kind in (*KERNEL_KINDS, ToolKind.command):
                 used = await self.sessions.check_quota(session)
                 if not self.sessions.fs.kernel:
                     # advisory quota: no single file may take more than what is left of it
@@ -387,7 +387,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             try:
                 # a session python call may start a kernel: within max_kernels only
                 ticket = self.kernel_cap.admit(request.session, decision.backend,
-                                               python=plan.kind is ToolKind.python)
+                                               python=plan.kind in KERNEL_KINDS)
                 with self.sessions.cancellable(session):  # the session's end cancels it
                     result = await self._execute(call, deadline, started)
             except SessionEnded as exc:  # it found its session ended: nothing ran
@@ -463,7 +463,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             async with slots.slot(call.client, deadline):
                 self.sessions.check_live(call.session)  # it may have ended while we waited
                 started.set()
-                if call.plan.kind is ToolKind.python:  # a crash during this call loses it
+                if call.plan.kind in KERNEL_KINDS:  # a crash during this call loses it
                     self.note_kernel_starting(call.session, call.decision.backend)
                 async with self.sessions.workspace(call.session, call.id) as workspace:
                     invocation = Invocation(
@@ -482,7 +482,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
 
     async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
         """Tell the model when its workspace is full (:func:`~sandboxd.quotafs.full_note`)."""
-        if plan.kind not in (ToolKind.python, ToolKind.command):
+        if plan.kind not in (*KERNEL_KINDS, ToolKind.command):
             return result  # the file tools say it themselves
         usage: Usage | None = None
         with contextlib.suppress(OSError):
