@@ -143,6 +143,8 @@ class WorkerRequest:
                    plan=None if self.plan is None else self.plan.to_wire(),
                    imports_allow=list(self.imports_allow), imports_deny=list(self.imports_deny),
                    env=dict(self.env), programs=list(self.programs))
+        if not self.programs:  # a bash call's only: a runner built before them reads the rest
+            del out["programs"]
         return out
 
     @classmethod
