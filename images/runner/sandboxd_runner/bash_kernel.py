@@ -43,17 +43,19 @@ from .rlimits import Rlimits, apply_rlimits
 
 BASH_REP, BASH_ERR, BASH_RC = 4, 6, 7  # the answer fd, stderr until the rc file, the rc file
 #: the rc file (read from a pipe): stderr back from /dev/null (where bash's notes on job
-#: control went at start), the prompts empty, no history, and the answer, read-only
+#: control went at start), the prompts empty, no history, and the answer, read-only (no
+#: command substitution in it: a fork before every answer)
 RC = rb"""exec 2>&6 6>&- 7<&-
 set +H +o history
 unset HISTFILE
 PS1= PS2= PS0= PS4='+ '
 shopt -s expand_aliases
 __sandboxd_answer() {
-  local s=$?
+  local s=$? o
   if [[ -n $__sandboxd_busy ]]; then
     __sandboxd_busy=
-    printf "v\0\0\0\0\0\0\0\1\\$(printf %03o "$s")" >&4
+    printf -v o '\\%03o' "$s"
+    printf "v\0\0\0\0\0\0\0\1$o" >&4
   fi
 }
 readonly -f __sandboxd_answer
