@@ -163,3 +163,22 @@ def test_a_sessions_python_and_bash_kernels_share_the_workspace(daemon: Daemon) 
     back = daemon.call("python", "open('from_sh.txt').read()", sid)
     assert back["value"] == "sh\n", back
     daemon.close(sid)
+
+
+@pytest.mark.parametrize("line", ["ls", "echo hi", "pwd", "id", "uname -a", "whoami",
+                                  "curl x", "nc h 1", "env"])
+def test_shell_and_bash_agree_on_every_program(daemon: Daemon, line: str) -> None:
+    """One rule for both tools: a program the shell tool runs, bash runs; one it denies by a
+    deny rule, bash denies with the same rule; one it does not allow, bash cannot execute."""
+    shell = daemon.d.invoke("shell", {"command": line}).json()
+    bash = daemon.call("bash", line)
+    if shell["status"] == "ok":
+        assert bash["status"] == "ok", (shell, bash)
+        assert bash["stdout"] == shell["stdout"], (shell, bash)
+    elif shell["policy"]["rule"].startswith("tools.shell.commands.deny["):
+        assert bash["status"] == "denied", (shell, bash)
+        assert bash["policy"]["rule"] == shell["policy"]["rule"], (shell, bash)
+    else:
+        assert shell["policy"]["rule"] == "tools.shell.commands.allow", shell
+        assert bash["termination"]["exit_code"] == 126, (shell, bash)
+        assert "Permission denied" in bash["stderr"], bash
