@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxd import __version__
 from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
-from sandboxd.deadline import stop_task
 from sandboxd.errors import UnknownTool
 from sandboxd.models import (
     InvokeRequest,
@@ -23,6 +22,7 @@ from sandboxd.models import (
     ToolSpec,
 )
 from sandboxd.service import Sandboxd
+from sandboxd.util.deadline import stop_task
 
 router = APIRouter()
 

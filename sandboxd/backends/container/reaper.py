@@ -22,7 +22,7 @@ import select
 import signal
 from dataclasses import dataclass
 
-from sandboxd.deadline import within
+from sandboxd.util.deadline import within
 
 log = logging.getLogger(__name__)
 

@@ -60,9 +60,9 @@ from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
-from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
 from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerReport, WorkerRequest
+from sandboxd.util.deadline import within
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend
