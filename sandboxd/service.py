@@ -58,7 +58,7 @@ from sandboxd.models import (
 )
 from sandboxd.policy import PolicyStore
 from sandboxd.policy.packages import where_refusal
-from sandboxd.protocol.plan import ToolKind
+from sandboxd.protocol.plan import KERNEL_KINDS
 from sandboxd.receipts.sign import Receipts
 from sandboxd.results.recorder import AuditRecorder, interrupted_calls
 from sandboxd.results.streaming import EventSink
@@ -427,7 +427,7 @@ class Sandboxd:
             try:
                 # a session python call may start a kernel: within max_kernels only
                 ticket = self.kernel_cap.admit(request.session, decision.backend,
-                                               python=plan.kind is ToolKind.python)
+                                               python=plan.kind in KERNEL_KINDS)
                 with self.sessions.cancellable(session):  # the session's end cancels it
                     result, quota = await self.execution.run(call, deadline, started)
             except SessionEnded as exc:  # it found its session ended: nothing ran

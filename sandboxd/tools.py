@@ -99,6 +99,21 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             hints=Hints(),
         ),
         BuiltinTool(
+            "bash",
+            ToolKind.bash,
+            "Run bash code in a sandbox. Returns stdout, stderr and the exit status of the last "
+            "command. Within a session, the working directory, variables, functions and "
+            "aliases persist between calls (until a timeout, a limit or a restart ends the "
+            "shell; files stay); without one, every call starts fresh. Only allowlisted "
+            "programs can run; there is no network.",
+            _object(
+                {"code": {"type": "string", "minLength": 1, "description": "Bash code"}},
+                ["code"],
+            ),
+            title="Run Bash code",
+            hints=Hints(),
+        ),
+        BuiltinTool(
             "read_file",
             ToolKind.read_file,
             "Read a file from the session workspace: its text, or with encoding \"base64\" "

@@ -21,7 +21,7 @@ from sandboxd.models import (
     Status,
 )
 from sandboxd.protocol.display import DisplayCaps
-from sandboxd.protocol.plan import ExecutionPlan, ToolKind
+from sandboxd.protocol.plan import KERNEL_KINDS, ExecutionPlan, ToolKind
 from sandboxd.results.streaming import EventSink
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Scheduler
 from sandboxd.sessions.manager import Session, SessionManager
@@ -77,7 +77,7 @@ class Execution:
         assert decision.plan is not None  # an allowed decision carries what runs
         plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
                                                           self.settings.max_displays))
-        if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
+        if session is not None and plan.kind in (*KERNEL_KINDS, ToolKind.command):
             used = await self.sessions.check_quota(session)
             if not self.sessions.fs.kernel:
                 # advisory quota: no single file may take more than what is left of it
@@ -97,7 +97,7 @@ class Execution:
             async with slots.slot(call.client, deadline):
                 self.sessions.check_live(call.session)  # it may have ended while we waited
                 started.set()
-                if call.plan.kind is ToolKind.python:  # a crash during this call loses it
+                if call.plan.kind in KERNEL_KINDS:  # a crash during this call loses it
                     self.restarts.note_kernel_starting(call.session, call.decision.backend)
                 async with self.sessions.workspace(call.session, call.id) as workspace:
                     invocation = Invocation(
@@ -117,7 +117,7 @@ class Execution:
     async def _quota_seen(self, plan: ExecutionPlan, workspace: Path) -> QuotaSeen | None:
         """The workspace after a python or command call (the file tools say a full one
         themselves: None)."""
-        if plan.kind not in (ToolKind.python, ToolKind.command):
+        if plan.kind not in (*KERNEL_KINDS, ToolKind.command):
             return None
         usage: Usage | None = None
         with contextlib.suppress(OSError):

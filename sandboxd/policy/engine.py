@@ -18,10 +18,12 @@ from sandboxd.egress import checks as egress_checks
 from sandboxd.egress.rules import EgressRules
 from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy.approve import gate as approval_gate
+from sandboxd.policy.bash import decide_bash
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
     PACKAGES_TOOL,
+    BashTool,
     CustomTool,
     FileTool,
     LimitsSpec,
@@ -37,6 +39,7 @@ from sandboxd.policy.shell import (
     REDIRECTS,
     SHELL_ONLY,
     ShellRefused,
+    deny_rule,
     is_assignment,
     parse,
     program_name,
@@ -142,6 +145,8 @@ def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[st
                 return _decide_python(ctx, cfg, arguments)
             if isinstance(cfg, ShellTool):
                 return _decide_shell(ctx, cfg, arguments)
+            if isinstance(cfg, BashTool):
+                return decide_bash(ctx, cfg, _network(spec, cfg.network), arguments)
             return _decide_file(ctx, cfg, arguments)
     elif tool in spec.custom_tools and spec.custom_tools[tool].enabled:
         custom = spec.custom_tools[tool]
@@ -243,10 +248,9 @@ def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, lis
                             f"`{name}` is a shell builtin, and this tool runs programs without "
                             "a shell; the current directory is the workspace (use paths "
                             f"relative to it). {allowed_text[0].upper()}{allowed_text[1:]}.")
-        for i, denied in enumerate(cfg.commands.deny):
-            if name == denied:
-                return ctx.deny(f"tools.shell.commands.deny[{i}]",
-                                f"`{name}` is not allowed here; {allowed_text}.")
+        denied = deny_rule(cfg.commands.deny, name)
+        if denied is not None:
+            return ctx.deny(denied, f"`{name}` is not allowed here; {allowed_text}.")
         if name not in cfg.commands.allow:
             return ctx.deny("tools.shell.commands.allow",
                             f"`{name}` is not allowed here; {allowed_text}.")

@@ -239,6 +239,15 @@ class ShellTool(_ToolBase):
     deny_patterns: list[Regex] = Field(default_factory=list)
 
 
+class BashTool(_ToolBase):
+    """``tools.bash``: bash code in a session's bash kernel (state kept between calls). What
+    it may run is ``tools.shell.commands``: one rule for both tools."""
+
+    backend: Annotated[str, _serving("shell")] = _default_for("shell")
+    image: str | None = None
+    network: Network | None = None
+
+
 class FileTool(_ToolBase):
     """``tools.read_file`` / ``write_file`` / ``list_files``: workspace paths, in the daemon."""
 
@@ -250,6 +259,7 @@ class FileTool(_ToolBase):
 class Tools(_Strict):
     python: PythonTool | None = None
     shell: ShellTool | None = None
+    bash: BashTool | None = None
     read_file: FileTool | None = None
     write_file: FileTool | None = None
     list_files: FileTool | None = None
@@ -301,10 +311,10 @@ class PolicyFile(_Strict):
 
 # ------------------------------------------------------------------ semantic checks
 
-BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
+BUILTIN_NAMES = ("python", "shell", "bash", "read_file", "write_file", "list_files")
 #: the registry's name for what each built-in tool asks of its backend
 TOOL_GROUPS: dict[str, registry.ToolGroup] = {
-    "python": "python", "shell": "shell",
+    "python": "python", "shell": "shell", "bash": "shell",
     "read_file": "files", "write_file": "files", "list_files": "files"}
 
 
@@ -434,6 +444,9 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
         yield from _network_problem(name, tool, TOOL_GROUPS[name], policy, loc)
         yield from egress_problems(name, tool, TOOL_GROUPS[name], policy, loc)
         yield from block_problems(getattr(tool, "egress", None), (*loc, "egress"))
+        if isinstance(tool, BashTool) and tool.enabled and policy.tools.shell is None:
+            yield loc, ("the bash tool runs what tools.shell.commands allows: add a "
+                        "tools.shell block with the commands")
         if isinstance(tool, PythonTool) and "*" in tool.imports.deny:
             yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
         if isinstance(tool, PythonTool):

@@ -360,6 +360,15 @@ def wrapped_index(name: str, argv: list[str]) -> int | None:
     return None
 
 
+def deny_rule(deny: list[str], name: str) -> str | None:
+    """The ``commands.deny`` rule that denies program ``name``, or None (the one check of a
+    denied program, for the shell tool and the bash tool)."""
+    for i, denied in enumerate(deny):
+        if name == denied:
+            return f"tools.shell.commands.deny[{i}]"
+    return None
+
+
 def is_assignment(word: str) -> bool:
     """``NAME=value`` in the program position (a shell variable assignment)."""
     name, eq, _ = word.partition("=")

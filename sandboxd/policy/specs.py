@@ -9,6 +9,7 @@ from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
     PACKAGES_TOOL,
+    BashTool,
     FileTool,
     PythonTool,
     ShellTool,
@@ -80,6 +81,10 @@ def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
             description += _python_hint(cfg)
         elif isinstance(cfg, ShellTool):
             description += _shell_hint(cfg)
+        elif isinstance(cfg, BashTool) and pol.spec.tools.shell is not None:
+            commands = pol.spec.tools.shell.commands
+            programs = [c for c in commands.allow if c not in commands.deny]
+            description += f" Programs it may run: {listing(programs)}."
         elif isinstance(cfg, FileTool) and name != "list_files":
             description += f" Files up to {format_size(cfg.max_bytes)}."
         network = getattr(cfg, "network", None) or pol.spec.network

@@ -24,9 +24,10 @@ from .display import MAX_VALUE_REPR, DisplayCaps
 from .limits import Limits
 from .plan import MAX_NAMES, Plan, _choice, _int, _list, _obj, _text
 
-#: what a request asks: python code, a command plan, the end of a container's kernel, or
-#: (``suspend``) that a container's runner wait for the next daemon with ``resume_key``
-CallKind = Literal["python", "plan", "kernel_stop", "suspend"]
+#: what a request asks: python code, bash code (always in a bash kernel), a command plan,
+#: the end of a container's kernel, or (``suspend``) that a container's runner wait for the
+#: next daemon with ``resume_key``
+CallKind = Literal["python", "bash", "plan", "kernel_stop", "suspend"]
 #: a restricted worker's self-test (readiness) instead of code
 ProbeKind = Literal["basic", "memory"]
 #: how a restricted worker says its call ended (the runner leaves it out: its exit status says)
@@ -113,9 +114,10 @@ class WorkerRequest:
     cwd: str = "/workspace"
     interrupt_grace_s: float = 0.0
     resume_key: str = ""  # hex: the next daemon's one-time key (a ``suspend`` request)
+    programs: tuple[str, ...] = ()  # a bash call: the only programs its kernel may execute
 
     def __post_init__(self) -> None:
-        for name in ("imports_allow", "imports_deny"):
+        for name in ("imports_allow", "imports_deny", "programs"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -140,7 +142,9 @@ class WorkerRequest:
         out.update(limits=self.limits.to_wire(), display=self.display.wire(),
                    plan=None if self.plan is None else self.plan.to_wire(),
                    imports_allow=list(self.imports_allow), imports_deny=list(self.imports_deny),
-                   env=dict(self.env))
+                   env=dict(self.env), programs=list(self.programs))
+        if not self.programs:  # a bash call's only: a runner built before them reads the rest
+            del out["programs"]
         return out
 
     @classmethod
@@ -207,6 +211,7 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "cwd": _text,
     "interrupt_grace_s": _seconds,
     "resume_key": lambda v, w: _hex(v, w, MAX_KEY_HEX),
+    "programs": _names,
 }
 _REQUEST_KEYS = tuple(f.name for f in fields(WorkerRequest))
 assert set(_REQUEST_DECODERS) == set(_REQUEST_KEYS) - {"kind"}

@@ -46,10 +46,15 @@ class ToolKind(StrEnum):
     """What a backend is asked to do."""
 
     python = "python"  # run arguments["code"]
+    bash = "bash"  # run arguments["code"] in a bash kernel (ExecutionPlan.programs)
     command = "command"  # run ExecutionPlan.command
     read_file = "read_file"
     write_file = "write_file"
     list_files = "list_files"
+
+
+#: the kinds whose session calls run in a session kernel (state kept between calls)
+KERNEL_KINDS = frozenset({ToolKind.python, ToolKind.bash})
 
 
 # ---------------------------------------------------------------- bounded decoding
@@ -275,7 +280,7 @@ class Plan:
 # ---------------------------------------------------------------- the execution plan
 
 _PLAN_KEYS = ("kind", "limits", "command", "imports_allow", "imports_deny", "image",
-              "network", "path", "max_file_bytes", "display")
+              "network", "path", "max_file_bytes", "display", "programs")
 
 
 def _display_from_wire(data: Any) -> DisplayCaps:
@@ -296,7 +301,8 @@ class ExecutionPlan:
     (None: the backend's default for the kind); ``network``: the Docker network granted
     (None: none); ``path``: the workspace-relative path a file tool opens (normalised, never
     the raw argument); ``max_file_bytes``: the largest file a call may read or write;
-    ``display``: the display caps; ``limits``: the effective limits."""
+    ``display``: the display caps; ``limits``: the effective limits; ``programs``: the
+    programs a bash call may execute (the shell tool's ``commands``, allowed and not denied)."""
 
     kind: ToolKind
     limits: Limits = field(default_factory=Limits)
@@ -311,9 +317,10 @@ class ExecutionPlan:
     path: str | None = None
     max_file_bytes: int = 1024 * 1024
     display: DisplayCaps = field(default_factory=DisplayCaps)
+    programs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _freeze(self, "imports_allow", "imports_deny")
+        _freeze(self, "imports_allow", "imports_deny", "programs")
 
     @property
     def argv(self) -> list[str] | None:
@@ -327,12 +334,13 @@ class ExecutionPlan:
                 "imports_allow": list(self.imports_allow),
                 "imports_deny": list(self.imports_deny), "image": self.image,
                 "network": self.network, "path": self.path,
-                "max_file_bytes": self.max_file_bytes, "display": self.display.wire()}
+                "max_file_bytes": self.max_file_bytes, "display": self.display.wire(),
+                "programs": list(self.programs)}
 
     @classmethod
     def from_wire(cls, data: Any) -> ExecutionPlan:
         """The plan in ``data``, every value checked and bounded; ``ValueError`` otherwise."""
-        d = _obj(data, "execution plan", _PLAN_KEYS, _PLAN_KEYS)
+        d = _obj(data, "execution plan", _PLAN_KEYS, _PLAN_KEYS[:-1])  # programs: optional
         try:
             kind = ToolKind(d["kind"])
         except ValueError:
@@ -345,4 +353,5 @@ class ExecutionPlan:
             image=_opt_text(d["image"], "image"), network=_opt_text(d["network"], "network"),
             path=_opt_text(d["path"], "path"),
             max_file_bytes=_int(d["max_file_bytes"], "max_file_bytes", 0, MAX_FILE_BYTES),
-            display=_display_from_wire(d["display"]))
+            display=_display_from_wire(d["display"]),
+            programs=_list(d.get("programs", []), "programs", MAX_NAMES, _text))

@@ -105,6 +105,8 @@ BAD_REQUESTS = [
     (_request(imports_allow="math"), "imports_allow must be a list"),
     (_request(imports_deny=["x"] * 5000), "imports_deny must have 0 to 4096 entries"),
     (_request(imports_allow=[1]), "imports_allow[0] must be a string"),
+    (_request(kind="bash", programs="ls"), "programs must be a list"),
+    (_request(kind="bash", programs=[None]), "programs[0] must be a string"),
     (_request(kernel=1), "kernel must be true or false"),
     (_request(uid=-1), "uid must be a whole number from 0"),
     (_request(uid=2**32), "uid must be a whole number from 0"),

@@ -108,7 +108,10 @@ def _read_proc(dfd: int, name: str, size: int) -> bytes:
 
 
 class Kernel:
-    """The container's session kernel, as the runner keeps it."""
+    """The container's session kernel, as the runner keeps it (a python one; see
+    :mod:`.bash_kernel` for the other): ``PARKED_FD`` is the fd its loop reads requests on."""
+
+    PARKED_FD = KCTL
 
     def __init__(self) -> None:
         self.pid: Any = None
@@ -138,7 +141,7 @@ class Kernel:
         try:
             pid = os.fork()
             if pid == 0:
-                kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w, rlimits)  # never returns
+                self.child(req, ctl_r, rep_w, out_w, err_w, disp_w, rlimits)  # never returns
         finally:
             for fd in (ctl_r, rep_w, out_w, err_w, disp_w):
                 os.close(fd)
@@ -151,6 +154,16 @@ class Kernel:
         self.pipes = {out_r, err_r, disp_r, self.rep_r}
         for fd in self.pipes:
             os.set_blocking(fd, False)
+
+    @staticmethod
+    def child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: int,
+              disp_w: int, rlimits: Rlimits) -> None:
+        """In the fork: become the kernel (never returns)."""
+        kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w, rlimits)
+
+    def send_interrupt(self) -> None:
+        """The runner's interrupt: SIGINT to the kernel (a KeyboardInterrupt in its code)."""
+        os.kill(self.pid, signal.SIGINT)
 
     def send(self, req: WorkerRequest) -> None:
         """Hand the kernel a call (it reads it at once: it is idle)."""
@@ -315,7 +328,7 @@ class Kernel:
         if not syscall or syscall[0] == b"running":
             return "it is running"
         try:
-            parked = int(syscall[0]) == READ_SYSCALL and int(syscall[1], 16) == KCTL
+            parked = int(syscall[0]) == READ_SYSCALL and int(syscall[1], 16) == self.PARKED_FD
         except (IndexError, ValueError):
             parked = False
         if not parked:
@@ -330,6 +343,12 @@ class Kernel:
             self.threads = True
             return ("the call's code left threads running "
                     f"({(threads or b'?').decode(errors='replace')[:20]} threads)")
+        return self.signals_not_idle(status)
+
+    @staticmethod
+    def signals_not_idle(status: bytes) -> str | None:
+        """Why its signals keep a kernel parked in its loop from being idle (its loop blocks
+        every signal it catches), or None."""
         blk, cgt = _status_field(status, b"SigBlk"), _status_field(status, b"SigCgt")
         try:
             if blk is None or cgt is None:

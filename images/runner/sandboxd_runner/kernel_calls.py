@@ -4,7 +4,6 @@ idle, interrupted (SIGINT) before it is killed (see sandboxd_runner.kernel)."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +108,7 @@ class KernelCall(Call):
             kernel.on_pipe(kernel.rep_r)  # an answer already written is no reason to interrupt
         if self.reply is None and kernel.alive and not self.broken:
             try:
-                os.kill(kernel.pid, signal.SIGINT)
+                kernel.send_interrupt()
                 self.interrupted = True
             except OSError:
                 pass

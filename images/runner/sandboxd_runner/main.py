@@ -17,6 +17,7 @@ from sandboxd.protocol import wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 from .base import cgroup_counters, killpg, set_dumpable, site_dirs
+from .bash_kernel import BashKernel
 from .calls import Call
 from .channel import KEY_BYTES, open_channel, reconnect, refuse, send_report
 from .kernel import Kernel
@@ -25,6 +26,10 @@ from .rlimits import requested_rlimits
 
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
+#: its bash kernel: a container serves one language's kernel (the daemon gives a session's
+#: bash calls a container of their own)
+BASH = BashKernel()
+KERNELS = {"python": KERNEL, "bash": BASH}
 #: the one-time key of the next daemon (a ``suspend`` request: the daemon stops and keeps the
 #: session, so that the next daemon finds its kernel alive)
 RESUME = bytearray()
@@ -53,7 +58,7 @@ def _start(chan: socket.socket, cid: int, body: bytes, calls: dict[int, Call],
     try:  # checked whole before anything starts: never applied in part
         req = WorkerRequest.from_wire(data)
         if req.kind == "kernel_stop":
-            stop_kernel(chan, cid, KERNEL)
+            stop_kernel(chan, cid, KERNEL if KERNEL.alive or not BASH.alive else BASH)
             return
         if req.kind == "suspend":  # answered at once; kept for when the daemon hangs up
             _suspend(chan, cid, req, calls)
@@ -62,8 +67,14 @@ def _start(chan: socket.socket, cid: int, body: bytes, calls: dict[int, Call],
     except ValueError as exc:
         refuse(chan, cid, f"refused: {exc}")
         return
-    if req.kind == "python" and req.kernel:
-        start_kernel_call(chan, cid, req, KERNEL, calls, owners, rlimits)
+    if req.kind == "bash" or (req.kind == "python" and req.kernel):
+        # a bash call always runs in a kernel (one-shot: the container's only call)
+        kernel = KERNELS[req.kind]
+        if "\0" in req.code or any(k.alive for k in KERNELS.values() if k is not kernel):
+            refuse(chan, cid, "refused: NUL in bash code, or another language's kernel "
+                              "lives in this container")
+            return
+        start_kernel_call(chan, cid, req, kernel, calls, owners, rlimits)
         return
     call = Call(chan, cid, req, rlimits)
     try:
@@ -125,6 +136,7 @@ def _on_channel(chan: socket.socket, decoder: wire.Decoder, calls: dict[int, Cal
         for call in calls.values():
             killpg(call.pid)
         KERNEL.stop()
+        BASH.stop()
         return False
     for frame in frames:
         if frame.kind == b"R":
@@ -175,6 +187,7 @@ def main() -> int:
                     del RESUME[:]
                     if again is None:
                         KERNEL.stop()
+                        BASH.stop()
                         return 0
                     chan, cfd = again, again.fileno()
                     decoder = wire.Decoder(frame_sizes)

@@ -75,6 +75,7 @@ from sandboxd.models import (
     Status,
     ToolKind,
 )
+from sandboxd.protocol.plan import KERNEL_KINDS
 from sandboxd.util.deadline import stop_task
 
 log = logging.getLogger("sandboxd.container")
@@ -392,7 +393,7 @@ class ContainerBackend(Backend):
         building = await self._image_unavailable(image)
         if building is not None:
             raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: {building}")
-        kernel_call = invocation.session is not None and invocation.plan.kind is ToolKind.python
+        kernel_call = invocation.session is not None and invocation.plan.kind in KERNEL_KINDS
         request = request_for(invocation, limits)
         if isinstance(request, Result):
             if kernel_call:  # refused before it reached the session's kernel

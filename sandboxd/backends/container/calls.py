@@ -25,6 +25,7 @@ from sandboxd.models import (
     status_for,
 )
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.plan import KERNEL_KINDS
 from sandboxd.results.outputs import DisplayCollector
 from sandboxd.results.streaming import EventSink
 from sandboxd.util.deadline import stop_task, within
@@ -136,12 +137,14 @@ def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Resul
             return rejected(invocation, limits, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
         return replace(base, kind="plan", plan=command)
-    if invocation.plan.kind is ToolKind.python:
+    if invocation.plan.kind in KERNEL_KINDS:
         code = invocation.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return rejected(invocation, limits, "argument 'code' must be non-empty")
         if len(code.encode()) > MAX_CODE_BYTES:
             return rejected(invocation, limits, "the code is too large")
+        if invocation.plan.kind is ToolKind.bash:  # its kernel may execute these only
+            return replace(base, kind="bash", code=code, programs=invocation.plan.programs)
         return replace(base, code=code, imports_allow=invocation.plan.imports_allow,
                        imports_deny=invocation.plan.imports_deny)
     return rejected(invocation, limits,

@@ -5,7 +5,9 @@ the runner keeps in the container (globals persist between calls; one call at a 
 order). The container is removed by ``close_session``, at shutdown, and after any call that
 hit a limit (the next call starts a fresh one on the same workspace, with a fresh kernel). A
 kernel call that crashes the interpreter ends only the kernel; ``restart`` ends it on
-request.
+request. A session's ``bash`` calls run in its bash kernel, in a container of their own
+(:data:`BASH_KEY`: one kernel per container, and a limit hit by one language's call does
+not cost the other its state; the workspace is the same).
 
 Kernels you can trust (code in a kernel is hostile and may lie about being done): the runner
 ends a kernel call only once it has proven from ``/proc`` that the kernel is back in its loop and
@@ -40,13 +42,23 @@ from sandboxd.backends.container.calls import (
 from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, kernel_verdict
-from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
+from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status, ToolKind
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
 from sandboxd.tools import PACKAGES_TOOL
 from sandboxd.util.deadline import within
 
-SessionKey = tuple[str, str, str]  # (client, session, image)
+SessionKey = tuple[str, str, str]  # (client, session, image; + BASH_KEY for bash calls)
+#: a session's bash calls get a container of their own (its runner's bash kernel), keyed so
+BASH_KEY = " bash"
+
+
+def session_key(invocation: Invocation, image: str) -> SessionKey:
+    """The key of the session container that runs ``invocation``."""
+    lane = image + BASH_KEY if invocation.plan.kind is ToolKind.bash else image
+    return (invocation.client, invocation.session or "", lane)
+
+
 KERNEL_STOP_S = 10.0
 #: how many closed sessions are remembered (a call of one comes seconds late at most)
 CLOSED_MEMORY = 4096  # the runner kills and reaps the kernel well within this
@@ -86,7 +98,7 @@ class SessionContainers:
 
     def kernel_now(self, invocation: Invocation, image: str) -> Kernel:
         """The session kernel's state as it is (for a call that did not reach it)."""
-        box = self.by_key.get((invocation.client, invocation.session or "", image))
+        box = self.by_key.get(session_key(invocation, image))
         return Kernel(calls=box.kernel_calls if box is not None and not box.dead else 0)
 
     async def _box(self, key: SessionKey, invocation: Invocation, image: str,
@@ -122,7 +134,7 @@ class SessionContainers:
         """Run one call of a session in its container (started here when it has none);
         a ``python`` call runs in the session's kernel, after the session's earlier ones."""
         assert invocation.session is not None
-        key = (invocation.client, invocation.session, image)
+        key = session_key(invocation, image)
         with self.idle.using(key):  # its container is not paused while the call runs
             return await self._serial(key, invocation, limits, deadline, request, image,
                                       shape, started)
@@ -131,7 +143,7 @@ class SessionContainers:
                       deadline: float, request: WorkerRequest, image: str,
                       shape: engine.Shape, started: float) -> Result:
         """A session call, after the session's earlier ``python`` calls when it is one."""
-        if request.kind != "python":
+        if request.kind not in ("python", "bash"):
             return await self._run(key, invocation, limits, deadline, request, image, shape,
                                    started)
         lock = self._kernel_locks.setdefault(key, asyncio.Lock())

@@ -1,0 +1,152 @@
+"""The session's bash kernel: one persistent ``bash`` process per container, so that a
+session's ``bash`` calls share its working directory, variables, functions and aliases.
+
+It is forked from the runner like the python kernel (see :mod:`.kernel`: its own session and
+process group, oom_score_adj 1000, the request's environment, the call's rlimits kept for its
+life, the same pipes, relay and output caps) and then executes ``bash``, confined first by
+Landlock to the programs the policy allows (the request's ``programs``, and bash itself: a
+nested bash is confined the same way). Whatever a call's code runs, through a variable, an
+alias, ``eval`` or a script, can only execute those programs.
+
+Interactive bash (``-i``, no job control, no history, no line editing), because an
+interactive shell is the one that returns to reading its next command when it gets SIGINT:
+the runner's interrupt (``I``) is SIGINT to the kernel's process group, i.e. to the
+foreground job (which dies of it unless it catches it) and to bash, which abandons the rest
+of the call and comes back to its loop with its state. Its standard input is the request
+pipe; each request is one command line, ``__sandboxd_busy=1; eval '<code>' </dev/null`` (the
+call's code reads /dev/null, never the requests). Its answer is written by
+``PROMPT_COMMAND`` (read-only, as is the function it names), which bash runs before reading
+each command line, also after an interrupt: the ``v`` frame of the python kernel with the
+last command's exit status as its status byte, and no value.
+
+Proven idle as the python kernel is (:meth:`Kernel.not_idle_because`): blocked in ``read``
+on its request fd (0), alone (bash has no threads). Bash catches signals (SIGINT, SIGCHLD)
+and cannot block them while it reads, so the signal part of the proof is that no signal is
+pending for it; what could send it one later is a process the call left, and those are killed
+once the call ends, as for the python kernel.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+
+from sandboxd.protocol import wire
+from sandboxd.protocol.call import WorkerRequest
+
+from .base import find_program, write_all
+from .execution import MAX_VALUE_JSON
+from .kernel import KERNEL_REPLY, Kernel, _status_field
+from .landlock import restrict_exec
+from .rlimits import Rlimits, apply_rlimits
+
+BASH_REP, BASH_ERR, BASH_RC = 4, 6, 7  # the answer fd, stderr until the rc file, the rc file
+#: the rc file (read from a pipe): stderr back from /dev/null (where bash's notes on job
+#: control went at start), the prompts empty, no history, and the answer, read-only (no
+#: command substitution in it: a fork before every answer)
+RC = rb"""exec 2>&6 6>&- 7<&-
+set +H +o history
+unset HISTFILE
+PS1= PS2= PS0= PS4='+ '
+shopt -s expand_aliases
+__sandboxd_answer() {
+  local s=$? o
+  if [[ -n $__sandboxd_busy ]]; then
+    __sandboxd_busy=
+    printf -v o '\\%03o' "$s"
+    printf "v\0\0\0\0\0\0\0\1$o" >&4
+  fi
+}
+readonly -f __sandboxd_answer
+PROMPT_COMMAND=__sandboxd_answer
+readonly PROMPT_COMMAND
+"""
+BASH_ARGV = ["bash", "--noprofile", "--rcfile", f"/dev/fd/{BASH_RC}", "--noediting", "+m",
+             "-i"]
+
+
+def request_line(code: str) -> bytes:
+    """The command line that runs ``code`` in the kernel (single-quoted whole: bash parses
+    all of it before it runs any, so an interrupt abandons all of it)."""
+    quoted = "'" + code.replace("'", "'\\''") + "'"
+    return f"__sandboxd_busy=1; eval {quoted} </dev/null\n".encode("utf-8", "surrogateescape")
+
+
+def bash_child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: int,
+               disp_w: int, rlimits: Rlimits = ()) -> None:
+    """In the fork: fds, session, signals, limits, the exec confinement, then ``bash``."""
+    try:
+        os.setsid()
+        path = req.env.get("PATH", "/usr/bin:/bin")
+        bash = find_program("bash", path)
+        if bash is None:
+            raise OSError(2, "there is no bash in this image")
+        rc_r, rc_w = os.pipe()
+        write_all(rc_w, RC)
+        os.close(rc_w)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        targets = {0: ctl_r, 1: out_w, 2: devnull, BASH_REP: rep_w, BASH_ERR: err_w,
+                   BASH_RC: rc_r}
+        high = {fd: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 200) for fd, src in targets.items()}
+        for fd, src in high.items():
+            os.dup2(src, fd, inheritable=True)
+        for low, high_end in ((3, BASH_REP), (BASH_REP + 1, BASH_ERR), (BASH_RC + 1, 65536)):
+            os.closerange(low, high_end)  # every other fd (the channel's among them)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        os.umask(0o022)
+        os.chdir(req.cwd)
+        apply_rlimits(rlimits)
+        problem = restrict_exec([*req.programs, bash], path)
+        if problem is not None:
+            raise OSError(1, f"the bash kernel cannot be confined: {problem}")
+        os.execve(bash, BASH_ARGV, dict(req.env))
+    except BaseException as exc:
+        message = f"sandboxd bash kernel: {exc}\n".encode()
+        try:
+            try:
+                os.write(BASH_ERR, message)
+            except OSError:
+                os.write(2, message)
+        finally:
+            os._exit(126)
+
+
+class BashKernel(Kernel):
+    """The container's bash kernel, as the runner keeps it."""
+
+    PARKED_FD = 0
+
+    @staticmethod
+    def child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: int,
+              disp_w: int, rlimits: Rlimits) -> None:
+        bash_child(req, ctl_r, rep_w, out_w, err_w, disp_w, rlimits)
+
+    def send(self, req: WorkerRequest) -> None:
+        """Hand the kernel a call: one command line on its standard input."""
+        self.decoder = wire.Decoder(KERNEL_REPLY, max_frames=1,
+                                    max_bytes=wire.HEADER.size + 1 + MAX_VALUE_JSON)
+        self.calls += 1
+        write_all(self.ctl_w, request_line(req.code))
+
+    def send_interrupt(self) -> None:
+        """SIGINT to the foreground job and to bash (its process group)."""
+        os.killpg(self.pid, signal.SIGINT)
+
+    @staticmethod
+    def signals_not_idle(status: bytes) -> str | None:
+        for name in (b"SigPnd", b"ShdPnd"):
+            try:
+                pending = int(_status_field(status, name), 16)
+            except (TypeError, ValueError):
+                return "its pending signals could not be read"
+            if pending:
+                return "a signal is pending for it"
+        return None
+

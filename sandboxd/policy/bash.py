@@ -1,0 +1,60 @@
+"""The policy's decision for a ``bash`` call: its code read into simple commands
+(:mod:`sandboxd.languages.bash_scan`), each program it names checked against the shell tool's
+``commands`` (one rule for both tools: a program denied there is denied here, with the same
+rule), and the plan that confines the session's bash kernel to the allowed programs at run
+time (Landlock, in the container): what the code runs through a variable, ``eval`` or a
+script is known only then."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.languages.bash_scan import simple_commands
+from sandboxd.models import Decision
+from sandboxd.policy.models import BashTool
+from sandboxd.policy.shell import deny_rule, wrapped_index
+from sandboxd.policy.specs import listing
+
+if TYPE_CHECKING:
+    from sandboxd.policy.engine import _Ctx
+
+MAX_WRAPPED = 3  # programs nested in wrappers (``env nice timeout x``), as the shell tool
+
+
+def decide_bash(ctx: _Ctx, cfg: BashTool, network: str | None,
+                arguments: dict[str, Any]) -> Decision:
+    """The decision for one ``bash`` call (``network``: the one the tool is granted)."""
+    shell = ctx.pol.spec.tools.shell
+    if shell is None:
+        return ctx.deny("tools.bash", "The bash tool runs the programs tools.shell.commands "
+                                      "allows, and this policy has no tools.shell block.")
+    code = str(arguments.get("code", ""))
+    if "\x00" in code:
+        return ctx.deny("tools.bash", "The code must not contain NUL characters.")
+    for i, pattern in enumerate(shell.deny_patterns):
+        if re.search(pattern, code):
+            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
+                            "This code is not allowed here (it matches a pattern the policy "
+                            "forbids).")
+    commands = shell.commands
+    allowed = [c for c in commands.allow if c not in commands.deny]
+    for cmd in simple_commands(code):
+        argv, at = cmd.words, 0
+        for _ in range(MAX_WRAPPED + 1):
+            word = argv[at] if at < len(argv) else None
+            if word is None:  # expanded when it runs: the kernel's confinement decides
+                break
+            name = posixpath.basename(word) or word
+            rule = deny_rule(commands.deny, name)
+            if rule is not None:
+                return ctx.deny(rule, f"`{name}` is not allowed here (line {cmd.line}, "
+                                      f"column {cmd.column}); allowed commands: "
+                                      f"{listing(allowed)}.")
+            inner = wrapped_index(name, [w if w is not None else "" for w in argv[at:]])
+            if inner is None:
+                break
+            at += inner
+    return ctx.allow("tools.bash", cfg.limits, network, image=cfg.image,
+                     programs=tuple(allowed))

@@ -1,0 +1,184 @@
+"""The session's bash kernel on the container backend, through a real daemon and a real Docker
+engine: state across calls (directory, variables, functions, aliases), the last command's exit
+status, streamed output in order, the shell tool's command rules (a denied program refused
+before anything runs, and audited; a program the policy does not allow refused by the
+kernel's exec confinement whatever names it), interrupt before kill (SIGINT to the foreground
+job; the state kept), a shell that ignores the interrupt killed with its kernel lost, limits,
+cleanup and isolation between sessions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from tests.support.audit import audit_records
+
+from .conftest import GRACE_S, Daemon
+
+pytestmark = pytest.mark.timeout(300)
+
+def test_directory_variables_functions_and_aliases_persist(daemon: Daemon) -> None:
+    sid = daemon.session()
+    first = daemon.call("bash", "mkdir -p sub && cd sub\nexport GREETING=hello; n=41\n"
+                                "twice() { echo \"$1$1\"; }\nalias say='echo said:'", sid)
+    assert first["status"] == "ok", first
+    assert first["kernel"] == {"fresh": True, "calls": 1, "lost": False, "reason": None,
+                               "interrupted": False}, first
+    res = daemon.call("bash", "pwd; echo $GREETING $((n + 1)); twice ab; say it", sid)
+    assert res["status"] == "ok", res
+    assert res["stdout"] == "/workspace/sub\nhello 42\nabab\nsaid: it\n", res
+    assert res["kernel"]["fresh"] is False and res["kernel"]["calls"] == 2, res
+    # the variable is in the environment of the programs the kernel runs
+    child = daemon.call("bash", "python3 -c 'import os; print(os.environ[\"GREETING\"])'", sid)
+    assert child["stdout"] == "hello\n", child
+    daemon.close(sid)
+
+@pytest.mark.parametrize(("code", "status", "exit_code"), [
+    ("true", "ok", 0), ("false", "error", 1), ("echo x; (exit 3)", "error", 3),
+    ("false; true", "ok", 0)])
+def test_the_result_carries_the_last_commands_exit_status(daemon: Daemon, code: str,
+                                                          status: str, exit_code: int) -> None:
+    res = daemon.call("bash", code)  # one-shot: a fresh kernel of its own
+    assert res["status"] == status, res
+    assert res["termination"] == {"reason": "exited", "exit_code": exit_code,
+                                  "signal": None}, res
+
+def test_output_is_streamed_in_order(daemon: Daemon) -> None:
+    sid = daemon.session()
+    code = "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.2; done"
+    events: list[tuple[str, Any]] = []
+    with httpx.Client(base_url=daemon.d.url, headers=daemon.d.headers, timeout=120) as c, \
+            connect_sse(c, "POST", "/v1/tools/bash/invoke",
+                        json={"arguments": {"code": code}, "session": sid},
+                        headers={"Accept": "text/event-stream"}) as src:
+        assert src.response.status_code == 200, src.response.read()
+        events = [(sse.event, json.loads(sse.data)) for sse in src.iter_sse()]
+    assert events[-1][0] == "result" and events[-1][1]["status"] == "ok", events
+    parts = [(kind, data["text"]) for kind, data in events if kind in ("stdout", "stderr")]
+    assert parts == [(k, f"{w}{i}\n") for i in (1, 2, 3)
+                     for k, w in (("stdout", "out"), ("stderr", "err"))], parts
+    daemon.close(sid)
+
+@pytest.mark.parametrize("code", ["curl http://example.com", "ls | nc host 1",
+                                  "echo $(wget x)", "f() { sudo id; }", "env curl x"])
+def test_a_denied_program_is_refused_with_its_rule_and_audited(daemon: Daemon,
+                                                               code: str) -> None:
+    sid = daemon.session()
+    res = daemon.call("bash", code, sid)
+    assert res["status"] == "denied", res
+    assert res["policy"]["rule"].startswith("tools.shell.commands.deny["), res
+    assert "line 1, column" in res["message"], res
+    assert res["kernel"] is None  # nothing reached a kernel
+    decisions = [r for r in audit_records(daemon.d.audit_path, "decision")
+                 if r.get("request_id") == res["id"]]
+    assert [d["decision"] for d in decisions] == ["deny"], decisions
+    assert decisions[0]["rule"] == res["policy"]["rule"], decisions
+    daemon.close(sid)
+
+def test_a_program_not_allowed_cannot_run_whatever_names_it(daemon: Daemon) -> None:
+    sid = daemon.session()
+    # `id` and `uname` are in the image but not in commands.allow: the kernel's exec
+    # confinement refuses them, also through a variable or a nested bash -c
+    res = daemon.call("bash", "p=id; $p; echo status=$?; uname; echo status=$?", sid)
+    assert res["stdout"] == "status=126\nstatus=126\n", res
+    assert "Permission denied" in res["stderr"], res
+    assert daemon.call("bash", "echo still here", sid)["stdout"] == "still here\n"
+    daemon.close(sid)
+
+def test_a_runaway_loop_is_interrupted_and_the_state_kept(daemon: Daemon) -> None:
+    sid = daemon.session()
+    assert daemon.call("bash", "x=41; cd /tmp", sid)["status"] == "ok"
+    for code in ("while :; do :; done", "echo before; sleep 60; echo never"):
+        res = daemon.call("bash", code, sid, timeout_s=2)
+        assert res["status"] == "timeout", res
+        assert res["termination"]["reason"] == "wall_timeout", res
+        assert res["termination"]["exit_code"] == 130, res  # SIGINT, as bash reports it
+        assert res["kernel"]["interrupted"] is True and res["kernel"]["lost"] is False, res
+        assert "never" not in res["stdout"], res
+        assert res["cleanup"]["verified"] is True, res
+    after = daemon.call("bash", "echo $((x + 1)) $PWD", sid)
+    assert after["stdout"] == "42 /tmp\n", after
+    assert after["kernel"] == {"fresh": False, "calls": 4, "lost": False, "reason": None,
+                               "interrupted": False}, after
+    daemon.close(sid)
+
+def test_a_shell_that_ignores_the_interrupt_is_killed(daemon: Daemon) -> None:
+    sid = daemon.session()
+    assert daemon.call("bash", "x=1", sid)["status"] == "ok"
+    res = daemon.call("bash", "trap '' INT; while :; do :; done", sid, timeout_s=1)
+    assert res["status"] == "timeout", res
+    assert res["kernel"]["lost"] is True and res["kernel"]["interrupted"] is False, res
+    assert res["kernel"]["reason"] == "wall_timeout", res
+    assert f"did not come back from the interrupt within {GRACE_S} s" in res["message"], res
+    assert res["resources"]["wall_ms"] >= GRACE_S * 1000, res
+    assert res["cleanup"]["verified"] is True, res
+    fresh = daemon.call("bash", "echo ${x:-gone}", sid)
+    assert fresh["stdout"] == "gone\n" and fresh["kernel"]["fresh"] is True, fresh
+    daemon.close(sid)
+
+def test_limits_end_the_kernel_truthfully(daemon: Daemon) -> None:
+    sid = daemon.session()
+    assert daemon.call("bash", "x=1", sid)["status"] == "ok"
+    memory = daemon.call("bash", "python3 -c 'b = bytearray(400 * 2**20); b[::4096] = "
+                                 "b\"x\" * len(b[::4096])'", sid,
+                       memory_bytes=128 * 2**20)
+    assert memory["termination"]["reason"] == "memory_limit", memory
+    assert memory["kernel"]["lost"] is True, memory
+    pids = daemon.call("bash", "for i in $(seq 40); do sleep 30 & done; wait", sid, pids=16)
+    assert pids["termination"]["reason"] == "pids_limit", pids
+    assert pids["kernel"]["lost"] is True, pids
+    assert pids["cleanup"]["verified"] is True, pids
+    after = daemon.call("bash", "echo ${x:-fresh}", sid)
+    assert after["stdout"] == "fresh\n" and after["kernel"]["fresh"] is True, after
+    daemon.close(sid)
+
+def test_background_jobs_end_with_their_call(daemon: Daemon) -> None:
+    sid = daemon.session()
+    res = daemon.call("bash", "sleep 300 & echo started", sid)
+    assert res["status"] == "ok" and res["cleanup"]["verified"] is True, res
+    # the call's processes are gone once it ended: what runs now is the container's init,
+    # its runner, the kernel and this call's ls
+    left = daemon.call("bash", "ls /proc", sid)
+    assert len([n for n in left["stdout"].split() if n.isdigit()]) == 4, left
+    daemon.close(sid)
+
+def test_sessions_are_isolated(daemon: Daemon) -> None:
+    one, two = daemon.session(), daemon.session()
+    assert daemon.call("bash", "export SECRET=one; cd /tmp", one)["status"] == "ok"
+    res = daemon.call("bash", "echo ${SECRET:-none} $PWD", two)
+    assert res["stdout"] == "none /workspace\n", res
+    assert daemon.call("bash", "echo $SECRET", one)["stdout"] == "one\n"
+    daemon.close(one)
+    daemon.close(two)
+
+def test_a_sessions_python_and_bash_kernels_share_the_workspace(daemon: Daemon) -> None:
+    sid = daemon.session()
+    assert daemon.call("python", "open('from_py.txt', 'w').write('py')", sid)["status"] == "ok"
+    res = daemon.call("bash", "cat from_py.txt; echo sh > from_sh.txt", sid)
+    assert res["stdout"] == "py", res
+    back = daemon.call("python", "open('from_sh.txt').read()", sid)
+    assert back["value"] == "sh\n", back
+    daemon.close(sid)
+
+
+@pytest.mark.parametrize("line", ["ls", "echo hi", "pwd", "id", "uname -a", "whoami",
+                                  "curl x", "nc h 1", "env"])
+def test_shell_and_bash_agree_on_every_program(daemon: Daemon, line: str) -> None:
+    """One rule for both tools: a program the shell tool runs, bash runs; one it denies by a
+    deny rule, bash denies with the same rule; one it does not allow, bash cannot execute."""
+    shell = daemon.d.invoke("shell", {"command": line}).json()
+    bash = daemon.call("bash", line)
+    if shell["status"] == "ok":
+        assert bash["status"] == "ok", (shell, bash)
+        assert bash["stdout"] == shell["stdout"], (shell, bash)
+    elif shell["policy"]["rule"].startswith("tools.shell.commands.deny["):
+        assert bash["status"] == "denied", (shell, bash)
+        assert bash["policy"]["rule"] == shell["policy"]["rule"], (shell, bash)
+    else:
+        assert shell["policy"]["rule"] == "tools.shell.commands.allow", shell
+        assert bash["termination"]["exit_code"] == 126, (shell, bash)
+        assert "Permission denied" in bash["stderr"], bash
