@@ -142,9 +142,12 @@ class BashKernel(Kernel):
     @staticmethod
     def signals_not_idle(status: bytes) -> str | None:
         for name in (b"SigPnd", b"ShdPnd"):
+            field = _status_field(status, name)
             try:
-                pending = int(_status_field(status, name), 16)
-            except (TypeError, ValueError):
+                if field is None:
+                    raise ValueError("no such field")
+                pending = int(field, 16)
+            except ValueError:
                 return "its pending signals could not be read"
             if pending:
                 return "a signal is pending for it"
