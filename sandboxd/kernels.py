@@ -40,6 +40,7 @@ from sandboxd.storage import is_no_space
 
 if TYPE_CHECKING:
     from sandboxd.audit import AuditLog
+    from sandboxd.capacity import Capacity
     from sandboxd.config import Settings
     from sandboxd.recorder import AuditRecorder
     from sandboxd.sessions import Session, SessionManager
@@ -71,6 +72,9 @@ class KernelCap:
         self.limit = limit
         self.backends = backends
         self._reserved: Ledger[KernelKey] = Ledger()
+        #: called with the number of kernels being started by calls in flight before one
+        #: more is admitted; raises to refuse it (the memory headroom: sandboxd.capacity)
+        self.gate: Callable[[int], None] = lambda starting: None
 
     def live(self) -> set[KernelKey]:
         """Kernels alive on the backends now, and those reserved by calls in flight."""
@@ -89,7 +93,12 @@ class KernelCap:
         if key in live:  # its kernel is counted already: the call shares it
             return self._reserved.reserve(key)
         try:
-            return self._reserved.reserve(key, Cap("max_kernels", len(live), self.limit))
+            cap = Cap("max_kernels", len(live), self.limit)
+            if cap.count < cap.limit:  # room under the cap: is there room in memory?
+                on_backends = {(name, sid) for name, backend in self.backends.items()
+                               for sid in backend.kernel_sessions()}
+                self.gate(len(self._reserved.keys() - on_backends))
+            return self._reserved.reserve(key, cap)
         except CapReached:
             raise KernelLimitReached(
                 f"this call needs a new Python interpreter for session '{session_id}', but "
@@ -120,6 +129,7 @@ class SessionOps:
 
     settings: Settings
     sessions: SessionManager
+    capacity: Capacity
     backends: dict[str, Backend]
     audit: AuditLog
     recorder: AuditRecorder
@@ -157,6 +167,7 @@ class SessionOps:
             raise Draining("the daemon is shutting down; create the session on another "
                            "instance or later")
         self._check_state_dir()
+        self.capacity.admit_session()  # memory headroom, before the first await
         try:
             session = await self.sessions.create(client, ttl_s)
         except OSError as exc:

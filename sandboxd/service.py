@@ -27,6 +27,7 @@ from sandboxd.approvals import ApprovalBook
 from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
+from sandboxd.capacity import Capacity
 from sandboxd.config import Settings
 from sandboxd.deadline import stop_task, within
 from sandboxd.errors import (
@@ -34,6 +35,7 @@ from sandboxd.errors import (
     DrainCancelled,
     Draining,
     ExecutionFailure,
+    HostFull,
     KernelLimitReached,
     ServiceError,
     ToolUnavailable,
@@ -125,6 +127,11 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self.kernel_cap = KernelCap(settings.max_kernels, self.backends)
         self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use,
                                lambda: self.transfers.in_use)
+        # admission by memory headroom, and what /v1/capacity and /metrics report
+        self.capacity = Capacity(settings, kernels=self.kernel_cap, sessions=self.sessions,
+                                 uids=self.uids)
+        self.kernel_cap.gate = self.capacity.admit_kernel
+        self.capacity.register(self.metrics.registry)
         self.draining = False
         # (when, problems) of the last refused policy reload while it is the latest word
         self._policy_refused: tuple[str, list[str]] | None = None
@@ -395,7 +402,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                                        Status.killed, Reason.cancelled, str(exc))
                 result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
                 return await self._finish(client, result, admitted, transport=transport)
-            except (KernelLimitReached, Overloaded) as exc:
+            except (KernelLimitReached, HostFull, Overloaded) as exc:
                 self.metrics.rejections.labels(reason=type(exc).__name__).inc()
                 result = self._outcome(invocation_id, tool, decision, request.session,
                                        Status.rejected, Reason.policy, str(exc))

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from sandboxd.errors import HostFull
 from sandboxd.models import new_id
 from sandboxd.quotafs import Usage, WorkspaceFS, is_mount_point, mounted_usage, mounts_below
 from sandboxd.reservations import Cap, CapReached, Ledger
@@ -191,7 +192,8 @@ class SessionManager:
             try:
                 uid = self.uids.acquire(sid, keep_free=self.keep_free)
             except UidPoolExhausted as exc:
-                raise SessionLimitReached(f"no session can be created now: {exc}") from None
+                raise HostFull(f"the host is full, no session can be created now: {exc} "
+                               "(sandbox_uid_count)", full="sandbox_uids") from None
         try:
             workspace = await self._create_workspace(sid, uid)
             session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,

@@ -28,6 +28,7 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "too-many-kernels": (429, "too-many-kernels", "Too many session kernels"),
     "too-many-mcp-sessions": (429, "too-many-mcp-sessions", "Too many MCP sessions"),
     "draining": (503, "draining", "Shutting down"),
+    "host-full": (503, "host-full", "Host full"),
     "tool-unavailable": (503, "tool-unavailable", "Tool unavailable"),
     "storage-full": (507, "storage-full", "Insufficient storage"),
     "audit-failure": (500, "audit-failure", "Audit log unavailable"),

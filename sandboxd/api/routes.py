@@ -67,6 +67,14 @@ async def metrics(request: Request) -> Response:
     return Response(m.render(), media_type=m.content_type)
 
 
+@router.get("/v1/capacity", tags=["health"])
+async def capacity(request: Request, client: str = Depends(authenticate)) -> dict[str, Any]:
+    """What this host holds and has room for: sessions (yours and every client's), live
+    kernels and ``max_kernels``, sandbox uids, memory headroom; ``full`` names what would
+    refuse a new session or kernel now."""
+    return _service(request).capacity.view(client)
+
+
 @router.get("/v1/tools", tags=["tools"], response_model=None)
 async def list_tools(
     request: Request,
