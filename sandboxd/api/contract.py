@@ -50,6 +50,7 @@ WITH_BODY = (400, 413, 422)
 EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/tools/{name}/invoke"): (409, 503, 507),
     ("post", "/v1/sessions"): (409, 503, 507),
+    ("post", "/v1/sessions/{session_id}/fork"): (409, 503, 507),
     ("post", "/v1/sessions/{session_id}/tools/{name}/invoke"): (409, 503, 507),
     ("get", "/v1/tools"): (422,),
     ("put", "/v1/sessions/{session_id}/files/{path}"): (403, 408, 409, 503, 507),
