@@ -111,7 +111,9 @@ class Settings(BaseSettings):
 
     # --- scheduler
     max_concurrency: int = Field(default=4, ge=1)
-    queue_size: int = Field(default=64, ge=0)
+    # a queued call holds a coroutine and its request: a burst of a few hundred (an evaluation
+    # harness opening its sandboxes at once) waits its turn rather than getting 429s
+    queue_size: int = Field(default=256, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait for a slot")
     queue_per_client: int | None = Field(
         default=None, ge=1,
