@@ -225,6 +225,7 @@ def run_worker(
         emit(b"r", _report(report))
         if mask is None:
             return 0
+        trim_heap()  # an idle kernel keeps only what its state needs
         # the daemon closing the socket (EOF) ends it. ``read``, not ``recv``: the seccomp
         # filter denies the latter
         try:
@@ -236,6 +237,31 @@ def run_worker(
         if msg.kind != "python" or msg.probe is not None:
             return 0
         move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, resolved in the zygote (a worker in its chroot could not load
+    libc), or None where there is none."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def trim_heap() -> None:
+    """After a kernel's call: collect the call's garbage cycles and give the C heap's free
+    pages back to the system (``malloc_trim``), so that an idle kernel's private memory is
+    its state, not the peak of its last call."""
+    import gc
+
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def cpu_exceeded(*_: Any) -> None:
