@@ -74,8 +74,8 @@ USER 0:0
 WORKDIR /var/lib/sandboxd
 STOPSIGNAL SIGTERM
 # Ready = the confinement self-test passes (GET /readyz), over the unix socket when there is one,
-# else loopback TCP on $SANDBOXD_PORT (sandboxd/healthcheck.py: the standard library only).
+# else loopback TCP on $SANDBOXD_PORT (sandboxd/health/check.py: the standard library only).
 HEALTHCHECK --interval=30s --timeout=15s --start-period=60s --retries=3 \
-    CMD ["/opt/sandboxd/bin/python", "-I", "-m", "sandboxd.healthcheck"]
+    CMD ["/opt/sandboxd/bin/python", "-I", "-m", "sandboxd.health.check"]
 ENTRYPOINT ["/opt/sandboxd/bin/sandboxd"]
 CMD ["serve", "--uds", "/run/sandboxd/sandboxd.sock"]

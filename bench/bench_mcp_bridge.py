@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
-from sandboxd.tokens import add_token  # noqa: E402
+from sandboxd.access.tokens import add_token  # noqa: E402
 from tests.support.daemon import running_daemon  # noqa: E402
 
 FIRST = {

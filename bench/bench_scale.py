@@ -52,7 +52,7 @@ MIB = 1024 * 1024
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def summary(ms: list[float]) -> str:
@@ -139,9 +139,9 @@ def tree_pss(root: int) -> tuple[int, list[int]]:
         try:
             size = pss(p.pid)
             total += size
-            if "/workspaces/" in p.cwd() or p.cwd() == "/":
-                if p.pid != root and p.uids().real != 0:
-                    kernels.append(size)
+            if (("/workspaces/" in p.cwd() or p.cwd() == "/") and p.pid != root
+                    and p.uids().real != 0):
+                kernels.append(size)
         except (psutil.Error, OSError):
             continue
     return total, kernels

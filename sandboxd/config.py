@@ -244,7 +244,7 @@ class Settings(BaseSettings):
     sandbox_uid: int = 10001  # the image's user (images are built with it)
     sandbox_gid: int = 10001
     # every live sandbox (call, session, warm container) runs as its own uid (= gid) of this
-    # range, never shared while in use (see sandboxd.uids)
+    # range, never shared while in use (see sandboxd.host.uids)
     sandbox_uid_first: int = Field(default=10100, ge=1000)
     sandbox_uid_count: int = Field(
         default=0, ge=0,

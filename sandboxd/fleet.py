@@ -50,8 +50,8 @@ def body_session_paths() -> tuple[str, str]:
     """Where a 2026-07-28 ``tools/call`` names its session, as ``json_query`` paths, in the
     order the daemon reads them (the argument wins); json_query takes the slash of
     ``sandboxd/session`` in a dotted key (checked with HAProxy 2.6)."""
-    from sandboxd.api.mcp_handles import ARGUMENT
-    from sandboxd.api.mcp_meta import SESSION_META
+    from sandboxd.api.mcp.handles import ARGUMENT
+    from sandboxd.api.mcp.meta import SESSION_META
 
     return f"$.params.arguments.{ARGUMENT}", f"$.params._meta.{SESSION_META}"
 

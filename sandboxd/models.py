@@ -43,8 +43,8 @@ from sandboxd.protocol.display import TOO_DEEP, too_deep
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import ExecutionPlan
 from sandboxd.protocol.plan import ToolKind as ToolKind  # re-exported: the tools' kinds
-from sandboxd.streaming import EventSink
-from sandboxd.transfer import Transfer
+from sandboxd.results.streaming import EventSink
+from sandboxd.workspaces.transfer import Transfer
 from sandboxd_client import models as results
 from sandboxd_client.models import Approval as Approval
 from sandboxd_client.models import Cleanup as Cleanup
@@ -189,7 +189,8 @@ class Invocation(_Model):
     client: str
     session: str | None = None
     workspace: Path
-    # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool (sandboxd.uids);
+    # the sandbox identity (uid = gid) of the call's sandbox, from the uid pool
+    # (sandboxd.host.uids);
     # None when the daemon is not root
     uid: int | None = None
     arguments: dict[str, Any] = Field(default_factory=dict)

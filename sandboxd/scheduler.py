@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sandboxd.deadline import within
 from sandboxd.errors import SandboxdError
+from sandboxd.util.deadline import within
 
 
 class Overloaded(SandboxdError):

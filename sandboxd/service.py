@@ -23,13 +23,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sandboxd.approvals import ApprovalBook
+from sandboxd.access.approvals import ApprovalBook
 from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.capacity import Capacity
 from sandboxd.config import Settings
-from sandboxd.deadline import stop_task, within
 from sandboxd.errors import (
     AuditFailure,
     DrainCancelled,
@@ -41,9 +40,10 @@ from sandboxd.errors import (
     ToolUnavailable,
     UnknownTool,
 )
-from sandboxd.health import HealthOps
-from sandboxd.kernels import KernelCap, KernelTicket, SessionOps, note_kernel_lost
-from sandboxd.metrics import Metrics
+from sandboxd.health.metrics import Metrics
+from sandboxd.health.readiness import BackendProbes
+from sandboxd.health.state import HealthOps
+from sandboxd.host.uids import UidPool
 from sandboxd.models import (
     Cleanup,
     Decision,
@@ -61,18 +61,18 @@ from sandboxd.policy import PolicyStore
 from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
-from sandboxd.quotafs import Usage, full_note
-from sandboxd.readiness import BackendProbes
 from sandboxd.receipts.sign import Receipts
-from sandboxd.recorder import AuditRecorder, interrupted_calls
-from sandboxd.registry import validate_arguments
-from sandboxd.restarts import SessionRestarts
+from sandboxd.results.recorder import AuditRecorder, interrupted_calls
+from sandboxd.results.streaming import EventSink
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
-from sandboxd.sessions import Session, SessionEnded, SessionManager
-from sandboxd.stopclock import StopClock
-from sandboxd.streaming import EventSink
-from sandboxd.transfer import Transfer
-from sandboxd.uids import UidPool
+from sandboxd.sessions.kernels import KernelCap, KernelTicket, SessionOps, note_kernel_lost
+from sandboxd.sessions.manager import Session, SessionEnded, SessionManager
+from sandboxd.sessions.restarts import SessionRestarts
+from sandboxd.tools import validate_arguments
+from sandboxd.util.deadline import stop_task, within
+from sandboxd.util.stopclock import StopClock
+from sandboxd.workspaces.quota import Usage, full_note
+from sandboxd.workspaces.transfer import Transfer
 
 log = logging.getLogger("sandboxd")
 #: the message of a call its session's end cancelled (delete, expiry, revocation)
@@ -97,7 +97,7 @@ class _Call:
 
 class Sandboxd(HealthOps, SessionOps, SessionRestarts):
     """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics.
-    The session operations (and kernels) are in :class:`~sandboxd.kernels.SessionOps`."""
+    The session operations (and kernels) are in :class:`~sandboxd.sessions.kernels.SessionOps`."""
 
     def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
@@ -145,7 +145,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # called (in the event loop's thread) after every policy load that took effect: the
         # MCP front door announces changed tool lists with it
         self.policy_listeners: list[Callable[[], None]] = []
-        # calls the policy gates on a person's yes, waiting (sandboxd.approvals)
+        # calls the policy gates on a person's yes, waiting (sandboxd.access.approvals)
         self.approvals = ApprovalBook(
             lambda **f: self.recorder.record(self.audit.write, **f),
             lambda client, result, transport: self._finish(client, result, time.monotonic(),
@@ -291,7 +291,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self.audit.write(event, **fields)
 
     def session(self, client: str, session_id: str) -> Session:
-        """The client's session (:class:`~sandboxd.sessions.SessionNotFound` otherwise)."""
+        """The client's session (:class:`~sandboxd.sessions.manager.SessionNotFound` otherwise)."""
         return self.sessions.get(session_id, client)
 
     def _spec(self, client: str, tool: str) -> ToolSpec:
@@ -308,8 +308,10 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                      started: asyncio.Event | None = None) -> Result:
         """Run one call end to end (see the module docstring). ``transport`` names the front
         door the call came through (``http``, ``mcp``); it goes into the audit records.
-        ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.transfer`). A streaming
-        caller passes ``events`` (the backend's output as it comes: :mod:`sandboxd.streaming`)
+        ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.workspaces.transfer`). A
+        streaming
+        caller passes ``events`` (the backend's output as it comes:
+        :mod:`sandboxd.results.streaming`)
         and ``started``, set once the call holds a slot and its backend runs (everything that
         can refuse it before it runs has passed). A call is in flight for :meth:`drain` from
         its admission on, before its first ``await``."""
@@ -488,7 +490,8 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                                          "approval": call.decision.approval})
 
     async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
-        """Tell the model when its workspace is full (:func:`~sandboxd.quotafs.full_note`)."""
+        """Tell the model when its workspace is full
+        (:func:`~sandboxd.workspaces.quota.full_note`)."""
         if plan.kind not in (ToolKind.python, ToolKind.command):
             return result  # the file tools say it themselves
         usage: Usage | None = None

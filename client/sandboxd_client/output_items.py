@@ -34,7 +34,7 @@ class Output(_Model):
     a call leaves open. ``truncated``: the item was over the size cap, and its data is only a
     ``text/plain`` note that says so. ``at``: where in stdout and stderr it happened
     (:class:`Position`; None from a producer that does not say). Rules and caps:
-    :mod:`sandboxd.outputs`."""
+    :mod:`sandboxd.results.outputs`."""
 
     type: Literal["display"] = "display"
     data: dict[str, Any]

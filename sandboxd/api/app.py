@@ -16,23 +16,23 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxd import __version__
+from sandboxd.access.ratelimit import FailedAuthGuard
 from sandboxd.api import approvals, contract, files, problems, revocation
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.closing import CloseWhileDraining
-from sandboxd.api.mcp_door import LazyMcpDoor
+from sandboxd.api.mcp.door import LazyMcpDoor
 from sandboxd.api.routes import router
-from sandboxd.auth import FailedAuthGuard
 from sandboxd.backends.registry import default_backend
 from sandboxd.config import Settings
-from sandboxd.deadline import stop_task
 from sandboxd.errors import SandboxdError
-from sandboxd.readiness import backend_failure
+from sandboxd.health.readiness import backend_failure
 from sandboxd.service import Sandboxd
+from sandboxd.util.deadline import stop_task
 
 if TYPE_CHECKING:
-    from sandboxd.auth import RateLimiter
-    from sandboxd.tokens import TokenStore
+    from sandboxd.access.ratelimit import RateLimiter
+    from sandboxd.access.tokens import TokenStore
 
 log = logging.getLogger("sandboxd")
 
@@ -226,7 +226,7 @@ async def _self_test(service: Sandboxd, settings: Settings) -> None:
 def _load_tokens(settings: Settings) -> TokenStore | None:
     if settings.tokens_file is None:
         return None
-    from sandboxd.tokens import TokenStore
+    from sandboxd.access.tokens import TokenStore
 
     return TokenStore.load(settings.tokens_file)
 
@@ -234,7 +234,7 @@ def _load_tokens(settings: Settings) -> TokenStore | None:
 def _rate_limiter(settings: Settings) -> RateLimiter | None:
     if settings.rate_limit_per_minute <= 0:
         return None
-    from sandboxd.auth import RateLimiter
+    from sandboxd.access.ratelimit import RateLimiter
 
     return RateLimiter(settings.rate_limit_per_minute)
 
@@ -242,7 +242,7 @@ def _rate_limiter(settings: Settings) -> RateLimiter | None:
 def notify_systemd(message: str) -> None:
     """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
     try:
-        from sandboxd.notify import notify
+        from sandboxd.health.notify import notify
     except ImportError:
         return
     with contextlib.suppress(Exception):

@@ -12,9 +12,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxd.access.approvals import MAX_SCOPE_MINUTES, NotApprover, UnknownApproval
 from sandboxd.api.auth import authenticate
 from sandboxd.api.problems import Problem
-from sandboxd.approvals import MAX_SCOPE_MINUTES, NotApprover, UnknownApproval
 from sandboxd.models import Approval
 
 router = APIRouter()

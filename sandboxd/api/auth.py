@@ -1,7 +1,7 @@
 """Who is calling: bearer tokens when a tokens file is configured, else the client ``local``.
 
 Unknown or missing tokens get 401 problem+json, and 429 with ``Retry-After`` once the peer has
-failed too often (:class:`~sandboxd.auth.FailedAuthGuard`); they are audited as one
+failed too often (:class:`~sandboxd.access.ratelimit.FailedAuthGuard`); they are audited as one
 ``auth_failure`` record per peer per interval (the token itself is never logged, only a short
 digest prefix). Each token holder is rate limited (at most ``rate_limit_per_minute`` calls in
 any 60 s); the tokenless loopback client is not.
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from sandboxd.access.ratelimit import peer_key
 from sandboxd.api.problems import Problem
-from sandboxd.auth import peer_key
 
 LOCAL_CLIENT = "local"
 

@@ -35,7 +35,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from sandboxd.auth import peer_key
+from sandboxd.access.ratelimit import peer_key
 
 log = logging.getLogger("sandboxd.connections")
 

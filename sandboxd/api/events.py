@@ -1,7 +1,7 @@
 """Streamed invoke (output while a long call runs): ``POST /v1/tools/{name}/invoke`` with ``Accept:
 text/event-stream`` answers with Server-Sent Events while the call runs.
 
-Events (one JSON object per ``data:`` line, :mod:`sandboxd.streaming`): ``stdout`` and
+Events (one JSON object per ``data:`` line, :mod:`sandboxd.results.streaming`): ``stdout`` and
 ``stderr`` (``{"text": ...}``, as produced, within the call's output cap), ``display`` (a
 display item), then exactly one ``result`` (the same object a plain call returns) - or, when
 the service fails after the call started, one ``error`` carrying the problem+json object.
@@ -29,10 +29,10 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandboxd.api.problems import problem_body
-from sandboxd.deadline import stop_task
 from sandboxd.models import InvokeRequest, Result
+from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd
-from sandboxd.streaming import StreamEvent
+from sandboxd.util.deadline import stop_task
 
 MEDIA_TYPE = "text/event-stream"
 PING_S = 15.0

@@ -5,7 +5,7 @@
 * ``GET /v1/sessions/{session_id}/files/{path}``: the file's bytes, as an attachment.
 
 Both are calls of the ``write_file`` / ``read_file`` tools (:func:`upload`, :func:`download`;
-the bytes travel in a :class:`~sandboxd.transfer.Transfer`): the same
+the bytes travel in a :class:`~sandboxd.workspaces.transfer.Transfer`): the same
 path rules, policy decision, size cap, quota and audit records. The request body limit of the
 JSON API (``max_body_bytes``) does not apply to the upload: the policy's ``max_bytes`` does.
 """
@@ -28,7 +28,7 @@ from sandboxd.backends.workspace_errors import RefusedPath
 from sandboxd.errors import SandboxdError
 from sandboxd.models import InvokeRequest, Result, Status
 from sandboxd.service import Sandboxd
-from sandboxd.transfer import Transfer, UploadAborted
+from sandboxd.workspaces.transfer import Transfer, UploadAborted
 
 router = APIRouter()
 ROUTE = "/v1/sessions/{session_id}/files/{path:path}"

@@ -1,7 +1,8 @@
 """Revocation ends what it must: a client left without a valid token (every token removed from
 the tokens file, or expired) loses everything it holds.
 
-Every :attr:`~sandboxd.tokens.TokenStore.CHECK_INTERVAL_S` (a second) the watcher re-reads the
+Every :attr:`~sandboxd.access.tokens.TokenStore.CHECK_INTERVAL_S` (a second) the watcher re-reads
+the
 tokens file if it changed and compares the clients that hold something (a sandboxd session,
 with its kernels, containers and workspace; an MCP session) with the clients that have an
 unexpired token. Each holder without one is revoked: its MCP sessions end (404 from then on),
@@ -21,9 +22,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandboxd.api.mcp_door import LazyMcpDoor
+    from sandboxd.access.tokens import TokenStore
+    from sandboxd.api.mcp.door import LazyMcpDoor
     from sandboxd.service import Sandboxd
-    from sandboxd.tokens import TokenStore
 
 log = logging.getLogger("sandboxd.revocation")
 

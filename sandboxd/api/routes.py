@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxd import __version__
 from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
-from sandboxd.deadline import stop_task
 from sandboxd.errors import UnknownTool
 from sandboxd.fork import MAX_FORKS, fork_session
 from sandboxd.models import (
@@ -24,6 +23,7 @@ from sandboxd.models import (
     ToolSpec,
 )
 from sandboxd.service import Sandboxd
+from sandboxd.util.deadline import stop_task
 
 router = APIRouter()
 

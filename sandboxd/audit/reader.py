@@ -60,6 +60,108 @@ class VerifyReport:
         return f"ok: {self.records} records in {files}{head}{start}{signed}"
 
 
+class _Broken(Exception):
+    """The chain breaks at :attr:`bad`."""
+
+    def __init__(self, file: Path, line: int, seq: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.bad = BadRecord(file, line, seq, reason)
+
+
+def _parsed(f: Path, lineno: int, line: bytes) -> tuple[dict[str, Any], int, str]:
+    """A record and its seq and prev, or :class:`_Broken` when it is not a valid record."""
+    try:
+        record = json.loads(line)
+        seq, prev = record["seq"], record["prev"]
+        if (not isinstance(seq, int) or isinstance(seq, bool)
+                or not isinstance(prev, str) or not isinstance(record["event"], str)):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise _Broken(f, lineno, None, "not a valid audit record (edited or corrupt)") from None
+    return record, seq, prev
+
+
+class _Chain:
+    """The walk of :func:`verify`: each record checked against the one before it."""
+
+    def __init__(self, report: VerifyReport, signed_head: tuple[int, str] | None) -> None:
+        self.report, self.signed_head = report, signed_head
+        self.prev_hash, self.expected = GENESIS, 0
+        self.prev_where: tuple[Path, int] | None = None
+        self.anchor: tuple[int, str, Path, int] | None = None  # first record, if not genesis
+
+    def file(self, f: Path, last_file: bool) -> None:
+        try:
+            fh = f.open("rb")
+        except OSError as exc:
+            raise _Broken(f, 0, None, f"cannot read: {exc.strerror or exc}") from None
+        with fh:
+            pending: bytes | None = None
+            lineno = 0
+            for raw in fh:
+                if pending is not None:  # a line without newline that is not the last
+                    raise _Broken(f, lineno, None, "incomplete line in the middle of the log")
+                lineno += 1
+                if raw.endswith(b"\n"):
+                    self.record(f, lineno, raw[:-1])
+                else:
+                    pending = raw
+        if pending is not None:
+            if not last_file:
+                raise _Broken(f, lineno, None, "incomplete last line in a rotated file")
+            self.report.warnings.append(
+                f"{f}:{lineno}: incomplete final line ({len(pending)} bytes, a crash "
+                "mid-write; that record was never acknowledged). It is removed, and the "
+                "removal recorded, the next time the daemon opens the log.")
+
+    def record(self, f: Path, lineno: int, line: bytes) -> None:
+        record, seq, prev = _parsed(f, lineno, line)
+        if self.prev_where is None:
+            if seq != 0 or prev != GENESIS:
+                self.anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
+        else:
+            self._follows(f, lineno, seq, prev)
+        report, anchor = self.report, self.anchor
+        if (anchor is not None and report.anchored_by is None
+                and record["event"] == "audit_pruned"
+                and record.get("anchor_seq") == anchor[0]
+                and record.get("anchor_prev") == anchor[1]):
+            report.anchor_seq, report.anchored_by = anchor[0], seq
+        self.prev_hash = hashlib.sha256(line).hexdigest()
+        if (self.signed_head is not None and seq == self.signed_head[0]
+                and self.prev_hash != self.signed_head[1]):
+            raise _Broken(f, lineno, seq, "the record is not the one the signed head names "
+                          "(the log was rewritten from here on)")
+        self.expected = seq + 1
+        self.prev_where = (f, lineno)
+        report.records += 1
+        report.head_seq, report.head_hash = seq, self.prev_hash
+
+    def _follows(self, f: Path, lineno: int, seq: int, prev: str) -> None:
+        """Fail unless the record comes right after the one before it, unchanged."""
+        expected = self.expected
+        if seq > expected:
+            raise _Broken(f, lineno, seq, f"seq jumps from {expected - 1} to {seq}: "
+                          f"{seq - expected} record(s) removed before this one")
+        if seq < expected:
+            raise _Broken(f, lineno, seq, f"seq {seq} follows seq {expected - 1}: a record "
+                          "was inserted or records were reordered")
+        if prev != self.prev_hash:
+            assert self.prev_where is not None
+            pf, pl = self.prev_where
+            raise _Broken(pf, pl, expected - 1, "the record was altered: its hash does not "
+                          f"match the prev stored by the next record ({f}:{lineno}); or that "
+                          "next record was forged")
+
+    def finish(self) -> None:
+        if self.anchor is not None and self.report.anchored_by is None:
+            seq, _, f, lineno = self.anchor
+            raise _Broken(f, lineno, seq, f"the chain does not start here (first seq is "
+                          f"{seq}): earlier records were removed (the head of the log, or "
+                          "older rotated files), and no audit_pruned record of the retention "
+                          "names this record as the new start")
+
+
 def verify(path: Path, signed_head: tuple[int, str] | None = None) -> VerifyReport:
     """Check the whole chain of ``path`` (its rotated files first). Names the first bad record.
     ``signed_head``: the seq and hash of the newest signed head (:mod:`sandboxd.receipts.heads`):
@@ -68,89 +170,16 @@ def verify(path: Path, signed_head: tuple[int, str] | None = None) -> VerifyRepo
     path = Path(path)
     files = chain_files(path)
     report = VerifyReport(ok=True, files=files)
-    if not files:
-        report.ok = False
-        report.first_bad = BadRecord(path, 0, None, "no such audit log")
+    chain = _Chain(report, signed_head)
+    try:
+        if not files:
+            raise _Broken(path, 0, None, "no such audit log")
+        for index, f in enumerate(files):
+            chain.file(f, last_file=index == len(files) - 1)
+        chain.finish()
+    except _Broken as broken:
+        report.ok, report.first_bad = False, broken.bad
         return report
-    prev_hash = GENESIS
-    expected = 0
-    prev_where: tuple[Path, int] | None = None
-    anchor: tuple[int, str, Path, int] | None = None  # first record, when not the genesis
-
-    def fail(f: Path, line: int, seq: int | None, reason: str) -> VerifyReport:
-        report.ok = False
-        report.first_bad = BadRecord(f, line, seq, reason)
-        return report
-
-    for index, f in enumerate(files):
-        last_file = index == len(files) - 1
-        try:
-            fh = f.open("rb")
-        except OSError as exc:
-            return fail(f, 0, None, f"cannot read: {exc.strerror or exc}")
-        with fh:
-            pending: bytes | None = None
-            lineno = 0
-            for raw in fh:
-                if pending is not None:  # a line without newline that is not the last
-                    return fail(f, lineno, None, "incomplete line in the middle of the log")
-                lineno += 1
-                if not raw.endswith(b"\n"):
-                    pending = raw
-                    continue
-                line = raw[:-1]
-                try:
-                    record = json.loads(line)
-                    seq = record["seq"]
-                    prev = record["prev"]
-                    if (not isinstance(seq, int) or isinstance(seq, bool)
-                            or not isinstance(prev, str) or not isinstance(record["event"], str)):
-                        raise TypeError
-                except (ValueError, KeyError, TypeError):
-                    return fail(f, lineno, None, "not a valid audit record (edited or corrupt)")
-                if prev_where is None:
-                    if seq != 0 or prev != GENESIS:
-                        anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
-                else:
-                    pf, pl = prev_where
-                    if seq > expected:
-                        return fail(f, lineno, seq, f"seq jumps from {expected - 1} to {seq}: "
-                                    f"{seq - expected} record(s) removed before this one")
-                    if seq < expected:
-                        return fail(f, lineno, seq, f"seq {seq} follows seq {expected - 1}: a "
-                                    "record was inserted or records were reordered")
-                    if prev != prev_hash:
-                        return fail(pf, pl, expected - 1, f"the record was altered: its hash "
-                                    f"does not match the prev stored by the next record "
-                                    f"({f}:{lineno}); or that next record was forged")
-                if (anchor is not None and report.anchored_by is None
-                        and record["event"] == "audit_pruned"
-                        and record.get("anchor_seq") == anchor[0]
-                        and record.get("anchor_prev") == anchor[1]):
-                    report.anchor_seq, report.anchored_by = anchor[0], seq
-                prev_hash = hashlib.sha256(line).hexdigest()
-                if (signed_head is not None and seq == signed_head[0]
-                        and prev_hash != signed_head[1]):
-                    return fail(f, lineno, seq, "the record is not the one the signed head "
-                                "names (the log was rewritten from here on)")
-                expected = seq + 1
-                prev_where = (f, lineno)
-                report.records += 1
-                report.head_seq = seq
-                report.head_hash = prev_hash
-            if pending is not None:
-                if not last_file:
-                    return fail(f, lineno, None, "incomplete last line in a rotated file")
-                report.warnings.append(
-                    f"{f}:{lineno}: incomplete final line ({len(pending)} bytes, a crash "
-                    "mid-write; that record was never acknowledged). It is removed, and the "
-                    "removal recorded, the next time the daemon opens the log.")
-    if anchor is not None and report.anchored_by is None:
-        seq, _, f, lineno = anchor
-        return fail(f, lineno, seq, f"the chain does not start here (first seq is {seq}): "
-                    "earlier records were removed (the head of the log, or older rotated "
-                    "files), and no audit_pruned record of the retention names this record "
-                    "as the new start")
     if signed_head is not None:
         return _against_head(report, signed_head[0])
     return report

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sandboxd import storage
 from sandboxd.audit.encoding import (
     PREVIEW_CHARS,
     canonical_json,
@@ -32,8 +31,9 @@ from sandboxd.audit.encoding import (
 )
 from sandboxd.audit.files import GENESIS, first_line, fsync_dir, read_tail, rotated_files
 from sandboxd.errors import SandboxdError
+from sandboxd.host import storage
 from sandboxd.models import Decision, Result
-from sandboxd.timefmt import utc_iso
+from sandboxd.util.timefmt import utc_iso
 
 RESERVED = frozenset({"ts", "seq", "event", "prev"})
 

@@ -13,7 +13,7 @@ from sandboxd.backends.base import Backend
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
-    from sandboxd.uids import UidPool
+    from sandboxd.host.uids import UidPool
 
 log = logging.getLogger("sandboxd")
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from sandboxd.backends.base import Backend
     from sandboxd.config import Settings
+    from sandboxd.host.uids import UidPool
     from sandboxd.models import ProbeCheck
-    from sandboxd.uids import UidPool
 
 #: what a policy may ask a backend to run: ``tools.python``, ``tools.shell``, ``custom_tools``
 #: and the file tools (``tools.read_file``, ``write_file``, ``list_files``)

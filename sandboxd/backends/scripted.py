@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
-from sandboxd.deadline import within
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -38,6 +37,7 @@ from sandboxd.models import (
     Result,
     ToolKind,
 )
+from sandboxd.util.deadline import within
 
 Script = Callable[[Invocation, Limits], "Result | Awaitable[Result]"]
 

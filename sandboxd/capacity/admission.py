@@ -5,7 +5,7 @@ A new session, or a call that would start a kernel, is admitted only while the m
 can give now (:func:`~sandboxd.capacity.memory.read_memory`), less ``kernel_memory_bytes`` for
 each kernel being started by calls in flight, stays above ``memory_reserve_bytes`` after it:
 else 503 ``host-full`` (``full: "memory"``) with ``Retry-After``. The check is synchronous and
-made with the caps' reservations (:mod:`sandboxd.reservations`), before any await, so a burst
+made with the caps' reservations (:mod:`sandboxd.util.reservations`), before any await, so a burst
 cannot pass it together. A full host refuses what is new; what it admitted goes on.
 """
 
@@ -22,9 +22,9 @@ from sandboxd.errors import HostFull
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
-    from sandboxd.kernels import KernelCap
-    from sandboxd.sessions import SessionManager
-    from sandboxd.uids import UidPool
+    from sandboxd.host.uids import UidPool
+    from sandboxd.sessions.kernels import KernelCap
+    from sandboxd.sessions.manager import SessionManager
 
 MIB = 1024 * 1024
 

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from sandboxd.cli.daemon import TOKEN_OPTION, URL_OPTION, _call
-from sandboxd.text import visible
+from sandboxd.util.text import visible
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 JSON_OPTION = typer.Option(False, "--json", help="Print the daemon's JSON")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
-from sandboxd.text import json_visible, visible
+from sandboxd.util.text import json_visible, visible
 
 if TYPE_CHECKING:
     from sandboxd.receipts.keys import KeySet
@@ -49,7 +49,8 @@ def _receipt_keys(key: Path | None, path: Path | None, config: Path | None,
         settings = None
     directory = settings.state_dir if settings is not None else None
     named_alone = path is not None and config is None and state_dir is None
-    if named_alone and (settings is None or path.absolute() != settings.audit_path):
+    if path is not None and named_alone and (settings is None
+                                             or path.absolute() != settings.audit_path):
         directory = path.absolute().parent
     try:
         return load_keyset(directory) if directory is not None else None

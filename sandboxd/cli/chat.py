@@ -149,31 +149,13 @@ def chat(
                                     help="No session: every call gets a fresh workspace"),
 ) -> None:
     """Chat with a local LLM whose tool calls run in sandboxd."""
-    from sandboxd_client import Agent, LLMError, SandboxClient, SandboxError
+    from sandboxd_client import Agent, SandboxClient, SandboxError
 
     if sandbox is not None:  # the name every other command spells --url
         typer.echo("sandboxd chat: --sandbox is deprecated; use --url", err=True)
         url = sandbox
     client = SandboxClient(url, socket=socket, token=token)
-    try:
-        offered = client.tools("openai")
-        specs = {t.name: t for t in client.tools()}
-    except SandboxError as exc:
-        client.close()
-        _fail(f"cannot use sandboxd at {client.socket or client.url}: {exc}")
-    available = [t["function"]["name"] for t in offered]
-    if tools:
-        wanted = [t.strip() for t in tools.split(",") if t.strip()]
-        for name in wanted:
-            if name not in specs:
-                client.close()
-                _fail(f"unknown tool {name!r} (tools: {', '.join(sorted(specs))})")
-            if name not in available:
-                client.close()
-                _fail(f"tool {name!r} is unavailable: {specs[name].unavailable_reason}")
-    else:
-        wanted = available
-
+    wanted = _wanted_tools(client, tools)
     session_id: str | None = None
     if not no_session:
         try:
@@ -191,74 +173,13 @@ def chat(
     agent = Agent(llm, model, sandbox=client, api_key=api_key, session=session_id,
                   auto_session=not no_session,
                   system_prompt=system, context_tokens=context_tokens)
-    display = _Display(show_reasoning)
+    talk = _Conversation(agent, _Display(show_reasoning), wanted, interactive, dict(
+        max_rounds=max_rounds, parallel_tool_calls=parallel, tool_timeout_s=tool_timeout))
     typer.echo(f"sandboxd chat: model {model} at {llm}; tools: {', '.join(wanted) or 'none'}"
                + (f"; session {session_id}" if session_id else "")
                + ". Ctrl-C cancels a turn, Ctrl-D quits.", err=True)
-    history: list[dict[str, Any]] = []
-    failures = 0
     try:
-        while True:
-            try:
-                line = input("you> " if interactive else "")
-            except EOFError:
-                display.newline()
-                break
-            except KeyboardInterrupt:
-                display.write("\n(Ctrl-D or /exit to quit)\n")
-                continue
-            text = line.strip()
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                break
-            if text == "/reset":
-                history = []
-                display.write("(new conversation)\n")
-                continue
-            if text == "/tools":
-                display.write(", ".join(wanted) + "\n")
-                continue
-            if text == "/help":
-                display.write(slash_help() + "\n")
-                continue
-            if re.fullmatch(r"/[a-z]+", text):  # a path or a sentence goes to the model
-                display.write(f"(unknown command {text}; /help lists them)\n")
-                continue
-            history.append({"role": "user", "content": text})
-            added: list[dict[str, Any]] = []
-
-            def on_message(message: dict[str, Any], added: list[dict[str, Any]] = added) -> None:
-                added.append(message)
-                display.message(message)
-
-            if interactive:
-                display.write("bot> ")
-            try:
-                result = agent.act(
-                    history, wanted, max_rounds=max_rounds, on_message=on_message,
-                    on_fragment=display.fragment, on_tool_result=display.tool_result,
-                    parallel_tool_calls=parallel, tool_timeout_s=tool_timeout,
-                )
-            except KeyboardInterrupt:
-                history.extend(added)
-                if history[-1].get("role") == "user":
-                    history.append({"role": "assistant", "content": "[interrupted by the user]"})
-                display.newline()
-                display.write("[cancelled]\n")
-                continue
-            except LLMError as exc:
-                failures += 1
-                history.extend(added)
-                if history[-1].get("role") == "user":
-                    history.pop()
-                display.newline()
-                typer.echo(f"error: {exc}", err=True)
-                continue
-            history = result.messages
-            display.newline()
-            if result.stop_reason != "answer":
-                display.write(f"[stopped: {result.stop_reason.replace('_', ' ')}]\n")
+        talk.run()
     finally:
         if session_id:
             with contextlib.suppress(SandboxError):
@@ -266,8 +187,115 @@ def chat(
         client.close()
         if history_path is not None:
             _save_readline(history_path)
-    if failures and not interactive:
+    if talk.failures and not interactive:
         raise typer.Exit(1)  # a scripted run (piped stdin) reports failed turns
+
+
+def _wanted_tools(client: Any, tools: str | None) -> list[str]:
+    """The tools to offer the model (``--tools``, else every one available to this client),
+    or exit 2 naming one that is unknown or unavailable."""
+    from sandboxd_client import SandboxError
+
+    try:
+        offered = client.tools("openai")
+        specs = {t.name: t for t in client.tools()}
+    except SandboxError as exc:
+        client.close()
+        _fail(f"cannot use sandboxd at {client.socket or client.url}: {exc}")
+    available = [t["function"]["name"] for t in offered]
+    if not tools:
+        return available
+    wanted = [t.strip() for t in tools.split(",") if t.strip()]
+    for name in wanted:
+        if name not in specs:
+            client.close()
+            _fail(f"unknown tool {name!r} (tools: {', '.join(sorted(specs))})")
+        if name not in available:
+            client.close()
+            _fail(f"tool {name!r} is unavailable: {specs[name].unavailable_reason}")
+    return wanted
+
+
+class _Conversation:
+    """The read-act loop: a line from the user is a slash command or a turn of the agent."""
+
+    def __init__(self, agent: Any, display: _Display, wanted: list[str], interactive: bool,
+                 options: dict[str, Any]) -> None:
+        self.agent, self.display, self.wanted = agent, display, wanted
+        self.interactive, self.options = interactive, options
+        self.history: list[dict[str, Any]] = []
+        self.failures = 0
+
+    def run(self) -> None:
+        while True:
+            try:
+                line = input("you> " if self.interactive else "")
+            except EOFError:
+                self.display.newline()
+                return
+            except KeyboardInterrupt:
+                self.display.write("\n(Ctrl-D or /exit to quit)\n")
+                continue
+            text = line.strip()
+            if text in ("/exit", "/quit"):
+                return
+            if text and not self.command(text):
+                self.turn(text)
+
+    def command(self, text: str) -> bool:
+        """Handle a slash command; False when ``text`` is for the model (a path or a
+        sentence starting with a slash goes to it too)."""
+        if text == "/reset":
+            self.history = []
+            self.display.write("(new conversation)\n")
+        elif text == "/tools":
+            self.display.write(", ".join(self.wanted) + "\n")
+        elif text == "/help":
+            self.display.write(slash_help() + "\n")
+        elif re.fullmatch(r"/[a-z]+", text):
+            self.display.write(f"(unknown command {text}; /help lists them)\n")
+        else:
+            return False
+        return True
+
+    def turn(self, text: str) -> None:
+        """One turn: the agent's rounds until it answers; Ctrl-C keeps what was said so far,
+        an LLM error drops the question (counted: a scripted run exits 1)."""
+        from sandboxd_client import LLMError
+
+        display, history = self.display, self.history
+        history.append({"role": "user", "content": text})
+        added: list[dict[str, Any]] = []
+
+        def on_message(message: dict[str, Any]) -> None:
+            added.append(message)
+            display.message(message)
+
+        if self.interactive:
+            display.write("bot> ")
+        try:
+            result = self.agent.act(history, self.wanted, on_message=on_message,
+                                    on_fragment=display.fragment,
+                                    on_tool_result=display.tool_result, **self.options)
+        except KeyboardInterrupt:
+            history.extend(added)
+            if history[-1].get("role") == "user":
+                history.append({"role": "assistant", "content": "[interrupted by the user]"})
+            display.newline()
+            display.write("[cancelled]\n")
+            return
+        except LLMError as exc:
+            self.failures += 1
+            history.extend(added)
+            if history[-1].get("role") == "user":
+                history.pop()
+            display.newline()
+            typer.echo(f"error: {exc}", err=True)
+            return
+        self.history = result.messages
+        display.newline()
+        if result.stop_reason != "answer":
+            display.write(f"[stopped: {result.stop_reason.replace('_', ' ')}]\n")
 
 
 def _setup_readline(path: Path) -> None:

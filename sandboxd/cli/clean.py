@@ -4,9 +4,9 @@ and their containers, still running. A plain ``rm -rf`` fails on those mounts ("
 resource busy") and leaves the containers behind; ``make clean`` calls this.
 
 Only when no daemon serves that directory: the command takes the directory's lock
-(:mod:`sandboxd.statelock`) for as long as it works, so a live daemon makes it refuse in one
+(:mod:`sandboxd.host.statelock`) for as long as it works, so a live daemon makes it refuse in one
 line and a daemon started meanwhile refuses to start. Unmounting is the daemon's own way
-(:func:`sandboxd.mount_helper.unmount`: a detached unmount when the mount is busy); the
+(:func:`sandboxd.workspaces.mount_helper.unmount`: a detached unmount when the mount is busy); the
 containers are those the engine labels with the directory's instance name, removed as the
 daemon's start-up sweep removes them."""
 
@@ -52,9 +52,10 @@ def clean(config: Path | None = CONFIG_OPTION, state_dir: Path | None = STATE_DI
               help="Leave the daemon's containers alone (remove only the directory)")) -> None:
     """Remove a stopped daemon's state directory: unmount its workspaces, remove the
     containers its stop kept, then the directory."""
-    from sandboxd import fstree, statelock
-    from sandboxd.mount_helper import unmount
-    from sandboxd.quotafs import mounts_below
+    from sandboxd.host import statelock
+    from sandboxd.workspaces import fstree
+    from sandboxd.workspaces.mount_helper import unmount
+    from sandboxd.workspaces.quota import mounts_below
 
     settings = settings_for(config, state_dir)
     state = Path(settings.state_dir)

@@ -21,7 +21,7 @@ from sandboxd import DEFAULT_URL, __version__
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
 EXIT_LISTEN = 4  # the address or socket could not be bound (e.g. the port is in use)
-EXIT_STATE_LOCKED = 5  # another daemon holds the state directory's lock (sandboxd.statelock)
+EXIT_STATE_LOCKED = 5  # another daemon holds the state directory's lock (sandboxd.host.statelock)
 EXIT_UID_RANGE = 6  # another live daemon on this host claims (part of) the sandbox uid range
 
 
@@ -76,7 +76,7 @@ def serve(
         logging.getLogger("sandboxd").warning(
             "listening on non-loopback address %s: every caller needs a token", settings.host)
     _lock_state_dir(settings.state_dir)  # first: a second serve on this directory says so
-    from sandboxd import uidclaim
+    from sandboxd.host import uidclaim
 
     try:  # held until the process exits (the kernel drops it then, SIGKILL included)
         claim = uidclaim.claim_for(settings)
@@ -106,7 +106,7 @@ def serve(
 def _lock_state_dir(state_dir: Path) -> None:
     """Hold the state directory's lock for the life of this process (before anything there is
     touched), or exit :data:`EXIT_STATE_LOCKED` with one line naming the directory and pid."""
-    from sandboxd import statelock
+    from sandboxd.host import statelock
 
     try:
         statelock.acquire(state_dir)  # the descriptor stays open until the process ends
@@ -221,7 +221,7 @@ def _draining_server_class() -> type:
             where = self.config.uds or f"http://{self.config.host}:{self.config.port}"
             notify_systemd(f"READY=1\nSTATUS=serving on {where}")
             logging.getLogger("sandboxd").info("sandboxd ready on %s", where)
-            from sandboxd import heap
+            from sandboxd.host import heap
 
             heap.trim()  # start-up's freed C heap back to the kernel (less idle memory)
 
@@ -390,7 +390,7 @@ def invoke(
 
 def _print_stream(items: Any) -> Any:
     """Print a streamed call's output as it arrives; return its result."""
-    from sandboxd.text import visible
+    from sandboxd.util.text import visible
     from sandboxd_client import ToolOutput
     from sandboxd_client.render import describe_output
 

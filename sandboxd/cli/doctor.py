@@ -30,9 +30,9 @@ from typing import Any
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
-from sandboxd.deadline import within
+from sandboxd.host.statelock import Holder
 from sandboxd.models import ProbeCheck, ProbeReport
-from sandboxd.statelock import Holder
+from sandboxd.util.deadline import within
 
 PROBE_TIMEOUT_S = 120.0
 
@@ -59,7 +59,7 @@ def enabled_backends(settings: Any) -> list[str]:
 async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
     """``(available, report)`` for one backend: construct, start, probe, close."""
     from sandboxd.backends.factory import build_backend
-    from sandboxd.uids import UidPool
+    from sandboxd.host.uids import UidPool
 
     try:
         backend = build_backend(name, settings, UidPool.from_settings(settings))
@@ -106,7 +106,7 @@ def _status_field(key: str) -> str | None:
 
 def host_checks(settings: Any) -> list[ProbeCheck]:
     """Facts about the host and the daemon's own confinement (informational)."""
-    from sandboxd.uids import identities
+    from sandboxd.host.uids import identities
 
     checks = [
         ProbeCheck(
@@ -167,7 +167,7 @@ def _workspace_quota_check(settings: Any) -> ProbeCheck:
     then holds the quota during calls), tried in a scratch directory."""
     import tempfile
 
-    from sandboxd.quotafs import WorkspaceFS
+    from sandboxd.workspaces.quota import WorkspaceFS
 
     scratch = Path(tempfile.mkdtemp(prefix="sandboxd-doctor-"))
     try:
@@ -239,7 +239,7 @@ async def _probe_without_touching_state(
 
 
 def _probe_uids(settings: Any) -> tuple[Any, Any]:
-    from sandboxd import uidclaim
+    from sandboxd.host import uidclaim
 
     try:
         return uidclaim.claim_for_probes(settings)
@@ -252,7 +252,7 @@ def _lock_or_holder(settings: Any) -> tuple[int | None, Holder | None]:
     """``(fd, None)``: the doctor holds the state directory's lock while it probes (a daemon
     started meanwhile refuses, instead of losing its containers to the doctor's sweep);
     ``(None, holder)``: a daemon holds it; ``(None, None)``: there is no state directory."""
-    from sandboxd import statelock
+    from sandboxd.host import statelock
 
     state = Path(settings.state_dir)
     if not state.exists():
@@ -288,6 +288,73 @@ def _live_note(settings: Any, live: Holder) -> str:
             "state directory)")
 
 
+def _chosen_backends(settings: Any, backend: list[str]) -> list[str]:
+    """The enabled backends to probe (``--backend``: only those), or exit 2 naming one that
+    is unknown or disabled."""
+    names = enabled_backends(settings)
+    known = _known_backends()
+    unknown = [b for b in backend if b not in known]
+    if unknown:
+        typer.echo(f"sandboxd doctor: unknown backend {unknown[0]!r} (choose "
+                   f"{' or '.join(known)})", err=True)
+        raise typer.Exit(2)
+    if not backend:
+        return names
+    names = [n for n in names if n in backend]
+    missing = [b for b in backend if b not in names]
+    if missing:
+        typer.echo(f"sandboxd doctor: backend {missing[0]!r} is disabled in the settings",
+                   err=True)
+        raise typer.Exit(2)
+    return names
+
+
+def _probe(settings: Any, names: list[str]) -> tuple[Any, Holder | None, str | None]:
+    """Every chosen backend's probe result, beside a live daemon if there is one (its state,
+    uids and lock left alone), and the note saying so."""
+    lock_fd, live = _lock_or_holder(settings)
+    uid_claim = None
+    try:
+        note = _live_note(settings, live) if live is not None else None
+        # the probes' sandbox uids: never ones a live daemon hands out (sandboxd.host.uidclaim)
+        probing, uid_claim = _probe_uids(settings)
+        results = asyncio.run(_probe_without_touching_state(probing, names, live))
+    finally:
+        if uid_claim is not None:
+            uid_claim.release()
+        if lock_fd is not None:
+            os.close(lock_fd)
+    return results, live, note
+
+
+def _verdict_line(name: str, available: bool, ok: bool, default: str) -> str:
+    """One backend's verdict: ok, FAIL (the default backend: the daemon will not start) or
+    warn (another backend: its tools are unavailable)."""
+    label = "default backend" if name == default else "backend"
+    if available and ok:
+        return f"ok: {label} '{name}': confinement holds"
+    if name == default:
+        return (f"FAIL: {label} '{name}': confinement NOT proven - the daemon refuses to "
+                "start without --allow-unconfined")
+    verdict = "unavailable" if not available else "confinement NOT proven"
+    return f"warn: {label} '{name}': {verdict} - its tools are unavailable"
+
+
+def _print_text(host: list[Any], results: Any, note: str | None, default: str,
+                default_enabled: bool) -> None:
+    rows = [("host", c.name, "ok" if c.ok else "warn", c.detail) for c in host]
+    for name, available, report in results:
+        rows += _rows(name, available, report)
+    typer.echo(_table(rows))
+    typer.echo("")
+    if note is not None:
+        typer.echo(note)
+    if not default_enabled:
+        typer.echo(f"FAIL: the default backend '{default}' is disabled in the settings")
+    for name, available, report in results:
+        typer.echo(_verdict_line(name, available, report.ok, default))
+
+
 def doctor(
     config: Path | None = CONFIG_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
@@ -302,79 +369,25 @@ def doctor(
     """Run each enabled backend's confinement self-test here and print every check."""
     # No warm pool: the doctor starts a backend only to probe it once.
     settings = settings_for(config, state_dir, warm_pool_size=0)
-    names = enabled_backends(settings)
-    known = _known_backends()
-    unknown = [b for b in backend if b not in known]
-    if unknown:
-        typer.echo(f"sandboxd doctor: unknown backend {unknown[0]!r} (choose "
-                   f"{' or '.join(known)})", err=True)
-        raise typer.Exit(2)
-    if backend:
-        names = [n for n in names if n in backend]
-        missing = [b for b in backend if b not in names]
-        if missing:
-            typer.echo(
-                f"sandboxd doctor: backend {missing[0]!r} is disabled in the settings", err=True
-            )
-            raise typer.Exit(2)
+    names = _chosen_backends(settings, backend)
     default = _default_backend()
     host = host_checks(settings)  # first: the cgroup row says what the probes will do
-    lock_fd, live = _lock_or_holder(settings)
-    uid_claim = None
-    try:
-        note = _live_note(settings, live) if live is not None else None
-        # the probes' sandbox uids: never ones a live daemon hands out (sandboxd.uidclaim)
-        probing, uid_claim = _probe_uids(settings)
-        results = asyncio.run(_probe_without_touching_state(probing, names, live))
-    finally:
-        if uid_claim is not None:
-            uid_claim.release()
-        if lock_fd is not None:
-            os.close(lock_fd)
-
-    failed_default = default in names and not any(
-        n == default and a and r.ok for n, a, r in results
-    )
-    if default not in enabled_backends(settings):
-        failed_default = True
+    results, live, note = _probe(settings, names)
+    default_enabled = default in enabled_backends(settings)
+    failed_default = not default_enabled or (default in names and not any(
+        n == default and a and r.ok for n, a, r in results))
     failed_any = any(not (a and r.ok) for n, a, r in results if n != default)
-
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "default_backend": default,
-                    "ok": not failed_default and not (strict and failed_any),
-                    "host": [c.model_dump() for c in host],
-                    "daemon": None if live is None else {
-                        "lock": str(live.path), "pid": live.pid, "note": note},
-                    "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
-                },
-                indent=2,
-            )
-        )
+        typer.echo(json.dumps({
+            "default_backend": default,
+            "ok": not failed_default and not (strict and failed_any),
+            "host": [c.model_dump() for c in host],
+            "daemon": None if live is None else {
+                "lock": str(live.path), "pid": live.pid, "note": note},
+            "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
+        }, indent=2))
     else:
-        rows = [("host", c.name, "ok" if c.ok else "warn", c.detail) for c in host]
-        for name, available, report in results:
-            rows += _rows(name, available, report)
-        typer.echo(_table(rows))
-        typer.echo("")
-        if note is not None:
-            typer.echo(note)
-        if default not in enabled_backends(settings):
-            typer.echo(f"FAIL: the default backend '{default}' is disabled in the settings")
-        for name, available, report in results:
-            label = "default backend" if name == default else "backend"
-            if available and report.ok:
-                typer.echo(f"ok: {label} '{name}': confinement holds")
-            elif name == default:
-                typer.echo(
-                    f"FAIL: {label} '{name}': confinement NOT proven - the daemon "
-                    "refuses to start without --allow-unconfined"
-                )
-            else:
-                verdict = "unavailable" if not available else "confinement NOT proven"
-                typer.echo(f"warn: {label} '{name}': {verdict} - its tools are unavailable")
+        _print_text(host, results, note, default, default_enabled)
     if failed_default or (strict and failed_any):
         raise typer.Exit(1)
 

@@ -120,7 +120,7 @@ def explain(
     from pydantic import ValidationError
 
     from sandboxd.models import LimitsRequest
-    from sandboxd.registry import ArgumentsInvalid
+    from sandboxd.tools import ArgumentsInvalid
 
     try:
         arguments = json.loads(args)

@@ -17,7 +17,7 @@ from sandboxd.cli.common import (
     loaded_policy_store,
     settings_policies_dir,
 )
-from sandboxd.text import visible
+from sandboxd.util.text import visible
 
 if TYPE_CHECKING:
     from sandboxd.models import Decision, LimitsRequest
@@ -63,7 +63,7 @@ def _decider(policies: Path | None, config: Path | None) -> Any:
     """The daemon's own decision for a call (tool lookup, argument schema, policy), from the
     policies in ``policies`` (else the settings', else the embedded default)."""
     from sandboxd.models import Decision
-    from sandboxd.registry import ArgumentsInvalid
+    from sandboxd.tools import ArgumentsInvalid
 
     service = loaded_offline_service(policies if policies is not None
                                      else settings_policies_dir(config), EXIT_BAD)

@@ -26,7 +26,7 @@ def _tokens_file(path: Path | None, config: Path | None) -> Path:
 def parse_expiry(text: str, now: datetime | None = None) -> datetime:
     """``30d``, ``12h``, ``90m``, ``2w`` from now, or an ISO 8601 date/time (UTC unless an
     offset is given); ValueError with a readable message otherwise."""
-    from sandboxd.tokens import parse_time
+    from sandboxd.access.tokens import parse_time
 
     match = _DURATION.match(text.strip())
     if match:
@@ -55,7 +55,7 @@ def add(name: str = typer.Argument(..., help="Client name"),
         tokens_file: Path | None = _FILE_OPTION,
         config: Path | None = CONFIG_OPTION) -> None:
     """Create a token for a client: prints it once; only its SHA-256 is stored."""
-    from sandboxd.tokens import TokenFileError, add_token
+    from sandboxd.access.tokens import TokenFileError, add_token
 
     try:
         expiry = parse_expiry(expires) if expires is not None else None
@@ -79,7 +79,7 @@ def list_(tokens_file: Path | None = _FILE_OPTION,
           config: Path | None = CONFIG_OPTION) -> None:
     """List tokens: client, id (hash prefix; tokens themselves are never stored), created,
     label, expiry."""
-    from sandboxd.tokens import TokenFileError, TokenStore
+    from sandboxd.access.tokens import TokenFileError, TokenStore
 
     path = _tokens_file(tokens_file, config)
     try:
@@ -108,7 +108,7 @@ def remove(name: str | None = typer.Argument(None, help="Client name: remove all
            config: Path | None = CONFIG_OPTION) -> None:
     """Revoke tokens: every token of a client, or one token by its id. The daemon stops
     accepting them within a second, without a restart."""
-    from sandboxd.tokens import TokenFileError, remove_token_by_id, remove_tokens
+    from sandboxd.access.tokens import TokenFileError, remove_token_by_id, remove_tokens
 
     if (name is None) == (token_id is None):
         fail("give a client name or --id ID (not both)")

@@ -128,12 +128,24 @@ def add(packages: list[str] = typer.Argument(..., help="Packages: name or name==
         argv += ["--find-links", str(find_links)]
     if no_index:
         argv.append("--no-index")
+    done = _pip_download([*argv, "--", *packages])
+    for wheel in path.glob("*.whl"):  # the sandbox user reads them through a read-only mount
+        wheel.chmod(0o644)
+    added = sorted({ln.split("Saved ", 1)[1].strip().rsplit("/", 1)[-1]
+                    for ln in done.stdout.splitlines() if "Saved " in ln})
+    typer.echo(f"{len(added)} wheel(s) saved in {path}" + (
+        ": " + ", ".join(added) if added else " (they were there already)"))
+
+
+def _pip_download(argv: list[Any]) -> subprocess.CompletedProcess[str]:
+    """``pip download``'s run, or exit naming its last error (2: it did not run, 1: it
+    failed)."""
     try:
-        done = subprocess.run([*argv, "--", *packages], capture_output=True, text=True,
+        done = subprocess.run(argv, capture_output=True, text=True,
                               timeout=DOWNLOAD_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         fail(f"pip download did not run: {exc}")
-        return
+        raise AssertionError("unreachable") from None
     if done.returncode != 0:
         lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
         errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:]
@@ -141,9 +153,4 @@ def add(packages: list[str] = typer.Argument(..., help="Packages: name or name==
         if "No module named pip" in why:
             why = f"pip is not installed for {sys.executable}"
         fail(f"pip download failed: {why}", 1)
-    for wheel in path.glob("*.whl"):  # the sandbox user reads them through a read-only mount
-        wheel.chmod(0o644)
-    added = sorted({ln.split("Saved ", 1)[1].strip().rsplit("/", 1)[-1]
-                    for ln in done.stdout.splitlines() if "Saved " in ln})
-    typer.echo(f"{len(added)} wheel(s) saved in {path}" + (
-        ": " + ", ".join(added) if added else " (they were there already)"))
+    return done

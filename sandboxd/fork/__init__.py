@@ -1,7 +1,7 @@
 """Fork a session: ``POST /v1/sessions/{id}/fork`` makes ``count`` new sessions of the same
 client, each with a copy of the parent's workspace, in a sandbox of its own (its own uid,
 workspace and quota; its own cgroup and limits once its first call runs), counted against
-the client's ``max_sessions_per_client`` before any await (:mod:`sandboxd.reservations`).
+the client's ``max_sessions_per_client`` before any await (:mod:`sandboxd.util.reservations`).
 
 The live Python state is not carried: a confined kernel has given up the privileges (a new
 uid, a new root, a new cgroup) that a copy of its process would need to become a sandbox of

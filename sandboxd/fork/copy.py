@@ -1,13 +1,14 @@
 """Copy a session's workspace into a fork's, as sandboxed code left it: hostile.
 
-Like :mod:`sandboxd.fstree`, the copy works on directory descriptors only (``openat`` with
-``O_NOFOLLOW`` at every step: a symlink the sandbox planted, or a directory swapped for one
-while the copy runs, is never followed), never crosses into another filesystem, and is bounded:
-``max_bytes`` and ``max_entries`` (the fork's quota), and :data:`MAX_DEPTH` levels (each level
-holds two descriptors open). It copies what the parent's sandbox could have made itself:
-directories, regular files and symlinks (as links) owned by the parent's uid; anything else
-(a fifo, a socket, a file another uid owns) is left out and counted. Every entry made is given
-to the fork's uid, without set-id bits. Blocking: callers use ``asyncio.to_thread``.
+Like :mod:`sandboxd.workspaces.fstree`, the copy works on directory descriptors only
+(``openat`` with ``O_NOFOLLOW`` at every step: a symlink the sandbox planted, or a directory
+swapped for one while the copy runs, is never followed), never crosses into another
+filesystem, and is bounded: ``max_bytes`` and ``max_entries`` (the fork's quota), and
+:data:`MAX_DEPTH` levels (each level holds two descriptors open). It copies what the parent's
+sandbox could have made itself: directories, regular files and symlinks (as links) owned by
+the parent's uid; anything else (a fifo, a socket, a file another uid owns) is left out and
+counted. Every entry made is given to the fork's uid, without set-id bits. Blocking: callers
+use ``asyncio.to_thread``.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxd.errors import AuditFailure, Draining, StorageUnavailable
 from sandboxd.fork.copy import Copied, copy_workspace
-from sandboxd.storage import is_no_space
+from sandboxd.host.storage import is_no_space
 
 if TYPE_CHECKING:
     from sandboxd.service import Sandboxd
-    from sandboxd.sessions import Session
+    from sandboxd.sessions.manager import Session
 
 log = logging.getLogger("sandboxd")
 

@@ -3,7 +3,7 @@
 The policy first decides as always (deny beats allow; a denied call is never sent for
 approval); an allowed call whose rule carries ``approve:`` then carries an
 :class:`~sandboxd.models.ApprovalRule` on its decision, and the service holds it until an
-approver answers (:mod:`sandboxd.approvals`).
+approver answers (:mod:`sandboxd.access.approvals`).
 """
 
 from __future__ import annotations

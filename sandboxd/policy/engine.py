@@ -52,8 +52,8 @@ from sandboxd.protocol.plan import (
     ToolKind,
 )
 from sandboxd.protocol.rules import denied_name, import_verdict
-from sandboxd.registry import BUILTIN_TOOLS
-from sandboxd.text import visible
+from sandboxd.tools import BUILTIN_TOOLS
+from sandboxd.util.text import visible
 
 
 def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequest | None,

@@ -40,7 +40,7 @@ from pydantic_core import PydanticCustomError
 from sandboxd.backends import registry
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
-from sandboxd.registry import check_schema
+from sandboxd.tools import check_schema
 
 Loc = tuple[str | int, ...]
 

@@ -15,7 +15,7 @@ from sandboxd.policy.models import (
     allowed_packages,
 )
 from sandboxd.policy.units import format_size
-from sandboxd.registry import BUILTIN_TOOLS, Hints
+from sandboxd.tools import BUILTIN_TOOLS, Hints
 
 _MAX_LISTED = 40
 

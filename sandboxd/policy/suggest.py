@@ -117,31 +117,29 @@ def custom_definition(pol: LoadedPolicy | None, name: str) -> str | None:
     return None
 
 
-def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str,
-            definitions: dict[str, str] | None = None) -> str:
-    """The text of a policy file for ``client`` from its ``decision`` records;
-    ``definitions``: the YAML of admin-defined tools (:func:`custom_definition`) to copy
-    for the ones it used."""
-    definitions = definitions or {}
-    tools: dict[str, _Seen] = defaultdict(_Seen)
-    denied: Counter[str] = Counter()
-    unknown: Counter[str] = Counter()
-    other: Counter[str] = Counter()
-    for record in records:
-        if record.get("client") != client:
-            continue
+@dataclass
+class _Usage:
+    """What one client's audited calls show: the tools it used and the calls nothing is
+    written for (denied, arguments not recorded in full, tools this command cannot write)."""
+
+    tools: dict[str, _Seen] = field(default_factory=lambda: defaultdict(_Seen))
+    denied: Counter[str] = field(default_factory=Counter)
+    unknown: Counter[str] = field(default_factory=Counter)
+    other: Counter[str] = field(default_factory=Counter)
+
+    def add(self, record: dict[str, Any]) -> None:
         tool = str(record.get("tool"))
         if record.get("decision") != "allow":
-            denied[tool] += 1
-            continue
+            self.denied[tool] += 1
+            return
         if tool not in SUGGESTED:
-            other[tool] += 1
-            continue
+            self.other[tool] += 1
+            return
         args = recorded_arguments(record)
         if isinstance(args, str):
-            unknown[tool] += 1
-            continue
-        seen = tools[tool]
+            self.unknown[tool] += 1
+            return
+        seen = self.tools[tool]
         seen.calls += 1
         seen.backend = record.get("backend") or seen.backend
         seen.network = record.get("network") or seen.network
@@ -149,56 +147,83 @@ def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str,
             if name in LIMITS and isinstance(value, int | float):
                 seen.limits[name] = max(seen.limits.get(name, value), value)
         _note(seen, tool, args)
+
+
+def _header(usage: _Usage, client: str, audit: str, copied: dict[str, str]) -> list[str]:
+    """The file's opening comments: where it comes from, and every call it adds nothing for."""
     lines = [
         f"# Least-privilege policy for client {client!r}, written by `sandboxd policy suggest`",
         f"# from the audit log {audit}: only what its allowed calls used.",
         "# Review it before use: a call that the log does not show is denied.",
     ]
-    for tool, n in sorted(denied.items()):
+    for tool, n in sorted(usage.denied.items()):
         lines.append(f"# {tool}: {n} denied call(s) seen; nothing added for them")
-    for tool, n in sorted(unknown.items()):
+    for tool, n in sorted(usage.unknown.items()):
         lines.append(f"# {tool}: {n} allowed call(s) with arguments not recorded in full "
                      "(cut or redacted): what they used is not known, nothing added for them")
-    copied = {t: definitions[t] for t in sorted(other) if t in definitions}
-    for tool, n in sorted(other.items()):
+    for tool, n in sorted(usage.other.items()):
         if tool not in copied:
             lines.append(f"# {tool}: {n} allowed call(s) of a tool this command cannot write "
                          "(copy its definition from the policy in force)")
+    return lines
+
+
+#: the rule list a built-in tool's block writes (the file tools: ``paths``)
+_RULES = {"python": "imports", "shell": "commands"}
+
+
+def _tool_block(tool: str, seen: _Seen, *, own_limits: bool) -> list[str]:
+    """One tool's entry under ``tools:``: its backend and network, the rules its calls needed
+    (imports, programs or paths, each with how many calls used it), its limits if its own."""
+    lines = [f"  {tool}:  # {seen.calls} allowed call(s)"]
+    if tool in ("python", "shell") and seen.backend:
+        lines.append(f"    backend: {seen.backend}")
+    if seen.network:
+        lines.append(f"    network: {_quoted(seen.network)}")
+    entries = sorted(seen.names.items(), key=lambda kv: (-kv[1], kv[0]))
+    key = _RULES.get(tool, "paths")
+    lines += [f"    {key}:", "      allow:" + ("" if entries else " []")]
+    if tool in _RULES:
+        lines += [f"        - {_quoted(name)}  # in {n} call(s)" for name, n in entries]
+    else:
+        lines += [f"        - {_quoted(_glob_literal(p))}  # {n} call(s)" for p, n in entries]
+    if tool == "shell":
+        lines.append(f"    operators: {'true' if seen.operators else 'false'}")
+    elif tool not in _RULES:
+        lines.append("    # max_bytes: the default (1Mi); the log does not record file sizes")
+    if seen.limits and own_limits:
+        lines.append("    # the largest limits these calls got")
+        lines += _limits_block(seen.limits, "    ")
+    return lines
+
+
+def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str,
+            definitions: dict[str, str] | None = None) -> str:
+    """The text of a policy file for ``client`` from its ``decision`` records;
+    ``definitions``: the YAML of admin-defined tools (:func:`custom_definition`) to copy
+    for the ones it used."""
+    definitions = definitions or {}
+    usage = _Usage()
+    for record in records:
+        if record.get("client") == client:
+            usage.add(record)
+    copied = {t: definitions[t] for t in sorted(usage.other) if t in definitions}
+    lines = _header(usage, client, audit, copied)
     lines += ["version: 1", f"name: {_quoted(f'{client}-suggested')}",
               f"clients: [{_quoted(client)}]", "network: none"]
     # limits every tool got alike are said once, for the policy; others per tool
-    shared = [seen.limits for seen in tools.values()]
+    shared = [seen.limits for seen in usage.tools.values()]
     common = shared[0] if shared and all(x == shared[0] for x in shared) else {}
     if common:
         lines.append("# the largest limits the calls got")
         lines += _limits_block(common, "")
-    lines.append("tools:" if tools else "tools: {}")
-    for tool in (t for t in SUGGESTED if t in tools):
-        seen = tools[tool]
-        lines.append(f"  {tool}:  # {seen.calls} allowed call(s)")
-        if tool in ("python", "shell") and seen.backend:
-            lines.append(f"    backend: {seen.backend}")
-        if seen.network:
-            lines.append(f"    network: {_quoted(seen.network)}")
-        entries = sorted(seen.names.items(), key=lambda kv: (-kv[1], kv[0]))
-        if tool == "python":
-            lines += ["    imports:", "      allow:" + ("" if entries else " []")]
-            lines += [f"        - {_quoted(m)}  # in {n} call(s)" for m, n in entries]
-        elif tool == "shell":
-            lines += ["    commands:", "      allow:" + ("" if entries else " []")]
-            lines += [f"        - {_quoted(p)}  # in {n} call(s)" for p, n in entries]
-            lines.append(f"    operators: {'true' if seen.operators else 'false'}")
-        else:
-            lines += ["    paths:", "      allow:" + ("" if entries else " []")]
-            lines += [f"        - {_quoted(_glob_literal(p))}  # {n} call(s)"
-                      for p, n in entries]
-            lines.append("    # max_bytes: the default (1Mi); the log does not record file sizes")
-        if seen.limits and not common:
-            lines.append("    # the largest limits these calls got")
-            lines += _limits_block(seen.limits, "    ")
+    lines.append("tools:" if usage.tools else "tools: {}")
+    for tool in (t for t in SUGGESTED if t in usage.tools):
+        lines += _tool_block(tool, usage.tools[tool], own_limits=not common)
     if copied:
         lines.append("custom_tools:")
         for tool, text in copied.items():
-            lines.append(f"  # {other[tool]} allowed call(s); the definition in force, copied")
+            lines.append(f"  # {usage.other[tool]} allowed call(s); the definition in force, "
+                         "copied")
             lines += [f"  {line}" for line in text.rstrip("\n").splitlines()]
     return "\n".join(lines) + "\n"

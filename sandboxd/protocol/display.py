@@ -1,6 +1,6 @@
 """Display items (issue 14): the rules both sides share - the sandbox that sends them (the
 restricted worker's ``display``, the container runner's) and the daemon that checks them
-(:mod:`sandboxd.outputs`). Standard library only: the image build copies this file next to
+(:mod:`sandboxd.results.outputs`). Standard library only: the image build copies this file next to
 the container runner, like :mod:`sandboxd.protocol.wire` and :mod:`sandboxd.protocol.rules`.
 
 A sandbox sends each item as one ``d`` frame whose payload is JSON:

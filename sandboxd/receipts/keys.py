@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from sandboxd.errors import SandboxdError
-from sandboxd.timefmt import utc_iso
+from sandboxd.util.timefmt import utc_iso
 
 ALGORITHM = "Ed25519"
 KEYSET_TYPE = "sandboxd-receipt-keys/1"

@@ -1,7 +1,7 @@
 """Signing: a result's receipt, and the audit log's signed heads.
 
 :class:`Receipts` is the daemon's: it signs each result right after the result's audit record
-is written (:meth:`AuditRecorder.result <sandboxd.recorder.AuditRecorder.result>`), with the
+is written (:meth:`AuditRecorder.result <sandboxd.results.recorder.AuditRecorder.result>`), with the
 seq and hash of that record, and it appends a signed head of the audit chain to
 ``<audit log>.heads`` periodically and when the log closes, so that records cut from the end
 of the log are found (:mod:`sandboxd.receipts.heads`)."""
@@ -22,7 +22,7 @@ from sandboxd.models import Decision, Result
 from sandboxd.receipts.canonical import RECEIPT_TYPE, result_hashes, signed_bytes
 from sandboxd.receipts.heads import HEAD_TYPE, heads_path
 from sandboxd.receipts.keys import SigningKey
-from sandboxd.timefmt import utc_iso
+from sandboxd.util.timefmt import utc_iso
 
 log = logging.getLogger("sandboxd.receipts")
 

@@ -172,7 +172,7 @@ def test_sessions_keep_files_and_one_shot_calls_do_not(daemon: RunningDaemon) ->
 
 
 def test_sessions_are_isolated_between_clients(tmp_path: Path) -> None:
-    from sandboxd.tokens import add_token
+    from sandboxd.access.tokens import add_token
 
     tokens = tmp_path / "tokens.yaml"
     alice = add_token(tokens, "alice")

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandboxd.access.tokens import add_token
 from sandboxd.backends.scripted import prints
-from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import unix_socket_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon

@@ -23,7 +23,7 @@ def _meminfo(path: Path, total_mib: int, available_mib: int) -> Path:
 
 
 def test_capacity_reports_sessions_kernels_and_memory(tmp_path: Path) -> None:
-    from sandboxd.tokens import add_token
+    from sandboxd.access.tokens import add_token
 
     tokens = tmp_path / "tokens.yaml"
     alice, bob = add_token(tokens, "alice"), add_token(tokens, "bob")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from sandboxd.access.tokens import add_token
 from sandboxd.api.connections import connection_caps
-from sandboxd.tokens import add_token
 from tests.support.ci import require
 from tests.support.daemon import running_daemon
 from tests.support.wait import wait_until

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from sandboxd.access.tokens import add_token
 from sandboxd.models import Invocation, Limits, Result
-from sandboxd.tokens import add_token
 from tests.support.inprocess import InProcessDaemon, answers, by_code, inprocess_daemon
 from tests.support.wait import wait_until
 

@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 import pytest
 
+from sandboxd.access.tokens import add_token
 from sandboxd.backends import workspace_errors as workspace
-from sandboxd.tokens import add_token
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon
 from tests.support.mcp_raw import RawMcp
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from sandboxd_client import AsyncSandboxClient, SandboxClient
 from sandboxd_client.errors import ProblemError
 from tests.support.audit import audit_records

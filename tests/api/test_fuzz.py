@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import ignored_auth
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon, requests_session
 from tests.support.mcp_raw import RawMcp, messages_of
 

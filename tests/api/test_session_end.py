@@ -17,7 +17,7 @@ import httpx
 import psutil
 from httpx_sse import connect_sse
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.auth.test_revocation import revoked, token_cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon

@@ -96,7 +96,7 @@ def test_sessions_list_restart_and_kernel_cap_on_the_restricted_backend(
 
 
 def test_an_in_process_daemon_never_filters_the_test_process(tmp_path: Path) -> None:
-    """A daemon that may mount installs a seccomp filter on itself (sandboxd.quotafs): the
+    """A daemon that may mount installs a seccomp filter on itself (sandboxd.workspaces.quota): the
     in-process daemon refuses that configuration, so the test process keeps its syscalls
     (make test once ran every mount test after tests/api with mount(2) refused)."""
     with pytest.raises(ValueError, match="workspace_quota=advisory only"):

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.wait import wait_until

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 from httpx_sse import connect_sse
 
+from sandboxd.access.tokens import add_token
 from sandboxd.policy.store import embedded_policies_dir
 from sandboxd.receipts.canonical import check_receipt, check_result
 from sandboxd.receipts.keys import KeySet, SigningKey
-from sandboxd.tokens import add_token
 from tests.support import cli
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
+from sandboxd.access.tokens import add_token
 from sandboxd.audit import verify
-from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
 from tests.support.inprocess import inprocess_daemon
@@ -74,7 +74,7 @@ def test_denied_call_over_http_names_rule_and_is_audited(tmp_path: Path) -> None
 
 
 def test_token_add_and_remove_take_effect_without_restart(tmp_path: Path) -> None:
-    from sandboxd.tokens import remove_tokens
+    from sandboxd.access.tokens import remove_tokens
 
     tokens = tmp_path / "tokens.yaml"
     first = add_token(tokens, "alice")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from sandboxd.access.tokens import add_token
 from sandboxd.audit import verify
-from sandboxd.tokens import add_token
 from tests.support.audit import audit_records as records
 from tests.support.inprocess import answers, inprocess_daemon
 from tests.support.wait import wait_until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from sandboxd.auth import RateLimiter
+from sandboxd.access.ratelimit import RateLimiter
 
 
 class Clock:

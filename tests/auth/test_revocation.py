@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from sandboxd.tokens import TokenStore, add_token, hash_token, iso
+from sandboxd.access.tokens import TokenStore, add_token, hash_token, iso
 from tests.restricted.test_kernel import kernel_process
 from tests.support import cli
 from tests.support.audit import audit_records

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandboxd.cli.token import parse_expiry
-from sandboxd.tokens import (
+from sandboxd.access.tokens import (
     TokenFileError,
     TokenStore,
     add_token,
     hash_token,
     remove_token_by_id,
 )
+from sandboxd.cli.token import parse_expiry
 from tests.auth.test_tokens import run_cli
 from tests.support.audit import audit_records
 from tests.support.inprocess import inprocess_daemon

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.tokens import TokenFileError, TokenStore, add_token, hash_token, remove_tokens
+from sandboxd.access.tokens import TokenFileError, TokenStore, add_token, hash_token, remove_tokens
 from tests.support import cli
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from sandboxd_client import AsyncSandboxClient, SandboxClient
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
 ROOT = Path(__file__).resolve().parents[2]

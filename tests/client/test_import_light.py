@@ -9,7 +9,7 @@ import sys
 HEAVY = ["fastapi", "uvicorn", "starlette", "docker", "RestrictedPython", "psutil", "pyseccomp",
          "seccomp", "prometheus_client", "jsonschema", "yaml", "typer", "pydantic_settings",
          "sandboxd.api", "sandboxd.service", "sandboxd.backends", "sandboxd.policy",
-         "sandboxd.config", "sandboxd.registry"]
+         "sandboxd.config", "sandboxd.tools"]
 
 
 def test_client_import_is_light() -> None:

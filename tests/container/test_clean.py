@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.quotafs import mounts_below
+from sandboxd.workspaces.quota import mounts_below
 from tests.support.ci import require
 from tests.support.daemon import daemon_list, start_daemon, uid_range_env
 from tests.support.mounts import detach_below

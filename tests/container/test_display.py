@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support import cli
 from tests.support.daemon import running_daemon
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.scale import rounds as scaled_rounds
 from tests.support.wait import wait_until

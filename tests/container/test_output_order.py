@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.daemon import running_daemon
 from tests.support.order import ORDER_CODE, check_order, stream
 

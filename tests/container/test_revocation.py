@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.auth.test_revocation import mounted, revoked, token_cli
 from tests.support.daemon import running_daemon
 

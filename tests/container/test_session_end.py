@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.api.test_session_end import a_waiting_call, assert_ended
 from tests.auth.test_revocation import revoked, token_cli
 from tests.support.daemon import RunningDaemon, running_daemon

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.order import stream
 

@@ -53,7 +53,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "ok 1195 ms", output_of="s.write_file(\"data/sales.csv\""),
     Entry(R, "\"command\": \"/opt/sandboxd/bin/sandboxd\"", run="mcp_stdio"),
     Entry(R, "\"url\": \"http://127.0.0.1:8765/mcp\"", run="mcp_http"),
-    Entry(R, "sandboxd/service.py     the facade", run="layout"),
+    Entry(R, "sandboxd/               at the top", run="layout"),
     # docs/fleet.md
     Entry("docs/fleet.md", "sandboxd fleet haproxy-config --node n1=10.0.0.11:8765",
           skip="writes /etc/haproxy and reloads a host's HAProxy: tests/fleet generates the "

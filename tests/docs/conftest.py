@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.datascience.conftest import datascience_image  # noqa: F401 (a fixture)
 from tests.docs.blocks import REPO
 from tests.support.daemon import RunningDaemon, running_daemon

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.scale import scaled

@@ -26,7 +26,7 @@ from mcp.shared._httpx_utils import (
     create_mcp_http_client,
 )
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon

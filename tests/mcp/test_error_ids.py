@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.mcp.conftest import McpDaemon
 from tests.support.inprocess import inprocess_daemon
 from tests.support.mcp_raw import ACCEPT, RawMcp

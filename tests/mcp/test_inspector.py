@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.access.tokens import add_token
 from sandboxd.audit import verify
-from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.ci import require
 from tests.support.daemon import running_daemon

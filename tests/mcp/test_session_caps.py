@@ -14,7 +14,7 @@ import httpx
 import psutil
 from mcp.shared.exceptions import MCPError
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.mcp.conftest import http_session, open_mcp_sessions
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.inprocess import InProcessDaemon, inprocess_daemon

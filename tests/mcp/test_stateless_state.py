@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.api.mcp_handles import note
+from sandboxd.api.mcp.handles import note
 from sandboxd.backends.scripted import NOTHING_TO_CLEAN
 from sandboxd.models import Invocation, Limits, Reason, Result
 from tests.mcp.conftest import McpDaemon, _mcp_setup, sdk_client, text_of

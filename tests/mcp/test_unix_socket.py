@@ -12,7 +12,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.mcp.conftest import bridge_params
 from tests.mcp.test_mcp import text_of
 from tests.support.daemon import unix_socket_daemon

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.container.conftest import labelled
 from tests.container.test_http import daemon_env
 from tests.support.daemon import RunningDaemon, running_daemon

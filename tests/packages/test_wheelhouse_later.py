@@ -8,8 +8,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from sandboxd.access.tokens import add_token
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
-from sandboxd.tokens import add_token
 from tests.container.conftest import labelled
 from tests.container.test_http import daemon_env
 from tests.packages.test_install_packages import POLICY

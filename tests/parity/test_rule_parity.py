@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 
 #: import rule sets: name -> (allow, deny)

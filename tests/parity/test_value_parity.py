@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from sandboxd.access.tokens import add_token
 from sandboxd.models import Result
-from sandboxd.tokens import add_token
 from sandboxd_client.render import format_result
 from tests.support.daemon import RunningDaemon, running_daemon
 

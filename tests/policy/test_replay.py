@@ -13,9 +13,9 @@ import httpx
 import pytest
 import yaml
 
+from sandboxd.access.tokens import add_token
 from sandboxd.audit import AuditLog
 from sandboxd.policy import PolicyStore
-from sandboxd.tokens import add_token
 from tests.support import cli
 from tests.support.daemon import RunningDaemon, running_daemon
 

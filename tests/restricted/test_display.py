@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from sandboxd.models import Limits
 from sandboxd.protocol.display import DisplayCaps
-from sandboxd.streaming import StreamEvent
+from sandboxd.results.streaming import StreamEvent
 from tests.restricted.conftest import BackendHarness
 from tests.support.plan import with_limits
 

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from sandboxd.tokens import add_token
+from sandboxd.access.tokens import add_token
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.processes import running
 from tests.support.scale import scaled

@@ -111,7 +111,7 @@ def test_restart_ends_the_kernel_is_audited_and_keeps_the_session(make) -> None:
 
 
 def test_sessions_are_listed_to_their_owner_only(tmp_path: Path) -> None:
-    from sandboxd.tokens import add_token
+    from sandboxd.access.tokens import add_token
 
     tokens = tmp_path / "tokens.yaml"
     alice = {"Authorization": f"Bearer {add_token(tokens, 'alice')}"}

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandboxd.access.tokens import add_token
 from sandboxd.audit import verify
-from sandboxd.tokens import add_token
 from tests.support.audit import audit_records
 from tests.support.daemon import running_daemon
 

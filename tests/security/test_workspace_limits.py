@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandboxd import fstree
+from sandboxd.workspaces import fstree
 from tests.support.ci import require
 from tests.support.daemon import RunningDaemon, running_daemon, start_daemon
 from tests.support.mounts import mounts_below
@@ -272,7 +272,7 @@ def test_mount_helper_mounts_only_empty_workspaces_below_its_root(
     """What a compromised daemon could ask its mount helper, on either channel: nothing
     outside the workspaces, no mount on a directory it did not make empty, no removal of one
     that holds files."""
-    from sandboxd.quotafs import MountHelper, is_mount_point
+    from sandboxd.workspaces.quota import MountHelper, is_mount_point
 
     root = tmp_path / "workspaces"
     outside = tmp_path / "outside"
@@ -338,7 +338,7 @@ def test_a_workspace_is_made_and_removed_from_the_event_loop_without_a_thread(
     mount point any more is still removed (by a thread, the fallback)."""
     import concurrent.futures
 
-    from sandboxd.quotafs import MountHelper, WorkspaceFS, is_mount_point
+    from sandboxd.workspaces.quota import MountHelper, WorkspaceFS, is_mount_point
 
     class NoThreads(concurrent.futures.ThreadPoolExecutor):
         used = 0

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxd import uidclaim
 from sandboxd.config import Settings
+from sandboxd.host import uidclaim
 from tests.support import dockerfile_image
 from tests.support.daemon import uid_range_env
 from tests.support.wait import wait_until

@@ -94,7 +94,7 @@ def test_container_backend_probe(tmp_path: Path, docker_client: object) -> None:
 def test_the_user_row_names_the_uids_sandboxes_run_as(tmp_path: Path) -> None:
     """The host's ``user`` row says what the daemon does: as root, every sandbox runs as its
     own uid of the configured range, as the restricted probe's sandbox did."""
-    from sandboxd import uidclaim
+    from sandboxd.host import uidclaim
 
     count = 50
     # far above where daemons of parallel tests look for a free range (from the default up)

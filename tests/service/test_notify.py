@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import notify
+from sandboxd.health import notify
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def test_a_second_serve_refuses_and_the_doctor_leaves_a_live_daemons_state(
     """One daemon for both (a daemon start costs 20-60 s under the VM job's emulation): a second
     ``serve`` on its state directory refuses; ``doctor`` names it and sweeps nothing of it; once
     it stopped, the doctor sweeps and a new daemon may take the directory."""
-    from sandboxd import statelock
+    from sandboxd.host import statelock
 
     with running_daemon(tmp_path, env=ENV) as d:
         lock = d.state_dir / "daemon.lock"

@@ -1,5 +1,5 @@
 """Sandbox uid ranges are claimed host-wide: two live daemons never share a sandbox uid
-(sandboxd.uidclaim). Real daemons, the real host-wide claim file."""
+(sandboxd.host.uidclaim). Real daemons, the real host-wide claim file."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import uidclaim
 from sandboxd.cli.daemon import EXIT_UID_RANGE
+from sandboxd.host import uidclaim
 from tests.support.ci import require
 from tests.support.daemon import (
     UID_SETTINGS,

@@ -43,10 +43,11 @@ APPLIED = frozenset({"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONCOERC
 #: ``sandboxd serve`` imports on its way to ready (its app, uvicorn's parts, the backends).
 #: Never psutil: a test checks that a daemon has not loaded it.
 PRELOAD = ("sandboxd.cli", "sandboxd.config", "sandboxd.models", "sandboxd.policy",
-           "sandboxd.audit", "sandboxd.tokens", "sandboxd.client", "httpx", "yaml",
+           "sandboxd.audit", "sandboxd.access.tokens", "sandboxd.client", "httpx", "yaml",
            "sandboxd.cli.daemon", "sandboxd.api.app", "sandboxd.api.connections",
-           "sandboxd.heap", "sandboxd.notify", "sandboxd.uidclaim", "sandboxd.statelock",
-           "sandboxd.outputs", "sandboxd.backends.restricted.backend",
+           "sandboxd.host.heap", "sandboxd.health.notify", "sandboxd.host.uidclaim",
+           "sandboxd.host.statelock",
+           "sandboxd.results.outputs", "sandboxd.backends.restricted.backend",
            "sandboxd.backends.container.backend", "sandboxd.backends.workspace.backend",
            "uvicorn", "uvloop", "uvicorn.loops.uvloop", "uvicorn.lifespan.on",
            "uvicorn.protocols.http.httptools_impl")

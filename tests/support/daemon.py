@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from sandboxd import uidclaim
 from sandboxd.cli.daemon import EXIT_LISTEN, EXIT_UID_RANGE
+from sandboxd.host import uidclaim
 from tests.support import cli
 from tests.support.wait import wait_until
 
@@ -43,7 +43,7 @@ TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0",
                  "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false"}
 # Test daemons take sandbox uid ranges of this size from TEST_UID_BASE up: above the default
 # range (10100-10999, an installed service's) and the VM lanes' in-process backends (12100 +
-# 1000 x lane), each claimed host-wide by its daemon (sandboxd.uidclaim)
+# 1000 x lane), each claimed host-wide by its daemon (sandboxd.host.uidclaim)
 TEST_UID_BASE = 20000
 TEST_UID_COUNT = 200
 #: tests/service/test_uid_claim picks its own ranges from here up

@@ -34,12 +34,12 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from sandboxd import uidclaim
 from sandboxd.api.app import create_app
 from sandboxd.backends.scripted import NOTHING_TO_CLEAN, Script, ScriptedBackend, prints
 from sandboxd.config import Settings
+from sandboxd.host import uidclaim
 from sandboxd.models import Invocation, Limits, Reason, Result
-from sandboxd.output_items import Output
+from sandboxd.results.items import Output
 from sandboxd.service import Sandboxd
 from tests.support.daemon import TEST_DEFAULTS, daemon_env
 

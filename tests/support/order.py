@@ -11,7 +11,7 @@ import httpx
 from httpx_sse import connect_sse
 
 from sandboxd.models import Result
-from sandboxd.output_items import Output
+from sandboxd.results.items import Output
 
 #: prints and display items, alternating (several times, so that a reader that relays its
 #: pipes in any other order than they were written gets caught)

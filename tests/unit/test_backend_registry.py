@@ -19,9 +19,9 @@ from sandboxd.backends import registry
 from sandboxd.backends.factory import build_backend, build_backends, enabled_backends
 from sandboxd.backends.scripted import ScriptedBackend
 from sandboxd.config import Settings, load_settings, settings_problems
+from sandboxd.host.uids import UidPool
 from sandboxd.models import ProbeCheck
 from sandboxd.policy import load_file
-from sandboxd.uids import UidPool
 from tests.policy.helpers import store_for, write
 
 NAME = "throwaway"
@@ -183,7 +183,7 @@ def test_healing_is_part_of_the_protocol() -> None:
     import asyncio
 
     from sandboxd.backends.base import Backend
-    from sandboxd.readiness import BackendProbes
+    from sandboxd.health.readiness import BackendProbes
 
     optional = ScriptedBackend("container", available=False)
     assert optional.healing is None and Backend.healing is None and isinstance(optional, Backend)

@@ -65,7 +65,7 @@ def test_the_guard_sees_a_heavy_import(module: str) -> None:
 def test_the_mount_helper_is_an_isolated_interpreter_that_serves(tmp_path: Path) -> None:
     """The helper runs ``python -I -S`` (no site-packages, no environment) and still answers:
     a request for a name outside the workspaces is refused by it."""
-    from sandboxd.quotafs import MountHelper
+    from sandboxd.workspaces.quota import MountHelper
 
     helper = MountHelper(tmp_path)
     try:
@@ -84,7 +84,7 @@ def test_the_mount_helper_loads_neither_json_nor_socket_nor_enum(tmp_path: Path)
     what it imported."""
     import socket
 
-    from sandboxd.mount_helper import helper_argv
+    from sandboxd.workspaces.mount_helper import helper_argv
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.close()
@@ -97,12 +97,17 @@ def test_the_mount_helper_loads_neither_json_nor_socket_nor_enum(tmp_path: Path)
     finally:
         theirs.close()
         os.close(root)
-    assert "sandboxd.mount_helper" in out and "_signal" in out
+    assert "sandboxd.workspaces.mount_helper" in out and "_signal" in out
     assert not {"json", "socket", "signal", "enum", "re"} & set(out)
 
 
 def test_the_mount_helper_wire_format_refuses_what_it_cannot_carry() -> None:
-    from sandboxd.mount_helper import decode_reply, decode_request, encode_reply, encode_request
+    from sandboxd.workspaces.mount_helper import (
+        decode_reply,
+        decode_request,
+        encode_reply,
+        encode_request,
+    )
 
     raw = encode_request({"op": "mount", "name": "ws", "size": 5, "uid": None})
     assert decode_request(raw) == {"op": "mount", "name": "ws", "size": "5", "uid": ""}
@@ -120,8 +125,8 @@ def test_the_mount_helper_wire_format_refuses_what_it_cannot_carry() -> None:
 
 def test_procinfo_tells_a_live_child_from_a_zombie_and_a_reaped_one() -> None:
     """What :func:`outcome.verify_gone` reads in place of psutil, on real processes."""
-    from sandboxd import procinfo
     from sandboxd.backends.restricted.outcome import verify_gone
+    from sandboxd.host import procinfo
 
     r, w = os.pipe()
     child = subprocess.Popen([sys.executable, "-c", "import os, sys; os.read(int(sys.argv[1]), 1)",
@@ -145,7 +150,7 @@ def test_procinfo_tells_a_live_child_from_a_zombie_and_a_reaped_one() -> None:
 
 
 def wait_zombie(pid: int) -> None:
-    from sandboxd import procinfo
+    from sandboxd.host import procinfo
     from tests.support.wait import wait_until
 
     wait_until(lambda: (procinfo.parent_and_state(pid) or (0, ""))[1] == "Z", timeout=30,
@@ -165,7 +170,7 @@ def test_a_daemon_that_ran_a_call_has_not_loaded_psutil(daemon: RunningDaemon) -
 def test_a_ready_daemon_has_trimmed_its_c_heap(tmp_path: Path) -> None:
     """Start-up's freed C heap goes back to the kernel once the daemon is ready (glibc's
     ``malloc_trim``, 0.8 MiB of an idle daemon): the real daemon says so at debug level."""
-    from sandboxd import heap
+    from sandboxd.host import heap
     from tests.support.daemon import running_daemon
 
     assert heap.trim() in (True, False)  # callable here as in the daemon

@@ -1,4 +1,4 @@
-"""The one deadline idiom (sandboxd.deadline): ``within`` never loses a result or a
+"""The one deadline idiom (sandboxd.util.deadline): ``within`` never loses a result or a
 cancellation, and ``stop_task`` waits until a task has stopped without swallowing our own cancel."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.deadline import stop_task, within
+from sandboxd.util.deadline import stop_task, within
 from tests.support.wait import async_wait_until
 
 

@@ -1,4 +1,4 @@
-"""sandboxd.fstree: measure, re-own and remove trees that sandboxed code wrote (hostile
+"""sandboxd.workspaces.fstree: measure, re-own and remove trees that sandboxed code wrote (hostile
 trees must not break or redirect the daemon's own file work).
 
 Deep (far past Python's recursion limit and PATH_MAX), wide, full of symlinks that lead out of
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import fstree
+from sandboxd.workspaces import fstree
 from tests.support.ci import require
 
 

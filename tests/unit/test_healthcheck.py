@@ -1,4 +1,4 @@
-"""The image's HEALTHCHECK (sandboxd/healthcheck.py) against real HTTP servers: on the unix
+"""The image's HEALTHCHECK (sandboxd/health/check.py) against real HTTP servers: on the unix
 socket when it exists, else on the TCP port; 200 is healthy, anything else or no answer is not."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import healthcheck
+from sandboxd.health import check as healthcheck
 
 
 def _handler(status: int, seen: list[str]) -> type[http.server.BaseHTTPRequestHandler]:
@@ -107,9 +107,9 @@ def test_a_silent_daemon_is_unhealthy_within_the_timeout(tmp_path: Path) -> None
 
 
 def test_the_image_command_exits_by_the_answer(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """`python -I -m sandboxd.healthcheck`, as the Dockerfile runs it, with the socket path
+    """`python -I -m sandboxd.health.check`, as the Dockerfile runs it, with the socket path
     pointed at the test's server."""
-    code = ("import sys, sandboxd.healthcheck as h; h.SOCKET = sys.argv[1]; h.main()")
+    code = ("import sys, sandboxd.health.check as h; h.SOCKET = sys.argv[1]; h.main()")
     for status, rc in ((200, 0), (503, 1)):
         path, _ = serve(status, unix=True)
         run = subprocess.run([sys.executable, "-I", "-c", code, str(path)], timeout=60)
@@ -117,7 +117,7 @@ def test_the_image_command_exits_by_the_answer(serve, tmp_path: Path) -> None:  
 
 
 def test_it_imports_nothing_but_the_standard_library() -> None:
-    code = ("import json, sys; before = set(sys.modules); import sandboxd.healthcheck; "
+    code = ("import json, sys; before = set(sys.modules); import sandboxd.health.check; "
             "print(json.dumps(sorted(set(sys.modules) - before)))")
     run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sandboxd.config import NODE_ID_PATTERN, Settings, default_node_id
 from sandboxd.fleet import FleetConfigError, Node, haproxy_config, problem_body
 from sandboxd.models import new_id, node_of
-from sandboxd.sessions import SessionManager
+from sandboxd.sessions.manager import SessionManager
 
 
 def test_the_default_node_id_is_a_valid_one() -> None:

@@ -89,7 +89,7 @@ def test_import_rule_and_output_budget() -> None:
 def test_every_time_limit_goes_through_sandboxd_deadline() -> None:
     """``asyncio.wait_for`` can swallow a cancellation on 3.11 (a cancelled container call
     once hung on it), and ``asyncio.timeout`` is the same rule written a second way: every
-    time-limited wait in the package is :func:`sandboxd.deadline.within`."""
+    time-limited wait in the package is :func:`sandboxd.util.deadline.within`."""
     found = []
     for root, path in _sources():
         if path.name == "deadline.py":
@@ -103,7 +103,7 @@ def test_every_time_limit_goes_through_sandboxd_deadline() -> None:
 
 def test_every_task_is_stopped_through_sandboxd_deadline() -> None:
     """``task.cancel()`` then ``suppress(CancelledError): await task`` swallows the caller's
-    own cancellation too: every task is stopped with :func:`sandboxd.deadline.stop_task`."""
+    own cancellation too: every task is stopped with :func:`sandboxd.util.deadline.stop_task`."""
     found = []
     for root, path in _sources():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

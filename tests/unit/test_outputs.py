@@ -1,4 +1,5 @@
-"""The display-item rules (sandboxd.protocol.display, sandboxd.outputs): what a sandbox may send."""
+"""The display-item rules (sandboxd.protocol.display, sandboxd.results.outputs): what a sandbox may
+send."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import zlib
 
 import pytest
 
-from sandboxd.outputs import DisplayCollector, check_item
 from sandboxd.protocol.display import DisplayCaps, encode_item
 from sandboxd.protocol.wire import ProtocolError
+from sandboxd.results.outputs import DisplayCollector, check_item
 from sandboxd_client.output_items import png_size
 
 
@@ -94,9 +95,9 @@ def test_png_size_reads_the_header() -> None:
 
 
 def test_what_a_model_and_an_mcp_host_get_of_an_image() -> None:
-    from sandboxd.api.mcp_results import call_result
+    from sandboxd.api.mcp.results import call_result
     from sandboxd.models import Reason, Result
-    from sandboxd.output_items import Output
+    from sandboxd.results.items import Output
     from sandboxd_client.render import format_result
 
     png = tiny_png(640, 480)
@@ -132,7 +133,7 @@ def test_a_rich_last_value_reaches_the_model_once() -> None:
     """A regression: a DataFrame as the last value came back as the value (its repr) and as a
     display item, and the model read it twice; a plain value still reads as the value."""
     from sandboxd.models import Reason, Result
-    from sandboxd.output_items import Output
+    from sandboxd.results.items import Output
     from sandboxd_client.render import format_result
 
     table = "   a\n0  1"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import base64
 
-from sandboxd.api.mcp_results import call_result
+from sandboxd.api.mcp.results import call_result
 from sandboxd.models import Reason, Result
-from sandboxd.output_items import Output, Position
+from sandboxd.results.items import Output, Position
 from sandboxd_client.render import format_result
 from tests.unit.test_outputs import tiny_png
 

@@ -12,11 +12,11 @@ import socket
 import pytest
 
 from sandboxd.backends.container.runner import CallOutput, Channel, RunnerLost
-from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.display import DisplayCaps
-from sandboxd.streaming import StreamEvent
+from sandboxd.results.outputs import DisplayCollector
+from sandboxd.results.streaming import StreamEvent
 from tests.support.wait import async_wait_until
 
 EXIT = json.dumps({"exit_code": 0}).encode()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sandboxd.backends.container.runner import KEY_BYTES, SOCKET_NAME, Endpoint
-from sandboxd.deadline import within
 from sandboxd.protocol import wire
+from sandboxd.util.deadline import within
 
 
 async def _close_while_a_peer_says_hello(rundir: Path, spins: int, good_key: bool) -> bool:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import sessions as sessions_module
-from sandboxd.sessions import TOUCH_AHEAD_S, SessionManager
+from sandboxd.sessions import manager as sessions_module
+from sandboxd.sessions.manager import TOUCH_AHEAD_S, SessionManager
 
 
 def manager(state: Path) -> SessionManager:

@@ -19,7 +19,7 @@ with tempfile.TemporaryDirectory() as state:
     create_app(Settings(state_dir=state))
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {{"mcp", "mcp_types",
       "httpx", "sandboxd_client"}} and m not in {sorted(CLIENT_SHARED)!r}
-      or m.startswith("sandboxd.client") or m == "sandboxd.api.mcp")))
+      or m.startswith("sandboxd.client") or m == "sandboxd.api.mcp.server")))
 """
 
 
@@ -27,7 +27,7 @@ def test_serve_path_leaves_the_heavy_libraries_for_later() -> None:
     assert loaded(SERVE_PATH) == []
 
 
-@pytest.mark.parametrize(("module", "heavy"), [("sandboxd.api.mcp", "mcp"),
+@pytest.mark.parametrize(("module", "heavy"), [("sandboxd.api.mcp.server", "mcp"),
                                               ("sandboxd_client.sandbox", "httpx")])
 def test_the_guard_sees_a_heavy_import(module: str, heavy: str) -> None:
     """The check above can fail: importing the MCP door loads the SDK, the client httpx."""

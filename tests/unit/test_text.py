@@ -1,4 +1,4 @@
-"""Escaping untrusted text for terminals, logs and models (sandboxd.text)."""
+"""Escaping untrusted text for terminals, logs and models (sandboxd.util.text)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sandboxd.text import json_visible, visible
+from sandboxd.util.text import json_visible, visible
 
 
 @pytest.mark.parametrize(("text", "shown"), [

@@ -1,5 +1,6 @@
 """A slow upload must not hold a slot forever, on a real event loop: an upload's minimum rate and
-time limit (:meth:`sandboxd.transfer.Transfer.chunks`), and the per-client transfer slots."""
+time limit (:meth:`sandboxd.workspaces.transfer.Transfer.chunks`), and the per-client transfer
+slots."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sandboxd.scheduler import ClientPools, QueueFull
-from sandboxd.transfer import Transfer, UploadTimedOut, UploadTooSlow
+from sandboxd.workspaces.transfer import Transfer, UploadTimedOut, UploadTooSlow
 
 
 async def _body(pieces: list[bytes], then_stall: bool) -> AsyncIterator[bytes]:

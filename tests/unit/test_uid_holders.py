@@ -4,7 +4,7 @@ has not confirmed keeps the session's uid under its own name after the session r
 
 from __future__ import annotations
 
-from sandboxd.uids import UidPool, UidPoolExhausted
+from sandboxd.host.uids import UidPool, UidPoolExhausted
 
 
 def test_a_uid_held_twice_is_free_only_when_both_release_it() -> None:

@@ -1,4 +1,4 @@
-"""sandboxd.uidclaim on a scratch claim file: overlap is exact, suggestions skip every live
+"""sandboxd.host.uidclaim on a scratch claim file: overlap is exact, suggestions skip every live
 claim, a claim file others could open is refused (the daemon-level tests are in
 tests/service/test_uid_claim.py)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import uidclaim
+from sandboxd.host import uidclaim
 
-HOLD = ("import sys; from pathlib import Path; from sandboxd import uidclaim\n"
+HOLD = ("import sys; from pathlib import Path; from sandboxd.host import uidclaim\n"
         "uidclaim.claim(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[1]))\n"
         "print('held', flush=True); sys.stdin.read()")
 

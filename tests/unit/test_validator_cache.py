@@ -8,8 +8,8 @@ import gc
 
 import pytest
 
-from sandboxd import registry
-from sandboxd.registry import ArgumentsInvalid, validate_arguments
+from sandboxd import tools as registry
+from sandboxd.tools import ArgumentsInvalid, validate_arguments
 
 
 def schema(required: str) -> dict[str, object]:

@@ -39,7 +39,7 @@ Display items: python code gets a ``display(*objs)`` builtin (IPython's rich-rep
 conventions; a cell's rich last value and the matplotlib figures it leaves open, or shows
 with ``plt.show()``, are displayed too). The user's process writes each item as a ``d``
 frame on a pipe of its own; the runner reads that pipe with a bounded decoder (the call's
-caps) and relays the frames; the daemon checks every item again (sandboxd/outputs.py).
+caps) and relays the frames; the daemon checks every item again (sandboxd/results/outputs.py).
 
 Python only (standard library); runs on the image's python3 (3.11 or 3.12).
 

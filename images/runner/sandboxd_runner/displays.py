@@ -3,7 +3,7 @@ conventions), matplotlib's ``show()`` and the figures a cell leaves open.
 
 The user's process writes each item as a ``d`` frame on a pipe of its own; the runner reads
 that pipe with a bounded decoder (the call's caps, :class:`sandboxd_runner.calls.Call`) and
-relays the frames; the daemon checks every item again (sandboxd/outputs.py).
+relays the frames; the daemon checks every item again (sandboxd/results/outputs.py).
 """
 
 from __future__ import annotations

@@ -42,13 +42,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sandboxd import fstree
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.dockerapi import Engine, EngineError, NotFound
 from sandboxd.backends.container.runner import KEY_BYTES, Endpoint, RunnerLost
 from sandboxd.backends.container.sessions import SessionContainers
-from sandboxd.deadline import within
+from sandboxd.util.deadline import within
+from sandboxd.workspaces import fstree
 
 log = logging.getLogger("sandboxd.container")
 

@@ -1,6 +1,6 @@
 """The container backend: every call runs in a locked-down Docker container, as the uid of
 its sandbox (a one-shot call's, a session's, or a warm container's own) from the daemon's uid
-pool (:mod:`sandboxd.uids`): no two live containers share a uid.
+pool (:mod:`sandboxd.host.uids`): no two live containers share a uid.
 
 Three ways a call gets a container (all with the same confinement, see :mod:`.engine`):
 
@@ -63,8 +63,8 @@ from sandboxd.backends.container.probe import run_probe
 from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.backends.container.watch import PING_TIMEOUT_S, EngineWatch
 from sandboxd.config import Settings
-from sandboxd.deadline import stop_task
 from sandboxd.errors import ToolUnavailable
+from sandboxd.host.uids import UidPool
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -75,7 +75,7 @@ from sandboxd.models import (
     Status,
     ToolKind,
 )
-from sandboxd.uids import UidPool
+from sandboxd.util.deadline import stop_task
 
 log = logging.getLogger("sandboxd.container")
 

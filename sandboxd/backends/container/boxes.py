@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandboxd import fstree
 from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
@@ -27,7 +26,8 @@ from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
 from sandboxd.errors import ToolUnavailable
-from sandboxd.uids import UidPool
+from sandboxd.host.uids import UidPool
+from sandboxd.workspaces import fstree
 
 log = logging.getLogger("sandboxd.container")
 T = TypeVar("T")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.profiles import DEFAULT_PROFILE, PROFILES
-from sandboxd.deadline import stop_task, within
+from sandboxd.util.deadline import stop_task, within
 
 log = logging.getLogger("sandboxd.container")
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
-from sandboxd.deadline import stop_task, within
 from sandboxd.models import (
     LIMIT_MESSAGES,
     Cleanup,
@@ -24,9 +23,10 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
-from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
-from sandboxd.streaming import EventSink
+from sandboxd.results.outputs import DisplayCollector
+from sandboxd.results.streaming import EventSink
+from sandboxd.util.deadline import stop_task, within
 
 BACKEND = "container"
 MAX_CODE_BYTES = 4 * 1024 * 1024

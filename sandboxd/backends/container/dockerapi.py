@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from sandboxd.unixhttp import UnixHTTPConnection
+from sandboxd.host.unixhttp import UnixHTTPConnection
 
 DEFAULT_URL = "unix:///var/run/docker.sock"
 #: how a kept connection the engine closed while it was idle fails (the close crossed the

@@ -116,7 +116,8 @@ def container_body(config: ContainerConfig, seccomp: str, spec: Spec) -> dict[st
     tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
     binds = [f"{spec.rundir}:{RUNNER_MOUNT}:ro"]
     if spec.workspace is None:
-        # the same limits as the daemon's own tmpfs workspaces (sandboxd.quotafs): bytes, and
+        # the same limits as the daemon's own tmpfs workspaces (sandboxd.workspaces.quota): bytes,
+        # and
         # inodes (one more than the entry quota: the root directory uses one)
         inodes = int(config.session_quota_entries) + 1
         tmpfs["/workspace"] = (f"rw,nosuid,nodev,size={quota},nr_inodes={inodes},"

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.dockerapi import NoAnswer
-from sandboxd.deadline import stop_task
+from sandboxd.util.deadline import stop_task
 
 log = logging.getLogger("sandboxd.container")
 

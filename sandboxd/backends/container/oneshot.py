@@ -18,9 +18,9 @@ from sandboxd.backends.container.calls import (
     timeout_result,
 )
 from sandboxd.backends.container.pool import WarmPool
-from sandboxd.deadline import within
 from sandboxd.models import Invocation, Limits, Result
 from sandboxd.protocol.call import WorkerRequest
+from sandboxd.util.deadline import within
 
 PROBE_CLIENT = "sandboxd-probe"
 

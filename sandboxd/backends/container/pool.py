@@ -8,11 +8,11 @@ import asyncio
 import logging
 from collections import deque
 
-from sandboxd import procinfo
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, runner_lost
-from sandboxd.deadline import stop_task
+from sandboxd.host import procinfo
 from sandboxd.models import Limits
+from sandboxd.util.deadline import stop_task
 
 log = logging.getLogger("sandboxd.container")
 

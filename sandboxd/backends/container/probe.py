@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandboxd import fstree
 from sandboxd.backends.container.oneshot import PROBE_CLIENT
 from sandboxd.models import (
     Invocation,
@@ -21,6 +20,7 @@ from sandboxd.models import (
     Result,
 )
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
+from sandboxd.workspaces import fstree
 
 if TYPE_CHECKING:
     from sandboxd.backends.container.backend import ContainerBackend

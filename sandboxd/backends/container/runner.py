@@ -16,7 +16,7 @@ multiplexed by call id (:mod:`sandboxd.protocol.wire` frames):
                     request's ``interrupt_grace_s`` unless the kernel is back and idle)
   runner -> daemon  ``o``/``e`` output (at most :data:`sandboxd.protocol.wire.READ_BYTES` each),
                     ``d`` a display item (:mod:`sandboxd.protocol.display`, checked by
-                    :mod:`sandboxd.outputs` against the call's caps),
+                    :mod:`sandboxd.results.outputs` against the call's caps),
                     ``x`` JSON exit record (ends the call)
 
 The channel is read as an attacker's writes: a bounded decoder (known kinds, sizes checked at
@@ -38,15 +38,15 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxd import fstree
-from sandboxd.deadline import stop_task, within
 from sandboxd.errors import SandboxdError
-from sandboxd.output_items import Position
-from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.display import DisplayCaps
-from sandboxd.streaming import EventSink, TextRelay, emit
+from sandboxd.results.items import Position
+from sandboxd.results.outputs import DisplayCollector
+from sandboxd.results.streaming import EventSink, TextRelay, emit
+from sandboxd.util.deadline import stop_task, within
+from sandboxd.workspaces import fstree
 
 SOCKET_NAME = "runner.sock"
 KEY_NAME = "key"
@@ -92,7 +92,7 @@ class CallOutput:
     exit: WorkerReport | None = None
     over_limit: bool = False
     displays: DisplayCollector = field(default_factory=lambda: DisplayCollector(DisplayCaps()))
-    events: EventSink | None = None  # a streaming caller's sink (sandboxd.streaming)
+    events: EventSink | None = None  # a streaming caller's sink (sandboxd.results.streaming)
     relay: TextRelay | None = None  # set by Channel.call: stdout/stderr to ``events``
     cid: int | None = None  # set by Channel.call: the call's id on the channel, once sent
 

@@ -40,11 +40,11 @@ from sandboxd.backends.container.calls import (
 from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, kernel_verdict
-from sandboxd.deadline import within
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
 from sandboxd.policy.models import PACKAGES_TOOL
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
+from sandboxd.util.deadline import within
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
 KERNEL_STOP_S = 10.0

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from sandboxd.deadline import within
+from sandboxd.util.deadline import within
 
 log = logging.getLogger("sandboxd.container")
 

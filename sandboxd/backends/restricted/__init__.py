@@ -19,7 +19,7 @@ Choices worth knowing (details in the module docstrings):
   used for a request this backend cannot run at all (not python code);
 * workers can start neither processes nor threads (seccomp denies every ``clone``);
 * as root, a worker is chrooted into its workspace and runs as its sandbox's own uid (= gid)
-  of the pool (:mod:`sandboxd.uids`);
+  of the pool (:mod:`sandboxd.host.uids`);
   Landlock (when the kernel has it) confines the filesystem to the workspace in every mode and is
   the filesystem boundary when the daemon does not run as root (then the worker keeps the
   daemon's uid, and cgroups are used only if a writable/delegated subtree exists);

@@ -40,7 +40,6 @@ import os
 import time
 from typing import Any
 
-from sandboxd import fstree
 from sandboxd.backends.base import Backend
 from sandboxd.backends.restricted import health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
@@ -54,7 +53,7 @@ from sandboxd.backends.restricted.zygote_client import (
     spawn_zygote,
 )
 from sandboxd.config import Settings
-from sandboxd.deadline import stop_task
+from sandboxd.host.uids import UidPool
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -66,7 +65,8 @@ from sandboxd.models import (
     ToolKind,
 )
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
-from sandboxd.uids import UidPool
+from sandboxd.util.deadline import stop_task
+from sandboxd.workspaces import fstree
 
 log = logging.getLogger("sandboxd.restricted")
 

@@ -6,7 +6,7 @@ written by an attacker. So (see :mod:`sandboxd.protocol.wire` for the frame form
 * the work per event-loop callback is bounded: one ``read`` of at most
   :data:`sandboxd.protocol.wire.READ_BYTES`, decoded, then back to the loop;
 * only ``o`` (stdout), ``e`` (stderr) - each 1 byte up to the call's output cap -, ``d``
-  (a display item, checked by :mod:`sandboxd.outputs`) and one ``r`` (the report, at most
+  (a display item, checked by :mod:`sandboxd.results.outputs`) and one ``r`` (the report, at most
   the output cap plus :data:`REPORT_SLACK`) are accepted, and nothing after the report;
 * the frames and bytes of a call are bounded (:func:`frame_budget`);
 * the report must be a JSON object with exactly the known members, of the known types.
@@ -27,12 +27,12 @@ import math
 import os
 from collections.abc import Callable
 
-from sandboxd.output_items import Position
-from sandboxd.outputs import DisplayCollector
 from sandboxd.protocol.call import WorkerReport
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.protocol.wire import HEADER, READ_BYTES, Decoder, ProtocolError
-from sandboxd.streaming import EventSink, TextRelay, emit
+from sandboxd.results.items import Position
+from sandboxd.results.outputs import DisplayCollector
+from sandboxd.results.streaming import EventSink, TextRelay, emit
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
@@ -90,7 +90,7 @@ class FrameReader:
         self.stdout = bytearray()
         self.stderr = bytearray()
         self.displays = DisplayCollector(display)
-        self.events = events  # a streaming caller's sink (sandboxd.streaming)
+        self.events = events  # a streaming caller's sink (sandboxd.results.streaming)
         self.relay = TextRelay(events, cap)
         self.report: WorkerReport | None = None
         self.overflow = False

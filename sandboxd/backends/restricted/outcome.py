@@ -9,10 +9,10 @@ import signal
 import time
 from typing import Any
 
-from sandboxd import procinfo
 from sandboxd.backends.restricted import health
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker
+from sandboxd.host import procinfo
 from sandboxd.models import (
     Cleanup,
     Invocation,

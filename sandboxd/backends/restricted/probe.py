@@ -12,11 +12,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sandboxd import fstree
 from sandboxd.backends.restricted import health, standby
 from sandboxd.backends.restricted.outcome import BACKEND_NAME
 from sandboxd.models import Invocation, Limits, ProbeCheck, ProbeReport, Reason
 from sandboxd.protocol.plan import ExecutionPlan, ToolKind
+from sandboxd.workspaces import fstree
 
 if TYPE_CHECKING:
     from sandboxd.backends.restricted.backend import RestrictedBackend

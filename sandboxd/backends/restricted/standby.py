@@ -21,10 +21,10 @@ from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER, cgroup_limits
-from sandboxd.deadline import within
 from sandboxd.models import Invocation, Limits, Reason
 from sandboxd.protocol.call import ProbeKind, WorkerRequest
-from sandboxd.streaming import EventSink
+from sandboxd.results.streaming import EventSink
+from sandboxd.util.deadline import within
 
 
 @dataclass

@@ -21,8 +21,8 @@ from typing import Any
 
 import sandboxd
 from sandboxd.backends.restricted.zygote_protocol import CTRL, IDLE_AFTER_S, IDLE_STANDBY
-from sandboxd.deadline import within
 from sandboxd.errors import SandboxdError
+from sandboxd.util.deadline import within
 
 # The zygote imports only what workers need: the package __init__ files (pydantic models,
 # asyncio, psutil...) are bypassed with bare package modules, which keeps the zygote's heap -

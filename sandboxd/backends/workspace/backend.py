@@ -14,8 +14,10 @@ directory descriptors (``openat`` with ``O_NOFOLLOW``):
   the session quota, and are owned by the sandbox user when the daemon is root.
 
 Binary content: ``encoding: "base64"`` on read_file/write_file, or the raw file endpoints
-(``PUT``/``GET /v1/sessions/{id}/files/{path}``, :mod:`sandboxd.transfer`), which come here as
-the same tools with an :class:`~sandboxd.transfer.Transfer` attached: an upload is streamed
+(``PUT``/``GET /v1/sessions/{id}/files/{path}``, :mod:`sandboxd.workspaces.transfer`), which come
+here as
+the same tools with an :class:`~sandboxd.workspaces.transfer.Transfer` attached: an upload is
+streamed
 into the temporary file in bounded chunks, a download returns the bytes to the endpoint.
 """
 
@@ -60,12 +62,12 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import paths
-from sandboxd.quotafs import quota_message, workspace_usage
-from sandboxd.transfer import FILES_ROUTE, Transfer, UploadAborted, binary_hint
+from sandboxd.workspaces.quota import quota_message, workspace_usage
+from sandboxd.workspaces.transfer import FILES_ROUTE, Transfer, UploadAborted, binary_hint
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
-    from sandboxd.uids import UidPool
+    from sandboxd.host.uids import UidPool
 
 MAX_LIST_ENTRIES = 1000
 

@@ -1,0 +1,307 @@
+"""Session kernels (persistent Python state per session) seen from the service: the host-wide
+cap on live kernels, the kernel-lost note on results, and the session operations of
+:class:`~sandboxd.service.Sandboxd` (create, list, describe, restart, delete, expire).
+
+A *kernel* is a session's persistent Python interpreter on one backend; the backends own them
+(``Backend.kernel_sessions()``, ``Backend.restart_kernel()``). The service only counts them:
+a session ``python`` call whose session has no live kernel on its backend would start one, so
+it is admitted only while the live kernels of every backend, plus the kernels reserved by
+calls in flight, stay under ``max_kernels`` (:class:`KernelCap`), reserved before the call's
+first ``await`` as :mod:`sandboxd.util.reservations` reserves every cap, so concurrent calls can
+never overshoot it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.backends.base import Backend
+from sandboxd.errors import (
+    AuditFailure,
+    Draining,
+    ExecutionFailure,
+    KernelLimitReached,
+    StorageUnavailable,
+)
+from sandboxd.host.storage import is_no_space
+from sandboxd.models import (
+    KERNEL_INTERRUPTED_MESSAGE,
+    KERNEL_LOST_MESSAGE,
+    Result,
+    kernel_lost_message,
+)
+from sandboxd.sessions.manager import SessionNotFound
+from sandboxd.util.reservations import Cap, CapReached, Ledger, Reservation
+
+if TYPE_CHECKING:
+    from sandboxd.audit import AuditLog
+    from sandboxd.capacity import Capacity
+    from sandboxd.config import Settings
+    from sandboxd.results.recorder import AuditRecorder
+    from sandboxd.sessions.manager import Session, SessionManager
+
+log = logging.getLogger("sandboxd")
+
+#: one live kernel: (backend name, session id)
+KernelKey = tuple[str, str]
+
+
+class _NoKernel:
+    """The ticket of a call that needs no kernel: reserves nothing."""
+
+    def release(self) -> None:
+        return None
+
+
+#: a kernel reserved for one call in flight (a :class:`~sandboxd.util.reservations.Reservation`
+#: of its :data:`KernelKey`); ``release()`` it when the call is over (the backend's own
+#: count has taken over, if the kernel lives)
+KernelTicket = Reservation[KernelKey] | _NoKernel
+
+
+class KernelCap:
+    """The host-wide limit on live session kernels (``max_kernels``), every backend together
+    (reserved as :mod:`sandboxd.util.reservations` reserves every cap)."""
+
+    def __init__(self, limit: int, backends: Mapping[str, Backend]) -> None:
+        self.limit = limit
+        self.backends = backends
+        self._reserved: Ledger[KernelKey] = Ledger()
+        #: called with the number of kernels being started by calls in flight before one
+        #: more is admitted; raises to refuse it (the memory headroom: sandboxd.capacity)
+        self.gate: Callable[[int], None] = lambda starting: None
+
+    def live(self) -> set[KernelKey]:
+        """Kernels alive on the backends now, and those reserved by calls in flight."""
+        keys = {(name, sid) for name, backend in self.backends.items()
+                for sid in backend.kernel_sessions()}
+        return keys | self._reserved.keys()
+
+    def admit(self, session_id: str | None, backend: str | None, *,
+              python: bool) -> KernelTicket:
+        """Reserve the kernel a call needs, or raise :class:`KernelLimitReached`. Calls
+        without a session, or that are not ``python``, need none."""
+        if session_id is None or backend is None or not python:
+            return _NoKernel()
+        key = (backend, session_id)
+        live = self.live()
+        if key in live:  # its kernel is counted already: the call shares it
+            return self._reserved.reserve(key)
+        try:
+            cap = Cap("max_kernels", len(live), self.limit)
+            if cap.count < cap.limit:  # room under the cap: is there room in memory?
+                on_backends = {(name, sid) for name, backend in self.backends.items()
+                               for sid in backend.kernel_sessions()}
+                self.gate(len(self._reserved.keys() - on_backends))
+            return self._reserved.reserve(key, cap)
+        except CapReached:
+            raise KernelLimitReached(
+                f"this call needs a new Python interpreter for session '{session_id}', but "
+                f"the host already runs {len(live)} session interpreters, its limit "
+                f"(max_kernels = {self.limit}); retry later, delete sessions that are no "
+                "longer needed, or run the code without a session") from None
+
+
+def note_kernel_lost(result: Result) -> Result:
+    """The result, whose message says the session's Python state is gone when its kernel
+    was lost (the one sentence of :func:`~sandboxd.models.kernel_lost_message`), or that it
+    is kept when its code was interrupted (:data:`~sandboxd.models.KERNEL_INTERRUPTED_MESSAGE`)."""
+    if result.kernel is not None and result.kernel.interrupted and not result.kernel.lost:
+        if result.message and KERNEL_INTERRUPTED_MESSAGE in result.message:
+            return result
+        message = "; ".join(m for m in (result.message, KERNEL_INTERRUPTED_MESSAGE) if m)
+        return result.model_copy(update={"message": message})
+    if result.kernel is None or not result.kernel.lost:
+        return result
+    if result.message and KERNEL_LOST_MESSAGE.split("{why}")[0] in result.message:
+        return result  # said already
+    return result.model_copy(update={"message": kernel_lost_message(result)})
+
+
+class SessionOps:
+    """The session operations of the service (a mixin of :class:`~sandboxd.service.Sandboxd`,
+    which provides the attributes below)."""
+
+    settings: Settings
+    sessions: SessionManager
+    capacity: Capacity
+    backends: dict[str, Backend]
+    audit: AuditLog
+    recorder: AuditRecorder
+    draining: bool
+    #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
+    _endings: set[asyncio.Future[dict[str, Any]]]
+
+    def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
+        raise NotImplementedError
+
+    # :meth:`~sandboxd.sessions.restarts.SessionRestarts.note_kernels` (annotated only: a later
+    # base)
+    note_kernels: Callable[[Session | None], None]
+
+    def kernel_backends(self, session_id: str) -> list[str]:
+        """Names of the backends on which the session has a live kernel now."""
+        return sorted(name for name, backend in self.backends.items()
+                      if session_id in backend.kernel_sessions())
+
+    async def session_view(self, session: Session) -> dict[str, Any]:
+        """The session as the API shows it: usage and kernel state included."""
+        usage = await self.sessions.usage(Path(session.workspace))
+        paused = any(session.id in b.paused_sessions() for b in self.backends.values())
+        return session.public(usage, self.kernel_backends(session.id), paused)
+
+    async def list_sessions(self, client: str) -> list[dict[str, Any]]:
+        """The client's live sessions, oldest first (another client's are never listed)."""
+        owned = sorted(self.sessions.owned(client), key=lambda s: s.created_at)
+        return list(await asyncio.gather(*(self.session_view(s) for s in owned)))
+
+    async def create_session(self, client: str, ttl_s: float | None, *,
+                             transport: str = "http") -> Session:
+        """A new session with its own workspace (audited). A draining daemon makes none: the
+        session would end with it (a fleet's proxy places it on another node: 503)."""
+        if self.draining:
+            raise Draining("the daemon is shutting down; create the session on another "
+                           "instance or later")
+        self._check_state_dir()
+        self.capacity.admit_session()  # memory headroom, before the first await
+        try:
+            session = await self.sessions.create(client, ttl_s)
+        except OSError as exc:
+            if is_no_space(exc):
+                raise StorageUnavailable(f"no session can be created: the state directory is "
+                                         f"full ({exc.strerror or exc})") from exc
+            raise
+        try:
+            await self.recorder.record(self.audit.write, event="session_created", client=client,
+                                       session=session.id, transport=transport)
+        except AuditFailure:
+            await self.sessions.drop(session)
+            raise
+        return session
+
+    async def restart_session(self, client: str, session_id: str, *,
+                              transport: str = "http") -> dict[str, Any]:
+        """End the session's kernels on every backend (the next ``python`` call starts a
+        fresh one; the workspace stays); audited as ``kernel_restart``. The session view,
+        with ``restarted``: the backends whose kernel was ended."""
+        session = self.sessions.get(session_id, client)
+        restarted = []
+        with self.sessions.in_use(session):  # it does not expire under the restart
+            for name, backend in self.backends.items():
+                try:
+                    if await backend.restart_kernel(session.id):
+                        restarted.append(name)
+                except Exception as exc:
+                    log.exception("backend %s failed to restart the kernel of %s", name,
+                                  session.id)
+                    raise ExecutionFailure(f"the {name} backend could not restart the "
+                                           f"session's kernel: {exc}") from exc
+                finally:
+                    self.note_kernels(session)  # ended cleanly: no crash reports it lost
+        try:  # the kernels are gone either way: say so, and keep the failure in the log
+            await self.recorder.record(self.audit.write, event="kernel_restart", client=client,
+                                       session=session.id, backends=restarted,
+                                       transport=transport)
+        except AuditFailure as exc:
+            log.error("session %s: kernel restarted without an audit record: %s",
+                      session.id, exc)
+        return {**await self.session_view(session), "restarted": restarted}
+
+    async def interrupt_session(self, client: str, session_id: str, *,
+                                transport: str = "http") -> dict[str, Any]:
+        """Interrupt the ``python`` call that runs in the session now (so that a runaway
+        call need not cost the session its state): its code
+        gets a ``KeyboardInterrupt``, the call ends ``killed`` (``cancelled``) with its own
+        result, and the kernel keeps its variables when it comes back within the grace.
+        Audited as ``kernel_interrupt``. The session view, with ``interrupted``: the backends
+        whose call was interrupted (none when no call was running)."""
+        session = self.sessions.get(session_id, client)
+        interrupted = [name for name, backend in self.backends.items()
+                       if backend.interrupt_kernel(session.id)]
+        try:
+            await self.recorder.record(self.audit.write, event="kernel_interrupt",
+                                       client=client, session=session.id,
+                                       backends=interrupted, transport=transport)
+        except AuditFailure as exc:
+            log.error("session %s: interrupt without an audit record: %s", session.id, exc)
+        return {**await self.session_view(session), "interrupted": interrupted}
+
+    async def delete_session(self, client: str, session_id: str, *,
+                             transport: str = "http") -> None:
+        """Delete a session: its kernels, anything a backend kept, its workspace (audited)."""
+        session = self.sessions.get(session_id, client)
+        if await self.end_session(session, "session_deleted", transport=transport) is None:
+            raise SessionNotFound(f"session '{session_id}' does not exist or has expired")
+
+    async def end_session(self, session: Session, event: str | None,
+                          **fields: Any) -> dict[str, Any] | None:
+        """The one way a session ends (DELETE, TTL expiry, daemon stop, client revoked):
+        unregistered first (no new call finds it), then its calls cancelled and waited for
+        (:mod:`sandboxd.sessions.calls`), then its kernels and containers on every backend,
+        then its workspace (unmounted, removed) and uid, then the ``event`` audit record
+        with ``fields`` (none when the caller audits the whole, as a revocation does).
+        What was ended: ``{"id", "kernels": the backends whose kernel was live, "verified":
+        no kernel is left and the workspace is gone}``; None when it had ended already."""
+        if not self.sessions.forget(session):
+            return None
+        # the rest runs to its end even when the caller is cancelled (a DELETE whose client
+        # hung up): an unregistered session is found by nothing else that would end it
+        ending = asyncio.ensure_future(self._end_forgotten(session, event, fields))
+        self._endings.add(ending)
+        ending.add_done_callback(self._endings.discard)
+        return await asyncio.shield(ending)
+
+    async def _end_forgotten(self, session: Session, event: str | None,
+                             fields: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`end_session` after the session was unregistered."""
+        kernels = self.kernel_backends(session.id)
+        # its calls first (cancelled, their sandboxes ended and verified): nothing of it may
+        # run once its workspace and uid are free (sandboxd.sessions.calls)
+        await self.sessions.end_calls(session)
+        await self._close_session_backends(session)
+        removed = await self.sessions.remove(session)
+        left = self.kernel_backends(session.id)
+        if left:
+            log.error("session %s ended, but its kernel on %s is still alive", session.id, left)
+        if event is not None:
+            try:  # the session is gone either way: say so, and keep the failure in the log
+                await self.recorder.record(self.audit.write, event=event, client=session.client,
+                                           session=session.id, **fields)
+            except AuditFailure as exc:
+                log.error("session %s ended without an audit record: %s", session.id, exc)
+        return {"id": session.id, "kernels": kernels, "verified": removed and not left}
+
+    async def _expire_session(self, session: Session) -> None:
+        await self.end_session(session, "session_expired")
+
+    async def _end_session(self, session: Session) -> None:
+        await self.end_session(session, "session_expired",
+                               reason="the daemon stopped (its workspace was in memory)")
+
+    async def revoke_client(self, client: str, reason: str, *,
+                            mcp_sessions: Sequence[str] = ()) -> dict[str, Any]:
+        """End everything of a client that has no valid token left: every session (kernels,
+        containers, workspace) through :meth:`end_session`. Audited as one
+        ``client_revoked`` record (``reason``, ``sessions`` ended, ``mcp_sessions`` the MCP
+        front door ended, ``verified``); returns its fields."""
+        ended = [e for s in self.sessions.registered(client)
+                 if (e := await self.end_session(s, None)) is not None]
+        fields: dict[str, Any] = {
+            "reason": reason, "sessions": ended, "mcp_sessions": list(mcp_sessions),
+            "verified": all(e["verified"] for e in ended)}
+        try:
+            await self.recorder.record(self.audit.write, event="client_revoked", client=client,
+                                       **fields)
+        except AuditFailure as exc:
+            log.error("client %s revoked without an audit record: %s; %s", client, exc, fields)
+        return fields
+
+    async def _close_session_backends(self, session: Session) -> None:
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.close_session(session.id)

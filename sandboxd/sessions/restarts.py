@@ -1,0 +1,322 @@
+"""Restarts keep sessions (an upgrade must not end users' work): what a restarted daemon checks
+before it re-adopts a session, and what a session's next call is told about a kernel the restart
+ended.
+
+A clean stop with ``sessions_survive_restart`` (the default) ends no session: a tmpfs workspace
+stays mounted (the mounts are the host's: a test daemon's namespace, or the unit's with
+``sandboxd-quota.conf``, whose ``PrivateMounts=no`` propagates them to the host), and session
+containers keep running with their kernels (:mod:`sandboxd.backends.container.adopt`). The
+next start re-adopts a session only when its workspace checks out here: a real directory owned
+by its sandbox uid and, with kernel quotas, the sandboxd tmpfs itself (type, source,
+``nosuid,nodev``), never something mounted or planted in its place while no daemon watched.
+
+A crash never hides a lost kernel: which backends hold a live kernel of a session is kept in
+its metadata file (``kernels_live``, written atomically when a call leaves a kernel started or
+ended, cleared when a clean stop moves it to ``kernels_at_stop``). What a start still finds
+there was live when the previous daemon died without stopping: unless the kernel is alive
+again (adopted), it is lost with reason ``daemon_crash``; one a clean stop noted is lost with
+``daemon_restart``. Either is audited in ``session_recovered`` and said once, by the session's
+next python call on that backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from sandboxd.errors import AuditFailure
+from sandboxd.models import Kernel, Result
+from sandboxd.util.deadline import within
+from sandboxd.workspaces.quota import FS_SOURCE, unescape_mountinfo
+
+if TYPE_CHECKING:
+    from sandboxd.audit import AuditLog
+    from sandboxd.backends.base import Backend
+    from sandboxd.config import Settings
+    from sandboxd.results.recorder import AuditRecorder
+    from sandboxd.sessions.manager import Session, SessionManager
+
+log = logging.getLogger("sandboxd")
+
+#: ``kernel.reason`` of the first python call after a clean stop ended the session's kernel
+DAEMON_RESTART = "daemon_restart"
+#: ``kernel.reason`` of the first python call after a crash (``SIGKILL``, OOM) ended it
+DAEMON_CRASH = "daemon_crash"
+#: what the model reads then (the files are kept; the variables are not)
+RESTART_MESSAGE = ("the daemon restarted since this session's last call: its Python state "
+                   "(variables, imports) was lost and this call ran in a fresh interpreter; "
+                   "the workspace files are kept")
+CRASH_MESSAGE = ("the daemon crashed and restarted since this session's last call: its Python "
+                 "state (variables, imports) was lost and this call ran in a fresh interpreter; "
+                 "the workspace files are kept")
+LOST_MESSAGES = {DAEMON_RESTART: RESTART_MESSAGE, DAEMON_CRASH: CRASH_MESSAGE}
+
+
+@runtime_checkable
+class SessionKeeper(Protocol):
+    """A backend whose session state can outlive the daemon (the container backend)."""
+
+    adoption_failed: dict[str, str]  # after start: sessions whose kept state did not check out
+    adopting: bool  # after start: its re-adoption is still under way
+
+    def expect_sessions(self, expected: dict[str, tuple[str, str, int | None]]) -> None:
+        """Before start: the recovered sessions, ``id -> (client, workspace, uid)``."""
+
+    async def keep_sessions(self, session_ids: set[str]) -> set[str]:
+        """At a clean stop, before close: keep what it can of these sessions."""
+
+    async def adopted(self, session_id: str | None = None) -> None:
+        """After start: until the re-adoption of what the last stop kept has ended, or has
+        settled ``session_id``'s (it runs while the daemon serves, within
+        ``adopt_timeout_s``)."""
+
+
+def mount_of(path: Path) -> tuple[str, str, set[str]] | None:
+    """``(fstype, source, options)`` of the (topmost) mount whose point is exactly ``path`` in
+    this process's mount namespace, or None."""
+    found = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                fields = line.split()
+                if (len(fields) < 6 or " - " not in line
+                        or unescape_mountinfo(fields[4]) != str(path)):
+                    continue
+                post = line.split(" - ", 1)[1].split()
+                if len(post) >= 3:
+                    opts = set(fields[5].split(",")) | set(post[2].split(","))
+                    found = (post[0], unescape_mountinfo(post[1]), opts)
+    except OSError:
+        return None
+    return found
+
+
+def workspace_problem(path: Path, uid: int | None, *, tmpfs: bool) -> str | None:
+    """Why the workspace ``path`` may not be re-adopted (None: it checks out): not a real
+    directory, not owned by its sandbox ``uid``, or (``tmpfs``) not the sandboxd tmpfs."""
+    if tmpfs:
+        info = mount_of(path)
+        if info is None:
+            return "its workspace tmpfs is gone (unmounted, or its mount namespace ended)"
+        fstype, source, opts = info
+        if fstype != "tmpfs" or source != FS_SOURCE.decode():
+            return f"something else is mounted on its workspace ({fstype} from {source})"
+        if not {"nosuid", "nodev"} <= opts:
+            return "its workspace mount lost nosuid/nodev"
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"its workspace cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "its workspace is not a directory"
+    if uid is not None and (st.st_uid, st.st_gid) != (uid, uid):
+        return f"its workspace is owned by {st.st_uid}:{st.st_gid}, not by its sandbox {uid}"
+    return None
+
+
+def note_restart(result: Result, reason: str = DAEMON_RESTART) -> Result:
+    """A session python call's result whose kernel the last restart ended: ``kernel.lost``
+    with ``reason`` (``daemon_restart`` or ``daemon_crash``; the call itself ran in a fresh
+    interpreter)."""
+    if result.kernel is None:
+        return result
+    kernel: Kernel = result.kernel
+    if kernel.lost:
+        return result  # this call lost its new kernel too: that reason says more
+    message = "; ".join(m for m in (result.message, LOST_MESSAGES[reason]) if m)
+    return result.model_copy(update={
+        "kernel": kernel.model_copy(update={"lost": True, "reason": reason}),
+        "message": message})
+
+
+class SessionRestarts:
+    """What the service does about restarts (a mixin of :class:`~sandboxd.service.Sandboxd`,
+    which provides the attributes below): keep sessions at a clean stop, audit the recovery
+    at start, tell a session's next python call that its kernel was lost."""
+
+    sessions: SessionManager
+    backends: dict[str, Backend]
+    audit: AuditLog
+    recorder: AuditRecorder
+    settings: Settings
+    #: the start's re-adoption and its audit, while the daemon serves (:meth:`_recover`)
+    _recovery: asyncio.Task[None] | None = None
+
+    def kernel_backends(self, session_id: str) -> list[str]:  # pragma: no cover - SessionOps
+        raise NotImplementedError
+
+    async def end_session(self, session: Session, event: str | None,
+                          **fields: Any) -> dict[str, Any] | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _expect_recovered(self) -> None:
+        """Before the backends start: tell the keepers which sessions the sweep recovered."""
+        self._note_crashes()
+        expected = {s.id: (s.client, s.workspace, s.uid) for s in self.sessions.registered()}
+        for backend in self.backends.values():
+            if isinstance(backend, SessionKeeper):
+                backend.expect_sessions(expected)
+
+    def note_kernel_starting(self, session: Session | None, backend: str | None) -> None:
+        """As a session python call reaches ``backend`` (it may start the kernel there): the
+        kernel is listed live ahead, so that a crash during the call that starts it does not
+        hide it; :meth:`note_kernels` corrects the list once the call is over."""
+        if (session is None or backend is None or backend in session.kernels_live
+                or not self.sessions.holds(session)):
+            return
+        session.kernels_live = sorted({*session.kernels_live, backend})
+        try:
+            self.sessions.save(session)
+        except OSError as exc:
+            log.warning("session %s: live kernels not saved: %s", session.id, exc)
+
+    def note_kernels(self, session: Session | None) -> None:
+        """After a session call (or a kernel restart): its file's ``kernels_live`` says which
+        kernels live now, written (atomically) only when that changed and only while the
+        session is registered. A file that cannot be written is logged: the next call tries
+        again."""
+        if session is None or not self.sessions.holds(session):
+            return
+        live = self.kernel_backends(session.id)
+        if live == session.kernels_live:
+            return
+        session.kernels_live = live
+        try:
+            self.sessions.save(session)
+        except OSError as exc:
+            log.warning("session %s: live kernels not saved: %s", session.id, exc)
+
+    def _note_stop(self) -> None:
+        """Any clean stop: each session the stop leaves lists its live kernels under
+        ``kernels_at_stop`` (restricted ones die with the daemon; a kept container's may be
+        adopted), and ``kernels_live`` is cleared: the next start reads ``daemon_restart``,
+        never ``daemon_crash``, for them."""
+        for session in self.sessions.registered():
+            # (a kernel lost at an earlier restart and not yet reported stays listed)
+            at_stop = sorted(set(session.kernels_at_stop) | set(self.kernel_backends(session.id)))
+            if at_stop != session.kernels_at_stop or session.kernels_live:
+                session.kernels_at_stop = at_stop
+                session.kernels_live = []
+                try:
+                    self.sessions.save(session)
+                except OSError as exc:
+                    log.warning("session %s: kernels at stop not saved: %s", session.id, exc)
+
+    async def _keep_sessions(self) -> None:
+        """Clean stop with ``sessions_survive_restart``, after :meth:`_note_stop`: let the
+        backends keep what they can."""
+        registered = self.sessions.registered()
+        ids = {s.id for s in registered}
+        for name, backend in self.backends.items():
+            if isinstance(backend, SessionKeeper):
+                try:
+                    kept = await backend.keep_sessions(ids)
+                except Exception:
+                    log.exception("backend %s could not keep its sessions", name)
+                else:
+                    log.info("backend %s kept %d session container(s)", name, len(kept))
+
+    async def _recover(self) -> None:
+        """In the background after start: wait for the keepers' re-adoption (each bounds its
+        own by ``adopt_timeout_s``), then audit the recovery."""
+        for backend in self.backends.values():
+            if isinstance(backend, SessionKeeper):
+                await backend.adopted()
+        await self._audit_recovery()
+
+    async def _start_recovery(self) -> None:
+        """At start: the recovery's audit now, or in the background while a keeper still
+        re-adopts (the daemon serves meanwhile; :meth:`recovered`)."""
+        self._recovery = asyncio.create_task(self._recover(), name="session-recovery")
+        if not any(isinstance(b, SessionKeeper) and b.adopting for b in self.backends.values()):
+            await asyncio.wait({self._recovery})
+
+    async def recovered(self, session: Session | None) -> None:
+        """Before a call of ``session``, or its end: when the last stop kept one of its
+        kernels and the start's re-adoption is still under way, wait for it (bounded by
+        ``adopt_timeout_s``); a call of any other session never waits."""
+        task = self._recovery
+        if session is None or task is None or task.done() or not session.kernels_at_stop:
+            return
+        keepers = [b for b in self.backends.values() if isinstance(b, SessionKeeper)]
+        for keeper in keepers:
+            await within(keeper.adopted(session.id), self.settings.adopt_timeout_s)
+        if any(session.id in k.adoption_failed for k in keepers):  # the recovery ends it
+            await within(asyncio.shield(task), self.settings.adopt_timeout_s)
+
+    async def _audit_recovery(self) -> None:
+        """After start: audit each session the sweep did not re-adopt (``session_expired``,
+        with why), end those whose kept container did not check out, and audit every
+        recovered session (``session_recovered``: its live kernels, and those lost)."""
+        for session, why in self.sessions.refused.values():
+            await self._audit_quietly("session_expired", session, reason=why)
+        self.sessions.refused.clear()
+        for name, backend in self.backends.items():
+            if not isinstance(backend, SessionKeeper):
+                continue
+            failed = backend.adoption_failed
+            for ended in [s for s in self.sessions.registered() if s.id in failed]:
+                await self.end_session(ended, "session_expired",
+                                       reason=f"{name}: {failed[ended.id]}")
+            backend.adoption_failed = {}
+        for session in self.sessions.registered():
+            live = self.kernel_backends(session.id)
+            lost = [{"backend": b, "reason": r} for b in sorted(
+                set(session.kernels_at_stop) | set(session.kernels_at_crash))
+                if (r := self.restart_lost(session, b)) is not None]
+            await self._audit_quietly("session_recovered", session, kernels=live,
+                                      kernels_lost=lost)
+
+    def _note_crashes(self) -> None:
+        """At start, before anything runs: a kernel still listed live was live when the
+        previous daemon died without a clean stop (a clean stop clears the list), so a crash
+        ended it. Read here, not after the re-adoption round: calls served meanwhile list the
+        kernels they start. A kept kernel that lives again is not reported
+        (:meth:`restart_lost` asks the backends first)."""
+        for session in self.sessions.registered():
+            if not session.kernels_live:
+                continue
+            session.kernels_at_crash = sorted({*session.kernels_at_crash,
+                                               *session.kernels_live})
+            session.kernels_live = []
+            try:
+                self.sessions.save(session)
+            except OSError as exc:  # said in the audit record either way; kept in memory
+                log.warning("session %s: kernels lost in a crash not saved: %s", session.id,
+                            exc)
+
+    async def _audit_quietly(self, event: str, session: Session, **fields: Any) -> None:
+        try:
+            await self.recorder.record(self.audit.write, event=event, client=session.client,
+                                       session=session.id, **fields)
+        except AuditFailure as exc:
+            log.error("session %s: no %s audit record: %s", session.id, event, exc)
+
+    def restart_lost(self, session: Session | None, backend: str | None) -> str | None:
+        """Why the session's kernel on ``backend`` is gone when a restart ended it (it was
+        live at the last crash, ``daemon_crash``, or stop, ``daemon_restart``, and is not
+        now); None when no restart did."""
+        if (session is None or backend is None
+                or backend in self.kernel_backends(session.id)):
+            return None
+        if backend in session.kernels_at_crash:
+            return DAEMON_CRASH
+        return DAEMON_RESTART if backend in session.kernels_at_stop else None
+
+    def note_restart(self, session: Session | None, backend: str | None, lost: str | None,
+                     result: Result) -> Result:
+        """After a session call: once a python call reached the kernel on ``backend``, the
+        restart is said (``lost``: its reason, :func:`note_restart`) and forgotten."""
+        if (session is None or backend is None or result.kernel is None
+                or backend not in {*session.kernels_at_stop, *session.kernels_at_crash}):
+            return result
+        session.kernels_at_stop = [b for b in session.kernels_at_stop if b != backend]
+        session.kernels_at_crash = [b for b in session.kernels_at_crash if b != backend]
+        with contextlib.suppress(OSError):
+            self.sessions.save(session)
+        return note_restart(result, lost) if lost else result
