@@ -248,8 +248,8 @@ class Settings(BaseSettings):
     sandbox_uid_first: int = Field(default=10100, ge=1000)
     sandbox_uid_count: int = Field(
         default=0, ge=0,
-        description="0: derived, a uid for each of max_kernels, the one-shot calls and warm "
-                    "containers and a margin (900 at least, 50000 at most)")
+        description="0: derived, a uid for each of max_kernels and 256 for one-shot calls and "
+                    "warm containers (900 at least, 50000 at most)")
 
     # --- restricted backend
     restricted_enabled: bool = True
@@ -367,8 +367,8 @@ class Settings(BaseSettings):
                                                         self.kernel_memory_bytes)
                 self._derived.add("max_kernels")
             if not self.sandbox_uid_count:
-                keep_free = self.max_concurrency + 2 * self.warm_pool_size
-                self.sandbox_uid_count = defaults.uid_count(self.max_kernels, keep_free)
+                need = self.max_concurrency + 2 * self.warm_pool_size + 1
+                self.sandbox_uid_count = defaults.uid_count(self.max_kernels, need)
                 self._derived.add("sandbox_uid_count")
 
     @property

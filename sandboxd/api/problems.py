@@ -42,6 +42,7 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "file-not-permitted": (409, "file-not-permitted", "File permissions refuse it"),
     "upload-timeout": (408, "upload-timeout", "Upload too slow"),
     "file-over-quota": (409, "session-over-quota", "Session workspace over quota"),
+    "fork-over-quota": (409, "session-over-quota", "Session workspace over quota"),
     "file-too-large": (413, "too-large", "File too large"),
     "file-tool-error": (422, "file-error", "File operation failed"),
     "upload-aborted": (422, "file-error", "File operation failed"),

@@ -18,8 +18,8 @@ MIN_RESERVE_BYTES = 512 * MIB
 RESERVE_SHARE = 0.05
 #: the size of a fixed uid range (sandboxd's before caps were derived): never fewer
 MIN_UID_COUNT = 900
-#: uids above every derived kernel: sessions without a kernel, and a margin
-UID_MARGIN = 100
+#: uids above every derived kernel: one-shot calls, warm containers, sessions without a kernel
+UID_MARGIN = 256
 #: uids of a range at most (a derived range stays well inside the 32-bit uid space and below
 #: the ranges of systemd's dynamic users, 61184 and up, from 10100)
 MAX_UID_COUNT = 50000
@@ -37,7 +37,8 @@ def max_kernels(memory: MemoryReading, reserve: int, kernel_bytes: int) -> int:
     return max(1, (memory.total - reserve) // kernel_bytes)
 
 
-def uid_count(kernels: int, keep_free: int) -> int:
-    """A sandbox uid range that fits ``kernels`` sessions with a kernel each, ``keep_free``
-    one-shot calls and warm containers, and a margin."""
-    return max(MIN_UID_COUNT, min(MAX_UID_COUNT, kernels + keep_free + UID_MARGIN))
+def uid_count(kernels: int, need: int) -> int:
+    """A sandbox uid range that fits ``kernels`` sessions with a kernel each, and a margin for
+    one-shot calls and warm containers (``need``, what they take at most, if that is more):
+    the same range whatever the scheduler's settings, unless they need more."""
+    return max(MIN_UID_COUNT, need, min(MAX_UID_COUNT, kernels + UID_MARGIN))

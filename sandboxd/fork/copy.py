@@ -30,7 +30,7 @@ _CHUNK = 1 << 20
 class ForkRefused(SandboxdError):
     """The workspace cannot be copied (over the fork's quota, nested too deep)."""
 
-    code = "session-over-quota"
+    code = "fork-over-quota"
 
 
 @dataclass

@@ -221,11 +221,12 @@ def run_worker(
         # blocked from before its report: the daemon proves from outside that it is parked in
         # the read below, unwakeable but by its next request (see .idle), and the sooner it
         # gets there after the report, the sooner the call ends
+        if parks:
+            trim_heap()  # an idle kernel keeps only what its state needs
         mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
         emit(b"r", _report(report))
         if mask is None:
             return 0
-        trim_heap()  # an idle kernel keeps only what its state needs
         # the daemon closing the socket (EOF) ends it. ``read``, not ``recv``: the seccomp
         # filter denies the latter
         try:
@@ -254,12 +255,10 @@ _MALLOC_TRIM = _malloc_trim()
 
 
 def trim_heap() -> None:
-    """After a kernel's call: collect the call's garbage cycles and give the C heap's free
-    pages back to the system (``malloc_trim``), so that an idle kernel's private memory is
-    its state, not the peak of its last call."""
-    import gc
-
-    gc.collect()
+    """At the end of a kernel's call: give the C heap's free pages back to the system
+    (``malloc_trim``), so that an idle kernel's private memory is its state, not the peak of
+    its last call. Before the report, not after it: the daemon ends the call once it sees the
+    kernel parked in its read (see .idle), and that wait should not grow."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
