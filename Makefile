@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8765
 STATE ?= .state
 
-.PHONY: run test test-vm venv venv-dev docker images node mcp-inspector doc-tools haproxy typecheck test-bytecode lint bench clean
+.PHONY: run test test-vm venv venv-dev docker images node mcp-inspector e2b-js doc-tools haproxy typecheck test-bytecode lint bench clean
 
 # A virtualenv with the daemon installed (Debian's python3 needs python3-venv for this).
 # The packages are installed by uv (from PyPI, into the virtualenv by pip): a fresh clone's
@@ -97,6 +97,18 @@ $(INSPECTOR): tests/mcp/inspector/package.json tests/mcp/inspector/package-lock.
 
 mcp-inspector: $(INSPECTOR)
 
+## E2B's JavaScript SDK for tests/e2b/test_js.py: the pinned tree (@e2b/code-interpreter
+## 2.8.0, which needs node >= 20.18.1) into .cache/npm/e2b-js, so the tests download nothing.
+E2B_JS := $(NPM_CACHE)/e2b-js/node_modules/@e2b/code-interpreter/package.json
+
+$(E2B_JS): tests/e2b/js/package.json tests/e2b/js/package-lock.json | node
+	mkdir -p $(NPM_CACHE)/e2b-js
+	cp tests/e2b/js/package.json tests/e2b/js/package-lock.json $(NPM_CACHE)/e2b-js/
+	cd $(NPM_CACHE)/e2b-js && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+e2b-js: $(E2B_JS)
+
 ## The programs the shell examples of the README and docs/ call (tests/docs runs them).
 doc-tools:
 	@command -v curl >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 || \
@@ -108,9 +120,9 @@ haproxy:
 	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || \
 	  (echo "installing haproxy"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null)
 
-## make typecheck: mypy on the sandboxd package and the in-container runner (images/runner)
-## as [tool.mypy] in pyproject.toml says (strict
-## on sandboxd.service and sandboxd.policy). make test runs it first: seconds, and it fails
+## make typecheck: mypy on the sandboxd package, the client and the in-container runner
+## (images/runner) as [tool.mypy] in pyproject.toml says (--strict on all of them, no module
+## left out). make test runs it first: seconds, and it fails
 ## before the Docker engine, the images and the suite are waited for.
 ## Its cache is kept beside uv's and npm's (MYPY_CACHE), not in the checkout: a fresh clone on
 ## a machine that checked a tree before checks only what differs (mypy compares the files'
@@ -135,7 +147,7 @@ TEST_WORKERS ?= 4
 ## beside it, that entry point was briefly missing).
 test: docker node doc-tools haproxy
 	@$(MAKE) --no-print-directory venv-dev
-	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector test-bytecode
+	@$(MAKE) --no-print-directory -j3 --output-sync=target typecheck images mcp-inspector e2b-js test-bytecode
 	$(BIN)/pytest -ra $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 ## pytest's rewrite of the test modules (their asserts) and their bytecode, written once

@@ -76,6 +76,13 @@ class _YamlFileSource(PydanticBaseSettingsSource):
         return data
 
 
+#: E2B's templates and what each runs with (the setting ``e2b_templates``'s default): the
+#: code interpreter's (its SDK's default, ``code-interpreter-v1``) a python session, the base
+#: template's commands and files only
+E2B_TEMPLATES: dict[str, Literal["python", "shell"]] = {
+    "code-interpreter-v1": "python", "code-interpreter": "python", "base": "shell"}
+
+
 class Settings(BaseSettings):
     """Every setting of the daemon. Environment variables are ``SANDBOXD_<NAME>``."""
 
@@ -289,12 +296,31 @@ class Settings(BaseSettings):
                     "with install_packages (mounted read-only; the daemon never writes it); "
                     "None: the tool is refused")
 
+    # --- egress: the proxy that a policy's egress: rules are enforced by (sandboxd/egress)
+    egress_resolver: str | None = Field(
+        default=None, pattern=r"^(\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):\d{1,5}$",
+        description="IP:PORT of the DNS server the egress proxy asks for the addresses of "
+                    "allowed names (A and AAAA over UDP); None: the host's resolver")
+    egress_upstream_ca: Path | None = Field(
+        default=None,
+        description="PEM file of the roots the egress proxy verifies servers with where it "
+                    "terminates TLS (hosts with secrets); None: the system's roots")
+
     # --- fleet: the node this daemon is; session and MCP session ids carry it so that HAProxy
     # routes each call to the node that holds its session
     node_id: str = Field(
         default_factory=default_node_id, pattern=NODE_ID_PATTERN,
         description="This node's id in a fleet (docs/fleet.md): [a-z0-9-], at most 32 "
                     "characters; default: the host name's first label, cleaned")
+
+    # --- E2B's wire protocol (sandboxd.e2b, docs/e2b.md): the template an E2B SDK names ->
+    # what the sandbox's code runs with (``python``: run_code is the python tool in the
+    # sandbox's session; ``shell``: commands and files only)
+    e2b_templates: dict[str, Literal["python", "shell"]] = Field(
+        default_factory=lambda: dict(E2B_TEMPLATES),
+        description="E2B template name -> 'python' (code interpreter: run_code runs the "
+                    "python tool in the sandbox's session) or 'shell' (commands and files "
+                    "only); a template not named here is refused")
 
     access_log: bool = Field(
         default=False,

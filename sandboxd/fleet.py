@@ -138,6 +138,14 @@ def haproxy_config(nodes: list[Node], *, bind: str = "127.0.0.1:8080",
         "    http-request set-var(txn.sid) path,field(4,/) if { path_beg /v1/sessions/ }",
         "    http-request set-var(txn.sid) req.hdr(mcp-session-id) if "
         "!{ var(txn.sid) -m found } { req.hdr(mcp-session-id) -m found }",
+        "    # E2B's SDKs (sandboxd.e2b): the sandbox (a session) in the control plane's path,",
+        "    # else in the sandbox plane's E2b-Sandbox-Id header",
+        "    http-request set-var(txn.sid) path,field(3,/) if !{ var(txn.sid) -m found } "
+        "{ path_beg /sandboxes/ }",
+        "    http-request set-var(txn.sid) path,field(4,/) if !{ var(txn.sid) -m found } "
+        "{ path_beg /v2/sandboxes/ }",
+        "    http-request set-var(txn.sid) req.hdr(e2b-sandbox-id) if "
+        "!{ var(txn.sid) -m found } { req.hdr(e2b-sandbox-id) -m found }",
         "    # else, for a POST /mcp (2026-07-28: no Mcp-Session-Id), the session its JSON",
         "    # body names: the tool's session argument, else _meta's sandboxd/session. The",
         f"    # body is read up to the buffer ({BODY_BUFFER_BYTES} bytes with the headers) or "

@@ -40,7 +40,8 @@ from pydantic import (
 )
 
 from sandboxd.protocol.display import TOO_DEEP, too_deep
-from sandboxd.protocol.limits import LIMITS, Limits
+from sandboxd.protocol.limits import LIMITS
+from sandboxd.protocol.limits import Limits as Limits  # re-exported: a call's limits
 from sandboxd.protocol.plan import ExecutionPlan
 from sandboxd.protocol.plan import ToolKind as ToolKind  # re-exported: the tools' kinds
 from sandboxd.results.streaming import EventSink

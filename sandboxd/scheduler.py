@@ -22,7 +22,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -195,8 +195,9 @@ class ClientPools:
 
     def __init__(self, per_client: int, queue_size: int, queue_timeout_s: float,
                  queue_per_client: int | None = None, what: str = "transfer slots") -> None:
-        self._make = lambda: Scheduler(per_client, queue_size, queue_timeout_s,
-                                       queue_per_client, what=f"{what} of this client")
+        self._make: Callable[[], Scheduler] = lambda: Scheduler(
+            per_client, queue_size, queue_timeout_s, queue_per_client,
+            what=f"{what} of this client")
         self._pools: dict[str, Scheduler] = {}
 
     @property

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from sandboxd.access.approvals import ApprovalBook
@@ -29,6 +28,7 @@ from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.capacity import Capacity
 from sandboxd.config import Settings
+from sandboxd.egress.checks import rules_for as egress_rules_for
 from sandboxd.errors import (
     AuditFailure,
     DrainCancelled,
@@ -41,14 +41,15 @@ from sandboxd.errors import (
     UnknownTool,
 )
 from sandboxd.health.metrics import Metrics
-from sandboxd.health.readiness import BackendProbes
-from sandboxd.health.state import HealthOps
+from sandboxd.health.readiness import BackendProbes, Readiness
+from sandboxd.health.state import Health
 from sandboxd.host.uids import UidPool
+from sandboxd.invoke.drain import Drain
+from sandboxd.invoke.execute import AdmittedCall, Execution, own_result
+from sandboxd.invoke.steps import finish, result_steps
 from sandboxd.models import (
     Cleanup,
-    Decision,
     Explanation,
-    Invocation,
     InvokeRequest,
     LimitsRequest,
     Reason,
@@ -59,19 +60,17 @@ from sandboxd.models import (
 )
 from sandboxd.policy import PolicyStore
 from sandboxd.policy.packages import where_refusal
-from sandboxd.protocol.display import DisplayCaps
-from sandboxd.protocol.plan import ExecutionPlan, ToolKind
+from sandboxd.protocol.plan import ToolKind
 from sandboxd.receipts.sign import Receipts
 from sandboxd.results.recorder import AuditRecorder, interrupted_calls
 from sandboxd.results.streaming import EventSink
-from sandboxd.scheduler import ClientPools, DeadlineExpired, Overloaded, Scheduler
-from sandboxd.sessions.kernels import KernelCap, KernelTicket, SessionOps, note_kernel_lost
+from sandboxd.scheduler import ClientPools, Overloaded, Scheduler
+from sandboxd.sessions.kernels import KernelCap, KernelTicket, SessionService
 from sandboxd.sessions.manager import Session, SessionEnded, SessionManager
-from sandboxd.sessions.restarts import SessionRestarts
+from sandboxd.sessions.restarts import Restarts
 from sandboxd.tools import validate_arguments
 from sandboxd.util.deadline import stop_task, within
 from sandboxd.util.stopclock import StopClock
-from sandboxd.workspaces.quota import Usage, full_note
 from sandboxd.workspaces.transfer import Transfer
 
 log = logging.getLogger("sandboxd")
@@ -79,25 +78,11 @@ log = logging.getLogger("sandboxd")
 SESSION_ENDED = "the session ended (deleted, expired or its client revoked) during the call"
 
 
-@dataclass(frozen=True)
-class _Call:
-    """One admitted call on its way to its backend, with the plan the service passes on."""
-
-    id: str
-    client: str
-    tool: str
-    request: InvokeRequest
-    session: Session | None
-    decision: Decision
-    plan: ExecutionPlan
-    backend: Backend
-    transfer: Transfer | None
-    events: EventSink | None
-
-
-class Sandboxd(HealthOps, SessionOps, SessionRestarts):
+class Sandboxd:
     """Everything one daemon holds: policy, audit, scheduler, sessions, backends, metrics.
-    The session operations (and kernels) are in :class:`~sandboxd.sessions.kernels.SessionOps`."""
+    Its parts are built here with what each needs: :attr:`health`, :attr:`restarts`, the
+    session operations (:attr:`session_ops`, the public ones delegated below), the
+    execution of admitted calls (:attr:`execution`) and the calls in flight (:attr:`drains`)."""
 
     def __init__(self, settings: Settings, *, backends: dict[str, Backend] | None = None) -> None:
         self.settings = settings
@@ -105,7 +90,6 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         # are opened by start()
         self.audit: AuditLog
         self.recorder: AuditRecorder
-        self.policy = PolicyStore(settings.policies_dir, on_event=self._policy_event)
         self.scheduler = Scheduler(settings.max_concurrency, settings.queue_size,
                                    settings.queue_timeout_s, settings.queue_per_client)
         # raw file transfers wait on the network: slots of their own, per client, never the above
@@ -127,27 +111,30 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         self.kernel_cap = KernelCap(settings.max_kernels, self.backends)
         self.metrics = Metrics(lambda: self.scheduler.queued, lambda: self.scheduler.in_use,
                                lambda: self.transfers.in_use)
+        self.health = Health(settings, self.sessions, self.metrics, self.probes,
+                             audit_problem=lambda: self.recorder.problem(),
+                             write=self._write_if_open)
+        self.policy = PolicyStore(settings.policies_dir, on_event=self.health.policy_event)
+        self.restarts = Restarts(settings, self.sessions, self.backends, self._record)
+        self.session_ops = SessionService(settings, self.sessions, self.backends, self.health,
+                                          self._record, self.restarts.note_kernels)
+        self.execution = Execution(settings, self.scheduler, self.transfers, self.sessions,
+                                   self.restarts)
         # admission by memory headroom, and what /v1/capacity and /metrics report
         self.capacity = Capacity(settings, kernels=self.kernel_cap, sessions=self.sessions,
                                  uids=self.uids)
         self.kernel_cap.gate = self.capacity.admit_kernel
+        self.session_ops.admit_session = self.capacity.admit_session
         self.capacity.register(self.metrics.registry)
-        self.draining = False
-        # (when, problems) of the last refused policy reload while it is the latest word
-        self._policy_refused: tuple[str, list[str]] | None = None
-        self._inflight: set[asyncio.Task[Any]] = set()
-        self._endings: set[asyncio.Future[dict[str, Any]]] = set()
-        self._drain_cancelled: set[asyncio.Task[Any]] = set()  # answered as DrainCancelled
         self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
+        self.drains = Drain(self.health, self.stop_clock)  # the calls in flight at a stop
         self._tasks: list[asyncio.Task[Any]] = []
         self._opened = False
         self._started = False
-        # called (in the event loop's thread) after every policy load that took effect: the
-        # MCP front door announces changed tool lists with it
-        self.policy_listeners: list[Callable[[], None]] = []
+        self.policy_listeners = self.health.policy_listeners  # (the MCP door's: tool lists)
         # calls the policy gates on a person's yes, waiting (sandboxd.access.approvals)
         self.approvals = ApprovalBook(
-            lambda **f: self.recorder.record(self.audit.write, **f),
+            self._record,
             lambda client, result, transport: self._finish(client, result, time.monotonic(),
                                                            transport=transport))
 
@@ -168,7 +155,7 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         interrupted = interrupted_calls(self.settings.audit_path)
         # in a thread: removing what a crash left may walk big trees
         swept = await asyncio.to_thread(self.sessions.sweep)
-        self._expect_recovered()
+        self.restarts.expect_recovered()
         if interrupted:
             self.audit.write("interrupted", requests=interrupted,
                              detail="calls in flight when the previous daemon stopped")
@@ -184,13 +171,19 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             workspaces_removed=len(swept["removed"]), workspaces_failed=swept["failed"],
             workspace_quota=self.sessions.fs.detail,
         )
-        await self._start_recovery()  # kept containers are re-adopted while it serves
+        # kept containers are re-adopted while it serves
+        await self.restarts.start_recovery(self.end_session)
+        for backend in self.backends.values():  # the egress proxy's records (sandboxd.egress)
+            proxy = getattr(getattr(backend, "boxes", None), "egress_proxy", None)
+            if proxy is not None:
+                proxy.sink = self._egress_record
+                self.policy_listeners.append(functools.partial(self._egress_reload, proxy))
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
             asyncio.create_task(
                 self.sessions.expire_loop(
-                    self._expire_session, min(15.0, self.settings.session_ttl_s / 4)),
+                    self.session_ops.expire_session, min(15.0, self.settings.session_ttl_s / 4)),
                 name="session-expiry"),
         ]
         self._started = True
@@ -202,15 +195,16 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         for task in self._tasks:
             await stop_task(task)
         survive = self.settings.sessions_survive_restart
-        await stop_task(self._recovery)  # a start's adoption still under way: it ends here
+        await stop_task(self.restarts.recovery)  # a start's adoption still under way: it ends here
         if self._started:  # the next start reads daemon_restart, not daemon_crash
             with contextlib.suppress(Exception):
-                self._note_stop()
+                self.restarts.note_stop()
         if survive and self._started:
             with contextlib.suppress(Exception):  # bounded: what is not kept by then is not
-                await within(self._keep_sessions(), self.stop_clock.left())
+                await within(self.restarts.keep_sessions(), self.stop_clock.left())
         with contextlib.suppress(Exception):  # tmpfs workspaces outlive the daemon if kept
-            await self.sessions.close(self._end_session, survive=survive and self._started)
+            await self.sessions.close(self.session_ops.end_at_stop,
+                                      survive=survive and self._started)
         for backend in self.backends.values():
             with contextlib.suppress(Exception):
                 await backend.close()
@@ -224,22 +218,17 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
 
     def begin_drain(self) -> None:
         """From now on refuse new calls (503) and report not ready; in-flight calls go on."""
-        self.draining = True
+        self.drains.begin()
+
+    @property
+    def draining(self) -> bool:
+        """Refusing new calls: the daemon is stopping (:meth:`begin_drain`)."""
+        return self.health.draining
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new calls; let in-flight calls finish for ``grace_s``, then cancel them
         (each answers :class:`DrainCancelled`) within the calls' half of the stop's bound."""
-        self.begin_drain()
-        pending = set(self._inflight)
-        if pending:
-            _done, still = await asyncio.wait(pending, timeout=grace_s)
-            self.stop_clock.start()
-            for task in still:
-                self._drain_cancelled.add(task)
-                task.cancel()
-            if still:
-                await asyncio.wait(still, timeout=self.stop_clock.calls_left())
-        self.stop_clock.start()
+        await self.drains.drain(grace_s)
 
     # ------------------------------------------------------------ tools
 
@@ -285,6 +274,20 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         readiness says so; returns whether the new set took effect."""
         return self.policy.reload()
 
+    def _egress_reload(self, proxy: Any) -> None:
+        """A policy load took effect: every sandbox's egress follows it now (open
+        connections to what it no longer allows are cut)."""
+        for ident in list(proxy.identities):
+            proxy.update(ident, egress_rules_for(self.policy.policy_for(ident.client),
+                                                 ident.tool))
+
+    async def _egress_record(self, fields: dict[str, Any]) -> None:
+        """One egress connection attempt: its audit record and counters."""
+        self.metrics.egress.labels(fields["verdict"]).inc()
+        self.metrics.egress_bytes.labels("out").inc(fields["bytes_out"])
+        self.metrics.egress_bytes.labels("in").inc(fields["bytes_in"])
+        await self._record(event="egress", **fields)
+
     def audit_event(self, event: str, **fields: Any) -> None:
         """Write one audit record from a front door (start-up refusals, failed
         authentications). Raises when the log cannot be written."""
@@ -293,6 +296,65 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
     def session(self, client: str, session_id: str) -> Session:
         """The client's session (:class:`~sandboxd.sessions.manager.SessionNotFound` otherwise)."""
         return self.sessions.get(session_id, client)
+
+    # ------------------------------------------------------------ sessions, readiness
+
+    async def create_session(self, client: str, ttl_s: float | None, *,
+                             transport: str = "http") -> Session:
+        """:meth:`SessionService.create_session <sandboxd.sessions.kernels.SessionService>`."""
+        return await self.session_ops.create_session(client, ttl_s, transport=transport)
+
+    async def list_sessions(self, client: str) -> list[dict[str, Any]]:
+        """The client's live sessions as the API shows them, oldest first."""
+        return await self.session_ops.list_sessions(client)
+
+    async def session_view(self, session: Session) -> dict[str, Any]:
+        """The session as the API shows it: usage and kernel state included."""
+        return await self.session_ops.session_view(session)
+
+    async def restart_session(self, client: str, session_id: str, *,
+                              transport: str = "http") -> dict[str, Any]:
+        """End the session's kernels (its workspace stays); audited."""
+        return await self.session_ops.restart_session(client, session_id, transport=transport)
+
+    async def interrupt_session(self, client: str, session_id: str, *,
+                                transport: str = "http") -> dict[str, Any]:
+        """Interrupt the session's running python call (its kernel stays); audited."""
+        return await self.session_ops.interrupt_session(client, session_id,
+                                                        transport=transport)
+
+    async def delete_session(self, client: str, session_id: str, *,
+                             transport: str = "http") -> None:
+        """Delete a session: its kernels, anything a backend kept, its workspace (audited)."""
+        await self.session_ops.delete_session(client, session_id, transport=transport)
+
+    async def end_session(self, session: Session, event: str | None,
+                          **fields: Any) -> dict[str, Any] | None:
+        """The one way a session ends (:meth:`SessionService.end_session
+        <sandboxd.sessions.kernels.SessionService.end_session>`)."""
+        return await self.session_ops.end_session(session, event, **fields)
+
+    async def revoke_client(self, client: str, reason: str, *,
+                            mcp_sessions: Sequence[str] = ()) -> dict[str, Any]:
+        """End every session of a client that has no valid token left (audited)."""
+        return await self.session_ops.revoke_client(client, reason, mcp_sessions=mcp_sessions)
+
+    def kernel_backends(self, session_id: str) -> list[str]:
+        """Names of the backends on which the session has a live kernel now."""
+        return self.session_ops.kernel_backends(session_id)
+
+    async def readiness(self, *, fresh: bool = False) -> Readiness:
+        """Whether the daemon may take work, and why not (:class:`Health`)."""
+        return await self.health.readiness(fresh=fresh)
+
+    async def _record(self, **fields: Any) -> None:
+        """One audit record through the recorder (its parts write theirs with it)."""
+        await self.recorder.record(self.audit.write, **fields)
+
+    def _write_if_open(self, event: str, **fields: Any) -> None:
+        """One audit record now; an offline service (policy questions only) has no log."""
+        if self._opened:
+            self.audit.write(event, **fields)
 
     def _spec(self, client: str, tool: str) -> ToolSpec:
         specs = {s.name: s for s in self.policy.tools_for(client)}
@@ -309,30 +371,15 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         """Run one call end to end (see the module docstring). ``transport`` names the front
         door the call came through (``http``, ``mcp``); it goes into the audit records.
         ``transfer``: a raw upload/download's bytes (:mod:`sandboxd.workspaces.transfer`). A
-        streaming
-        caller passes ``events`` (the backend's output as it comes:
-        :mod:`sandboxd.results.streaming`)
-        and ``started``, set once the call holds a slot and its backend runs (everything that
-        can refuse it before it runs has passed). A call is in flight for :meth:`drain` from
-        its admission on, before its first ``await``."""
+        streaming caller passes ``events`` (the backend's output as it comes:
+        :mod:`sandboxd.results.streaming`) and ``started``, set once the call holds a slot and
+        its backend runs (everything that can refuse it before it runs has passed). A call is
+        in flight for :meth:`drain` from its admission on, before its first ``await``."""
         if self.draining:
             raise Draining.for_call(request.session, self.settings.sessions_survive_restart)
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        try:
+        with self.drains.tracked(asyncio.current_task()):
             return await self._invoke(client, tool, request, transport, transfer, events,
                                       started)
-        except asyncio.CancelledError:
-            if task is None or task not in self._drain_cancelled:
-                raise
-            task.uncancel()  # cancelled by the drain before its backend ran: refused
-            raise Draining("the daemon is shutting down and cancelled this call before it "
-                           "ran; retry on another instance or later") from None
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
-                self._drain_cancelled.discard(task)
 
     async def _invoke(self, client: str, tool: str, request: InvokeRequest, transport: str,
                       transfer: Transfer | None, events: EventSink | None,
@@ -341,18 +388,18 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
         try:
             spec = self._spec(client, tool)
         except UnknownTool:
-            await self.recorder.record(self.audit.write, event="unknown_tool", client=client,
-                                       tool=tool, transport=transport)
+            await self._record(event="unknown_tool", client=client, tool=tool,
+                               transport=transport)
             raise
         if transfer is None:
             validate_arguments(tool, spec.parameters, request.arguments)
         session = (self.sessions.get(request.session, client)
                    if request.session is not None else None)
         with self.sessions.in_use(session):  # it does not expire while the call runs
-            if session is not None and self._recovery is not None and not self._recovery.done():
-                await self.recovered(session)  # its kept kernel may be being re-adopted
+            if session is not None and self.restarts.recovering:
+                await self.restarts.recovered(session)  # its kept kernel may be being re-adopted
                 session = self.sessions.get(session.id, client)  # (ended if it failed)
-            self._check_state_dir()
+            self.health.check_state_dir()
             invocation_id = new_id("inv")
             decision = self.policy.decide(client, tool, request.arguments, request.limits)
             decision = where_refusal(tool, decision, request.session, self.settings.wheelhouse)
@@ -372,25 +419,17 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             backend = self.backends.get(decision.backend or "")
             ok, why = self._availability(backend, decision.backend)
             if not ok or backend is None:
-                result = self._outcome(invocation_id, tool, decision, request.session, Status.error,
-                                       Reason.policy, f"tool '{tool}' is unavailable: {why}")
+                result = own_result(invocation_id, tool, decision, request.session, Status.error,
+                                   Reason.policy, f"tool '{tool}' is unavailable: {why}")
                 await self._finish(client, result, admitted, transport=transport)
                 raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
-            assert decision.plan is not None  # an allowed decision carries what runs
-            # the policy's plan, plus what the service owns: display caps, advisory quota room
-            plan = replace(decision.plan, display=DisplayCaps(self.settings.max_display_bytes,
-                                                              self.settings.max_displays))
-            if session is not None and plan.kind in (ToolKind.python, ToolKind.command):
-                used = await self.sessions.check_quota(session)
-                if not self.sessions.fs.kernel:
-                    # advisory quota: no single file may take more than what is left of it
-                    left = max(used.quota_bytes - used.bytes, 0)
-                    plan = replace(plan, max_file_bytes=min(plan.max_file_bytes, left))
+            plan = await self.execution.plan(decision, session)
             deadline = admitted + plan.limits.timeout_s
             started = started or asyncio.Event()  # set once the call holds a slot and runs
-            call = _Call(invocation_id, client, tool, request, session, decision, plan, backend,
-                         transfer, events)
-            restart_lost = self.restart_lost(session, decision.backend)  # ended by a restart?
+            call = AdmittedCall(invocation_id, client, tool, request, session, decision, plan,
+                                backend, transfer, events)
+            # the kernel a restart ended, said by the first python call that reaches it
+            restart_lost = self.restarts.restart_lost(session, decision.backend)
             ticket: KernelTicket | None = None
             task = asyncio.current_task()
             try:
@@ -398,29 +437,29 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                 ticket = self.kernel_cap.admit(request.session, decision.backend,
                                                python=plan.kind is ToolKind.python)
                 with self.sessions.cancellable(session):  # the session's end cancels it
-                    result = await self._execute(call, deadline, started)
+                    result, quota = await self.execution.run(call, deadline, started)
             except SessionEnded as exc:  # it found its session ended: nothing ran
-                result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.killed, Reason.cancelled, str(exc))
+                result = own_result(invocation_id, tool, decision, request.session,
+                                   Status.killed, Reason.cancelled, str(exc))
                 result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
                 return await self._finish(client, result, admitted, transport=transport)
             except (KernelLimitReached, HostFull, Overloaded) as exc:
                 self.metrics.rejections.labels(reason=type(exc).__name__).inc()
-                result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.rejected, Reason.policy, str(exc))
+                result = own_result(invocation_id, tool, decision, request.session,
+                                   Status.rejected, Reason.policy, str(exc))
                 await self._finish(client, result, admitted, transport=transport)
                 raise
             except asyncio.CancelledError as exc:
                 # its wall time is the time it was in the daemon's hands until the cancel
-                result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.killed, Reason.cancelled, None, started=admitted)
+                result = own_result(invocation_id, tool, decision, request.session,
+                                   Status.killed, Reason.cancelled, None, started=admitted)
                 mine = asyncio.current_task()
-                drained = mine is not None and mine in self._drain_cancelled
+                drained = self.drains.cancelled(mine)
                 if isinstance(exc, CancelledAfterCleanup):
                     result.cleanup = exc.cleanup
                     if exc.kernel is not None:
                         result.kernel = exc.kernel
-                        result = note_kernel_lost(result)
+                        result = finish(result, result_steps())
                 elif not started.is_set():  # cancelled while queued: nothing was started
                     result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
                 # cancelled by its session's end (or refused by a backend that found the
@@ -440,14 +479,14 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
                     raise DrainCancelled(result, self.settings.drain_grace_s) from None
                 raise
             except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
-                result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.error, Reason.policy, str(exc))
+                result = own_result(invocation_id, tool, decision, request.session,
+                                   Status.error, Reason.policy, str(exc))
                 await self._finish(client, result, admitted, transport=transport)
                 raise
             except Exception as exc:
                 log.exception("backend %s failed on %s", decision.backend, invocation_id)
-                result = self._outcome(invocation_id, tool, decision, request.session,
-                                       Status.error, Reason.exited, f"internal error: {exc}")
+                result = own_result(invocation_id, tool, decision, request.session,
+                                   Status.error, Reason.exited, f"internal error: {exc}")
                 await self._finish(client, result, admitted, ran=True, transport=transport)
                 # the error's text stays in the log: it may carry host paths or OS messages
                 raise ExecutionFailure(
@@ -456,66 +495,14 @@ class Sandboxd(HealthOps, SessionOps, SessionRestarts):
             finally:
                 if ticket is not None:
                     ticket.release()
-                self.note_kernels(session)  # a crash must not hide the kernel it started
+                self.restarts.note_kernels(session)  # a crash must not hide the kernel it started
                 self.sessions.calls.ended_call(task)  # a cancel swallowed on the way
-            result = self.note_restart(session, decision.backend, restart_lost, result)
+            restart = self.restarts.forget_restart(session, decision.backend, restart_lost,
+                                                   result)
+            result = finish(result, result_steps(quota=quota, restart=restart))
             if session is not None:
                 self.sessions.touch(session)
             return await self._finish(client, result, admitted, ran=True, transport=transport)
-
-    async def _execute(self, call: _Call, deadline: float, started: asyncio.Event) -> Result:
-        """Run ``call`` in a slot, in its workspace (the session's, or a temporary one)."""
-        limits, session = call.plan.limits, call.request.session
-        try:
-            # a raw transfer never takes an execution slot: its client's transfer slots
-            slots = self.scheduler if call.transfer is None else self.transfers
-            async with slots.slot(call.client, deadline):
-                self.sessions.check_live(call.session)  # it may have ended while we waited
-                started.set()
-                if call.plan.kind is ToolKind.python:  # a crash during this call loses it
-                    self.note_kernel_starting(call.session, call.decision.backend)
-                async with self.sessions.workspace(call.session, call.id) as workspace:
-                    invocation = Invocation(
-                        id=call.id, tool=call.tool, client=call.client, session=session,
-                        workspace=workspace, uid=self.sessions.identity(call.session, call.id),
-                        arguments=call.request.arguments, plan=call.plan,
-                        transfer=call.transfer, events=call.events)
-                    result = note_kernel_lost(await call.backend.run(invocation, deadline))
-                    result = await self._note_quota(result, call.plan, workspace)
-        except DeadlineExpired as exc:
-            return self._outcome(call.id, call.tool, call.decision, session, Status.timeout,
-                                 Reason.wall_timeout, str(exc))
-        return result.model_copy(update={"policy": call.decision.ref,
-                                         "limits": result.limits or limits,
-                                         "approval": call.decision.approval})
-
-    async def _note_quota(self, result: Result, plan: ExecutionPlan, workspace: Path) -> Result:
-        """Tell the model when its workspace is full
-        (:func:`~sandboxd.workspaces.quota.full_note`)."""
-        if plan.kind not in (ToolKind.python, ToolKind.command):
-            return result  # the file tools say it themselves
-        usage: Usage | None = None
-        with contextlib.suppress(OSError):
-            usage = await self.sessions.usage(workspace)
-        note = full_note(usage, result.stderr[-8192:] + result.stdout[-4096:],
-                         Usage(0, 0, self.settings.session_quota_bytes,
-                               self.settings.session_quota_entries))
-        if note is None:
-            return result
-        message = note if not result.message else f"{note} ({result.message})"
-        return result.model_copy(update={"message": message})
-
-    def _outcome(self, invocation_id: str, tool: str, decision: Decision, session: str | None,
-                 status: Status, reason: Reason, message: str | None, *,
-                 started: float | None = None) -> Result:
-        """A result the service makes itself; ``started`` (monotonic): its wall time runs
-        from then (none: nothing ran)."""
-        return Result.build(
-            (invocation_id, tool, session), decision.backend, reason, status=status,
-            limits=decision.limits, policy=decision.ref,
-            cleanup=Cleanup(verified=status is not Status.killed), message=message,
-            started=started,
-        )
 
     async def _finish(self, client: str, result: Result, admitted: float, *,
                       ran: bool = False, transport: str = "http") -> Result:

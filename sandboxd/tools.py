@@ -63,6 +63,10 @@ ENCODING: dict[str, Any] = {
                    "standard base64 (binary files)"}
 
 
+#: the built-in tool the python tool's ``packages.allow`` enables (off unless a policy lists
+#: packages: installing code into a session widens what it can run)
+PACKAGES_TOOL = "install_packages"
+
 BUILTIN_TOOLS: dict[str, BuiltinTool] = {
     t.name: t
     for t in (
@@ -138,7 +142,7 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             hints=Hints(read_only=True),
         ),
         BuiltinTool(
-            "install_packages",
+            PACKAGES_TOOL,
             ToolKind.command,
             "Install Python packages into this session from the administrator's wheelhouse "
             "(no network); later python calls of the session can import them. Only packages "

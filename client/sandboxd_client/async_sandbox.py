@@ -80,12 +80,15 @@ class AsyncSandboxClient(ClientBase):
             return False
 
     async def ready(self) -> dict[str, Any]:
-        return (await self.request("GET", "/readyz")).json()
+        report: dict[str, Any] = (await self.request("GET", "/readyz")).json()
+        return report
 
     async def tools(self, format: str = "spec") -> list[Any]:
         """See :meth:`SandboxClient.tools`."""
         if format == "openai":
-            return (await self.request("GET", "/v1/tools", params={"format": "openai"})).json()
+            listed: list[Any] = (
+                await self.request("GET", "/v1/tools", params={"format": "openai"})).json()
+            return listed
         return [lenient(ToolSpec, t) for t in (await self.request("GET", "/v1/tools")).json()]
 
     async def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
@@ -111,7 +114,9 @@ class AsyncSandboxClient(ClientBase):
         body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
         if limits is not None:
             body["limits"] = limits_json(limits)
-        return (await self.request("POST", "/v1/policy/explain", json=body)).json()
+        explained: dict[str, Any] = (
+            await self.request("POST", "/v1/policy/explain", json=body)).json()
+        return explained
 
     async def create_session(self, ttl_s: float | None = None) -> SessionInfo:
         body = {"ttl_s": ttl_s} if ttl_s is not None else {}

@@ -151,7 +151,7 @@ class ClientBase:
     def _backoff(self, attempt: int, hint: float | None) -> float:
         if hint is not None:
             return min(hint, self.max_retry_wait)
-        return min(self.max_retry_wait, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+        return min(self.max_retry_wait, 0.25 * 2.0**attempt) * (0.5 + random.random() / 2)
 
     @staticmethod
     def _error(response: httpx.Response) -> ProblemError:
@@ -219,6 +219,7 @@ def file_text(result: Result) -> str:
     result = ensure_ok(result)
     if isinstance(result.value, str):
         return result.value
-    if isinstance(result.value, dict) and isinstance(result.value.get("content"), str):
-        return result.value["content"]
+    content = result.value.get("content") if isinstance(result.value, dict) else None
+    if isinstance(content, str):
+        return content
     return result.stdout

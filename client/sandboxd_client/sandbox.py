@@ -107,7 +107,8 @@ class SandboxClient(ClientBase):
 
     def ready(self) -> dict[str, Any]:
         """The ``/readyz`` report (raises :class:`Unavailable` when not ready)."""
-        return self.request("GET", "/readyz").json()
+        report: dict[str, Any] = self.request("GET", "/readyz").json()
+        return report
 
     @overload
     def tools(self, format: Literal["spec"] = "spec") -> list[ToolSpec]: ...
@@ -116,7 +117,9 @@ class SandboxClient(ClientBase):
     def tools(self, format: str = "spec") -> list[ToolSpec] | list[dict[str, Any]]:
         """The tools this client may call; ``format="openai"`` gives the OpenAI ``tools`` list."""
         if format == "openai":
-            return self.request("GET", "/v1/tools", params={"format": "openai"}).json()
+            listed: list[dict[str, Any]] = self.request(
+                "GET", "/v1/tools", params={"format": "openai"}).json()
+            return listed
         return [lenient(ToolSpec, t) for t in self.request("GET", "/v1/tools").json()]
 
     def invoke(self, tool: str, /, arguments: dict[str, Any] | None = None, *,
@@ -146,7 +149,8 @@ class SandboxClient(ClientBase):
         body: dict[str, Any] = {"tool": tool, "arguments": arguments or {}}
         if limits is not None:
             body["limits"] = limits_json(limits)
-        return self.request("POST", "/v1/policy/explain", json=body).json()
+        explained: dict[str, Any] = self.request("POST", "/v1/policy/explain", json=body).json()
+        return explained
 
     # sessions
     def create_session(self, ttl_s: float | None = None) -> SessionInfo:

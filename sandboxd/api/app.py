@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxd import __version__
+from sandboxd import __version__, e2b
 from sandboxd.access.ratelimit import FailedAuthGuard
 from sandboxd.api import approvals, contract, files, problems, revocation
 from sandboxd.api.auth import guard
@@ -158,6 +158,7 @@ def create_app(settings: Settings, *, service: Sandboxd | None = None) -> FastAP
     app.include_router(router)
     app.include_router(files.router)
     app.include_router(approvals.router)
+    e2b.install(app, service)  # E2B's wire protocol (docs/e2b.md)
     # the MCP front door (Streamable HTTP): a plain ASGI endpoint at exactly /mcp (every
     # method: POST messages, GET the notification stream, DELETE ends the session)
     mcp = LazyMcpDoor(service)

@@ -12,7 +12,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxd.access.approvals import MAX_SCOPE_MINUTES, NotApprover, UnknownApproval
+from sandboxd.access.approvals import (
+    MAX_SCOPE_MINUTES,
+    ApprovalBook,
+    NotApprover,
+    UnknownApproval,
+)
 from sandboxd.api.auth import authenticate
 from sandboxd.api.problems import Problem
 from sandboxd.models import Approval
@@ -54,7 +59,7 @@ async def decide_approval(approval_id: str, body: ApprovalAnswer, request: Reque
                           client: str = Depends(authenticate)) -> Approval:
     """Approve or deny one pending call (a session scope covers that session's later calls
     under the same rule for ``minutes``)."""
-    book = request.app.state.service.approvals
+    book: ApprovalBook = request.app.state.service.approvals
     try:
         return await book.decide(approval_id, client, body.decision, body.reason, body.scope,
                                  body.minutes, _role(request))

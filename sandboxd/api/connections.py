@@ -143,9 +143,11 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (httptools, else h11) with ``guard``'s limits."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+    # uvicorn declares AutoHTTPProtocol as asyncio.Protocol, but picks H11Protocol or
+    # HttpToolsProtocol at import: both have the members used below, the declared type none
     base: Any = AutoHTTPProtocol
 
-    class GuardedHTTPProtocol(base):
+    class GuardedHTTPProtocol(base):  # type: ignore[misc]  # (Any base: see above)
         peer = "unix"
         _header_timer: asyncio.TimerHandle | None = None
         _body_timer: asyncio.TimerHandle | None = None

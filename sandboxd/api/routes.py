@@ -29,7 +29,8 @@ router = APIRouter()
 
 
 def _service(request: Request) -> Sandboxd:
-    return request.app.state.service
+    service: Sandboxd = request.app.state.service  # (set by create_app)
+    return service
 
 
 class SessionCreate(BaseModel):

@@ -12,6 +12,7 @@ only once every process / container it started is gone, and reports that in
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from sandboxd.errors import SandboxdError
@@ -95,3 +96,9 @@ class Backend(Protocol):
 
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""
+
+
+def kernel_backends(backends: Mapping[str, Backend], session_id: str) -> list[str]:
+    """Names of the ``backends`` on which the session has a live kernel now."""
+    return sorted(name for name, backend in backends.items()
+                  if session_id in backend.kernel_sessions())

@@ -40,6 +40,11 @@ class Ended(enum.Enum):
     #: the paused session container could not be thawed for it
     THAW_FAILED = "thaw_failed"
 
+    @property
+    def reason(self) -> str:
+        """The value, typed (mypy calls a narrowed member's ``.value`` Any)."""
+        return self.value
+
 
 @dataclass(frozen=True)
 class Observed:
@@ -116,7 +121,7 @@ def _lost_reason(seen: Observed) -> str:
     """A call that never came to a result is lost for how it ended; one that did, for what
     ended its kernel: from outside, not idle, a crash, else the call's termination."""
     if seen.ended is not Ended.FINISHED:
-        return seen.ended.value
+        return seen.ended.reason
     if seen.stopped:
         return seen.stopped
     if seen.not_idle:

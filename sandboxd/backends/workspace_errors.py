@@ -16,9 +16,9 @@ import os
 import stat
 
 from sandboxd.errors import SandboxdError
-from sandboxd.policy import paths
+from sandboxd.protocol import rules
 
-PathRefused = paths.PathRefused  # the path is not allowed (outside the workspace, symlink, ...)
+PathRefused = rules.PathRefused  # the path is not allowed (outside the workspace, symlink, ...)
 #: what an error about a directory suggests instead
 LIST_HINT = "list its files with the list_files tool"
 

@@ -9,6 +9,7 @@ environment, else the config file (``--config``, else ``SANDBOXD_CONFIG``, else
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import typer
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
+    from sandboxd.service import Sandboxd
 
 CONFIG_OPTION = typer.Option(
     None, "--config", help="YAML config file (default: $SANDBOXD_CONFIG, else "
@@ -60,7 +62,7 @@ def settings_policies_dir(config: Path | None) -> Path | None:
         return None
 
 
-def offline_service(policies_dir: Path | None) -> Any:
+def offline_service(policies_dir: Path | None) -> Sandboxd:
     """A :class:`~sandboxd.service.Sandboxd` for questions about the policy alone: no
     backends, nothing opened (construction does no I/O; only the policy is loaded)."""
     from sandboxd.config import Settings
@@ -69,7 +71,7 @@ def offline_service(policies_dir: Path | None) -> Any:
     return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})
 
 
-def _or_exit(load: Any, exit_code: int) -> None:
+def _or_exit(load: Callable[[], object], exit_code: int) -> None:
     """Run ``load`` (a policy load); a policy that does not load is its problems, one
     ``file:line:column`` line each, then exit ``exit_code``."""
     from sandboxd.policy import PolicyError
@@ -82,7 +84,7 @@ def _or_exit(load: Any, exit_code: int) -> None:
         raise typer.Exit(exit_code) from None
 
 
-def loaded_offline_service(policies_dir: Path | None, exit_code: int) -> Any:
+def loaded_offline_service(policies_dir: Path | None, exit_code: int) -> Sandboxd:
     """:func:`offline_service` with its policy loaded (:func:`_or_exit`)."""
     service = offline_service(policies_dir)
     _or_exit(service.load_policy, exit_code)

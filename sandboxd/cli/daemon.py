@@ -10,6 +10,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -116,7 +117,7 @@ def _lock_state_dir(state_dir: Path) -> None:
         _fail(f"cannot lock the state directory {state_dir}: {exc}", EXIT_STATE_LOCKED)
 
 
-def _run(main: Any) -> int:
+def _run(main: Coroutine[Any, Any, int]) -> int:
     """Run the daemon's event loop: uvloop when it is installed (faster), else asyncio's."""
     try:
         import uvloop

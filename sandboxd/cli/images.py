@@ -151,9 +151,10 @@ def _has_image(client: Any, name: str) -> dict[str, Any] | None:
     from docker.errors import NotFound
 
     try:
-        return client.api.inspect_image(name)
+        found: dict[str, Any] = client.api.inspect_image(name)
     except NotFound:
         return None
+    return found
 
 
 def _labels(image: dict[str, Any] | None) -> dict[str, str]:

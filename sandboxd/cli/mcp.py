@@ -2,7 +2,7 @@
 
 It speaks MCP on stdin/stdout and forwards every JSON-RPC message, unchanged, to a running
 daemon's Streamable HTTP endpoint (``/mcp``), and every message of the daemon back
-(:mod:`sandboxd.api.mcp.bridge`, in both protocol eras the door speaks). It executes nothing and
+(:mod:`sandboxd.cli.mcp_bridge`, in both protocol eras the door speaks). It executes nothing and
 interprets nothing: the daemon's MCP front door is the one MCP server, so the bridge cannot
 drift from it.
 
@@ -23,7 +23,7 @@ from sandboxd import DEFAULT_URL
 
 
 def _say(message: str) -> None:
-    from sandboxd.api.mcp.bridge import say
+    from sandboxd.cli.mcp_bridge import say
 
     say(message)
 
@@ -67,7 +67,7 @@ def mcp(
     """Speak MCP on stdin/stdout, forwarding to a running daemon (for MCP hosts)."""
     import asyncio
 
-    from sandboxd.api.mcp import bridge as mcp_bridge
+    from sandboxd.cli import mcp_bridge
 
     secret = _read_token(token, token_file)
     endpoint, uds = _endpoint(url, socket)

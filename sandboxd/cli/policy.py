@@ -17,6 +17,7 @@ from sandboxd.cli.common import (
 
 if TYPE_CHECKING:
     from sandboxd.policy import LoadedPolicy
+    from sandboxd.protocol.limits import Limits
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -83,21 +84,24 @@ def check(
                    f"{', '.join(enabled_tools(pol)) or 'none'})")
 
 
-def _fmt_limits(limits: Any) -> str:
-    from sandboxd.policy.units import format_duration, format_size
+def _fmt_limits(limits: Limits) -> str:
+    """Every limit of the one table (protocol.limits), by its policy key, then the network."""
+    from sandboxd.protocol.limits import LIMITS
 
-    return (f"timeout {format_duration(limits.timeout_s)}, memory "
-            f"{format_size(limits.memory_bytes)}, cpus {limits.cpus:g}, pids {limits.pids}, "
-            f"output {format_size(limits.output_bytes)}, network "
-            f"{'yes' if limits.network else 'no'}")
+    shown = [f"{info.policy} {_fmt_value(name, getattr(limits, name))}"
+             for name, info in LIMITS.items()]
+    return ", ".join([*shown, f"network {'yes' if limits.network else 'no'}"])
 
 
 def _fmt_value(name: str, value: Any) -> str:
+    """A limit's value as a policy file writes it (by the limit's unit)."""
     from sandboxd.policy.units import format_duration, format_size
+    from sandboxd.protocol.limits import LIMITS
 
-    if name == "timeout_s":
+    unit = LIMITS[name].unit
+    if unit == "seconds":
         return format_duration(value)
-    if name.endswith("_bytes"):
+    if unit == "bytes":
         return format_size(int(value))
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -151,8 +155,10 @@ def explain(
     if as_json:
         out = decision.model_dump(mode="json")
         out["location"] = where
-        out["lowered"] = {name: {"requested": asked, "granted": granted}
-                          for name, (asked, granted) in lowered.items()}
+        if decision.plan is not None and decision.plan.egress is not None:
+            out["egress"] = decision.plan.egress.describe()
+        out["lowered"] = {name: {"requested": wanted, "granted": granted}
+                          for name, (wanted, granted) in lowered.items()}
         typer.echo(json.dumps(out, indent=2))
         raise typer.Exit(0 if decision.allowed else 1)
     typer.echo(f"decision: {'allow' if decision.allowed else 'deny'}")
@@ -177,8 +183,11 @@ def explain(
         typer.echo(f"imports:  {', '.join(plan.imports_allow)}")
     if decision.limits is not None:
         typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
-    for name, (asked, granted) in lowered.items():
-        typer.echo(f"lowered:  {name} requested {_fmt_value(name, asked)}, granted "
+    if decision.allowed and plan is not None and plan.egress is not None:
+        for line in plan.egress.describe():  # what the call's sandbox may reach, one per line
+            typer.echo(f"egress:   {line}")
+    for name, (wanted, granted) in lowered.items():
+        typer.echo(f"lowered:  {name} requested {_fmt_value(name, wanted)}, granted "
                    f"{_fmt_value(name, granted)} (the policy's limit)")
     if not decision.allowed:
         raise typer.Exit(1)

@@ -35,7 +35,7 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
     parent = service.sessions.get(session_id, client)
     if service.draining:
         raise Draining("the daemon is shutting down; fork the session once it is back")
-    service._check_state_dir()
+    service.health.check_state_dir()
     places = service.sessions.reserve_places(client, count)
     children: list[Session] = []
     copied: list[Copied] = []

@@ -56,6 +56,12 @@ class Metrics:
         )
         self.mcp_sessions = Gauge("sandboxd_mcp_sessions", "Open MCP sessions",
                                   registry=self.registry)
+        self.egress = Counter(
+            "sandboxd_egress_connections", "Egress proxy connection attempts by verdict "
+            "(allowed, denied)", ["verdict"], registry=self.registry)
+        self.egress_bytes = Counter(
+            "sandboxd_egress_bytes", "Bytes through the egress proxy by direction (out: from "
+            "sandboxes)", ["direction"], registry=self.registry)
         self.connections_open = Gauge("sandboxd_connections_open", "Open client connections",
                                       registry=self.registry)
         queue = Gauge("sandboxd_queue_depth", "Calls waiting for a slot", registry=self.registry)

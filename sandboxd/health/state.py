@@ -1,6 +1,6 @@
 """The service's health: whether it may take work (the state directory's room, the audit
-log), its readiness report, and the audit of policy loads (a mixin of
-:class:`~sandboxd.service.Sandboxd`, which provides the attributes below)."""
+log, draining), its readiness report, and the audit of policy loads. One :class:`Health`,
+built by :class:`~sandboxd.service.Sandboxd` with what it reads."""
 
 from __future__ import annotations
 
@@ -9,38 +9,40 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sandboxd.audit import AuditLog
 from sandboxd.config import Settings
 from sandboxd.errors import StorageUnavailable
 from sandboxd.health.metrics import Metrics
 from sandboxd.health.readiness import BackendProbes, Readiness, policy_state
 from sandboxd.host.storage import full_reason
-from sandboxd.results.recorder import AuditRecorder
 from sandboxd.sessions.manager import SessionManager
 from sandboxd.util.timefmt import utc_iso
 
 log = logging.getLogger("sandboxd.service")
 
 
-class HealthOps:
-    """Health checks and readiness of :class:`~sandboxd.service.Sandboxd`."""
+class Health:
+    """Health checks and readiness of the service. ``audit_problem``: why the audit log
+    cannot be written now (None: it can); ``write``: write one audit record now (a service
+    without an audit log, for offline policy questions, writes nothing)."""
 
-    settings: Settings
-    sessions: SessionManager
-    audit: AuditLog
-    recorder: AuditRecorder
-    metrics: Metrics
-    probes: BackendProbes
-    draining: bool
-    policy_listeners: list[Callable[[], None]]
-    _opened: bool
-    _policy_refused: tuple[str, list[str]] | None
+    def __init__(self, settings: Settings, sessions: SessionManager, metrics: Metrics,
+                 probes: BackendProbes, *, audit_problem: Callable[[], str | None],
+                 write: Callable[..., None]) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.metrics = metrics
+        self.probes = probes
+        self.audit_problem = audit_problem
+        self.write = write
+        #: refusing new calls (503) and not ready: the daemon is stopping
+        self.draining = False
+        #: called (in the event loop's thread) after every policy load that took effect: the
+        #: MCP front door announces changed tool lists with it
+        self.policy_listeners: list[Callable[[], None]] = []
+        # (when, problems) of the last refused policy reload while it is the latest word
+        self.policy_refused: tuple[str, list[str]] | None = None
 
-    def audit_problem(self) -> str | None:
-        """Why the audit log cannot be written now (None: it can)."""
-        return self.recorder.problem()
-
-    def _check_state_dir(self) -> None:
+    def check_state_dir(self) -> None:
         """Refuse work (507) before anything runs when the state directory is full."""
         why = full_reason(self.settings.state_dir, "state directory")
         if why is not None:
@@ -55,7 +57,7 @@ class HealthOps:
         storage = await asyncio.to_thread(self._storage_state)
         probes_ok, backends = await self.probes.reports(fresh)
         quota = self.sessions.fs  # read fresh too: its mount helper may have died
-        policy = policy_state(self._policy_refused)
+        policy = policy_state(self.policy_refused)
         images = {image: build for backend in self.probes.backends.values()
                   for image, build in backend.building().items()}
         degraded = [] if policy["ok"] else ["policy"]
@@ -77,20 +79,19 @@ class HealthOps:
 
     # ------------------------------------------------------------ policy events
 
-    def _policy_event(self, event: str, fields: dict[str, Any]) -> None:
+    def policy_event(self, event: str, fields: dict[str, Any]) -> None:
         """Audit a policy load or refusal and count it (the store logs it, once)."""
         self.metrics.policy_reloads.labels(
             result="refused" if event == "policy_refused" else "ok").inc()
         if event == "policy_refused":
             now = utc_iso(timespec="seconds")
-            self._policy_refused = (now, list(fields.get("errors", [])))
+            self.policy_refused = (now, list(fields.get("errors", [])))
         else:
-            self._policy_refused = None
-        if self._opened:  # an offline service (policy questions only) has no audit log
-            try:
-                self.audit.write(event, **fields)
-            except Exception as exc:
-                log.error("could not audit %s: %s", event, exc)
+            self.policy_refused = None
+        try:
+            self.write(event, **fields)
+        except Exception as exc:
+            log.error("could not audit %s: %s", event, exc)
         if event == "policy_loaded":
             for listener in list(self.policy_listeners):
                 try:

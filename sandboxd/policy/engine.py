@@ -14,6 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends import registry
+from sandboxd.egress import checks as egress_checks
+from sandboxd.egress.rules import EgressRules
 from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.loader import LoadedPolicy
@@ -76,6 +78,12 @@ def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequ
 def _network(policy: PolicyFile, tool_network: str | None) -> str | None:
     net = tool_network or policy.network
     return None if net == "none" else net
+
+
+def _egress(pol: LoadedPolicy, tool: Any) -> EgressRules | None:
+    """The compiled egress rules of ``tool`` (its own block, else the policy's)."""
+    spec = egress_checks.effective(tool, pol.spec)
+    return spec.compiled(pol.name) if spec is not None else None
 
 
 class _Ctx:
@@ -204,8 +212,8 @@ def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Dec
             return ctx.deny("tools.python.imports.allow",
                             f"Importing `{module}` is not allowed here; allowed modules: {hint}.")
     return ctx.allow("tools.python", cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     image=cfg.image, imports_allow=tuple(rules.allow),
-                     imports_deny=tuple(rules.deny))
+                     egress=_egress(ctx.pol, cfg), image=cfg.image,
+                     imports_allow=tuple(rules.allow), imports_deny=tuple(rules.deny))
 
 
 # ------------------------------------------------------------------ shell
@@ -348,7 +356,8 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
                 r for r in redirects if isinstance(r, Redirect))))
         pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
     return ctx.allow(", ".join(rules), cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     command=Plan(pipelines=tuple(pipelines)), image=cfg.image)
+                     command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
+                     egress=_egress(ctx.pol, cfg))
 
 
 # ------------------------------------------------------------------ file tools
@@ -431,7 +440,8 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
     if isinstance(planned, str):
         return ctx.deny(base, f"{planned[0].upper()}{planned[1:]}.")
     return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network),
-                     command=Plan(pipelines=(Pipeline(commands=(planned,)),)), image=tool.image)
+                     command=Plan(pipelines=(Pipeline(commands=(planned,)),)), image=tool.image,
+                     egress=_egress(ctx.pol, tool))
 
 
 # ------------------------------------------------------------------ admin warnings

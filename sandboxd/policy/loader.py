@@ -58,7 +58,8 @@ class LoadedPolicy:
             if name:
                 loc.append(name)
             loc.extend(int(i.rstrip("]")) for i in indexes if i.rstrip("]").isdigit())
-        if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network"):
+        if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network",
+                                       "egress"):
             return self.source
         node = node_at(self.root, loc, key=True)
         return f"{self.source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
@@ -295,42 +296,66 @@ def file_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | None, list[str]]:
-    """Parse and validate one policy file: ``(policy, [])`` or ``(None, problems)``."""
-    source = source or str(path)
+class _Unloadable(Exception):
+    """A policy file that cannot be read or parsed: its problems, each at file:line:col."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__(problems[0])
+        self.problems = list(problems)
+
+
+def _read(path: Path, source: str) -> tuple[bytes, str]:
+    """The file's bytes and text, bounded and UTF-8."""
     try:
         with path.open("rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        return None, [f"{source}:1:1: cannot read policy file: {exc.strerror or exc}"]
+        raise _Unloadable(f"{source}:1:1: cannot read policy file: {exc.strerror or exc}") \
+            from None
     if len(raw) > MAX_FILE_BYTES:
-        return None, [f"{source}:1:1: policy file larger than {MAX_FILE_BYTES} bytes"]
+        raise _Unloadable(f"{source}:1:1: policy file larger than {MAX_FILE_BYTES} bytes")
     try:
-        text = raw.decode("utf-8")
+        return raw, raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, [f"{source}:1:1: not UTF-8 text ({exc.reason} at byte {exc.start})"]
+        raise _Unloadable(f"{source}:1:1: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None
+
+
+def _compose(source: str, text: str) -> tuple[Node, dict[str, Any]]:
+    """The YAML's node tree (kept for positions) and the mapping it constructs."""
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
         if root is None:
-            return None, [f"{source}:1:1: empty policy file (expected a mapping with version, "
-                          "name, clients, tools)"]
+            raise _Unloadable(f"{source}:1:1: empty policy file (expected a mapping with "
+                              "version, name, clients, tools)")
         structural = _structure_problems(root)
         if structural:
-            return None, [f"{_where(source, n)}: {m}" for n, m in structural]
+            raise _Unloadable(*(f"{_where(source, n)}: {m}" for n, m in structural))
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         what = " ".join(p for p in (exc.context, exc.problem) if p)
-        return None, [f"{source}:{line}:{col}: YAML syntax error: {what}"]
+        raise _Unloadable(f"{source}:{line}:{col}: YAML syntax error: {what}") from None
     except yaml.YAMLError as exc:
-        return None, [f"{source}:1:1: YAML error: {exc}"]
+        raise _Unloadable(f"{source}:1:1: YAML error: {exc}") from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
-        return None, [f"{_where(source, root)}: a policy file must be a mapping with version, "
-                      "name, clients and tools"]
+        raise _Unloadable(f"{_where(source, root)}: a policy file must be a mapping with "
+                          "version, name, clients and tools")
+    return root, data
+
+
+def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | None, list[str]]:
+    """Parse and validate one policy file: ``(policy, [])`` or ``(None, problems)``."""
+    source = source or str(path)
+    try:
+        raw, text = _read(path, source)
+        root, data = _compose(source, text)
+    except _Unloadable as exc:
+        return None, exc.problems
     try:
         spec = PolicyFile.model_validate(data)
     except ValidationError as exc:

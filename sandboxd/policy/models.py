@@ -7,6 +7,7 @@ One file is one policy::
     clients: ["*"]                  # client names, or "*" for every client without its own policy
     limits: {timeout: 60s, max_timeout: 300s, memory: 256Mi, cpus: 1.0, pids: 64, output: 1Mi}
     network: none                   # or the name of a Docker network to grant (never "host")
+    egress: {allow: ["pypi.org:443"]}   # or hosts through the egress proxy (sandboxd.egress)
     tools:
       python: {backend: restricted, imports: {allow: [math, json]}}
       shell:  {backend: container, commands: {allow: [ls, cat], deny: [curl]}, operators: false}
@@ -38,8 +39,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from sandboxd.backends import registry
+from sandboxd.egress.checks import block_problems, egress_problems
+from sandboxd.egress.rules import EgressSpec
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
+from sandboxd.tools import PACKAGES_TOOL as PACKAGES_TOOL  # (the policy's name for it)
 from sandboxd.tools import check_schema
 
 Loc = tuple[str | int, ...]
@@ -218,6 +222,7 @@ class PythonTool(_ToolBase):
     backend: Annotated[str, _serving("python")] = _default_for("python")
     image: str | None = None
     network: Network | None = None
+    egress: EgressSpec | None = None
     imports: ImportRules = Field(default_factory=ImportRules)
     packages: PackageRules = Field(default_factory=PackageRules)
 
@@ -228,6 +233,7 @@ class ShellTool(_ToolBase):
     backend: Annotated[str, _serving("shell")] = _default_for("shell")
     image: str | None = None
     network: Network | None = None
+    egress: EgressSpec | None = None
     commands: CommandRules = Field(default_factory=CommandRules)
     operators: bool = False
     deny_patterns: list[Regex] = Field(default_factory=list)
@@ -272,6 +278,7 @@ class CustomTool(_ToolBase):
     backend: Annotated[str, _serving("custom")] = _default_for("custom")
     image: str | None = None
     network: Network | None = None
+    egress: EgressSpec | None = None
     argv: Annotated[list[str], Field(min_length=1)]
     # a placeholder value starting with '-' could smuggle an option into the program; refused
     # unless the admin says the program treats such values safely
@@ -287,6 +294,7 @@ class PolicyFile(_Strict):
     clients: Annotated[list[ClientName], Field(min_length=1)]
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     network: Network = "none"
+    egress: EgressSpec | None = None
     tools: Tools = Field(default_factory=Tools)
     custom_tools: dict[str, CustomTool] = Field(default_factory=dict)
 
@@ -294,9 +302,6 @@ class PolicyFile(_Strict):
 # ------------------------------------------------------------------ semantic checks
 
 BUILTIN_NAMES = ("python", "shell", "read_file", "write_file", "list_files")
-#: the built-in tool the python tool's ``packages.allow`` enables (off unless a policy lists
-#: packages: installing code into a session widens what it can run)
-PACKAGES_TOOL = "install_packages"
 #: the registry's name for what each built-in tool asks of its backend
 TOOL_GROUPS: dict[str, registry.ToolGroup] = {
     "python": "python", "shell": "shell",
@@ -419,6 +424,7 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
             yield from _approval_problems(tool.packages.approve,
                                           (*where, "packages", "approve"), False)
     yield from _limit_problems(policy.limits, ("limits",))
+    yield from block_problems(policy.egress, ("egress",))
     for name in BUILTIN_NAMES:
         tool = getattr(policy.tools, name)
         if tool is None:
@@ -426,6 +432,8 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
         loc: Loc = ("tools", name)
         yield from _limit_problems(tool.limits, (*loc, "limits"))
         yield from _network_problem(name, tool, TOOL_GROUPS[name], policy, loc)
+        yield from egress_problems(name, tool, TOOL_GROUPS[name], policy, loc)
+        yield from block_problems(getattr(tool, "egress", None), (*loc, "egress"))
         if isinstance(tool, PythonTool) and "*" in tool.imports.deny:
             yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
         if isinstance(tool, PythonTool):
@@ -441,6 +449,8 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
             yield loc, f"'{tname}' is a built-in tool; configure it under tools.{tname}"
         yield from _limit_problems(tool.limits, (*loc, "limits"))
         yield from _network_problem(tname, tool, "custom", policy, loc)
+        yield from egress_problems(tname, tool, "custom", policy, loc)
+        yield from block_problems(tool.egress, (*loc, "egress"))
         params = tool.parameters
         try:
             check_schema(params)

@@ -131,7 +131,7 @@ class WorkerRequest:
     @classmethod
     def suspend(cls, key: bytes) -> WorkerRequest:
         """The runner's ``suspend``: the daemon stops and keeps the session; reconnect to
-        the next one with ``key`` (issue 26)."""
+        the next one with ``key`` (so a restart keeps the session's kernel)."""
         return cls(kind="suspend", resume_key=key.hex())
 
     def to_wire(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Display items (issue 14): the rules both sides share - the sandbox that sends them (the
-restricted worker's ``display``, the container runner's) and the daemon that checks them
+"""Display items (a call's rich outputs): the rules both sides share - the sandbox that sends
+them (the restricted worker's ``display``, the container runner's) and the daemon that checks them
 (:mod:`sandboxd.results.outputs`). Standard library only: the image build copies this file next to
 the container runner, like :mod:`sandboxd.protocol.wire` and :mod:`sandboxd.protocol.rules`.
 
@@ -34,7 +34,8 @@ SIGNATURES: dict[str, bytes] = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg":
 #: room in a ``d`` frame beyond the item cap: JSON keys, quoting, escapes of a text item
 FRAME_SLACK = 4096
 #: the deepest nesting a JSON value from a sandbox may have (display items, the last value):
-#: within what every client's parser and the daemon's own encoders take (issue 22)
+#: within what every client's parser and the daemon's own encoders take (deeper, one of
+#: them would fail on its recursion limit)
 MAX_JSON_DEPTH = 64
 #: what stands for a JSON value over :data:`MAX_JSON_DEPTH`
 TOO_DEEP = f"its JSON nests deeper than {MAX_JSON_DEPTH} levels"
@@ -61,7 +62,8 @@ MAX_VALUE_REPR = 64 * 1024
 
 
 def json_lossy(value: Any) -> bool:
-    """Whether JSON changes what ``value`` is (issue 29): anything but ``str``, ``int``,
+    """Whether JSON changes what ``value`` is (then the result carries its repr too, so a
+    model is not misled about the value's type): anything but ``str``, ``int``,
     ``float``, ``bool``, ``None``, ``list`` and ``dict`` with ``str`` keys, of exactly those
     types (a tuple reads as a list, ``{1: 2}`` as ``{"1": 2}``). Iterative; a value over
     :data:`MAX_JSON_DEPTH` counts as lossy."""

@@ -1,5 +1,6 @@
 """Where a session's packages live, defined once for the daemon and the container runner
-(``install_packages``, issue 26). Standard library only, like the rest of the contract.
+(``install_packages``: if the two disagreed, an installed package would not import).
+Standard library only, like the rest of the contract.
 
 A container session's ``install_packages`` call installs into :data:`SITE_DIR` of its
 workspace (so its bytes and files count against the session's quota and the files go with

@@ -305,6 +305,9 @@ class ExecutionPlan:
     imports_deny: tuple[str, ...] = ()
     image: str | None = None
     network: str | None = None
+    #: the daemon's compiled egress rules (``sandboxd.egress.rules.EgressRules``); None: no
+    #: egress proxy. Never sent to a sandbox: the proxy enforces them outside it
+    egress: Any = None
     path: str | None = None
     max_file_bytes: int = 1024 * 1024
     display: DisplayCaps = field(default_factory=DisplayCaps)

@@ -1,6 +1,6 @@
 """Session kernels (persistent Python state per session) seen from the service: the host-wide
-cap on live kernels, the kernel-lost note on results, and the session operations of
-:class:`~sandboxd.service.Sandboxd` (create, list, describe, restart, delete, expire).
+cap on live kernels, and the session operations of :class:`~sandboxd.service.Sandboxd`
+(:class:`SessionService`: create, list, describe, restart, delete, expire).
 
 A *kernel* is a session's persistent Python interpreter on one backend; the backends own them
 (``Backend.kernel_sessions()``, ``Backend.restart_kernel()``). The service only counts them:
@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandboxd.backends.base import Backend
+from sandboxd.backends.base import Backend, kernel_backends
 from sandboxd.errors import (
     AuditFailure,
     Draining,
@@ -29,20 +29,12 @@ from sandboxd.errors import (
     StorageUnavailable,
 )
 from sandboxd.host.storage import is_no_space
-from sandboxd.models import (
-    KERNEL_INTERRUPTED_MESSAGE,
-    KERNEL_LOST_MESSAGE,
-    Result,
-    kernel_lost_message,
-)
 from sandboxd.sessions.manager import SessionNotFound
 from sandboxd.util.reservations import Cap, CapReached, Ledger, Reservation
 
 if TYPE_CHECKING:
-    from sandboxd.audit import AuditLog
-    from sandboxd.capacity import Capacity
     from sandboxd.config import Settings
-    from sandboxd.results.recorder import AuditRecorder
+    from sandboxd.health.state import Health
     from sandboxd.sessions.manager import Session, SessionManager
 
 log = logging.getLogger("sandboxd")
@@ -107,47 +99,34 @@ class KernelCap:
                 "longer needed, or run the code without a session") from None
 
 
-def note_kernel_lost(result: Result) -> Result:
-    """The result, whose message says the session's Python state is gone when its kernel
-    was lost (the one sentence of :func:`~sandboxd.models.kernel_lost_message`), or that it
-    is kept when its code was interrupted (:data:`~sandboxd.models.KERNEL_INTERRUPTED_MESSAGE`)."""
-    if result.kernel is not None and result.kernel.interrupted and not result.kernel.lost:
-        if result.message and KERNEL_INTERRUPTED_MESSAGE in result.message:
-            return result
-        message = "; ".join(m for m in (result.message, KERNEL_INTERRUPTED_MESSAGE) if m)
-        return result.model_copy(update={"message": message})
-    if result.kernel is None or not result.kernel.lost:
-        return result
-    if result.message and KERNEL_LOST_MESSAGE.split("{why}")[0] in result.message:
-        return result  # said already
-    return result.model_copy(update={"message": kernel_lost_message(result)})
+#: write one audit record (``event=``, ``client=``, ...) through the service's recorder
+Record = Callable[..., Awaitable[None]]
 
 
-class SessionOps:
-    """The session operations of the service (a mixin of :class:`~sandboxd.service.Sandboxd`,
-    which provides the attributes below)."""
+class SessionService:
+    """The session operations of the service (create, list, describe, restart, interrupt,
+    delete, end, revoke). ``health`` refuses work while draining or out of room;
+    ``note_kernels`` writes which kernels a session has live now
+    (:meth:`~sandboxd.sessions.restarts.Restarts.note_kernels`)."""
 
-    settings: Settings
-    sessions: SessionManager
-    capacity: Capacity
-    backends: dict[str, Backend]
-    audit: AuditLog
-    recorder: AuditRecorder
-    draining: bool
-    #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
-    _endings: set[asyncio.Future[dict[str, Any]]]
-
-    def _check_state_dir(self) -> None:  # pragma: no cover - provided by Sandboxd
-        raise NotImplementedError
-
-    # :meth:`~sandboxd.sessions.restarts.SessionRestarts.note_kernels` (annotated only: a later
-    # base)
-    note_kernels: Callable[[Session | None], None]
+    def __init__(self, settings: Settings, sessions: SessionManager,
+                 backends: Mapping[str, Backend], health: Health, record: Record,
+                 note_kernels: Callable[[Session | None], None]) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.backends = backends
+        self.health = health
+        self.record = record
+        self.note_kernels = note_kernels
+        #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
+        self._endings: set[asyncio.Future[dict[str, Any]]] = set()
+        #: refuses a new session while the host has no room (sandboxd.capacity: memory
+        #: headroom), before the first await; the service sets it
+        self.admit_session: Callable[[], None] = lambda: None
 
     def kernel_backends(self, session_id: str) -> list[str]:
         """Names of the backends on which the session has a live kernel now."""
-        return sorted(name for name, backend in self.backends.items()
-                      if session_id in backend.kernel_sessions())
+        return kernel_backends(self.backends, session_id)
 
     async def session_view(self, session: Session) -> dict[str, Any]:
         """The session as the API shows it: usage and kernel state included."""
@@ -164,11 +143,11 @@ class SessionOps:
                              transport: str = "http") -> Session:
         """A new session with its own workspace (audited). A draining daemon makes none: the
         session would end with it (a fleet's proxy places it on another node: 503)."""
-        if self.draining:
+        if self.health.draining:
             raise Draining("the daemon is shutting down; create the session on another "
                            "instance or later")
-        self._check_state_dir()
-        self.capacity.admit_session()  # memory headroom, before the first await
+        self.health.check_state_dir()
+        self.admit_session()  # memory headroom, before the first await
         try:
             session = await self.sessions.create(client, ttl_s)
         except OSError as exc:
@@ -177,8 +156,8 @@ class SessionOps:
                                          f"full ({exc.strerror or exc})") from exc
             raise
         try:
-            await self.recorder.record(self.audit.write, event="session_created", client=client,
-                                       session=session.id, transport=transport)
+            await self.record(event="session_created", client=client, session=session.id,
+                              transport=transport)
         except AuditFailure:
             await self.sessions.drop(session)
             raise
@@ -204,9 +183,8 @@ class SessionOps:
                 finally:
                     self.note_kernels(session)  # ended cleanly: no crash reports it lost
         try:  # the kernels are gone either way: say so, and keep the failure in the log
-            await self.recorder.record(self.audit.write, event="kernel_restart", client=client,
-                                       session=session.id, backends=restarted,
-                                       transport=transport)
+            await self.record(event="kernel_restart", client=client, session=session.id,
+                              backends=restarted, transport=transport)
         except AuditFailure as exc:
             log.error("session %s: kernel restarted without an audit record: %s",
                       session.id, exc)
@@ -224,9 +202,8 @@ class SessionOps:
         interrupted = [name for name, backend in self.backends.items()
                        if backend.interrupt_kernel(session.id)]
         try:
-            await self.recorder.record(self.audit.write, event="kernel_interrupt",
-                                       client=client, session=session.id,
-                                       backends=interrupted, transport=transport)
+            await self.record(event="kernel_interrupt", client=client, session=session.id,
+                              backends=interrupted, transport=transport)
         except AuditFailure as exc:
             log.error("session %s: interrupt without an audit record: %s", session.id, exc)
         return {**await self.session_view(session), "interrupted": interrupted}
@@ -270,16 +247,18 @@ class SessionOps:
             log.error("session %s ended, but its kernel on %s is still alive", session.id, left)
         if event is not None:
             try:  # the session is gone either way: say so, and keep the failure in the log
-                await self.recorder.record(self.audit.write, event=event, client=session.client,
-                                           session=session.id, **fields)
+                await self.record(event=event, client=session.client, session=session.id,
+                                  **fields)
             except AuditFailure as exc:
                 log.error("session %s ended without an audit record: %s", session.id, exc)
         return {"id": session.id, "kernels": kernels, "verified": removed and not left}
 
-    async def _expire_session(self, session: Session) -> None:
+    async def expire_session(self, session: Session) -> None:
+        """A session whose time is up (the expiry loop)."""
         await self.end_session(session, "session_expired")
 
-    async def _end_session(self, session: Session) -> None:
+    async def end_at_stop(self, session: Session) -> None:
+        """A session the daemon's stop ends (its workspace was in memory)."""
         await self.end_session(session, "session_expired",
                                reason="the daemon stopped (its workspace was in memory)")
 
@@ -295,8 +274,7 @@ class SessionOps:
             "reason": reason, "sessions": ended, "mcp_sessions": list(mcp_sessions),
             "verified": all(e["verified"] for e in ended)}
         try:
-            await self.recorder.record(self.audit.write, event="client_revoked", client=client,
-                                       **fields)
+            await self.record(event="client_revoked", client=client, **fields)
         except AuditFailure as exc:
             log.error("client %s revoked without an audit record: %s; %s", client, exc, fields)
         return fields

@@ -320,6 +320,13 @@ class SessionManager:
                 log.warning("session %s: expiry not saved (%s); it stays in memory",
                             session.id, exc)
 
+    def retime(self, session: Session, ttl_s: float) -> None:
+        """Give ``session`` a new TTL (lowered to the daemon's maximum) counted from now and
+        save it: E2B's ``set_timeout`` (:mod:`sandboxd.e2b`), shorter or longer."""
+        session.ttl_s = min(ttl_s, self.ttl_s)
+        self._saved_expiry.pop(session.id, None)  # a shorter expiry is written too
+        self.touch(session)
+
     async def usage(self, workspace: Path) -> Usage:
         """A workspace's usage: a tmpfs's ``statvfs`` (memory only) right here, as a thread
         hop costs more than it and a call takes two (per-call CPU); a bounded walk otherwise,

@@ -26,19 +26,19 @@ import contextlib
 import logging
 import os
 import stat
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from sandboxd.backends.base import kernel_backends
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Kernel, Result
 from sandboxd.util.deadline import within
 from sandboxd.workspaces.quota import FS_SOURCE, unescape_mountinfo
 
 if TYPE_CHECKING:
-    from sandboxd.audit import AuditLog
     from sandboxd.backends.base import Backend
     from sandboxd.config import Settings
-    from sandboxd.results.recorder import AuditRecorder
     from sandboxd.sessions.manager import Session, SessionManager
 
 log = logging.getLogger("sandboxd")
@@ -134,27 +134,35 @@ def note_restart(result: Result, reason: str = DAEMON_RESTART) -> Result:
         "message": message})
 
 
-class SessionRestarts:
-    """What the service does about restarts (a mixin of :class:`~sandboxd.service.Sandboxd`,
-    which provides the attributes below): keep sessions at a clean stop, audit the recovery
-    at start, tell a session's next python call that its kernel was lost."""
+#: write one audit record (``event=``, ``client=``, ...) through the service's recorder
+Record = Callable[..., Awaitable[None]]
+#: the one way a session ends (:meth:`~sandboxd.sessions.kernels.SessionService.end_session`)
+EndSession = Callable[..., Awaitable[dict[str, Any] | None]]
 
-    sessions: SessionManager
-    backends: dict[str, Backend]
-    audit: AuditLog
-    recorder: AuditRecorder
-    settings: Settings
-    #: the start's re-adoption and its audit, while the daemon serves (:meth:`_recover`)
-    _recovery: asyncio.Task[None] | None = None
 
-    def kernel_backends(self, session_id: str) -> list[str]:  # pragma: no cover - SessionOps
-        raise NotImplementedError
+class Restarts:
+    """What the service does about restarts: keep sessions at a clean stop, audit the
+    recovery at start, tell a session's next python call that its kernel was lost."""
 
-    async def end_session(self, session: Session, event: str | None,
-                          **fields: Any) -> dict[str, Any] | None:  # pragma: no cover
-        raise NotImplementedError
+    def __init__(self, settings: Settings, sessions: SessionManager,
+                 backends: Mapping[str, Backend], record: Record) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.backends = backends
+        self.record = record
+        #: the start's re-adoption and its audit, while the daemon serves (:meth:`_recover`)
+        self.recovery: asyncio.Task[None] | None = None
 
-    def _expect_recovered(self) -> None:
+    def kernel_backends(self, session_id: str) -> list[str]:
+        """Names of the backends on which the session has a live kernel now."""
+        return kernel_backends(self.backends, session_id)
+
+    @property
+    def recovering(self) -> bool:
+        """The start's re-adoption (or its audit) is still under way."""
+        return self.recovery is not None and not self.recovery.done()
+
+    def expect_recovered(self) -> None:
         """Before the backends start: tell the keepers which sessions the sweep recovered."""
         self._note_crashes()
         expected = {s.id: (s.client, s.workspace, s.uid) for s in self.sessions.registered()}
@@ -191,7 +199,7 @@ class SessionRestarts:
         except OSError as exc:
             log.warning("session %s: live kernels not saved: %s", session.id, exc)
 
-    def _note_stop(self) -> None:
+    def note_stop(self) -> None:
         """Any clean stop: each session the stop leaves lists its live kernels under
         ``kernels_at_stop`` (restricted ones die with the daemon; a kept container's may be
         adopted), and ``kernels_live`` is cleared: the next start reads ``daemon_restart``,
@@ -207,8 +215,8 @@ class SessionRestarts:
                 except OSError as exc:
                     log.warning("session %s: kernels at stop not saved: %s", session.id, exc)
 
-    async def _keep_sessions(self) -> None:
-        """Clean stop with ``sessions_survive_restart``, after :meth:`_note_stop`: let the
+    async def keep_sessions(self) -> None:
+        """Clean stop with ``sessions_survive_restart``, after :meth:`note_stop`: let the
         backends keep what they can."""
         registered = self.sessions.registered()
         ids = {s.id for s in registered}
@@ -221,26 +229,27 @@ class SessionRestarts:
                 else:
                     log.info("backend %s kept %d session container(s)", name, len(kept))
 
-    async def _recover(self) -> None:
+    async def _recover(self, end_session: EndSession) -> None:
         """In the background after start: wait for the keepers' re-adoption (each bounds its
         own by ``adopt_timeout_s``), then audit the recovery."""
         for backend in self.backends.values():
             if isinstance(backend, SessionKeeper):
                 await backend.adopted()
-        await self._audit_recovery()
+        await self._audit_recovery(end_session)
 
-    async def _start_recovery(self) -> None:
+    async def start_recovery(self, end_session: EndSession) -> None:
         """At start: the recovery's audit now, or in the background while a keeper still
-        re-adopts (the daemon serves meanwhile; :meth:`recovered`)."""
-        self._recovery = asyncio.create_task(self._recover(), name="session-recovery")
+        re-adopts (the daemon serves meanwhile; :meth:`recovered`); ``end_session`` ends a
+        session whose kept state did not check out."""
+        self.recovery = asyncio.create_task(self._recover(end_session), name="session-recovery")
         if not any(isinstance(b, SessionKeeper) and b.adopting for b in self.backends.values()):
-            await asyncio.wait({self._recovery})
+            await asyncio.wait({self.recovery})
 
     async def recovered(self, session: Session | None) -> None:
         """Before a call of ``session``, or its end: when the last stop kept one of its
         kernels and the start's re-adoption is still under way, wait for it (bounded by
         ``adopt_timeout_s``); a call of any other session never waits."""
-        task = self._recovery
+        task = self.recovery
         if session is None or task is None or task.done() or not session.kernels_at_stop:
             return
         keepers = [b for b in self.backends.values() if isinstance(b, SessionKeeper)]
@@ -249,7 +258,7 @@ class SessionRestarts:
         if any(session.id in k.adoption_failed for k in keepers):  # the recovery ends it
             await within(asyncio.shield(task), self.settings.adopt_timeout_s)
 
-    async def _audit_recovery(self) -> None:
+    async def _audit_recovery(self, end_session: EndSession) -> None:
         """After start: audit each session the sweep did not re-adopt (``session_expired``,
         with why), end those whose kept container did not check out, and audit every
         recovered session (``session_recovered``: its live kernels, and those lost)."""
@@ -261,7 +270,7 @@ class SessionRestarts:
                 continue
             failed = backend.adoption_failed
             for ended in [s for s in self.sessions.registered() if s.id in failed]:
-                await self.end_session(ended, "session_expired",
+                await end_session(ended, "session_expired",
                                        reason=f"{name}: {failed[ended.id]}")
             backend.adoption_failed = {}
         for session in self.sessions.registered():
@@ -292,8 +301,8 @@ class SessionRestarts:
 
     async def _audit_quietly(self, event: str, session: Session, **fields: Any) -> None:
         try:
-            await self.recorder.record(self.audit.write, event=event, client=session.client,
-                                       session=session.id, **fields)
+            await self.record(event=event, client=session.client, session=session.id,
+                              **fields)
         except AuditFailure as exc:
             log.error("session %s: no %s audit record: %s", session.id, event, exc)
 
@@ -308,15 +317,16 @@ class SessionRestarts:
             return DAEMON_CRASH
         return DAEMON_RESTART if backend in session.kernels_at_stop else None
 
-    def note_restart(self, session: Session | None, backend: str | None, lost: str | None,
-                     result: Result) -> Result:
+    def forget_restart(self, session: Session | None, backend: str | None, lost: str | None,
+                       result: Result) -> str | None:
         """After a session call: once a python call reached the kernel on ``backend``, the
-        restart is said (``lost``: its reason, :func:`note_restart`) and forgotten."""
+        restart is forgotten; what its result must say (``lost``, the reason
+        :meth:`restart_lost` gave before the call, for :func:`note_restart`), or None."""
         if (session is None or backend is None or result.kernel is None
                 or backend not in {*session.kernels_at_stop, *session.kernels_at_crash}):
-            return result
+            return None
         session.kernels_at_stop = [b for b in session.kernels_at_stop if b != backend]
         session.kernels_at_crash = [b for b in session.kernels_at_crash if b != backend]
         with contextlib.suppress(OSError):
             self.sessions.save(session)
-        return note_restart(result, lost) if lost else result
+        return lost

@@ -51,8 +51,8 @@ from pathlib import Path
 
 from sandboxd.util.deadline import within
 from sandboxd.workspaces import fstree
+from sandboxd.workspaces.mount_helper import FS_SOURCE as FS_SOURCE  # (restarts finds mounts by it)
 from sandboxd.workspaces.mount_helper import (  # noqa: F401 - re-exported (one definition of each)
-    FS_SOURCE,
     MAX_MESSAGE,
     MNT_DETACH,
     UMOUNT_NOFOLLOW,

@@ -54,6 +54,18 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(R, "\"command\": \"/opt/sandboxd/bin/sandboxd\"", run="mcp_stdio"),
     Entry(R, "\"url\": \"http://127.0.0.1:8765/mcp\"", run="mcp_http"),
     Entry(R, "sandboxd/               at the top", run="layout"),
+    # docs/e2b.md
+    Entry("docs/e2b.md", "export E2B_SANDBOX_URL", skip="the environment of the next block: "
+          "tests/e2b/test_docs.py sets the same variables for the daemon it starts"),
+    Entry("docs/e2b.md", "print(sbx.commands.run(\"echo hi\").stdout)",
+          skip="E2B's SDK against a daemon with the container backend: tests/e2b/test_docs.py "
+          "runs this block in a process of its own and checks what it prints"),
+    Entry("docs/e2b.md", "e2b_templates: {code-interpreter-v1",
+          skip="a setting's default: tests/e2b/test_docs.py compares it with the daemon's"),
+    # docs/egress.md
+    Entry("docs/egress.md", '"*.pypi.org:443"', skip="a fragment of a policy (its tools: "
+          "only); tests/egress/test_egress_policy.py parses such entries and "
+          "tests/support/egress.py's policy runs the same keys through a daemon"),
     # docs/fleet.md
     Entry("docs/fleet.md", "sandboxd fleet haproxy-config --node n1=10.0.0.11:8765",
           skip="writes /etc/haproxy and reloads a host's HAProxy: tests/fleet generates the "

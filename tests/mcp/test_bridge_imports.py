@@ -55,6 +55,6 @@ def test_the_bridge_imports_nothing_heavy(mcp_daemon: McpDaemon) -> None:
     assert answers[0]["result"]["supportedVersions"] == ["2026-07-28"]
     imported = {line.split("|")[-1].strip() for line in stderr.decode().splitlines()
                 if line.startswith("import time:") and "|" in line}
-    assert "sandboxd.api.mcp.bridge" in imported, stderr.decode()[-2000:]
+    assert "sandboxd.cli.mcp_bridge" in imported, stderr.decode()[-2000:]
     heavy = sorted(m for m in imported if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert not heavy, heavy

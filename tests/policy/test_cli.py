@@ -132,7 +132,7 @@ def test_show_policies_tools_and_limits() -> None:
     r = sandboxd("policy", "show", "--client", "untrusted", "--policies", "policies")
     assert r.stdout.splitlines()[1] == (
         "  python         backend restricted; timeout 5s, memory 128Mi, cpus 0.5, pids 16, "
-        "output 64Ki, network no")
+        "output 64Ki, open_files 64, network no")
     r = sandboxd("policy", "show", "--client", "nobody", "--policies", "policies/examples")
     assert "no policy applies" in r.stdout
 
@@ -193,3 +193,15 @@ def test_explain_says_when_a_requested_limit_was_lowered() -> None:
     r = sandboxd("policy", "explain", "--tool", "python", "--args", '{"code": "1"}',
                  "--limits", '{"timeout_s": 500}', "--json")
     assert json.loads(r.stdout)["lowered"] == {"timeout_s": {"requested": 500, "granted": 60.0}}
+
+
+def test_explain_lists_every_limit_of_the_one_table() -> None:
+    from sandboxd.protocol.limits import LIMITS
+
+    r = sandboxd("policy", "explain", "--tool", "python", "--args", '{"code": "1"}',
+                 "--policies", "policies")
+    assert r.returncode == 0, r.stderr
+    (line,) = [line for line in r.stdout.splitlines() if line.startswith("limits:")]
+    keys = [item.split()[0] for item in line.removeprefix("limits:").split(", ")]
+    assert keys == [info.policy for info in LIMITS.values()] + ["network"]
+    assert "open_files 64" in line

@@ -46,7 +46,7 @@ def test_unknown_and_wrong_keys_point_at_their_lines(tmp_path: Path) -> None:
     assert problems == [
         f"{p}:6:14: tools.shell.backend: Input should be 'container'",
         f"{p}:7:5: tools.shell: unknown key 'comands' (expected one of: enabled, limits, "
-        "approve, backend, image, network, commands, operators, deny_patterns)",
+        "approve, backend, image, network, egress, commands, operators, deny_patterns)",
         f"{p}:8:3: tools: unknown key 'pyhton' (expected one of: python, shell, read_file, "
         "write_file, list_files); admin-defined tools go under custom_tools",
     ]

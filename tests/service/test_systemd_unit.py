@@ -87,6 +87,7 @@ def test_verify_catches_a_typo(tmp_path: Path) -> None:
         "sandboxd-docker-rootless.conf",
         "sandboxd-nonroot.conf",
         "sandboxd-quota.conf",
+        "sandboxd-egress.conf",
     ],
 )
 def test_dropins_verify_cleanly(tmp_path: Path, dropin: str) -> None:
@@ -113,6 +114,8 @@ def test_exposure_score_within_goal() -> None:
         ("sandboxd-tcp.conf", EXPOSURE_GOAL + 0.8),
         # kernel-enforced workspace quotas need CAP_SYS_ADMIN and mount(): +0.4 (documented)
         ("sandboxd-quota.conf", EXPOSURE_GOAL + 0.4),
+        # the egress proxy connects out: the host's network namespace and AF_INET, like TCP
+        ("sandboxd-egress.conf", EXPOSURE_GOAL + 0.8),
     ],
 )
 def test_exposure_score_with_dropins(tmp_path: Path, dropin: str, limit: float) -> None:

@@ -25,7 +25,10 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _imported(module: str, path: Path, mods: dict[str, Path]) -> set[str]:
+def _imported(module: str, path: Path, mods: dict[str, Path],
+              type_only: bool = False) -> set[str]:
+    """The modules ``module`` imports; with ``type_only``, those under ``TYPE_CHECKING`` too
+    (the layers' test: a type-only import still ties a floor to the one it names)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -35,7 +38,8 @@ def _imported(module: str, path: Path, mods: dict[str, Path]) -> set[str]:
 
     def visit(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                    and not type_only):
                 visit(node.orelse)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.If
                             | ast.With | ast.AsyncWith | ast.Try | ast.For | ast.While):

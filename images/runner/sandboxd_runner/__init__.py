@@ -23,7 +23,8 @@ persist (see :mod:`.kernel`); ``{"kind": "kernel_stop"}`` ends it. A kernel
 call ends only once the runner has proven from /proc that the kernel is idle, and the daemon
 interrupts a kernel call (SIGINT: a KeyboardInterrupt in its code) before it kills it.
 
-Restarts keep sessions (issue 26): ``{"kind": "suspend", "key": <hex>}``, sent by a daemon
+Restarts keep sessions (a daemon upgrade must not lose a session's state):
+``{"kind": "suspend", "key": <hex>}``, sent by a daemon
 that stops and keeps the session, is answered at once (``{"message": "suspended"}``); when the
 daemon then hangs up with no call running, the runner keeps its kernel and connects again to
 /run/sandboxd/runner.sock, which the next daemon binds anew, saying hello with that one-time

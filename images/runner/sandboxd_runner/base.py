@@ -26,13 +26,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def set_dumpable(flag: int) -> bool:
     """prctl(PR_SET_DUMPABLE): 0 keeps same-uid processes out of our /proc and ptrace."""
-    return _libc.prctl(PR_SET_DUMPABLE, flag, 0, 0, 0) == 0
+    rc: int = _libc.prctl(PR_SET_DUMPABLE, flag, 0, 0, 0)
+    return rc == 0
 
 
 # ------------------------------------------------------------------ cgroup counters
 
 
-def _read_key(paths, key):
+def _read_key(paths: tuple[str, ...], key: str) -> int:
     for path in paths:
         try:
             with open(path) as fh:
@@ -45,7 +46,7 @@ def _read_key(paths, key):
     return 0
 
 
-def _existing(*paths):
+def _existing(*paths: str) -> tuple[str, ...]:
     return tuple(p for p in paths if os.path.exists(p))
 
 
@@ -69,7 +70,7 @@ def find_program(argv0: str, path: str) -> str | None:
     return None
 
 
-def _open_oom_score_adj():
+def _open_oom_score_adj() -> int | None:
     """Opened while still dumpable: a non-dumpable process's /proc/self files are root's."""
     try:
         return os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)

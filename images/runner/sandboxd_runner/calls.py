@@ -88,7 +88,7 @@ class Call:
 
     def on_pipe(self, fd: int) -> None:
         if self.streams.get(fd) == b"d":
-            self.drain_text()  # what was printed before the item goes first (issue 29)
+            self.drain_text()  # what was printed before the item goes first: written order
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:  # a stale readiness report (fd numbers are reused)

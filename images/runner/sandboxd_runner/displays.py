@@ -30,7 +30,7 @@ def frame_read(fd: int, ioctl: Any = fcntl.ioctl, monotonic: Any = time.monotoni
                order: Any = sys.byteorder) -> None:
     """Wait (bounded) until the runner has read everything on the display pipe ``fd``: it
     relays the stdout/stderr written before an item first (``Call.drain_text``), so output
-    written after ``display()`` returns comes after the item (issue 29)."""
+    written after ``display()`` returns comes after the item, in the order it was written."""
     until, pause = monotonic() + DISPLAY_READ_WAIT_S, 0.0001
     try:
         while from_bytes(ioctl(fd, FIONREAD, bytes(4)), order) and monotonic() < until:

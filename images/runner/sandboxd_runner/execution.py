@@ -32,7 +32,9 @@ def user_import(allow: list[str], deny: list[str],
     ``after()`` runs after each import (it hooks matplotlib's ``show``)."""
     real = builtins.__import__
 
-    def guarded(name, globals=None, locals=None, fromlist=(), level=0):
+    # (Any: user code calls it, with whatever arguments it likes)
+    def guarded(name: Any, globals: Any = None, locals: Any = None, fromlist: Any = (),
+                level: Any = 0) -> Any:
         if level == 0:
             names = tuple(f for f in fromlist or () if isinstance(f, str))
             admitted, _ = rules.import_verdict(str(name), allow, deny, names)

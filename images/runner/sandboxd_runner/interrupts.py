@@ -11,7 +11,7 @@ class CellState:
     running = False  # the user's code runs now
     emitting = False  # a display frame is being written: an interrupt waits until it is whole
     pending = False  # an interrupt came while a frame was being written
-    message: str | None = None  # the last cell's exception line (issue 29)
+    message: str | None = None  # the last cell's exception line: its result's message
 
 
 CELL = CellState()

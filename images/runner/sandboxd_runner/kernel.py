@@ -70,7 +70,7 @@ THREADS_SETTLE_S = 1.0
 MAX_INTERRUPT_GRACE_S = 60.0
 
 
-def _proc_stat(pid):
+def _proc_stat(pid: int | str) -> tuple[int, str, int] | None:
     """(pgrp, state, cpu ticks) of a process from /proc, or None."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -87,7 +87,7 @@ def _proc_stat(pid):
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _status_field(status, name):
+def _status_field(status: bytes, name: bytes) -> bytes | None:
     """The value of field ``name`` of a /proc/PID/status text, or None (the process name, the
     first line, has its newlines escaped: no line can pose as another field)."""
     start = status.find(b"\n" + name + b":")
@@ -98,7 +98,7 @@ def _status_field(status, name):
     return status[start:end if end >= 0 else len(status)].strip()
 
 
-def _read_proc(dfd, name, size):
+def _read_proc(dfd: int, name: str, size: int) -> bytes:
     """A file of the /proc directory ``dfd`` (one read: these are generated whole)."""
     fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
     try:
@@ -171,7 +171,7 @@ class Kernel:
         if fd not in self.pipes:
             return
         if self.streams.get(fd) == b"d":
-            self.drain_text()  # what was printed before the item goes first (issue 29)
+            self.drain_text()  # what was printed before the item goes first: written order
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:
@@ -330,10 +330,12 @@ class Kernel:
             self.threads = True
             return ("the call's code left threads running "
                     f"({(threads or b'?').decode(errors='replace')[:20]} threads)")
+        blk, cgt = _status_field(status, b"SigBlk"), _status_field(status, b"SigCgt")
         try:
-            blocked = int(_status_field(status, b"SigBlk"), 16)
-            caught = int(_status_field(status, b"SigCgt"), 16)
-        except (TypeError, ValueError):
+            if blk is None or cgt is None:
+                raise ValueError("no signal mask")
+            blocked, caught = int(blk, 16), int(cgt, 16)
+        except ValueError:
             return "its signal masks could not be read"
         if caught & ~blocked:
             return "a signal it catches could still wake it"

@@ -10,14 +10,15 @@ changes its own state, not how its kernel talks to the runner.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # pthread_sigmask without signal's enum members (tens of microseconds a call)
+import builtins
 import ctypes
 import fcntl
 import marshal
 import os
 import signal
 import struct
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sized
+from typing import Any, NoReturn
 
 from sandboxd.protocol import display as display_rules
 from sandboxd.protocol import wire
@@ -73,10 +74,12 @@ def _signal_masks() -> tuple[Callable[[], None], Callable[[], None]]:
     masks = (ctypes.c_uint64(2 ** 64 - 1), ctypes.c_uint64(0))  # kept alive by the closures
     every_at, saved_at = ctypes.addressof(masks[0]), ctypes.addressof(masks[1])
 
-    def block(syscall=syscall, number=number, every=every_at, saved=saved_at, keep=masks):
+    def block(syscall: Any = syscall, number: int = number, every: int = every_at,
+              saved: int = saved_at, keep: Any = masks) -> None:
         syscall(number, 0, every, saved, 8)  # SIG_BLOCK (the kernel spares SIGKILL, SIGSTOP)
 
-    def restore(syscall=syscall, number=number, saved=saved_at, keep=masks):
+    def restore(syscall: Any = syscall, number: int = number, saved: int = saved_at,
+                keep: Any = masks) -> None:
         syscall(number, 2, saved, None, 8)  # SIG_SETMASK
 
     return block, restore
@@ -85,7 +88,10 @@ def _signal_masks() -> tuple[Callable[[], None], Callable[[], None]]:
 KERNEL_MASKS = _signal_masks()
 
 
-def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
+# (the loop's names bound as defaults: local lookups, on the path of every kernel call)
+def _read_exact(fd: int, n: int, read: Callable[[int, int], builtins.bytes] = os.read,
+                len: Callable[[Sized], int] = len, bytes: type[builtins.bytes] = bytes,
+                bytearray: type[builtins.bytearray] = bytearray) -> builtins.bytes | None:
     buf = bytearray()
     while len(buf) < n:
         chunk = read(fd, n - len(buf))
@@ -95,23 +101,26 @@ def _read_exact(fd, n, read=os.read, len=len, bytes=bytes, bytearray=bytearray):
     return bytes(buf)
 
 
-def _answer(status, value, message=None, pack=wire.HEADER.pack, len=len, bytes=bytes,
-            value_json=value_json):
+def _answer(status: int, value: Any, message: str | None = None,
+            pack: Callable[..., builtins.bytes] = wire.HEADER.pack,
+            len: Callable[[Sized], int] = len, bytes: type[builtins.bytes] = bytes,
+            value_json: Callable[..., builtins.bytes] = value_json) -> builtins.bytes:
     """The ``v`` frame for the runner: the status byte and :func:`value_json` (the value's
     JSON, or a failed cell's exception line)."""
     payload = bytes([status]) + value_json(value if status == 0 else None, message)
     return pack(b"v", 0, len(payload)) + payload
 
 
-def _send_answer(frame, write=os.write, memoryview=memoryview):
+def _send_answer(frame: bytes, write: Any = os.write, memoryview: Any = memoryview) -> None:
     view = memoryview(frame)
     while view:
         view = view[write(KREP, view):]
 
 
-def kernel_main(req, unpack=struct.unpack, loads=marshal.loads, isinstance=isinstance,
-                str=str, masks=KERNEL_MASKS, execute=execute, answer=_answer,
-                send=_send_answer, state=CELL):
+def kernel_main(req: WorkerRequest, unpack: Any = struct.unpack, loads: Any = marshal.loads,
+                isinstance: Any = isinstance, str: Any = str, masks: Any = KERNEL_MASKS,
+                execute: Any = execute, answer: Any = _answer, send: Any = _send_answer,
+                state: Any = CELL) -> NoReturn:
     """The kernel's loop (in its process): read a request, execute it in the persistent
     namespace, answer; exit when the runner closes the request pipe. Every signal is blocked
     from its answer until it has read the next request (:func:`_signal_masks`): the runner

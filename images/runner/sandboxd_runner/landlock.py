@@ -63,7 +63,7 @@ def restrict_exec(allowed: list[str], path: str) -> str | None:
     return None
 
 
-def _elf_interpreter(path):
+def _elf_interpreter(path: str) -> str | None:
     """The PT_INTERP path of an ELF executable (its dynamic loader), or None."""
     try:
         with open(path, "rb") as fh:

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
@@ -26,13 +26,13 @@ from .rlimits import requested_rlimits
 MAX_REQUEST = 64 * 1024 * 1024
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
 #: the one-time key of the next daemon (a ``suspend`` request: the daemon stops and keeps the
-#: session, issue 26)
+#: session, so that the next daemon finds its kernel alive)
 RESUME = bytearray()
 
 
-def _suspend(chan, cid, req, calls):
-    """The daemon stops and keeps this session (issue 26): remember the next daemon's
-    one-time key, answer ``suspended``."""
+def _suspend(chan: socket.socket, cid: int, req: WorkerRequest, calls: dict[int, Call]) -> None:
+    """The daemon stops and keeps this session (a restart that keeps sessions): remember the
+    next daemon's one-time key, answer ``suspended``."""
     if len(req.resume_key) != 2 * KEY_BYTES or calls:
         refuse(chan, cid, "refused: a suspend needs a key and no call running")
         return
@@ -40,7 +40,8 @@ def _suspend(chan, cid, req, calls):
     send_report(chan, cid, WorkerReport(message="suspended"))
 
 
-def _start(chan, cid, body, calls, owners):
+def _start(chan: socket.socket, cid: int, body: bytes, calls: dict[int, Call],
+           owners: dict[int, Any]) -> None:
     """Start the call a request frame asks for (or answer why it cannot start)."""
     if cid in calls:
         return
@@ -78,7 +79,7 @@ def _start(chan, cid, body, calls, owners):
         owners[pfd] = call
 
 
-def _prepare():
+def _prepare() -> None:
     """Before the channel: the image's packages importable, SIGPIPE ignored, not dumpable, the
     imported modules' pages kept shared with every fork."""
     sys.path.extend(site_dirs())
@@ -92,16 +93,18 @@ def _prepare():
     gc.freeze()
 
 
-def _timeout(calls):
+def _timeout(calls: dict[int, Call]) -> float | None:
     """How long select may wait: a tick while calls run, sooner when one must be looked at."""
     timeout = 0.05 if calls else None
     wakes = [call.wake for call in calls.values() if call.wake is not None]
-    if wakes:  # a kernel that answered is looked at again soon (see the kernel's section)
+    # a kernel that answered is looked at again soon (see the kernel's section)
+    if wakes and timeout is not None:  # (wakes: calls run, so there is a tick)
         timeout = min(timeout, max(min(wakes) - time.monotonic(), 0.0))
     return timeout
 
 
-def _on_channel(chan, decoder, calls, owners):
+def _on_channel(chan: socket.socket, decoder: wire.Decoder, calls: dict[int, Call],
+                owners: dict[int, Any]) -> bool | Literal["resume"]:
     """Read the channel and act on its frames; False once the daemon hung up (or broke the
     protocol): every call and the kernel are stopped then, unless the daemon said it keeps
     the session (``suspend``) and hung up cleanly with no call running: "resume" then (the
@@ -135,7 +138,7 @@ def _on_channel(chan, decoder, calls, owners):
     return True
 
 
-def _finish_calls(calls, owners, now):
+def _finish_calls(calls: dict[int, Call], owners: dict[int, Any], now: float) -> None:
     """Finish every call that is over; forget the pipes that were closed."""
     for cid, call in list(calls.items()):
         if call.poll(now):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 from sandboxd.protocol import rules
 
@@ -49,11 +49,13 @@ def run_plan(plan: dict[str, Any], env: dict[str, str]) -> int:
     return status
 
 
-def _run_pipeline(commands, env):
-    pids = []
-    stdin = None
+def _run_pipeline(commands: list[dict[str, Any]], env: dict[str, str]) -> int:
+    pids: list[int] = []
+    stdin: int | None = None
     for i, cmd in enumerate(commands):
         last = i == len(commands) - 1
+        r: int | None
+        w: int | None
         r, w = (None, None) if last else os.pipe()
         try:
             pids.append(_start_command(cmd, env, stdin, w, r))
@@ -70,7 +72,8 @@ def _run_pipeline(commands, env):
     return status
 
 
-def _start_command(cmd, env, stdin, stdout, other_end):
+def _start_command(cmd: dict[str, Any], env: dict[str, str], stdin: int | None,
+                   stdout: int | None, other_end: int | None) -> int:
     """Fork and exec one planned command; returns its pid."""
     pid = os.fork()
     if pid:
@@ -84,7 +87,8 @@ def _start_command(cmd, env, stdin, stdout, other_end):
             os._exit(126)
 
 
-def _command_child(cmd, env, stdin, stdout, other_end):
+def _command_child(cmd: dict[str, Any], env: dict[str, str], stdin: int | None,
+                   stdout: int | None, other_end: int | None) -> NoReturn:
     """In the command's fork: its stdin/stdout, redirects, environment and exec restriction,
     then exec; never returns."""
     if stdin is not None:
@@ -115,7 +119,7 @@ def _command_child(cmd, env, stdin, stdout, other_end):
     _exec(argv, child_env, err)
 
 
-def _exec(argv, env, err):
+def _exec(argv: list[str], env: dict[str, str], err: int) -> NoReturn:
     """exec ``argv``; a failure is reported on ``err`` as /bin/sh words it (127, 126)."""
     try:
         os.execvpe(argv[0], argv, env)
@@ -129,7 +133,7 @@ def _exec(argv, env, err):
         os.write(err, f"{argv[0]}: {exc.strerror}\n".encode(errors="backslashreplace"))
         os._exit(126)
 
-def _redirect(redirect):
+def _redirect(redirect: dict[str, Any]) -> str | None:
     """Perform one redirect in the child; returns a message when it failed."""
     fd = int(redirect["fd"])
     mode = redirect["mode"]
@@ -163,7 +167,7 @@ def _redirect(redirect):
     return None
 
 
-def _open_in_workspace(path, flags):
+def _open_in_workspace(path: str, flags: int) -> int:
     """Open a workspace-relative path (or /dev/null) from the current directory, one component
     at a time, never following a symlink."""
     if path == "/dev/null":

@@ -18,7 +18,7 @@ from .plans import run_plan, simple_command
 from .rlimits import Rlimits, apply_rlimits, inherited_as_is
 
 
-def _close_fds_except(keep):
+def _close_fds_except(keep: set[int]) -> None:
     """Close every fd from 3 up but those in ``keep``."""
     low = 3
     for fd in sorted(keep):

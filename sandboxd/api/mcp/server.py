@@ -280,7 +280,7 @@ class McpFrontDoor:
 
     def _client(self, ctx: Any) -> str:
         request = ctx.request
-        client = request.scope.get(CLIENT_KEY) if request is not None else None
+        client: str | None = request.scope.get(CLIENT_KEY) if request is not None else None
         if not client:  # pragma: no cover - every request passes through __call__
             raise MCPError(types.INVALID_REQUEST, "unauthenticated MCP request")
         connection = _connection(ctx)
@@ -390,7 +390,7 @@ class McpFrontDoor:
             return None
         state = connection.state
         async with state["lock"]:
-            sid = state.get("sandbox_session")
+            sid: str | None = state.get("sandbox_session")
             if sid is not None:
                 try:
                     self.service.session(client, sid)

@@ -194,28 +194,39 @@ def check(client: Engine, instance: str, rundir: Path, kept: Kept,
         info = client.inspect_container(kept.cid)
     except NotFound:
         return "its container is gone"
-    state = info.get("State") or {}
-    config = info.get("Config") or {}
-    labels = config.get("Labels") or {}
-    mounts = {m.get("Destination"): m.get("Source") for m in info.get("Mounts") or []}
-    own_dir = rundir / kept.token
-    if not state.get("Running"):
+    if not (info.get("State") or {}).get("Running"):
         return NOT_RUNNING
+    return (_identity_problem(info, instance, kept)
+            or _image_problem(client, info, kept)
+            or _confinement_problem(info, rundir / kept.token, workspace, uid))
+
+
+def _identity_problem(info: dict[str, Any], instance: str, kept: Kept) -> str | None:
+    labels = (info.get("Config") or {}).get("Labels") or {}
     if (labels.get(engine.LABEL_DAEMON) != instance
             or labels.get(engine.LABEL_SESSION) != kept.session
             or labels.get(engine.LABEL_ROLE) != "session"
             or info.get("Name") != f"/{kept.name}"):
         return "its container is not this daemon's container of the session"
-    if info.get("Image") != kept.image_id or config.get("Image") != kept.image:
+    return None
+
+
+def _image_problem(client: Engine, info: dict[str, Any], kept: Kept) -> str | None:
+    if info.get("Image") != kept.image_id or (info.get("Config") or {}).get("Image") != kept.image:
         return "its container runs another image"
     try:
         current = client.inspect_image(kept.image).get("Id")
     except NotFound:
         current = None
-    if current != kept.image_id:
-        return IMAGE_REBUILT
-    if uid is not None and config.get("User") != f"{uid}:{uid}":
+    return IMAGE_REBUILT if current != kept.image_id else None
+
+
+def _confinement_problem(info: dict[str, Any], own_dir: Path, workspace: str,
+                         uid: int | None) -> str | None:
+    """Its user, its mounts and its runner directory are the ones this daemon gave it."""
+    if uid is not None and (info.get("Config") or {}).get("User") != f"{uid}:{uid}":
         return "its container runs as another user"
+    mounts = {m.get("Destination"): m.get("Source") for m in info.get("Mounts") or []}
     if mounts.get("/workspace") != workspace or mounts.get(engine.RUNNER_MOUNT) != str(own_dir):
         return "its container has other mounts"
     try:

@@ -22,9 +22,14 @@ from sandboxd.backends.base import BackendUnavailable, CancelledAfterCleanup
 from sandboxd.backends.container import engine, reaper
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import Engine
+from sandboxd.backends.container.engine import Shape  # (in Boxes, engine is a method)
 from sandboxd.backends.container.reaper import InitHandle
 from sandboxd.backends.container.runner import Endpoint
 from sandboxd.backends.container.watch import EngineWatch
+from sandboxd.egress import sandbox as egress_sandbox
+from sandboxd.egress.proxy import EgressProxy, Identity
+from sandboxd.egress.resolve import Resolver
+from sandboxd.egress.rules import EgressRules
 from sandboxd.errors import ToolUnavailable
 from sandboxd.host.uids import UidPool
 from sandboxd.workspaces import fstree
@@ -61,6 +66,8 @@ class Box:
     #: a session container made with the admin's wheelhouse mounted; None: not known (kept
     #: by a daemon that did not record it)
     wheelhouse: bool | None = False
+    #: the egress proxy's identity of this container (None: no egress)
+    egress: Identity | None = None
 
 
 class Boxes:
@@ -84,6 +91,10 @@ class Boxes:
         self.stale: set[Box] = set()
         #: removals under way in the background (:meth:`destroy_later`)
         self.removals: set[asyncio.Task[bool]] = set()
+        #: the egress proxy of every container with egress rules (sandboxd.egress)
+        self.egress_proxy = EgressProxy(Resolver(_resolver(config.egress_resolver)),
+                                        ca_dir=config.state_dir / "egress",
+                                        upstream_ca=config.egress_upstream_ca)
 
     async def engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking engine request in the backend's thread pool."""
@@ -160,9 +171,11 @@ class Boxes:
         os.mkdir(self.rundir, 0o700)
         os.chmod(self.rundir, 0o700)
 
-    async def new(self, *, image: str, shape: engine.Shape, role: str, invocation: str,
+    async def new(self, *, image: str, shape: Shape, role: str, invocation: str,
                   workspace: Path | None, network: str | None = None,
-                  session: str | None = None, uid: int | None = None) -> Box:
+                  session: str | None = None, uid: int | None = None,
+                  egress: EgressRules | None = None, client: str = "",
+                  tool: str = "") -> Box:
         """Create and start a container (its runner connects asynchronously). ``uid``: the
         sandbox identity of the call or session; None (warm pool): the container takes its
         own from the pool, until it is destroyed."""
@@ -186,13 +199,23 @@ class Boxes:
         box = Box(name=name, image=image, shape=shape, endpoint=endpoint, role=role, uid=uid,
                   wheelhouse=wheelhouse)
         self.live.add(box)
+        if egress is not None:
+            box.egress = Identity(box=name, client=client, session=session, rules=egress,
+                                  tool=tool)
+            try:
+                await egress_sandbox.prepare(self.egress_proxy, endpoint.rundir, uid,
+                                             box.egress)
+            except BaseException:
+                await self.destroy(box)
+                raise
         spec = engine.Spec(name=name, image=image, shape=shape, rundir=endpoint.rundir,
                            role=role, invocation=invocation, workspace=workspace,
                            network=network, session=session, uid=uid, wheelhouse=wheelhouse)
         task = asyncio.ensure_future(self.engine(
             _create, self.client, self.config, self.seccomp, spec, role in ONE_SHOT_ROLES))
         try:
-            box.cid, pid = await asyncio.shield(task)
+            cid, pid = await asyncio.shield(task)
+            box.cid = cid
         except asyncio.CancelledError:
             # the engine call runs on in its thread: wait for it, then remove what it made
             # (a second cancel must not skip the removal: it is swallowed here, on purpose)
@@ -204,8 +227,25 @@ class Boxes:
             await self.destroy(box, by_name=True)
             raise
         if pid:
-            box.init = reaper.open_init(pid, box.cid)
+            box.init = reaper.open_init(pid, cid)
+        if box.egress is not None:
+            await self._start_forwarder(box)
         return box
+
+    async def _start_forwarder(self, box: Box) -> None:
+        """Start the egress forwarder of ``box`` (removing the box when it does not come up)."""
+        assert box.egress is not None and box.cid is not None
+        user = f"{box.uid}:{box.uid}" if box.uid is not None else \
+            f"{self.config.sandbox_uid}:{self.config.sandbox_gid}"
+        cid = box.cid
+        try:
+            await egress_sandbox.start(
+                self.egress_proxy, box.egress,
+                lambda cmd: self.engine(self.client.exec_detached, cid, cmd, user),
+                engine.RUNNER_MOUNT)
+        except BaseException:
+            await self.destroy(box)
+            raise
 
     async def end(self, box: Box, *, fast: bool = True) -> tuple[bool, str]:
         """End a one-shot call's container: ``(verified, detail)``. When the kernel proves
@@ -261,6 +301,8 @@ class Boxes:
                 self.engine_failed(exc)
                 verified = False
         await box.endpoint.close()
+        if box.egress is not None:
+            await self.egress_proxy.detach(box.egress)
         if verified:
             self.stale.discard(box)
             box.note = None
@@ -281,7 +323,7 @@ class Boxes:
         """:meth:`end`, carried to its end even when the caller is cancelled."""
         return await _carried(self.end(box, fast=fast))
 
-    async def update_shape(self, box: Box, shape: engine.Shape) -> None:
+    async def update_shape(self, box: Box, shape: Shape) -> None:
         """Give ``box`` the limits of ``shape`` (one engine call, only when they differ)."""
         if box.shape != shape:
             await self.engine(engine.update_shape, self.client, box.cid or box.name, shape)
@@ -330,3 +372,11 @@ def runner_lost(box: Box) -> bool:
     """The container's runner channel broke (the container stopped) or never came up."""
     channel = box.endpoint.channel
     return (channel is not None and channel.broken is not None) or box.endpoint.failure is not None
+
+
+def _resolver(setting: str | None) -> tuple[str, int] | None:
+    """The ``egress_resolver`` setting as an address (None: the host's resolver)."""
+    if setting is None:
+        return None
+    host, _, port = setting.rpartition(":")
+    return host.strip("[]"), int(port)

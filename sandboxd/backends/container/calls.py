@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
+from sandboxd.egress import sandbox as egress_sandbox
 from sandboxd.models import (
     LIMIT_MESSAGES,
     Cleanup,
@@ -123,6 +124,8 @@ def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Resul
            # matplotlib (the datascience image): no display, and its config and font cache
            # in the writable /tmp, not in the workspace or the read-only root
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
+    if invocation.plan.egress is not None:  # through the daemon's egress proxy (its forwarder)
+        env.update(egress_sandbox.proxy_env(invocation.plan.egress))
     # the runner sets limits.rlimits() (soft = hard) in every process of the call and caps
     # its output at limits.output_bytes: protocol.limits, one table
     base = WorkerRequest(kind="python", id=invocation.id, env=env, cwd="/workspace",
@@ -182,9 +185,11 @@ async def _interruptible(box: Box, task: asyncio.Future[Outcome], deadline: floa
                          interrupt: Interrupt) -> Outcome:
     # one asyncio.wait, as within() does, on the call and on an interrupt request (it cancels
     # neither, and a cancellation of ours is never lost: it is handled here)
-    interrupt.wake = asyncio.get_running_loop().create_future()
+    wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    interrupt.wake = wake
+    either: set[asyncio.Future[Outcome] | asyncio.Future[None]] = {task, wake}
     try:
-        await asyncio.wait({task, interrupt.wake}, timeout=max(deadline - time.monotonic(), 0),
+        await asyncio.wait(either, timeout=max(deadline - time.monotonic(), 0),
                            return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         if not task.done():

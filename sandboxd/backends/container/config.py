@@ -33,6 +33,8 @@ class ContainerConfig:
     wheelhouse: Path | None = None  # mounted read-only into session containers when set
     build_profiles: tuple[str, ...] = ()  # image profiles built at start when missing (.build)
     adopt_timeout_s: float = 15.0  # a start's re-adoption of kept session containers, in all
+    egress_resolver: str | None = None  # IP:PORT of the egress proxy's DNS server (None: host)
+    egress_upstream_ca: Path | None = None  # roots the proxy verifies servers with (None: system)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContainerConfig:
@@ -53,4 +55,6 @@ class ContainerConfig:
             wheelhouse=settings.wheelhouse,
             build_profiles=tuple(p for p in settings.build_images.split(",") if p),
             adopt_timeout_s=settings.adopt_timeout_s,
+            egress_resolver=settings.egress_resolver,
+            egress_upstream_ca=settings.egress_upstream_ca,
         )

@@ -161,6 +161,15 @@ class Engine:
     def unpause(self, cid: str) -> None:
         self.request("POST", _container(cid, "/unpause"))
 
+    def exec_detached(self, cid: str, cmd: list[str], user: str) -> None:
+        """Start ``cmd`` in the running container as ``user``, detached (its output goes
+        nowhere; it ends with the container)."""
+        made = self._object(self.request("POST", _container(cid, "/exec"), body={
+            "Cmd": cmd, "User": user, "AttachStdin": False, "AttachStdout": False,
+            "AttachStderr": False, "Tty": False}))
+        self.request("POST", f"/exec/{quote(str(made.get('Id', '')), safe='')}/start",
+                     body={"Detach": True, "Tty": False})
+
     def inspect_container(self, cid: str) -> dict[str, Any]:
         return self._object(self.request("GET", _container(cid, "/json")))
 

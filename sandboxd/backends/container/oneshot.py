@@ -44,19 +44,23 @@ async def _oneshot(boxes: Boxes, pool: WarmPool, invocation: Invocation, limits:
     box: Box | None = None
     try:
         own_tmpfs = _is_empty_dir(invocation.workspace)
-        poolable = invocation.plan.network is None and own_tmpfs
+        poolable = (invocation.plan.network is None and invocation.plan.egress is None
+                    and own_tmpfs)
         if poolable:
             pool.serve(image, shape, probe=invocation.client == PROBE_CLIENT)
             box = pool.take(image)
         if box is None:
-            made, box = await within(
+            made, new = await within(
                 boxes.new(image=image, shape=shape, role="oneshot",
                           invocation=invocation.id,
                           workspace=None if own_tmpfs else invocation.workspace,
-                          network=invocation.plan.network, uid=invocation.uid),
+                          network=invocation.plan.network, uid=invocation.uid,
+                          egress=invocation.plan.egress, client=invocation.client,
+                          tool=invocation.tool),
                 deadline - time.monotonic())
             if not made:  # Boxes.new removed what it had started
                 raise TimeoutError
+            box = new
         await boxes.update_shape(box, shape)
         outcome = await exchange(box, request, limits, deadline, invocation.events)
     except asyncio.CancelledError as exc:

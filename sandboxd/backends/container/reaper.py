@@ -74,7 +74,12 @@ async def kill_and_prove(handle: InitHandle, timeout_s: float) -> bool:
         return False
     loop = asyncio.get_running_loop()
     ended: asyncio.Future[bool] = loop.create_future()
-    loop.add_reader(handle.fd, lambda: ended.done() or ended.set_result(True))
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(True)
+
+    loop.add_reader(handle.fd, readable)
     try:
         done, _ = await within(ended, timeout_s)
         return done

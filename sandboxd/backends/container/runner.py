@@ -44,7 +44,7 @@ from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.display import DisplayCaps
 from sandboxd.results.items import Position
 from sandboxd.results.outputs import DisplayCollector
-from sandboxd.results.streaming import EventSink, TextRelay, emit
+from sandboxd.results.streaming import EventSink, StreamKind, TextRelay, emit
 from sandboxd.util.deadline import stop_task, within
 from sandboxd.workspaces import fstree
 
@@ -88,7 +88,7 @@ class CallOutput:
 
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
-    last_stream: str = "stdout"
+    last_stream: StreamKind = "stdout"
     exit: WorkerReport | None = None
     over_limit: bool = False
     displays: DisplayCollector = field(default_factory=lambda: DisplayCollector(DisplayCaps()))

@@ -41,9 +41,9 @@ from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, kernel_verdict
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
-from sandboxd.policy.models import PACKAGES_TOOL
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
+from sandboxd.tools import PACKAGES_TOOL
 from sandboxd.util.deadline import within
 
 SessionKey = tuple[str, str, str]  # (client, session, image)
@@ -96,19 +96,25 @@ class SessionContainers:
             self._check_open(key)
             box = self.by_key.get(key)
             if box is not None and not box.dead:
+                if box.egress is not None and invocation.plan.egress is not None:
+                    # this call's decision, under the policy in force now: new connections
+                    # follow it, open ones it no longer allows are cut
+                    box.egress.tool = invocation.tool
+                    self.boxes.egress_proxy.update(box.egress, invocation.plan.egress)
                 return box
             if not invocation.workspace.is_dir():  # never made anew: the engine would
                 raise RuntimeError(f"the workspace of session {key[1]} is missing")
-            made, box = await within(
+            made, new = await within(
                 self.boxes.new(image=image, shape=shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
                                network=invocation.plan.network, session=invocation.session,
-                               uid=invocation.uid),
+                               uid=invocation.uid, egress=invocation.plan.egress,
+                               client=invocation.client, tool=invocation.tool),
                 deadline - time.monotonic())
             if not made:
                 raise TimeoutError
-            self.by_key[key] = box
-            return box
+            self.by_key[key] = new
+            return new
 
     async def run(self, invocation: Invocation, limits: Limits, deadline: float,
                   request: WorkerRequest, image: str, shape: engine.Shape,
@@ -363,7 +369,7 @@ class SessionContainers:
             self.idle.forget(key)
 
 
-def with_kernel(result: Result, kernel: Kernel) -> Result:
+def with_kernel(result: Result, kernel: Kernel | None) -> Result:
     """``result`` carrying the session kernel's state."""
     return result.model_copy(update={"kernel": kernel})
 

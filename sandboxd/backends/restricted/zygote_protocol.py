@@ -68,7 +68,8 @@ def recv_msg(sock: _socket.socket, use_read: bool = False) -> dict[str, Any]:
     """Length-prefixed JSON from a stream socket. Plain ``recv``/``read``: descriptors (nobody
     sends any) would be discarded by the kernel, never installed in this process."""
     (size,) = HEADER.unpack(recv_exact(sock, HEADER.size, use_read))
-    return json.loads(recv_exact(sock, size, use_read))
+    msg: dict[str, Any] = json.loads(recv_exact(sock, size, use_read))
+    return msg
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -61,7 +61,7 @@ from sandboxd.models import (
     Truncated,
     new_id,
 )
-from sandboxd.policy import paths
+from sandboxd.protocol import rules
 from sandboxd.workspaces.quota import quota_message, workspace_usage
 from sandboxd.workspaces.transfer import FILES_ROUTE, Transfer, UploadAborted, binary_hint
 
@@ -79,7 +79,7 @@ __all__ = ["FileMissing", "FileToolError", "IsADirectory", "NotADirectory", "Not
 def split_workspace_path(path: str) -> list[str]:
     """The components of a workspace path, or :class:`PathRefused`: the one normalisation
     (idempotent, so the policy's result passes through unchanged)."""
-    return paths.components(paths.normalise(path))
+    return rules.path_components(rules.normalise_path(path))
 
 
 def _open_dir(root: str, parts: list[str], *, create: bool = False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from typing import Any
+from typing import IO, Any
 
 from sandboxd.backends.restricted.lang.guards import expose, plain_str
 from sandboxd.backends.restricted.lang.state import SandboxViolation
@@ -69,7 +69,7 @@ class _CappedFile:
 
     __slots__ = ("_f", "_max", "_name")
 
-    def __init__(self, f: Any, max_bytes: int, name: str) -> None:
+    def __init__(self, f: IO[Any], max_bytes: int, name: str) -> None:
         self._f = f
         self._max = max_bytes
         self._name = name

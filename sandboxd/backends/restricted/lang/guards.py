@@ -113,8 +113,9 @@ def _is_user_object(obj: Any) -> bool:
         return True
     if isinstance(obj, type) and is_user_class(obj):
         return True
-    if t is types.FunctionType:
-        return obj.__code__.co_filename == SANDBOX_FILENAME
+    if t is types.FunctionType:  # (not isinstance: that would believe a faked __class__)
+        code: types.CodeType = obj.__code__
+        return code.co_filename == SANDBOX_FILENAME
     return False
 
 

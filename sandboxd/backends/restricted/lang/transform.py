@@ -6,7 +6,7 @@ import ast
 import types
 from typing import Any, cast
 
-from RestrictedPython import compile_restricted_exec
+from RestrictedPython.compile import compile_restricted_exec
 from RestrictedPython.transformer import (
     IOPERATOR_TO_STR,
     RestrictingNodeTransformer,

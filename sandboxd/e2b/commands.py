@@ -1,0 +1,75 @@
+"""A command an E2B SDK starts: one ``shell`` tool call in the sandbox's session, through
+:meth:`Sandboxd.invoke` (policy, limits, slot, audit, verified cleanup), watched as it runs.
+
+Foreground and background commands are the same here: a call whose output is relayed as it
+comes. A background one outlives the stream that started it (within its call's limits) and is
+listed and killed by the pid it was given; killing it cancels its call, which the service
+ends, cleans up and audits like any cancelled call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.models import InvokeRequest, Result
+from sandboxd.results.streaming import StreamEvent
+from sandboxd.service import Sandboxd
+from sandboxd.util.deadline import stop_task
+
+TRANSPORT = "e2b"
+
+
+@dataclass
+class Background:
+    """One running command: its pid (numbered per sandbox), what it runs, its call."""
+
+    pid: int
+    line: str
+    config: dict[str, Any]
+    task: asyncio.Task[Result]
+    events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def stop(self) -> None:
+        """Kill it: its call is cancelled, ended and audited by the service."""
+        await stop_task(self.task)
+
+    def abandon(self) -> None:
+        """Its sandbox ended (the session's end cancels its call): forget it."""
+        self.task.cancel()
+
+
+def start(service: Sandboxd, client: str, session: str, pid: int, line: str,
+          config: dict[str, Any]) -> Background:
+    """Start ``line`` as a ``shell`` call of ``session``."""
+    events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+    started = asyncio.Event()
+    task = asyncio.create_task(service.invoke(
+        client, "shell", InvokeRequest(arguments={"command": line}, session=session),
+        transport=TRANSPORT, events=events.put_nowait, started=started))
+    return Background(pid, line, config, task, events, started)
+
+
+async def begun(job: Background) -> None:
+    """Returns once the call runs or has ended (refused before it ran)."""
+    waiting = asyncio.ensure_future(job.started.wait())
+    try:
+        await asyncio.wait({waiting, job.task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+
+
+async def next_event(job: Background) -> StreamEvent | None:
+    """The job's next output event, or None once its call has ended and all was read."""
+    while not job.task.done() or not job.events.empty():
+        get = asyncio.ensure_future(job.events.get())
+        done, _ = await asyncio.wait({get, job.task}, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            return get.result()
+        get.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await get
+    return None

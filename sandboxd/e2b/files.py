@@ -1,0 +1,153 @@
+"""envd's files: ``GET/POST /files`` (the SDKs' ``files.read``/``files.write``) and the
+filesystem service (Connect, JSON): ``Stat`` (``exists``, ``get_info``), ``ListDir``,
+``MakeDir``, ``Move`` (``rename``), ``Remove``. Each is a call of the service's own file
+tools (``read_file``, ``write_file``, ``list_files``: their path rules) or, for what they do
+not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its command rules), so the
+policy decides every one and the audit log records it. Paths are E2B's: the workspace is
+``/home/user`` (:func:`~sandboxd.e2b.sandboxes.workspace_path`). ``WatchDir`` and the
+watcher methods are not served.
+"""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+import shlex
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from sandboxd.e2b import connect
+from sandboxd.e2b.access import e2b_client, sandbox_id
+from sandboxd.e2b.results import refusal
+from sandboxd.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.models import InvokeRequest, Result, Status
+
+router = APIRouter(include_in_schema=False)
+SERVICE = "/filesystem.Filesystem/"
+_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
+
+
+async def _record(request: Request) -> tuple[str, E2bSandbox]:
+    client = await e2b_client(request)
+    sandboxes: Sandboxes = request.app.state.e2b
+    return client, sandboxes.get(client, sandbox_id(request))
+
+
+async def _call(request: Request, client: str, record: E2bSandbox, tool: str,
+                arguments: dict[str, Any]) -> Result:
+    """One tool call of the sandbox's session; a refusal or failure as a Connect error."""
+    result: Result = await request.app.state.service.invoke(
+        client, tool, InvokeRequest(arguments=arguments, session=record.id), transport=TRANSPORT)
+    if result.status in (Status.denied, Status.rejected):
+        raise connect.ConnectError("permission_denied", refusal(result))
+    if result.status is not Status.ok:
+        text = result.message or result.stderr or result.status.value
+        code = "not_found" if ("does not exist" in text or "No such file" in text) else (
+            "failed_precondition")
+        raise connect.ConnectError(code, text.strip())
+    return result
+
+
+def _arg(path: str) -> str:
+    """A workspace path as one argument of a command (never read as an option)."""
+    return shlex.quote(path if not path.startswith("-") else "./" + path)
+
+
+def _entry(parent: str, item: dict[str, Any]) -> dict[str, Any]:
+    rel = posixpath.normpath(posixpath.join(parent, str(item["name"])))
+    return {"name": item["name"], "type": _TYPES.get(str(item["type"]), "FILE_TYPE_UNSPECIFIED"),
+            "path": HOME if rel == "." else f"{HOME}/{rel}", "size": int(item.get("size") or 0)}
+
+
+async def _stat(request: Request, client: str, record: E2bSandbox, path: str) -> dict[str, Any]:
+    where = posixpath.normpath(workspace_path(path))
+    if where == ".":
+        return {"name": "user", "type": "FILE_TYPE_DIRECTORY", "path": HOME}
+    parent, name = posixpath.split(where)
+    listed = await _call(request, client, record, "list_files", {"path": parent or "."})
+    for item in listed.value or []:
+        if item.get("name") == name:
+            return _entry(parent or ".", item)
+    raise connect.ConnectError("not_found", f"'{path}' does not exist")
+
+
+@router.get("/files")
+async def read(request: Request) -> Response:
+    try:
+        client, record = await _record(request)
+        path = workspace_path(request.query_params.get("path", ""))
+        result = await _call(request, client, record, "read_file",
+                             {"path": path, "encoding": "base64"})
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return Response(base64.b64decode(result.stdout), media_type="application/octet-stream")
+
+
+@router.post("/files")
+async def write(request: Request) -> Response:
+    try:
+        client, record = await _record(request)
+        form = await request.form()
+        written = []
+        for _, part in form.multi_items():
+            if isinstance(part, str):
+                continue
+            path = request.query_params.get("path") or part.filename or ""
+            where = workspace_path(path)
+            data = await part.read()
+            await _call(request, client, record, "write_file",
+                        {"path": where, "content": base64.b64encode(data).decode(),
+                         "encoding": "base64"})
+            written.append({"name": posixpath.basename(where), "type": "file",
+                            "path": f"{HOME}/{posixpath.normpath(where)}"})
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return JSONResponse(written)
+
+
+@router.post(SERVICE + "{method}")
+async def filesystem(method: str, request: Request) -> Response:
+    try:
+        client, record = await _record(request)
+        message = await connect.unary_request(request)
+        return JSONResponse(await _serve(method, request, client, record, message))
+    except Exception as exc:
+        return connect.unary_error(exc)
+
+
+async def _serve(method: str, request: Request, client: str, record: E2bSandbox,
+                 message: dict[str, Any]) -> dict[str, Any]:
+    path = str(message.get("path") or "")
+    if method == "Stat":
+        return {"entry": await _stat(request, client, record, path)}
+    if method == "ListDir":
+        if int(message.get("depth") or 1) > 1:
+            raise connect.refuse("ListDir deeper than one level")
+        where = workspace_path(path)
+        listed = await _call(request, client, record, "list_files", {"path": where})
+        return {"entries": [_entry(where, item) for item in listed.value or []]}
+    if method == "MakeDir":
+        try:
+            await _stat(request, client, record, path)
+        except connect.ConnectError as exc:
+            if exc.code != "not_found":
+                raise
+        else:
+            raise connect.ConnectError("already_exists", f"'{path}' already exists")
+        await _call(request, client, record, "shell",
+                    {"command": f"mkdir -p {_arg(workspace_path(path))}"})
+        return {"entry": await _stat(request, client, record, path)}
+    if method == "Move":
+        source, target = str(message.get("source") or ""), str(message.get("destination") or "")
+        await _call(request, client, record, "shell", {
+            "command": f"mv {_arg(workspace_path(source))} {_arg(workspace_path(target))}"})
+        return {"entry": await _stat(request, client, record, target)}
+    if method == "Remove":
+        where = workspace_path(path)
+        if posixpath.normpath(where) == ".":
+            raise connect.ConnectError("permission_denied", "the workspace itself stays")
+        await _call(request, client, record, "shell", {"command": f"rm -r {_arg(where)}"})
+        return {}
+    raise connect.refuse(f"filesystem.{method}")

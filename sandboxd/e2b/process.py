@@ -1,0 +1,155 @@
+"""envd's process service (Connect, JSON) onto :mod:`sandboxd.e2b.commands`: ``Start``
+(the SDK's ``commands.run``, foreground or background), ``List`` and ``SendSignal``
+(``commands.kill``). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell``
+tool as it is, checked by the policy (no shell runs it). ``Connect``, ``Update`` and stdin
+(``StreamInput``, ``SendInput``, ``CloseStdin``) are not served: a clear Connect error.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from sandboxd.e2b import commands, connect
+from sandboxd.e2b.access import e2b_client, sandbox_id
+from sandboxd.e2b.commands import Background
+from sandboxd.e2b.results import refusal
+from sandboxd.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.models import Result, Status
+from sandboxd.sessions.record import SessionNotFound
+
+router = APIRouter(include_in_schema=False)
+SERVICE = "/process.Process/"
+_SHELLS = ("/bin/bash", "bash", "/bin/sh", "sh", "/usr/bin/bash")
+FIRST_PID = 1000
+
+
+async def _record(request: Request) -> tuple[str, E2bSandbox]:
+    client = await e2b_client(request)
+    sandboxes: Sandboxes = request.app.state.e2b
+    return client, sandboxes.get(client, sandbox_id(request))
+
+
+def command_line(config: dict[str, Any]) -> str:
+    """The command line a process config runs: the script of ``bash -l -c <line>``, else
+    the program and its arguments quoted."""
+    cmd, args = config.get("cmd") or "", list(config.get("args") or [])
+    if cmd in _SHELLS and len(args) >= 2 and args[-2] == "-c" and set(args[:-2]) <= {"-l"}:
+        return str(args[-1])
+    if not cmd:
+        raise connect.ConnectError("invalid_argument", "process.cmd names the program")
+    return shlex.join([cmd, *map(str, args)])
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """envd's health: 204 while the caller's sandbox lives, else 502, which the SDKs read as
+    "not running" (what E2B's proxy answers for a sandbox that is gone)."""
+    try:
+        await _record(request)
+    except SessionNotFound as exc:
+        return JSONResponse({"code": 502, "message": str(exc)}, status_code=502)
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return Response(status_code=204)
+
+
+@router.post(SERVICE + "Start")
+async def start(request: Request) -> Response:
+    try:
+        client, record = await _record(request)
+        message = await connect.stream_request(request)
+        config = message.get("process") or {}
+        if message.get("pty"):
+            raise connect.refuse("PTY")
+        if config.get("envs"):
+            raise connect.refuse("per-command environment variables (the policy's apply)")
+        if workspace_path(config.get("cwd") or HOME) != ".":
+            raise connect.refuse(f"a command cwd other than {HOME} (the workspace)")
+        line = command_line(config)
+    except Exception as exc:
+        return connect.stream_error(exc)
+    pid = max([FIRST_PID - 1, *record.background]) + 1
+    job = commands.start(request.app.state.service, client, record.id, pid, line,
+                         {"cmd": config.get("cmd") or "", "args": config.get("args") or [],
+                          "envs": {}, "cwd": HOME})
+    await commands.begun(job)
+    if job.task.done():
+        try:
+            result = job.task.result()
+        except Exception as exc:
+            return connect.stream_error(exc)
+        if result.status in (Status.denied, Status.rejected):
+            return connect.stream_error(connect.ConnectError("permission_denied",
+                                                             refusal(result)))
+    record.background[pid] = job
+    job.task.add_done_callback(lambda _: record.background.pop(pid, None))
+    return connect.stream_response(_events(job))
+
+
+async def _events(job: Background) -> AsyncIterator[bytes]:
+    yield connect.envelope({"event": {"start": {"pid": job.pid}}})
+    while (event := await commands.next_event(job)) is not None:
+        if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
+            data = base64.b64encode(event.data.encode()).decode()
+            yield connect.envelope({"event": {"data": {event.kind: data}}})
+    try:
+        result = job.task.result()
+    except BaseException as exc:
+        yield connect.end_of_stream(exc if isinstance(exc, Exception)
+                                    else connect.ConnectError("canceled", "the command was killed"))
+        return
+    yield connect.envelope({"event": {"end": _end(result)}})
+    yield connect.end_of_stream()
+
+
+def _end(result: Result) -> dict[str, Any]:
+    """envd's end event: the exit code (-1 when a signal or sandboxd ended it)."""
+    code = result.termination.exit_code
+    if result.status is Status.ok:
+        code = code or 0
+    end: dict[str, Any] = {"exited": code is not None and code >= 0,
+                           "exitCode": code if code is not None else -1,
+                           "status": f"exit status {code}" if code is not None
+                           else f"{result.status.value}: {result.termination.reason.value}"}
+    if result.status is not Status.ok and result.message:
+        end["error"] = result.message
+    return end
+
+
+@router.post(SERVICE + "List")
+async def list_processes(request: Request) -> Response:
+    try:
+        _, record = await _record(request)
+        await connect.unary_request(request)
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return JSONResponse({"processes": [
+        {"config": job.config, "pid": job.pid}
+        for job in record.background.values() if not job.task.done()]})
+
+
+@router.post(SERVICE + "SendSignal")
+async def send_signal(request: Request) -> Response:
+    """Any signal kills: a sandboxd call is cancelled as a whole."""
+    try:
+        _, record = await _record(request)
+        message = await connect.unary_request(request)
+        pid = (message.get("process") or {}).get("pid")
+        job = record.background.get(pid) if isinstance(pid, int) else None
+        if job is None or job.task.done():
+            raise connect.ConnectError("not_found", f"process {pid} not found")
+    except Exception as exc:
+        return connect.unary_error(exc)
+    await job.stop()
+    return JSONResponse({})
+
+
+@router.post(SERVICE + "{method}")
+async def unserved(method: str) -> Response:
+    return connect.unary_error(connect.refuse(f"process.{method}"))

@@ -1,0 +1,65 @@
+"""Checks of an ``egress:`` block that need more than the block: the backend it is granted
+on, the ``network:`` beside it, the hosts its ``secrets`` name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sandboxd.backends import registry
+from sandboxd.egress.rules import EgressRules, EgressSpec, parse_entry
+
+Loc = tuple[str | int, ...]
+
+
+def effective(tool: Any, policy: Any) -> EgressSpec | None:
+    """The egress block that applies to ``tool``: its own, else the policy's."""
+    own = getattr(tool, "egress", None)
+    return own if own is not None else getattr(policy, "egress", None)
+
+
+def rules_for(policy: Any, tool: str) -> EgressRules:
+    """The egress rules ``tool`` has under ``policy`` (a ``LoadedPolicy``; None: no policy
+    applies any more): nothing allowed when the tool or its egress is gone."""
+    if policy is None:
+        return EgressRules(policy="(none)", rules=())
+    spec = policy.spec
+    cfg = getattr(spec.tools, tool, None) if tool in type(spec.tools).model_fields \
+        else spec.custom_tools.get(tool)
+    block = effective(cfg, spec) if cfg is not None and "egress" in type(cfg).model_fields \
+        else None
+    return block.compiled(policy.name) if block is not None else \
+        EgressRules(policy=policy.name, rules=())
+
+
+def egress_problems(name: str, tool: Any, group: registry.ToolGroup, policy: Any,
+                    loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """An egress block on a backend without a network (the restricted backend's seccomp
+    filter forbids sockets), or beside a named ``network:`` (which would grant everything
+    that network reaches, past the proxy)."""
+    if "egress" not in type(tool).model_fields:
+        return
+    spec = effective(tool, policy)
+    if spec is None:
+        return
+    where: Loc = (*loc, "egress") if tool.egress is not None else ("egress",)
+    entry = registry.get(tool.backend)
+    if entry is not None and not entry.network:
+        others = [e.name for e in registry.entries() if group in e.serves and e.network]
+        yield where, (f"the {tool.backend} backend has no network (its sandbox may not open "
+                      f"sockets); '{name}' needs backend: {' or '.join(others)} for egress")
+    network = tool.network or policy.network
+    if network != "none":
+        yield where, (f"'{name}' has both egress and network {network!r}: a Docker network "
+                      "reaches past the egress proxy; use network: none with egress")
+
+
+def block_problems(spec: EgressSpec | None, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """Secrets for a host that no allow entry names on any port."""
+    if spec is None:
+        return
+    rules = [parse_entry(e) for e in spec.allow]
+    for host in spec.secrets:
+        if not any(r.host == host for r in rules):
+            yield (*loc, "secrets", host), (
+                f"secrets for {host!r}, which no allow entry names exactly")
