@@ -10,7 +10,6 @@ ends, cleans up and audits like any cancelled call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +68,5 @@ async def next_event(job: Background) -> StreamEvent | None:
         done, _ = await asyncio.wait({get, job.task}, return_when=asyncio.FIRST_COMPLETED)
         if get in done:
             return get.result()
-        get.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await get
+        await stop_task(get)
     return None

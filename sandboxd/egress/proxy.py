@@ -43,6 +43,7 @@ from sandboxd.egress.wire import (
     refusal,
     upstream_head,
 )
+from sandboxd.util.deadline import bounded
 
 log = logging.getLogger("sandboxd.egress")
 
@@ -205,8 +206,7 @@ class EgressProxy:
     async def _handle(self, conn: Conn, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(HEAD_TIMEOUT_S):
-                data = await reader.readuntil(b"\r\n\r\n")
+            data = await bounded(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
             conn.verdict = Verdict(False, "egress (request head)", "request head too large")
             await _refuse(writer, conn.verdict, 400)
@@ -262,8 +262,8 @@ class EgressProxy:
 
     async def _open(self, conn: Conn) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         assert conn.address is not None and conn.port is not None
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            up_r, up_w = await asyncio.open_connection(conn.address, conn.port)
+        up_r, up_w = await bounded(asyncio.open_connection(conn.address, conn.port),
+                                   CONNECT_TIMEOUT_S)
         conn.upstream = up_w
         return up_r, up_w
 
@@ -273,10 +273,12 @@ class EgressProxy:
         (an IP rule's tunnel may name none); then bytes both ways."""
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
+        async def read_hello() -> tuple[int | None, bytes]:
             first = await reader.readexactly(5)
             size = record_length(first)
-            hello = first + (await reader.readexactly(size) if size is not None else b"")
+            return size, first + (await reader.readexactly(size) if size is not None else b"")
+
+        size, hello = await bounded(read_hello(), HEAD_TIMEOUT_S)
         assert conn.host is not None and conn.verdict is not None
         try:
             sni = client_hello_sni(hello) if size is not None else None
@@ -321,8 +323,9 @@ class EgressProxy:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
                        outbound: bool, left: int | None = None) -> None:
             while left is None or left > 0:
-                async with asyncio.timeout(IDLE_TIMEOUT_S):
-                    data = await src.read(64 * 1024 if left is None else min(64 * 1024, left))
+                data = await bounded(
+                    src.read(64 * 1024 if left is None else min(64 * 1024, left)),
+                    IDLE_TIMEOUT_S)
                 if not data:
                     break
                 dst.write(data)

@@ -17,6 +17,7 @@ from typing import cast
 from dnslib import QTYPE, DNSRecord  # type: ignore[import-untyped]
 
 from sandboxd.egress.rules import IPAddress
+from sandboxd.util.deadline import bounded
 
 RESOLVE_TIMEOUT_S = 5.0
 MAX_ANSWERS = 16
@@ -51,9 +52,8 @@ class Resolver:
 
     async def resolve(self, host: str) -> list[IPAddress]:
         try:
-            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                found = (await self._ask(host) if self.server is not None
-                         else await self._host(host))
+            found = await bounded(self._ask(host) if self.server is not None
+                                  else self._host(host), RESOLVE_TIMEOUT_S)
         except (TimeoutError, OSError) as exc:
             raise ResolveError(f"{host} did not resolve: {exc or 'timeout'}") from None
         if not found:

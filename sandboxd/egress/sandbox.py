@@ -14,6 +14,7 @@ from pathlib import Path
 from sandboxd.egress import forwarder
 from sandboxd.egress.proxy import EgressProxy, Identity
 from sandboxd.egress.rules import EgressRules
+from sandboxd.util.deadline import bounded
 
 #: where the container sees its runner directory (sandboxd.backends.container.engine)
 RUNNER_DIR = "/run/sandboxd"
@@ -72,5 +73,4 @@ async def start(proxy: EgressProxy, ident: Identity, run_exec: Callable[[list[st
     on the proxy socket); raises TimeoutError when it does not."""
     await run_exec(["python3", "-I", "-S", f"{mount}/{FORWARDER_NAME}",
                     f"{mount}/egress.sock", str(PROXY_PORT)])
-    async with asyncio.timeout(READY_TIMEOUT_S):
-        await ident.ready.wait()
+    await bounded(ident.ready.wait(), READY_TIMEOUT_S)

@@ -22,6 +22,7 @@ from sandboxd.egress.wire import (
     parse_head,
     refusal,
 )
+from sandboxd.util.deadline import bounded
 
 if TYPE_CHECKING:
     from sandboxd.egress.proxy import Conn, EgressProxy
@@ -52,9 +53,11 @@ async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader
         return
     side = ServerSide(proxy.ca.context_for(conn.host), reader, writer, hello)
     try:
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
+        async def greet() -> tuple[bytes, bytes] | None:
             await side.handshake()
-            got = await _head(side)
+            return await _head(side)
+
+        got = await bounded(greet(), HEAD_TIMEOUT_S)
         if got is None:
             return
         head = parse_head(got[0], origin=(conn.host, conn.port))
@@ -81,9 +84,9 @@ async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader
     lines += [f"{spec.header}: {value}", "Accept-Encoding: identity", "Connection: close"]
     out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + got[1][:length]
     assert conn.address is not None
-    async with asyncio.timeout(CONNECT_TIMEOUT_S):
-        up_r, up_w = await asyncio.open_connection(
-            conn.address, conn.port, ssl=proxy.upstream_tls, server_hostname=conn.host)
+    up_r, up_w = await bounded(asyncio.open_connection(
+        conn.address, conn.port, ssl=proxy.upstream_tls, server_hostname=conn.host),
+        CONNECT_TIMEOUT_S)
     conn.upstream = up_w
     up_w.write(out)
     conn.sent += len(out)
@@ -107,8 +110,7 @@ async def _relay(conn: Conn, side: ServerSide, up_r: asyncio.StreamReader,
     async def inbound() -> None:
         tail = b""
         while True:
-            async with asyncio.timeout(IDLE_TIMEOUT_S):
-                data = await up_r.read(64 * 1024)
+            data = await bounded(up_r.read(64 * 1024), IDLE_TIMEOUT_S)
             if not data:
                 break
             now, tail = masked(secret, tail, data)
