@@ -313,7 +313,7 @@ class Settings(BaseSettings):
         description="This node's id in a fleet (docs/fleet.md): [a-z0-9-], at most 32 "
                     "characters; default: the host name's first label, cleaned")
 
-    # --- E2B's wire protocol (sandboxd.e2b, docs/e2b.md): the template an E2B SDK names ->
+    # --- E2B's wire protocol (sandboxd.api.e2b, docs/e2b.md): the template an E2B SDK names ->
     # what the sandbox's code runs with (``python``: run_code is the python tool in the
     # sandbox's session; ``shell``: commands and files only)
     e2b_templates: dict[str, Literal["python", "shell"]] = Field(

@@ -138,7 +138,7 @@ def haproxy_config(nodes: list[Node], *, bind: str = "127.0.0.1:8080",
         "    http-request set-var(txn.sid) path,field(4,/) if { path_beg /v1/sessions/ }",
         "    http-request set-var(txn.sid) req.hdr(mcp-session-id) if "
         "!{ var(txn.sid) -m found } { req.hdr(mcp-session-id) -m found }",
-        "    # E2B's SDKs (sandboxd.e2b): the sandbox (a session) in the control plane's path,",
+        "    # E2B's SDKs (sandboxd.api.e2b): the sandbox (a session) in the control plane's path,",
         "    # else in the sandbox plane's E2b-Sandbox-Id header",
         "    http-request set-var(txn.sid) path,field(3,/) if !{ var(txn.sid) -m found } "
         "{ path_beg /sandboxes/ }",

@@ -28,7 +28,6 @@ from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
 from sandboxd.capacity import Capacity
 from sandboxd.config import Settings
-from sandboxd.egress.checks import rules_for as egress_rules_for
 from sandboxd.errors import (
     AuditFailure,
     DrainCancelled,
@@ -59,6 +58,7 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import PolicyStore
+from sandboxd.policy.egress_checks import rules_for as egress_rules_for
 from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.plan import KERNEL_KINDS
 from sandboxd.receipts.sign import Receipts

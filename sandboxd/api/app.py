@@ -15,9 +15,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxd import __version__, e2b
+from sandboxd import __version__
 from sandboxd.access.ratelimit import FailedAuthGuard
-from sandboxd.api import approvals, contract, files, problems, revocation
+from sandboxd.api import approvals, contract, e2b, files, problems, revocation
 from sandboxd.api.auth import guard
 from sandboxd.api.browser_guard import BrowserGuard
 from sandboxd.api.closing import CloseWhileDraining

@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends import registry
-from sandboxd.egress import checks as egress_checks
 from sandboxd.egress.rules import EgressRules
 from sandboxd.models import Decision, LimitsRequest
+from sandboxd.policy import egress_checks
 from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.bash import decide_bash
 from sandboxd.policy.loader import LoadedPolicy

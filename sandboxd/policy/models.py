@@ -39,8 +39,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from sandboxd.backends import registry
-from sandboxd.egress.checks import block_problems, egress_problems
 from sandboxd.egress.rules import EgressSpec
+from sandboxd.policy.egress_checks import block_problems, egress_problems
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
 from sandboxd.tools import PACKAGES_TOOL as PACKAGES_TOOL  # (the policy's name for it)

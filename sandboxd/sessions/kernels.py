@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandboxd.backends.base import Backend, kernel_backends
 from sandboxd.errors import (
@@ -34,10 +34,19 @@ from sandboxd.util.reservations import Cap, CapReached, Ledger, Reservation
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
-    from sandboxd.health.state import Health
     from sandboxd.sessions.manager import Session, SessionManager
 
 log = logging.getLogger("sandboxd")
+
+
+class Gate(Protocol):
+    """What the session operations ask of the service's health (:class:`sandboxd.health.
+    state.Health`, a floor above): whether it drains, and whether its state directory has
+    room."""
+
+    draining: bool
+
+    def check_state_dir(self) -> None: ...
 
 #: one live kernel: (backend name, session id)
 KernelKey = tuple[str, str]
@@ -110,7 +119,7 @@ class SessionService:
     (:meth:`~sandboxd.sessions.restarts.Restarts.note_kernels`)."""
 
     def __init__(self, settings: Settings, sessions: SessionManager,
-                 backends: Mapping[str, Backend], health: Health, record: Record,
+                 backends: Mapping[str, Backend], health: Gate, record: Record,
                  note_kernels: Callable[[Session | None], None]) -> None:
         self.settings = settings
         self.sessions = sessions

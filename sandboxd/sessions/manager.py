@@ -322,7 +322,7 @@ class SessionManager:
 
     def retime(self, session: Session, ttl_s: float) -> None:
         """Give ``session`` a new TTL (lowered to the daemon's maximum) counted from now and
-        save it: E2B's ``set_timeout`` (:mod:`sandboxd.e2b`), shorter or longer."""
+        save it: E2B's ``set_timeout`` (:mod:`sandboxd.api.e2b`), shorter or longer."""
         session.ttl_s = min(ttl_s, self.ttl_s)
         self._saved_expiry.pop(session.id, None)  # a shorter expiry is written too
         self.touch(session)

@@ -22,12 +22,15 @@ from tests.unit.test_import_graph import _cycles, _imported, _modules
 #: backend against their registry; they read only its path rules, which are the protocol's);
 #: results/ is low (its items, outputs and stream events import only the protocol) bar its
 #: recorder (see UPWARD); health is above sessions (it reports on them); the fleet is a client
-#: of the API, under the CLI that drives it.
+#: of the API, under the CLI that drives it. The egress proxy is low (the container backend
+#: starts a sandbox's side of it; its policy checks live in the policy); the invoke path's
+#: parts sit under the service that composes them, a fork over it (it forks through it), and
+#: the E2B door is a door of the API (api/e2b/), as MCP's.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "client"),
-    ("util", "protocol"),
+    ("util", "protocol", "languages"),
     ("errors",),
-    ("workspaces", "results"),
+    ("workspaces", "results", "egress"),
     ("config",),
     ("host",),
     ("models",),
@@ -36,8 +39,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends",),
     ("policy",),
     ("access", "scheduler", "sessions"),
-    ("health",),
+    ("health", "capacity"),
+    ("invoke",),
     ("service",),
+    ("fork",),
     ("api",),
     ("fleet",),
     ("cli",),
@@ -49,6 +54,9 @@ UPWARD: dict[tuple[str, str], str] = {
     ("sandboxd.errors", "models"):
         "type-only: DrainCancelled and AuditFailure carry the call's Result, and the error "
         "table stays one module",
+    ("sandboxd.config", "capacity"):
+        "the caps an admin left at 0 are derived from the host's memory when the settings are "
+        "made (a lazy import of capacity.defaults, which reads /proc/meminfo only)",
     ("sandboxd.config", "backends"):
         "two settings validators (lazy imports) ask the backend registry which backends have "
         "a settings section of their own, and the image profiles which profiles exist",

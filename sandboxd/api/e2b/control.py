@@ -1,8 +1,8 @@
 """E2B's control plane (``E2B_API_URL``): create, connect, list, info, kill, set_timeout.
 
-A sandbox is a session of the caller's (:mod:`sandboxd.e2b.sandboxes`): made, ended and
+A sandbox is a session of the caller's (:mod:`sandboxd.api.e2b.sandboxes`): made, ended and
 timed by the service's own session methods, audited with ``transport: e2b``. The access
-tokens a create answers with are the caller's own token (:mod:`sandboxd.e2b.access`).
+tokens a create answers with are the caller's own token (:mod:`sandboxd.api.e2b.access`).
 Whatever else E2B's API offers (pause, resume, fork, snapshots, metrics, logs, network
 updates, templates, volumes) answers 501 naming it (:func:`not_served`), never a 404.
 """
@@ -17,14 +17,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from sandboxd.api.e2b.access import E2bRoute, e2b_client, json_body, presented_token
+from sandboxd.api.e2b.sandboxes import E2bSandbox, Sandboxes, not_served
 from sandboxd.api.problems import Problem
-from sandboxd.e2b.access import E2bRoute, e2b_client, json_body, presented_token
-from sandboxd.e2b.sandboxes import E2bSandbox, Sandboxes, not_served
 from sandboxd.service import Sandboxd
 
 router = APIRouter(route_class=E2bRoute, include_in_schema=False)
 #: the envd version sandboxd's sandbox plane answers as: the SDKs pick their wire format by
-#: it (0.5.x: multipart uploads, stdin always on; what sandboxd.e2b.process/files serve)
+#: it (0.5.x: multipart uploads, stdin always on; what sandboxd.api.e2b.process/files serve)
 ENVD_VERSION = "0.5.6"
 #: options of a create that sandboxd cannot honour: refused by name, never ignored
 _REFUSED_OPTIONS = {"autoPause": "auto-pause", "autoResume": "auto-resume",

@@ -4,7 +4,7 @@ filesystem service (Connect, JSON): ``Stat`` (``exists``, ``get_info``), ``ListD
 tools (``read_file``, ``write_file``, ``list_files``: their path rules) or, for what they do
 not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its command rules), so the
 policy decides every one and the audit log records it. Paths are E2B's: the workspace is
-``/home/user`` (:func:`~sandboxd.e2b.sandboxes.workspace_path`). ``WatchDir`` and the
+``/home/user`` (:func:`~sandboxd.api.e2b.sandboxes.workspace_path`). ``WatchDir`` and the
 watcher methods are not served.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from sandboxd.e2b import connect
-from sandboxd.e2b.access import e2b_client, sandbox_id
-from sandboxd.e2b.results import refusal
-from sandboxd.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.api.e2b import connect
+from sandboxd.api.e2b.access import e2b_client, sandbox_id
+from sandboxd.api.e2b.results import refusal
+from sandboxd.api.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import InvokeRequest, Result, Status
 
 router = APIRouter(include_in_schema=False)

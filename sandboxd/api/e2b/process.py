@@ -1,4 +1,4 @@
-"""envd's process service (Connect, JSON) onto :mod:`sandboxd.e2b.commands`: ``Start``
+"""envd's process service (Connect, JSON) onto :mod:`sandboxd.api.e2b.commands`: ``Start``
 (the SDK's ``commands.run``, foreground or background), ``List`` and ``SendSignal``
 (``commands.kill``). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell``
 tool as it is, checked by the policy (no shell runs it). ``Connect``, ``Update`` and stdin
@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from sandboxd.e2b import commands, connect
-from sandboxd.e2b.access import e2b_client, sandbox_id
-from sandboxd.e2b.commands import Background
-from sandboxd.e2b.results import refusal
-from sandboxd.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.api.e2b import commands, connect
+from sandboxd.api.e2b.access import e2b_client, sandbox_id
+from sandboxd.api.e2b.commands import Background
+from sandboxd.api.e2b.results import refusal
+from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
 from sandboxd.sessions.record import SessionNotFound
 

@@ -25,10 +25,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sandboxd.api.problems import Problem
-from sandboxd.e2b import results
-from sandboxd.e2b.access import E2bRoute, e2b_client, json_body, sandbox_id
-from sandboxd.e2b.sandboxes import (
+from sandboxd.api.e2b import results
+from sandboxd.api.e2b.access import E2bRoute, e2b_client, json_body, sandbox_id
+from sandboxd.api.e2b.sandboxes import (
     HOME,
     TRANSPORT,
     E2bSandbox,
@@ -36,6 +35,7 @@ from sandboxd.e2b.sandboxes import (
     not_served,
     workspace_path,
 )
+from sandboxd.api.problems import Problem
 from sandboxd.models import InvokeRequest, Result, Status
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd

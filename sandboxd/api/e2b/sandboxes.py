@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sandboxd.api.e2b.commands import Background
 from sandboxd.api.problems import Problem
-from sandboxd.e2b.commands import Background
 from sandboxd.service import Sandboxd
 from sandboxd.sessions.record import SessionNotFound
 
