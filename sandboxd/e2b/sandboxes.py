@@ -150,8 +150,9 @@ class Sandboxes:
         backend = next(iter(backends), None)
         if backend is not None and backend != "container":
             return (f"sandbox '{record.id}' runs its calls on the {backend} backend, which "
-                    "keeps no container between calls (a fresh confined worker per call): "
-                    "nothing of it runs while it is idle, so there is nothing to pause")
+                    "has no container to pause (its kernel is a confined worker process, "
+                    "blocked between calls, that sandboxd does not freeze): pause serves "
+                    "sandboxes whose tools run on the container backend")
         return (f"sandbox '{record.id}' has no container to pause now: none was started yet "
                 "(its first call starts one), or a call is running in it (pause it once "
                 "the call has ended)")

@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2b.conftest import E2bDaemon
 from tests.support.audit import audit_records
+from tests.support.daemon import running_daemon
 
 pytestmark = pytest.mark.docker
 
@@ -84,3 +85,28 @@ def test_a_sandbox_with_no_container_yet_says_why_it_cannot_pause(e2b_env: E2bDa
         assert sbx.is_running()
     finally:
         sbx.kill()
+
+
+def test_a_restricted_backend_sandbox_says_why_it_cannot_pause(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped default policy runs ``python`` on the restricted backend: its kernel is a
+    confined worker process, no container; the pause says so, and the kernel is unharmed."""
+    from e2b.exceptions import SandboxException
+    from e2b_code_interpreter import Sandbox
+
+    with running_daemon(tmp_path) as daemon:
+        for key, value in {"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url,
+                           "E2B_API_KEY": "unused", "E2B_DOMAIN": "sandboxd.invalid"}.items():
+            monkeypatch.setenv(key, value)
+        sbx = Sandbox.create()
+        try:
+            assert sbx.run_code("x = 41").error is None
+            with pytest.raises(SandboxException,
+                               match="restricted backend, which has no container to pause"):
+                sbx.pause()
+            assert sbx.run_code("x + 1").text == "42"
+        finally:
+            sbx.kill()
+        audited = [r for r in audit_records(daemon.audit_path, "session_paused")
+                   if r["session"] == sbx.sandbox_id]
+        assert [r["backends"] for r in audited] == [[]]
