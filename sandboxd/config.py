@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     """Every setting of the daemon. Environment variables are ``SANDBOXD_<NAME>``."""
 
     model_config = SettingsConfigDict(env_prefix="SANDBOXD_", extra="forbid")
+    _derived: set[str] = PrivateAttr(default_factory=set)
 
     # --- listening
     host: str = "127.0.0.1"
@@ -117,7 +118,9 @@ class Settings(BaseSettings):
 
     # --- scheduler
     max_concurrency: int = Field(default=4, ge=1)
-    queue_size: int = Field(default=64, ge=0)
+    # a queued call holds a coroutine and its request: a burst of a few hundred (an evaluation
+    # harness opening its sandboxes at once) waits its turn rather than getting 429s
+    queue_size: int = Field(default=256, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait for a slot")
     queue_per_client: int | None = Field(
         default=None, ge=1,
@@ -222,9 +225,21 @@ class Settings(BaseSettings):
     max_displays: int = Field(default=32, ge=1,
                               description="Display items of one call at most")
     max_kernels: int = Field(
-        default=32, ge=1,
+        default=0, ge=0,
         description="Live session Python kernels on this host at most (every backend "
-                    "together); a session python call that would start one more gets 429")
+                    "together); a session python call that would start one more gets 429; "
+                    "0: as many as the host's memory holds above memory_reserve_bytes at "
+                    "kernel_memory_bytes each (sandboxd.capacity)")
+    kernel_memory_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024 * 1024,
+        description="What a new session kernel is counted to need: the derived max_kernels "
+                    "and every kernel's admission by memory headroom use it")
+    memory_reserve_bytes: int = Field(
+        default=0, ge=0,
+        description="Memory the host keeps free: a new session, or a call that would start a "
+                    "kernel, while the measured headroom (MemAvailable, or the room under the "
+                    "daemon's cgroup memory.max) is below it gets 503 host-full with "
+                    "Retry-After; 0: the larger of 512 MiB and 5% of the host's memory")
     kernel_interrupt_grace_s: float = Field(
         default=2.0, ge=0, le=60,
         description="At a session call's wall-clock limit or on a cancel, its code first gets "
@@ -238,7 +253,10 @@ class Settings(BaseSettings):
     # every live sandbox (call, session, warm container) runs as its own uid (= gid) of this
     # range, never shared while in use (see sandboxd.host.uids)
     sandbox_uid_first: int = Field(default=10100, ge=1000)
-    sandbox_uid_count: int = Field(default=900, ge=1)
+    sandbox_uid_count: int = Field(
+        default=0, ge=0,
+        description="0: derived, a uid for each of max_kernels and 256 for one-shot calls and "
+                    "warm containers (900 at least, 50000 at most)")
 
     # --- restricted backend
     restricted_enabled: bool = True
@@ -350,6 +368,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _uid_pool_fits(self) -> Settings:
+        self._derive_capacity()
         need = self.max_concurrency + self.warm_pool_size * 2 + 1
         if self.sandbox_uid_count < need:
             raise ValueError(
@@ -357,6 +376,31 @@ class Settings(BaseSettings):
                 "per concurrent call and warm container, and room for sessions"
             )
         return self
+
+    def _derive_capacity(self) -> None:
+        """Fill in the caps left at 0 from the host's memory (sandboxd.capacity.defaults);
+        :attr:`derived` names them."""
+        if not (self.max_kernels and self.sandbox_uid_count and self.memory_reserve_bytes):
+            from sandboxd.capacity import defaults
+            from sandboxd.capacity.memory import read_memory
+
+            memory = read_memory()
+            if not self.memory_reserve_bytes:
+                self.memory_reserve_bytes = defaults.reserve_bytes(0, memory)
+                self._derived.add("memory_reserve_bytes")
+            if not self.max_kernels:
+                self.max_kernels = defaults.max_kernels(memory, self.memory_reserve_bytes,
+                                                        self.kernel_memory_bytes)
+                self._derived.add("max_kernels")
+            if not self.sandbox_uid_count:
+                need = self.max_concurrency + 2 * self.warm_pool_size + 1
+                self.sandbox_uid_count = defaults.uid_count(self.max_kernels, need)
+                self._derived.add("sandbox_uid_count")
+
+    @property
+    def derived(self) -> frozenset[str]:
+        """The settings derived from the host's memory (left at 0 by the admin)."""
+        return frozenset(self._derived)
 
     @field_validator("build_images", mode="after")
     @classmethod

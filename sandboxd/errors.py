@@ -144,10 +144,40 @@ class ExecutionFailure(ServiceError):
     code = "execution-failure"
 
 
+#: Retry-After of a refusal because the host is full (a cap, its memory, its sandbox uids):
+#: room comes back when sessions end or kernels go idle, never predictably sooner
+HOST_FULL_RETRY_S = 10
+
+
 class KernelLimitReached(ServiceError):
     """A session ``python`` call would start a kernel beyond the host's ``max_kernels``:
-    refused (429) before anything runs."""
+    refused (429, ``Retry-After``) before anything runs."""
 
     code = "too-many-kernels"
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"full": "max_kernels", "retry_after": HOST_FULL_RETRY_S}
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(HOST_FULL_RETRY_S)}
+
+
+class HostFull(ServiceError):
+    """The host has no room for a new session or kernel (503, ``Retry-After``): ``full``
+    names what is full (``memory``: the measured headroom is below the reserve;
+    ``sandbox_uids``: every sandbox identity is in use). Nothing ran; what was admitted
+    before goes on working."""
+
+    code = "host-full"
+
+    def __init__(self, message: str, full: str) -> None:
+        super().__init__(message)
+        self.full = full
+
+    def problem_fields(self) -> dict[str, Any]:
+        return {"full": self.full, "retry_after": HOST_FULL_RETRY_S}
+
+    def problem_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(HOST_FULL_RETRY_S)}
 
 

@@ -26,6 +26,7 @@ from sandboxd.access.approvals import ApprovalBook
 from sandboxd.audit import AuditLog
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
 from sandboxd.backends.factory import build_backends
+from sandboxd.capacity import Capacity
 from sandboxd.config import Settings
 from sandboxd.egress.checks import rules_for as egress_rules_for
 from sandboxd.errors import (
@@ -33,6 +34,7 @@ from sandboxd.errors import (
     DrainCancelled,
     Draining,
     ExecutionFailure,
+    HostFull,
     KernelLimitReached,
     ServiceError,
     ToolUnavailable,
@@ -118,6 +120,12 @@ class Sandboxd:
                                           self._record, self.restarts.note_kernels)
         self.execution = Execution(settings, self.scheduler, self.transfers, self.sessions,
                                    self.restarts)
+        # admission by memory headroom, and what /v1/capacity and /metrics report
+        self.capacity = Capacity(settings, kernels=self.kernel_cap, sessions=self.sessions,
+                                 uids=self.uids)
+        self.kernel_cap.gate = self.capacity.admit_kernel
+        self.session_ops.admit_session = self.capacity.admit_session
+        self.capacity.register(self.metrics.registry)
         self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
         self.drains = Drain(self.health, self.stop_clock)  # the calls in flight at a stop
         self._tasks: list[asyncio.Task[Any]] = []
@@ -445,7 +453,7 @@ class Sandboxd:
                                    Status.killed, Reason.cancelled, str(exc))
                 result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
                 return await self._finish(client, result, admitted, transport=transport)
-            except (KernelLimitReached, Overloaded) as exc:
+            except (KernelLimitReached, HostFull, Overloaded) as exc:
                 self.metrics.rejections.labels(reason=type(exc).__name__).inc()
                 result = own_result(invocation_id, tool, decision, request.session,
                                    Status.rejected, Reason.policy, str(exc))

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from sandboxd_client.render import format_result
     from sandboxd_client.sandbox import SandboxClient
     from sandboxd_client.schema import ToolDefinitionError, function_tool_schema
-    from sandboxd_client.session import AsyncSession, Session, SessionInfo
+    from sandboxd_client.session import AsyncSession, ForkInfo, Session, SessionInfo
     from sandboxd_client.stream import ToolCallRequest
 
 #: each public name and the module that defines it (imported on first use)
@@ -84,6 +84,7 @@ _LAZY: dict[str, str] = {
     "SandboxError": "sandboxd_client.errors",
     "ServerError": "sandboxd_client.errors",
     "Session": "sandboxd_client.session",
+    "ForkInfo": "sandboxd_client.session",
     "SessionInfo": "sandboxd_client.session",
     "StreamBroken": "sandboxd_client.events",
     "ToolCallError": "sandboxd_client.records",
@@ -110,6 +111,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequest",
     "ConnectionFailed",
+    "ForkInfo",
     "Fragment",
     "InvalidArguments",
     "LLMError",

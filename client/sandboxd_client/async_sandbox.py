@@ -25,7 +25,7 @@ from sandboxd_client.base import (
 from sandboxd_client.events import StreamItem, aiter_stream
 from sandboxd_client.files import Body
 from sandboxd_client.models import Result, ToolSpec
-from sandboxd_client.session import AsyncSession, SessionInfo
+from sandboxd_client.session import AsyncSession, ForkInfo, SessionInfo
 
 
 class AsyncSandboxClient(ClientBase):
@@ -133,6 +133,15 @@ class AsyncSandboxClient(ClientBase):
         """This client's sessions (oldest first), with usage and kernel state."""
         return [SessionInfo.from_json(d)
                 for d in (await self.request("GET", "/v1/sessions")).json()]
+
+    async def fork_session(self, session_id: str, count: int = 1) -> ForkInfo:
+        """See :meth:`SandboxClient.fork_session`."""
+        return ForkInfo.from_json((await self.request(
+            "POST", session_url(session_id, "fork"), json={"count": count})).json())
+
+    async def capacity(self) -> dict[str, Any]:
+        """See :meth:`SandboxClient.capacity`."""
+        return dict((await self.request("GET", "/v1/capacity")).json())
 
     async def restart_session(self, session_id: str) -> SessionInfo:
         """End the session's Python kernel (its variables); files stay."""

@@ -36,7 +36,7 @@ from sandboxd_client.base import (
 from sandboxd_client.events import StreamItem, iter_stream
 from sandboxd_client.files import Body
 from sandboxd_client.models import Result, ToolSpec
-from sandboxd_client.session import Session, SessionInfo
+from sandboxd_client.session import ForkInfo, Session, SessionInfo
 
 
 class SandboxClient(ClientBase):
@@ -169,6 +169,15 @@ class SandboxClient(ClientBase):
     def sessions(self) -> list[SessionInfo]:
         """This client's sessions (oldest first), with usage and kernel state."""
         return [SessionInfo.from_json(d) for d in self.request("GET", "/v1/sessions").json()]
+
+    def fork_session(self, session_id: str, count: int = 1) -> ForkInfo:
+        """``count`` forks of a session: new sessions with a copy of its files."""
+        return ForkInfo.from_json(self.request(
+            "POST", session_url(session_id, "fork"), json={"count": count}).json())
+
+    def capacity(self) -> dict[str, Any]:
+        """``GET /v1/capacity``: sessions, kernels, sandbox uids, memory headroom, ``full``."""
+        return dict(self.request("GET", "/v1/capacity").json())
 
     def restart_session(self, session_id: str) -> SessionInfo:
         """End the session's Python kernel (its variables); files stay."""

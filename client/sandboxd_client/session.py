@@ -53,6 +53,24 @@ class SessionInfo:
         return cls(**known)
 
 
+@dataclass(frozen=True)
+class ForkInfo:
+    """What ``POST /v1/sessions/{id}/fork`` made: the new sessions, and whether the parent's
+    Python state came with them (``kernel_carried``; ``kernel_reason`` says why not)."""
+
+    parent: str
+    sessions: list[SessionInfo]
+    kernel_carried: bool
+    kernel_reason: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ForkInfo:
+        kernel = data.get("kernel") or {}
+        return cls(parent=str(data.get("parent")),
+                   sessions=[SessionInfo.from_json(s) for s in data.get("sessions", [])],
+                   kernel_carried=bool(kernel.get("carried")), kernel_reason=kernel.get("reason"))
+
+
 class Session:
     """A daemon session bound to a :class:`SandboxClient`: calls share one workspace."""
 
@@ -114,6 +132,14 @@ class Session:
         on that call's result)."""
         self.info = self.client.interrupt_session(self.id)
         return self.info
+
+    def fork(self, count: int = 1) -> list[Session]:
+        """``count`` new sessions with a copy of this one's files, each a sandbox of its own
+        (counted against this client's sessions; deleted on their close). The Python state is
+        not carried yet: their first ``python`` call starts fresh (:class:`ForkInfo` says why:
+        ``client.fork_session``)."""
+        made = self.client.fork_session(self.id, count)
+        return [Session(self.client, info, owned=True) for info in made.sessions]
 
     def close(self) -> None:
         """Done with the session: delete it when this client made it, else leave it open
@@ -200,6 +226,11 @@ class AsyncSession:
         """Interrupt the call running in this session now (variables kept in time)."""
         self.info = await self.client.interrupt_session(self.id)
         return self.info
+
+    async def fork(self, count: int = 1) -> list[AsyncSession]:
+        """See :meth:`Session.fork`."""
+        made = await self.client.fork_session(self.id, count)
+        return [AsyncSession(self.client, info, owned=True) for info in made.sessions]
 
     async def close(self) -> None:
         """Done with the session: delete it when this client made it, else leave it open

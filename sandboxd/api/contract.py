@@ -38,7 +38,8 @@ WHEN: dict[int, str] = {
     429: "Queue full, waited too long for a slot, over the client's rate limit, or (a "
          "session python call) the host's live kernels at max_kernels",
     500: "Unexpected failure, or the audit log cannot be written",
-    503: "Shutting down, or the tool's backend is unavailable",
+    503: "Shutting down, the tool's backend is unavailable, or the host is full (its memory "
+         "headroom below the reserve, or every sandbox uid in use: `full` names which)",
     507: "The state directory or the audit log's filesystem is full",
 }
 
@@ -48,7 +49,9 @@ AUTHENTICATED = (401, 429)
 WITH_BODY = (400, 413, 422)
 EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/tools/{name}/invoke"): (409, 503, 507),
-    ("post", "/v1/sessions"): (409, 507),
+    ("post", "/v1/sessions"): (409, 503, 507),
+    ("post", "/v1/sessions/{session_id}/fork"): (409, 503, 507),
+    ("post", "/v1/sessions/{session_id}/tools/{name}/invoke"): (409, 503, 507),
     ("get", "/v1/tools"): (422,),
     ("put", "/v1/sessions/{session_id}/files/{path}"): (403, 408, 409, 503, 507),
     ("get", "/v1/sessions/{session_id}/files/{path}"): (403, 409, 422, 503, 507),
@@ -105,7 +108,7 @@ def _problem(status: int) -> dict[str, Any]:
         "description": WHEN[status],
         "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
     }
-    if status == 429:
+    if status in (429, 503):
         response["headers"] = {"Retry-After": {"description": "Seconds to wait",
                                                "schema": {"type": "string"}}}
     return response

@@ -13,6 +13,7 @@ from sandboxd import __version__
 from sandboxd.api import events
 from sandboxd.api.auth import authenticate, guard
 from sandboxd.errors import UnknownTool
+from sandboxd.fork import MAX_FORKS, fork_session
 from sandboxd.models import (
     InvokeRequest,
     LimitsRequest,
@@ -37,6 +38,14 @@ class SessionCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     ttl_s: PositiveNumber | None = Field(default=None, description="Lowered to the daemon maximum")
+
+
+class ForkRequest(BaseModel):
+    """Body of ``POST /v1/sessions/{id}/fork``."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(default=1, ge=1, le=MAX_FORKS,
+                       description="Forks to make (each counts against max_sessions_per_client)")
 
 
 class ExplainRequest(BaseModel):
@@ -66,6 +75,14 @@ async def metrics(request: Request) -> Response:
     """Prometheus metrics."""
     m = _service(request).metrics
     return Response(m.render(), media_type=m.content_type)
+
+
+@router.get("/v1/capacity", tags=["health"])
+async def capacity(request: Request, client: str = Depends(authenticate)) -> dict[str, Any]:
+    """What this host holds and has room for: sessions (yours and every client's), live
+    kernels and ``max_kernels``, sandbox uids, memory headroom; ``full`` names what would
+    refuse a new session or kernel now."""
+    return _service(request).capacity.view(client)
 
 
 @router.get("/v1/tools", tags=["tools"], response_model=None)
@@ -152,6 +169,16 @@ async def get_session(session_id: str, request: Request,
     """A session of the caller's (another client's session is "not found")."""
     service = _service(request)
     return await service.session_view(service.session(client, session_id))
+
+
+@router.post("/v1/sessions/{session_id}/fork", tags=["sessions"], status_code=201)
+async def fork(session_id: str, request: Request, body: ForkRequest | None = None,
+               client: str = Depends(authenticate)) -> dict[str, Any]:
+    """``count`` new sessions of the caller, each with a copy of this session's workspace in
+    a sandbox of its own; ``kernel.carried`` says whether the Python state came too (never
+    yet: ``kernel.reason`` says why). All or none, audited as ``session_forked``."""
+    return await fork_session(_service(request), client, session_id,
+                              body.count if body else 1)
 
 
 @router.post("/v1/sessions/{session_id}/restart", tags=["sessions"])

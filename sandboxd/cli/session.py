@@ -1,4 +1,4 @@
-"""``sandboxd session create|list|show|restart|delete``: the caller's sessions on a running
+"""``sandboxd session create|list|show|fork|restart|delete``: the caller's sessions on a running
 daemon (same ``--url`` / ``--token`` as ``sandboxd invoke``). Human output by default,
 ``--json`` for the daemon's own JSON; a failure is one line on stderr, exit 1."""
 
@@ -81,6 +81,26 @@ def _action(info: Any, as_json: bool, backends: list[str] | None, done: str,
     else:
         typer.echo(f"{info.id}: {done} ({', '.join(backends)})" if backends
                    else f"{info.id}: {none}")
+
+
+@app.command("fork")
+def fork(session_id: str = typer.Argument(..., metavar="ID"),
+         count: int = typer.Option(1, "--count", "-n", min=1, help="Forks to make"),
+         url: str = URL_OPTION, token: str | None = TOKEN_OPTION,
+         as_json: bool = JSON_OPTION) -> None:
+    """New sessions with a copy of this one's files (one id a line); the Python state is
+    not carried (a note on stderr says so)."""
+    made = _call(url, token, lambda c: c.fork_session(session_id, count))
+    if as_json:
+        typer.echo(json.dumps({"parent": made.parent,
+                               "sessions": [_raw(i) for i in made.sessions],
+                               "kernel": {"carried": made.kernel_carried,
+                                          "reason": made.kernel_reason}}, indent=2))
+        return
+    for info in made.sessions:
+        typer.echo(info.id)
+    if not made.kernel_carried:
+        typer.echo(f"note: {made.kernel_reason}", err=True)
 
 
 @app.command("restart")

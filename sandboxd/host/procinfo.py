@@ -3,6 +3,8 @@ for the daemon's lifetime, was imported for these alone."""
 
 from __future__ import annotations
 
+import math
+import select
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -26,3 +28,12 @@ def mem_available() -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     raise OSError("no MemAvailable in /proc/meminfo")
+
+
+def pidfd_dead(pidfd: int, timeout_s: float = 0.0) -> bool:
+    """Whether the process of ``pidfd`` has exited (a pidfd is readable once it has), waiting
+    up to ``timeout_s``. ``poll``, never ``select``: a daemon that holds thousands of kernels
+    holds descriptors above ``select``'s 1024, which it refuses (``ValueError``)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))

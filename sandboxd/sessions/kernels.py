@@ -64,6 +64,9 @@ class KernelCap:
         self.limit = limit
         self.backends = backends
         self._reserved: Ledger[KernelKey] = Ledger()
+        #: called with the number of kernels being started by calls in flight before one
+        #: more is admitted; raises to refuse it (the memory headroom: sandboxd.capacity)
+        self.gate: Callable[[int], None] = lambda starting: None
 
     def live(self) -> set[KernelKey]:
         """Kernels alive on the backends now, and those reserved by calls in flight."""
@@ -82,7 +85,12 @@ class KernelCap:
         if key in live:  # its kernel is counted already: the call shares it
             return self._reserved.reserve(key)
         try:
-            return self._reserved.reserve(key, Cap("max_kernels", len(live), self.limit))
+            cap = Cap("max_kernels", len(live), self.limit)
+            if cap.count < cap.limit:  # room under the cap: is there room in memory?
+                on_backends = {(name, sid) for name, backend in self.backends.items()
+                               for sid in backend.kernel_sessions()}
+                self.gate(len(self._reserved.keys() - on_backends))
+            return self._reserved.reserve(key, cap)
         except CapReached:
             raise KernelLimitReached(
                 f"this call needs a new Python interpreter for session '{session_id}', but "
@@ -112,6 +120,9 @@ class SessionService:
         self.note_kernels = note_kernels
         #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
         self._endings: set[asyncio.Future[dict[str, Any]]] = set()
+        #: refuses a new session while the host has no room (sandboxd.capacity: memory
+        #: headroom), before the first await; the service sets it
+        self.admit_session: Callable[[], None] = lambda: None
 
     def kernel_backends(self, session_id: str) -> list[str]:
         """Names of the backends on which the session has a live kernel now."""
@@ -136,6 +147,7 @@ class SessionService:
             raise Draining("the daemon is shutting down; create the session on another "
                            "instance or later")
         self.health.check_state_dir()
+        self.admit_session()  # memory headroom, before the first await
         try:
             session = await self.sessions.create(client, ttl_s)
         except OSError as exc:

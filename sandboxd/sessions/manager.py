@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from sandboxd.errors import HostFull
 from sandboxd.host.uids import UidPool, UidPoolExhausted, chown_tree
 from sandboxd.models import new_id
 from sandboxd.sessions.calls import SessionCalls
@@ -52,7 +53,7 @@ from sandboxd.sessions.record import (
     SessionOverQuota,
 )
 from sandboxd.sessions.restarts import workspace_problem
-from sandboxd.util.reservations import Cap, CapReached, Ledger
+from sandboxd.util.reservations import Cap, CapReached, Ledger, Reservation
 from sandboxd.workspaces.quota import (
     Usage,
     WorkspaceFS,
@@ -173,24 +174,43 @@ class SessionManager:
 
     # ------------------------------------------------------------ sessions
 
-    async def create(self, client: str, ttl_s: float | None = None) -> Session:
-        """A new session with an empty workspace. Its place under ``max_per_client`` is
-        reserved before the first await (:mod:`sandboxd.util.reservations`) and held until it is
-        registered: a burst of creations admits exactly the cap."""
-        held = len(self.registered(client)) + self._creating.held(client)
+    def reserve_places(self, client: str, count: int = 1) -> list[Reservation[str]]:
+        """``count`` places under ``max_per_client`` for sessions about to be made, all or
+        none (:class:`SessionLimitReached`). Synchronous: call it before the first await."""
+        places: list[Reservation[str]] = []
+        for _ in range(count):
+            held = len(self.registered(client)) + self._creating.held(client)
+            try:
+                places.append(self._creating.reserve(
+                    client, Cap("max_sessions_per_client", held, self.max_per_client)))
+            except CapReached:
+                for place in places:
+                    place.release()
+                more = f"; {count} more were asked for" if count > 1 else ""
+                raise SessionLimitReached(
+                    f"client '{client}' already has {held - len(places)} sessions (the maximum "
+                    f"is {self.max_per_client}, those being created included{more}); delete "
+                    "one first") from None
+        return places
+
+    async def create(self, client: str, ttl_s: float | None = None, *,
+                     place: Reservation[str] | None = None,
+                     fill: Callable[[Path, int | None], Awaitable[None]] | None = None
+                     ) -> Session:
+        """A new session with an empty workspace (``fill``: what fills it, before the session
+        is registered). Its place under ``max_per_client`` is reserved before the first await
+        (:mod:`sandboxd.util.reservations`; ``place``: one :meth:`reserve_places` took) and held
+        until it is registered: a burst of creations admits exactly the cap."""
+        if place is None:
+            (place,) = self.reserve_places(client)
         try:
-            place = self._creating.reserve(
-                client, Cap("max_sessions_per_client", held, self.max_per_client))
-        except CapReached:
-            raise SessionLimitReached(
-                f"client '{client}' already has {held} sessions (the maximum, those being "
-                "created included); delete one first") from None
-        try:
-            return await self._create(client, ttl_s)
+            return await self._create(client, ttl_s, fill)
         finally:
             place.release()  # registered (it counts itself) or failed
 
-    async def _create(self, client: str, ttl_s: float | None) -> Session:
+    async def _create(self, client: str, ttl_s: float | None,
+                      fill: Callable[[Path, int | None], Awaitable[None]] | None = None
+                      ) -> Session:
         ttl = min(ttl_s or self.ttl_s, self.ttl_s)
         now = time.time()
         sid = new_id("ses", self.node_id or None)
@@ -199,9 +219,12 @@ class SessionManager:
             try:
                 uid = self.uids.acquire(sid, keep_free=self.keep_free)
             except UidPoolExhausted as exc:
-                raise SessionLimitReached(f"no session can be created now: {exc}") from None
+                raise HostFull(f"the host is full, no session can be created now: {exc} "
+                               "(sandbox_uid_count)", full="sandbox_uids") from None
         try:
             workspace = await self._create_workspace(sid, uid)
+            if fill is not None:
+                await fill(workspace, uid)
             session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
                               str(workspace), uid, self.quota_entries, self.node_id)
             self._sessions[sid] = session

@@ -184,6 +184,15 @@ def test_session_commands(daemon: RunningDaemon) -> None:
     assert restarted["kernel"] == {"live": False, "backends": []}
     again = sandboxd("session", "restart", sid, *url)
     assert again.returncode == 0 and "no live kernel" in again.stdout
+    forked = sandboxd("session", "fork", sid, "--count", "2", *url)
+    assert forked.returncode == 0 and "not carried" in forked.stderr, forked.stderr
+    children = forked.stdout.split()
+    assert len(children) == 2 and all(c.startswith("ses_") for c in children)
+    for child in children:
+        read = sandboxd("invoke", "python", "--arg", "code=open('f.txt').read()",
+                        "--session", child, *url)
+        assert read.returncode == 0 and "hello" in read.stdout, read.stderr
+        assert sandboxd("session", "delete", child, *url).returncode == 0
     assert sandboxd("session", "delete", sid, *url).returncode == 0
     gone = sandboxd("session", "show", sid, *url)
     assert gone.returncode == 1 and "HTTP 404" in gone.stderr

@@ -18,10 +18,10 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import signal
 from dataclasses import dataclass
 
+from sandboxd.host.procinfo import pidfd_dead
 from sandboxd.util.deadline import within
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def open_init(pid: int, cid: str) -> InitHandle | None:
         # before the read (a pid reused in between would show another process's cgroup)
         with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as f:
             cgroups = f.read(65536)
-        alive = not select.select([fd], [], [], 0)[0]
+        alive = not pidfd_dead(fd)
         if alive and cid in cgroups:
             return InitHandle(pid, fd)
     except OSError:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import signal
 from typing import Any, Protocol
+
+from sandboxd.host.procinfo import pidfd_dead
 
 #: how often the daemon pings its zygote, and how long an answer may take
 HEALTH_INTERVAL_S = 1.0
@@ -58,8 +59,7 @@ def _kill_and_wait(pid: int, pidfd: int | None, timeout: float) -> bool:
     with contextlib.suppress(OSError):
         if os.getpgid(pid) == pid:
             os.killpg(pid, signal.SIGKILL)
-    readable, _, _ = select.select([pidfd], [], [], timeout)  # a pidfd is readable once dead
-    return bool(readable)
+    return pidfd_dead(pidfd, timeout)
 
 
 async def reap_ourselves(worker: Worker, layout: Any) -> dict[str, Any]:

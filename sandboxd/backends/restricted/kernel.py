@@ -48,7 +48,6 @@ import logging
 import math
 import os
 import resource
-import select
 import signal
 import time
 from dataclasses import dataclass, field, replace
@@ -60,6 +59,7 @@ from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
+from sandboxd.host.procinfo import pidfd_dead
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status
 from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerReport, WorkerRequest
 from sandboxd.util.deadline import within
@@ -123,8 +123,7 @@ class SessionKernel:
         pidfd = self.worker.pidfd
         if pidfd is None:
             return True
-        readable, _, _ = select.select([pidfd], [], [], 0)
-        return not readable
+        return not pidfd_dead(pidfd)
 
 
 class KernelPool:

@@ -221,6 +221,8 @@ def run_worker(
         # blocked from before its report: the daemon proves from outside that it is parked in
         # the read below, unwakeable but by its next request (see .idle), and the sooner it
         # gets there after the report, the sooner the call ends
+        if parks:
+            trim_heap()  # an idle kernel keeps only what its state needs
         mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS) if parks else None
         emit(b"r", _report(report))
         if mask is None:
@@ -236,6 +238,29 @@ def run_worker(
         if msg.kind != "python" or msg.probe is not None:
             return 0
         move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, resolved in the zygote (a worker in its chroot could not load
+    libc), or None where there is none."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def trim_heap() -> None:
+    """At the end of a kernel's call: give the C heap's free pages back to the system
+    (``malloc_trim``), so that an idle kernel's private memory is its state, not the peak of
+    its last call. Before the report, not after it: the daemon ends the call once it sees the
+    kernel parked in its read (see .idle), and that wait should not grow."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def cpu_exceeded(*_: Any) -> None:

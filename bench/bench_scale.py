@@ -1,0 +1,250 @@
+"""Sessions at scale on the restricted backend, through a real daemon's HTTP API, with the
+zygote floor of the same run (``../shared/bench/zygote_floor.py``: a pre-imported process that
+forks per request, no isolation; its path: ``--floor``).
+
+Phases, in ComputeSDK's format (create-to-first-result: ``POST /v1/sessions`` and the session's
+first ``python`` call, which starts its kernel and gives it state, a 10,000-item list):
+
+* sequential: one session after another;
+* staggered: ``--staggered`` sessions started ``--stagger-ms`` apart, each on its own thread;
+* burst: ``--burst`` sessions created and called at once (ok / total, p50 / p95 / p99);
+* live: sessions created until ``--sessions`` hold a live kernel with state, then every one
+  is called again (it must answer with its own state); the daemon tree's PSS before and
+  after, and the PSS of each idle kernel (``/proc/PID/smaps_rollup``);
+* fork: a session whose kernel holds 50 MB of state and whose workspace holds 50 MB of files,
+  forked ``--forks`` times one by one (p50) and once with ``count: 16``.
+
+The daemon runs with the default settings except ``max_sessions_per_client`` (the client's
+cap, which a harness's admin raises), the per-client rate limit (off: a harness's admin sets
+it) and the container backend (off: restricted only).
+
+    python bench/bench_scale.py [--sessions 2000] [--burst 100] [--staggered 100]
+                                [--forks 20] [--floor PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "bench"))
+
+from bench_receipts import FLOOR, zygote_floor_ms  # noqa: E402
+
+if not FLOOR.exists():  # a worktree beside the main checkout: the shared floor is one up
+    FLOOR = HERE.parent.parent / "shared" / "bench" / "zygote_floor.py"
+from tests.support.daemon import RunningDaemon, running_daemon  # noqa: E402
+
+STATE = "x = list(range(10000))\nlen(x)"
+MIB = 1024 * 1024
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def summary(ms: list[float]) -> str:
+    if not ms:
+        return "none"
+    return (f"p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms, p99 {pct(ms, 99):.1f} ms "
+            f"(n={len(ms)})")
+
+
+class Harness:
+    def __init__(self, daemon: RunningDaemon) -> None:
+        self.daemon = daemon
+        self.local = threading.local()
+        self.sessions: list[str] = []
+        self.lock = threading.Lock()
+
+    def client(self) -> httpx.Client:
+        c = getattr(self.local, "client", None)
+        if c is None:
+            c = httpx.Client(base_url=self.daemon.url, headers=self.daemon.headers,
+                             timeout=120)
+            self.local.client = c
+        return c
+
+    def create_and_call(self) -> float | None:
+        """ms from the session's creation to its first result, or None if refused."""
+        c = self.client()
+        t0 = time.perf_counter()
+        r = c.post("/v1/sessions", json={})
+        if r.status_code != 201:
+            print(f"  create: {r.status_code} {r.text[:200]}", file=sys.stderr)
+            return None
+        sid = r.json()["id"]
+        r = c.post("/v1/tools/python/invoke",
+                   json={"arguments": {"code": STATE}, "session": sid})
+        elapsed = (time.perf_counter() - t0) * 1000
+        if r.status_code != 200 or r.json().get("value") != 10000:
+            print(f"  call: {r.status_code} {r.text[:200]}", file=sys.stderr)
+            return None
+        with self.lock:
+            self.sessions.append(sid)
+        return elapsed
+
+    def answers(self, sid: str) -> bool:
+        r = self.client().post("/v1/tools/python/invoke",
+                               json={"arguments": {"code": "len(x)"}, "session": sid})
+        return r.status_code == 200 and r.json().get("value") == 10000
+
+
+def threaded(n: int, work, start_gap_s: float = 0.0) -> list:  # type: ignore[no-untyped-def]
+    out: list = [None] * n
+    barrier = threading.Barrier(n) if not start_gap_s else None
+
+    def run(i: int) -> None:
+        if barrier is not None:
+            barrier.wait()
+        out[i] = work()
+
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=run, args=(i,))
+        t.start()
+        threads.append(t)
+        if start_gap_s:
+            time.sleep(start_gap_s)
+    for t in threads:
+        t.join()
+    return out
+
+
+def pss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def tree_pss(root: int) -> tuple[int, list[int]]:
+    """PSS of ``root`` and its descendants, and the PSS of each of its kernels (the
+    processes whose working directory is a workspace)."""
+    total, kernels = 0, []
+    proc = psutil.Process(root)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            size = pss(p.pid)
+            total += size
+            if (("/workspaces/" in p.cwd() or p.cwd() == "/") and p.pid != root
+                    and p.uids().real != 0):
+                kernels.append(size)
+        except (psutil.Error, OSError):
+            continue
+    return total, kernels
+
+
+def fork_phase(h: Harness, forks: int) -> None:
+    c = h.client()
+    sid = c.post("/v1/sessions", json={}).json()["id"]
+    code = ("blob = bytearray(50_000_000)\nfor i in range(50):\n"
+            "    with open(f'part{i}.bin', 'wb') as f:\n        f.write(bytes(1_000_000))\n"
+            "len(blob)")
+    r = c.post("/v1/tools/python/invoke", json={"arguments": {"code": code}, "session": sid,
+                                                 "limits": {"memory_bytes": 256 * MIB}})
+    assert r.status_code == 200 and r.json().get("value") == 50_000_000, r.text[:300]
+    one = []
+    for _ in range(forks):
+        t0 = time.perf_counter()
+        r = c.post(f"/v1/sessions/{sid}/fork", json={"count": 1})
+        one.append((time.perf_counter() - t0) * 1000)
+        assert r.status_code == 201, r.text[:300]
+        c.delete(f"/v1/sessions/{r.json()['sessions'][0]['id']}")
+    t0 = time.perf_counter()
+    r = c.post(f"/v1/sessions/{sid}/fork", json={"count": 16})
+    sixteen = (time.perf_counter() - t0) * 1000
+    assert r.status_code == 201, r.text[:300]
+    carried = r.json()["kernel"]["carried"]
+    for child in r.json()["sessions"]:
+        c.delete(f"/v1/sessions/{child['id']}")
+    c.delete(f"/v1/sessions/{sid}")
+    print(f"fork (50 MB kernel state, 50 files of 1 MB; kernel carried: {carried}): count 1 "
+          f"{summary(one)}; count 16: {sixteen:.0f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", type=int, default=2000)
+    parser.add_argument("--sequential", type=int, default=200)
+    parser.add_argument("--staggered", type=int, default=100)
+    parser.add_argument("--stagger-ms", type=float, default=20)
+    parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--forks", type=int, default=20)
+    parser.add_argument("--floor", type=Path, default=FLOOR)
+    args = parser.parse_args()
+    print(f"zygote floor (same run): p50 {zygote_floor_ms(args.floor, 200):.2f} ms")
+    env = {"SANDBOXD_MAX_SESSIONS_PER_CLIENT": str(args.sessions + 100),
+           "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_CONTAINER_ENABLED": "false",
+           "SANDBOXD_SANDBOX_UID_FIRST": "41000"}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        os.chmod(tmp, 0o755)
+        with running_daemon(Path(tmp), env=env) as d:
+            h = Harness(d)
+            cap = h.client().get("/v1/capacity").json()
+            print(f"capacity: max_kernels {cap['kernels']['max']} (derived: "
+                  f"{cap['kernels']['derived']}), sandbox uids {cap['sandbox_uids']}, "
+                  f"memory headroom {cap['memory']['headroom_bytes'] // MIB} MiB")
+            base, _ = tree_pss(d.proc.pid)
+            h.create_and_call()  # warm
+            seq = [h.create_and_call() for _ in range(args.sequential)]
+            print(f"sequential: {summary([x for x in seq if x is not None])}, "
+                  f"{sum(x is not None for x in seq)}/{len(seq)} ok")
+            stag = threaded(args.staggered, h.create_and_call, args.stagger_ms / 1000)
+            print(f"staggered ({args.stagger_ms:g} ms apart): "
+                  f"{summary([x for x in stag if x is not None])}, "
+                  f"{sum(x is not None for x in stag)}/{len(stag)} ok")
+            burst = threaded(args.burst, h.create_and_call)
+            print(f"burst of {args.burst}: {summary([x for x in burst if x is not None])}, "
+                  f"{sum(x is not None for x in burst)}/{len(burst)} ok")
+            t0 = time.perf_counter()
+            missing = args.sessions - len(h.sessions)
+            per = max(1, missing // 4)
+            threaded(4, lambda: [h.create_and_call() for _ in range(per)])
+            while len(h.sessions) < args.sessions:
+                if h.create_and_call() is None:
+                    break
+            print(f"live: {len(h.sessions)} sessions with a kernel holding state "
+                  f"({time.perf_counter() - t0:.0f} s to fill)")
+            total, kernels = tree_pss(d.proc.pid)
+            if kernels:
+                print(f"daemon tree PSS {base / MIB:.0f} -> {total / MIB:.0f} MiB; idle kernel "
+                      f"PSS p50 {statistics.median(kernels) / MIB:.2f} MiB "
+                      f"(n={len(kernels)}, mean {statistics.mean(kernels) / MIB:.2f})")
+            chunks = [h.sessions[i::4] for i in range(4)]
+            oks = []
+            lock = threading.Lock()
+
+            def check(part: list[str]) -> None:
+                good = sum(h.answers(s) for s in part)
+                with lock:
+                    oks.append(good)
+
+            ts = [threading.Thread(target=check, args=(part,)) for part in chunks]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            print(f"all answering afterwards: {sum(oks)}/{len(h.sessions)}")
+            cap = h.client().get("/v1/capacity").json()
+            print(f"capacity now: kernels {cap['kernels']['live']}/{cap['kernels']['max']}, "
+                  f"headroom {cap['memory']['headroom_bytes'] // MIB} MiB, full {cap['full']}")
+            for sid in h.sessions:
+                h.client().delete(f"/v1/sessions/{sid}")
+            fork_phase(h, args.forks)
+
+
+if __name__ == "__main__":
+    main()
