@@ -323,6 +323,16 @@ class Sandboxd:
         return await self.session_ops.interrupt_session(client, session_id,
                                                         transport=transport)
 
+    async def pause_session(self, client: str, session_id: str, *,
+                            transport: str = "http") -> dict[str, Any]:
+        """Pause the session's sandbox now, as idle pausing does; audited."""
+        return await self.session_ops.pause_session(client, session_id, transport=transport)
+
+    async def resume_session(self, client: str, session_id: str, *,
+                             transport: str = "http") -> dict[str, Any]:
+        """Thaw the session's paused sandbox; audited."""
+        return await self.session_ops.resume_session(client, session_id, transport=transport)
+
     async def delete_session(self, client: str, session_id: str, *,
                              transport: str = "http") -> None:
         """Delete a session: its kernels, anything a backend kept, its workspace (audited)."""

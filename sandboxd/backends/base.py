@@ -89,6 +89,17 @@ class Backend(Protocol):
         ``GET /v1/sessions/{id}`` says ``paused``. Backends that never pause inherit this."""
         return set()
 
+    async def pause_session(self, session_id: str) -> bool:
+        """Pause the session's sandbox now, as idle pausing does (a client's own pause):
+        ``True`` when it is paused after this. Backends that keep nothing running between
+        calls (no container) inherit this: nothing to pause."""
+        return False
+
+    async def resume_session(self, session_id: str) -> bool:
+        """Thaw the session's paused sandbox now (as its next call would): ``True`` when one
+        was thawed. Backends that never pause inherit this."""
+        return False
+
     def building(self) -> dict[str, dict[str, object]]:
         """What the backend is building for its tools (images, by name; ``/readyz``): a
         build's ``state`` and progress. Backends that build nothing inherit this."""

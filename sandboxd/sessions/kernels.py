@@ -217,6 +217,45 @@ class SessionService:
             log.error("session %s: interrupt without an audit record: %s", session.id, exc)
         return {**await self.session_view(session), "interrupted": interrupted}
 
+    async def pause_session(self, client: str, session_id: str, *,
+                            transport: str = "http") -> dict[str, Any]:
+        """Pause the session's sandbox now, by the backends' own idle pause (a container's
+        processes get no CPU, its kernel keeps its state; never while a call runs in it);
+        its next call, or :meth:`resume_session`, thaws it. Audited as ``session_paused``.
+        The session view, with ``paused_on``: the backends whose sandbox is paused (none: a
+        backend without a container, or none started yet, or a call running)."""
+        return await self._freeze(client, session_id, "session_paused", transport, True)
+
+    async def resume_session(self, client: str, session_id: str, *,
+                             transport: str = "http") -> dict[str, Any]:
+        """Thaw the session's paused sandbox (as its next call would); audited as
+        ``session_resumed``. The session view, with ``resumed_on``: the backends thawed."""
+        return await self._freeze(client, session_id, "session_resumed", transport, False)
+
+    async def _freeze(self, client: str, session_id: str, event: str, transport: str,
+                      pause: bool) -> dict[str, Any]:
+        session = self.sessions.get(session_id, client)
+        done = []
+        with self.sessions.in_use(session):  # it does not expire meanwhile
+            for name, backend in self.backends.items():
+                try:
+                    if await (backend.pause_session(session.id) if pause
+                              else backend.resume_session(session.id)):
+                        done.append(name)
+                except Exception as exc:
+                    log.exception("backend %s failed to %s session %s", name,
+                                  "pause" if pause else "resume", session.id)
+                    raise ExecutionFailure(f"the {name} backend could not "
+                                           f"{'pause' if pause else 'resume'} the session's "
+                                           f"sandbox: {exc}") from exc
+        try:
+            await self.record(event=event, client=client, session=session.id, backends=done,
+                              transport=transport)
+        except AuditFailure as exc:
+            log.error("session %s: %s without an audit record: %s", session.id, event, exc)
+        key = "paused_on" if pause else "resumed_on"
+        return {**await self.session_view(session), key: done}
+
     async def delete_session(self, client: str, session_id: str, *,
                              transport: str = "http") -> None:
         """Delete a session: its kernels, anything a backend kept, its workspace (audited)."""

@@ -82,8 +82,8 @@ def test_what_is_not_served_names_the_feature(e2b_env: E2bDaemon) -> None:
 
     sbx = Sandbox.create(template="base")
     try:
-        with pytest.raises(SandboxException, match="pause") as raised:
-            sbx.pause()
+        with pytest.raises(SandboxException, match="metrics") as raised:
+            sbx.get_metrics()
         assert "not found" not in str(raised.value).lower()
     finally:
         sbx.kill()

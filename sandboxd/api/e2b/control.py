@@ -1,9 +1,12 @@
-"""E2B's control plane (``E2B_API_URL``): create, connect, list, info, kill, set_timeout.
+"""E2B's control plane (``E2B_API_URL``): create, connect, list, info, kill, set_timeout,
+pause and resume.
 
 A sandbox is a session of the caller's (:mod:`sandboxd.api.e2b.sandboxes`): made, ended and
 timed by the service's own session methods, audited with ``transport: e2b``. The access
 tokens a create answers with are the caller's own token (:mod:`sandboxd.api.e2b.access`).
-Whatever else E2B's API offers (pause, resume, fork, snapshots, metrics, logs, network
+E2B's pause is the container backend's idle pause asked for now (the container frozen, its
+kernel's state kept in memory); a connect or resume, or any later call, thaws it.
+Whatever else E2B's API offers (fork, snapshots, metrics, logs, network
 updates, templates, volumes) answers 501 naming it (:func:`not_served`), never a 404.
 """
 
@@ -54,8 +57,13 @@ def _listed(request: Request, record: E2bSandbox) -> dict[str, Any]:
     return {"sandboxID": record.id, "templateID": record.template, "alias": record.template,
             "clientID": service.settings.node_id, "startedAt": _iso(record.started_at),
             "endAt": _iso(_sandboxes(request).expires_at(record)), "cpuCount": 1,
-            "memoryMB": 0, "diskSizeMB": 0, "state": "running", "envdVersion": ENVD_VERSION,
+            "memoryMB": 0, "diskSizeMB": 0, "state": _state(request, record),
+            "envdVersion": ENVD_VERSION,
             "metadata": record.metadata}
+
+
+def _state(request: Request, record: E2bSandbox) -> str:
+    return "paused" if _sandboxes(request).paused(record) else "running"
 
 
 def _strings(value: Any, name: str) -> dict[str, str]:
@@ -97,10 +105,16 @@ async def create(request: Request, client: str = Depends(e2b_client)) -> Respons
 @router.post("/sandboxes/{sandbox_id}/connect")
 async def connect(sandbox_id: str, request: Request,
                   client: str = Depends(e2b_client)) -> Response:
-    """Connect to a running sandbox; a timeout given extends it (never shortens, as E2B)."""
+    """Connect to a sandbox, resuming it when it is paused; a timeout given extends it
+    (never shortens, as E2B)."""
     sandboxes = _sandboxes(request)
     record = sandboxes.get(client, sandbox_id)
-    timeout = _timeout(await json_body(request))
+    body = await json_body(request)
+    timeout = _timeout(body)
+    if body.get("memory") is False:  # on_resume="reboot": a cold boot from the disk alone
+        raise not_served("resume by reboot", "a paused sandbox resumes with its memory")
+    if sandboxes.paused(record):
+        await sandboxes.resume(record)
     if timeout is not None and time.time() + timeout > sandboxes.expires_at(record):
         await sandboxes.set_timeout(record, timeout)
     return JSONResponse(_created(request, record))
@@ -120,7 +134,7 @@ async def list_sandboxes(request: Request, client: str = Depends(e2b_client)) ->
     records = sorted(_sandboxes(request).owned(client), key=lambda r: r.started_at)
     listed = [_listed(request, r) for r in records
               if all(r.metadata.get(k) == v for k, v in wanted.items())
-              and (not states or "running" in states)
+              and (not states or _state(request, r) in states)
               and (not template or r.template == template)]
     return JSONResponse(listed)
 
@@ -165,8 +179,37 @@ async def set_timeout(sandbox_id: str, request: Request,
     return Response(status_code=204)
 
 
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+async def pause(sandbox_id: str, request: Request, client: str = Depends(e2b_client)) -> Response:
+    """Pause the sandbox now: its container frozen (no CPU), its kernel's state kept; 409
+    when it is paused already (the SDKs then answer False), 422 when nothing can be."""
+    sandboxes = _sandboxes(request)
+    record = sandboxes.get(client, sandbox_id)
+    if (await json_body(request)).get("memory") is False:  # mode="filesystem"
+        raise not_served("filesystem-only pause", "a pause keeps the sandbox's memory")
+    if sandboxes.paused(record):
+        raise Problem(409, "e2b-paused", "Already paused", f"sandbox '{sandbox_id}' is paused")
+    await sandboxes.pause(record)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+async def resume(sandbox_id: str, request: Request,
+                 client: str = Depends(e2b_client)) -> Response:
+    """Resume a paused sandbox (E2B's older call; the SDKs' ``connect`` resumes too)."""
+    sandboxes = _sandboxes(request)
+    record = sandboxes.get(client, sandbox_id)
+    timeout = _timeout(await json_body(request))
+    if not sandboxes.paused(record):
+        raise Problem(409, "e2b-running", "Not paused", f"sandbox '{sandbox_id}' is running")
+    await sandboxes.resume(record)
+    if timeout is not None and time.time() + timeout > sandboxes.expires_at(record):
+        await sandboxes.set_timeout(record, timeout)
+    return JSONResponse(_created(request, record), status_code=201)
+
+
 _NOT_SERVED = {
-    ("POST", "pause"): "pause", ("POST", "resume"): "resume", ("POST", "fork"): "fork",
+    ("POST", "fork"): "fork",
     ("POST", "snapshots"): "snapshots", ("POST", "refreshes"): "refreshes",
     ("GET", "metrics"): "sandbox metrics", ("GET", "logs"): "sandbox logs",
     ("PUT", "network"): "network updates",

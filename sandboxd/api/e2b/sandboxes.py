@@ -121,6 +121,42 @@ class Sandboxes:
                 self.service.sessions.retime(self.service.sessions.get(sid, record.client),
                                              timeout_s)
 
+    def paused(self, record: E2bSandbox) -> bool:
+        """Whether the sandbox's container is paused now (by E2B's pause, or idle)."""
+        return record.id in {sid for backend in self.service.backends.values()
+                             for sid in backend.paused_sessions()}
+
+    async def pause(self, record: E2bSandbox) -> None:
+        """E2B's pause: the session's container (and its contexts') paused now, by the
+        container backend's idle pause, audited (``session_paused``); else a 422 that says
+        why nothing could be."""
+        view = await self.service.pause_session(record.client, record.id, transport=TRANSPORT)
+        for sid in record.contexts:
+            with contextlib.suppress(SessionNotFound):
+                await self.service.pause_session(record.client, sid, transport=TRANSPORT)
+        if not view["paused_on"]:
+            raise Problem(422, "e2b-pause-refused", "Nothing to pause", self._why_not(record))
+
+    async def resume(self, record: E2bSandbox) -> None:
+        """E2B's resume (or a connect to a paused sandbox): its containers thawed, audited
+        (``session_resumed``); the kernels' state is as the pause left it."""
+        for sid in (record.id, *record.contexts):
+            with contextlib.suppress(SessionNotFound):
+                await self.service.resume_session(record.client, sid, transport=TRANSPORT)
+
+    def _why_not(self, record: E2bSandbox) -> str:
+        tool = "python" if record.kind == "python" else "shell"
+        backends = {s.backend for s in self.service.tools(record.client) if s.name == tool}
+        backend = next(iter(backends), None)
+        if backend is not None and backend != "container":
+            return (f"sandbox '{record.id}' runs its calls on the {backend} backend, which "
+                    "has no container to pause (its kernel is a confined worker process, "
+                    "blocked between calls, that sandboxd does not freeze): pause serves "
+                    "sandboxes whose tools run on the container backend")
+        return (f"sandbox '{record.id}' has no container to pause now: none was started yet "
+                "(its first call starts one), or a call is running in it (pause it once "
+                "the call has ended)")
+
     async def kill(self, record: E2bSandbox) -> None:
         """End the sandbox: its background commands, its contexts' sessions, its session."""
         for job in list(record.background.values()):

@@ -450,6 +450,14 @@ class ContainerBackend(Backend):
         """End the session's kernel (the runner kills it; container and files are kept)."""
         return await self.sessions.restart_kernel(session_id)
 
+    async def pause_session(self, session_id: str) -> bool:
+        """Pause the session's container now, as idle pausing does (thawed at its next call)."""
+        return await self.sessions.pause_session(session_id)
+
+    async def resume_session(self, session_id: str) -> bool:
+        """Thaw the session's paused container (its kernel's state intact)."""
+        return await self.sessions.resume_session(session_id)
+
     # ------------------------------------------------------------ readiness
 
     async def probe(self) -> ProbeReport:

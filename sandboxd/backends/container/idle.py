@@ -13,8 +13,10 @@ starts while a pause is in flight waits for it, then thaws. So no container is e
 while a call runs in it. Every engine call runs in the backend's thread pool, never on the
 event loop. A pause that fails is logged and the container stays as the engine says; a thaw
 that fails raises :class:`ThawFailed` (the session drops that container: its next call gets a
-fresh one). Pauses and thaws are logged, not audited: the audit log records what clients and
-admins do, and the backend has no audit handle.
+fresh one). Idle pauses and thaws are logged, not audited: the audit log records what clients
+and admins do, and the backend has no audit handle. A client's own pause (E2B's
+``Sandbox.pause()``) is this same pause, asked for now (:meth:`Idle.pause` with ``now``): the
+service audits it.
 """
 
 from __future__ import annotations
@@ -100,14 +102,20 @@ class Idle:
 
     def _idle(self, key: SessionKey, box: Box) -> bool:
         since = self._since.setdefault(key, time.monotonic())
+        return self._pausable(key, box) and time.monotonic() - since >= self.after_s
+
+    def _pausable(self, key: SessionKey, box: Box) -> bool:
         return (not box.dead and not box.paused and box.cid is not None
-                and not self._busy.get(key) and time.monotonic() - since >= self.after_s)
+                and not self._busy.get(key))
 
     async def pause(self, key: SessionKey, box: Box,
-                    by_key: Mapping[SessionKey, Box]) -> bool:
-        """Pause one session container if it is still idle (checked under its lock)."""
+                    by_key: Mapping[SessionKey, Box], *, now: bool = False) -> bool:
+        """Pause one session container if it is still idle (checked under its lock);
+        ``now``: asked for by the session's client, so however short its idle spell, but
+        never while a call is counted."""
         async with box.freeze:
-            if not self._idle(key, box) or by_key.get(key) is not box or box.cid is None:
+            ready = self._pausable(key, box) if now else self._idle(key, box)
+            if not ready or by_key.get(key) is not box or box.cid is None:
                 return False
             try:
                 await self.boxes.engine(engine.pause, self.boxes.client, box.cid)
@@ -121,8 +129,8 @@ class Idle:
                             key[1], box.name, exc)
                 return False
             box.paused = True
-        log.info("session %s: container %s paused (no call for %g s)", key[1], box.name,
-                 self.after_s)
+        log.info("session %s: container %s paused (%s)", key[1], box.name,
+                 "asked for" if now else f"no call for {self.after_s:g} s")
         return True
 
     async def thaw(self, key: SessionKey, box: Box) -> None:

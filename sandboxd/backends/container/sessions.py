@@ -327,6 +327,33 @@ class SessionContainers:
                 ended = await self._restart(key, box) or ended
         return ended
 
+    async def pause_session(self, session_id: str) -> bool:
+        """Pause the session's container(s) now, as an idle one is paused (never while a call
+        runs in it). True when one is paused after this (by it, or already)."""
+        paused = False
+        for key, box in list(self.by_key.items()):
+            if key[1] == session_id and not box.dead:
+                now = await self.idle.pause(key, box, self.by_key, now=True)
+                paused = paused or now or box.paused
+        return paused
+
+    async def resume_session(self, session_id: str) -> bool:
+        """Thaw the session's paused container(s), as its next call would; True when one was
+        thawed. One that cannot be is dropped (its next call gets a fresh one; its kernel is
+        lost) and :class:`ThawFailed` raised."""
+        thawed = False
+        for key, box in list(self.by_key.items()):
+            if key[1] != session_id or box.dead or not box.paused:
+                continue
+            with self.idle.using(key):
+                try:
+                    await self.idle.thaw(key, box)
+                except ThawFailed:
+                    await self.drop(key, box)
+                    raise
+            thawed = True
+        return thawed
+
     async def _restart(self, key: SessionKey, box: Box) -> bool:
         """End one session container's kernel (thawed first); True when one was ended."""
         try:
