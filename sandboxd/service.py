@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -44,6 +43,7 @@ from sandboxd.health.readiness import BackendProbes, Readiness
 from sandboxd.health.state import Health
 from sandboxd.host.uids import UidPool
 from sandboxd.invoke.drain import Drain
+from sandboxd.invoke.egress import wire_egress
 from sandboxd.invoke.execute import AdmittedCall, Execution, own_result
 from sandboxd.invoke.steps import finish, result_steps
 from sandboxd.models import (
@@ -58,7 +58,6 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import PolicyStore
-from sandboxd.policy.egress_checks import rules_for as egress_rules_for
 from sandboxd.policy.packages import where_refusal
 from sandboxd.protocol.plan import KERNEL_KINDS
 from sandboxd.receipts.sign import Receipts
@@ -173,11 +172,8 @@ class Sandboxd:
         )
         # kept containers are re-adopted while it serves
         await self.restarts.start_recovery(self.end_session)
-        for backend in self.backends.values():  # the egress proxy's records (sandboxd.egress)
-            proxy = getattr(getattr(backend, "boxes", None), "egress_proxy", None)
-            if proxy is not None:
-                proxy.sink = self._egress_record
-                self.policy_listeners.append(functools.partial(self._egress_reload, proxy))
+        wire_egress(self.backends.values(), self.policy, self.metrics, self._record,
+                    self.policy_listeners)  # the egress proxy's records and reloads
         self._tasks = [
             asyncio.create_task(self.policy.watch(), name="policy-watch"),
             asyncio.create_task(self.recorder.watch(), name="audit-watch"),
@@ -273,20 +269,6 @@ class Sandboxd:
         """Re-read the policies (SIGHUP). A broken set is refused: the previous policy stays,
         readiness says so; returns whether the new set took effect."""
         return self.policy.reload()
-
-    def _egress_reload(self, proxy: Any) -> None:
-        """A policy load took effect: every sandbox's egress follows it now (open
-        connections to what it no longer allows are cut)."""
-        for ident in list(proxy.identities):
-            proxy.update(ident, egress_rules_for(self.policy.policy_for(ident.client),
-                                                 ident.tool))
-
-    async def _egress_record(self, fields: dict[str, Any]) -> None:
-        """One egress connection attempt: its audit record and counters."""
-        self.metrics.egress.labels(fields["verdict"]).inc()
-        self.metrics.egress_bytes.labels("out").inc(fields["bytes_out"])
-        self.metrics.egress_bytes.labels("in").inc(fields["bytes_in"])
-        await self._record(event="egress", **fields)
 
     def audit_event(self, event: str, **fields: Any) -> None:
         """Write one audit record from a front door (start-up refusals, failed
