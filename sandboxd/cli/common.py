@@ -65,10 +65,16 @@ def settings_policies_dir(config: Path | None) -> Path | None:
 def offline_service(policies_dir: Path | None) -> Sandboxd:
     """A :class:`~sandboxd.service.Sandboxd` for questions about the policy alone: no
     backends, nothing opened (construction does no I/O; only the policy is loaded)."""
+    from sandboxd.capacity.defaults import MIN_UID_COUNT
     from sandboxd.config import Settings
     from sandboxd.service import Sandboxd
 
-    return Sandboxd(Settings.model_construct(policies_dir=policies_dir), backends={})
+    # the settings unvalidated (a question about the policy must not fail on the daemon's
+    # environment), so none is derived from the host: the caps that would be are given here,
+    # at their smallest (nothing runs)
+    settings = Settings.model_construct(policies_dir=policies_dir,
+                                        sandbox_uid_count=MIN_UID_COUNT, max_kernels=1)
+    return Sandboxd(settings, backends={})
 
 
 def _or_exit(load: Callable[[], object], exit_code: int) -> None:

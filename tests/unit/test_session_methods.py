@@ -34,6 +34,8 @@ def test_a_session_has_every_per_call_method_of_its_client(client: type, session
 #: the client's methods that take the session's id, and the session's method for each
 ON_THE_SESSION = {"get_session": "refresh", "restart_session": "restart",
                   "interrupt_session": "interrupt", "delete_session": "delete"}
+#: ... and those whose twin takes the rest of the client method's arguments
+WITH_ARGUMENTS = {"fork_session": "fork"}
 #: the client's methods that take a session's id to make a Session of it (no twin)
 MAKE_A_SESSION = {"attach"}
 
@@ -47,7 +49,14 @@ def test_a_session_has_every_method_of_its_client_on_a_session_id(client: type,
     needs its session twin here."""
     on_id = {name for name, fn in inspect.getmembers(client, callable)
              if not name.startswith("_") and "session_id" in inspect.signature(fn).parameters}
-    assert on_id == set(ON_THE_SESSION) | MAKE_A_SESSION, on_id
+    assert on_id == set(ON_THE_SESSION) | set(WITH_ARGUMENTS) | MAKE_A_SESSION, on_id
+    for name, twin in WITH_ARGUMENTS.items():
+        theirs = [p for p in inspect.signature(getattr(client, name)).parameters
+                  if p not in ("self", "session_id")]
+        ours = [p for p in inspect.signature(getattr(session, twin)).parameters if p != "self"]
+        assert ours == theirs, (twin, ours, theirs)
+        assert inspect.iscoroutinefunction(getattr(session, twin)) == \
+            inspect.iscoroutinefunction(getattr(client, name)), twin
     for name, twin in ON_THE_SESSION.items():
         assert hasattr(session, twin), f"{session.__name__} has no {twin}() (for {name})"
         ours = [p for p in inspect.signature(getattr(session, twin)).parameters if p != "self"]
