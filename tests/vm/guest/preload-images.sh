@@ -29,16 +29,22 @@ for name in images dockerfile-image; do
 done
 [ "$todo" = 1 ] || { start_docker; exit; }
 mkdir -p /run/sandboxd-preload
-dockerd --host "$SOCK" --pidfile /run/sandboxd-preload/dockerd.pid \
-  --exec-root /run/sandboxd-preload/exec --bridge none --iptables=false --ip6tables=false \
-  --ip-masq=false >> "$LOG" 2>&1 9>&- &  # the lock's fd stays here
-engine=$!
-t0=$(date +%s)
-until $DOCKER -H "$SOCK" version > /dev/null 2>&1; do
-  kill -0 $engine 2>/dev/null || { echo "the preload engine exited" >> "$LOG"; exit 1; }
-  [ $(( $(date +%s) - t0 )) -lt 300 ] || { echo "the preload engine did not answer" >> "$LOG"; break; }
-  sleep 0.5
-done
+# start the private engine; 1 when it exits before it answers (under emulation its containerd
+# can miss dockerd's start timeout: tried twice, then no preload, and the jobs load the images
+# through docker.service themselves, as when there is nothing to preload)
+engine_up() {
+  dockerd --host "$SOCK" --pidfile /run/sandboxd-preload/dockerd.pid \
+    --exec-root /run/sandboxd-preload/exec --bridge none --iptables=false --ip6tables=false \
+    --ip-masq=false >> "$LOG" 2>&1 9>&- &  # the lock's fd stays here
+  engine=$!
+  t0=$(date +%s)
+  until $DOCKER -H "$SOCK" version > /dev/null 2>&1; do
+    kill -0 $engine 2>/dev/null || { echo "the preload engine exited" >> "$LOG"; return 1; }
+    [ $(( $(date +%s) - t0 )) -lt 300 ] || { echo "the preload engine did not answer" >> "$LOG"; break; }
+    sleep 0.5
+  done
+}
+engine_up || engine_up || { echo "no preload: docker.service loads the images" >> "$LOG"; start_docker; exit; }
 for name in images dockerfile-image; do
   [ -f "$P/$name.tar" ] || continue
   t1=$(date +%s)
