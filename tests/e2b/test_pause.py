@@ -18,8 +18,9 @@ pytestmark = pytest.mark.docker
 
 def _paused(docker_client: Any, sandbox_id: str) -> bool:
     """Whether the engine says the sandbox's one container is paused (seen from outside)."""
-    boxes = [c for c in docker_client.containers.list(all=True)
-             if c.labels.get("sandboxd.session") == sandbox_id]
+    # filtered by the engine, and a container another test removes meanwhile skipped
+    boxes = docker_client.containers.list(all=True, ignore_removed=True,
+                                          filters={"label": f"sandboxd.session={sandbox_id}"})
     assert len(boxes) == 1, boxes
     boxes[0].reload()
     return bool(boxes[0].attrs["State"]["Paused"])

@@ -280,10 +280,12 @@ class Kernel:
         self.pipes, self.streams, self.ctl_w, self.rep_r = set(), {}, None, None
         self.proc_fd = None
 
-    def sweep(self) -> bool:
+    def sweep(self, wait_s: float = 1.0) -> bool:
         """Kill what the last call left in the kernel's process group (not the kernel);
-        True once nothing is left."""
-        for _ in range(2):
+        True once nothing is left. A killed process takes a moment to die (longer on a loaded
+        host): killed again and looked for until ``wait_s`` has passed."""
+        deadline = time.monotonic() + wait_s
+        while True:
             left = False
             for name in os.listdir("/proc"):
                 if not name.isdigit() or int(name) == self.pid:
@@ -297,8 +299,9 @@ class Kernel:
                         pass
             if not left:
                 return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.01)
-        return False
 
     def cpu_ticks(self) -> int:
         st = _proc_stat(self.pid) if self.pid else None
