@@ -42,12 +42,13 @@ class Background:
 
 
 def start(service: Sandboxd, client: str, session: str, pid: int, line: str,
-          config: dict[str, Any]) -> Background:
-    """Start ``line`` as a ``shell`` call of ``session``."""
+          envs: dict[str, str], config: dict[str, Any]) -> Background:
+    """Start ``line`` as a ``shell`` call of ``session``, its programs given ``envs``."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     started = asyncio.Event()
+    arguments: dict[str, Any] = {"command": line, **({"env": envs} if envs else {})}
     task = asyncio.create_task(service.invoke(
-        client, "shell", InvokeRequest(arguments={"command": line}, session=session),
+        client, "shell", InvokeRequest(arguments=arguments, session=session),
         transport=TRANSPORT, events=events.put_nowait, started=started))
     return Background(pid, line, config, task, events, started)
 

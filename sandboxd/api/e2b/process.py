@@ -21,6 +21,7 @@ from sandboxd.api.e2b.commands import Background
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
+from sandboxd.policy.environment import check_env
 from sandboxd.sessions.record import SessionNotFound
 
 router = APIRouter(include_in_schema=False)
@@ -67,17 +68,19 @@ async def start(request: Request) -> Response:
         config = message.get("process") or {}
         if message.get("pty"):
             raise connect.refuse("PTY")
-        if config.get("envs"):
-            raise connect.refuse("per-command environment variables (the policy's apply)")
+        try:  # the sandbox's variables, the command's own on top (E2B's order)
+            envs = {**record.envs, **check_env(config.get("envs"), "envs")}
+        except ValueError as exc:
+            raise connect.ConnectError("invalid_argument", str(exc)) from None
         if workspace_path(config.get("cwd") or HOME) != ".":
             raise connect.refuse(f"a command cwd other than {HOME} (the workspace)")
         line = command_line(config)
     except Exception as exc:
         return connect.stream_error(exc)
     pid = max([FIRST_PID - 1, *record.background]) + 1
-    job = commands.start(request.app.state.service, client, record.id, pid, line,
+    job = commands.start(request.app.state.service, client, record.id, pid, line, envs,
                          {"cmd": config.get("cmd") or "", "args": config.get("args") or [],
-                          "envs": {}, "cwd": HOME})
+                          "envs": envs, "cwd": HOME})
     await commands.begun(job)
     if job.task.done():
         try:
