@@ -1,12 +1,15 @@
 """envd's process service (Connect, JSON) onto :mod:`sandboxd.api.e2b.commands`: ``Start``
 (the SDK's ``commands.run``, foreground or background), ``List`` and ``SendSignal``
-(``commands.kill``). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell``
-tool as it is, checked by the policy (no shell runs it). ``Connect``, ``Update`` and stdin
-(``StreamInput``, ``SendInput``, ``CloseStdin``) are not served: a clear Connect error.
+(``commands.kill``) and ``Connect`` (``commands.connect``: a running command's further
+output). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell`` tool as it
+is, checked by the policy (no shell runs it); ``envs`` are the tool's ``env``. ``Update``
+and stdin (``StreamInput``, ``SendInput``, ``CloseStdin``) are not served: a clear Connect
+error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shlex
 from collections.abc import AsyncIterator
@@ -22,6 +25,7 @@ from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
 from sandboxd.policy.environment import check_env
+from sandboxd.results.streaming import StreamEvent
 from sandboxd.sessions.record import SessionNotFound
 
 router = APIRouter(include_in_schema=False)
@@ -92,15 +96,39 @@ async def start(request: Request) -> Response:
                                                              refusal(result)))
     record.background[pid] = job
     job.task.add_done_callback(lambda _: record.background.pop(pid, None))
-    return connect.stream_response(_events(job))
+    return connect.stream_response(_events(job, job.listeners[0]))
 
 
-async def _events(job: Background) -> AsyncIterator[bytes]:
-    yield connect.envelope({"event": {"start": {"pid": job.pid}}})
-    while (event := await commands.next_event(job)) is not None:
-        if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
-            data = base64.b64encode(event.data.encode()).decode()
-            yield connect.envelope({"event": {"data": {event.kind: data}}})
+@router.post(SERVICE + "Connect")
+async def connect_process(request: Request) -> Response:
+    """``commands.connect(pid)``: a stream of a running command's further output and its
+    end, as ``Start``'s (another client process may watch it the same way)."""
+    try:
+        _, record = await _record(request)
+        message = await connect.stream_request(request)
+        job = _running(record, (message.get("process") or {}).get("pid"))
+    except Exception as exc:
+        return connect.stream_error(exc)
+    return connect.stream_response(_events(job, job.listen()))
+
+
+def _running(record: E2bSandbox, pid: object) -> Background:
+    job = record.background.get(pid) if isinstance(pid, int) else None
+    if job is None or job.task.done():
+        raise connect.ConnectError("not_found", f"process {pid} not found")
+    return job
+
+
+async def _events(job: Background, events: asyncio.Queue[StreamEvent]
+                  ) -> AsyncIterator[bytes]:
+    try:
+        yield connect.envelope({"event": {"start": {"pid": job.pid}}})
+        while (event := await commands.next_event(job, events)) is not None:
+            if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
+                data = base64.b64encode(event.data.encode()).decode()
+                yield connect.envelope({"event": {"data": {event.kind: data}}})
+    finally:
+        job.leave(events)
     try:
         result = job.task.result()
     except BaseException as exc:
@@ -143,10 +171,7 @@ async def send_signal(request: Request) -> Response:
     try:
         _, record = await _record(request)
         message = await connect.unary_request(request)
-        pid = (message.get("process") or {}).get("pid")
-        job = record.background.get(pid) if isinstance(pid, int) else None
-        if job is None or job.task.done():
-            raise connect.ConnectError("not_found", f"process {pid} not found")
+        job = _running(record, (message.get("process") or {}).get("pid"))
     except Exception as exc:
         return connect.unary_error(exc)
     await job.stop()
