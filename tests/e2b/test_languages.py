@@ -46,9 +46,9 @@ def test_an_unknown_language_names_it_and_those_served(e2b_env: E2bDaemon) -> No
     from e2b_code_interpreter import Sandbox
 
     with Sandbox.create() as sbx:
-        with pytest.raises(SandboxException, match="'cobol'.*bash, python"):
+        with pytest.raises(SandboxException, match=r"'cobol'.*bash, python"):
             sbx.run_code("DISPLAY 'HI'", language="cobol")
-        with pytest.raises(SandboxException, match="'cobol'.*bash, python"):
+        with pytest.raises(SandboxException, match=r"'cobol'.*bash, python"):
             sbx.create_code_context(language="cobol")
 
 

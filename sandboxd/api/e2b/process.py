@@ -72,6 +72,8 @@ async def start(request: Request) -> Response:
         config = message.get("process") or {}
         if message.get("pty"):
             raise connect.refuse("PTY")
+        if message.get("stdin"):  # a command's stdin is /dev/null: say so, not at send_stdin
+            raise connect.refuse("stdin (commands.run(stdin=True), send_stdin, close_stdin)")
         try:  # the sandbox's variables, the command's own on top (E2B's order)
             envs = {**record.envs, **check_env(config.get("envs"), "envs")}
         except ValueError as exc:
