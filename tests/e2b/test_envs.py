@@ -37,6 +37,20 @@ def test_sandbox_envs_reach_commands_and_code_and_a_calls_own_override(
         assert "".join(bash.logs.stdout) == "sandbox foo/bar\n", bash
 
 
+def test_a_cell_that_changes_a_sandbox_variable_keeps_its_change(e2b_env: E2bDaemon) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    with Sandbox.create(envs={"FOO": "sandbox foo"}) as sbx:
+        sbx.run_code("import os\nos.environ['FOO'] = 'changed'")
+        assert sbx.run_code(ENVIRON.format("FOO")).text == "'changed'"
+        sbx.run_code("export FOO=changed-too", language="bash")
+        again = sbx.run_code("echo \"$FOO\"", language="bash")
+        assert "".join(again.logs.stdout) == "changed-too\n"
+        # a restarted kernel starts with the sandbox's variables again
+        sbx.restart_code_context(sbx.sandbox_id)  # the default context: the sandbox's
+        assert sbx.run_code(ENVIRON.format("FOO")).text == "'sandbox foo'"
+
+
 def test_envs_are_kept_across_pause_and_connect(e2b_env: E2bDaemon) -> None:
     from e2b_code_interpreter import Sandbox
 

@@ -96,8 +96,8 @@ async def execute(request: Request, client: str = Depends(e2b_client)) -> Respon
     started = asyncio.Event()
     packages = pip_install(body["code"]) if name == "python" else None
     tool, arguments = (("install_packages", {"packages": packages}) if packages
-                       else (lang.tool, {"code": _cell(record, session, name, body["code"],
-                                                       envs)}))
+                       else (lang.tool, {"code": _cell(service, record, session, name,
+                                                       body["code"], envs)}))
     call = asyncio.create_task(service.invoke(
         client, tool, InvokeRequest(arguments=arguments, session=session),
         transport=TRANSPORT, events=queue.put_nowait, started=started))
@@ -155,16 +155,22 @@ def _checked(envs: Any, what: str) -> dict[str, str]:
         raise Problem(400, "e2b-envs", "Environment refused", str(exc)) from None
 
 
-def _cell(record: E2bSandbox, session: str, language: str, code: str,
+def _cell(service: Sandboxd, record: E2bSandbox, session: str, language: str, code: str,
           envs: dict[str, str]) -> str:
     """The cell's code, preceded by what sets the sandbox's and the cell's variables (and
-    unsets the previous cell's own), :mod:`~sandboxd.api.e2b.languages`."""
+    unsets the previous cell's own), :mod:`~sandboxd.api.e2b.languages`. Not on the
+    restricted backend: its Python cannot import ``os``, so no cell there can read them."""
+    tool = languages.LANGUAGES[language].tool
+    if (not record.envs and not envs and not record.cell_envs) or any(
+            s.backend == "restricted" for s in service.policy.tools_for(record.client)
+            if s.name == tool):
+        return code
     key = f"{session}/{language}"
     previous = record.cell_envs.pop(key, [])
     if envs:
         record.cell_envs[key] = sorted(envs)
-    return languages.with_envs(languages.LANGUAGES[language], code,
-                               {**record.envs, **envs}, previous)
+    return languages.with_envs(languages.LANGUAGES[language], code, record.envs, envs,
+                               previous)
 
 
 def _line(data: dict[str, Any]) -> bytes:
