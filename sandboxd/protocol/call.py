@@ -115,6 +115,7 @@ class WorkerRequest:
     interrupt_grace_s: float = 0.0
     resume_key: str = ""  # hex: the next daemon's one-time key (a ``suspend`` request)
     programs: tuple[str, ...] = ()  # a bash call: the only programs its kernel may execute
+    stdin: bool = False  # a plan: its stdin is a pipe the daemon feeds (frames i, c), not /dev/null
 
     def __post_init__(self) -> None:
         for name in ("imports_allow", "imports_deny", "programs"):
@@ -145,6 +146,8 @@ class WorkerRequest:
                    env=dict(self.env), programs=list(self.programs))
         if not self.programs:  # a bash call's only: a runner built before them reads the rest
             del out["programs"]
+        if not self.stdin:  # likewise
+            del out["stdin"]
         return out
 
     @classmethod
@@ -212,6 +215,7 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "interrupt_grace_s": _seconds,
     "resume_key": lambda v, w: _hex(v, w, MAX_KEY_HEX),
     "programs": _names,
+    "stdin": _bool,
 }
 _REQUEST_KEYS = tuple(f.name for f in fields(WorkerRequest))
 assert set(_REQUEST_DECODERS) == set(_REQUEST_KEYS) - {"kind"}
