@@ -38,6 +38,8 @@ from sandboxd.results.streaming import EventSink, TextRelay, emit
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
+#: the most bytes one read of a snapshot's channel takes (its state can be large)
+STATE_READ_BYTES = 1 << 20
 #: how often a worker may flush each stream by itself (OutputStream.FLUSH_SECONDS = 0.02)
 FLUSHES_PER_SECOND = 50
 
@@ -90,6 +92,8 @@ class FrameReader:
             sizes[b"s"] = (0, state_bytes)
             total += HEADER.size + state_bytes
         self.decoder = Decoder(sizes, max_frames=frames, max_bytes=total)
+        #: bytes per read: a snapshot's large state in fewer wake-ups (still bounded work)
+        self.read_bytes = STATE_READ_BYTES if state_bytes else READ_BYTES
         #: a snapshot's state, as opaque bytes (the daemon never unpickles it)
         self.state: bytes | None = None
         self.stdout = bytearray()
@@ -114,7 +118,7 @@ class FrameReader:
     def _on_readable(self) -> None:
         """One bounded read per callback; the loop serves others before the next one."""
         try:
-            chunk = os.read(self.fd, READ_BYTES)
+            chunk = os.read(self.fd, self.read_bytes)
         except BlockingIOError:
             return
         except OSError:

@@ -264,8 +264,10 @@ def snapshot_state(namespace: dict[str, Any], msg: WorkerRequest, wfd: int) -> W
     if blob is not None:
         STATE.emitting = True
         try:  # header, then the bytes as they are: no second copy of a large state
-            write_all(wfd, wire.HEADER.pack(b"s", 0, len(blob)))
-            write_all(wfd, blob)
+            write_all(wfd, wire.HEADER.pack(b"s", 0, blob.size))
+            for part in blob.parts:
+                write_all(wfd, part)
+            del blob
         finally:
             STATE.emitting = False
     return WorkerReport(outcome="ok", not_carried=not_carried or None, error=error)

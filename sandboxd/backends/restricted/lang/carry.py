@@ -65,20 +65,37 @@ class TooLarge(Exception):
 
 
 class _Bounded(io.RawIOBase):
-    """A write-only buffer that refuses to grow past ``limit`` bytes."""
+    """A write-only sink that refuses to grow past ``limit`` bytes. It keeps what pickle
+    writes as it is (a large value's payload is a view of the value itself: not copied, it
+    is written out from there once the pickling is done, before any user code runs again)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.buf = bytearray()
+        self.size = 0
+        self.parts: list[Any] = []
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        if len(self.buf) + len(data) > self.limit:
+        n = memoryview(data).nbytes
+        if self.size + n > self.limit:
             raise TooLarge(f"the pickled state is larger than {self.limit} bytes")
-        self.buf += data
-        return len(data)
+        # small writes are pickle's own frame buffers, reused by it: those are copied
+        self.parts.append(data if n >= 1 << 16 else bytes(data))
+        self.size += n
+        return n
+
+
+class Pickled:
+    """A pickled state: its parts in order (see :class:`_Bounded`) and its size."""
+
+    def __init__(self, parts: list[Any], size: int) -> None:
+        self.parts = parts
+        self.size = size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
 
 
 def user_names(namespace: dict[str, Any]) -> list[str]:
@@ -156,14 +173,15 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MAX_WHY]
 
 
-def _dump(obj: Any, namespace: dict[str, Any], exposed: dict[int, Any], limit: int) -> bytes:
+def _dump(obj: Any, namespace: dict[str, Any], exposed: dict[int, Any],
+          limit: int) -> Pickled:
     sink = _Bounded(limit)
     _Pickler(sink, namespace, exposed).dump(obj)
-    return bytes(sink.buf)
+    return Pickled(sink.parts, sink.size)
 
 
 def snapshot(namespace: dict[str, Any], hook: ImportHook,
-             limit: int) -> tuple[bytes | None, dict[str, str], str | None]:
+             limit: int) -> tuple[Pickled | None, dict[str, str], str | None]:
     """``(blob, not_carried, error)``: the pickled user names of ``namespace`` (``None`` and
     ``error`` when nothing can be carried), and ``{name: why}`` for those left out."""
     exposed = _exposed(hook)
