@@ -1,8 +1,8 @@
 """Forking a session through the real daemon and the restricted backend: forks get a copy of
-the parent's files (and its live Python state: tests/api/test_fork_state.py), each in a sandbox of its
-own (own uid and files), diverge independently, count against the client's sessions (all or
-none) and are audited. Their isolation from each other and from the parent at the process
-layer is tests/security/test_fork_isolation.py's."""
+the parent's files (and its live Python state: tests/api/test_fork_state.py), each in a
+sandbox of its own (own uid and files), diverge independently, count against the client's
+sessions (all or none) and are audited. Their isolation from each other and from the parent
+at the process layer is tests/security/test_fork_isolation.py's."""
 
 from __future__ import annotations
 

@@ -83,10 +83,9 @@ async def _answer(pool: KernelPool, sid: str, k: SessionKernel, reader: FrameRea
                   deadline: float) -> KernelState:
     """Wait for the snapshot's end; keep the kernel only when it came back parked."""
     finished, _ = await within(k.wake.wait(), deadline - time.monotonic())
-    if not finished or not reader.done.is_set():
-        if not await pool._interrupt(k, reader):
-            await pool._stop(sid, k, "its snapshot ran out of time")
-            return _lost("the state was not pickled in time")
+    if (not finished or not reader.done.is_set()) and not await pool._interrupt(k, reader):
+        await pool._stop(sid, k, "its snapshot ran out of time")
+        return _lost("the state was not pickled in time")
     report = reader.report
     if reader.violation is not None or reader.overflow or report is None or k.ended:
         why = reader.violation or ("it wrote more than its output limit" if reader.overflow

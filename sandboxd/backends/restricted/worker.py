@@ -291,7 +291,7 @@ def restore_state(namespace: dict[str, Any], state: bytes, msg: WorkerRequest,
         hook, WorkspaceOpener(workspace, spec.max_file_bytes), stdout))
     try:
         carry.restore(namespace, state, hook)
-    except BaseException as exc:  # noqa: BLE001 - whatever the state did, the call says it
+    except BaseException as exc:
         return (f"the session state forked from its parent could not be restored "
                 f"({type(exc).__name__}: {str(exc)[:300]}); this kernel starts empty")[:4096]
     finally:

@@ -27,6 +27,7 @@ boundary for the rest.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import sys
@@ -42,8 +43,8 @@ from sandboxd.backends.restricted.lang.allowlist import (
     SAFE_EXCEPTIONS,
 )
 from sandboxd.backends.restricted.lang.guards import user_classes
-from sandboxd.backends.restricted.lang.modules import ImportHook, make_proxy
 from sandboxd.backends.restricted.lang.module_allowlist import MODULES
+from sandboxd.backends.restricted.lang.modules import ImportHook, make_proxy
 from sandboxd.backends.restricted.lang.proxy import ModuleProxy
 
 #: the longest reason a name is not carried for (the report bounds it again)
@@ -131,12 +132,12 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         self.namespace = namespace
         self.exposed = exposed
 
-    def persistent_id(self, obj: Any) -> Any:  # noqa: D102 - pickle's hook
+    def persistent_id(self, obj: Any) -> Any:
         if obj is self.namespace:
             return "ns"
         if isinstance(obj, ModuleProxy):
             return ("module", obj.__dict__["__name__"])
-        if type(obj) is type or isinstance(obj, type) and type(obj) in ALLOWED_METACLASSES:
+        if type(obj) is type or (isinstance(obj, type) and type(obj) in ALLOWED_METACLASSES):
             for name, host in _HOST_TYPES.items():
                 if obj is host:
                     return ("type", name)
@@ -235,7 +236,7 @@ class _Unpickler(pickle.Unpickler):
                     "_builtin_type": self._builtin_type}
         self.own = {n: replaced.get(n) or getattr(_cp, n) for n in RECONSTRUCTORS}
 
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
+    def persistent_load(self, pid: Any) -> Any:
         if pid == "ns":
             return self.namespace
         if type(pid) is tuple and len(pid) == 2 and pid[0] == "module" and type(pid[1]) is str:
@@ -248,7 +249,7 @@ class _Unpickler(pickle.Unpickler):
             return _HOST_TYPES[pid[1]]
         raise pickle.UnpicklingError("an unknown reference in the state")
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle's hook
+    def find_class(self, module: str, name: str) -> Any:
         if module == "cloudpickle.cloudpickle" and name in self.own:
             return self.own[name]
         host = sys.modules.get(module)  # never imports anything
@@ -277,10 +278,8 @@ class _Unpickler(pickle.Unpickler):
         slotstate.pop("_cloudpickle_submodules", None)
         if closure is not None:
             for cell, new in zip(func.__closure__ or (), closure, strict=False):
-                try:
+                with contextlib.suppress(ValueError):  # an empty cell stays empty
                     cell.cell_contents = new.cell_contents
-                except ValueError:  # an empty cell stays empty
-                    pass
         for key in ("__name__", "__qualname__", "__annotations__", "__kwdefaults__",
                     "__defaults__", "__module__", "__doc__"):
             if key in slotstate:
