@@ -7,6 +7,7 @@ unpickler, in process: the daemon only relays these bytes, so no API can send cr
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from typing import Any
@@ -17,7 +18,9 @@ import pytest
 from sandboxd.backends.restricted import lang
 from sandboxd.backends.restricted.lang import carry
 from sandboxd.backends.restricted.lang.files import WorkspaceOpener
+from sandboxd.backends.restricted.frames import REPORT_SLACK
 from sandboxd.backends.restricted.lang.modules import ImportHook
+from sandboxd.protocol.call import WorkerReport
 
 
 def _run(code: str, namespace: dict[str, Any], tmp: str) -> dict[str, Any]:
@@ -80,3 +83,19 @@ def test_restored_functions_use_the_sandbox_builtins_and_the_forks_globals(
     assert report["value"] == [9, "WorkspaceOpener", 2], report
     assert fork["f"].__builtins__ is fork["__builtins__"]
     assert "eval" not in fork["__builtins__"]
+
+
+def test_a_namespace_of_many_uncarriable_names_keeps_its_report_bounded(tmp_path: Any) -> None:
+    """Thousands of generators (long names too) are reported within the report's bounds:
+    the kernel never breaks its protocol, which would cost the parent its kernel."""
+    parent: dict[str, Any] = {}
+    code = f"for i in range(5000):\n    pass\n{'g' * 300} = (i for i in [])\n" + "".join(
+        f"gen{i} = (i for i in [])\n" for i in range(5000))
+    assert _run(code, parent, str(tmp_path))["outcome"] == "ok"
+    blob, not_carried, error = carry.snapshot(parent, ImportHook(["math"], []), 1 << 20)
+    assert blob is not None and error is None and len(not_carried) == 5001
+    shown = carry.reported(not_carried)
+    report = WorkerReport(outcome="ok", not_carried=shown)
+    assert WorkerReport.from_wire(report.to_wire()) == report
+    assert len(shown) == carry.MAX_REPORTED + 1 and "4745 more" in shown["..."]
+    assert len(json.dumps(report.to_wire())) < REPORT_SLACK

@@ -270,7 +270,8 @@ def snapshot_state(namespace: dict[str, Any], msg: WorkerRequest, wfd: int) -> W
             del blob
         finally:
             STATE.emitting = False
-    return WorkerReport(outcome="ok", not_carried=not_carried or None, error=error)
+    return WorkerReport(outcome="ok", not_carried=carry.reported(not_carried) or None,
+                        error=error)
 
 
 def restore_state(namespace: dict[str, Any], state: bytes, msg: WorkerRequest,

@@ -49,6 +49,11 @@ from sandboxd.backends.restricted.lang.proxy import ModuleProxy
 
 #: the longest reason a name is not carried for (the report bounds it again)
 MAX_WHY = 200
+#: the names left out a report lists (beyond: one entry says how many more), and the
+#: longest name it shows: a report stays far within its bounds (protocol.call) whatever the
+#: namespace holds, so that a namespace never makes the kernel break its protocol
+MAX_REPORTED = 256
+MAX_NAME = 200
 _METAS: tuple[type, ...] = tuple(sorted(ALLOWED_METACLASSES, key=lambda m: m.__qualname__))
 #: cloudpickle's reconstructors a pickle of user state names (:class:`_Unpickler` admits
 #: these only, those touching globals, builtins or metaclasses replaced by its own)
@@ -172,6 +177,14 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
 def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MAX_WHY]
+
+
+def reported(not_carried: dict[str, str]) -> dict[str, str]:
+    """``not_carried`` as a report lists it (see :data:`MAX_REPORTED`)."""
+    shown = {name[:MAX_NAME]: why for name, why in list(not_carried.items())[:MAX_REPORTED]}
+    if len(not_carried) > MAX_REPORTED:
+        shown["..."] = f"and {len(not_carried) - MAX_REPORTED} more names not carried"
+    return shown
 
 
 def _dump(obj: Any, namespace: dict[str, Any], exposed: dict[int, Any],
