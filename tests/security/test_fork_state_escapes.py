@@ -16,9 +16,9 @@ import cloudpickle
 import pytest
 
 from sandboxd.backends.restricted import lang
+from sandboxd.backends.restricted.frames import REPORT_SLACK
 from sandboxd.backends.restricted.lang import carry
 from sandboxd.backends.restricted.lang.files import WorkspaceOpener
-from sandboxd.backends.restricted.frames import REPORT_SLACK
 from sandboxd.backends.restricted.lang.modules import ImportHook
 from sandboxd.protocol.call import WorkerReport
 
