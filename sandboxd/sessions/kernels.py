@@ -104,8 +104,9 @@ class KernelCap:
             return self._reserved.reserve(key, cap)
         except CapReached:
             raise KernelLimitReached(
-                f"this call needs a new Python interpreter for session '{session_id}', but "
-                f"the host already runs {len(live)} session interpreters, its limit "
+                f"this call needs a new session kernel ({kernel}) for session "
+                f"'{session_id}', but the host already runs {len(live)} session kernels "
+                "(a session's python and bash kernels count one each), its limit "
                 f"(max_kernels = {self.limit}); retry later, delete sessions that are no "
                 "longer needed, or run the code without a session") from None
 
