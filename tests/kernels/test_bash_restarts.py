@@ -7,6 +7,7 @@ daemons (stopped with SIGTERM and SIGKILL) and a real Docker engine."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -119,5 +120,35 @@ def test_a_restart_keeps_a_bash_kernel_or_says_why_it_is_gone(
     for sid in (kept, stopped):
         assert third.client.delete(f"/v1/sessions/{sid}").status_code == 204
     assert third.stop() == 0
+    wait_until(lambda: not labelled(docker_client, instance), timeout=60,
+               what="every container of the instance removed")
+
+
+def test_a_kept_record_whose_lane_names_another_image_is_not_adopted(
+        docker_client: Any, tmp_path: Path, state: Path, instance: str,  # noqa: F811
+        daemons: list[RunningDaemon]) -> None:  # noqa: F811
+    """The kept record says which of the session's containers it is (its lane); one that
+    was changed while no daemon ran is not believed: the session ends, audited."""
+    env = {**daemon_env(instance), "SANDBOXD_SESSIONS_SURVIVE_RESTART": "true",
+           **uid_range_env()}
+    first = _start(tmp_path, state, env, daemons)
+    sid, _ = _session(first)
+    assert first.stop() == 0
+    records = sorted((state / "kept-containers").glob("*.json"))
+    lanes = [json.loads(p.read_text())["lane"] for p in records]
+    assert sorted(lane.split(" ")[1:] for lane in lanes) == [[], ["bash"]], lanes
+    for path in records:
+        record = json.loads(path.read_text())
+        if record["lane"].endswith(" bash"):
+            path.write_text(json.dumps({**record, "lane": "other/image bash"}))
+    second = _start(tmp_path, state, env, daemons)
+    wait_until(lambda: any(r.get("session") == sid
+                           for r in audit_records(second.audit_path, "session_expired")),
+               timeout=60, what="the session ended at its recovery")
+    (expired,) = [r for r in audit_records(second.audit_path, "session_expired")
+                  if r.get("session") == sid]
+    assert "its record does not match its session" in expired["reason"], expired
+    assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
+    assert second.stop() == 0
     wait_until(lambda: not labelled(docker_client, instance), timeout=60,
                what="every container of the instance removed")

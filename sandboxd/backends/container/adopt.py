@@ -17,8 +17,8 @@ daemon instance's container of that session, with the same name, image id, user 
 the workspace and runner directory bind-mounted. Then the daemon listens on the runner
 directory again and waits for the runner's hello with the key. A session's bash container is
 kept and re-adopted as its python one is (its lane in the record): its runner keeps its bash
-kernel, with its working directory, variables, functions and aliases. Whatever does not check out is
-removed and reported, so that the service ends its session; but a container that merely
+kernel, with its working directory, variables, functions and aliases. Whatever does not check
+out is removed and reported, so that the service ends its session; but a container that merely
 stopped (:data:`NOT_RUNNING`), whose image an upgrade rebuilt (:data:`IMAGE_REBUILT`) or
 whose runner did not come back in time (:data:`NOT_BACK`) leaves its session be, with its
 kernel lost.
@@ -191,7 +191,8 @@ def check(client: Engine, instance: str, rundir: Path, kept: Kept,
     if want is None:
         return "its session was not recovered"
     client_name, workspace, uid = want
-    if (kept.client, kept.workspace, kept.uid) != (client_name, workspace, uid):
+    if ((kept.client, kept.workspace, kept.uid) != (client_name, workspace, uid)
+            or (kept.lane is not None and kept.lane.split(" ")[0] != kept.image)):
         return "its record does not match its session"
     try:
         info = client.inspect_container(kept.cid)
