@@ -107,7 +107,7 @@ out""")
     assert body["status"] == "ok", (body.get("error"), body.get("stderr"), body.get("stdout"))
     code, log, value = body["value"]
     assert code == 0 and f"Successfully installed {PACKAGE}-1.0" in log, log
-    assert value == VALUE
+    assert value == VALUE, value
     paths = [r["path"] for r in lab.net.requests("api-tls")]
     assert f"/simple/{PACKAGE}/" in paths and f"/files/{wheel}" in paths, paths
     record = lab.wait_egress(host="index.test", port=tls, method="CONNECT")

@@ -197,8 +197,8 @@ def fake_internet(where: Path) -> Iterator[FakeNet]:
                      "rebind-bridge.test": "172.17.0.1",
                      "rebind-metadata.test": "169.254.169.254"})
     net._serve("api", ALLOWED_IP, net.http_port)
-    net._serve("api-tls", ALLOWED_IP, net.https_port, ["api.test", "other.test", "secret.test",
-                                                           "index.test"])
+    net._serve("api-tls", ALLOWED_IP, net.https_port,
+               ["api.test", "other.test", "secret.test", "index.test"])
     net._serve("forbidden", FORBIDDEN_IP, net.http_port)
     net._serve("forbidden-tls", FORBIDDEN_IP, net.https_port,
                ["forbidden.test", "forbidden-index.test"])
