@@ -107,6 +107,12 @@ class Backend(Protocol):
         """Give a fork's session the state its first call's fresh kernel restores (inside
         its own sandbox) before it runs. Backends that carry no state inherit this."""
 
+    def session_kernels(self) -> set[tuple[str, str]]:
+        """``(session id, language)`` of each live kernel on this backend now (a session may
+        have one per language: its python and its bash state are lost or kept each on its
+        own). Backends whose kernels are all Python inherit this."""
+        return {(sid, PYTHON) for sid in self.kernel_sessions()}
+
     def paused_sessions(self) -> set[str]:
         """Ids of the sessions whose sandbox this backend has paused now, idle (holding no CPU):
         ``GET /v1/sessions/{id}`` says ``paused``. Backends that never pause inherit this."""
@@ -130,6 +136,30 @@ class Backend(Protocol):
 
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""
+
+
+#: the language of the kernels whose name is their backend's alone (as before there were others)
+PYTHON = "python"
+
+
+def kernel_name(backend: str, language: str) -> str:
+    """The name of a session's ``language`` kernel on ``backend``, as the session's file and
+    its audit records list it: a python kernel is named by its backend (``container``), any
+    other by its backend and language (``container:bash``)."""
+    return backend if language == PYTHON else f"{backend}:{language}"
+
+
+def kernel_fields(name: str) -> dict[str, str]:
+    """A kernel's name (:func:`kernel_name`) as an audit record's fields: its ``backend``,
+    and its ``language`` when that is not python."""
+    backend, _, language = name.partition(":")
+    return {"backend": backend, "language": language} if language else {"backend": backend}
+
+
+def kernel_names(backends: Mapping[str, Backend], session_id: str) -> list[str]:
+    """Names (:func:`kernel_name`) of the session's live kernels on the ``backends``."""
+    return sorted(kernel_name(name, language) for name, backend in backends.items()
+                  for sid, language in backend.session_kernels() if sid == session_id)
 
 
 def kernel_backends(backends: Mapping[str, Backend], session_id: str) -> list[str]:
