@@ -25,7 +25,7 @@ from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.invoke.stdin import Stdin, StdinRefused
 from sandboxd.models import Result, Status
-from sandboxd.policy.environment import check_env
+from sandboxd.protocol.environment import check_env
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.sessions.record import SessionNotFound
 
