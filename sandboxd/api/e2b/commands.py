@@ -7,7 +7,7 @@ listed and killed by the pid it was given; killing it cancels its call, which th
 ends, cleans up and audits like any cancelled call. Each stream that watches it (the one
 that started it, and any that ``connect`` to its pid later) is a listener: every output
 event from then on reaches every listener. A command started with stdin is given a
-:class:`~sandboxd.invoke.stdin.Stdin` its caller writes to while it runs.
+:class:`~sandboxd.backends.stdin.Stdin` its caller writes to while it runs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandboxd.invoke.stdin import Stdin, feeding
+from sandboxd.backends.stdin import Stdin, feeding
 from sandboxd.models import InvokeRequest, Result
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd

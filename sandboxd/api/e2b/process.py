@@ -23,7 +23,7 @@ from sandboxd.api.e2b.access import e2b_client, sandbox_id
 from sandboxd.api.e2b.commands import Background
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
-from sandboxd.invoke.stdin import Stdin, StdinRefused
+from sandboxd.backends.stdin import Stdin, StdinRefused
 from sandboxd.models import Result, Status
 from sandboxd.protocol.environment import check_env
 from sandboxd.results.streaming import StreamEvent

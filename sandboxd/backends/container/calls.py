@@ -7,11 +7,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
+from sandboxd.backends import stdin as call_stdin
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
 from sandboxd.egress import sandbox as egress_sandbox
-from sandboxd.invoke import stdin as call_stdin
 from sandboxd.models import (
     LIMIT_MESSAGES,
     Cleanup,
@@ -137,7 +137,7 @@ def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Resul
         if command is None:
             return rejected(invocation, limits, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
-        # a caller that feeds its stdin (sandboxd.invoke.stdin): a pipe, not /dev/null
+        # a caller that feeds its stdin (sandboxd.backends.stdin): a pipe, not /dev/null
         return replace(base, kind="plan", plan=command,
                        stdin=call_stdin.requested() is not None)
     if invocation.plan.kind in KERNEL_KINDS:

@@ -38,8 +38,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxd.backends.stdin import Stdin
 from sandboxd.errors import SandboxdError
-from sandboxd.invoke.stdin import Stdin
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.display import DisplayCaps
