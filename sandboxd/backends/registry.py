@@ -42,7 +42,7 @@ class BackendEntry:
     #: ``"module:Model"``: a pydantic model of the backend's own settings, read from the
     #: ``backends.<name>`` section of the settings (config file: ``backends: {name: {...}}``;
     #: environment: ``SANDBOXD_BACKENDS`` as JSON) and checked when the settings load, so that
-    #: a backend with settings of its own needs no edit of ``sandboxd/config.py``
+    #: a backend with settings of its own needs no edit of ``sandboxd/config``
     section: str | None = None
     executes: bool = True  # runs code: built only when enabled, probed by the doctor
     startup_probe: bool = False  # the default backend: start-up refuses to serve unless its

@@ -14,7 +14,8 @@ import sandboxd
 
 ROOT = Path(sandboxd.__file__).parent
 #: the modules that would otherwise list backends (a new backend must touch none of them)
-CORE = ["backends/factory.py", "backends/base.py", "config.py", "health/readiness.py",
+CORE = ["backends/factory.py", "backends/base.py", "config/__init__.py", "config/files.py",
+        "health/readiness.py",
         "service.py", "api/app.py", "cli/doctor.py",
         *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "policy").glob("*.py")))]
 NAMES = ("restricted", "container", "workspace", "scripted")
