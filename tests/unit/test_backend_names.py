@@ -84,7 +84,7 @@ def test_every_setting_an_entry_names_exists() -> None:
     from sandboxd.config import Settings
 
     for entry in registry.entries():
-        named = {*entry.settings, *([entry.enabled_setting] if entry.enabled_setting else [])}
+        named = {*entry.reads(), *([entry.enabled_setting] if entry.enabled_setting else [])}
         assert named <= set(Settings.model_fields), (entry.name, named - set(Settings.model_fields))
         if entry.enabled_setting:
             assert Settings.model_fields[entry.enabled_setting].annotation is bool
