@@ -39,33 +39,11 @@ def check(
     The files (and the *.yaml/*.yml files of each directory) are checked as one policy set,
     as the daemon would load them together: names and client assignments must not clash.
     """
-    from sandboxd.policy import PolicyError, load_set
-    from sandboxd.policy.store import policy_files
-
-    groups: list[list[tuple[Path, str]]] = []
     problems: list[str] = []
-    for f in files:
-        if f.is_dir():
-            try:
-                found = policy_files(f)
-            except PolicyError as exc:
-                problems.extend(exc.problems)
-                continue
-            if not found:
-                problems.append(f"{f}: no policy files (*.yaml, *.yml) in this directory")
-            groups.append([(p, str(f / p.name)) for p in found])
-        else:
-            groups.append([(f, str(f))])
+    groups = _check_groups(files, problems)
     if not separately:
         groups = [[item for group in groups for item in group]]
-    loaded: list[LoadedPolicy] = []
-    for group in groups:
-        if not group:
-            continue
-        try:
-            loaded.extend(load_set(group).policies)
-        except PolicyError as exc:
-            problems.extend(exc.problems)
+    loaded = _check_load(groups, problems)
     from sandboxd.policy.engine import policy_warnings
     from sandboxd.policy.specs import enabled_tools
 
@@ -83,6 +61,44 @@ def check(
         typer.echo(f"{pol.source}: ok (policy '{pol.name}'; clients: "
                    f"{', '.join(pol.spec.clients)}; tools: "
                    f"{', '.join(enabled_tools(pol)) or 'none'})")
+
+
+def _check_groups(files: list[Path], problems: list[str]) -> list[list[tuple[Path, str]]]:
+    """The files to check, a group per argument (a directory's policy files together); a
+    directory that cannot be listed or holds none adds to ``problems``."""
+    from sandboxd.policy import PolicyError
+    from sandboxd.policy.store import policy_files
+
+    groups: list[list[tuple[Path, str]]] = []
+    for f in files:
+        if f.is_dir():
+            try:
+                found = policy_files(f)
+            except PolicyError as exc:
+                problems.extend(exc.problems)
+                continue
+            if not found:
+                problems.append(f"{f}: no policy files (*.yaml, *.yml) in this directory")
+            groups.append([(p, str(f / p.name)) for p in found])
+        else:
+            groups.append([(f, str(f))])
+    return groups
+
+
+def _check_load(groups: list[list[tuple[Path, str]]], problems: list[str]) -> list[LoadedPolicy]:
+    """Each group loaded as one policy set, as the daemon would; what fails adds to
+    ``problems``."""
+    from sandboxd.policy import PolicyError, load_set
+
+    loaded: list[LoadedPolicy] = []
+    for group in groups:
+        if not group:
+            continue
+        try:
+            loaded.extend(load_set(group).policies)
+        except PolicyError as exc:
+            problems.extend(exc.problems)
+    return loaded
 
 
 def _fmt_limits(limits: Limits) -> str:
