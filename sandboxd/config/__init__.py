@@ -22,6 +22,7 @@ from sandboxd.config.files import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
 from sandboxd.config.files import ConfigFileError as ConfigFileError
 from sandboxd.config.files import YamlFileSource
 from sandboxd.config.files import settings_problems as settings_problems
+from sandboxd.protocol.limits import FORK_STATE_BYTES
 
 #: a node id: lowercase letters, digits and inner hyphens, at most 32 characters (it is part of
 #: every session id, and a proxy routes by it: sandboxd.fleet)
@@ -177,6 +178,12 @@ class Settings(BaseSettings):
                     "at once, while the daemon serves): a runner that has not reconnected by "
                     "then loses its kernel; a call of a session being adopted waits for it")
     max_sessions_per_client: int = Field(default=16, ge=1)
+    fork_state_bytes: int = Field(
+        default=FORK_STATE_BYTES, ge=1, le=FORK_STATE_BYTES,
+        description="The most bytes a session kernel's pickled Python state may take to be "
+                    "carried to its forks (the daemon holds one copy per fork request until "
+                    "each fork's first call); a larger state is not carried, and the answer "
+                    "says so")
     mcp_max_sessions_per_client: int | None = Field(
         default=None, ge=1,
         description="Open MCP sessions one client may hold (None: max_sessions_per_client); "

@@ -47,6 +47,7 @@ from sandboxd.policy.shell import (
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.specs import enabled_tools, listing
+from sandboxd.protocol.environment import check_env
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import (
     ExecutionPlan,
@@ -338,6 +339,10 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
         return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
     if not parsed:
         return ctx.deny("tools.shell", "The command line is empty.")
+    try:
+        env = check_env(arguments.get("env"))
+    except ValueError as exc:
+        return ctx.deny("tools.shell", f"{exc}.")
     rules: list[str] = []
     pipelines: list[Pipeline] = []
     for pipe in parsed:
@@ -352,6 +357,11 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
             planned = _harden(cmd.argv, positions)
             if isinstance(planned, str):
                 return ctx.deny(rule, f"{planned[0].upper()}{planned[1:]}.")
+            if env and planned.env:  # as `env NAME=value git`: the hardening's environment
+                return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
+                                "not be changed here.")
+            if env:
+                planned = replace(planned, env=dict(env))
             redirects = [_redirect(ctx, r) for r in cmd.redirects]
             denied = next((r for r in redirects if isinstance(r, Decision)), None)
             if denied is not None:

@@ -53,6 +53,12 @@ SessionKey = tuple[str, str, str]  # (client, session, image; + BASH_KEY for bas
 BASH_KEY = " bash"
 
 
+def lane_language(lane: str) -> str:
+    """The language of the kernel a session container of ``lane`` (a key's third part) runs:
+    python, or the language its lane names after the image (no image name has a space)."""
+    return lane.rsplit(" ", 1)[1] if " " in lane else ToolKind.python.value
+
+
 def session_key(invocation: Invocation, image: str) -> SessionKey:
     """The key of the session container that runs ``invocation``."""
     lane = image + BASH_KEY if invocation.plan.kind is ToolKind.bash else image
@@ -90,6 +96,11 @@ class SessionContainers:
     def kernel_sessions(self) -> set[str]:
         """Sessions with a live kernel."""
         return {key[1] for key, box in self.by_key.items()
+                if box.kernel_calls and not box.dead}
+
+    def session_kernels(self) -> set[tuple[str, str]]:
+        """``(session, language)`` of each live kernel."""
+        return {(key[1], lane_language(key[2])) for key, box in self.by_key.items()
                 if box.kernel_calls and not box.dead}
 
     def paused_sessions(self) -> set[str]:
