@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sandboxd.errors import SandboxdError
@@ -36,6 +37,17 @@ class CancelledAfterCleanup(asyncio.CancelledError):
         self.cleanup = Cleanup(verified=verified, detail=detail)
         #: a session call's kernel as the cancel left it (kept when it was interrupted)
         self.kernel = kernel
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """A session kernel's state as its own sandbox pickled it for the session's forks: bytes
+    the daemon relays and never unpickles (``None``: nothing is carried, ``reason`` says
+    why), and the names left out with why."""
+
+    blob: bytes | None
+    not_carried: dict[str, str]
+    reason: str | None = None
 
 
 @runtime_checkable
@@ -83,6 +95,17 @@ class Backend(Protocol):
     def kernel_sessions(self) -> set[str]:
         """Ids of the sessions that have a live kernel on this backend now (the service caps
         their number host-wide: ``max_kernels``)."""
+
+    async def snapshot_kernel(self, session_id: str, limit: int,
+                              deadline: float) -> KernelState | None:
+        """The session's live kernel's state, pickled inside its sandbox (at most ``limit``
+        bytes), for its forks; ``None`` when this backend carries none (no live kernel, or
+        kernels it cannot carry). Backends without kernels inherit this."""
+        return None
+
+    def seed_kernel(self, session_id: str, state: bytes) -> None:
+        """Give a fork's session the state its first call's fresh kernel restores (inside
+        its own sandbox) before it runs. Backends that carry no state inherit this."""
 
     def session_kernels(self) -> set[tuple[str, str]]:
         """``(session id, language)`` of each live kernel on this backend now (a session may

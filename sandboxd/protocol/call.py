@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 from .display import MAX_VALUE_REPR, DisplayCaps
-from .limits import Limits
+from .limits import FORK_STATE_BYTES, Limits
 from .plan import MAX_NAMES, Plan, _choice, _int, _list, _obj, _text
 
 #: what a request asks: python code, bash code (always in a bash kernel), a command plan,
@@ -98,6 +98,11 @@ class WorkerRequest:
     imports_allow: tuple[str, ...] = ()
     imports_deny: tuple[str, ...] = ()
     kernel: bool = False
+    #: a session kernel's: pickle the namespace (at most ``state_bytes``) and run nothing
+    snapshot: bool = False
+    #: a fork's first call: this many bytes of its parent's pickled state follow the request
+    #: (restored in the fresh kernel before the call); a snapshot: the most it may write
+    state_bytes: int = 0
     # the restricted worker's
     workspace: str = ""
     uid: int | None = None
@@ -115,6 +120,7 @@ class WorkerRequest:
     interrupt_grace_s: float = 0.0
     resume_key: str = ""  # hex: the next daemon's one-time key (a ``suspend`` request)
     programs: tuple[str, ...] = ()  # a bash call: the only programs its kernel may execute
+    stdin: bool = False  # a plan: its stdin is a pipe the daemon feeds (frames i, c), not /dev/null
 
     def __post_init__(self) -> None:
         for name in ("imports_allow", "imports_deny", "programs"):
@@ -143,8 +149,11 @@ class WorkerRequest:
                    plan=None if self.plan is None else self.plan.to_wire(),
                    imports_allow=list(self.imports_allow), imports_deny=list(self.imports_deny),
                    env=dict(self.env), programs=list(self.programs))
-        if not self.programs:  # a bash call's only: a runner built before them reads the rest
-            del out["programs"]
+        for name in ("programs", "snapshot", "state_bytes", "stdin"):
+            # a bash call's, a restricted kernel's, a plan fed its stdin: a runner built
+            # before them reads the rest
+            if not out[name]:
+                del out[name]
         return out
 
     @classmethod
@@ -197,6 +206,8 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "imports_allow": _names,
     "imports_deny": _names,
     "kernel": _bool,
+    "snapshot": _bool,
+    "state_bytes": lambda v, w: _int(v, w, 0, FORK_STATE_BYTES),
     "workspace": _text,
     "uid": lambda v, w: _opt(v, w, _int, 0, MAX_UID),
     "cpu_seconds": lambda v, w: _int(v, w, 0, MAX_SECONDS),
@@ -212,6 +223,7 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "interrupt_grace_s": _seconds,
     "resume_key": lambda v, w: _hex(v, w, MAX_KEY_HEX),
     "programs": _names,
+    "stdin": _bool,
 }
 _REQUEST_KEYS = tuple(f.name for f in fields(WorkerRequest))
 assert set(_REQUEST_DECODERS) == set(_REQUEST_KEYS) - {"kind"}
@@ -256,6 +268,13 @@ def _probe(value: Any, what: str) -> dict[str, tuple[bool, str]]:
     return out
 
 
+def _reasons(value: Any, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or len(value) > MAX_NAMES:
+        raise ValueError(f"{what} must be an object of at most {MAX_NAMES} names")
+    return {_short(k, f"{what} key", MAX_PROBE_NAME * 4): _short(v, f"{what}[{k}]")
+            for k, v in value.items()}
+
+
 @dataclass(frozen=True)
 class WorkerReport:
     """How one call ended, as its sandbox reports it (both sandboxes; a member a sandbox does
@@ -293,6 +312,8 @@ class WorkerReport:
     kernel_interrupted: bool = False
     not_idle: str | None = None
     probe: dict[str, tuple[bool, str]] | None = None
+    #: a kernel's snapshot: the names it left out, with why
+    not_carried: dict[str, str] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready form: every member that differs from its default."""
@@ -349,6 +370,7 @@ _REPORT_DECODERS: dict[str, Any] = {
     "kernel_interrupted": _bool,
     "not_idle": lambda v, w: _opt(v, w, _short),
     "probe": lambda v, w: _opt(v, w, _probe),
+    "not_carried": lambda v, w: _opt(v, w, _reasons),
 }
 _REPORT_KEYS = tuple(f.name for f in fields(WorkerReport))
 assert set(_REPORT_DECODERS) == set(_REPORT_KEYS)

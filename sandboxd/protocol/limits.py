@@ -23,6 +23,10 @@ from typing import Any, Literal
 Unit = Literal["seconds", "bytes", "cpus", "count"]
 
 MIB = 1024 * 1024
+#: the most bytes a session kernel's pickled state may take to be carried to its forks (the
+#: kernel stops pickling past it; the daemon's reader and each fork's kernel refuse more):
+#: the daemon holds one copy per fork request, relayed to each fork's first call
+FORK_STATE_BYTES = 256 * MIB
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,13 @@ class LimitInfo:
 
 def _limit(default: float, info: LimitInfo) -> Any:
     return field(default=default, metadata={"limit": info})
+
+
+#: a command's standard input, fed while it runs (E2B's ``send_stdin``, each message within
+#: the daemon's ``max_body_bytes``): at most this many bytes over the command's life, sent in
+#: frames of at most ``wire.READ_BYTES``. The daemon refuses more; the runner never holds
+#: more for a command that does not read (in its container's memory).
+MAX_STDIN_BYTES = 4 * MIB
 
 
 @dataclass(frozen=True)

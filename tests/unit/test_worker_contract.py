@@ -42,7 +42,7 @@ REQUESTS = [
                   cpu_call=3),
     WorkerRequest(kind="plan", id="inv-1", plan=Plan.single(["ls", "-l"]),
                   env={"PATH": "/usr/bin", "HOME": "/workspace"}, cwd="/workspace",
-                  interrupt_grace_s=2.0),
+                  interrupt_grace_s=2.0, stdin=True),
     WorkerRequest.stop_kernel(),
     WorkerRequest.suspend(bytes(range(32))),
 ]
@@ -108,6 +108,7 @@ BAD_REQUESTS = [
     (_request(kind="bash", programs="ls"), "programs must be a list"),
     (_request(kind="bash", programs=[None]), "programs[0] must be a string"),
     (_request(kernel=1), "kernel must be true or false"),
+    (_request(stdin="yes"), "stdin must be true or false"),
     (_request(uid=-1), "uid must be a whole number from 0"),
     (_request(uid=2**32), "uid must be a whole number from 0"),
     (_request(uid=True), "uid must be a whole number"),
@@ -133,6 +134,9 @@ BAD_REQUESTS = [
     (_request(resume_key="DEADBEEF"), "resume_key must be lower-case hex"),
     (_request(resume_key=" 0"), "resume_key must be lower-case hex"),
     (_request(resume_key=12), "resume_key must be lower-case hex"),
+    (_request(snapshot=1), "snapshot must be true or false"),
+    (_request(state_bytes=call.FORK_STATE_BYTES + 1), "state_bytes must be a whole number"),
+    (_request(state_bytes=-1), "state_bytes must be a whole number"),
 ]
 
 
@@ -189,6 +193,9 @@ BAD_REPORTS = [
     ({"probe": {"seccomp": [1, "x"]}}, "the report's probe[seccomp] must be [true or false"),
     ({"probe": {"seccomp": [True]}}, "the report's probe[seccomp] must be [true or false"),
     ({"probe": {"seccomp": [True, "x" * 5000]}}, "the report's probe[seccomp] detail must"),
+    ({"not_carried": []}, "the report's not_carried must be an object of at most"),
+    ({"not_carried": {"x" * 300: "why"}}, "the report's not_carried key must be a string"),
+    ({"not_carried": {"gen": 1}}, "the report's not_carried[gen] must be a string"),
 ]
 
 
