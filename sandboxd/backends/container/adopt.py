@@ -46,7 +46,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.dockerapi import Engine, EngineError, NotFound
 from sandboxd.backends.container.runner import KEY_BYTES, Endpoint, RunnerLost
-from sandboxd.backends.container.sessions import BASH_KEY, SessionContainers
+from sandboxd.backends.container.sessions import SessionContainers, own_lane
 from sandboxd.util.deadline import within
 from sandboxd.workspaces import fstree
 
@@ -131,7 +131,7 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str],
         return  # a runner directory in /tmp would be gone for the next daemon
     chosen = [(key, box) for key, box in list(sessions.by_key.items())
               if key[1] in keep_ids and not box.dead and box.cid is not None
-              and not key[2].endswith(BASH_KEY)  # a bash kernel is not kept: it is ended
+              and not own_lane(key)  # a bash or node kernel is not kept: it is ended
               and box.endpoint.channel is not None and box.endpoint.ready]
     results = await asyncio.gather(*(_keep_one(boxes, sessions, key, box, kept)
                                      for key, box in chosen), return_exceptions=True)
