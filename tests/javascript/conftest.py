@@ -31,6 +31,7 @@ tools:
     modules: {deny: [os]}
   typescript:
     backend: container
+    modules: {allow: ["*", worker_threads]}
 """
 
 #: the grace an interrupted kernel gets (seconds; the daemon's kernel_interrupt_grace_s)

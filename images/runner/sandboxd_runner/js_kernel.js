@@ -330,8 +330,10 @@ function rewrite(src) {
       const lines = src.slice(node.start, node.end).split('\n').length - 1;
       edits.push([node.start, node.end, importText(node) + '\n'.repeat(lines)]);
     } else if (i === body.length - 1 && node.type === 'ExpressionStatement') {
-      edits.push([node.expression.start, node.expression.start, 'return (']);
-      edits.push([node.expression.end, node.expression.end, ')']);
+      // the statement, not its expression: that starts inside parentheses such as `({a})`
+      const end = src[node.end - 1] === ';' ? node.end - 1 : node.end;
+      edits.push([node.start, node.start, 'return (']);
+      edits.push([end, end, ')']);
     }
   }
   let text = src;
@@ -410,7 +412,10 @@ async function main() {
     const size = readExactly(4).readUInt32BE(0);
     const req = JSON.parse(readExactly(size).toString('utf8'));
     await new Promise((resolve) => setImmediate(resolve)); // a stale SIGINT lands here
+    // the loop stays alive while the call waits on a promise nothing else keeps pending
+    const alive = setInterval(() => {}, 2 ** 30);
     let outcome = await runCall(req);
+    clearInterval(alive);
     if (outcome.error instanceof ExitRequest) outcome = { exit: outcome.error.exitCode };
     state.current = null;
     for (const [handle, clear] of timers) clear(handle); // a call's timers end with it
