@@ -46,7 +46,8 @@ def test_state_persists_across_calls_and_languages(daemon: Daemon) -> None:
 @pytest.mark.parametrize(("code", "value"), [
     ("1 + 1", 2), ("'a' + 'b'", "ab"), ("[1, [2, null]]", [1, [2, None]]),
     ("({a: {b: true}})", {"a": {"b": True}}), ("new Map([[1, 2]])", "Map(1) { 1 => 2 }"),
-    ("undefined", None), ("let q = 1", None), ("NaN", "NaN"), ("(() => 1)", "[Function (anonymous)]")])
+    ("undefined", None), ("let q = 1", None), ("NaN", "NaN"),
+    ("(() => 1)", "[Function (anonymous)]")])
 def test_the_last_expression_is_the_value(daemon: Daemon, code: str, value: Any) -> None:
     res = daemon.call("javascript", code)  # one-shot: a fresh kernel of its own
     assert res["status"] == "ok", res
