@@ -16,6 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from sandboxd.errors import SandboxdError
 from sandboxd.models import ToolKind
+from sandboxd.policy.environment import MAX_VARS
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,11 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             "Run one command line in a sandbox (no shell: pipes, redirects and ';' are refused "
             "unless the policy allows them). Only allowlisted programs can run.",
             _object(
-                {"command": {"type": "string", "minLength": 1, "description": "Command line"}},
+                {"command": {"type": "string", "minLength": 1, "description": "Command line"},
+                 "env": {"type": "object", "additionalProperties": {"type": "string"},
+                         "maxProperties": MAX_VARS,
+                         "description": "Environment variables added for its programs "
+                                        "(PATH, LD_*, *_PROXY and the like are refused)"}},
                 ["command"],
             ),
             title="Run a command",

@@ -19,6 +19,7 @@ from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy import egress_checks
 from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.bash import decide_bash
+from sandboxd.policy.environment import check_env
 from sandboxd.policy.javascript import decide_javascript
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
@@ -343,6 +344,10 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
         return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
     if not parsed:
         return ctx.deny("tools.shell", "The command line is empty.")
+    try:
+        env = check_env(arguments.get("env"))
+    except ValueError as exc:
+        return ctx.deny("tools.shell", f"{exc}.")
     rules: list[str] = []
     pipelines: list[Pipeline] = []
     for pipe in parsed:
@@ -357,6 +362,11 @@ def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decis
             planned = _harden(cmd.argv, positions)
             if isinstance(planned, str):
                 return ctx.deny(rule, f"{planned[0].upper()}{planned[1:]}.")
+            if env and planned.env:  # as `env NAME=value git`: the hardening's environment
+                return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
+                                "not be changed here.")
+            if env:
+                planned = replace(planned, env=dict(env))
             redirects = [_redirect(ctx, r) for r in cmd.redirects]
             denied = next((r for r in redirects if isinstance(r, Decision)), None)
             if denied is not None:

@@ -68,7 +68,7 @@ def test_failed_authentications_are_limited_and_aggregated(tmp_path: Path) -> No
     tokens = tmp_path / "tokens.yaml"
     good = add_token(tokens, "alice")
     env = {"SANDBOXD_TOKENS_FILE": str(tokens), "SANDBOXD_AUTH_FAILURE_LIMIT": "5",
-           "SANDBOXD_AUTH_FAILURE_WINDOW_S": "60",
+           "SANDBOXD_AUTH_FAILURE_WINDOW_S": "3600",  # outlasts a loaded host
            "SANDBOXD_AUTH_FAILURE_AUDIT_INTERVAL_S": "3600"}  # only the shutdown flush
     bad = [f"sbx_{c * 43}" for c in "CDE"]
     with inprocess_daemon(tmp_path, env=env, token=good, script=answers(value=42)) as d:

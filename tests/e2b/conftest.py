@@ -37,8 +37,11 @@ tools:
   shell:
     backend: container
     commands:
-      allow: [echo, ls, cat, sleep, seq, "true", "false", mkdir, mv, rm, python3, pwd]
+      allow: [echo, ls, cat, sleep, seq, "true", "false", mkdir, mv, rm, python3, pwd,
+              printenv]
       deny: [curl, wget, sh, bash, env]
+  # run_code(language="bash"): the session's bash kernel, running what shell allows
+  bash: {backend: container}
   read_file: {paths: {allow: ["**"]}, max_bytes: 4Mi}
   write_file: {paths: {allow: ["**"]}, max_bytes: 4Mi}
   list_files: {paths: {allow: ["**"]}}

@@ -64,3 +64,12 @@ def test_files_write_read_list_exists_make_dir_rename_remove(e2b_env: E2bDaemon)
         assert not sbx.files.exists("/home/user/reports")
         # the shell sees the same workspace
         assert sbx.commands.run("cat data.bin").exit_code == 0
+
+
+def test_a_command_with_stdin_is_refused_naming_it(e2b_env: E2bDaemon) -> None:
+    from e2b import Sandbox
+    from e2b.exceptions import SandboxException
+
+    with Sandbox.create(template="base") as sbx, pytest.raises(SandboxException,
+                                                              match="stdin"):
+        sbx.commands.run("cat", background=True, stdin=True)

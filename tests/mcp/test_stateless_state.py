@@ -118,13 +118,24 @@ async def test_the_handshake_era_lists_no_handle(inproc_mcp_daemon: McpDaemon) -
                        if c.type == "text"), result
 
 
-@pytest.fixture
-def small_caps(tmp_path: Path) -> Iterator[McpDaemon]:
-    """The daemon's app in process: two minted sessions per client, a 2 s session TTL."""
+def _capped(tmp_path: Path, ttl_s: int) -> Iterator[McpDaemon]:
     policies, tokens, env = _mcp_setup(tmp_path)
-    env |= {"SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": "2", "SANDBOXD_SESSION_TTL_S": "2"}
+    env |= {"SANDBOXD_MCP_MAX_SESSIONS_PER_CLIENT": "2", "SANDBOXD_SESSION_TTL_S": str(ttl_s)}
     with inprocess_daemon(tmp_path, policies_dir=policies, env=env, token=tokens["alice"]) as d:
         yield McpDaemon(d, tokens, policies, tmp_path)
+
+
+@pytest.fixture
+def small_caps(tmp_path: Path) -> Iterator[McpDaemon]:
+    """The daemon's app in process: two minted sessions per client, sessions that outlast a
+    loaded host's slowest test (a short TTL would end one under the test's feet)."""
+    yield from _capped(tmp_path, 600)
+
+
+@pytest.fixture
+def short_ttl(tmp_path: Path) -> Iterator[McpDaemon]:
+    """As :func:`small_caps`, with a 2 s session TTL: for the test of expiry itself."""
+    yield from _capped(tmp_path, 2)
 
 
 async def test_minted_sessions_are_capped_least_recently_used_first(
@@ -145,8 +156,8 @@ async def test_minted_sessions_are_capped_least_recently_used_first(
     assert ended[0]["transport"] == "mcp"
 
 
-async def test_a_minted_session_expires_after_the_session_ttl(small_caps: McpDaemon) -> None:
-    d = small_caps
+async def test_a_minted_session_expires_after_the_session_ttl(short_ttl: McpDaemon) -> None:
+    d = short_ttl
     async with sdk_client("http", d) as client:
         sid = handle_of(await client.call_tool("python", {"code": "1"}))
         await async_wait_until(

@@ -4,12 +4,15 @@
 Foreground and background commands are the same here: a call whose output is relayed as it
 comes. A background one outlives the stream that started it (within its call's limits) and is
 listed and killed by the pid it was given; killing it cancels its call, which the service
-ends, cleans up and audits like any cancelled call.
+ends, cleans up and audits like any cancelled call. Each stream that watches it (the one
+that started it, and any that ``connect`` to its pid later) is a listener: every output
+event from then on reaches every listener.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +32,18 @@ class Background:
     line: str
     config: dict[str, Any]
     task: asyncio.Task[Result]
-    events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    listeners: list[asyncio.Queue[StreamEvent]] = field(default_factory=list)
+
+    def listen(self) -> asyncio.Queue[StreamEvent]:
+        """A new listener: the events from now on (drop it with :meth:`leave`)."""
+        queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.listeners.append(queue)
+        return queue
+
+    def leave(self, queue: asyncio.Queue[StreamEvent]) -> None:
+        with contextlib.suppress(ValueError):
+            self.listeners.remove(queue)
 
     async def stop(self) -> None:
         """Kill it: its call is cancelled, ended and audited by the service."""
@@ -42,14 +55,21 @@ class Background:
 
 
 def start(service: Sandboxd, client: str, session: str, pid: int, line: str,
-          config: dict[str, Any]) -> Background:
-    """Start ``line`` as a ``shell`` call of ``session``."""
-    events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+          envs: dict[str, str], config: dict[str, Any]) -> Background:
+    """Start ``line`` as a ``shell`` call of ``session``, its programs given ``envs``; its
+    first listener (the starting stream's) is ``job.listeners[0]``."""
+    listeners: list[asyncio.Queue[StreamEvent]] = [asyncio.Queue()]
     started = asyncio.Event()
+    arguments: dict[str, Any] = {"command": line, **({"env": envs} if envs else {})}
+
+    def publish(event: StreamEvent) -> None:
+        for queue in listeners:
+            queue.put_nowait(event)
+
     task = asyncio.create_task(service.invoke(
-        client, "shell", InvokeRequest(arguments={"command": line}, session=session),
-        transport=TRANSPORT, events=events.put_nowait, started=started))
-    return Background(pid, line, config, task, events, started)
+        client, "shell", InvokeRequest(arguments=arguments, session=session),
+        transport=TRANSPORT, events=publish, started=started))
+    return Background(pid, line, config, task, started, listeners)
 
 
 async def begun(job: Background) -> None:
@@ -61,10 +81,11 @@ async def begun(job: Background) -> None:
         waiting.cancel()
 
 
-async def next_event(job: Background) -> StreamEvent | None:
-    """The job's next output event, or None once its call has ended and all was read."""
-    while not job.task.done() or not job.events.empty():
-        get = asyncio.ensure_future(job.events.get())
+async def next_event(job: Background, events: asyncio.Queue[StreamEvent]
+                     ) -> StreamEvent | None:
+    """A listener's next output event, or None once the call has ended and all was read."""
+    while not job.task.done() or not events.empty():
+        get = asyncio.ensure_future(events.get())
         done, _ = await asyncio.wait({get, job.task}, return_when=asyncio.FIRST_COMPLETED)
         if get in done:
             return get.result()

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from sandboxd.api.e2b.access import E2bRoute, e2b_client, json_body, presented_token
 from sandboxd.api.e2b.sandboxes import E2bSandbox, Sandboxes, not_served
 from sandboxd.api.problems import Problem
+from sandboxd.policy.environment import check_env
 from sandboxd.service import Sandboxd
 
 router = APIRouter(route_class=E2bRoute, include_in_schema=False)
@@ -91,13 +92,15 @@ async def create(request: Request, client: str = Depends(e2b_client)) -> Respons
     for option, feature in _REFUSED_OPTIONS.items():
         if body.get(option):
             raise not_served(feature)
-    if _strings(body.get("envVars"), "envVars"):
-        raise not_served("sandbox environment variables", "a call's environment is the policy's")
+    try:
+        envs = check_env(_strings(body.get("envVars"), "envVars"), "envs")
+    except ValueError as exc:
+        raise Problem(400, "e2b-envs", "Environment refused", str(exc)) from None
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise Problem(400, "e2b-body", "Bad request", "templateID names a template")
     record = await _sandboxes(request).create(client, template, _timeout(body),
-                                              _strings(body.get("metadata"), "metadata"), {})
+                                              _strings(body.get("metadata"), "metadata"), envs)
     return JSONResponse(_created(request, record), status_code=201)
 
 

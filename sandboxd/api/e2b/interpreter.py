@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shlex
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,18 +26,18 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sandboxd.api.e2b import results
+from sandboxd.api.e2b import languages, results
 from sandboxd.api.e2b.access import E2bRoute, e2b_client, json_body, sandbox_id
 from sandboxd.api.e2b.sandboxes import (
     HOME,
     TRANSPORT,
     E2bSandbox,
     Sandboxes,
-    not_served,
     workspace_path,
 )
 from sandboxd.api.problems import Problem
 from sandboxd.models import InvokeRequest, Result, Status
+from sandboxd.policy.environment import check_env
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd
 from sandboxd.sessions.record import SessionNotFound
@@ -86,18 +87,17 @@ async def execute(request: Request, client: str = Depends(e2b_client)) -> Respon
     body = await json_body(request)
     if not isinstance(body.get("code"), str):
         raise Problem(400, "e2b-execute", "Bad request", "the body is {\"code\": \"...\"}")
-    language = body.get("language")
-    if language not in (None, "python"):
-        raise not_served(f"run_code language '{language}'", "sandboxd runs Python only")
-    if body.get("env_vars"):
-        raise not_served("run_code envs", "a call's environment is the policy's")
     session = _context_session(record, body.get("context_id"))
+    name, lang = languages.language(record.languages.get(session) if session != record.id
+                                    else body.get("language"))
+    envs = _checked(body.get("env_vars"), "envs")
     service: Sandboxd = request.app.state.service
     queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
     started = asyncio.Event()
-    packages = pip_install(body["code"])
+    packages = pip_install(body["code"]) if name == "python" else None
     tool, arguments = (("install_packages", {"packages": packages}) if packages
-                       else ("python", {"code": body["code"]}))
+                       else (lang.tool, {"code": _cell(service, record, session, name,
+                                                       body["code"], envs)}))
     call = asyncio.create_task(service.invoke(
         client, tool, InvokeRequest(arguments=arguments, session=session),
         transport=TRANSPORT, events=queue.put_nowait, started=started))
@@ -148,21 +148,52 @@ async def _interrupt(service: Sandboxd, client: str, session: str,
         await call
 
 
+def _checked(envs: Any, what: str) -> dict[str, str]:
+    try:
+        return check_env(envs, what)
+    except ValueError as exc:
+        raise Problem(400, "e2b-envs", "Environment refused", str(exc)) from None
+
+
+def _cell(service: Sandboxd, record: E2bSandbox, session: str, language: str, code: str,
+          envs: dict[str, str]) -> str:
+    """The cell's code, preceded by what sets the sandbox's and the cell's variables (and
+    unsets the previous cell's own), :mod:`~sandboxd.api.e2b.languages`. Not on the
+    restricted backend: its Python cannot import ``os``, so no cell there can read them."""
+    tool = languages.LANGUAGES[language].tool
+    if (not record.envs and not envs and not record.cell_envs) or any(
+            s.backend == "restricted" for s in service.policy.tools_for(record.client)
+            if s.name == tool):
+        return code
+    key = f"{session}/{language}"
+    previous = record.cell_envs.pop(key, [])
+    if envs:
+        record.cell_envs[key] = sorted(envs)
+    return languages.with_envs(languages.LANGUAGES[language], code, record.envs, envs,
+                               previous)
+
+
 def _line(data: dict[str, Any]) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode() + b"\n"
 
 
-def _context(context_id: str, cwd: str) -> dict[str, str]:
-    return {"id": context_id, "language": "python", "cwd": cwd}
+def _context(context_id: str, cwd: str, language: str = languages.DEFAULT) -> dict[str, str]:
+    return {"id": context_id, "language": language, "cwd": cwd}
+
+
+def _cwd_code(language: str, where: str) -> str:
+    """The code that makes and enters a context's directory (a call of its tool: the policy
+    decides it)."""
+    if language == "bash":
+        return f"mkdir -p -- {shlex.quote(where)} && cd -- {shlex.quote(where)}"
+    return f"import os\nos.makedirs({where!r}, exist_ok=True)\nos.chdir({where!r})"
 
 
 @router.post("/contexts")
 async def create_context(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
     body = await json_body(request)
-    language = body.get("language")
-    if language not in (None, "python"):
-        raise not_served(f"code contexts of language '{language}'", "sandboxd runs Python only")
+    name, lang = languages.language(body.get("language"))
     cwd = body.get("cwd") or HOME
     if not isinstance(cwd, str):
         raise Problem(400, "e2b-body", "Bad request", "cwd is a path")
@@ -172,24 +203,26 @@ async def create_context(request: Request, client: str = Depends(e2b_client)) ->
     session = await service.create_session(
         client, sandboxes.expires_at(record) - time.time(), transport=TRANSPORT)
     if where != ".":  # the kernel starts there (a python call: the policy decides it)
-        code = f"import os\nos.makedirs({where!r}, exist_ok=True)\nos.chdir({where!r})"
-        result = await service.invoke(client, "python",
-                                      InvokeRequest(arguments={"code": code}, session=session.id),
-                                      transport=TRANSPORT)
+        result = await service.invoke(
+            client, lang.tool, InvokeRequest(arguments={"code": _cwd_code(name, where)},
+                                             session=session.id), transport=TRANSPORT)
         if result.status is not Status.ok:
             await service.delete_session(client, session.id, transport=TRANSPORT)
             raise Problem(403 if result.status is Status.denied else 400, "e2b-context-cwd",
                           "Context not created", f"cwd {cwd}: {results.refusal(result)}")
     record.contexts[session.id] = cwd
+    if name != languages.DEFAULT:
+        record.languages[session.id] = name
     await asyncio.to_thread(sandboxes.save, record)
-    return JSONResponse(_context(session.id, cwd))
+    return JSONResponse(_context(session.id, cwd, name))
 
 
 @router.get("/contexts")
 async def list_contexts(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
     return JSONResponse([_context(record.id, HOME)]
-                        + [_context(c, cwd) for c, cwd in record.contexts.items()])
+                        + [_context(c, cwd, record.languages.get(c, languages.DEFAULT))
+                           for c, cwd in record.contexts.items()])
 
 
 @router.post("/contexts/{context_id}/restart")
@@ -214,5 +247,6 @@ async def remove_context(context_id: str, request: Request,
     service: Sandboxd = request.app.state.service
     await service.delete_session(client, context_id, transport=TRANSPORT)
     record.contexts.pop(context_id, None)
+    record.languages.pop(context_id, None)
     await asyncio.to_thread(_sandboxes(request).save, record)
     return Response(status_code=204)

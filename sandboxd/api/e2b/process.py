@@ -1,12 +1,15 @@
 """envd's process service (Connect, JSON) onto :mod:`sandboxd.api.e2b.commands`: ``Start``
 (the SDK's ``commands.run``, foreground or background), ``List`` and ``SendSignal``
-(``commands.kill``). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell``
-tool as it is, checked by the policy (no shell runs it). ``Connect``, ``Update`` and stdin
-(``StreamInput``, ``SendInput``, ``CloseStdin``) are not served: a clear Connect error.
+(``commands.kill``) and ``Connect`` (``commands.connect``: a running command's further
+output). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell`` tool as it
+is, checked by the policy (no shell runs it); ``envs`` are the tool's ``env``. ``Update``
+and stdin (``StreamInput``, ``SendInput``, ``CloseStdin``) are not served: a clear Connect
+error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shlex
 from collections.abc import AsyncIterator
@@ -21,6 +24,8 @@ from sandboxd.api.e2b.commands import Background
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
+from sandboxd.policy.environment import check_env
+from sandboxd.results.streaming import StreamEvent
 from sandboxd.sessions.record import SessionNotFound
 
 router = APIRouter(include_in_schema=False)
@@ -67,17 +72,21 @@ async def start(request: Request) -> Response:
         config = message.get("process") or {}
         if message.get("pty"):
             raise connect.refuse("PTY")
-        if config.get("envs"):
-            raise connect.refuse("per-command environment variables (the policy's apply)")
+        if message.get("stdin"):  # a command's stdin is /dev/null: say so, not at send_stdin
+            raise connect.refuse("stdin (commands.run(stdin=True), send_stdin, close_stdin)")
+        try:  # the sandbox's variables, the command's own on top (E2B's order)
+            envs = {**record.envs, **check_env(config.get("envs"), "envs")}
+        except ValueError as exc:
+            raise connect.ConnectError("invalid_argument", str(exc)) from None
         if workspace_path(config.get("cwd") or HOME) != ".":
             raise connect.refuse(f"a command cwd other than {HOME} (the workspace)")
         line = command_line(config)
     except Exception as exc:
         return connect.stream_error(exc)
     pid = max([FIRST_PID - 1, *record.background]) + 1
-    job = commands.start(request.app.state.service, client, record.id, pid, line,
+    job = commands.start(request.app.state.service, client, record.id, pid, line, envs,
                          {"cmd": config.get("cmd") or "", "args": config.get("args") or [],
-                          "envs": {}, "cwd": HOME})
+                          "envs": envs, "cwd": HOME})
     await commands.begun(job)
     if job.task.done():
         try:
@@ -89,15 +98,39 @@ async def start(request: Request) -> Response:
                                                              refusal(result)))
     record.background[pid] = job
     job.task.add_done_callback(lambda _: record.background.pop(pid, None))
-    return connect.stream_response(_events(job))
+    return connect.stream_response(_events(job, job.listeners[0]))
 
 
-async def _events(job: Background) -> AsyncIterator[bytes]:
-    yield connect.envelope({"event": {"start": {"pid": job.pid}}})
-    while (event := await commands.next_event(job)) is not None:
-        if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
-            data = base64.b64encode(event.data.encode()).decode()
-            yield connect.envelope({"event": {"data": {event.kind: data}}})
+@router.post(SERVICE + "Connect")
+async def connect_process(request: Request) -> Response:
+    """``commands.connect(pid)``: a stream of a running command's further output and its
+    end, as ``Start``'s (another client process may watch it the same way)."""
+    try:
+        _, record = await _record(request)
+        message = await connect.stream_request(request)
+        job = _running(record, (message.get("process") or {}).get("pid"))
+    except Exception as exc:
+        return connect.stream_error(exc)
+    return connect.stream_response(_events(job, job.listen()))
+
+
+def _running(record: E2bSandbox, pid: object) -> Background:
+    job = record.background.get(pid) if isinstance(pid, int) else None
+    if job is None or job.task.done():
+        raise connect.ConnectError("not_found", f"process {pid} not found")
+    return job
+
+
+async def _events(job: Background, events: asyncio.Queue[StreamEvent]
+                  ) -> AsyncIterator[bytes]:
+    try:
+        yield connect.envelope({"event": {"start": {"pid": job.pid}}})
+        while (event := await commands.next_event(job, events)) is not None:
+            if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
+                data = base64.b64encode(event.data.encode()).decode()
+                yield connect.envelope({"event": {"data": {event.kind: data}}})
+    finally:
+        job.leave(events)
     try:
         result = job.task.result()
     except BaseException as exc:
@@ -140,10 +173,7 @@ async def send_signal(request: Request) -> Response:
     try:
         _, record = await _record(request)
         message = await connect.unary_request(request)
-        pid = (message.get("process") or {}).get("pid")
-        job = record.background.get(pid) if isinstance(pid, int) else None
-        if job is None or job.task.done():
-            raise connect.ConnectError("not_found", f"process {pid} not found")
+        job = _running(record, (message.get("process") or {}).get("pid"))
     except Exception as exc:
         return connect.unary_error(exc)
     await job.stop()

@@ -43,6 +43,10 @@ class E2bSandbox:
     started_at: float
     #: extra code contexts: context id (the id of the session that holds its kernel) -> cwd
     contexts: dict[str, str] = field(default_factory=dict)
+    #: the language of each extra context that is not Python's (context id -> language)
+    languages: dict[str, str] = field(default_factory=dict)
+    #: the names a kernel's last cell set of its own (``<session>/<language>`` -> names)
+    cell_envs: dict[str, list[str]] = field(default_factory=dict)
     background: dict[int, Background] = field(default_factory=dict, repr=False)
 
     def stored(self) -> dict[str, Any]:
