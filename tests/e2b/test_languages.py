@@ -46,9 +46,9 @@ def test_an_unknown_language_names_it_and_those_served(e2b_env: E2bDaemon) -> No
     from e2b_code_interpreter import Sandbox
 
     with Sandbox.create() as sbx:
-        with pytest.raises(SandboxException, match=r"'cobol'.*bash, python"):
+        with pytest.raises(SandboxException, match=r"'cobol'.*bash, javascript, js, python, ts, typescript"):
             sbx.run_code("DISPLAY 'HI'", language="cobol")
-        with pytest.raises(SandboxException, match=r"'cobol'.*bash, python"):
+        with pytest.raises(SandboxException, match=r"'cobol'.*bash, javascript, js, python, ts, typescript"):
             sbx.create_code_context(language="cobol")
 
 
@@ -61,3 +61,18 @@ def test_a_denied_bash_command_raises_and_is_audited(e2b_env: E2bDaemon) -> None
     denied = [r for r in audit_records(e2b_env.daemon.audit_path, "decision")
               if r["transport"] == "e2b" and r["decision"] == "deny" and r["tool"] == "bash"]
     assert any("curl" in str(r["args_preview"]) for r in denied), denied
+
+
+@pytest.mark.parametrize(("js", "ts"), [("javascript", "typescript"), ("js", "ts")])
+def test_javascript_and_typescript_cells_share_the_node_kernel(e2b_env: E2bDaemon, js: str,
+                                                               ts: str) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    with Sandbox.create(envs={"WHO": "sandbox"}) as sbx:
+        sbx.run_code("let n = await Promise.resolve(20)", language=js)
+        cell = sbx.run_code("const m: number = n + 1; console.log(process.env.WHO); m * 2",
+                            language=ts)
+        assert cell.error is None, cell
+        assert cell.text == "42" and "".join(cell.logs.stdout) == "sandbox\n", cell
+        failed = sbx.run_code("null.x", language=js)
+        assert failed.error is not None and failed.error.name == "TypeError", failed

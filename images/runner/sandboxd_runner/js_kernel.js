@@ -86,7 +86,10 @@ function shown(value) {
 function valueJson(value) {
   let data;
   try {
-    data = jsonSafe(value) ? JSON.stringify({ value }) : JSON.stringify({ value: shown(value) });
+    // value_repr: the value as JavaScript shows it (`'ab'`, `true`, `{ a: 1 }`)
+    data = jsonSafe(value) ? JSON.stringify({ value, value_repr: shown(value) })
+      : JSON.stringify({ value: shown(value) });
+    if (Buffer.byteLength(data) > MAX_VALUE_JSON && jsonSafe(value)) data = JSON.stringify({ value });
   } catch (e) {
     data = '{"value": "<unrepresentable>"}';
   }
@@ -297,27 +300,44 @@ function importText(node) {
   return `void (${parts.join(', ')});`;
 }
 
-// The script that runs ``src``: every line where it was (the prologue is line 0).
+// Whether ``node`` awaits at its top level (not inside a function of its own).
+function awaits(node) {
+  if (!node || typeof node.type !== 'string') return false;
+  if (/Function/.test(node.type)) return false;
+  if (node.type === 'AwaitExpression' || (node.type === 'ForOfStatement' && node.await)) return true;
+  for (const key of Object.keys(node)) {
+    const v = node[key];
+    if (Array.isArray(v) ? v.some(awaits) : (v && typeof v === 'object' && awaits(v))) return true;
+  }
+  return false;
+}
+
+// The script that runs ``src`` ({text, async}): every line where it was (the prologue is
+// line 0), and every column but on a class's line (and, in code that awaits, the last
+// expression's line). Declarations become assignments: `let` -> ` ;(` keeps the width.
 function rewrite(src) {
   const ast = acorn.parse(src, { ecmaVersion: 'latest', sourceType: 'script',
-    allowAwaitOutsideFunction: true, allowReturnOutsideFunction: true,
+    allowAwaitOutsideFunction: true, allowReturnOutsideFunction: false,
     allowImportExportEverywhere: true, allowHashBang: true });
+  const isAsync = ast.body.some(awaits);
   const hoisted = new Set(), functions = [], edits = [];
   const body = ast.body;
-  for (let i = 0; i < body.length; i += 1) {
-    let node = body[i];
+  const last = body[body.length - 1];
+  for (const top of body) {
+    let node = top;
     if (node.type === 'ExportNamedDeclaration' && node.declaration) {
       edits.push([node.start, node.declaration.start, '']);
       node = node.declaration;
     }
     if (node.type === 'VariableDeclaration') {
       for (const d of node.declarations) names(d.id, []).forEach((n) => hoisted.add(n));
-      edits.push([node.start, node.start + node.kind.length, 'void (']);
+      const width = node.kind.length;
+      edits.push([node.start, node.start + width, ' '.repeat(width - 2) + ';(']);
       for (const d of node.declarations) {
         if (d.init === null && node.kind !== 'var') edits.push([d.id.end, d.id.end, ' = undefined']);
       }
-      const last = node.declarations[node.declarations.length - 1];
-      edits.push([last.end, last.end, ')']);
+      const end = node.declarations[node.declarations.length - 1].end;
+      edits.push([end, end, ')']);
     } else if (node.type === 'FunctionDeclaration') {
       hoisted.add(node.id.name);
       functions.push(node.id.name);
@@ -329,7 +349,7 @@ function rewrite(src) {
       for (const s of node.specifiers) hoisted.add(s.local.name);
       const lines = src.slice(node.start, node.end).split('\n').length - 1;
       edits.push([node.start, node.end, importText(node) + '\n'.repeat(lines)]);
-    } else if (i === body.length - 1 && node.type === 'ExpressionStatement') {
+    } else if (isAsync && top === last && node.type === 'ExpressionStatement') {
       // the statement, not its expression: that starts inside parentheses such as `({a})`
       const end = src[node.end - 1] === ';' ? node.end - 1 : node.end;
       edits.push([node.start, node.start, 'return (']);
@@ -340,8 +360,13 @@ function rewrite(src) {
   edits.sort((a, b) => b[0] - a[0] || b[1] - a[1]);
   for (const [start, end, insert] of edits) text = text.slice(0, start) + insert + text.slice(end);
   const decl = hoisted.size ? `var ${[...hoisted].join(', ')}; ` : '';
+  if (!isAsync) {
+    // a script's completion value is its last expression statement's; none: undefined
+    const tail = last && last.type === 'ExpressionStatement' ? '' : '\n;void 0';
+    return { text: `${decl}\n${text}${tail}`, isAsync };
+  }
   const publish = functions.map((f) => `globalThis.${f} = ${f};`).join(' ');
-  return `${decl}(async () => { ${publish}\n${text}\n})()`;
+  return { text: `${decl}(async () => { ${publish}\n${text}\n})()`, isAsync };
 }
 
 // ------------------------------------------------------------------ errors
@@ -396,9 +421,11 @@ async function runCall(req) {
   let code = String(req.code);
   try {
     if (req.typescript) code = transpile(code);
-    const script = new vm.Script(rewrite(code), { filename: FILE, lineOffset: -1 });
-    const promise = script.runInContext(context, { breakOnSigint: true });
-    const outcome = await Promise.race([promise.then((value) => ({ value }), (error) => ({ error })), ended]);
+    const { text, isAsync } = rewrite(code);
+    const script = new vm.Script(text, { filename: FILE, lineOffset: -1 });
+    const result = script.runInContext(context, { breakOnSigint: true });
+    if (!isAsync) return { value: result, source: code };
+    const outcome = await Promise.race([result.then((value) => ({ value }), (error) => ({ error })), ended]);
     return { ...outcome, source: code };
   } catch (error) {
     if (error && error.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') return { interrupted: true };
