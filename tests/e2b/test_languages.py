@@ -10,6 +10,7 @@ from tests.e2b.conftest import E2bDaemon
 from tests.support.audit import audit_records
 
 pytestmark = pytest.mark.docker
+SERVED = r"'cobol'.*bash, javascript, js, python, ts, typescript"
 
 
 def test_bash_cells_keep_their_state(e2b_env: E2bDaemon) -> None:
@@ -46,9 +47,9 @@ def test_an_unknown_language_names_it_and_those_served(e2b_env: E2bDaemon) -> No
     from e2b_code_interpreter import Sandbox
 
     with Sandbox.create() as sbx:
-        with pytest.raises(SandboxException, match=r"'cobol'.*bash, javascript, js, python, ts, typescript"):
+        with pytest.raises(SandboxException, match=SERVED):
             sbx.run_code("DISPLAY 'HI'", language="cobol")
-        with pytest.raises(SandboxException, match=r"'cobol'.*bash, javascript, js, python, ts, typescript"):
+        with pytest.raises(SandboxException, match=SERVED):
             sbx.create_code_context(language="cobol")
 
 
