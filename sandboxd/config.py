@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 from sandboxd.errors import SandboxdError
+from sandboxd.protocol.limits import FORK_STATE_BYTES
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandboxd/sandboxd.yaml")
 
@@ -207,6 +208,12 @@ class Settings(BaseSettings):
                     "at once, while the daemon serves): a runner that has not reconnected by "
                     "then loses its kernel; a call of a session being adopted waits for it")
     max_sessions_per_client: int = Field(default=16, ge=1)
+    fork_state_bytes: int = Field(
+        default=FORK_STATE_BYTES, ge=1, le=FORK_STATE_BYTES,
+        description="The most bytes a session kernel's pickled Python state may take to be "
+                    "carried to its forks (the daemon holds one copy per fork request until "
+                    "each fork's first call); a larger state is not carried, and the answer "
+                    "says so")
     mcp_max_sessions_per_client: int | None = Field(
         default=None, ge=1,
         description="Open MCP sessions one client may hold (None: max_sessions_per_client); "

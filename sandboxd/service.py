@@ -66,7 +66,7 @@ from sandboxd.results.streaming import EventSink
 from sandboxd.scheduler import ClientPools, Overloaded, Scheduler
 from sandboxd.sessions.kernels import KernelCap, KernelTicket, SessionService
 from sandboxd.sessions.manager import Session, SessionEnded, SessionManager
-from sandboxd.sessions.restarts import Restarts
+from sandboxd.sessions.restarts import Restarts, kernel_of
 from sandboxd.tools import validate_arguments
 from sandboxd.util.deadline import stop_task, within
 from sandboxd.util.stopclock import StopClock
@@ -420,13 +420,14 @@ class Sandboxd:
             started = started or asyncio.Event()  # set once the call holds a slot and runs
             call = AdmittedCall(invocation_id, client, tool, request, session, decision, plan,
                                 backend, transfer, events)
-            # the kernel a restart ended, said by the first python call that reaches it
-            restart_lost = self.restarts.restart_lost(session, decision.backend)
+            # the kernel a restart ended, said by the first call that reaches it
+            kernel = kernel_of(decision.backend, plan.kind)
+            restart_lost = self.restarts.restart_lost(session, kernel)
             ticket: KernelTicket | None = None
             task = asyncio.current_task()
             try:
                 # a session python call may start a kernel: within max_kernels only
-                ticket = self.kernel_cap.admit(request.session, decision.backend,
+                ticket = self.kernel_cap.admit(request.session, kernel,
                                                python=plan.kind in KERNEL_KINDS)
                 with self.sessions.cancellable(session):  # the session's end cancels it
                     result, quota = await self.execution.run(call, deadline, started)
@@ -489,9 +490,9 @@ class Sandboxd:
                     ticket.release()
                 self.restarts.note_kernels(session)  # a crash must not hide the kernel it started
                 self.sessions.calls.ended_call(task)  # a cancel swallowed on the way
-            restart = self.restarts.forget_restart(session, decision.backend, restart_lost,
-                                                   result)
-            result = finish(result, result_steps(quota=quota, restart=restart))
+            restart = self.restarts.forget_restart(session, kernel, restart_lost, result)
+            result = finish(result, result_steps(quota=quota, restart=restart,
+                                                 language=plan.kind.value))
             if session is not None:
                 self.sessions.touch(session)
             return await self._finish(client, result, admitted, ran=True, transport=transport)

@@ -16,7 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from sandboxd.errors import SandboxdError
 from sandboxd.models import ToolKind
-from sandboxd.policy.environment import MAX_VARS
+from sandboxd.protocol.environment import MAX_VARS
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ to by id (``client.attach(id)``) is left to its owner (``delete()`` deletes it a
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sandboxd_client.errors import ProblemError
@@ -56,19 +56,23 @@ class SessionInfo:
 @dataclass(frozen=True)
 class ForkInfo:
     """What ``POST /v1/sessions/{id}/fork`` made: the new sessions, and whether the parent's
-    Python state came with them (``kernel_carried``; ``kernel_reason`` says why not)."""
+    Python state came with them (``kernel_carried``; ``kernel_reason`` says why not) and the
+    names left out of it (``not_carried``: name -> why)."""
 
     parent: str
     sessions: list[SessionInfo]
     kernel_carried: bool
     kernel_reason: str | None = None
+    not_carried: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ForkInfo:
         kernel = data.get("kernel") or {}
         return cls(parent=str(data.get("parent")),
                    sessions=[SessionInfo.from_json(s) for s in data.get("sessions", [])],
-                   kernel_carried=bool(kernel.get("carried")), kernel_reason=kernel.get("reason"))
+                   kernel_carried=bool(kernel.get("carried")), kernel_reason=kernel.get("reason"),
+                   not_carried={str(n.get("name")): str(n.get("why"))
+                                for n in kernel.get("not_carried") or []})
 
 
 class Session:

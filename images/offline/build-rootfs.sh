@@ -18,7 +18,8 @@
 set -euo pipefail
 
 TAG="${1:-sandboxd/base-offline:latest}"
-PACKAGES="python3,git,ca-certificates"
+# curl and pip: what a sandbox with egress fetches with (docs/egress.md)
+PACKAGES="python3,git,ca-certificates,curl,python3-pip"
 APT_ETC="${APT_ETC:-/etc/apt}"
 PRINT_MIRROR=0
 [[ "$TAG" == "--print-mirror" ]] && PRINT_MIRROR=1

@@ -175,8 +175,9 @@ async def get_session(session_id: str, request: Request,
 async def fork(session_id: str, request: Request, body: ForkRequest | None = None,
                client: str = Depends(authenticate)) -> dict[str, Any]:
     """``count`` new sessions of the caller, each with a copy of this session's workspace in
-    a sandbox of its own; ``kernel.carried`` says whether the Python state came too (never
-    yet: ``kernel.reason`` says why). All or none, audited as ``session_forked``."""
+    a sandbox of its own; ``kernel.carried`` says whether the Python state came too (on the
+    restricted backend; ``kernel.not_carried`` names what could not, ``kernel.reason`` says
+    why nothing did). All or none, audited as ``session_forked``."""
     return await fork_session(_service(request), client, session_id,
                               body.count if body else 1)
 

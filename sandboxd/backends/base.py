@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sandboxd.errors import SandboxdError
@@ -36,6 +37,17 @@ class CancelledAfterCleanup(asyncio.CancelledError):
         self.cleanup = Cleanup(verified=verified, detail=detail)
         #: a session call's kernel as the cancel left it (kept when it was interrupted)
         self.kernel = kernel
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """A session kernel's state as its own sandbox pickled it for the session's forks: bytes
+    the daemon relays and never unpickles (``None``: nothing is carried, ``reason`` says
+    why), and the names left out with why."""
+
+    blob: bytes | None
+    not_carried: dict[str, str]
+    reason: str | None = None
 
 
 @runtime_checkable
@@ -84,6 +96,23 @@ class Backend(Protocol):
         """Ids of the sessions that have a live kernel on this backend now (the service caps
         their number host-wide: ``max_kernels``)."""
 
+    async def snapshot_kernel(self, session_id: str, limit: int,
+                              deadline: float) -> KernelState | None:
+        """The session's live kernel's state, pickled inside its sandbox (at most ``limit``
+        bytes), for its forks; ``None`` when this backend carries none (no live kernel, or
+        kernels it cannot carry). Backends without kernels inherit this."""
+        return None
+
+    def seed_kernel(self, session_id: str, state: bytes) -> None:
+        """Give a fork's session the state its first call's fresh kernel restores (inside
+        its own sandbox) before it runs. Backends that carry no state inherit this."""
+
+    def session_kernels(self) -> set[tuple[str, str]]:
+        """``(session id, language)`` of each live kernel on this backend now (a session may
+        have one per language: its python and its bash state are lost or kept each on its
+        own). Backends whose kernels are all Python inherit this."""
+        return {(sid, PYTHON) for sid in self.kernel_sessions()}
+
     def paused_sessions(self) -> set[str]:
         """Ids of the sessions whose sandbox this backend has paused now, idle (holding no CPU):
         ``GET /v1/sessions/{id}`` says ``paused``. Backends that never pause inherit this."""
@@ -107,6 +136,30 @@ class Backend(Protocol):
 
     async def probe(self) -> ProbeReport:
         """Prove that confinement holds by running probes through the backend (readiness)."""
+
+
+#: the language of the kernels whose name is their backend's alone (as before there were others)
+PYTHON = "python"
+
+
+def kernel_name(backend: str, language: str) -> str:
+    """The name of a session's ``language`` kernel on ``backend``, as the session's file and
+    its audit records list it: a python kernel is named by its backend (``container``), any
+    other by its backend and language (``container:bash``)."""
+    return backend if language == PYTHON else f"{backend}:{language}"
+
+
+def kernel_fields(name: str) -> dict[str, str]:
+    """A kernel's name (:func:`kernel_name`) as an audit record's fields: its ``backend``,
+    and its ``language`` when that is not python."""
+    backend, _, language = name.partition(":")
+    return {"backend": backend, "language": language} if language else {"backend": backend}
+
+
+def kernel_names(backends: Mapping[str, Backend], session_id: str) -> list[str]:
+    """Names (:func:`kernel_name`) of the session's live kernels on the ``backends``."""
+    return sorted(kernel_name(name, language) for name, backend in backends.items()
+                  for sid, language in backend.session_kernels() if sid == session_id)
 
 
 def kernel_backends(backends: Mapping[str, Backend], session_id: str) -> list[str]:

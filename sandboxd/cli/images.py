@@ -1,8 +1,8 @@
 """``sandboxd images build``: build the sandbox image(s) of the container backend.
 
-Two ways, same result (an image with python3, coreutils, grep, sed, git, user 10001 and the
-runner at /opt/sandboxd/: its entry point runner.py, its package sandboxd_runner/ and the
-sandbox contract sandboxd/protocol/):
+Two ways, same result (an image with python3, pip, coreutils, grep, sed, git, curl, user
+10001 and the runner at /opt/sandboxd/: its entry point runner.py, its package
+sandboxd_runner/ and the sandbox contract sandboxd/protocol/):
 
 * normal hosts: ``docker build`` of ``images/python/Dockerfile`` FROM ``python:3.12-slim``;
 * ``--offline`` (no registry; chosen automatically when none is reachable and the base image
@@ -331,7 +331,8 @@ def build(
     _docker_build(client, context, "python/Dockerfile", name,
                   {"BASE": base, "RUNNER_SHA256": digest,
                    "SANDBOX_UID": str(settings.sandbox_uid),
-                   "SANDBOX_GID": str(settings.sandbox_gid)}, extra)
+                   "SANDBOX_GID": str(settings.sandbox_gid)}, extra,
+                  network_mode="host")  # apt, when the base lacks git, curl or pip
     if profile.name == DEFAULT_PROFILE and tag is None:
         for other in {settings.shell_image} - {name}:
             repo, _, version = other.rpartition(":")

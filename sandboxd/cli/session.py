@@ -88,19 +88,22 @@ def fork(session_id: str = typer.Argument(..., metavar="ID"),
          count: int = typer.Option(1, "--count", "-n", min=1, help="Forks to make"),
          url: str = URL_OPTION, token: str | None = TOKEN_OPTION,
          as_json: bool = JSON_OPTION) -> None:
-    """New sessions with a copy of this one's files (one id a line); the Python state is
-    not carried (a note on stderr says so)."""
+    """New sessions with a copy of this one's files and Python state (one id a line); what
+    was not carried is noted on stderr."""
     made = _call(url, token, lambda c: c.fork_session(session_id, count))
     if as_json:
         typer.echo(json.dumps({"parent": made.parent,
                                "sessions": [_raw(i) for i in made.sessions],
                                "kernel": {"carried": made.kernel_carried,
-                                          "reason": made.kernel_reason}}, indent=2))
+                                          "reason": made.kernel_reason,
+                                          "not_carried": made.not_carried}}, indent=2))
         return
     for info in made.sessions:
         typer.echo(info.id)
     if not made.kernel_carried:
         typer.echo(f"note: {made.kernel_reason}", err=True)
+    for name, why in made.not_carried.items():
+        typer.echo(f"note: {name} was not carried ({why})", err=True)
 
 
 @app.command("restart")

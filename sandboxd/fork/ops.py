@@ -19,11 +19,42 @@ log = logging.getLogger("sandboxd")
 
 #: forks one request may ask for (each is still counted against the client's sessions)
 MAX_FORKS = 64
-#: why a fork starts without its parent's Python state (the answer and the audit say it)
+#: why a fork starts without its parent's Python state on a backend that cannot carry it
 KERNEL_NOT_CARRIED = (
-    "the Python state is not carried to forks: a confined kernel has dropped the privileges "
-    "(a new uid, root and cgroup) a copy of its process would need to become a sandbox of its "
-    "own; each fork starts a fresh kernel in its copied files at its first python call")
+    "the Python state is not carried to forks on this backend: a confined kernel has dropped "
+    "the privileges (a new uid, root and cgroup) a copy of its process would need to become a "
+    "sandbox of its own; each fork starts a fresh kernel in its copied files at its first "
+    "python call")
+#: why there is nothing to carry
+NO_KERNEL = ("the session has no live Python kernel: there is no state to carry; each fork "
+             "starts a fresh kernel at its first python call")
+#: how long the parent's kernel may take to pickle its state
+SNAPSHOT_TIMEOUT_S = 30.0
+
+
+async def snapshot(service: Sandboxd, session_id: str,
+                   kernels: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The answer's ``kernel`` part and the state each backend's forks restore: the parent's
+    live kernels' state, pickled inside their sandboxes (opaque bytes here)."""
+    deadline = asyncio.get_running_loop().time() + SNAPSHOT_TIMEOUT_S
+    states: dict[str, bytes] = {}
+    answer: dict[str, Any] = {"carried": False, "parent_backends": kernels,
+                              "reason": NO_KERNEL}
+    for name in kernels:
+        state = await service.backends[name].snapshot_kernel(
+            session_id, service.settings.fork_state_bytes, deadline)
+        if state is None:
+            answer["reason"] = KERNEL_NOT_CARRIED
+            continue
+        answer["not_carried"] = [{"name": n, "why": why}
+                                 for n, why in sorted(state.not_carried.items())]
+        if state.blob is None:
+            answer["reason"] = f"the Python state is not carried: {state.reason}"
+            continue
+        states[name] = state.blob
+        answer.update(carried=True, bytes=len(state.blob))
+        answer.pop("reason", None)
+    return answer, states
 
 
 async def fork_session(service: Sandboxd, client: str, session_id: str, count: int, *,
@@ -31,7 +62,10 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
     """``count`` forks of the client's session: their places are reserved (all or none)
     before the first await, each is made and filled with a copy of the parent's files before
     it is registered, and the fork is audited as one ``session_forked`` record (parent and
-    children). All or nothing: a fork that fails removes those already made."""
+    children, whether the kernel's state is carried and the names left out). The parent's
+    live kernel pickles its state inside its sandbox first (:func:`snapshot`); each fork's
+    first kernel restores it inside its own. All or nothing: a fork that fails removes those
+    already made, and no fork is given a state before all are made and audited."""
     parent = service.sessions.get(session_id, client)
     if service.draining:
         raise Draining("the daemon is shutting down; fork the session once it is back")
@@ -42,7 +76,8 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
     try:
         service.capacity.admit_session()
         with service.sessions.in_use(parent):  # it does not expire under the copy
-            kernels = service.kernel_backends(parent.id)
+            kernel, states = await snapshot(service, parent.id,
+                                            service.kernel_backends(parent.id))
 
             async def fill(workspace: Path, uid: int | None) -> None:
                 copied.append(await asyncio.to_thread(
@@ -55,7 +90,9 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
                     client, parent.ttl_s, place=place, fill=fill))
         await service.recorder.record(
             service.audit.write, event="session_forked", client=client, session=parent.id,
-            children=[c.id for c in children], kernel_carried=False, transport=transport)
+            children=[c.id for c in children], kernel_carried=kernel["carried"],
+            not_carried=[n["name"] for n in kernel.get("not_carried", [])],
+            state_bytes=kernel.get("bytes", 0), transport=transport)
     except BaseException as exc:
         for place in places:
             place.release()
@@ -67,9 +104,11 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
         if isinstance(exc, AuditFailure):
             log.error("session %s: fork undone, the audit log refused it: %s", parent.id, exc)
         raise
+    for child in children:  # made and audited: each fork's first kernel restores the state
+        for name, blob in states.items():
+            service.backends[name].seed_kernel(child.id, blob)
     views = [child.public(None) for child in children]
     return {"parent": parent.id, "sessions": views,
             "files": [{"bytes": c.bytes, "entries": c.entries, "skipped": c.skipped}
                       for c in copied],
-            "kernel": {"carried": False, "parent_backends": kernels,
-                       "reason": KERNEL_NOT_CARRIED}}
+            "kernel": kernel}

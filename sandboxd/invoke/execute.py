@@ -25,7 +25,7 @@ from sandboxd.protocol.plan import KERNEL_KINDS, ExecutionPlan, ToolKind
 from sandboxd.results.streaming import EventSink
 from sandboxd.scheduler import ClientPools, DeadlineExpired, Scheduler
 from sandboxd.sessions.manager import Session, SessionManager
-from sandboxd.sessions.restarts import Restarts
+from sandboxd.sessions.restarts import Restarts, kernel_of
 from sandboxd.workspaces.quota import Usage
 from sandboxd.workspaces.transfer import Transfer
 
@@ -98,7 +98,8 @@ class Execution:
                 self.sessions.check_live(call.session)  # it may have ended while we waited
                 started.set()
                 if call.plan.kind in KERNEL_KINDS:  # a crash during this call loses it
-                    self.restarts.note_kernel_starting(call.session, call.decision.backend)
+                    self.restarts.note_kernel_starting(
+                        call.session, kernel_of(call.decision.backend, call.plan.kind))
                 async with self.sessions.workspace(call.session, call.id) as workspace:
                     invocation = Invocation(
                         id=call.id, tool=call.tool, client=call.client, session=session,

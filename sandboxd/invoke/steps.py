@@ -59,17 +59,18 @@ def workspace_full(seen: QuotaSeen, result: Result) -> Result:
     return result.model_copy(update={"message": message})
 
 
-def result_steps(*, quota: QuotaSeen | None = None, restart: str | None = None) -> list[Step]:
+def result_steps(*, quota: QuotaSeen | None = None, restart: str | None = None,
+                 language: str = "python") -> list[Step]:
     """The steps for one result, in their order: :func:`kernel_lost` always;
     :func:`workspace_full` when the workspace was measured (``quota``: a python or command
     call that reached it); :func:`~sandboxd.sessions.restarts.note_restart` when a restart
     ended the session's kernel on this backend and this call is the first to hear it
-    (``restart``: its reason)."""
+    (``restart``: its reason; ``language``: the kernel's)."""
     steps: list[Step] = [kernel_lost]
     if quota is not None:
         steps.append(partial(workspace_full, quota))
     if restart is not None:
-        steps.append(partial(note_restart, reason=restart))
+        steps.append(partial(note_restart, reason=restart, language=language))
     return steps
 
 

@@ -19,7 +19,6 @@ from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy import egress_checks
 from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.bash import decide_bash
-from sandboxd.policy.environment import check_env
 from sandboxd.policy.javascript import decide_javascript
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
@@ -50,6 +49,7 @@ from sandboxd.policy.shell import (
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
 from sandboxd.policy.specs import enabled_tools, listing
+from sandboxd.protocol.environment import check_env
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import (
     ExecutionPlan,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 from .display import MAX_VALUE_REPR, DisplayCaps
-from .limits import Limits
+from .limits import FORK_STATE_BYTES, Limits
 from .plan import MAX_NAMES, Plan, _choice, _int, _list, _obj, _text
 
 #: what a request asks: python code, bash or javascript/typescript code (always in that
@@ -100,6 +100,11 @@ class WorkerRequest:
     imports_allow: tuple[str, ...] = ()
     imports_deny: tuple[str, ...] = ()
     kernel: bool = False
+    #: a session kernel's: pickle the namespace (at most ``state_bytes``) and run nothing
+    snapshot: bool = False
+    #: a fork's first call: this many bytes of its parent's pickled state follow the request
+    #: (restored in the fresh kernel before the call); a snapshot: the most it may write
+    state_bytes: int = 0
     # the restricted worker's
     workspace: str = ""
     uid: int | None = None
@@ -145,8 +150,10 @@ class WorkerRequest:
                    plan=None if self.plan is None else self.plan.to_wire(),
                    imports_allow=list(self.imports_allow), imports_deny=list(self.imports_deny),
                    env=dict(self.env), programs=list(self.programs))
-        if not self.programs:  # a bash call's only: a runner built before them reads the rest
-            del out["programs"]
+        for name in ("programs", "snapshot", "state_bytes"):
+            # a bash call's, a restricted kernel's: a runner built before them reads the rest
+            if not out[name]:
+                del out[name]
         return out
 
     @classmethod
@@ -199,6 +206,8 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "imports_allow": _names,
     "imports_deny": _names,
     "kernel": _bool,
+    "snapshot": _bool,
+    "state_bytes": lambda v, w: _int(v, w, 0, FORK_STATE_BYTES),
     "workspace": _text,
     "uid": lambda v, w: _opt(v, w, _int, 0, MAX_UID),
     "cpu_seconds": lambda v, w: _int(v, w, 0, MAX_SECONDS),
@@ -258,6 +267,13 @@ def _probe(value: Any, what: str) -> dict[str, tuple[bool, str]]:
     return out
 
 
+def _reasons(value: Any, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or len(value) > MAX_NAMES:
+        raise ValueError(f"{what} must be an object of at most {MAX_NAMES} names")
+    return {_short(k, f"{what} key", MAX_PROBE_NAME * 4): _short(v, f"{what}[{k}]")
+            for k, v in value.items()}
+
+
 @dataclass(frozen=True)
 class WorkerReport:
     """How one call ended, as its sandbox reports it (both sandboxes; a member a sandbox does
@@ -295,6 +311,8 @@ class WorkerReport:
     kernel_interrupted: bool = False
     not_idle: str | None = None
     probe: dict[str, tuple[bool, str]] | None = None
+    #: a kernel's snapshot: the names it left out, with why
+    not_carried: dict[str, str] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready form: every member that differs from its default."""
@@ -351,6 +369,7 @@ _REPORT_DECODERS: dict[str, Any] = {
     "kernel_interrupted": _bool,
     "not_idle": lambda v, w: _opt(v, w, _short),
     "probe": lambda v, w: _opt(v, w, _probe),
+    "not_carried": lambda v, w: _opt(v, w, _reasons),
 }
 _REPORT_KEYS = tuple(f.name for f in fields(WorkerReport))
 assert set(_REPORT_DECODERS) == set(_REPORT_KEYS)

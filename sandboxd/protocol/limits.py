@@ -23,6 +23,10 @@ from typing import Any, Literal
 Unit = Literal["seconds", "bytes", "cpus", "count"]
 
 MIB = 1024 * 1024
+#: the most bytes a session kernel's pickled state may take to be carried to its forks (the
+#: kernel stops pickling past it; the daemon's reader and each fork's kernel refuse more):
+#: the daemon holds one copy per fork request, relayed to each fork's first call
+FORK_STATE_BYTES = 256 * MIB
 
 
 @dataclass(frozen=True)

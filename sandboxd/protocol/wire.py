@@ -104,7 +104,8 @@ class Decoder:
                 kind, call, size = self._need
                 if len(buf) - pos < size:
                     return out
-                out.append(Frame(kind, call, bytes(buf[pos : pos + size])))
+                with memoryview(buf) as view, view[pos : pos + size] as payload:
+                    out.append(Frame(kind, call, bytes(payload)))  # one copy, not two
                 pos += size
                 self._need = None
         finally:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandboxd.backends.base import Backend, kernel_backends
+from sandboxd.backends.base import Backend, kernel_backends, kernel_name
 from sandboxd.errors import (
     AuditFailure,
     Draining,
@@ -79,31 +79,34 @@ class KernelCap:
 
     def live(self) -> set[KernelKey]:
         """Kernels alive on the backends now, and those reserved by calls in flight."""
-        keys = {(name, sid) for name, backend in self.backends.items()
-                for sid in backend.kernel_sessions()}
-        return keys | self._reserved.keys()
+        return self._on_backends() | self._reserved.keys()
 
-    def admit(self, session_id: str | None, backend: str | None, *,
+    def _on_backends(self) -> set[KernelKey]:
+        """Kernels alive on the backends now (one per session and language)."""
+        return {(kernel_name(name, language), sid) for name, backend in self.backends.items()
+                for sid, language in backend.session_kernels()}
+
+    def admit(self, session_id: str | None, kernel: str | None, *,
               python: bool) -> KernelTicket:
-        """Reserve the kernel a call needs, or raise :class:`KernelLimitReached`. Calls
-        without a session, or that are not ``python``, need none."""
-        if session_id is None or backend is None or not python:
+        """Reserve the kernel a call needs (``kernel``: its name,
+        :func:`~sandboxd.backends.base.kernel_name`), or raise :class:`KernelLimitReached`.
+        Calls without a session, or that run in no kernel (``python`` false), need none."""
+        if session_id is None or kernel is None or not python:
             return _NoKernel()
-        key = (backend, session_id)
+        key = (kernel, session_id)
         live = self.live()
         if key in live:  # its kernel is counted already: the call shares it
             return self._reserved.reserve(key)
         try:
             cap = Cap("max_kernels", len(live), self.limit)
             if cap.count < cap.limit:  # room under the cap: is there room in memory?
-                on_backends = {(name, sid) for name, backend in self.backends.items()
-                               for sid in backend.kernel_sessions()}
-                self.gate(len(self._reserved.keys() - on_backends))
+                self.gate(len(self._reserved.keys() - self._on_backends()))
             return self._reserved.reserve(key, cap)
         except CapReached:
             raise KernelLimitReached(
-                f"this call needs a new Python interpreter for session '{session_id}', but "
-                f"the host already runs {len(live)} session interpreters, its limit "
+                f"this call needs a new session kernel ({kernel}) for session "
+                f"'{session_id}', but the host already runs {len(live)} session kernels "
+                "(a session's python and bash kernels count one each), its limit "
                 f"(max_kernels = {self.limit}); retry later, delete sessions that are no "
                 "longer needed, or run the code without a session") from None
 

@@ -10,13 +10,15 @@ next start re-adopts a session only when its workspace checks out here: a real d
 by its sandbox uid and, with kernel quotas, the sandboxd tmpfs itself (type, source,
 ``nosuid,nodev``), never something mounted or planted in its place while no daemon watched.
 
-A crash never hides a lost kernel: which backends hold a live kernel of a session is kept in
-its metadata file (``kernels_live``, written atomically when a call leaves a kernel started or
-ended, cleared when a clean stop moves it to ``kernels_at_stop``). What a start still finds
-there was live when the previous daemon died without stopping: unless the kernel is alive
-again (adopted), it is lost with reason ``daemon_crash``; one a clean stop noted is lost with
+A crash never hides a lost kernel: which kernels of a session live is kept in its metadata
+file (named by backend, and by language when that is not python: ``container``,
+``container:bash``; a session's python and bash state are kept or lost each on its own), in
+``kernels_live``, written atomically when a call leaves a kernel started or ended, cleared
+when a clean stop moves it to ``kernels_at_stop``. What a start still finds there was live
+when the previous daemon died without stopping: unless the kernel is alive again (adopted),
+it is lost with reason ``daemon_crash``; one a clean stop noted is lost with
 ``daemon_restart``. Either is audited in ``session_recovered`` and said once, by the session's
-next python call on that backend.
+next call that reaches that kernel (in that language's words: :data:`LOST_STATE`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sandboxd.backends.base import kernel_backends
+from sandboxd.backends.base import PYTHON, kernel_fields, kernel_name, kernel_names
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Kernel, Result
+from sandboxd.protocol.plan import KERNEL_KINDS, ToolKind
 from sandboxd.util.deadline import within
 from sandboxd.workspaces.quota import FS_SOURCE, unescape_mountinfo
 
@@ -43,18 +46,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandboxd")
 
-#: ``kernel.reason`` of the first python call after a clean stop ended the session's kernel
+#: ``kernel.reason`` of the first kernel call after a clean stop ended the session's kernel
 DAEMON_RESTART = "daemon_restart"
-#: ``kernel.reason`` of the first python call after a crash (``SIGKILL``, OOM) ended it
+#: ``kernel.reason`` of the first kernel call after a crash (``SIGKILL``, OOM) ended it
 DAEMON_CRASH = "daemon_crash"
-#: what the model reads then (the files are kept; the variables are not)
-RESTART_MESSAGE = ("the daemon restarted since this session's last call: its Python state "
-                   "(variables, imports) was lost and this call ran in a fresh interpreter; "
-                   "the workspace files are kept")
-CRASH_MESSAGE = ("the daemon crashed and restarted since this session's last call: its Python "
-                 "state (variables, imports) was lost and this call ran in a fresh interpreter; "
-                 "the workspace files are kept")
-LOST_MESSAGES = {DAEMON_RESTART: RESTART_MESSAGE, DAEMON_CRASH: CRASH_MESSAGE}
+#: what a restart cost a language's kernel, and what the call ran in instead, in the model's
+#: words (one entry per session language)
+LOST_STATE = {
+    "python": ("Python state (variables, imports)", "a fresh interpreter"),
+    "bash": ("Bash state (working directory, variables, functions, aliases)", "a fresh shell"),
+}
+_SINCE = {DAEMON_RESTART: "the daemon restarted",
+          DAEMON_CRASH: "the daemon crashed and restarted"}
+
+
+def lost_message(reason: str, language: str = PYTHON) -> str:
+    """What the model reads when a restart (``reason``) ended the session's ``language``
+    kernel (the files are kept; the state is not)."""
+    state, fresh = LOST_STATE[language]
+    return (f"{_SINCE[reason]} since this session's last call: its {state} was lost and this "
+            f"call ran in {fresh}; the workspace files are kept")
+
+
+RESTART_MESSAGE = lost_message(DAEMON_RESTART)
+CRASH_MESSAGE = lost_message(DAEMON_CRASH)
 
 
 @runtime_checkable
@@ -119,16 +134,22 @@ def workspace_problem(path: Path, uid: int | None, *, tmpfs: bool) -> str | None
     return None
 
 
-def note_restart(result: Result, reason: str = DAEMON_RESTART) -> Result:
-    """A session python call's result whose kernel the last restart ended: ``kernel.lost``
-    with ``reason`` (``daemon_restart`` or ``daemon_crash``; the call itself ran in a fresh
-    interpreter)."""
+def kernel_of(backend: str | None, kind: ToolKind) -> str | None:
+    """The name of the session kernel a call of ``kind`` on ``backend`` runs in (None: it
+    runs in none)."""
+    return kernel_name(backend, kind.value) if backend and kind in KERNEL_KINDS else None
+
+
+def note_restart(result: Result, reason: str = DAEMON_RESTART, language: str = PYTHON) -> Result:
+    """A session kernel call's result whose ``language`` kernel the last restart ended:
+    ``kernel.lost`` with ``reason`` (``daemon_restart`` or ``daemon_crash``; the call itself
+    ran in a fresh kernel)."""
     if result.kernel is None:
         return result
     kernel: Kernel = result.kernel
     if kernel.lost:
         return result  # this call lost its new kernel too: that reason says more
-    message = "; ".join(m for m in (result.message, LOST_MESSAGES[reason]) if m)
+    message = "; ".join(m for m in (result.message, lost_message(reason, language)) if m)
     return result.model_copy(update={
         "kernel": kernel.model_copy(update={"lost": True, "reason": reason}),
         "message": message})
@@ -142,7 +163,7 @@ EndSession = Callable[..., Awaitable[dict[str, Any] | None]]
 
 class Restarts:
     """What the service does about restarts: keep sessions at a clean stop, audit the
-    recovery at start, tell a session's next python call that its kernel was lost."""
+    recovery at start, tell a session's next kernel call that its kernel was lost."""
 
     def __init__(self, settings: Settings, sessions: SessionManager,
                  backends: Mapping[str, Backend], record: Record) -> None:
@@ -153,9 +174,10 @@ class Restarts:
         #: the start's re-adoption and its audit, while the daemon serves (:meth:`_recover`)
         self.recovery: asyncio.Task[None] | None = None
 
-    def kernel_backends(self, session_id: str) -> list[str]:
-        """Names of the backends on which the session has a live kernel now."""
-        return kernel_backends(self.backends, session_id)
+    def kernel_names(self, session_id: str) -> list[str]:
+        """Names of the session's live kernels now (a backend's, and its language's when
+        that is not python: :func:`~sandboxd.backends.base.kernel_name`)."""
+        return kernel_names(self.backends, session_id)
 
     @property
     def recovering(self) -> bool:
@@ -170,14 +192,15 @@ class Restarts:
             if isinstance(backend, SessionKeeper):
                 backend.expect_sessions(expected)
 
-    def note_kernel_starting(self, session: Session | None, backend: str | None) -> None:
-        """As a session python call reaches ``backend`` (it may start the kernel there): the
-        kernel is listed live ahead, so that a crash during the call that starts it does not
+    def note_kernel_starting(self, session: Session | None, kernel: str | None) -> None:
+        """As a session kernel call reaches its ``kernel`` (a name of
+        :func:`~sandboxd.backends.base.kernel_name`; it may start the kernel): it is listed
+        live ahead, so that a crash during the call that starts it does not
         hide it; :meth:`note_kernels` corrects the list once the call is over."""
-        if (session is None or backend is None or backend in session.kernels_live
+        if (session is None or kernel is None or kernel in session.kernels_live
                 or not self.sessions.holds(session)):
             return
-        session.kernels_live = sorted({*session.kernels_live, backend})
+        session.kernels_live = sorted({*session.kernels_live, kernel})
         try:
             self.sessions.save(session)
         except OSError as exc:
@@ -190,7 +213,7 @@ class Restarts:
         again."""
         if session is None or not self.sessions.holds(session):
             return
-        live = self.kernel_backends(session.id)
+        live = self.kernel_names(session.id)
         if live == session.kernels_live:
             return
         session.kernels_live = live
@@ -206,7 +229,7 @@ class Restarts:
         never ``daemon_crash``, for them."""
         for session in self.sessions.registered():
             # (a kernel lost at an earlier restart and not yet reported stays listed)
-            at_stop = sorted(set(session.kernels_at_stop) | set(self.kernel_backends(session.id)))
+            at_stop = sorted(set(session.kernels_at_stop) | set(self.kernel_names(session.id)))
             if at_stop != session.kernels_at_stop or session.kernels_live:
                 session.kernels_at_stop = at_stop
                 session.kernels_live = []
@@ -274,10 +297,10 @@ class Restarts:
                                        reason=f"{name}: {failed[ended.id]}")
             backend.adoption_failed = {}
         for session in self.sessions.registered():
-            live = self.kernel_backends(session.id)
-            lost = [{"backend": b, "reason": r} for b in sorted(
+            live = self.kernel_names(session.id)
+            lost = [{**kernel_fields(k), "reason": r} for k in sorted(
                 set(session.kernels_at_stop) | set(session.kernels_at_crash))
-                if (r := self.restart_lost(session, b)) is not None]
+                if (r := self.restart_lost(session, k)) is not None]
             await self._audit_quietly("session_recovered", session, kernels=live,
                                       kernels_lost=lost)
 
@@ -306,27 +329,27 @@ class Restarts:
         except AuditFailure as exc:
             log.error("session %s: no %s audit record: %s", session.id, event, exc)
 
-    def restart_lost(self, session: Session | None, backend: str | None) -> str | None:
-        """Why the session's kernel on ``backend`` is gone when a restart ended it (it was
+    def restart_lost(self, session: Session | None, kernel: str | None) -> str | None:
+        """Why the session's ``kernel`` (its name) is gone when a restart ended it (it was
         live at the last crash, ``daemon_crash``, or stop, ``daemon_restart``, and is not
         now); None when no restart did."""
-        if (session is None or backend is None
-                or backend in self.kernel_backends(session.id)):
+        if (session is None or kernel is None
+                or kernel in self.kernel_names(session.id)):
             return None
-        if backend in session.kernels_at_crash:
+        if kernel in session.kernels_at_crash:
             return DAEMON_CRASH
-        return DAEMON_RESTART if backend in session.kernels_at_stop else None
+        return DAEMON_RESTART if kernel in session.kernels_at_stop else None
 
-    def forget_restart(self, session: Session | None, backend: str | None, lost: str | None,
+    def forget_restart(self, session: Session | None, kernel: str | None, lost: str | None,
                        result: Result) -> str | None:
-        """After a session call: once a python call reached the kernel on ``backend``, the
+        """After a session call: once a kernel call reached its ``kernel``, the
         restart is forgotten; what its result must say (``lost``, the reason
         :meth:`restart_lost` gave before the call, for :func:`note_restart`), or None."""
-        if (session is None or backend is None or result.kernel is None
-                or backend not in {*session.kernels_at_stop, *session.kernels_at_crash}):
+        if (session is None or kernel is None or result.kernel is None
+                or kernel not in {*session.kernels_at_stop, *session.kernels_at_crash}):
             return None
-        session.kernels_at_stop = [b for b in session.kernels_at_stop if b != backend]
-        session.kernels_at_crash = [b for b in session.kernels_at_crash if b != backend]
+        session.kernels_at_stop = [b for b in session.kernels_at_stop if b != kernel]
+        session.kernels_at_crash = [b for b in session.kernels_at_crash if b != kernel]
         with contextlib.suppress(OSError):
             self.sessions.save(session)
         return lost

@@ -1,8 +1,8 @@
 """Forking a session through the real daemon and the restricted backend: forks get a copy of
-the parent's files (not its live Python state: the answer says so), each in a sandbox of its
-own (own uid and files), diverge independently, count against the client's sessions (all or
-none) and are audited. Their isolation from each other and from the parent at the process
-layer is tests/security/test_fork_isolation.py's."""
+the parent's files (and its live Python state: tests/api/test_fork_state.py), each in a
+sandbox of its own (own uid and files), diverge independently, count against the client's
+sessions (all or none) and are audited. Their isolation from each other and from the parent
+at the process layer is tests/security/test_fork_isolation.py's."""
 
 from __future__ import annotations
 
@@ -50,9 +50,8 @@ def test_forks_get_the_parents_files_and_diverge(daemon: RunningDaemon) -> None:
     assert r.status_code == 201, r.text
     body = r.json()
     assert body["parent"] == parent and len(body["sessions"]) == 2
-    assert body["kernel"]["carried"] is False and body["kernel"]["parent_backends"] == [
-        "restricted"]
-    assert "not carried" in body["kernel"]["reason"]
+    assert body["kernel"]["carried"] is True and body["kernel"]["parent_backends"] == [
+        "restricted"]  # the state itself: tests/api/test_fork_state.py
     skipped = 2 if os.geteuid() == 0 else 1  # the fifo; as root, the file root planted
     assert all(f["entries"] == 4 - (2 - skipped) and f["skipped"] == skipped
                for f in body["files"]), body["files"]
@@ -61,7 +60,7 @@ def test_forks_get_the_parents_files_and_diverge(daemon: RunningDaemon) -> None:
     for child in (one, two):
         seen = _python(d, child, "try:\n    x\n    had = True\nexcept NameError:\n"
                                  "    had = False\n[open('data/link').read(), had]")
-        assert seen["value"] == ["from the parent", False], seen
+        assert seen["value"] == ["from the parent", True], seen
         assert os.readlink(d.state_dir / "workspaces" / child / "data" / "link") == \
             "deep/notes.txt"
         assert not (d.state_dir / "workspaces" / child / "pipe").exists()
@@ -83,7 +82,7 @@ def test_forks_get_the_parents_files_and_diverge(daemon: RunningDaemon) -> None:
                 child]
     records = [x for x in audit_records(d.audit_path) if x["event"] == "session_forked"]
     assert [(x["session"], x["children"], x["kernel_carried"]) for x in records] == [
-        (parent, [one, two], False)]
+        (parent, [one, two], True)]
     listed = {s["id"] for s in d.client.get("/v1/sessions").json()}
     assert {parent, one, two} <= listed
     for sid in (parent, one, two):

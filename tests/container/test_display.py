@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandboxd.access.tokens import add_token
 from tests.support import cli
-from tests.support.daemon import running_daemon
+from tests.support.kernel_daemon import kernel_daemon
 
 from .conftest import labelled
 from .test_http import daemon_env
@@ -61,17 +59,10 @@ print('wrote')
 
 @pytest.fixture(scope="module")
 def daemon(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("display")
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "kernels.yaml").write_text(POLICY)
-    tokens = tmp / "tokens.yaml"
-    keys = {name: add_token(tokens, name) for name in ("alice", "bob")}
-    instance = f"disp{secrets.token_hex(4)}"
-    env = {**daemon_env(instance), "SANDBOXD_TOKENS_FILE": str(tokens)}
-    with running_daemon(tmp, policies_dir=policies, env=env, token=keys["alice"]) as d:
-        yield Daemon(d, instance, keys)
-    assert labelled(docker_client, instance) == []
+    with kernel_daemon(tmp_path_factory.mktemp("display"), POLICY, "disp", daemon_env(""),
+                       ("alice", "bob")) as k:
+        yield Daemon(k.d, k.instance, k.keys)
+    assert labelled(docker_client, k.instance) == []
 
 
 def _expected_rich(outputs: list[dict[str, Any]]) -> None:

@@ -5,17 +5,14 @@ daemon (uvicorn subprocess, HTTP, tokens, policy) and a real Docker engine."""
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from sandboxd.access.tokens import add_token
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.kernel_daemon import KernelDaemon, kernel_daemon
 from tests.support.scale import rounds as scaled_rounds
 from tests.support.wait import wait_until
 
@@ -63,53 +60,23 @@ LIST_PROCS = (
 )
 
 
-@dataclass
-class Daemon:
-    """The daemon of this module and its two clients' tokens."""
-
-    d: RunningDaemon
-    instance: str
-    keys: dict[str, str]
-
-    def session(self, who: str = "alice") -> str:
-        r = self.d.client.post("/v1/sessions", headers=self.auth(who))
-        assert r.status_code in (200, 201), r.text
-        return str(r.json()["id"])
-
-    def auth(self, who: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[who]}"}
+class Daemon(KernelDaemon):
+    """The daemon of this module (its clients alice, the default, and bob)."""
 
     def slots_in_use(self) -> float:
         """Executions running now, as /metrics says."""
-        text = self.d.client.get("/metrics", headers=self.auth("alice")).text
+        text = self.d.client.get("/metrics").text
         found = re.search(r"^sandboxd_slots_in_use ([0-9.]+)$", text, re.MULTILINE)
         assert found, text
         return float(found.group(1))
 
-    def py(self, code: str, session: str | None = None, who: str = "alice",
-           **body: Any) -> dict[str, Any]:
-        """One python call; its result object."""
-        payload: dict[str, Any] = {"arguments": {"code": code}, **body}
-        if session is not None:
-            payload["session"] = session
-        r = self.d.client.post("/v1/tools/python/invoke", json=payload, headers=self.auth(who))
-        assert r.status_code == 200, r.text
-        return dict(r.json())
-
 
 @pytest.fixture(scope="module")
 def daemon(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("kernel")
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "kernels.yaml").write_text(POLICY)
-    tokens = tmp / "tokens.yaml"
-    keys = {name: add_token(tokens, name) for name in ("alice", "bob")}
-    instance = f"kern{secrets.token_hex(4)}"
-    env = {**daemon_env(instance), "SANDBOXD_TOKENS_FILE": str(tokens)}
-    with running_daemon(tmp, policies_dir=policies, env=env, token=keys["alice"]) as d:
-        yield Daemon(d, instance, keys)
-    assert labelled(docker_client, instance) == []  # SIGTERM: every container removed
+    with kernel_daemon(tmp_path_factory.mktemp("kernel"), POLICY, "kern", daemon_env(""),
+                       ("alice", "bob")) as k:
+        yield Daemon(k.d, k.instance, k.keys)
+    assert labelled(docker_client, k.instance) == []  # SIGTERM: every container removed
 
 
 def session_containers(docker_client: Any, daemon: Daemon, session: str) -> list[Any]:

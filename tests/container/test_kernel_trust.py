@@ -13,17 +13,15 @@ leaves a thread running is not idle and is lost, with a message that says why.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.kernel_daemon import KernelDaemon, kernel_daemon
 from tests.support.processes import running
 
 from .conftest import labelled
@@ -46,38 +44,16 @@ tools:
 GRACE_S = 2
 
 
-@dataclass
-class Daemon:
-    """A daemon with the container backend for python, and its instance label."""
-
-    d: RunningDaemon
-    instance: str
-
-    def session(self) -> str:
-        r = self.d.client.post("/v1/sessions", json={})
-        assert r.status_code == 201, r.text
-        return str(r.json()["id"])
-
-    def py(self, code: str, session: str | None = None, timeout_s: float = 30) -> dict[str, Any]:
-        """One python call; its result object."""
-        body: dict[str, Any] = {"arguments": {"code": code}, "limits": {"timeout_s": timeout_s}}
-        if session is not None:
-            body["session"] = session
-        r = self.d.client.post("/v1/tools/python/invoke", json=body, timeout=180)
-        assert r.status_code == 200, r.text
-        return dict(r.json())
+#: this module's daemon (and test_kernel_interrupt's)
+Daemon = KernelDaemon
 
 
 def start(docker_client: Any, tmp: Path) -> Iterator[Daemon]:
     """A daemon for one test module (its containers are all gone after it)."""
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "kernels.yaml").write_text(POLICY)
-    instance = f"trust{secrets.token_hex(4)}"
-    env = {**daemon_env(instance), "SANDBOXD_KERNEL_INTERRUPT_GRACE_S": str(GRACE_S)}
-    with running_daemon(tmp, policies_dir=policies, env=env) as d:
-        yield Daemon(d, instance)
-    assert labelled(docker_client, instance) == []
+    env = {**daemon_env(""), "SANDBOXD_KERNEL_INTERRUPT_GRACE_S": str(GRACE_S)}
+    with kernel_daemon(tmp, POLICY, "trust", env) as d:
+        yield d
+    assert labelled(docker_client, d.instance) == []
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,12 @@ shows the failing source line (as on the restricted backend: tests/api/test_outp
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from sandboxd.access.tokens import add_token
-from tests.support.daemon import running_daemon
+from tests.support.kernel_daemon import kernel_daemon
 from tests.support.order import ORDER_CODE, check_order, stream
 
 from .conftest import labelled
@@ -29,17 +27,10 @@ pytestmark = pytest.mark.same_on_every_host(
 
 @pytest.fixture(scope="module")
 def daemon(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("order")
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "kernels.yaml").write_text(POLICY)
-    tokens = tmp / "tokens.yaml"
-    keys = {"alice": add_token(tokens, "alice")}
-    instance = f"ord{secrets.token_hex(4)}"
-    env = {**daemon_env(instance), "SANDBOXD_TOKENS_FILE": str(tokens)}
-    with running_daemon(tmp, policies_dir=policies, env=env, token=keys["alice"]) as d:
-        yield Daemon(d, instance, keys)
-    assert labelled(docker_client, instance) == []
+    with kernel_daemon(tmp_path_factory.mktemp("order"), POLICY, "ord", daemon_env(""),
+                       ("alice",)) as k:
+        yield Daemon(k.d, k.instance, k.keys)
+    assert labelled(docker_client, k.instance) == []
 
 
 def test_prints_and_displays_keep_their_order(daemon: Daemon) -> None:

@@ -1,23 +1,19 @@
 """The session's bash kernel on the container backend, through a real daemon and a real Docker
 engine: state across calls (directory, variables, functions, aliases), the last command's exit
-status, streamed output in order, the shell tool's command rules (a denied program refused
-before anything runs, and audited; a program the policy does not allow refused by the
-kernel's exec confinement whatever names it), interrupt before kill (SIGINT to the foreground
-job; the state kept), a shell that ignores the interrupt killed with its kernel lost, limits,
-cleanup and isolation between sessions."""
+status, the shell tool's command rules (a denied program anywhere in a pipeline refused before
+anything runs, and audited; a program the policy does not allow refused by the kernel's exec
+confinement whatever names it), limits, cleanup and isolation between sessions. What every
+language's kernel promises (streamed order, interrupt before kill keeping the state, a shell
+deaf to it killed with its kernel lost) is tests/parity/test_kernel_parity.py's table; its
+restarts are test_bash_restarts.py's."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-import httpx
 import pytest
-from httpx_sse import connect_sse
 
 from tests.support.audit import audit_records
 
-from .conftest import GRACE_S, Daemon
+from .conftest import Daemon
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,23 +43,8 @@ def test_the_result_carries_the_last_commands_exit_status(daemon: Daemon, code: 
     assert res["termination"] == {"reason": "exited", "exit_code": exit_code,
                                   "signal": None}, res
 
-def test_output_is_streamed_in_order(daemon: Daemon) -> None:
-    sid = daemon.session()
-    code = "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.2; done"
-    events: list[tuple[str, Any]] = []
-    with httpx.Client(base_url=daemon.d.url, headers=daemon.d.headers, timeout=120) as c, \
-            connect_sse(c, "POST", "/v1/tools/bash/invoke",
-                        json={"arguments": {"code": code}, "session": sid},
-                        headers={"Accept": "text/event-stream"}) as src:
-        assert src.response.status_code == 200, src.response.read()
-        events = [(sse.event, json.loads(sse.data)) for sse in src.iter_sse()]
-    assert events[-1][0] == "result" and events[-1][1]["status"] == "ok", events
-    parts = [(kind, data["text"]) for kind, data in events if kind in ("stdout", "stderr")]
-    assert parts == [(k, f"{w}{i}\n") for i in (1, 2, 3)
-                     for k, w in (("stdout", "out"), ("stderr", "err"))], parts
-    daemon.close(sid)
-
 @pytest.mark.parametrize("code", ["curl http://example.com", "ls | nc host 1",
+                                  "echo a | cat | wc -l | sudo tee x",
                                   "echo $(wget x)", "f() { sudo id; }", "env curl x"])
 def test_a_denied_program_is_refused_with_its_rule_and_audited(daemon: Daemon,
                                                                code: str) -> None:
@@ -89,46 +70,16 @@ def test_a_program_not_allowed_cannot_run_whatever_names_it(daemon: Daemon) -> N
     assert daemon.call("bash", "echo still here", sid)["stdout"] == "still here\n"
     daemon.close(sid)
 
-def test_a_runaway_loop_is_interrupted_and_the_state_kept(daemon: Daemon) -> None:
-    sid = daemon.session()
-    assert daemon.call("bash", "x=41; cd /tmp", sid)["status"] == "ok"
-    for code in ("while :; do :; done", "echo before; sleep 60; echo never"):
-        res = daemon.call("bash", code, sid, timeout_s=2)
-        assert res["status"] == "timeout", res
-        assert res["termination"]["reason"] == "wall_timeout", res
-        assert res["termination"]["exit_code"] == 130, res  # SIGINT, as bash reports it
-        assert res["kernel"]["interrupted"] is True and res["kernel"]["lost"] is False, res
-        assert "never" not in res["stdout"], res
-        assert res["cleanup"]["verified"] is True, res
-    after = daemon.call("bash", "echo $((x + 1)) $PWD", sid)
-    assert after["stdout"] == "42 /tmp\n", after
-    assert after["kernel"] == {"fresh": False, "calls": 4, "lost": False, "reason": None,
-                               "interrupted": False}, after
-    daemon.close(sid)
-
-def test_a_shell_that_ignores_the_interrupt_is_killed(daemon: Daemon) -> None:
-    sid = daemon.session()
-    assert daemon.call("bash", "x=1", sid)["status"] == "ok"
-    res = daemon.call("bash", "trap '' INT; while :; do :; done", sid, timeout_s=1)
-    assert res["status"] == "timeout", res
-    assert res["kernel"]["lost"] is True and res["kernel"]["interrupted"] is False, res
-    assert res["kernel"]["reason"] == "wall_timeout", res
-    assert f"did not come back from the interrupt within {GRACE_S} s" in res["message"], res
-    assert res["resources"]["wall_ms"] >= GRACE_S * 1000, res
-    assert res["cleanup"]["verified"] is True, res
-    fresh = daemon.call("bash", "echo ${x:-gone}", sid)
-    assert fresh["stdout"] == "gone\n" and fresh["kernel"]["fresh"] is True, fresh
-    daemon.close(sid)
-
 def test_limits_end_the_kernel_truthfully(daemon: Daemon) -> None:
     sid = daemon.session()
     assert daemon.call("bash", "x=1", sid)["status"] == "ok"
     memory = daemon.call("bash", "python3 -c 'b = bytearray(400 * 2**20); b[::4096] = "
                                  "b\"x\" * len(b[::4096])'", sid,
-                       memory_bytes=128 * 2**20)
+                       limits={"memory_bytes": 128 * 2**20})
     assert memory["termination"]["reason"] == "memory_limit", memory
     assert memory["kernel"]["lost"] is True, memory
-    pids = daemon.call("bash", "for i in $(seq 40); do sleep 30 & done; wait", sid, pids=16)
+    pids = daemon.call("bash", "for i in $(seq 40); do sleep 30 & done; wait", sid,
+                       limits={"pids": 16})
     assert pids["termination"]["reason"] == "pids_limit", pids
     assert pids["kernel"]["lost"] is True, pids
     assert pids["cleanup"]["verified"] is True, pids

@@ -1,5 +1,5 @@
 """The shell tool's ``env``: added to each planned command's environment, bounded, names the
-confinement relies on refused (:mod:`sandboxd.policy.environment`), and never for a program
+confinement relies on refused (:mod:`sandboxd.protocol.environment`), and never for a program
 sandboxd hardens (as ``env NAME=value git`` is refused)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.policy.environment import MAX_VALUE_BYTES, MAX_VARS
+from sandboxd.protocol.environment import MAX_VALUE_BYTES, MAX_VARS
 from tests.policy.helpers import decide, store_for
 
 SHELL = """\

@@ -40,15 +40,18 @@ tools:
         - "rebind-bridge.test:{http}"
         - "rebind-metadata.test:{http}"
         - "secret.test:{https} GET /"
+        - "index.test:{https}"
         - "{net}:{http}"
         - "{net}:{https}"
       secrets:
         secret.test: {{header: X-Api-Key, env: EGRESS_TEST_SECRET, prefix: "Token "}}
   shell:
     backend: container
-    commands: {{allow: [python3, cat]}}
+    commands: {{allow: [python3, cat, curl]}}
     egress:
-      allow: ["api.test:{http}", "{net}:{http}"]
+      allow: ["api.test:{http}", "{net}:{http}", "secret.test:{https} GET /", "{net}:{https}"]
+      secrets:
+        secret.test: {{header: X-Api-Key, env: EGRESS_TEST_SECRET, prefix: "Token "}}
 """
 
 

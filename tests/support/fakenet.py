@@ -48,13 +48,21 @@ class _Handler(BaseHTTPRequestHandler):
         name = getattr(self.server, "label", "?")
         self.server.requests.append(  # type: ignore[attr-defined]
             {"path": self.path, "headers": dict(self.headers.items())})
+        served = self.server.files.get(self.path)  # type: ignore[attr-defined]
+        if served is not None:  # a file a test put on the fake internet (a package index)
+            self.send_response(200)
+            self.send_header("Content-Type", served[0])
+            self.send_header("Content-Length", str(len(served[1])))
+            self.end_headers()
+            self.wfile.write(served[1])
+            return
         if self.path.startswith("/redirect/"):
             self.send_response(302)
             self.send_header("Location", self.path.removeprefix("/redirect/"))
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        if self.path == "/headers":
+        if self.path.partition("?")[0] == "/headers":  # "?who" tells callers apart
             body = json.dumps(dict(self.headers.items())).encode()
         else:
             body = f"hello from {name} {self.path}\n".encode()
@@ -144,6 +152,8 @@ class FakeNet:
     https_port: int = 0
     dns_port: int = 0
     servers: list[ThreadingHTTPServer] = field(default_factory=list)
+    #: what every server answers for a path besides its greeting: path -> (type, body)
+    files: dict[str, tuple[str, bytes]] = field(default_factory=dict)
 
     @property
     def resolver(self) -> str:
@@ -158,6 +168,7 @@ class FakeNet:
         server = ThreadingHTTPServer((ip, port), _Handler)
         server.label = label  # type: ignore[attr-defined]
         server.requests = []  # type: ignore[attr-defined]
+        server.files = self.files  # type: ignore[attr-defined]
         server.daemon_threads = True
         if tls_names:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -174,19 +185,23 @@ class FakeNet:
 
 @contextlib.contextmanager
 def fake_internet(where: Path) -> Iterator[FakeNet]:
-    """Start the fake internet: ``api.test`` (HTTP and HTTPS), ``other.test`` (HTTPS, same
-    allowed address), ``forbidden.test`` (HTTP and HTTPS on its own address), and names that
-    rebind to loopback, the Docker bridge and the metadata address."""
+    """Start the fake internet: ``api.test`` (HTTP and HTTPS), ``other.test``, ``secret.test``
+    and ``index.test`` (HTTPS, same allowed address), ``forbidden.test`` and
+    ``forbidden-index.test`` (HTTP and HTTPS on their own address), and names that rebind to
+    loopback, the Docker bridge and the metadata address."""
     net = FakeNet(where)
     net.http_port, net.https_port = free_port(), free_port()
     net.zone.update({"api.test": ALLOWED_IP, "other.test": ALLOWED_IP, "secret.test": ALLOWED_IP,
+                     "index.test": ALLOWED_IP, "forbidden-index.test": FORBIDDEN_IP,
                      "forbidden.test": FORBIDDEN_IP, "rebind-loopback.test": "127.0.0.1",
                      "rebind-bridge.test": "172.17.0.1",
                      "rebind-metadata.test": "169.254.169.254"})
     net._serve("api", ALLOWED_IP, net.http_port)
-    net._serve("api-tls", ALLOWED_IP, net.https_port, ["api.test", "other.test", "secret.test"])
+    net._serve("api-tls", ALLOWED_IP, net.https_port,
+               ["api.test", "other.test", "secret.test", "index.test"])
     net._serve("forbidden", FORBIDDEN_IP, net.http_port)
-    net._serve("forbidden-tls", FORBIDDEN_IP, net.https_port, ["forbidden.test"])
+    net._serve("forbidden-tls", FORBIDDEN_IP, net.https_port,
+               ["forbidden.test", "forbidden-index.test"])
     dns = None
     for _ in range(5):  # a UDP port that was free a moment ago may be taken meanwhile
         net.dns_port = free_port()

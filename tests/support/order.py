@@ -59,11 +59,12 @@ def stream_order(events: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return _merged(parts)
 
 
-def stream(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Every event of one streamed python call: (kind, data)."""
+def stream(url: str, headers: dict[str, str], body: dict[str, Any],
+           tool: str = "python") -> list[tuple[str, Any]]:
+    """Every event of one streamed call of ``tool``: (kind, data)."""
     events: list[tuple[str, Any]] = []
     with httpx.Client(base_url=url, headers=headers, timeout=120) as c, \
-            connect_sse(c, "POST", "/v1/tools/python/invoke", json=body,
+            connect_sse(c, "POST", f"/v1/tools/{tool}/invoke", json=body,
                         headers={"Accept": "text/event-stream"}) as src:
         assert src.response.status_code == 200, src.response.read()
         for sse in src.iter_sse():

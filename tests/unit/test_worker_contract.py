@@ -133,6 +133,9 @@ BAD_REQUESTS = [
     (_request(resume_key="DEADBEEF"), "resume_key must be lower-case hex"),
     (_request(resume_key=" 0"), "resume_key must be lower-case hex"),
     (_request(resume_key=12), "resume_key must be lower-case hex"),
+    (_request(snapshot=1), "snapshot must be true or false"),
+    (_request(state_bytes=call.FORK_STATE_BYTES + 1), "state_bytes must be a whole number"),
+    (_request(state_bytes=-1), "state_bytes must be a whole number"),
 ]
 
 
@@ -189,6 +192,9 @@ BAD_REPORTS = [
     ({"probe": {"seccomp": [1, "x"]}}, "the report's probe[seccomp] must be [true or false"),
     ({"probe": {"seccomp": [True]}}, "the report's probe[seccomp] must be [true or false"),
     ({"probe": {"seccomp": [True, "x" * 5000]}}, "the report's probe[seccomp] detail must"),
+    ({"not_carried": []}, "the report's not_carried must be an object of at most"),
+    ({"not_carried": {"x" * 300: "why"}}, "the report's not_carried key must be a string"),
+    ({"not_carried": {"gen": 1}}, "the report's not_carried[gen] must be a string"),
 ]
 
 

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from sandboxd.api.e2b.access import E2bRoute, e2b_client, json_body, presented_token
 from sandboxd.api.e2b.sandboxes import E2bSandbox, Sandboxes, not_served
 from sandboxd.api.problems import Problem
-from sandboxd.policy.environment import check_env
+from sandboxd.protocol.environment import check_env
 from sandboxd.service import Sandboxd
 
 router = APIRouter(route_class=E2bRoute, include_in_schema=False)

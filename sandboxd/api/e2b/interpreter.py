@@ -37,7 +37,7 @@ from sandboxd.api.e2b.sandboxes import (
 )
 from sandboxd.api.problems import Problem
 from sandboxd.models import InvokeRequest, Result, Status
-from sandboxd.policy.environment import check_env
+from sandboxd.protocol.environment import check_env
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd
 from sandboxd.sessions.record import SessionNotFound

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sandboxd.api.e2b.sandboxes import not_served
 
 #: the variable a kernel keeps once it has the sandbox's variables (a restarted kernel has
-#: not); a caller cannot set it (``SANDBOXD_*`` is refused, :mod:`sandboxd.policy.environment`)
+#: not); a caller cannot set it (``SANDBOXD_*`` is refused, :mod:`sandboxd.protocol.environment`)
 MARK = "SANDBOXD_E2B_ENVS"
 
 

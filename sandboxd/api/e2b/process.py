@@ -24,7 +24,7 @@ from sandboxd.api.e2b.commands import Background
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.models import Result, Status
-from sandboxd.policy.environment import check_env
+from sandboxd.protocol.environment import check_env
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.sessions.record import SessionNotFound
 

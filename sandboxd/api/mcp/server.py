@@ -60,6 +60,7 @@ from starlette.types import Message, Receive, Scope, Send
 from sandboxd import __version__
 from sandboxd.api import problems
 from sandboxd.api.auth import authenticate
+from sandboxd.api.mcp import forking
 from sandboxd.api.mcp import handles as mcp_handles
 from sandboxd.api.mcp.elicit import call_context
 from sandboxd.api.mcp.envelope import envelope_error, request_id, rpc_error, with_request_id
@@ -302,7 +303,10 @@ class McpFrontDoor:
         if connection.session_id is not None:  # a 2026-07-28 request has no stream to notify
             connection.state["tools"] = _fingerprint(specs)
         handle = _stateless(ctx)
-        return types.ListToolsResult(tools=[tool_for(s, handle) for s in specs])
+        tools = [tool_for(s, handle) for s in specs]
+        if forking.NAME not in {s.name for s in specs}:  # a policy tool of its name keeps it
+            tools.append(forking.TOOL)
+        return types.ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams
                          ) -> types.CallToolResult:
@@ -310,6 +314,9 @@ class McpFrontDoor:
         client = self._client(ctx)
         self.slots.in_use(_connection(ctx).session_id)  # from now on: the session TTL
         counter = self.service.metrics.mcp_calls
+        if params.name == forking.NAME and forking.NAME not in {
+                s.name for s in self.service.tools(client)}:
+            return await self._fork(ctx, client, params)
         named: str | None = None  # the session a stateless answer names (the handle)
         try:
             lower = limits(params.meta)
@@ -349,6 +356,23 @@ class McpFrontDoor:
             return named_result(error_result(f"nothing ran: {exc}"), None if gone else named)
         counter.labels(tool=params.name, status=result.status.value).inc()
         return named_result(call_result(result), named)
+
+    async def _fork(self, ctx: Any, client: str,
+                    params: types.CallToolRequestParams) -> types.CallToolResult:
+        """The ``fork_session`` tool (:mod:`.forking`); bad arguments as any tool's."""
+        counter = self.service.metrics.mcp_calls
+        try:
+            answer = await forking.call(self.service, client, dict(params.arguments or {}),
+                                        TRANSPORT)
+        except forking.BadArguments as exc:
+            counter.labels(tool=forking.NAME, status="invalid_params").inc()
+            if is_version_at_least(ctx.session.protocol_version, ARGUMENT_ERRORS_AS_RESULTS):
+                return error_result(f"nothing ran: {exc}; fix the arguments and call again")
+            raise MCPError(types.INVALID_PARAMS, str(exc),
+                           {"tool": forking.NAME, "field": exc.field,
+                            "problem": exc.problem}) from None
+        counter.labels(tool=forking.NAME, status="error" if answer.is_error else "ok").inc()
+        return answer
 
     async def _run(self, ctx: Any, client: str, tool: str,
                    request: InvokeRequest) -> Result:

@@ -15,8 +15,10 @@ The next start re-adopts a record only when everything checks out: its session w
 (same client, workspace and uid), and the engine shows the container running, labelled as this
 daemon instance's container of that session, with the same name, image id, user and exactly
 the workspace and runner directory bind-mounted. Then the daemon listens on the runner
-directory again and waits for the runner's hello with the key. Whatever does not check out is
-removed and reported, so that the service ends its session; but a container that merely
+directory again and waits for the runner's hello with the key. A session's bash container is
+kept and re-adopted as its python one is (its lane in the record): its runner keeps its bash
+kernel, with its working directory, variables, functions and aliases. Whatever does not check
+out is removed and reported, so that the service ends its session; but a container that merely
 stopped (:data:`NOT_RUNNING`), whose image an upgrade rebuilt (:data:`IMAGE_REBUILT`) or
 whose runner did not come back in time (:data:`NOT_BACK`) leaves its session be, with its
 kernel lost.
@@ -46,7 +48,7 @@ from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.dockerapi import Engine, EngineError, NotFound
 from sandboxd.backends.container.runner import KEY_BYTES, Endpoint, RunnerLost
-from sandboxd.backends.container.sessions import SessionContainers, own_lane
+from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.util.deadline import within
 from sandboxd.workspaces import fstree
 
@@ -84,6 +86,7 @@ class Kept:
     kernel_calls: int
     shape: dict[str, int]
     wheelhouse: bool | None = None  # None: a record of a daemon that did not write it
+    lane: str | None = None  # its session key's lane (image + language); None: the image
 
 
 #: what the service hands the backend about a recovered session: (client, workspace, uid)
@@ -131,7 +134,6 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str],
         return  # a runner directory in /tmp would be gone for the next daemon
     chosen = [(key, box) for key, box in list(sessions.by_key.items())
               if key[1] in keep_ids and not box.dead and box.cid is not None
-              and not own_lane(key)  # a bash or node kernel is not kept: it is ended
               and box.endpoint.channel is not None and box.endpoint.ready]
     results = await asyncio.gather(*(_keep_one(boxes, sessions, key, box, kept)
                                      for key, box in chosen), return_exceptions=True)
@@ -154,7 +156,7 @@ async def _keep_one(boxes: Boxes, sessions: SessionContainers, key: tuple[str, s
                       key[0], box.uid, _workspace_of(info), box.endpoint.rundir.name,
                       secret.hex(), box.kernel_calls,
                       {"memory": box.shape.memory, "nano_cpus": box.shape.nano_cpus,
-                       "pids": box.shape.pids}, box.wheelhouse)
+                       "pids": box.shape.pids}, box.wheelhouse, key[2])
         _write(state, record)
         if not await channel.suspend(secret):
             raise RunnerLost(f"its runner (image {box.image}) did not say it waits for the "
@@ -189,7 +191,8 @@ def check(client: Engine, instance: str, rundir: Path, kept: Kept,
     if want is None:
         return "its session was not recovered"
     client_name, workspace, uid = want
-    if (kept.client, kept.workspace, kept.uid) != (client_name, workspace, uid):
+    if ((kept.client, kept.workspace, kept.uid) != (client_name, workspace, uid)
+            or (kept.lane is not None and kept.lane.split(" ")[0] != kept.image)):
         return "its record does not match its session"
     try:
         info = client.inspect_container(kept.cid)
@@ -323,5 +326,5 @@ async def _reconnect(boxes: Boxes, sessions: SessionContainers, rundir: Path,
               cid=kept.cid, uid=kept.uid, kernel_calls=kept.kernel_calls,
               wheelhouse=kept.wheelhouse)
     boxes.live.add(box)
-    sessions.by_key[(kept.client, kept.session, kept.image)] = box
+    sessions.by_key[(kept.client, kept.session, kept.lane or kept.image)] = box
     return None

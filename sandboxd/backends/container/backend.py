@@ -438,6 +438,10 @@ class ContainerBackend(Backend):
         """Sessions whose container has a live Python kernel."""
         return self.sessions.kernel_sessions()
 
+    def session_kernels(self) -> set[tuple[str, str]]:
+        """``(session, language)`` of each session container's live kernel."""
+        return self.sessions.session_kernels()
+
     def paused_sessions(self) -> set[str]:
         """Sessions whose container is paused now (idle; thawed at their next call)."""
         return self.sessions.paused_sessions()

@@ -54,16 +54,18 @@ SessionKey = tuple[str, str, str]  # (client, session, image + its language's la
 BASH_KEY = KERNEL_LANES[ToolKind.bash]
 
 
+def lane_language(lane: str) -> str:
+    """The language of the kernel a session container of ``lane`` (a key's third part) runs:
+    python, or the language its lane names after the image (no image name has a space)."""
+    return lane.rsplit(" ", 1)[1] if " " in lane else ToolKind.python.value
+
+
 def session_key(invocation: Invocation, image: str) -> SessionKey:
     """The key of the session container that runs ``invocation`` (KERNEL_LANES: a language
     whose kernel has a container of its own)."""
     lane = image + KERNEL_LANES.get(invocation.plan.kind, "")
     return (invocation.client, invocation.session or "", lane)
 
-
-def own_lane(key: SessionKey) -> bool:
-    """Whether ``key`` is the container of a language's own kernel (not python's)."""
-    return any(key[2].endswith(lane) for lane in set(KERNEL_LANES.values()))
 
 
 KERNEL_STOP_S = 10.0
@@ -97,6 +99,11 @@ class SessionContainers:
     def kernel_sessions(self) -> set[str]:
         """Sessions with a live kernel."""
         return {key[1] for key, box in self.by_key.items()
+                if box.kernel_calls and not box.dead}
+
+    def session_kernels(self) -> set[tuple[str, str]]:
+        """``(session, language)`` of each live kernel."""
+        return {(key[1], lane_language(key[2])) for key, box in self.by_key.items()
                 if box.kernel_calls and not box.dead}
 
     def paused_sessions(self) -> set[str]:

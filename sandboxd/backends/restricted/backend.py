@@ -40,8 +40,8 @@ import os
 import time
 from typing import Any
 
-from sandboxd.backends.base import Backend
-from sandboxd.backends.restricted import health, landlock, namespaces, outcome, standby
+from sandboxd.backends.base import Backend, KernelState
+from sandboxd.backends.restricted import carry, health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
 from sandboxd.backends.restricted.kernel import KernelPool
@@ -176,6 +176,15 @@ class RestrictedBackend(Backend):
     def interrupt_kernel(self, session_id: str) -> bool:
         """Interrupt the call in the session's kernel (see :meth:`.KernelPool.interrupt`)."""
         return self.kernels.interrupt(session_id)
+
+    async def snapshot_kernel(self, session_id: str, limit: int,
+                              deadline: float) -> KernelState | None:
+        """The session kernel's pickled state (see :mod:`.carry`)."""
+        return await carry.snapshot(self.kernels, session_id, limit, deadline)
+
+    def seed_kernel(self, session_id: str, state: bytes) -> None:
+        """The state the session's first kernel restores (see :meth:`.KernelPool.seed`)."""
+        self.kernels.seed(session_id, state)
 
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel; its next call starts a fresh one."""

@@ -8,6 +8,8 @@ written by an attacker. So (see :mod:`sandboxd.protocol.wire` for the frame form
 * only ``o`` (stdout), ``e`` (stderr) - each 1 byte up to the call's output cap -, ``d``
   (a display item, checked by :mod:`sandboxd.results.outputs`) and one ``r`` (the report, at most
   the output cap plus :data:`REPORT_SLACK`) are accepted, and nothing after the report;
+* a kernel's snapshot alone may also send one ``s`` frame, its pickled state, within the
+  request's ``state_bytes``;
 * the frames and bytes of a call are bounded (:func:`frame_budget`);
 * the report must be a JSON object with exactly the known members, of the known types.
 
@@ -36,6 +38,8 @@ from sandboxd.results.streaming import EventSink, TextRelay, emit
 
 #: room in the report for what is not the value (outcome, message, flags, probe results)
 REPORT_SLACK = 64 * 1024
+#: the most bytes one read of a snapshot's channel takes (its state can be large)
+STATE_READ_BYTES = 1 << 20
 #: how often a worker may flush each stream by itself (OutputStream.FLUSH_SECONDS = 0.02)
 FLUSHES_PER_SECOND = 50
 
@@ -75,18 +79,23 @@ class FrameReader:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
                  timeout_s: float, until_report: bool = False,
-                 display: DisplayCaps | None = None, events: EventSink | None = None) -> None:
+                 display: DisplayCaps | None = None, events: EventSink | None = None,
+                 state_bytes: int = 0) -> None:
         self.loop = loop
         self.fd = fd
         self.cap = cap
         display = display or DisplayCaps()
         frames, total = frame_budget(cap, timeout_s, display)
-        self.decoder = Decoder(
-            {b"o": (1, cap), b"e": (1, cap), b"d": (2, display.frame_bytes),
-             b"r": (2, cap + REPORT_SLACK)},
-            max_frames=frames,
-            max_bytes=total,
-        )
+        sizes = {b"o": (1, cap), b"e": (1, cap), b"d": (2, display.frame_bytes),
+                 b"r": (2, cap + REPORT_SLACK)}
+        if state_bytes:  # a kernel's snapshot: one ``s`` frame of its pickled state
+            sizes[b"s"] = (0, state_bytes)
+            total += HEADER.size + state_bytes
+        self.decoder = Decoder(sizes, max_frames=frames, max_bytes=total)
+        #: bytes per read: a snapshot's large state in fewer wake-ups (still bounded work)
+        self.read_bytes = STATE_READ_BYTES if state_bytes else READ_BYTES
+        #: a snapshot's state, as opaque bytes (the daemon never unpickles it)
+        self.state: bytes | None = None
         self.stdout = bytearray()
         self.stderr = bytearray()
         self.displays = DisplayCollector(display)
@@ -109,7 +118,7 @@ class FrameReader:
     def _on_readable(self) -> None:
         """One bounded read per callback; the loop serves others before the next one."""
         try:
-            chunk = os.read(self.fd, READ_BYTES)
+            chunk = os.read(self.fd, self.read_bytes)
         except BlockingIOError:
             return
         except OSError:
@@ -137,6 +146,11 @@ class FrameReader:
             raise ProtocolError("a frame after the final report")
         if kind == b"r":
             self.report = check_report(payload)
+            return
+        if kind == b"s":
+            if self.state is not None:
+                raise ProtocolError("a second state frame")
+            self.state = payload
             return
         if kind == b"d":
             item = self.displays.take(payload)

@@ -93,6 +93,8 @@ class _Run:
     exit_info: dict[str, Any] | None = None
     interrupted: bool = False
     lost: bool = True
+    #: a fork's first call: its parent's pickled state, sent after the request
+    state: bytes = b""
 
 
 @dataclass(eq=False)
@@ -111,6 +113,8 @@ class SessionKernel:
     cpu_s: float = 0.0
     #: a call runs in it now
     busy: bool = False
+    #: the imports rule of its last call (a snapshot pickles under it)
+    imports: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     #: set when the call in flight ends (its reader stopped) or an interrupt is asked for
     #: it (``POST .../interrupt``): the call waits on this one event
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -137,6 +141,13 @@ class KernelPool:
         self.closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: whether the daemon may set a kernel's CPU limits from outside (see the docs)
         self.outside_cpu_limit = True
+        #: forks' sessions whose first kernel restores their parent's state (see .carry)
+        self.pending: dict[str, bytes] = {}
+
+    def seed(self, sid: str, state: bytes) -> None:
+        """The session's next fresh kernel restores ``state`` (its parent's, pickled in the
+        parent's sandbox) before its first call; a restart or close drops it."""
+        self.pending[sid] = state
 
     def live(self) -> set[str]:
         """Sessions whose kernel is alive."""
@@ -190,7 +201,9 @@ class KernelPool:
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
         assert inv.session is not None
         self.kernels[inv.session] = k
-        return await self._call(k, inv, limits, deadline, msg, fresh=True, started_at=started_at)
+        state = self.pending.pop(inv.session, b"")
+        return await self._call(k, inv, limits, deadline, replace(msg, state_bytes=len(state)),
+                                fresh=True, started_at=started_at, state=state)
 
     def _move_cpu_limit(self, k: SessionKernel, msg: WorkerRequest) -> WorkerRequest:
         """This call's CPU allowance on top of what the kernel used so far (see the module
@@ -212,10 +225,11 @@ class KernelPool:
 
     async def _call(self, k: SessionKernel, inv: Invocation, limits: Limits, deadline: float,
                     msg: WorkerRequest, *, fresh: bool,
-                    started_at: float | None = None) -> Result:
+                    started_at: float | None = None, state: bytes = b"") -> Result:
         started_at = time.monotonic() if started_at is None else started_at
         z, worker = k.zygote, k.worker
-        run = _Run(msg)
+        run = _Run(msg, state=state)
+        k.imports = (msg.imports_allow, msg.imports_deny)
         reader = FrameReader(asyncio.get_running_loop(), worker.sock.fileno(),
                              limits.output_bytes, limits.timeout_s, until_report=True,
                              display=msg.display, events=inv.events)
@@ -268,6 +282,8 @@ class KernelPool:
         reader.on_stop = k.wake.set
         k.busy = True
         await standby.send(asyncio.get_running_loop(), worker, run.msg)
+        if run.state:
+            await asyncio.get_running_loop().sock_sendall(worker.sock, run.state)
         finished, _ = await within(k.wake.wait(), deadline - time.monotonic())
         if not finished or not reader.done.is_set():
             # the deadline, or an interrupt request: interrupt before kill
@@ -385,6 +401,7 @@ class KernelPool:
         ``why`` (its own cleanup runs). ``forget``: the session is gone - calls of it still
         queued are refused, and any kernel is ended once they are done. True when a live
         kernel was ended."""
+        self.pending.pop(sid, None)  # a restarted or closed fork starts empty
         if forget:
             self.closed[sid] = None
             while len(self.closed) > CLOSED_MEMORY:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
-from sandboxd.backends.restricted.zygote_protocol import recv_msg, write_all
+from sandboxd.backends.restricted.zygote_protocol import recv_exact, recv_msg, write_all
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerReport, WorkerRequest
 
@@ -52,7 +52,8 @@ def preimport() -> None:
     import unicodedata  # noqa: F401
 
     import sandboxd.backends.restricted.confine
-    import sandboxd.backends.restricted.lang  # noqa: F401
+    import sandboxd.backends.restricted.lang
+    import sandboxd.backends.restricted.lang.carry  # noqa: F401 - a kernel's fork state
 
 
 #: trusted sample program the zygote runs on itself before forking (see :func:`_prime`)
@@ -152,6 +153,12 @@ def run_worker(
             msg = WorkerRequest.from_wire(raw)
         except ValueError as exc:
             setup_error = f"the call's request: {exc}"
+    state = b""  # a fork's first call: its parent's pickled state follows the request
+    if msg is not None and msg.state_bytes and setup_error is None:
+        try:
+            state = recv_exact(sock, msg.state_bytes)
+        except (EOFError, OSError):
+            return 0
     uid = msg.uid if msg is not None else None
     uid_range = cfg.get("uid_range")
     if setup_error is None and uid_range is not None and (
@@ -202,6 +209,11 @@ def run_worker(
     while True:
         if msg.probe is not None:
             report = self_test(msg)
+        elif msg.snapshot and namespace is not None:
+            report = snapshot_state(namespace, msg, wfd)
+        elif state and namespace is not None and (
+                failed := restore_state(namespace, state, msg, workspace, spec, emit)):
+            report = WorkerReport(outcome="error", exit_code=1, message=failed)
         else:
             report = WorkerReport(**lang.run_user_code(
                 msg.code,
@@ -214,6 +226,7 @@ def run_worker(
                 namespace=namespace,
                 display=msg.display.wire(),
             ))
+        state = b""
         report = replace(report, worker_us=int((time.perf_counter() - t_recv) * 1e6))
         parks = namespace is not None and report.outcome in KERNEL_SURVIVES
         # a kernel that goes on waits for the session's next call, already confined (same
@@ -238,6 +251,53 @@ def run_worker(
         if msg.kind != "python" or msg.probe is not None:
             return 0
         move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
+
+
+def snapshot_state(namespace: dict[str, Any], msg: WorkerRequest, wfd: int) -> WorkerReport:
+    """A kernel's namespace pickled (:func:`.lang.carry.snapshot`) and written as one ``s``
+    frame; the report names what was left out, or says why nothing is carried."""
+    from sandboxd.backends.restricted.lang import carry
+    from sandboxd.backends.restricted.lang.modules import ImportHook
+
+    hook = ImportHook(list(msg.imports_allow), list(msg.imports_deny))
+    blob, not_carried, error = carry.snapshot(namespace, hook, msg.state_bytes)
+    if blob is not None:
+        STATE.emitting = True
+        try:  # header, then the bytes as they are: no second copy of a large state
+            write_all(wfd, wire.HEADER.pack(b"s", 0, blob.size))
+            for part in blob.parts:
+                write_all(wfd, part)
+            del blob
+        finally:
+            STATE.emitting = False
+    return WorkerReport(outcome="ok", not_carried=carry.reported(not_carried) or None,
+                        error=error)
+
+
+def restore_state(namespace: dict[str, Any], state: bytes, msg: WorkerRequest,
+                  workspace: str, spec: Any, emit: Any) -> str | None:
+    """A fork's fresh kernel: its parent's state put into ``namespace`` before its first call
+    (:func:`.lang.carry.restore`, with this call's trusted globals already set: restoring may
+    run user code). Returns why it failed (the namespace stays empty), else None."""
+    from sandboxd.backends.restricted import lang
+    from sandboxd.backends.restricted.lang import carry
+    from sandboxd.backends.restricted.lang.files import WorkspaceOpener
+    from sandboxd.backends.restricted.lang.modules import ImportHook
+    from sandboxd.backends.restricted.lang.output import OutputStream
+    from sandboxd.protocol.rules import OutputBudget
+
+    hook = ImportHook(list(msg.imports_allow), list(msg.imports_deny))
+    stdout = OutputStream(b"o", emit, OutputBudget(msg.limits.output_bytes))
+    lang.refresh_namespace(namespace, lang.make_globals(
+        hook, WorkspaceOpener(workspace, spec.max_file_bytes), stdout))
+    try:
+        carry.restore(namespace, state, hook)
+    except BaseException as exc:
+        return (f"the session state forked from its parent could not be restored "
+                f"({type(exc).__name__}: {str(exc)[:300]}); this kernel starts empty")[:4096]
+    finally:
+        stdout.flush()
+    return None
 
 
 def _malloc_trim() -> Any:

@@ -58,6 +58,10 @@ from sandboxd.backends.restricted.zygote_protocol import (
 
 #: the most standby workers a zygote keeps (the target is min(this, max_concurrency))
 STANDBY_WORKERS = 4
+#: each end's send buffer on a worker's socket (the host's net.core.wmem_max caps it): a
+#: fork's pickled state (tens of MB) crosses in a few wake-ups of the daemon, not hundreds;
+#: memory only while bytes are in flight, and the reader's bounds are unchanged
+SOCKET_SNDBUF = 4 * 1024 * 1024
 
 
 class _Worker:
@@ -151,6 +155,8 @@ class Zygote:
         # socket.send_fds, secrets, contextlib.suppress): while the new worker shares the
         # zygote's pages, each page of Python code and data run here costs a copy.
         ours, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (ours, theirs):  # a fork's state crosses in fewer wake-ups (see .carry)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SNDBUF)
         cgroup = "w" + os.urandom(8).hex()
         try:
             pid = self.forker.fork() if self.forker is not None else os.fork()

@@ -1,0 +1,340 @@
+"""A session kernel's state carried to its forks: serialised inside the parent's sandbox,
+restored inside each fork's (the daemon only relays the bytes, never unpickles them).
+
+**Serialising** (:func:`snapshot`, in the parent kernel, between calls): the user's names of
+the kernel's namespace (every name user code can bind: restricted code cannot bind a name
+that starts with ``_``, so the guards, ``__builtins__`` and the print collector are left out
+and rebuilt in the fork) are pickled with cloudpickle: functions, lambdas and classes defined
+in the session by value, modules by reference (a module proxy is its name: the fork's own
+import hook hands out a fresh one, under the fork's policy), module values (``math.pi``'s
+function, ``datetime.date``) by reference only when an allowed module's proxy exposes them.
+Every function's globals is *the namespace itself*, by reference: in the fork, functions are
+rebuilt on the fork's namespace, so one defined before the fork reads a global changed
+after it in that fork. A name that cannot be pickled (an open file, a generator, a bound
+method of a host object...) is named with why, and the others are carried together (one
+pickle: what they share stays shared). The bytes are written to a bounded buffer: more than
+the limit stops the pickling there, and nothing is carried.
+
+**Restoring** (:func:`restore`, in the fork's fresh kernel, confined, before its first call):
+an unpickler whose ``find_class`` admits only cloudpickle's reconstructors (the ones that
+touch globals or builtins replaced by ours, which never hand out the host's builtins),
+the safe builtins and what an allowed module's proxy exposes; classes rebuilt are recorded
+as user classes (the ``_write_`` guard lets their code mutate them as before). The bytes
+come from the parent's sandbox, which is confined as this one is; the allowlist keeps what
+its honest pickler writes within what its code could reach, and the process layer is the
+boundary for the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import sys
+import types
+from typing import Any
+
+import cloudpickle
+from cloudpickle import cloudpickle as _cp
+
+from sandboxd.backends.restricted.lang.allowlist import (
+    ALLOWED_METACLASSES,
+    SAFE_BUILTIN_NAMES,
+    SAFE_EXCEPTIONS,
+)
+from sandboxd.backends.restricted.lang.guards import user_classes
+from sandboxd.backends.restricted.lang.module_allowlist import MODULES
+from sandboxd.backends.restricted.lang.modules import ImportHook, make_proxy
+from sandboxd.backends.restricted.lang.proxy import ModuleProxy
+
+#: the longest reason a name is not carried for (the report bounds it again)
+MAX_WHY = 200
+#: the names left out a report lists (beyond: one entry says how many more), and the
+#: longest name it shows: a report stays far within its bounds (protocol.call) whatever the
+#: namespace holds, so that a namespace never makes the kernel break its protocol
+MAX_REPORTED = 256
+MAX_NAME = 200
+_METAS: tuple[type, ...] = tuple(sorted(ALLOWED_METACLASSES, key=lambda m: m.__qualname__))
+#: cloudpickle's reconstructors a pickle of user state names (:class:`_Unpickler` admits
+#: these only, those touching globals, builtins or metaclasses replaced by its own)
+RECONSTRUCTORS = ("_make_function", "_function_setstate", "_make_skeleton_class",
+                  "_make_skeleton_enum", "_class_setstate", "_make_empty_cell", "_make_cell",
+                  "_builtin_type", "_make_dict_keys", "_make_dict_values", "_make_dict_items")
+_RECONSTRUCTOR_IDS = frozenset(id(getattr(_cp, n)) for n in RECONSTRUCTORS)
+#: the host types cloudpickle rebuilds a function or a bound method with (references)
+_HOST_TYPES: dict[str, type] = {"CodeType": types.CodeType, "CellType": types.CellType,
+                                "MethodType": types.MethodType}
+
+
+class TooLarge(Exception):
+    """The pickled state grew past the limit."""
+
+
+class _Bounded(io.RawIOBase):
+    """A write-only sink that refuses to grow past ``limit`` bytes. It keeps what pickle
+    writes as it is (a large value's payload is a view of the value itself: not copied, it
+    is written out from there once the pickling is done, before any user code runs again)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.parts: list[Any] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        if self.size + n > self.limit:
+            raise TooLarge(f"the pickled state is larger than {self.limit} bytes")
+        # small writes are pickle's own frame buffers, reused by it: those are copied
+        self.parts.append(data if n >= 1 << 16 else bytes(data))
+        self.size += n
+        return n
+
+
+class Pickled:
+    """A pickled state: its parts in order (see :class:`_Bounded`) and its size."""
+
+    def __init__(self, parts: list[Any], size: int) -> None:
+        self.parts = parts
+        self.size = size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def user_names(namespace: dict[str, Any]) -> list[str]:
+    """The names of ``namespace`` user code bound (it cannot bind ``_``-names)."""
+    return [n for n in namespace if type(n) is str and not n.startswith("_")]
+
+
+def _exposed(hook: ImportHook) -> dict[int, Any]:
+    """``{id: value}`` of what user code may hold by reference: the safe builtins and every
+    value an allowed module's proxy exposes."""
+    import builtins
+
+    values: list[Any] = [getattr(builtins, n) for n in (*SAFE_BUILTIN_NAMES, *SAFE_EXCEPTIONS)]
+    for name in MODULES:
+        if hook.allowed(name):
+            values.extend(make_proxy(name).__dict__.values())
+    return {id(v): v for v in values}
+
+
+def _by_reference(obj: Any) -> bool:
+    """``obj`` is one of the kinds pickle saves as a reference to a module's attribute."""
+    return isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType
+                      | types.MethodType)
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, with the kernel's namespace, module proxies and metaclasses as
+    references, and with every reference to a host value checked against what an allowed
+    module exposes."""
+
+    def __init__(self, file: Any, namespace: dict[str, Any], exposed: dict[int, Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.namespace = namespace
+        self.exposed = exposed
+
+    def persistent_id(self, obj: Any) -> Any:
+        if obj is self.namespace:
+            return "ns"
+        if isinstance(obj, ModuleProxy):
+            return ("module", obj.__dict__["__name__"])
+        if type(obj) is type or (isinstance(obj, type) and type(obj) in ALLOWED_METACLASSES):
+            for name, host in _HOST_TYPES.items():
+                if obj is host:
+                    return ("type", name)
+            if obj in _METAS:
+                return ("meta", _METAS.index(obj))
+            if obj in user_classes or id(obj) in self.exposed:
+                return None
+            raise pickle.PicklingError(f"{obj.__qualname__} is a class of the host")
+        if _by_reference(obj) and not (isinstance(obj, types.FunctionType)
+                                       and obj.__globals__ is self.namespace):
+            if id(obj) in self.exposed or id(obj) in _RECONSTRUCTOR_IDS:
+                return None
+            name = getattr(obj, "__qualname__", type(obj).__name__)
+            raise pickle.PicklingError(f"{name} is a function of the host")
+        return None
+
+    def _function_getnewargs(self, func: Any) -> Any:
+        if func.__globals__ is not self.namespace:  # checked above: never reached
+            raise pickle.PicklingError("a function of foreign globals")
+        closure = (None if func.__closure__ is None else
+                   tuple(_cp._make_empty_cell() for _ in func.__code__.co_freevars))
+        return func.__code__, self.namespace, None, None, closure
+
+    def _dynamic_function_reduce(self, func: Any) -> Any:
+        state, slotstate = _cp._function_getstate(func)
+        slotstate["__globals__"] = {k: v for k, v in slotstate["__globals__"].items()
+                                    if not k.startswith("_")}
+        slotstate["_cloudpickle_submodules"] = []
+        return (_cp._make_function, self._function_getnewargs(func), (state, slotstate),
+                None, None, _cp._function_setstate)
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:MAX_WHY]
+
+
+def reported(not_carried: dict[str, str]) -> dict[str, str]:
+    """``not_carried`` as a report lists it (see :data:`MAX_REPORTED`)."""
+    shown = {name[:MAX_NAME]: why for name, why in list(not_carried.items())[:MAX_REPORTED]}
+    if len(not_carried) > MAX_REPORTED:
+        shown["..."] = f"and {len(not_carried) - MAX_REPORTED} more names not carried"
+    return shown
+
+
+def _dump(obj: Any, namespace: dict[str, Any], exposed: dict[int, Any],
+          limit: int) -> Pickled:
+    sink = _Bounded(limit)
+    _Pickler(sink, namespace, exposed).dump(obj)
+    return Pickled(sink.parts, sink.size)
+
+
+def snapshot(namespace: dict[str, Any], hook: ImportHook,
+             limit: int) -> tuple[Pickled | None, dict[str, str], str | None]:
+    """``(blob, not_carried, error)``: the pickled user names of ``namespace`` (``None`` and
+    ``error`` when nothing can be carried), and ``{name: why}`` for those left out."""
+    exposed = _exposed(hook)
+    names = user_names(namespace)
+    not_carried: dict[str, str] = {}
+    try:
+        try:
+            return _dump({n: namespace[n] for n in names}, namespace, exposed, limit), {}, None
+        except TooLarge:
+            raise
+        except Exception:  # find the culprits one by one, then carry the others together
+            pass
+        for name in names:
+            try:
+                _dump(namespace[name], namespace, exposed, limit)
+            except TooLarge:
+                raise
+            except Exception as exc:
+                not_carried[name] = _why(exc)
+        kept = {n: namespace[n] for n in names if n not in not_carried}
+        return _dump(kept, namespace, exposed, limit), not_carried, None
+    except TooLarge as exc:
+        return None, not_carried, str(exc)
+    except MemoryError:
+        return None, not_carried, "the kernel's memory limit was reached while pickling"
+    except Exception as exc:  # a failure of the names together only
+        return None, not_carried, f"the state could not be pickled: {_why(exc)}"
+
+
+class _MetaToken:
+    """A metaclass, as a restored pickle holds it: only a class skeleton unwraps it."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self, meta: type) -> None:
+        self.meta = meta
+
+
+class _Unpickler(pickle.Unpickler):
+    """An unpickler admitting only what :func:`snapshot` writes for user state."""
+
+    def __init__(self, file: Any, namespace: dict[str, Any], hook: ImportHook) -> None:
+        super().__init__(file)
+        self.namespace = namespace
+        self.hook = hook
+        self.exposed = _exposed(hook)
+        replaced = {"_make_function": self._make_function,
+                    "_function_setstate": self._function_setstate,
+                    "_make_skeleton_class": self._make_skeleton_class,
+                    "_make_skeleton_enum": self._make_skeleton_enum,
+                    "_builtin_type": self._builtin_type}
+        self.own = {n: replaced.get(n) or getattr(_cp, n) for n in RECONSTRUCTORS}
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid == "ns":
+            return self.namespace
+        if type(pid) is tuple and len(pid) == 2 and pid[0] == "module" and type(pid[1]) is str:
+            return self.hook(pid[1], None, None, (), 0)
+        if (type(pid) is tuple and len(pid) == 2 and pid[0] == "meta" and type(pid[1]) is int
+                and 0 <= pid[1] < len(_METAS)):
+            return _MetaToken(_METAS[pid[1]])
+        if (type(pid) is tuple and len(pid) == 2 and pid[0] == "type"
+                and pid[1] in _HOST_TYPES):
+            return _HOST_TYPES[pid[1]]
+        raise pickle.UnpicklingError("an unknown reference in the state")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "cloudpickle.cloudpickle" and name in self.own:
+            return self.own[name]
+        host = sys.modules.get(module)  # never imports anything
+        obj: Any = host
+        for part in name.split("."):
+            obj = getattr(obj, part, None) if obj is not None else None
+        if obj is None or id(obj) not in self.exposed:
+            raise pickle.UnpicklingError(f"{module}.{name} may not be restored in the sandbox")
+        return obj
+
+    def _make_function(self, code: Any, globals_: Any, name: Any, argdefs: Any,
+                       closure: Any) -> types.FunctionType:
+        if globals_ is not self.namespace or type(code) is not types.CodeType:
+            raise pickle.UnpicklingError("a function of foreign globals")
+        return types.FunctionType(code, self.namespace, name, argdefs, closure)
+
+    def _function_setstate(self, func: Any, state: Any) -> None:
+        if type(func) is not types.FunctionType or func.__globals__ is not self.namespace:
+            raise pickle.UnpicklingError("a function state for a foreign object")
+        state, slotstate = state
+        func.__dict__.update(state)
+        for key, value in slotstate.pop("__globals__").items():
+            if type(key) is str and not key.startswith("_"):
+                self.namespace[key] = value
+        closure = slotstate.pop("__closure__")
+        slotstate.pop("_cloudpickle_submodules", None)
+        if closure is not None:
+            for cell, new in zip(func.__closure__ or (), closure, strict=False):
+                with contextlib.suppress(ValueError):  # an empty cell stays empty
+                    cell.cell_contents = new.cell_contents
+        for key in ("__name__", "__qualname__", "__annotations__", "__kwdefaults__",
+                    "__defaults__", "__module__", "__doc__"):
+            if key in slotstate:
+                setattr(func, key, slotstate[key])
+
+    @staticmethod
+    def _builtin_type(name: Any) -> Any:
+        if type(name) is not str or name not in _HOST_TYPES:
+            raise pickle.UnpicklingError(f"the type {name!r} may not be restored")
+        return _HOST_TYPES[name]
+
+    @staticmethod
+    def _meta(token: Any) -> type:
+        if type(token) is not _MetaToken:
+            raise pickle.UnpicklingError("a class of an unknown metaclass")
+        return token.meta
+
+    def _make_skeleton_class(self, meta: Any, *args: Any) -> type:
+        cls: type = _cp._make_skeleton_class(self._meta(meta), *args)
+        user_classes.add(cls)
+        return cls
+
+    def _make_skeleton_enum(self, bases: Any, *args: Any) -> type:
+        cls: type = _cp._make_skeleton_enum(bases, *args)
+        if type(cls) not in ALLOWED_METACLASSES:
+            raise pickle.UnpicklingError("an enum of an unknown metaclass")
+        user_classes.add(cls)
+        return cls
+
+
+def restore(namespace: dict[str, Any], blob: bytes, hook: ImportHook) -> list[str]:
+    """Put the names pickled in ``blob`` into ``namespace`` (whose trusted entries are set
+    already: restoring may run user code, e.g. a class's ``__eq__`` for a set). Returns the
+    names restored; raises on anything :class:`_Unpickler` refuses (nothing is put in then)."""
+    try:
+        loaded = _Unpickler(io.BytesIO(blob), namespace, hook).load()
+        if type(loaded) is not dict or not all(type(k) is str and not k.startswith("_")
+                                               for k in loaded):
+            raise pickle.UnpicklingError("the state is not a namespace")
+    except BaseException:
+        for name in user_names(namespace):  # what functions' states put in already
+            del namespace[name]
+        raise
+    namespace.update(loaded)
+    return list(loaded)
