@@ -3,7 +3,6 @@ Docker engine and the javascript profile's image, for the javascript/typescript 
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,9 +11,8 @@ import pytest
 from sandboxd.policy.javascript import JAVASCRIPT_IMAGE
 from tests.container.conftest import labelled
 from tests.container.test_http import daemon_env
-from tests.kernels.conftest import Daemon
 from tests.support.ci import require
-from tests.support.daemon import running_daemon
+from tests.support.kernel_daemon import KernelDaemon, kernel_daemon
 
 POLICY = """\
 version: 1
@@ -34,6 +32,7 @@ tools:
     modules: {allow: ["*", worker_threads]}
 """
 
+Daemon = KernelDaemon
 #: the grace an interrupted kernel gets (seconds; the daemon's kernel_interrupt_grace_s)
 GRACE_S = 2
 
@@ -48,12 +47,7 @@ def daemon(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         present = False
     require(present, f"the javascript profile's image ({JAVASCRIPT_IMAGE}: sandboxd images "
                      "build --profile javascript, which make images runs)")
-    tmp = tmp_path_factory.mktemp("javascript")
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "javascript.yaml").write_text(POLICY)
-    instance = f"js{secrets.token_hex(4)}"
-    env = {**daemon_env(instance), "SANDBOXD_KERNEL_INTERRUPT_GRACE_S": str(GRACE_S)}
-    with running_daemon(tmp, policies_dir=policies, env=env) as d:
-        yield Daemon(d, instance)
-    assert labelled(docker_client, instance) == []
+    env = {**daemon_env(""), "SANDBOXD_KERNEL_INTERRUPT_GRACE_S": str(GRACE_S)}
+    with kernel_daemon(tmp_path_factory.mktemp("javascript"), POLICY, "js", env) as d:
+        yield d
+    assert labelled(docker_client, d.instance) == []

@@ -168,7 +168,7 @@ def test_limits_end_the_kernel_truthfully(daemon: Daemon) -> None:
     assert daemon.call("javascript", "let x = 1", sid)["status"] == "ok"
     memory = daemon.call("javascript", "const chunks = []\n"
                                        "while (true) chunks.push(Buffer.alloc(2 ** 20, 1))",
-                         sid, memory_bytes=128 * 2**20)
+                         sid, limits={"memory_bytes": 128 * 2**20})
     assert memory["termination"]["reason"] == "memory_limit", memory
     assert memory["kernel"]["lost"] is True, memory
     assert memory["cleanup"]["verified"] is True, memory
@@ -177,7 +177,7 @@ def test_limits_end_the_kernel_truthfully(daemon: Daemon) -> None:
                                      "for (let i = 0; i < 40; i++) new Worker("
                                      "'setInterval(() => {}, 1000)', {eval: true})\n"
                                      "await new Promise((r) => setTimeout(r, 5000))",
-                       sid, pids=16)
+                       sid, limits={"pids": 16})
     assert pids["termination"]["reason"] == "pids_limit", pids
     assert pids["kernel"]["lost"] is True, pids
     assert pids["cleanup"]["verified"] is True, pids
