@@ -20,9 +20,14 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
+from .decode import check_choice as _choice
+from .decode import check_int as _int
+from .decode import check_list as _list
+from .decode import check_obj as _obj
+from .decode import check_text as _text
 from .display import MAX_VALUE_REPR, DisplayCaps
 from .limits import FORK_STATE_BYTES, Limits
-from .plan import MAX_NAMES, Plan, _choice, _int, _list, _obj, _text
+from .plan import MAX_NAMES, Plan
 
 #: what a request asks: python code, bash or javascript/typescript code (always in that
 #: language's kernel), a command plan,
@@ -122,6 +127,7 @@ class WorkerRequest:
     interrupt_grace_s: float = 0.0
     resume_key: str = ""  # hex: the next daemon's one-time key (a ``suspend`` request)
     programs: tuple[str, ...] = ()  # a bash call: the only programs its kernel may execute
+    stdin: bool = False  # a plan: its stdin is a pipe the daemon feeds (frames i, c), not /dev/null
 
     def __post_init__(self) -> None:
         for name in ("imports_allow", "imports_deny", "programs"):
@@ -150,8 +156,9 @@ class WorkerRequest:
                    plan=None if self.plan is None else self.plan.to_wire(),
                    imports_allow=list(self.imports_allow), imports_deny=list(self.imports_deny),
                    env=dict(self.env), programs=list(self.programs))
-        for name in ("programs", "snapshot", "state_bytes"):
-            # a bash call's, a restricted kernel's: a runner built before them reads the rest
+        for name in ("programs", "snapshot", "state_bytes", "stdin"):
+            # a bash call's, a restricted kernel's, a plan fed its stdin: a runner built
+            # before them reads the rest
             if not out[name]:
                 del out[name]
         return out
@@ -174,12 +181,6 @@ def _env(value: Any, what: str) -> dict[str, str]:
     return {_text(k, f"{what} key"): _text(v, f"{what}[{k}]") for k, v in value.items()}
 
 
-def _display(value: Any, what: str) -> DisplayCaps:
-    d = _obj(value, what, ("item_bytes", "count"), ("item_bytes", "count"))
-    return DisplayCaps(item_bytes=_int(d["item_bytes"], f"{what}.item_bytes", 1, 2**40),
-                       count=_int(d["count"], f"{what}.count", 0, 1_000_000))
-
-
 def _code(value: Any, what: str) -> str:
     if not isinstance(value, str) or len(value) > MAX_CODE:
         raise ValueError(f"{what} must be a string of at most {MAX_CODE} characters")
@@ -200,7 +201,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
 _REQUEST_DECODERS: dict[str, Any] = {
     "id": lambda v, w: _short(v, w, MAX_ID),
     "limits": lambda v, w: Limits.from_wire(v),
-    "display": _display,
+    "display": DisplayCaps.from_wire,
     "code": _code,
     "plan": lambda v, w: _opt(v, w, lambda p, _w: Plan.from_wire(p)),
     "imports_allow": _names,
@@ -223,6 +224,7 @@ _REQUEST_DECODERS: dict[str, Any] = {
     "interrupt_grace_s": _seconds,
     "resume_key": lambda v, w: _hex(v, w, MAX_KEY_HEX),
     "programs": _names,
+    "stdin": _bool,
 }
 _REQUEST_KEYS = tuple(f.name for f in fields(WorkerRequest))
 assert set(_REQUEST_DECODERS) == set(_REQUEST_KEYS) - {"kind"}

@@ -71,6 +71,13 @@ def _limit(default: float, info: LimitInfo) -> Any:
     return field(default=default, metadata={"limit": info})
 
 
+#: a command's standard input, fed while it runs (E2B's ``send_stdin``, each message within
+#: the daemon's ``max_body_bytes``): at most this many bytes over the command's life, sent in
+#: frames of at most ``wire.READ_BYTES``. The daemon refuses more; the runner never holds
+#: more for a command that does not read (in its container's memory).
+MAX_STDIN_BYTES = 4 * MIB
+
+
 @dataclass(frozen=True)
 class Limits:
     """The effective limits of one execution: min(request, tool, policy maximum)."""

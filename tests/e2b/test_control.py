@@ -104,10 +104,10 @@ def test_bad_requests_and_unserved_envd_methods_say_what_is_wrong(e2b_env: E2bDa
         assert made.status_code == 201, made.text
         sid = made.json()["sandboxID"]
         plane = {"E2b-Sandbox-Id": sid, "X-Access-Token": made.json()["envdAccessToken"]}
-        stdin = http.post("/process.Process/SendInput", json={}, headers=plane)
+        stdin = http.post("/process.Process/StreamInput", json={}, headers=plane)
         assert stdin.status_code == 501
         assert stdin.json() == {"code": "unimplemented",
-                                "message": "sandboxd does not serve envd's process.SendInput"}
+                                "message": "sandboxd does not serve envd's process.StreamInput"}
         watch = http.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/home/user"},
                           headers=plane)
         assert watch.status_code == 501 and "CreateWatcher" in watch.json()["message"]

@@ -66,10 +66,66 @@ def test_files_write_read_list_exists_make_dir_rename_remove(e2b_env: E2bDaemon)
         assert sbx.commands.run("cat data.bin").exit_code == 0
 
 
-def test_a_command_with_stdin_is_refused_naming_it(e2b_env: E2bDaemon) -> None:
+def test_a_command_started_with_stdin_reads_what_is_sent_until_close_stdin(
+        e2b_env: E2bDaemon) -> None:
     from e2b import Sandbox
-    from e2b.exceptions import SandboxException
 
-    with Sandbox.create(template="base") as sbx, pytest.raises(SandboxException,
-                                                              match="stdin"):
-        sbx.commands.run("cat", background=True, stdin=True)
+    with Sandbox.create(template="base") as sbx:
+        handle = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(handle.pid, "first line\n")
+        seen = ""
+        for stdout, _, _ in handle:  # echoed while it runs, before any close
+            seen += stdout or ""
+            if "first line\n" in seen:
+                break
+        assert seen == "first line\n"
+        big = "".join(f"{n:07d}\n" for n in range(25_000))  # 200 KB: frames, a full pipe
+        sbx.commands.send_stdin(handle.pid, "\u03bb second\n".encode())
+        sbx.commands.send_stdin(handle.pid, big)
+        sbx.commands.close_stdin(handle.pid)
+        result = handle.wait()  # EOF: cat ends by itself
+        assert result.exit_code == 0
+        assert result.stdout == "first line\n\u03bb second\n" + big
+    [record] = [r for r in audit_records(e2b_env.daemon.audit_path, "result")
+                if r["transport"] == "e2b" and r["tool"] == "shell"
+                and r["session"] == sbx.sandbox_id]
+    assert record["status"] == "ok" and record["termination"]["exit_code"] == 0, record
+    assert record["stdout_bytes"] == len(result.stdout.encode()), record
+
+
+def test_stdin_of_a_command_started_without_it_or_over_the_bound_is_refused(
+        e2b_env: E2bDaemon) -> None:
+    from e2b import Sandbox
+    from e2b.exceptions import InvalidArgumentException, SandboxException
+
+    from sandboxd.protocol.limits import MAX_STDIN_BYTES
+
+    with Sandbox.create(template="base") as sbx:
+        plain = sbx.commands.run("sleep 60", background=True)
+        with pytest.raises(SandboxException, match="not started with stdin"):
+            sbx.commands.send_stdin(plain.pid, "x")
+        with pytest.raises(SandboxException, match="not started with stdin"):
+            sbx.commands.close_stdin(plain.pid)
+        assert sbx.commands.kill(plain.pid)
+        asleep = sbx.commands.run("sleep 60", background=True, stdin=True)
+        sbx.commands.close_stdin(asleep.pid)
+        with pytest.raises(InvalidArgumentException, match="closed"):
+            sbx.commands.send_stdin(asleep.pid, "late")
+        assert sbx.commands.kill(asleep.pid)
+        count = "import sys; print(len(sys.stdin.buffer.read()))"
+        handle = sbx.commands.run(f'python3 -c "{count}"', background=True, stdin=True)
+        # one message within the daemon's body limit (its 413), the whole within the bound
+        with pytest.raises(SandboxException, match="max_body_bytes"):
+            sbx.commands.send_stdin(handle.pid, b"x" * 1024 * 1024)
+        piece = 512 * 1024
+        for _ in range(MAX_STDIN_BYTES // piece - 1):
+            sbx.commands.send_stdin(handle.pid, b"y" * piece)
+        with pytest.raises(InvalidArgumentException, match=str(MAX_STDIN_BYTES)):
+            sbx.commands.send_stdin(handle.pid, b"x" * (piece + 1))
+        sbx.commands.send_stdin(handle.pid, b"y" * (piece - 3))
+        with pytest.raises(InvalidArgumentException, match="in all"):  # the total counts
+            sbx.commands.send_stdin(handle.pid, "four")
+        sbx.commands.send_stdin(handle.pid, "ok\n")  # what fits is still taken
+        sbx.commands.close_stdin(handle.pid)
+        # the refused writes sent nothing; the bound itself is taken whole
+        assert handle.wait().stdout == f"{MAX_STDIN_BYTES}\n"

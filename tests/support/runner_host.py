@@ -35,8 +35,10 @@ class Reply:
     pid: int | None = None  # the call's worker (or the program posix_spawn started)
 
 
-def run_request(request: dict[str, Any], cwd: Path, timeout_s: float = 30.0) -> Reply:
-    """Send ``request`` (``cwd`` added) to the runner's loop and relay its call to the end."""
+def run_request(request: dict[str, Any], cwd: Path, timeout_s: float = 30.0,
+                frames: list[tuple[bytes, bytes]] | None = None) -> Reply:
+    """Send ``request`` (``cwd`` added) to the runner's loop and relay its call to the end;
+    ``frames`` (kind, payload) follow it on the channel once it started, for its call."""
     main = runner_module("main")
     chan, daemon = socket.socketpair()
     daemon.setblocking(False)
@@ -48,12 +50,17 @@ def run_request(request: dict[str, Any], cwd: Path, timeout_s: float = 30.0) -> 
         main._start(chan, 1, json.dumps({"cwd": str(cwd), **request}).encode(), calls, owners)
         reply.started = bool(calls)
         reply.pid = next(iter(calls.values())).pid if calls else None
+        channel = wire.Decoder(main.FRAME_SIZES)
+        for kind, payload in frames or ():
+            daemon.sendall(wire.encode(kind, payload, 1))
         deadline = time.monotonic() + timeout_s  # catches a hang only
         while calls:
             assert time.monotonic() < deadline, f"the call did not end within {timeout_s} s"
-            ready, _, _ = select.select([*owners, daemon], [], [], 0.05)
+            ready, _, _ = select.select([*owners, daemon, chan], [], [], 0.05)
             for fd in ready:
-                if fd in owners and fd in owners[fd].pipes:
+                if fd is chan:
+                    assert main._on_channel(chan, channel, calls, owners)
+                elif fd in owners and fd in owners[fd].pipes:
                     owners[fd].on_pipe(fd)
             _read(daemon, decoder, reply)
             main._finish_calls(calls, owners, time.monotonic())

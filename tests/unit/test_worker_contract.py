@@ -42,7 +42,7 @@ REQUESTS = [
                   cpu_call=3),
     WorkerRequest(kind="plan", id="inv-1", plan=Plan.single(["ls", "-l"]),
                   env={"PATH": "/usr/bin", "HOME": "/workspace"}, cwd="/workspace",
-                  interrupt_grace_s=2.0),
+                  interrupt_grace_s=2.0, stdin=True),
     WorkerRequest.stop_kernel(),
     WorkerRequest.suspend(bytes(range(32))),
 ]
@@ -108,6 +108,7 @@ BAD_REQUESTS = [
     (_request(kind="bash", programs="ls"), "programs must be a list"),
     (_request(kind="bash", programs=[None]), "programs[0] must be a string"),
     (_request(kernel=1), "kernel must be true or false"),
+    (_request(stdin="yes"), "stdin must be true or false"),
     (_request(uid=-1), "uid must be a whole number from 0"),
     (_request(uid=2**32), "uid must be a whole number from 0"),
     (_request(uid=True), "uid must be a whole number"),

@@ -31,7 +31,9 @@ daemon then hangs up with no call running, the runner keeps its kernel and conne
 key (forgotten once sent); no daemon within 15 minutes: the kernel is stopped and it exits.
 
   daemon -> runner  b"R" JSON request (new call id), b"K" stop that call, b"I" interrupt that
-                    call (a kernel call: see :mod:`.kernel`; other calls ignore it)
+                    call (a kernel call: see :mod:`.kernel`; other calls ignore it),
+                    b"i" bytes for that call's stdin, b"c" its end (a plan with
+                    ``"stdin": true``: its stdin is a pipe, else /dev/null; others ignore them)
   runner -> daemon  b"h" the key (call 0, once), b"o" stdout bytes, b"e" stderr bytes,
                     b"d" a display item (sandboxd/protocol/display.py), b"x" JSON exit record (ends
                     the call)

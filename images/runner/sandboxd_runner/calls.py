@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxd.protocol import rules, wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.limits import MAX_STDIN_BYTES
 
 if TYPE_CHECKING:
     import socket
@@ -52,6 +53,12 @@ class Call:
         # the user's display frames: bounded by the call's caps (the daemon checks each item)
         self.displays = wire.Decoder({b"d": (2, caps.frame_bytes)}, max_frames=caps.count + 1)
         self.display_error: str | None = None
+        # a plan asked for stdin: the pipe's end the daemon's frames are written to, what the
+        # command has not read yet, how much came, and whether the daemon closed it
+        self.stdin_w: int | None = None
+        self.stdin_buf = bytearray()
+        self.stdin_total = 0
+        self.stdin_closing = False
 
     def start(self) -> None:
         """Start the worker: posix_spawn for commands, fork for python code."""
@@ -63,18 +70,25 @@ class Call:
             self.value_r, value_w = os.pipe()
             display_r, display_w = os.pipe()
             self.streams[display_r] = b"d"
+        in_r = None
+        if self.req.stdin and self.req.kind == "plan":
+            in_r, self.stdin_w = os.pipe()
+            os.set_blocking(self.stdin_w, False)
         self.pipes = set(self.streams) | ({self.value_r} if self.value_r is not None else set())
         for fd in self.pipes:
             os.set_blocking(fd, False)
         try:
-            pid = spawn_command(self.req, out_w, err_w, self.rlimits)
+            pid = spawn_command(self.req, out_w, err_w, self.rlimits, in_r)
             if pid is None:
                 pid = os.fork()
                 if pid == 0:
                     worker(self.req, out_w, err_w, value_w, display_w,  # never returns
-                           self.rlimits)
+                           self.rlimits, in_r)
+        except OSError:
+            self.close_stdin_pipe()
+            raise
         finally:
-            for wfd in (out_w, err_w, value_w, display_w):
+            for wfd in (out_w, err_w, value_w, display_w, in_r):
                 if wfd is not None:
                     os.close(wfd)
         self.pid = pid
@@ -118,6 +132,44 @@ class Call:
                 send_frame(self.chan, self.streams[fd], data, self.cid)
             except OSError:
                 self.hangup = True
+
+    def on_stdin(self, data: bytes | None) -> None:
+        """The daemon's ``i`` frame (``data``) or ``c`` (None: end of input): written to the
+        command's stdin as far as the pipe takes it now; the rest at :meth:`flush_stdin`."""
+        if self.stdin_w is None:
+            return
+        if data is None:
+            self.stdin_closing = True
+        else:
+            self.stdin_total += len(data)
+            if self.stdin_total > MAX_STDIN_BYTES:  # the daemon refuses this: never hold it
+                self.close_stdin_pipe()
+                return
+            self.stdin_buf += data
+        self.flush_stdin()
+
+    def flush_stdin(self) -> None:
+        """Write what the command's stdin pipe takes now; close it once the daemon closed it
+        and all was written (or the command stopped reading it: EPIPE)."""
+        if self.stdin_w is None:
+            return
+        while self.stdin_buf:
+            try:
+                written = os.write(self.stdin_w, self.stdin_buf)
+            except BlockingIOError:
+                return
+            except OSError:  # the command closed its end: what is left is not read
+                self.close_stdin_pipe()
+                return
+            del self.stdin_buf[:written]
+        if self.stdin_closing:
+            self.close_stdin_pipe()
+
+    def close_stdin_pipe(self) -> None:
+        if self.stdin_w is not None:
+            os.close(self.stdin_w)
+            self.stdin_w = None
+        self.stdin_buf = bytearray()
 
     def drain_text(self) -> None:
         """Relay what the stdout and stderr pipes hold now (bounded): the user's display()
@@ -183,6 +235,7 @@ class Call:
         for fd in self.pipes:
             os.close(fd)
         self.pipes = set()
+        self.close_stdin_pipe()
 
     def send_exit_record(self, report: WorkerReport) -> None:
         """The call's ``x`` frame: ``report`` with what the worker reported (its value,

@@ -26,6 +26,9 @@ from .kernel_calls import start_kernel_call, stop_kernel
 from .rlimits import requested_rlimits
 
 MAX_REQUEST = 64 * 1024 * 1024
+#: the daemon's frames (see the package's docstring) and their payload sizes
+FRAME_SIZES = {b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0),
+               b"i": (1, wire.READ_BYTES), b"c": (0, 0)}
 KERNEL = Kernel()  # the container's session kernel (started by its first call)
 #: its bash kernel: a container serves one language's kernel (the daemon gives a session's
 #: bash calls a container of their own)
@@ -154,6 +157,8 @@ def _on_channel(chan: socket.socket, decoder: wire.Decoder, calls: dict[int, Cal
             continue
         elif frame.kind == b"I":  # interrupt before kill (a kernel call)
             calls[frame.call].interrupt(time.monotonic())
+        elif frame.kind in (b"i", b"c"):  # a command's stdin: data, end of input
+            calls[frame.call].on_stdin(frame.payload if frame.kind == b"i" else None)
         else:  # b"K": the daemon stopped waiting for it
             calls[frame.call].hangup = True
     return True
@@ -162,6 +167,7 @@ def _on_channel(chan: socket.socket, decoder: wire.Decoder, calls: dict[int, Cal
 def _finish_calls(calls: dict[int, Call], owners: dict[int, Any], now: float) -> None:
     """Finish every call that is over; forget the pipes that were closed."""
     for cid, call in list(calls.items()):
+        call.flush_stdin()  # what a command's full stdin pipe did not take before
         if call.poll(now):
             for pfd in call.pipes:
                 owners.pop(pfd, None)
@@ -176,8 +182,7 @@ def main() -> int:
     _prepare()
     chan = open_channel()
     cfd = chan.fileno()
-    frame_sizes = {b"R": (2, MAX_REQUEST), b"K": (0, 0), b"I": (0, 0)}
-    decoder = wire.Decoder(frame_sizes)
+    decoder = wire.Decoder(FRAME_SIZES)
     calls: dict[int, Call] = {}  # call id -> Call
     owners: dict[int, Any] = {}  # pipe fd -> Call (or the kernel)
     last_pids_check = 0.0
@@ -198,7 +203,7 @@ def main() -> int:
                         _stop_kernels()
                         return 0
                     chan, cfd = again, again.fileno()
-                    decoder = wire.Decoder(frame_sizes)
+                    decoder = wire.Decoder(FRAME_SIZES)
                     break
                 if not state:
                     return 0

@@ -1,8 +1,8 @@
 """A call's worker process: a fork of the runner set up for the call (its own session and
-process group, oom_score_adj 1000, stdin /dev/null, the request's environment and nothing
-else, dumpable only once the channel's fd is closed) that runs python code or executes a
-command plan; or, for a plan that is one plain program, that program started with posix_spawn
-(no fork of this interpreter: much cheaper)."""
+process group, oom_score_adj 1000, stdin /dev/null or the pipe a plan asked for, the
+request's environment and nothing else, dumpable only once the channel's fd is closed) that
+runs python code or executes a command plan; or, for a plan that is one plain program, that
+program started with posix_spawn (no fork of this interpreter: much cheaper)."""
 
 from __future__ import annotations
 
@@ -28,15 +28,14 @@ def _close_fds_except(keep: set[int]) -> None:
 
 
 def worker(req: WorkerRequest, out_w: int, err_w: int, value_w: int | None,
-           display_w: int | None, rlimits: Rlimits = ()) -> NoReturn:
+           display_w: int | None, rlimits: Rlimits = (), in_r: int | None = None) -> NoReturn:
     """In the forked worker: set up fds, session, signals, then exec (command) or run code."""
     try:
         # a command posix_spawn would have started but for the rlimits: exec'd by the worker
         # itself once they are set (the same process, argv and environment as then)
         direct = spawnable(req) if rlimits else None
         os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
+        os.dup2(os.open(os.devnull, os.O_RDONLY) if in_r is None else in_r, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         _close_fds_except({fd for fd in (value_w, display_w) if fd is not None})
@@ -89,7 +88,7 @@ def spawnable(req: WorkerRequest) -> tuple[str, list[str], dict[str, str]] | Non
 
 
 def spawn_command(req: WorkerRequest, out_w: int, err_w: int,
-                  rlimits: Rlimits = ()) -> int | None:
+                  rlimits: Rlimits = (), in_r: int | None = None) -> int | None:
     """Start a plan that is one plain command with posix_spawn (no fork of this interpreter:
     much cheaper).
 
@@ -105,7 +104,8 @@ def spawn_command(req: WorkerRequest, out_w: int, err_w: int,
     try:
         return os.posix_spawn(
             path, argv, env,
-            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0) if in_r is None
+                          else (os.POSIX_SPAWN_DUP2, in_r, 0),
                           (os.POSIX_SPAWN_DUP2, out_w, 1),
                           (os.POSIX_SPAWN_DUP2, err_w, 2)],
             setsid=True,

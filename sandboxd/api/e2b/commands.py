@@ -6,7 +6,8 @@ comes. A background one outlives the stream that started it (within its call's l
 listed and killed by the pid it was given; killing it cancels its call, which the service
 ends, cleans up and audits like any cancelled call. Each stream that watches it (the one
 that started it, and any that ``connect`` to its pid later) is a listener: every output
-event from then on reaches every listener.
+event from then on reaches every listener. A command started with stdin is given a
+:class:`~sandboxd.backends.stdin.Stdin` its caller writes to while it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandboxd.backends.stdin import Stdin, feeding
 from sandboxd.models import InvokeRequest, Result
 from sandboxd.results.streaming import StreamEvent
 from sandboxd.service import Sandboxd
@@ -34,6 +36,7 @@ class Background:
     task: asyncio.Task[Result]
     started: asyncio.Event = field(default_factory=asyncio.Event)
     listeners: list[asyncio.Queue[StreamEvent]] = field(default_factory=list)
+    stdin: Stdin | None = None  # started with stdin: what ``send_stdin`` writes to
 
     def listen(self) -> asyncio.Queue[StreamEvent]:
         """A new listener: the events from now on (drop it with :meth:`leave`)."""
@@ -55,9 +58,11 @@ class Background:
 
 
 def start(service: Sandboxd, client: str, session: str, pid: int, line: str,
-          envs: dict[str, str], config: dict[str, Any]) -> Background:
-    """Start ``line`` as a ``shell`` call of ``session``, its programs given ``envs``; its
-    first listener (the starting stream's) is ``job.listeners[0]``."""
+          envs: dict[str, str], config: dict[str, Any], stdin: Stdin | None = None
+          ) -> Background:
+    """Start ``line`` as a ``shell`` call of ``session``, its programs given ``envs`` (and
+    ``stdin``, if given, as its stdin); its first listener (the starting stream's) is
+    ``job.listeners[0]``."""
     listeners: list[asyncio.Queue[StreamEvent]] = [asyncio.Queue()]
     started = asyncio.Event()
     arguments: dict[str, Any] = {"command": line, **({"env": envs} if envs else {})}
@@ -68,13 +73,16 @@ def start(service: Sandboxd, client: str, session: str, pid: int, line: str,
 
     task = asyncio.create_task(service.invoke(
         client, "shell", InvokeRequest(arguments=arguments, session=session),
-        transport=TRANSPORT, events=publish, started=started))
-    return Background(pid, line, config, task, started, listeners)
+        transport=TRANSPORT, events=publish, started=started),
+        context=None if stdin is None else feeding(stdin))
+    return Background(pid, line, config, task, started, listeners, stdin)
 
 
 async def begun(job: Background) -> None:
-    """Returns once the call runs or has ended (refused before it ran)."""
-    waiting = asyncio.ensure_future(job.started.wait())
+    """Returns once the call runs (with its stdin, the command is with its runner) or has
+    ended (refused before it ran)."""
+    waiting = asyncio.ensure_future(job.started.wait() if job.stdin is None
+                                    else job.stdin.attached.wait())
     try:
         await asyncio.wait({waiting, job.task}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -1,10 +1,10 @@
 """envd's process service (Connect, JSON) onto :mod:`sandboxd.api.e2b.commands`: ``Start``
 (the SDK's ``commands.run``, foreground or background), ``List`` and ``SendSignal``
-(``commands.kill``) and ``Connect`` (``commands.connect``: a running command's further
-output). The SDKs run ``/bin/bash -l -c <line>``: the line goes to the ``shell`` tool as it
-is, checked by the policy (no shell runs it); ``envs`` are the tool's ``env``. ``Update``
-and stdin (``StreamInput``, ``SendInput``, ``CloseStdin``) are not served: a clear Connect
-error.
+(``commands.kill``), ``Connect`` (``commands.connect``: a running command's further
+output), and ``SendInput`` and ``CloseStdin`` (``send_stdin``, ``close_stdin``) of a command
+started with ``stdin``. The SDKs run ``/bin/bash -l -c <line>``: the line goes to the
+``shell`` tool as it is, checked by the policy (no shell runs it); ``envs`` are the tool's
+``env``. ``Update`` and ``StreamInput`` are not served: a clear Connect error.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sandboxd.api.e2b.access import e2b_client, sandbox_id
 from sandboxd.api.e2b.commands import Background
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.backends.stdin import Stdin, StdinRefused
 from sandboxd.models import Result, Status
 from sandboxd.protocol.environment import check_env
 from sandboxd.results.streaming import StreamEvent
@@ -72,8 +73,6 @@ async def start(request: Request) -> Response:
         config = message.get("process") or {}
         if message.get("pty"):
             raise connect.refuse("PTY")
-        if message.get("stdin"):  # a command's stdin is /dev/null: say so, not at send_stdin
-            raise connect.refuse("stdin (commands.run(stdin=True), send_stdin, close_stdin)")
         try:  # the sandbox's variables, the command's own on top (E2B's order)
             envs = {**record.envs, **check_env(config.get("envs"), "envs")}
         except ValueError as exc:
@@ -86,7 +85,8 @@ async def start(request: Request) -> Response:
     pid = max([FIRST_PID - 1, *record.background]) + 1
     job = commands.start(request.app.state.service, client, record.id, pid, line, envs,
                          {"cmd": config.get("cmd") or "", "args": config.get("args") or [],
-                          "envs": envs, "cwd": HOME})
+                          "envs": envs, "cwd": HOME},
+                         Stdin() if message.get("stdin") else None)
     await commands.begun(job)
     if job.task.done():
         try:
@@ -178,6 +178,45 @@ async def send_signal(request: Request) -> Response:
         return connect.unary_error(exc)
     await job.stop()
     return JSONResponse({})
+
+
+@router.post(SERVICE + "SendInput")
+async def send_input(request: Request) -> Response:
+    """``send_stdin``: bytes for the stdin of a command started with ``stdin=True``."""
+    try:
+        _, record = await _record(request)
+        message = await connect.unary_request(request)
+        stdin = _stdin(record, message)
+        data = (message.get("input") or {}).get("stdin") or ""
+        try:
+            if not isinstance(data, str):
+                raise ValueError("input.stdin must be bytes (base64)")
+            stdin.write(base64.b64decode(data, validate=True))
+        except (ValueError, StdinRefused) as exc:  # binascii.Error is a ValueError
+            raise connect.ConnectError("invalid_argument", f"stdin: {exc}") from None
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return JSONResponse({})
+
+
+@router.post(SERVICE + "CloseStdin")
+async def close_stdin(request: Request) -> Response:
+    """``close_stdin``: the command reads EOF once it has read what was sent."""
+    try:
+        _, record = await _record(request)
+        _stdin(record, await connect.unary_request(request)).close()
+    except Exception as exc:
+        return connect.unary_error(exc)
+    return JSONResponse({})
+
+
+def _stdin(record: E2bSandbox, message: dict[str, Any]) -> Stdin:
+    job = _running(record, (message.get("process") or {}).get("pid"))
+    if job.stdin is None:
+        raise connect.ConnectError(
+            "failed_precondition", f"process {job.pid} was not started with stdin "
+            "(commands.run(..., stdin=True)): its stdin is /dev/null")
+    return job.stdin
 
 
 @router.post(SERVICE + "{method}")

@@ -7,6 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
+from sandboxd.backends import stdin as call_stdin
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
@@ -136,7 +137,9 @@ def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Resul
         if command is None:
             return rejected(invocation, limits, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
-        return replace(base, kind="plan", plan=command)
+        # a caller that feeds its stdin (sandboxd.backends.stdin): a pipe, not /dev/null
+        return replace(base, kind="plan", plan=command,
+                       stdin=call_stdin.requested() is not None)
     if invocation.plan.kind in KERNEL_KINDS:
         code = invocation.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
@@ -173,7 +176,7 @@ async def exchange(box: Box, request: WorkerRequest, limits: Limits,
     races with completion, which would let a call outlive its deadline).
     """
     out = CallOutput(displays=DisplayCollector(request.display),
-                     events=events)
+                     events=events, stdin=call_stdin.requested() if request.stdin else None)
     if deadline - time.monotonic() <= 0:
         raise TimeoutError
     task = asyncio.ensure_future(_exchange_body(box, request, limits, out))

@@ -38,6 +38,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxd.backends.stdin import Stdin
 from sandboxd.errors import SandboxdError
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
@@ -95,6 +96,7 @@ class CallOutput:
     events: EventSink | None = None  # a streaming caller's sink (sandboxd.results.streaming)
     relay: TextRelay | None = None  # set by Channel.call: stdout/stderr to ``events``
     cid: int | None = None  # set by Channel.call: the call's id on the channel, once sent
+    stdin: Stdin | None = None  # what its caller feeds its command's stdin (sent: ``i``, ``c``)
 
 
 @dataclass
@@ -189,6 +191,13 @@ class Channel:
         self.writer.write(wire.encode(b"I", b"", cid))
         return True
 
+    def send_stdin(self, cid: int, chunk: bytes | None) -> None:
+        """A chunk of a running command's stdin (``i``), or its end (None: ``c``); nothing
+        once the call ended here (its command cannot read any more)."""
+        if cid in self.calls and self.broken is None and not self.writer.is_closing():
+            self.writer.write(wire.encode(b"c", b"", cid) if chunk is None
+                              else wire.encode(b"i", chunk, cid))
+
     def stop(self, cid: int) -> None:
         """Stop a call here and ask the runner to kill its processes (``K``)."""
         if cid in self.calls:
@@ -209,6 +218,8 @@ class Channel:
         self.calls[cid] = _Call(out, output_bytes, done)
         try:
             self.writer.write(wire.encode(b"R", json.dumps(request.to_wire()).encode(), cid))
+            if out.stdin is not None:
+                out.stdin.attach(lambda chunk: self.send_stdin(cid, chunk))
             await self.writer.drain()
             await done
         except (ConnectionError, OSError) as exc:
