@@ -77,3 +77,13 @@ def test_javascript_and_typescript_cells_share_the_node_kernel(e2b_env: E2bDaemo
         assert cell.text == "42" and "".join(cell.logs.stdout) == "sandbox\n", cell
         failed = sbx.run_code("null.x", language=js)
         assert failed.error is not None and failed.error.name == "TypeError", failed
+
+
+def test_a_javascript_context_has_its_own_directory(e2b_env: E2bDaemon) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    with Sandbox.create() as sbx:
+        context = sbx.create_code_context(language="javascript", cwd="/home/user/scripts")
+        assert context.language == "javascript"
+        here = sbx.run_code("process.cwd()", context=context)
+        assert here.error is None and here.text == "'/workspace/scripts'", here
