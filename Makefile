@@ -78,6 +78,7 @@ docker:
 images: venv docker
 	+$(BIN)/sandboxd images build --offline --if-missing
 	+$(BIN)/sandboxd images build --offline --if-missing --profile datascience
+	+$(BIN)/sandboxd images build --offline --if-missing --profile javascript
 
 ## The MCP Inspector CLI for tests/mcp (a client no one on this project wrote): Debian's nodejs
 ## and npm when node is missing (Debian 12: node 18), then the pinned tree (Inspector 0.15.0,

@@ -118,6 +118,28 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {
             title="Run Bash code",
             hints=Hints(),
         ),
+        *(BuiltinTool(
+            name,
+            kind,
+            f"Run {lang} code in a sandbox (Node.js"
+            + (", transpiled from TypeScript in the sandbox" if kind is ToolKind.typescript
+               else "")
+            + "). Returns stdout, stderr and the value of the last expression; top-level "
+            "await works; display(value) shows a value (display(bundle, {raw: true}) a MIME "
+            "bundle). Within a session, globals (let, const, functions, classes, required "
+            "modules) persist between calls and are shared by javascript and typescript "
+            "calls (until a timeout, a limit or a restart ends the kernel; files stay); "
+            "without one, every call starts fresh. Use require() or import; modules such "
+            "as child_process, net and http are not allowed, and files only in the "
+            "workspace and /tmp; there is no network.",
+            _object(
+                {"code": {"type": "string", "minLength": 1, "description": f"{lang} code"}},
+                ["code"],
+            ),
+            title=f"Run {lang} code",
+            hints=Hints(),
+        ) for name, kind, lang in (("javascript", ToolKind.javascript, "JavaScript"),
+                                   ("typescript", ToolKind.typescript, "TypeScript"))),
         BuiltinTool(
             "read_file",
             ToolKind.read_file,

@@ -19,6 +19,7 @@ from sandboxd.models import Decision, LimitsRequest
 from sandboxd.policy import egress_checks
 from sandboxd.policy.approve import gate as approval_gate
 from sandboxd.policy.bash import decide_bash
+from sandboxd.policy.javascript import decide_javascript
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
@@ -26,6 +27,7 @@ from sandboxd.policy.models import (
     BashTool,
     CustomTool,
     FileTool,
+    JavascriptTool,
     LimitsSpec,
     PolicyFile,
     PythonTool,
@@ -148,6 +150,9 @@ def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[st
                 return _decide_shell(ctx, cfg, arguments)
             if isinstance(cfg, BashTool):
                 return decide_bash(ctx, cfg, _network(spec, cfg.network), arguments)
+            if isinstance(cfg, JavascriptTool):
+                return decide_javascript(ctx, tool, cfg, _network(spec, cfg.network),
+                                         arguments)
             return _decide_file(ctx, cfg, arguments)
     elif tool in spec.custom_tools and spec.custom_tools[tool].enabled:
         custom = spec.custom_tools[tool]

@@ -74,6 +74,16 @@ def _module(value: str) -> str:
     return value
 
 
+_JS_MODULE = re.compile(r"^(node:)?(@[a-z0-9._-]+/)?[a-z0-9._-]+(/[a-z0-9._-]+)*$", re.I)
+
+
+def _js_module(value: str) -> str:
+    if value != "*" and not _JS_MODULE.match(value):
+        raise ValueError(f"{value!r} is not a valid module name (such as 'fs', 'node:fs', "
+                         "'lodash', '@scope/pkg'; or '*' for any module)")
+    return value
+
+
 def _glob(value: str) -> str:
     if not value or value.startswith("/"):
         raise ValueError(f"{value!r}: path globs are relative to the workspace")
@@ -123,6 +133,7 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 ClientName = Annotated[str, AfterValidator(_client)]
 ProgramName = Annotated[str, _check(_PROGRAM, "program name (a bare name such as 'ls', no '/')")]
 ModuleName = Annotated[str, AfterValidator(_module)]
+JsModuleName = Annotated[str, AfterValidator(_js_module)]
 PathGlob = Annotated[str, AfterValidator(_glob)]
 Regex = Annotated[str, AfterValidator(_regex)]
 Network = Annotated[str, AfterValidator(_network)]
@@ -243,6 +254,26 @@ class BashTool(_ToolBase):
     network: Network | None = None
 
 
+class JsModuleRules(_Strict):
+    """``tools.javascript.modules``: what ``require``/``import`` may load. ``deny`` adds to
+    the built-in denials (sandboxd.languages.javascript.DEFAULT_DENY), which only a name in
+    ``allow`` lifts."""
+
+    allow: list[JsModuleName] = Field(default_factory=lambda: ["*"])
+    deny: list[JsModuleName] = Field(default_factory=list)
+
+
+class JavascriptTool(_ToolBase):
+    """``tools.javascript`` / ``tools.typescript``: code in a session's node kernel (globals
+    kept between calls; javascript and typescript calls share them), in the javascript
+    profile's image unless ``image`` names another."""
+
+    backend: Annotated[str, _serving("shell")] = _default_for("shell")
+    image: str | None = None
+    network: Network | None = None
+    modules: JsModuleRules = Field(default_factory=JsModuleRules)
+
+
 class FileTool(_ToolBase):
     """``tools.read_file`` / ``write_file`` / ``list_files``: workspace paths, in the daemon."""
 
@@ -255,6 +286,8 @@ class Tools(_Strict):
     python: PythonTool | None = None
     shell: ShellTool | None = None
     bash: BashTool | None = None
+    javascript: JavascriptTool | None = None
+    typescript: JavascriptTool | None = None
     read_file: FileTool | None = None
     write_file: FileTool | None = None
     list_files: FileTool | None = None
@@ -306,10 +339,12 @@ class PolicyFile(_Strict):
 
 # ------------------------------------------------------------------ names the checks share
 
-BUILTIN_NAMES = ("python", "shell", "bash", "read_file", "write_file", "list_files")
+BUILTIN_NAMES = ("python", "shell", "bash", "javascript", "typescript", "read_file",
+                 "write_file", "list_files")
 #: the registry's name for what each built-in tool asks of its backend
 TOOL_GROUPS: dict[str, registry.ToolGroup] = {
-    "python": "python", "shell": "shell", "bash": "shell",
+    "python": "python", "shell": "shell", "bash": "shell", "javascript": "shell",
+    "typescript": "shell",
     "read_file": "files", "write_file": "files", "list_files": "files"}
 
 

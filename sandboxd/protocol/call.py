@@ -29,10 +29,12 @@ from .display import MAX_VALUE_REPR, DisplayCaps
 from .limits import FORK_STATE_BYTES, Limits
 from .plan import MAX_NAMES, Plan
 
-#: what a request asks: python code, bash code (always in a bash kernel), a command plan,
+#: what a request asks: python code, bash or javascript/typescript code (always in that
+#: language's kernel), a command plan,
 #: the end of a container's kernel, or (``suspend``) that a container's runner wait for the
 #: next daemon with ``resume_key``
-CallKind = Literal["python", "bash", "plan", "kernel_stop", "suspend"]
+CallKind = Literal["python", "bash", "javascript", "typescript", "plan", "kernel_stop",
+                   "suspend"]
 #: a restricted worker's self-test (readiness) instead of code
 ProbeKind = Literal["basic", "memory"]
 #: how a restricted worker says its call ended (the runner leaves it out: its exit status says)

@@ -51,6 +51,8 @@ class ToolKind(StrEnum):
 
     python = "python"  # run arguments["code"]
     bash = "bash"  # run arguments["code"] in a bash kernel (ExecutionPlan.programs)
+    javascript = "javascript"  # run arguments["code"] in a node kernel (imports_*: modules)
+    typescript = "typescript"  # the same, transpiled from TypeScript in the sandbox
     command = "command"  # run ExecutionPlan.command
     read_file = "read_file"
     write_file = "write_file"
@@ -58,7 +60,16 @@ class ToolKind(StrEnum):
 
 
 #: the kinds whose session calls run in a session kernel (state kept between calls)
-KERNEL_KINDS = frozenset({ToolKind.python, ToolKind.bash})
+KERNEL_KINDS = frozenset({ToolKind.python, ToolKind.bash, ToolKind.javascript,
+                          ToolKind.typescript})
+#: the runner request kind of each language's session calls (``WorkerRequest.kind``)
+KERNEL_REQUESTS: dict[ToolKind, Literal["python", "bash", "javascript", "typescript"]] = {
+    ToolKind.python: "python", ToolKind.bash: "bash", ToolKind.javascript: "javascript",
+    ToolKind.typescript: "typescript"}
+#: the languages whose kernel gets a session container of its own (one kernel per
+#: container; javascript and typescript share one, and so their globals), by key suffix
+KERNEL_LANES: dict[ToolKind, str] = {ToolKind.bash: " bash", ToolKind.javascript: " javascript",
+                                     ToolKind.typescript: " javascript"}
 
 
 # ---------------------------------------------------------------- bounded decoding

@@ -55,6 +55,8 @@ DAEMON_CRASH = "daemon_crash"
 LOST_STATE = {
     "python": ("Python state (variables, imports)", "a fresh interpreter"),
     "bash": ("Bash state (working directory, variables, functions, aliases)", "a fresh shell"),
+    "javascript": ("JavaScript state (globals, functions, required modules)", "a fresh node"),
+    "typescript": ("JavaScript state (globals, functions, required modules)", "a fresh node"),
 }
 _SINCE = {DAEMON_RESTART: "the daemon restarted",
           DAEMON_CRASH: "the daemon crashed and restarted"}

@@ -63,6 +63,9 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("docs/e2b.md", "e2b_templates: {code-interpreter-v1",
           skip="a setting's default: tests/e2b/test_docs.py compares it with the daemon's"),
     # docs/egress.md
+    Entry("docs/languages.md", "modules: {allow: [\"*\"], deny: [os]}",
+          skip="a fragment of a policy (its tools: block); tests/javascript/conftest.py's "
+          "policy loads the same keys and runs them"),
     Entry("docs/egress.md", '"*.pypi.org:443"', skip="a fragment of a policy (its tools: "
           "only); tests/egress/test_egress_policy.py parses such entries and "
           "tests/support/egress.py's policy runs the same keys through a daemon"),

@@ -42,6 +42,8 @@ tools:
       deny: [curl, wget, sh, bash, env]
   # run_code(language="bash"): the session's bash kernel, running what shell allows
   bash: {backend: container}
+  javascript: {backend: container}
+  typescript: {backend: container}
   read_file: {paths: {allow: ["**"]}, max_bytes: 4Mi}
   write_file: {paths: {allow: ["**"]}, max_bytes: 4Mi}
   list_files: {paths: {allow: ["**"]}}

@@ -48,7 +48,8 @@ def test_unknown_and_wrong_keys_point_at_their_lines(tmp_path: Path) -> None:
         f"{p}:7:5: tools.shell: unknown key 'comands' (expected one of: enabled, limits, "
         "approve, backend, image, network, egress, commands, operators, deny_patterns)",
         f"{p}:8:3: tools: unknown key 'pyhton' (expected one of: python, shell, bash, "
-        "read_file, write_file, list_files); admin-defined tools go under custom_tools",
+        "javascript, typescript, read_file, write_file, list_files); "
+        "admin-defined tools go under custom_tools",
     ]
 
 

@@ -253,6 +253,8 @@ ALLOWED = {
     # Python-level decoder user code could have patched)
     ("images/runner/sandboxd_runner/kernel.py",
      frozenset({"code", "imports_allow", "imports_deny", "display"})),
+    # the runner's hop to its node kernel (JSON: the module rule the kernel's require applies)
+    ("images/runner/sandboxd_runner/js_kernel.py", frozenset({"allow", "deny"})),
     # a python worker's answer to its runner, merged into the report by answer_fields
     ("images/runner/sandboxd_runner/execution.py", frozenset({"value", "value_repr"})),
     # the language layer's result, made a WorkerReport by the worker (which refuses any

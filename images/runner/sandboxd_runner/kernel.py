@@ -348,11 +348,16 @@ class Kernel:
         except OSError as exc:
             return f"its state could not be read ({type(exc).__name__})"
         threads = _status_field(status, b"Threads")
-        if threads != b"1":
+        if self.threads_not_idle(threads):
             self.threads = True
             return ("the call's code left threads running "
                     f"({(threads or b'?').decode(errors='replace')[:20]} threads)")
         return self.signals_not_idle(status)
+
+    def threads_not_idle(self, threads: bytes | None) -> bool:
+        """Whether ``threads`` (its ``Threads:`` field) keeps a parked kernel from being idle:
+        more than its one."""
+        return threads != b"1"
 
     @staticmethod
     def signals_not_idle(status: bytes) -> str | None:

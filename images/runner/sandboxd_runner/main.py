@@ -20,6 +20,7 @@ from .base import cgroup_counters, killpg, set_dumpable, site_dirs
 from .bash_kernel import BashKernel
 from .calls import Call
 from .channel import KEY_BYTES, open_channel, reconnect, refuse, send_report
+from .js_kernel import NodeKernel
 from .kernel import Kernel
 from .kernel_calls import start_kernel_call, stop_kernel
 from .rlimits import requested_rlimits
@@ -32,7 +33,15 @@ KERNEL = Kernel()  # the container's session kernel (started by its first call)
 #: its bash kernel: a container serves one language's kernel (the daemon gives a session's
 #: bash calls a container of their own)
 BASH = BashKernel()
-KERNELS = {"python": KERNEL, "bash": BASH}
+NODE = NodeKernel()  # javascript and typescript calls share it (and its globals)
+#: the kernel of each language a request may name (``kind``)
+KERNELS: dict[str, Kernel] = {"python": KERNEL, "bash": BASH, "javascript": NODE,
+                              "typescript": NODE}
+
+
+def _stop_kernels() -> None:
+    for kernel in set(KERNELS.values()):
+        kernel.stop()
 #: the one-time key of the next daemon (a ``suspend`` request: the daemon stops and keeps the
 #: session, so that the next daemon finds its kernel alive)
 RESUME = bytearray()
@@ -61,7 +70,7 @@ def _start(chan: socket.socket, cid: int, body: bytes, calls: dict[int, Call],
     try:  # checked whole before anything starts: never applied in part
         req = WorkerRequest.from_wire(data)
         if req.kind == "kernel_stop":
-            stop_kernel(chan, cid, KERNEL if KERNEL.alive or not BASH.alive else BASH)
+            stop_kernel(chan, cid, next((k for k in KERNELS.values() if k.alive), KERNEL))
             return
         if req.kind == "suspend":  # answered at once; kept for when the daemon hangs up
             _suspend(chan, cid, req, calls)
@@ -70,11 +79,12 @@ def _start(chan: socket.socket, cid: int, body: bytes, calls: dict[int, Call],
     except ValueError as exc:
         refuse(chan, cid, f"refused: {exc}")
         return
-    if req.kind == "bash" or (req.kind == "python" and req.kernel):
-        # a bash call always runs in a kernel (one-shot: the container's only call)
+    if req.kind in KERNELS and (req.kind != "python" or req.kernel):
+        # a call of another language always runs in its kernel (one-shot: the container's
+        # only call)
         kernel = KERNELS[req.kind]
         if "\0" in req.code or any(k.alive for k in KERNELS.values() if k is not kernel):
-            refuse(chan, cid, "refused: NUL in bash code, or another language's kernel "
+            refuse(chan, cid, "refused: NUL in the code, or another language's kernel "
                               "lives in this container")
             return
         start_kernel_call(chan, cid, req, kernel, calls, owners, rlimits)
@@ -138,8 +148,7 @@ def _on_channel(chan: socket.socket, decoder: wire.Decoder, calls: dict[int, Cal
             return "resume"
         for call in calls.values():
             killpg(call.pid)
-        KERNEL.stop()
-        BASH.stop()
+        _stop_kernels()
         return False
     for frame in frames:
         if frame.kind == b"R":
@@ -191,8 +200,7 @@ def main() -> int:
                     RESUME[:] = bytes(len(RESUME))
                     del RESUME[:]
                     if again is None:
-                        KERNEL.stop()
-                        BASH.stop()
+                        _stop_kernels()
                         return 0
                     chan, cfd = again, again.fileno()
                     decoder = wire.Decoder(FRAME_SIZES)

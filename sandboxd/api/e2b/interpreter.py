@@ -186,6 +186,9 @@ def _cwd_code(language: str, where: str) -> str:
     decides it)."""
     if language == "bash":
         return f"mkdir -p -- {shlex.quote(where)} && cd -- {shlex.quote(where)}"
+    if languages.LANGUAGES[language].tool in ("javascript", "typescript"):
+        return (f"require('fs').mkdirSync({json.dumps(where)}, {{recursive: true}})\n"
+                f"process.chdir({json.dumps(where)})")
     return f"import os\nos.makedirs({where!r}, exist_ok=True)\nos.chdir({where!r})"
 
 

@@ -61,6 +61,16 @@ def _bash_envs(envs: Envs) -> str:
     return "; ".join(parts)
 
 
+def _js_envs(envs: Envs) -> str:
+    # process.env of the node kernel (its globals' process: the variables its code reads)
+    line = (f"if (!process.env.{MARK}) Object.assign(process.env, "
+            f"{json.dumps({**envs.sandbox, MARK: '1'})}); " if envs.sandbox else "")
+    line += f"Object.assign(process.env, {json.dumps({**envs.reset, **envs.cell})});"
+    if envs.unset:
+        line += f" for (const k of {json.dumps(list(envs.unset))}) delete process.env[k];"
+    return line
+
+
 @dataclass(frozen=True)
 class Language:
     """One language of ``run_code``: the session tool that runs its code, and the code that
@@ -73,6 +83,11 @@ class Language:
 LANGUAGES: dict[str, Language] = {
     "python": Language("python", _python_envs),
     "bash": Language("bash", _bash_envs),
+    # E2B's names and their short forms; both tools share the session's node kernel
+    "javascript": Language("javascript", _js_envs),
+    "js": Language("javascript", _js_envs),
+    "typescript": Language("typescript", _js_envs),
+    "ts": Language("typescript", _js_envs),
 }
 DEFAULT = "python"
 

@@ -73,6 +73,11 @@ def error(result: Result) -> dict[str, Any] | None:
         if raised is not None:
             return {"type": "error", "name": raised[0], "value": raised[1],
                     "traceback": traceback}
+    # another kernel's exception (javascript's): its message is `Name: value`
+    said = _RAISED.match((result.message or "").split("\n")[0])
+    if result.status is Status.error and said is not None and said.group(2) is not None:
+        return {"type": "error", "name": said.group(1).rsplit(".", 1)[-1],
+                "value": said.group(2), "traceback": stderr.rstrip("\n") or said.group(0)}
     name = {Status.timeout: "TimeoutError", Status.killed: "KeyboardInterrupt"}.get(
         result.status, "SandboxdError")
     why = result.message or result.stderr.strip()[-4000:] or result.status.value

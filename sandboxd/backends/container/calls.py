@@ -26,7 +26,7 @@ from sandboxd.models import (
     status_for,
 )
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
-from sandboxd.protocol.plan import KERNEL_KINDS
+from sandboxd.protocol.plan import KERNEL_KINDS, KERNEL_REQUESTS
 from sandboxd.results.outputs import DisplayCollector
 from sandboxd.results.streaming import EventSink
 from sandboxd.util.deadline import stop_task, within
@@ -148,7 +148,9 @@ def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Resul
             return rejected(invocation, limits, "the code is too large")
         if invocation.plan.kind is ToolKind.bash:  # its kernel may execute these only
             return replace(base, kind="bash", code=code, programs=invocation.plan.programs)
-        return replace(base, code=code, imports_allow=invocation.plan.imports_allow,
+        # python's imports, javascript's modules: the kernel's own check of the rule
+        return replace(base, kind=KERNEL_REQUESTS[invocation.plan.kind], code=code,
+                       imports_allow=invocation.plan.imports_allow,
                        imports_deny=invocation.plan.imports_deny)
     return rejected(invocation, limits,
                     f"the container backend does not run {invocation.plan.kind} tools")

@@ -33,5 +33,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("datascience", "the python image plus numpy, pandas, matplotlib, scipy, "
             "scikit-learn", tag="sandboxd/datascience:latest",
             deps="datascience/Dockerfile", deps_tag="sandboxd/datascience-deps:latest"),
+    Profile("javascript", "the python image plus Node.js and the TypeScript compiler (the "
+            "javascript and typescript tools' kernel)", tag="sandboxd/javascript:latest",
+            deps="javascript/Dockerfile", deps_tag="sandboxd/javascript-deps:latest"),
 )}
 DEFAULT_PROFILE = next(iter(PROFILES))

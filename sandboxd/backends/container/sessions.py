@@ -45,12 +45,13 @@ from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, kernel_verdi
 from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status, ToolKind
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
+from sandboxd.protocol.plan import KERNEL_LANES, KERNEL_REQUESTS
 from sandboxd.tools import PACKAGES_TOOL
 from sandboxd.util.deadline import within
 
-SessionKey = tuple[str, str, str]  # (client, session, image; + BASH_KEY for bash calls)
+SessionKey = tuple[str, str, str]  # (client, session, image + its language's lane)
 #: a session's bash calls get a container of their own (its runner's bash kernel), keyed so
-BASH_KEY = " bash"
+BASH_KEY = KERNEL_LANES[ToolKind.bash]
 
 
 def lane_language(lane: str) -> str:
@@ -60,9 +61,11 @@ def lane_language(lane: str) -> str:
 
 
 def session_key(invocation: Invocation, image: str) -> SessionKey:
-    """The key of the session container that runs ``invocation``."""
-    lane = image + BASH_KEY if invocation.plan.kind is ToolKind.bash else image
+    """The key of the session container that runs ``invocation`` (KERNEL_LANES: a language
+    whose kernel has a container of its own)."""
+    lane = image + KERNEL_LANES.get(invocation.plan.kind, "")
     return (invocation.client, invocation.session or "", lane)
+
 
 
 KERNEL_STOP_S = 10.0
@@ -154,7 +157,7 @@ class SessionContainers:
                       deadline: float, request: WorkerRequest, image: str,
                       shape: engine.Shape, started: float) -> Result:
         """A session call, after the session's earlier ``python`` calls when it is one."""
-        if request.kind not in ("python", "bash"):
+        if request.kind not in KERNEL_REQUESTS.values():
             return await self._run(key, invocation, limits, deadline, request, image, shape,
                                    started)
         lock = self._kernel_locks.setdefault(key, asyncio.Lock())
