@@ -1,11 +1,11 @@
 """envd's files: ``GET/POST /files`` (the SDKs' ``files.read``/``files.write``) and the
-filesystem service (Connect, JSON): ``Stat`` (``exists``, ``get_info``), ``ListDir``,
-``MakeDir``, ``Move`` (``rename``), ``Remove``. Each is a call of the service's own file
-tools (``read_file``, ``write_file``, ``list_files``: their path rules) or, for what they do
-not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its command rules), so the
-policy decides every one and the audit log records it. Paths are E2B's: the workspace is
-``/home/user`` (:func:`~sandboxd.api.e2b.sandboxes.workspace_path`). ``WatchDir`` and the
-watcher methods are not served.
+filesystem service (Connect, JSON): ``Stat`` (``exists``, ``get_info``), ``ListDir`` (to a
+bounded depth), ``MakeDir``, ``Move`` (``rename``), ``Remove``. Each is a call of the
+service's own file tools (``read_file``, ``write_file``, ``list_files``: their path rules)
+or, for what they do not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its
+command rules), so the policy decides every one and the audit log records it. Paths are
+E2B's: the workspace is ``/home/user`` (:func:`~sandboxd.api.e2b.sandboxes.workspace_path`).
+``WatchDir`` and the watcher methods are not served.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ from sandboxd.api.e2b import connect
 from sandboxd.api.e2b.access import e2b_client, sandbox_id
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES
 from sandboxd.models import InvokeRequest, Result, Status
 
 router = APIRouter(include_in_schema=False)
 SERVICE = "/filesystem.Filesystem/"
+MAX_LIST_DEPTH = 4
+"""``files.list(depth=...)``: the deepest listing served (each level one tool call a directory)."""
 _TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 
 
@@ -59,6 +62,34 @@ def _entry(parent: str, item: dict[str, Any]) -> dict[str, Any]:
     rel = posixpath.normpath(posixpath.join(parent, str(item["name"])))
     return {"name": item["name"], "type": _TYPES.get(str(item["type"]), "FILE_TYPE_UNSPECIFIED"),
             "path": HOME if rel == "." else f"{HOME}/{rel}", "size": int(item.get("size") or 0)}
+
+
+async def _list(request: Request, client: str, record: E2bSandbox, path: str,
+                depth: int) -> list[dict[str, Any]]:
+    """``ListDir`` to ``depth`` levels: one ``list_files`` call a directory (each decided and
+    audited), breadth first, never into a symlink (``list_files`` reports one as such and
+    walks none), at most :data:`MAX_LIST_DEPTH` levels and :data:`MAX_LIST_ENTRIES` entries
+    in all, so that one request cannot walk a whole tree."""
+    if depth > MAX_LIST_DEPTH:
+        raise connect.ConnectError(
+            "invalid_argument", f"depth {depth} is over sandboxd's bound of {MAX_LIST_DEPTH}")
+    entries: list[dict[str, Any]] = []
+    level = [workspace_path(path)]
+    for _ in range(depth):
+        below: list[str] = []
+        for where in level:
+            listed = await _call(request, client, record, "list_files", {"path": where})
+            for item in listed.value or []:
+                entry = _entry(where, item)
+                entries.append(entry)
+                if len(entries) > MAX_LIST_ENTRIES:
+                    raise connect.ConnectError(
+                        "resource_exhausted", f"more than {MAX_LIST_ENTRIES} entries: list a"
+                        " deeper directory or with a smaller depth")
+                if entry["type"] == "FILE_TYPE_DIRECTORY":
+                    below.append(posixpath.normpath(posixpath.join(where, str(item["name"]))))
+        level = below
+    return entries
 
 
 async def _stat(request: Request, client: str, record: E2bSandbox, path: str) -> dict[str, Any]:
@@ -123,11 +154,8 @@ async def _serve(method: str, request: Request, client: str, record: E2bSandbox,
     if method == "Stat":
         return {"entry": await _stat(request, client, record, path)}
     if method == "ListDir":
-        if int(message.get("depth") or 1) > 1:
-            raise connect.refuse("ListDir deeper than one level")
-        where = workspace_path(path)
-        listed = await _call(request, client, record, "list_files", {"path": where})
-        return {"entries": [_entry(where, item) for item in listed.value or []]}
+        return {"entries": await _list(request, client, record, path,
+                                       int(message.get("depth") or 1))}
     if method == "MakeDir":
         try:
             await _stat(request, client, record, path)
