@@ -5,11 +5,13 @@ service's own file tools (``read_file``, ``write_file``, ``list_files``: their p
 or, for what they do not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its
 command rules), so the policy decides every one and the audit log records it. Paths are
 E2B's: the workspace is ``/home/user`` (:func:`~sandboxd.api.e2b.sandboxes.workspace_path`).
-``WatchDir`` and the watcher methods are not served.
+The SDK's ``files.watch_dir`` polls watchers (:mod:`sandboxd.api.e2b.watch`); the
+streaming ``WatchDir`` is not served.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import posixpath
 import shlex
@@ -18,11 +20,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from sandboxd.api.e2b import connect
+from sandboxd.api.e2b import connect, watch
 from sandboxd.api.e2b.access import e2b_client, sandbox_id
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
 from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES
+from sandboxd.backends.workspace_errors import FileToolError, PathRefused
 from sandboxd.models import InvokeRequest, Result, Status
 
 router = APIRouter(include_in_schema=False)
@@ -178,4 +181,45 @@ async def _serve(method: str, request: Request, client: str, record: E2bSandbox,
             raise connect.ConnectError("permission_denied", "the workspace itself stays")
         await _call(request, client, record, "shell", {"command": f"rm -r {_arg(where)}"})
         return {}
+    if method in ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher"):
+        return await _watch(method, request, client, record, message)
     raise connect.refuse(f"filesystem.{method}")
+
+
+async def _watch(method: str, request: Request, client: str, record: E2bSandbox,
+                 message: dict[str, Any]) -> dict[str, Any]:
+    """The watcher methods (:mod:`sandboxd.api.e2b.watch`); creating one is a ``list_files``
+    call of the directory first, so the policy decides it and the audit log records it."""
+    if method == "CreateWatcher":
+        if len(record.watchers) >= watch.MAX_WATCHERS:
+            raise connect.ConnectError("resource_exhausted", f"sandbox '{record.id}' holds "
+                                       f"{watch.MAX_WATCHERS} watchers, sandboxd's bound: "
+                                       "stop one first")
+        where = workspace_path(str(message.get("path") or ""))
+        await _call(request, client, record, "list_files", {"path": where})
+        recursive = bool(message.get("recursive"))
+        seen = await _snapshot(request, client, record, where, recursive)
+        watcher = watch.new_watcher(where, recursive, seen)
+        record.watchers[watcher.id] = watcher
+        return {"watcherId": watcher.id}
+    watcher_id = str(message.get("watcherId") or "")
+    if watcher_id not in record.watchers:
+        raise connect.ConnectError("not_found", f"watcher '{watcher_id}' does not exist")
+    if method == "RemoveWatcher":
+        del record.watchers[watcher_id]
+        return {}
+    watcher = record.watchers[watcher_id]
+    seen = await _snapshot(request, client, record, watcher.path, watcher.recursive)
+    events, watcher.seen = watch.changes(watcher.seen, seen), seen
+    return {"events": events}
+
+
+async def _snapshot(request: Request, client: str, record: E2bSandbox, where: str,
+                    recursive: bool) -> watch.Snapshot:
+    root = request.app.state.service.sessions.get(record.id, client).workspace
+    try:
+        return await asyncio.to_thread(watch.snapshot, str(root), where, recursive)
+    except watch.WatchTooLarge as exc:
+        raise connect.ConnectError("resource_exhausted", str(exc)) from None
+    except (PathRefused, FileToolError) as exc:
+        raise connect.ConnectError("failed_precondition", str(exc)) from None
