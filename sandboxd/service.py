@@ -23,7 +23,7 @@ from typing import Any
 
 from sandboxd.access.approvals import ApprovalBook
 from sandboxd.audit import AuditLog
-from sandboxd.backends.base import Backend, CancelledAfterCleanup
+from sandboxd.backends.base import Backend
 from sandboxd.backends.factory import build_backends
 from sandboxd.capacity import Capacity
 from sandboxd.config import Settings
@@ -46,8 +46,8 @@ from sandboxd.invoke.drain import Drain
 from sandboxd.invoke.egress import wire_egress
 from sandboxd.invoke.execute import AdmittedCall, Execution, own_result
 from sandboxd.invoke.steps import finish, result_steps
+from sandboxd.invoke.stopped import SESSION_ENDED, cancelled, not_started, stopped
 from sandboxd.models import (
-    Cleanup,
     Explanation,
     InvokeRequest,
     LimitsRequest,
@@ -73,8 +73,6 @@ from sandboxd.util.stopclock import StopClock
 from sandboxd.workspaces.transfer import Transfer
 
 log = logging.getLogger("sandboxd")
-#: the message of a call its session's end cancelled (delete, expiry, revocation)
-SESSION_ENDED = "the session ended (deleted, expired or its client revoked) during the call"
 
 
 class Sandboxd:
@@ -246,19 +244,10 @@ class Sandboxd:
                 limits: LimitsRequest | None, *, unknown_tool_denied: bool = False
                 ) -> Explanation:
         """The decision for a call and where its rule is written, without running anything.
-        Needs only the policy: ``sandboxd policy explain`` calls it after :meth:`load_policy`.
-        A tool the client does not have raises :class:`UnknownTool`, or with
-        ``unknown_tool_denied`` gets the policy's denial (which says why)."""
-        try:
-            spec = self._spec(client, tool)
-        except UnknownTool:
-            if not unknown_tool_denied:
-                raise
-        else:
-            validate_arguments(tool, spec.parameters, arguments)
-        decision = self.policy.decide(client, tool, arguments, limits)
-        return Explanation(client=client, decision=decision,
-                           location=self.policy.locate(client, decision.rule))
+        Needs only the policy: ``sandboxd policy explain`` calls it after :meth:`load_policy`
+        (:meth:`PolicyStore.explain <sandboxd.policy.store.PolicyStore.explain>`)."""
+        return self.policy.explain(client, tool, arguments, limits,
+                                   unknown_tool_denied=unknown_tool_denied)
 
     def load_policy(self) -> None:
         """Load the policies alone (what :meth:`start` does first), for offline questions
@@ -348,12 +337,6 @@ class Sandboxd:
         if self._opened:
             self.audit.write(event, **fields)
 
-    def _spec(self, client: str, tool: str) -> ToolSpec:
-        specs = {s.name: s for s in self.policy.tools_for(client)}
-        if tool not in specs:
-            raise UnknownTool(tool, sorted(specs))
-        return specs[tool]
-
     # ------------------------------------------------------------ invoke
 
     async def invoke(self, client: str, tool: str, request: InvokeRequest, *,
@@ -378,7 +361,7 @@ class Sandboxd:
                       started: asyncio.Event | None) -> Result:
         admitted = time.monotonic()
         try:
-            spec = self._spec(client, tool)
+            spec = self.policy.spec(client, tool)
         except UnknownTool:
             await self._record(event="unknown_tool", client=client, tool=tool,
                                transport=transport)
@@ -416,86 +399,84 @@ class Sandboxd:
                 await self._finish(client, result, admitted, transport=transport)
                 raise ToolUnavailable(f"tool '{tool}' is unavailable here: {why}")
             plan = await self.execution.plan(decision, session)
-            deadline = admitted + plan.limits.timeout_s
-            started = started or asyncio.Event()  # set once the call holds a slot and runs
             call = AdmittedCall(invocation_id, client, tool, request, session, decision, plan,
                                 backend, transfer, events)
-            # the kernel a restart ended, said by the first call that reaches it
-            kernel = kernel_of(decision.backend, plan.kind)
-            restart_lost = self.restarts.restart_lost(session, kernel)
-            ticket: KernelTicket | None = None
-            task = asyncio.current_task()
-            try:
-                # a session python call may start a kernel: within max_kernels only
-                ticket = self.kernel_cap.admit(request.session, kernel,
-                                               python=plan.kind in KERNEL_KINDS)
-                with self.sessions.cancellable(session):  # the session's end cancels it
-                    result, quota = await self.execution.run(call, deadline, started)
-            except SessionEnded as exc:  # it found its session ended: nothing ran
-                result = own_result(invocation_id, tool, decision, request.session,
-                                   Status.killed, Reason.cancelled, str(exc))
-                result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
-                return await self._finish(client, result, admitted, transport=transport)
-            except (KernelLimitReached, HostFull, Overloaded) as exc:
-                self.metrics.rejections.labels(reason=type(exc).__name__).inc()
-                result = own_result(invocation_id, tool, decision, request.session,
-                                   Status.rejected, Reason.policy, str(exc))
-                await self._finish(client, result, admitted, transport=transport)
-                raise
-            except asyncio.CancelledError as exc:
-                # its wall time is the time it was in the daemon's hands until the cancel
-                result = own_result(invocation_id, tool, decision, request.session,
-                                   Status.killed, Reason.cancelled, None, started=admitted)
-                mine = asyncio.current_task()
-                drained = self.drains.cancelled(mine)
-                if isinstance(exc, CancelledAfterCleanup):
-                    result.cleanup = exc.cleanup
-                    if exc.kernel is not None:
-                        result.kernel = exc.kernel
-                        result = finish(result, result_steps())
-                elif not started.is_set():  # cancelled while queued: nothing was started
-                    result.cleanup = Cleanup(verified=True, detail="cancelled before it started")
-                # cancelled by its session's end (or refused by a backend that found the
-                # session closed), not by its caller: the caller hears the cancelled result
-                if task is not None:
-                    for _ in range(self.sessions.calls.ended_call(task)):
-                        task.uncancel()
-                if session is not None and not self.sessions.live(session) and (
-                        task is None or not task.cancelling()):
-                    result.message = SESSION_ENDED
-                    return await self._finish(client, result, admitted, ran=True,
-                                              transport=transport)
-                with contextlib.suppress(ServiceError):
-                    await self._finish(client, result, admitted, transport=transport)
-                if drained and mine is not None:  # the drain's cancel: an answer, not a cut
-                    mine.uncancel()
-                    raise DrainCancelled(result, self.settings.drain_grace_s) from None
-                raise
-            except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
-                result = own_result(invocation_id, tool, decision, request.session,
-                                   Status.error, Reason.policy, str(exc))
-                await self._finish(client, result, admitted, transport=transport)
-                raise
-            except Exception as exc:
-                log.exception("backend %s failed on %s", decision.backend, invocation_id)
-                result = own_result(invocation_id, tool, decision, request.session,
-                                   Status.error, Reason.exited, f"internal error: {exc}")
-                await self._finish(client, result, admitted, ran=True, transport=transport)
-                # the error's text stays in the log: it may carry host paths or OS messages
-                raise ExecutionFailure(
-                    f"the {decision.backend} backend failed unexpectedly on {invocation_id}; the "
-                    "administrator can find the error in the daemon's log") from exc
-            finally:
-                if ticket is not None:
-                    ticket.release()
-                self.restarts.note_kernels(session)  # a crash must not hide the kernel it started
-                self.sessions.calls.ended_call(task)  # a cancel swallowed on the way
-            restart = self.restarts.forget_restart(session, kernel, restart_lost, result)
-            result = finish(result, result_steps(quota=quota, restart=restart,
-                                                 language=plan.kind.value))
-            if session is not None:
-                self.sessions.touch(session)
-            return await self._finish(client, result, admitted, ran=True, transport=transport)
+            return await self._run(call, admitted, transport, started or asyncio.Event())
+
+    async def _run(self, call: AdmittedCall, admitted: float, transport: str,
+                   started: asyncio.Event) -> Result:
+        """An admitted call in its backend, within its deadline and the kernel cap, and the
+        answer for each way it can end."""
+        session, decision = call.session, call.decision
+        deadline = admitted + call.plan.limits.timeout_s
+        # the kernel a restart ended, said by the first call that reaches it
+        kernel = kernel_of(decision.backend, call.plan.kind)
+        restart_lost = self.restarts.restart_lost(session, kernel)
+        ticket: KernelTicket | None = None
+        task = asyncio.current_task()
+        try:
+            # a session python call may start a kernel: within max_kernels only
+            ticket = self.kernel_cap.admit(call.request.session, kernel,
+                                           python=call.plan.kind in KERNEL_KINDS)
+            with self.sessions.cancellable(session):  # the session's end cancels it
+                result, quota = await self.execution.run(call, deadline, started)
+        except SessionEnded as exc:  # it found its session ended: nothing ran
+            return await self._finish(call.client, not_started(call, str(exc)), admitted,
+                                      transport=transport)
+        except (KernelLimitReached, HostFull, Overloaded) as exc:
+            self.metrics.rejections.labels(reason=type(exc).__name__).inc()
+            result = stopped(call, Status.rejected, Reason.policy, str(exc))
+            await self._finish(call.client, result, admitted, transport=transport)
+            raise
+        except asyncio.CancelledError as exc:
+            return await self._cancelled(call, exc, admitted, transport, started.is_set())
+        except ToolUnavailable as exc:  # the backend found itself unavailable once admitted
+            result = stopped(call, Status.error, Reason.policy, str(exc))
+            await self._finish(call.client, result, admitted, transport=transport)
+            raise
+        except Exception as exc:
+            log.exception("backend %s failed on %s", decision.backend, call.id)
+            result = stopped(call, Status.error, Reason.exited, f"internal error: {exc}")
+            await self._finish(call.client, result, admitted, ran=True, transport=transport)
+            # the error's text stays in the log: it may carry host paths or OS messages
+            raise ExecutionFailure(
+                f"the {decision.backend} backend failed unexpectedly on {call.id}; the "
+                "administrator can find the error in the daemon's log") from exc
+        finally:
+            if ticket is not None:
+                ticket.release()
+            self.restarts.note_kernels(session)  # a crash must not hide the kernel it started
+            self.sessions.calls.ended_call(task)  # a cancel swallowed on the way
+        restart = self.restarts.forget_restart(session, kernel, restart_lost, result)
+        result = finish(result, result_steps(quota=quota, restart=restart,
+                                             language=call.plan.kind.value))
+        if session is not None:
+            self.sessions.touch(session)
+        return await self._finish(call.client, result, admitted, ran=True, transport=transport)
+
+    async def _cancelled(self, call: AdmittedCall, exc: asyncio.CancelledError,
+                         admitted: float, transport: str, started: bool) -> Result:
+        """A cancelled call's answer (:func:`sandboxd.invoke.stopped.cancelled`), audited. Cut
+        by its session's end (or refused by a backend that found the session closed), not by
+        its caller, the caller hears the cancelled result; a drain's cancel is an answer
+        (:class:`DrainCancelled`); any other cancel goes on."""
+        result = cancelled(call, exc, admitted, started)
+        task = asyncio.current_task()
+        drained = self.drains.cancelled(task)
+        if task is not None:
+            for _ in range(self.sessions.calls.ended_call(task)):
+                task.uncancel()
+        if call.session is not None and not self.sessions.live(call.session) and (
+                task is None or not task.cancelling()):
+            result.message = SESSION_ENDED
+            return await self._finish(call.client, result, admitted, ran=True,
+                                      transport=transport)
+        with contextlib.suppress(ServiceError):
+            await self._finish(call.client, result, admitted, transport=transport)
+        if drained and task is not None:  # the drain's cancel: an answer, not a cut
+            task.uncancel()
+            raise DrainCancelled(result, self.settings.drain_grace_s) from None
+        raise exc
 
     async def _finish(self, client: str, result: Result, admitted: float, *,
                       ran: bool = False, transport: str = "http") -> Result:

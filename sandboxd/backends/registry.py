@@ -38,11 +38,14 @@ class BackendEntry:
     defaults: frozenset[ToolGroup] = frozenset()  # ...and runs when a policy names no backend
     enabled_setting: str | None = None  # the bool setting that turns it on (None: always on,
     #                                     or its section's ``enabled`` when it has one)
-    settings: tuple[str, ...] = ()  # the settings it reads (besides the enabled flag)
+    #: ``"module:Config"``: the dataclass of the settings it reads, each field naming its
+    #: daemon setting (:mod:`sandboxd.backends.settings`): its one declaration of them
+    config: str | None = None
+    settings: tuple[str, ...] = ()  # ...or, without a config class, the settings it reads
     #: ``"module:Model"``: a pydantic model of the backend's own settings, read from the
     #: ``backends.<name>`` section of the settings (config file: ``backends: {name: {...}}``;
     #: environment: ``SANDBOXD_BACKENDS`` as JSON) and checked when the settings load, so that
-    #: a backend with settings of its own needs no edit of ``sandboxd/config.py``
+    #: a backend with settings of its own needs no edit of ``sandboxd/config``
     section: str | None = None
     executes: bool = True  # runs code: built only when enabled, probed by the doctor
     startup_probe: bool = False  # the default backend: start-up refuses to serve unless its
@@ -60,6 +63,15 @@ class BackendEntry:
         if self.section is not None:
             return bool(getattr(self.settings_of(settings), "enabled", True))
         return True
+
+    def reads(self) -> tuple[str, ...]:
+        """The daemon settings it reads besides its enabled flag: its config class's (which
+        imports only that module), else its ``settings``."""
+        if self.config is None:
+            return self.settings
+        from sandboxd.backends.settings import settings_read
+
+        return tuple(n for n in settings_read(load(self.config)) if n != self.enabled_setting)
 
     def settings_of(self, settings: Settings) -> Any:
         """The backend's own settings (its ``section`` model, validated from

@@ -16,6 +16,7 @@ from sandboxd.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from sandboxd.models import Decision, LimitsRequest
     from sandboxd.policy import LoadedPolicy
     from sandboxd.protocol.limits import Limits
 
@@ -38,33 +39,11 @@ def check(
     The files (and the *.yaml/*.yml files of each directory) are checked as one policy set,
     as the daemon would load them together: names and client assignments must not clash.
     """
-    from sandboxd.policy import PolicyError, load_set
-    from sandboxd.policy.store import policy_files
-
-    groups: list[list[tuple[Path, str]]] = []
     problems: list[str] = []
-    for f in files:
-        if f.is_dir():
-            try:
-                found = policy_files(f)
-            except PolicyError as exc:
-                problems.extend(exc.problems)
-                continue
-            if not found:
-                problems.append(f"{f}: no policy files (*.yaml, *.yml) in this directory")
-            groups.append([(p, str(f / p.name)) for p in found])
-        else:
-            groups.append([(f, str(f))])
+    groups = _check_groups(files, problems)
     if not separately:
         groups = [[item for group in groups for item in group]]
-    loaded: list[LoadedPolicy] = []
-    for group in groups:
-        if not group:
-            continue
-        try:
-            loaded.extend(load_set(group).policies)
-        except PolicyError as exc:
-            problems.extend(exc.problems)
+    loaded = _check_load(groups, problems)
     from sandboxd.policy.engine import policy_warnings
     from sandboxd.policy.specs import enabled_tools
 
@@ -82,6 +61,44 @@ def check(
         typer.echo(f"{pol.source}: ok (policy '{pol.name}'; clients: "
                    f"{', '.join(pol.spec.clients)}; tools: "
                    f"{', '.join(enabled_tools(pol)) or 'none'})")
+
+
+def _check_groups(files: list[Path], problems: list[str]) -> list[list[tuple[Path, str]]]:
+    """The files to check, a group per argument (a directory's policy files together); a
+    directory that cannot be listed or holds none adds to ``problems``."""
+    from sandboxd.policy import PolicyError
+    from sandboxd.policy.store import policy_files
+
+    groups: list[list[tuple[Path, str]]] = []
+    for f in files:
+        if f.is_dir():
+            try:
+                found = policy_files(f)
+            except PolicyError as exc:
+                problems.extend(exc.problems)
+                continue
+            if not found:
+                problems.append(f"{f}: no policy files (*.yaml, *.yml) in this directory")
+            groups.append([(p, str(f / p.name)) for p in found])
+        else:
+            groups.append([(f, str(f))])
+    return groups
+
+
+def _check_load(groups: list[list[tuple[Path, str]]], problems: list[str]) -> list[LoadedPolicy]:
+    """Each group loaded as one policy set, as the daemon would; what fails adds to
+    ``problems``."""
+    from sandboxd.policy import PolicyError, load_set
+
+    loaded: list[LoadedPolicy] = []
+    for group in groups:
+        if not group:
+            continue
+        try:
+            loaded.extend(load_set(group).policies)
+        except PolicyError as exc:
+            problems.extend(exc.problems)
+    return loaded
 
 
 def _fmt_limits(limits: Limits) -> str:
@@ -121,10 +138,33 @@ def explain(
     """Show the decision and the rule that makes it, without running anything.
 
     Exit 0 when the call would be allowed, 1 when denied, 2 for bad input."""
+    from sandboxd.tools import ArgumentsInvalid
+
+    arguments, requested = _explain_input(args, limits)
+    service = loaded_offline_service(policies if policies is not None
+                                     else settings_policies_dir(config), 2)
+    try:  # the daemon's own explain: the same tool lookup, schema check and decision
+        explanation = service.explain(client, tool, arguments, requested,
+                                      unknown_tool_denied=True)
+    except ArgumentsInvalid as exc:
+        typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
+        raise typer.Exit(2) from None
+    decision, where = explanation.decision, explanation.location
+    asked = requested.asked() if requested is not None else None
+    lowered = decision.limits.lowered_requests(asked) if decision.limits is not None else {}
+    if as_json:
+        _explain_json(decision, where, lowered)
+    else:
+        _explain_text(tool, client, decision, where, lowered)
+    if not decision.allowed:
+        raise typer.Exit(1)
+
+
+def _explain_input(args: str, limits: str | None) -> tuple[dict[str, Any], LimitsRequest | None]:
+    """``--args`` and ``--limits`` decoded (exit 2, one line, when they are not)."""
     from pydantic import ValidationError
 
     from sandboxd.models import LimitsRequest
-    from sandboxd.tools import ArgumentsInvalid
 
     try:
         arguments = json.loads(args)
@@ -141,26 +181,24 @@ def explain(
         except ValidationError as exc:
             typer.echo(f"sandboxd: --limits: {exc.errors()[0]['msg']}", err=True)
             raise typer.Exit(2) from None
-    service = loaded_offline_service(policies if policies is not None
-                                     else settings_policies_dir(config), 2)
-    try:  # the daemon's own explain: the same tool lookup, schema check and decision
-        explanation = service.explain(client, tool, arguments, requested,
-                                      unknown_tool_denied=True)
-    except ArgumentsInvalid as exc:
-        typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
-        raise typer.Exit(2) from None
-    decision, where = explanation.decision, explanation.location
-    asked = requested.asked() if requested is not None else None
-    lowered = decision.limits.lowered_requests(asked) if decision.limits is not None else {}
-    if as_json:
-        out = decision.model_dump(mode="json")
-        out["location"] = where
-        if decision.plan is not None and decision.plan.egress is not None:
-            out["egress"] = decision.plan.egress.describe()
-        out["lowered"] = {name: {"requested": wanted, "granted": granted}
-                          for name, (wanted, granted) in lowered.items()}
-        typer.echo(json.dumps(out, indent=2))
-        raise typer.Exit(0 if decision.allowed else 1)
+    return arguments, requested
+
+
+def _explain_json(decision: Decision, where: str | None,
+                  lowered: dict[str, tuple[float, float]]) -> None:
+    """The decision as ``--json`` prints it."""
+    out = decision.model_dump(mode="json")
+    out["location"] = where
+    if decision.plan is not None and decision.plan.egress is not None:
+        out["egress"] = decision.plan.egress.describe()
+    out["lowered"] = {name: {"requested": wanted, "granted": granted}
+                      for name, (wanted, granted) in lowered.items()}
+    typer.echo(json.dumps(out, indent=2))
+
+
+def _explain_text(tool: str, client: str, decision: Decision, where: str | None,
+                  lowered: dict[str, tuple[float, float]]) -> None:
+    """The decision as a person reads it, one ``what:`` line each."""
     typer.echo(f"decision: {'allow' if decision.allowed else 'deny'}")
     typer.echo(f"tool:     {tool}    client: {client}    policy: {decision.policy_name or '-'}")
     typer.echo(f"rule:     {where}: {decision.rule}")
@@ -174,6 +212,19 @@ def explain(
                    f"{who}")
     if decision.backend:
         typer.echo(f"backend:  {decision.backend}")
+    _explain_plan(decision)
+    if decision.limits is not None:
+        typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
+    if decision.allowed and decision.plan is not None and decision.plan.egress is not None:
+        for line in decision.plan.egress.describe():  # what its sandbox may reach, a line each
+            typer.echo(f"egress:   {line}")
+    for name, (wanted, granted) in lowered.items():
+        typer.echo(f"lowered:  {name} requested {_fmt_value(name, wanted)}, granted "
+                   f"{_fmt_value(name, granted)} (the policy's limit)")
+
+
+def _explain_plan(decision: Decision) -> None:
+    """What the call would run: its argv or its command plan, the modules it may import."""
     plan = decision.plan
     if plan is not None and plan.argv is not None:
         typer.echo(f"argv:     {json.dumps(plan.argv)}")
@@ -181,16 +232,6 @@ def explain(
         typer.echo(f"runs:     {plan.command.render()}  (no shell)")
     if decision.allowed and plan is not None and plan.imports_allow:
         typer.echo(f"imports:  {', '.join(plan.imports_allow)}")
-    if decision.limits is not None:
-        typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
-    if decision.allowed and plan is not None and plan.egress is not None:
-        for line in plan.egress.describe():  # what the call's sandbox may reach, one per line
-            typer.echo(f"egress:   {line}")
-    for name, (wanted, granted) in lowered.items():
-        typer.echo(f"lowered:  {name} requested {_fmt_value(name, wanted)}, granted "
-                   f"{_fmt_value(name, granted)} (the policy's limit)")
-    if not decision.allowed:
-        raise typer.Exit(1)
 
 
 @app.command("show")

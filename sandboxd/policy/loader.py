@@ -21,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from sandboxd.errors import SandboxdError
-from sandboxd.policy.models import Loc, PolicyFile, semantic_problems
+from sandboxd.policy.checks import semantic_problems
+from sandboxd.policy.models import Loc, PolicyFile
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NODES = 100_000

@@ -16,17 +16,15 @@ One file is one policy::
       git_status: {description: "...", backend: container, argv: [git, status, --short]}
 
 Semantic checks that need more than one field (limits above maxima, placeholders that name no
-parameter, ...) live in :func:`semantic_problems`, which reports exact key locations.
+parameter, ...) live in :mod:`sandboxd.policy.checks`, which reports exact key locations.
 """
 
 from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from jsonschema.exceptions import SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -40,16 +38,13 @@ from pydantic_core import PydanticCustomError
 
 from sandboxd.backends import registry
 from sandboxd.egress.rules import EgressSpec
-from sandboxd.policy.egress_checks import block_problems, egress_problems
 from sandboxd.policy.units import parse_duration, parse_size
 from sandboxd.protocol.limits import LIMITS
 from sandboxd.tools import PACKAGES_TOOL as PACKAGES_TOOL  # (the policy's name for it)
-from sandboxd.tools import check_schema
 
 Loc = tuple[str | int, ...]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NETWORK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -309,7 +304,7 @@ class PolicyFile(_Strict):
     custom_tools: dict[str, CustomTool] = Field(default_factory=dict)
 
 
-# ------------------------------------------------------------------ semantic checks
+# ------------------------------------------------------------------ names the checks share
 
 BUILTIN_NAMES = ("python", "shell", "bash", "read_file", "write_file", "list_files")
 #: the registry's name for what each built-in tool asks of its backend
@@ -336,31 +331,6 @@ def placeholders(element: str) -> list[str]:
     return names
 
 
-def _limit_problems(limits: LimitsSpec, loc: Loc) -> Iterator[tuple[Loc, str]]:
-    for info in LIMITS.values():
-        value_name, max_name = info.policy, info.policy_max
-        value, maximum = getattr(limits, value_name), getattr(limits, max_name)
-        if value is not None and maximum is not None and value > maximum:
-            yield (*loc, value_name), f"{value_name} is above {max_name} of the same block"
-
-
-def _unimportable(backend: str, allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
-    """Entries of a python tool's ``imports.allow`` that name no module its backend offers
-    (they would fail at run time: "allowed by the policy but not available"), each blamed at
-    its own position. Backends whose registry entry lists no modules offer any."""
-    entry = registry.get(backend)
-    offered = entry.offered_modules() if entry is not None else None
-    if offered is None:
-        return
-    others = [e.name for e in registry.entries()
-              if "python" in e.serves and e.imports is None]
-    for i, module in enumerate(allow):
-        if module != "*" and module.split(".")[0] not in offered:
-            yield (*loc, i), (
-                f"'{module}' cannot be imported by the {backend} backend (it offers: "
-                f"{', '.join(sorted(offered))}); use backend: {' or '.join(others)} for it")
-
-
 def normalise_package(name: str) -> str:
     """A distribution name as PEP 503 compares it: runs of ``-``, ``_``, ``.`` become one
     ``-``, lower case (the PEP's own definition)."""
@@ -377,122 +347,6 @@ def allowed_packages(entries: list[str]) -> dict[str, str]:
             name = normalise_package(match["name"])
             out[name] = name + (f"=={match['version']}" if match["version"] else "")
     return out
-
-
-def _duplicate_packages(allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
-    """Two entries of ``packages.allow`` naming one package (after normalisation)."""
-    seen: dict[str, int] = {}
-    for i, entry in enumerate(allow):
-        match = PACKAGE_SPEC.match(entry)
-        if match is None:
-            continue
-        name = normalise_package(match["name"])
-        if name in seen:
-            yield (*loc, i), (f"'{entry}' names the package of entry {seen[name]} again "
-                              "(names are compared after PEP 503 normalisation)")
-        seen.setdefault(name, i)
-
-
-def _network_problem(name: str, tool: Any, group: registry.ToolGroup,
-                     policy: PolicyFile, loc: Loc) -> Iterator[tuple[Loc, str]]:
-    """A tool granted a network (its own or the policy's) on a backend that has none."""
-    if "network" not in type(tool).model_fields:
-        return
-    network = tool.network or policy.network
-    entry = registry.get(tool.backend)
-    if network == "none" or entry is None or entry.network:
-        return
-    others = [e.name for e in registry.entries() if group in e.serves and e.network]
-    yield (*loc, "network") if tool.network else ("network",), (
-        f"the {tool.backend} backend has no network; '{name}' needs backend: "
-        f"{' or '.join(others)} to be granted network {network!r}")
-
-
-def _approval_problems(spec: ApprovalSpec | None, loc: Loc,
-                       shell: bool) -> Iterator[tuple[Loc, str]]:
-    """An ``approve:`` nobody could answer, or with command patterns outside the shell."""
-    if spec is None:
-        return
-    if not spec.by and not spec.elicit:
-        yield (*loc, "by"), ("nobody may approve: list approver clients in 'by', or set "
-                             "'elicit: true' to let the calling MCP host's user answer")
-    if spec.patterns and not shell:
-        yield (*loc, "patterns"), "'patterns' is only meaningful under tools.shell.approve"
-
-
-def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
-    """Problems that pydantic field validation cannot see, each with the location to blame."""
-    if "*" in policy.clients and len(policy.clients) > 1:
-        yield ("clients",), "'*' must be the only entry when present"
-    for tname, tool in [*((n, getattr(policy.tools, n)) for n in BUILTIN_NAMES),
-                        *policy.custom_tools.items()]:
-        if tool is None:
-            continue
-        where = ("tools", tname) if tname in BUILTIN_NAMES else ("custom_tools", tname)
-        yield from _approval_problems(tool.approve, (*where, "approve"), tname == "shell")
-        if isinstance(tool, PythonTool):
-            yield from _approval_problems(tool.packages.approve,
-                                          (*where, "packages", "approve"), False)
-    yield from _limit_problems(policy.limits, ("limits",))
-    yield from block_problems(policy.egress, ("egress",))
-    for name in BUILTIN_NAMES:
-        tool = getattr(policy.tools, name)
-        if tool is None:
-            continue
-        loc: Loc = ("tools", name)
-        yield from _limit_problems(tool.limits, (*loc, "limits"))
-        yield from _network_problem(name, tool, TOOL_GROUPS[name], policy, loc)
-        yield from egress_problems(name, tool, TOOL_GROUPS[name], policy, loc)
-        yield from block_problems(getattr(tool, "egress", None), (*loc, "egress"))
-        if isinstance(tool, BashTool) and tool.enabled and policy.tools.shell is None:
-            yield loc, ("the bash tool runs what tools.shell.commands allows: add a "
-                        "tools.shell block with the commands")
-        if isinstance(tool, PythonTool) and "*" in tool.imports.deny:
-            yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
-        if isinstance(tool, PythonTool):
-            yield from _unimportable(tool.backend, tool.imports.allow,
-                                     (*loc, "imports", "allow"))
-            yield from _duplicate_packages(tool.packages.allow,
-                                           (*loc, "packages", "allow"))
-    for tname, tool in policy.custom_tools.items():
-        loc = ("custom_tools", tname)
-        if not _TOOL_NAME.match(tname):
-            yield loc, f"{tname!r} is not a valid tool name (letters, digits, '_', '-'; max 64)"
-        if tname in (*BUILTIN_NAMES, PACKAGES_TOOL):
-            yield loc, f"'{tname}' is a built-in tool; configure it under tools.{tname}"
-        yield from _limit_problems(tool.limits, (*loc, "limits"))
-        yield from _network_problem(tname, tool, "custom", policy, loc)
-        yield from egress_problems(tname, tool, "custom", policy, loc)
-        yield from block_problems(tool.egress, (*loc, "egress"))
-        params = tool.parameters
-        try:
-            check_schema(params)
-        except SchemaError as exc:
-            yield (*loc, "parameters"), f"not a valid JSON Schema: {exc.message}"
-            continue
-        if params.get("type") != "object":
-            yield (*loc, "parameters"), "parameters must be a JSON Schema with type: object"
-            continue
-        props = params.get("properties") or {}
-        for i, element in enumerate(tool.argv):
-            try:
-                names = placeholders(element)
-            except ValueError as exc:
-                yield (*loc, "argv", i), str(exc)
-                continue
-            for p in names:
-                if p not in props:
-                    yield (*loc, "argv", i), (
-                        f"placeholder {{{p}}} names no parameter (parameters: "
-                        f"{', '.join(sorted(props)) or 'none'})"
-                    )
-                elif (props[p] or {}).get("type") in ("object", "array"):
-                    yield (*loc, "argv", i), (
-                        f"placeholder {{{p}}} must be a string, number, integer or boolean "
-                        "parameter"
-                    )
-        if placeholders_in(tool.argv[0]):
-            yield (*loc, "argv", 0), "the program (argv[0]) must be fixed, not a placeholder"
 
 
 def placeholders_in(element: str) -> bool:

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandboxd.models import Decision, LimitsRequest, ToolSpec
+from sandboxd.errors import UnknownTool
+from sandboxd.models import Decision, Explanation, LimitsRequest, ToolSpec
 from sandboxd.policy import engine, specs
 from sandboxd.policy.loader import LoadedPolicy, PolicyError, PolicySet, load_set
+from sandboxd.tools import validate_arguments
 
 log = logging.getLogger("sandboxd.policy")
 
@@ -192,3 +194,28 @@ class PolicyStore:
                requested: LimitsRequest | None) -> Decision:
         """The decision for one call; ``arguments`` are already schema-valid."""
         return engine.decide(self.policy_for(client), client, tool, arguments, requested)
+
+    def spec(self, client: str, tool: str) -> ToolSpec:
+        """The client's tool of that name (:class:`UnknownTool`, naming the tools it has,
+        when it has none)."""
+        specs_ = {s.name: s for s in self.tools_for(client)}
+        if tool not in specs_:
+            raise UnknownTool(tool, sorted(specs_))
+        return specs_[tool]
+
+    def explain(self, client: str, tool: str, arguments: dict[str, Any],
+                limits: LimitsRequest | None, *, unknown_tool_denied: bool = False
+                ) -> Explanation:
+        """The decision for a call and where its rule is written, without running anything.
+        A tool the client does not have raises :class:`UnknownTool`, or with
+        ``unknown_tool_denied`` gets the policy's denial (which says why)."""
+        try:
+            spec = self.spec(client, tool)
+        except UnknownTool:
+            if not unknown_tool_denied:
+                raise
+        else:
+            validate_arguments(tool, spec.parameters, arguments)
+        decision = self.decide(client, tool, arguments, limits)
+        return Explanation(client=client, decision=decision,
+                           location=self.locate(client, decision.rule))

@@ -20,9 +20,14 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
+from .decode import check_choice as _choice
+from .decode import check_int as _int
+from .decode import check_list as _list
+from .decode import check_obj as _obj
+from .decode import check_text as _text
 from .display import MAX_VALUE_REPR, DisplayCaps
 from .limits import FORK_STATE_BYTES, Limits
-from .plan import MAX_NAMES, Plan, _choice, _int, _list, _obj, _text
+from .plan import MAX_NAMES, Plan
 
 #: what a request asks: python code, bash code (always in a bash kernel), a command plan,
 #: the end of a container's kernel, or (``suspend``) that a container's runner wait for the
@@ -174,12 +179,6 @@ def _env(value: Any, what: str) -> dict[str, str]:
     return {_text(k, f"{what} key"): _text(v, f"{what}[{k}]") for k, v in value.items()}
 
 
-def _display(value: Any, what: str) -> DisplayCaps:
-    d = _obj(value, what, ("item_bytes", "count"), ("item_bytes", "count"))
-    return DisplayCaps(item_bytes=_int(d["item_bytes"], f"{what}.item_bytes", 1, 2**40),
-                       count=_int(d["count"], f"{what}.count", 0, 1_000_000))
-
-
 def _code(value: Any, what: str) -> str:
     if not isinstance(value, str) or len(value) > MAX_CODE:
         raise ValueError(f"{what} must be a string of at most {MAX_CODE} characters")
@@ -200,7 +199,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
 _REQUEST_DECODERS: dict[str, Any] = {
     "id": lambda v, w: _short(v, w, MAX_ID),
     "limits": lambda v, w: Limits.from_wire(v),
-    "display": _display,
+    "display": DisplayCaps.from_wire,
     "code": _code,
     "plan": lambda v, w: _opt(v, w, lambda p, _w: Plan.from_wire(p)),
     "imports_allow": _names,

@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from .decode import check_int, check_obj
+
 #: MIME type -> how its content is carried: "text", "base64" or "json"
 MIME_TYPES: dict[str, str] = {
     "text/plain": "text",
@@ -98,6 +100,11 @@ def value_repr(value: Any) -> str | None:
         return None
 
 
+#: bounds of what :meth:`DisplayCaps.from_wire` accepts
+MAX_DISPLAY_ITEM = 2**40
+MAX_DISPLAYS = 1_000_000
+
+
 @dataclass(frozen=True)
 class DisplayCaps:
     """How much one call may display: ``item_bytes`` per item (the JSON of its data, images as
@@ -115,6 +122,14 @@ class DisplayCaps:
     def wire(self) -> dict[str, int]:
         """The caps as sent to a sandbox (its ``display`` cuts items by them)."""
         return {"item_bytes": self.item_bytes, "count": self.count}
+
+    @classmethod
+    def from_wire(cls, data: Any, what: str = "display") -> DisplayCaps:
+        """The caps in ``data`` (:meth:`wire`'s form), bounded: ``ValueError`` otherwise."""
+        d = check_obj(data, what, ("item_bytes", "count"), ("item_bytes", "count"))
+        return cls(item_bytes=check_int(d["item_bytes"], f"{what}.item_bytes", 1,
+                                        MAX_DISPLAY_ITEM),
+                   count=check_int(d["count"], f"{what}.count", 0, MAX_DISPLAYS))
 
 
 def size_text(n: int) -> str:

@@ -15,11 +15,18 @@ where and under which limits it runs.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, cast, get_args
 
+from .decode import MAX_TEXT as MAX_TEXT
+from .decode import check_choice as _choice
+from .decode import check_int as _int
+from .decode import check_list as _list
+from .decode import check_obj as _obj
+from .decode import check_opt_text as _opt_text
+from .decode import check_text as _text
 from .display import DisplayCaps
 from .limits import Limits
 
@@ -29,7 +36,6 @@ RedirectMode = Literal["read", "write", "append", "readwrite", "dup", "close"]
 RunIf = Literal["always", "ok", "failed"]
 
 #: bounds of what :meth:`Plan.from_wire` / :meth:`ExecutionPlan.from_wire` accept
-MAX_TEXT = 1024 * 1024  # characters of one string (a word, a path, a value)
 MAX_WORDS = 65536  # words of one argv
 MAX_PIPELINES = 4096
 MAX_COMMANDS = 4096  # commands of one pipeline
@@ -38,8 +44,6 @@ MAX_ENV = 256  # variables a planned command adds
 MAX_NAMES = 4096  # entries of exec_only, imports_allow, imports_deny
 MAX_FD = 9
 MAX_FILE_BYTES = 2**50  # the largest file cap
-MAX_DISPLAY_ITEM = 2**40
-MAX_DISPLAYS = 1_000_000
 
 
 class ToolKind(StrEnum):
@@ -58,54 +62,6 @@ KERNEL_KINDS = frozenset({ToolKind.python, ToolKind.bash})
 
 
 # ---------------------------------------------------------------- bounded decoding
-
-_T = TypeVar("_T")
-
-
-def _obj(data: Any, what: str, keys: Sequence[str], required: Sequence[str]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ValueError(f"{what} must be an object")
-    unknown = set(data) - set(keys)
-    if unknown:
-        raise ValueError(f"{what}: unknown keys {sorted(map(str, unknown))}")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise ValueError(f"{what}: missing {missing}")
-    return data
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string")
-    if len(value) > MAX_TEXT:
-        raise ValueError(f"{what} is longer than {MAX_TEXT} characters")
-    return value
-
-
-def _opt_text(value: Any, what: str) -> str | None:
-    return None if value is None else _text(value, what)
-
-
-def _int(value: Any, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{what} must be a whole number from {low} to {high}")
-    return value
-
-
-def _list(value: Any, what: str, most: int, item: Callable[[Any, str], _T],
-          least: int = 0) -> tuple[_T, ...]:
-    if not isinstance(value, list):
-        raise ValueError(f"{what} must be a list")
-    if not least <= len(value) <= most:
-        raise ValueError(f"{what} must have {least} to {most} entries")
-    return tuple(item(v, f"{what}[{i}]") for i, v in enumerate(value))
-
-
-def _choice(value: Any, what: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{what} must be one of {list(allowed)}")
-    return cast(str, value)
-
 
 def _freeze(obj: object, *names: str) -> None:
     """Turn the list fields ``names`` of a frozen dataclass into tuples (deeply immutable)."""
@@ -283,13 +239,6 @@ _PLAN_KEYS = ("kind", "limits", "command", "imports_allow", "imports_deny", "ima
               "network", "path", "max_file_bytes", "display", "programs")
 
 
-def _display_from_wire(data: Any) -> DisplayCaps:
-    d = _obj(data, "display", ("item_bytes", "count"), ("item_bytes", "count"))
-    return DisplayCaps(item_bytes=_int(d["item_bytes"], "display.item_bytes", 1,
-                                       MAX_DISPLAY_ITEM),
-                       count=_int(d["count"], "display.count", 0, MAX_DISPLAYS))
-
-
 @dataclass(frozen=True)
 class ExecutionPlan:
     """What one allowed call runs and how, as the policy decided it; the service adds only
@@ -353,5 +302,5 @@ class ExecutionPlan:
             image=_opt_text(d["image"], "image"), network=_opt_text(d["network"], "network"),
             path=_opt_text(d["path"], "path"),
             max_file_bytes=_int(d["max_file_bytes"], "max_file_bytes", 0, MAX_FILE_BYTES),
-            display=_display_from_wire(d["display"]),
+            display=DisplayCaps.from_wire(d["display"]),
             programs=_list(d.get("programs", []), "programs", MAX_NAMES, _text))

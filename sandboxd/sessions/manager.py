@@ -41,8 +41,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from sandboxd.errors import HostFull
-from sandboxd.host.uids import UidPool, UidPoolExhausted, chown_tree
+from sandboxd.host.uids import UidPool, UidPoolExhausted
 from sandboxd.models import new_id
+from sandboxd.sessions import recovery
 from sandboxd.sessions.calls import SessionCalls
 from sandboxd.sessions.record import (
     Session,
@@ -52,7 +53,6 @@ from sandboxd.sessions.record import (
     SessionNotFound,
     SessionOverQuota,
 )
-from sandboxd.sessions.restarts import workspace_problem
 from sandboxd.util.reservations import Cap, CapReached, Ledger, Reservation
 from sandboxd.workspaces.quota import (
     Usage,
@@ -111,66 +111,9 @@ class SessionManager:
 
     def sweep(self) -> dict[str, list[str]]:
         """Recover unexpired sessions from disk; delete expired ones, orphaned workspaces and
-        temporary workspaces left by a crash (unmounting what is mounted). Blocks: the daemon
-        runs it in a thread before it serves. One workspace that resists is logged and listed
-        under ``failed``; it never stops the sweep. Returns what was recovered and removed."""
-        for directory in (self.root, self.meta_dir):
-            directory.mkdir(parents=True, exist_ok=True, mode=0o711)
-            os.chmod(directory, 0o711)
-        report: dict[str, list[str]] = {"recovered": [], "expired": [], "removed": [],
-                                        "failed": []}
-        self.fs.detect(helper=True)
-        now = time.time()
-        for meta in self.meta_dir.glob("*.json"):
-            try:
-                session = Session.load(meta.read_text())
-            except (OSError, ValueError, TypeError):
-                meta.unlink(missing_ok=True)
-                report["removed"].append(meta.name)
-                continue
-            workspace = self.root / session.id
-            alive = session.expires_at > now and workspace.is_dir()
-            if alive:
-                # a tmpfs gone with the mount namespace of the previous daemon, or anything
-                # mounted, planted or chowned in its place while no daemon watched: the
-                # session ends (never a silently empty or foreign workspace)
-                why = workspace_problem(workspace, session.uid, tmpfs=self.fs.kernel)
-                if why is not None:
-                    alive = False
-                    self.refused[session.id] = (session, why)
-            if alive:
-                session.workspace = str(workspace)
-                session.node = self.node_id  # it lives here, whatever its id says
-                try:
-                    self._recover_identity(session)
-                except (OSError, UidPoolExhausted) as exc:
-                    log.error("sweep: session %s cannot be recovered: %s", session.id, exc)
-                    alive = False
-            if alive:
-                self._sessions[session.id] = session
-                report["recovered"].append(session.id)
-            else:
-                report["expired"].append(session.id)
-                if not self._remove_files(session.id):
-                    report["failed"].append(session.id)
-        for point in mounts_below(self.root):
-            if point.parent == self.root and point.name in self._sessions:
-                continue
-            try:
-                self.fs.remove(point)
-            except OSError as exc:
-                log.error("sweep: could not remove the workspace %s: %s", point, exc)
-                report["failed"].append(point.name)
-        for entry in list(self.root.iterdir()):
-            if entry.name in self._sessions:
-                continue
-            try:
-                self.fs.remove(entry)
-                report["removed"].append(entry.name)
-            except OSError as exc:
-                log.error("sweep: could not remove the workspace %s: %s", entry, exc)
-                report["failed"].append(entry.name)
-        return report
+        temporary workspaces left by a crash (:func:`sandboxd.sessions.recovery.sweep`).
+        Blocks: the daemon runs it in a thread before it serves."""
+        return recovery.sweep(self, time.time())
 
     # ------------------------------------------------------------ sessions
 
@@ -474,17 +417,6 @@ class SessionManager:
 
             future.add_done_callback(discard)
             raise
-
-    def _recover_identity(self, session: Session) -> None:
-        """A recovered session keeps its uid; one without a usable uid (metadata of an older
-        daemon, or a uid outside today's range) gets a new one and its files follow."""
-        if self.uids is None:
-            return
-        if session.uid is not None and self.uids.adopt(session.id, session.uid):
-            return
-        session.uid = self.uids.acquire(session.id)
-        chown_tree(Path(session.workspace), session.uid, session.uid)
-        self._save(session)
 
     def save(self, session: Session) -> None:
         """Write the session's metadata (atomically)."""

@@ -43,6 +43,32 @@ def test_the_result_carries_the_last_commands_exit_status(daemon: Daemon, code: 
     assert res["termination"] == {"reason": "exited", "exit_code": exit_code,
                                   "signal": None}, res
 
+@pytest.mark.parametrize(("code", "exit_code", "message"), [
+    ("echo a\nnosuchcmd --flag\necho b\nnosuchcmd", 127,
+     "line 4: nosuchcmd: exit status 127"),
+    ("echo x\n\nif then\necho y", 2, "line 3: syntax error near unexpected token `then'"),
+    ("f() {\n  false\n}\ntrue\nf", 1, "line 5: false: exit status 1"),
+    ("ls /nope\n", 2, "line 1: ls /nope: exit status 2"),
+    ("for i in 1 2; do\n  [[ $i == 3 ]]\ndone", 1, "line 2: [[ $i == 3 ]]: exit status 1"),
+    # the command's text is one plain line, cut at 200 characters
+    ("echo 'a\nb'\nfalse 'x\ty\n" + "z" * 300 + "'", 1,  # bash names a command's last line
+     "line 4: " + ("false 'x y " + "z" * 300)[:200] + ": exit status 1"),
+    ("false\ntrue", 0, None)])
+def test_a_failure_names_its_line_and_command(daemon: Daemon, code: str, exit_code: int,
+                                              message: str | None) -> None:
+    res = daemon.call("bash", code)
+    assert res["termination"]["exit_code"] == exit_code, res
+    assert res["message"] == message, res
+
+def test_the_kernel_reserves_the_err_trap_a_users_lasts_its_call(daemon: Daemon) -> None:
+    sid = daemon.session()
+    mine = daemon.call("bash", "trap 'echo mine $?' ERR\n(exit 4)", sid)
+    assert mine["stdout"] == "mine 4\n" and mine["message"] is None, mine
+    again = daemon.call("bash", "echo a\n(exit 5)", sid)
+    assert again["stdout"] == "a\n", again
+    assert again["message"] == "line 2: ( exit 5 ): exit status 5", again
+    daemon.close(sid)
+
 @pytest.mark.parametrize("code", ["curl http://example.com", "ls | nc host 1",
                                   "echo a | cat | wc -l | sudo tee x",
                                   "echo $(wget x)", "f() { sudo id; }", "env curl x"])

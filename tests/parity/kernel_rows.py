@@ -78,8 +78,9 @@ BASH = Language(
     read="[[ $PWD == /workspace/d ]] && show 2>/dev/null || echo gone",
     rows={
         "value": Row("echo $((6 * 7))", {"status": "ok", "value": None, "stdout": "42\n"}),
-        "error": Row("echo a\n(exit 3)", {"status": "error", "termination.exit_code": 3,
-                                          "stdout": "a\n"}),
+        "error": Row("echo a\n(exit 3)", {
+            "status": "error", "termination.exit_code": 3, "stdout": "a\n",
+            "message": "line 2: ( exit 3 ): exit status 3"}),
         "stream": Row("for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.2; done"),
         "display": "bash has no display(): what it shows is its two streams",
         "runaway": Row("while :; do :; done", {"termination.exit_code": 130}),  # SIGINT

@@ -14,7 +14,8 @@ import sandboxd
 
 ROOT = Path(sandboxd.__file__).parent
 #: the modules that would otherwise list backends (a new backend must touch none of them)
-CORE = ["backends/factory.py", "backends/base.py", "config.py", "health/readiness.py",
+CORE = ["backends/factory.py", "backends/base.py", "config/__init__.py", "config/files.py",
+        "health/readiness.py",
         "service.py", "api/app.py", "cli/doctor.py",
         *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "policy").glob("*.py")))]
 NAMES = ("restricted", "container", "workspace", "scripted")
@@ -83,7 +84,7 @@ def test_every_setting_an_entry_names_exists() -> None:
     from sandboxd.config import Settings
 
     for entry in registry.entries():
-        named = {*entry.settings, *([entry.enabled_setting] if entry.enabled_setting else [])}
+        named = {*entry.reads(), *([entry.enabled_setting] if entry.enabled_setting else [])}
         assert named <= set(Settings.model_fields), (entry.name, named - set(Settings.model_fields))
         if entry.enabled_setting:
             assert Settings.model_fields[entry.enabled_setting].annotation is bool

@@ -260,7 +260,7 @@ def test_a_wrong_section_is_a_settings_error(sectioned: registry.BackendEntry, t
 def test_every_setting_an_entry_names_exists() -> None:
     """The flags and settings the built-in entries name are fields of the settings."""
     for entry in registry.entries():
-        for name in (entry.enabled_setting, *entry.settings):
+        for name in (entry.enabled_setting, *entry.reads()):
             assert name is None or name in Settings.model_fields, (entry.name, name)
         if entry.enabled_setting is not None:
             assert Settings.model_fields[entry.enabled_setting].annotation is bool

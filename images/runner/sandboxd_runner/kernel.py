@@ -161,6 +161,12 @@ class Kernel:
         """In the fork: become the kernel (never returns)."""
         kernel_child(req, ctl_r, rep_w, out_w, err_w, disp_w, rlimits)
 
+    @staticmethod
+    def answer_body(reply: bytes) -> bytes:
+        """What the exit record takes from an answer after its status byte (the value's
+        JSON, :func:`.execution.answer_fields`)."""
+        return reply[1:]
+
     def send_interrupt(self) -> None:
         """The runner's interrupt: SIGINT to the kernel (a KeyboardInterrupt in its code)."""
         os.kill(self.pid, signal.SIGINT)

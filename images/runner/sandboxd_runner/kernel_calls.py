@@ -159,8 +159,7 @@ class KernelCall(Call):
             kernel.drain()
             group_gone = kernel.sweep()
             exit_code = self.reply[0]
-            if len(self.reply) > 1:
-                self.value_buf = bytearray(self.reply[1:])
+            self.value_buf = bytearray(kernel.answer_body(self.reply))
             cpu = kernel.cpu_ticks() - self.cpu0
         else:  # the kernel died, or the call hit a limit or was stopped: the kernel ends
             cpu = kernel.cpu_ticks() - self.cpu0 if kernel.alive else 0

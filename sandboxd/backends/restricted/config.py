@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from sandboxd.backends.settings import from_settings, reads
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
@@ -12,25 +14,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RestrictedConfig:
-    """The restricted backend's own settings (built from the daemon's by
-    :meth:`from_settings`)."""
+    """The restricted backend's own settings: each field names the daemon setting it is read
+    from (:mod:`sandboxd.backends.settings`; its defaults serve a config built directly)."""
 
-    state_dir: Path  # probe workspaces live here, where a crash's leftovers are swept
-    instance_name: str  # names this daemon's cgroups
-    cgroup_root: Path = Path("/sys/fs/cgroup")
-    enabled: bool = True
-    standby_workers: int = 4  # forked, prepared workers kept ready (one per scheduler slot)
-    sandbox_uid_first: int = 10100  # the uid pool's range, when the backend makes its own
-    sandbox_uid_count: int = 900
-    kernel_interrupt_grace_s: float = 2.0  # an interrupted kernel may come back this long
+    # probe workspaces live here, where a crash's leftovers are swept
+    state_dir: Path = field(metadata=reads())
+    # names this daemon's cgroups
+    instance_name: str = field(metadata=reads("instance", "state_dir",
+                                              derive=lambda s: s.instance_name))
+    cgroup_root: Path = field(default=Path("/sys/fs/cgroup"), metadata=reads())
+    enabled: bool = field(default=True, metadata=reads("restricted_enabled"))
+    # forked, prepared workers kept ready (one per scheduler slot)
+    standby_workers: int = field(default=4, metadata=reads("max_concurrency"))
+    # the uid pool's range, when the backend makes its own
+    sandbox_uid_first: int = field(default=10100, metadata=reads())
+    sandbox_uid_count: int = field(default=900, metadata=reads())
+    # an interrupted kernel may come back this long
+    kernel_interrupt_grace_s: float = field(default=2.0, metadata=reads())
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RestrictedConfig:
-        """The restricted backend's part of the daemon's settings."""
-        return cls(state_dir=settings.state_dir, instance_name=settings.instance_name,
-                   cgroup_root=Path(settings.cgroup_root),
-                   enabled=settings.restricted_enabled,
-                   standby_workers=settings.max_concurrency,
-                   sandbox_uid_first=settings.sandbox_uid_first,
-                   sandbox_uid_count=settings.sandbox_uid_count,
-                   kernel_interrupt_grace_s=settings.kernel_interrupt_grace_s)
+        """The restricted backend's part of the daemon's settings, as its fields say."""
+        return from_settings(cls, settings)

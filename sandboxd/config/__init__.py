@@ -1,7 +1,8 @@
 """Daemon settings: defaults < optional YAML config file < ``SANDBOXD_*`` environment < CLI flags.
 
 The YAML file is ``/etc/sandboxd/sandboxd.yaml`` when it exists, or the file named by
-``SANDBOXD_CONFIG`` / ``--config``. Keys are the field names below.
+``SANDBOXD_CONFIG`` / ``--config``. Keys are the field names below. Reading that file and
+saying where a setting is wrong (file, line and column) is :mod:`sandboxd.config.files`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -18,11 +18,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from sandboxd.errors import SandboxdError
+from sandboxd.config.files import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
+from sandboxd.config.files import ConfigFileError as ConfigFileError
+from sandboxd.config.files import YamlFileSource
+from sandboxd.config.files import settings_problems as settings_problems
 from sandboxd.protocol.limits import FORK_STATE_BYTES
-
-DEFAULT_CONFIG_FILE = Path("/etc/sandboxd/sandboxd.yaml")
-
 
 #: a node id: lowercase letters, digits and inner hyphens, at most 32 characters (it is part of
 #: every session id, and a proxy routes by it: sandboxd.fleet)
@@ -45,36 +45,6 @@ def _default_state_dir() -> Path:
         return Path("/var/lib/sandboxd")
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "sandboxd"
-
-
-class ConfigFileError(SandboxdError, ValueError):
-    """The YAML config file is unreadable or not a mapping."""
-
-    code = "config-invalid"
-
-
-class _YamlFileSource(PydanticBaseSettingsSource):
-    """Reads the optional YAML config file."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
-        super().__init__(settings_cls)
-        self.path = path
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # unused: __call__ returns the whole mapping
-
-    def __call__(self) -> dict[str, Any]:
-        if self.path is None or not self.path.exists():
-            return {}
-        try:
-            data = yaml.safe_load(self.path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigFileError(f"{self.path}: {exc}") from exc
-        if data is None:
-            return {}
-        if not isinstance(data, dict):
-            raise ConfigFileError(f"{self.path}: the config file must be a mapping of settings")
-        return data
 
 
 #: E2B's templates and what each runs with (the setting ``e2b_templates``'s default): the
@@ -454,7 +424,7 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         config = os.environ.get("SANDBOXD_CONFIG")
         path = Path(config) if config else DEFAULT_CONFIG_FILE
-        return (init_settings, env_settings, _YamlFileSource(settings_cls, path))
+        return (init_settings, env_settings, YamlFileSource(settings_cls, path))
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -474,43 +444,3 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             else:
                 os.environ["SANDBOXD_CONFIG"] = old
     return Settings(**clean)
-
-
-def settings_problems(exc: Exception, config_file: Path | None = None) -> list[str]:
-    """One line per settings problem: ``file:line:column: name: why (got value)`` for a
-    setting of the YAML config file (``config_file``, else ``SANDBOXD_CONFIG``, else the
-    default file when it exists), ``name: why (got value)`` for one from the environment
-    (``SANDBOXD_<NAME>``) or an option."""
-    from pydantic import ValidationError
-
-    if not isinstance(exc, ValidationError):
-        return [" ".join(str(exc).split())]
-    path = config_file or Path(os.environ.get("SANDBOXD_CONFIG") or DEFAULT_CONFIG_FILE)
-    where = _key_positions(path)
-    problems = []
-    for err in exc.errors():
-        loc = err.get("loc", ())
-        name = ".".join(str(p) for p in loc) or "settings"
-        got = err.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        why = "unknown setting" if err.get("type") == "extra_forbidden" else err.get(
-            "msg", "invalid")
-        key = str(loc[0]) if loc else ""
-        if key in where and f"SANDBOXD_{key.upper()}" not in os.environ:
-            line, column = where[key]
-            problems.append(f"{path}:{line}:{column}: {name}: {why}{shown}")
-        else:
-            problems.append(f"{name}: {why}{shown}")
-    return problems
-
-
-def _key_positions(path: Path) -> dict[str, tuple[int, int]]:
-    """1-based (line, column) of each top-level key of a YAML mapping file ({} if none)."""
-    try:
-        root = yaml.compose(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    if not isinstance(root, yaml.MappingNode):
-        return {}
-    return {str(k.value): (k.start_mark.line + 1, k.start_mark.column + 1)
-            for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
