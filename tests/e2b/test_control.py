@@ -108,9 +108,9 @@ def test_bad_requests_and_unserved_envd_methods_say_what_is_wrong(e2b_env: E2bDa
         assert stdin.status_code == 501
         assert stdin.json() == {"code": "unimplemented",
                                 "message": "sandboxd does not serve envd's process.StreamInput"}
-        watch = http.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/home/user"},
+        watch = http.post("/filesystem.Filesystem/WatchDir", json={"path": "/home/user"},
                           headers=plane)
-        assert watch.status_code == 501 and "CreateWatcher" in watch.json()["message"]
+        assert watch.status_code == 501 and "WatchDir" in watch.json()["message"]
         outside = http.post("/filesystem.Filesystem/ListDir", json={"path": "/etc"},
                             headers=plane)
         assert outside.status_code == 403 and "outside" in outside.json()["message"]

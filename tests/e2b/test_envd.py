@@ -129,3 +129,30 @@ def test_stdin_of_a_command_started_without_it_or_over_the_bound_is_refused(
         sbx.commands.close_stdin(handle.pid)
         # the refused writes sent nothing; the bound itself is taken whole
         assert handle.wait().stdout == f"{MAX_STDIN_BYTES}\n"
+
+
+def test_files_list_walks_to_the_depth_asked_within_its_bound(e2b_env: E2bDaemon) -> None:
+    from e2b import Sandbox
+    from e2b.exceptions import InvalidArgumentException, SandboxException
+
+    from sandboxd.api.e2b.files import MAX_LIST_DEPTH, MAX_LIST_ENTRIES
+
+    with Sandbox.create(template="base") as sbx:
+        sbx.files.write("/home/user/a/b/c/deep.txt", "x")
+        sbx.files.write("/home/user/a/top.txt", "y")
+        one = {e.path for e in sbx.files.list("/home/user/a")}
+        assert one == {"/home/user/a/b", "/home/user/a/top.txt"}
+        three = {e.path for e in sbx.files.list("/home/user/a", depth=3)}
+        assert three == one | {"/home/user/a/b/c", "/home/user/a/b/c/deep.txt"}
+        two = {e.path for e in sbx.files.list("/home/user/a", depth=2)}
+        assert two == one | {"/home/user/a/b/c"}
+        with pytest.raises(InvalidArgumentException, match=str(MAX_LIST_DEPTH)):
+            sbx.files.list("/home/user", depth=MAX_LIST_DEPTH + 1)
+        # more entries than the bound in all: refused, never a listing cut short in silence
+        sbx.files.write("mk.py", f"import os\nfor d in 'pq':\n    os.makedirs(f'w/{{d}}')\n"
+                        f"    for i in range({MAX_LIST_ENTRIES // 2 + 1}):\n"
+                        f"        open(f'w/{{d}}/{{i}}', 'w').close()\n")
+        sbx.commands.run("python3 mk.py")
+        assert len(sbx.files.list("/home/user/w/p")) == MAX_LIST_ENTRIES // 2 + 1
+        with pytest.raises(SandboxException, match=str(MAX_LIST_ENTRIES)):
+            sbx.files.list("/home/user/w", depth=2)

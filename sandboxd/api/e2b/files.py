@@ -1,15 +1,17 @@
 """envd's files: ``GET/POST /files`` (the SDKs' ``files.read``/``files.write``) and the
-filesystem service (Connect, JSON): ``Stat`` (``exists``, ``get_info``), ``ListDir``,
-``MakeDir``, ``Move`` (``rename``), ``Remove``. Each is a call of the service's own file
-tools (``read_file``, ``write_file``, ``list_files``: their path rules) or, for what they do
-not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its command rules), so the
-policy decides every one and the audit log records it. Paths are E2B's: the workspace is
-``/home/user`` (:func:`~sandboxd.api.e2b.sandboxes.workspace_path`). ``WatchDir`` and the
-watcher methods are not served.
+filesystem service (Connect, JSON): ``Stat`` (``exists``, ``get_info``), ``ListDir`` (to a
+bounded depth), ``MakeDir``, ``Move`` (``rename``), ``Remove``. Each is a call of the
+service's own file tools (``read_file``, ``write_file``, ``list_files``: their path rules)
+or, for what they do not do, of the ``shell`` tool (``mkdir -p``, ``mv``, ``rm -r``: its
+command rules), so the policy decides every one and the audit log records it. Paths are
+E2B's: the workspace is ``/home/user`` (:func:`~sandboxd.api.e2b.sandboxes.workspace_path`).
+The SDK's ``files.watch_dir`` polls watchers (:mod:`sandboxd.api.e2b.watch`); the
+streaming ``WatchDir`` is not served.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import posixpath
 import shlex
@@ -18,14 +20,18 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from sandboxd.api.e2b import connect
+from sandboxd.api.e2b import connect, watch
 from sandboxd.api.e2b.access import e2b_client, sandbox_id
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
+from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES
+from sandboxd.backends.workspace_errors import FileToolError, PathRefused
 from sandboxd.models import InvokeRequest, Result, Status
 
 router = APIRouter(include_in_schema=False)
 SERVICE = "/filesystem.Filesystem/"
+MAX_LIST_DEPTH = 4
+"""``files.list(depth=...)``: the deepest listing served (each level one tool call a directory)."""
 _TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 
 
@@ -59,6 +65,34 @@ def _entry(parent: str, item: dict[str, Any]) -> dict[str, Any]:
     rel = posixpath.normpath(posixpath.join(parent, str(item["name"])))
     return {"name": item["name"], "type": _TYPES.get(str(item["type"]), "FILE_TYPE_UNSPECIFIED"),
             "path": HOME if rel == "." else f"{HOME}/{rel}", "size": int(item.get("size") or 0)}
+
+
+async def _list(request: Request, client: str, record: E2bSandbox, path: str,
+                depth: int) -> list[dict[str, Any]]:
+    """``ListDir`` to ``depth`` levels: one ``list_files`` call a directory (each decided and
+    audited), breadth first, never into a symlink (``list_files`` reports one as such and
+    walks none), at most :data:`MAX_LIST_DEPTH` levels and :data:`MAX_LIST_ENTRIES` entries
+    in all, so that one request cannot walk a whole tree."""
+    if depth > MAX_LIST_DEPTH:
+        raise connect.ConnectError(
+            "invalid_argument", f"depth {depth} is over sandboxd's bound of {MAX_LIST_DEPTH}")
+    entries: list[dict[str, Any]] = []
+    level = [workspace_path(path)]
+    for _ in range(depth):
+        below: list[str] = []
+        for where in level:
+            listed = await _call(request, client, record, "list_files", {"path": where})
+            for item in listed.value or []:
+                entry = _entry(where, item)
+                entries.append(entry)
+                if len(entries) > MAX_LIST_ENTRIES:
+                    raise connect.ConnectError(
+                        "resource_exhausted", f"more than {MAX_LIST_ENTRIES} entries: list a"
+                        " deeper directory or with a smaller depth")
+                if entry["type"] == "FILE_TYPE_DIRECTORY":
+                    below.append(posixpath.normpath(posixpath.join(where, str(item["name"]))))
+        level = below
+    return entries
 
 
 async def _stat(request: Request, client: str, record: E2bSandbox, path: str) -> dict[str, Any]:
@@ -123,11 +157,8 @@ async def _serve(method: str, request: Request, client: str, record: E2bSandbox,
     if method == "Stat":
         return {"entry": await _stat(request, client, record, path)}
     if method == "ListDir":
-        if int(message.get("depth") or 1) > 1:
-            raise connect.refuse("ListDir deeper than one level")
-        where = workspace_path(path)
-        listed = await _call(request, client, record, "list_files", {"path": where})
-        return {"entries": [_entry(where, item) for item in listed.value or []]}
+        return {"entries": await _list(request, client, record, path,
+                                       int(message.get("depth") or 1))}
     if method == "MakeDir":
         try:
             await _stat(request, client, record, path)
@@ -150,4 +181,45 @@ async def _serve(method: str, request: Request, client: str, record: E2bSandbox,
             raise connect.ConnectError("permission_denied", "the workspace itself stays")
         await _call(request, client, record, "shell", {"command": f"rm -r {_arg(where)}"})
         return {}
+    if method in ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher"):
+        return await _watch(method, request, client, record, message)
     raise connect.refuse(f"filesystem.{method}")
+
+
+async def _watch(method: str, request: Request, client: str, record: E2bSandbox,
+                 message: dict[str, Any]) -> dict[str, Any]:
+    """The watcher methods (:mod:`sandboxd.api.e2b.watch`); creating one is a ``list_files``
+    call of the directory first, so the policy decides it and the audit log records it."""
+    if method == "CreateWatcher":
+        if len(record.watchers) >= watch.MAX_WATCHERS:
+            raise connect.ConnectError("resource_exhausted", f"sandbox '{record.id}' holds "
+                                       f"{watch.MAX_WATCHERS} watchers, sandboxd's bound: "
+                                       "stop one first")
+        where = workspace_path(str(message.get("path") or ""))
+        await _call(request, client, record, "list_files", {"path": where})
+        recursive = bool(message.get("recursive"))
+        seen = await _snapshot(request, client, record, where, recursive)
+        watcher = watch.new_watcher(where, recursive, seen)
+        record.watchers[watcher.id] = watcher
+        return {"watcherId": watcher.id}
+    watcher_id = str(message.get("watcherId") or "")
+    if watcher_id not in record.watchers:
+        raise connect.ConnectError("not_found", f"watcher '{watcher_id}' does not exist")
+    if method == "RemoveWatcher":
+        del record.watchers[watcher_id]
+        return {}
+    watcher = record.watchers[watcher_id]
+    seen = await _snapshot(request, client, record, watcher.path, watcher.recursive)
+    events, watcher.seen = watch.changes(watcher.seen, seen), seen
+    return {"events": events}
+
+
+async def _snapshot(request: Request, client: str, record: E2bSandbox, where: str,
+                    recursive: bool) -> watch.Snapshot:
+    root = request.app.state.service.sessions.get(record.id, client).workspace
+    try:
+        return await asyncio.to_thread(watch.snapshot, str(root), where, recursive)
+    except watch.WatchTooLarge as exc:
+        raise connect.ConnectError("resource_exhausted", str(exc)) from None
+    except (PathRefused, FileToolError) as exc:
+        raise connect.ConnectError("failed_precondition", str(exc)) from None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sandboxd.api.e2b.commands import Background
+from sandboxd.api.e2b.watch import Watcher
 from sandboxd.api.problems import Problem
 from sandboxd.service import Sandboxd
 from sandboxd.sessions.record import SessionNotFound
@@ -48,10 +49,13 @@ class E2bSandbox:
     #: the names a kernel's last cell set of its own (``<session>/<language>`` -> names)
     cell_envs: dict[str, list[str]] = field(default_factory=dict)
     background: dict[int, Background] = field(default_factory=dict, repr=False)
+    #: ``files.watch_dir``'s watchers (id -> watcher): polled, so no thread ends with them
+    watchers: dict[str, Watcher] = field(default_factory=dict, repr=False)
 
     def stored(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("background")
+        data.pop("watchers")
         return data
 
 
