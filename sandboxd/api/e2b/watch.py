@@ -23,7 +23,7 @@ import stat
 import uuid
 from dataclasses import dataclass
 
-from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES, _open_dir
+from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES, open_dir
 from sandboxd.backends.workspace_errors import explain
 from sandboxd.protocol import rules
 
@@ -54,7 +54,7 @@ def snapshot(root: str, path: str, recursive: bool) -> Snapshot:
     """The entries under ``path`` of the workspace at ``root`` (one level, or all)."""
     top = rules.normalise_path(path)
     try:
-        fd = _open_dir(root, rules.path_components(top))
+        fd = open_dir(root, rules.path_components(top))
     except OSError as exc:
         raise explain(exc, path) from None
     seen: Snapshot = {}

@@ -82,7 +82,7 @@ def split_workspace_path(path: str) -> list[str]:
     return rules.path_components(rules.normalise_path(path))
 
 
-def _open_dir(root: str, parts: list[str], *, create: bool = False,
+def open_dir(root: str, parts: list[str], *, create: bool = False,
               owner: tuple[int, int] | None = None, target: list[str] | None = None) -> int:
     """A descriptor of the directory ``root/parts...``, never following a symlink; a name on
     the way that is a symlink is :class:`PathRefused`, one that is a file :class:`NotADirectory`
@@ -121,7 +121,7 @@ def read_bytes(root: str, path: str, max_bytes: int) -> bytes:
     if not parts:
         raise IsADirectory(f"the workspace root is a directory; name a file ({LIST_HINT})")
     try:
-        dfd = _open_dir(root, parts[:-1], target=parts)
+        dfd = open_dir(root, parts[:-1], target=parts)
         try:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          dir_fd=dfd)
@@ -220,7 +220,7 @@ class AtomicFile:
         self.path, self.owner, self.full = path, owner, full_message
         self.name, self.tmp, self.fd = parts[-1], f".sandboxd-{new_id('w')}.tmp", -1
         with self._errors():
-            self.dfd = _open_dir(root, parts[:-1], create=True, owner=owner, target=parts)
+            self.dfd = open_dir(root, parts[:-1], create=True, owner=owner, target=parts)
         try:
             with self._errors():
                 with contextlib.suppress(FileNotFoundError):
@@ -280,7 +280,7 @@ def list_files(root: str, path: str) -> list[dict[str, object]]:
     """The entries of a workspace directory (name, type, size), sorted by name."""
     parts = split_workspace_path(path)
     try:
-        dfd = _open_dir(root, parts)
+        dfd = open_dir(root, parts)
     except OSError as exc:
         raise explain(exc, path) from None
     try:
