@@ -34,6 +34,8 @@ class Row:
     code: str
     fields: dict[str, Any] = field(default_factory=dict)
     stderr_has: str | None = None
+    #: the display row: how the model reads the display of the string 'last'
+    last_shown: str = "'last'"
 
 
 @dataclass(frozen=True)
@@ -90,5 +92,37 @@ BASH = Language(
     },
 )
 
-#: every session language (the JavaScript kernel's entry goes here)
-LANGUAGES = {lang.tool: lang for lang in (PYTHON, BASH)}
+#: :data:`ORDER_CODE` in JavaScript: the same prints and displays in the same order
+JS_ORDER_CODE = """\
+for (let i = 0; i < 6; i++) { console.log('p' + i); display(i) }
+console.log('end')
+display('last')
+console.log('after')
+"""
+
+JAVASCRIPT = Language(
+    tool="javascript",
+    plant="const path = require('path')\nlet kept = 'kept'\n"
+          "function show() { console.log(kept) }",
+    read="typeof show === 'function' && typeof path === 'object' ? show() : console.log('gone')",
+    rows={
+        "value": Row("6 * 7", {"status": "ok", "value": 42, "stdout": ""}),
+        "error": Row("let y = 1\nnull.boom\n", {
+            "status": "error",
+            "message": "TypeError: Cannot read properties of null (reading 'boom')"},
+            stderr_has="<code>:2:"),
+        "stream": Row("for (const i of [1, 2, 3]) { console.log('out' + i); "
+                      "console.error('err' + i); await new Promise((r) => setTimeout(r, 200)) }"),
+        "display": Row(JS_ORDER_CODE, last_shown="last"),  # as console.log shows it
+        "runaway": Row("while (true) {}"),
+        "sleeping": Row("console.log('before')\n"
+                        "await new Promise((r) => setTimeout(r, 60000))\nconsole.log('never')",
+                        {"stdout": "before\n"}),
+        # after an await a busy loop runs where neither node's SIGINT watchdog nor a
+        # listener reaches it: the kernel is killed after the grace (docs/languages.md)
+        "deaf": Row("await null; while (true) {}"),
+    },
+)
+
+#: every session language
+LANGUAGES = {lang.tool: lang for lang in (PYTHON, BASH, JAVASCRIPT)}

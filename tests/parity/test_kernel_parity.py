@@ -36,6 +36,8 @@ tools:
     commands: {allow: [echo, sleep, mkdir]}
   bash:
     backend: container
+  javascript:
+    backend: container
 """
 
 #: the grace an interrupted kernel gets (seconds; the daemon's kernel_interrupt_grace_s)
@@ -98,7 +100,7 @@ def test_a_kernel_keeps_the_promise_of_each_row(daemon: KernelDaemon, lang: Lang
         events = stream(daemon.d.url, daemon.d.headers,
                         {"arguments": {"code": row.code}, "session": sid}, lang.tool)
         if name == "display":
-            result = check_order(events)
+            result = check_order(events, row.last_shown)
         else:
             result = events[-1][1]
             assert events[-1][0] == "result" and result["status"] == "ok", events

@@ -72,9 +72,10 @@ def stream(url: str, headers: dict[str, str], body: dict[str, Any],
     return events
 
 
-def check_order(events: list[tuple[str, Any]]) -> dict[str, Any]:
+def check_order(events: list[tuple[str, Any]], last_shown: str = "'last'") -> dict[str, Any]:
     """The streamed call of :data:`ORDER_CODE` kept execution order in its events and in its
-    result (positions, the model's text); returns the result."""
+    result (positions, the model's text, where the display of ``'last'`` reads as
+    ``last_shown``: its language's own text for a string); returns the result."""
     assert events and events[-1][0] == "result", events
     result = events[-1][1]
     assert result["status"] == "ok", result
@@ -88,5 +89,5 @@ def check_order(events: list[tuple[str, Any]]) -> dict[str, Any]:
 
     text = format_result(Result.model_validate(result))
     assert text.startswith("stdout:\np0\ndisplay:\n0\nstdout:\np1\ndisplay:\n1\n"), text
-    assert text.endswith("stdout:\nend\ndisplay:\n'last'\nstdout:\nafter"), text
+    assert text.endswith(f"stdout:\nend\ndisplay:\n{last_shown}\nstdout:\nafter"), text
     return result
