@@ -75,6 +75,12 @@ def test_an_error_names_its_line(daemon: Daemon) -> None:
     assert syntax["stderr"].startswith("<code>:2:"), syntax
     ts = daemon.call("typescript", "let n: number = 'text'")  # types are not checked
     assert ts["status"] == "ok", ts
+    # the transpiler drops the interface and the type: the line named is still the caller's
+    typed = daemon.call("typescript", "interface P {\n  n: number\n}\ntype Q = string\n"
+                                      "const p: P = {n: 1}\nnull.boom")
+    assert typed["status"] == "error", typed
+    assert typed["stderr"].startswith("<code>:6:6\nnull.boom\n"), typed
+    assert "<code>:6:6" in typed["stderr"].split("\n\n", 1)[1], typed  # the frames too
 
 
 def test_output_is_streamed_in_order(daemon: Daemon) -> None:

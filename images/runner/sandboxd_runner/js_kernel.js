@@ -261,7 +261,8 @@ function transpile(code) {
   const out = ts.transpileModule(code, {
     reportDiagnostics: true,
     compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext,
-      isolatedModules: true, removeComments: false, preserveValueImports: false },
+      isolatedModules: true, removeComments: false, preserveValueImports: false,
+      sourceMap: true },
   });
   const bad = (out.diagnostics || []).find((d) => d.category === ts.DiagnosticCategory.Error);
   if (bad) {
@@ -270,7 +271,47 @@ function transpile(code) {
     err.loc = { line: where.line + 1, column: where.character };
     throw err;
   }
-  return out.outputText;
+  return { text: out.outputText, toSource: sourceMapper(out.sourceMapText) };
+}
+
+const VLQ = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+
+// A source map's mappings, decoded: for each line of the JavaScript (1-based) the segments
+// [column, TypeScript line, TypeScript column] (0-based), so that an error names the line the
+// caller wrote (the transpiler drops interfaces, types and blank lines between them).
+function sourceMapper(mapText) {
+  let mappings = '';
+  try { mappings = String(JSON.parse(mapText).mappings || ''); } catch (e) { return null; }
+  const lines = [];
+  let srcLine = 0, srcCol = 0;
+  for (const text of mappings.split(';')) {
+    const segments = [];
+    let genCol = 0;
+    for (const seg of text.split(',')) {
+      if (!seg) continue;
+      const values = [];
+      let value = 0, shift = 0;
+      for (const ch of seg) {
+        const digit = VLQ.indexOf(ch);
+        if (digit < 0) return null;
+        value += (digit & 31) << shift;
+        if (digit & 32) { shift += 5; continue; }
+        values.push(value & 1 ? -(value >>> 1) : value >>> 1);
+        value = 0; shift = 0;
+      }
+      if (values.length < 4) continue;
+      genCol += values[0]; srcLine += values[2]; srcCol += values[3];
+      segments.push([genCol, srcLine, srcCol]);
+    }
+    lines.push(segments);
+  }
+  return (line, column) => {
+    const segments = lines[line - 1];
+    if (!segments || !segments.length) return null;
+    let best = segments[0];
+    for (const s of segments) if (s[0] <= column - 1) best = s;
+    return { line: best[1] + 1, column: best[2] + 1 + Math.max(0, column - 1 - best[0]) };
+  };
 }
 
 function names(pattern, out) {
@@ -376,7 +417,9 @@ function sourceLine(code, line) {
   return line >= 1 && line <= lines.length ? lines[line - 1] : '';
 }
 
-function describe(err, code) {
+// ``origin``: for TypeScript, the code the caller wrote and the map from the JavaScript's
+// (line, column) to its own, so that every position named is one of the caller's lines.
+function describe(err, code, origin) {
   const name = err && err.name ? String(err.name) : 'Error';
   const message = err && err.message !== undefined ? String(err.message) : String(err);
   let stack = err && typeof err.stack === 'string' ? err.stack : `${name}: ${message}`;
@@ -391,12 +434,22 @@ function describe(err, code) {
     const m = /<code>:(\d+):(\d+)/.exec(frames[0]);
     if (m) { line = Number(m[1]); column = Number(m[2]); }
   }
+  let listed = frames;
+  if (origin) {
+    const at = (l, c) => origin.at(l, c) || { line: l, column: c };
+    if (line !== null) ({ line, column } = at(line, column));
+    listed = frames.map((f) => f.replace(/<code>:(\d+):(\d+)/, (_, l, c) => {
+      const p = at(Number(l), Number(c));
+      return `${FILE}:${p.line}:${p.column}`;
+    }));
+    code = origin.code;
+  }
   const head = `${name}: ${message.replace(/ \(\d+:\d+\)$/, '')}`;
   let text = '';
   if (line !== null) {
     text += `${FILE}:${line}:${column}\n${sourceLine(code, line)}\n${' '.repeat(Math.max(0, column - 1))}^\n\n`;
   }
-  text += head + '\n' + frames.map((f) => (f.startsWith('    ') ? f : '    at ' + f.trim())).join('\n');
+  text += head + '\n' + listed.map((f) => (f.startsWith('    ') ? f : '    at ' + f.trim())).join('\n');
   return { text: text.replace(/\n*$/, '\n'), message: head.slice(0, MAX_MESSAGE) };
 }
 
@@ -418,18 +471,18 @@ async function runCall(req) {
   state.current = { stop };
   contextGlobal.require = makeRequire(req.modules || {});
   contextGlobal.display = makeDisplay(req.display);
-  let code = String(req.code);
+  let code = String(req.code), toSource = null;
   try {
-    if (req.typescript) code = transpile(code);
+    if (req.typescript) ({ text: code, toSource } = transpile(code));
     const { text, isAsync } = rewrite(code);
     const script = new vm.Script(text, { filename: FILE, lineOffset: -1 });
     const result = script.runInContext(context, { breakOnSigint: true });
     if (!isAsync) return { value: result, source: code };
     const outcome = await Promise.race([result.then((value) => ({ value }), (error) => ({ error })), ended]);
-    return { ...outcome, source: code };
+    return { ...outcome, source: code, toSource };
   } catch (error) {
     if (error && error.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') return { interrupted: true };
-    return { error, source: code };
+    return { error, source: code, toSource };
   }
 }
 
@@ -457,7 +510,8 @@ async function main() {
       if (status) payload = Buffer.from(JSON.stringify({ message: `process.exit(${status})` }));
     } else if (outcome.error !== undefined) {
       status = 1;
-      const { text, message } = describe(outcome.error, outcome.source || String(req.code));
+      const { text, message } = describe(outcome.error, outcome.source || String(req.code),
+        outcome.toSource ? { code: String(req.code), at: outcome.toSource } : null);
       writeSync(2, text);
       payload = Buffer.from(JSON.stringify({ message }));
     } else if (outcome.value !== undefined) {
