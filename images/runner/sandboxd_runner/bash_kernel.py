@@ -32,7 +32,6 @@ once the call ends, as for the python kernel.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -43,8 +42,8 @@ from sandboxd.protocol.call import WorkerRequest
 from .base import find_program, write_all
 from .execution import MAX_VALUE_JSON
 from .kernel import KERNEL_REPLY, Kernel, _status_field
-from .landlock import restrict_exec
-from .rlimits import Rlimits, apply_rlimits
+from .kernel_child import confine_child, place_fds
+from .rlimits import Rlimits
 
 BASH_REP, BASH_ERR, BASH_RC = 4, 6, 7  # the answer fd, stderr until the rc file, the rc file
 #: the rc file (read from a pipe): stderr back from /dev/null (where bash's notes on job
@@ -145,24 +144,8 @@ def bash_child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: in
         devnull = os.open(os.devnull, os.O_RDWR)
         targets = {0: ctl_r, 1: out_w, 2: devnull, BASH_REP: rep_w, BASH_ERR: err_w,
                    BASH_RC: rc_r}
-        high = {fd: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 200) for fd, src in targets.items()}
-        for fd, src in high.items():
-            os.dup2(src, fd, inheritable=True)
-        for low, high_end in ((3, BASH_REP), (BASH_REP + 1, BASH_ERR), (BASH_RC + 1, 65536)):
-            os.closerange(low, high_end)  # every other fd (the channel's among them)
-        try:
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
-        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        os.umask(0o022)
-        os.chdir(req.cwd)
-        apply_rlimits(rlimits)
-        problem = restrict_exec([*req.programs, bash], path)
-        if problem is not None:
-            raise OSError(1, f"the bash kernel cannot be confined: {problem}")
+        place_fds(targets, [(3, BASH_REP), (BASH_REP + 1, BASH_ERR), (BASH_RC + 1, 65536)])
+        confine_child("bash", req.cwd, rlimits, [*req.programs, bash], path)
         os.execve(bash, BASH_ARGV, dict(req.env))
     except BaseException as exc:
         message = f"sandboxd bash kernel: {exc}\n".encode()

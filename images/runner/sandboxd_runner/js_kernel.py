@@ -29,7 +29,6 @@ runs outside both: it ignores the interrupt and the runner kills the kernel afte
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -45,8 +44,8 @@ from .base import find_program, write_all
 from .bash_kernel import BashKernel
 from .execution import MAX_VALUE_JSON
 from .kernel import KERNEL_REPLY, Kernel
-from .landlock import restrict_exec
-from .rlimits import Rlimits, apply_rlimits
+from .kernel_child import confine_child, place_fds
+from .rlimits import Rlimits
 
 JS_CTL, JS_REP, JS_DISP, JS_ACK = 3, 4, 5, 6
 LOOP = str(Path(__file__).with_name("js_kernel.js"))
@@ -67,25 +66,10 @@ def node_child(req: WorkerRequest, fds: dict[int, int], rlimits: Rlimits = ()) -
         node = find_program("node", path)
         if node is None:
             raise OSError(2, "there is no node in this image (the javascript profile has it)")
-        fds = {0: os.open(os.devnull, os.O_RDONLY), **fds}
-        high = {fd: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 200) for fd, src in fds.items()}
-        for fd, src in high.items():
-            os.dup2(src, fd, inheritable=True)
-        os.closerange(JS_ACK + 1, 65536)  # every other fd (the channel's among them)
+        place_fds({0: os.open(os.devnull, os.O_RDONLY), **fds}, [(JS_ACK + 1, 65536)])
         os.set_blocking(JS_ACK, False)
-        try:
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
-        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        os.umask(0o022)
-        os.chdir(req.cwd)
-        apply_rlimits(rlimits)
-        problem = restrict_exec(["node"], path)  # by name: its ELF interpreter too
-        if problem is not None:
-            raise OSError(1, f"the javascript kernel cannot be confined: {problem}")
+        # node by name: its ELF interpreter too
+        confine_child("javascript", req.cwd, rlimits, ["node"], path)
         os.execve(node, NODE_ARGV, {**req.env, **NODE_ENV})
     except BaseException as exc:
         try:

@@ -1,0 +1,44 @@
+"""The fork side of a language kernel that runs another program (bash, node), shared by their
+kernels: the child's descriptors placed where its program reads them and every other closed,
+the first to die when memory runs out, default signals, the call's rlimits, and the exec
+confinement (Landlock: only its own programs may be executed) before the exec."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+from collections.abc import Iterable, Sequence
+
+from .landlock import restrict_exec
+from .rlimits import Rlimits, apply_rlimits
+
+
+def place_fds(fds: dict[int, int], close: Iterable[tuple[int, int]]) -> None:
+    """Each ``fds`` target made a copy of its source (through descriptors above 200, so that
+    no target overwrites a source still to be copied), then the ``close`` ranges closed (the
+    channel's descriptors among them)."""
+    high = {fd: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 200) for fd, src in fds.items()}
+    for fd, src in high.items():
+        os.dup2(src, fd, inheritable=True)
+    for low, high_end in close:
+        os.closerange(low, high_end)
+
+
+def confine_child(what: str, cwd: str, rlimits: Rlimits, programs: Sequence[str],
+                  path: str) -> None:
+    """The rest of the child's set-up before its exec; ``what`` names the kernel in the
+    error when its programs cannot be confined."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
+    for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    os.umask(0o022)
+    os.chdir(cwd)
+    apply_rlimits(rlimits)
+    problem = restrict_exec(list(programs), path)
+    if problem is not None:
+        raise OSError(1, f"the {what} kernel cannot be confined: {problem}")
