@@ -1,7 +1,8 @@
-"""The fork side of a language kernel that runs another program (bash, node), shared by their
-kernels: the child's descriptors placed where its program reads them and every other closed,
-the first to die when memory runs out, default signals, the call's rlimits, and the exec
-confinement (Landlock: only its own programs may be executed) before the exec."""
+"""The fork side of a process that runs a caller's code: the set-up every call's worker and
+kernel shares (the first to die when memory runs out, default signals, the call's rlimits),
+and, for a language kernel that runs another program (bash, node), its descriptors placed
+where its program reads them and every other closed, and the exec confinement (Landlock:
+only its own programs may be executed) before the exec."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ def place_fds(fds: dict[int, int], close: Iterable[tuple[int, int]]) -> None:
         os.closerange(low, high_end)
 
 
-def confine_child(what: str, cwd: str, rlimits: Rlimits, programs: Sequence[str],
-                  path: str) -> None:
-    """The rest of the child's set-up before its exec; ``what`` names the kernel in the
-    error when its programs cannot be confined."""
+def reset_child(cwd: str, rlimits: Rlimits) -> None:
+    """What every process that runs a caller's code sets before it (a call's worker, a
+    kernel): the first to die when memory runs out, default signals, umask, the working
+    directory and the call's rlimits (each process it starts inherits them)."""
     try:
         with open("/proc/self/oom_score_adj", "w") as fh:
             fh.write("1000")
@@ -39,6 +40,14 @@ def confine_child(what: str, cwd: str, rlimits: Rlimits, programs: Sequence[str]
     os.umask(0o022)
     os.chdir(cwd)
     apply_rlimits(rlimits)
+
+
+def confine_child(what: str, cwd: str, rlimits: Rlimits, programs: Sequence[str],
+                  path: str) -> None:
+    """The rest of a kernel's set-up before its exec: :func:`reset_child`, then only its own
+    ``programs`` may be executed; ``what`` names the kernel in the error when they cannot be
+    confined."""
+    reset_child(cwd, rlimits)
     problem = restrict_exec(list(programs), path)
     if problem is not None:
         raise OSError(1, f"the {what} kernel cannot be confined: {problem}")

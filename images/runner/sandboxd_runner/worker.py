@@ -14,8 +14,9 @@ from sandboxd.protocol.call import WorkerRequest
 
 from .base import find_program, set_dumpable, set_oom_score_adj
 from .execution import run_python
+from .kernel_child import reset_child
 from .plans import run_plan, simple_command
-from .rlimits import Rlimits, apply_rlimits, inherited_as_is
+from .rlimits import Rlimits, inherited_as_is
 
 
 def _close_fds_except(keep: set[int]) -> None:
@@ -41,16 +42,7 @@ def worker(req: WorkerRequest, out_w: int, err_w: int, value_w: int | None,
         _close_fds_except({fd for fd in (value_w, display_w) if fd is not None})
         # only now (the channel's fd is closed) may the user's own process be dumpable
         set_dumpable(1)
-        try:
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
-        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        os.umask(0o022)
-        os.chdir(req.cwd)
-        apply_rlimits(rlimits)  # before user code; each command of a plan inherits them
+        reset_child(req.cwd, rlimits)  # before user code; each command of a plan inherits them
         env = dict(req.env)
         if req.kind == "python":
             assert value_w is not None and display_w is not None  # python: both pipes exist
