@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sandboxd.backends.container.profiles import PROFILES
 from sandboxd.languages.javascript import effective_deny, named_modules, verdict
 from sandboxd.models import Decision
 from sandboxd.policy.models import JavascriptTool
@@ -15,8 +16,11 @@ from sandboxd.policy.specs import listing
 if TYPE_CHECKING:
     from sandboxd.policy.engine import _Ctx
 
-#: the image a javascript tool runs in unless its policy names another (the profile's)
-JAVASCRIPT_IMAGE = "sandboxd/javascript:latest"
+#: the image a javascript tool runs in unless its policy names another: the one the
+#: javascript profile builds (its tag is defined once, in the profiles' table)
+_TAG = PROFILES["javascript"].tag
+assert _TAG is not None, "the javascript profile builds an image of its own"
+JAVASCRIPT_IMAGE: str = _TAG
 
 
 def decide_javascript(ctx: _Ctx, tool: str, cfg: JavascriptTool, network: str | None,
