@@ -276,17 +276,24 @@ while slow and time.monotonic() - t0 < 60:
             closed += 1
     time.sleep(1)
 [closed, time.monotonic() - t0]"""
+    # the other sandbox is a session started and warmed before the attack: its request must
+    # come while the slow connections are held (the proxy's 10 s head deadline), which a
+    # container started only then may miss on a slow host
+    other_session = lab.d.client.post("/v1/sessions").json()["id"]
     result: dict[str, Any] = {}
     attacker = threading.Thread(target=lambda: result.update(lab.py(PRELUDE + slow_code)))
-    attacker.start()
     try:
+        assert lab.py("import urllib.request", session=other_session)["status"] == "ok"
+        attacker.start()
         started = lab.wait_egress(path="/slowloris-started")
-        other = lab.py(f"import urllib.request\nurllib.request.urlopen("
-                       f"'http://api.test:{p}/meanwhile', timeout=20).read().decode()")
+        other = lab.py(f"urllib.request.urlopen('http://api.test:{p}/meanwhile', "
+                       f"timeout=20).read().decode()", session=other_session)
         assert other["value"] == "hello from api /meanwhile\n", other
         served = lab.wait_egress(path="/meanwhile")
     finally:
-        attacker.join(120)
+        if attacker.ident is not None:  # started
+            attacker.join(120)
+        lab.d.client.delete(f"/v1/sessions/{other_session}")
     closed, seconds = result["value"]
     # the proxy's head deadline (10 s) closed them all (a hang is what the bound catches)
     assert closed == 40 and seconds < time_bound(30.0, emulated_s=55.0), result
