@@ -94,13 +94,14 @@ class KernelCap:
         if session_id is None or kernel is None or not python:
             return _NoKernel()
         key = (kernel, session_id)
-        live = self.live()
+        on_backends = self._on_backends()  # once: a scan of every live kernel
+        live = on_backends | self._reserved.keys()
         if key in live:  # its kernel is counted already: the call shares it
             return self._reserved.reserve(key)
         try:
             cap = Cap("max_kernels", len(live), self.limit)
             if cap.count < cap.limit:  # room under the cap: is there room in memory?
-                self.gate(len(self._reserved.keys() - self._on_backends()))
+                self.gate(len(self._reserved.keys() - on_backends))
             return self._reserved.reserve(key, cap)
         except CapReached:
             raise KernelLimitReached(

@@ -171,7 +171,9 @@ class SessionManager:
             session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
                               str(workspace), uid, self.quota_entries, self.node_id)
             self._sessions[sid] = session
-            self._save(session)
+            # its file holds the expiry ahead from the start (as :meth:`touch` writes it):
+            # the touch of its first call then rewrites nothing
+            self._save(replace(session, expires_at=session.expires_at + self._ahead(session)))
         except BaseException:
             self._sessions.pop(sid, None)
             await asyncio.to_thread(self._remove_workspace, self.root / sid)
@@ -256,9 +258,9 @@ class SessionManager:
         written is logged: the expiry holds in memory, and the next touch saves it."""
         session.expires_at = time.time() + session.ttl_s
         if session.expires_at > self._saved_expiry.get(session.id, 0.0):
-            ahead = min(TOUCH_AHEAD_S, session.ttl_s / 10)
             try:
-                self._save(replace(session, expires_at=session.expires_at + ahead))
+                self._save(replace(session,
+                                   expires_at=session.expires_at + self._ahead(session)))
             except OSError as exc:  # the call ran: its result goes out and into the audit log
                 log.warning("session %s: expiry not saved (%s); it stays in memory",
                             session.id, exc)
@@ -418,9 +420,17 @@ class SessionManager:
             future.add_done_callback(discard)
             raise
 
+    @staticmethod
+    def _ahead(session: Session) -> float:
+        """How far ahead of the session's expiry its file may hold it (see :meth:`touch`)."""
+        return min(TOUCH_AHEAD_S, session.ttl_s / 10)
+
     def save(self, session: Session) -> None:
-        """Write the session's metadata (atomically)."""
-        self._save(session)
+        """Write the session's metadata (atomically). The expiry its file holds ahead stays
+        (never earlier than the live one, at most :meth:`_ahead` later), so that the next
+        :meth:`touch` need not write it again."""
+        kept = self._saved_expiry.get(session.id, 0.0)
+        self._save(replace(session, expires_at=kept) if kept > session.expires_at else session)
 
     def _save(self, session: Session) -> None:
         target = self.meta_dir / f"{session.id}.json"

@@ -34,11 +34,19 @@ async def test_touch_saves_the_expiry_ahead_and_not_on_every_call(
     def saved() -> float:
         return float(json.loads(meta.read_text())["expires_at"])
 
+    # the file holds the expiry ahead from the session's creation: its first call's touch
+    # writes nothing
+    first = meta.read_bytes()
+    assert saved() == session.expires_at + TOUCH_AHEAD_S
     clock[0] += 5
     m.touch(session)
-    first = meta.read_bytes()
     assert session.expires_at == clock[0] + 3600
-    assert saved() == session.expires_at + TOUCH_AHEAD_S
+    assert meta.read_bytes() == first
+    # another write of the file (its live kernels) keeps the expiry it holds ahead
+    session.kernels_live = ["restricted"]
+    m.save(session)
+    first = meta.read_bytes()
+    assert saved() == session.expires_at - 5 + TOUCH_AHEAD_S
     for _ in range(10):  # calls within the slack: the file is not rewritten
         clock[0] += TOUCH_AHEAD_S / 20
         m.touch(session)
@@ -63,7 +71,8 @@ async def test_a_short_ttl_is_saved_at_most_a_tenth_ahead(
     monkeypatch.setattr(sessions_module, "time", types.SimpleNamespace(time=lambda: clock[0]))
     m = manager(tmp_path)
     session = await m.create("alice", ttl_s=100)
-    clock[0] += 1
+    meta = tmp_path / "sessions" / f"{session.id}.json"
+    assert json.loads(meta.read_text())["expires_at"] == session.expires_at + 10
+    clock[0] += 11  # past what the file holds: the touch writes it, a tenth ahead again
     m.touch(session)
-    saved = json.loads((tmp_path / "sessions" / f"{session.id}.json").read_text())
-    assert saved["expires_at"] == session.expires_at + 10
+    assert json.loads(meta.read_text())["expires_at"] == session.expires_at + 10

@@ -48,6 +48,7 @@ import logging
 import math
 import os
 import resource
+import select
 import signal
 import time
 from dataclasses import dataclass, field, replace
@@ -130,6 +131,37 @@ class SessionKernel:
         return not pidfd_dead(pidfd)
 
 
+class _Deaths:
+    """The live kernels' pidfds in one epoll set: which kernels died since the last look, in
+    one system call whatever their number (a poll of each kernel's pidfd made every call
+    cost a system call per live kernel, several times a call)."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.sessions: dict[int, str] = {}  # pidfd -> session id
+
+    def watch(self, pidfd: int, sid: str) -> None:
+        self.epoll.register(pidfd, select.EPOLLIN)  # readable once the process has exited
+        self.sessions[pidfd] = sid
+
+    def forget(self, pidfd: int | None) -> None:
+        if pidfd is not None and self.sessions.pop(pidfd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.epoll.unregister(pidfd)
+
+    def died(self) -> list[str]:
+        """The sessions whose kernel has exited since the last look (each said once)."""
+        if not self.sessions:
+            return []
+        gone = []
+        for fd, _ in self.epoll.poll(0):
+            sid = self.sessions.get(fd)
+            self.forget(fd)
+            if sid is not None:
+                gone.append(sid)
+        return gone
+
+
 class KernelPool:
     """The restricted backend's session kernels."""
 
@@ -143,6 +175,12 @@ class KernelPool:
         self.outside_cpu_limit = True
         #: forks' sessions whose first kernel restores their parent's state (see .carry)
         self.pending: dict[str, bytes] = {}
+        #: the kernels :meth:`live` counts without a look at each (not ended, no exit seen
+        #: on their pidfd), those it must look at (no pidfd), and the zygotes they came from
+        self.running: set[str] = set()
+        self.unwatched: set[str] = set()
+        self.zygotes: set[ZygoteHandle] = set()
+        self.deaths = _Deaths()
 
     def seed(self, sid: str, state: bytes) -> None:
         """The session's next fresh kernel restores ``state`` (its parent's, pickled in the
@@ -150,8 +188,30 @@ class KernelPool:
         self.pending[sid] = state
 
     def live(self) -> set[str]:
-        """Sessions whose kernel is alive."""
-        return {sid for sid, k in self.kernels.items() if k.alive}
+        """Sessions whose kernel is alive (:attr:`SessionKernel.alive` of each): the running
+        ones less those whose pidfd says they exited (one ``epoll_wait``), unless a kernel
+        has no pidfd or a zygote died (then each is looked at)."""
+        self.running.difference_update(self.deaths.died())
+        if self.unwatched or not all(z.alive for z in self.zygotes):
+            self.zygotes = {k.zygote for k in self.kernels.values()}
+            return {sid for sid, k in self.kernels.items() if k.alive}
+        return set(self.running)
+
+    def _started(self, sid: str, k: SessionKernel) -> None:
+        """``k`` is the session's kernel from now on (see :meth:`live`)."""
+        self.kernels[sid] = k
+        self.zygotes.add(k.zygote)
+        self.running.add(sid)
+        if k.worker.pidfd is None:
+            self.unwatched.add(sid)
+        else:
+            self.deaths.watch(k.worker.pidfd, sid)
+
+    def _ending(self, sid: str, k: SessionKernel, why: str) -> None:
+        """``k`` is being ended from outside (:attr:`SessionKernel.ended`)."""
+        k.ended = k.ended or why
+        if self.kernels.get(sid) is k:
+            self.running.discard(sid)
 
     async def run(self, inv: Invocation, limits: Limits, deadline: float, code: str) -> Result:
         """Run ``code`` in the kernel of ``inv.session`` (started when it has none)."""
@@ -200,7 +260,7 @@ class KernelPool:
         z.took(worker, cgroup_limits(limits))
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
         assert inv.session is not None
-        self.kernels[inv.session] = k
+        self._started(inv.session, k)
         state = self.pending.pop(inv.session, b"")
         return await self._call(k, inv, limits, deadline, replace(msg, state_bytes=len(state)),
                                 fresh=True, started_at=started_at, state=state)
@@ -382,6 +442,9 @@ class KernelPool:
         """Forget ``k`` (killed and reaped already when ``info`` is given, else now)."""
         if sid is not None and self.kernels.get(sid) is k:
             del self.kernels[sid]
+            self.running.discard(sid)
+            self.unwatched.discard(sid)
+        self.deaths.forget(k.worker.pidfd)
         if info is None:
             info = await standby.abort(k.zygote, k.worker, self.backend.layout)
         k.worker.close()
@@ -389,7 +452,7 @@ class KernelPool:
 
     async def _stop(self, sid: str, k: SessionKernel, why: str) -> None:
         """End ``k`` (no call in flight on it) and verify that it is gone (logged if not)."""
-        k.ended = k.ended or why
+        self._ending(sid, k, why)
         info = await self._finish(sid, k)
         verified, detail = outcome.verify_gone(k.worker.pid, k.worker.cgroup, info, k.zygote.pid)
         if not verified:
@@ -409,7 +472,7 @@ class KernelPool:
         k = self.kernels.get(sid)
         was_alive = k is not None and k.alive
         if k is not None:
-            k.ended = k.ended or why
+            self._ending(sid, k, why)
             standby.kill_worker(k.zygote, k.worker)  # at once: an in-flight call sees EOF
         lock = self.locks.setdefault(sid, asyncio.Lock())
         async with lock:
