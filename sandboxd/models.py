@@ -307,6 +307,11 @@ class Result(results.Result):
     and how the daemon builds and sends one."""
 
     limits: Limits | None = None
+    #: in-process only, never serialised (the wire, the audit log and receipts leave them out,
+    #: as :attr:`Invocation.transfer`): the problem-table code of what stopped a file
+    #: operation (its HTTP problem), and a raw download's bytes (the response body)
+    problem: str | None = Field(default=None, exclude=True)
+    body: bytes | None = Field(default=None, exclude=True, repr=False)
 
     @classmethod
     def build(cls, call: Invocation | tuple[str, str, str | None], backend: str | None,

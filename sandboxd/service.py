@@ -58,7 +58,7 @@ from sandboxd.models import (
     new_id,
 )
 from sandboxd.policy import PolicyStore
-from sandboxd.policy.packages import where_refusal
+from sandboxd.policy.site import CallSite
 from sandboxd.protocol.plan import KERNEL_KINDS
 from sandboxd.receipts.sign import Receipts
 from sandboxd.results.recorder import AuditRecorder, interrupted_calls
@@ -376,8 +376,8 @@ class Sandboxd:
                 session = self.sessions.get(session.id, client)  # (ended if it failed)
             self.health.check_state_dir()
             invocation_id = new_id("inv")
-            decision = self.policy.decide(client, tool, request.arguments, request.limits)
-            decision = where_refusal(tool, decision, request.session, self.settings.wheelhouse)
+            decision = self.policy.decide(client, tool, request.arguments, request.limits,
+                                          CallSite(request.session, self.settings.wheelhouse))
             await self.recorder.record(self.audit.decision, request_id=invocation_id,
                                        client=client, tool=tool, session=request.session,
                                        arguments=request.arguments, decision=decision,

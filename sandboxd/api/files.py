@@ -25,7 +25,6 @@ from starlette.types import Scope
 from sandboxd.api.auth import authenticate
 from sandboxd.api.problems import PROBLEMS, coded
 from sandboxd.backends.workspace_errors import RefusedPath
-from sandboxd.errors import SandboxdError
 from sandboxd.models import InvokeRequest, Result, Status
 from sandboxd.service import Sandboxd
 from sandboxd.workspaces.transfer import Transfer, UploadAborted
@@ -60,9 +59,9 @@ async def put_file(session_id: str, path: str, request: Request,
     """Create or replace a workspace file with the raw request body (the write_file tool)."""
     length = request.headers.get("content-length", "")
     declared = int(length) if length.isdigit() else None
-    result, transfer = await upload(request.app.state.service, client, session_id, path,
-                                    _body(request), declared)
-    _raise_for(result, transfer)
+    result = await upload(request.app.state.service, client, session_id, path,
+                          _body(request), declared)
+    _raise_for(result)
     return Response(result.wire_json(), media_type="application/json")
 
 
@@ -74,18 +73,18 @@ async def put_file(session_id: str, path: str, request: Request,
 async def get_file(session_id: str, path: str, request: Request,
                    client: str = Depends(authenticate)) -> Response:
     """The raw bytes of a workspace file (the read_file tool), as an attachment."""
-    result, transfer = await download(request.app.state.service, client, session_id, path)
-    _raise_for(result, transfer)
-    assert transfer.data is not None
+    result = await download(request.app.state.service, client, session_id, path)
+    _raise_for(result)
+    assert result.body is not None
     name = path.rstrip("/").rsplit("/", 1)[-1] or "file"
     media = mimetypes.guess_type(name)[0] or "application/octet-stream"
     # set as a header, not media_type: Starlette would add "charset=utf-8" to a text/* type
     headers = {**DOWNLOAD_HEADERS, "Content-Type": media, "X-Sandboxd-Request-Id": result.id,
                "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}"}
-    return Response(transfer.data, headers=headers)
+    return Response(result.body, headers=headers)
 
 
-def _raise_for(result: Result, transfer: Transfer) -> None:
+def _raise_for(result: Result) -> None:
     """A failed transfer as problem+json from the one table: denied or refused path 403, too
     large 413, over quota 409, a directory or a path through a file 409, missing 404, an
     upload under the minimum rate or past the call's time limit 408, any other failure of
@@ -96,19 +95,18 @@ def _raise_for(result: Result, transfer: Transfer) -> None:
     if result.policy is not None:
         extra["rule"] = result.policy.rule
     detail = result.message or result.stderr or str(result.status)
-    problem = transfer.problem
     if result.status in (Status.denied, Status.rejected):
         code = RefusedPath.code  # the policy's file rules, or the confinement
-    elif isinstance(problem, SandboxdError) and problem.code in PROBLEMS:
-        code = problem.code
+    elif result.problem is None:
+        code = "execution-failure"  # stopped before the file operation (a limit, a cancel)
     else:
-        code = "file-tool-error" if problem is not None else "execution-failure"
+        code = result.problem if result.problem in PROBLEMS else "file-tool-error"
     raise coded(code, detail, **extra)
 
 
 async def upload(service: Sandboxd, client: str, session_id: str, path: str,
                  body: AsyncIterator[bytes], declared: int | None, *,
-                 transport: str = "http") -> tuple[Result, Transfer]:
+                 transport: str = "http") -> Result:
     """Create or replace ``path`` in the client's session from ``body`` (the write_file tool
     with the bytes streamed); another client's session is :class:`SessionNotFound`."""
     service.session(client, session_id)
@@ -117,19 +115,17 @@ async def upload(service: Sandboxd, client: str, session_id: str, path: str,
                         grace_s=settings.transfer_rate_grace_s)
     arguments: dict[str, object] = {"path": path, "transfer": "upload",
                                     "declared_bytes": declared}
-    result = await service.invoke(client, "write_file",
-                                  InvokeRequest(arguments=arguments, session=session_id),
-                                  transport=transport, transfer=transfer)
-    return result, transfer
+    return await service.invoke(client, "write_file",
+                                InvokeRequest(arguments=arguments, session=session_id),
+                                transport=transport, transfer=transfer)
 
 
 async def download(service: Sandboxd, client: str, session_id: str, path: str, *,
-                   transport: str = "http") -> tuple[Result, Transfer]:
-    """The bytes of ``path`` in the client's session (the read_file tool, raw)."""
+                   transport: str = "http") -> Result:
+    """The bytes of ``path`` in the client's session (the read_file tool, raw): the result's
+    ``body`` when it is ``ok``."""
     service.session(client, session_id)
-    transfer = Transfer("download")
     arguments: dict[str, object] = {"path": path, "transfer": "download"}
-    result = await service.invoke(client, "read_file",
-                                  InvokeRequest(arguments=arguments, session=session_id),
-                                  transport=transport, transfer=transfer)
-    return result, transfer
+    return await service.invoke(client, "read_file",
+                                InvokeRequest(arguments=arguments, session=session_id),
+                                transport=transport, transfer=Transfer("download"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,8 +13,8 @@ from sandboxd.errors import UNAVAILABLE_RETRY_S, SandboxdError
 
 PROBLEM_TYPE = "https://sandboxd.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
-__all__ = ["MEDIA_TYPE", "PROBLEMS", "PROBLEM_TYPE", "UNAVAILABLE_RETRY_S", "Problem",
-           "coded", "install", "problem_response"]
+__all__ = ["MCP_ANSWERS", "MEDIA_TYPE", "PROBLEMS", "PROBLEM_TYPE", "UNAVAILABLE_RETRY_S",
+           "McpAnswer", "Problem", "coded", "install", "problem_response"]
 
 #: the code of each :class:`~sandboxd.errors.SandboxdError` that leaves over HTTP -> (status,
 #: problem type slug, title). Any other error is a 500 "internal" that shows no internals.
@@ -49,6 +49,74 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     # a fleet (docs/fleet.md): the session's node is down (HAProxy answers this
     # one: sandboxd.fleet writes it into its config)
     "node-unavailable": (503, "node-unavailable", "Node unavailable"),
+}
+
+
+#: JSON-RPC 2.0 error codes (section 5.1; no SDK import for a constant)
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+#: from this MCP revision on (SEP-1303), arguments that fail a tool's input schema are a tool
+#: execution error (an ``isError`` result the model reads and fixes), no longer a protocol
+#: error (-32602) that a host shows no model; an unknown tool stays -32602 in every revision
+ARGUMENT_ERRORS_AS_RESULTS = "2025-11-25"
+
+
+class McpAnswer(NamedTuple):
+    """How the MCP door answers a call that ended in a problem, as the MCP spec divides them:
+    a request MCP itself cannot serve (an unknown tool) is a JSON-RPC error; a call that
+    could not run, or failed, is a tool result with ``isError`` whose text a model reads."""
+
+    counted: str  # the status label of the ``sandboxd_mcp_calls`` counter
+    says: str = "nothing ran: {exc}"  # the tool error's text ({retry}: the Retry-After)
+    rpc: int | None = None  # a JSON-RPC error of this code instead of a tool error
+    rpc_until: str | None = None  # ... only before this protocol revision
+    data: tuple[tuple[str, str], ...] = ()  # the JSON-RPC error's data: (key, attribute)
+    names_session: bool = True  # a stateless answer still names the session (the handle)
+    shows_result: bool = False  # the tool error carries the problem's audited result
+
+
+_NOTHING_RAN = McpAnswer("error")
+#: a file operation's failure: it reaches MCP inside the call's own result (``isError``)
+_IN_RESULT = McpAnswer("error", "{exc}")
+_AUDIT = McpAnswer("error", "{exc}", shows_result=True)  # the result, when the call ran
+
+#: the MCP answer of each problem of :data:`PROBLEMS` (the same codes: a test holds them in
+#: step), so that both doors refuse the same way. A code outside it leaves MCP as the SDK's
+#: internal error, as one outside :data:`PROBLEMS` leaves HTTP as a 500.
+MCP_ANSWERS: dict[str, McpAnswer] = {
+    "invalid-arguments": McpAnswer(
+        "invalid_params", "nothing ran: {exc}; fix the arguments and call again",
+        rpc=INVALID_PARAMS, rpc_until=ARGUMENT_ERRORS_AS_RESULTS, names_session=False,
+        data=(("tool", "tool"), ("field", "field"), ("problem", "detail"))),
+    "unknown-tool": McpAnswer("invalid_params", rpc=INVALID_PARAMS,
+                              data=(("tool", "tool"), ("available", "available"))),
+    "unknown-session": McpAnswer("error", names_session=False),  # the handle names none now
+    "too-many-sessions": _NOTHING_RAN,
+    "session-over-quota": _NOTHING_RAN,
+    "overloaded": McpAnswer("rejected", "sandboxd is busy, nothing ran: {exc}; retry in "
+                                        "{retry} s"),
+    "too-many-kernels": _NOTHING_RAN,
+    # refused before an MCP session opens (:class:`~sandboxd.api.mcp.sessions.McpSessionLimit`)
+    "too-many-mcp-sessions": McpAnswer("rejected", rpc=INVALID_REQUEST),
+    "draining": _NOTHING_RAN,
+    "host-full": _NOTHING_RAN,
+    "tool-unavailable": _NOTHING_RAN,
+    "storage-full": _NOTHING_RAN,
+    "audit-failure": _AUDIT,
+    "audit-storage-full": _AUDIT,
+    "execution-failure": McpAnswer("error", "{exc}"),  # it may have run in part
+    "path-refused": _IN_RESULT,
+    "file-missing": _IN_RESULT,
+    "is-a-directory": _IN_RESULT,
+    "not-a-directory": _IN_RESULT,
+    "file-not-permitted": _IN_RESULT,
+    "upload-timeout": _IN_RESULT,
+    "file-over-quota": _IN_RESULT,
+    "fork-over-quota": _NOTHING_RAN,
+    "file-too-large": _IN_RESULT,
+    "file-tool-error": _IN_RESULT,
+    "upload-aborted": _IN_RESULT,
+    "node-unavailable": _NOTHING_RAN,  # a fleet's HAProxy answers it, at any door
 }
 
 

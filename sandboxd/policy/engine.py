@@ -48,6 +48,7 @@ from sandboxd.policy.shell import (
     wrapped_index,
 )
 from sandboxd.policy.shell import Redirect as ParsedRedirect
+from sandboxd.policy.site import CallSite, at_site
 from sandboxd.policy.specs import enabled_tools, listing
 from sandboxd.protocol.environment import check_env
 from sandboxd.protocol.limits import LIMITS, Limits
@@ -121,11 +122,13 @@ class _Ctx:
 
 
 def decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],
-           requested: LimitsRequest | None) -> Decision:
+           requested: LimitsRequest | None, site: CallSite | None = None) -> Decision:
     """The decision for one call by ``client`` (``arguments`` already schema-valid), with
-    the person's approval an allowed call must wait for (``approve:``) if any."""
+    the person's approval an allowed call must wait for (``approve:``) if any, and the
+    tool's rule on where the call runs (``site``; :mod:`sandboxd.policy.site`)."""
     decision = _decide(pol, client, tool, arguments, requested)
-    return decision if pol is None else approval_gate(pol.spec, tool, arguments, decision)
+    decision = decision if pol is None else approval_gate(pol.spec, tool, arguments, decision)
+    return at_site(tool, decision, site)
 
 
 def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[str, Any],

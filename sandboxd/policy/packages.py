@@ -14,12 +14,11 @@ wheelhouse is the closed set the admin published.
 from __future__ import annotations
 
 import posixpath
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends import registry
 from sandboxd.models import Decision
-from sandboxd.policy.models import PACKAGES_TOOL, PythonTool, allowed_packages, normalise_package
+from sandboxd.policy.models import PythonTool, allowed_packages, normalise_package
 from sandboxd.policy.specs import listing
 from sandboxd.protocol.packages import SITE_DIR, WHEELHOUSE_MOUNT, WORKSPACE
 from sandboxd.protocol.plan import Plan
@@ -76,27 +75,3 @@ def decide_packages(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> De
     return ctx.allow("tools.python.packages.allow", cfg.limits, None,
                      command=Plan.single(install_argv(requirements)), image=cfg.image)
 
-
-def where_refusal(tool: str, decision: Decision, session: str | None,
-                  wheelhouse: Path | None) -> Decision:
-    """An allowed ``install_packages`` decision, denied when the call cannot install anything
-    where it runs: without a session (a one-shot call's packages would vanish with it) or
-    without a wheelhouse (the ``wheelhouse`` setting, or its directory, missing). Other
-    decisions pass unchanged. (A session whose container was made before the wheelhouse
-    existed is told so by the container backend, which knows what its container got.)"""
-    if tool != PACKAGES_TOOL or not decision.allowed:
-        return decision
-    if session is None:
-        why = ("install_packages installs into a session: call it with the session whose "
-               "later python calls should import the packages (create one first)")
-    elif wheelhouse is None:
-        why = ("install_packages is not available on this host: the administrator has set "
-               "no wheelhouse (the `wheelhouse` setting)")
-    elif not wheelhouse.is_dir():
-        why = ("install_packages is not available on this host yet: the administrator's "
-               "wheelhouse does not exist (`sandboxd wheelhouse add pip` makes it); once it "
-               "does, install in a session created after that")
-    else:
-        return decision
-    return decision.model_copy(update={"allowed": False, "message": why, "plan": None,
-                                       "rule": "tools.python.packages"})

@@ -18,6 +18,7 @@ from sandboxd.errors import UnknownTool
 from sandboxd.models import Decision, Explanation, LimitsRequest, ToolSpec
 from sandboxd.policy import engine, specs
 from sandboxd.policy.loader import LoadedPolicy, PolicyError, PolicySet, load_set
+from sandboxd.policy.site import CallSite
 from sandboxd.tools import validate_arguments
 
 log = logging.getLogger("sandboxd.policy")
@@ -191,9 +192,11 @@ class PolicyStore:
         return specs.tool_specs(pol) if pol is not None else []
 
     def decide(self, client: str, tool: str, arguments: dict[str, Any],
-               requested: LimitsRequest | None) -> Decision:
-        """The decision for one call; ``arguments`` are already schema-valid."""
-        return engine.decide(self.policy_for(client), client, tool, arguments, requested)
+               requested: LimitsRequest | None, site: CallSite | None = None) -> Decision:
+        """The decision for one call; ``arguments`` are already schema-valid. ``site``: where
+        it runs (a call's, not a question's: :mod:`sandboxd.policy.site`)."""
+        return engine.decide(self.policy_for(client), client, tool, arguments, requested,
+                             site)
 
     def spec(self, client: str, tool: str) -> ToolSpec:
         """The client's tool of that name (:class:`UnknownTool`, naming the tools it has,

@@ -6,9 +6,10 @@ backend moves the bytes (layers point one way: api -> service -> backends -> thi
 An upload or a download is one ordinary call through :meth:`Sandboxd.invoke` (tool lookup,
 policy decision with the file rules and ``max_bytes``, audit ``decision`` and ``result``
 records, the workspace backend's descriptor-walking confinement, the session quota), with a
-:class:`Transfer` attached that carries the bytes: the request body in, the file's content
-out. Only the way the bytes travel differs from the JSON tools, so there is no second set of
-rules to keep in step.
+:class:`Transfer` attached: it carries the request body in; the file's content comes out as
+the result's ``body`` (never serialised: not on the wire, not in the audit log). Only the
+way the bytes travel differs from the JSON tools, so there is no second set of rules to keep
+in step.
 
 A transfer waits on the network, not on a sandbox: it never takes an execution slot, only one
 of its client's own transfer slots (``transfer_slots_per_client``), and an upload's body is
@@ -61,16 +62,14 @@ def binary_hint(path: str, session: str | None) -> str:
 
 
 class Transfer:
-    """The bytes of one upload (``body``: the request body, received by :meth:`chunks`) or
-    one download (``data``: the file's content, set by the backend)."""
+    """The bytes of one upload (``body``: the request body, received by :meth:`chunks`), or
+    the mark of one download (the file's content comes back as the result's ``body``)."""
 
     def __init__(self, direction: Literal["upload", "download"],
                  body: AsyncIterator[bytes] | None = None, declared: int | None = None, *,
                  min_rate: int = 0, grace_s: float = 0.0) -> None:
         self.direction = direction
         self.declared = declared  # Content-Length of an upload, when the client sent one
-        self.data: bytes | None = None
-        self.problem: Exception | None = None  # why the backend refused it, when it did
         self.received = 0
         self.min_rate = min_rate  # bytes/s on average after grace_s (0: no minimum)
         self.grace_s = grace_s

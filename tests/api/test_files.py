@@ -332,6 +332,23 @@ def test_audit_records_one_call_per_transfer(daemon: InProcessDaemon, session: s
     assert [r["decision"] for r in records if r["event"] == "decision"] == ["deny"]
 
 
+def test_a_downloads_body_and_problem_stay_in_process(daemon: InProcessDaemon,
+                                                       session: str) -> None:
+    """The result carries a download's bytes and a failure's problem code to the endpoint,
+    but neither reaches the audit log (nor the JSON of a result)."""
+    marker = b"never-in-the-audit-log"
+    url = f"/v1/sessions/{session}/files/in-process.bin"
+    assert daemon.client.put(url, content=marker).status_code == 200
+    got = daemon.client.get(url)
+    assert got.content == marker
+    missing = daemon.client.get(f"/v1/sessions/{session}/files/no-such.bin")
+    assert missing.status_code == 404 and missing.json()["type"].endswith("/file-not-found")
+    for request_id in (got.headers["x-sandboxd-request-id"], missing.json()["request_id"]):
+        [result] = [r for r in audit(daemon, request_id) if r["event"] == "result"]
+        assert "body" not in result and "problem" not in result, result
+        assert marker.decode() not in json.dumps(result)
+
+
 def test_another_clients_session_is_not_found(env: tuple[InProcessDaemon, str],
                                              session: str) -> None:
     daemon, bob = env

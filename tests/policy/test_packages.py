@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sandboxd.models import Decision
 from sandboxd.policy.engine import policy_warnings
-from sandboxd.policy.packages import where_refusal
+from sandboxd.policy.site import CallSite, at_site
 
 from .helpers import decide, store_for, write
 from .test_loading import problems_of
@@ -100,11 +100,23 @@ def test_restricted_backend_refuses_naming_the_container_backend(tmp_path: Path)
 
 def test_a_session_and_a_wheelhouse_are_needed(tmp_path: Path) -> None:
     allowed = Decision(allowed=True, source="p.yaml", rule="tools.python.packages.allow")
-    d = where_refusal("install_packages", allowed, None, tmp_path)
+    d = at_site("install_packages", allowed, CallSite(None, tmp_path))
     assert not d.allowed and "installs into a session" in d.message
-    d = where_refusal("install_packages", allowed, "ses_1", None)
+    d = at_site("install_packages", allowed, CallSite("ses_1", None))
     assert not d.allowed and "no wheelhouse" in d.message
-    d = where_refusal("install_packages", allowed, "ses_1", tmp_path / "not-yet")
+    d = at_site("install_packages", allowed, CallSite("ses_1", tmp_path / "not-yet"))
     assert not d.allowed and "wheelhouse does not exist" in d.message
-    assert where_refusal("install_packages", allowed, "ses_1", tmp_path) is allowed
-    assert where_refusal("python", allowed, None, None) is allowed
+    assert d.rule == "tools.python.packages" and d.plan is None
+    assert at_site("install_packages", allowed, CallSite("ses_1", tmp_path)) is allowed
+    assert at_site("python", allowed, CallSite(None, None)) is allowed
+    # policy explain asks without a site: the policy file's own answer
+    assert at_site("install_packages", allowed, None) is allowed
+
+
+def test_the_service_asks_with_the_calls_site(tmp_path: Path) -> None:
+    """The store passes the site to the engine: a call without a session is refused there."""
+    store = store_for(tmp_path, CONTAINER)
+    arguments = {"packages": ["requests"]}
+    assert store.decide("alice", "install_packages", arguments, None).allowed
+    d = store.decide("alice", "install_packages", arguments, None, CallSite(None, tmp_path))
+    assert not d.allowed and "installs into a session" in d.message

@@ -12,13 +12,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from sandboxd.api import problems
 from sandboxd.models import LimitsRequest
 
 LIMITS_META = "sandboxd/limits"
-#: from this revision on (SEP-1303), arguments that fail a tool's input schema are a tool
-#: execution error (an ``isError`` result the model reads and fixes), no longer a protocol
-#: error (-32602) that a host shows no model; an unknown tool stays -32602 in every revision
-ARGUMENT_ERRORS_AS_RESULTS = "2025-11-25"
+#: from this revision on (SEP-1303) bad arguments are a tool error, not -32602: the outcome
+#: table's (:data:`sandboxd.api.problems.MCP_ANSWERS`)
+ARGUMENT_ERRORS_AS_RESULTS = problems.ARGUMENT_ERRORS_AS_RESULTS
 #: every revision served: the initialize-handshake era (an MCP session per client, its own
 #: workspace) and the stateless era (each request stands alone: no session, no handshake)
 VERSIONS: tuple[str, ...] = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)

@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import is_version_at_least
 
 from sandboxd.api.mcp import handles as mcp_handles
+from sandboxd.api.problems import McpAnswer
+from sandboxd.errors import SandboxdError
 from sandboxd.models import Result, Status, ToolSpec
 from sandboxd_client.render import result_parts
 
@@ -65,3 +69,17 @@ def named_result(answer: types.CallToolResult, sid: str | None) -> types.CallToo
     if sid is not None:
         answer.content.append(types.TextContent(text=mcp_handles.note(sid)))
     return answer
+
+
+def problem_answer(exc: SandboxdError, answer: McpAnswer, version: str,
+                   named: str | None) -> types.CallToolResult:
+    """A call that ended in ``exc``, answered as its row of the outcome table says: a
+    JSON-RPC error (raised, for the SDK to send), or a tool error the model reads (naming
+    the stateless call's session ``named`` unless the row says it names none)."""
+    if answer.rpc is not None and (answer.rpc_until is None
+                                   or not is_version_at_least(version, answer.rpc_until)):
+        raise MCPError(answer.rpc, str(exc),
+                       {key: getattr(exc, attr) for key, attr in answer.data} or None)
+    text = answer.says.format(exc=exc, retry=max(1, getattr(exc, "retry_after", 1)))
+    audited: Result | None = getattr(exc, "result", None) if answer.shows_result else None
+    return named_result(error_result(text, audited), named if answer.names_session else None)

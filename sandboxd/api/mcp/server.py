@@ -72,14 +72,18 @@ from sandboxd.api.mcp.meta import (
     limits,
     named_session,
 )
-from sandboxd.api.mcp.results import call_result, error_result, named_result, tool_for
+from sandboxd.api.mcp.results import (
+    call_result,
+    error_result,
+    named_result,
+    problem_answer,
+    tool_for,
+)
 from sandboxd.api.mcp.sessions import TICKET, McpSessionLimit, SessionManager, SessionSlots
-from sandboxd.errors import AuditFailure, ExecutionFailure, ServiceError, UnknownTool
+from sandboxd.errors import SandboxdError
 from sandboxd.models import InvokeRequest, Result, ToolSpec
-from sandboxd.scheduler import Overloaded
 from sandboxd.service import Sandboxd
-from sandboxd.sessions.manager import SessionError, SessionNotFound
-from sandboxd.tools import ArgumentsInvalid
+from sandboxd.sessions.manager import SessionError
 from sandboxd.util.deadline import stop_task
 
 log = logging.getLogger("sandboxd.mcp")
@@ -330,30 +334,12 @@ class McpFrontDoor:
             request = InvokeRequest(arguments=arguments, session=session, limits=lower)
             with self.handles.use(named) if named else contextlib.nullcontext():
                 result = await self._run(ctx, client, params.name, request)
-        except UnknownTool as exc:
-            counter.labels(tool=params.name, status="invalid_params").inc()
-            raise MCPError(types.INVALID_PARAMS, str(exc),
-                           {"tool": exc.tool, "available": exc.available}) from None
-        except ArgumentsInvalid as exc:
-            counter.labels(tool=params.name, status="invalid_params").inc()
-            if is_version_at_least(ctx.session.protocol_version, ARGUMENT_ERRORS_AS_RESULTS):
-                return error_result(f"nothing ran: {exc}; fix the arguments and call again")
-            raise MCPError(types.INVALID_PARAMS, str(exc),
-                           {"tool": exc.tool, "field": exc.field, "problem": exc.detail}) from None
-        except AuditFailure as exc:
-            counter.labels(tool=params.name, status="error").inc()
-            return named_result(error_result(str(exc), exc.result), named)
-        except Overloaded as exc:
-            counter.labels(tool=params.name, status="rejected").inc()
-            return named_result(error_result(f"sandboxd is busy, nothing ran: {exc}; retry in "
-                                        f"{max(1, exc.retry_after)} s"), named)
-        except ExecutionFailure as exc:  # it may have run in part: never "nothing ran"
-            counter.labels(tool=params.name, status="error").inc()
-            return named_result(error_result(str(exc)), named)
-        except (ServiceError, SessionError) as exc:
-            counter.labels(tool=params.name, status="error").inc()
-            gone = isinstance(exc, SessionNotFound)  # the handle names no session now
-            return named_result(error_result(f"nothing ran: {exc}"), None if gone else named)
+        except SandboxdError as exc:  # answered as the outcome table's row for its problem
+            answer = problems.MCP_ANSWERS.get(exc.code)
+            if answer is None:
+                raise
+            counter.labels(tool=params.name, status=answer.counted).inc()
+            return problem_answer(exc, answer, ctx.session.protocol_version, named)
         counter.labels(tool=params.name, status=result.status.value).inc()
         return named_result(call_result(result), named)
 

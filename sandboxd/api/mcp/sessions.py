@@ -22,7 +22,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import mcp_types as types
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -61,7 +60,7 @@ class McpSessionLimit(SandboxdError):
         """The answer to request ``ident``: the problem table's status, a JSON-RPC error body
         (what MCP clients read; the SDK client raises it from ``initialize``)."""
         status = problems.PROBLEMS[self.code][0]
-        error = {"code": types.INVALID_REQUEST, "message": str(self),
+        error = {"code": problems.MCP_ANSWERS[self.code].rpc, "message": str(self),
                  "data": {"client": self.client, **self.problem_fields()}}
         return JSONResponse({"jsonrpc": "2.0", "id": ident, "error": error}, status_code=status)
 

@@ -18,7 +18,8 @@ Binary content: ``encoding: "base64"`` on read_file/write_file, or the raw file 
 here as
 the same tools with an :class:`~sandboxd.workspaces.transfer.Transfer` attached: an upload is
 streamed
-into the temporary file in bounded chunks, a download returns the bytes to the endpoint.
+into the temporary file in bounded chunks, a download returns the bytes to the endpoint in the
+result's ``body`` (with a failure's problem code in its ``problem``; neither is serialised).
 """
 
 from __future__ import annotations
@@ -385,7 +386,6 @@ class WorkspaceBackend(Backend):
                 target.abort()
                 raise
         except (PathRefused, FileToolError, UploadAborted) as exc:
-            transfer.problem = RefusedPath(str(exc)) if isinstance(exc, PathRefused) else exc
             return self._result(inv, limits, started, "", None, exc)
         value = {"path": path, "bytes": transfer.received}
         return self._result(inv, limits, started, f"wrote {transfer.received} bytes to {path}",
@@ -398,13 +398,13 @@ class WorkspaceBackend(Backend):
         path = _path_of(inv)
         value: dict[str, object] | list[dict[str, object]] | None = None
         stdout = ""
-        transfer = inv.transfer if isinstance(inv.transfer, Transfer) else None
+        body: bytes | None = None  # a raw download's bytes, for the endpoint to send
         encoding = str(args.get("encoding", "utf-8"))
         try:
-            if inv.plan.kind is ToolKind.read_file and transfer is not None:
-                transfer.data = read_bytes(root, path, inv.plan.max_file_bytes)
-                value = {"path": path, "bytes": len(transfer.data)}
-                stdout = f"sent {len(transfer.data)} bytes of {path}"
+            if inv.plan.kind is ToolKind.read_file and inv.transfer is not None:
+                body = read_bytes(root, path, inv.plan.max_file_bytes)
+                value = {"path": path, "bytes": len(body)}
+                stdout = f"sent {len(body)} bytes of {path}"
             elif inv.plan.kind is ToolKind.read_file and encoding == "base64":
                 data = read_bytes(root, path, inv.plan.max_file_bytes)
                 encoded = base64.b64encode(data).decode("ascii")
@@ -435,22 +435,24 @@ class WorkspaceBackend(Backend):
             else:
                 raise FileToolError(f"the workspace backend cannot run '{inv.plan.kind}' tools")
         except (PathRefused, FileToolError) as exc:
-            if transfer is not None:
-                transfer.problem = RefusedPath(str(exc)) if isinstance(exc, PathRefused) else exc
             return self._result(inv, limits, started, "", None, exc)
-        return self._result(inv, limits, started, stdout, value, None)
+        result = self._result(inv, limits, started, stdout, value, None)
+        result.body = body
+        return result
 
     def _result(self, inv: Invocation, limits: Limits, started: float, stdout: str,
                 value: dict[str, object] | list[dict[str, object]] | None,
-                problem: Exception | None) -> Result:
+                problem: PathRefused | FileToolError | UploadAborted | None) -> Result:
         """The result of a file operation: ``ok``, or the ``problem`` that stopped it (a
-        refused path is ``rejected``, any other ``error``)."""
+        refused path is ``rejected``, any other ``error``), its problem-table code kept."""
         exit_code: int | None = 0
         status, reason, message = Status.ok, Reason.exited, None
+        code: str | None = None
         if isinstance(problem, PathRefused):
             status, reason, exit_code, message = Status.rejected, Reason.policy, None, str(problem)
+            code = RefusedPath.code
         elif problem is not None:
-            status, exit_code, message = Status.error, 1, str(problem)
+            status, exit_code, message, code = Status.error, 1, str(problem), problem.code
         truncated = len(stdout.encode()) > limits.output_bytes
         if truncated:
             stdout = stdout.encode()[: limits.output_bytes].decode("utf-8", "ignore")
@@ -458,7 +460,7 @@ class WorkspaceBackend(Backend):
             inv, self.name, reason, status=status, exit_code=exit_code, limits=limits,
             started=started, cleanup=Cleanup(verified=True, detail="no process was started"),
             stdout=stdout, stderr=message or "", truncated=Truncated(stdout=truncated),
-            value=value, message=message,
+            value=value, message=message, problem=code,
         )
 
 
