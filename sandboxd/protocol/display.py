@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .decode import check_int, check_obj
+from .decode import Int, Record, member
 
 #: MIME type -> how its content is carried: "text", "base64" or "json"
 MIME_TYPES: dict[str, str] = {
@@ -106,30 +106,21 @@ MAX_DISPLAYS = 1_000_000
 
 
 @dataclass(frozen=True)
-class DisplayCaps:
+class DisplayCaps(Record):
     """How much one call may display: ``item_bytes`` per item (the JSON of its data, images as
-    base64), ``count`` items per call (settings ``max_display_bytes`` / ``max_displays``)."""
+    base64), ``count`` items per call (settings ``max_display_bytes`` / ``max_displays``).
+    On the wire as ``{"item_bytes": ..., "count": ...}`` (a sandbox cuts items by them)."""
 
-    item_bytes: int = 2 * 1024 * 1024
-    count: int = 32
+    WIRE_NAME = "display"
+
+    item_bytes: int = member(Int(1, MAX_DISPLAY_ITEM), 2 * 1024 * 1024, required=True)
+    count: int = member(Int(0, MAX_DISPLAYS), 32, required=True)
 
     @property
     def frame_bytes(self) -> int:
         """The largest ``d`` frame payload the daemon accepts: a well-behaved sandbox cuts an
         item by the size of its JSON, so this is the cap plus slack."""
         return self.item_bytes + FRAME_SLACK
-
-    def wire(self) -> dict[str, int]:
-        """The caps as sent to a sandbox (its ``display`` cuts items by them)."""
-        return {"item_bytes": self.item_bytes, "count": self.count}
-
-    @classmethod
-    def from_wire(cls, data: Any, what: str = "display") -> DisplayCaps:
-        """The caps in ``data`` (:meth:`wire`'s form), bounded: ``ValueError`` otherwise."""
-        d = check_obj(data, what, ("item_bytes", "count"), ("item_bytes", "count"))
-        return cls(item_bytes=check_int(d["item_bytes"], f"{what}.item_bytes", 1,
-                                        MAX_DISPLAY_ITEM),
-                   count=check_int(d["count"], f"{what}.count", 0, MAX_DISPLAYS))
 
 
 def size_text(n: int) -> str:
@@ -208,43 +199,57 @@ def plain_bundle(obj: Any, caps: DisplayCaps | None = None) -> dict[str, Any]:
     return data
 
 
+def _first(got: Any) -> Any:
+    """What a repr method gave, without its metadata (IPython's ``(data, metadata)``)."""
+    return got[0] if isinstance(got, tuple) else got
+
+
+def _repr_content(obj: Any, name: str, mime: str) -> Any:
+    """What ``obj``'s ``_repr_*_`` method ``name`` gives for ``mime`` in a bundle (bytes of an
+    image as base64), or None when it has no such method, fails or gives the wrong type."""
+    import base64
+
+    method = getattr(obj, name, None)
+    if not callable(method):
+        return None
+    try:
+        got = _first(method())
+    except Exception:
+        return None
+    if mime in SIGNATURES and isinstance(got, bytes):
+        got = base64.b64encode(got).decode("ascii")
+    return got if MIME_TYPES[mime] == "json" or isinstance(got, str) else None
+
+
+def _rich_data(obj: Any) -> dict[str, Any]:
+    """The :data:`MIME_TYPES` an instance gives by IPython's conventions:
+    ``_repr_mimebundle_``, then each ``_repr_*_`` method, a matplotlib figure as PNG."""
+    data: dict[str, Any] = {}
+    method = getattr(obj, "_repr_mimebundle_", None)
+    if callable(method):
+        with contextlib.suppress(Exception):
+            got = _first(method())
+            if isinstance(got, dict):
+                data.update({k: v for k, v in got.items() if k in MIME_TYPES})
+    for name, mime in REPR_METHODS:
+        if mime not in data:
+            got = _repr_content(obj, name, mime)
+            if got is not None:
+                data[mime] = got
+    if "image/png" not in data and is_figure(obj):
+        with contextlib.suppress(Exception):
+            data["image/png"] = _figure_png(obj)
+    return data
+
+
 def mime_bundle(obj: Any) -> dict[str, Any]:
     """The mime bundle of ``obj`` by IPython's conventions (``_repr_mimebundle_``, then the
     ``_repr_*_`` methods; a matplotlib figure as PNG), always with ``text/plain`` (its repr);
     a plain value gives :func:`plain_bundle`. Only :data:`MIME_TYPES` are kept; a method
-    that fails or gives the wrong type is skipped."""
-    import base64
-
+    that fails or gives the wrong type is skipped, and JSON that does not encode is dropped."""
     if not has_rich_repr(obj) and not callable(getattr(obj, "_repr_json_", None)):
         return plain_bundle(obj)
-    data: dict[str, Any] = {}
-    if not isinstance(obj, type):
-        method = getattr(obj, "_repr_mimebundle_", None)
-        if callable(method):
-            with contextlib.suppress(Exception):
-                got = method()
-                got = got[0] if isinstance(got, tuple) else got
-                if isinstance(got, dict):
-                    data.update({k: v for k, v in got.items() if k in MIME_TYPES})
-        for name, mime in REPR_METHODS:
-            method = getattr(obj, name, None)
-            if mime in data or not callable(method):
-                continue
-            try:
-                got = method()
-            except Exception:
-                continue
-            got = got[0] if isinstance(got, tuple) else got
-            if got is None:
-                continue
-            if mime in SIGNATURES and isinstance(got, bytes):
-                got = base64.b64encode(got).decode("ascii")
-            if MIME_TYPES[mime] != "json" and not isinstance(got, str):
-                continue
-            data[mime] = got
-        if "image/png" not in data and is_figure(obj):
-            with contextlib.suppress(Exception):
-                data["image/png"] = _figure_png(obj)
+    data = {} if isinstance(obj, type) else _rich_data(obj)
     if "application/json" in data:
         try:
             json.dumps(data["application/json"], allow_nan=False)

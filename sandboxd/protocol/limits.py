@@ -128,12 +128,12 @@ class Limits:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, data: Any) -> Limits:
+    def from_wire(cls, data: Any, what: str = "limits") -> Limits:
         """The limits in ``data`` (:meth:`to_wire`'s form), every value checked against its
         bounds: ``ValueError`` for anything else (an unknown key, a missing one, a bool for
         a number, a value out of range)."""
         if not isinstance(data, dict) or set(data) != set(LIMITS) | {"network"}:
-            raise ValueError(f"limits must have exactly the keys {sorted(LIMITS)} and network")
+            raise ValueError(f"{what} must have exactly the keys {sorted(LIMITS)} and network")
         if not isinstance(data["network"], bool):
             raise ValueError("network must be true or false")
         values: dict[str, Any] = {}

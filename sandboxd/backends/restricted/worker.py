@@ -224,7 +224,7 @@ def run_worker(
                 max_file_bytes=spec.max_file_bytes,
                 emit=emit,
                 namespace=namespace,
-                display=msg.display.wire(),
+                display=msg.display.to_wire(),
             ))
         state = b""
         report = replace(report, worker_us=int((time.perf_counter() - t_recv) * 1e6))

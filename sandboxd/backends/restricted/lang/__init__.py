@@ -245,7 +245,7 @@ def run_user_code(
     trusted entry (guards, print, the builtins) is set again before each call - the builtins
     dict is updated in place, so that functions defined by earlier calls use this call's
     import hook, ``open`` and output - and everything else is the user's own state.
-    ``display``: the call's display caps (:meth:`sandboxd.protocol.display.DisplayCaps.wire`)."""
+    ``display``: the call's display caps (:meth:`sandboxd.protocol.display.DisplayCaps.to_wire`)."""
     budget = OutputBudget(output_bytes)  # one cap for stdout and stderr together
     stdout = OutputStream(b"o", emit, budget)
     CurrentStdout.stream = stdout
