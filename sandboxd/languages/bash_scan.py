@@ -33,10 +33,18 @@ class Simple:
 
 
 class _Reader:
+    """Reading bash code: the position, the commands found, and the state of the reading
+    (what the next word is, the command being read, pending here-documents)."""
+
     def __init__(self, code: str, depth: int = 0) -> None:
         self.code, self.i, self.depth = code, 0, depth
         self.found: list[Simple] = []
         self.heredocs: list[tuple[str, bool]] = []  # delimiters waiting for their line's end
+        self.cmd: Simple | None = None  # the command whose arguments are being read
+        # what the next word is: "command", "args", "redirect" (a redirect's target),
+        # "header" (of for/select/case), "pattern" (of a case) or "function" (its name)
+        self.expect = "command"
+        self.case = False  # the header being read is a case's
 
     def where(self, at: int) -> tuple[int, int]:
         line = self.code.count("\n", 0, at) + 1
@@ -91,16 +99,9 @@ class _Reader:
                 out.append(code[self.i + 1:end])
                 self.i = end + 1
             elif c == '"':
-                j = self.i + 1
-                while j < len(code) and code[j] != '"':
-                    if code[j] == "\\":
-                        j += 1
-                    elif code[j] in "$`":
-                        literal = False
-                        j = self.substitution(j) - 1
-                    j += 1
-                out.append(code[self.i + 1:j])
-                self.i = j + 1
+                text, expands = self.double_quoted()
+                out.append(text)
+                literal = literal and not expands
             elif c in "$`":
                 literal = False
                 self.i = self.substitution(self.i)
@@ -110,6 +111,21 @@ class _Reader:
                 out.append(c)
                 self.i += 1
         return ("".join(out) if literal else None), start
+
+    def double_quoted(self) -> tuple[str, bool]:
+        """The content of the double-quoted string at ``i`` (moving past it), and whether it
+        expands (a ``$`` or a backtick inside; the commands of a substitution are found)."""
+        code, j, expands = self.code, self.i + 1, False
+        while j < len(code) and code[j] != '"':
+            if code[j] == "\\":
+                j += 1
+            elif code[j] in "$`":
+                expands = True
+                j = self.substitution(j) - 1
+            j += 1
+        text = code[self.i + 1:j]
+        self.i = j + 1
+        return text, expands
 
     def substitution(self, at: int) -> int:
         """Read ``$(...)``, backticks, ``${...}``, ``$((...))``, ``$'...'`` at ``at``; the
@@ -149,90 +165,114 @@ class _Reader:
         self.heredocs = []
 
     def run(self) -> list[Simple]:
+        """Read the code to its end; each operator and word goes to the handler of the
+        current state (``expect``)."""
         code = self.code
-        cmd: Simple | None = None
-        expect = "command"  # or: "redirect", "header" (for/select/case), "pattern", "function"
         while self.i < len(code):
             c = code[self.i]
             if c in " \t":
                 self.i += 1
-                continue
-            if c == "#" and (self.i == 0 or code[self.i - 1] in " \t\n;&|()"):
+            elif c == "#" and (self.i == 0 or code[self.i - 1] in " \t\n;&|()"):
                 end = code.find("\n", self.i)
                 self.i = len(code) if end < 0 else end
-                continue
-            op = next((o for o in _OPERATORS if code.startswith(o, self.i)), None)
-            if c == "\n":
+            elif c == "\n":
                 self.i += 1
                 self.skip_heredocs()
-                op = "\n"
-            elif op is not None:
-                self.i += len(op)
-            if op is not None:
-                if op in _REDIRECT:
-                    if op in ("<<", "<<-"):
-                        while self.i < len(code) and code[self.i] in " \t":
-                            self.i += 1
-                        word, _ = self.word()
-                        self.heredocs.append(((word or "").strip("'\""), op == "<<-"))
-                    else:
-                        expect = "redirect" if expect != "pattern" else expect
-                    continue
-                if expect == "pattern" and op != ")":
-                    continue
-                cmd = None
-                if expect == "header" and op not in ("\n", ";"):
-                    continue
-                expect = "pattern" if op in (";;", ";&", ";;&") else "command"
-                if op == "(" and code.startswith("(", self.i):  # (( arithmetic ))
-                    self.i = self.closing(self.i + 1, "(", ")") + 1
-                continue
-            word, start = self.word()
-            raw = code[start:self.i]  # keywords are unquoted, unexpanded words
-            if expect == "redirect":
-                expect = "args" if cmd is not None else "command"
-                continue
-            if expect in ("header", "pattern"):
-                if raw == "in" and expect == "header" and self._case:
-                    expect, self._case = "pattern", False
-                elif raw == "esac" or (raw == "do" and expect == "header"):
-                    expect = "command"
-                continue
-            if expect == "function":
-                expect = "command"
-                continue
-            if cmd is None:
-                if raw in _REOPEN:
-                    continue
-                if raw in ("for", "select", "case"):
-                    expect, self._case = "header", raw == "case"
-                    continue
-                if raw == "function":
-                    expect = "function"
-                    continue
-                if raw == "[[":
-                    end = code.find("]]", self.i)
-                    self.i = len(code) if end < 0 else end + 2
-                    continue
-                if word is not None and code.startswith("()", self.i):  # name() { ...
-                    self.i += 2
-                    continue
-                if word is not None and code.startswith(" ()", self.i):
-                    self.i += 2
-                    continue
-                if _assignment(code[start:self.i]):
-                    if code.startswith("(", self.i):  # an array: a=(...)
-                        self.i = self.closing(self.i + 1, "(", ")")
-                    continue
-                line, column = self.where(start)
-                cmd = Simple([word], line, column)
-                self.found.append(cmd)
-                expect = "args"
+                self.operator("\n")
             else:
-                cmd.words.append(word)
+                self.token()
         return self.found
 
-    _case = False
+    def token(self) -> None:
+        """An operator or a word at ``i``."""
+        op = next((o for o in _OPERATORS if self.code.startswith(o, self.i)), None)
+        if op is not None:
+            self.i += len(op)
+            self.operator(op)
+            return
+        word, start = self.word()
+        raw = self.code[start:self.i]  # keywords are unquoted, unexpanded words
+        _WORD_HANDLERS.get(self.expect, _Reader.simple_word)(self, word, start, raw)
+
+    def operator(self, op: str) -> None:
+        """A control operator ends the command (in a ``case``, ``;;`` opens a pattern); a
+        redirect makes the next word its target, a here-document's delimiter is noted."""
+        if op in _REDIRECT:
+            if op in ("<<", "<<-"):
+                self.heredoc(op)
+            elif self.expect != "pattern":
+                self.expect = "redirect"
+            return
+        if self.expect == "pattern" and op != ")":
+            return
+        self.cmd = None
+        if self.expect == "header" and op not in ("\n", ";"):
+            return
+        self.expect = "pattern" if op in (";;", ";&", ";;&") else "command"
+        if op == "(" and self.code.startswith("(", self.i):  # (( arithmetic ))
+            self.i = self.closing(self.i + 1, "(", ")") + 1
+
+    def heredoc(self, op: str) -> None:
+        """``<<`` or ``<<-``: its delimiter word; the body is skipped at the line's end."""
+        while self.i < len(self.code) and self.code[self.i] in " \t":
+            self.i += 1
+        word, _ = self.word()
+        self.heredocs.append(((word or "").strip("'\""), op == "<<-"))
+
+    def redirect_target(self, word: str | None, start: int, raw: str) -> None:
+        self.expect = "args" if self.cmd is not None else "command"
+
+    def header_word(self, word: str | None, start: int, raw: str) -> None:
+        """A word of a ``for``/``select``/``case`` header or of a ``case`` pattern."""
+        if raw == "in" and self.expect == "header" and self.case:
+            self.expect, self.case = "pattern", False
+        elif raw == "esac" or (raw == "do" and self.expect == "header"):
+            self.expect = "command"
+
+    def function_name(self, word: str | None, start: int, raw: str) -> None:
+        self.expect = "command"
+
+    def simple_word(self, word: str | None, start: int, raw: str) -> None:
+        """A word in command position starts a command (unless it is a keyword, a function
+        definition or an assignment); any other word is the current command's argument."""
+        if self.cmd is not None:
+            self.cmd.words.append(word)
+            return
+        keyword = _KEYWORDS.get(raw)
+        if keyword is not None:
+            keyword(self, raw)
+        elif word is not None and (self.code.startswith("()", self.i)
+                                   or self.code.startswith(" ()", self.i)):  # name() { ...
+            self.i += 2
+        elif _assignment(self.code[start:self.i]):
+            if self.code.startswith("(", self.i):  # an array: a=(...)
+                self.i = self.closing(self.i + 1, "(", ")")
+        else:
+            line, column = self.where(start)
+            self.cmd = Simple([word], line, column)
+            self.found.append(self.cmd)
+            self.expect = "args"
+
+    def reopen(self, raw: str) -> None:
+        """A keyword after which the next word is a command again."""
+
+    def header(self, raw: str) -> None:
+        self.expect, self.case = "header", raw == "case"
+
+    def function(self, raw: str) -> None:
+        self.expect = "function"
+
+    def test_brackets(self, raw: str) -> None:
+        """``[[ ... ]]``: skipped whole (a test, no command)."""
+        end = self.code.find("]]", self.i)
+        self.i = len(self.code) if end < 0 else end + 2
+
+
+_WORD_HANDLERS = {"redirect": _Reader.redirect_target, "header": _Reader.header_word,
+                  "pattern": _Reader.header_word, "function": _Reader.function_name}
+_KEYWORDS = {**dict.fromkeys(_REOPEN, _Reader.reopen),
+             **dict.fromkeys(("for", "select", "case"), _Reader.header),
+             "function": _Reader.function, "[[": _Reader.test_brackets}
 
 
 def _assignment(word: str) -> bool:

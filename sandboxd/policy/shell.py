@@ -126,110 +126,155 @@ def _refuse_expansion(line: str, i: int) -> None:
                        "quotes to pass it literally")
 
 
+_GLOB = ("Globs (`{c}`) are not expanded here; name the files, or quote the word to pass "
+         "`{c}` literally")
+_BRACE = "Braces (`{c}`) are not supported here; quote them to pass them literally"
+# unquoted characters the operators dialect refuses anywhere in a word, and at a word's start
+_REFUSED_IN_WORD = {"*": _GLOB, "?": _GLOB, "[": _GLOB, "{": _BRACE, "}": _BRACE}
+_REFUSED_AT_START = {
+    "#": "Comments (`#`) are not supported here; remove the comment, or quote `#` to pass it "
+         "literally",
+    "~": "`~` is not expanded here; write the path (the workspace is the current directory)"}
+_DOUBLE_QUOTE_ESCAPES = '$`"\\\n'
+
+
+class _Scanner:
+    """One tokenization: the line, the position, the word being built and the tokens so far.
+    Each character that starts a construct has its handler (:data:`_HANDLERS`)."""
+
+    def __init__(self, line: str, operators: bool) -> None:
+        self.line, self.operators = line, operators
+        self.i = 0
+        self.tokens: list[Token] = []
+        self.word: list[str] | None = None
+        self.quoted = False
+
+    def run(self) -> list[Token]:
+        while self.i < len(self.line):
+            _HANDLERS.get(self.line[self.i], _Scanner.plain)(self)
+        self.end_word()
+        return self.tokens
+
+    def add(self, text: str, *, quoted: bool = False, advance: int = 1) -> None:
+        """Append ``text`` to the current word (starting one if none) and move on."""
+        self.word = (self.word or []) + [text]
+        self.quoted = self.quoted or quoted
+        self.i += advance
+
+    def end_word(self) -> None:
+        if self.word is not None:
+            self.tokens.append(Token("word", "".join(self.word), self.quoted))
+        self.word, self.quoted = None, False
+
+    def single_quote(self) -> None:
+        j = self.line.find("'", self.i + 1)
+        if j < 0:
+            raise ShellRefused("'", "The command line has an unterminated single quote")
+        self.add(self.line[self.i + 1:j], quoted=True, advance=j + 1 - self.i)
+
+    def double_quote(self) -> None:
+        text, end = _double_quoted(self.line, self.i + 1, self.operators)
+        self.add(text, quoted=True, advance=end + 1 - self.i)
+
+    def backslash(self) -> None:
+        following = self.line[self.i + 1:self.i + 2]
+        if not following:
+            self.add("\\")
+        elif following == "\n":  # a line continuation: nothing
+            self.i += 2
+        else:
+            self.add(following, quoted=True, advance=2)
+
+    def blank(self) -> None:
+        self.end_word()
+        self.i += 1
+
+    def newline(self) -> None:
+        self.end_word()
+        self.tokens.append(Token("op", "\n"))
+        self.i += 1
+
+    def backtick(self) -> None:
+        raise ShellRefused("`", _BACKTICKS)
+
+    def dollar(self) -> None:
+        _check_dollar(self.line, self.i, self.operators)
+        self.add("$")
+
+    def operator(self) -> None:
+        c = self.line[self.i]
+        prefix = self.io_number(c)
+        self.end_word()
+        op = next(o for o in OPERATORS if self.line.startswith(o, self.i))
+        if op in ("<", ">") and self.line.startswith("(", self.i + 1):
+            raise ShellRefused(op + "(", f"Process substitution (`{op}(...)`) is not allowed "
+                               "here")
+        self.tokens.append(Token("op", prefix + op))
+        self.i += len(op)
+
+    def io_number(self, c: str) -> str:
+        """The unquoted digits just before a redirect: its descriptor, taken off the word."""
+        if self.word is None or self.quoted or c not in "<>" or not _digits("".join(self.word)):
+            return ""
+        prefix = "".join(self.word)
+        if self.operators and len(prefix) > 1:
+            raise ShellRefused(prefix + c, f"`{prefix}{c}`: descriptors above 9 are not "
+                               f"supported (write `{prefix} {c}` for an argument "
+                               f"`{prefix}` followed by a redirect)")
+        self.word = None
+        return prefix
+
+    def plain(self) -> None:
+        c = self.line[self.i]
+        if self.operators:
+            message = _REFUSED_IN_WORD.get(c)
+            if message is None and self.word is None:
+                message = _REFUSED_AT_START.get(c)
+            if message is not None:
+                raise ShellRefused(c, message.format(c=c))
+        self.add(c)
+
+
+_HANDLERS = {"'": _Scanner.single_quote, '"': _Scanner.double_quote, "\\": _Scanner.backslash,
+             " ": _Scanner.blank, "\t": _Scanner.blank, "\n": _Scanner.newline,
+             "`": _Scanner.backtick, "$": _Scanner.dollar,
+             **dict.fromkeys("|&;<>()", _Scanner.operator)}
+
+
+def _double_quoted(line: str, j: int, operators: bool) -> tuple[str, int]:
+    """The text of a double-quoted string whose content starts at ``line[j]``, and the index
+    of its closing quote. Substitutions are refused; ``$`` too in the operators dialect."""
+    buf: list[str] = []
+    while j < len(line) and line[j] != '"':
+        d = line[j]
+        if d == "\\" and line[j + 1:j + 2] and line[j + 1] in _DOUBLE_QUOTE_ESCAPES:
+            buf.append(line[j + 1] if line[j + 1] != "\n" else "")
+            j += 2
+            continue
+        if d == "`":
+            raise ShellRefused("`", _BACKTICKS)
+        if d == "$":
+            _check_dollar(line, j, operators)
+        buf.append(d)
+        j += 1
+    if j >= len(line):
+        raise ShellRefused('"', "The command line has an unterminated double quote")
+    return "".join(buf), j
+
+
+def _check_dollar(line: str, i: int, operators: bool) -> None:
+    """``$`` at ``line[i]``: a substitution is refused in both dialects, any expansion in the
+    operators dialect; otherwise the ``$`` is literal."""
+    if operators:
+        _refuse_expansion(line, i)
+    if line.startswith("$(", i):
+        _refuse_substitution(line, i)
+
+
 def scan(line: str, *, operators: bool = False) -> list[Token]:
     """Tokenize ``line`` with POSIX quoting. In the operators dialect every unmodeled construct
     raises :class:`ShellRefused`; in the plain dialect only substitutions do."""
-    tokens: list[Token] = []
-    word: list[str] | None = None
-    quoted = False
-    i, n = 0, len(line)
-
-    def end_word() -> None:
-        nonlocal word, quoted
-        if word is not None:
-            tokens.append(Token("word", "".join(word), quoted))
-        word, quoted = None, False
-
-    while i < n:
-        c = line[i]
-        if c == "'":
-            j = line.find("'", i + 1)
-            if j < 0:
-                raise ShellRefused("'", "The command line has an unterminated single quote")
-            word = (word or []) + [line[i + 1:j]]
-            quoted = True
-            i = j + 1
-        elif c == '"':
-            j = i + 1
-            buf: list[str] = []
-            while True:
-                if j >= n:
-                    raise ShellRefused('"', "The command line has an unterminated double quote")
-                d = line[j]
-                if d == '"':
-                    break
-                if d == "\\" and j + 1 < n and line[j + 1] in '$`"\\\n':
-                    if line[j + 1] != "\n":
-                        buf.append(line[j + 1])
-                    j += 2
-                    continue
-                if d == "`":
-                    raise ShellRefused("`", _BACKTICKS)
-                if d == "$" and line[j + 1:j + 2] == "(":
-                    _refuse_substitution(line, j)
-                if d == "$" and operators:
-                    _refuse_expansion(line, j)
-                buf.append(d)
-                j += 1
-            word = (word or []) + ["".join(buf)]
-            quoted = True
-            i = j + 1
-        elif c == "\\":
-            if i + 1 < n:
-                if line[i + 1] != "\n":
-                    word = (word or []) + [line[i + 1]]
-                    quoted = True
-                i += 2
-            else:
-                word = (word or []) + ["\\"]
-                i += 1
-        elif c in " \t":
-            end_word()
-            i += 1
-        elif c == "\n":
-            end_word()
-            tokens.append(Token("op", "\n"))
-            i += 1
-        elif c == "`":
-            raise ShellRefused("`", _BACKTICKS)
-        elif c == "$" and line[i + 1:i + 2] == "(":
-            _refuse_substitution(line, i)
-        elif c in "|&;<>()":
-            prefix = ""
-            if word is not None and not quoted and c in "<>" and _digits("".join(word)):
-                prefix = "".join(word)
-                if operators and len(prefix) > 1:
-                    raise ShellRefused(prefix + c, f"`{prefix}{c}`: descriptors above 9 are not "
-                                       f"supported (write `{prefix} {c}` for an argument "
-                                       f"`{prefix}` followed by a redirect)")
-                word = None
-            end_word()
-            op = next(o for o in OPERATORS if line.startswith(o, i))
-            if op in ("<", ">") and line[i + 1:i + 2] == "(":
-                raise ShellRefused(op + "(", f"Process substitution (`{op}(...)`) is not allowed "
-                                   "here")
-            tokens.append(Token("op", prefix + op))
-            i += len(op)
-        else:
-            if operators:
-                if c == "$":
-                    _refuse_expansion(line, i)
-                if c in "*?[":
-                    raise ShellRefused(c, f"Globs (`{c}`) are not expanded here; name the "
-                                       f"files, or quote the word to pass `{c}` literally")
-                if c in "{}":
-                    raise ShellRefused(c, f"Braces (`{c}`) are not supported here; quote them "
-                                       "to pass them literally")
-                if word is None and c == "#":
-                    raise ShellRefused("#", "Comments (`#`) are not supported here; remove the "
-                                       "comment, or quote `#` to pass it literally")
-                if word is None and c == "~":
-                    raise ShellRefused("~", "`~` is not expanded here; write the path "
-                                       "(the workspace is the current directory)")
-            word = (word or []) + [c]
-            i += 1
-    end_word()
-    return tokens
+    return _Scanner(line, operators).run()
 
 
 def first_operator(tokens: list[Token]) -> str | None:
@@ -249,71 +294,95 @@ _UNSUPPORTED = {"&": "Background jobs (`&`) are not supported here",
                 "&>>": "`&>>` is not supported here; write `>>file 2>&1`"}
 
 
-def _pipelines(tokens: list[Token]) -> list[Pipeline]:
-    """Group the tokens of the operators dialect into pipelines of commands."""
-    pipelines: list[Pipeline] = []
-    commands: list[Command] = []
-    current: Command | None = None
-    pending: tuple[int, str] | None = None  # a redirect waiting for its target
-    run_if: RunIf = "always"
-    last_sep: str | None = None  # the last separator seen (None at the start)
+_NEEDS_COMMAND = "A redirect needs a command (write `cmd > file`)"
+# after these (or at the start) a line break is a blank line, not an empty command
+_BREAK_CONTINUES = {None, "\n", ";", "&&", "||", "|"}
 
-    for tok in tokens:
-        if tok.kind == "word":
-            if pending is not None:
-                fd, op = pending
-                if REDIRECTS[op] == "dup" and not (
-                        (_digits(tok.text) and len(tok.text) == 1) or tok.text == "-"):
-                    raise ShellRefused(op, f"`{op}` must be followed by a descriptor 0-9 or `-`")
-                if current is None:
-                    current = Command([])
-                current.redirects.append(Redirect(fd, op, tok.text))
-                pending = None
-                continue
-            if current is None:
-                current = Command([])
-            if not current.argv and not tok.quoted and tok.text in KEYWORDS:
-                raise ShellRefused(tok.text, f"Shell keywords such as `{tok.text}` are not "
-                                   "supported here; run one program per command")
-            current.argv.append(tok.text)
-            continue
-        op = tok.text
-        if pending is not None:
-            raise ShellRefused(pending[1], f"`{pending[1]}` needs a target")
+
+class _Grouper:
+    """Grouping the tokens of the operators dialect: the pipelines done, the commands of the
+    current pipeline, the command being read and a redirect waiting for its target."""
+
+    def __init__(self) -> None:
+        self.pipelines: list[Pipeline] = []
+        self.commands: list[Command] = []
+        self.current: Command | None = None
+        self.pending: tuple[int, str] | None = None
+        self.run_if: RunIf = "always"
+        self.last_sep: str | None = None  # the last separator seen (None at the start)
+
+    def command(self) -> Command:
+        if self.current is None:
+            self.current = Command([])
+        return self.current
+
+    def word(self, tok: Token) -> None:
+        if self.pending is not None:
+            self.target(*self.pending, tok.text)
+            return
+        cmd = self.command()
+        if not cmd.argv and not tok.quoted and tok.text in KEYWORDS:
+            raise ShellRefused(tok.text, f"Shell keywords such as `{tok.text}` are not "
+                               "supported here; run one program per command")
+        cmd.argv.append(tok.text)
+
+    def target(self, fd: int, op: str, text: str) -> None:
+        """The word after a redirect operator: its file, or for a dup its descriptor."""
+        if REDIRECTS[op] == "dup" and not ((_digits(text) and len(text) == 1) or text == "-"):
+            raise ShellRefused(op, f"`{op}` must be followed by a descriptor 0-9 or `-`")
+        self.command().redirects.append(Redirect(fd, op, text))
+        self.pending = None
+
+    def operator(self, op: str) -> None:
+        self.no_pending()
         if op in SEPARATORS:
-            if current is None:
-                if op == "\n" and last_sep in (None, "\n", ";", "&&", "||", "|"):
-                    continue  # a blank line, or a line break after an operator
-                raise ShellRefused(op, f"Syntax error near `{op.strip() or 'newline'}`")
-            if not current.argv:
-                raise ShellRefused(op, "A redirect needs a command (write `cmd > file`)")
-            commands.append(current)
-            current = None
-            last_sep = op
-            if op != "|":
-                pipelines.append(Pipeline(run_if, commands))
-                commands = []
-                run_if = _RUN_IF[op]
-            continue
+            self.separator(op)
+            return
         digits = op[:len(op) - len(op.lstrip("0123456789"))]
         base = op[len(digits):]
-        if base in REDIRECTS:
-            fd = int(digits) if digits else (0 if base[0] == "<" else 1)
-            pending = (fd, base)
-            if current is None:
-                current = Command([])
-            continue
-        raise ShellRefused(op, _UNSUPPORTED.get(base, f"`{op}` is not supported here"))
-    if pending is not None:
-        raise ShellRefused(pending[1], f"`{pending[1]}` needs a target")
-    if current is not None:
-        if not current.argv:
-            raise ShellRefused(">", "A redirect needs a command (write `cmd > file`)")
-        commands.append(current)
-        pipelines.append(Pipeline(run_if, commands))
-    elif last_sep in ("|", "||", "&&"):
-        raise ShellRefused(last_sep, "The command line ends with an operator")
-    return pipelines
+        if base not in REDIRECTS:
+            raise ShellRefused(op, _UNSUPPORTED.get(base, f"`{op}` is not supported here"))
+        self.pending = (int(digits) if digits else (0 if base[0] == "<" else 1), base)
+        self.command()
+
+    def separator(self, op: str) -> None:
+        if self.current is None:
+            if op == "\n" and self.last_sep in _BREAK_CONTINUES:
+                return
+            raise ShellRefused(op, f"Syntax error near `{op.strip() or 'newline'}`")
+        if not self.current.argv:
+            raise ShellRefused(op, _NEEDS_COMMAND)
+        self.commands.append(self.current)
+        self.current, self.last_sep = None, op
+        if op != "|":
+            self.pipelines.append(Pipeline(self.run_if, self.commands))
+            self.commands, self.run_if = [], _RUN_IF[op]
+
+    def no_pending(self) -> None:
+        if self.pending is not None:
+            raise ShellRefused(self.pending[1], f"`{self.pending[1]}` needs a target")
+
+    def finish(self) -> list[Pipeline]:
+        self.no_pending()
+        if self.current is not None:
+            if not self.current.argv:
+                raise ShellRefused(">", _NEEDS_COMMAND)
+            self.commands.append(self.current)
+            self.pipelines.append(Pipeline(self.run_if, self.commands))
+        elif self.last_sep in ("|", "||", "&&"):
+            raise ShellRefused(self.last_sep, "The command line ends with an operator")
+        return self.pipelines
+
+
+def _pipelines(tokens: list[Token]) -> list[Pipeline]:
+    """Group the tokens of the operators dialect into pipelines of commands."""
+    grouper = _Grouper()
+    for tok in tokens:
+        if tok.kind == "word":
+            grouper.word(tok)
+        else:
+            grouper.operator(tok.text)
+    return grouper.finish()
 
 
 def parse(line: str, *, operators: bool) -> list[Pipeline]:
