@@ -50,6 +50,58 @@ def _now() -> str:
     return utc_iso()
 
 
+def _clean_fields(event: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A record's own fields as JSON values, redacted; :class:`AuditError` for a reserved
+    name or a value that cannot be serialised."""
+    clash = RESERVED.intersection(fields)
+    if clash:
+        raise AuditError(f"reserved audit field(s): {', '.join(sorted(clash))}")
+    try:
+        clean: dict[str, Any] = redact(json.loads(json.dumps(fields, default=json_default)))
+    except (TypeError, ValueError) as exc:
+        raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
+    return clean
+
+
+def _chain_seq(path: Path, last: bytes) -> int:
+    """The ``seq`` of the chain's last record ``last`` (:class:`AuditError` when it is not a
+    valid audit record)."""
+    try:
+        seq = json.loads(last)["seq"]
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise TypeError("seq")
+    except (ValueError, KeyError, TypeError):
+        raise AuditError(f"{path}: the last record is not a valid audit record; "
+                         "run `sandboxd audit verify` and move the damaged log "
+                         "aside") from None
+    return seq
+
+
+def _what_runs(plan: Any) -> dict[str, Any]:
+    """A preview of what an allowed call runs: its argv, else its command plan."""
+    if plan.argv is not None:
+        return {"argv_preview": preview(plan.argv)}
+    if plan.command is not None:
+        return {"plan_preview": cap(plan.command.render(), PREVIEW_CHARS)}
+    return {}
+
+
+def _decision_details(decision: Decision) -> dict[str, Any]:
+    """The optional fields of a decision record, in the record's order: the network, what an
+    allowed call runs, a denial's message, the approval rule the call waits for."""
+    details: dict[str, Any] = {}
+    plan = decision.plan
+    if plan is not None and plan.network:
+        details["network"] = plan.network
+    if decision.allowed and plan is not None:
+        details |= _what_runs(plan)
+    if not decision.allowed:
+        details["message"] = cap(decision.message)
+    if decision.approve is not None:  # it waits for a person's yes (approval_* records)
+        details["approve"] = decision.approve.rule
+    return details
+
+
 class AuditLog:
     """An open, hash-chained audit log (continues the chain of an existing file)."""
 
@@ -129,23 +181,11 @@ class AuditLog:
             os.fsync(self._fd)
         self._size = tail.good_size
         last = tail.last_line
-        if last is None:
-            for older in reversed(rotated_files(self.path)):
-                older_tail = read_tail(older)
-                if older_tail.last_line is not None:
-                    last = older_tail.last_line
-                    break
+        if last is None:  # an empty current file: the chain ends in the newest rotated one
+            lines = (read_tail(f).last_line for f in reversed(rotated_files(self.path)))
+            last = next((line for line in lines if line is not None), None)
         if last is not None:
-            try:
-                record = json.loads(last)
-                seq = record["seq"]
-                if not isinstance(seq, int) or isinstance(seq, bool):
-                    raise TypeError("seq")
-            except (ValueError, KeyError, TypeError):
-                raise AuditError(f"{self.path}: the last record is not a valid audit record; "
-                                 "run `sandboxd audit verify` and move the damaged log "
-                                 "aside") from None
-            self._seq = seq
+            self._seq = _chain_seq(self.path, last)
             self._prev = hashlib.sha256(last).hexdigest()
         return tail.torn
 
@@ -174,35 +214,12 @@ class AuditLog:
         """:meth:`write`, and the SHA-256 of the record's line (the chain's head once it is
         written); ``durable=False``: appended (it survives a crash of the daemon) and made
         durable by the next committed record."""
-        clash = RESERVED.intersection(fields)
-        if clash:
-            raise AuditError(f"reserved audit field(s): {', '.join(sorted(clash))}")
-        try:
-            clean = redact(json.loads(json.dumps(fields, default=json_default)))
-        except (TypeError, ValueError) as exc:
-            raise AuditError(f"audit record {event!r} is not serialisable: {exc}") from exc
+        clean = _clean_fields(event, fields)
         with self._lock:
-            if self._fd is None:
-                raise AuditError(f"{self.path}: the audit log is closed")
-            if self._broken:
-                raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
-            full = storage.full_reason(self.path.parent, "audit log's filesystem")
-            if full is not None:  # refused whole rather than failing half-way
-                raise AuditError(full) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._check_writable()
             record, data = self._build(event, clean)
-            try:
-                if self._size > 0 and self._size + len(data) > self.max_bytes:
-                    self._rotate()
-                    if self._prune():  # took a seq: the record follows the pruning record
-                        record, data = self._build(event, clean)
-            except OSError as exc:
-                self._broken = f"rotation failed: {exc.strerror or exc}"
-                with contextlib.suppress(OSError):
-                    if self._fd is None:
-                        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-                        self._broken = None
-                raise AuditError(f"{self.path}: cannot rotate the audit log: "
-                                 f"{exc.strerror or exc}") from exc
+            if self._size > 0 and self._size + len(data) > self.max_bytes:
+                record, data = self._rotate_before(event, clean, record, data)
             ticket = self._append(data)
             head = self._prev
         if durable:
@@ -212,6 +229,36 @@ class AuditLog:
             else:
                 held.append(ticket)
         return record, head
+
+    def _check_writable(self) -> None:
+        """Refuse a record (lock held) while the log is closed, unusable, or its filesystem
+        full (refused whole rather than failing half-way)."""
+        if self._fd is None:
+            raise AuditError(f"{self.path}: the audit log is closed")
+        if self._broken:
+            raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
+        full = storage.full_reason(self.path.parent, "audit log's filesystem")
+        if full is not None:
+            raise AuditError(full) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def _rotate_before(self, event: str, clean: dict[str, Any], record: dict[str, Any],
+                       data: bytes) -> tuple[dict[str, Any], bytes]:
+        """Rotate before a record that would overflow the file (lock held), then prune; the
+        record rebuilt when the pruning record took its seq. A failed rotation leaves the log
+        unusable unless the current file can be reopened."""
+        try:
+            self._rotate()
+            if self._prune():  # took a seq: the record follows the pruning record
+                return self._build(event, clean)
+        except OSError as exc:
+            self._broken = f"rotation failed: {exc.strerror or exc}"
+            with contextlib.suppress(OSError):
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                    self._broken = None
+            raise AuditError(f"{self.path}: cannot rotate the audit log: "
+                             f"{exc.strerror or exc}") from exc
+        return record, data
 
     def durable_head(self) -> tuple[int, str]:
         """The seq and SHA-256 of the last record, once it is durable (what a signed head
@@ -337,21 +384,12 @@ class AuditLog:
         doomed = self._doomed()
         if not doomed:
             return False
-        kept = [*rotated_files(self.path)[len(doomed):], self.path]
-        first_kept = next((line for line in map(first_line, kept) if line is not None), None)
-        first_removed = first_line(doomed[0])
-        try:
-            if first_kept is None:  # nothing kept yet: the anchor is the record written now
-                anchor_seq, anchor_prev = self._seq + 1, self._prev
-            else:
-                record = json.loads(first_kept)
-                anchor_seq, anchor_prev = int(record["seq"]), str(record["prev"])
-            removed_from = (int(json.loads(first_removed)["seq"])
-                            if first_removed is not None else None)
-        except (ValueError, KeyError, TypeError):
+        anchor = self._anchor(doomed)
+        if anchor is None:
             log.error("%s: audit retention skipped: the first record of a file to keep or to "
                       "remove is unreadable (run `sandboxd audit verify`)", self.path)
             return False
+        anchor_seq, anchor_prev, removed_from = anchor
         fields = redact({
             "files": [f.name for f in doomed],
             "removed_seqs": [removed_from, anchor_seq - 1],
@@ -372,6 +410,23 @@ class AuditLog:
         with contextlib.suppress(OSError):
             fsync_dir(self.path.parent)
         return True
+
+    def _anchor(self, doomed: list[Path]) -> tuple[int, str, int | None] | None:
+        """What an ``audit_pruned`` record names: the seq and ``prev`` of the first record
+        kept (the record written now when no file kept holds one yet) and the first seq
+        removed; None when one of those first records is unreadable."""
+        kept = [*rotated_files(self.path)[len(doomed):], self.path]
+        first_kept = next((line for line in map(first_line, kept) if line is not None), None)
+        first_removed = first_line(doomed[0])
+        try:
+            removed_from = (int(json.loads(first_removed)["seq"])
+                            if first_removed is not None else None)
+            if first_kept is None:  # nothing kept yet: the anchor is the record written now
+                return self._seq + 1, self._prev, removed_from
+            record = json.loads(first_kept)
+            return int(record["seq"]), str(record["prev"]), removed_from
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def decision(self, *, request_id: str, client: str, tool: str, session: str | None,
                  arguments: dict[str, Any], decision: Decision,
@@ -401,18 +456,8 @@ class AuditLog:
             "policy": decision.policy_name,
             "backend": decision.backend,
             "limits": decision.limits.to_wire() if decision.limits else None,
+            **_decision_details(decision),
         }
-        plan = decision.plan
-        if plan is not None and plan.network:
-            fields["network"] = plan.network
-        if decision.allowed and plan is not None and plan.argv is not None:
-            fields["argv_preview"] = preview(plan.argv)
-        elif decision.allowed and plan is not None and plan.command is not None:
-            fields["plan_preview"] = cap(plan.command.render(), PREVIEW_CHARS)
-        if not decision.allowed:
-            fields["message"] = cap(decision.message)
-        if decision.approve is not None:  # it waits for a person's yes (approval_* records)
-            fields["approve"] = decision.approve.rule
         self._write("decision", fields,
                     durable=not (commit_with_result and decision.allowed))
         return args_sha256

@@ -56,6 +56,14 @@ def enabled_backends(settings: Any) -> list[str]:
     return enabled(settings)
 
 
+async def _bounded(step: Any) -> None:
+    """Await one of a backend's lifecycle steps, raising TimeoutError when it does not answer
+    within the probe timeout."""
+    done, _ = await within(step, PROBE_TIMEOUT_S)
+    if not done:
+        raise TimeoutError(f"no answer within {PROBE_TIMEOUT_S:g} s")
+
+
 async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
     """``(available, report)`` for one backend: construct, start, probe, close."""
     from sandboxd.backends.factory import build_backend
@@ -67,9 +75,7 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
         return False, ProbeReport(backend=name, ok=False, detail=f"cannot load: {exc}")
     try:
         try:
-            started, _ = await within(backend.start(), PROBE_TIMEOUT_S)
-            if not started:
-                raise TimeoutError(f"no answer within {PROBE_TIMEOUT_S:g} s")
+            await _bounded(backend.start())
         except Exception as exc:
             return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
         ok, why = backend.availability()
@@ -84,9 +90,7 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
         return True, report
     finally:
         try:
-            closed, _ = await within(backend.close(), PROBE_TIMEOUT_S)
-            if not closed:
-                raise TimeoutError(f"no answer within {PROBE_TIMEOUT_S:g} s")
+            await _bounded(backend.close())
         except Exception as exc:
             typer.echo(f"sandboxd doctor: closing the {name} backend failed: {exc}", err=True)
 
@@ -104,55 +108,42 @@ def _status_field(key: str) -> str | None:
     return None
 
 
+def _writable_row(name: str, path: Any, target: Path, absent: str) -> ProbeCheck:
+    """Whether the daemon may write ``target`` (the directory that holds or will hold
+    ``path``); ``absent`` is added to the detail while ``path`` does not exist yet."""
+    writable = os.access(target, os.W_OK)
+    note = "" if Path(path).exists() else absent
+    return ProbeCheck(name=name, ok=writable,
+                      detail=f"{path} ({'writable' if writable else 'NOT writable'}{note})")
+
+
+def _existing(path: Path) -> Path:
+    """``path`` when it exists, else its parent (where it would be created)."""
+    return path if path.exists() else path.parent
+
+
 def host_checks(settings: Any) -> list[ProbeCheck]:
     """Facts about the host and the daemon's own confinement (informational)."""
+    from sandboxd.backends import registry
     from sandboxd.host.uids import identities
 
-    checks = [
-        ProbeCheck(
-            name="user",
-            ok=True,
-            detail=f"uid={os.geteuid()} gid={os.getegid()} "
-            f"({'root' if os.geteuid() == 0 else 'non-root'}: "
-            f"{identities(settings, os.geteuid() == 0)})",
-        ),
-    ]
-    mode = _status_field("Seccomp")
-    nnp = _status_field("NoNewPrivs")
-    checks.append(
-        ProbeCheck(
-            name="daemon_confinement",
-            ok=True,
-            detail=f"own seccomp mode {mode or '?'} (2 = filtered, e.g. by systemd), "
-            f"no_new_privs={nnp or '?'}"
-            + (", under systemd" if os.environ.get("INVOCATION_ID") else ""),
-        )
-    )
+    root = os.geteuid() == 0
+    systemd = ", under systemd" if os.environ.get("INVOCATION_ID") else ""
     state = Path(settings.state_dir)
-    probe_dir = state if state.exists() else state.parent
-    writable = os.access(probe_dir, os.W_OK)
-    checks.append(
-        ProbeCheck(
-            name="state_dir",
-            ok=writable,
-            detail=f"{state} ({'writable' if writable else 'NOT writable'}"
-            + ("" if state.exists() else "; does not exist yet, the daemon creates it") + ")",
-        )
-    )
-    audit_dir = Path(settings.audit_path).parent
-    audit_target = audit_dir if audit_dir.exists() else audit_dir.parent
-    checks.append(
-        ProbeCheck(
-            name="audit_log",
-            ok=os.access(audit_target, os.W_OK),
-            detail=f"{settings.audit_path} "
-            f"({'writable' if os.access(audit_target, os.W_OK) else 'NOT writable'}"
-            + ("" if Path(settings.audit_path).exists() else "; not written yet") + ")",
-        )
-    )
-    checks.append(_workspace_quota_check(settings))
-    from sandboxd.backends import registry
-
+    checks = [
+        ProbeCheck(name="user", ok=True,
+                   detail=f"uid={os.geteuid()} gid={os.getegid()} "
+                   f"({'root' if root else 'non-root'}: {identities(settings, root)})"),
+        ProbeCheck(name="daemon_confinement", ok=True,
+                   detail=f"own seccomp mode {_status_field('Seccomp') or '?'} (2 = filtered, "
+                   f"e.g. by systemd), no_new_privs={_status_field('NoNewPrivs') or '?'}"
+                   + systemd),
+        _writable_row("state_dir", state, _existing(state),
+                      "; does not exist yet, the daemon creates it"),
+        _writable_row("audit_log", settings.audit_path,
+                      _existing(Path(settings.audit_path).parent), "; not written yet"),
+        _workspace_quota_check(settings),
+    ]
     for entry in registry.enabled(settings):
         try:
             checks += entry.host_checks(settings)
@@ -197,15 +188,17 @@ def _table(rows: list[tuple[str, str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+_RESULT = {True: "ok", False: "FAIL"}
+
+
 def _rows(name: str, available: bool, report: ProbeReport) -> list[tuple[str, str, str, str]]:
+    """One backend's table rows: a row per check and the summary, or one row without checks."""
     if not report.checks:
-        result = "FAIL" if not report.ok else "ok"
-        if not available:
-            result = "n/a"
+        result = _RESULT[report.ok] if available else "n/a"
         return [(name, "-", result, report.detail or ("ok" if report.ok else "failed"))]
-    rows = [(name, c.name, "ok" if c.ok else "FAIL", c.detail) for c in report.checks]
+    rows = [(name, c.name, _RESULT[c.ok], c.detail) for c in report.checks]
     if report.detail:
-        rows.append((name, "(summary)", "ok" if report.ok else "FAIL", report.detail))
+        rows.append((name, "(summary)", _RESULT[report.ok], report.detail))
     return rows
 
 
@@ -288,25 +281,26 @@ def _live_note(settings: Any, live: Holder) -> str:
             "state directory)")
 
 
+def _bad_choice(message: str) -> typer.Exit:
+    """Say why a ``--backend`` cannot be probed; the exit (2) for the caller to raise."""
+    typer.echo(f"sandboxd doctor: {message}", err=True)
+    return typer.Exit(2)
+
+
 def _chosen_backends(settings: Any, backend: list[str]) -> list[str]:
     """The enabled backends to probe (``--backend``: only those), or exit 2 naming one that
     is unknown or disabled."""
     names = enabled_backends(settings)
     known = _known_backends()
-    unknown = [b for b in backend if b not in known]
-    if unknown:
-        typer.echo(f"sandboxd doctor: unknown backend {unknown[0]!r} (choose "
-                   f"{' or '.join(known)})", err=True)
-        raise typer.Exit(2)
+    for b in backend:
+        if b not in known:
+            raise _bad_choice(f"unknown backend {b!r} (choose {' or '.join(known)})")
     if not backend:
         return names
-    names = [n for n in names if n in backend]
-    missing = [b for b in backend if b not in names]
-    if missing:
-        typer.echo(f"sandboxd doctor: backend {missing[0]!r} is disabled in the settings",
-                   err=True)
-        raise typer.Exit(2)
-    return names
+    for b in backend:
+        if b not in names:
+            raise _bad_choice(f"backend {b!r} is disabled in the settings")
+    return [n for n in names if n in backend]
 
 
 def _probe(settings: Any, names: list[str]) -> tuple[Any, Holder | None, str | None]:
@@ -374,13 +368,11 @@ def doctor(
     host = host_checks(settings)  # first: the cgroup row says what the probes will do
     results, live, note = _probe(settings, names)
     default_enabled = default in enabled_backends(settings)
-    failed_default = not default_enabled or (default in names and not any(
-        n == default and a and r.ok for n, a, r in results))
-    failed_any = any(not (a and r.ok) for n, a, r in results if n != default)
+    failed = _failed(results, names, default, default_enabled, strict)
     if as_json:
         typer.echo(json.dumps({
             "default_backend": default,
-            "ok": not failed_default and not (strict and failed_any),
+            "ok": not failed,
             "host": [c.model_dump() for c in host],
             "daemon": None if live is None else {
                 "lock": str(live.path), "pid": live.pid, "note": note},
@@ -388,8 +380,18 @@ def doctor(
         }, indent=2))
     else:
         _print_text(host, results, note, default, default_enabled)
-    if failed_default or (strict and failed_any):
+    if failed:
         raise typer.Exit(1)
+
+
+def _failed(results: Any, names: list[str], default: str, default_enabled: bool,
+            strict: bool) -> bool:
+    """Whether the doctor exits 1: the default backend is disabled, unavailable or failing,
+    or (``--strict``) any other enabled backend is."""
+    proven = {n for n, available, report in results if available and report.ok}
+    if not default_enabled or (default in names and default not in proven):
+        return True
+    return strict and any(n not in proven for n, _a, _r in results if n != default)
 
 
 def register(app: typer.Typer) -> None:

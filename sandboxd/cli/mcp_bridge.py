@@ -45,6 +45,9 @@ _HEADER_SAFE = re.compile(r"[\x20-\x7E]*")
 _B64_SENTINEL = re.compile(r"=\?base64\?.*\?=")
 LINE_LIMIT = 64 * 2**20  # a line longer than any request body the daemon takes
 DELETE_TIMEOUT_S = 5.0
+#: what every POST to ``/mcp`` says it sends and takes
+POST_HEADERS = {"accept": "application/json, text/event-stream",
+                "content-type": "application/json"}
 
 
 def say(message: str) -> None:
@@ -66,6 +69,29 @@ def _write(message: Any) -> None:
     """One message to the host: one line on stdout (whole, between two awaits)."""
     sys.stdout.buffer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
     sys.stdout.buffer.flush()
+
+
+def _field(value: Any, key: str) -> Any:
+    """``value[key]`` when ``value`` is a JSON object, else None."""
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def _stateless_headers(version: str, method: str, params: Any) -> dict[str, str]:
+    """The routing headers a 2026-07-28 request carries (its version, method and name)."""
+    headers = POST_HEADERS | {"mcp-protocol-version": version, "mcp-method": method}
+    name = _field(params, NAME_PARAMS.get(method, ""))
+    if isinstance(name, str):
+        headers["mcp-name"] = header_value(name)
+    return headers
+
+
+def _session_headers(session_id: str, version: str | None,
+                     headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with a handshake-era session's id and, once negotiated, its version."""
+    headers["mcp-session-id"] = session_id
+    if version:
+        headers["mcp-protocol-version"] = version
+    return headers
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[str]:
@@ -95,18 +121,14 @@ class Bridge:
         self.listener: asyncio.Task[None] | None = None
 
     def _headers(self, message: dict[str, Any]) -> dict[str, str]:
-        headers = {"accept": "application/json, text/event-stream",
-                   "content-type": "application/json"}
+        """The headers of one POST: a 2026-07-28 request's routing headers, else the
+        handshake-era session's (its version on everything after ``initialize``)."""
         method = message.get("method")
         params = message.get("params")
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        modern = meta.get(VERSION_META) if isinstance(meta, dict) else None
+        modern = _field(_field(params, "_meta"), VERSION_META)
         if isinstance(modern, str) and isinstance(method, str):
-            headers |= {"mcp-protocol-version": modern, "mcp-method": method}
-            name = params.get(NAME_PARAMS.get(method, "")) if isinstance(params, dict) else None
-            if isinstance(name, str):
-                headers["mcp-name"] = header_value(name)
-            return headers
+            return _stateless_headers(modern, method, params)
+        headers = dict(POST_HEADERS)
         if self.session_id is not None:
             headers["mcp-session-id"] = self.session_id
         if self.version is not None and method != "initialize":
@@ -116,42 +138,49 @@ class Bridge:
     async def from_host(self, message: Any) -> None:
         """Send one message of the host on its way."""
         if not isinstance(message, dict):
-            await self._post(message, {"accept": "application/json, text/event-stream",
-                                       "content-type": "application/json"})
+            await self._post(message, dict(POST_HEADERS))
             return
         method = message.get("method")
-        if method == "notifications/cancelled":
-            params = message.get("params")
-            ident = params.get("requestId") if isinstance(params, dict) else None
-            task = self.stateless.get(ident) if isinstance(ident, (str, int)) else None
-            if task is not None:  # 2026-07-28: closing the response stream is the cancel
-                task.cancel()
-                return
-        headers = self._headers(message)
-        if method == "initialize":  # the session id it brings goes on every later message
-            await self._post(message, headers)
+        if method == "notifications/cancelled" and self._cancel_stateless(message):
             return
-        if isinstance(method, str) and "id" in message:  # a request: answered in its own time
-            task = asyncio.create_task(self._post(message, headers))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            if "mcp-method" in headers and isinstance(message["id"], (str, int)):
-                ident = message["id"]
-                self.stateless[ident] = task
-                task.add_done_callback(lambda _t: self.stateless.pop(ident, None))
+        headers = self._headers(message)
+        # initialize goes in order: the session id it brings goes on every later message
+        if isinstance(method, str) and "id" in message and method != "initialize":
+            self._start_request(message, headers)
             return
         await self._post(message, headers)  # notifications and answers: in order
         if method == "notifications/initialized" and self.session_id and self.listener is None:
             self.listener = asyncio.create_task(self._listen())
 
+    def _cancel_stateless(self, message: dict[str, Any]) -> bool:
+        """Cancel the 2026-07-28 request a ``notifications/cancelled`` names, if one is in
+        flight (closing its response stream is that revision's cancel); whether it was."""
+        ident = _field(message.get("params"), "requestId")
+        task = self.stateless.get(ident) if isinstance(ident, (str, int)) else None
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    def _start_request(self, message: dict[str, Any], headers: dict[str, str]) -> None:
+        """Post a request in its own task (answered in its own time); a 2026-07-28 one is
+        kept by its id for a later cancel."""
+        task = asyncio.create_task(self._post(message, headers))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        ident = message["id"]
+        if "mcp-method" in headers and isinstance(ident, (str, int)):
+            self.stateless[ident] = task
+            task.add_done_callback(lambda _t: self.stateless.pop(ident, None))
+
     async def _post(self, message: Any, headers: dict[str, str]) -> None:
-        ident = message.get("id") if isinstance(message, dict) else None
+        ident = _field(message, "id")
         # a request is answered, even one whose id the daemon refuses (then "id": null)
         request = isinstance(message, dict) and "method" in message and "id" in message
         try:
             async with self.http.stream("POST", self.endpoint, headers=headers,
                                         content=json.dumps(message).encode()) as response:
-                if isinstance(message, dict) and message.get("method") == "initialize":
+                if _field(message, "method") == "initialize":
                     self.session_id = response.headers.get("mcp-session-id", self.session_id)
                 await self._answer(response, message, request, ident)
         except httpx.HTTPError as exc:
@@ -184,8 +213,8 @@ class Bridge:
         except ValueError:
             say(f"from the daemon: not JSON: {data[:200]}")
             return
-        if (isinstance(message, dict) and message.get("method") == "initialize"
-                and isinstance(answer, dict) and isinstance(answer.get("result"), dict)):
+        if (_field(message, "method") == "initialize"
+                and isinstance(_field(answer, "result"), dict)):
             version = answer["result"].get("protocolVersion")
             self.version = version if isinstance(version, str) else None
         _write(answer)
@@ -194,9 +223,8 @@ class Bridge:
         """The handshake era's standalone stream: the daemon's notifications, for as long as
         the session lives (reopened if it drops)."""
         while self.session_id is not None:
-            headers = {"accept": "text/event-stream", "mcp-session-id": self.session_id}
-            if self.version:
-                headers["mcp-protocol-version"] = self.version
+            headers = _session_headers(self.session_id, self.version,
+                                       {"accept": "text/event-stream"})
             try:
                 async with self.http.stream("GET", self.endpoint, headers=headers) as response:
                     if response.status_code != 200:
@@ -214,9 +242,7 @@ class Bridge:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         if self.session_id is not None:
-            headers = {"mcp-session-id": self.session_id}
-            if self.version:
-                headers["mcp-protocol-version"] = self.version
+            headers = _session_headers(self.session_id, self.version, {})
             with contextlib.suppress(httpx.HTTPError):
                 await self.http.delete(self.endpoint, headers=headers, timeout=DELETE_TIMEOUT_S)
 

@@ -50,6 +50,8 @@ log = logging.getLogger("sandboxd.egress")
 MAX_CONNECTIONS = 64  # per sandbox
 READY_LINE = b"SANDBOXD-EGRESS-FORWARDER READY\r\n\r\n"
 SOCKET_NAME = "egress.sock"
+#: the verdict a connection's record states when no request head was ever judged
+MALFORMED = Verdict(False, "egress (malformed request)")
 
 Sink = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -87,21 +89,26 @@ class Conn:
     cut: str | None = None  # why the daemon closed it (a reload)
 
     def record(self) -> dict[str, Any]:
-        v = self.verdict
+        """The connection's audit record (the verdict's reason and a cut when there are)."""
+        v = self.verdict or MALFORMED
         out: dict[str, Any] = {
             "sandbox": self.ident.box, "client": self.ident.client,
             "session": self.ident.session, "policy": self.ident.rules.policy,
-            "method": self.method, "host": (self.host or "")[:255] or None, "port": self.port,
-            "path": (self.path or "")[:512] or None, "address": self.address,
+            "method": self.method, "host": _clip(self.host, 255), "port": self.port,
+            "path": _clip(self.path, 512), "address": self.address,
             "bytes_out": self.sent, "bytes_in": self.received,
-            "verdict": "allowed" if v is not None and v.allowed else "denied",
-            "rule": v.rule if v is not None else "egress (malformed request)",
+            "verdict": "allowed" if v.allowed else "denied", "rule": v.rule,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 1)}
-        if v is not None and v.reason:
+        if v.reason:
             out["reason"] = v.reason
         if self.cut:
             out["cut"] = self.cut
         return out
+
+
+def _clip(text: str | None, limit: int) -> str | None:
+    """``text`` cut to ``limit`` characters for the record; None for none or empty."""
+    return (text or "")[:limit] or None
 
 
 class EgressProxy:
@@ -205,45 +212,61 @@ class EgressProxy:
 
     async def _handle(self, conn: Conn, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
+        """One connection: its request head read and judged, then tunnelled or forwarded;
+        refused (and the refusal answered) when it is not allowed."""
+        request = await self._request(conn, reader, writer)
+        if request is None:
+            return
+        head, length = request
+        conn.method, conn.host, conn.port = head.method, head.host, head.port
+        conn.path = head.path or None
+        verdict = conn.verdict = await self._judge(conn, head)
+        if not verdict.allowed:
+            await _refuse(writer, verdict)
+        elif head.method == "CONNECT":
+            await self._tunnel(conn, reader, writer)
+        else:
+            await self._forward(conn, reader, writer, head, length)
+
+    async def _request(self, conn: Conn, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> tuple[Head, int] | None:
+        """The connection's request head and how many body bytes follow it (a CONNECT: 0);
+        None when there is none to judge: the forwarder's ready line, or a head too large,
+        too slow or malformed (``conn.verdict`` says which)."""
         try:
             data = await bounded(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
             conn.verdict = Verdict(False, "egress (request head)", "request head too large")
             await _refuse(writer, conn.verdict, 400)
-            return
+            return None
         except TimeoutError:
             conn.verdict = Verdict(False, "egress (request head)",
                                    f"no complete request head within {HEAD_TIMEOUT_S:g} s")
-            return
+            return None
         if data == READY_LINE:
             conn.ident.ready.set()
-            return
+            return None
         try:
             head = parse_head(data[:-4])
-            length = body_length(head) if head.method != "CONNECT" else 0
+            return head, body_length(head) if head.method != "CONNECT" else 0
         except BadRequest as exc:
             conn.verdict = Verdict(False, "egress (request head)", str(exc))
             await _refuse(writer, conn.verdict, 400)
-            return
-        conn.method, conn.host, conn.port = head.method, head.host, head.port
-        conn.path = head.path or None
+            return None
+
+    async def _judge(self, conn: Conn, head: Head) -> Verdict:
+        """The verdict on a request: its target under the sandbox's rules, a plain request's
+        Host header naming that target, then an address its name resolves to."""
         tunnel = head.method == "CONNECT"
         rules = conn.ident.rules
         verdict = check_target(rules, head.host, head.port, head.method,
                                None if tunnel else head.path)
-        if verdict.allowed and not tunnel and not same_host(head.host, head.header("host")):
-            verdict = Verdict(False, verdict.rule, f"the Host header {head.header('host')!r}"
-                              f" does not name the requested host {head.host}")
-        if verdict.allowed:
-            verdict = await self._address(conn, rules, head) or verdict
-        conn.verdict = verdict
         if not verdict.allowed:
-            await _refuse(writer, verdict)
-            return
-        if tunnel:
-            await self._tunnel(conn, reader, writer)
-        else:
-            await self._forward(conn, reader, writer, head, length)
+            return verdict
+        if not tunnel and not same_host(head.host, head.header("host")):
+            return Verdict(False, verdict.rule, f"the Host header {head.header('host')!r}"
+                           f" does not name the requested host {head.host}")
+        return await self._address(conn, rules, head) or verdict
 
     async def _address(self, conn: Conn, rules: EgressRules, head: Head) -> Verdict | None:
         """Resolve the allowed name (an allowed IP literal is its own address); a refusal
@@ -273,23 +296,11 @@ class EgressProxy:
         (an IP rule's tunnel may name none); then bytes both ways."""
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
-        async def read_hello() -> tuple[int | None, bytes]:
-            first = await reader.readexactly(5)
-            size = record_length(first)
-            return size, first + (await reader.readexactly(size) if size is not None else b"")
-
-        size, hello = await bounded(read_hello(), HEAD_TIMEOUT_S)
+        size, hello = await bounded(_read_hello(reader), HEAD_TIMEOUT_S)
         assert conn.host is not None and conn.verdict is not None
-        try:
-            sni = client_hello_sni(hello) if size is not None else None
-            if size is None:
-                raise ValueError("the tunnel does not start with a TLS ClientHello")
-        except ValueError as exc:
-            conn.verdict = Verdict(False, conn.verdict.rule, str(exc))
-            return
-        if not same_host(conn.host, sni) and not (sni is None and ip_literal(conn.host)):
-            conn.verdict = Verdict(False, conn.verdict.rule, f"the TLS server name {sni!r} "
-                                   f"is not the CONNECT host {conn.host}")
+        problem = _hello_problem(conn.host, size, hello)
+        if problem is not None:
+            conn.verdict = Verdict(False, conn.verdict.rule, problem)
             return
         spec = conn.ident.rules.secret_for(conn.host)
         if spec is not None and self.ca is not None:
@@ -356,6 +367,28 @@ class EgressProxy:
             for task in tasks:
                 with contextlib.suppress(BaseException):
                     await task
+
+
+async def _read_hello(reader: asyncio.StreamReader) -> tuple[int | None, bytes]:
+    """A tunnel's first TLS record: its length (None: not a TLS handshake record) and its
+    bytes (only the 5-byte record header when it is not one)."""
+    first = await reader.readexactly(5)
+    size = record_length(first)
+    return size, first + (await reader.readexactly(size) if size is not None else b"")
+
+
+def _hello_problem(host: str, size: int | None, hello: bytes) -> str | None:
+    """Why a tunnel's first record may not go to the CONNECT ``host``: not a TLS
+    ClientHello, or one naming another server (an IP host's may name none); None if it may."""
+    if size is None:
+        return "the tunnel does not start with a TLS ClientHello"
+    try:
+        sni = client_hello_sni(hello)
+    except ValueError as exc:
+        return str(exc)
+    if not same_host(host, sni) and not (sni is None and ip_literal(host)):
+        return f"the TLS server name {sni!r} is not the CONNECT host {host}"
+    return None
 
 
 async def _refuse(writer: asyncio.StreamWriter, verdict: Verdict, status: int = 403) -> None:

@@ -56,32 +56,49 @@ def parse_head(data: bytes, origin: tuple[str, int] | None = None) -> Head:
     except UnicodeDecodeError:
         raise BadRequest("the request head is not ASCII") from None
     lines = text.split("\r\n")
-    parts = lines[0].split(" ")
+    method, target, version = _request_line(lines[0])
+    headers = _header_fields(lines[1:])
+    host, port, path = _target(method, target, origin)
+    return Head(method, host, port, path, version, headers)
+
+
+def _request_line(line: str) -> tuple[str, str, str]:
+    """The method, target and HTTP version of a request line."""
+    parts = line.split(" ")
     if len(parts) != 3 or not _TOKEN.match(parts[0]) or parts[2] not in ("HTTP/1.1",
                                                                          "HTTP/1.0"):
         raise BadRequest("malformed request line")
-    method, target, version = parts
+    return parts[0], parts[1], parts[2]
+
+
+def _header_fields(lines: list[str]) -> list[tuple[str, str]]:
+    """The header fields (name, value stripped); empty lines skipped."""
     headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
+    for line in lines:
         if not line:
             continue
         name, sep, value = line.partition(":")
         if not sep or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
             raise BadRequest("malformed header")
         headers.append((name, value.strip()))
+    return headers
+
+
+def _target(method: str, target: str, origin: tuple[str, int] | None) -> tuple[str, int, str]:
+    """The host, port and path a request names: a tunnelled request's path at ``origin``, a
+    CONNECT's host and port (no path), or an absolute ``http://`` URL's three."""
     if origin is not None:
         if not target.startswith("/") or method == "CONNECT":
             raise BadRequest("a request in a tunnel names a path (origin form)")
-        return Head(method, origin[0], origin[1], target, version, headers)
+        return origin[0], origin[1], target
     if method == "CONNECT":
         host, port = split_hostport(target, None)
-        return Head(method, host, port, "", version, headers)
+        return host, port, ""
     url = urlsplit(target)
     if url.scheme != "http" or not url.netloc or "@" in url.netloc:
         raise BadRequest("only absolute http:// URLs (or CONNECT for https) are proxied")
     host, port = split_hostport(url.netloc, 80)
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    return Head(method, host, port, path, version, headers)
+    return host, port, (url.path or "/") + (f"?{url.query}" if url.query else "")
 
 
 def body_length(head: Head) -> int:

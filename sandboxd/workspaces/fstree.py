@@ -258,72 +258,86 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
         os.close(root)
 
 
+class _Emptying:
+    """The walk of :func:`empty_dir`: the directories it holds open, and what stays."""
+
+    def __init__(self, dir_fd: int) -> None:
+        self.stack = _Stack(dir_fd)
+        self.failures: list[str] = []
+
+    def _stays(self, name: str, why: object) -> None:
+        """``name`` (in the current directory) could not be removed: skip it from now on."""
+        self.stack.top.failed.add(name)
+        self.failures.append(f"{name}: {why}")
+
+    def sweep(self) -> tuple[str | None, bool]:
+        """Unlink the current directory's entries that are not directories, up to the first
+        subdirectory (or entry replaced by one meanwhile); that subdirectory's name to enter
+        (None: there was none), and whether anything was removed."""
+        top, progress = self.stack.top, False
+        with os.scandir(self.stack.fd()) as it:
+            for entry in it:
+                if entry.name in top.failed:
+                    continue
+                if _is_dir(entry):
+                    return entry.name, progress
+                try:
+                    os.unlink(entry.name, dir_fd=self.stack.fd())
+                    progress = True
+                except FileNotFoundError:
+                    progress = True
+                except IsADirectoryError:  # replaced by a directory meanwhile
+                    return entry.name, progress
+                except OSError as exc:
+                    self._stays(entry.name, exc.strerror)
+        return None, progress
+
+    def enter(self, name: str) -> None:
+        """Descend into the subdirectory ``name``; a symlink or file that replaced it is
+        removed as a file; a mount point (another filesystem) is left alone, and reported."""
+        try:
+            if self.stack.push(name):
+                return
+        except OSError as exc:
+            self.failures.append(f"{name}: {exc.strerror}")
+        try:
+            os.unlink(name, dir_fd=self.stack.fd())
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._stays(name, "another filesystem or not removable")
+
+    def leave(self) -> None:
+        """Back up to the parent, removing the directory just emptied."""
+        child = self.stack.pop()
+        try:
+            os.rmdir(child.name, dir_fd=self.stack.fd())
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._stays(child.name, exc.strerror)
+
+
 def empty_dir(dir_fd: int) -> None:
     """Remove everything below the directory ``dir_fd`` (the directory itself stays).
     Raises :class:`TreeError` when something could not be removed."""
-    stack = _Stack(dir_fd)
-    failures: list[str] = []
+    walk = _Emptying(dir_fd)
     try:
         while True:
-            top = stack.top
-            descend = None
-            progress = False
-            with os.scandir(stack.fd()) as it:
-                for entry in it:
-                    if entry.name in top.failed:
-                        continue
-                    try:
-                        is_dir = entry.is_dir(follow_symlinks=False)
-                    except OSError:
-                        is_dir = False
-                    if is_dir:
-                        descend = entry.name
-                        break
-                    try:
-                        os.unlink(entry.name, dir_fd=stack.fd())
-                        progress = True
-                    except FileNotFoundError:
-                        progress = True
-                    except IsADirectoryError:  # replaced by a directory meanwhile
-                        descend = entry.name
-                        break
-                    except OSError as exc:
-                        top.failed.add(entry.name)
-                        failures.append(f"{entry.name}: {exc.strerror}")
+            descend, progress = walk.sweep()
             if descend is not None:
-                try:
-                    entered = stack.push(descend)
-                except OSError as exc:
-                    entered = False
-                    failures.append(f"{descend}: {exc.strerror}")
-                if not entered:
-                    # a symlink or file that replaced the directory: remove it as a file; a
-                    # mount point (another filesystem) is left alone, and reported
-                    try:
-                        os.unlink(descend, dir_fd=stack.fd())
-                    except FileNotFoundError:
-                        pass
-                    except OSError:
-                        top.failed.add(descend)
-                        failures.append(f"{descend}: another filesystem or not removable")
-                continue
-            if progress:
+                walk.enter(descend)
+            elif progress:
                 continue  # entries removed while listing: list again until nothing is left
-            if len(stack.levels) == 1:
+            elif len(walk.stack.levels) == 1:
                 break
-            child = stack.pop()
-            try:
-                os.rmdir(child.name, dir_fd=stack.fd())
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                stack.top.failed.add(child.name)
-                failures.append(f"{child.name}: {exc.strerror}")
+            else:
+                walk.leave()
     finally:
-        stack.close()
-    if failures:
-        raise TreeError(errno.ENOTEMPTY,
-                        f"{len(failures)} entries could not be removed, e.g. {failures[0]}")
+        walk.stack.close()
+    if walk.failures:
+        raise TreeError(errno.ENOTEMPTY, f"{len(walk.failures)} entries could not be "
+                        f"removed, e.g. {walk.failures[0]}")
 
 
 def remove_tree(path: Path) -> None:
