@@ -10,7 +10,9 @@ Two layers, each of which must hold on its own:
   mechanism (:mod:`.cgroups`, :mod:`.contain`, :mod:`.landlock`, :mod:`.seccomp`,
   :mod:`.namespaces`), :mod:`.confine` keeps their order;
 * :mod:`.backend` - :class:`RestrictedBackend`, the daemon side (``Backend`` protocol), with
-  :mod:`.zygote_client`, :mod:`.standby`, :mod:`.outcome` and :mod:`.probe`.
+  :mod:`.zygote_client`, :mod:`.standby`, :mod:`.outcome` and :mod:`.probe`; its functions
+  take one call as one object (:mod:`.worker_call`). A worker checks its own confinement
+  for the probe with :mod:`.self_test`.
 
 Choices worth knowing (details in the module docstrings):
 

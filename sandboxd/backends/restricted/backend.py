@@ -41,11 +41,13 @@ import time
 from typing import Any
 
 from sandboxd.backends.base import Backend, KernelState
+from sandboxd.backends.call import BackendCall
 from sandboxd.backends.restricted import carry, health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
 from sandboxd.backends.restricted.kernel import KernelPool
 from sandboxd.backends.restricted.probe import PROBE_PREFIX, run_probe
+from sandboxd.backends.restricted.worker_call import WorkerCall
 from sandboxd.backends.restricted.zygote_client import (
     StandbyWorker,
     ZygoteDied,
@@ -57,14 +59,13 @@ from sandboxd.host.uids import UidPool
 from sandboxd.models import (
     Cleanup,
     Invocation,
-    Limits,
     ProbeReport,
     Reason,
     Result,
     Status,
     ToolKind,
 )
-from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.call import WorkerReport
 from sandboxd.util.deadline import stop_task
 from sandboxd.workspaces import fstree
 
@@ -286,83 +287,58 @@ class RestrictedBackend(Backend):
     async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Run one python invocation: in its session's kernel when it names a session
         (:mod:`.kernel`), else in a fresh confined worker."""
-        limits = invocation.plan.limits
-        if invocation.plan.kind is not ToolKind.python:
-            return outcome.result(
-                invocation,
-                limits,
-                Status.rejected,
-                Reason.policy,
-                cleanup=Cleanup(verified=True),
-                message=f"the restricted backend only runs python code, "
-                f"not {invocation.plan.kind.value}",
-            )
+        call = BackendCall(invocation, deadline)
         code = invocation.arguments.get("code")
-        if not isinstance(code, str):
-            return outcome.result(
-                invocation,
-                limits,
-                Status.rejected,
-                Reason.policy,
-                cleanup=Cleanup(verified=True),
-                message="argument 'code' must be a string",
-            )
+        refused = self._refusal(call, code)
+        if refused is not None:
+            return refused
+        assert isinstance(code, str)  # else refused
         if invocation.session is not None:
-            if self._start_lock is None or not self.config.enabled:
-                return outcome.result(invocation, limits, Status.error, Reason.exited,
-                                      cleanup=Cleanup(verified=True),
-                                      message=f"sandbox unavailable: {self._unavailable}")
-            return await self.kernels.run(invocation, limits, deadline, code)
-        msg = standby.request(invocation, limits, deadline, code)
-        result, _report = await self.execute(invocation, limits, deadline, msg)
+            return await self.kernels.run(call, code)
+        result, _report = await self.execute(WorkerCall(call, standby.request(call, code)))
         return result
 
-    async def execute(
-        self, inv: Invocation, limits: Limits, deadline: float, msg: WorkerRequest
-    ) -> tuple[Result, WorkerReport | None]:
-        """Run the worker request ``msg``: take a standby worker, run the call on it, build the
+    def _refusal(self, call: BackendCall, code: object) -> Result | None:
+        """The result of a call this backend does not run: not python, no code, or the
+        sandbox unavailable."""
+        kind = call.invocation.plan.kind
+        if kind is not ToolKind.python:
+            return outcome.result(call, Status.rejected, Reason.policy,
+                                  cleanup=Cleanup(verified=True),
+                                  message=f"the restricted backend only runs python code, "
+                                  f"not {kind.value}")
+        if not isinstance(code, str):
+            return outcome.result(call, Status.rejected, Reason.policy,
+                                  cleanup=Cleanup(verified=True),
+                                  message="argument 'code' must be a string")
+        return self._unavailable_result(call)
+
+    def _unavailable_result(self, call: BackendCall) -> Result | None:
+        """The result of a call while the sandbox is unavailable (not started, disabled),
+        None when it is available."""
+        if self._start_lock is not None and self.config.enabled:
+            return None
+        return outcome.result(call, Status.error, Reason.exited, cleanup=Cleanup(verified=True),
+                              message=f"sandbox unavailable: {self._unavailable}")
+
+    async def execute(self, wc: WorkerCall) -> tuple[Result, WorkerReport | None]:
+        """Run the worker call ``wc``: take a standby worker, run the call on it, build the
         result. Returns the result and the worker's final report (None without one)."""
-        started_at = time.monotonic()
-        if self._start_lock is None or not self.config.enabled:
-            return outcome.result(
-                inv,
-                limits,
-                Status.error,
-                Reason.exited,
-                cleanup=Cleanup(verified=True),
-                message=f"sandbox unavailable: {self._unavailable}",
-            ), None
+        unavailable = self._unavailable_result(wc.call)
+        if unavailable is not None:
+            return unavailable, None
         try:
-            z, worker = await self.take_worker(deadline)
+            z, worker = await self.take_worker(wc.deadline)
         except (ZygoteDied, TimeoutError) as exc:
             status, reason = (
                 (Status.timeout, Reason.wall_timeout)
                 if isinstance(exc, TimeoutError)
                 else (Status.error, Reason.exited)
             )
-            return outcome.result(
-                inv,
-                limits,
-                status,
-                reason,
-                cleanup=Cleanup(verified=True),
-                message=f"no sandbox worker: {exc}",
-            ), None
-        ex = await standby.exchange(z, worker, msg, limits, deadline, self.layout,
-                                    inv.events)
-        result = outcome.build_result(
-            inv,
-            limits,
-            msg,
-            ex.reader,
-            ex.reason,
-            ex.exit_info,
-            worker,
-            ex.crashed,
-            started_at,
-            z.pid,
-        )
-        return result, ex.reader.report
+            return outcome.result(wc, status, reason, cleanup=Cleanup(verified=True),
+                                  message=f"no sandbox worker: {exc}"), None
+        seen = await standby.exchange(z, worker, wc, self.layout)
+        return outcome.build_result(wc, seen, worker, z.pid), seen.reader.report
 
     async def take_worker(self, deadline: float) -> tuple[ZygoteHandle, StandbyWorker]:
         """A standby worker by ``deadline`` (``TimeoutError``), from a new zygote when the

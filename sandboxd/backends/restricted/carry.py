@@ -87,11 +87,10 @@ async def _answer(pool: KernelPool, sid: str, k: SessionKernel, reader: FrameRea
         await pool._stop(sid, k, "its snapshot ran out of time")
         return _lost("the state was not pickled in time")
     report = reader.report
-    if reader.violation is not None or reader.overflow or report is None or k.ended:
-        why = reader.violation or ("it wrote more than its output limit" if reader.overflow
-                                   else "it ended without a report")
+    broken = _broken(reader, k)
+    if broken is not None or report is None:
         await pool._stop(sid, k, "its snapshot broke the protocol")
-        return _lost(f"the snapshot failed: {why}")
+        return _lost(f"the snapshot failed: {broken or 'it ended without a report'}")
     busy = await idle.prove_idle(k.worker.pid, k.worker.fd, k.uid, deadline)
     if busy is not None:
         await pool._stop(sid, k, "it was not idle after its snapshot")
@@ -102,6 +101,15 @@ async def _answer(pool: KernelPool, sid: str, k: SessionKernel, reader: FrameRea
         return KernelState(None, not_carried, report.error or report.message
                            or "the kernel sent no state")
     return KernelState(reader.state, not_carried)
+
+
+def _broken(reader: FrameReader, k: SessionKernel) -> str | None:
+    """How the kernel broke the snapshot's protocol: a violation, more than its output limit,
+    or it ended (None: it did not)."""
+    if reader.violation is None and not reader.overflow and not k.ended:
+        return None
+    return reader.violation or ("it wrote more than its output limit" if reader.overflow
+                                else "it ended without a report")
 
 
 def cpu_seconds_used_safe(k: SessionKernel) -> float:

@@ -134,34 +134,50 @@ class FrameReader:
                     break
         except ProtocolError as exc:
             self.violation = str(exc)
+        if self._ends():
+            self._stop()
+
+    def _ends(self) -> bool:
+        """Whether the reading ends after this read: an overflow, a violation, or a kernel's
+        report (then any byte buffered after it is a violation)."""
         if self.until_report and self.report is not None and self.violation is None:
             if self.decoder.buffered:  # the start of a frame after the report
                 self.violation = "bytes after the final report"
-            self._stop()
-        elif self.overflow or self.violation is not None:
-            self._stop()
+            return True
+        return self.overflow or self.violation is not None
 
     def _take(self, kind: bytes, payload: bytes) -> None:
         if self.report is not None:
             raise ProtocolError("a frame after the final report")
         if kind == b"r":
             self.report = check_report(payload)
-            return
-        if kind == b"s":
-            if self.state is not None:
-                raise ProtocolError("a second state frame")
-            self.state = payload
-            return
-        if kind == b"d":
-            item = self.displays.take(payload)
-            if item is not None:
-                item.at = Position(**self.relay.position())  # where it happened, for order
-                emit(self.events, "display", item.model_dump(mode="json"))
-            return
+        elif kind == b"s":
+            self._take_state(payload)
+        elif kind == b"d":
+            self._take_display(payload)
+        else:
+            self._take_output(kind, payload)
+
+    def _take_state(self, payload: bytes) -> None:
+        """A kernel's pickled state (one frame at most)."""
+        if self.state is not None:
+            raise ProtocolError("a second state frame")
+        self.state = payload
+
+    def _take_display(self, payload: bytes) -> None:
+        """A display item, kept when the caps admit it, with where it happened in the output
+        (for order), and relayed to a streaming caller."""
+        item = self.displays.take(payload)
+        if item is not None:
+            item.at = Position(**self.relay.position())
+            emit(self.events, "display", item.model_dump(mode="json"))
+
+    def _take_output(self, kind: bytes, payload: bytes) -> None:
+        """stdout (``o``) or stderr, within one cap for both (protocol.rules)."""
         target = self.stdout if kind == b"o" else self.stderr
         target += payload
         self.relay.feed("stdout" if kind == b"o" else "stderr", payload)
-        if len(self.stdout) + len(self.stderr) > self.cap:  # one cap for both (protocol.rules)
+        if len(self.stdout) + len(self.stderr) > self.cap:
             self.overflow = True
 
     def _stop(self) -> None:

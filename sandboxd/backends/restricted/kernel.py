@@ -55,9 +55,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.call import BackendCall
 from sandboxd.backends.kernel_verdict import Ended, Observed, kernel_verdict
 from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.frames import FrameReader
+from sandboxd.backends.restricted.worker_call import Exchange, WorkerCall
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
 from sandboxd.host.procinfo import pidfd_dead
@@ -213,14 +215,15 @@ class KernelPool:
         if self.kernels.get(sid) is k:
             self.running.discard(sid)
 
-    async def run(self, inv: Invocation, limits: Limits, deadline: float, code: str) -> Result:
-        """Run ``code`` in the kernel of ``inv.session`` (started when it has none)."""
+    async def run(self, call: BackendCall, code: str) -> Result:
+        """Run ``code`` in the kernel of the call's session (started when it has none)."""
+        inv, limits, deadline = call.invocation, call.limits, call.deadline
         sid = inv.session
         assert sid is not None
         lock = self.locks.setdefault(sid, asyncio.Lock())
         async with lock:
             if sid in self.closed:
-                result = outcome.result(inv, limits, Status.error, Reason.exited,
+                result = outcome.result(call, Status.error, Reason.exited,
                                         cleanup=Cleanup(verified=True),
                                         message="the session was closed")
                 result.kernel = Kernel(lost=True, reason="the session was closed")
@@ -232,7 +235,7 @@ class KernelPool:
                 k = None
             if time.monotonic() >= deadline:  # it waited for the session's previous calls
                 result = outcome.result(
-                    inv, limits, Status.timeout, Reason.wall_timeout,
+                    call, Status.timeout, Reason.wall_timeout,
                     cleanup=Cleanup(verified=True),
                     message="the call's time ran out while it waited for the session's "
                             "previous call; it did not run (the session's state is kept)")
@@ -240,20 +243,21 @@ class KernelPool:
                 return result
             if k is not None:  # memory, CPU share, pids, rlimits: the kernel's (its first call's)
                 limits = limits.kept_by_kernel(k.limits)
-            msg = replace(standby.request(inv, limits, deadline, code), kernel=True)
+            wc = WorkerCall(call, replace(standby.request(call, code), limits=limits,
+                                          kernel=True))
             if k is None:
-                return await self._first(inv, limits, deadline, msg)
-            return await self._call(k, inv, limits, deadline, msg, fresh=False)
+                return await self._first(wc)
+            return await self._call(k, wc, fresh=False)
 
-    async def _first(self, inv: Invocation, limits: Limits, deadline: float,
-                     msg: WorkerRequest) -> Result:
+    async def _first(self, wc: WorkerCall) -> Result:
+        inv, limits, deadline, msg = wc.invocation, wc.limits, wc.deadline, wc.request
         started_at = time.monotonic()
         try:
             z, worker = await self.backend.take_worker(deadline)
         except (ZygoteDied, TimeoutError) as exc:
             status, reason = ((Status.timeout, Reason.wall_timeout)
                               if isinstance(exc, TimeoutError) else (Status.error, Reason.exited))
-            result = outcome.result(inv, limits, status, reason, cleanup=Cleanup(verified=True),
+            result = outcome.result(wc, status, reason, cleanup=Cleanup(verified=True),
                                     message=f"no sandbox worker: {exc}")
             result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
             return result
@@ -262,7 +266,7 @@ class KernelPool:
         assert inv.session is not None
         self._started(inv.session, k)
         state = self.pending.pop(inv.session, b"")
-        return await self._call(k, inv, limits, deadline, replace(msg, state_bytes=len(state)),
+        return await self._call(k, replace(wc, request=replace(msg, state_bytes=len(state))),
                                 fresh=True, started_at=started_at, state=state)
 
     def _move_cpu_limit(self, k: SessionKernel, msg: WorkerRequest) -> WorkerRequest:
@@ -283,9 +287,9 @@ class KernelPool:
                          "limit themselves (the wall-clock deadline bounds every call)")
         return msg
 
-    async def _call(self, k: SessionKernel, inv: Invocation, limits: Limits, deadline: float,
-                    msg: WorkerRequest, *, fresh: bool,
+    async def _call(self, k: SessionKernel, wc: WorkerCall, *, fresh: bool,
                     started_at: float | None = None, state: bytes = b"") -> Result:
+        inv, limits, deadline, msg = wc.invocation, wc.limits, wc.deadline, wc.request
         started_at = time.monotonic() if started_at is None else started_at
         z, worker = k.zygote, k.worker
         run = _Run(msg, state=state)
@@ -311,24 +315,25 @@ class KernelPool:
         seen = Observed(Ended.FINISHED, fresh, k.calls, back=not run.lost,
                         interrupted=run.interrupted)
         if run.lost:
-            result = self._result(inv, limits, reader, run, k, started_at, None)
+            result = self._result(wc, reader, run, k, started_at, None)
             await self._finish(inv.session, k, run.exit_info)
             why = result.termination.reason
             seen = replace(seen, stopped=k.ended, crashed=why is Reason.exited, termination=why)
             result.kernel = kernel_verdict(seen).kernel
             return result
         verdict = kernel_verdict(seen)
-        result = self._result(inv, limits, reader, run, k, started_at,
+        result = self._result(wc, reader, run, k, started_at,
                               Cleanup(verified=True, detail=verdict.detail))
         result.kernel = verdict.kernel
         return result
 
     @staticmethod
-    def _result(inv: Invocation, limits: Limits, reader: FrameReader, run: _Run,
+    def _result(wc: WorkerCall, reader: FrameReader, run: _Run,
                 k: SessionKernel, started_at: float, kept: Cleanup | None) -> Result:
         """The call's result (:func:`.outcome.build_result`, as for a one-shot call)."""
-        return outcome.build_result(inv, limits, run.msg, reader, run.reason, run.exit_info,
-                                    k.worker, run.crashed, started_at, k.zygote.pid, kept)
+        wc = WorkerCall(replace(wc.call, started=started_at), run.msg)
+        seen = Exchange(reader, run.reason, run.crashed, run.exit_info)
+        return outcome.build_result(wc, seen, k.worker, k.zygote.pid, kept)
 
     async def _exchange(self, k: SessionKernel, inv: Invocation, deadline: float,
                         reader: FrameReader, run: _Run, fresh: bool) -> None:

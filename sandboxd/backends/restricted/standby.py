@@ -12,32 +12,19 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.call import BackendCall
 from sandboxd.backends.restricted import health, outcome
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.frames import FrameReader
+from sandboxd.backends.restricted.worker_call import Exchange, WorkerCall
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER, cgroup_limits
-from sandboxd.models import Invocation, Limits, Reason
+from sandboxd.models import Reason
 from sandboxd.protocol.call import ProbeKind, WorkerRequest
-from sandboxd.results.streaming import EventSink
 from sandboxd.util.deadline import within
-
-
-@dataclass
-class Exchange:
-    """What the daemon saw of one call on a worker."""
-
-    reader: FrameReader
-    #: a limit the daemon enforced (deadline, output), None otherwise
-    reason: Reason | None
-    #: why the call failed on the daemon's side (protocol violation, zygote gone), if it did
-    crashed: str | None
-    #: the worker's exit report (zygote's or the daemon's own), None when there is none
-    exit_info: dict[str, Any] | None
 
 
 def kill_worker(z: ZygoteHandle, worker: StandbyWorker) -> None:
@@ -60,27 +47,22 @@ async def abort(z: ZygoteHandle, worker: StandbyWorker, layout: CgroupLayout) ->
 
 
 async def exchange(
-    z: ZygoteHandle,
-    worker: StandbyWorker,
-    msg: WorkerRequest,
-    limits: Limits,
-    deadline: float,
-    layout: CgroupLayout,
-    events: EventSink | None = None,
+    z: ZygoteHandle, worker: StandbyWorker, wc: WorkerCall, layout: CgroupLayout
 ) -> Exchange:
-    """Run the call ``msg`` on ``worker`` (taken from ``z``). On cancellation the worker is
+    """Run the call ``wc`` on ``worker`` (taken from ``z``). On cancellation the worker is
     killed and reaped first, then :class:`CancelledAfterCleanup` is raised."""
     loop = asyncio.get_running_loop()
+    msg, limits = wc.request, wc.limits
     reason: Reason | None = None
     exit_info: dict[str, Any] | None = None
     crashed: str | None = None
     z.took(worker, cgroup_limits(limits), probe=msg.probe is not None)
     reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
-                         display=msg.display, events=events)
+                         display=msg.display, events=wc.invocation.events)
     z.in_use += 1
     try:
         await send(loop, worker, msg)
-        finished, _ = await within(reader.done.wait(), deadline - time.monotonic())
+        finished, _ = await within(reader.done.wait(), wc.deadline - time.monotonic())
         if not finished:
             reason = Reason.wall_timeout
         if reader.violation is not None and reason is None:
@@ -106,11 +88,11 @@ async def exchange(
     return Exchange(reader, reason, crashed, exit_info)
 
 
-def request(
-    inv: Invocation, limits: Limits, deadline: float, code: str, probe: ProbeKind | None = None
-) -> WorkerRequest:
-    """The request a worker gets for one call (``probe``: a self-test instead of ``code``)."""
-    remaining = max(0.05, deadline - time.monotonic())
+def request(call: BackendCall, code: str, probe: ProbeKind | None = None) -> WorkerRequest:
+    """The request a worker gets for one call, under the plan's limits (``probe``: a
+    self-test instead of ``code``)."""
+    inv, limits = call.invocation, call.limits
+    remaining = max(0.05, call.deadline - time.monotonic())
     return WorkerRequest(
         kind="python", id=f"c{secrets.token_hex(8)}", code=code,
         imports_allow=inv.plan.imports_allow, imports_deny=inv.plan.imports_deny,

@@ -1,6 +1,6 @@
 """A sandbox worker, the zygote's child: it prepares itself before its call (cgroup, limits
 preset), waits for its one request, confines itself (:func:`confine.enter_sandbox`), runs the
-code restricted (:mod:`.lang`) or the readiness self-test (:func:`self_test`), and reports in
+code restricted (:mod:`.lang`) or the readiness self-test (:mod:`.self_test`), and reports in
 :mod:`sandboxd.protocol.wire` frames.
 A request with ``"kernel": true`` makes it a session kernel: after
 the report it stays, confined as it is, and runs the session's next requests in the same
@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]
 import _socket
-import errno
 import json
-import os
 import resource
 import signal
-import socket
 import time
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
+from sandboxd.backends.restricted.self_test import self_test
 from sandboxd.backends.restricted.zygote_protocol import recv_exact, recv_msg, write_all
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import KERNEL_SURVIVES, WorkerReport, WorkerRequest
+
+if TYPE_CHECKING:
+    from sandboxd.backends.restricted.confine import ChildSpec
 
 #: what a kernel blocks while it waits for its next call (see .idle); blocked with the C
 #: module's ``pthread_sigmask`` (2 us a call: ``signal``'s wraps every number in an enum)
@@ -105,6 +107,34 @@ def prime(rounds: int = 12) -> None:
     lang.reset_run_state()
 
 
+class _Quit(Exception):
+    """The daemon hung up before the call could start: the worker exits quietly."""
+
+
+@dataclass(frozen=True)
+class _Standby:
+    """What a standby worker was given by the zygote to prepare and confine itself with."""
+
+    cgroup: str
+    cfg: dict[str, Any]
+    layout: Any
+    program: Any
+    preset: tuple[int, float, int]
+    lifeline: int
+
+
+@dataclass(frozen=True)
+class _Confined:
+    """A worker confined for its call: where its code runs and how it writes frames. A
+    session kernel keeps ``namespace`` between calls (None: a one-shot worker)."""
+
+    spec: ChildSpec
+    workspace: str
+    wfd: int
+    emit: Callable[[bytes, bytes], None]
+    namespace: dict[str, Any] | None
+
+
 def run_worker(
     sock: _socket.socket,
     cgroup: str,
@@ -115,120 +145,33 @@ def run_worker(
     lifeline: int,
 ) -> int:
     """A standby worker: prepares itself, waits for its one call, confines itself, runs it.
-    Returns the exit status for ``os._exit``."""
-    from sandboxd.backends.restricted import confine, contain, lang, namespaces
+    Returns the exit status for ``os._exit``. Every report frame is written here."""
+    from sandboxd.backends.restricted import contain
 
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
-    setup_error: str | None = None
+    standby = _Standby(cgroup, cfg, layout, program, preset, lifeline)
     try:
-        confine.prepare_worker([sock.fileno(), lifeline], layout, cgroup, preset)
-        if cfg.get("namespaces"):
-            namespaces.enter_ipc_namespace()
-        contain.prctl(contain.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if namespaces.parent_gone(lifeline):
-            return 0
-    except BaseException as exc:
-        setup_error = f"{type(exc).__name__}: {exc}"
-    baseline = contain.vm_size()
-    try:
-        raw = recv_msg(sock)
-    except (EOFError, OSError, ValueError):
+        setup_error = _prepare(sock, standby)
+        baseline = contain.vm_size()
+        raw = _receive(sock, recv_msg)
+        t_recv = time.perf_counter()
+        emit = _emitter(sock.fileno())
+        entered = _enter(sock, raw, setup_error, standby, baseline)
+    except _Quit:
         return 0
-    t_recv = time.perf_counter()
-    wfd = sock.fileno()
-
-    def emit(kind: bytes, data: bytes) -> None:
-        STATE.emitting = True
-        try:
-            write_all(wfd, wire.encode(kind, data))
-        finally:
-            STATE.emitting = False
-        after_emit()
-
-    msg: WorkerRequest | None = None
-    if setup_error is None:
-        try:  # decoded once: its limits are the confinement's and the call's
-            msg = WorkerRequest.from_wire(raw)
-        except ValueError as exc:
-            setup_error = f"the call's request: {exc}"
-    state = b""  # a fork's first call: its parent's pickled state follows the request
-    if msg is not None and msg.state_bytes and setup_error is None:
-        try:
-            state = recv_exact(sock, msg.state_bytes)
-        except (EOFError, OSError):
-            return 0
-    uid = msg.uid if msg is not None else None
-    uid_range = cfg.get("uid_range")
-    if setup_error is None and uid_range is not None and (
-        uid is None or not uid_range[0] <= uid < uid_range[0] + uid_range[1]
-    ):
-        setup_error = f"the call's uid {uid!r} is not a sandbox uid"
-    if setup_error is None and msg is not None:
-        spec = confine.ChildSpec(
-            cgroup=cgroup,
-            workspace=msg.workspace,
-            limits=msg.limits,
-            cpu_seconds=msg.cpu_seconds,
-            max_file_bytes=msg.max_file_bytes,
-            uid=uid if uid_range is not None else None,
-            gid=uid if uid_range is not None else None,
-            zygote_pid=cfg["zygote_pid"],
-            chroot=bool(cfg.get("chroot")),
-            baseline_vm=baseline,
-            applied=preset,
-            landlock_abi=int(cfg.get("landlock_abi", 0)),
-            lifeline_fd=lifeline,
-            # a kernel moves its soft CPU limit for every call (see move_cpu_limit)
-            cpu_hard=resource.RLIM_INFINITY if msg.kernel else None,
-        )
-        try:
-            confine.enter_sandbox(spec, layout, program)
-        except MemoryError as exc:  # the call's memory limit is below the worker's needs
-            emit(b"r", _report(WorkerReport(outcome="memory_limit", message=str(exc)[:4096])))
-            return 70
-        except BaseException as exc:
-            setup_error = f"{type(exc).__name__}: {exc}"
-    if setup_error is not None or msg is None:
-        emit(b"r", _report(WorkerReport(outcome="setup_error",
-                                        message=str(setup_error)[:4096])))
+    if isinstance(entered, WorkerReport):  # the call cannot run
+        emit(b"r", _report(entered))
         return 70
+    msg, spec, state = entered
     import warnings
 
     warnings.simplefilter("ignore")
-    workspace = "/" if spec.chroot else spec.workspace
-    # a session kernel keeps its namespace between calls
-    namespace: dict[str, Any] | None = {} if msg.kernel and msg.probe is None else None
-    if namespace is not None:
-        signal.signal(signal.SIGXCPU, cpu_exceeded)
-        # the daemon interrupts a kernel's call before it kills it (the
-        # session keeps its state if the code comes back); a handler, so
-        # that the signal reaches a kernel that is PID 1 of its namespace
-        signal.signal(signal.SIGINT, interrupt_user_code)
+    worker = _Confined(spec, "/" if spec.chroot else spec.workspace, sock.fileno(), emit,
+                       _kernel_namespace(msg))
     while True:
-        if msg.probe is not None:
-            report = self_test(msg)
-        elif msg.snapshot and namespace is not None:
-            report = snapshot_state(namespace, msg, wfd)
-        elif state and namespace is not None and (
-                failed := restore_state(namespace, state, msg, workspace, spec, emit)):
-            report = WorkerReport(outcome="error", exit_code=1, message=failed)
-        else:
-            report = WorkerReport(**lang.run_user_code(
-                msg.code,
-                imports_allow=list(msg.imports_allow),
-                imports_deny=list(msg.imports_deny),
-                workspace=workspace,
-                output_bytes=msg.limits.output_bytes,
-                max_file_bytes=spec.max_file_bytes,
-                emit=emit,
-                namespace=namespace,
-                display=msg.display.to_wire(),
-            ))
+        report = replace(_answer(worker, msg, state),
+                         worker_us=int((time.perf_counter() - t_recv) * 1e6))
         state = b""
-        report = replace(report, worker_us=int((time.perf_counter() - t_recv) * 1e6))
-        parks = namespace is not None and report.outcome in KERNEL_SURVIVES
+        parks = worker.namespace is not None and report.outcome in KERNEL_SURVIVES
         # a kernel that goes on waits for the session's next call, already confined (same
         # chroot, uid, seccomp filter, Landlock domain, rlimits and cgroup), with every signal
         # blocked from before its report: the daemon proves from outside that it is parked in
@@ -240,17 +183,173 @@ def run_worker(
         emit(b"r", _report(report))
         if mask is None:
             return 0
-        # the daemon closing the socket (EOF) ends it. ``read``, not ``recv``: the seccomp
-        # filter denies the latter
         try:
-            msg = WorkerRequest.from_wire(recv_msg(sock, use_read=True))
-        except (EOFError, OSError, ValueError):
+            msg, t_recv = _next_call(sock, mask)
+        except _Quit:
             return 0
-        _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        t_recv = time.perf_counter()
-        if msg.kind != "python" or msg.probe is not None:
-            return 0
-        move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
+
+
+def _prepare(sock: _socket.socket, standby: _Standby) -> str | None:
+    """The standby part, before the call is known: default signal handlers, then
+    :func:`confine.prepare_worker`, the IPC namespace and the parent-death signal. Returns why
+    it failed (told in the call's report), None when it did not; raises :class:`_Quit` when
+    the zygote is already gone."""
+    from sandboxd.backends.restricted import confine, contain, namespaces
+
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        confine.prepare_worker([sock.fileno(), standby.lifeline], standby.layout,
+                               standby.cgroup, standby.preset)
+        if standby.cfg.get("namespaces"):
+            namespaces.enter_ipc_namespace()
+        contain.prctl(contain.PR_SET_PDEATHSIG, signal.SIGKILL)
+        gone = namespaces.parent_gone(standby.lifeline)
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if gone:
+        raise _Quit
+    return None
+
+
+def _receive(sock: _socket.socket, recv: Callable[[_socket.socket], Any]) -> Any:
+    """``recv(sock)``; the daemon hanging up (or a broken message) raises :class:`_Quit`."""
+    try:
+        return recv(sock)
+    except (EOFError, OSError, ValueError):
+        raise _Quit from None
+
+
+def _emitter(wfd: int) -> Callable[[bytes, bytes], None]:
+    """How the worker writes a frame to the daemon (user code is told it is emitting, and
+    checked for its limits after)."""
+
+    def emit(kind: bytes, data: bytes) -> None:
+        STATE.emitting = True
+        try:
+            write_all(wfd, wire.encode(kind, data))
+        finally:
+            STATE.emitting = False
+        after_emit()
+
+    return emit
+
+
+def _setup_failed(why: str) -> WorkerReport:
+    """The report of a call whose set-up failed (its code never ran)."""
+    return WorkerReport(outcome="setup_error", message=why[:4096])
+
+
+def _enter(sock: _socket.socket, raw: Any, setup_error: str | None, standby: _Standby,
+           baseline: int) -> tuple[WorkerRequest, ChildSpec, bytes] | WorkerReport:
+    """Decode the call's request (and a fork's state after it), check its uid, and confine
+    this process for it (:func:`confine.enter_sandbox`). Returns the call, its spec and state,
+    or the report of a call that cannot run; raises :class:`_Quit` when the daemon hangs up."""
+    from sandboxd.backends.restricted import confine
+
+    if setup_error is not None:
+        return _setup_failed(setup_error)
+    try:  # decoded once: its limits are the confinement's and the call's
+        msg = WorkerRequest.from_wire(raw)
+    except ValueError as exc:
+        return _setup_failed(f"the call's request: {exc}")
+    # a fork's first call: its parent's pickled state follows the request
+    state = _receive(sock, lambda s: recv_exact(s, msg.state_bytes)) if msg.state_bytes else b""
+    uid_range = standby.cfg.get("uid_range")
+    if uid_range is not None and (
+        msg.uid is None or not uid_range[0] <= msg.uid < uid_range[0] + uid_range[1]
+    ):
+        return _setup_failed(f"the call's uid {msg.uid!r} is not a sandbox uid")
+    spec = _child_spec(msg, standby, baseline)
+    try:
+        confine.enter_sandbox(spec, standby.layout, standby.program)
+    except MemoryError as exc:  # the call's memory limit is below the worker's needs
+        return WorkerReport(outcome="memory_limit", message=str(exc)[:4096])
+    except BaseException as exc:
+        return _setup_failed(f"{type(exc).__name__}: {exc}")
+    return msg, spec, state
+
+
+def _child_spec(msg: WorkerRequest, standby: _Standby, baseline: int) -> ChildSpec:
+    """How this worker confines itself for the call ``msg``: as the call's uid (= gid) when
+    the zygote hands out sandbox uids."""
+    from sandboxd.backends.restricted import confine
+
+    cfg = standby.cfg
+    uid = msg.uid if cfg.get("uid_range") is not None else None
+    return confine.ChildSpec(
+        cgroup=standby.cgroup,
+        workspace=msg.workspace,
+        limits=msg.limits,
+        cpu_seconds=msg.cpu_seconds,
+        max_file_bytes=msg.max_file_bytes,
+        uid=uid,
+        gid=uid,
+        zygote_pid=cfg["zygote_pid"],
+        chroot=bool(cfg.get("chroot")),
+        baseline_vm=baseline,
+        applied=standby.preset,
+        landlock_abi=int(cfg.get("landlock_abi", 0)),
+        lifeline_fd=standby.lifeline,
+        # a kernel moves its soft CPU limit for every call (see move_cpu_limit)
+        cpu_hard=resource.RLIM_INFINITY if msg.kernel else None,
+    )
+
+
+def _kernel_namespace(msg: WorkerRequest) -> dict[str, Any] | None:
+    """A session kernel's namespace, kept between its calls, with its signal handlers set;
+    None for a one-shot worker (or a probe)."""
+    if not msg.kernel or msg.probe is not None:
+        return None
+    signal.signal(signal.SIGXCPU, cpu_exceeded)
+    # the daemon interrupts a kernel's call before it kills it (the session keeps its state
+    # if the code comes back); a handler, so that the signal reaches a kernel that is PID 1
+    # of its namespace
+    signal.signal(signal.SIGINT, interrupt_user_code)
+    return {}
+
+
+def _answer(worker: _Confined, msg: WorkerRequest, state: bytes) -> WorkerReport:
+    """The report of one call: the self-test, a kernel's snapshot, a fork's state that could
+    not be restored, or the call's code run restricted."""
+    from sandboxd.backends.restricted import lang
+
+    namespace = worker.namespace
+    if msg.probe is not None:
+        return self_test(msg)
+    if msg.snapshot and namespace is not None:
+        return snapshot_state(namespace, msg, worker.wfd)
+    if state and namespace is not None and (
+            failed := restore_state(namespace, state, msg, worker.workspace, worker.spec,
+                                    worker.emit)):
+        return WorkerReport(outcome="error", exit_code=1, message=failed)
+    return WorkerReport(**lang.run_user_code(
+        msg.code,
+        imports_allow=list(msg.imports_allow),
+        imports_deny=list(msg.imports_deny),
+        workspace=worker.workspace,
+        output_bytes=msg.limits.output_bytes,
+        max_file_bytes=worker.spec.max_file_bytes,
+        emit=worker.emit,
+        namespace=namespace,
+        display=msg.display.to_wire(),
+    ))
+
+
+def _next_call(sock: _socket.socket, mask: Any) -> tuple[WorkerRequest, float]:
+    """A parked kernel's next request and when it came, its signal mask restored and its CPU
+    limit moved for the call; the daemon closing the socket (EOF), or a request a kernel does
+    not run, raises :class:`_Quit`. ``read``, not ``recv``: the seccomp filter denies the
+    latter."""
+    msg: WorkerRequest = _receive(
+        sock, lambda s: WorkerRequest.from_wire(recv_msg(s, use_read=True)))
+    _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    t_recv = time.perf_counter()
+    if msg.kind != "python" or msg.probe is not None:
+        raise _Quit
+    move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
+    return msg, t_recv
 
 
 def snapshot_state(namespace: dict[str, Any], msg: WorkerRequest, wfd: int) -> WorkerReport:
@@ -348,66 +447,3 @@ def move_cpu_limit(allowance: int) -> None:
 def _report(report: WorkerReport) -> bytes:
     """The payload of an ``r`` frame."""
     return json.dumps(report.to_wire()).encode()
-
-
-def self_test(msg: WorkerRequest) -> WorkerReport:
-    """Trusted self-test code run inside a fully confined worker (readiness probe)."""
-    from sandboxd.backends.restricted import contain, landlock
-
-    checks: dict[str, tuple[bool, str]] = {}
-    if msg.probe == "memory":
-        limit = msg.limits.memory_bytes
-        blocks: list[bytes] = []
-        try:
-            while len(blocks) * (4 << 20) < 3 * limit:
-                blocks.append(b"x" * (4 << 20))
-        except MemoryError:
-            return WorkerReport(outcome="memory_limit", probe={
-                "memory_limit": (True, f"MemoryError after {len(blocks) * 4} MiB")})
-        return WorkerReport(outcome="ok", probe={
-            "memory_limit": (False, f"allocated {len(blocks) * 4} MiB without hitting the "
-                                    "limit")})
-    try:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.close()
-        checks["socket_blocked"] = (False, "socket() succeeded")
-    except OSError as exc:
-        checks["socket_blocked"] = (exc.errno == errno.EPERM, f"socket(): {exc}")
-    target = msg.outside_path
-    try:
-        with open(target, "w") as f:
-            f.write("escaped")
-        checks["write_outside_blocked"] = (False, f"wrote {target}")
-    except OSError as exc:
-        checks["write_outside_blocked"] = (True, f"open(outside, 'w'): {type(exc).__name__}")
-    uid = os.getuid()
-    abi = landlock.landlock_abi()
-    checks["landlock"] = (
-        abi == 0 or landlock.LANDLOCK_STATUS.startswith("enforced"),
-        landlock.LANDLOCK_STATUS,
-    )
-    checks["unprivileged"] = (uid != 0 or not msg.expect_unprivileged, f"uid {uid}")
-    pid = os.getpid()
-    checks["pid_namespace"] = (
-        pid == 1 or not msg.expect_namespaces,
-        f"pid {pid} in its own PID namespace" if pid == 1 else
-        f"pid {pid}: no PID namespace" + (f" ({msg.no_namespaces_reason}; sandboxes are "
-                                          "separated by uid and seccomp)"
-                                          if msg.no_namespaces_reason else ""),
-    )
-    try:
-        mode = contain.prctl(contain.PR_GET_SECCOMP)
-    except OSError:
-        mode = -1
-    try:
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        forked = True
-    except OSError:
-        forked = False
-    checks["seccomp"] = (
-        mode == 2 and not forked,
-        f"seccomp mode {mode}, fork {'allowed' if forked else 'denied'}",
-    )
-    return WorkerReport(outcome="ok", probe=checks)

@@ -226,6 +226,48 @@ def reset_run_state() -> None:
     linecache.cache.pop(SANDBOX_FILENAME, None)
 
 
+def _exit_code(exc: SystemExit, stderr: OutputStream) -> int:
+    """The exit code of the user's ``SystemExit``: 0 for none, its number (mod 256), else 1
+    with its argument written to stderr (as Python does)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    stderr.write_raw(f"{code}\n")
+    return 1
+
+
+def _end_report(report: dict[str, Any], stderr: OutputStream, output_bytes: int) -> None:
+    """After the user's code: a limit it met (memory, or one :data:`STATE` recorded) decides
+    the report; else a call that ended ``ok`` reports its value."""
+    if STATE.memory_hit:
+        report.update(outcome="memory_limit", exit_code=1)
+        stderr.write_raw("MemoryError: the memory limit was exceeded\n")
+    elif STATE.limit_hit is not None:
+        report.update(outcome=STATE.limit_hit.reason, exit_code=1, message=str(STATE.limit_hit))
+    elif report["outcome"] == "ok" and STATE.has_value:
+        _report_value(report, stderr, output_bytes)
+
+
+def _report_value(report: dict[str, Any], stderr: OutputStream, output_bytes: int) -> None:
+    """The call's value in ``report`` (:func:`encode_value`, and Python's view of it when its
+    JSON changes it); why it is omitted or shown as text goes to stderr."""
+    try:
+        report["value"], note = encode_value(STATE.value, output_bytes)
+        # Python's view of a value JSON changes (a tuple), when the value is its JSON
+        # (not its repr already: a value that is no JSON)
+        as_json = report["value"] is not None and not (
+            isinstance(report["value"], str) and not isinstance(STATE.value, str))
+        shown = value_repr(STATE.value) if as_json else None
+        if shown is not None and len(json.dumps(shown)) <= output_bytes:
+            report["value_repr"] = shown
+    except BaseException as exc:
+        report["value"], note = None, f"value omitted: {type(exc).__name__}"
+    if note:
+        stderr.write_raw(note + "\n")
+
+
 def run_user_code(
     source: str,
     *,
@@ -289,14 +331,7 @@ def run_user_code(
     except LimitExceeded:
         pass
     except SystemExit as exc:
-        code_ = exc.code
-        if code_ is None:
-            report["exit_code"] = 0
-        elif isinstance(code_, int):
-            report["exit_code"] = code_ & 0xFF
-        else:
-            stderr.write_raw(f"{code_}\n")
-            report["exit_code"] = 1
+        report["exit_code"] = _exit_code(exc, stderr)
         if report["exit_code"] != 0:
             report.update(outcome="error", message="SystemExit")
     except BaseException as exc:  # user exceptions, KeyboardInterrupt (an interrupt)...
@@ -305,25 +340,7 @@ def run_user_code(
         except BaseException:
             stderr.write_raw(f"{type(exc).__name__}\n")
         report.update(outcome="error", exit_code=1, message=exception_line(exc))
-    if STATE.memory_hit:
-        report.update(outcome="memory_limit", exit_code=1)
-        stderr.write_raw("MemoryError: the memory limit was exceeded\n")
-    elif STATE.limit_hit is not None:
-        report.update(outcome=STATE.limit_hit.reason, exit_code=1, message=str(STATE.limit_hit))
-    elif report["outcome"] == "ok" and STATE.has_value:
-        try:
-            report["value"], note = encode_value(STATE.value, output_bytes)
-            # Python's view of a value JSON changes (a tuple), when the value is its JSON
-            # (not its repr already: a value that is no JSON)
-            as_json = report["value"] is not None and not (
-                isinstance(report["value"], str) and not isinstance(STATE.value, str))
-            shown = value_repr(STATE.value) if as_json else None
-            if shown is not None and len(json.dumps(shown)) <= output_bytes:
-                report["value_repr"] = shown
-        except BaseException as exc:
-            report["value"], note = None, f"value omitted: {type(exc).__name__}"
-        if note:
-            stderr.write_raw(note + "\n")
+    _end_report(report, stderr, output_bytes)
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, old_alarm)
     report["truncated_stdout"] = stdout.truncated

@@ -32,6 +32,7 @@ import io
 import pickle
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -143,21 +144,32 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         if isinstance(obj, ModuleProxy):
             return ("module", obj.__dict__["__name__"])
         if type(obj) is type or (isinstance(obj, type) and type(obj) in ALLOWED_METACLASSES):
-            for name, host in _HOST_TYPES.items():
-                if obj is host:
-                    return ("type", name)
-            if obj in _METAS:
-                return ("meta", _METAS.index(obj))
-            if obj in user_classes or id(obj) in self.exposed:
-                return None
-            raise pickle.PicklingError(f"{obj.__qualname__} is a class of the host")
+            return self._class_id(obj)
         if _by_reference(obj) and not (isinstance(obj, types.FunctionType)
                                        and obj.__globals__ is self.namespace):
-            if id(obj) in self.exposed or id(obj) in _RECONSTRUCTOR_IDS:
-                return None
-            name = getattr(obj, "__qualname__", type(obj).__name__)
-            raise pickle.PicklingError(f"{name} is a function of the host")
+            return self._function_id(obj)
         return None
+
+    def _class_id(self, cls: type) -> Any:
+        """A class: a host type cloudpickle needs and an allowed metaclass by reference, a
+        user class or one an allowed module exposes by value (None); any other class of the
+        host is refused."""
+        known = next((name for name, host in _HOST_TYPES.items() if cls is host), None)
+        if known is not None:
+            return ("type", known)
+        if cls in _METAS:
+            return ("meta", _METAS.index(cls))
+        if cls in user_classes or id(cls) in self.exposed:
+            return None
+        raise pickle.PicklingError(f"{cls.__qualname__} is a class of the host")
+
+    def _function_id(self, func: Any) -> None:
+        """A function not of the namespace: pickled as cloudpickle does when an allowed
+        module exposes it or it is one of cloudpickle's reconstructors; else refused."""
+        if id(func) in self.exposed or id(func) in _RECONSTRUCTOR_IDS:
+            return None
+        name = getattr(func, "__qualname__", type(func).__name__)
+        raise pickle.PicklingError(f"{name} is a function of the host")
 
     def _function_getnewargs(self, func: Any) -> Any:
         if func.__globals__ is not self.namespace:  # checked above: never reached
@@ -194,6 +206,18 @@ def _dump(obj: Any, namespace: dict[str, Any], exposed: dict[int, Any],
     return Pickled(sink.parts, sink.size)
 
 
+def _dump_or_why(obj: Any, namespace: dict[str, Any], exposed: dict[int, Any],
+                 limit: int) -> Pickled | str:
+    """:func:`_dump`, or why ``obj`` cannot be pickled; going past the limit raises
+    :class:`TooLarge` (nothing is carried then)."""
+    try:
+        return _dump(obj, namespace, exposed, limit)
+    except TooLarge:
+        raise
+    except Exception as exc:
+        return _why(exc)
+
+
 def snapshot(namespace: dict[str, Any], hook: ImportHook,
              limit: int) -> tuple[Pickled | None, dict[str, str], str | None]:
     """``(blob, not_carried, error)``: the pickled user names of ``namespace`` (``None`` and
@@ -202,19 +226,14 @@ def snapshot(namespace: dict[str, Any], hook: ImportHook,
     names = user_names(namespace)
     not_carried: dict[str, str] = {}
     try:
-        try:
-            return _dump({n: namespace[n] for n in names}, namespace, exposed, limit), {}, None
-        except TooLarge:
-            raise
-        except Exception:  # find the culprits one by one, then carry the others together
-            pass
+        whole = _dump_or_why({n: namespace[n] for n in names}, namespace, exposed, limit)
+        if isinstance(whole, Pickled):
+            return whole, {}, None
+        # find the culprits one by one, then carry the others together
         for name in names:
-            try:
-                _dump(namespace[name], namespace, exposed, limit)
-            except TooLarge:
-                raise
-            except Exception as exc:
-                not_carried[name] = _why(exc)
+            alone = _dump_or_why(namespace[name], namespace, exposed, limit)
+            if not isinstance(alone, Pickled):
+                not_carried[name] = alone
         kept = {n: namespace[n] for n in names if n not in not_carried}
         return _dump(kept, namespace, exposed, limit), not_carried, None
     except TooLarge as exc:
@@ -223,6 +242,18 @@ def snapshot(namespace: dict[str, Any], hook: ImportHook,
         return None, not_carried, "the kernel's memory limit was reached while pickling"
     except Exception as exc:  # a failure of the names together only
         return None, not_carried, f"the state could not be pickled: {_why(exc)}"
+
+
+#: why a reference the state names is refused
+_UNKNOWN_REFERENCE = "an unknown reference in the state"
+
+
+def _fill_cells(cells: tuple[Any, ...], restored: Any) -> None:
+    """A restored function's closure: each cell takes its restored cell's contents (an empty
+    cell stays empty)."""
+    for cell, new in zip(cells, restored, strict=False):
+        with contextlib.suppress(ValueError):
+            cell.cell_contents = new.cell_contents
 
 
 class _MetaToken:
@@ -248,19 +279,39 @@ class _Unpickler(pickle.Unpickler):
                     "_make_skeleton_enum": self._make_skeleton_enum,
                     "_builtin_type": self._builtin_type}
         self.own = {n: replaced.get(n) or getattr(_cp, n) for n in RECONSTRUCTORS}
+        #: the references of the state (see :meth:`_Pickler.persistent_id`), by their tag
+        self.references: dict[str, Callable[[Any], Any]] = {
+            "module": self._module, "meta": self._metaclass, "type": self._host_type}
 
     def persistent_load(self, pid: Any) -> Any:
         if pid == "ns":
             return self.namespace
-        if type(pid) is tuple and len(pid) == 2 and pid[0] == "module" and type(pid[1]) is str:
-            return self.hook(pid[1], None, None, (), 0)
-        if (type(pid) is tuple and len(pid) == 2 and pid[0] == "meta" and type(pid[1]) is int
-                and 0 <= pid[1] < len(_METAS)):
-            return _MetaToken(_METAS[pid[1]])
-        if (type(pid) is tuple and len(pid) == 2 and pid[0] == "type"
-                and pid[1] in _HOST_TYPES):
-            return _HOST_TYPES[pid[1]]
-        raise pickle.UnpicklingError("an unknown reference in the state")
+        if type(pid) is tuple and len(pid) == 2 and type(pid[0]) is str:
+            load = self.references.get(pid[0])
+            if load is not None:
+                return load(pid[1])
+        raise pickle.UnpicklingError(_UNKNOWN_REFERENCE)
+
+    def _module(self, name: Any) -> Any:
+        """A module reference: the proxy this kernel's import hook hands out (under its
+        policy)."""
+        if type(name) is not str:
+            raise pickle.UnpicklingError(_UNKNOWN_REFERENCE)
+        return self.hook(name, None, None, (), 0)
+
+    @staticmethod
+    def _metaclass(index: Any) -> _MetaToken:
+        """An allowed metaclass, by its place in :data:`_METAS`."""
+        if type(index) is not int or not 0 <= index < len(_METAS):
+            raise pickle.UnpicklingError(_UNKNOWN_REFERENCE)
+        return _MetaToken(_METAS[index])
+
+    @staticmethod
+    def _host_type(name: Any) -> type:
+        """One of the host types cloudpickle rebuilds functions with."""
+        if name not in _HOST_TYPES:
+            raise pickle.UnpicklingError(_UNKNOWN_REFERENCE)
+        return _HOST_TYPES[name]
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "cloudpickle.cloudpickle" and name in self.own:
@@ -290,9 +341,7 @@ class _Unpickler(pickle.Unpickler):
         closure = slotstate.pop("__closure__")
         slotstate.pop("_cloudpickle_submodules", None)
         if closure is not None:
-            for cell, new in zip(func.__closure__ or (), closure, strict=False):
-                with contextlib.suppress(ValueError):  # an empty cell stays empty
-                    cell.cell_contents = new.cell_contents
+            _fill_cells(func.__closure__ or (), closure)
         for key in ("__name__", "__qualname__", "__annotations__", "__kwdefaults__",
                     "__defaults__", "__module__", "__doc__"):
             if key in slotstate:
