@@ -133,13 +133,18 @@ async def keep(boxes: Boxes, sessions: SessionContainers, keep_ids: set[str],
     if rundir is None or not rundir.is_relative_to(state) or boxes.engine_client is None:
         return  # a runner directory in /tmp would be gone for the next daemon
     chosen = [(key, box) for key, box in list(sessions.by_key.items())
-              if key[1] in keep_ids and not box.dead and box.cid is not None
-              and box.endpoint.channel is not None and box.endpoint.ready]
+              if key[1] in keep_ids and _reachable(box)]
     results = await asyncio.gather(*(_keep_one(boxes, sessions, key, box, kept)
                                      for key, box in chosen), return_exceptions=True)
     for result in results:
         if isinstance(result, asyncio.CancelledError):
             raise result
+
+
+def _reachable(box: Box) -> bool:
+    """A live container whose runner is connected: the one kind that can be kept."""
+    return (not box.dead and box.cid is not None and box.endpoint.channel is not None
+            and box.endpoint.ready)
 
 
 async def _keep_one(boxes: Boxes, sessions: SessionContainers, key: tuple[str, str, str],
@@ -153,7 +158,8 @@ async def _keep_one(boxes: Boxes, sessions: SessionContainers, key: tuple[str, s
         info = await boxes.engine(boxes.engine_client.inspect_container, box.cid)
         secret = secrets.token_bytes(KEY_BYTES)
         record = Kept(box.name, box.cid, box.image, str(info.get("Image") or ""), key[1],
-                      key[0], box.uid, _workspace_of(info), box.endpoint.rundir.name,
+                      key[0], box.uid, str(_mounts(info).get("/workspace") or ""),
+                      box.endpoint.rundir.name,
                       secret.hex(), box.kernel_calls,
                       {"memory": box.shape.memory, "nano_cpus": box.shape.nano_cpus,
                        "pids": box.shape.pids}, box.wheelhouse, key[2])
@@ -162,13 +168,12 @@ async def _keep_one(boxes: Boxes, sessions: SessionContainers, key: tuple[str, s
             raise RunnerLost(f"its runner (image {box.image}) did not say it waits for the "
                              "next daemon (stopped, busy, or an image older than that: "
                              "sandboxd images build)")
-    except BaseException as exc:
-        if isinstance(exc, Exception):
-            log.warning("session container %s not kept: %s", box.name, exc)
-        with contextlib.suppress(OSError):
-            (kept_dir(state) / f"{box.name}.json").unlink()
-        if isinstance(exc, Exception):
-            return
+    except Exception as exc:
+        log.warning("session container %s not kept: %s", box.name, exc)
+        _forget(state, box.name)
+        return
+    except BaseException:
+        _forget(state, box.name)
         raise
     kept.add(box.cid)
     if sessions.by_key.get(key) is box:
@@ -177,23 +182,28 @@ async def _keep_one(boxes: Boxes, sessions: SessionContainers, key: tuple[str, s
     await box.endpoint.close(keep_dir=True)
 
 
-def _workspace_of(info: dict[str, Any]) -> str:
-    for mount in info.get("Mounts") or []:
-        if mount.get("Destination") == "/workspace":
-            return str(mount.get("Source") or "")
-    return ""
+def _forget(state_dir: Path, name: str) -> None:
+    """Remove the record of a container (not kept, or consumed as it is tried)."""
+    with contextlib.suppress(OSError):
+        (kept_dir(state_dir) / f"{name}.json").unlink()
+
+
+def _config(info: dict[str, Any]) -> dict[str, Any]:
+    """The ``Config`` section of a container's inspection (empty when it has none)."""
+    return info.get("Config") or {}
+
+
+def _mounts(info: dict[str, Any]) -> dict[str | None, str | None]:
+    """A container's mounts by destination: where each is bound from."""
+    return {m.get("Destination"): m.get("Source") for m in info.get("Mounts") or []}
 
 
 def check(client: Engine, instance: str, rundir: Path, kept: Kept,
           expected: Expected) -> str | None:
     """Why the kept container may not be re-adopted (None: it checks out). Blocks."""
-    want = expected.get(kept.session)
-    if want is None:
-        return "its session was not recovered"
-    client_name, workspace, uid = want
-    if ((kept.client, kept.workspace, kept.uid) != (client_name, workspace, uid)
-            or (kept.lane is not None and kept.lane.split(" ")[0] != kept.image)):
-        return "its record does not match its session"
+    why = _record_problem(kept, expected.get(kept.session))
+    if why is not None:
+        return why
     try:
         info = client.inspect_container(kept.cid)
     except NotFound:
@@ -202,11 +212,22 @@ def check(client: Engine, instance: str, rundir: Path, kept: Kept,
         return NOT_RUNNING
     return (_identity_problem(info, instance, kept)
             or _image_problem(client, info, kept)
-            or _confinement_problem(info, rundir / kept.token, workspace, uid))
+            or _confinement_problem(info, rundir / kept.token, kept.workspace, kept.uid))
+
+
+def _record_problem(kept: Kept, want: tuple[str, str, int | None] | None) -> str | None:
+    """The record against its recovered session (``want``: its client, workspace and uid;
+    None: it was not recovered)."""
+    if want is None:
+        return "its session was not recovered"
+    if ((kept.client, kept.workspace, kept.uid) != want
+            or (kept.lane is not None and kept.lane.split(" ")[0] != kept.image)):
+        return "its record does not match its session"
+    return None
 
 
 def _identity_problem(info: dict[str, Any], instance: str, kept: Kept) -> str | None:
-    labels = (info.get("Config") or {}).get("Labels") or {}
+    labels = _config(info).get("Labels") or {}
     if (labels.get(engine.LABEL_DAEMON) != instance
             or labels.get(engine.LABEL_SESSION) != kept.session
             or labels.get(engine.LABEL_ROLE) != "session"
@@ -216,7 +237,7 @@ def _identity_problem(info: dict[str, Any], instance: str, kept: Kept) -> str | 
 
 
 def _image_problem(client: Engine, info: dict[str, Any], kept: Kept) -> str | None:
-    if info.get("Image") != kept.image_id or (info.get("Config") or {}).get("Image") != kept.image:
+    if info.get("Image") != kept.image_id or _config(info).get("Image") != kept.image:
         return "its container runs another image"
     try:
         current = client.inspect_image(kept.image).get("Id")
@@ -228,11 +249,16 @@ def _image_problem(client: Engine, info: dict[str, Any], kept: Kept) -> str | No
 def _confinement_problem(info: dict[str, Any], own_dir: Path, workspace: str,
                          uid: int | None) -> str | None:
     """Its user, its mounts and its runner directory are the ones this daemon gave it."""
-    if uid is not None and (info.get("Config") or {}).get("User") != f"{uid}:{uid}":
+    if uid is not None and _config(info).get("User") != f"{uid}:{uid}":
         return "its container runs as another user"
-    mounts = {m.get("Destination"): m.get("Source") for m in info.get("Mounts") or []}
+    mounts = _mounts(info)
     if mounts.get("/workspace") != workspace or mounts.get(engine.RUNNER_MOUNT) != str(own_dir):
         return "its container has other mounts"
+    return _rundir_problem(own_dir)
+
+
+def _rundir_problem(own_dir: Path) -> str | None:
+    """Its runner directory is still there, and a directory (not a link put in its place)."""
     try:
         st = os.lstat(own_dir)
     except OSError:
@@ -273,9 +299,8 @@ def keeps_session(why: str) -> bool:
 async def _adopt_one(boxes: Boxes, sessions: SessionContainers, kept: Kept,
                      expected: Expected, deadline: float,
                      settled: Callable[[str, str | None], None]) -> str | None:
-    state, rundir = boxes.config.state_dir, boxes.rundir
-    with contextlib.suppress(OSError):  # consumed as it is tried
-        (kept_dir(state) / f"{kept.name}.json").unlink()
+    rundir = boxes.rundir
+    _forget(boxes.config.state_dir, kept.name)  # consumed as it is tried
     why: str | None = "the container backend has no runner directory"
     try:
         if rundir is not None:

@@ -51,10 +51,11 @@ import time
 from typing import Any
 
 from sandboxd.backends.base import Backend, BackendUnavailable
+from sandboxd.backends.call import BackendCall
 from sandboxd.backends.container import adopt, engine
 from sandboxd.backends.container.boxes import Boxes, clear_rundir
 from sandboxd.backends.container.build import ImageBuilds
-from sandboxd.backends.container.calls import request_for
+from sandboxd.backends.container.calls import ContainerCall, request_for
 from sandboxd.backends.container.config import ContainerConfig
 from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError
 from sandboxd.backends.container.oneshot import run_oneshot
@@ -380,8 +381,7 @@ class ContainerBackend(Backend):
 
     async def run(self, invocation: Invocation, deadline: float) -> Result:
         """Execute one call (see the module docstring)."""
-        limits = invocation.plan.limits
-        started = time.monotonic()
+        call = BackendCall(invocation, deadline)  # its wall time runs from here
         lost = self.boxes.rundir_lost()
         if lost is not None:  # vanished after the service checked availability(): a 503 too
             self._damaged(lost)
@@ -394,40 +394,47 @@ class ContainerBackend(Backend):
         if building is not None:
             raise ToolUnavailable(f"tool '{invocation.tool}' is unavailable here: {building}")
         kernel_call = invocation.session is not None and invocation.plan.kind in KERNEL_KINDS
-        request = request_for(invocation, limits)
+        request = request_for(call)
         if isinstance(request, Result):
             if kernel_call:  # refused before it reached the session's kernel
                 return request.model_copy(
                     update={"kernel": self.sessions.kernel_now(invocation, image)})
             return request
-        shape = engine.Shape.of(limits)
-        had_kernel = kernel_call and self.sessions.kernel_now(invocation, image).calls > 0
+        container_call = ContainerCall(call, request, image, engine.Shape.of(call.limits))
+        # a kernel call's session had a live kernel (None: not a kernel call)
+        had_kernel = self.sessions.kernel_now(invocation, image).calls > 0 if kernel_call else None
         try:
             if invocation.session is not None:
-                return await self.sessions.run(invocation, limits, deadline, request, image,
-                                               shape, started)
-            return await run_oneshot(self.boxes, self.pool, invocation, limits, deadline,
-                                     request, image, shape, started)
+                return await self.sessions.run(container_call)
+            return await run_oneshot(self.boxes, self.pool, container_call)
         except (EngineError, BackendUnavailable) as exc:
             # e.g. an image or network named by a policy does not exist, or the engine went
             # away; whatever was created has been removed (or is, once the engine is back)
-            detail = getattr(exc, "explanation", None) or str(exc)
-            message = f"the sandbox container could not be started: {detail}"
-            cleanup = Cleanup(verified=True)
-            if not isinstance(exc, APIError):  # no answer at all
-                self.boxes.engine_failed(exc)
-                message = f"the Docker engine went away: {detail}"
-                stale = self.boxes.stale
-                cleanup = Cleanup(verified=not stale, detail=None if not stale else
-                                  "the Docker engine is unreachable; containers of the call "
-                                  "are removed when it is back")
-            kernel = None
-            if kernel_call:  # the session's container, and its kernel if any, is gone
-                kernel = Kernel(lost=had_kernel, reason=Reason.exited.value if had_kernel
-                                else None)
-            return Result.build(invocation, self.name, Reason.exited, status=Status.error,
-                                limits=limits, started=started, cleanup=cleanup,
-                                message=message, kernel=kernel)
+            return self._not_started(call, exc, had_kernel)
+
+    def _not_started(self, call: BackendCall, exc: EngineError | BackendUnavailable,
+                     had_kernel: bool | None) -> Result:
+        """The result of a call whose container could not be started (an image or network
+        named by a policy does not exist, or the engine went away); ``had_kernel``: a kernel
+        call's session had a live kernel, which is gone with its container (None: not a
+        kernel call)."""
+        detail = getattr(exc, "explanation", None) or str(exc)
+        message = f"the sandbox container could not be started: {detail}"
+        cleanup = Cleanup(verified=True)
+        if not isinstance(exc, APIError):  # no answer at all
+            self.boxes.engine_failed(exc)
+            message = f"the Docker engine went away: {detail}"
+            stale = self.boxes.stale
+            cleanup = Cleanup(verified=not stale, detail=None if not stale else
+                              "the Docker engine is unreachable; containers of the call "
+                              "are removed when it is back")
+        kernel = None
+        if had_kernel is not None:  # the session's container, and its kernel if any, is gone
+            kernel = Kernel(lost=had_kernel, reason=Reason.exited.value if had_kernel
+                            else None)
+        return Result.build(call.invocation, self.name, Reason.exited, status=Status.error,
+                            limits=call.limits, started=call.started, cleanup=cleanup,
+                            message=message, kernel=kernel)
 
     async def close_session(self, session_id: str) -> None:
         """Remove the session's container(s). Idempotent."""

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from sandboxd.backends import stdin as call_stdin
+from sandboxd.backends.base import CancelledAfterCleanup
+from sandboxd.backends.call import BackendCall
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
@@ -28,7 +30,6 @@ from sandboxd.models import (
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.plan import KERNEL_KINDS, KERNEL_REQUESTS
 from sandboxd.results.outputs import DisplayCollector
-from sandboxd.results.streaming import EventSink
 from sandboxd.util.deadline import stop_task, within
 
 BACKEND = "container"
@@ -37,6 +38,9 @@ RUNNER_CONNECT_S = 15.0  # a started container's runner connects well within thi
 #: beyond an interrupt's grace, how long the daemon waits for the runner's answer (the runner
 #: kills and reaps a kernel that did not come back well within this)
 INTERRUPT_MARGIN_S = 2.0
+#: the message of a call whose session container another call's limit removed under it
+SUPERSEDED = ("the session's container was removed while this call ran, because another call "
+              "of the session hit a limit; run it again")
 
 
 @dataclass
@@ -52,14 +56,20 @@ class Outcome:
         """The runner's exit record (an empty report when there was none)."""
         return self.output.exit or WorkerReport()
 
+    def limit_hit(self, oom: bool = False) -> Reason | None:
+        """The limit the call hit, if any (``oom``: the engine's word that it was OOM-killed);
+        memory first, then output, then pids."""
+        rec = self.record
+        hits = ((rec.oom or oom, Reason.memory_limit),
+                (self.output.over_limit or rec.output_limit, Reason.output_limit),
+                (rec.pids_limit, Reason.pids_limit))
+        return next((reason for hit, reason in hits if hit), None)
+
     @property
     def clean(self) -> bool:
         """The call ended by itself, within every limit: its container may be reused."""
-        rec = self.record
         return (self.output.exit is not None and not self.lost and not self.superseded
-                and not self.output.over_limit
-                and not rec.oom and not rec.pids_limit
-                and not rec.output_limit and not rec.error)
+                and self.limit_hit() is None and not self.record.error)
 
     @property
     def needs_oom_check(self) -> bool:
@@ -110,6 +120,36 @@ class Interrupt:
         return True
 
 
+@dataclass(frozen=True)
+class ContainerCall:
+    """One admitted call as the container backend's functions take it, built once in
+    :meth:`ContainerBackend.run`: the backend call (invocation, limits, deadline, start), the
+    runner request made of it, and the image and shape of the container that runs it."""
+
+    call: BackendCall
+    request: WorkerRequest
+    image: str
+    shape: engine.Shape
+
+    @property
+    def invocation(self) -> Invocation:
+        """The admitted invocation (its plan, workspace, client, session)."""
+        return self.call.invocation
+
+    @property
+    def limits(self) -> Limits:
+        """The call's effective limits (its plan's)."""
+        return self.call.limits
+
+
+def not_started(exc: asyncio.CancelledError) -> CancelledAfterCleanup:
+    """What a call cancelled before it had a container raises: the cancel as it came when it
+    already says what was cleaned up, else that nothing was started."""
+    if isinstance(exc, CancelledAfterCleanup):
+        return exc
+    return CancelledAfterCleanup(True, "no container was started")
+
+
 class CancelledAfterInterrupt(asyncio.CancelledError):
     """A kernel call was cancelled; it was interrupted first, and ``outcome`` is what the
     runner answered within the grace (None: nothing, the call was stopped)."""
@@ -119,54 +159,52 @@ class CancelledAfterInterrupt(asyncio.CancelledError):
         self.outcome = outcome
 
 
-def request_for(invocation: Invocation, limits: Limits) -> WorkerRequest | Result:
+def request_for(call: BackendCall) -> WorkerRequest | Result:
     """The runner request of a call, or the result that rejects it."""
+    invocation, plan = call.invocation, call.invocation.plan
     env = {"PATH": engine.CHILD_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
            "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
            # matplotlib (the datascience image): no display, and its config and font cache
            # in the writable /tmp, not in the workspace or the read-only root
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib"}
-    if invocation.plan.egress is not None:  # through the daemon's egress proxy (its forwarder)
-        env.update(egress_sandbox.proxy_env(invocation.plan.egress))
+    if plan.egress is not None:  # through the daemon's egress proxy (its forwarder)
+        env.update(egress_sandbox.proxy_env(plan.egress))
     # the runner sets limits.rlimits() (soft = hard) in every process of the call and caps
     # its output at limits.output_bytes: protocol.limits, one table
     base = WorkerRequest(kind="python", id=invocation.id, env=env, cwd="/workspace",
-                         limits=limits, display=invocation.plan.display)
-    if invocation.plan.kind is ToolKind.command:
-        command = invocation.plan.command
-        if command is None:
-            return rejected(invocation, limits, "no command to run (the plan has none)")
+                         limits=call.limits, display=plan.display)
+    if plan.kind is ToolKind.command:
+        if plan.command is None:
+            return rejected(call, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
         # a caller that feeds its stdin (sandboxd.backends.stdin): a pipe, not /dev/null
-        return replace(base, kind="plan", plan=command,
+        return replace(base, kind="plan", plan=plan.command,
                        stdin=call_stdin.requested() is not None)
-    if invocation.plan.kind in KERNEL_KINDS:
+    if plan.kind in KERNEL_KINDS:
         code = invocation.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
-            return rejected(invocation, limits, "argument 'code' must be non-empty")
+            return rejected(call, "argument 'code' must be non-empty")
         if len(code.encode()) > MAX_CODE_BYTES:
-            return rejected(invocation, limits, "the code is too large")
-        if invocation.plan.kind is ToolKind.bash:  # its kernel may execute these only
-            return replace(base, kind="bash", code=code, programs=invocation.plan.programs)
+            return rejected(call, "the code is too large")
+        if plan.kind is ToolKind.bash:  # its kernel may execute these only
+            return replace(base, kind="bash", code=code, programs=plan.programs)
         # python's imports, javascript's modules: the kernel's own check of the rule
-        return replace(base, kind=KERNEL_REQUESTS[invocation.plan.kind], code=code,
-                       imports_allow=invocation.plan.imports_allow,
-                       imports_deny=invocation.plan.imports_deny)
-    return rejected(invocation, limits,
-                    f"the container backend does not run {invocation.plan.kind} tools")
+        return replace(base, kind=KERNEL_REQUESTS[plan.kind], code=code,
+                       imports_allow=plan.imports_allow, imports_deny=plan.imports_deny)
+    return rejected(call, f"the container backend does not run {plan.kind} tools")
 
 
-def rejected(invocation: Invocation, limits: Limits, message: str) -> Result:
+def rejected(call: BackendCall, message: str) -> Result:
     """A call the backend refuses before any container is involved."""
-    return Result.build(invocation, BACKEND, Reason.policy, status=Status.rejected,
-                        limits=limits, cleanup=Cleanup(verified=True), message=message)
+    return Result.build(call.invocation, BACKEND, Reason.policy, status=Status.rejected,
+                        limits=call.limits, cleanup=Cleanup(verified=True), message=message)
 
 
-async def exchange(box: Box, request: WorkerRequest, limits: Limits,
-                   deadline: float, events: EventSink | None = None,
+async def exchange(box: Box, call: ContainerCall,
                    interrupt: Interrupt | None = None) -> Outcome:
-    """Run one request on ``box`` within the deadline (raises TimeoutError); ``events``: a
-    streaming caller's sink. With ``interrupt`` (a kernel call), the deadline, a request and
+    """Run ``call``'s request on ``box`` within its deadline (raises TimeoutError), its
+    output streamed to the invocation's sink when it has one. With ``interrupt`` (a kernel
+    call), the deadline, a request and
     a cancel interrupt the call first (see :class:`Interrupt`): the outcome is then the
     runner's answer to the interrupt (``interrupt.reason`` says why), TimeoutError or
     :class:`CancelledAfterInterrupt` when it did not answer within the grace.
@@ -175,11 +213,13 @@ async def exchange(box: Box, request: WorkerRequest, limits: Limits,
     ``wait_for``/``timeout`` (Python 3.11's ``wait_for`` can swallow a cancellation that
     races with completion, which would let a call outlive its deadline).
     """
+    request, deadline = call.request, call.call.deadline
     out = CallOutput(displays=DisplayCollector(request.display),
-                     events=events, stdin=call_stdin.requested() if request.stdin else None)
+                     events=call.invocation.events,
+                     stdin=call_stdin.requested() if request.stdin else None)
     if deadline - time.monotonic() <= 0:
         raise TimeoutError
-    task = asyncio.ensure_future(_exchange_body(box, request, limits, out))
+    task = asyncio.ensure_future(_exchange_body(box, call, out))
     if interrupt is not None:
         interrupt.out = out
         return await _interruptible(box, task, deadline, interrupt)
@@ -233,8 +273,7 @@ async def _interrupted(box: Box, task: asyncio.Future[Outcome],
     return task.result()
 
 
-async def _exchange_body(box: Box, request: WorkerRequest, limits: Limits,
-                         out: CallOutput) -> Outcome:
+async def _exchange_body(box: Box, call: ContainerCall, out: CallOutput) -> Outcome:
     endpoint = box.endpoint
     if not endpoint.settled.is_set():
         started, _ = await within(endpoint.settled.wait(), RUNNER_CONNECT_S)
@@ -246,75 +285,71 @@ async def _exchange_body(box: Box, request: WorkerRequest, limits: Limits,
     if endpoint.channel is None:
         return Outcome(out, f"no sandbox runner channel: {endpoint.failure}")
     try:
-        await endpoint.channel.call(request, limits.output_bytes, out)
+        await endpoint.channel.call(call.request, call.limits.output_bytes, out)
     except RunnerLost as exc:
         return Outcome(out, str(exc))
     return Outcome(out, None)
 
 
-def timeout_result(invocation: Invocation, limits: Limits, started: float,
-                   verified: bool, detail: str) -> Result:
+def timeout_result(call: BackendCall, verified: bool, detail: str) -> Result:
     """The result of a call that ran past its wall deadline."""
-    return Result.build(invocation, BACKEND, Reason.wall_timeout, limits=limits,
-                        started=started, cleanup=Cleanup(verified=verified, detail=detail))
+    return Result.build(call.invocation, BACKEND, Reason.wall_timeout, limits=call.limits,
+                        started=call.started, cleanup=Cleanup(verified=verified, detail=detail))
 
 
-def build_result(invocation: Invocation, limits: Limits, outcome: Outcome, started: float,
-                 verified: bool, *, oom: bool, detail: str | None,
-                 engine_error: str | None, interrupted: Reason | None = None) -> Result:
+def build_result(call: BackendCall, outcome: Outcome, verified: bool, *, oom: bool,
+                 detail: str | None, engine_error: str | None,
+                 interrupted: Reason | None = None) -> Result:
     """The result of a call that reached its runner (``engine_error``: why the engine was
     last seen failing, if it was; ``interrupted``: the call was interrupted at its deadline
     or on a cancel, which is its termination unless it hit a limit)."""
     out, rec = outcome.output, outcome.record
-    exit_code = rec.exit_code
-    sig = rec.signal
-    message = None
-    if outcome.superseded:
-        reason = Reason.cancelled
-        message = ("the session's container was removed while this call ran, because "
-                   "another call of the session hit a limit; run it again")
-    elif rec.oom or oom:
-        reason = Reason.memory_limit  # the message: the one table (Result.build)
-    elif out.over_limit or rec.output_limit:
-        reason = Reason.output_limit
-    elif rec.pids_limit:
-        reason = Reason.pids_limit
-    elif interrupted is not None:
-        reason = interrupted
-        why = rec.not_idle or rec.error or outcome.lost
-        if why:
-            message = (f"{LIMIT_MESSAGES[reason].format(**limits.to_wire())}; "
-                       f"{str(why).rstrip('.')}")
-    elif outcome.lost:
-        reason = Reason.exited
-        message = outcome.lost
-        if engine_error is not None:
-            message = f"the Docker engine went away during the call ({outcome.lost})"
-    elif rec.error:
-        reason = Reason.exited
-        message = rec.error
-    else:
-        reason = Reason.exited
-        if exit_code != 0 and rec.message is not None:
-            message = rec.message  # the exception line, as the restricted backend's
-    status = status_for(reason, exit_code)
+    reason, message = _ending(call.limits, outcome, oom, engine_error, interrupted)
+    status = status_for(reason, rec.exit_code)
     if (outcome.lost or rec.error) and not outcome.superseded and reason is not interrupted:
         status = Status.error
     truncated = Truncated()
     if reason is Reason.output_limit:
         truncated = Truncated(stdout=out.last_stream == "stdout",
                               stderr=out.last_stream == "stderr")
+    value, value_repr = (rec.value, rec.value_repr) if rec.has_value else (None, None)
     return Result.build(
-        invocation, BACKEND, reason, status=status, exit_code=exit_code, signal=sig,
+        call.invocation, BACKEND, reason, status=status, exit_code=rec.exit_code,
+        signal=rec.signal,
         stdout=out.stdout.decode("utf-8", errors="replace"),
         stderr=out.stderr.decode("utf-8", errors="replace"),
-        truncated=truncated,
-        value=rec.value if rec.has_value else None,
-        value_repr=rec.value_repr if rec.has_value else None,
-        resources=Resources(wall_ms=int((time.monotonic() - started) * 1000),
+        truncated=truncated, value=value, value_repr=value_repr,
+        resources=Resources(wall_ms=int((time.monotonic() - call.started) * 1000),
                             cpu_ms=rec.cpu_ms, peak_memory_bytes=rec.peak_memory_bytes),
-        limits=limits,
+        limits=call.limits,
         cleanup=Cleanup(verified=verified, detail=detail),
         message=message,
         outputs=list(out.displays.items),
     )
+
+
+def _ending(limits: Limits, outcome: Outcome, oom: bool, engine_error: str | None,
+            interrupted: Reason | None) -> tuple[Reason, str | None]:
+    """Why a call that reached its runner ended, and the message that says so (None: the
+    reason's own, from the one table in :meth:`Result.build`); the first that applies of:
+    superseded, a limit, an interrupt, a lost runner, the runner's error, its exit."""
+    rec = outcome.record
+    if outcome.superseded:
+        return Reason.cancelled, SUPERSEDED
+    limit = outcome.limit_hit(oom)
+    if limit is not None:
+        return limit, None
+    if interrupted is not None:
+        why = rec.not_idle or rec.error or outcome.lost
+        if not why:
+            return interrupted, None
+        return interrupted, (f"{LIMIT_MESSAGES[interrupted].format(**limits.to_wire())}; "
+                             f"{str(why).rstrip('.')}")
+    if outcome.lost:
+        if engine_error is not None:
+            return Reason.exited, f"the Docker engine went away during the call ({outcome.lost})"
+        return Reason.exited, outcome.lost
+    if rec.error:
+        return Reason.exited, rec.error
+    # the exception line of a call that failed, as the restricted backend's
+    return Reason.exited, rec.message if rec.exit_code != 0 else None

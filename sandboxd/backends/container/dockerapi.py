@@ -91,17 +91,23 @@ def address(url: str | None) -> Address:
     if not parts.hostname:
         raise ValueError(f"the Docker engine address {url!r} names no host")
     verify = from_env and bool(os.environ.get("DOCKER_TLS_VERIFY"))
-    tls = None
-    if parts.scheme == "https" or verify:
-        certs = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
-        tls = ssl.create_default_context(cafile=str(certs / "ca.pem") if verify else None)
-        if not verify:
-            tls.check_hostname = False
-            tls.verify_mode = ssl.CERT_NONE
-        if (certs / "cert.pem").is_file() and (certs / "key.pem").is_file():
-            tls.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
+    tls = _tls(verify) if parts.scheme == "https" or verify else None
     port = parts.port or (2376 if tls is not None else 2375)
     return Address(url, host=parts.hostname, port=port, tls=tls)
+
+
+def _tls(verify: bool) -> ssl.SSLContext:
+    """The TLS context of a tcp engine, as the Docker CLI makes it: the engine's certificate
+    checked against ``DOCKER_CERT_PATH``'s ``ca.pem`` when ``verify`` (else not checked), and
+    the client's own certificate presented when that directory holds one."""
+    certs = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
+    tls = ssl.create_default_context(cafile=str(certs / "ca.pem") if verify else None)
+    if not verify:
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+    if (certs / "cert.pem").is_file() and (certs / "key.pem").is_file():
+        tls.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
+    return tls
 
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:

@@ -144,10 +144,8 @@ class WarmPool:
             boxes.remove(box)
             if not box.dead:
                 self.boxes.destroy_later(box)
-        # prefer a container whose runner is already connected
-        choice = next((b for b in boxes if b.endpoint.ready and not b.dead), None)
-        if choice is None:
-            choice = next((b for b in boxes if not b.dead), None)
+        # (all of those left are alive) prefer a container whose runner is already connected
+        choice = next((b for b in boxes if b.endpoint.ready), boxes[0] if boxes else None)
         if choice is not None:
             boxes.remove(choice)
         if not boxes:  # otherwise the refill waits until this call is over (see oneshot.py)

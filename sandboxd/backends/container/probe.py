@@ -8,7 +8,7 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.container.oneshot import PROBE_CLIENT
 from sandboxd.models import (
@@ -24,6 +24,29 @@ from sandboxd.workspaces import fstree
 
 if TYPE_CHECKING:
     from sandboxd.backends.container.backend import ContainerBackend
+
+
+def _confinement_checks(backend: ContainerBackend, facts: dict[str, Any]) -> list[ProbeCheck]:
+    """What the probe call saw from inside its container, checked: an unprivileged uid of the
+    sandbox's own, no network, no write outside the workspace, seccomp, no_new_privs."""
+    uid = facts.get("uid")
+    own = (backend.uids.contains(uid) if backend.uids is not None and isinstance(uid, int)
+           else uid == backend.config.sandbox_uid)
+    return [
+        ProbeCheck(name="unprivileged",
+                   ok=bool(own) and uid != 0 and facts.get("cap_eff") == 0,
+                   detail=f"uid={facts.get('uid')} CapEff={facts.get('cap_eff')}"),
+        ProbeCheck(name="socket_blocked", ok=bool(facts.get("net_blocked")),
+                   detail=str(facts.get("net_detail"))),
+        ProbeCheck(name="write_outside_blocked", ok=bool(facts.get("write_blocked")),
+                   detail=str(facts.get("write_detail"))),
+        ProbeCheck(name="seccomp",
+                   ok=facts.get("seccomp") == 2 and bool(facts.get("unshare_blocked")),
+                   detail=f"Seccomp={facts.get('seccomp')} unshare blocked="
+                          f"{facts.get('unshare_blocked')}"),
+        ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
+                   detail=f"NoNewPrivs={facts.get('no_new_privs')}"),
+    ]
 
 
 async def run_probe(backend: ContainerBackend) -> ProbeReport:
@@ -44,25 +67,7 @@ async def run_probe(backend: ContainerBackend) -> ProbeReport:
         if not facts:
             detail = f"probe failed: {res.status} {res.message or ''} {res.stderr[-300:]}"
             return ProbeReport(backend=backend.name, ok=False, detail=detail)
-        uid = facts.get("uid")
-        own = (backend.uids.contains(uid) if backend.uids is not None and isinstance(uid, int)
-               else uid == backend.config.sandbox_uid)
-        checks.append(ProbeCheck(name="unprivileged",
-                                 ok=bool(own) and uid != 0 and facts.get("cap_eff") == 0,
-                                 detail=f"uid={facts.get('uid')} "
-                                        f"CapEff={facts.get('cap_eff')}"))
-        checks.append(ProbeCheck(name="socket_blocked", ok=bool(facts.get("net_blocked")),
-                                 detail=str(facts.get("net_detail"))))
-        checks.append(ProbeCheck(name="write_outside_blocked",
-                                 ok=bool(facts.get("write_blocked")),
-                                 detail=str(facts.get("write_detail"))))
-        checks.append(ProbeCheck(name="seccomp",
-                                 ok=facts.get("seccomp") == 2
-                                 and bool(facts.get("unshare_blocked")),
-                                 detail=f"Seccomp={facts.get('seccomp')} unshare blocked="
-                                        f"{facts.get('unshare_blocked')}"))
-        checks.append(ProbeCheck(name="no_new_privs", ok=facts.get("no_new_privs") == 1,
-                                 detail=f"NoNewPrivs={facts.get('no_new_privs')}"))
+        checks.extend(_confinement_checks(backend, facts))
         mem_limits = Limits(timeout_s=wall_s, memory_bytes=48 * 1024 * 1024)
         mem_inv = Invocation(tool="python", client=PROBE_CLIENT, workspace=workspace,
                              arguments={"code": "x = bytearray(96 * 1024 * 1024)\n"

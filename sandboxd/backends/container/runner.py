@@ -99,6 +99,16 @@ class CallOutput:
     stdin: Stdin | None = None  # what its caller feeds its command's stdin (sent: ``i``, ``c``)
 
 
+def _display(out: CallOutput, payload: bytes) -> None:
+    """A display item of the call (a malformed one breaks the channel: ProtocolError),
+    streamed where it happened in the call's output."""
+    item = out.displays.take(payload)
+    if item is not None:
+        if out.relay is not None:  # where it happened, for order
+            item.at = Position(**out.relay.position())
+        emit(out.events, "display", item.model_dump(mode="json"))
+
+
 @dataclass
 class _Call:
     out: CallOutput
@@ -145,15 +155,15 @@ class Channel:
         if frame.kind == b"x":
             call.out.exit = check_exit_record(frame.payload)
             self._end(frame.call)
-            return
+        elif frame.kind == b"d":
+            _display(call.out, frame.payload)
+        else:
+            self._output(frame, call)
+
+    def _output(self, frame: wire.Frame, call: _Call) -> None:
+        """A chunk of the call's stdout (``o``) or stderr: kept within the call's cap; past
+        it, the call is stopped."""
         out = call.out
-        if frame.kind == b"d":  # a malformed item breaks the channel (ProtocolError)
-            item = out.displays.take(frame.payload)
-            if item is not None:
-                if out.relay is not None:  # where it happened, for order
-                    item.at = Position(**out.relay.position())
-                emit(out.events, "display", item.model_dump(mode="json"))
-            return
         target = out.stdout if frame.kind == b"o" else out.stderr
         out.last_stream = "stdout" if frame.kind == b"o" else "stderr"
         room = call.cap - len(out.stdout) - len(out.stderr)

@@ -23,26 +23,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import time
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 from sandboxd.backends.base import CancelledAfterCleanup
-from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, gone
 from sandboxd.backends.container.calls import (
+    BACKEND,
     CancelledAfterInterrupt,
+    ContainerCall,
     Interrupt,
     Outcome,
     build_result,
     exchange,
+    not_started,
     oom_killed_after,
     timeout_result,
 )
 from sandboxd.backends.container.idle import Idle, ThawFailed
 from sandboxd.backends.container.runner import CallOutput, RunnerLost
-from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, kernel_verdict
-from sandboxd.models import Cleanup, Invocation, Kernel, Limits, Reason, Result, Status, ToolKind
+from sandboxd.backends.kernel_verdict import LEFT, Ended, Observed, Verdict, kernel_verdict
+from sandboxd.models import Cleanup, Invocation, Kernel, Reason, Result, Status, ToolKind
 from sandboxd.protocol.call import WorkerReport, WorkerRequest
 from sandboxd.protocol.packages import WHEELHOUSE_CAME_LATER
 from sandboxd.protocol.plan import KERNEL_LANES, KERNEL_REQUESTS
@@ -71,6 +72,8 @@ def session_key(invocation: Invocation, image: str) -> SessionKey:
 KERNEL_STOP_S = 10.0
 #: how many closed sessions are remembered (a call of one comes seconds late at most)
 CLOSED_MEMORY = 4096  # the runner kills and reaps the kernel well within this
+#: the report of a call the runner did not answer (or whose report says nothing of a kernel)
+NO_REPORT = WorkerReport()
 
 
 class SessionContainers:
@@ -98,8 +101,7 @@ class SessionContainers:
 
     def kernel_sessions(self) -> set[str]:
         """Sessions with a live kernel."""
-        return {key[1] for key, box in self.by_key.items()
-                if box.kernel_calls and not box.dead}
+        return {session for session, _ in self.session_kernels()}
 
     def session_kernels(self) -> set[tuple[str, str]]:
         """``(session, language)`` of each live kernel."""
@@ -112,57 +114,55 @@ class SessionContainers:
 
     def kernel_now(self, invocation: Invocation, image: str) -> Kernel:
         """The session kernel's state as it is (for a call that did not reach it)."""
-        box = self.by_key.get(session_key(invocation, image))
+        return self._kernel_at(session_key(invocation, image))
+
+    def _kernel_at(self, key: SessionKey) -> Kernel:
+        """The kernel state of the session container at ``key`` (no calls: none, or dead)."""
+        box = self.by_key.get(key)
         return Kernel(calls=box.kernel_calls if box is not None and not box.dead else 0)
 
-    async def _box(self, key: SessionKey, invocation: Invocation, image: str,
-                   shape: engine.Shape, deadline: float) -> Box:
+    async def _box(self, key: SessionKey, call: ContainerCall) -> Box:
+        invocation, plan = call.invocation, call.invocation.plan
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             self._check_open(key)
             box = self.by_key.get(key)
             if box is not None and not box.dead:
-                if box.egress is not None and invocation.plan.egress is not None:
+                if box.egress is not None and plan.egress is not None:
                     # this call's decision, under the policy in force now: new connections
                     # follow it, open ones it no longer allows are cut
                     box.egress.tool = invocation.tool
-                    self.boxes.egress_proxy.update(box.egress, invocation.plan.egress)
+                    self.boxes.egress_proxy.update(box.egress, plan.egress)
                 return box
             if not invocation.workspace.is_dir():  # never made anew: the engine would
                 raise RuntimeError(f"the workspace of session {key[1]} is missing")
             made, new = await within(
-                self.boxes.new(image=image, shape=shape, role="session",
+                self.boxes.new(image=call.image, shape=call.shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
-                               network=invocation.plan.network, session=invocation.session,
-                               uid=invocation.uid, egress=invocation.plan.egress,
+                               network=plan.network, session=invocation.session,
+                               uid=invocation.uid, egress=plan.egress,
                                client=invocation.client, tool=invocation.tool),
-                deadline - time.monotonic())
+                call.call.left())
             if not made:
                 raise TimeoutError
             self.by_key[key] = new
             return new
 
-    async def run(self, invocation: Invocation, limits: Limits, deadline: float,
-                  request: WorkerRequest, image: str, shape: engine.Shape,
-                  started: float) -> Result:
+    async def run(self, call: ContainerCall) -> Result:
         """Run one call of a session in its container (started here when it has none);
         a ``python`` call runs in the session's kernel, after the session's earlier ones."""
-        assert invocation.session is not None
-        key = session_key(invocation, image)
+        assert call.invocation.session is not None
+        key = session_key(call.invocation, call.image)
         with self.idle.using(key):  # its container is not paused while the call runs
-            return await self._serial(key, invocation, limits, deadline, request, image,
-                                      shape, started)
+            return await self._serial(key, call)
 
-    async def _serial(self, key: SessionKey, invocation: Invocation, limits: Limits,
-                      deadline: float, request: WorkerRequest, image: str,
-                      shape: engine.Shape, started: float) -> Result:
+    async def _serial(self, key: SessionKey, call: ContainerCall) -> Result:
         """A session call, after the session's earlier ``python`` calls when it is one."""
-        if request.kind not in KERNEL_REQUESTS.values():
-            return await self._run(key, invocation, limits, deadline, request, image, shape,
-                                   started)
+        if call.request.kind not in KERNEL_REQUESTS.values():
+            return await self._run(key, call)
         lock = self._kernel_locks.setdefault(key, asyncio.Lock())
         try:
-            got, _ = await within(lock.acquire(), deadline - time.monotonic(),
+            got, _ = await within(lock.acquire(), call.call.left(),
                                   orphan=lambda _: lock.release())
         except asyncio.CancelledError:
             raise CancelledAfterCleanup(True, "the call had not started: it waited for the "
@@ -171,69 +171,51 @@ class SessionContainers:
             lock.release()
             self._check_open(key)
         if not got:  # the session's earlier calls ran past this one's deadline
-            result = timeout_result(invocation, limits, started, True,
-                                    "the call waited for the session's earlier calls and "
-                                    "never started")
-            box = self.by_key.get(key)
-            calls = box.kernel_calls if box is not None and not box.dead else 0
-            return result.model_copy(update={"kernel": Kernel(calls=calls)})
+            result = timeout_result(call.call, True, "the call waited for the session's "
+                                    "earlier calls and never started")
+            return with_kernel(result, self._kernel_at(key))
         grace = self.boxes.config.kernel_interrupt_grace_s
         interrupt = self._flights[key] = Interrupt(grace)
         try:
-            return await self._run(key, invocation, limits, deadline,
-                                   replace(request, kernel=True, interrupt_grace_s=grace),
-                                   image, shape, started, interrupt)
+            kernel_request = replace(call.request, kernel=True, interrupt_grace_s=grace)
+            return await self._run(key, replace(call, request=kernel_request), interrupt)
         finally:
             if self._flights.get(key) is interrupt:
                 del self._flights[key]
             lock.release()
 
-    async def _run(self, key: SessionKey, invocation: Invocation, limits: Limits,
-                   deadline: float, request: WorkerRequest, image: str,
-                   shape: engine.Shape, started: float,
+    async def _run(self, key: SessionKey, call: ContainerCall,
                    interrupt: Interrupt | None = None) -> Result:
-        kernel_call = request.kernel
+        kernel_call = call.request.kernel
         box: Box | None = None
         before = 0  # calls of the box's live kernel before this one (0: none)
         try:
-            box = await self._box(key, invocation, image, shape, deadline)
+            box = await self._box(key, call)
             before = box.kernel_calls
-            if invocation.tool == PACKAGES_TOOL and box.wheelhouse is False:
-                return Result.build(invocation, "container", Reason.policy,
-                                    status=Status.error, limits=limits, started=started,
-                                    message=WHEELHOUSE_CAME_LATER)
+            if call.invocation.tool == PACKAGES_TOOL and box.wheelhouse is False:
+                return Result.build(call.invocation, BACKEND, Reason.policy,
+                                    status=Status.error, limits=call.limits,
+                                    started=call.call.started, message=WHEELHOUSE_CAME_LATER)
             await self.idle.thaw(key, box)  # before anything talks to it
-            await self.boxes.update_shape(box, shape)
-            outcome = await exchange(box, request, limits, deadline, invocation.events,
-                                     interrupt)
+            await self.boxes.update_shape(box, call.shape)
+            outcome = await exchange(box, call, interrupt)
         except asyncio.CancelledError as exc:
             if box is None:
-                if isinstance(exc, CancelledAfterCleanup):
-                    raise
-                raise CancelledAfterCleanup(True, "no container was started") from None
+                raise not_started(exc) from None
             raise await self._cancelled(key, box, exc, kernel_call, before) from None
         except ThawFailed as exc:
             assert box is not None
-            verified = await self.drop(key, box)
-            return Result.build(
-                invocation, "container", Reason.exited, status=Status.error, limits=limits,
-                started=started, message=f"{exc}; it was removed and the session's next call "
-                "gets a new one (its files are kept)",
-                cleanup=Cleanup(verified=verified, detail=gone(box, verified)),
-                kernel=kernel_verdict(Observed(Ended.THAW_FAILED, False, before,
-                                               has_kernel=bool(kernel_call or before))).kernel)
+            return await self._thaw_failed(key, box, call, exc, before)
         except TimeoutError:
             verified = await self.drop(key, box) if box is not None else True
-            result = timeout_result(invocation, limits, started, verified,
-                                    gone(box, verified))
+            result = timeout_result(call.call, verified, gone(box, verified))
             return with_lost(result, Ended.TIMEOUT, kernel_call, before)
         except BaseException:
             if box is not None:
                 await self.drop(key, box)
             raise
-        return await self._answer(key, box, invocation, limits, outcome, started,
-                                  interrupt.reason if interrupt is not None else None,
-                                  kernel_call, before)
+        return await self._answer(key, box, call, outcome,
+                                  interrupt.reason if interrupt is not None else None, before)
 
     async def _cancelled(self, key: SessionKey, box: Box, exc: asyncio.CancelledError,
                          kernel_call: bool, before: int) -> CancelledAfterCleanup:
@@ -247,44 +229,58 @@ class SessionContainers:
         lost = gone_kernel(Ended.CANCELLED, kernel_call, before)
         return CancelledAfterCleanup(verified, gone(box, verified), lost)
 
-    async def _answer(self, key: SessionKey, box: Box, invocation: Invocation,
-                      limits: Limits, outcome: Outcome, started: float,
-                      interrupted: Reason | None, kernel_call: bool, before: int) -> Result:
+    async def _thaw_failed(self, key: SessionKey, box: Box, call: ContainerCall,
+                           exc: ThawFailed, before: int) -> Result:
+        """A call whose paused container could not be thawed: the container is removed (and
+        its kernel with it), the call ends in error, the session's next call gets a new one."""
+        verified = await self.drop(key, box)
+        return Result.build(
+            call.invocation, BACKEND, Reason.exited, status=Status.error,
+            limits=call.limits, started=call.call.started,
+            message=f"{exc}; it was removed and the session's next call gets a new one "
+            "(its files are kept)",
+            cleanup=Cleanup(verified=verified, detail=gone(box, verified)),
+            kernel=kernel_verdict(Observed(Ended.THAW_FAILED, False, before,
+                                           has_kernel=bool(call.request.kernel or before))).kernel)
+
+    async def _answer(self, key: SessionKey, box: Box, call: ContainerCall, outcome: Outcome,
+                      interrupted: Reason | None, before: int) -> Result:
         """The result of a call the runner answered: the container (and its kernel) kept
-        when the call ended within every limit, else removed."""
+        when the call ended within every limit (an interrupted call: and its kernel was not
+        lost), else removed."""
         if outcome.lost and box.dead:
             # another call of this session hit a limit and its container was removed
             outcome.lost = None
             outcome.superseded = True
         rec = outcome.record
+        if not outcome.clean or (interrupted is not None and rec.kernel_lost):
+            return await self._removed(key, box, call, outcome, interrupted, before)
         verified = rec.group_gone is not False
-        if interrupted is not None and outcome.clean and not rec.kernel_lost:
-            if rec.kernel_interrupted:  # back in its loop within the grace: kept
-                verdict = kernel_verdict(Observed(
-                    Ended.FINISHED, bool(rec.kernel_fresh), rec.kernel_calls or 0, back=True,
-                    interrupted=True, verified=verified))
-                result = build_result(invocation, limits, outcome, started, verified, oom=False,
-                                      detail=verdict.detail,
-                                      engine_error=self.boxes.engine_error,
-                                      interrupted=interrupted)
-                box.kernel_calls = rec.kernel_calls or 0
-                return with_kernel(result, verdict.kernel)
-            interrupted = None  # it ended by itself as it was interrupted: its own result
-        if outcome.clean and interrupted is None:
-            result = build_result(invocation, limits, outcome, started, verified, oom=False,
-                                  detail="session container kept; the call's processes are "
-                                  "gone" if verified else LEFT,
-                                  engine_error=self.boxes.engine_error)
-            if kernel_call:
-                result = self._kernel_kept(box, outcome, result)
-            return result
+        if interrupted is not None and rec.kernel_interrupted:  # back within the grace: kept
+            verdict = _back_after_interrupt(box, rec, Ended.FINISHED, interrupted=True)
+            result = build_result(call.call, outcome, verified, oom=False,
+                                  detail=verdict.detail, engine_error=self.boxes.engine_error,
+                                  interrupted=interrupted)
+            return with_kernel(result, verdict.kernel)
+        # (interrupted, it ended by itself as it was interrupted: its own result)
+        result = build_result(call.call, outcome, verified, oom=False,
+                              detail="session container kept; the call's processes are "
+                              "gone" if verified else LEFT,
+                              engine_error=self.boxes.engine_error)
+        return self._kernel_kept(box, outcome, result) if call.request.kernel else result
+
+    async def _removed(self, key: SessionKey, box: Box, call: ContainerCall, outcome: Outcome,
+                       interrupted: Reason | None, before: int) -> Result:
+        """The result of an answered call whose container goes (a limit, a lost runner or
+        kernel): asked of the engine whether it was OOM-killed, then removed."""
         oom = await oom_killed_after(self.boxes, box, outcome)
         verified = await self.drop(key, box)
-        result = build_result(invocation, limits, outcome, started, verified, oom=oom,
+        result = build_result(call.call, outcome, verified, oom=oom,
                               detail=gone(box, verified) + " (the session gets a new one)",
                               engine_error=self.boxes.engine_error, interrupted=interrupted)
+        kernel_call = call.request.kernel
         return with_lost(result, Ended.FINISHED, kernel_call, before,
-                         rec if kernel_call else WorkerReport())
+                         outcome.record if kernel_call else NO_REPORT)
 
     @staticmethod
     def _kernel_kept(box: Box, outcome: Outcome, result: Result) -> Result:
@@ -299,11 +295,9 @@ class SessionContainers:
         assert verdict.kernel is not None
         if rec.kernel_calls is not None:  # None: a runner without kernels ran it one-shot
             box.kernel_calls = 0 if verdict.kernel.lost else rec.kernel_calls
-        update: dict[str, Any] = {"kernel": verdict.kernel}
-        message = verdict.message or (verdict.why if result.message is None else None)
-        if message is not None:
-            update["message"] = message
-        return result.model_copy(update=update)
+        # the verdict's message, else its why when the call's result has no message of its own
+        message = verdict.message or (verdict.why if result.message is None else result.message)
+        return result.model_copy(update={"kernel": verdict.kernel, "message": message})
 
     @staticmethod
     def _kept_after_interrupt(box: Box,
@@ -313,12 +307,9 @@ class SessionContainers:
         rec = outcome.record
         if not outcome.clean or rec.kernel_lost or rec.kernel_calls is None:
             return None
-        box.kernel_calls = rec.kernel_calls
-        verified = rec.group_gone is not False
-        verdict = kernel_verdict(Observed(
-            Ended.CANCELLED, bool(rec.kernel_fresh), box.kernel_calls, back=True,
-            interrupted=bool(rec.kernel_interrupted), verified=verified))
-        return verified, verdict.detail, verdict.kernel
+        verdict = _back_after_interrupt(box, rec, Ended.CANCELLED,
+                                        interrupted=bool(rec.kernel_interrupted))
+        return rec.group_gone is not False, verdict.detail, verdict.kernel
 
     def interrupt_kernel(self, session_id: str) -> bool:
         """Interrupt the python call that runs in the session's kernel now, if any: its code
@@ -330,13 +321,18 @@ class SessionContainers:
                 hit = True
         return hit
 
+    def _live(self, session_id: str) -> Iterator[tuple[SessionKey, Box]]:
+        """The session's containers that are alive, each checked as it comes (the caller
+        awaits between them: one may die meanwhile)."""
+        for key, box in list(self.by_key.items()):
+            if key[1] == session_id and not box.dead:
+                yield key, box
+
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel(s) (the next python call starts a fresh one; the
         container and workspace are kept). True when a kernel was ended."""
         ended = False
-        for key, box in list(self.by_key.items()):
-            if key[1] != session_id or box.dead:
-                continue
+        for key, box in self._live(session_id):
             with self.idle.using(key):
                 ended = await self._restart(key, box) or ended
         return ended
@@ -345,10 +341,9 @@ class SessionContainers:
         """Pause the session's container(s) now, as an idle one is paused (never while a call
         runs in it). True when one is paused after this (by it, or already)."""
         paused = False
-        for key, box in list(self.by_key.items()):
-            if key[1] == session_id and not box.dead:
-                now = await self.idle.pause(key, box, self.by_key, now=True)
-                paused = paused or now or box.paused
+        for key, box in self._live(session_id):
+            now = await self.idle.pause(key, box, self.by_key, now=True)
+            paused = paused or now or box.paused
         return paused
 
     async def resume_session(self, session_id: str) -> bool:
@@ -356,8 +351,8 @@ class SessionContainers:
         thawed. One that cannot be is dropped (its next call gets a fresh one; its kernel is
         lost) and :class:`ThawFailed` raised."""
         thawed = False
-        for key, box in list(self.by_key.items()):
-            if key[1] != session_id or box.dead or not box.paused:
+        for key, box in self._live(session_id):
+            if not box.paused:
                 continue
             with self.idle.using(key):
                 try:
@@ -422,25 +417,36 @@ class SessionContainers:
             self.idle.forget(key)
 
 
+def _back_after_interrupt(box: Box, rec: WorkerReport, ended: Ended, *,
+                          interrupted: bool) -> Verdict:
+    """The verdict on a kernel the runner kept through an interrupt (back in its loop within
+    the grace, or its call ended by itself as it was interrupted); its calls are counted on
+    its container."""
+    box.kernel_calls = rec.kernel_calls or 0
+    return kernel_verdict(Observed(
+        ended, bool(rec.kernel_fresh), box.kernel_calls, back=True, interrupted=interrupted,
+        verified=rec.group_gone is not False))
+
+
 def with_kernel(result: Result, kernel: Kernel | None) -> Result:
     """``result`` carrying the session kernel's state."""
     return result.model_copy(update={"kernel": kernel})
 
 
-def gone_kernel(ended: Ended, kernel_call: bool, before: int, rec: WorkerReport | None = None,
+def gone_kernel(ended: Ended, kernel_call: bool, before: int, rec: WorkerReport = NO_REPORT,
                 termination: Reason | None = None) -> Kernel | None:
     """The kernel of a call whose container is gone (and so its kernel): ``rec`` the
     runner's report of the call and ``termination`` its result's reason, when it answered;
     None when the session had no kernel."""
-    fresh = rec.kernel_fresh if rec is not None else None
-    calls = (rec.kernel_calls if rec is not None else None) or before + kernel_call
+    fresh = rec.kernel_fresh
+    calls = rec.kernel_calls or before + kernel_call
     return kernel_verdict(Observed(
         ended, bool(kernel_call and not before if fresh is None else fresh), calls,
         has_kernel=bool(kernel_call or before), termination=termination)).kernel
 
 
 def with_lost(result: Result, ended: Ended, kernel_call: bool, before: int,
-              rec: WorkerReport | None = None) -> Result:
+              rec: WorkerReport = NO_REPORT) -> Result:
     """``result`` carrying its session's lost kernel, when the session had one."""
     kernel = gone_kernel(ended, kernel_call, before, rec, result.termination.reason)
     return result if kernel is None else with_kernel(result, kernel)
