@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from sandboxd.backends.base import Backend, KernelState
+from sandboxd.backends.capabilities import KernelCarrier, KernelHost
 from sandboxd.backends.restricted import carry, health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
@@ -71,7 +72,7 @@ from sandboxd.workspaces import fstree
 log = logging.getLogger("sandboxd.restricted")
 
 
-class RestrictedBackend(Backend):
+class RestrictedBackend(Backend, KernelHost, KernelCarrier):
     """RestrictedPython in a confined, pre-forked worker process (see the package docs)."""
 
     name = outcome.BACKEND_NAME
