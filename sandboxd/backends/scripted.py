@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandboxd.backends.base import Backend, CancelledAfterCleanup
+from sandboxd.backends.capabilities import KernelHost
 from sandboxd.models import (
     Cleanup,
     Invocation,
@@ -77,8 +78,9 @@ def fails(reason: Reason, **fields: Any) -> Script:
     return script
 
 
-class ScriptedBackend(Backend):
-    """A :class:`~sandboxd.backends.base.Backend` whose calls are answered by ``script``."""
+class ScriptedBackend(Backend, KernelHost):
+    """A :class:`~sandboxd.backends.base.Backend` whose calls are answered by ``script``; it
+    emulates kernels (:class:`~sandboxd.backends.capabilities.KernelHost`) and nothing else."""
 
     def __init__(self, name: str = "restricted", script: Script | None = None, *,
                  available: bool = True, probe_ok: bool = True) -> None:

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandboxd.backends.capabilities import kernel_carrier
 from sandboxd.errors import AuditFailure, Draining, StorageUnavailable
 from sandboxd.fork.copy import Copied, copy_workspace
 from sandboxd.host.storage import is_no_space
@@ -41,7 +42,8 @@ async def snapshot(service: Sandboxd, session_id: str,
     answer: dict[str, Any] = {"carried": False, "parent_backends": kernels,
                               "reason": NO_KERNEL}
     for name in kernels:
-        state = await service.backends[name].snapshot_kernel(
+        carrier = kernel_carrier(service.backends[name])
+        state = None if carrier is None else await carrier.snapshot_kernel(
             session_id, service.settings.fork_state_bytes, deadline)
         if state is None:
             answer["reason"] = KERNEL_NOT_CARRIED
@@ -106,7 +108,8 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
         raise
     for child in children:  # made and audited: each fork's first kernel restores the state
         for name, blob in states.items():
-            service.backends[name].seed_kernel(child.id, blob)
+            if (carrier := kernel_carrier(service.backends[name])) is not None:
+                carrier.seed_kernel(child.id, blob)
     views = [child.public(None) for child in children]
     return {"parent": parent.id, "sessions": views,
             "files": [{"bytes": c.bytes, "entries": c.entries, "skipped": c.skipped}

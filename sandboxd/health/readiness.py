@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandboxd.backends.base import Backend
+from sandboxd.backends.capabilities import self_healing
 from sandboxd.backends.registry import default_backend
 from sandboxd.models import ProbeReport
 
@@ -81,7 +82,8 @@ class BackendProbes:
         if not ok:
             # optional by design (ready without it), unless it is rebuilding what of its own
             # vanished under the daemon (``healing``): then the daemon is damaged
-            fine = name != default_backend() and backend.healing is None
+            healer = self_healing(backend)
+            fine = name != default_backend() and (healer is None or healer.healing is None)
             return {"available": False, "reason": why, "ok": fine}
         try:
             report: ProbeReport = await backend.probe()

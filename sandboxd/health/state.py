@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sandboxd.backends.capabilities import image_builder
 from sandboxd.config import Settings
 from sandboxd.errors import StorageUnavailable
 from sandboxd.health.metrics import Metrics
@@ -59,7 +60,8 @@ class Health:
         quota = self.sessions.fs  # read fresh too: its mount helper may have died
         policy = policy_state(self.policy_refused)
         images = {image: build for backend in self.probes.backends.values()
-                  for image, build in backend.building().items()}
+                  if (builder := image_builder(backend)) is not None
+                  for image, build in builder.building().items()}
         degraded = [] if policy["ok"] else ["policy"]
         if any(b.get("state") not in ("built", "up to date") for b in images.values()):
             degraded.append("images")

@@ -2,8 +2,8 @@
 cap on live kernels, and the session operations of :class:`~sandboxd.service.Sandboxd`
 (:class:`SessionService`: create, list, describe, restart, delete, expire).
 
-A *kernel* is a session's persistent Python interpreter on one backend; the backends own them
-(``Backend.kernel_sessions()``, ``Backend.restart_kernel()``). The service only counts them:
+A *kernel* is a session's persistent Python interpreter on one backend; the backends that keep
+them own them (:class:`~sandboxd.backends.capabilities.KernelHost`). The service only counts them:
 a session ``python`` call whose session has no live kernel on its backend would start one, so
 it is admitted only while the live kernels of every backend, plus the kernels reserved by
 calls in flight, stay under ``max_kernels`` (:class:`KernelCap`), reserved before the call's
@@ -20,7 +20,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandboxd.backends.base import Backend, kernel_backends, kernel_name
+from sandboxd.backends.base import Backend, kernel_name
+from sandboxd.backends.capabilities import (
+    KernelHost,
+    kernel_backends,
+    kernel_host,
+    live_kernels,
+    pausable,
+)
 from sandboxd.errors import (
     AuditFailure,
     Draining,
@@ -84,7 +91,7 @@ class KernelCap:
     def _on_backends(self) -> set[KernelKey]:
         """Kernels alive on the backends now (one per session and language)."""
         return {(kernel_name(name, language), sid) for name, backend in self.backends.items()
-                for sid, language in backend.session_kernels()}
+                for sid, language in live_kernels(backend)}
 
     def admit(self, session_id: str | None, kernel: str | None, *,
               python: bool) -> KernelTicket:
@@ -141,10 +148,16 @@ class SessionService:
         """Names of the backends on which the session has a live kernel now."""
         return kernel_backends(self.backends, session_id)
 
+    def _kernel_hosts(self) -> list[tuple[str, KernelHost]]:
+        """``(name, backend)`` of the backends that keep session kernels."""
+        return [(name, host) for name, backend in self.backends.items()
+                if (host := kernel_host(backend)) is not None]
+
     async def session_view(self, session: Session) -> dict[str, Any]:
         """The session as the API shows it: usage and kernel state included."""
         usage = await self.sessions.usage(Path(session.workspace))
-        paused = any(session.id in b.paused_sessions() for b in self.backends.values())
+        paused = any(session.id in sandbox.paused_sessions() for b in self.backends.values()
+                     if (sandbox := pausable(b)) is not None)
         return session.public(usage, self.kernel_backends(session.id), paused)
 
     async def list_sessions(self, client: str) -> list[dict[str, Any]]:
@@ -184,9 +197,9 @@ class SessionService:
         session = self.sessions.get(session_id, client)
         restarted = []
         with self.sessions.in_use(session):  # it does not expire under the restart
-            for name, backend in self.backends.items():
+            for name, host in self._kernel_hosts():
                 try:
-                    if await backend.restart_kernel(session.id):
+                    if await host.restart_kernel(session.id):
                         restarted.append(name)
                 except Exception as exc:
                     log.exception("backend %s failed to restart the kernel of %s", name,
@@ -212,8 +225,8 @@ class SessionService:
         Audited as ``kernel_interrupt``. The session view, with ``interrupted``: the backends
         whose call was interrupted (none when no call was running)."""
         session = self.sessions.get(session_id, client)
-        interrupted = [name for name, backend in self.backends.items()
-                       if backend.interrupt_kernel(session.id)]
+        interrupted = [name for name, host in self._kernel_hosts()
+                       if host.interrupt_kernel(session.id)]
         try:
             await self.record(event="kernel_interrupt", client=client, session=session.id,
                               backends=interrupted, transport=transport)
@@ -242,9 +255,11 @@ class SessionService:
         done = []
         with self.sessions.in_use(session):  # it does not expire meanwhile
             for name, backend in self.backends.items():
+                if (sandbox := pausable(backend)) is None:
+                    continue  # nothing kept running between its calls: nothing to pause
                 try:
-                    if await (backend.pause_session(session.id) if pause
-                              else backend.resume_session(session.id)):
+                    if await (sandbox.pause_session(session.id) if pause
+                              else sandbox.resume_session(session.id)):
                         done.append(name)
                 except Exception as exc:
                     log.exception("backend %s failed to %s session %s", name,

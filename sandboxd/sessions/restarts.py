@@ -30,9 +30,10 @@ import os
 import stat
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from sandboxd.backends.base import PYTHON, kernel_fields, kernel_name, kernel_names
+from sandboxd.backends.base import PYTHON, kernel_fields, kernel_name
+from sandboxd.backends.capabilities import SessionKeeper, kernel_names
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Kernel, Result
 from sandboxd.protocol.plan import KERNEL_KINDS, ToolKind
@@ -72,25 +73,6 @@ def lost_message(reason: str, language: str = PYTHON) -> str:
 
 RESTART_MESSAGE = lost_message(DAEMON_RESTART)
 CRASH_MESSAGE = lost_message(DAEMON_CRASH)
-
-
-@runtime_checkable
-class SessionKeeper(Protocol):
-    """A backend whose session state can outlive the daemon (the container backend)."""
-
-    adoption_failed: dict[str, str]  # after start: sessions whose kept state did not check out
-    adopting: bool  # after start: its re-adoption is still under way
-
-    def expect_sessions(self, expected: dict[str, tuple[str, str, int | None]]) -> None:
-        """Before start: the recovered sessions, ``id -> (client, workspace, uid)``."""
-
-    async def keep_sessions(self, session_ids: set[str]) -> set[str]:
-        """At a clean stop, before close: keep what it can of these sessions."""
-
-    async def adopted(self, session_id: str | None = None) -> None:
-        """After start: until the re-adoption of what the last stop kept has ended, or has
-        settled ``session_id``'s (it runs while the daemon serves, within
-        ``adopt_timeout_s``)."""
 
 
 def mount_of(path: Path) -> tuple[str, str, set[str]] | None:

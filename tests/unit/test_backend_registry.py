@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from typer.testing import CliRunner
 
 from sandboxd.backends import registry
+from sandboxd.backends.capabilities import SelfHealing, self_healing
 from sandboxd.backends.factory import build_backend, build_backends, enabled_backends
 from sandboxd.backends.scripted import ScriptedBackend
 from sandboxd.config import Settings, load_settings, settings_problems
@@ -64,7 +65,7 @@ def test_the_factory_builds_a_registered_backend(
     assert enabled_backends(settings) == [NAME]
     built = build_backends(settings, None)
     assert set(built) == {NAME, "workspace"} and isinstance(built[NAME], Throwaway)
-    assert built[NAME].healing is None  # the protocol's default
+    assert self_healing(built[NAME]) is None  # it need not say what it cannot do
     assert isinstance(build_backend(NAME, settings, None), Throwaway)
 
 
@@ -177,16 +178,26 @@ def test_a_backend_package_still_exports_its_backend() -> None:
         package.nope  # noqa: B018
 
 
-def test_healing_is_part_of_the_protocol() -> None:
-    """Every backend has ``healing`` (None by default, from the protocol); an optional backend
-    that is unavailable is fine for readiness unless it is healing."""
+class Healing(ScriptedBackend, SelfHealing):
+    """A backend that rebuilds state of its own (as the container backend does)."""
+
+    healing: str | None = None
+
+
+def test_healing_is_a_capability() -> None:
+    """An optional backend that is unavailable is fine for readiness unless it is healing:
+    one without the capability never is."""
     import asyncio
 
     from sandboxd.backends.base import Backend
     from sandboxd.health.readiness import BackendProbes
 
-    optional = ScriptedBackend("container", available=False)
-    assert optional.healing is None and Backend.healing is None and isinstance(optional, Backend)
+    plain = ScriptedBackend("container", available=False)
+    assert self_healing(plain) is None
+    probes = BackendProbes({"restricted": ScriptedBackend("restricted"), "container": plain})
+    assert asyncio.run(probes.reports(fresh=True))[0] is True
+    optional = Healing("container", available=False)
+    assert isinstance(optional, Backend) and self_healing(optional) is optional
     probes = BackendProbes({"restricted": ScriptedBackend("restricted"), "container": optional})
     assert asyncio.run(probes.reports(fresh=True))[0] is True
     optional.healing = "its runner directory vanished"

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from sandboxd.api.e2b.commands import Background
 from sandboxd.api.e2b.watch import Watcher
 from sandboxd.api.problems import Problem
+from sandboxd.backends.capabilities import pausable
 from sandboxd.service import Sandboxd
 from sandboxd.sessions.record import SessionNotFound
 
@@ -132,7 +133,8 @@ class Sandboxes:
     def paused(self, record: E2bSandbox) -> bool:
         """Whether the sandbox's container is paused now (by E2B's pause, or idle)."""
         return record.id in {sid for backend in self.service.backends.values()
-                             for sid in backend.paused_sessions()}
+                             if (sandbox := pausable(backend)) is not None
+                             for sid in sandbox.paused_sessions()}
 
     async def pause(self, record: E2bSandbox) -> None:
         """E2B's pause: the session's container (and its contexts') paused now, by the

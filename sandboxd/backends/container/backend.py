@@ -52,6 +52,13 @@ from typing import Any
 
 from sandboxd.backends.base import Backend, BackendUnavailable
 from sandboxd.backends.call import BackendCall
+from sandboxd.backends.capabilities import (
+    ImageBuilder,
+    KernelLanguages,
+    Pausable,
+    SelfHealing,
+    SessionKeeper,
+)
 from sandboxd.backends.container import adopt, engine
 from sandboxd.backends.container.boxes import Boxes, clear_rundir
 from sandboxd.backends.container.build import ImageBuilds
@@ -84,7 +91,8 @@ log = logging.getLogger("sandboxd.container")
 PROBE_CACHE_S = 60.0  # confinement does not change at run time; /readyz may poll often
 
 
-class ContainerBackend(Backend):
+class ContainerBackend(Backend, KernelLanguages, Pausable, ImageBuilder, SelfHealing,
+                       SessionKeeper):
     """Docker containers as the sandbox (see the module docstring)."""
 
     name = "container"

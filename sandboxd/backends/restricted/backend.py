@@ -42,6 +42,7 @@ from typing import Any
 
 from sandboxd.backends.base import Backend, KernelState
 from sandboxd.backends.call import BackendCall
+from sandboxd.backends.capabilities import KernelCarrier, KernelHost
 from sandboxd.backends.restricted import carry, health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
@@ -72,7 +73,7 @@ from sandboxd.workspaces import fstree
 log = logging.getLogger("sandboxd.restricted")
 
 
-class RestrictedBackend(Backend):
+class RestrictedBackend(Backend, KernelHost, KernelCarrier):
     """RestrictedPython in a confined, pre-forked worker process (see the package docs)."""
 
     name = outcome.BACKEND_NAME

@@ -329,15 +329,6 @@ class WorkspaceBackend(Backend):
     async def close_session(self, session_id: str) -> None:
         return None
 
-    def kernel_sessions(self) -> set[str]:
-        return set()
-
-    async def restart_kernel(self, session_id: str) -> bool:
-        return False
-
-    def interrupt_kernel(self, session_id: str) -> bool:
-        return False
-
     async def probe(self) -> ProbeReport:
         return ProbeReport(backend=self.name, ok=True, detail="file tools run in the daemon; "
                            "paths are confined with O_NOFOLLOW descriptor walks")

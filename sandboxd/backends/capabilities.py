@@ -1,0 +1,166 @@
+"""What a backend may do beyond the core :class:`~sandboxd.backends.base.Backend`: optional
+capabilities, each a small runtime-checkable protocol that a backend declares by subclassing
+it (``class ContainerBackend(Backend, KernelLanguages, Pausable, ...)``).
+
+A caller asks for a capability with its helper (:func:`kernel_host`, :func:`pausable`, ...),
+which returns the backend as that capability or None; a backend without it is simply left out
+(no kernel to restart, nothing to pause), so no backend carries no-op defaults for what it
+cannot do. The protocols' bodies are docstrings only: a backend that declares one implements
+every member (mypy refuses to build one that does not; ``tests/unit/test_backend_capabilities
+.py`` states which backend declares what).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from sandboxd.backends.base import PYTHON, Backend, KernelState, kernel_name
+
+
+@runtime_checkable
+class KernelHost(Protocol):
+    """A backend that keeps a persistent Python kernel per session between its calls."""
+
+    def kernel_sessions(self) -> set[str]:
+        """Ids of the sessions that have a live kernel on this backend now (the service caps
+        their number host-wide: ``max_kernels``)."""
+
+    async def restart_kernel(self, session_id: str) -> bool:
+        """End the session's kernel, if it has one (the next session ``python`` call starts a
+        fresh one; the workspace is kept). ``True`` when a kernel was ended. Idempotent."""
+
+    def interrupt_kernel(self, session_id: str) -> bool:
+        """Interrupt the ``python`` call that runs in the session's kernel now, if any: its
+        code gets a ``KeyboardInterrupt``; the call ends ``killed`` (``cancelled``) and the
+        kernel is kept when it comes back within ``kernel_interrupt_grace_s``
+        (a runaway call need not cost the session its state).
+        ``True`` when a call was running."""
+
+
+@runtime_checkable
+class KernelLanguages(KernelHost, Protocol):
+    """A kernel host whose sessions may have a kernel per language (python, bash, ...), each
+    lost or kept on its own. A kernel host without this capability keeps Python kernels only."""
+
+    def session_kernels(self) -> set[tuple[str, str]]:
+        """``(session id, language)`` of each live kernel on this backend now."""
+
+
+@runtime_checkable
+class KernelCarrier(Protocol):
+    """A backend that can carry a session kernel's state to the session's forks."""
+
+    async def snapshot_kernel(self, session_id: str, limit: int,
+                              deadline: float) -> KernelState | None:
+        """The session's live kernel's state, pickled inside its sandbox (at most ``limit``
+        bytes), for its forks; ``None`` when there is no live kernel to carry."""
+
+    def seed_kernel(self, session_id: str, state: bytes) -> None:
+        """Give a fork's session the state its first call's fresh kernel restores (inside
+        its own sandbox) before it runs."""
+
+
+@runtime_checkable
+class Pausable(Protocol):
+    """A backend that keeps a session's sandbox running between calls and can pause it idle
+    (holding no CPU), as idle pausing does or a client asks."""
+
+    def paused_sessions(self) -> set[str]:
+        """Ids of the sessions whose sandbox is paused now: ``GET /v1/sessions/{id}`` says
+        ``paused``."""
+
+    async def pause_session(self, session_id: str) -> bool:
+        """Pause the session's sandbox now: ``True`` when it is paused after this."""
+
+    async def resume_session(self, session_id: str) -> bool:
+        """Thaw the session's paused sandbox now (as its next call would): ``True`` when one
+        was thawed."""
+
+
+@runtime_checkable
+class ImageBuilder(Protocol):
+    """A backend that builds what its tools need (images) while the daemon serves."""
+
+    def building(self) -> dict[str, dict[str, object]]:
+        """What it is building, by name (``/readyz``): a build's ``state`` and progress."""
+
+
+@runtime_checkable
+class SelfHealing(Protocol):
+    """A backend that rebuilds state of its own that vanished under the daemon (e.g. the
+    container runner directory)."""
+
+    #: why it is rebuilding now, or None. While it is set, the backend's unavailability makes
+    #: the daemon unready even when the backend is optional
+    healing: str | None
+
+
+@runtime_checkable
+class SessionKeeper(Protocol):
+    """A backend whose session state can outlive the daemon (the container backend)."""
+
+    adoption_failed: dict[str, str]  # after start: sessions whose kept state did not check out
+
+    @property
+    def adopting(self) -> bool:
+        """After start: its re-adoption is still under way."""
+
+    def expect_sessions(self, expected: dict[str, tuple[str, str, int | None]]) -> None:
+        """Before start: the recovered sessions, ``id -> (client, workspace, uid)``."""
+
+    async def keep_sessions(self, session_ids: set[str]) -> set[str]:
+        """At a clean stop, before close: keep what it can of these sessions."""
+
+    async def adopted(self, session_id: str | None = None) -> None:
+        """After start: until the re-adoption of what the last stop kept has ended, or has
+        settled ``session_id``'s (it runs while the daemon serves, within
+        ``adopt_timeout_s``)."""
+
+
+def kernel_host(backend: Backend) -> KernelHost | None:
+    """The backend as a :class:`KernelHost`, or None when it keeps no kernels."""
+    return backend if isinstance(backend, KernelHost) else None
+
+
+def kernel_carrier(backend: Backend) -> KernelCarrier | None:
+    """The backend as a :class:`KernelCarrier`, or None when its forks start fresh."""
+    return backend if isinstance(backend, KernelCarrier) else None
+
+
+def pausable(backend: Backend) -> Pausable | None:
+    """The backend as :class:`Pausable`, or None when it keeps nothing to pause."""
+    return backend if isinstance(backend, Pausable) else None
+
+
+def image_builder(backend: Backend) -> ImageBuilder | None:
+    """The backend as an :class:`ImageBuilder`, or None when it builds nothing."""
+    return backend if isinstance(backend, ImageBuilder) else None
+
+
+def self_healing(backend: Backend) -> SelfHealing | None:
+    """The backend as :class:`SelfHealing`, or None when it never rebuilds state of its own."""
+    return backend if isinstance(backend, SelfHealing) else None
+
+
+def live_kernels(backend: Backend) -> set[tuple[str, str]]:
+    """``(session id, language)`` of each live kernel on the backend now (none when it keeps
+    no kernels; all Python on a kernel host without :class:`KernelLanguages`)."""
+    if isinstance(backend, KernelLanguages):
+        return backend.session_kernels()
+    host = kernel_host(backend)
+    return {(sid, PYTHON) for sid in host.kernel_sessions()} if host is not None else set()
+
+
+def kernel_names(backends: Mapping[str, Backend], session_id: str) -> list[str]:
+    """Names (:func:`~sandboxd.backends.base.kernel_name`) of the session's live kernels on
+    the ``backends``."""
+    return sorted(kernel_name(name, language) for name, backend in backends.items()
+                  for sid, language in live_kernels(backend) if sid == session_id)
+
+
+def kernel_backends(backends: Mapping[str, Backend], session_id: str) -> list[str]:
+    """Names of the ``backends`` on which the session has a live kernel now."""
+    return sorted(name for name, backend in backends.items()
+                  if (host := kernel_host(backend)) is not None
+                  and session_id in host.kernel_sessions())
