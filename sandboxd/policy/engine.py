@@ -8,9 +8,7 @@ names the policy file (``source``) and the rule path (``tools.shell.commands.den
 from __future__ import annotations
 
 import ast
-import re
 import string
-from dataclasses import replace
 from typing import Any
 
 from sandboxd.backends import registry
@@ -36,27 +34,18 @@ from sandboxd.policy.models import (
 )
 from sandboxd.policy.packages import decide_packages
 from sandboxd.policy.paths import PathRefused, glob_match, normalise
-from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED, RUNS_OTHERS
+from sandboxd.policy.programs import RUNS_OTHERS
 from sandboxd.policy.shell import (
-    REDIRECTS,
-    SHELL_ONLY,
-    ShellRefused,
-    deny_rule,
-    is_assignment,
-    parse,
     program_name,
     wrapped_index,
 )
-from sandboxd.policy.shell import Redirect as ParsedRedirect
+from sandboxd.policy.shell_tool import decide_shell, harden
 from sandboxd.policy.specs import enabled_tools, listing
-from sandboxd.protocol.environment import check_env
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import (
     ExecutionPlan,
     Pipeline,
     Plan,
-    PlannedCommand,
-    Redirect,
     ToolKind,
 )
 from sandboxd.protocol.rules import denied_name, import_verdict
@@ -104,6 +93,10 @@ class _Ctx:
         #: facts of the plan found on the way (a file tool's path and file cap)
         self.facts: dict[str, Any] = {}
 
+    def egress(self, tool: Any) -> EgressRules | None:
+        """The compiled egress rules of ``tool`` (its own block, else the policy's)."""
+        return _egress(self.pol, tool)
+
     def deny(self, rule: str, message: str) -> Decision:
         return Decision(allowed=False, source=self.pol.source, rule=rule, message=message,
                         policy_name=self.pol.name, backend=self.backend,
@@ -147,7 +140,7 @@ def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[st
             if isinstance(cfg, PythonTool):
                 return _decide_python(ctx, cfg, arguments)
             if isinstance(cfg, ShellTool):
-                return _decide_shell(ctx, cfg, arguments)
+                return decide_shell(ctx, cfg, _network(spec, cfg.network), arguments)
             if isinstance(cfg, BashTool):
                 return decide_bash(ctx, cfg, _network(spec, cfg.network), arguments)
             if isinstance(cfg, JavascriptTool):
@@ -230,155 +223,6 @@ def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Dec
 # ------------------------------------------------------------------ shell
 
 
-def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, list[int]] | Decision:
-    """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
-    those programs in ``argv``; or a denial."""
-    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    allowed_text = f"allowed commands: {listing(allowed)}"
-    positions: list[int] = []
-    rule = ""
-    at = 0
-    while True:
-        word = argv[at]
-        if is_assignment(word):
-            return ctx.deny("tools.shell.commands.allow",
-                            f"Variable assignments such as `{word}` are not allowed here; "
-                            f"{allowed_text}.")
-        name = program_name(word)
-        if name is None:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"Run programs by name (such as `ls`), not by path: `{word}` is "
-                            f"not allowed here; {allowed_text}.")
-        if name in SHELL_ONLY:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"`{name}` is a shell builtin, and this tool runs programs without "
-                            "a shell; the current directory is the workspace (use paths "
-                            f"relative to it). {allowed_text[0].upper()}{allowed_text[1:]}.")
-        denied = deny_rule(cfg.commands.deny, name)
-        if denied is not None:
-            return ctx.deny(denied, f"`{name}` is not allowed here; {allowed_text}.")
-        if name not in cfg.commands.allow:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"`{name}` is not allowed here; {allowed_text}.")
-        if not positions:
-            rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
-        positions.append(at)
-        inner = wrapped_index(name, argv[at:])
-        if inner is None:
-            return rule, positions
-        if len(positions) > 3:
-            return ctx.deny("tools.shell.commands.allow", "Too many nested wrapper programs.")
-        at += inner
-
-
-def _harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
-    """The command that runs ``argv`` (whose programs stand at ``positions``) with the
-    hardening of every known program in it (:mod:`sandboxd.policy.programs`), or why not."""
-    names = [program_name(argv[p]) or argv[p] for p in positions]
-    hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
-    if not hardened:
-        return PlannedCommand(argv=tuple(argv))
-    out = list(argv)
-    env: dict[str, str] = {}
-    exec_only: list[str] = []
-    for pos, name in reversed(hardened):
-        rules = HARDENED[name]
-        k = positions.index(pos)
-        outer = names[:k]
-        # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
-        if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
-            return f"`env` may not change the environment of `{name}` here"
-        refusal = rules.check(argv[pos + 1:], any(w in EXTENDING_WRAPPERS for w in outer))
-        if refusal is not None:
-            return refusal
-        out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
-        env.update(rules.env)
-        exec_only += [*outer, *rules.exec_only]
-    return PlannedCommand(argv=tuple(out), env=env, exec_only=tuple(dict.fromkeys(exec_only)))
-
-
-def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
-    """A parsed redirect as the runner performs it; targets are workspace paths."""
-    mode = REDIRECTS[r.op]
-    if mode == "dup":
-        if r.target == "-":
-            return Redirect(fd=r.fd, mode="close")
-        return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
-    if r.target == "/dev/null":
-        return Redirect(fd=r.fd, mode=mode, path="/dev/null")
-    try:
-        path = normalise(r.target)
-    except PathRefused as exc:
-        return ctx.deny("tools.shell.operators",
-                        f"The redirect target `{visible(r.target)}` is not allowed: {exc}. "
-                        "Redirects may name files in the workspace, or /dev/null.")
-    if path == ".":
-        return ctx.deny("tools.shell.operators",
-                        f"The redirect target `{visible(r.target)}` is the workspace itself; "
-                        "name a file.")
-    return Redirect(fd=r.fd, mode=mode, path=path)
-
-
-_OPERATOR_HELP = ("run a single program per call, without pipes, `;`, `&&`, `||`, `&`, "
-                  "redirects, `$(...)` or backticks")
-_OPERATORS_NOTE = ("This tool runs programs joined by pipes, `;`, `&&`, `||` and redirects, "
-                   "without a shell.")
-
-
-def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decision:
-    line = str(arguments.get("command", ""))
-    if "\x00" in line:
-        return ctx.deny("tools.shell", "The command line must not contain NUL characters.")
-    for i, pattern in enumerate(cfg.deny_patterns):
-        if re.search(pattern, line):
-            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
-                            "This command line is not allowed here (it matches a pattern the "
-                            "policy forbids).")
-    try:
-        parsed = parse(line, operators=cfg.operators)
-    except ShellRefused as exc:
-        if exc.construct in ("'", '"'):
-            return ctx.deny("tools.shell", f"{exc}.")
-        if not cfg.operators:
-            return ctx.deny("tools.shell.operators", f"{exc}; {_OPERATOR_HELP}.")
-        return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
-    if not parsed:
-        return ctx.deny("tools.shell", "The command line is empty.")
-    try:
-        env = check_env(arguments.get("env"))
-    except ValueError as exc:
-        return ctx.deny("tools.shell", f"{exc}.")
-    rules: list[str] = []
-    pipelines: list[Pipeline] = []
-    for pipe in parsed:
-        commands: list[PlannedCommand] = []
-        for cmd in pipe.commands:
-            verdict = _check_program(ctx, cfg, cmd.argv)
-            if isinstance(verdict, Decision):
-                return verdict
-            rule, positions = verdict
-            if rule not in rules:
-                rules.append(rule)
-            planned = _harden(cmd.argv, positions)
-            if isinstance(planned, str):
-                return ctx.deny(rule, f"{planned[0].upper()}{planned[1:]}.")
-            if env and planned.env:  # as `env NAME=value git`: the hardening's environment
-                return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
-                                "not be changed here.")
-            if env:
-                planned = replace(planned, env=dict(env))
-            redirects = [_redirect(ctx, r) for r in cmd.redirects]
-            denied = next((r for r in redirects if isinstance(r, Decision)), None)
-            if denied is not None:
-                return denied
-            commands.append(replace(planned, redirects=tuple(
-                r for r in redirects if isinstance(r, Redirect))))
-        pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
-    return ctx.allow(", ".join(rules), cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
-                     egress=_egress(ctx.pol, cfg))
-
-
 # ------------------------------------------------------------------ file tools
 
 
@@ -455,7 +299,7 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
         # an optional parameter that was not given (and has no default): drop the element
     wraps = wrapped_index(program_name(argv[0]) or "", argv)
     positions = [0] if wraps is None else [0, wraps]
-    planned = _harden(argv, positions)
+    planned = harden(argv, positions)
     if isinstance(planned, str):
         return ctx.deny(base, f"{planned[0].upper()}{planned[1:]}.")
     return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network),
