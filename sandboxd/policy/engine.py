@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import string
+from collections.abc import Callable
 from typing import Any
 
 from sandboxd.backends import registry
@@ -180,22 +181,42 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
         return []
     found: list[tuple[str, list[str]]] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.extend((alias.name, []) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                found.append(("." * node.level + (node.module or ""), []))
-            elif node.module:
-                found.append((node.module, [a.name for a in node.names]))
-        elif isinstance(node, ast.Call) and node.args:
-            func = node.func
-            name = (func.id if isinstance(func, ast.Name)
-                    else func.attr if isinstance(func, ast.Attribute) else "")
-            arg = node.args[0]
-            if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
-                    and isinstance(arg.value, str)):
-                found.append((arg.value, []))
+        reader = _IMPORT_READERS.get(type(node))
+        if reader is not None:
+            found.extend(reader(node))
     return found
+
+
+Imported = list[tuple[str, list[str]]]
+
+
+def _plain_import(node: ast.Import) -> Imported:
+    """``import a, b.c``."""
+    return [(alias.name, []) for alias in node.names]
+
+
+def _from_import(node: ast.ImportFrom) -> Imported:
+    """``from m import x, y`` (with the names), or a relative import (dots kept)."""
+    if node.level:
+        return [("." * node.level + (node.module or ""), [])]
+    return [(node.module, [a.name for a in node.names])] if node.module else []
+
+
+def _call_import(node: ast.Call) -> Imported:
+    """``__import__("m")`` or ``importlib.import_module("m")`` with a literal name."""
+    if not node.args:
+        return []
+    func, arg = node.func, node.args[0]
+    name = (func.id if isinstance(func, ast.Name)
+            else func.attr if isinstance(func, ast.Attribute) else "")
+    if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
+            and isinstance(arg.value, str)):
+        return [(arg.value, [])]
+    return []
+
+
+_IMPORT_READERS: dict[type[ast.AST], Callable[[Any], Imported]] = {
+    ast.Import: _plain_import, ast.ImportFrom: _from_import, ast.Call: _call_import}
 
 
 def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Decision:
@@ -267,36 +288,40 @@ def _as_arg(value: Any) -> str:
     return str(value)
 
 
+def _argv_element(tool: CustomTool, element: str, arguments: dict[str, Any],
+                  props: dict[str, Any]) -> str | tuple[str] | None:
+    """One ``argv`` element with its placeholders filled; None when an optional parameter
+    was not given (and has no default): the element is dropped; ``(message,)`` when refused."""
+    values: dict[str, str] = {}
+    for name in placeholders(element):
+        value = arguments.get(name, (props.get(name) or {}).get("default"))
+        if value is None:
+            return None
+        if isinstance(value, dict | list):
+            return (f"Argument `{name}` must be a string, number or boolean.",)
+        values[name] = _as_arg(value)
+    for name, value in values.items():
+        if "\x00" in value:
+            return (f"Argument `{name}` must not contain NUL characters.",)
+    first = next(iter(string.Formatter().parse(element)), None)
+    if (not tool.allow_option_values and first is not None and first[0] == ""
+            and first[1] is not None and values[first[1]].startswith("-")):
+        return (f"Argument `{first[1]}` must not start with `-` (it would be read as an "
+                "option).",)
+    # str.format never re-interprets the substituted values: one value, one element
+    return element.format(**values)
+
+
 def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> Decision:
     base = f"custom_tools.{ctx.tool}"
     props = tool.parameters.get("properties") or {}
     argv: list[str] = []
     for i, element in enumerate(tool.argv):
-        names = placeholders(element)
-        values: dict[str, str] = {}
-        for name in names:
-            value = arguments.get(name, (props.get(name) or {}).get("default"))
-            if value is None:
-                break
-            if isinstance(value, dict | list):
-                return ctx.deny(f"{base}.argv[{i}]",
-                                f"Argument `{name}` must be a string, number or boolean.")
-            values[name] = _as_arg(value)
-        else:
-            for name, value in values.items():
-                if "\x00" in value:
-                    return ctx.deny(f"{base}.argv[{i}]",
-                                    f"Argument `{name}` must not contain NUL characters.")
-            first = next(iter(string.Formatter().parse(element)), None)
-            if (not tool.allow_option_values and first is not None and first[0] == ""
-                    and first[1] is not None and values[first[1]].startswith("-")):
-                return ctx.deny(f"{base}.argv[{i}]",
-                                f"Argument `{first[1]}` must not start with `-` (it would be "
-                                "read as an option).")
-            # str.format never re-interprets the substituted values: one value, one element
-            argv.append(element.format(**values))
-            continue
-        # an optional parameter that was not given (and has no default): drop the element
+        filled = _argv_element(tool, element, arguments, props)
+        if isinstance(filled, tuple):
+            return ctx.deny(f"{base}.argv[{i}]", filled[0])
+        if filled is not None:
+            argv.append(filled)
     wraps = wrapped_index(program_name(argv[0]) or "", argv)
     positions = [0] if wraps is None else [0, wraps]
     planned = harden(argv, positions)
