@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sandboxd.backends import registry
@@ -334,34 +334,45 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
 
 # ------------------------------------------------------------------ admin warnings
 
+Warning = tuple[tuple[str | int, ...], str]  # (where in the file, what to look at)
+
+
+def _shell_warnings(shell: ShellTool | None) -> Iterator[Warning]:
+    """Allowed programs that run other programs, and operators switched on."""
+    if shell is None or not shell.enabled:
+        return
+    for i, name in enumerate(shell.commands.allow):
+        if name in RUNS_OTHERS and name not in shell.commands.deny:
+            yield (("tools", "shell", "commands", "allow", i),
+                   f"`{name}` is {RUNS_OTHERS[name]}: whatever it runs is not checked "
+                   "against this list (the container is the barrier)")
+    if shell.operators:
+        yield (("tools", "shell", "operators"), "shell operators are enabled: pipes, ';', "
+               "'&&', '||' and redirects are executed by sandboxd, without a shell (every "
+               "program is still checked)")
+
+
+def _python_warnings(python: PythonTool | None) -> Iterator[Warning]:
+    """Every module importable, and packages allowed where they cannot be installed."""
+    if python is None:
+        return
+    if python.enabled and "*" in python.imports.allow:
+        yield ("tools", "python", "imports", "allow"), "every module may be imported"
+    entry = registry.get(python.backend)
+    if python.packages.allow and entry is not None and entry.offered_modules() is not None:
+        yield (("tools", "python", "packages", "allow"), f"install_packages is refused on the "
+               f"{python.backend} backend (its python offers a fixed set of modules)")
+
+
 def policy_warnings(pol: LoadedPolicy) -> list[str]:
     """Things that are valid but worth an admin's second look (``file:line:col: warning:``)."""
+    spec = pol.spec
+    found = [*_shell_warnings(spec.tools.shell), *_python_warnings(spec.tools.python)]
+    if spec.network != "none":
+        found.append((("network",), f"network {spec.network!r} is granted to every container "
+                      "tool"))
     out: list[str] = []
-
-    def warn(loc: tuple[str | int, ...], text: str) -> None:
+    for loc, text in found:
         line, col = pol.position(loc)
         out.append(f"{pol.source}:{line}:{col}: warning: {text}")
-
-    spec = pol.spec
-    shell = spec.tools.shell
-    if shell is not None and shell.enabled:
-        for i, name in enumerate(shell.commands.allow):
-            if name in RUNS_OTHERS and name not in shell.commands.deny:
-                warn(("tools", "shell", "commands", "allow", i),
-                     f"`{name}` is {RUNS_OTHERS[name]}: whatever it runs is not checked "
-                     "against this list (the container is the barrier)")
-        if shell.operators:
-            warn(("tools", "shell", "operators"), "shell operators are enabled: pipes, ';', "
-                 "'&&', '||' and redirects are executed by sandboxd, without a shell (every "
-                 "program is still checked)")
-    python = spec.tools.python
-    if python is not None and python.enabled and "*" in python.imports.allow:
-        warn(("tools", "python", "imports", "allow"), "every module may be imported")
-    entry = registry.get(python.backend) if python is not None else None
-    if python is not None and python.packages.allow and entry is not None \
-            and entry.offered_modules() is not None:
-        warn(("tools", "python", "packages", "allow"), f"install_packages is refused on the "
-             f"{python.backend} backend (its python offers a fixed set of modules)")
-    if spec.network != "none":
-        warn(("network",), f"network {spec.network!r} is granted to every container tool")
     return out
