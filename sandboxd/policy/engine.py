@@ -8,9 +8,8 @@ names the policy file (``source``) and the rule path (``tools.shell.commands.den
 from __future__ import annotations
 
 import ast
-import re
 import string
-from dataclasses import replace
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sandboxd.backends import registry
@@ -36,28 +35,19 @@ from sandboxd.policy.models import (
 )
 from sandboxd.policy.packages import decide_packages
 from sandboxd.policy.paths import PathRefused, glob_match, normalise
-from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED, RUNS_OTHERS
+from sandboxd.policy.programs import RUNS_OTHERS
 from sandboxd.policy.shell import (
-    REDIRECTS,
-    SHELL_ONLY,
-    ShellRefused,
-    deny_rule,
-    is_assignment,
-    parse,
     program_name,
     wrapped_index,
 )
-from sandboxd.policy.shell import Redirect as ParsedRedirect
+from sandboxd.policy.shell_tool import decide_shell, harden
 from sandboxd.policy.site import CallSite, at_site
 from sandboxd.policy.specs import enabled_tools, listing
-from sandboxd.protocol.environment import check_env
 from sandboxd.protocol.limits import LIMITS, Limits
 from sandboxd.protocol.plan import (
     ExecutionPlan,
     Pipeline,
     Plan,
-    PlannedCommand,
-    Redirect,
     ToolKind,
 )
 from sandboxd.protocol.rules import denied_name, import_verdict
@@ -105,6 +95,10 @@ class _Ctx:
         #: facts of the plan found on the way (a file tool's path and file cap)
         self.facts: dict[str, Any] = {}
 
+    def egress(self, tool: Any) -> EgressRules | None:
+        """The compiled egress rules of ``tool`` (its own block, else the policy's)."""
+        return _egress(self.pol, tool)
+
     def deny(self, rule: str, message: str) -> Decision:
         return Decision(allowed=False, source=self.pol.source, rule=rule, message=message,
                         policy_name=self.pol.name, backend=self.backend,
@@ -150,7 +144,7 @@ def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[st
             if isinstance(cfg, PythonTool):
                 return _decide_python(ctx, cfg, arguments)
             if isinstance(cfg, ShellTool):
-                return _decide_shell(ctx, cfg, arguments)
+                return decide_shell(ctx, cfg, _network(spec, cfg.network), arguments)
             if isinstance(cfg, BashTool):
                 return decide_bash(ctx, cfg, _network(spec, cfg.network), arguments)
             if isinstance(cfg, JavascriptTool):
@@ -190,22 +184,42 @@ def imported_modules(code: str) -> list[tuple[str, list[str]]]:
         return []
     found: list[tuple[str, list[str]]] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.extend((alias.name, []) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                found.append(("." * node.level + (node.module or ""), []))
-            elif node.module:
-                found.append((node.module, [a.name for a in node.names]))
-        elif isinstance(node, ast.Call) and node.args:
-            func = node.func
-            name = (func.id if isinstance(func, ast.Name)
-                    else func.attr if isinstance(func, ast.Attribute) else "")
-            arg = node.args[0]
-            if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
-                    and isinstance(arg.value, str)):
-                found.append((arg.value, []))
+        reader = _IMPORT_READERS.get(type(node))
+        if reader is not None:
+            found.extend(reader(node))
     return found
+
+
+Imported = list[tuple[str, list[str]]]
+
+
+def _plain_import(node: ast.Import) -> Imported:
+    """``import a, b.c``."""
+    return [(alias.name, []) for alias in node.names]
+
+
+def _from_import(node: ast.ImportFrom) -> Imported:
+    """``from m import x, y`` (with the names), or a relative import (dots kept)."""
+    if node.level:
+        return [("." * node.level + (node.module or ""), [])]
+    return [(node.module, [a.name for a in node.names])] if node.module else []
+
+
+def _call_import(node: ast.Call) -> Imported:
+    """``__import__("m")`` or ``importlib.import_module("m")`` with a literal name."""
+    if not node.args:
+        return []
+    func, arg = node.func, node.args[0]
+    name = (func.id if isinstance(func, ast.Name)
+            else func.attr if isinstance(func, ast.Attribute) else "")
+    if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
+            and isinstance(arg.value, str)):
+        return [(arg.value, [])]
+    return []
+
+
+_IMPORT_READERS: dict[type[ast.AST], Callable[[Any], Imported]] = {
+    ast.Import: _plain_import, ast.ImportFrom: _from_import, ast.Call: _call_import}
 
 
 def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Decision:
@@ -231,155 +245,6 @@ def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Dec
 
 
 # ------------------------------------------------------------------ shell
-
-
-def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, list[int]] | Decision:
-    """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
-    those programs in ``argv``; or a denial."""
-    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    allowed_text = f"allowed commands: {listing(allowed)}"
-    positions: list[int] = []
-    rule = ""
-    at = 0
-    while True:
-        word = argv[at]
-        if is_assignment(word):
-            return ctx.deny("tools.shell.commands.allow",
-                            f"Variable assignments such as `{word}` are not allowed here; "
-                            f"{allowed_text}.")
-        name = program_name(word)
-        if name is None:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"Run programs by name (such as `ls`), not by path: `{word}` is "
-                            f"not allowed here; {allowed_text}.")
-        if name in SHELL_ONLY:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"`{name}` is a shell builtin, and this tool runs programs without "
-                            "a shell; the current directory is the workspace (use paths "
-                            f"relative to it). {allowed_text[0].upper()}{allowed_text[1:]}.")
-        denied = deny_rule(cfg.commands.deny, name)
-        if denied is not None:
-            return ctx.deny(denied, f"`{name}` is not allowed here; {allowed_text}.")
-        if name not in cfg.commands.allow:
-            return ctx.deny("tools.shell.commands.allow",
-                            f"`{name}` is not allowed here; {allowed_text}.")
-        if not positions:
-            rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
-        positions.append(at)
-        inner = wrapped_index(name, argv[at:])
-        if inner is None:
-            return rule, positions
-        if len(positions) > 3:
-            return ctx.deny("tools.shell.commands.allow", "Too many nested wrapper programs.")
-        at += inner
-
-
-def _harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
-    """The command that runs ``argv`` (whose programs stand at ``positions``) with the
-    hardening of every known program in it (:mod:`sandboxd.policy.programs`), or why not."""
-    names = [program_name(argv[p]) or argv[p] for p in positions]
-    hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
-    if not hardened:
-        return PlannedCommand(argv=tuple(argv))
-    out = list(argv)
-    env: dict[str, str] = {}
-    exec_only: list[str] = []
-    for pos, name in reversed(hardened):
-        rules = HARDENED[name]
-        k = positions.index(pos)
-        outer = names[:k]
-        # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
-        if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
-            return f"`env` may not change the environment of `{name}` here"
-        refusal = rules.check(argv[pos + 1:], any(w in EXTENDING_WRAPPERS for w in outer))
-        if refusal is not None:
-            return refusal
-        out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
-        env.update(rules.env)
-        exec_only += [*outer, *rules.exec_only]
-    return PlannedCommand(argv=tuple(out), env=env, exec_only=tuple(dict.fromkeys(exec_only)))
-
-
-def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
-    """A parsed redirect as the runner performs it; targets are workspace paths."""
-    mode = REDIRECTS[r.op]
-    if mode == "dup":
-        if r.target == "-":
-            return Redirect(fd=r.fd, mode="close")
-        return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
-    if r.target == "/dev/null":
-        return Redirect(fd=r.fd, mode=mode, path="/dev/null")
-    try:
-        path = normalise(r.target)
-    except PathRefused as exc:
-        return ctx.deny("tools.shell.operators",
-                        f"The redirect target `{visible(r.target)}` is not allowed: {exc}. "
-                        "Redirects may name files in the workspace, or /dev/null.")
-    if path == ".":
-        return ctx.deny("tools.shell.operators",
-                        f"The redirect target `{visible(r.target)}` is the workspace itself; "
-                        "name a file.")
-    return Redirect(fd=r.fd, mode=mode, path=path)
-
-
-_OPERATOR_HELP = ("run a single program per call, without pipes, `;`, `&&`, `||`, `&`, "
-                  "redirects, `$(...)` or backticks")
-_OPERATORS_NOTE = ("This tool runs programs joined by pipes, `;`, `&&`, `||` and redirects, "
-                   "without a shell.")
-
-
-def _decide_shell(ctx: _Ctx, cfg: ShellTool, arguments: dict[str, Any]) -> Decision:
-    line = str(arguments.get("command", ""))
-    if "\x00" in line:
-        return ctx.deny("tools.shell", "The command line must not contain NUL characters.")
-    for i, pattern in enumerate(cfg.deny_patterns):
-        if re.search(pattern, line):
-            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
-                            "This command line is not allowed here (it matches a pattern the "
-                            "policy forbids).")
-    try:
-        parsed = parse(line, operators=cfg.operators)
-    except ShellRefused as exc:
-        if exc.construct in ("'", '"'):
-            return ctx.deny("tools.shell", f"{exc}.")
-        if not cfg.operators:
-            return ctx.deny("tools.shell.operators", f"{exc}; {_OPERATOR_HELP}.")
-        return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
-    if not parsed:
-        return ctx.deny("tools.shell", "The command line is empty.")
-    try:
-        env = check_env(arguments.get("env"))
-    except ValueError as exc:
-        return ctx.deny("tools.shell", f"{exc}.")
-    rules: list[str] = []
-    pipelines: list[Pipeline] = []
-    for pipe in parsed:
-        commands: list[PlannedCommand] = []
-        for cmd in pipe.commands:
-            verdict = _check_program(ctx, cfg, cmd.argv)
-            if isinstance(verdict, Decision):
-                return verdict
-            rule, positions = verdict
-            if rule not in rules:
-                rules.append(rule)
-            planned = _harden(cmd.argv, positions)
-            if isinstance(planned, str):
-                return ctx.deny(rule, f"{planned[0].upper()}{planned[1:]}.")
-            if env and planned.env:  # as `env NAME=value git`: the hardening's environment
-                return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
-                                "not be changed here.")
-            if env:
-                planned = replace(planned, env=dict(env))
-            redirects = [_redirect(ctx, r) for r in cmd.redirects]
-            denied = next((r for r in redirects if isinstance(r, Decision)), None)
-            if denied is not None:
-                return denied
-            commands.append(replace(planned, redirects=tuple(
-                r for r in redirects if isinstance(r, Redirect))))
-        pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
-    return ctx.allow(", ".join(rules), cfg.limits, _network(ctx.pol.spec, cfg.network),
-                     command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
-                     egress=_egress(ctx.pol, cfg))
 
 
 # ------------------------------------------------------------------ file tools
@@ -426,39 +291,43 @@ def _as_arg(value: Any) -> str:
     return str(value)
 
 
+def _argv_element(tool: CustomTool, element: str, arguments: dict[str, Any],
+                  props: dict[str, Any]) -> str | tuple[str] | None:
+    """One ``argv`` element with its placeholders filled; None when an optional parameter
+    was not given (and has no default): the element is dropped; ``(message,)`` when refused."""
+    values: dict[str, str] = {}
+    for name in placeholders(element):
+        value = arguments.get(name, (props.get(name) or {}).get("default"))
+        if value is None:
+            return None
+        if isinstance(value, dict | list):
+            return (f"Argument `{name}` must be a string, number or boolean.",)
+        values[name] = _as_arg(value)
+    for name, value in values.items():
+        if "\x00" in value:
+            return (f"Argument `{name}` must not contain NUL characters.",)
+    first = next(iter(string.Formatter().parse(element)), None)
+    if (not tool.allow_option_values and first is not None and first[0] == ""
+            and first[1] is not None and values[first[1]].startswith("-")):
+        return (f"Argument `{first[1]}` must not start with `-` (it would be read as an "
+                "option).",)
+    # str.format never re-interprets the substituted values: one value, one element
+    return element.format(**values)
+
+
 def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> Decision:
     base = f"custom_tools.{ctx.tool}"
     props = tool.parameters.get("properties") or {}
     argv: list[str] = []
     for i, element in enumerate(tool.argv):
-        names = placeholders(element)
-        values: dict[str, str] = {}
-        for name in names:
-            value = arguments.get(name, (props.get(name) or {}).get("default"))
-            if value is None:
-                break
-            if isinstance(value, dict | list):
-                return ctx.deny(f"{base}.argv[{i}]",
-                                f"Argument `{name}` must be a string, number or boolean.")
-            values[name] = _as_arg(value)
-        else:
-            for name, value in values.items():
-                if "\x00" in value:
-                    return ctx.deny(f"{base}.argv[{i}]",
-                                    f"Argument `{name}` must not contain NUL characters.")
-            first = next(iter(string.Formatter().parse(element)), None)
-            if (not tool.allow_option_values and first is not None and first[0] == ""
-                    and first[1] is not None and values[first[1]].startswith("-")):
-                return ctx.deny(f"{base}.argv[{i}]",
-                                f"Argument `{first[1]}` must not start with `-` (it would be "
-                                "read as an option).")
-            # str.format never re-interprets the substituted values: one value, one element
-            argv.append(element.format(**values))
-            continue
-        # an optional parameter that was not given (and has no default): drop the element
+        filled = _argv_element(tool, element, arguments, props)
+        if isinstance(filled, tuple):
+            return ctx.deny(f"{base}.argv[{i}]", filled[0])
+        if filled is not None:
+            argv.append(filled)
     wraps = wrapped_index(program_name(argv[0]) or "", argv)
     positions = [0] if wraps is None else [0, wraps]
-    planned = _harden(argv, positions)
+    planned = harden(argv, positions)
     if isinstance(planned, str):
         return ctx.deny(base, f"{planned[0].upper()}{planned[1:]}.")
     return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network),
@@ -468,34 +337,45 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
 
 # ------------------------------------------------------------------ admin warnings
 
+Warning = tuple[tuple[str | int, ...], str]  # (where in the file, what to look at)
+
+
+def _shell_warnings(shell: ShellTool | None) -> Iterator[Warning]:
+    """Allowed programs that run other programs, and operators switched on."""
+    if shell is None or not shell.enabled:
+        return
+    for i, name in enumerate(shell.commands.allow):
+        if name in RUNS_OTHERS and name not in shell.commands.deny:
+            yield (("tools", "shell", "commands", "allow", i),
+                   f"`{name}` is {RUNS_OTHERS[name]}: whatever it runs is not checked "
+                   "against this list (the container is the barrier)")
+    if shell.operators:
+        yield (("tools", "shell", "operators"), "shell operators are enabled: pipes, ';', "
+               "'&&', '||' and redirects are executed by sandboxd, without a shell (every "
+               "program is still checked)")
+
+
+def _python_warnings(python: PythonTool | None) -> Iterator[Warning]:
+    """Every module importable, and packages allowed where they cannot be installed."""
+    if python is None:
+        return
+    if python.enabled and "*" in python.imports.allow:
+        yield ("tools", "python", "imports", "allow"), "every module may be imported"
+    entry = registry.get(python.backend)
+    if python.packages.allow and entry is not None and entry.offered_modules() is not None:
+        yield (("tools", "python", "packages", "allow"), f"install_packages is refused on the "
+               f"{python.backend} backend (its python offers a fixed set of modules)")
+
+
 def policy_warnings(pol: LoadedPolicy) -> list[str]:
     """Things that are valid but worth an admin's second look (``file:line:col: warning:``)."""
+    spec = pol.spec
+    found = [*_shell_warnings(spec.tools.shell), *_python_warnings(spec.tools.python)]
+    if spec.network != "none":
+        found.append((("network",), f"network {spec.network!r} is granted to every container "
+                      "tool"))
     out: list[str] = []
-
-    def warn(loc: tuple[str | int, ...], text: str) -> None:
+    for loc, text in found:
         line, col = pol.position(loc)
         out.append(f"{pol.source}:{line}:{col}: warning: {text}")
-
-    spec = pol.spec
-    shell = spec.tools.shell
-    if shell is not None and shell.enabled:
-        for i, name in enumerate(shell.commands.allow):
-            if name in RUNS_OTHERS and name not in shell.commands.deny:
-                warn(("tools", "shell", "commands", "allow", i),
-                     f"`{name}` is {RUNS_OTHERS[name]}: whatever it runs is not checked "
-                     "against this list (the container is the barrier)")
-        if shell.operators:
-            warn(("tools", "shell", "operators"), "shell operators are enabled: pipes, ';', "
-                 "'&&', '||' and redirects are executed by sandboxd, without a shell (every "
-                 "program is still checked)")
-    python = spec.tools.python
-    if python is not None and python.enabled and "*" in python.imports.allow:
-        warn(("tools", "python", "imports", "allow"), "every module may be imported")
-    entry = registry.get(python.backend) if python is not None else None
-    if python is not None and python.packages.allow and entry is not None \
-            and entry.offered_modules() is not None:
-        warn(("tools", "python", "packages", "allow"), f"install_packages is refused on the "
-             f"{python.backend} backend (its python offers a fixed set of modules)")
-    if spec.network != "none":
-        warn(("network",), f"network {spec.network!r} is granted to every container tool")
     return out

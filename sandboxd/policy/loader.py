@@ -187,32 +187,49 @@ def _where(source: str, node: Node) -> str:
     return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
+_MAPPING = "expected a mapping (key: value pairs)"
+#: pydantic's messages for a value of the wrong shape, said in YAML's words
+_SHAPE_MESSAGES = {"model_type": _MAPPING, "dict_type": _MAPPING,
+                   "model_attributes_type": _MAPPING, "list_type": "expected a list"}
+
+
+def _unknown_key(root: Node, loc: Loc, err: Any, msg: str) -> tuple[Node, str]:
+    """A key the schema does not have: blamed at the key, with the keys expected there."""
+    node = node_at(root, loc, key=True)
+    expected = _keys_at(PolicyFile, loc[:-1])
+    hint = f" (expected one of: {', '.join(expected)})" if expected else ""
+    if loc[:1] == ("tools",) and len(loc) == 2:
+        hint += "; admin-defined tools go under custom_tools"
+    return node, f"{_dotted(loc[:-1]) or '(top level)'}: unknown key '{loc[-1]}'{hint}"
+
+
+def _missing_key(root: Node, loc: Loc, err: Any, msg: str) -> tuple[Node, str]:
+    """A required key that is absent: blamed at the block that lacks it."""
+    node = node_at(root, loc[:-1])
+    return node, f"{_dotted(loc[:-1]) or '(top level)'}: missing required key '{loc[-1]}'"
+
+
+def _bad_value(root: Node, loc: Loc, err: Any, msg: str) -> tuple[Node, str]:
+    """A value pydantic refused: blamed at the value (an unquoted scalar read as another
+    type gets the hint to quote it)."""
+    node = node_at(root, loc)
+    kind = err["type"]
+    text = f"{_dotted(loc)}: {_SHAPE_MESSAGES.get(kind, msg)}"
+    value = err.get("input")
+    if kind == "string_type" and isinstance(node, ScalarNode) and not node.style:
+        text += f" (YAML read {node.value} as {type(value).__name__}: put it in quotes)"
+    return node, text
+
+
+_PROBLEM_READERS = {"extra_forbidden": _unknown_key, "missing": _missing_key}
+
+
 def _validation_problems(source: str, root: Node, exc: ValidationError) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
         loc: Loc = tuple(p for p in err["loc"] if isinstance(p, int | str))
-        kind = err["type"]
         msg = str(err["msg"]).removeprefix("Value error, ")
-        if kind == "extra_forbidden":
-            node = node_at(root, loc, key=True)
-            expected = _keys_at(PolicyFile, loc[:-1])
-            hint = f" (expected one of: {', '.join(expected)})" if expected else ""
-            if loc[:1] == ("tools",) and len(loc) == 2:
-                hint += "; admin-defined tools go under custom_tools"
-            text = f"{_dotted(loc[:-1]) or '(top level)'}: unknown key '{loc[-1]}'{hint}"
-        elif kind == "missing":
-            node = node_at(root, loc[:-1])
-            text = f"{_dotted(loc[:-1]) or '(top level)'}: missing required key '{loc[-1]}'"
-        else:
-            node = node_at(root, loc)
-            if kind in ("model_type", "dict_type", "model_attributes_type"):
-                msg = "expected a mapping (key: value pairs)"
-            elif kind == "list_type":
-                msg = "expected a list"
-            text = f"{_dotted(loc)}: {msg}"
-            value = err.get("input")
-            if kind == "string_type" and isinstance(node, ScalarNode) and not node.style:
-                text += f" (YAML read {node.value} as {type(value).__name__}: put it in quotes)"
+        node, text = _PROBLEM_READERS.get(err["type"], _bad_value)(root, loc, err, msg)
         problems.append((node.start_mark.line, node.start_mark.column, f"{_where(source, node)}: "
                          f"{text}"))
     return [p[2] for p in sorted(problems)]

@@ -117,3 +117,17 @@ def test_custom_tool_definition_errors(tmp_path: Path) -> None:
     assert "custom_tools.prog.argv[0]: the program (argv[0]) must be fixed" in text
     assert "custom_tools.arr.argv[1]: placeholder {a} must be a string" in text
     assert "custom_tools.schema.parameters: not a valid JSON Schema" in text
+
+
+@pytest.mark.parametrize(("arguments", "rule", "message"), [
+    ({"path": ["a"]}, "custom_tools.count.argv[3]", "must be a string, number or boolean"),
+    ({"path": "x", "max": {"a": 1}}, "custom_tools.count.argv[2]",
+     "must be a string, number or boolean"),
+    ({"path": "a\x00b"}, "custom_tools.count.argv[3]", "must not contain NUL characters"),
+])
+def test_placeholder_values_refused(tmp_path: Path, arguments: dict[str, object], rule: str,
+                                    message: str) -> None:
+    store = store_for(tmp_path, CUSTOM)
+    d = decide(store, "count", arguments)
+    assert (d.allowed, d.rule) == (False, rule), d.message
+    assert message in d.message

@@ -1,0 +1,213 @@
+"""The policy's decision for a ``shell`` call: the line parsed (:mod:`sandboxd.policy.shell`),
+every program of every command checked against ``commands`` (wrapped programs too), each known
+program hardened (:mod:`sandboxd.policy.programs`), redirects confined to the workspace, and
+the plan the backend's runner executes without a shell."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.models import Decision
+from sandboxd.policy.models import ShellTool
+from sandboxd.policy.paths import PathRefused, normalise
+from sandboxd.policy.programs import EXTENDING_WRAPPERS, HARDENED
+from sandboxd.policy.shell import (
+    REDIRECTS,
+    SHELL_ONLY,
+    Command,
+    ShellRefused,
+    deny_rule,
+    is_assignment,
+    parse,
+    program_name,
+    wrapped_index,
+)
+from sandboxd.policy.shell import (
+    Pipeline as ParsedPipeline,
+)
+from sandboxd.policy.shell import Redirect as ParsedRedirect
+from sandboxd.policy.specs import listing
+from sandboxd.protocol.environment import check_env
+from sandboxd.protocol.plan import Pipeline, Plan, PlannedCommand, Redirect
+from sandboxd.util.text import visible
+
+if TYPE_CHECKING:
+    from sandboxd.policy.engine import _Ctx
+
+MAX_WRAPPERS = 3  # programs nested in wrappers (``env nice timeout x``)
+_ALLOW_RULE = "tools.shell.commands.allow"
+_OPERATOR_HELP = ("run a single program per call, without pipes, `;`, `&&`, `||`, `&`, "
+                  "redirects, `$(...)` or backticks")
+_OPERATORS_NOTE = ("This tool runs programs joined by pipes, `;`, `&&`, `||` and redirects, "
+                   "without a shell.")
+
+
+def _sentence(text: str) -> str:
+    return f"{text[0].upper()}{text[1:]}."
+
+
+def _program_refusal(cfg: ShellTool, word: str, allowed_text: str) -> tuple[str, str] | None:
+    """Why the program word ``word`` may not run (rule, message), or None when it is allowed."""
+    if is_assignment(word):
+        return _ALLOW_RULE, (f"Variable assignments such as `{word}` are not allowed here; "
+                             f"{allowed_text}.")
+    name = program_name(word)
+    if name is None:
+        return _ALLOW_RULE, (f"Run programs by name (such as `ls`), not by path: `{word}` is "
+                             f"not allowed here; {allowed_text}.")
+    if name in SHELL_ONLY:
+        return _ALLOW_RULE, (f"`{name}` is a shell builtin, and this tool runs programs without "
+                             "a shell; the current directory is the workspace (use paths "
+                             f"relative to it). {_sentence(allowed_text)}")
+    denied = deny_rule(cfg.commands.deny, name)
+    if denied is not None:
+        return denied, f"`{name}` is not allowed here; {allowed_text}."
+    if name not in cfg.commands.allow:
+        return _ALLOW_RULE, f"`{name}` is not allowed here; {allowed_text}."
+    return None
+
+
+def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, list[int]] | Decision:
+    """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
+    those programs in ``argv``; or a denial."""
+    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
+    allowed_text = f"allowed commands: {listing(allowed)}"
+    positions: list[int] = []
+    rule = ""
+    at = 0
+    while True:
+        refusal = _program_refusal(cfg, argv[at], allowed_text)
+        if refusal is not None:
+            return ctx.deny(*refusal)
+        name = program_name(argv[at]) or ""
+        if not positions:
+            rule = f"tools.shell.commands.allow[{cfg.commands.allow.index(name)}]"
+        positions.append(at)
+        inner = wrapped_index(name, argv[at:])
+        if inner is None:
+            return rule, positions
+        if len(positions) > MAX_WRAPPERS:
+            return ctx.deny(_ALLOW_RULE, "Too many nested wrapper programs.")
+        at += inner
+
+
+def harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
+    """The command that runs ``argv`` (whose programs stand at ``positions``) with the
+    hardening of every known program in it (:mod:`sandboxd.policy.programs`), or why not."""
+    names = [program_name(argv[p]) or argv[p] for p in positions]
+    hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
+    if not hardened:
+        return PlannedCommand(argv=tuple(argv))
+    out = list(argv)
+    env: dict[str, str] = {}
+    exec_only: list[str] = []
+    for pos, name in reversed(hardened):
+        rules = HARDENED[name]
+        k = positions.index(pos)
+        outer = names[:k]
+        # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
+        if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
+            return f"`env` may not change the environment of `{name}` here"
+        refusal = rules.check(argv[pos + 1:], any(w in EXTENDING_WRAPPERS for w in outer))
+        if refusal is not None:
+            return refusal
+        out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
+        env.update(rules.env)
+        exec_only += [*outer, *rules.exec_only]
+    return PlannedCommand(argv=tuple(out), env=env, exec_only=tuple(dict.fromkeys(exec_only)))
+
+
+def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
+    """A parsed redirect as the runner performs it; targets are workspace paths."""
+    mode = REDIRECTS[r.op]
+    if mode == "dup":
+        if r.target == "-":
+            return Redirect(fd=r.fd, mode="close")
+        return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
+    if r.target == "/dev/null":
+        return Redirect(fd=r.fd, mode=mode, path="/dev/null")
+    try:
+        path = normalise(r.target)
+    except PathRefused as exc:
+        return ctx.deny("tools.shell.operators",
+                        f"The redirect target `{visible(r.target)}` is not allowed: {exc}. "
+                        "Redirects may name files in the workspace, or /dev/null.")
+    if path == ".":
+        return ctx.deny("tools.shell.operators",
+                        f"The redirect target `{visible(r.target)}` is the workspace itself; "
+                        "name a file.")
+    return Redirect(fd=r.fd, mode=mode, path=path)
+
+
+def _parsed_line(ctx: _Ctx, cfg: ShellTool, line: str) -> list[ParsedPipeline] | Decision:
+    """The pipelines of ``line`` (a NUL, a ``deny_patterns`` match, a refused construct or
+    an empty line: a denial)."""
+    if "\x00" in line:
+        return ctx.deny("tools.shell", "The command line must not contain NUL characters.")
+    for i, pattern in enumerate(cfg.deny_patterns):
+        if re.search(pattern, line):
+            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
+                            "This command line is not allowed here (it matches a pattern the "
+                            "policy forbids).")
+    try:
+        parsed = parse(line, operators=cfg.operators)
+    except ShellRefused as exc:
+        if exc.construct in ("'", '"'):
+            return ctx.deny("tools.shell", f"{exc}.")
+        if not cfg.operators:
+            return ctx.deny("tools.shell.operators", f"{exc}; {_OPERATOR_HELP}.")
+        return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
+    if not parsed:
+        return ctx.deny("tools.shell", "The command line is empty.")
+    return parsed
+
+
+def _planned(ctx: _Ctx, cfg: ShellTool, cmd: Command,
+             env: dict[str, str]) -> tuple[str, PlannedCommand] | Decision:
+    """One parsed command checked and planned: the rule that allows it and what runs."""
+    verdict = _check_program(ctx, cfg, cmd.argv)
+    if isinstance(verdict, Decision):
+        return verdict
+    rule, positions = verdict
+    planned = harden(cmd.argv, positions)
+    if isinstance(planned, str):
+        return ctx.deny(rule, _sentence(planned))
+    if env and planned.env:  # as `env NAME=value git`: the hardening's environment
+        return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
+                        "not be changed here.")
+    if env:
+        planned = replace(planned, env=dict(env))
+    redirects = [_redirect(ctx, r) for r in cmd.redirects]
+    denied = next((r for r in redirects if isinstance(r, Decision)), None)
+    if denied is not None:
+        return denied
+    return rule, replace(planned, redirects=tuple(
+        r for r in redirects if isinstance(r, Redirect)))
+
+
+def decide_shell(ctx: _Ctx, cfg: ShellTool, network: str | None,
+                 arguments: dict[str, Any]) -> Decision:
+    """The decision for one ``shell`` call (``network``: the one the tool is granted)."""
+    parsed = _parsed_line(ctx, cfg, str(arguments.get("command", "")))
+    if isinstance(parsed, Decision):
+        return parsed
+    try:
+        env = check_env(arguments.get("env"))
+    except ValueError as exc:
+        return ctx.deny("tools.shell", f"{exc}.")
+    rules: list[str] = []
+    pipelines: list[Pipeline] = []
+    for pipe in parsed:
+        commands: list[PlannedCommand] = []
+        for cmd in pipe.commands:
+            verdict = _planned(ctx, cfg, cmd, env)
+            if isinstance(verdict, Decision):
+                return verdict
+            rules.extend([verdict[0]] if verdict[0] not in rules else [])
+            commands.append(verdict[1])
+        pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
+    return ctx.allow(", ".join(rules), cfg.limits, network,
+                     command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
+                     egress=ctx.egress(cfg))
