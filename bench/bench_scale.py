@@ -70,6 +70,8 @@ class Harness:
         self.local = threading.local()
         self.sessions: list[str] = []
         self.lock = threading.Lock()
+        #: ms of each successful creation and of its first call, apart
+        self.split: list[tuple[float, float]] = []
 
     def client(self) -> httpx.Client:
         c = getattr(self.local, "client", None)
@@ -88,6 +90,7 @@ class Harness:
             print(f"  create: {r.status_code} {r.text[:200]}", file=sys.stderr)
             return None
         sid = r.json()["id"]
+        created = (time.perf_counter() - t0) * 1000
         r = c.post("/v1/tools/python/invoke",
                    json={"arguments": {"code": STATE}, "session": sid})
         elapsed = (time.perf_counter() - t0) * 1000
@@ -96,6 +99,7 @@ class Harness:
             return None
         with self.lock:
             self.sessions.append(sid)
+            self.split.append((created, elapsed - created))
         return elapsed
 
     def answers(self, sid: str) -> bool:
@@ -147,6 +151,38 @@ def tree_pss(root: int) -> tuple[int, list[int]]:
         except (psutil.Error, OSError):
             continue
     return total, kernels
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds so far of the daemon, of its kernels (sandbox uids) and of its other
+    children (zygote, mount helper): a burst is bound by the daemon's share per session."""
+    out = {"daemon": 0.0, "kernels": 0.0, "helpers": 0.0}
+    proc = psutil.Process(root)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            part = ("daemon" if p.pid == root
+                    else "kernels" if p.uids().real != 0 else "helpers")
+            out[part] += t.user + t.system
+        except psutil.Error:
+            continue
+    return out
+
+
+def sequential(h: Harness, n: int) -> None:
+    """The sequential phase, with where its time went: creation and first call apart,
+    and the CPU each session cost the daemon, its kernel and the helpers."""
+    h.split.clear()
+    before = tree_cpu(h.daemon.proc.pid)
+    seq = [h.create_and_call() for _ in range(n)]
+    after = tree_cpu(h.daemon.proc.pid)
+    ok = [x for x in seq if x is not None]
+    print(f"sequential: {summary(ok)}, {len(ok)}/{len(seq)} ok ({load()})")
+    if h.split:
+        cpu = ", ".join(f"{k} {(after[k] - before[k]) * 1000 / n:.2f}" for k in after)
+        print(f"  of which: create p50 {statistics.median(c for c, _ in h.split):.1f} ms, "
+              f"first call p50 {statistics.median(f for _, f in h.split):.1f} ms; "
+              f"CPU ms per session (kernels: those alive at the end): {cpu}")
 
 
 def load() -> str:
@@ -219,9 +255,7 @@ def main() -> None:
                   f"memory headroom {cap['memory']['headroom_bytes'] // MIB} MiB")
             base, _ = tree_pss(d.proc.pid)
             h.create_and_call()  # warm
-            seq = [h.create_and_call() for _ in range(args.sequential)]
-            print(f"sequential: {summary([x for x in seq if x is not None])}, "
-                  f"{sum(x is not None for x in seq)}/{len(seq)} ok")
+            sequential(h, args.sequential)
             stag = threaded(args.staggered, h.create_and_call, args.stagger_ms / 1000)
             print(f"staggered ({args.stagger_ms:g} ms apart): "
                   f"{summary([x for x in stag if x is not None])}, "
