@@ -115,27 +115,32 @@ class _Chain:
                 "removal recorded, the next time the daemon opens the log.")
 
     def record(self, f: Path, lineno: int, line: bytes) -> None:
+        """Check one record against the chain so far; it becomes the chain's head."""
         record, seq, prev = _parsed(f, lineno, line)
-        if self.prev_where is None:
-            if seq != 0 or prev != GENESIS:
-                self.anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
-        else:
+        if self.prev_where is not None:
             self._follows(f, lineno, seq, prev)
-        report, anchor = self.report, self.anchor
-        if (anchor is not None and report.anchored_by is None
-                and record["event"] == "audit_pruned"
-                and record.get("anchor_seq") == anchor[0]
-                and record.get("anchor_prev") == anchor[1]):
-            report.anchor_seq, report.anchored_by = anchor[0], seq
+        elif seq != 0 or prev != GENESIS:
+            self.anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
+        self._note_pruning(record, seq)
         self.prev_hash = hashlib.sha256(line).hexdigest()
-        if (self.signed_head is not None and seq == self.signed_head[0]
-                and self.prev_hash != self.signed_head[1]):
+        signed = self.signed_head
+        if signed is not None and seq == signed[0] and self.prev_hash != signed[1]:
             raise _Broken(f, lineno, seq, "the record is not the one the signed head names "
                           "(the log was rewritten from here on)")
         self.expected = seq + 1
         self.prev_where = (f, lineno)
-        report.records += 1
-        report.head_seq, report.head_hash = seq, self.prev_hash
+        self.report.records += 1
+        self.report.head_seq, self.report.head_hash = seq, self.prev_hash
+
+    def _note_pruning(self, record: dict[str, Any], seq: int) -> None:
+        """Note the first ``audit_pruned`` record that names the chain's first record (the
+        anchor) as the start that retention left."""
+        report, anchor = self.report, self.anchor
+        if anchor is None or report.anchored_by is not None:
+            return
+        if (record["event"] == "audit_pruned" and record.get("anchor_seq") == anchor[0]
+                and record.get("anchor_prev") == anchor[1]):
+            report.anchor_seq, report.anchored_by = anchor[0], seq
 
     def _follows(self, f: Path, lineno: int, seq: int, prev: str) -> None:
         """Fail unless the record comes right after the one before it, unchanged."""

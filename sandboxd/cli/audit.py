@@ -13,6 +13,7 @@ from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.util.text import json_visible, visible
 
 if TYPE_CHECKING:
+    from sandboxd.audit import VerifyReport
     from sandboxd.receipts.keys import KeySet
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
@@ -71,38 +72,54 @@ def verify_cmd(
 ) -> None:
     """Check the hash chain (rotated files included) and that it reaches the last signed head
     (records cut from the end). Exit 1 naming the first bad record."""
-    from sandboxd.audit import BadRecord, verify
-    from sandboxd.receipts.heads import heads_path, last_head
+    from sandboxd.audit import verify
+    from sandboxd.receipts.heads import last_head
 
     log_path = _default_path(path, config, state_dir)
     keys = _receipt_keys(key, path, config, state_dir)
     head, head_problem = last_head(log_path, keys)
+    signed_seq = head.seq if head is not None else None
     report = verify(log_path, (head.seq, head.sha256) if head is not None else None)
-    if head_problem is not None:  # without the keys, a warning; a forged head fails
-        line, why = head_problem
-        if keys is None:
-            report.warnings.append(f"{heads_path(log_path)}: {why}")
-        elif report.ok:
-            report.ok = False
-            report.first_bad = BadRecord(heads_path(log_path), line, None, why)
+    if head_problem is not None:
+        _judge_heads(report, log_path, head_problem, trusted=keys is not None)
     if as_json:
-        bad = report.first_bad
-        typer.echo(json.dumps({
-            "ok": report.ok, "records": report.records,
-            "files": [str(f) for f in report.files],
-            "head_seq": report.head_seq, "head_sha256": report.head_hash,
-            "anchor_seq": report.anchor_seq, "anchored_by": report.anchored_by,
-            "signed_seq": head.seq if head is not None else None, "missing": report.missing,
-            "first_bad": None if bad is None else {
-                "file": str(bad.file), "line": bad.line, "seq": bad.seq, "reason": bad.reason},
-            "warnings": report.warnings,
-        }, indent=2))
+        typer.echo(_report_json(report, signed_seq))
         raise typer.Exit(0 if report.ok else 1)
     for warning in report.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(report.summary() + (f" (log: {log_path})" if report.ok else ""))
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _judge_heads(report: VerifyReport, log_path: Path, problem: tuple[int, str],
+                 trusted: bool) -> None:
+    """A problem with the signed heads file: without the keys, a warning; with them, a
+    forged head fails a chain that is otherwise good."""
+    from sandboxd.audit import BadRecord
+    from sandboxd.receipts.heads import heads_path
+
+    line, why = problem
+    if not trusted:
+        report.warnings.append(f"{heads_path(log_path)}: {why}")
+    elif report.ok:
+        report.ok = False
+        report.first_bad = BadRecord(heads_path(log_path), line, None, why)
+
+
+def _report_json(report: VerifyReport, signed_seq: int | None) -> str:
+    """The verification report as ``--json`` prints it."""
+    bad = report.first_bad
+    return json.dumps({
+        "ok": report.ok, "records": report.records,
+        "files": [str(f) for f in report.files],
+        "head_seq": report.head_seq, "head_sha256": report.head_hash,
+        "anchor_seq": report.anchor_seq, "anchored_by": report.anchored_by,
+        "signed_seq": signed_seq, "missing": report.missing,
+        "first_bad": None if bad is None else {
+            "file": str(bad.file), "line": bad.line, "seq": bad.seq, "reason": bad.reason},
+        "warnings": report.warnings,
+    }, indent=2)
 
 
 _SHOWN = ("request_id", "client", "tool", "decision", "status", "rule", "backend")

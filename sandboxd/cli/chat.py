@@ -19,7 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -99,20 +99,21 @@ class _Display:
             self.write(f"  -> {fn.get('name')} {_one_line(str(args), 200)}\n")
 
     def tool_result(self, record: Any) -> None:
-        if record.error is None:
-            label = "ok"
-        elif record.error.kind == "denied":
-            label = "denied"
-        else:
-            label = record.error.kind.replace("_", " ")
+        label = "ok" if record.error is None else record.error.kind.replace("_", " ")
         lines = record.content.strip().splitlines() or [""]
         more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
         self.write(f"  <- {label}: {_one_line(' '.join(lines), 200)}{more}\n")
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"sandboxd chat: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _fail_closing(client: Any, message: str) -> NoReturn:
+    """Close the sandboxd client, then exit 2 saying ``message``."""
+    client.close()
+    _fail(message)
 
 
 def chat(
@@ -149,26 +150,16 @@ def chat(
                                     help="No session: every call gets a fresh workspace"),
 ) -> None:
     """Chat with a local LLM whose tool calls run in sandboxd."""
-    from sandboxd_client import Agent, SandboxClient, SandboxError
+    from sandboxd_client import Agent, SandboxClient
 
     if sandbox is not None:  # the name every other command spells --url
         typer.echo("sandboxd chat: --sandbox is deprecated; use --url", err=True)
         url = sandbox
     client = SandboxClient(url, socket=socket, token=token)
     wanted = _wanted_tools(client, tools)
-    session_id: str | None = None
-    if not no_session:
-        try:
-            session_id = client.create_session().id
-        except SandboxError as exc:
-            client.close()
-            _fail(f"cannot create a session: {exc}")
-
+    session_id = None if no_session else _new_session(client)
     interactive = sys.stdin.isatty()
-    history_path: Path | None = None
-    if interactive or history_file is not None:
-        history_path = (history_file or DEFAULT_HISTORY).expanduser()
-        _setup_readline(history_path)
+    history_path = _history(history_file, interactive)
 
     agent = Agent(llm, model, sandbox=client, api_key=api_key, session=session_id,
                   auto_session=not no_session,
@@ -181,14 +172,42 @@ def chat(
     try:
         talk.run()
     finally:
-        if session_id:
-            with contextlib.suppress(SandboxError):
-                client.delete_session(session_id)
-        client.close()
-        if history_path is not None:
-            _save_readline(history_path)
+        _wind_down(client, session_id, history_path)
     if talk.failures and not interactive:
         raise typer.Exit(1)  # a scripted run (piped stdin) reports failed turns
+
+
+def _new_session(client: Any) -> str:
+    """A new sandboxd session for the chat's calls (exit 2 when none can be created)."""
+    from sandboxd_client import SandboxError
+
+    try:
+        session_id: str = client.create_session().id
+    except SandboxError as exc:
+        _fail_closing(client, f"cannot create a session: {exc}")
+    return session_id
+
+
+def _history(history_file: Path | None, interactive: bool) -> Path | None:
+    """The readline history file, loaded (``--history-file``, else the default one when
+    interactive); None: no history."""
+    if not interactive and history_file is None:
+        return None
+    path = (history_file or DEFAULT_HISTORY).expanduser()
+    _setup_readline(path)
+    return path
+
+
+def _wind_down(client: Any, session_id: str | None, history_path: Path | None) -> None:
+    """At the end of the chat: delete its session, close the client, save the history."""
+    from sandboxd_client import SandboxError
+
+    if session_id:
+        with contextlib.suppress(SandboxError):
+            client.delete_session(session_id)
+    client.close()
+    if history_path is not None:
+        _save_readline(history_path)
 
 
 def _wanted_tools(client: Any, tools: str | None) -> list[str]:
@@ -200,20 +219,26 @@ def _wanted_tools(client: Any, tools: str | None) -> list[str]:
         offered = client.tools("openai")
         specs = {t.name: t for t in client.tools()}
     except SandboxError as exc:
-        client.close()
-        _fail(f"cannot use sandboxd at {client.socket or client.url}: {exc}")
+        _fail_closing(client, f"cannot use sandboxd at {client.socket or client.url}: {exc}")
     available = [t["function"]["name"] for t in offered]
     if not tools:
         return available
     wanted = [t.strip() for t in tools.split(",") if t.strip()]
+    problem = _unusable(wanted, specs, available)
+    if problem is not None:
+        _fail_closing(client, problem)
+    return wanted
+
+
+def _unusable(wanted: list[str], specs: dict[str, Any], available: list[str]) -> str | None:
+    """Why the first of the ``--tools`` that cannot be offered cannot (unknown, or
+    unavailable to this client); None when every one can."""
     for name in wanted:
         if name not in specs:
-            client.close()
-            _fail(f"unknown tool {name!r} (tools: {', '.join(sorted(specs))})")
+            return f"unknown tool {name!r} (tools: {', '.join(sorted(specs))})"
         if name not in available:
-            client.close()
-            _fail(f"tool {name!r} is unavailable: {specs[name].unavailable_reason}")
-    return wanted
+            return f"tool {name!r} is unavailable: {specs[name].unavailable_reason}"
+    return None
 
 
 class _Conversation:

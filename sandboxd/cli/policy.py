@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +18,7 @@ from sandboxd.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from sandboxd.models import Decision, LimitsRequest
+    from sandboxd.models import Decision, LimitsRequest, ToolSpec
     from sandboxd.policy import LoadedPolicy
     from sandboxd.protocol.limits import Limits
 
@@ -39,24 +41,28 @@ def check(
     The files (and the *.yaml/*.yml files of each directory) are checked as one policy set,
     as the daemon would load them together: names and client assignments must not clash.
     """
+    from sandboxd.policy.engine import policy_warnings
+
     problems: list[str] = []
     groups = _check_groups(files, problems)
     if not separately:
-        groups = [[item for group in groups for item in group]]
+        groups = [list(itertools.chain.from_iterable(groups))]
     loaded = _check_load(groups, problems)
-    from sandboxd.policy.engine import policy_warnings
-    from sandboxd.policy.specs import enabled_tools
-
     warnings = [w for pol in loaded for w in policy_warnings(pol)]
     for line in problems:
         typer.echo(line)
-    if not quiet or strict:
-        for line in warnings:
-            typer.echo(line, err=not strict)
+    for line in warnings if strict or not quiet else []:
+        typer.echo(line, err=not strict)
     if problems or (strict and warnings):
         raise typer.Exit(1)
-    if quiet:
-        return
+    if not quiet:
+        _print_ok(loaded)
+
+
+def _print_ok(loaded: list[LoadedPolicy]) -> None:
+    """An ``ok`` line per policy that passed: its clients and the tools it enables."""
+    from sandboxd.policy.specs import enabled_tools
+
     for pol in loaded:
         typer.echo(f"{pol.source}: ok (policy '{pol.name}'; clients: "
                    f"{', '.join(pol.spec.clients)}; tools: "
@@ -199,39 +205,52 @@ def _explain_json(decision: Decision, where: str | None,
 def _explain_text(tool: str, client: str, decision: Decision, where: str | None,
                   lowered: dict[str, tuple[float, float]]) -> None:
     """The decision as a person reads it, one ``what:`` line each."""
-    typer.echo(f"decision: {'allow' if decision.allowed else 'deny'}")
-    typer.echo(f"tool:     {tool}    client: {client}    policy: {decision.policy_name or '-'}")
-    typer.echo(f"rule:     {where}: {decision.rule}")
+    lines = [("decision", "allow" if decision.allowed else "deny"),
+             ("tool", f"{tool}    client: {client}    policy: {decision.policy_name or '-'}"),
+             ("rule", f"{where}: {decision.rule}"),
+             *_explain_details(decision)]
+    lines += [("lowered", f"{name} requested {_fmt_value(name, wanted)}, granted "
+                          f"{_fmt_value(name, granted)} (the policy's limit)")
+              for name, (wanted, granted) in lowered.items()]
+    for what, text in lines:
+        typer.echo(f"{what + ':':<10}{text}")
+
+
+def _explain_details(decision: Decision) -> Iterator[tuple[str, str]]:
+    """The decision's optional lines, in order: its message, the approval it waits for, the
+    backend, what it runs, its limits, and what its sandbox may reach (a line each)."""
     if decision.message:
-        typer.echo(f"message:  {decision.message}")
+        yield "message", decision.message
     if decision.approve is not None:
         gate = decision.approve
-        who = ", ".join(gate.by) + (" or " if gate.by and gate.elicit else "") + (
-            "the calling MCP host's user" if gate.elicit else "")
-        typer.echo(f"approval: needed ({gate.rule}): waits up to {gate.timeout_s:g} s for "
-                   f"{who}")
+        yield "approval", (f"needed ({gate.rule}): waits up to {gate.timeout_s:g} s for "
+                           f"{_approvers(gate.by, gate.elicit)}")
     if decision.backend:
-        typer.echo(f"backend:  {decision.backend}")
-    _explain_plan(decision)
-    if decision.limits is not None:
-        typer.echo(f"limits:   {_fmt_limits(decision.limits)}")
-    if decision.allowed and decision.plan is not None and decision.plan.egress is not None:
-        for line in decision.plan.egress.describe():  # what its sandbox may reach, a line each
-            typer.echo(f"egress:   {line}")
-    for name, (wanted, granted) in lowered.items():
-        typer.echo(f"lowered:  {name} requested {_fmt_value(name, wanted)}, granted "
-                   f"{_fmt_value(name, granted)} (the policy's limit)")
-
-
-def _explain_plan(decision: Decision) -> None:
-    """What the call would run: its argv or its command plan, the modules it may import."""
+        yield "backend", decision.backend
     plan = decision.plan
-    if plan is not None and plan.argv is not None:
-        typer.echo(f"argv:     {json.dumps(plan.argv)}")
-    elif plan is not None and plan.command is not None:
-        typer.echo(f"runs:     {plan.command.render()}  (no shell)")
-    if decision.allowed and plan is not None and plan.imports_allow:
-        typer.echo(f"imports:  {', '.join(plan.imports_allow)}")
+    if plan is not None:
+        yield from _plan_lines(plan, decision.allowed)
+    if decision.limits is not None:
+        yield "limits", _fmt_limits(decision.limits)
+    if decision.allowed and plan is not None and plan.egress is not None:
+        for line in plan.egress.describe():
+            yield "egress", line
+
+
+def _approvers(by: list[str], elicit: bool) -> str:
+    """Who may approve the call: the named approvers, or (``elicit``) the MCP host's user."""
+    people = [", ".join(by)] if by else []
+    return " or ".join([*people, *(["the calling MCP host's user"] if elicit else [])])
+
+
+def _plan_lines(plan: Any, allowed: bool) -> Iterator[tuple[str, str]]:
+    """What the call would run: its argv or its command plan, the modules it may import."""
+    if plan.argv is not None:
+        yield "argv", json.dumps(plan.argv)
+    elif plan.command is not None:
+        yield "runs", f"{plan.command.render()}  (no shell)"
+    if allowed and plan.imports_allow:
+        yield "imports", ", ".join(plan.imports_allow)
 
 
 @app.command("show")
@@ -242,7 +261,6 @@ def show(
     config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Show the policies in force: who gets which, which tools, on which backend, limits."""
-    from sandboxd.policy.engine import effective_limits
     from sandboxd.policy.specs import tool_specs
 
     store = loaded_policy_store(policies if policies is not None
@@ -257,16 +275,21 @@ def show(
     for pol in chosen:
         typer.echo(f"{pol.source}: policy '{pol.name}'; clients: {', '.join(pol.spec.clients)}")
         for spec in tool_specs(pol):
-            cfg = (getattr(pol.spec.tools, spec.name, None)
-                   or pol.spec.custom_tools.get(spec.name))
-            limits_spec = cfg.limits if cfg is not None else None
-            line = f"  {spec.name:<14} backend {spec.backend}"
-            if limits_spec is not None:
-                net = getattr(cfg, "network", None) or pol.spec.network
-                limits = effective_limits(pol.spec, limits_spec, None,
-                                          None if net == "none" else net)
-                line += f"; {_fmt_limits(limits)}"
-            typer.echo(line)
+            typer.echo(_tool_line(pol, spec))
+
+
+def _tool_line(pol: LoadedPolicy, spec: ToolSpec) -> str:
+    """One tool of a policy as ``policy show`` lists it: its backend, and the limits its
+    settings give it (under the tool's network, else the policy's)."""
+    from sandboxd.policy.engine import effective_limits
+
+    cfg = getattr(pol.spec.tools, spec.name, None) or pol.spec.custom_tools.get(spec.name)
+    line = f"  {spec.name:<14} backend {spec.backend}"
+    if cfg is None or cfg.limits is None:
+        return line
+    net = getattr(cfg, "network", None) or pol.spec.network
+    limits = effective_limits(pol.spec, cfg.limits, None, None if net == "none" else net)
+    return f"{line}; {_fmt_limits(limits)}"
 
 
 # `policy replay` and `policy suggest` (their own module: this one stays about one policy)

@@ -88,15 +88,22 @@ def _print(result: Replay, audit: Path) -> None:
                f"{result.unchanged} unchanged")
     for kind in KINDS:
         changes = [c for c in result.changes if c.kind == kind]
-        if not changes:
-            continue
-        typer.echo(f"\n{kind}:")
+        if changes:
+            typer.echo(f"\n{kind}:")
         for c in changes:
-            what = (c.rule if kind == UNDECIDABLE
-                    else f"{c.rule} (was {c.was_rule})" + (f": {c.detail}" if c.detail else ""))
+            what = c.rule if kind == UNDECIDABLE else _change_text(c.rule, c.was_rule, c.detail)
             typer.echo(visible(f"  {c.request_id}  client={c.client}  tool={c.tool}  {what}"))
-    if not result.changes:
-        return
+    if result.changes:
+        _print_tallies(result)
+
+
+def _change_text(rule: str, was_rule: str, detail: str | None) -> str:
+    """A changed decision: its rule now, the rule before, and what changed."""
+    return f"{rule} (was {was_rule})" + (f": {detail}" if detail else "")
+
+
+def _print_tallies(result: Replay) -> None:
+    """The changes counted by rule and by client."""
     typer.echo("\nby rule:")
     for (kind, rule), n in sorted(result.by_rule().items()):
         typer.echo(visible(f"  {n:>5}  {kind}  {rule}"))
@@ -146,8 +153,6 @@ def suggest_cmd(
     """Write a least-privilege policy for a client: what its allowed calls in the audit log
     used, with the largest limits they got. It is checked before it is written: it loads,
     and every allowed call of the client replays under it as allowed with its limits."""
-    from sandboxd.policy import PolicyError, PolicyStore
-    from sandboxd.policy.replay import DENIED_ALLOWED, UNDECIDABLE, replay
     from sandboxd.policy.suggest import SUGGESTED, custom_definition, suggest
 
     records = list(_records(audit, client))  # read twice: for the policy, for its check
@@ -159,6 +164,23 @@ def suggest_cmd(
     used = {str(r.get("tool")) for r in records} - set(SUGGESTED)
     definitions = {t: d for t in used if (d := custom_definition(pol, t)) is not None}
     text = suggest(records, client, audit=str(audit), definitions=definitions)
+    _check_suggestion(text, records, set(definitions))
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+    typer.echo(f"checked: every allowed call of {visible(client)} that the log holds whole "
+               "replays allowed under it, with its limits", err=True)
+
+
+def _check_suggestion(text: str, records: list[dict[str, Any]], defined: set[str]) -> None:
+    """Exit 1 unless the suggested policy ``text`` loads and every call of ``records`` it
+    covers (a built-in tool's, or an admin-defined one whose definition it copied) replays
+    under it as allowed with its limits."""
+    from sandboxd.policy import PolicyError, PolicyStore
+    from sandboxd.policy.replay import DENIED_ALLOWED, UNDECIDABLE, replay
+    from sandboxd.policy.suggest import SUGGESTED
+
     with tempfile.TemporaryDirectory(prefix="sandboxd-suggest-") as tmp:
         (Path(tmp) / "suggested.yaml").write_text(text, encoding="utf-8")
         store = PolicyStore(Path(tmp))
@@ -171,18 +193,12 @@ def suggest_cmd(
         check = replay(records, store.decide)
     # (calls of admin-defined tools it could not copy are left to the admin: it says so)
     refused = [c for c in check.changes if c.kind not in (DENIED_ALLOWED, UNDECIDABLE)
-               and (c.tool in SUGGESTED or c.tool in definitions)]
+               and (c.tool in SUGGESTED or c.tool in defined)]
+    for c in refused:
+        typer.echo(visible(f"sandboxd: the suggested policy changes {c.request_id} "
+                           f"({c.kind}: {c.rule} {c.detail})"), err=True)
     if refused:
-        for c in refused:
-            typer.echo(visible(f"sandboxd: the suggested policy changes {c.request_id} "
-                               f"({c.kind}: {c.rule} {c.detail})"), err=True)
         raise typer.Exit(1)
-    if output is None:
-        typer.echo(text, nl=False)
-    else:
-        output.write_text(text, encoding="utf-8")
-    typer.echo(f"checked: every allowed call of {visible(client)} that the log holds whole "
-               "replays allowed under it, with its limits", err=True)
 
 
 def register(app: typer.Typer) -> None:

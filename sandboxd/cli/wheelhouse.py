@@ -123,18 +123,21 @@ def add(packages: list[str] = typer.Argument(..., help="Packages: name or name==
     argv: list[Any] = [sys.executable, "-m", "pip", "download", "--only-binary=:all:",
                        "--dest", str(path), "--python-version", python_version,
                        "--platform", platform, "--disable-pip-version-check", "--no-input",
-                       "--progress-bar", "off"]
-    if find_links is not None:
-        argv += ["--find-links", str(find_links)]
-    if no_index:
-        argv.append("--no-index")
+                       "--progress-bar", "off",
+                       *(["--find-links", str(find_links)] if find_links is not None else []),
+                       *(["--no-index"] if no_index else [])]
     done = _pip_download([*argv, "--", *packages])
     for wheel in path.glob("*.whl"):  # the sandbox user reads them through a read-only mount
         wheel.chmod(0o644)
-    added = sorted({ln.split("Saved ", 1)[1].strip().rsplit("/", 1)[-1]
-                    for ln in done.stdout.splitlines() if "Saved " in ln})
+    added = _saved_wheels(done.stdout)
     typer.echo(f"{len(added)} wheel(s) saved in {path}" + (
         ": " + ", ".join(added) if added else " (they were there already)"))
+
+
+def _saved_wheels(output: str) -> list[str]:
+    """The file names of the wheels pip's output says it saved, sorted."""
+    return sorted({ln.split("Saved ", 1)[1].strip().rsplit("/", 1)[-1]
+                   for ln in output.splitlines() if "Saved " in ln})
 
 
 def _pip_download(argv: list[Any]) -> subprocess.CompletedProcess[str]:
@@ -147,10 +150,15 @@ def _pip_download(argv: list[Any]) -> subprocess.CompletedProcess[str]:
         fail(f"pip download did not run: {exc}")
         raise AssertionError("unreachable") from None
     if done.returncode != 0:
-        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:]
-        why = errors[-1] if errors else f"exit status {done.returncode}"
-        if "No module named pip" in why:
-            why = f"pip is not installed for {sys.executable}"
-        fail(f"pip download failed: {why}", 1)
+        fail(f"pip download failed: {_pip_error(done)}", 1)
     return done
+
+
+def _pip_error(done: subprocess.CompletedProcess[str]) -> str:
+    """Why pip failed: its last ``ERROR`` line, else its last line, else its exit status."""
+    lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:]
+    why = errors[-1] if errors else f"exit status {done.returncode}"
+    if "No module named pip" in why:
+        return f"pip is not installed for {sys.executable}"
+    return why

@@ -70,16 +70,7 @@ async def start(request: Request) -> Response:
     try:
         client, record = await _record(request)
         message = await connect.stream_request(request)
-        config = message.get("process") or {}
-        if message.get("pty"):
-            raise connect.refuse("PTY")
-        try:  # the sandbox's variables, the command's own on top (E2B's order)
-            envs = {**record.envs, **check_env(config.get("envs"), "envs")}
-        except ValueError as exc:
-            raise connect.ConnectError("invalid_argument", str(exc)) from None
-        if workspace_path(config.get("cwd") or HOME) != ".":
-            raise connect.refuse(f"a command cwd other than {HOME} (the workspace)")
-        line = command_line(config)
+        config, envs, line = _checked_start(record, message)
     except Exception as exc:
         return connect.stream_error(exc)
     pid = max([FIRST_PID - 1, *record.background]) + 1
@@ -88,17 +79,43 @@ async def start(request: Request) -> Response:
                           "envs": envs, "cwd": HOME},
                          Stdin() if message.get("stdin") else None)
     await commands.begun(job)
-    if job.task.done():
-        try:
-            result = job.task.result()
-        except Exception as exc:
-            return connect.stream_error(exc)
-        if result.status in (Status.denied, Status.rejected):
-            return connect.stream_error(connect.ConnectError("permission_denied",
-                                                             refusal(result)))
+    refused = _ended_at_once(job)
+    if refused is not None:
+        return refused
     record.background[pid] = job
     job.task.add_done_callback(lambda _: record.background.pop(pid, None))
     return connect.stream_response(_events(job, job.listeners[0]))
+
+
+def _checked_start(record: E2bSandbox, message: dict[str, Any]
+                   ) -> tuple[dict[str, Any], dict[str, str], str]:
+    """A ``Start``'s process config, its variables (the sandbox's, the command's own on top:
+    E2B's order) and its command line; refused: a PTY, bad variables, a cwd other than the
+    workspace."""
+    config = message.get("process") or {}
+    if message.get("pty"):
+        raise connect.refuse("PTY")
+    try:
+        envs = {**record.envs, **check_env(config.get("envs"), "envs")}
+    except ValueError as exc:
+        raise connect.ConnectError("invalid_argument", str(exc)) from None
+    if workspace_path(config.get("cwd") or HOME) != ".":
+        raise connect.refuse(f"a command cwd other than {HOME} (the workspace)")
+    return config, envs, command_line(config)
+
+
+def _ended_at_once(job: Background) -> Response | None:
+    """The error answer of a command that ended before it began to stream: it failed, or
+    the policy denied or rejected it; None when it streams."""
+    if not job.task.done():
+        return None
+    try:
+        result = job.task.result()
+    except Exception as exc:
+        return connect.stream_error(exc)
+    if result.status in (Status.denied, Status.rejected):
+        return connect.stream_error(connect.ConnectError("permission_denied", refusal(result)))
+    return None
 
 
 @router.post(SERVICE + "Connect")
