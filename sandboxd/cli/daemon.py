@@ -359,19 +359,7 @@ def invoke(
     """Invoke a tool on a running daemon and print its output as it arrives (display items
     as one line each), then the result's status line on stderr unless it is ok. Exit status
     by the result's status: 0 ok, 1 error, 2 denied or rejected, 3 timeout or killed."""
-    arguments: dict[str, Any] = {}
-    if json_args is not None:
-        try:
-            arguments = json.loads(json_args)
-        except ValueError as exc:
-            _fail(f"--json is not valid JSON: {exc}")
-        if not isinstance(arguments, dict):
-            _fail("--json must be a JSON object")
-    for item in arg:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            _fail(f"--arg '{item}' must look like key=value")
-        arguments[key] = value
+    arguments = _invoke_arguments(json_args, arg)
     limits = {"timeout_s": timeout} if timeout is not None else None
     if raw:
         result = _call(url, token,
@@ -387,6 +375,25 @@ def invoke(
     if result.status != "ok":
         typer.echo(f"[{result.status}] {result.message or result.termination.reason}", err=True)
     raise typer.Exit(INVOKE_EXIT[result.status])
+
+
+def _invoke_arguments(json_args: str | None, arg: list[str]) -> dict[str, Any]:
+    """The call's arguments: the ``--json`` object, then each ``--arg key=value`` on top
+    (exit 2, one line, when either is malformed)."""
+    arguments: dict[str, Any] = {}
+    if json_args is not None:
+        try:
+            arguments = json.loads(json_args)
+        except ValueError as exc:
+            _fail(f"--json is not valid JSON: {exc}")
+        if not isinstance(arguments, dict):
+            _fail("--json must be a JSON object")
+    for item in arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--arg '{item}' must look like key=value")
+        arguments[key] = value
+    return arguments
 
 
 def _print_stream(items: Any) -> Any:

@@ -297,8 +297,6 @@ def build(
                                             for p in PROFILES.values()) + "."),
 ) -> None:
     """Build the sandbox image used by the container backend."""
-    import docker
-
     _die_with_daemon()
 
     profile = _profile(profile_name)
@@ -310,13 +308,7 @@ def build(
         _fail(str(exc))
     digest = runner_digest(context)
     own_digest = profile_digest(context, profile)
-    try:
-        client = (docker.DockerClient(base_url=settings.docker_url, timeout=3600)
-                  if settings.docker_url else docker.from_env(timeout=3600))
-        client.ping()
-    except Exception as exc:
-        _fail(f"the Docker engine is unreachable: {exc}")
-
+    client = _docker_client(settings)
     labels = _labels(_has_image(client, name))
     if if_missing and labels.get("sandboxd.runner.sha256") == digest and \
             labels.get(PROFILE_DIGEST_LABEL, "") == own_digest:
@@ -334,10 +326,30 @@ def build(
                    "SANDBOX_GID": str(settings.sandbox_gid)}, extra,
                   network_mode="host")  # apt, when the base lacks git, curl or pip
     if profile.name == DEFAULT_PROFILE and tag is None:
-        for other in {settings.shell_image} - {name}:
-            repo, _, version = other.rpartition(":")
-            if not repo or "/" in version:
-                repo, version = other, "latest"
-            client.api.tag(name, repo, version)
-            typer.echo(f"tagged {other}")
+        _tag_as_shell_image(client, name, settings.shell_image)
     typer.echo(f"built {name} in {time.monotonic() - start:.1f} s")
+
+
+def _docker_client(settings: Any) -> Any:
+    """A client of the settings' Docker engine, proven to answer (exit 2 when it does not)."""
+    import docker
+
+    try:
+        client = (docker.DockerClient(base_url=settings.docker_url, timeout=3600)
+                  if settings.docker_url else docker.from_env(timeout=3600))
+        client.ping()
+    except Exception as exc:
+        _fail(f"the Docker engine is unreachable: {exc}")
+    return client
+
+
+def _tag_as_shell_image(client: Any, name: str, shell_image: str) -> None:
+    """The python image built under its default name serves the shell tool too: tag it as
+    the ``shell_image`` setting names (``:latest`` when that has no tag)."""
+    if shell_image == name:
+        return
+    repo, _, version = shell_image.rpartition(":")
+    if not repo or "/" in version:
+        repo, version = shell_image, "latest"
+    client.api.tag(name, repo, version)
+    typer.echo(f"tagged {shell_image}")

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import posixpath
 import shlex
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -151,67 +152,115 @@ async def filesystem(method: str, request: Request) -> Response:
         return connect.unary_error(exc)
 
 
+#: one Filesystem method: (request, client, sandbox, message) -> its answer
+Method = Callable[[Request, str, E2bSandbox, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
 async def _serve(method: str, request: Request, client: str, record: E2bSandbox,
                  message: dict[str, Any]) -> dict[str, Any]:
-    path = str(message.get("path") or "")
-    if method == "Stat":
-        return {"entry": await _stat(request, client, record, path)}
-    if method == "ListDir":
-        return {"entries": await _list(request, client, record, path,
-                                       int(message.get("depth") or 1))}
-    if method == "MakeDir":
-        try:
-            await _stat(request, client, record, path)
-        except connect.ConnectError as exc:
-            if exc.code != "not_found":
-                raise
-        else:
-            raise connect.ConnectError("already_exists", f"'{path}' already exists")
-        await _call(request, client, record, "shell",
-                    {"command": f"mkdir -p {_arg(workspace_path(path))}"})
-        return {"entry": await _stat(request, client, record, path)}
-    if method == "Move":
-        source, target = str(message.get("source") or ""), str(message.get("destination") or "")
-        await _call(request, client, record, "shell", {
-            "command": f"mv {_arg(workspace_path(source))} {_arg(workspace_path(target))}"})
-        return {"entry": await _stat(request, client, record, target)}
-    if method == "Remove":
-        where = workspace_path(path)
-        if posixpath.normpath(where) == ".":
-            raise connect.ConnectError("permission_denied", "the workspace itself stays")
-        await _call(request, client, record, "shell", {"command": f"rm -r {_arg(where)}"})
-        return {}
-    if method in ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher"):
-        return await _watch(method, request, client, record, message)
-    raise connect.refuse(f"filesystem.{method}")
+    """One Filesystem method's answer (a method sandboxd does not serve is refused)."""
+    handler = METHODS.get(method)
+    if handler is None:
+        raise connect.refuse(f"filesystem.{method}")
+    return await handler(request, client, record, message)
 
 
-async def _watch(method: str, request: Request, client: str, record: E2bSandbox,
-                 message: dict[str, Any]) -> dict[str, Any]:
-    """The watcher methods (:mod:`sandboxd.api.e2b.watch`); creating one is a ``list_files``
-    call of the directory first, so the policy decides it and the audit log records it."""
-    if method == "CreateWatcher":
-        if len(record.watchers) >= watch.MAX_WATCHERS:
-            raise connect.ConnectError("resource_exhausted", f"sandbox '{record.id}' holds "
-                                       f"{watch.MAX_WATCHERS} watchers, sandboxd's bound: "
-                                       "stop one first")
-        where = workspace_path(str(message.get("path") or ""))
-        await _call(request, client, record, "list_files", {"path": where})
-        recursive = bool(message.get("recursive"))
-        seen = await _snapshot(request, client, record, where, recursive)
-        watcher = watch.new_watcher(where, recursive, seen)
-        record.watchers[watcher.id] = watcher
-        return {"watcherId": watcher.id}
+def _path(message: dict[str, Any], key: str = "path") -> str:
+    """A path field of a message ("" when absent)."""
+    return str(message.get(key) or "")
+
+
+async def _stat_method(request: Request, client: str, record: E2bSandbox,
+                       message: dict[str, Any]) -> dict[str, Any]:
+    return {"entry": await _stat(request, client, record, _path(message))}
+
+
+async def _list_dir(request: Request, client: str, record: E2bSandbox,
+                    message: dict[str, Any]) -> dict[str, Any]:
+    return {"entries": await _list(request, client, record, _path(message),
+                                   int(message.get("depth") or 1))}
+
+
+async def _make_dir(request: Request, client: str, record: E2bSandbox,
+                    message: dict[str, Any]) -> dict[str, Any]:
+    """``MakeDir``: refused when the path exists (E2B's answer), else made with parents."""
+    path = _path(message)
+    try:
+        await _stat(request, client, record, path)
+    except connect.ConnectError as exc:
+        if exc.code != "not_found":
+            raise
+    else:
+        raise connect.ConnectError("already_exists", f"'{path}' already exists")
+    await _call(request, client, record, "shell",
+                {"command": f"mkdir -p {_arg(workspace_path(path))}"})
+    return {"entry": await _stat(request, client, record, path)}
+
+
+async def _move(request: Request, client: str, record: E2bSandbox,
+                message: dict[str, Any]) -> dict[str, Any]:
+    source, target = _path(message, "source"), _path(message, "destination")
+    await _call(request, client, record, "shell", {
+        "command": f"mv {_arg(workspace_path(source))} {_arg(workspace_path(target))}"})
+    return {"entry": await _stat(request, client, record, target)}
+
+
+async def _remove(request: Request, client: str, record: E2bSandbox,
+                  message: dict[str, Any]) -> dict[str, Any]:
+    """``Remove``: anything in the workspace, never the workspace itself."""
+    where = workspace_path(_path(message))
+    if posixpath.normpath(where) == ".":
+        raise connect.ConnectError("permission_denied", "the workspace itself stays")
+    await _call(request, client, record, "shell", {"command": f"rm -r {_arg(where)}"})
+    return {}
+
+
+async def _create_watcher(request: Request, client: str, record: E2bSandbox,
+                          message: dict[str, Any]) -> dict[str, Any]:
+    """A new watcher (:mod:`sandboxd.api.e2b.watch`): a ``list_files`` call of the directory
+    first, so the policy decides it and the audit log records it."""
+    if len(record.watchers) >= watch.MAX_WATCHERS:
+        raise connect.ConnectError("resource_exhausted", f"sandbox '{record.id}' holds "
+                                   f"{watch.MAX_WATCHERS} watchers, sandboxd's bound: "
+                                   "stop one first")
+    where = workspace_path(_path(message))
+    await _call(request, client, record, "list_files", {"path": where})
+    recursive = bool(message.get("recursive"))
+    seen = await _snapshot(request, client, record, where, recursive)
+    watcher = watch.new_watcher(where, recursive, seen)
+    record.watchers[watcher.id] = watcher
+    return {"watcherId": watcher.id}
+
+
+def _watcher_id(record: E2bSandbox, message: dict[str, Any]) -> str:
+    """The id of one of the sandbox's watchers that the message names (not_found if none)."""
     watcher_id = str(message.get("watcherId") or "")
     if watcher_id not in record.watchers:
         raise connect.ConnectError("not_found", f"watcher '{watcher_id}' does not exist")
-    if method == "RemoveWatcher":
-        del record.watchers[watcher_id]
-        return {}
-    watcher = record.watchers[watcher_id]
+    return watcher_id
+
+
+async def _watcher_events(request: Request, client: str, record: E2bSandbox,
+                          message: dict[str, Any]) -> dict[str, Any]:
+    """What changed under a watcher since it last looked."""
+    watcher = record.watchers[_watcher_id(record, message)]
     seen = await _snapshot(request, client, record, watcher.path, watcher.recursive)
     events, watcher.seen = watch.changes(watcher.seen, seen), seen
     return {"events": events}
+
+
+async def _remove_watcher(request: Request, client: str, record: E2bSandbox,
+                          message: dict[str, Any]) -> dict[str, Any]:
+    del record.watchers[_watcher_id(record, message)]
+    return {}
+
+
+#: the Filesystem methods sandboxd serves
+METHODS: dict[str, Method] = {
+    "Stat": _stat_method, "ListDir": _list_dir, "MakeDir": _make_dir, "Move": _move,
+    "Remove": _remove, "CreateWatcher": _create_watcher, "GetWatcherEvents": _watcher_events,
+    "RemoveWatcher": _remove_watcher,
+}
 
 
 async def _snapshot(request: Request, client: str, record: E2bSandbox, where: str,

@@ -65,23 +65,36 @@ def error(result: Result) -> dict[str, Any] | None:
     value and traceback (from its traceback on stderr), else the result's own reason."""
     if result.status is Status.ok:
         return None
-    stderr = result.stderr
-    at = stderr.rfind(TRACEBACK)
-    if result.status is Status.error and at >= 0:
-        traceback = stderr[at:].rstrip("\n")
-        raised = _raised(traceback.split("\n"))
+    if result.status is Status.error:
+        raised = _traceback_error(result.stderr) or _message_error(result)
         if raised is not None:
-            return {"type": "error", "name": raised[0], "value": raised[1],
-                    "traceback": traceback}
-    # another kernel's exception (javascript's): its message is `Name: value`
-    said = _RAISED.match((result.message or "").split("\n")[0])
-    if result.status is Status.error and said is not None and said.group(2) is not None:
-        return {"type": "error", "name": said.group(1).rsplit(".", 1)[-1],
-                "value": said.group(2), "traceback": stderr.rstrip("\n") or said.group(0)}
+            return raised
     name = {Status.timeout: "TimeoutError", Status.killed: "KeyboardInterrupt"}.get(
         result.status, "SandboxdError")
     why = result.message or result.stderr.strip()[-4000:] or result.status.value
     return {"type": "error", "name": name, "value": why, "traceback": why}
+
+
+def _traceback_error(stderr: str) -> dict[str, Any] | None:
+    """A Python exception's ``error`` line, from the last traceback on stderr (None: none)."""
+    at = stderr.rfind(TRACEBACK)
+    if at < 0:
+        return None
+    traceback = stderr[at:].rstrip("\n")
+    raised = _raised(traceback.split("\n"))
+    if raised is None:
+        return None
+    return {"type": "error", "name": raised[0], "value": raised[1], "traceback": traceback}
+
+
+def _message_error(result: Result) -> dict[str, Any] | None:
+    """Another kernel's exception (javascript's), from a message of the form
+    ``Name: value`` (None: the message is not one)."""
+    said = _RAISED.match((result.message or "").split("\n")[0])
+    if said is None or said.group(2) is None:
+        return None
+    return {"type": "error", "name": said.group(1).rsplit(".", 1)[-1],
+            "value": said.group(2), "traceback": result.stderr.rstrip("\n") or said.group(0)}
 
 
 def _raised(lines: list[str]) -> tuple[str, str] | None:

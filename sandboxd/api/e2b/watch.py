@@ -72,6 +72,15 @@ def snapshot(root: str, path: str, recursive: bool) -> Snapshot:
     return seen
 
 
+#: the kinds of entry a snapshot tells apart, by the test of their mode ("other" else)
+_KINDS = ((stat.S_ISDIR, "dir"), (stat.S_ISREG, "file"), (stat.S_ISLNK, "symlink"))
+
+
+def _kind(mode: int) -> str:
+    """An entry's kind in a snapshot: dir, file, symlink or other."""
+    return next((kind for test, kind in _KINDS if test(mode)), "other")
+
+
 def _scan(dfd: int, prefix: str, top: str, recursive: bool, seen: Snapshot,
           stack: list[tuple[int, str]]) -> None:
     with os.scandir(dfd) as it:
@@ -84,8 +93,7 @@ def _scan(dfd: int, prefix: str, top: str, recursive: bool, seen: Snapshot,
             except rules.PathRefused:
                 continue  # a name the project's paths cannot spell: never reported
             st = entry.stat(follow_symlinks=False)
-            kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-                    else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+            kind = _kind(st.st_mode)
             seen[name] = (kind, st.st_ino, st.st_size, st.st_mtime_ns)
             if len(seen) > MAX_WATCH_ENTRIES:
                 raise WatchTooLarge(f"the watched directory holds more than {MAX_WATCH_ENTRIES}"
@@ -104,11 +112,9 @@ def changes(old: Snapshot, new: Snapshot) -> list[dict[str, str]]:
     created = {name for name in new if name not in old}
     moved_to = {new[name][1]: name for name in created}
     for name in sorted(set(old) - set(new)):
-        target = moved_to.get(old[name][1])
-        if target is not None and new[target][0] == old[name][0]:
-            events.append((name, "RENAME"))
-        else:
-            events.append((name, "REMOVE"))
+        target = moved_to.get(old[name][1])  # the same inode under a new name, same kind
+        renamed = target is not None and new[target][0] == old[name][0]
+        events.append((name, "RENAME" if renamed else "REMOVE"))
     events.extend((name, "CREATE") for name in sorted(created))
     for name in sorted(set(old) & set(new)):
         before, after = old[name], new[name]
