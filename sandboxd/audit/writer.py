@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.audit.encoding import (
-    PREVIEW_CHARS,
     canonical_json,
-    cap,
     json_default,
-    preview,
     redact,
 )
 from sandboxd.audit.files import GENESIS, first_line, fsync_dir, read_tail, rotated_files
+from sandboxd.audit.records import decision_fields, result_fields
 from sandboxd.errors import SandboxdError
 from sandboxd.host import storage
 from sandboxd.models import Decision, Result
@@ -75,31 +73,6 @@ def _chain_seq(path: Path, last: bytes) -> int:
                          "run `sandboxd audit verify` and move the damaged log "
                          "aside") from None
     return seq
-
-
-def _what_runs(plan: Any) -> dict[str, Any]:
-    """A preview of what an allowed call runs: its argv, else its command plan."""
-    if plan.argv is not None:
-        return {"argv_preview": preview(plan.argv)}
-    if plan.command is not None:
-        return {"plan_preview": cap(plan.command.render(), PREVIEW_CHARS)}
-    return {}
-
-
-def _decision_details(decision: Decision) -> dict[str, Any]:
-    """The optional fields of a decision record, in the record's order: the network, what an
-    allowed call runs, a denial's message, the approval rule the call waits for."""
-    details: dict[str, Any] = {}
-    plan = decision.plan
-    if plan is not None and plan.network:
-        details["network"] = plan.network
-    if decision.allowed and plan is not None:
-        details |= _what_runs(plan)
-    if not decision.allowed:
-        details["message"] = cap(decision.message)
-    if decision.approve is not None:  # it waits for a person's yes (approval_* records)
-        details["approve"] = decision.approve.rule
-    return details
 
 
 class AuditLog:
@@ -440,54 +413,19 @@ class AuditLog:
             canonical = canonical_json(arguments)
         except (TypeError, ValueError) as exc:
             raise AuditError(f"arguments are not serialisable: {exc}") from exc
-        args_sha256 = hashlib.sha256(canonical).hexdigest()
-        fields: dict[str, Any] = {
-            "request_id": request_id,
-            "client": client,
-            "tool": tool,
-            "session": session,
-            "transport": transport,
-            "args_sha256": args_sha256,
-            "args_bytes": len(canonical),
-            "args_preview": preview(arguments),
-            "decision": "allow" if decision.allowed else "deny",
-            "source": decision.source,
-            "rule": decision.rule,
-            "policy": decision.policy_name,
-            "backend": decision.backend,
-            "limits": decision.limits.to_wire() if decision.limits else None,
-            **_decision_details(decision),
-        }
+        fields = decision_fields(request_id=request_id, client=client, tool=tool,
+                                 session=session, arguments=arguments, canonical=canonical,
+                                 decision=decision, transport=transport)
         self._write("decision", fields,
                     durable=not (commit_with_result and decision.allowed))
-        return args_sha256
+        return str(fields["args_sha256"])
 
     def result(self, *, request_id: str, client: str, result: Result,
                transport: str = "http") -> tuple[int, str]:
         """Record the outcome of an invocation; returns the record's seq and SHA-256 (the
         chain's head that includes it: the call's receipt names it)."""
-        fields = dict(
-            request_id=request_id,
-            client=client,
-            transport=transport,
-            tool=result.tool,
-            invocation=result.id,
-            session=result.session,
-            backend=result.backend,
-            status=result.status.value,
-            termination=result.termination.model_dump(mode="json"),
-            resources=result.resources.model_dump(mode="json"),
-            limits=result.limits.to_wire() if result.limits else None,
-            rule=result.policy.rule if result.policy else None,
-            stdout_bytes=len(result.stdout.encode("utf-8", "replace")),
-            stderr_bytes=len(result.stderr.encode("utf-8", "replace")),
-            displays=len(result.outputs),  # display items (their content is not logged)
-            truncated=result.truncated.model_dump(mode="json"),
-            cleanup=result.cleanup.model_dump(mode="json"),
-            # a session call's kernel as the call left it (kept, interrupted or lost)
-            kernel=result.kernel.model_dump(mode="json") if result.kernel else None,
-            message=cap(result.message),
-        )
+        fields = result_fields(request_id=request_id, client=client, result=result,
+                               transport=transport)
         record, head = self._write("result", fields, durable=True)
         return record["seq"], head
 
