@@ -8,13 +8,13 @@ script is known only then."""
 from __future__ import annotations
 
 import posixpath
-import re
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.languages.bash_scan import simple_commands
 from sandboxd.models import Decision
 from sandboxd.policy.models import BashTool
 from sandboxd.policy.shell import deny_rule, wrapped_index
+from sandboxd.policy.shell_tool import screen
 from sandboxd.policy.specs import listing
 
 if TYPE_CHECKING:
@@ -31,13 +31,9 @@ def decide_bash(ctx: _Ctx, cfg: BashTool, network: str | None,
         return ctx.deny("tools.bash", "The bash tool runs the programs tools.shell.commands "
                                       "allows, and this policy has no tools.shell block.")
     code = str(arguments.get("code", ""))
-    if "\x00" in code:
-        return ctx.deny("tools.bash", "The code must not contain NUL characters.")
-    for i, pattern in enumerate(shell.deny_patterns):
-        if re.search(pattern, code):
-            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
-                            "This code is not allowed here (it matches a pattern the policy "
-                            "forbids).")
+    refused = screen(ctx, shell.deny_patterns, code, "tools.bash", "code")
+    if refused is not None:
+        return refused
     commands = shell.commands
     allowed = [c for c in commands.allow if c not in commands.deny]
     for cmd in simple_commands(code):

@@ -6,6 +6,7 @@ the plan the backend's runner executes without a shell."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -141,16 +142,27 @@ def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
     return Redirect(fd=r.fd, mode=mode, path=path)
 
 
+def screen(ctx: _Ctx, deny_patterns: Sequence[str], text: str, rule: str,
+           what: str) -> Decision | None:
+    """The denial of a shell tool's ``text`` (``what`` names it: a command line, code) that
+    holds a NUL or matches one of the policy's ``deny_patterns``; None when neither. The shell
+    and bash tools both screen with this, before their text is parsed."""
+    if "\x00" in text:
+        return ctx.deny(rule, f"The {what} must not contain NUL characters.")
+    for i, pattern in enumerate(deny_patterns):
+        if re.search(pattern, text):
+            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
+                            f"This {what} is not allowed here (it matches a pattern the "
+                            "policy forbids).")
+    return None
+
+
 def _parsed_line(ctx: _Ctx, cfg: ShellTool, line: str) -> list[ParsedPipeline] | Decision:
     """The pipelines of ``line`` (a NUL, a ``deny_patterns`` match, a refused construct or
     an empty line: a denial)."""
-    if "\x00" in line:
-        return ctx.deny("tools.shell", "The command line must not contain NUL characters.")
-    for i, pattern in enumerate(cfg.deny_patterns):
-        if re.search(pattern, line):
-            return ctx.deny(f"tools.shell.deny_patterns[{i}]",
-                            "This command line is not allowed here (it matches a pattern the "
-                            "policy forbids).")
+    refused = screen(ctx, cfg.deny_patterns, line, "tools.shell", "command line")
+    if refused is not None:
+        return refused
     try:
         parsed = parse(line, operators=cfg.operators)
     except ShellRefused as exc:
