@@ -10,6 +10,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandboxd.access.tokens import add_token
 from tests.api.test_session_end import a_waiting_call, assert_ended
 from tests.auth.test_revocation import revoked, token_cli
@@ -17,6 +19,10 @@ from tests.support.daemon import RunningDaemon, running_daemon
 
 from .conftest import labelled
 from .test_http import SLOW_ENGINE_POLICY, daemon_env
+
+pytestmark = pytest.mark.same_on_every_host(
+    "which calls a session's end cancels is the daemon's own logic (tests/api's scripted "
+    "twin proves the same); the removal of a closed session's containers is test_sessions'")
 
 
 def _daemon(tmp_path: Path, instance: str, env: dict[str, str] | None = None,

@@ -34,7 +34,9 @@ from tests.security.test_restricted_escapes import (
     ATTACKS,
     CANARY_ENV,
     CANARY_FILE,
+    LANGUAGE_LAYER,
     PRISTINE_CODE,
+    attack_params,
     pristine_expected,
 )
 from tests.support.ci import require
@@ -102,7 +104,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield Env(daemon, root, canary)
 
 
-@pytest.mark.parametrize(("name", "code", "expect"), ATTACKS, ids=[a[0] for a in ATTACKS])
+@pytest.mark.parametrize(("name", "code", "expect"), attack_params(ATTACKS))
 def test_escape_attempt_in_a_session_kernel(env: Env, name: str, code: str,
                                             expect: str) -> None:
     res = env.run(code, env.attacker, **LIMITS.get(expect, {}))
@@ -164,6 +166,7 @@ PLANTED: list[tuple[str, str, str, str]] = [
 ]
 
 
+@LANGUAGE_LAYER
 @pytest.mark.parametrize(("name", "plant", "use", "expect"), PLANTED,
                          ids=[p[0] for p in PLANTED])
 def test_state_planted_in_one_call_used_in_the_next(env: Env, name: str, plant: str, use: str,

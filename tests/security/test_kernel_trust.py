@@ -21,6 +21,7 @@ import pytest
 from tests.restricted.test_kernel import kernel_process
 from tests.security.language_bypass import MARK, bypass_daemon
 from tests.security.test_kernel_escapes import FIND_SOCKET, call, session
+from tests.security.test_restricted_escapes import LANGUAGE_LAYER
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.processes import running
 
@@ -52,6 +53,7 @@ CHANNEL_PATHS = {
 }
 
 
+@LANGUAGE_LAYER
 @pytest.mark.parametrize("name", list(CHANNEL_PATHS))
 @pytest.mark.parametrize("where", ["kernel", "one_shot"])
 def test_no_handed_out_object_leads_to_the_channel(plain: RunningDaemon, name: str,

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from tests.service.procs import (
     ProcId,
@@ -24,6 +25,11 @@ from tests.support.daemon import start_daemon
 from tests.support.policy_files import long_calls_policy
 from tests.support.scale import scaled
 from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.same_on_every_host(
+    "a drain's order (refuse new calls, finish or cancel those in flight, exit 0) is the "
+    "daemon's own logic; the service job's stop-drain-exit0, stop-inflight-call-finished and "
+    "stop-cgroup-gone checks stop the shipped unit with a call in flight")
 
 # A few seconds of pure-Python loop per call on one core. Under emulation (the VM job) two
 # fifths of it: three such calls on two emulated CPUs, beside another test lane, once took

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from sandboxd.errors import Draining
 from tests.service.procs import ProcId, call_workers, still_alive
@@ -17,6 +18,10 @@ from tests.service.test_drain import BUSY, _call
 from tests.support.daemon import daemon_list, start_daemon
 from tests.support.mounts import detach_below
 from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.same_on_every_host(
+    "what a session's call is told during a drain is the daemon's own answer; the service job "
+    "stops and restarts the shipped unit with sessions kept (restart-keeps-* checks)")
 
 GRACE_S = 30  # the busy call holds the drain open this long, then it is cancelled
 ENV = {"SANDBOXD_DRAIN_GRACE_S": str(GRACE_S), "SANDBOXD_CONTAINER_ENABLED": "false"}

@@ -8,8 +8,15 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support import cli
 from tests.support.daemon import free_port, running_daemon
+
+pytestmark = pytest.mark.same_on_every_host(
+    "the state directory's lock is one file's flock (the kernel's) and the doctor's reading of "
+    "it; the service job runs the doctor beside the unit's live daemon (doctor-from-shell, "
+    "doctor-twice) and a second daemon beside it (uid-range-claimed-host-wide)")
 
 ENV = {"SANDBOXD_CONTAINER_ENABLED": "false"}
 
