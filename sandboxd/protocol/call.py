@@ -29,6 +29,7 @@ from .decode import (
     MapOf,
     Nested,
     OrNone,
+    Part,
     Record,
     Seconds,
     Text,
@@ -73,23 +74,67 @@ _COUNTER = Int(0, MAX_COUNTER)
 
 
 @dataclass(frozen=True)
+class RestrictedPart(Record):
+    """The restricted worker's part of a request: ``workspace`` (the host path it confines
+    itself to), ``uid`` (the sandbox uid it drops to), ``cpu_seconds`` (its RLIMIT_CPU; a
+    kernel's absolute soft limit), ``cpu_call`` (a kernel's allowance for this call),
+    ``max_file_bytes`` (RLIMIT_FSIZE), and a readiness ``probe`` with its expectations. The
+    runner ignores it."""
+
+    WIRE_NAME = "request"
+    WIRE_MEMBER = "{name}"
+
+    workspace: str = member(Text(), "")
+    uid: int | None = member(OrNone(Int(0, MAX_UID)), None)
+    cpu_seconds: int = member(_CPU_SECONDS, 1)
+    cpu_call: int | None = member(OrNone(_CPU_SECONDS), None)
+    max_file_bytes: int = member(Int(0, 2**50), 1024 * 1024)
+    probe: ProbeKind | None = member(OrNone(Choice(_PROBES)), None)
+    outside_path: str = member(Text(), "")
+    expect_unprivileged: bool = member(_FLAG, False)
+    expect_namespaces: bool = member(_FLAG, False)
+    no_namespaces_reason: str | None = member(_REPORT_TEXT, None)
+
+
+@dataclass(frozen=True)
+class RunnerPart(Record):
+    """The container runner's part of a request: ``env`` and ``cwd`` of the call's processes,
+    ``interrupt_grace_s`` (how long an interrupted kernel may take to come back), a
+    ``suspend``'s ``resume_key``, a bash call's ``programs``, a plan's ``stdin``. The
+    restricted worker ignores it."""
+
+    WIRE_NAME = "request"
+    WIRE_MEMBER = "{name}"
+
+    env: dict[str, str] = member(MapOf(Text(), Text(), MAX_ENV), factory=dict)
+    cwd: str = member(Text(), "/workspace")
+    interrupt_grace_s: float = member(Seconds(0, MAX_GRACE_S), 0.0)
+    #: hex: the next daemon's one-time key (a ``suspend`` request)
+    resume_key: str = member(Hex(MAX_KEY_HEX), "")
+    #: a bash call: the only programs its kernel may execute
+    programs: tuple[str, ...] = member(NAMES, (), omit_default=True)
+    #: a plan: its stdin is a pipe the daemon feeds (frames i, c), not /dev/null
+    stdin: bool = member(_FLAG, False, omit_default=True)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.programs, list):
+            object.__setattr__(self, "programs", tuple(self.programs))
+
+
+@dataclass(frozen=True)
 class WorkerRequest(Record):
-    """What a sandbox runs for one call. Common to both sandboxes: ``id``, ``kind``, ``code``
-    (python) or ``plan`` (a command plan, executed as it is), the imports a python call may
-    use, the call's ``limits`` (each sandbox applies :meth:`Limits.rlimits` to every process
-    of the call, and its output cap), the ``display`` caps and ``kernel`` (a session call: it
-    runs in the session's kernel).
+    """What a sandbox runs for one call: the part common to both sandboxes, and each
+    sandbox's own part (:class:`RestrictedPart`, :class:`RunnerPart`). Common: ``id``,
+    ``kind``, ``code`` (python) or ``plan`` (a command plan, executed as it is), the imports
+    a python call may use, the call's ``limits`` (each sandbox applies :meth:`Limits.rlimits`
+    to every process of the call, and its output cap), the ``display`` caps, ``kernel`` (a
+    session call: it runs in the session's kernel) and a kernel's ``snapshot``/
+    ``state_bytes``.
 
-    The restricted worker's: ``workspace`` (the host path it confines itself to), ``uid``
-    (the sandbox uid it drops to), ``cpu_seconds`` (its RLIMIT_CPU; a kernel's absolute
-    soft limit), ``cpu_call`` (a kernel's allowance for this call), ``max_file_bytes``
-    (RLIMIT_FSIZE), ``probe`` and the probe's expectations. The runner's: ``env`` and
-    ``cwd`` of the call's processes, ``interrupt_grace_s`` (how long an interrupted kernel
-    may take to come back).
-
-    On the wire every member is sent but ``programs``, ``snapshot``, ``state_bytes`` and
-    ``stdin`` at their defaults (a bash call's, a restricted kernel's, a plan fed its stdin:
-    a runner built before them reads the rest); a missing one takes its default."""
+    On the wire the parts' members sit among the common ones (one flat object, as before
+    they were typed apart: a runner built before reads it); every member is sent but
+    ``programs``, ``snapshot``, ``state_bytes`` and ``stdin`` at their defaults (a runner
+    built before them reads the rest); a missing one takes its default."""
 
     WIRE_NAME = "request"
     WIRE_MEMBER = "{name}"
@@ -108,30 +153,12 @@ class WorkerRequest(Record):
     #: a fork's first call: this many bytes of its parent's pickled state follow the request
     #: (restored in the fresh kernel before the call); a snapshot: the most it may write
     state_bytes: int = member(Int(0, FORK_STATE_BYTES), 0, omit_default=True)
-    # the restricted worker's
-    workspace: str = member(Text(), "")
-    uid: int | None = member(OrNone(Int(0, MAX_UID)), None)
-    cpu_seconds: int = member(_CPU_SECONDS, 1)
-    cpu_call: int | None = member(OrNone(_CPU_SECONDS), None)
-    max_file_bytes: int = member(Int(0, 2**50), 1024 * 1024)
-    probe: ProbeKind | None = member(OrNone(Choice(_PROBES)), None)
-    outside_path: str = member(Text(), "")
-    expect_unprivileged: bool = member(_FLAG, False)
-    expect_namespaces: bool = member(_FLAG, False)
-    no_namespaces_reason: str | None = member(_REPORT_TEXT, None)
-    # the container runner's
-    env: dict[str, str] = member(MapOf(Text(), Text(), MAX_ENV), factory=dict)
-    cwd: str = member(Text(), "/workspace")
-    interrupt_grace_s: float = member(Seconds(0, MAX_GRACE_S), 0.0)
-    #: hex: the next daemon's one-time key (a ``suspend`` request)
-    resume_key: str = member(Hex(MAX_KEY_HEX), "")
-    #: a bash call: the only programs its kernel may execute
-    programs: tuple[str, ...] = member(NAMES, (), omit_default=True)
-    #: a plan: its stdin is a pipe the daemon feeds (frames i, c), not /dev/null
-    stdin: bool = member(_FLAG, False, omit_default=True)
+    restricted: RestrictedPart = member(Part[RestrictedPart](RestrictedPart),
+                                        factory=RestrictedPart)
+    runner: RunnerPart = member(Part[RunnerPart](RunnerPart), factory=RunnerPart)
 
     def __post_init__(self) -> None:
-        for name in ("imports_allow", "imports_deny", "programs"):
+        for name in ("imports_allow", "imports_deny"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -148,7 +175,7 @@ class WorkerRequest(Record):
     def suspend(cls, key: bytes) -> WorkerRequest:
         """The runner's ``suspend``: the daemon stops and keeps the session; reconnect to
         the next one with ``key`` (so a restart keeps the session's kernel)."""
-        return cls(kind="suspend", resume_key=key.hex())
+        return cls(kind="suspend", runner=RunnerPart(resume_key=key.hex()))
 
 
 # ---------------------------------------------------------------- the report

@@ -183,6 +183,22 @@ class Nested(Codec[_T]):
 
 
 @dataclass(frozen=True)
+class Part(Codec[_T]):
+    """A record of its own whose members sit among its parent's on the wire (one flat
+    object): a part of a record that only some readers use, typed apart without changing the
+    wire form. ``kind`` is a :class:`Record`; its member names must not collide with the
+    parent's."""
+
+    kind: Any  # the part's Record class
+
+    def decode(self, value: Any, what: str) -> _T:
+        return cast(_T, self.kind.from_wire(value, what))
+
+    def encode(self, value: _T) -> Any:
+        return cast(Any, value).to_wire()
+
+
+@dataclass(frozen=True)
 class Member:
     """A wire member's metadata: its codec, whether a record must send it (a member without
     a default always must), whether :meth:`Record.to_wire` leaves it out at its default."""
@@ -235,16 +251,31 @@ class Record:
 
     @classmethod
     def wire_fields(cls) -> tuple[tuple[Field[Any], Member], ...]:
-        """Each wire member's field and metadata, in declaration order."""
+        """Each wire member's field and metadata, in declaration order (a :class:`Part` is
+        one field here; :meth:`wire_names` lists its members)."""
         return tuple((f, f.metadata["wire"]) for f in fields(cast(Any, cls))
                      if "wire" in f.metadata)
+
+    @classmethod
+    def wire_names(cls, required: bool = False) -> tuple[str, ...]:
+        """The names of the members on the wire, a part's in its place (``required``: only
+        those a record must send)."""
+        names: list[str] = []
+        for f, spec in cls.wire_fields():
+            if isinstance(spec.codec, Part):
+                names.extend(spec.codec.kind.wire_names(required))
+            elif not required or spec.required or not _has_default(f):
+                names.append(f.name)
+        return tuple(names)
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready form (:meth:`from_wire` reads it back)."""
         out = {}
         for f, spec in self.wire_fields():
             value = getattr(self, f.name)
-            if not (spec.omit_default and _has_default(f) and value == _default(f)):
+            if isinstance(spec.codec, Part):
+                out.update(spec.codec.encode(value))
+            elif not (spec.omit_default and _has_default(f) and value == _default(f)):
                 out[f.name] = spec.codec.encode(value)
         return out
 
@@ -253,11 +284,14 @@ class Record:
         """The record in ``data`` (:meth:`to_wire`'s form), every member checked and bounded
         (a missing optional one takes its default): ``ValueError`` for anything else."""
         what = cls.WIRE_NAME if what is None else what
-        members = cls.wire_fields()
-        d = check_obj(data, what, tuple(f.name for f, _ in members),
-                      tuple(f.name for f, spec in members
-                            if spec.required or not _has_default(f)))
-        values = {f.name: spec.codec.decode(d[f.name],
-                                            cls.WIRE_MEMBER.format(what=what, name=f.name))
-                  for f, spec in members if f.name in d}
+        d = check_obj(data, what, cls.wire_names(), cls.wire_names(required=True))
+        values = {}
+        for f, spec in cls.wire_fields():
+            if isinstance(spec.codec, Part):
+                mine = set(spec.codec.kind.wire_names())
+                values[f.name] = spec.codec.decode({k: v for k, v in d.items() if k in mine},
+                                                   what)
+            elif f.name in d:
+                values[f.name] = spec.codec.decode(
+                    d[f.name], cls.WIRE_MEMBER.format(what=what, name=f.name))
         return cast(Self, cast(Any, cls)(**values))

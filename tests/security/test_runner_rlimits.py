@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sandboxd.protocol import limits
-from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.call import RunnerPart, WorkerReport, WorkerRequest
 from sandboxd.protocol.plan import Plan
 from tests.support.plan import runner_module
 from tests.support.runner_host import run_request, stop_kernel
@@ -107,7 +107,7 @@ def test_one_plain_command_with_rlimits_is_not_spawned(tmp_path: Path) -> None:
     """posix_spawn cannot set rlimits in its child: such a call takes the fork path."""
     rlimits, worker = runner_module("rlimits"), runner_module("worker")
     asked = rlimits.requested_rlimits({"RLIMIT_NOFILE": 20})
-    request = WorkerRequest(kind="plan", cwd=str(Path.cwd()), env=ENV,
+    request = WorkerRequest(kind="plan", runner=RunnerPart(cwd=str(Path.cwd()), env=ENV),
                             plan=Plan.from_wire(plan(["true"])))
     assert worker.spawn_command(request, 1, 2, asked) is None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandboxd.protocol import call
-from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.call import RestrictedPart, RunnerPart, WorkerReport, WorkerRequest
 from sandboxd.protocol.display import MAX_VALUE_REPR, DisplayCaps
 from sandboxd.protocol.limits import Limits
 from sandboxd.protocol.plan import MAX_TEXT, Plan
@@ -33,16 +33,18 @@ CONTAINER = ROOT / "sandboxd" / "backends" / "container"
 
 REQUESTS = [
     WorkerRequest(kind="python", id="c0123", code="print(1)", imports_allow=("math",),
-                  imports_deny=("os",), workspace="/var/lib/sandboxd/ws/x", uid=10123,
-                  cpu_seconds=61, max_file_bytes=1 << 20, kernel=True,
+                  imports_deny=("os",), kernel=True,
                   limits=Limits(timeout_s=2.5, open_files=32),
-                  display=DisplayCaps(item_bytes=4096, count=3)),
-    WorkerRequest(kind="python", probe="basic", outside_path="/tmp/x", expect_namespaces=True,
-                  expect_unprivileged=True, no_namespaces_reason="no user namespaces",
-                  cpu_call=3),
+                  display=DisplayCaps(item_bytes=4096, count=3),
+                  restricted=RestrictedPart(workspace="/var/lib/sandboxd/ws/x", uid=10123,
+                                            cpu_seconds=61, max_file_bytes=1 << 20)),
+    WorkerRequest(kind="python", restricted=RestrictedPart(
+        probe="basic", outside_path="/tmp/x", expect_namespaces=True,
+        expect_unprivileged=True, no_namespaces_reason="no user namespaces", cpu_call=3)),
     WorkerRequest(kind="plan", id="inv-1", plan=Plan.single(["ls", "-l"]),
-                  env={"PATH": "/usr/bin", "HOME": "/workspace"}, cwd="/workspace",
-                  interrupt_grace_s=2.0, stdin=True),
+                  runner=RunnerPart(env={"PATH": "/usr/bin", "HOME": "/workspace"},
+                                    cwd="/workspace", interrupt_grace_s=2.0, stdin=True)),
+    WorkerRequest(kind="bash", code="ls", runner=RunnerPart(programs=("ls", "cat"))),
     WorkerRequest.stop_kernel(),
     WorkerRequest.suspend(bytes(range(32))),
 ]
@@ -152,7 +154,7 @@ def test_every_request_member_is_bounded() -> None:
     default = WorkerRequest(kind="python").to_wire()
     refused = {key for data, _ in BAD_REQUESTS if isinstance(data, dict)
                for key, value in data.items() if value != default.get(key, ...)}
-    assert {f.name for f in fields(WorkerRequest)} <= refused
+    assert set(WorkerRequest.wire_names()) <= refused
 
 
 BAD_REPORTS = [
@@ -216,7 +218,7 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20)
 REPORT_MEMBERS = st.sampled_from([f.name for f in fields(WorkerReport)] + ["bogus"])
-REQUEST_MEMBERS = st.sampled_from([f.name for f in fields(WorkerRequest)] + ["bogus"])
+REQUEST_MEMBERS = st.sampled_from([*WorkerRequest.wire_names(), "bogus"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -243,7 +245,7 @@ def test_any_json_is_a_request_or_a_value_error(data: Any) -> None:
 
 #: members only a request or a report has: a dict literal with one of them is a hand-made
 #: request or report (``code`` and ``kernel`` name other things too: tool arguments, results)
-CONTRACT_KEYS = ({f.name for f in fields(WorkerRequest)} | {f.name for f in fields(WorkerReport)}
+CONTRACT_KEYS = (set(WorkerRequest.wire_names()) | {f.name for f in fields(WorkerReport)}
                  | {"rlimits", "output_bytes", "max_file", "allow", "deny"}) - {
     "id", "kind", "code", "env", "display", "value", "message", "error", "signal", "kernel",
     "probe"}
@@ -303,6 +305,36 @@ def test_both_sandboxes_decode_the_same_request() -> None:
     for path in (RUNNER / "main.py", RESTRICTED / "worker.py", RESTRICTED / "standby.py",
                  CONTAINER / "calls.py"):
         assert "WorkerRequest" in _imports_from_protocol(ast.parse(path.read_text("utf-8")))
+
+
+def _parts_read(root: Path) -> set[str]:
+    """The request parts (``.restricted``, ``.runner``) the code under ``root`` reads."""
+    return {node.attr for path in root.rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text("utf-8")))
+            if isinstance(node, ast.Attribute) and node.attr in {"restricted", "runner"}
+            and isinstance(node.value, ast.Name | ast.Attribute)
+            and (node.value.id if isinstance(node.value, ast.Name) else node.value.attr)
+            in {"msg", "req", "request", "kernel_request", "base"}}
+
+
+def test_each_sandbox_reads_the_common_request_and_its_own_part_only() -> None:
+    """The request is one common part and a part per sandbox: the restricted side never
+    reads the runner's part, the runner and the container backend never the restricted
+    worker's."""
+    assert _parts_read(RESTRICTED) == {"restricted"}
+    assert _parts_read(RUNNER) == {"runner"}
+    assert _parts_read(CONTAINER) == {"runner"}
+
+
+@pytest.mark.parametrize("request_", REQUESTS, ids=lambda r: r.kind)
+def test_the_parts_sit_among_the_common_members_on_the_wire(request_: WorkerRequest) -> None:
+    """One flat object, as before the parts were typed apart: a runner built before the
+    split (a kept session's, across an upgrade) reads what a new daemon sends."""
+    wire = request_.to_wire()
+    assert not {"restricted", "runner"} & set(wire)
+    assert set(wire) <= set(WorkerRequest.wire_names())
+    for name in RestrictedPart.wire_names():
+        assert wire.get(name, ...) == getattr(request_.restricted, name)
 
 
 def test_both_sandboxes_reports_are_decoded_by_one_definition() -> None:

@@ -134,7 +134,7 @@ def bash_child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: in
     """In the fork: fds, session, signals, limits, the exec confinement, then ``bash``."""
     try:
         os.setsid()
-        path = req.env.get("PATH", "/usr/bin:/bin")
+        path = req.runner.env.get("PATH", "/usr/bin:/bin")
         bash = find_program("bash", path)
         if bash is None:
             raise OSError(2, "there is no bash in this image")
@@ -145,8 +145,8 @@ def bash_child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: in
         targets = {0: ctl_r, 1: out_w, 2: devnull, BASH_REP: rep_w, BASH_ERR: err_w,
                    BASH_RC: rc_r}
         place_fds(targets, [(3, BASH_REP), (BASH_REP + 1, BASH_ERR), (BASH_RC + 1, 65536)])
-        confine_child("bash", req.cwd, rlimits, [*req.programs, bash], path)
-        os.execve(bash, BASH_ARGV, dict(req.env))
+        confine_child("bash", req.runner.cwd, rlimits, [*req.runner.programs, bash], path)
+        os.execve(bash, BASH_ARGV, dict(req.runner.env))
     except BaseException as exc:
         message = f"sandboxd bash kernel: {exc}\n".encode()
         try:

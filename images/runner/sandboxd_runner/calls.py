@@ -71,7 +71,7 @@ class Call:
             display_r, display_w = os.pipe()
             self.streams[display_r] = b"d"
         in_r = None
-        if self.req.stdin and self.req.kind == "plan":
+        if self.req.runner.stdin and self.req.kind == "plan":
             in_r, self.stdin_w = os.pipe()
             os.set_blocking(self.stdin_w, False)
         self.pipes = set(self.streams) | ({self.value_r} if self.value_r is not None else set())

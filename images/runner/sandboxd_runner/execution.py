@@ -64,7 +64,7 @@ def user_streams() -> None:
 
 def user_environment(req: WorkerRequest) -> None:
     os.environ.clear()
-    os.environ.update(req.env)
+    os.environ.update(req.runner.env)
     sys.path[:] = [p for p in sys.path if not p.startswith("/opt/sandboxd")]
     cwd = os.getcwd()
     site = os.path.join(cwd, SITE_DIR)  # what install_packages put in this workspace

@@ -62,15 +62,15 @@ def node_child(req: WorkerRequest, fds: dict[int, int], rlimits: Rlimits = ()) -
     """In the fork: fds, session, signals, limits, the exec confinement, then ``node``."""
     try:
         os.setsid()
-        path = req.env.get("PATH", "/usr/bin:/bin")
+        path = req.runner.env.get("PATH", "/usr/bin:/bin")
         node = find_program("node", path)
         if node is None:
             raise OSError(2, "there is no node in this image (the javascript profile has it)")
         place_fds({0: os.open(os.devnull, os.O_RDONLY), **fds}, [(JS_ACK + 1, 65536)])
         os.set_blocking(JS_ACK, False)
         # node by name: its ELF interpreter too
-        confine_child("javascript", req.cwd, rlimits, ["node"], path)
-        os.execve(node, NODE_ARGV, {**req.env, **NODE_ENV})
+        confine_child("javascript", req.runner.cwd, rlimits, ["node"], path)
+        os.execve(node, NODE_ARGV, {**req.runner.env, **NODE_ENV})
     except BaseException as exc:
         try:
             os.write(2, f"sandboxd javascript kernel: {exc}\n".encode())

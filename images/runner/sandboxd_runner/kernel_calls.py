@@ -30,7 +30,7 @@ from .rlimits import Rlimits
 def _grace(req: WorkerRequest) -> float:
     """The request's ``interrupt_grace_s`` (bounded by its decoder), at most
     :data:`MAX_INTERRUPT_GRACE_S`."""
-    return min(req.interrupt_grace_s, MAX_INTERRUPT_GRACE_S)
+    return min(req.runner.interrupt_grace_s, MAX_INTERRUPT_GRACE_S)
 
 
 class KernelCall(Call):

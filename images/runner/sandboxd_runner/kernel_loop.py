@@ -189,7 +189,7 @@ def kernel_child(req: WorkerRequest, ctl_r: int, rep_w: int, out_w: int, err_w: 
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, interrupt_user_code)  # the runner's interrupt
         os.umask(0o022)
-        os.chdir(req.cwd)
+        os.chdir(req.runner.cwd)
         apply_rlimits(rlimits)  # before user code: the kernel keeps them for its life
         kernel_main(req)
     except BaseException as exc:

@@ -50,10 +50,10 @@ RESUME = bytearray()
 def _suspend(chan: socket.socket, cid: int, req: WorkerRequest, calls: dict[int, Call]) -> None:
     """The daemon stops and keeps this session (a restart that keeps sessions): remember the
     next daemon's one-time key, answer ``suspended``."""
-    if len(req.resume_key) != 2 * KEY_BYTES or calls:
+    if len(req.runner.resume_key) != 2 * KEY_BYTES or calls:
         refuse(chan, cid, "refused: a suspend needs a key and no call running")
         return
-    RESUME[:] = bytes.fromhex(req.resume_key)
+    RESUME[:] = bytes.fromhex(req.runner.resume_key)
     send_report(chan, cid, WorkerReport(message="suspended"))
 
 

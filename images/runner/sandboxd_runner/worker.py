@@ -42,8 +42,9 @@ def worker(req: WorkerRequest, out_w: int, err_w: int, value_w: int | None,
         _close_fds_except({fd for fd in (value_w, display_w) if fd is not None})
         # only now (the channel's fd is closed) may the user's own process be dumpable
         set_dumpable(1)
-        reset_child(req.cwd, rlimits)  # before user code; each command of a plan inherits them
-        env = dict(req.env)
+        # before user code; each command of a plan inherits them
+        reset_child(req.runner.cwd, rlimits)
+        env = dict(req.runner.env)
         if req.kind == "python":
             assert value_w is not None and display_w is not None  # python: both pipes exist
             run_python(req, value_w, display_w)
@@ -67,9 +68,9 @@ def spawnable(req: WorkerRequest) -> tuple[str, list[str], dict[str, str]] | Non
     that with the shell's wording)."""
     if req.kind != "plan" or req.plan is None:
         return None
-    if os.path.realpath(req.cwd) != os.getcwd():
+    if os.path.realpath(req.runner.cwd) != os.getcwd():
         return None
-    env = dict(req.env)
+    env = dict(req.runner.env)
     argv = simple_command(req.plan.to_wire(), env)
     if not argv:
         return None

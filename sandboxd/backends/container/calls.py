@@ -27,7 +27,7 @@ from sandboxd.models import (
     Truncated,
     status_for,
 )
-from sandboxd.protocol.call import WorkerReport, WorkerRequest
+from sandboxd.protocol.call import RunnerPart, WorkerReport, WorkerRequest
 from sandboxd.protocol.plan import KERNEL_KINDS, KERNEL_REQUESTS
 from sandboxd.results.outputs import DisplayCollector
 from sandboxd.util.deadline import stop_task, within
@@ -171,15 +171,15 @@ def request_for(call: BackendCall) -> WorkerRequest | Result:
         env.update(egress_sandbox.proxy_env(plan.egress))
     # the runner sets limits.rlimits() (soft = hard) in every process of the call and caps
     # its output at limits.output_bytes: protocol.limits, one table
-    base = WorkerRequest(kind="python", id=invocation.id, env=env, cwd="/workspace",
-                         limits=call.limits, display=plan.display)
+    base = WorkerRequest(kind="python", id=invocation.id, limits=call.limits,
+                         display=plan.display, runner=RunnerPart(env=env, cwd="/workspace"))
     if plan.kind is ToolKind.command:
         if plan.command is None:
             return rejected(call, "no command to run (the plan has none)")
         # the checked structure itself: the runner executes it, no shell is involved
         # a caller that feeds its stdin (sandboxd.backends.stdin): a pipe, not /dev/null
         return replace(base, kind="plan", plan=plan.command,
-                       stdin=call_stdin.requested() is not None)
+                       runner=replace(base.runner, stdin=call_stdin.requested() is not None))
     if plan.kind in KERNEL_KINDS:
         code = invocation.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
@@ -187,7 +187,8 @@ def request_for(call: BackendCall) -> WorkerRequest | Result:
         if len(code.encode()) > MAX_CODE_BYTES:
             return rejected(call, "the code is too large")
         if plan.kind is ToolKind.bash:  # its kernel may execute these only
-            return replace(base, kind="bash", code=code, programs=plan.programs)
+            return replace(base, kind="bash", code=code,
+                           runner=replace(base.runner, programs=plan.programs))
         # python's imports, javascript's modules: the kernel's own check of the rule
         return replace(base, kind=KERNEL_REQUESTS[plan.kind], code=code,
                        imports_allow=plan.imports_allow, imports_deny=plan.imports_deny)
@@ -216,7 +217,7 @@ async def exchange(box: Box, call: ContainerCall,
     request, deadline = call.request, call.call.deadline
     out = CallOutput(displays=DisplayCollector(request.display),
                      events=call.invocation.events,
-                     stdin=call_stdin.requested() if request.stdin else None)
+                     stdin=call_stdin.requested() if request.runner.stdin else None)
     if deadline - time.monotonic() <= 0:
         raise TimeoutError
     task = asyncio.ensure_future(_exchange_body(box, call, out))

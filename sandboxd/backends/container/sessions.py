@@ -177,7 +177,8 @@ class SessionContainers:
         grace = self.boxes.config.kernel_interrupt_grace_s
         interrupt = self._flights[key] = Interrupt(grace)
         try:
-            kernel_request = replace(call.request, kernel=True, interrupt_grace_s=grace)
+            kernel_request = replace(call.request, kernel=True, runner=replace(
+                call.request.runner, interrupt_grace_s=grace))
             return await self._run(key, replace(call, request=kernel_request), interrupt)
         finally:
             if self._flights.get(key) is interrupt:

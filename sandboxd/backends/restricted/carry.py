@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from sandboxd.backends.base import KernelState
 from sandboxd.backends.restricted import idle, standby
 from sandboxd.backends.restricted.frames import FrameReader
-from sandboxd.protocol.call import WorkerRequest
+from sandboxd.protocol.call import RestrictedPart, WorkerRequest
 from sandboxd.util.deadline import within
 
 if TYPE_CHECKING:
@@ -51,8 +51,8 @@ async def snapshot(pool: KernelPool, sid: str, limit: int,
         msg = WorkerRequest(kind="python", id=f"s{secrets.token_hex(8)}", kernel=True,
                             snapshot=True, state_bytes=limit, limits=k.limits,
                             imports_allow=allow, imports_deny=deny,
-                            cpu_seconds=math.ceil(remaining) + 1, uid=k.uid,
-                            workspace=k.workspace)
+                            restricted=RestrictedPart(cpu_seconds=math.ceil(remaining) + 1,
+                                                      uid=k.uid, workspace=k.workspace))
         reader = FrameReader(asyncio.get_running_loop(), k.worker.sock.fileno(),
                              k.limits.output_bytes, remaining, until_report=True,
                              state_bytes=limit)

@@ -275,9 +275,10 @@ class KernelPool:
         and hard from outside when it may (CAP_SYS_RESOURCE, or the same uid).
         The request returned has ``cpu_seconds`` the absolute limit (for the outcome
         mapping)."""
-        allowance = msg.cpu_seconds
+        allowance = msg.restricted.cpu_seconds
         soft = math.ceil(k.cpu_s) + 1 + allowance
-        msg = replace(msg, cpu_call=allowance, cpu_seconds=soft)
+        msg = replace(msg, restricted=replace(msg.restricted, cpu_call=allowance,
+                                              cpu_seconds=soft))
         if self.outside_cpu_limit:
             try:
                 resource.prlimit(k.worker.pid, resource.RLIMIT_CPU, (soft, soft + 1))

@@ -100,7 +100,8 @@ def _build_result(wc: WorkerCall, seen: Exchange, info: dict[str, Any], resource
         return result(wc, Status.error, Reason.exited, exit_code=info.get("exit_code"),
                       resources=resources, cleanup=cleanup,
                       message=f"sandbox set-up failed: {report.message}")
-    verdict = _verdict(seen.reason, report, info, resources.cpu_ms, wc.request.cpu_seconds)
+    verdict = _verdict(seen.reason, report, info, resources.cpu_ms,
+                       wc.request.restricted.cpu_seconds)
     if verdict.reason is Reason.output_limit:
         _mark_cut(out.truncated, reader, wc.limits.output_bytes, by_worker=seen.reason is None)
     return result(

@@ -99,10 +99,10 @@ async def _basic(backend: RestrictedBackend, inv: Invocation, outside: Path) -> 
     """The basic probe: the worker checks its own confinement (:data:`BASIC_CHECKS`); a write
     outside the workspace is also looked for here."""
     call = BackendCall(inv, time.monotonic() + PROBE_DEADLINE_S)
-    msg = replace(standby.request(call, "", probe="basic"),
-                  outside_path=str(outside), expect_unprivileged=backend.root,
-                  expect_namespaces=backend.namespaces,
-                  no_namespaces_reason=backend.no_namespaces)
+    msg = standby.request(call, "", probe="basic")
+    msg = replace(msg, restricted=replace(
+        msg.restricted, outside_path=str(outside), expect_unprivileged=backend.root,
+        expect_namespaces=backend.namespaces, no_namespaces_reason=backend.no_namespaces))
     res, report = await backend.execute(WorkerCall(call, msg))
     found: dict[str, tuple[bool, str]] = (report.probe if report else None) or {}
     missing = (False, f"no result ({res.status.value}: {res.message})")

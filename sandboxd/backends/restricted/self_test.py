@@ -14,12 +14,12 @@ from sandboxd.protocol.call import WorkerReport, WorkerRequest
 
 def self_test(msg: WorkerRequest) -> WorkerReport:
     """Trusted self-test code run inside a fully confined worker (readiness probe)."""
-    if msg.probe == "memory":
+    if msg.restricted.probe == "memory":
         return _memory_probe(msg.limits.memory_bytes)
     # in this order: the seccomp check forks last
     checks = {
         "socket_blocked": _socket_blocked(),
-        "write_outside_blocked": _write_outside_blocked(msg.outside_path),
+        "write_outside_blocked": _write_outside_blocked(msg.restricted.outside_path),
         **_identity_checks(msg),
         "seccomp": _seccomp_enforced(),
     }
@@ -68,13 +68,13 @@ def _identity_checks(msg: WorkerRequest) -> dict[str, tuple[bool, str]]:
     abi = landlock.landlock_abi()
     pid = os.getpid()
     no_namespace = f"pid {pid}: no PID namespace" + (
-        f" ({msg.no_namespaces_reason}; sandboxes are separated by uid and seccomp)"
-        if msg.no_namespaces_reason else "")
+        f" ({msg.restricted.no_namespaces_reason}; sandboxes are separated by uid and seccomp)"
+        if msg.restricted.no_namespaces_reason else "")
     return {
         "landlock": (abi == 0 or landlock.LANDLOCK_STATUS.startswith("enforced"),
                      landlock.LANDLOCK_STATUS),
-        "unprivileged": (uid != 0 or not msg.expect_unprivileged, f"uid {uid}"),
-        "pid_namespace": (pid == 1 or not msg.expect_namespaces,
+        "unprivileged": (uid != 0 or not msg.restricted.expect_unprivileged, f"uid {uid}"),
+        "pid_namespace": (pid == 1 or not msg.restricted.expect_namespaces,
                           f"pid {pid} in its own PID namespace" if pid == 1 else no_namespace),
     }
 

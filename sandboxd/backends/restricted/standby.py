@@ -23,7 +23,7 @@ from sandboxd.backends.restricted.worker_call import Exchange, WorkerCall
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import HEADER, cgroup_limits
 from sandboxd.models import Reason
-from sandboxd.protocol.call import ProbeKind, WorkerRequest
+from sandboxd.protocol.call import ProbeKind, RestrictedPart, WorkerRequest
 from sandboxd.util.deadline import within
 
 
@@ -56,7 +56,7 @@ async def exchange(
     reason: Reason | None = None
     exit_info: dict[str, Any] | None = None
     crashed: str | None = None
-    z.took(worker, cgroup_limits(limits), probe=msg.probe is not None)
+    z.took(worker, cgroup_limits(limits), probe=msg.restricted.probe is not None)
     reader = FrameReader(loop, worker.sock.fileno(), limits.output_bytes, limits.timeout_s,
                          display=msg.display, events=wc.invocation.events)
     z.in_use += 1
@@ -96,9 +96,10 @@ def request(call: BackendCall, code: str, probe: ProbeKind | None = None) -> Wor
     return WorkerRequest(
         kind="python", id=f"c{secrets.token_hex(8)}", code=code,
         imports_allow=inv.plan.imports_allow, imports_deny=inv.plan.imports_deny,
-        workspace=str(inv.workspace), limits=limits, cpu_seconds=math.ceil(remaining) + 1,
-        max_file_bytes=int(inv.plan.max_file_bytes), display=inv.plan.display, uid=inv.uid,
-        probe=probe)
+        limits=limits, display=inv.plan.display,
+        restricted=RestrictedPart(workspace=str(inv.workspace), uid=inv.uid,
+                                  cpu_seconds=math.ceil(remaining) + 1,
+                                  max_file_bytes=int(inv.plan.max_file_bytes), probe=probe))
 
 
 def send(loop: asyncio.AbstractEventLoop, worker: StandbyWorker,

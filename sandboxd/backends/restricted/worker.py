@@ -256,11 +256,9 @@ def _enter(sock: _socket.socket, raw: Any, setup_error: str | None, standby: _St
         return _setup_failed(f"the call's request: {exc}")
     # a fork's first call: its parent's pickled state follows the request
     state = _receive(sock, lambda s: recv_exact(s, msg.state_bytes)) if msg.state_bytes else b""
-    uid_range = standby.cfg.get("uid_range")
-    if uid_range is not None and (
-        msg.uid is None or not uid_range[0] <= msg.uid < uid_range[0] + uid_range[1]
-    ):
-        return _setup_failed(f"the call's uid {msg.uid!r} is not a sandbox uid")
+    uid_range, uid = standby.cfg.get("uid_range"), msg.restricted.uid
+    if uid_range is not None and (uid is None or not 0 <= uid - uid_range[0] < uid_range[1]):
+        return _setup_failed(f"the call's uid {uid!r} is not a sandbox uid")
     spec = _child_spec(msg, standby, baseline)
     try:
         confine.enter_sandbox(spec, standby.layout, standby.program)
@@ -277,13 +275,13 @@ def _child_spec(msg: WorkerRequest, standby: _Standby, baseline: int) -> ChildSp
     from sandboxd.backends.restricted import confine
 
     cfg = standby.cfg
-    uid = msg.uid if cfg.get("uid_range") is not None else None
+    uid = msg.restricted.uid if cfg.get("uid_range") is not None else None
     return confine.ChildSpec(
         cgroup=standby.cgroup,
-        workspace=msg.workspace,
+        workspace=msg.restricted.workspace,
         limits=msg.limits,
-        cpu_seconds=msg.cpu_seconds,
-        max_file_bytes=msg.max_file_bytes,
+        cpu_seconds=msg.restricted.cpu_seconds,
+        max_file_bytes=msg.restricted.max_file_bytes,
         uid=uid,
         gid=uid,
         zygote_pid=cfg["zygote_pid"],
@@ -300,7 +298,7 @@ def _child_spec(msg: WorkerRequest, standby: _Standby, baseline: int) -> ChildSp
 def _kernel_namespace(msg: WorkerRequest) -> dict[str, Any] | None:
     """A session kernel's namespace, kept between its calls, with its signal handlers set;
     None for a one-shot worker (or a probe)."""
-    if not msg.kernel or msg.probe is not None:
+    if not msg.kernel or msg.restricted.probe is not None:
         return None
     signal.signal(signal.SIGXCPU, cpu_exceeded)
     # the daemon interrupts a kernel's call before it kills it (the session keeps its state
@@ -316,7 +314,7 @@ def _answer(worker: _Confined, msg: WorkerRequest, state: bytes) -> WorkerReport
     from sandboxd.backends.restricted import lang
 
     namespace = worker.namespace
-    if msg.probe is not None:
+    if msg.restricted.probe is not None:
         return self_test(msg)
     if msg.snapshot and namespace is not None:
         return snapshot_state(namespace, msg, worker.wfd)
@@ -346,9 +344,9 @@ def _next_call(sock: _socket.socket, mask: Any) -> tuple[WorkerRequest, float]:
         sock, lambda s: WorkerRequest.from_wire(recv_msg(s, use_read=True)))
     _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     t_recv = time.perf_counter()
-    if msg.kind != "python" or msg.probe is not None:
+    if msg.kind != "python" or msg.restricted.probe is not None:
         raise _Quit
-    move_cpu_limit(1 if msg.cpu_call is None else msg.cpu_call)
+    move_cpu_limit(1 if msg.restricted.cpu_call is None else msg.restricted.cpu_call)
     return msg, t_recv
 
 
