@@ -43,13 +43,9 @@ def refused_because(name: str) -> str | None:
     upper = name.upper()
     if upper in REFUSED_NAMES:
         return REFUSED_NAMES[upper]
-    for prefix, why in REFUSED_PREFIXES.items():
-        if upper.startswith(prefix):
-            return why
-    for suffix, why in REFUSED_SUFFIXES.items():
-        if upper.endswith(suffix):
-            return why
-    return None
+    return next((why for prefix, why in REFUSED_PREFIXES.items() if upper.startswith(prefix)),
+                next((why for suffix, why in REFUSED_SUFFIXES.items()
+                      if upper.endswith(suffix)), None))
 
 
 def check_env(env: Any, what: str = "env") -> dict[str, str]:
@@ -60,24 +56,26 @@ def check_env(env: Any, what: str = "env") -> dict[str, str]:
         raise ValueError(f"{what} must be an object of names and values")
     if len(env) > MAX_VARS:
         raise ValueError(f"{what} has {len(env)} variables; at most {MAX_VARS} are accepted")
-    total = 0
-    out: dict[str, str] = {}
-    for name, value in env.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"{what}: {name!r} is not a variable name (letters, digits, _)")
-        if len(name) > MAX_NAME_BYTES:
-            raise ValueError(f"{what}: the name {name[:32]}... is over {MAX_NAME_BYTES} bytes")
-        if not isinstance(value, str):
-            raise ValueError(f"{what}[{name}] must be a string")
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if "\x00" in value or size > MAX_VALUE_BYTES:
-            raise ValueError(f"{what}[{name}] must be at most {MAX_VALUE_BYTES} bytes, "
-                             "without NUL")
-        why = refused_because(name)
-        if why is not None:
-            raise ValueError(f"{what}: {name} may not be set ({why})")
-        total += len(name) + size
-        out[name] = value
+    out = {name: _checked_variable(name, value, what) for name, value in env.items()}
+    total = sum(len(name) + len(value.encode("utf-8", "surrogatepass"))
+                for name, value in out.items())
     if total > MAX_TOTAL_BYTES:
         raise ValueError(f"{what} is over {MAX_TOTAL_BYTES} bytes in all")
     return out
+
+
+def _checked_variable(name: Any, value: Any, what: str) -> str:
+    """One variable's value, its name and value checked (``ValueError`` otherwise)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{what}: {name!r} is not a variable name (letters, digits, _)")
+    if len(name) > MAX_NAME_BYTES:
+        raise ValueError(f"{what}: the name {name[:32]}... is over {MAX_NAME_BYTES} bytes")
+    if not isinstance(value, str):
+        raise ValueError(f"{what}[{name}] must be a string")
+    if "\x00" in value or len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+        raise ValueError(f"{what}[{name}] must be at most {MAX_VALUE_BYTES} bytes, "
+                         "without NUL")
+    why = refused_because(name)
+    if why is not None:
+        raise ValueError(f"{what}: {name} may not be set ({why})")
+    return value

@@ -53,24 +53,29 @@ def import_verdict(module: str, allow: list[str] | tuple[str, ...],
     allow entry covers it) or ``"relative"`` (a name starting with ``.``)."""
     if module.startswith("."):
         return False, "relative"
-    names = [module, *(f"{module}.{n}" for n in fromlist if n and n != "*")]
-    for name in names:
-        for i, entry in enumerate(deny):
-            if _covers(entry, name):
-                return False, f"deny[{i}]"
-    for i, entry in enumerate(allow):
-        if _covers(entry, module):
-            return True, f"allow[{i}]"
-    return False, "allow"
+    for name in _names(module, fromlist):
+        i = _first_covering(deny, name)
+        if i is not None:
+            return False, f"deny[{i}]"
+    i = _first_covering(allow, module)
+    return (False, "allow") if i is None else (True, f"allow[{i}]")
+
+
+def _names(module: str, fromlist: list[str] | tuple[str, ...]) -> list[str]:
+    """The names an import reaches: the module, and ``module.x`` for each ``from`` name."""
+    return [module, *(f"{module}.{n}" for n in fromlist if n and n != "*")]
+
+
+def _first_covering(entries: list[str] | tuple[str, ...], name: str) -> int | None:
+    """The index of the first entry that covers ``name`` (``None``: none does)."""
+    return next((i for i, entry in enumerate(entries) if _covers(entry, name)), None)
 
 
 def denied_name(module: str, deny: list[str] | tuple[str, ...],
                 fromlist: list[str] | tuple[str, ...] = ()) -> str:
     """The name that a ``deny[i]`` verdict refused (``module`` or ``module.x``)."""
-    for name in (module, *(f"{module}.{n}" for n in fromlist if n and n != "*")):
-        if any(_covers(entry, name) for entry in deny):
-            return name
-    return module
+    return next((name for name in _names(module, fromlist)
+                 if _first_covering(deny, name) is not None), module)
 
 
 # ------------------------------------------------------------------ workspace paths
@@ -95,25 +100,47 @@ def normalise_path(path: str) -> str:
     ``/workspace`` and ``/workspace/...``; ``..`` components; a space at either end of a name;
     a name longer than 255 bytes in UTF-8 (the filesystems' ``NAME_MAX``).
     """
+    _check_text(path)
+    parts = [p for p in _under_mount(path).split("/") if p not in ("", ".")]
+    _check_names(parts)
+    return "/".join(parts) or "."
+
+
+def _unprintable(char: str) -> str:
+    """What an unprintable character of a path is, in words."""
+    if 0xD800 <= ord(char) <= 0xDFFF:
+        return "a lone surrogate (not valid Unicode text)"
+    return "a NUL byte" if char == "\x00" else f"the invisible or control character {_escape(char)}"
+
+
+def _check_text(path: object) -> None:
+    """A path's text as a whole: a string, not too long, printable, in NFC form."""
     if not isinstance(path, str):
         raise PathRefused("the path must be a string")
     if len(path) > MAX_PATH:
         raise PathRefused(f"paths must be at most {MAX_PATH} characters")
     if not path.isprintable():
         bad = next(c for c in path if not c.isprintable())
-        what = ("a lone surrogate (not valid Unicode text)" if 0xD800 <= ord(bad) <= 0xDFFF
-                else "a NUL byte" if bad == "\x00"
-                else f"the invisible or control character {_escape(bad)}")
-        raise PathRefused(f"the path contains {what}; use plain printable characters")
+        raise PathRefused(f"the path contains {_unprintable(bad)}; use plain printable "
+                          "characters")
     if not unicodedata.is_normalized("NFC", path):
         raise PathRefused("the path is not in Unicode NFC form; write it as "
                           f"`{unicodedata.normalize('NFC', path)}`")
-    if path.startswith("/"):
-        if path != MOUNT and not path.startswith(MOUNT + "/"):
-            raise PathRefused("it is outside the workspace; paths are relative to the workspace "
-                              "(no leading '/', or /workspace/...)")
-        path = path[len(MOUNT):]
-    parts = [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _under_mount(path: str) -> str:
+    """A relative path as it is, an absolute one with ``/workspace`` taken off (any other
+    absolute path is outside the workspace)."""
+    if not path.startswith("/"):
+        return path
+    if path != MOUNT and not path.startswith(MOUNT + "/"):
+        raise PathRefused("it is outside the workspace; paths are relative to the workspace "
+                          "(no leading '/', or /workspace/...)")
+    return path[len(MOUNT):]
+
+
+def _check_names(parts: list[str]) -> None:
+    """Each name of a path: no ``..``, no space at either end, at most NAME_MAX bytes."""
     if ".." in parts:
         raise PathRefused("paths must not contain '..'")
     if any(p != p.strip(" ") for p in parts):
@@ -122,7 +149,6 @@ def normalise_path(path: str) -> str:
     if longest > MAX_NAME_BYTES:
         raise PathRefused(f"a name in the path is {longest} bytes long; names may be at most "
                           f"{MAX_NAME_BYTES} bytes (UTF-8)")
-    return "/".join(parts) or "."
 
 
 def path_components(path: str) -> list[str]:
