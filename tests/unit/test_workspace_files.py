@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.backends.workspace.backend import (
-    FileToolError,
-    PathRefused,
+from sandboxd.backends.workspace.files import (
     list_files,
     read_file,
     split_workspace_path,
     write_file,
 )
+from sandboxd.backends.workspace_errors import FileToolError, PathRefused
 
 
 @pytest.mark.parametrize("raw", ["../x", "a/../../x", "/etc/passwd", "/workspace/../etc", "a\x00b"])

@@ -25,7 +25,7 @@ from sandboxd.api.e2b import connect, watch
 from sandboxd.api.e2b.access import e2b_client, sandbox_id
 from sandboxd.api.e2b.results import refusal
 from sandboxd.api.e2b.sandboxes import HOME, TRANSPORT, E2bSandbox, Sandboxes, workspace_path
-from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES
+from sandboxd.backends.workspace.files import MAX_LIST_ENTRIES
 from sandboxd.backends.workspace_errors import FileToolError, PathRefused
 from sandboxd.models import InvokeRequest, Result, Status
 

@@ -23,7 +23,7 @@ import stat
 import uuid
 from dataclasses import dataclass
 
-from sandboxd.backends.workspace.backend import MAX_LIST_ENTRIES, open_dir
+from sandboxd.backends.workspace.files import MAX_LIST_ENTRIES, open_dir
 from sandboxd.backends.workspace_errors import explain
 from sandboxd.protocol import rules
 
