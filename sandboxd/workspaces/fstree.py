@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import stat
 import time
@@ -86,29 +87,39 @@ class _Stack:
     def push(self, name: str) -> bool:
         """Descend into the subdirectory ``name`` of the top level. False when it is not a
         directory on the same filesystem (it is then left alone)."""
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd())
-        except OSError as exc:
-            if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENOENT):
-                return False
-            if exc.errno == errno.EACCES and _grant_access(self.fd(), name):
-                fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd())
-            else:
-                raise
+        fd = self._open_subdir(name)
+        if fd is None:
+            return False
         st = os.fstat(fd)
         if st.st_dev != self.dev:  # a mount point: never walk into another filesystem
             os.close(fd)
             return False
         self.levels.append(_Level(name, st.st_dev, st.st_ino, fd))
         self.open += 1
-        if self.open > FD_WINDOW:  # close the shallowest open level except the root
-            for level in self.levels[1:]:
-                if level.fd is not None:
-                    os.close(level.fd)
-                    level.fd = None
-                    self.open -= 1
-                    break
+        if self.open > FD_WINDOW:
+            self._close_shallowest()
         return True
+
+    def _open_subdir(self, name: str) -> int | None:
+        """A descriptor of the subdirectory ``name`` of the top level (made walkable again
+        when the sandbox made it unreadable); None when it is no directory (any more)."""
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=self.fd())
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENOENT):
+                return None
+            if exc.errno != errno.EACCES or not _grant_access(self.fd(), name):
+                raise
+        return os.open(name, _DIR_FLAGS, dir_fd=self.fd())
+
+    def _close_shallowest(self) -> None:
+        """Close the shallowest open level but the root (:meth:`pop` re-opens it)."""
+        for level in self.levels[1:]:
+            if level.fd is not None:
+                os.close(level.fd)
+                level.fd = None
+                self.open -= 1
+                return
 
     def pop(self) -> _Level:
         """Leave the top level for its parent (re-opened through ".." and checked if it had
@@ -179,32 +190,42 @@ class _Walk:
             while True:
                 top = stack.top
                 if top.pending is None:
-                    top.pending = []
-                    with os.scandir(stack.fd()) as it:
-                        for entry in it:
-                            yield stack.fd(), entry
-                            if _is_dir(entry):
-                                top.pending.append(entry.name)
+                    yield from _scan(stack, top)
                 if top.pending:
-                    name = top.pending.pop()
-                    try:
-                        stack.push(name)
-                    except OSError:
-                        if self.strict:
-                            raise
-                        self.complete = False  # unreadable: what is below it is left out
-                    continue
-                if len(stack.levels) == 1:
-                    return
-                try:
-                    stack.pop()
-                except TreeError:
-                    if self.strict:
-                        raise
-                    self.complete = False
+                    self._descend(stack, top.pending.pop())
+                elif len(stack.levels) == 1 or not self._ascend(stack):
                     return
         finally:
             stack.close()
+
+    def _descend(self, stack: _Stack, name: str) -> None:
+        try:
+            stack.push(name)
+        except OSError:
+            if self.strict:
+                raise
+            self.complete = False  # unreadable: what is below it is left out
+
+    def _ascend(self, stack: _Stack) -> bool:
+        """Back to the parent; False when the tree changed under the walk (not strict)."""
+        try:
+            stack.pop()
+        except TreeError:
+            if self.strict:
+                raise
+            self.complete = False
+            return False
+        return True
+
+
+def _scan(stack: _Stack, top: _Level) -> Iterator[tuple[int, os.DirEntry[str]]]:
+    """The entries of the top level's directory; its subdirectories become its pending."""
+    top.pending = []
+    with os.scandir(stack.fd()) as it:
+        for entry in it:
+            yield stack.fd(), entry
+            if _is_dir(entry):
+                top.pending.append(entry.name)
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -225,25 +246,29 @@ def measure(path: Path, *, max_entries: int, deadline_s: float | None = None) ->
         root = _open_root(path)
     except FileNotFoundError:
         return usage
-    stop_at = time.monotonic() + deadline_s if deadline_s is not None else None
+    stop_at = time.monotonic() + deadline_s if deadline_s is not None else math.inf
     walk = _Walk(root, strict=False)
     try:
         for _, entry in walk:
             usage.entries += 1
             if usage.entries > max_entries or (
-                    stop_at is not None and usage.entries % 256 == 0
-                    and time.monotonic() > stop_at):
+                    usage.entries % 256 == 0 and time.monotonic() > stop_at):
                 usage.complete = False
                 return usage
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            usage.bytes += st.st_blocks * 512 if st.st_blocks else st.st_size
+            usage.bytes += _allocated(entry)
         usage.complete = walk.complete  # (all seen: complete, even at the deadline)
         return usage
     finally:
         os.close(root)
+
+
+def _allocated(entry: os.DirEntry[str]) -> int:
+    """The bytes an entry takes (its blocks; its size when the filesystem reports none)."""
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return 0
+    return st.st_blocks * 512 if st.st_blocks else st.st_size
 
 
 def chown_tree(path: Path, uid: int, gid: int) -> None:
