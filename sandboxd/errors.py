@@ -14,10 +14,15 @@ import nothing of sandboxd), and what user code sees inside a sandbox.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-if TYPE_CHECKING:
-    from sandboxd.models import Result
+
+class CallResult(Protocol):
+    """What an error carries of a call that ran: its result (a ``sandboxd.models.Result``),
+    sent in the problem body in its wire form. A protocol, so that this bottom floor names no
+    floor above it."""
+
+    def wire(self) -> dict[str, Any]: ...
 
 
 class SandboxdError(Exception):
@@ -101,7 +106,7 @@ class DrainCancelled(Draining):
     """A call the drain cancelled at the end of its grace (``drain_grace_s``): its processes
     were stopped; ``result`` is what the audit log has of it (``killed``, ``cancelled``)."""
 
-    def __init__(self, result: Result, grace_s: float) -> None:
+    def __init__(self, result: CallResult, grace_s: float) -> None:
         super().__init__(f"the daemon is shutting down and cancelled this call at the end of its "
                          f"drain grace ({grace_s:g} s): it was stopped; retry on another "
                          "instance or later")
@@ -118,7 +123,8 @@ class AuditFailure(ServiceError):
 
     code = "audit-failure"
 
-    def __init__(self, message: str, *, storage: bool, result: Result | None = None) -> None:
+    def __init__(self, message: str, *, storage: bool,
+                 result: CallResult | None = None) -> None:
         super().__init__(message)
         self.storage = storage
         self.result = result

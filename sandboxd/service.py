@@ -60,8 +60,8 @@ from sandboxd.models import (
 from sandboxd.policy import PolicyStore
 from sandboxd.policy.site import CallSite
 from sandboxd.protocol.plan import KERNEL_KINDS
+from sandboxd.receipts.recorder import AuditRecorder, interrupted_calls
 from sandboxd.receipts.sign import Receipts
-from sandboxd.results.recorder import AuditRecorder, interrupted_calls
 from sandboxd.results.streaming import EventSink
 from sandboxd.scheduler import ClientPools, Overloaded, Scheduler
 from sandboxd.sessions.kernels import KernelCap, KernelTicket, SessionService

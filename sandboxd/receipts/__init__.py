@@ -3,5 +3,7 @@ call that anyone holding the public key can check offline, and the audit log's h
 so that cutting records from its end is found.
 
 Modules: ``keys`` (the key and the key set, rotation), ``canonical`` (the signed record, the
-checks), ``sign`` (the daemon's signer), ``heads`` (the audit log's signed heads). The daemon
-imports ``sign``; ``sandboxd receipt verify`` needs only ``keys`` and ``canonical``."""
+checks), ``sign`` (the daemon's signer), ``heads`` (the audit log's signed heads),
+``recorder`` (a call's audit record and its signed receipt, written together, so no result is
+lost and none is unaudited). The daemon imports ``sign`` and ``recorder``; ``sandboxd receipt
+verify`` needs only ``keys`` and ``canonical``."""

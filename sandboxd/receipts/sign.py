@@ -1,7 +1,8 @@
 """Signing: a result's receipt, and the audit log's signed heads.
 
 :class:`Receipts` is the daemon's: it signs each result right after the result's audit record
-is written (:meth:`AuditRecorder.result <sandboxd.results.recorder.AuditRecorder.result>`), with the
+is written (:meth:`AuditRecorder.result <sandboxd.receipts.recorder.AuditRecorder.result>`),
+with the
 seq and hash of that record, and it appends a signed head of the audit chain to
 ``<audit log>.heads`` periodically and when the log closes, so that records cut from the end
 of the log are found (:mod:`sandboxd.receipts.heads`)."""

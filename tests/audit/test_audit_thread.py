@@ -18,7 +18,7 @@ from sandboxd.audit import AuditError, AuditLog, verify
 from sandboxd.audit.thread import AuditThread
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Reason, Result, Status, Termination
-from sandboxd.results.recorder import AuditRecorder
+from sandboxd.receipts.recorder import AuditRecorder
 from tests.audit.test_group_commit import Syncs, allowed_decision, durable_seqs
 from tests.support.wait import async_wait_until, wait_until
 

@@ -16,16 +16,16 @@ from tests.unit.test_import_graph import _cycles, _imported, _modules
 
 #: the floors, bottom first (a package is a directory of ``sandboxd/`` or one of its loose
 #: modules; ``__init__`` is the package's own, ``client`` the thin client's name inside it,
-#: ``__main__`` its entry point). Where this differs
-#: from the first sketch of the redesign, the code decided: the built-in tools' table is low
-#: (the policy and the backends read it); the policy is above the backends (it checks a rule's
-#: backend against their registry; they read only its path rules, which are the protocol's);
-#: results/ is low (its items, outputs and stream events import only the protocol) bar its
-#: recorder (see UPWARD); health is above sessions (it reports on them); the fleet is a client
-#: of the API, under the CLI that drives it. The egress proxy is low (the container backend
-#: starts a sandbox's side of it; its policy checks live in the policy); the invoke path's
-#: parts sit under the service that composes them, a fork over it (it forks through it), and
-#: the E2B door is a door of the API (api/e2b/), as MCP's.
+#: ``__main__`` its entry point). Where this differs from the first sketch of the redesign, the
+#: code decided: the built-in tools' table is low (the policy and the backends read it); the
+#: policy is above the backends (it checks a rule's backend against their registry; they read only
+#: its path rules, which are the protocol's); results/ is low (its items, outputs and stream
+#: events import only the protocol); the recorder of a call's audit record and signed receipt
+#: lives in receipts/; health is above sessions (it reports on them); the fleet is a client of the
+#: API, under the CLI that drives it. The egress proxy is low (the container backend starts a
+#: sandbox's side of it; its policy checks live in the policy); the invoke path's parts sit under
+#: the service that composes them, a fork over it (it forks through it), and the E2B door is a
+#: door of the API (api/e2b/), as MCP's.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "client"),
     ("util", "protocol", "languages"),
@@ -51,20 +51,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 #: imports that still go up a floor: (importing module, package it imports) -> why
 UPWARD: dict[tuple[str, str], str] = {
-    ("sandboxd.errors", "models"):
-        "type-only: DrainCancelled and AuditFailure carry the call's Result, and the error "
-        "table stays one module",
     ("sandboxd.config", "capacity"):
         "the caps an admin left at 0 are derived from the host's memory when the settings are "
         "made (a lazy import of capacity.defaults, which reads /proc/meminfo only)",
     ("sandboxd.config", "backends"):
         "two settings validators (lazy imports) ask the backend registry which backends have "
         "a settings section of their own, and the image profiles which profiles exist",
-    **{("sandboxd.results.recorder", package):
-       "the recorder (a call's audit record and signed receipt) belongs above audit/ and "
-       "receipts/; moving it out of results/ rewrites its importers (the service, sessions "
-       "and health), which are being restructured"
-       for package in ("audit", "host", "models", "receipts")},
 }
 
 
