@@ -2,7 +2,7 @@
 ``/metrics`` report it.
 
 A new session, or a call that would start a kernel, is admitted only while the memory the host
-can give now (:func:`~sandboxd.capacity.memory.read_memory`), less ``kernel_memory_bytes`` for
+can give now (:func:`~sandboxd.util.memory.read_memory`), less ``kernel_memory_bytes`` for
 each kernel being started by calls in flight, stays above ``memory_reserve_bytes`` after it:
 else 503 ``host-full`` (``full: "memory"``) with ``Retry-After``. The check is synchronous and
 made with the caps' reservations (:mod:`sandboxd.util.reservations`), before any await, so a burst
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from sandboxd.capacity.memory import MEMINFO, MemoryReading, read_memory
 from sandboxd.errors import HostFull
+from sandboxd.util.memory import MEMINFO, MemoryReading, read_memory
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings

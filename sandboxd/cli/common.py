@@ -65,8 +65,8 @@ def settings_policies_dir(config: Path | None) -> Path | None:
 def offline_service(policies_dir: Path | None) -> Sandboxd:
     """A :class:`~sandboxd.service.Sandboxd` for questions about the policy alone: no
     backends, nothing opened (construction does no I/O; only the policy is loaded)."""
-    from sandboxd.capacity.defaults import MIN_UID_COUNT
     from sandboxd.config import Settings
+    from sandboxd.config.derived import MIN_UID_COUNT
     from sandboxd.service import Sandboxd
 
     # the settings unvalidated (a question about the policy must not fail on the daemon's

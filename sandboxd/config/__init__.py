@@ -355,11 +355,11 @@ class Settings(BaseSettings):
         return self
 
     def _derive_capacity(self) -> None:
-        """Fill in the caps left at 0 from the host's memory (sandboxd.capacity.defaults);
+        """Fill in the caps left at 0 from the host's memory (sandboxd.config.derived);
         :attr:`derived` names them."""
         if not (self.max_kernels and self.sandbox_uid_count and self.memory_reserve_bytes):
-            from sandboxd.capacity import defaults
-            from sandboxd.capacity.memory import read_memory
+            from sandboxd.config import derived as defaults
+            from sandboxd.util.memory import read_memory
 
             memory = read_memory()
             if not self.memory_reserve_bytes:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandboxd.capacity import defaults, read_memory
-from sandboxd.capacity.memory import MemoryReading
+from sandboxd.capacity import read_memory
 from sandboxd.config import Settings
+from sandboxd.config import derived as defaults
+from sandboxd.util.memory import MemoryReading
 from tests.support.inprocess import inprocess_daemon
 
 MIB = 1024 * 1024

@@ -51,9 +51,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 #: imports that still go up a floor: (importing module, package it imports) -> why
 UPWARD: dict[tuple[str, str], str] = {
-    ("sandboxd.config", "capacity"):
-        "the caps an admin left at 0 are derived from the host's memory when the settings are "
-        "made (a lazy import of capacity.defaults, which reads /proc/meminfo only)",
     ("sandboxd.config", "backends"):
         "two settings validators (lazy imports) ask the backend registry which backends have "
         "a settings section of their own, and the image profiles which profiles exist",

@@ -4,12 +4,13 @@
 reserve, at ``kernel_memory_bytes`` each; the sandbox uid range (``sandbox_uid_count`` 0:
 derived) holds a uid for each of them plus the one-shot calls and warm containers, never fewer
 than the 900 uids of a fixed range. Derived once, from the memory the host *has* (stable
-across restarts); what it has *free* is measured at every admission (:mod:`.admission`).
+across restarts); what it has *free* is measured at every admission
+(:mod:`sandboxd.capacity.admission`).
 """
 
 from __future__ import annotations
 
-from sandboxd.capacity.memory import MemoryReading
+from sandboxd.util.memory import MemoryReading
 
 MIB = 1024 * 1024
 #: the memory the host keeps for itself at least (the daemon, the zygote, the system)
