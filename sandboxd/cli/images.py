@@ -35,8 +35,8 @@ from typing import Any
 
 import typer
 
-from sandboxd.backends.container.profiles import DEFAULT_PROFILE, PROFILES, Profile
 from sandboxd.config import load_settings
+from sandboxd.config.images import DEFAULT_PROFILE, PROFILES, Profile
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 

@@ -382,7 +382,7 @@ class Settings(BaseSettings):
     @field_validator("build_images", mode="after")
     @classmethod
     def _profiles(cls, value: str) -> str:
-        from sandboxd.backends.container.profiles import PROFILES
+        from sandboxd.config.images import PROFILES
 
         unknown = [p for p in value.split(",") if p and p not in PROFILES]
         if unknown:

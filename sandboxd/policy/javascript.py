@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sandboxd.backends.container.profiles import PROFILES
+from sandboxd.config.images import PROFILES
 from sandboxd.languages.javascript import effective_deny, named_modules, verdict
 from sandboxd.models import Decision
 from sandboxd.policy.models import JavascriptTool

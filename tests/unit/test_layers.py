@@ -52,8 +52,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: imports that still go up a floor: (importing module, package it imports) -> why
 UPWARD: dict[tuple[str, str], str] = {
     ("sandboxd.config", "backends"):
-        "two settings validators (lazy imports) ask the backend registry which backends have "
-        "a settings section of their own, and the image profiles which profiles exist",
+        "a settings validator (a lazy import) asks the backend registry which backends have "
+        "a settings section of their own, and checks each against its backend's model",
 }
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sandboxd.backends.container.config import ContainerConfig
-from sandboxd.backends.container.profiles import DEFAULT_PROFILE, PROFILES
+from sandboxd.config.images import DEFAULT_PROFILE, PROFILES
 from sandboxd.util.deadline import stop_task, within
 
 log = logging.getLogger("sandboxd.container")

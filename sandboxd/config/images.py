@@ -1,6 +1,8 @@
 """The buildable sandbox images (``sandboxd images build --profile``), one table read by the
-builder (:mod:`sandboxd.cli.images`), the settings (``build_images`` names profiles) and the
-daemon's own build (:mod:`.build`); nothing here imports the command line or Docker."""
+builder (:mod:`sandboxd.cli.images`), the settings (``build_images`` names profiles, checked
+when the settings are made, so the table sits with them) and the container backend's own
+build (:mod:`sandboxd.backends.container.build`); nothing here imports the command line or
+Docker."""
 
 from __future__ import annotations
 
