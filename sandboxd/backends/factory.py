@@ -34,7 +34,9 @@ def build_backend(name: str, settings: Settings, uids: UidPool | None) -> Backen
 
 
 def build_backends(settings: Settings, uids: UidPool | None) -> dict[str, Backend]:
-    """Every enabled backend that can be loaded (the file tools' one is always on)."""
+    """Every enabled backend that can be loaded (the file tools' one is always on);
+    ``ValueError`` when a backend's settings section is wrong (:func:`registry.check_sections`)."""
+    registry.check_sections(settings)
     backends: dict[str, Backend] = {}
     for entry in registry.enabled(settings):
         try:

@@ -185,11 +185,32 @@ def enabled(settings: Settings) -> list[BackendEntry]:
     return [e for e in entries() if e.enabled(settings)]
 
 
+def check_sections(settings: Settings) -> None:
+    """Each ``backends.<name>`` section of the settings names a backend with a settings
+    section of its own and is valid for its model; ``ValueError`` saying which is not. Run
+    where the settings are loaded to serve (the CLI) and wherever backends are built: the
+    settings cannot ask the registry themselves (they sit a floor below it)."""
+    from pydantic import ValidationError
+
+    for name in settings.backends:
+        entry = get(name)
+        if entry is None or entry.section is None:
+            have = [e.name for e in entries() if e.section is not None]
+            raise ValueError(f"backends.{name}: no backend of that name has a settings "
+                             f"section ({quoted(have) if have else 'none has'})")
+        try:
+            entry.settings_of(settings)
+        except ValidationError as exc:
+            why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"backends.{name}: {why}") from None
+
+
 def quoted(choices: list[str]) -> str:
     """``'a', 'b' or 'c'`` (as pydantic lists a Literal's values)."""
     shown = [f"'{c}'" for c in choices]
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
-__all__ = ["BackendEntry", "ToolGroup", "default_backend", "default_for", "enabled",
+__all__ = ["BackendEntry", "ToolGroup", "check_sections", "default_backend", "default_for",
+           "enabled",
            "entries", "get", "load", "names", "quoted", "register", "unregister"]

@@ -315,33 +315,13 @@ class Settings(BaseSettings):
     )
 
     # --- backends registered by their own packages (a new backend needs no core change):
-    # each one's settings section, checked against the model its registry entry names
-    # (sandboxd.backends.registry); the built-in backends keep their flat settings above
+    # each one's settings section, checked against the model its registry entry names by
+    # sandboxd.backends.registry.check_sections (the settings sit below the backends, so the
+    # check is the loader's caller's: serve, the CLI, and every build of the backends); the
+    # built-in backends keep their flat settings above
     backends: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Settings sections of backends that define their own: {name: {...}}")
-
-    @model_validator(mode="after")
-    def _backend_sections(self) -> Settings:
-        if not self.backends:
-            return self
-        from pydantic import ValidationError
-
-        from sandboxd.backends import registry
-
-        for name in self.backends:
-            entry = registry.get(name)
-            if entry is None or entry.section is None:
-                have = [e.name for e in registry.entries() if e.section is not None]
-                raise ValueError(f"backends.{name}: no backend of that name has a settings "
-                                 f"section ({registry.quoted(have) if have else 'none has'})")
-            try:
-                entry.settings_of(self)
-            except ValidationError as exc:
-                why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                for e in exc.errors())
-                raise ValueError(f"backends.{name}: {why}") from None
-        return self
 
     @model_validator(mode="after")
     def _uid_pool_fits(self) -> Settings:

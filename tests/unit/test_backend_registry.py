@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from typer.testing import CliRunner
 
 from sandboxd.backends import registry
 from sandboxd.backends.capabilities import SelfHealing, self_healing
 from sandboxd.backends.factory import build_backend, build_backends, enabled_backends
 from sandboxd.backends.scripted import ScriptedBackend
-from sandboxd.config import Settings, load_settings, settings_problems
+from sandboxd.config import Settings, load_settings
 from sandboxd.host.uids import UidPool
 from sandboxd.models import ProbeCheck
 from sandboxd.policy import load_file
@@ -263,9 +263,13 @@ def test_a_backend_s_own_settings_need_no_core_edit(
 ])
 def test_a_wrong_section_is_a_settings_error(sectioned: registry.BackendEntry, tmp_path: Path,
                                             section: dict[str, Any], says: str) -> None:
-    with pytest.raises(ValidationError) as caught:
-        Settings(state_dir=tmp_path, backends=section)
-    assert settings_problems(caught.value) == [f"settings: Value error, {says}"]
+    settings = Settings(state_dir=tmp_path, backends=section)
+    with pytest.raises(ValueError) as caught:
+        registry.check_sections(settings)
+    assert str(caught.value) == says
+    with pytest.raises(ValueError) as built:  # nothing builds backends past a wrong section
+        build_backends(settings, None)
+    assert str(built.value) == says
 
 
 def test_every_setting_an_entry_names_exists() -> None:
