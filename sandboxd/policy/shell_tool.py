@@ -98,26 +98,33 @@ def harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
     """The command that runs ``argv`` (whose programs stand at ``positions``) with the
     hardening of every known program in it (:mod:`sandboxd.policy.programs`), or why not."""
     names = [program_name(argv[p]) or argv[p] for p in positions]
-    hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
+    hardened = [k for k, name in enumerate(names) if name in HARDENED]
     if not hardened:
         return PlannedCommand(argv=tuple(argv))
     out = list(argv)
     env: dict[str, str] = {}
     exec_only: list[str] = []
-    for pos, name in reversed(hardened):
-        rules = HARDENED[name]
-        k = positions.index(pos)
-        outer = names[:k]
-        # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
-        if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
-            return f"`env` may not change the environment of `{name}` here"
-        refusal = rules.check(argv[pos + 1:], any(w in EXTENDING_WRAPPERS for w in outer))
+    for k in reversed(hardened):
+        refusal = _hardening_refusal(argv, positions, names, k)
         if refusal is not None:
             return refusal
+        pos, rules = positions[k], HARDENED[names[k]]
         out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
         env.update(rules.env)
-        exec_only += [*outer, *rules.exec_only]
+        exec_only += [*names[:k], *rules.exec_only]
     return PlannedCommand(argv=tuple(out), env=env, exec_only=tuple(dict.fromkeys(exec_only)))
+
+
+def _hardening_refusal(argv: list[str], positions: list[int], names: list[str],
+                       k: int) -> str | None:
+    """Why the hardened program ``names[k]`` may not run as ``argv`` calls it (inside the
+    wrappers ``names[:k]``): its own check, or an ``env`` wrapper given arguments."""
+    outer, pos = names[:k], positions[k]
+    # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
+    if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
+        return f"`env` may not change the environment of `{names[k]}` here"
+    return HARDENED[names[k]].check(argv[pos + 1:],
+                                    any(w in EXTENDING_WRAPPERS for w in outer))
 
 
 def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
@@ -189,14 +196,22 @@ def _planned(ctx: _Ctx, cfg: ShellTool, cmd: Command,
     if env and planned.env:  # as `env NAME=value git`: the hardening's environment
         return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
                         "not be changed here.")
-    if env:
-        planned = replace(planned, env=dict(env))
-    redirects = [_redirect(ctx, r) for r in cmd.redirects]
-    denied = next((r for r in redirects if isinstance(r, Decision)), None)
-    if denied is not None:
-        return denied
-    return rule, replace(planned, redirects=tuple(
-        r for r in redirects if isinstance(r, Redirect)))
+    redirects = _redirects(ctx, cmd.redirects)
+    if isinstance(redirects, Decision):
+        return redirects
+    return rule, replace(planned, env=dict(env) or planned.env, redirects=redirects)
+
+
+def _redirects(ctx: _Ctx, parsed: Sequence[ParsedRedirect]) -> tuple[Redirect, ...] | Decision:
+    """A command's redirects as the runner performs them, or the first refused one's
+    denial."""
+    redirects: list[Redirect] = []
+    for r in parsed:
+        planned = _redirect(ctx, r)
+        if isinstance(planned, Decision):
+            return planned
+        redirects.append(planned)
+    return tuple(redirects)
 
 
 def decide_shell(ctx: _Ctx, cfg: ShellTool, network: str | None,
@@ -217,9 +232,9 @@ def decide_shell(ctx: _Ctx, cfg: ShellTool, network: str | None,
             verdict = _planned(ctx, cfg, cmd, env)
             if isinstance(verdict, Decision):
                 return verdict
-            rules.extend([verdict[0]] if verdict[0] not in rules else [])
+            rules.append(verdict[0])
             commands.append(verdict[1])
         pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
-    return ctx.allow(", ".join(rules), cfg.limits, network,
+    return ctx.allow(", ".join(dict.fromkeys(rules)), cfg.limits, network,
                      command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
                      egress=ctx.egress(cfg))
