@@ -70,11 +70,16 @@ def _program_refusal(cfg: ShellTool, word: str, allowed_text: str) -> tuple[str,
     return None
 
 
+def _allowed_text(cfg: ShellTool) -> str:
+    """What a refused program's message lists instead: the programs the policy allows."""
+    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
+    return f"allowed commands: {listing(allowed)}"
+
+
 def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, list[int]] | Decision:
     """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
     those programs in ``argv``; or a denial."""
-    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    allowed_text = f"allowed commands: {listing(allowed)}"
+    allowed_text = _allowed_text(cfg)
     positions: list[int] = []
     rule = ""
     at = 0
@@ -173,14 +178,20 @@ def _parsed_line(ctx: _Ctx, cfg: ShellTool, line: str) -> list[ParsedPipeline] |
     try:
         parsed = parse(line, operators=cfg.operators)
     except ShellRefused as exc:
-        if exc.construct in ("'", '"'):
-            return ctx.deny("tools.shell", f"{exc}.")
-        if not cfg.operators:
-            return ctx.deny("tools.shell.operators", f"{exc}; {_OPERATOR_HELP}.")
-        return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
+        return ctx.deny(*_parse_refusal(cfg, exc))
     if not parsed:
         return ctx.deny("tools.shell", "The command line is empty.")
     return parsed
+
+
+def _parse_refusal(cfg: ShellTool, exc: ShellRefused) -> tuple[str, str]:
+    """The rule and the message of a construct the parser refused: an unterminated quote, or
+    what the tool's dialect (with or without ``operators``) does not run."""
+    if exc.construct in ("'", '"'):
+        return "tools.shell", f"{exc}."
+    if not cfg.operators:
+        return "tools.shell.operators", f"{exc}; {_OPERATOR_HELP}."
+    return "tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}"
 
 
 def _planned(ctx: _Ctx, cfg: ShellTool, cmd: Command,
@@ -227,14 +238,26 @@ def decide_shell(ctx: _Ctx, cfg: ShellTool, network: str | None,
     rules: list[str] = []
     pipelines: list[Pipeline] = []
     for pipe in parsed:
-        commands: list[PlannedCommand] = []
-        for cmd in pipe.commands:
-            verdict = _planned(ctx, cfg, cmd, env)
-            if isinstance(verdict, Decision):
-                return verdict
-            rules.append(verdict[0])
-            commands.append(verdict[1])
-        pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
+        planned = _planned_pipeline(ctx, cfg, pipe, env)
+        if isinstance(planned, Decision):
+            return planned
+        rules += planned[0]
+        pipelines.append(planned[1])
     return ctx.allow(", ".join(dict.fromkeys(rules)), cfg.limits, network,
                      command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
                      egress=ctx.egress(cfg))
+
+
+def _planned_pipeline(ctx: _Ctx, cfg: ShellTool, pipe: ParsedPipeline,
+                      env: dict[str, str]) -> tuple[list[str], Pipeline] | Decision:
+    """One parsed pipeline planned: the rule allowing each command and what runs; or the
+    denial of its first refused command."""
+    rules: list[str] = []
+    commands: list[PlannedCommand] = []
+    for cmd in pipe.commands:
+        verdict = _planned(ctx, cfg, cmd, env)
+        if isinstance(verdict, Decision):
+            return verdict
+        rules.append(verdict[0])
+        commands.append(verdict[1])
+    return rules, Pipeline(run_if=pipe.run_if, commands=tuple(commands))
