@@ -69,17 +69,18 @@ class _Reader:
         return len(self.code) if end < 0 else end
 
     def closing(self, at: int, opener: str, closer: str) -> int:
-        """The index after the ``closer`` that matches an ``opener`` before ``at``."""
+        """The index after the ``closer`` that matches an ``opener`` before ``at`` (a pair of
+        brackets: a nested pair is skipped, and quoted text)."""
         code, level, i = self.code, 1, at
         while i < len(code):
             c = code[i]
             if c == "\\":
                 i += 2
                 continue
-            if c == "'" and opener != "'":
+            if c == "'":
                 i = self.end_of("'", i + 1) + 1
                 continue
-            if c == opener and opener != closer:
+            if c == opener:
                 level += 1
             elif c == closer:
                 level -= 1
@@ -224,7 +225,13 @@ class _Reader:
         if self.expect == "header" and op not in ("\n", ";"):
             return
         self.expect = "pattern" if op in (";;", ";&", ";;&") else "command"
-        if op == "(" and self.code.startswith("(", self.i):  # (( arithmetic ))
+        if op == "(":
+            self.arithmetic_command()
+
+    def arithmetic_command(self) -> None:
+        """After a ``(``: a second one opens an arithmetic command ``((...))``, skipped whole
+        (no command inside)."""
+        if self.code.startswith("(", self.i):
             self.i = self.closing(self.i + 1, "(", ")") + 1
 
     def redirect(self, op: str) -> None:
