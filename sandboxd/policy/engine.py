@@ -290,18 +290,21 @@ def _path_rule(ctx: _Ctx, cfg: FileTool, path: str) -> str | Decision:
     """The allow rule admitting the workspace path ``path``; the denial when a deny pattern
     matches it or no allow pattern does."""
     tool = ctx.tool
-    denied = next((i for i, pattern in enumerate(cfg.paths.deny) if glob_match(pattern, path)),
-                  None)
+    denied = _first_match(cfg.paths.deny, path)
     if denied is not None:
         return ctx.deny(f"tools.{tool}.paths.deny[{denied}]",
                         f"Access to `{path}` is not allowed here (the policy protects it).")
-    allowed = next((i for i, pattern in enumerate(cfg.paths.allow) if glob_match(pattern, path)),
-                   None)
+    allowed = _first_match(cfg.paths.allow, path)
     if allowed is None:
         return ctx.deny(f"tools.{tool}.paths.allow",
                         f"Access to `{path}` is not allowed here; allowed paths: "
                         f"{listing(list(cfg.paths.allow))}.")
     return f"tools.{tool}.paths.allow[{allowed}]"
+
+
+def _first_match(patterns: list[str], path: str) -> int | None:
+    """The index of the first of the glob ``patterns`` that matches ``path``, if any."""
+    return next((i for i, pattern in enumerate(patterns) if glob_match(pattern, path)), None)
 
 
 def _content_size(arguments: dict[str, Any]) -> int:
