@@ -210,14 +210,11 @@ def _from_import(node: ast.ImportFrom) -> Imported:
 
 def _call_import(node: ast.Call) -> Imported:
     """``__import__("m")`` or ``importlib.import_module("m")`` with a literal name."""
-    if not node.args:
-        return []
-    func, arg = node.func, node.args[0]
-    name = (func.id if isinstance(func, ast.Name)
-            else func.attr if isinstance(func, ast.Attribute) else "")
-    if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
-            and isinstance(arg.value, str)):
-        return [(arg.value, [])]
+    match node:
+        case ast.Call(func=ast.Name(id="__import__" | "import_module")
+                      | ast.Attribute(attr="__import__" | "import_module"),
+                      args=[ast.Constant(value=str() as module), *_]):
+            return [(module, [])]
     return []
 
 
