@@ -185,22 +185,30 @@ class _Reader:
         self.heredocs = []
 
     def run(self) -> list[Simple]:
-        """Read the code to its end; each operator and word goes to the handler of the
-        current state (``expect``)."""
-        code = self.code
-        while self.i < len(code):
-            c = code[self.i]
-            if c in " \t":
-                self.i += 1
-            elif c == "#" and (self.i == 0 or code[self.i - 1] in " \t\n;&|()"):
-                self.i = self.end_of("\n", self.i)
-            elif c == "\n":
-                self.i += 1
-                self.skip_heredocs()
-                self.operator("\n")
-            else:
-                self.token()
+        """Read the code to its end: blanks, line ends and comments by their character
+        (:data:`_BETWEEN_TOKENS`), the rest token by token; each operator and word goes to the
+        handler of the current state (``expect``)."""
+        while self.i < len(self.code):
+            _BETWEEN_TOKENS.get(self.code[self.i], _Reader.token)(self)
         return self.found
+
+    def blank(self) -> None:
+        self.i += 1
+
+    def line_end(self) -> None:
+        """A line break: the bodies of the line's here-documents are skipped, and it ends the
+        command as ``;`` does."""
+        self.i += 1
+        self.skip_heredocs()
+        self.operator("\n")
+
+    def comment(self) -> None:
+        """A ``#`` that starts a word starts a comment, to the line's end; in a word it is
+        a character of the word."""
+        if self.i == 0 or self.code[self.i - 1] in " \t\n;&|()":
+            self.i = self.end_of("\n", self.i)
+        else:
+            self.token()
 
     def token(self) -> None:
         """An operator or a word at ``i``."""
@@ -297,6 +305,8 @@ class _Reader:
         self.i = len(self.code) if end < 0 else end + 2
 
 
+_BETWEEN_TOKENS = {" ": _Reader.blank, "\t": _Reader.blank, "\n": _Reader.line_end,
+                   "#": _Reader.comment}
 _WORD_ENDS = frozenset(" \t\n;&|()<>")
 #: the reader of each part of a word, by its first character (any other: ``plain``)
 _WORD_PARTS = {"\\": _Reader.escaped, "'": _Reader.single_quoted, '"': _Reader.double_quoted,
