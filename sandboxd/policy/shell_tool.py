@@ -136,9 +136,7 @@ def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
     """A parsed redirect as the runner performs it; targets are workspace paths."""
     mode = REDIRECTS[r.op]
     if mode == "dup":
-        if r.target == "-":
-            return Redirect(fd=r.fd, mode="close")
-        return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
+        return _descriptor_redirect(r)
     if r.target == "/dev/null":
         return Redirect(fd=r.fd, mode=mode, path="/dev/null")
     try:
@@ -152,6 +150,14 @@ def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
                         f"The redirect target `{visible(r.target)}` is the workspace itself; "
                         "name a file.")
     return Redirect(fd=r.fd, mode=mode, path=path)
+
+
+def _descriptor_redirect(r: ParsedRedirect) -> Redirect:
+    """``n>&m`` / ``n<&m`` (the parser admits a descriptor 0-9 or ``-``): ``-`` closes ``n``,
+    a descriptor duplicates onto it."""
+    if r.target == "-":
+        return Redirect(fd=r.fd, mode="close")
+    return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
 
 
 def screen(ctx: _Ctx, deny_patterns: Sequence[str], text: str, rule: str,
