@@ -62,19 +62,25 @@ class _Reader:
             cmd.line += line0 - 1
             self.found.append(cmd)
 
+    def end_of(self, text: str, at: int) -> int:
+        """The index of ``text`` in the code from ``at``, or the code's end when it is not
+        there (an unterminated quote, substitution or here-document runs to the end)."""
+        end = self.code.find(text, at)
+        return len(self.code) if end < 0 else end
+
     def closing(self, at: int, opener: str, closer: str) -> int:
-        """The index after the ``closer`` that matches an ``opener`` before ``at``."""
+        """The index after the ``closer`` that matches an ``opener`` before ``at`` (a pair of
+        brackets: a nested pair is skipped, and quoted text)."""
         code, level, i = self.code, 1, at
         while i < len(code):
             c = code[i]
             if c == "\\":
                 i += 2
                 continue
-            if c == "'" and opener != "'":
-                end = code.find("'", i + 1)
-                i = len(code) if end < 0 else end + 1
+            if c == "'":
+                i = self.end_of("'", i + 1) + 1
                 continue
-            if c == opener and opener != closer:
+            if c == opener:
                 level += 1
             elif c == closer:
                 level -= 1
@@ -84,33 +90,38 @@ class _Reader:
         return len(code)
 
     def word(self) -> tuple[str | None, int]:
-        """The word at ``i`` (None when bash would expand it) and where it started."""
+        """The word at ``i`` (None when bash would expand it) and where it started: its parts
+        (quoted, escaped, substituted, plain characters) read by :data:`_WORD_PARTS`."""
         code, start, out, literal = self.code, self.i, [], True
-        while self.i < len(code):
-            c = code[self.i]
-            if c in " \t\n;&|()<>":
-                break
-            if c == "\\":
-                out.append(code[self.i + 1:self.i + 2])
-                self.i += 2
-            elif c == "'":
-                end = code.find("'", self.i + 1)
-                end = len(code) if end < 0 else end
-                out.append(code[self.i + 1:end])
-                self.i = end + 1
-            elif c == '"':
-                text, expands = self.double_quoted()
-                out.append(text)
-                literal = literal and not expands
-            elif c in "$`":
-                literal = False
-                self.i = self.substitution(self.i)
-            else:
-                if c in _EXPANDS:
-                    literal = False
-                out.append(c)
-                self.i += 1
+        while self.i < len(code) and code[self.i] not in _WORD_ENDS:
+            text, expands = _WORD_PARTS.get(code[self.i], _Reader.plain)(self)
+            out.append(text)
+            literal = literal and not expands
         return ("".join(out) if literal else None), start
+
+    def escaped(self) -> tuple[str, bool]:
+        """A backslash: the character it quotes."""
+        text = self.code[self.i + 1:self.i + 2]
+        self.i += 2
+        return text, False
+
+    def single_quoted(self) -> tuple[str, bool]:
+        """A single-quoted string: its content, never expanded."""
+        end = self.end_of("'", self.i + 1)
+        text = self.code[self.i + 1:end]
+        self.i = end + 1
+        return text, False
+
+    def substituted(self) -> tuple[str, bool]:
+        """A ``$`` or backtick form: expanded when it runs."""
+        self.i = self.substitution(self.i)
+        return "", True
+
+    def plain(self) -> tuple[str, bool]:
+        """Any other character; a glob, brace, tilde expands."""
+        c = self.code[self.i]
+        self.i += 1
+        return c, c in _EXPANDS
 
     def double_quoted(self) -> tuple[str, bool]:
         """The content of the double-quoted string at ``i`` (moving past it), and whether it
@@ -130,34 +141,43 @@ class _Reader:
     def substitution(self, at: int) -> int:
         """Read ``$(...)``, backticks, ``${...}``, ``$((...))``, ``$'...'`` at ``at``; the
         commands of a command substitution are found too. Returns the index after it."""
-        code = self.code
-        if code.startswith("$((", at):
-            return self.closing(at + 3, "(", ")") + 1
-        if code.startswith("$(", at):
-            end = self.closing(at + 2, "(", ")")
-            self.nested(code[at + 2:end - 1], at + 2)
-            return end
-        if code.startswith("${", at):
-            return self.closing(at + 2, "{", "}")
-        if code.startswith("$'", at):
-            j = at + 2
-            while j < len(code) and code[j] != "'":
-                j += 2 if code[j] == "\\" else 1
-            return j + 1
-        if code[at] == "`":
-            end = code.find("`", at + 1)
-            end = len(code) if end < 0 else end
-            self.nested(code[at + 1:end].replace("\\`", "`"), at + 1)
-            return end + 1
-        return at + 1
+        read = next((r for prefix, r in _SUBSTITUTIONS if self.code.startswith(prefix, at)),
+                    None)
+        return at + 1 if read is None else read(self, at)
+
+    def arithmetic(self, at: int) -> int:
+        """``$((...))``: no commands inside."""
+        return self.closing(at + 3, "(", ")") + 1
+
+    def command_substitution(self, at: int) -> int:
+        """``$(...)``: its commands are found."""
+        end = self.closing(at + 2, "(", ")")
+        self.nested(self.code[at + 2:end - 1], at + 2)
+        return end
+
+    def parameter(self, at: int) -> int:
+        """``${...}``: a parameter expansion (a substitution inside is not read)."""
+        return self.closing(at + 2, "{", "}")
+
+    def ansi_c(self, at: int) -> int:
+        """``$'...'``: a string with backslash escapes."""
+        code, j = self.code, at + 2
+        while j < len(code) and code[j] != "'":
+            j += 2 if code[j] == "\\" else 1
+        return j + 1
+
+    def backticks(self, at: int) -> int:
+        """A backtick substitution: its commands are found (an escaped backtick unescaped)."""
+        end = self.end_of("`", at + 1)
+        self.nested(self.code[at + 1:end].replace("\\`", "`"), at + 1)
+        return end + 1
 
     def skip_heredocs(self) -> None:
         """At a line's end: skip the bodies of the here-documents its redirects opened."""
         code = self.code
         for delimiter, tabs in self.heredocs:
             while self.i < len(code):
-                end = code.find("\n", self.i)
-                end = len(code) if end < 0 else end
+                end = self.end_of("\n", self.i)
                 line = code[self.i:end]
                 self.i = end + 1
                 if (line.lstrip("\t") if tabs else line) == delimiter:
@@ -165,23 +185,30 @@ class _Reader:
         self.heredocs = []
 
     def run(self) -> list[Simple]:
-        """Read the code to its end; each operator and word goes to the handler of the
-        current state (``expect``)."""
-        code = self.code
-        while self.i < len(code):
-            c = code[self.i]
-            if c in " \t":
-                self.i += 1
-            elif c == "#" and (self.i == 0 or code[self.i - 1] in " \t\n;&|()"):
-                end = code.find("\n", self.i)
-                self.i = len(code) if end < 0 else end
-            elif c == "\n":
-                self.i += 1
-                self.skip_heredocs()
-                self.operator("\n")
-            else:
-                self.token()
+        """Read the code to its end: blanks, line ends and comments by their character
+        (:data:`_BETWEEN_TOKENS`), the rest token by token; each operator and word goes to the
+        handler of the current state (``expect``)."""
+        while self.i < len(self.code):
+            _BETWEEN_TOKENS.get(self.code[self.i], _Reader.token)(self)
         return self.found
+
+    def blank(self) -> None:
+        self.i += 1
+
+    def line_end(self) -> None:
+        """A line break: the bodies of the line's here-documents are skipped, and it ends the
+        command as ``;`` does."""
+        self.i += 1
+        self.skip_heredocs()
+        self.operator("\n")
+
+    def comment(self) -> None:
+        """A ``#`` that starts a word starts a comment, to the line's end; in a word it is
+        a character of the word."""
+        if self.i == 0 or self.code[self.i - 1] in " \t\n;&|()":
+            self.i = self.end_of("\n", self.i)
+        else:
+            self.token()
 
     def token(self) -> None:
         """An operator or a word at ``i``."""
@@ -196,12 +223,9 @@ class _Reader:
 
     def operator(self, op: str) -> None:
         """A control operator ends the command (in a ``case``, ``;;`` opens a pattern); a
-        redirect makes the next word its target, a here-document's delimiter is noted."""
+        redirect is :meth:`redirect`'s."""
         if op in _REDIRECT:
-            if op in ("<<", "<<-"):
-                self.heredoc(op)
-            elif self.expect != "pattern":
-                self.expect = "redirect"
+            self.redirect(op)
             return
         if self.expect == "pattern" and op != ")":
             return
@@ -209,8 +233,22 @@ class _Reader:
         if self.expect == "header" and op not in ("\n", ";"):
             return
         self.expect = "pattern" if op in (";;", ";&", ";;&") else "command"
-        if op == "(" and self.code.startswith("(", self.i):  # (( arithmetic ))
+        if op == "(":
+            self.arithmetic_command()
+
+    def arithmetic_command(self) -> None:
+        """After a ``(``: a second one opens an arithmetic command ``((...))``, skipped whole
+        (no command inside)."""
+        if self.code.startswith("(", self.i):
             self.i = self.closing(self.i + 1, "(", ")") + 1
+
+    def redirect(self, op: str) -> None:
+        """A redirect makes the next word its target (not in a ``case`` pattern); a
+        here-document's delimiter is noted."""
+        if op in ("<<", "<<-"):
+            self.heredoc(op)
+        elif self.expect != "pattern":
+            self.expect = "redirect"
 
     def heredoc(self, op: str) -> None:
         """``<<`` or ``<<-``: its delimiter word; the body is skipped at the line's end."""
@@ -241,8 +279,7 @@ class _Reader:
         keyword = _KEYWORDS.get(raw)
         if keyword is not None:
             keyword(self, raw)
-        elif word is not None and (self.code.startswith("()", self.i)
-                                   or self.code.startswith(" ()", self.i)):  # name() { ...
+        elif word is not None and self.code.startswith(("()", " ()"), self.i):  # name() { ...
             self.i += 2
         elif _assignment(self.code[start:self.i]):
             if self.code.startswith("(", self.i):  # an array: a=(...)
@@ -268,6 +305,15 @@ class _Reader:
         self.i = len(self.code) if end < 0 else end + 2
 
 
+_BETWEEN_TOKENS = {" ": _Reader.blank, "\t": _Reader.blank, "\n": _Reader.line_end,
+                   "#": _Reader.comment}
+_WORD_ENDS = frozenset(" \t\n;&|()<>")
+#: the reader of each part of a word, by its first character (any other: ``plain``)
+_WORD_PARTS = {"\\": _Reader.escaped, "'": _Reader.single_quoted, '"': _Reader.double_quoted,
+               "$": _Reader.substituted, "`": _Reader.substituted}
+#: the reader of each substitution, by how it starts (longest first)
+_SUBSTITUTIONS = (("$((", _Reader.arithmetic), ("$(", _Reader.command_substitution),
+                  ("${", _Reader.parameter), ("$'", _Reader.ansi_c), ("`", _Reader.backticks))
 _WORD_HANDLERS = {"redirect": _Reader.redirect_target, "header": _Reader.header_word,
                   "pattern": _Reader.header_word, "function": _Reader.function_name}
 _KEYWORDS = {**dict.fromkeys(_REOPEN, _Reader.reopen),

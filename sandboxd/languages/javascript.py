@@ -72,11 +72,15 @@ def verdict(name: str, allow: list[str], deny: list[str]) -> tuple[bool, str]:
     if plain.startswith((".", "/")):
         return True, "relative"
     top = bare(plain)
-    for i, rule in enumerate(deny):
-        if bare(rule) == top or rule == plain:
-            return False, f"deny[{i}]"
+    denied = _denied_by(deny, plain, top)
+    if denied is not None:
+        return False, f"deny[{denied}]"
     if top in DEFAULT_DENY and top not in allow:
         return False, "builtin"
-    if "*" in allow or top in allow or plain in allow:
-        return True, "allow"
-    return False, "allow"
+    return any(n in allow for n in ("*", top, plain)), "allow"
+
+
+def _denied_by(deny: list[str], plain: str, top: str) -> int | None:
+    """The index of the first ``deny`` entry that names the module ``plain`` or its package
+    ``top`` (an entry naming a package denies every path in it)."""
+    return next((i for i, rule in enumerate(deny) if bare(rule) == top or rule == plain), None)

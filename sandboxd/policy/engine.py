@@ -26,6 +26,7 @@ from sandboxd.policy.models import (
     BashTool,
     CustomTool,
     FileTool,
+    ImportRules,
     JavascriptTool,
     LimitsSpec,
     PolicyFile,
@@ -62,14 +63,17 @@ def effective_limits(policy: PolicyFile, tool: LimitsSpec, requested: LimitsRequ
     base = Limits()
     values: dict[str, Any] = {}
     for field, info in LIMITS.items():
-        default = next((v for v in (getattr(tool, info.policy), getattr(policy.limits,
-                                                                        info.policy))
-                        if v is not None), getattr(base, field))
-        caps = [c for c in (getattr(tool, info.policy_max),
-                            getattr(policy.limits, info.policy_max)) if c is not None]
-        values[field] = min([default, *caps])
+        default = [*_given(getattr(tool, info.policy), getattr(policy.limits, info.policy)),
+                   getattr(base, field)][0]
+        values[field] = min([default, *_given(getattr(tool, info.policy_max),
+                                              getattr(policy.limits, info.policy_max))])
     return Limits(**values, network=network is not None).lowered_by(
         requested.asked() if requested is not None else None)
+
+
+def _given(*values: Any) -> list[Any]:
+    """The values a policy sets (None: left out), in order."""
+    return [v for v in values if v is not None]
 
 
 def _network(policy: PolicyFile, tool_network: str | None) -> str | None:
@@ -137,33 +141,32 @@ def _decide(pol: LoadedPolicy | None, client: str, tool: str, arguments: dict[st
             and python.packages.allow):
         ctx.backend, ctx.kind = python.backend, ToolKind.command
         return decide_packages(ctx, python, arguments)
+    enabled = _enabled_tool(spec, tool)
+    if enabled is None:
+        return ctx.deny(_unavailable_rule(spec, tool), f"Tool `{tool}` is not available here; "
+                        f"available tools: {listing(enabled_tools(pol))}.")
+    cfg, ctx.kind = enabled
+    ctx.backend = cfg.backend
+    return _DECIDERS[type(cfg)](ctx, cfg, arguments)
+
+
+def _enabled_tool(spec: PolicyFile, tool: str) -> tuple[Any, ToolKind] | None:
+    """The block of the built-in or admin-defined tool ``tool`` and the kind of plan it
+    makes; None unless the policy has the block and enables it."""
     if tool in BUILTIN_NAMES:
-        cfg = getattr(spec.tools, tool)
-        if cfg is not None and cfg.enabled:
-            ctx.backend, ctx.kind = cfg.backend, BUILTIN_TOOLS[tool].kind
-            if isinstance(cfg, PythonTool):
-                return _decide_python(ctx, cfg, arguments)
-            if isinstance(cfg, ShellTool):
-                return decide_shell(ctx, cfg, _network(spec, cfg.network), arguments)
-            if isinstance(cfg, BashTool):
-                return decide_bash(ctx, cfg, _network(spec, cfg.network), arguments)
-            if isinstance(cfg, JavascriptTool):
-                return decide_javascript(ctx, tool, cfg, _network(spec, cfg.network),
-                                         arguments)
-            return _decide_file(ctx, cfg, arguments)
-    elif tool in spec.custom_tools and spec.custom_tools[tool].enabled:
-        custom = spec.custom_tools[tool]
-        ctx.backend, ctx.kind = custom.backend, ToolKind.command
-        return _decide_custom(ctx, custom, arguments)
-    available = enabled_tools(pol)
-    if tool in BUILTIN_NAMES and getattr(spec.tools, tool) is not None:
-        rule = f"tools.{tool}.enabled"
-    elif tool in spec.custom_tools:
-        rule = f"custom_tools.{tool}.enabled"
+        cfg, kind = getattr(spec.tools, tool), BUILTIN_TOOLS[tool].kind
     else:
-        rule = "default_deny"
-    return ctx.deny(rule, f"Tool `{tool}` is not available here; available tools: "
-                          f"{listing(available)}.")
+        cfg, kind = spec.custom_tools.get(tool), ToolKind.command
+    return (cfg, kind) if cfg is not None and cfg.enabled else None
+
+
+def _unavailable_rule(spec: PolicyFile, tool: str) -> str:
+    """The rule that leaves ``tool`` unavailable: its block's ``enabled``, or default deny."""
+    if tool in BUILTIN_NAMES and getattr(spec.tools, tool) is not None:
+        return f"tools.{tool}.enabled"
+    if tool in spec.custom_tools:
+        return f"custom_tools.{tool}.enabled"
+    return "default_deny"
 
 
 # ------------------------------------------------------------------ python
@@ -207,14 +210,11 @@ def _from_import(node: ast.ImportFrom) -> Imported:
 
 def _call_import(node: ast.Call) -> Imported:
     """``__import__("m")`` or ``importlib.import_module("m")`` with a literal name."""
-    if not node.args:
-        return []
-    func, arg = node.func, node.args[0]
-    name = (func.id if isinstance(func, ast.Name)
-            else func.attr if isinstance(func, ast.Attribute) else "")
-    if (name in ("__import__", "import_module") and isinstance(arg, ast.Constant)
-            and isinstance(arg.value, str)):
-        return [(arg.value, [])]
+    match node:
+        case ast.Call(func=ast.Name(id="__import__" | "import_module")
+                      | ast.Attribute(attr="__import__" | "import_module"),
+                      args=[ast.Constant(value=str() as module), *_]):
+            return [(module, [])]
     return []
 
 
@@ -224,27 +224,40 @@ _IMPORT_READERS: dict[type[ast.AST], Callable[[Any], Imported]] = {
 
 def _decide_python(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> Decision:
     rules = cfg.imports
-    allowed_list = [m for m in rules.allow if m not in rules.deny]
-    hint = ("any module" if "*" in rules.allow else listing(allowed_list))
     for module, fromlist in imported_modules(str(arguments.get("code", ""))):
-        admitted, rule = import_verdict(module, rules.allow, rules.deny, fromlist)
-        if rule == "relative":
-            return ctx.deny("tools.python.imports",
-                            "Relative imports are not available here; import modules by name.")
-        if rule.startswith("deny"):
-            name = denied_name(module, rules.deny, fromlist)
-            return ctx.deny(f"tools.python.imports.{rule}",
-                            f"Importing `{name}` is not allowed here; allowed modules: "
-                            f"{hint}.")
-        if not admitted:
-            return ctx.deny("tools.python.imports.allow",
-                            f"Importing `{module}` is not allowed here; allowed modules: {hint}.")
+        refusal = _import_refusal(rules, module, fromlist)
+        if refusal is not None:
+            return ctx.deny(*refusal)
     return ctx.allow("tools.python", cfg.limits, _network(ctx.pol.spec, cfg.network),
                      egress=_egress(ctx.pol, cfg), image=cfg.image,
                      imports_allow=tuple(rules.allow), imports_deny=tuple(rules.deny))
 
 
-# ------------------------------------------------------------------ shell
+def _import_refusal(rules: ImportRules, module: str,
+                    fromlist: list[str]) -> tuple[str, str] | None:
+    """Why importing ``module`` (``fromlist``: the names of a from-import) is refused (the rule
+    and the message), or None when ``rules`` admit it."""
+    admitted, rule = import_verdict(module, rules.allow, rules.deny, fromlist)
+    if rule == "relative":
+        return ("tools.python.imports",
+                "Relative imports are not available here; import modules by name.")
+    if rule.startswith("deny"):
+        name = denied_name(module, rules.deny, fromlist)
+        return (f"tools.python.imports.{rule}",
+                f"Importing `{name}` is not allowed here; allowed modules: "
+                f"{_modules_hint(rules)}.")
+    if not admitted:
+        return ("tools.python.imports.allow",
+                f"Importing `{module}` is not allowed here; allowed modules: "
+                f"{_modules_hint(rules)}.")
+    return None
+
+
+def _modules_hint(rules: ImportRules) -> str:
+    """What a refusal says may be imported instead."""
+    if "*" in rules.allow:
+        return "any module"
+    return listing([m for m in rules.allow if m not in rules.deny])
 
 
 # ------------------------------------------------------------------ file tools
@@ -260,26 +273,43 @@ def _decide_file(ctx: _Ctx, cfg: FileTool, arguments: dict[str, Any]) -> Decisio
         return ctx.deny(f"tools.{tool}.paths",
                         f"The path `{visible(raw)}` is not allowed: {exc}.")
     ctx.facts["path"] = path
-    for i, pattern in enumerate(cfg.paths.deny):
-        if glob_match(pattern, path):
-            return ctx.deny(f"tools.{tool}.paths.deny[{i}]",
-                            f"Access to `{path}` is not allowed here (the policy protects it).")
-    rule = next((f"tools.{tool}.paths.allow[{i}]" for i, pattern in enumerate(cfg.paths.allow)
-                 if glob_match(pattern, path)), None)
-    if rule is None:
+    rule = _path_rule(ctx, cfg, path)
+    if isinstance(rule, Decision):
+        return rule
+    if tool == "write_file" and (size := _content_size(arguments)) > cfg.max_bytes:
+        return ctx.deny(f"tools.{tool}.max_bytes",
+                        f"The content is {size} bytes; files may be at most "
+                        f"{cfg.max_bytes} bytes here.")
+    return ctx.allow(rule, cfg.limits, None)
+
+
+def _path_rule(ctx: _Ctx, cfg: FileTool, path: str) -> str | Decision:
+    """The allow rule admitting the workspace path ``path``; the denial when a deny pattern
+    matches it or no allow pattern does."""
+    tool = ctx.tool
+    denied = _first_match(cfg.paths.deny, path)
+    if denied is not None:
+        return ctx.deny(f"tools.{tool}.paths.deny[{denied}]",
+                        f"Access to `{path}` is not allowed here (the policy protects it).")
+    allowed = _first_match(cfg.paths.allow, path)
+    if allowed is None:
         return ctx.deny(f"tools.{tool}.paths.allow",
                         f"Access to `{path}` is not allowed here; allowed paths: "
                         f"{listing(list(cfg.paths.allow))}.")
-    if tool == "write_file":
-        content = str(arguments.get("content", ""))
-        size = (len(content) * 3 // 4 - content[-2:].count("=")  # what the base64 decodes to
-                if arguments.get("encoding") == "base64"
-                else len(content.encode("utf-8", "surrogatepass")))
-        if size > cfg.max_bytes:
-            return ctx.deny(f"tools.{tool}.max_bytes",
-                            f"The content is {size} bytes; files may be at most "
-                            f"{cfg.max_bytes} bytes here.")
-    return ctx.allow(rule, cfg.limits, None)
+    return f"tools.{tool}.paths.allow[{allowed}]"
+
+
+def _first_match(patterns: list[str], path: str) -> int | None:
+    """The index of the first of the glob ``patterns`` that matches ``path``, if any."""
+    return next((i for i, pattern in enumerate(patterns) if glob_match(pattern, path)), None)
+
+
+def _content_size(arguments: dict[str, Any]) -> int:
+    """The bytes a ``write_file`` call's content writes (what its base64 decodes to)."""
+    content = str(arguments.get("content", ""))
+    if arguments.get("encoding") == "base64":
+        return len(content) * 3 // 4 - content[-2:].count("=")
+    return len(content.encode("utf-8", "surrogatepass"))
 
 
 # ------------------------------------------------------------------ admin-defined tools
@@ -295,6 +325,18 @@ def _argv_element(tool: CustomTool, element: str, arguments: dict[str, Any],
                   props: dict[str, Any]) -> str | tuple[str] | None:
     """One ``argv`` element with its placeholders filled; None when an optional parameter
     was not given (and has no default): the element is dropped; ``(message,)`` when refused."""
+    values = _placeholder_values(element, arguments, props)
+    if not isinstance(values, dict):
+        return values
+    refusal = _value_refusal(tool, element, values)
+    # str.format never re-interprets the substituted values: one value, one element
+    return element.format(**values) if refusal is None else (refusal,)
+
+
+def _placeholder_values(element: str, arguments: dict[str, Any],
+                        props: dict[str, Any]) -> dict[str, str] | tuple[str] | None:
+    """The text of each placeholder's argument (else its parameter's default), in order: None
+    at the first with neither, ``(message,)`` at the first that is an object or an array."""
     values: dict[str, str] = {}
     for name in placeholders(element):
         value = arguments.get(name, (props.get(name) or {}).get("default"))
@@ -303,28 +345,33 @@ def _argv_element(tool: CustomTool, element: str, arguments: dict[str, Any],
         if isinstance(value, dict | list):
             return (f"Argument `{name}` must be a string, number or boolean.",)
         values[name] = _as_arg(value)
-    for name, value in values.items():
-        if "\x00" in value:
-            return (f"Argument `{name}` must not contain NUL characters.",)
+    return values
+
+
+def _value_refusal(tool: CustomTool, element: str, values: dict[str, str]) -> str | None:
+    """Why the filled ``values`` may not make ``element``: a NUL, or a value that starts the
+    element with ``-`` (read as an option) unless the tool allows option values."""
+    nul = next((name for name, value in values.items() if "\x00" in value), None)
+    if nul is not None:
+        return f"Argument `{nul}` must not contain NUL characters."
+    leading = _leading_placeholder(element)
+    if not tool.allow_option_values and leading is not None and values[leading].startswith("-"):
+        return (f"Argument `{leading}` must not start with `-` (it would be read as an "
+                "option).")
+    return None
+
+
+def _leading_placeholder(element: str) -> str | None:
+    """The placeholder ``element`` starts with (no text before it), if any."""
     first = next(iter(string.Formatter().parse(element)), None)
-    if (not tool.allow_option_values and first is not None and first[0] == ""
-            and first[1] is not None and values[first[1]].startswith("-")):
-        return (f"Argument `{first[1]}` must not start with `-` (it would be read as an "
-                "option).",)
-    # str.format never re-interprets the substituted values: one value, one element
-    return element.format(**values)
+    return first[1] if first is not None and first[0] == "" else None
 
 
 def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> Decision:
     base = f"custom_tools.{ctx.tool}"
-    props = tool.parameters.get("properties") or {}
-    argv: list[str] = []
-    for i, element in enumerate(tool.argv):
-        filled = _argv_element(tool, element, arguments, props)
-        if isinstance(filled, tuple):
-            return ctx.deny(f"{base}.argv[{i}]", filled[0])
-        if filled is not None:
-            argv.append(filled)
+    argv = _custom_argv(ctx, tool, arguments)
+    if isinstance(argv, Decision):
+        return argv
     wraps = wrapped_index(program_name(argv[0]) or "", argv)
     positions = [0] if wraps is None else [0, wraps]
     planned = harden(argv, positions)
@@ -333,6 +380,34 @@ def _decide_custom(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> De
     return ctx.allow(base, tool.limits, _network(ctx.pol.spec, tool.network),
                      command=Plan(pipelines=(Pipeline(commands=(planned,)),)), image=tool.image,
                      egress=_egress(ctx.pol, tool))
+
+
+def _custom_argv(ctx: _Ctx, tool: CustomTool, arguments: dict[str, Any]) -> list[str] | Decision:
+    """The admin-defined tool's argv template filled with the call's ``arguments`` (elements
+    of optional parameters left out dropped), or the denial of the first refused element."""
+    props = tool.parameters.get("properties") or {}
+    argv: list[str] = []
+    for i, element in enumerate(tool.argv):
+        filled = _argv_element(tool, element, arguments, props)
+        if isinstance(filled, tuple):
+            return ctx.deny(f"custom_tools.{ctx.tool}.argv[{i}]", filled[0])
+        if filled is not None:
+            argv.append(filled)
+    return argv
+
+
+#: each tool block's decision, by the block's type (the network is the one the tool is granted)
+_DECIDERS: dict[type[Any], Callable[[_Ctx, Any, dict[str, Any]], Decision]] = {
+    PythonTool: _decide_python,
+    FileTool: _decide_file,
+    CustomTool: _decide_custom,
+    ShellTool: lambda ctx, cfg, arguments: decide_shell(
+        ctx, cfg, _network(ctx.pol.spec, cfg.network), arguments),
+    BashTool: lambda ctx, cfg, arguments: decide_bash(
+        ctx, cfg, _network(ctx.pol.spec, cfg.network), arguments),
+    JavascriptTool: lambda ctx, cfg, arguments: decide_javascript(
+        ctx, ctx.tool, cfg, _network(ctx.pol.spec, cfg.network), arguments),
+}
 
 
 # ------------------------------------------------------------------ admin warnings

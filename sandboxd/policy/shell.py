@@ -135,7 +135,8 @@ _REFUSED_AT_START = {
     "#": "Comments (`#`) are not supported here; remove the comment, or quote `#` to pass it "
          "literally",
     "~": "`~` is not expanded here; write the path (the workspace is the current directory)"}
-_DOUBLE_QUOTE_ESCAPES = '$`"\\\n'
+#: what a backslash in double quotes escapes, and what it leaves (a line continuation: nothing)
+_DOUBLE_QUOTE_ESCAPES = {"$": "$", "`": "`", '"': '"', "\\": "\\", "\n": ""}
 
 
 class _Scanner:
@@ -247,8 +248,8 @@ def _double_quoted(line: str, j: int, operators: bool) -> tuple[str, int]:
     buf: list[str] = []
     while j < len(line) and line[j] != '"':
         d = line[j]
-        if d == "\\" and line[j + 1:j + 2] and line[j + 1] in _DOUBLE_QUOTE_ESCAPES:
-            buf.append(line[j + 1] if line[j + 1] != "\n" else "")
+        if d == "\\" and line[j + 1:j + 2] in _DOUBLE_QUOTE_ESCAPES:
+            buf.append(_DOUBLE_QUOTE_ESCAPES[line[j + 1]])
             j += 2
             continue
         if d == "`":

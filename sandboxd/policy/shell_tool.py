@@ -70,11 +70,16 @@ def _program_refusal(cfg: ShellTool, word: str, allowed_text: str) -> tuple[str,
     return None
 
 
+def _allowed_text(cfg: ShellTool) -> str:
+    """What a refused program's message lists instead: the programs the policy allows."""
+    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
+    return f"allowed commands: {listing(allowed)}"
+
+
 def _check_program(ctx: _Ctx, cfg: ShellTool, argv: list[str]) -> tuple[str, list[int]] | Decision:
     """The allow rule admitting ``argv[0]`` and every program it wraps, with the positions of
     those programs in ``argv``; or a denial."""
-    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
-    allowed_text = f"allowed commands: {listing(allowed)}"
+    allowed_text = _allowed_text(cfg)
     positions: list[int] = []
     rule = ""
     at = 0
@@ -98,35 +103,40 @@ def harden(argv: list[str], positions: list[int]) -> PlannedCommand | str:
     """The command that runs ``argv`` (whose programs stand at ``positions``) with the
     hardening of every known program in it (:mod:`sandboxd.policy.programs`), or why not."""
     names = [program_name(argv[p]) or argv[p] for p in positions]
-    hardened = [(p, n) for p, n in zip(positions, names, strict=True) if n in HARDENED]
+    hardened = [k for k, name in enumerate(names) if name in HARDENED]
     if not hardened:
         return PlannedCommand(argv=tuple(argv))
     out = list(argv)
     env: dict[str, str] = {}
     exec_only: list[str] = []
-    for pos, name in reversed(hardened):
-        rules = HARDENED[name]
-        k = positions.index(pos)
-        outer = names[:k]
-        # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
-        if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
-            return f"`env` may not change the environment of `{name}` here"
-        refusal = rules.check(argv[pos + 1:], any(w in EXTENDING_WRAPPERS for w in outer))
+    for k in reversed(hardened):
+        refusal = _hardening_refusal(argv, positions, names, k)
         if refusal is not None:
             return refusal
+        pos, rules = positions[k], HARDENED[names[k]]
         out[pos + 1:pos + 1] = rules.options(argv[pos + 1:])
         env.update(rules.env)
-        exec_only += [*outer, *rules.exec_only]
+        exec_only += [*names[:k], *rules.exec_only]
     return PlannedCommand(argv=tuple(out), env=env, exec_only=tuple(dict.fromkeys(exec_only)))
+
+
+def _hardening_refusal(argv: list[str], positions: list[int], names: list[str],
+                       k: int) -> str | None:
+    """Why the hardened program ``names[k]`` may not run as ``argv`` calls it (inside the
+    wrappers ``names[:k]``): its own check, or an ``env`` wrapper given arguments."""
+    outer, pos = names[:k], positions[k]
+    # `env NAME=value git` or `env -u GIT_... git` would undo the hardening's environment
+    if any(n == "env" and positions[j + 1] - positions[j] > 1 for j, n in enumerate(outer)):
+        return f"`env` may not change the environment of `{names[k]}` here"
+    return HARDENED[names[k]].check(argv[pos + 1:],
+                                    any(w in EXTENDING_WRAPPERS for w in outer))
 
 
 def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
     """A parsed redirect as the runner performs it; targets are workspace paths."""
     mode = REDIRECTS[r.op]
     if mode == "dup":
-        if r.target == "-":
-            return Redirect(fd=r.fd, mode="close")
-        return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
+        return _descriptor_redirect(r)
     if r.target == "/dev/null":
         return Redirect(fd=r.fd, mode=mode, path="/dev/null")
     try:
@@ -140,6 +150,14 @@ def _redirect(ctx: _Ctx, r: ParsedRedirect) -> Redirect | Decision:
                         f"The redirect target `{visible(r.target)}` is the workspace itself; "
                         "name a file.")
     return Redirect(fd=r.fd, mode=mode, path=path)
+
+
+def _descriptor_redirect(r: ParsedRedirect) -> Redirect:
+    """``n>&m`` / ``n<&m`` (the parser admits a descriptor 0-9 or ``-``): ``-`` closes ``n``,
+    a descriptor duplicates onto it."""
+    if r.target == "-":
+        return Redirect(fd=r.fd, mode="close")
+    return Redirect(fd=r.fd, mode="dup", dup=int(r.target))
 
 
 def screen(ctx: _Ctx, deny_patterns: Sequence[str], text: str, rule: str,
@@ -166,14 +184,20 @@ def _parsed_line(ctx: _Ctx, cfg: ShellTool, line: str) -> list[ParsedPipeline] |
     try:
         parsed = parse(line, operators=cfg.operators)
     except ShellRefused as exc:
-        if exc.construct in ("'", '"'):
-            return ctx.deny("tools.shell", f"{exc}.")
-        if not cfg.operators:
-            return ctx.deny("tools.shell.operators", f"{exc}; {_OPERATOR_HELP}.")
-        return ctx.deny("tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}")
+        return ctx.deny(*_parse_refusal(cfg, exc))
     if not parsed:
         return ctx.deny("tools.shell", "The command line is empty.")
     return parsed
+
+
+def _parse_refusal(cfg: ShellTool, exc: ShellRefused) -> tuple[str, str]:
+    """The rule and the message of a construct the parser refused: an unterminated quote, or
+    what the tool's dialect (with or without ``operators``) does not run."""
+    if exc.construct in ("'", '"'):
+        return "tools.shell", f"{exc}."
+    if not cfg.operators:
+        return "tools.shell.operators", f"{exc}; {_OPERATOR_HELP}."
+    return "tools.shell.operators", f"{exc}. {_OPERATORS_NOTE}"
 
 
 def _planned(ctx: _Ctx, cfg: ShellTool, cmd: Command,
@@ -189,14 +213,22 @@ def _planned(ctx: _Ctx, cfg: ShellTool, cmd: Command,
     if env and planned.env:  # as `env NAME=value git`: the hardening's environment
         return ctx.deny(rule, f"The environment of `{cmd.argv[positions[-1]]}` may "
                         "not be changed here.")
-    if env:
-        planned = replace(planned, env=dict(env))
-    redirects = [_redirect(ctx, r) for r in cmd.redirects]
-    denied = next((r for r in redirects if isinstance(r, Decision)), None)
-    if denied is not None:
-        return denied
-    return rule, replace(planned, redirects=tuple(
-        r for r in redirects if isinstance(r, Redirect)))
+    redirects = _redirects(ctx, cmd.redirects)
+    if isinstance(redirects, Decision):
+        return redirects
+    return rule, replace(planned, env=dict(env) or planned.env, redirects=redirects)
+
+
+def _redirects(ctx: _Ctx, parsed: Sequence[ParsedRedirect]) -> tuple[Redirect, ...] | Decision:
+    """A command's redirects as the runner performs them, or the first refused one's
+    denial."""
+    redirects: list[Redirect] = []
+    for r in parsed:
+        planned = _redirect(ctx, r)
+        if isinstance(planned, Decision):
+            return planned
+        redirects.append(planned)
+    return tuple(redirects)
 
 
 def decide_shell(ctx: _Ctx, cfg: ShellTool, network: str | None,
@@ -212,14 +244,26 @@ def decide_shell(ctx: _Ctx, cfg: ShellTool, network: str | None,
     rules: list[str] = []
     pipelines: list[Pipeline] = []
     for pipe in parsed:
-        commands: list[PlannedCommand] = []
-        for cmd in pipe.commands:
-            verdict = _planned(ctx, cfg, cmd, env)
-            if isinstance(verdict, Decision):
-                return verdict
-            rules.extend([verdict[0]] if verdict[0] not in rules else [])
-            commands.append(verdict[1])
-        pipelines.append(Pipeline(run_if=pipe.run_if, commands=tuple(commands)))
-    return ctx.allow(", ".join(rules), cfg.limits, network,
+        planned = _planned_pipeline(ctx, cfg, pipe, env)
+        if isinstance(planned, Decision):
+            return planned
+        rules += planned[0]
+        pipelines.append(planned[1])
+    return ctx.allow(", ".join(dict.fromkeys(rules)), cfg.limits, network,
                      command=Plan(pipelines=tuple(pipelines)), image=cfg.image,
                      egress=ctx.egress(cfg))
+
+
+def _planned_pipeline(ctx: _Ctx, cfg: ShellTool, pipe: ParsedPipeline,
+                      env: dict[str, str]) -> tuple[list[str], Pipeline] | Decision:
+    """One parsed pipeline planned: the rule allowing each command and what runs; or the
+    denial of its first refused command."""
+    rules: list[str] = []
+    commands: list[PlannedCommand] = []
+    for cmd in pipe.commands:
+        verdict = _planned(ctx, cfg, cmd, env)
+        if isinstance(verdict, Decision):
+            return verdict
+        rules.append(verdict[0])
+        commands.append(verdict[1])
+    return rules, Pipeline(run_if=pipe.run_if, commands=tuple(commands))
