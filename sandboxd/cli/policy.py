@@ -283,12 +283,13 @@ def _tool_line(pol: LoadedPolicy, spec: ToolSpec) -> str:
     """One tool of a policy as ``policy show`` lists it: its backend, and the limits its
     settings give it (under the tool's network, else the policy's)."""
     from sandboxd.policy.engine import effective_limits
+    from sandboxd.policy.specs import tool_network
 
     cfg = getattr(pol.spec.tools, spec.name, None) or pol.spec.custom_tools.get(spec.name)
     line = f"  {spec.name:<14} backend {spec.backend}"
     if cfg is None or cfg.limits is None:
         return line
-    net = getattr(cfg, "network", None) or pol.spec.network
+    net = tool_network(pol, cfg)
     limits = effective_limits(pol.spec, cfg.limits, None, None if net == "none" else net)
     return f"{line}; {_fmt_limits(limits)}"
 

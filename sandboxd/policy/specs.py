@@ -31,6 +31,11 @@ def listing(names: list[str]) -> str:
     return shown + (f", … ({len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else "")
 
 
+def tool_network(pol: LoadedPolicy, cfg: Any) -> str:
+    """The network a tool's calls get: the tool's own ``network``, else the policy's."""
+    return getattr(cfg, "network", None) or pol.spec.network
+
+
 def _enabled_builtins(pol: LoadedPolicy) -> list[tuple[str, Any]]:
     """The built-in tools this policy enables, with their settings, in the table's order."""
     return [(n, cfg) for n in BUILTIN_NAMES
@@ -109,10 +114,9 @@ def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
 def _builtin_spec(pol: LoadedPolicy, name: str, cfg: Any) -> ToolSpec:
     """A built-in tool as listed: its description with what the policy allows it."""
     builtin = BUILTIN_TOOLS[name]
-    network = getattr(cfg, "network", None) or pol.spec.network
     return ToolSpec(name=name, description=builtin.description + _hint(pol, name, cfg),
                     parameters=builtin.parameters, backend=cfg.backend, title=builtin.title,
-                    annotations=builtin.hints.annotations(network))
+                    annotations=builtin.hints.annotations(tool_network(pol, cfg)))
 
 
 def _packages_spec(python: PythonTool) -> ToolSpec:
@@ -131,4 +135,4 @@ def _custom_spec(pol: LoadedPolicy, name: str, tool: CustomTool) -> ToolSpec:
                   tool.annotations.idempotent)
     return ToolSpec(name=name, description=tool.description, parameters=tool.parameters,
                     backend=tool.backend, title=tool.title,
-                    annotations=hints.annotations(tool.network or pol.spec.network))
+                    annotations=hints.annotations(tool_network(pol, tool)))
