@@ -83,17 +83,43 @@ def _wrapping(argv: list[str]) -> list[str]:
     return names
 
 
-def _note(seen: _Seen, tool: str, args: dict[str, Any]) -> None:
-    if tool == "python":
-        seen.names.update(list(dict.fromkeys(
-            m for m, _ in imported_modules(str(args.get("code", ""))))))
-    elif tool == "shell":
-        names, operators = _programs(str(args.get("command", "")))
-        seen.names.update(list(dict.fromkeys(names)))
-        seen.operators = seen.operators or operators
-    else:
-        with contextlib.suppress(PathRefused):  # (an allowed call's path is not refused)
-            seen.names[normalise(str(args.get("path", ".")))] += 1
+def _note_imports(seen: _Seen, args: dict[str, Any]) -> None:
+    """A python call: the modules it imports (each once per call)."""
+    seen.names.update(list(dict.fromkeys(
+        m for m, _ in imported_modules(str(args.get("code", ""))))))
+
+
+def _note_programs(seen: _Seen, args: dict[str, Any]) -> None:
+    """A shell call: the programs it runs (each once per call), whether it needs operators."""
+    names, operators = _programs(str(args.get("command", "")))
+    seen.names.update(list(dict.fromkeys(names)))
+    seen.operators = seen.operators or operators
+
+
+def _note_path(seen: _Seen, args: dict[str, Any]) -> None:
+    """A file tool's call: the path it names."""
+    with contextlib.suppress(PathRefused):  # (an allowed call's path is not refused)
+        seen.names[normalise(str(args.get("path", ".")))] += 1
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """How a suggestion reads the calls of one kind of built-in tool and writes its entry."""
+
+    note: Callable[[_Seen, dict[str, Any]], None]  # what one call used
+    rules: str  # the rule list the entry writes: imports, commands or paths
+    literal: Callable[[str], str]  # an entry of that list as it is written
+    counted: str  # how an entry's comment counts the calls that used it
+    backend: bool  # whether the entry names a backend (the file tools have none)
+    tail: str  # the entry's last line, if any (``{operators}``: whether calls needed them)
+
+
+_FILE_KIND = _Kind(_note_path, "paths", _glob_literal, "", False,
+                   "    # max_bytes: the default (1Mi); the log does not record file sizes")
+_KINDS = {"python": _Kind(_note_imports, "imports", str, "in ", True, ""),
+          "shell": _Kind(_note_programs, "commands", str, "in ", True,
+                         "    operators: {operators}"),
+          **dict.fromkeys(FILE_TOOLS, _FILE_KIND)}
 
 
 def _limits_block(limits: dict[str, float], indent: str) -> list[str]:
@@ -146,7 +172,7 @@ class _Usage:
         seen.backend = record.get("backend") or seen.backend
         seen.network = record.get("network") or seen.network
         _raise_limits(seen.limits, record.get("limits") or {})
-        _note(seen, tool, args)
+        _KINDS[tool].note(seen, args)
 
 
 def _usage_of(records: Iterable[dict[str, Any]], client: str) -> _Usage:
@@ -184,36 +210,27 @@ def _header(usage: _Usage, client: str, audit: str, copied: dict[str, str]) -> l
     return lines
 
 
-#: a built-in tool's rule list: its key, how an entry is written, how its comment counts
-#: the calls that used it (the file tools: :data:`_PATH_RULES`)
-_RULES: dict[str, tuple[str, Callable[[str], str], str]] = {
-    "python": ("imports", str, "in "), "shell": ("commands", str, "in ")}
-_PATH_RULES = ("paths", _glob_literal, "")
-
-
-def _allow_block(tool: str, seen: _Seen) -> list[str]:
-    """The rule list ``tool``'s calls needed: imports, programs or paths, the most used first,
-    each with how many calls used it."""
-    key, literal, counted = _RULES.get(tool, _PATH_RULES)
+def _allow_block(kind: _Kind, seen: _Seen) -> list[str]:
+    """The rule list the calls needed: imports, programs or paths, the most used first, each
+    with how many calls used it."""
     entries = sorted(seen.names.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [f"    {key}:", "      allow:" + ("" if entries else " []"),
-            *(f"        - {_quoted(literal(name))}  # {counted}{n} call(s)"
+    return [f"    {kind.rules}:", "      allow:" + ("" if entries else " []"),
+            *(f"        - {_quoted(kind.literal(name))}  # {kind.counted}{n} call(s)"
               for name, n in entries)]
 
 
 def _tool_block(tool: str, seen: _Seen, *, own_limits: bool) -> list[str]:
     """One tool's entry under ``tools:``: its backend and network, the rules its calls needed
     (:func:`_allow_block`), its limits if its own."""
+    kind = _KINDS[tool]
     lines = [f"  {tool}:  # {seen.calls} allowed call(s)"]
-    if tool in _RULES and seen.backend:  # (the file tools name no backend)
+    if kind.backend and seen.backend:
         lines.append(f"    backend: {seen.backend}")
     if seen.network:
         lines.append(f"    network: {_quoted(seen.network)}")
-    lines += _allow_block(tool, seen)
-    if tool == "shell":
-        lines.append(f"    operators: {str(seen.operators).lower()}")
-    elif tool not in _RULES:
-        lines.append("    # max_bytes: the default (1Mi); the log does not record file sizes")
+    lines += _allow_block(kind, seen)
+    if kind.tail:
+        lines.append(kind.tail.format(operators=str(seen.operators).lower()))
     if seen.limits and own_limits:
         lines.append("    # the largest limits these calls got")
         lines += _limits_block(seen.limits, "    ")
