@@ -167,12 +167,17 @@ class _Usage:
         if isinstance(args, str):
             self.unknown[tool] += 1
             return
-        seen = self.tools[tool]
-        seen.calls += 1
-        seen.backend = record.get("backend") or seen.backend
-        seen.network = record.get("network") or seen.network
-        _raise_limits(seen.limits, record.get("limits") or {})
-        _KINDS[tool].note(seen, args)
+        _count_call(self.tools[tool], _KINDS[tool], record, args)
+
+
+def _count_call(seen: _Seen, kind: _Kind, record: dict[str, Any], args: dict[str, Any]) -> None:
+    """One more allowed call in ``seen``: where it ran, its limits (the largest so far) and
+    what it used."""
+    seen.calls += 1
+    seen.backend = record.get("backend") or seen.backend
+    seen.network = record.get("network") or seen.network
+    _raise_limits(seen.limits, record.get("limits") or {})
+    kind.note(seen, args)
 
 
 def _usage_of(records: Iterable[dict[str, Any]], client: str) -> _Usage:
