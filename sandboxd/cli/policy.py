@@ -99,9 +99,7 @@ def _check_load(groups: list[list[tuple[Path, str]]], problems: list[str]) -> li
     from sandboxd.policy import PolicyError, load_set
 
     loaded: list[LoadedPolicy] = []
-    for group in groups:
-        if not group:
-            continue
+    for group in groups:  # (an empty group loads as an empty set)
         try:
             loaded.extend(load_set(group).policies)
         except PolicyError as exc:
