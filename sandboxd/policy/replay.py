@@ -171,10 +171,10 @@ def _granted(limits: Any, network: Any, backend: Any) -> dict[str, Any]:
 
 def _limit_changes(record: dict[str, Any], decision: Decision) -> str:
     """``timeout_s 60 → 30, network none → lab`` for what the new decision changes."""
-    plan = decision.plan
+    plan = decision.plan  # (a decision's limits are its plan's)
     was = _granted(record.get("limits"), record.get("network"), record.get("backend"))
-    now = _granted(decision.limits.to_wire() if decision.limits is not None else None,
-                   plan.network if plan is not None else None, decision.backend)
+    now = (_granted(plan.limits.to_wire(), plan.network, decision.backend) if plan is not None
+           else _granted(None, None, decision.backend))
     return ", ".join(f"{name} {_fmt(was[name])} → {_fmt(now[name])}"
                      for name in (*LIMITS, "network", "backend")
                      if name in was and name in now and was[name] != now[name])
