@@ -156,6 +156,7 @@ class _Usage:
     other: Counter[str] = field(default_factory=Counter)
 
     def add(self, record: dict[str, Any]) -> None:
+        """Count one decision record: as nothing written for it, or as what a tool used."""
         tool = str(record.get("tool"))
         if record.get("decision") != "allow":
             self.denied[tool] += 1
