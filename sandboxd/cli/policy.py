@@ -10,12 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from sandboxd.cli.common import (
-    CONFIG_OPTION,
-    loaded_offline_service,
-    loaded_policy_store,
-    settings_policies_dir,
-)
+from sandboxd.cli.common import CONFIG_OPTION, loaded_offline_service, loaded_policy_store
+from sandboxd.cli.policy_replay import policies_or_settings
+from sandboxd.cli.policy_replay import register as _register_replay
 
 if TYPE_CHECKING:
     from sandboxd.models import Decision, LimitsRequest, ToolSpec
@@ -49,14 +46,19 @@ def check(
         groups = [list(itertools.chain.from_iterable(groups))]
     loaded = _check_load(groups, problems)
     warnings = [w for pol in loaded for w in policy_warnings(pol)]
-    for line in problems:
-        typer.echo(line)
-    for line in warnings if strict or not quiet else []:
-        typer.echo(line, err=not strict)
-    if problems or (strict and warnings):
-        raise typer.Exit(1)
+    _report(problems + warnings if strict else problems, [] if strict or quiet else warnings)
     if not quiet:
         _print_ok(loaded)
+
+
+def _report(problems: list[str], warnings: list[str]) -> None:
+    """The problems on stdout, then the warnings on stderr; exit 1 if there is a problem."""
+    for line in problems:
+        typer.echo(line)
+    for line in warnings:
+        typer.echo(line, err=True)
+    if problems:
+        raise typer.Exit(1)
 
 
 def _print_ok(loaded: list[LoadedPolicy]) -> None:
@@ -72,23 +74,23 @@ def _print_ok(loaded: list[LoadedPolicy]) -> None:
 def _check_groups(files: list[Path], problems: list[str]) -> list[list[tuple[Path, str]]]:
     """The files to check, a group per argument (a directory's policy files together); a
     directory that cannot be listed or holds none adds to ``problems``."""
+    return [_dir_group(f, problems) if f.is_dir() else [(f, str(f))] for f in files]
+
+
+def _dir_group(directory: Path, problems: list[str]) -> list[tuple[Path, str]]:
+    """A directory's policy files, as one group (none when it cannot be listed or holds
+    none: that adds to ``problems``)."""
     from sandboxd.policy import PolicyError
     from sandboxd.policy.store import policy_files
 
-    groups: list[list[tuple[Path, str]]] = []
-    for f in files:
-        if f.is_dir():
-            try:
-                found = policy_files(f)
-            except PolicyError as exc:
-                problems.extend(exc.problems)
-                continue
-            if not found:
-                problems.append(f"{f}: no policy files (*.yaml, *.yml) in this directory")
-            groups.append([(p, str(f / p.name)) for p in found])
-        else:
-            groups.append([(f, str(f))])
-    return groups
+    try:
+        found = policy_files(directory)
+    except PolicyError as exc:
+        problems.extend(exc.problems)
+        return []
+    if not found:
+        problems.append(f"{directory}: no policy files (*.yaml, *.yml) in this directory")
+    return [(p, str(directory / p.name)) for p in found]
 
 
 def _check_load(groups: list[list[tuple[Path, str]]], problems: list[str]) -> list[LoadedPolicy]:
@@ -97,9 +99,7 @@ def _check_load(groups: list[list[tuple[Path, str]]], problems: list[str]) -> li
     from sandboxd.policy import PolicyError, load_set
 
     loaded: list[LoadedPolicy] = []
-    for group in groups:
-        if not group:
-            continue
+    for group in groups:  # (an empty group loads as an empty set)
         try:
             loaded.extend(load_set(group).policies)
         except PolicyError as exc:
@@ -109,24 +109,12 @@ def _check_load(groups: list[list[tuple[Path, str]]], problems: list[str]) -> li
 
 def _fmt_limits(limits: Limits) -> str:
     """Every limit of the one table (protocol.limits), by its policy key, then the network."""
+    from sandboxd.policy.units import format_limit
     from sandboxd.protocol.limits import LIMITS
 
-    shown = [f"{info.policy} {_fmt_value(name, getattr(limits, name))}"
+    shown = [f"{info.policy} {format_limit(name, getattr(limits, name))}"
              for name, info in LIMITS.items()]
     return ", ".join([*shown, f"network {'yes' if limits.network else 'no'}"])
-
-
-def _fmt_value(name: str, value: Any) -> str:
-    """A limit's value as a policy file writes it (by the limit's unit)."""
-    from sandboxd.policy.units import format_duration, format_size
-    from sandboxd.protocol.limits import LIMITS
-
-    unit = LIMITS[name].unit
-    if unit == "seconds":
-        return format_duration(value)
-    if unit == "bytes":
-        return format_size(int(value))
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 @app.command("explain")
@@ -147,8 +135,7 @@ def explain(
     from sandboxd.tools import ArgumentsInvalid
 
     arguments, requested = _explain_input(args, limits)
-    service = loaded_offline_service(policies if policies is not None
-                                     else settings_policies_dir(config), 2)
+    service = loaded_offline_service(policies_or_settings(policies, config), 2)
     try:  # the daemon's own explain: the same tool lookup, schema check and decision
         explanation = service.explain(client, tool, arguments, requested,
                                       unknown_tool_denied=True)
@@ -156,14 +143,20 @@ def explain(
         typer.echo(f"sandboxd: invalid arguments: {exc}", err=True)
         raise typer.Exit(2) from None
     decision, where = explanation.decision, explanation.location
-    asked = requested.asked() if requested is not None else None
-    lowered = decision.limits.lowered_requests(asked) if decision.limits is not None else {}
+    lowered = _lowered(decision, requested)
     if as_json:
         _explain_json(decision, where, lowered)
     else:
         _explain_text(tool, client, decision, where, lowered)
     if not decision.allowed:
         raise typer.Exit(1)
+
+
+def _lowered(decision: Decision,
+             requested: LimitsRequest | None) -> dict[str, tuple[float, float]]:
+    """The limits asked for that the policy lowers: name -> (asked, granted)."""
+    asked = requested.asked() if requested is not None else None
+    return decision.limits.lowered_requests(asked) if decision.limits is not None else {}
 
 
 def _explain_input(args: str, limits: str | None) -> tuple[dict[str, Any], LimitsRequest | None]:
@@ -209,8 +202,10 @@ def _explain_text(tool: str, client: str, decision: Decision, where: str | None,
              ("tool", f"{tool}    client: {client}    policy: {decision.policy_name or '-'}"),
              ("rule", f"{where}: {decision.rule}"),
              *_explain_details(decision)]
-    lines += [("lowered", f"{name} requested {_fmt_value(name, wanted)}, granted "
-                          f"{_fmt_value(name, granted)} (the policy's limit)")
+    from sandboxd.policy.units import format_limit
+
+    lines += [("lowered", f"{name} requested {format_limit(name, wanted)}, granted "
+                          f"{format_limit(name, granted)} (the policy's limit)")
               for name, (wanted, granted) in lowered.items()]
     for what, text in lines:
         typer.echo(f"{what + ':':<10}{text}")
@@ -232,9 +227,14 @@ def _explain_details(decision: Decision) -> Iterator[tuple[str, str]]:
         yield from _plan_lines(plan, decision.allowed)
     if decision.limits is not None:
         yield "limits", _fmt_limits(decision.limits)
+    yield from _egress_lines(decision)
+
+
+def _egress_lines(decision: Decision) -> Iterator[tuple[str, str]]:
+    """What the sandbox of an allowed call may reach, a line each (nothing for a denial)."""
+    plan = decision.plan
     if decision.allowed and plan is not None and plan.egress is not None:
-        for line in plan.egress.describe():
-            yield "egress", line
+        yield from (("egress", line) for line in plan.egress.describe())
 
 
 def _approvers(by: list[str], elicit: bool) -> str:
@@ -263,8 +263,7 @@ def show(
     """Show the policies in force: who gets which, which tools, on which backend, limits."""
     from sandboxd.policy.specs import tool_specs
 
-    store = loaded_policy_store(policies if policies is not None
-                              else settings_policies_dir(config), 2)
+    store = loaded_policy_store(policies_or_settings(policies, config), 2)
     chosen = store.policies()
     if client is not None:
         pol = store.policy_for(client)
@@ -282,17 +281,15 @@ def _tool_line(pol: LoadedPolicy, spec: ToolSpec) -> str:
     """One tool of a policy as ``policy show`` lists it: its backend, and the limits its
     settings give it (under the tool's network, else the policy's)."""
     from sandboxd.policy.engine import effective_limits
+    from sandboxd.policy.specs import tool_network
 
     cfg = getattr(pol.spec.tools, spec.name, None) or pol.spec.custom_tools.get(spec.name)
     line = f"  {spec.name:<14} backend {spec.backend}"
     if cfg is None or cfg.limits is None:
         return line
-    net = getattr(cfg, "network", None) or pol.spec.network
+    net = tool_network(pol, cfg)
     limits = effective_limits(pol.spec, cfg.limits, None, None if net == "none" else net)
     return f"{line}; {_fmt_limits(limits)}"
 
 
-# `policy replay` and `policy suggest` (their own module: this one stays about one policy)
-from sandboxd.cli.policy_replay import register as _register_replay  # noqa: E402
-
-_register_replay(app)
+_register_replay(app)  # `policy replay` and `policy suggest`: their own module

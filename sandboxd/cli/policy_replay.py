@@ -21,7 +21,8 @@ from sandboxd.util.text import visible
 
 if TYPE_CHECKING:
     from sandboxd.models import Decision, LimitsRequest
-    from sandboxd.policy.replay import Replay
+    from sandboxd.policy import PolicyStore
+    from sandboxd.policy.replay import Change, Replay
 
 #: exit status: nothing changes / something changes / bad input / nothing changes among the
 #: calls re-decided, but some could not be
@@ -29,6 +30,12 @@ EXIT_SAME, EXIT_CHANGED, EXIT_BAD, EXIT_UNDECIDABLE = 0, 1, 2, 3
 
 _AUDIT = typer.Option(..., "--audit", help="Audit log file, or the directory holding it "
                                            "(rotated files are read too)")
+
+
+def policies_or_settings(policies: Path | None, config: Path | None) -> Path | None:
+    """The policies directory ``--policies`` names, else the settings' (None: the embedded
+    default)."""
+    return policies if policies is not None else settings_policies_dir(config)
 
 
 def _fail(line: str) -> typer.Exit:
@@ -65,8 +72,7 @@ def _decider(policies: Path | None, config: Path | None) -> Any:
     from sandboxd.models import Decision
     from sandboxd.tools import ArgumentsInvalid
 
-    service = loaded_offline_service(policies if policies is not None
-                                     else settings_policies_dir(config), EXIT_BAD)
+    service = loaded_offline_service(policies_or_settings(policies, config), EXIT_BAD)
 
     def decide(client: str, tool: str, arguments: dict[str, Any],
                requested: LimitsRequest | None) -> Decision:
@@ -81,25 +87,36 @@ def _decider(policies: Path | None, config: Path | None) -> Any:
 
 
 def _print(result: Replay, audit: Path) -> None:
-    from sandboxd.policy.replay import KINDS, UNDECIDABLE
+    """The outcome as a person reads it: the counts, the changes by kind, the tallies."""
+    from sandboxd.policy.replay import KINDS
 
     counts = ", ".join(f"{result.count(k)} {k}" for k in KINDS)
     typer.echo(f"{result.calls} decided call(s) in {audit}: {counts}, "
                f"{result.unchanged} unchanged")
     for kind in KINDS:
-        changes = [c for c in result.changes if c.kind == kind]
-        if changes:
-            typer.echo(f"\n{kind}:")
-        for c in changes:
-            what = c.rule if kind == UNDECIDABLE else _change_text(c.rule, c.was_rule, c.detail)
-            typer.echo(visible(f"  {c.request_id}  client={c.client}  tool={c.tool}  {what}"))
+        _print_kind(kind, [c for c in result.changes if c.kind == kind])
     if result.changes:
         _print_tallies(result)
 
 
-def _change_text(rule: str, was_rule: str, detail: str | None) -> str:
-    """A changed decision: its rule now, the rule before, and what changed."""
-    return f"{rule} (was {was_rule})" + (f": {detail}" if detail else "")
+def _print_kind(kind: str, changes: list[Change]) -> None:
+    """The changes of one kind under a ``kind:`` heading, a line each (nothing when none)."""
+    if changes:
+        typer.echo(f"\n{kind}:")
+    for c in changes:
+        typer.echo(visible(f"  {c.request_id}  client={c.client}  tool={c.tool}  "
+                           f"{_change_text(c)}"))
+
+
+def _change_text(change: Change) -> str:
+    """A changed decision: its rule now, the rule before, and what changed (an undecidable
+    call: why)."""
+    from sandboxd.policy.replay import UNDECIDABLE
+
+    if change.kind == UNDECIDABLE:
+        return change.rule
+    return f"{change.rule} (was {change.was_rule})" + (f": {change.detail}" if change.detail
+                                                       else "")
 
 
 def _print_tallies(result: Replay) -> None:
@@ -153,16 +170,12 @@ def suggest_cmd(
     """Write a least-privilege policy for a client: what its allowed calls in the audit log
     used, with the largest limits they got. It is checked before it is written: it loads,
     and every allowed call of the client replays under it as allowed with its limits."""
-    from sandboxd.policy.suggest import SUGGESTED, custom_definition, suggest
+    from sandboxd.policy.suggest import suggest
 
     records = list(_records(audit, client))  # read twice: for the policy, for its check
     if not records:
         raise _fail(f"{audit}: no decided calls of client {visible(client)!r}")
-    in_force = loaded_policy_store(policies if policies is not None
-                              else settings_policies_dir(config), EXIT_BAD)
-    pol = in_force.policy_for(client)
-    used = {str(r.get("tool")) for r in records} - set(SUGGESTED)
-    definitions = {t: d for t in used if (d := custom_definition(pol, t)) is not None}
+    definitions = _definitions(records, client, policies_or_settings(policies, config))
     text = suggest(records, client, audit=str(audit), definitions=definitions)
     _check_suggestion(text, records, set(definitions))
     if output is None:
@@ -173,27 +186,46 @@ def suggest_cmd(
                "replays allowed under it, with its limits", err=True)
 
 
+def _definitions(records: list[dict[str, Any]], client: str,
+                 policies: Path | None) -> dict[str, str]:
+    """The definitions in force (in ``policies``) of the admin-defined tools the client's
+    calls used, by name: the suggestion copies them."""
+    from sandboxd.policy.suggest import SUGGESTED, custom_definition
+
+    pol = loaded_policy_store(policies, EXIT_BAD).policy_for(client)
+    used = {str(r.get("tool")) for r in records} - set(SUGGESTED)
+    return {t: d for t in used if (d := custom_definition(pol, t)) is not None}
+
+
+def _suggested_store(directory: Path, text: str) -> PolicyStore:
+    """The suggested policy ``text``, written in ``directory`` and loaded (exit 1 when it does
+    not load: a bug here, not the admin's, said whole)."""
+    from sandboxd.policy import PolicyError, PolicyStore
+
+    (directory / "suggested.yaml").write_text(text, encoding="utf-8")
+    store = PolicyStore(directory)
+    try:
+        store.load()
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(f"sandboxd: the suggested policy does not load: {line}", err=True)
+        raise typer.Exit(1) from None
+    return store
+
+
 def _check_suggestion(text: str, records: list[dict[str, Any]], defined: set[str]) -> None:
     """Exit 1 unless the suggested policy ``text`` loads and every call of ``records`` it
     covers (a built-in tool's, or an admin-defined one whose definition it copied) replays
     under it as allowed with its limits."""
-    from sandboxd.policy import PolicyError, PolicyStore
     from sandboxd.policy.replay import DENIED_ALLOWED, UNDECIDABLE, replay
     from sandboxd.policy.suggest import SUGGESTED
 
     with tempfile.TemporaryDirectory(prefix="sandboxd-suggest-") as tmp:
-        (Path(tmp) / "suggested.yaml").write_text(text, encoding="utf-8")
-        store = PolicyStore(Path(tmp))
-        try:
-            store.load()
-        except PolicyError as exc:  # a bug here, not the admin's: say so whole
-            for line in exc.problems:
-                typer.echo(f"sandboxd: the suggested policy does not load: {line}", err=True)
-            raise typer.Exit(1) from None
-        check = replay(records, store.decide)
+        check = replay(records, _suggested_store(Path(tmp), text).decide)
     # (calls of admin-defined tools it could not copy are left to the admin: it says so)
-    refused = [c for c in check.changes if c.kind not in (DENIED_ALLOWED, UNDECIDABLE)
-               and (c.tool in SUGGESTED or c.tool in defined)]
+    covered = {*SUGGESTED, *defined}
+    refused = [c for c in check.changes
+               if c.kind not in (DENIED_ALLOWED, UNDECIDABLE) and c.tool in covered]
     for c in refused:
         typer.echo(visible(f"sandboxd: the suggested policy changes {c.request_id} "
                            f"({c.kind}: {c.rule} {c.detail})"), err=True)

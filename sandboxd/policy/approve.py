@@ -28,27 +28,27 @@ def _rule(spec: ApprovalSpec, rule: str) -> ApprovalRule:
 
 def gate(spec: PolicyFile, tool: str, arguments: dict[str, Any], decision: Decision) -> Decision:
     """``decision`` with the approval it needs, if any (only an allowed call can need one)."""
-    if not decision.allowed:
-        return decision
-    found: ApprovalRule | None = None
+    found = _approval(spec, tool, arguments) if decision.allowed else None
+    return decision if found is None else decision.model_copy(update={"approve": found})
+
+
+def _approval(spec: PolicyFile, tool: str, arguments: dict[str, Any]) -> ApprovalRule | None:
+    """The approval a call of ``tool`` needs: the packages tool's, else the ``approve:`` of
+    the built-in or admin-defined tool of that name (a built-in first), else none."""
     python = spec.tools.python
     if tool == PACKAGES_TOOL and python is not None and python.packages.approve is not None:
-        found = _rule(python.packages.approve, "tools.python.packages.approve")
-    elif tool in BUILTIN_NAMES:
-        cfg = getattr(spec.tools, tool)
-        if cfg is not None and cfg.approve is not None:
-            found = _matching(cfg.approve, f"tools.{tool}.approve", cfg, arguments)
-    elif tool in spec.custom_tools and spec.custom_tools[tool].approve is not None:
-        approve = spec.custom_tools[tool].approve
-        assert approve is not None
-        found = _rule(approve, f"custom_tools.{tool}.approve")
-    return decision if found is None else decision.model_copy(update={"approve": found})
+        return _rule(python.packages.approve, "tools.python.packages.approve")
+    cfg, where = ((getattr(spec.tools, tool), "tools") if tool in BUILTIN_NAMES
+                  else (spec.custom_tools.get(tool), "custom_tools"))
+    if cfg is None or cfg.approve is None:
+        return None
+    return _matching(cfg.approve, f"{where}.{tool}.approve", cfg, arguments)
 
 
 def _matching(approve: ApprovalSpec, rule: str, cfg: Any,
               arguments: dict[str, Any]) -> ApprovalRule | None:
-    """A built-in tool's approval: every call, or (shell with ``patterns``) only a command
-    line one of the patterns is found in."""
+    """A tool's approval: every call, or (shell with ``patterns``) only a command line one of
+    the patterns is found in."""
     if not isinstance(cfg, ShellTool) or not approve.patterns:
         return _rule(approve, rule)
     line = str(arguments.get("command", ""))

@@ -43,16 +43,22 @@ def audit_log_path(path: Path) -> Path:
     """The audit log ``path`` names: a log file (its rotated files are read too), or a
     directory holding ``audit.jsonl`` or exactly one ``*.jsonl`` log."""
     if path.is_dir():
-        if (path / AUDIT_NAME).exists() or chain_files(path / AUDIT_NAME):
-            return path / AUDIT_NAME
-        logs = sorted(p for p in path.glob("*.jsonl"))
-        if len(logs) != 1:
-            raise AuditPathError(f"{path}: no audit log in this directory (expected "
-                                 f"{AUDIT_NAME}{', found ' + str(len(logs)) if logs else ''})")
-        return logs[0]
+        return _log_in(path)
     if not chain_files(path):
         raise AuditPathError(f"{path}: no such audit log")
     return path
+
+
+def _log_in(directory: Path) -> Path:
+    """The audit log a directory holds: ``audit.jsonl`` (or its rotated files), else its one
+    ``*.jsonl`` file."""
+    if (directory / AUDIT_NAME).exists() or chain_files(directory / AUDIT_NAME):
+        return directory / AUDIT_NAME
+    logs = sorted(directory.glob("*.jsonl"))
+    if len(logs) != 1:
+        raise AuditPathError(f"{directory}: no audit log in this directory (expected "
+                             f"{AUDIT_NAME}{', found ' + str(len(logs)) if logs else ''})")
+    return logs[0]
 
 
 def decision_records(path: Path, client: str | None = None) -> Iterator[dict[str, Any]]:
@@ -101,6 +107,12 @@ class Change:
     was_rule: str
     rule: str  # the new rule; the reason for an undecidable call
     detail: str  # the new denial's message, the limits that change
+
+    @classmethod
+    def of(cls, record: dict[str, Any], kind: str, rule: str, detail: str) -> Change:
+        """The change ``kind`` of the call ``record`` holds."""
+        return cls(kind, str(record.get("request_id")), str(record.get("client")),
+                   str(record.get("tool")), str(record.get("rule")), rule, detail)
 
     def to_json(self) -> dict[str, str]:
         return self.__dict__.copy()
@@ -151,22 +163,47 @@ def _fmt(value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _granted(limits: Any, network: Any, backend: Any) -> dict[str, Any]:
+    """What a call gets, by name: its limits, its network and its backend."""
+    return {**(limits if isinstance(limits, dict) else {}), "network": network,
+            "backend": backend}
+
+
 def _limit_changes(record: dict[str, Any], decision: Decision) -> str:
     """``timeout_s 60 → 30, network none → lab`` for what the new decision changes."""
-    out: list[str] = []
-    old = record.get("limits")
-    old = old if isinstance(old, dict) else {}
-    new = decision.limits.to_wire() if decision.limits is not None else {}
-    for name in LIMITS:
-        if name in old and name in new and old[name] != new[name]:
-            out.append(f"{name} {_fmt(old[name])} → {_fmt(new[name])}")
-    plan = decision.plan
-    was_net, net = record.get("network"), plan.network if plan is not None else None
-    if was_net != net:
-        out.append(f"network {_fmt(was_net)} → {_fmt(net)}")
-    if record.get("backend") != decision.backend:
-        out.append(f"backend {_fmt(record.get('backend'))} → {_fmt(decision.backend)}")
-    return ", ".join(out)
+    plan = decision.plan  # (a decision's limits are its plan's)
+    was = _granted(record.get("limits"), record.get("network"), record.get("backend"))
+    now = (_granted(plan.limits.to_wire(), plan.network, decision.backend) if plan is not None
+           else _granted(None, None, decision.backend))
+    return ", ".join(f"{name} {_fmt(was[name])} → {_fmt(now[name])}"
+                     for name in (*LIMITS, "network", "backend")
+                     if name in was and name in now and was[name] != now[name])
+
+
+#: what a changed call's :class:`Change` says besides its record: ``(kind, rule, detail)``
+_Found = tuple[str, str, str]
+
+
+def _change(record: dict[str, Any], decision: Decision) -> _Found | None:
+    """How ``decision`` differs from the one ``record`` holds, or None: allowed or denied
+    now, else (a call allowed before and now) its approval or its limits."""
+    was_allowed = record.get("decision") == "allow"
+    if was_allowed != decision.allowed:
+        return ((ALLOWED_DENIED, decision.rule, decision.message or "") if was_allowed
+                else (DENIED_ALLOWED, decision.rule, ""))
+    return _allowed_change(record, decision) if was_allowed else None
+
+
+def _allowed_change(record: dict[str, Any], decision: Decision) -> _Found | None:
+    """What changes for a call allowed before and now: whether it waits for a person's yes,
+    else its limits, network or backend."""
+    gate, was_gated = decision.approve, record.get("approve")
+    if gate is not None and not was_gated:
+        return NEEDS_APPROVAL, gate.rule, "approvers: " + (", ".join(gate.by) or "-")
+    if gate is None and was_gated:
+        return APPROVAL_DROPPED, decision.rule, f"was {was_gated}"
+    detail = _limit_changes(record, decision)
+    return (LIMITS_CHANGED, decision.rule, detail) if detail else None
 
 
 def replay(records: Iterable[dict[str, Any]], decide: Decider) -> Replay:
@@ -176,34 +213,18 @@ def replay(records: Iterable[dict[str, Any]], decide: Decider) -> Replay:
     seen: dict[tuple[str, str, str, str], Decision] = {}
     for record in records:
         out.calls += 1
-        rid, client = str(record.get("request_id")), str(record.get("client"))
-        tool, was_rule = str(record.get("tool")), str(record.get("rule"))
         args = recorded_arguments(record)
         if isinstance(args, str):
-            out.changes.append(Change(UNDECIDABLE, rid, client, tool, was_rule, args, ""))
+            out.changes.append(Change.of(record, UNDECIDABLE, args, ""))
             continue
+        client, tool = str(record.get("client")), str(record.get("tool"))
         key = (client, tool, str(record.get("args_sha256")),
                json.dumps(record.get("limits"), sort_keys=True))
         if key not in seen:
             seen[key] = decide(client, tool, args, recorded_request(record))
-        decision = seen[key]
-        was_allowed = record.get("decision") == "allow"
-        if was_allowed and not decision.allowed:
-            out.changes.append(Change(ALLOWED_DENIED, rid, client, tool, was_rule,
-                                      decision.rule, decision.message or ""))
-        elif not was_allowed and decision.allowed:
-            out.changes.append(Change(DENIED_ALLOWED, rid, client, tool, was_rule,
-                                      decision.rule, ""))
-        elif was_allowed and decision.approve is not None and not record.get("approve"):
-            out.changes.append(Change(NEEDS_APPROVAL, rid, client, tool, was_rule,
-                                      decision.approve.rule, "approvers: " + (
-                                          ", ".join(decision.approve.by) or "-")))
-        elif was_allowed and decision.approve is None and record.get("approve"):
-            out.changes.append(Change(APPROVAL_DROPPED, rid, client, tool, was_rule,
-                                      decision.rule, f"was {record.get('approve')}"))
-        elif was_allowed and (detail := _limit_changes(record, decision)):
-            out.changes.append(Change(LIMITS_CHANGED, rid, client, tool, was_rule,
-                                      decision.rule, detail))
-        else:
+        found = _change(record, seen[key])
+        if found is None:
             out.unchanged += 1
+        else:
+            out.changes.append(Change.of(record, *found))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from sandboxd.models import ToolSpec
 from sandboxd.policy.loader import LoadedPolicy
@@ -10,6 +11,7 @@ from sandboxd.policy.models import (
     BUILTIN_NAMES,
     PACKAGES_TOOL,
     BashTool,
+    CustomTool,
     FileTool,
     PythonTool,
     ShellTool,
@@ -29,14 +31,28 @@ def listing(names: list[str]) -> str:
     return shown + (f", … ({len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else "")
 
 
+def tool_network(pol: LoadedPolicy, cfg: Any) -> str:
+    """The network a tool's calls get: the tool's own ``network``, else the policy's."""
+    return getattr(cfg, "network", None) or pol.spec.network
+
+
+def _enabled_builtins(pol: LoadedPolicy) -> list[tuple[str, Any]]:
+    """The built-in tools this policy enables, with their settings, in the table's order."""
+    return [(n, cfg) for n in BUILTIN_NAMES
+            if (cfg := getattr(pol.spec.tools, n)) is not None and cfg.enabled]
+
+
+def _enabled_custom(pol: LoadedPolicy) -> list[tuple[str, CustomTool]]:
+    """The admin-defined tools this policy enables, in its order."""
+    return [(n, t) for n, t in pol.spec.custom_tools.items() if t.enabled]
+
+
 def enabled_tools(pol: LoadedPolicy) -> list[str]:
     """Names of the tools this policy enables (built-ins first, then admin-defined)."""
-    names = [n for n in BUILTIN_NAMES
-             if (cfg := getattr(pol.spec.tools, n)) is not None and cfg.enabled]
+    names = [n for n, _ in _enabled_builtins(pol)]
     if _packages_tool(pol) is not None:
         names.append(PACKAGES_TOOL)
-    names += [n for n, t in pol.spec.custom_tools.items() if t.enabled]
-    return names
+    return names + [n for n, _ in _enabled_custom(pol)]
 
 
 def _packages_tool(pol: LoadedPolicy) -> PythonTool | None:
@@ -53,12 +69,31 @@ def _python_hint(cfg: PythonTool) -> str:
     return f" Allowed imports: {listing([m for m in allow if m not in cfg.imports.deny])}."
 
 
+def _runnable(shell: ShellTool) -> list[str]:
+    """The programs the shell tool's rules allow (its allowlist less its denylist)."""
+    return [c for c in shell.commands.allow if c not in shell.commands.deny]
+
+
 def _shell_hint(cfg: ShellTool) -> str:
-    allowed = [c for c in cfg.commands.allow if c not in cfg.commands.deny]
     ops = ("Pipes, ';', '&&', '||' and redirects are allowed; there is no shell (no `$` "
            "variables, globs, comments or builtins such as cd)." if cfg.operators else
            "No shell operators: one program per call.")
-    return f" Allowed commands: {listing(allowed)}. {ops}"
+    return f" Allowed commands: {listing(_runnable(cfg))}. {ops}"
+
+
+def _hint(pol: LoadedPolicy, name: str, cfg: Any) -> str:
+    """What the policy adds to a built-in tool's description: the imports, commands or
+    programs it allows, the size of the files it handles (nothing for the others)."""
+    shell = pol.spec.tools.shell
+    if isinstance(cfg, PythonTool):
+        return _python_hint(cfg)
+    if isinstance(cfg, ShellTool):
+        return _shell_hint(cfg)
+    if isinstance(cfg, BashTool):  # (bash runs the programs the shell tool allows)
+        return f" Programs it may run: {listing(_runnable(shell))}." if shell is not None else ""
+    if isinstance(cfg, FileTool) and name != "list_files":
+        return f" Files up to {format_size(cfg.max_bytes)}."
+    return ""
 
 
 def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
@@ -70,42 +105,34 @@ def tool_specs(pol: LoadedPolicy) -> list[ToolSpec]:
 def _tool_specs(pol: LoadedPolicy) -> tuple[ToolSpec, ...]:
     """Built once per loaded policy (a reload makes new LoadedPolicy objects): this is on the
     path of every call."""
-    specs: list[ToolSpec] = []
-    for name in BUILTIN_NAMES:
-        cfg = getattr(pol.spec.tools, name)
-        if cfg is None or not cfg.enabled:
-            continue
-        builtin = BUILTIN_TOOLS[name]
-        description = builtin.description
-        if isinstance(cfg, PythonTool):
-            description += _python_hint(cfg)
-        elif isinstance(cfg, ShellTool):
-            description += _shell_hint(cfg)
-        elif isinstance(cfg, BashTool) and pol.spec.tools.shell is not None:
-            commands = pol.spec.tools.shell.commands
-            programs = [c for c in commands.allow if c not in commands.deny]
-            description += f" Programs it may run: {listing(programs)}."
-        elif isinstance(cfg, FileTool) and name != "list_files":
-            description += f" Files up to {format_size(cfg.max_bytes)}."
-        network = getattr(cfg, "network", None) or pol.spec.network
-        specs.append(ToolSpec(name=name, description=description,
-                              parameters=builtin.parameters, backend=cfg.backend,
-                              title=builtin.title,
-                              annotations=builtin.hints.annotations(network)))
     python = _packages_tool(pol)
-    if python is not None:
-        builtin = BUILTIN_TOOLS[PACKAGES_TOOL]
-        allowed = listing(sorted(allowed_packages(python.packages.allow).values()))
-        specs.append(ToolSpec(name=PACKAGES_TOOL,
-                              description=f"{builtin.description} Allowed packages: {allowed}.",
-                              parameters=builtin.parameters, backend=python.backend,
-                              title=builtin.title, annotations=builtin.hints.annotations("none")))
-    for name, tool in pol.spec.custom_tools.items():
-        if tool.enabled:
-            hints = Hints(tool.annotations.read_only, tool.annotations.destructive,
-                          tool.annotations.idempotent)
-            specs.append(ToolSpec(name=name, description=tool.description,
-                                  parameters=tool.parameters, backend=tool.backend,
-                                  title=tool.title,
-                                  annotations=hints.annotations(tool.network or pol.spec.network)))
-    return tuple(specs)
+    return (*(_builtin_spec(pol, name, cfg) for name, cfg in _enabled_builtins(pol)),
+            *([_packages_spec(python)] if python is not None else []),
+            *(_custom_spec(pol, name, tool) for name, tool in _enabled_custom(pol)))
+
+
+def _builtin_spec(pol: LoadedPolicy, name: str, cfg: Any) -> ToolSpec:
+    """A built-in tool as listed: its description with what the policy allows it."""
+    builtin = BUILTIN_TOOLS[name]
+    return ToolSpec(name=name, description=builtin.description + _hint(pol, name, cfg),
+                    parameters=builtin.parameters, backend=cfg.backend, title=builtin.title,
+                    annotations=builtin.hints.annotations(tool_network(pol, cfg)))
+
+
+def _packages_spec(python: PythonTool) -> ToolSpec:
+    """``install_packages`` as listed: with the packages the python tool allows."""
+    builtin = BUILTIN_TOOLS[PACKAGES_TOOL]
+    allowed = listing(sorted(allowed_packages(python.packages.allow).values()))
+    return ToolSpec(name=PACKAGES_TOOL,
+                    description=f"{builtin.description} Allowed packages: {allowed}.",
+                    parameters=builtin.parameters, backend=python.backend,
+                    title=builtin.title, annotations=builtin.hints.annotations("none"))
+
+
+def _custom_spec(pol: LoadedPolicy, name: str, tool: CustomTool) -> ToolSpec:
+    """An admin-defined tool as listed: its own description, parameters and hints."""
+    hints = Hints(tool.annotations.read_only, tool.annotations.destructive,
+                  tool.annotations.idempotent)
+    return ToolSpec(name=name, description=tool.description, parameters=tool.parameters,
+                    backend=tool.backend, title=tool.title,
+                    annotations=hints.annotations(tool_network(pol, tool)))

@@ -12,19 +12,19 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode
+from yaml.nodes import MappingNode, Node
 
 from sandboxd.policy.engine import imported_modules
 from sandboxd.policy.loader import LoadedPolicy
 from sandboxd.policy.paths import PathRefused, normalise
 from sandboxd.policy.replay import recorded_arguments
 from sandboxd.policy.shell import ShellRefused, parse, program_name, wrapped_index
-from sandboxd.policy.units import format_duration, format_size
+from sandboxd.policy.units import format_limit
 from sandboxd.protocol.limits import LIMITS
 
 FILE_TOOLS = ("read_file", "write_file", "list_files")
@@ -66,40 +66,73 @@ def _programs(line: str) -> tuple[list[str], bool]:
     for pipe in pipes:
         for cmd in pipe.commands:
             operators = operators or bool(cmd.redirects)
-            at = 0
-            while at < len(cmd.argv):
-                name = program_name(cmd.argv[at]) or cmd.argv[at]
-                names.append(name)
-                inner = wrapped_index(name, cmd.argv[at:])
-                if inner is None:
-                    break
-                at += inner
+            names += _wrapping(cmd.argv)
     return names, operators
 
 
-def _note(seen: _Seen, tool: str, args: dict[str, Any]) -> None:
-    if tool == "python":
-        seen.names.update(list(dict.fromkeys(
-            m for m, _ in imported_modules(str(args.get("code", ""))))))
-    elif tool == "shell":
-        names, operators = _programs(str(args.get("command", "")))
-        seen.names.update(list(dict.fromkeys(names)))
-        seen.operators = seen.operators or operators
-    else:
-        with contextlib.suppress(PathRefused):  # (an allowed call's path is not refused)
-            seen.names[normalise(str(args.get("path", ".")))] += 1
+def _wrapping(argv: list[str]) -> list[str]:
+    """The program of one command, then the ones it wraps (``timeout 5 nice ls``: all three)."""
+    names: list[str] = []
+    at = 0
+    while at < len(argv):
+        names.append(program_name(argv[at]) or argv[at])
+        inner = wrapped_index(names[-1], argv[at:])
+        if inner is None:
+            break
+        at += inner
+    return names
+
+
+def _note_imports(seen: _Seen, args: dict[str, Any]) -> None:
+    """A python call: the modules it imports (each once per call)."""
+    seen.names.update(list(dict.fromkeys(
+        m for m, _ in imported_modules(str(args.get("code", ""))))))
+
+
+def _note_programs(seen: _Seen, args: dict[str, Any]) -> None:
+    """A shell call: the programs it runs (each once per call), whether it needs operators."""
+    names, operators = _programs(str(args.get("command", "")))
+    seen.names.update(list(dict.fromkeys(names)))
+    seen.operators = seen.operators or operators
+
+
+def _note_path(seen: _Seen, args: dict[str, Any]) -> None:
+    """A file tool's call: the path it names."""
+    with contextlib.suppress(PathRefused):  # (an allowed call's path is not refused)
+        seen.names[normalise(str(args.get("path", ".")))] += 1
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """How a suggestion reads the calls of one kind of built-in tool and writes its entry."""
+
+    note: Callable[[_Seen, dict[str, Any]], None]  # what one call used
+    rules: str  # the rule list the entry writes: imports, commands or paths
+    literal: Callable[[str], str]  # an entry of that list as it is written
+    counted: str  # how an entry's comment counts the calls that used it
+    backend: bool  # whether the entry names a backend (the file tools have none)
+    tail: str  # the entry's last line, if any (``{operators}``: whether calls needed them)
+
+
+_FILE_KIND = _Kind(_note_path, "paths", _glob_literal, "", False,
+                   "    # max_bytes: the default (1Mi); the log does not record file sizes")
+_KINDS = {"python": _Kind(_note_imports, "imports", str, "in ", True, ""),
+          "shell": _Kind(_note_programs, "commands", str, "in ", True,
+                         "    operators: {operators}"),
+          **dict.fromkeys(FILE_TOOLS, _FILE_KIND)}
 
 
 def _limits_block(limits: dict[str, float], indent: str) -> list[str]:
-    out = [f"{indent}limits:"]
-    for name, info in LIMITS.items():
-        if name not in limits:
-            continue
-        value = limits[name]
-        text = (format_duration(value) if info.unit == "seconds"
-                else format_size(int(value)) if info.unit == "bytes" else f"{value:g}")
-        out.append(f"{indent}  {info.policy}: {text}")
-    return out
+    """A ``limits:`` block of ``limits``, in the limits table's order."""
+    return [f"{indent}limits:", *(f"{indent}  {info.policy}: {format_limit(name, limits[name])}"
+                                  for name, info in LIMITS.items() if name in limits)]
+
+
+def _entry(node: Node | None, key: str) -> tuple[Node, Node] | None:
+    """The ``(key, value)`` nodes of ``key`` in the YAML mapping ``node``, or None."""
+    if not isinstance(node, MappingNode):
+        return None
+    return next((pair for pair in node.value if getattr(pair[0], "value", None) == key), None)
 
 
 def custom_definition(pol: LoadedPolicy | None, name: str) -> str | None:
@@ -107,14 +140,9 @@ def custom_definition(pol: LoadedPolicy | None, name: str) -> str | None:
     nodes, re-emitted: not re-derived from the validated model), or None."""
     if pol is None or name not in pol.spec.custom_tools:
         return None
-    tools = next((v for k, v in pol.root.value if getattr(k, "value", None) == "custom_tools"),
-                 None)
-    if not isinstance(tools, MappingNode):
-        return None
-    for pair in tools.value:
-        if getattr(pair[0], "value", None) == name:
-            return yaml.serialize(MappingNode("tag:yaml.org,2002:map", [pair]))
-    return None
+    tools = _entry(pol.root, "custom_tools")
+    tool = _entry(tools[1], name) if tools is not None else None
+    return None if tool is None else yaml.serialize(MappingNode("tag:yaml.org,2002:map", [tool]))
 
 
 @dataclass
@@ -128,6 +156,7 @@ class _Usage:
     other: Counter[str] = field(default_factory=Counter)
 
     def add(self, record: dict[str, Any]) -> None:
+        """Count one decision record: as nothing written for it, or as what a tool used."""
         tool = str(record.get("tool"))
         if record.get("decision") != "allow":
             self.denied[tool] += 1
@@ -139,14 +168,33 @@ class _Usage:
         if isinstance(args, str):
             self.unknown[tool] += 1
             return
-        seen = self.tools[tool]
-        seen.calls += 1
-        seen.backend = record.get("backend") or seen.backend
-        seen.network = record.get("network") or seen.network
-        for name, value in (record.get("limits") or {}).items():
-            if name in LIMITS and isinstance(value, int | float):
-                seen.limits[name] = max(seen.limits.get(name, value), value)
-        _note(seen, tool, args)
+        _count_call(self.tools[tool], _KINDS[tool], record, args)
+
+
+def _count_call(seen: _Seen, kind: _Kind, record: dict[str, Any], args: dict[str, Any]) -> None:
+    """One more allowed call in ``seen``: where it ran, its limits (the largest so far) and
+    what it used."""
+    seen.calls += 1
+    seen.backend = record.get("backend") or seen.backend
+    seen.network = record.get("network") or seen.network
+    _raise_limits(seen.limits, record.get("limits") or {})
+    kind.note(seen, args)
+
+
+def _usage_of(records: Iterable[dict[str, Any]], client: str) -> _Usage:
+    """What the calls of ``client`` among ``records`` show."""
+    usage = _Usage()
+    for record in records:
+        if record.get("client") == client:
+            usage.add(record)
+    return usage
+
+
+def _raise_limits(largest: dict[str, float], got: dict[str, Any]) -> None:
+    """``largest`` raised to the limits a call ``got`` (the known ones, numbers only)."""
+    for name, value in got.items():
+        if name in LIMITS and isinstance(value, int | float):
+            largest[name] = max(largest.get(name, value), value)
 
 
 def _header(usage: _Usage, client: str, audit: str, copied: dict[str, str]) -> list[str]:
@@ -168,32 +216,53 @@ def _header(usage: _Usage, client: str, audit: str, copied: dict[str, str]) -> l
     return lines
 
 
-#: the rule list a built-in tool's block writes (the file tools: ``paths``)
-_RULES = {"python": "imports", "shell": "commands"}
+def _allow_block(kind: _Kind, seen: _Seen) -> list[str]:
+    """The rule list the calls needed: imports, programs or paths, the most used first, each
+    with how many calls used it."""
+    entries = sorted(seen.names.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [f"    {kind.rules}:", "      allow:" + ("" if entries else " []"),
+            *(f"        - {_quoted(kind.literal(name))}  # {kind.counted}{n} call(s)"
+              for name, n in entries)]
 
 
 def _tool_block(tool: str, seen: _Seen, *, own_limits: bool) -> list[str]:
     """One tool's entry under ``tools:``: its backend and network, the rules its calls needed
-    (imports, programs or paths, each with how many calls used it), its limits if its own."""
+    (:func:`_allow_block`), its limits if its own."""
+    kind = _KINDS[tool]
     lines = [f"  {tool}:  # {seen.calls} allowed call(s)"]
-    if tool in ("python", "shell") and seen.backend:
+    if kind.backend and seen.backend:
         lines.append(f"    backend: {seen.backend}")
     if seen.network:
         lines.append(f"    network: {_quoted(seen.network)}")
-    entries = sorted(seen.names.items(), key=lambda kv: (-kv[1], kv[0]))
-    key = _RULES.get(tool, "paths")
-    lines += [f"    {key}:", "      allow:" + ("" if entries else " []")]
-    if tool in _RULES:
-        lines += [f"        - {_quoted(name)}  # in {n} call(s)" for name, n in entries]
-    else:
-        lines += [f"        - {_quoted(_glob_literal(p))}  # {n} call(s)" for p, n in entries]
-    if tool == "shell":
-        lines.append(f"    operators: {'true' if seen.operators else 'false'}")
-    elif tool not in _RULES:
-        lines.append("    # max_bytes: the default (1Mi); the log does not record file sizes")
+    lines += _allow_block(kind, seen)
+    if kind.tail:
+        lines.append(kind.tail.format(operators=str(seen.operators).lower()))
     if seen.limits and own_limits:
         lines.append("    # the largest limits these calls got")
         lines += _limits_block(seen.limits, "    ")
+    return lines
+
+
+def _tools_block(usage: _Usage, *, own_limits: bool) -> list[str]:
+    """The ``tools:`` entry: a :func:`_tool_block` per built-in tool the client used."""
+    return ["tools:" if usage.tools else "tools: {}",
+            *(line for tool in SUGGESTED if tool in usage.tools
+              for line in _tool_block(tool, usage.tools[tool], own_limits=own_limits))]
+
+
+def _shared_limits(usage: _Usage) -> dict[str, float]:
+    """The limits every tool's calls got alike (said once, for the policy), else none."""
+    got = [seen.limits for seen in usage.tools.values()]
+    return got[0] if got and all(limits == got[0] for limits in got) else {}
+
+
+def _custom_block(usage: _Usage, copied: dict[str, str]) -> list[str]:
+    """The ``custom_tools:`` entry: the definitions in force of the admin-defined tools the
+    client used (none: no entry)."""
+    lines = ["custom_tools:"] if copied else []
+    for tool, text in copied.items():
+        lines.append(f"  # {usage.other[tool]} allowed call(s); the definition in force, copied")
+        lines += [f"  {line}" for line in text.rstrip("\n").splitlines()]
     return lines
 
 
@@ -203,27 +272,14 @@ def suggest(records: Iterable[dict[str, Any]], client: str, *, audit: str,
     ``definitions``: the YAML of admin-defined tools (:func:`custom_definition`) to copy
     for the ones it used."""
     definitions = definitions or {}
-    usage = _Usage()
-    for record in records:
-        if record.get("client") == client:
-            usage.add(record)
+    usage = _usage_of(records, client)
     copied = {t: definitions[t] for t in sorted(usage.other) if t in definitions}
     lines = _header(usage, client, audit, copied)
     lines += ["version: 1", f"name: {_quoted(f'{client}-suggested')}",
               f"clients: [{_quoted(client)}]", "network: none"]
-    # limits every tool got alike are said once, for the policy; others per tool
-    shared = [seen.limits for seen in usage.tools.values()]
-    common = shared[0] if shared and all(x == shared[0] for x in shared) else {}
+    common = _shared_limits(usage)
     if common:
         lines.append("# the largest limits the calls got")
         lines += _limits_block(common, "")
-    lines.append("tools:" if usage.tools else "tools: {}")
-    for tool in (t for t in SUGGESTED if t in usage.tools):
-        lines += _tool_block(tool, usage.tools[tool], own_limits=not common)
-    if copied:
-        lines.append("custom_tools:")
-        for tool, text in copied.items():
-            lines.append(f"  # {usage.other[tool]} allowed call(s); the definition in force, "
-                         "copied")
-            lines += [f"  {line}" for line in text.rstrip("\n").splitlines()]
-    return "\n".join(lines) + "\n"
+    lines += _tools_block(usage, own_limits=not common)
+    return "\n".join(lines + _custom_block(usage, copied)) + "\n"
