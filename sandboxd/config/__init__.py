@@ -20,7 +20,7 @@ from pydantic_settings import (
 
 from sandboxd.config.files import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
 from sandboxd.config.files import ConfigFileError as ConfigFileError
-from sandboxd.config.files import YamlFileSource
+from sandboxd.config.files import YamlFileSource, config_file_named
 from sandboxd.config.files import settings_problems as settings_problems
 from sandboxd.protocol.limits import FORK_STATE_BYTES
 
@@ -323,24 +323,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _backend_sections(self) -> Settings:
-        if not self.backends:
-            return self
-        from pydantic import ValidationError
-
-        from sandboxd.backends import registry
-
         for name in self.backends:
-            entry = registry.get(name)
-            if entry is None or entry.section is None:
-                have = [e.name for e in registry.entries() if e.section is not None]
-                raise ValueError(f"backends.{name}: no backend of that name has a settings "
-                                 f"section ({registry.quoted(have) if have else 'none has'})")
-            try:
-                entry.settings_of(self)
-            except ValidationError as exc:
-                why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                for e in exc.errors())
-                raise ValueError(f"backends.{name}: {why}") from None
+            _check_backend_section(self, name)
         return self
 
     @model_validator(mode="after")
@@ -427,20 +411,32 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, YamlFileSource(settings_cls, path))
 
 
+def _check_backend_section(settings: Settings, name: str) -> None:
+    """``ValueError`` unless ``backends.<name>`` is the settings section of a registered
+    backend and validates against its model."""
+    from pydantic import ValidationError
+
+    from sandboxd.backends import registry
+
+    entry = registry.get(name)
+    if entry is None or entry.section is None:
+        have = [e.name for e in registry.entries() if e.section is not None]
+        raise ValueError(f"backends.{name}: no backend of that name has a settings "
+                         f"section ({registry.quoted(have) if have else 'none has'})")
+    try:
+        entry.settings_of(settings)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"backends.{name}: {why}") from None
+
+
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Settings from the config file (``config_file`` wins over ``SANDBOXD_CONFIG``), the
     environment, and explicit overrides (``None`` values are ignored)."""
     clean = {k: v for k, v in overrides.items() if v is not None}
-    if config_file is not None:
-        old = os.environ.get("SANDBOXD_CONFIG")
-        os.environ["SANDBOXD_CONFIG"] = str(config_file)
-        try:
-            if not config_file.exists():
-                raise ConfigFileError(f"{config_file}: no such config file")
-            return Settings(**clean)
-        finally:
-            if old is None:
-                os.environ.pop("SANDBOXD_CONFIG", None)
-            else:
-                os.environ["SANDBOXD_CONFIG"] = old
-    return Settings(**clean)
+    if config_file is None:
+        return Settings(**clean)
+    with config_file_named(config_file):
+        if not config_file.exists():
+            raise ConfigFileError(f"{config_file}: no such config file")
+        return Settings(**clean)
