@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import re
 import types
 import typing
@@ -132,7 +133,7 @@ def _nodes(root: Node) -> Iterator[Node]:
         node = stack.pop()
         yield node
         if isinstance(node, MappingNode):
-            stack.extend(part for pair in node.value for part in pair)
+            stack.extend(itertools.chain.from_iterable(node.value))  # key, value, ...
         elif isinstance(node, SequenceNode):
             stack.extend(node.value)
 
@@ -407,7 +408,7 @@ def _yaml_problem(source: str, exc: yaml.YAMLError) -> _Unloadable:
         return _Unloadable(f"{source}:1:1: YAML error: {exc}")
     mark = exc.problem_mark or exc.context_mark
     line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-    what = " ".join(p for p in (exc.context, exc.problem) if p)
+    what = " ".join(filter(None, (exc.context, exc.problem)))
     return _Unloadable(f"{source}:{line}:{col}: YAML syntax error: {what}")
 
 
