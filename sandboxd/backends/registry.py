@@ -190,19 +190,25 @@ def check_sections(settings: Settings) -> None:
     section of its own and is valid for its model; ``ValueError`` saying which is not. Run
     where the settings are loaded to serve (the CLI) and wherever backends are built: the
     settings cannot ask the registry themselves (they sit a floor below it)."""
+    for name in settings.backends:
+        _check_section(settings, name)
+
+
+def _check_section(settings: Settings, name: str) -> None:
+    """``ValueError`` unless ``backends.<name>`` is the settings section of a registered
+    backend and validates against its model."""
     from pydantic import ValidationError
 
-    for name in settings.backends:
-        entry = get(name)
-        if entry is None or entry.section is None:
-            have = [e.name for e in entries() if e.section is not None]
-            raise ValueError(f"backends.{name}: no backend of that name has a settings "
-                             f"section ({quoted(have) if have else 'none has'})")
-        try:
-            entry.settings_of(settings)
-        except ValidationError as exc:
-            why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"backends.{name}: {why}") from None
+    entry = get(name)
+    if entry is None or entry.section is None:
+        have = [e.name for e in entries() if e.section is not None]
+        raise ValueError(f"backends.{name}: no backend of that name has a settings "
+                         f"section ({quoted(have) if have else 'none has'})")
+    try:
+        entry.settings_of(settings)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"backends.{name}: {why}") from None
 
 
 def quoted(choices: list[str]) -> str:

@@ -20,7 +20,7 @@ from pydantic_settings import (
 
 from sandboxd.config.files import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
 from sandboxd.config.files import ConfigFileError as ConfigFileError
-from sandboxd.config.files import YamlFileSource
+from sandboxd.config.files import YamlFileSource, config_file_named
 from sandboxd.config.files import settings_problems as settings_problems
 from sandboxd.protocol.limits import FORK_STATE_BYTES
 
@@ -411,16 +411,9 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     """Settings from the config file (``config_file`` wins over ``SANDBOXD_CONFIG``), the
     environment, and explicit overrides (``None`` values are ignored)."""
     clean = {k: v for k, v in overrides.items() if v is not None}
-    if config_file is not None:
-        old = os.environ.get("SANDBOXD_CONFIG")
-        os.environ["SANDBOXD_CONFIG"] = str(config_file)
-        try:
-            if not config_file.exists():
-                raise ConfigFileError(f"{config_file}: no such config file")
-            return Settings(**clean)
-        finally:
-            if old is None:
-                os.environ.pop("SANDBOXD_CONFIG", None)
-            else:
-                os.environ["SANDBOXD_CONFIG"] = old
-    return Settings(**clean)
+    if config_file is None:
+        return Settings(**clean)
+    with config_file_named(config_file):
+        if not config_file.exists():
+            raise ConfigFileError(f"{config_file}: no such config file")
+        return Settings(**clean)

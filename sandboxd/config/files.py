@@ -4,6 +4,8 @@ and pointed at (file:line:column) when one of its settings is wrong."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from sandboxd.errors import SandboxdError
 
 DEFAULT_CONFIG_FILE = Path("/etc/sandboxd/sandboxd.yaml")
+#: 1-based (line, column) of each top-level key of the config file
+Positions = dict[str, tuple[int, int]]
 
 
 class ConfigFileError(SandboxdError, ValueError):
@@ -45,6 +49,21 @@ class YamlFileSource(PydanticBaseSettingsSource):
         return data
 
 
+@contextmanager
+def config_file_named(path: Path) -> Iterator[None]:
+    """``SANDBOXD_CONFIG`` names ``path`` for the block (then is as it was): the settings
+    sources read the config file it names."""
+    old = os.environ.get("SANDBOXD_CONFIG")
+    os.environ["SANDBOXD_CONFIG"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SANDBOXD_CONFIG", None)
+        else:
+            os.environ["SANDBOXD_CONFIG"] = old
+
+
 def settings_problems(exc: Exception, config_file: Path | None = None) -> list[str]:
     """One line per settings problem: ``file:line:column: name: why (got value)`` for a
     setting of the YAML config file (``config_file``, else ``SANDBOXD_CONFIG``, else the
@@ -56,24 +75,35 @@ def settings_problems(exc: Exception, config_file: Path | None = None) -> list[s
         return [" ".join(str(exc).split())]
     path = config_file or Path(os.environ.get("SANDBOXD_CONFIG") or DEFAULT_CONFIG_FILE)
     where = _key_positions(path)
-    problems = []
-    for err in exc.errors():
-        loc = err.get("loc", ())
-        name = ".".join(str(p) for p in loc) or "settings"
-        got = err.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        why = "unknown setting" if err.get("type") == "extra_forbidden" else err.get(
-            "msg", "invalid")
-        key = str(loc[0]) if loc else ""
-        if key in where and f"SANDBOXD_{key.upper()}" not in os.environ:
-            line, column = where[key]
-            problems.append(f"{path}:{line}:{column}: {name}: {why}{shown}")
-        else:
-            problems.append(f"{name}: {why}{shown}")
-    return problems
+    return [_settings_problem(err, path, where) for err in exc.errors()]
 
 
-def _key_positions(path: Path) -> dict[str, tuple[int, int]]:
+def _settings_problem(err: Any, path: Path, where: Positions) -> str:
+    """One of pydantic's errors as ``name: why (got value)``, after ``file:line:column:``
+    when the config file sets it."""
+    loc = err.get("loc", ())
+    name = ".".join(map(str, loc)) or "settings"
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    why = "unknown setting" if err.get("type") == "extra_forbidden" else err.get(
+        "msg", "invalid")
+    position = _file_position(loc, where)
+    if position is None:
+        return f"{name}: {why}{shown}"
+    line, column = position
+    return f"{path}:{line}:{column}: {name}: {why}{shown}"
+
+
+def _file_position(loc: tuple[Any, ...], where: Positions) -> tuple[int, int] | None:
+    """Where the config file sets the setting at ``loc`` (None: it does not, or the
+    environment's ``SANDBOXD_<NAME>``, which wins over the file, sets it)."""
+    key = str(loc[0]) if loc else ""
+    if f"SANDBOXD_{key.upper()}" in os.environ:
+        return None
+    return where.get(key)
+
+
+def _key_positions(path: Path) -> Positions:
     """1-based (line, column) of each top-level key of a YAML mapping file ({} if none)."""
     try:
         root = yaml.compose(path.read_text())

@@ -8,6 +8,7 @@ script is known only then."""
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.languages.bash_scan import simple_commands
@@ -37,20 +38,29 @@ def decide_bash(ctx: _Ctx, cfg: BashTool, network: str | None,
     commands = shell.commands
     allowed = [c for c in commands.allow if c not in commands.deny]
     for cmd in simple_commands(code):
-        argv, at = cmd.words, 0
-        for _ in range(MAX_WRAPPED + 1):
-            word = argv[at] if at < len(argv) else None
-            if word is None:  # expanded when it runs: the kernel's confinement decides
-                break
-            name = posixpath.basename(word) or word
+        for name in _programs(cmd.words):
             rule = deny_rule(commands.deny, name)
             if rule is not None:
                 return ctx.deny(rule, f"`{name}` is not allowed here (line {cmd.line}, "
                                       f"column {cmd.column}); allowed commands: "
                                       f"{listing(allowed)}.")
-            inner = wrapped_index(name, [w if w is not None else "" for w in argv[at:]])
-            if inner is None:
-                break
-            at += inner
     return ctx.allow("tools.bash", cfg.limits, network, image=cfg.image,
                      programs=tuple(allowed))
+
+
+def _programs(words: list[str | None]) -> Iterator[str]:
+    """The program a simple command runs, then those its wrappers run (``env nice timeout
+    x``, up to :data:`MAX_WRAPPED` deep), until a word known only when it runs (None): the
+    kernel's confinement decides that one."""
+    plain = [w or "" for w in words]  # what a wrapper sees of a word expanded at run time
+    at = 0
+    for _ in range(MAX_WRAPPED + 1):
+        word = words[at] if at < len(words) else None
+        if word is None:
+            return
+        name = posixpath.basename(word) or word
+        yield name
+        inner = wrapped_index(name, plain[at:])
+        if inner is None:
+            return
+        at += inner

@@ -7,13 +7,18 @@ which the loader turns into a line and column of the file."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
 
 from sandboxd.backends import registry
-from sandboxd.policy.egress_checks import block_problems, egress_problems
+from sandboxd.policy.egress_checks import (
+    block_problems,
+    egress_problems,
+    lacks_network,
+    networked_backends,
+)
 from sandboxd.policy.models import (
     BUILTIN_NAMES,
     PACKAGE_SPEC,
@@ -45,21 +50,32 @@ def _limit_problems(limits: LimitsSpec, loc: Loc) -> Iterator[tuple[Loc, str]]:
             yield (*loc, value_name), f"{value_name} is above {max_name} of the same block"
 
 
+def fixed_modules(backend: str) -> frozenset[str] | None:
+    """The top-level modules ``backend`` offers when its python has a fixed set (None: it
+    imports whatever its image has, or is not registered)."""
+    entry = registry.get(backend)
+    return entry.offered_modules() if entry is not None else None
+
+
+def open_python_backends() -> str:
+    """The python backends that import any module, as ``a or b``: where packages can be
+    installed and any module imported."""
+    return " or ".join(e.name for e in registry.entries()
+                       if "python" in e.serves and e.imports is None)
+
+
 def _unimportable(backend: str, allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
     """Entries of a python tool's ``imports.allow`` that name no module its backend offers
     (they would fail at run time: "allowed by the policy but not available"), each blamed at
     its own position. Backends whose registry entry lists no modules offer any."""
-    entry = registry.get(backend)
-    offered = entry.offered_modules() if entry is not None else None
+    offered = fixed_modules(backend)
     if offered is None:
         return
-    others = [e.name for e in registry.entries()
-              if "python" in e.serves and e.imports is None]
     for i, module in enumerate(allow):
         if module != "*" and module.split(".")[0] not in offered:
             yield (*loc, i), (
                 f"'{module}' cannot be imported by the {backend} backend (it offers: "
-                f"{', '.join(sorted(offered))}); use backend: {' or '.join(others)} for it")
+                f"{', '.join(sorted(offered))}); use backend: {open_python_backends()} for it")
 
 
 def _duplicate_packages(allow: list[str], loc: Loc) -> Iterator[tuple[Loc, str]]:
@@ -82,13 +98,11 @@ def _network_problem(name: str, tool: Any, group: registry.ToolGroup,
     if "network" not in type(tool).model_fields:
         return
     network = tool.network or policy.network
-    entry = registry.get(tool.backend)
-    if network == "none" or entry is None or entry.network:
+    if network == "none" or not lacks_network(tool.backend):
         return
-    others = [e.name for e in registry.entries() if group in e.serves and e.network]
     yield (*loc, "network") if tool.network else ("network",), (
         f"the {tool.backend} backend has no network; '{name}' needs backend: "
-        f"{' or '.join(others)} to be granted network {network!r}")
+        f"{networked_backends(group)} to be granted network {network!r}")
 
 
 def _approval_problems(spec: ApprovalSpec | None, loc: Loc,
@@ -116,17 +130,56 @@ def semantic_problems(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
         yield from _custom_problems(tname, tool, policy)
 
 
+def _configured_tools(policy: PolicyFile) -> Iterator[tuple[str, Loc, Any]]:
+    """(name, loc, block) of every tool the policy configures: the built-in ones it does not
+    leave out, then the custom ones."""
+    for name in BUILTIN_NAMES:
+        tool = getattr(policy.tools, name)
+        if tool is not None:
+            yield name, ("tools", name), tool
+    for name, tool in policy.custom_tools.items():
+        yield name, ("custom_tools", name), tool
+
+
 def _approvals(policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
     """The ``approve:`` blocks of every tool (and of a python tool's packages)."""
-    for tname, tool in [*((n, getattr(policy.tools, n)) for n in BUILTIN_NAMES),
-                        *policy.custom_tools.items()]:
-        if tool is None:
-            continue
-        where = ("tools", tname) if tname in BUILTIN_NAMES else ("custom_tools", tname)
+    for tname, where, tool in _configured_tools(policy):
         yield from _approval_problems(tool.approve, (*where, "approve"), tname == "shell")
         if isinstance(tool, PythonTool):
             yield from _approval_problems(tool.packages.approve,
                                           (*where, "packages", "approve"), False)
+
+
+def _common_problems(name: str, tool: Any, group: registry.ToolGroup, policy: PolicyFile,
+                     loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """The checks every tool's block gets, built-in or custom: its limits, its network and
+    its egress."""
+    yield from _limit_problems(tool.limits, (*loc, "limits"))
+    yield from _network_problem(name, tool, group, policy, loc)
+    yield from egress_problems(name, tool, group, policy, loc)
+    yield from block_problems(getattr(tool, "egress", None), (*loc, "egress"))
+
+
+def _bash_problems(tool: BashTool, policy: PolicyFile, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """The bash tool runs what the shell tool allows: it needs the shell's block."""
+    if tool.enabled and policy.tools.shell is None:
+        yield loc, ("the bash tool runs what tools.shell.commands allows: add a "
+                    "tools.shell block with the commands")
+
+
+def _python_problems(tool: PythonTool, policy: PolicyFile,
+                     loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """The python tool's imports (a deny of '*', a module its backend cannot import) and its
+    packages (one named twice)."""
+    if "*" in tool.imports.deny:
+        yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
+    yield from _unimportable(tool.backend, tool.imports.allow, (*loc, "imports", "allow"))
+    yield from _duplicate_packages(tool.packages.allow, (*loc, "packages", "allow"))
+
+
+#: the checks of a built-in tool's own kind, by the class of its block
+_KIND_PROBLEMS: dict[type, Callable[[Any, PolicyFile, Loc], Iterator[tuple[Loc, str]]]] = {
+    BashTool: _bash_problems, PythonTool: _python_problems}
 
 
 def _builtin_problems(name: str, policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
@@ -135,32 +188,32 @@ def _builtin_problems(name: str, policy: PolicyFile) -> Iterator[tuple[Loc, str]
     if tool is None:
         return
     loc: Loc = ("tools", name)
-    yield from _limit_problems(tool.limits, (*loc, "limits"))
-    yield from _network_problem(name, tool, TOOL_GROUPS[name], policy, loc)
-    yield from egress_problems(name, tool, TOOL_GROUPS[name], policy, loc)
-    yield from block_problems(getattr(tool, "egress", None), (*loc, "egress"))
-    if isinstance(tool, BashTool) and tool.enabled and policy.tools.shell is None:
-        yield loc, ("the bash tool runs what tools.shell.commands allows: add a "
-                    "tools.shell block with the commands")
-    if isinstance(tool, PythonTool):
-        if "*" in tool.imports.deny:
-            yield (*loc, "imports", "deny"), "'*' is only meaningful in imports.allow"
-        yield from _unimportable(tool.backend, tool.imports.allow, (*loc, "imports", "allow"))
-        yield from _duplicate_packages(tool.packages.allow, (*loc, "packages", "allow"))
+    yield from _common_problems(name, tool, TOOL_GROUPS[name], policy, loc)
+    kind_problems = _KIND_PROBLEMS.get(type(tool))
+    if kind_problems is not None:
+        yield from kind_problems(tool, policy, loc)
 
 
 def _custom_problems(tname: str, tool: CustomTool,
                      policy: PolicyFile) -> Iterator[tuple[Loc, str]]:
     """One custom tool: its name, limits, network, parameters and argv template."""
     loc: Loc = ("custom_tools", tname)
+    yield from _name_problems(tname, loc)
+    yield from _common_problems(tname, tool, "custom", policy, loc)
+    yield from _template_problems(tool, loc)
+
+
+def _name_problems(tname: str, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """A custom tool's name: well formed, and not one of the built-in tools'."""
     if not _TOOL_NAME.match(tname):
         yield loc, f"{tname!r} is not a valid tool name (letters, digits, '_', '-'; max 64)"
     if tname in (*BUILTIN_NAMES, PACKAGES_TOOL):
         yield loc, f"'{tname}' is a built-in tool; configure it under tools.{tname}"
-    yield from _limit_problems(tool.limits, (*loc, "limits"))
-    yield from _network_problem(tname, tool, "custom", policy, loc)
-    yield from egress_problems(tname, tool, "custom", policy, loc)
-    yield from block_problems(tool.egress, (*loc, "egress"))
+
+
+def _template_problems(tool: CustomTool, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """A custom tool's parameters (a JSON Schema of an object) and the argv template their
+    placeholders fill."""
     params = tool.parameters
     try:
         check_schema(params)

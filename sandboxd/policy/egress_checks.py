@@ -18,18 +18,37 @@ def effective(tool: Any, policy: Any) -> EgressSpec | None:
     return own if own is not None else getattr(policy, "egress", None)
 
 
+def _block_of(spec: Any, tool: str) -> EgressSpec | None:
+    """The egress block that applies to the tool named ``tool`` in the policy file ``spec``
+    (None: the tool is gone, or is of a kind that takes no egress)."""
+    cfg = getattr(spec.tools, tool) if tool in type(spec.tools).model_fields \
+        else spec.custom_tools.get(tool)
+    if "egress" not in getattr(type(cfg), "model_fields", ()):  # None has no fields either
+        return None
+    return effective(cfg, spec)
+
+
 def rules_for(policy: Any, tool: str) -> EgressRules:
     """The egress rules ``tool`` has under ``policy`` (a ``LoadedPolicy``; None: no policy
     applies any more): nothing allowed when the tool or its egress is gone."""
     if policy is None:
         return EgressRules(policy="(none)", rules=())
-    spec = policy.spec
-    cfg = getattr(spec.tools, tool, None) if tool in type(spec.tools).model_fields \
-        else spec.custom_tools.get(tool)
-    block = effective(cfg, spec) if cfg is not None and "egress" in type(cfg).model_fields \
-        else None
+    block = _block_of(policy.spec, tool)
     return block.compiled(policy.name) if block is not None else \
         EgressRules(policy=policy.name, rules=())
+
+
+def lacks_network(backend: str) -> bool:
+    """Whether ``backend`` is registered and can grant no network (an unknown backend is
+    refused by the schema, not here)."""
+    entry = registry.get(backend)
+    return entry is not None and not entry.network
+
+
+def networked_backends(group: registry.ToolGroup) -> str:
+    """The backends serving ``group`` that can grant a network, as ``a or b``: what a tool
+    that needs one should name."""
+    return " or ".join(e.name for e in registry.entries() if group in e.serves and e.network)
 
 
 def egress_problems(name: str, tool: Any, group: registry.ToolGroup, policy: Any,
@@ -43,11 +62,10 @@ def egress_problems(name: str, tool: Any, group: registry.ToolGroup, policy: Any
     if spec is None:
         return
     where: Loc = (*loc, "egress") if tool.egress is not None else ("egress",)
-    entry = registry.get(tool.backend)
-    if entry is not None and not entry.network:
-        others = [e.name for e in registry.entries() if group in e.serves and e.network]
+    if lacks_network(tool.backend):
         yield where, (f"the {tool.backend} backend has no network (its sandbox may not open "
-                      f"sockets); '{name}' needs backend: {' or '.join(others)} for egress")
+                      f"sockets); '{name}' needs backend: {networked_backends(group)} for "
+                      "egress")
     network = tool.network or policy.network
     if network != "none":
         yield where, (f"'{name}' has both egress and network {network!r}: a Docker network "
@@ -58,8 +76,8 @@ def block_problems(spec: EgressSpec | None, loc: Loc) -> Iterator[tuple[Loc, str
     """Secrets for a host that no allow entry names on any port."""
     if spec is None:
         return
-    rules = [parse_entry(e) for e in spec.allow]
+    named = {parse_entry(e).host for e in spec.allow}
     for host in spec.secrets:
-        if not any(r.host == host for r in rules):
+        if host not in named:
             yield (*loc, "secrets", host), (
                 f"secrets for {host!r}, which no allow entry names exactly")

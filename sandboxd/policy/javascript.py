@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.config.images import PROFILES
-from sandboxd.languages.javascript import effective_deny, named_modules, verdict
+from sandboxd.languages.javascript import ModuleUse, effective_deny, named_modules, verdict
 from sandboxd.models import Decision
 from sandboxd.policy.models import JavascriptTool
 from sandboxd.policy.specs import listing
@@ -34,15 +34,20 @@ def decide_javascript(ctx: _Ctx, tool: str, cfg: JavascriptTool, network: str | 
     hint = "any module but " + listing(deny) if "*" in allow else listing(allow)
     for use in named_modules(code):
         admitted, rule = verdict(use.name, allow, list(cfg.modules.deny))
-        if admitted:
-            continue
-        where = f"line {use.line}, column {use.column}"
-        if rule == "builtin":
-            return ctx.deny(f"tools.{tool}.modules",
-                            f"Module `{use.name}` is not allowed here ({where}; denied unless "
-                            f"tools.{tool}.modules.allow names it); allowed modules: {hint}.")
-        return ctx.deny(f"tools.{tool}.modules.{rule}",
-                        f"Module `{use.name}` is not allowed here ({where}); allowed modules: "
-                        f"{hint}.")
+        if not admitted:
+            return _refusal(ctx, tool, use, rule, hint)
     return ctx.allow(f"tools.{tool}", cfg.limits, network, image=cfg.image or JAVASCRIPT_IMAGE,
                      imports_allow=tuple(allow), imports_deny=tuple(deny))
+
+
+def _refusal(ctx: _Ctx, tool: str, use: ModuleUse, rule: str, hint: str) -> Decision:
+    """The denial of one module the code names, blamed at the rule that denies it (a module
+    denied by default, ``builtin``, at the tool's ``modules``)."""
+    where = f"line {use.line}, column {use.column}"
+    if rule == "builtin":
+        return ctx.deny(f"tools.{tool}.modules",
+                        f"Module `{use.name}` is not allowed here ({where}; denied unless "
+                        f"tools.{tool}.modules.allow names it); allowed modules: {hint}.")
+    return ctx.deny(f"tools.{tool}.modules.{rule}",
+                    f"Module `{use.name}` is not allowed here ({where}); allowed modules: "
+                    f"{hint}.")

@@ -7,11 +7,13 @@ admin reads ``policies/default.yaml:14:7: tools.shell.backend: Input should be '
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
@@ -52,18 +54,10 @@ class LoadedPolicy:
     def locate(self, rule: str) -> str:
         """``source:line:col`` of a rule path such as ``tools.shell.commands.deny[2]`` (the
         first one when several are joined with ``, ``); just ``source`` for ``default_deny``."""
-        first = rule.split(", ")[0]
-        loc: list[str | int] = []
-        for part in first.split("."):
-            name, *indexes = part.split("[")
-            if name:
-                loc.append(name)
-            loc.extend(int(i.rstrip("]")) for i in indexes if i.rstrip("]").isdigit())
-        if not loc or loc[0] not in ("tools", "custom_tools", "clients", "limits", "network",
-                                       "egress"):
+        loc = _rule_loc(rule.split(", ")[0])
+        if not loc or loc[0] not in _LOCATABLE:
             return self.source
-        node = node_at(self.root, loc, key=True)
-        return f"{self.source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+        return _where(self.source, node_at(self.root, loc, key=True))
 
     def position(self, loc: Loc) -> tuple[int, int]:
         """1-based (line, column) of the YAML node at ``loc`` (the closest existing parent)."""
@@ -84,6 +78,22 @@ class PolicySet:
         return self.by_client.get(client, self.fallback)
 
 
+#: the top-level blocks whose rules :meth:`LoadedPolicy.locate` points into
+_LOCATABLE = frozenset({"tools", "custom_tools", "clients", "limits", "network", "egress"})
+
+
+def _rule_loc(rule: str) -> list[str | int]:
+    """The loc of a rule path: ``tools.shell.commands.deny[2]`` ->
+    ``["tools", "shell", "commands", "deny", 2]`` (indexes that are not numbers are dropped)."""
+    loc: list[str | int] = []
+    for part in rule.split("."):
+        name, *indexes = part.split("[")
+        if name:
+            loc.append(name)
+        loc.extend(int(i.rstrip("]")) for i in indexes if i.rstrip("]").isdigit())
+    return loc
+
+
 # ------------------------------------------------------------------ node helpers
 
 
@@ -93,84 +103,103 @@ def node_at(root: Node, loc: Iterable[str | int], *, key: bool = False) -> Node:
     node = root
     parts = list(loc)
     for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, MappingNode):
-            for k, v in node.value:
-                if isinstance(k, ScalarNode) and k.value == str(part):
-                    node = k if (key and last) else v
-                    break
-            else:
-                continue  # pydantic's union/validator tags: skip, keep the parent
-        elif isinstance(node, SequenceNode) and isinstance(part, int):
-            if 0 <= part < len(node.value):
-                node = node.value[part]
-            else:
-                return node
-        else:
+        child = _child(node, part, want_key=key and i == len(parts) - 1)
+        if child is None:
             return node
+        node = child
     return node
+
+
+def _child(node: Node, part: str | int, *, want_key: bool) -> Node | None:
+    """The node ``part`` names under ``node``: a mapping's value (its key node when
+    ``want_key``), or ``node`` itself when the mapping has no such key (pydantic's union and
+    validator tags in a loc are skipped so); a sequence's item; None where the path ends."""
+    if isinstance(node, MappingNode):
+        pairs: list[tuple[Node, Node]] = node.value
+        for k, v in pairs:
+            if k.value == str(part):  # only a scalar key's value is a string
+                return k if want_key else v
+        return node
+    if isinstance(node, SequenceNode) and part in range(len(node.value)):
+        item: Node = node.value[part]
+        return item
+    return None
+
+
+def _nodes(root: Node) -> Iterator[Node]:
+    """Every node of the tree under ``root`` (itself first), depth first."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, MappingNode):
+            stack.extend(itertools.chain.from_iterable(node.value))  # key, value, ...
+        elif isinstance(node, SequenceNode):
+            stack.extend(node.value)
+
+
+def _duplicate_keys(node: MappingNode) -> Iterator[tuple[Node, str]]:
+    """The keys a mapping repeats (YAML would silently keep the last), each blamed at the
+    repetition."""
+    seen: dict[str, Node] = {}
+    for k, _ in node.value:
+        if not isinstance(k, ScalarNode):
+            continue
+        first = seen.setdefault(k.value, k)
+        if first is not k:
+            yield k, (f"duplicate key '{k.value}' (first defined on line "
+                      f"{first.start_mark.line + 1})")
 
 
 def _structure_problems(root: Node) -> list[tuple[Node, str]]:
     """Duplicate keys (which YAML would silently collapse) and documents too large."""
     problems: list[tuple[Node, str]] = []
-    count = 0
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        count += 1
+    for count, node in enumerate(_nodes(root), 1):
         if count > MAX_NODES:
             problems.append((root, f"document too large (more than {MAX_NODES} nodes)"))
             break
         if isinstance(node, MappingNode):
-            seen: dict[str, Node] = {}
-            for k, v in node.value:
-                if isinstance(k, ScalarNode):
-                    if k.value in seen:
-                        first = seen[k.value].start_mark.line + 1
-                        problems.append((k, f"duplicate key '{k.value}' (first defined on line "
-                                            f"{first})"))
-                    else:
-                        seen[k.value] = k
-                stack.extend((k, v))
-        elif isinstance(node, SequenceNode):
-            stack.extend(node.value)
+            problems.extend(_duplicate_keys(node))
     return problems
 
 
 def _unwrap(tp: Any) -> Any:
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is typing.Annotated:
-            tp = typing.get_args(tp)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return tp
-            tp = args[0]
-        else:
-            return tp
+    """``tp`` without ``Annotated`` and without the ``None`` of an optional type."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else tp
+    return tp
+
+
+def _model(tp: Any) -> type[BaseModel] | None:
+    """``tp`` (unwrapped) when it is a pydantic model, else None."""
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _part_type(tp: Any, part: str | int) -> Any:
+    """The type of ``part`` inside ``tp``: a model's field, a dict's values, a list's items;
+    None when ``tp`` has no such part."""
+    model = _model(tp)
+    if model is not None:
+        field = model.model_fields.get(str(part))
+        return field.annotation if field is not None else None
+    tp = _unwrap(tp)
+    return typing.get_args(tp)[-1] if typing.get_origin(tp) in (dict, list) else None
 
 
 def _keys_at(model: type[BaseModel], loc: Loc) -> list[str] | None:
+    """The keys the schema expects at ``loc`` (None when it is not a model there)."""
     tp: Any = model
     for part in loc:
-        tp = _unwrap(tp)
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            f = tp.model_fields.get(str(part))
-            if f is None:
-                return None
-            tp = f.annotation
-        elif typing.get_origin(tp) is dict:
-            tp = typing.get_args(tp)[1]
-        elif typing.get_origin(tp) is list:
-            tp = typing.get_args(tp)[0]
-        else:
+        tp = _part_type(tp, part)
+        if tp is None:
             return None
-    tp = _unwrap(tp)
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return list(tp.model_fields)
-    return None
+    found = _model(tp)
+    return list(found.model_fields) if found is not None else None
 
 
 def _dotted(loc: Loc) -> str:
@@ -224,10 +253,15 @@ def _bad_value(root: Node, loc: Loc, err: Any, msg: str) -> tuple[Node, str]:
 _PROBLEM_READERS = {"extra_forbidden": _unknown_key, "missing": _missing_key}
 
 
+def _error_loc(err: Any) -> Loc:
+    """The loc of one of pydantic's errors, as :data:`Loc`."""
+    return tuple(p for p in err["loc"] if isinstance(p, int | str))
+
+
 def _validation_problems(source: str, root: Node, exc: ValidationError) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
-        loc: Loc = tuple(p for p in err["loc"] if isinstance(p, int | str))
+        loc = _error_loc(err)
         msg = str(err["msg"]).removeprefix("Value error, ")
         node, text = _PROBLEM_READERS.get(err["type"], _bad_value)(root, loc, err, msg)
         problems.append((node.start_mark.line, node.start_mark.column, f"{_where(source, node)}: "
@@ -247,25 +281,17 @@ def _semantic(source: str, root: Node, spec: PolicyFile) -> list[str]:
 
 
 # Required top-level keys get a stand-in so that the rest of a file can still be checked.
-_STAND_INS: dict[str, Any] = {"version": 1, "name": "unnamed", "clients": ["*"]}
+_STAND_INS: dict[Loc, Any] = {("version",): 1, ("name",): "unnamed", ("clients",): ["*"]}
 
 
 def _without_invalid_parts(data: dict[str, Any], exc: ValidationError,
                            rounds: int = 5) -> PolicyFile | None:
     """The policy with every invalid part removed (a block missing a required key goes
     whole), or None when nothing valid remains; only used to find more problems."""
-    import copy
-
     data = copy.deepcopy(data)
     for _ in range(rounds):
         for err in exc.errors(include_url=False):
-            loc = tuple(p for p in err["loc"] if isinstance(p, int | str))
-            if err["type"] == "missing":
-                if len(loc) == 1 and loc[0] in _STAND_INS:
-                    data[loc[0]] = copy.deepcopy(_STAND_INS[loc[0]])
-                    continue
-                loc = loc[:-1]
-            _cut(data, loc)
+            _remove_error(data, err)
         data = _compact(data)
         try:
             return PolicyFile.model_validate(data)
@@ -274,7 +300,26 @@ def _without_invalid_parts(data: dict[str, Any], exc: ValidationError,
     return None
 
 
+def _remove_error(data: dict[str, Any], err: Any) -> None:
+    """Cut the part of ``data`` one validation error is about: the refused value, or the
+    block that misses a key (a missing required top-level key gets its stand-in instead)."""
+    loc = _error_loc(err)
+    if err["type"] != "missing":
+        _cut(data, loc)
+    elif loc in _STAND_INS:
+        data[str(loc[0])] = copy.deepcopy(_STAND_INS[loc])
+    else:
+        _cut(data, loc[:-1])
+
+
 _CUT = object()
+
+
+def _has(node: Any, part: str | int) -> bool:
+    """Whether ``node`` (a dict or a list, or another value: no) holds ``part``."""
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(node, list) and part in range(len(node))
 
 
 def _cut(data: Any, loc: Loc) -> None:
@@ -283,16 +328,12 @@ def _cut(data: Any, loc: Loc) -> None:
     parent, key = None, None
     node = data
     for part in loc:
-        present = (part in node if isinstance(node, dict) else
-                   isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
-        if not present:
+        if not _has(node, part):
             break
         parent, key, node = node, part, node[part]
-    if parent is None:
-        return
     if isinstance(parent, dict):
         del parent[key]
-    else:
+    elif parent is not None:
         parent[key] = _CUT
 
 
@@ -351,19 +392,36 @@ def _compose(source: str, text: str) -> tuple[Node, dict[str, Any]]:
         if structural:
             raise _Unloadable(*(f"{_where(source, n)}: {m}" for n, m in structural))
         data = loader.construct_document(root)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        what = " ".join(p for p in (exc.context, exc.problem) if p)
-        raise _Unloadable(f"{source}:{line}:{col}: YAML syntax error: {what}") from None
     except yaml.YAMLError as exc:
-        raise _Unloadable(f"{source}:1:1: YAML error: {exc}") from None
+        raise _yaml_problem(source, exc) from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
         raise _Unloadable(f"{_where(source, root)}: a policy file must be a mapping with "
                           "version, name, clients and tools")
     return root, data
+
+
+def _yaml_problem(source: str, exc: yaml.YAMLError) -> _Unloadable:
+    """What the YAML parser refused, at the position it marks (else at 1:1)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return _Unloadable(f"{source}:1:1: YAML error: {exc}")
+    mark = exc.problem_mark or exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    what = " ".join(filter(None, (exc.context, exc.problem)))
+    return _Unloadable(f"{source}:{line}:{col}: YAML syntax error: {what}")
+
+
+def _invalid_file_problems(source: str, root: Node, data: dict[str, Any],
+                           exc: ValidationError) -> list[str]:
+    """Every problem of a file pydantic refused, in one run: its validation errors, and the
+    semantic checks of whatever still validates once the invalid parts are cut away."""
+    problems = _validation_problems(source, root, exc)
+    repaired = _without_invalid_parts(data, exc)
+    if repaired is not None:
+        seen = set(problems)
+        problems += [p for p in _semantic(source, root, repaired) if p not in seen]
+    return sorted(problems, key=_line_column)
 
 
 def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | None, list[str]]:
@@ -377,14 +435,7 @@ def load_file(path: Path, source: str | None = None) -> tuple[LoadedPolicy | Non
     try:
         spec = PolicyFile.model_validate(data)
     except ValidationError as exc:
-        # every problem in one run: the semantic checks of whatever still validates once the
-        # invalid parts are cut away
-        problems = _validation_problems(source, root, exc)
-        repaired = _without_invalid_parts(data, exc)
-        if repaired is not None:
-            seen = set(problems)
-            problems += [p for p in _semantic(source, root, repaired) if p not in seen]
-        return None, sorted(problems, key=_line_column)
+        return None, _invalid_file_problems(source, root, data, exc)
     problems = _semantic(source, root, spec)
     if problems:
         return None, problems
@@ -401,25 +452,28 @@ def load_set(files: list[tuple[Path, str]]) -> PolicySet:
         if policy is not None:
             loaded.append(policy)
     names: dict[str, LoadedPolicy] = {}
-    by_client: dict[str, LoadedPolicy] = {}
-    fallback: LoadedPolicy | None = None
+    owners: dict[str, LoadedPolicy] = {}  # client -> its policy; "*" -> the fallback
     for pol in loaded:
-        if pol.name in names:
+        first = names.setdefault(pol.name, pol)
+        if first is not pol:
             line, col = pol.position(("name",))
             problems.append(f"{pol.source}:{line}:{col}: policy name '{pol.name}' is already used "
-                            f"by {names[pol.name].source}")
-        names.setdefault(pol.name, pol)
-        for i, client in enumerate(pol.spec.clients):
-            line, col = pol.position(("clients", i))
-            other = fallback if client == "*" else by_client.get(client)
-            if other is not None:
-                problems.append(f"{pol.source}:{line}:{col}: client '{client}' is already "
-                                f"assigned to policy '{other.name}' ({other.source})")
-                continue
-            if client == "*":
-                fallback = pol
-            else:
-                by_client[client] = pol
+                            f"by {first.source}")
+        problems.extend(_claim_clients(pol, owners))
     if problems:
         raise PolicyError(problems)
-    return PolicySet(tuple(loaded), by_client, fallback)
+    fallback = owners.pop("*", None)
+    return PolicySet(tuple(loaded), owners, fallback)
+
+
+def _claim_clients(pol: LoadedPolicy, owners: dict[str, LoadedPolicy]) -> Iterator[str]:
+    """Record ``pol`` in ``owners`` as the policy of each of its clients; a problem for each
+    client another policy (or an earlier entry of this one) already has."""
+    for i, client in enumerate(pol.spec.clients):
+        other = owners.get(client)
+        if other is None:
+            owners[client] = pol
+            continue
+        line, col = pol.position(("clients", i))
+        yield (f"{pol.source}:{line}:{col}: client '{client}' is already assigned to policy "
+               f"'{other.name}' ({other.source})")

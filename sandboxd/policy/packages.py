@@ -16,8 +16,8 @@ from __future__ import annotations
 import posixpath
 from typing import TYPE_CHECKING, Any
 
-from sandboxd.backends import registry
 from sandboxd.models import Decision
+from sandboxd.policy.checks import fixed_modules, open_python_backends
 from sandboxd.policy.models import PythonTool, allowed_packages, normalise_package
 from sandboxd.policy.specs import listing
 from sandboxd.protocol.packages import SITE_DIR, WHEELHOUSE_MOUNT, WORKSPACE
@@ -57,14 +57,11 @@ def decide_packages(ctx: _Ctx, cfg: PythonTool, arguments: dict[str, Any]) -> De
     """The decision for one ``install_packages`` call ."""
     allowed = allowed_packages(cfg.packages.allow)
     shown = listing(sorted(allowed.values()))
-    entry = registry.get(cfg.backend)
-    if entry is not None and entry.offered_modules() is not None:
-        others = [e.name for e in registry.entries()
-                  if "python" in e.serves and e.imports is None]
+    if fixed_modules(cfg.backend) is not None:
         return ctx.deny("tools.python.backend", (
             f"install_packages needs a container session: python runs on the {cfg.backend} "
             f"backend here, which offers a fixed set of modules; use a policy whose python "
-            f"tool has backend: {' or '.join(others)}."))
+            f"tool has backend: {open_python_backends()}."))
     requested = [str(name) for name in arguments.get("packages") or ()]
     refused = [name for name in requested if normalise_package(name) not in allowed]
     if refused:

@@ -40,6 +40,28 @@ normalise = rules.normalise_path
 components = rules.path_components
 
 
+#: a glob's tokens: ``**/``, ``**``, ``*``, ``?``, a character class (its first character may
+#: be ``]``), or any other single character (a ``[`` that closes no class among them)
+_GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[(?P<cls>.[^\]]*)\]|.", re.DOTALL)
+#: the regular expression of each wildcard token
+_WILDCARDS = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
+def _char_class(body: str) -> str:
+    """The regular expression of a ``[body]`` class; ``[!...]`` negates it (and never matches
+    ``/``)."""
+    negate = body.startswith("!")
+    body = body.removeprefix("!").replace("\\", "\\\\").replace("^", "\\^")
+    return f"(?!/)[^{body}]" if negate else f"[{body}]"
+
+
+def _token_regex(token: re.Match[str]) -> str:
+    """The regular expression of one glob token."""
+    if token["cls"] is not None:
+        return _char_class(token["cls"])
+    return _WILDCARDS.get(token[0]) or re.escape(token[0])
+
+
 @functools.lru_cache(maxsize=1024)
 def compile_glob(pattern: str) -> re.Pattern[str]:
     """The regular expression of one glob (repeated ``**`` collapse: no runaway backtracking)."""
@@ -47,37 +69,7 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
         pattern = pattern.replace("**/**", "**")
     while "***" in pattern:
         pattern = pattern.replace("***", "**")
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[":
-            j = pattern.find("]", i + 2)
-            if j < 0:
-                out.append(re.escape("["))
-                i += 1
-                continue
-            body = pattern[i + 1:j]
-            negate = body.startswith("!")
-            body = body[1:] if negate else body
-            body = body.replace("\\", "\\\\").replace("^", "\\^")
-            out.append(f"[{'^' if negate else ''}{body}]" if not negate else f"(?!/)[^{body}]")
-            i = j + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return re.compile("".join(map(_token_regex, _GLOB_TOKEN.finditer(pattern))), re.DOTALL)
 
 
 def glob_match(pattern: str, path: str) -> bool:

@@ -101,6 +101,19 @@ _GIT_FLAGS = {"--no-pager", "-P", "-p", "--paginate", "--no-replace-objects", "-
               "--icase-pathspecs", "--no-optional-locks", "--version", "-v", "--help", "-h",
               "--html-path", "--man-path", "--info-path"}
 _GIT_VALUED = {"-C", "--git-dir", "--work-tree", "--namespace"}
+#: how many of git's args each global option takes up: a flag itself, a valued one its value too
+_GIT_WIDTH = {**dict.fromkeys(_GIT_FLAGS, 1), **dict.fromkeys(_GIT_VALUED, 2)}
+#: the valued options that may also be written ``--option=value`` (``-C`` may not)
+_GIT_JOINED = _GIT_VALUED - {"-C"}
+
+
+def _git_option_width(arg: str) -> int:
+    """How many of git's args the global option ``arg`` takes up: 1 for a flag or an
+    ``--option=value``, 2 for an option and its value; 0 for an option not allowed here."""
+    name = arg.split("=", 1)[0]
+    if name != arg:
+        return 1 if name in _GIT_JOINED else 0
+    return _GIT_WIDTH.get(arg, 0)
 
 
 def git_subcommand(args: list[str]) -> tuple[int | None, str | None]:
@@ -110,14 +123,11 @@ def git_subcommand(args: list[str]) -> tuple[int | None, str | None]:
         arg = args[i]
         if not arg.startswith("-"):
             return i, None
-        name = arg.split("=", 1)[0]
-        if arg in _GIT_FLAGS or (name in _GIT_VALUED and "=" in arg and name != "-C"):
-            i += 1
-        elif arg in _GIT_VALUED:
-            i += 2
-        else:
-            return None, (f"the git option `{name}` is not allowed here (git runs with "
-                          "repository configuration that cannot start programs)")
+        width = _git_option_width(arg)
+        if not width:
+            return None, (f"the git option `{arg.split('=', 1)[0]}` is not allowed here (git "
+                          "runs with repository configuration that cannot start programs)")
+        i += width
     return None, None
 
 
