@@ -53,9 +53,10 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS, is_version_at_least
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from sandboxd import __version__
 from sandboxd.api import problems
@@ -63,7 +64,13 @@ from sandboxd.api.auth import authenticate
 from sandboxd.api.mcp import forking
 from sandboxd.api.mcp import handles as mcp_handles
 from sandboxd.api.mcp.elicit import call_context
-from sandboxd.api.mcp.envelope import envelope_error, request_id, rpc_error, with_request_id
+from sandboxd.api.mcp.envelope import (
+    envelope_error,
+    replay_body,
+    request_id,
+    rpc_error,
+    with_request_id,
+)
 from sandboxd.api.mcp.meta import (
     ARGUMENT_ERRORS_AS_RESULTS,
     INSTRUCTIONS,
@@ -109,20 +116,6 @@ def _connection(ctx: Any) -> Any:
     the session ends), ``session_id`` and the standalone ``notify``. The lowlevel context does not
     expose it yet (mcp 2.3: ``ServerSession._connection``), hence the pinned SDK range."""
     return ctx.session._connection
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` with the body, already read, given back first."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 class _Server(Server[Any]):
@@ -216,14 +209,8 @@ class McpFrontDoor:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        if self._stop.is_set() or not self._serving:
-            await problems.problem_response(problems.Problem(
-                503, "draining", "Shutting down",
-                "the daemon is shutting down; retry on another instance or later",
-                headers={"Retry-After": "5"}))(scope, receive, send)
-            return
         try:
-            client = await authenticate(request)
+            client = await self._admit(request)
         except problems.Problem as exc:
             await problems.problem_response(exc)(scope, receive, send)
             return
@@ -235,7 +222,7 @@ class McpFrontDoor:
                 await JSONResponse(error, status_code=400)(scope, receive, send)
                 return
             ident = request_id(body)
-            receive = _replay(body, receive)
+            receive = replay_body(body, receive)
             send = with_request_id(send, ident)  # the SDK's own refusals say "id": null
         version = request.headers.get("mcp-protocol-version")
         if version is not None and version not in VERSIONS:
@@ -246,8 +233,26 @@ class McpFrontDoor:
         # the SDK binds a session to the identity that opened it: another client presenting its
         # id is answered 404 (the token itself is not kept)
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=client, scopes=[]))
-        session_id = request.headers.get("mcp-session-id")
-        if version in MODERN_PROTOCOL_VERSIONS:
+        await self._route(scope, receive, send, client, ident)
+
+    async def _admit(self, request: Request) -> str:
+        """The client of a request, authenticated like the HTTP API's (a 503 problem once the
+        daemon drains)."""
+        if self._stop.is_set() or not self._serving:
+            raise problems.Problem(
+                503, "draining", "Shutting down",
+                "the daemon is shutting down; retry on another instance or later",
+                headers={"Retry-After": "5"})
+        return await authenticate(request)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send, client: str,
+                     ident: str | int | None) -> None:
+        """Hand an admitted request to the SDK: a 2026-07-28 request as it is, one of an open
+        session as that session's (a DELETE frees its slot), any other within the caps on
+        MCP sessions (:meth:`_open`)."""
+        headers = Headers(scope=scope)
+        session_id = headers.get("mcp-session-id")
+        if headers.get("mcp-protocol-version") in MODERN_PROTOCOL_VERSIONS:
             # 2026-07-28: one request, one answer, no session to open (the SDK checks the
             # per-request envelope: _meta and the Mcp-Method/Mcp-Name headers)
             await self.manager.handle_request(scope, receive, send)
@@ -257,7 +262,12 @@ class McpFrontDoor:
                 send = self.slots.freeing(session_id, send)
             await self.manager.handle_request(scope, receive, send)
             return
-        # a request that may open a session: a slot first (or 429 naming the cap)
+        await self._open(scope, receive, send, client, ident)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send, client: str,
+                    ident: str | int | None) -> None:
+        """Hand the SDK a request that may open a session: a slot first (or 429 naming the
+        cap), settled once the SDK is done with it."""
         try:
             ticket = self.slots.reserve(client)
         except McpSessionLimit as exc:
