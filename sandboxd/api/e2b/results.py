@@ -65,10 +65,15 @@ def error(result: Result) -> dict[str, Any] | None:
     value and traceback (from its traceback on stderr), else the result's own reason."""
     if result.status is Status.ok:
         return None
-    if result.status is Status.error:
-        raised = _traceback_error(result.stderr) or _message_error(result)
-        if raised is not None:
-            return raised
+    if result.status is Status.error and (
+            raised := _traceback_error(result.stderr) or _message_error(result)) is not None:
+        return raised
+    return _status_error(result)
+
+
+def _status_error(result: Result) -> dict[str, Any]:
+    """The ``error`` line of a cell that raised nothing readable (timed out, killed, refused):
+    named after its status, its value the result's message (else its stderr's end)."""
     name = {Status.timeout: "TimeoutError", Status.killed: "KeyboardInterrupt"}.get(
         result.status, "SandboxdError")
     why = result.message or result.stderr.strip()[-4000:] or result.status.value
