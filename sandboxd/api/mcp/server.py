@@ -68,7 +68,6 @@ from sandboxd.api.mcp.envelope import (
     envelope_error,
     replay_body,
     request_id,
-    rpc_error,
     with_request_id,
 )
 from sandboxd.api.mcp.meta import (
@@ -78,6 +77,7 @@ from sandboxd.api.mcp.meta import (
     VERSIONS,
     limits,
     named_session,
+    unsupported_version,
 )
 from sandboxd.api.mcp.results import (
     call_result,
@@ -226,7 +226,7 @@ class McpFrontDoor:
             send = with_request_id(send, ident)  # the SDK's own refusals say "id": null
         version = request.headers.get("mcp-protocol-version")
         if version is not None and version not in VERSIONS:
-            await self._unsupported_version(version, ident)(scope, receive, send)
+            await unsupported_version(version, ident)(scope, receive, send)
             return
         self.service.metrics.mcp_requests.labels(method=f"http_{scope['method']}").inc()
         scope[CLIENT_KEY] = client
@@ -281,16 +281,6 @@ class McpFrontDoor:
             TICKET.reset(reset)
             self.slots.settle(ticket)
 
-    @staticmethod
-    def _unsupported_version(version: str, ident: str | int | None) -> JSONResponse:
-        """A version MCP never had, or one newer than this server (-32022 names the ones it
-        speaks: a client picks a mutual one, as the lifecycle's negotiation says)."""
-        error = rpc_error(ident, types.UNSUPPORTED_PROTOCOL_VERSION,
-                          f"protocol version {version[:40]!r} is not a version this server "
-                          f"speaks (it speaks {', '.join(VERSIONS)})",
-                          {"supported": list(VERSIONS), "requested": version[:40]})
-        return JSONResponse(error, status_code=400)
-
     # ------------------------------------------------------------ handlers
 
     def _client(self, ctx: Any) -> str:
@@ -335,12 +325,7 @@ class McpFrontDoor:
         try:
             lower = limits(params.meta)
             arguments = dict(params.arguments or {})
-            if _stateless(ctx):
-                session = named = await self.handles.session_for(
-                    client, params.name, arguments, named_session(params.meta))
-            else:
-                session = (named_session(params.meta)
-                           or await self._sandbox_session(_connection(ctx), client))
+            session, named = await self._session(ctx, client, params, arguments)
             request = InvokeRequest(arguments=arguments, session=session, limits=lower)
             with self.handles.use(named) if named else contextlib.nullcontext():
                 result = await self._run(ctx, client, params.name, request)
@@ -352,6 +337,18 @@ class McpFrontDoor:
             return problem_answer(exc, answer, ctx.session.protocol_version, named)
         counter.labels(tool=params.name, status=result.status.value).inc()
         return named_result(call_result(result), named)
+
+    async def _session(self, ctx: Any, client: str, params: types.CallToolRequestParams,
+                       arguments: dict[str, Any]) -> tuple[str | None, str | None]:
+        """The session a call runs in, and the one its answer names (a stateless call's
+        handle, named or minted: :mod:`.handles`); else the one ``_meta`` names or the MCP
+        session's own."""
+        if _stateless(ctx):
+            sid = await self.handles.session_for(client, params.name, arguments,
+                                                 named_session(params.meta))
+            return sid, sid
+        return (named_session(params.meta)
+                or await self._sandbox_session(_connection(ctx), client)), None
 
     async def _fork(self, ctx: Any, client: str,
                     params: types.CallToolRequestParams) -> types.CallToolResult:
