@@ -54,7 +54,7 @@ def notify(*fields: str, unset_environment: bool = False) -> bool:
         os.environ.pop(ENV_SOCKET, None)
     if not raw or not fields:
         return False
-    if not (raw.startswith("/") or raw.startswith("@")):
+    if not raw.startswith(("/", "@")):
         log.warning("ignoring NOTIFY_SOCKET=%r: not a path or an abstract socket name", raw)
         return False
     message = _datagram(fields)
