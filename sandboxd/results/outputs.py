@@ -55,12 +55,18 @@ def _check_content(mime: str, value: Any) -> None:
     if not isinstance(value, str):
         raise ProtocolError(f"display item: {mime} content is not a string")
     if carried == "base64":
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise ProtocolError(f"display item: {mime} content is not base64") from None
-        if not raw.startswith(SIGNATURES[mime]):
-            raise ProtocolError(f"display item: {mime} content is not a {mime} image")
+        _check_image(mime, value)
+
+
+def _check_image(mime: str, value: str) -> None:
+    """An image's content: base64 that decodes to bytes starting with its format's
+    signature."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(f"display item: {mime} content is not base64") from None
+    if not raw.startswith(SIGNATURES[mime]):
+        raise ProtocolError(f"display item: {mime} content is not a {mime} image")
 
 
 def _cut_record(cut: object) -> tuple[str, int]:
