@@ -41,7 +41,7 @@ STATELESS_INSTRUCTIONS = _ABOUT + (
 def limits(meta: Any) -> LimitsRequest | None:
     """Lower limits a caller may ask for in ``_meta["sandboxd/limits"]`` (the HTTP body's
     ``limits``: each may only lower the effective limit); bad values are -32602 naming them."""
-    wanted = (meta or {}).get(LIMITS_META) if isinstance(meta, dict) else None
+    wanted = meta.get(LIMITS_META) if isinstance(meta, dict) else None
     if wanted is None:
         return None
     try:

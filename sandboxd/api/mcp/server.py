@@ -453,13 +453,20 @@ class McpFrontDoor:
             connection = by_id.get(sid)
             if connection is not None:  # its sandboxd session is not deleted by the exit hook
                 connection.state.pop("sandbox_session", None)
-            transport = manager._server_instances.get(sid)
-            if transport is not None:
-                await manager._discard_session(sid, transport)  # 404 from now on
-                if transport.idle_scope is not None:
-                    transport.idle_scope.cancel()  # ends its server task as idle expiry does
+            await self._discard(sid)
             ended.append(sid[:8])
         return ended
+
+    async def _discard(self, sid: str) -> None:
+        """Forget the MCP session ``sid`` (404 from now on) and end its server task, as idle
+        expiry does."""
+        manager = self.manager
+        transport = manager._server_instances.get(sid)
+        if transport is None:
+            return
+        await manager._discard_session(sid, transport)
+        if transport.idle_scope is not None:
+            transport.idle_scope.cancel()
 
     # ------------------------------------------------------------ list_changed
 
