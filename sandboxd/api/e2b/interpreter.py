@@ -215,7 +215,7 @@ def _cwd_code(language: str, where: str) -> str:
 async def create_context(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
     body = await json_body(request)
-    name, lang = languages.language(body.get("language"))
+    name, _ = languages.language(body.get("language"))
     cwd = body.get("cwd") or HOME
     if not isinstance(cwd, str):
         raise Problem(400, "e2b-body", "Bad request", "cwd is a path")
@@ -224,19 +224,27 @@ async def create_context(request: Request, client: str = Depends(e2b_client)) ->
     sandboxes = _sandboxes(request)
     session = await service.create_session(
         client, sandboxes.expires_at(record) - time.time(), transport=TRANSPORT)
-    if where != ".":  # the kernel starts there (a python call: the policy decides it)
-        result = await service.invoke(
-            client, lang.tool, InvokeRequest(arguments={"code": _cwd_code(name, where)},
-                                             session=session.id), transport=TRANSPORT)
-        if result.status is not Status.ok:
-            await service.delete_session(client, session.id, transport=TRANSPORT)
-            raise Problem(403 if result.status is Status.denied else 400, "e2b-context-cwd",
-                          "Context not created", f"cwd {cwd}: {results.refusal(result)}")
+    if where != ".":  # the kernel starts there
+        await _enter(service, client, session.id, name, cwd, where)
     record.contexts[session.id] = cwd
     if name != languages.DEFAULT:
         record.languages[session.id] = name
     await asyncio.to_thread(sandboxes.save, record)
     return JSONResponse(_context(session.id, cwd, name))
+
+
+async def _enter(service: Sandboxd, client: str, session: str, language: str, cwd: str,
+                 where: str) -> None:
+    """Make and enter a new context's directory (a call of its language's tool: the policy
+    decides it); refused or failed, the context's session is deleted and a problem raised."""
+    result = await service.invoke(
+        client, languages.LANGUAGES[language].tool,
+        InvokeRequest(arguments={"code": _cwd_code(language, where)}, session=session),
+        transport=TRANSPORT)
+    if result.status is not Status.ok:
+        await service.delete_session(client, session, transport=TRANSPORT)
+        raise Problem(403 if result.status is Status.denied else 400, "e2b-context-cwd",
+                      "Context not created", f"cwd {cwd}: {results.refusal(result)}")
 
 
 @router.get("/contexts")
