@@ -149,8 +149,9 @@ async def _events(job: Background, events: asyncio.Queue[StreamEvent]
     try:
         yield connect.envelope({"event": {"start": {"pid": job.pid}}})
         while (event := await commands.next_event(job, events)) is not None:
-            if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
-                data = base64.b64encode(event.data.encode()).decode()
+            text = event.output()
+            if text is not None:
+                data = base64.b64encode(text.encode()).decode()
                 yield connect.envelope({"event": {"data": {event.kind: data}}})
     finally:
         job.leave(events)

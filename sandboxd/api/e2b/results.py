@@ -42,8 +42,9 @@ def bundle(data: dict[str, Any], main: bool) -> dict[str, Any]:
 
 def event_line(event: StreamEvent) -> dict[str, Any] | None:
     """One streamed event as a line (None: nothing E2B shows while the cell runs)."""
-    if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
-        return {"type": event.kind, "text": event.data, "timestamp": _timestamp()}
+    text = event.output()
+    if text is not None:
+        return {"type": event.kind, "text": text, "timestamp": _timestamp()}
     if event.kind == "display" and isinstance(event.data, dict):
         return bundle(event.data.get("data") or {}, False)
     return None
