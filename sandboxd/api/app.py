@@ -56,11 +56,7 @@ class BodySizeLimit:
         if scope["type"] != "http" or self.exempt(scope):
             await self.app(scope, receive, send)
             return
-        declared = None  # the last one, as a dict of the headers would keep
-        for key, value in scope.get("headers") or ():
-            if key == b"content-length":
-                declared = value
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if self._declared_too_large(scope):
             await self._refuse(scope, receive, send)
             return
         seen = 0
@@ -94,6 +90,15 @@ class BodySizeLimit:
                 raise
             refused = True
             await self._refuse(scope, receive, send)
+
+    def _declared_too_large(self, scope: Scope) -> bool:
+        """Whether the request's ``Content-Length`` (the last one, as a dict of the headers
+        would keep) declares a body over the limit."""
+        declared = None
+        for key, value in scope.get("headers") or ():
+            if key == b"content-length":
+                declared = value
+        return declared is not None and declared.isdigit() and int(declared) > self.max_bytes
 
     def _detail(self) -> str:
         return (f"the request body is larger than {self.max_bytes} bytes (setting "

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import Any, NoReturn
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from sandboxd.access.ratelimit import peer_key
+from sandboxd.access.tokens import TokenStore
 from sandboxd.api.problems import Problem
 
 LOCAL_CLIENT = "local"
@@ -38,38 +40,47 @@ async def authenticate(request: Request) -> str:
 def authenticate_now(request: Request) -> str:
     """:func:`authenticate`, blocking (the caller is in a worker thread)."""
     state = request.app.state
-    service = state.service
-    tokens = state.tokens
-    client = LOCAL_CLIENT
-    if tokens is not None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        entry = tokens.entry_for(token) if scheme.lower() == "bearer" and token else None
-        if entry is None:
-            _failed(request, token, "missing bearer token" if not token else "unknown token")
-        elif entry.expired():
-            _failed(request, token, f"expired token (id {entry.id}, expired {entry.expires})")
-        else:
-            client = entry.client
-    limiter = state.rate_limiter
-    # The tokenless client exists only on loopback or a unix socket: the host's own agent,
-    # which the scheduler's queue bounds already; rate limits are for token holders.
-    if limiter is not None and tokens is not None:
-        wait = limiter.check(client)
-        if wait is not None:
-            service.metrics.rejections.labels(reason="rate_limit").inc()
-            seconds = max(1, int(wait + 0.999))
-            raise Problem(429, "rate-limited", "Rate limit exceeded",
-                          f"client '{client}' made {limiter.per_minute} calls in the last 60 s, "
-                          "its rate limit (setting rate_limit_per_minute); retry in "
-                          f"{seconds} s", headers={"Retry-After": str(seconds)},
-                          retry_after=seconds, limit="rate_limit_per_minute",
-                          limit_value=limiter.per_minute)
+    if state.tokens is None:
+        # the tokenless client exists only on loopback or a unix socket: the host's own
+        # agent, which the scheduler's queue bounds already; rate limits are for token holders
+        return LOCAL_CLIENT
+    client = _token_client(request, state.tokens)
+    _rate_limit(state, client)
     return client
 
 
-def _failed(request: Request, token: str, reason: str) -> None:
+def _token_client(request: Request, tokens: TokenStore) -> str:
+    """The client of the request's bearer token (a 401 when there is none, or it is unknown
+    or expired: :func:`_failed`)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    entry = tokens.entry_for(token) if scheme.lower() == "bearer" and token else None
+    if entry is None:
+        _failed(request, token, "missing bearer token" if not token else "unknown token")
+    if entry.expired():
+        _failed(request, token, f"expired token (id {entry.id}, expired {entry.expires})")
+    return entry.client
+
+
+def _rate_limit(state: Any, client: str) -> None:
+    """A 429 when ``client`` is over its rate limit (when one is set)."""
+    limiter = state.rate_limiter
+    if limiter is None:
+        return
+    wait = limiter.check(client)
+    if wait is not None:
+        state.service.metrics.rejections.labels(reason="rate_limit").inc()
+        seconds = max(1, int(wait + 0.999))
+        raise Problem(429, "rate-limited", "Rate limit exceeded",
+                      f"client '{client}' made {limiter.per_minute} calls in the last 60 s, "
+                      "its rate limit (setting rate_limit_per_minute); retry in "
+                      f"{seconds} s", headers={"Retry-After": str(seconds)},
+                      retry_after=seconds, limit="rate_limit_per_minute",
+                      limit_value=limiter.per_minute)
+
+
+def _failed(request: Request, token: str, reason: str) -> NoReturn:
     """Count a failed authentication and raise its 401, or 429 when the peer failed too often."""
     state = request.app.state
     state.service.metrics.auth_failures.inc()

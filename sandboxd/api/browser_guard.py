@@ -49,31 +49,35 @@ class BrowserGuard:
         """The 403 problem for this request, or ``None`` when it may pass."""
         if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             return None
-        origin = host = None  # the last of each, as a dict of the headers would keep
-        for key, value in scope.get("headers") or ():  # no dict of every header per request
-            key = key.lower()
-            if key == b"origin":
-                origin = value.decode("latin-1")
-            elif key == b"host":
-                host = value.decode("latin-1")
-        if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
-            return problems.Problem(
-                403, "origin-not-allowed", "Origin not allowed",
-                f"requests from web pages (Origin {origin[:200]!r}) are refused; an "
-                "administrator can allow an origin with the allowed_origins setting",
-                origin=origin[:200])
+        origin, host = _origin_and_host(scope)
+        refused = self._origin_refusal(origin)
+        return refused if refused is not None else self._host_refusal(scope, host)
+
+    def _origin_refusal(self, origin: str | None) -> problems.Problem | None:
+        """``origin-not-allowed`` for a request a web page made (an ``Origin`` not listed)."""
+        if origin is None or origin.rstrip("/").lower() in self.allowed_origins:
+            return None
+        return problems.Problem(
+            403, "origin-not-allowed", "Origin not allowed",
+            f"requests from web pages (Origin {origin[:200]!r}) are refused; an "
+            "administrator can allow an origin with the allowed_origins setting",
+            origin=origin[:200])
+
+    def _host_refusal(self, scope: Scope, host: str | None) -> problems.Problem | None:
+        """``host-not-allowed`` for a request over TCP, when ``Host`` is checked, whose
+        ``Host`` names neither the loopback nor a listed name (DNS rebinding)."""
         server = scope.get("server")
-        over_tcp = server is not None and server[1] is not None
-        if self.check_host and over_tcp:
-            host = host or ""
-            if host_name(host) not in self.allowed_hosts:
-                return problems.Problem(
-                    403, "host-not-allowed", "Host not allowed",
-                    f"the Host header {host[:200]!r} does not name this machine's loopback "
-                    "(a DNS rebinding attempt?); use http://127.0.0.1:<port>, or an "
-                    "administrator can add the name to the allowed_hosts setting",
-                    host=host[:200])
-        return None
+        if not self.check_host or server is None or server[1] is None:
+            return None  # not checked, or over the unix socket (no browser reaches it)
+        host = host or ""
+        if host_name(host) in self.allowed_hosts:
+            return None
+        return problems.Problem(
+            403, "host-not-allowed", "Host not allowed",
+            f"the Host header {host[:200]!r} does not name this machine's loopback "
+            "(a DNS rebinding attempt?); use http://127.0.0.1:<port>, or an "
+            "administrator can add the name to the allowed_hosts setting",
+            host=host[:200])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         problem = self.refusal(scope)
@@ -85,3 +89,16 @@ class BrowserGuard:
         if service is not None:
             service.metrics.rejections.labels(reason=problem.slug).inc()
         await problems.problem_response(problem)(scope, receive, send)
+
+
+def _origin_and_host(scope: Scope) -> tuple[str | None, str | None]:
+    """The request's ``Origin`` and ``Host`` (the last of each, as a dict of the headers
+    would keep; no dict of every header per request)."""
+    origin = host = None
+    for key, value in scope.get("headers") or ():
+        key = key.lower()
+        if key == b"origin":
+            origin = value.decode("latin-1")
+        elif key == b"host":
+            host = value.decode("latin-1")
+    return origin, host

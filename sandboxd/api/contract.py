@@ -83,24 +83,30 @@ def correct(schema: dict[str, Any], *, tokens: bool) -> dict[str, Any]:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, operations in schema.get("paths", {}).items():
         for method, op in operations.items():
-            responses = op.setdefault("responses", {})
-            statuses = set(ALWAYS) | set(EXTRA.get((method, path), ()))
-            if path.startswith("/v1/"):
-                statuses |= set(AUTHENTICATED)
-                if tokens:
-                    op["security"] = [{"bearer": []}]
-            if method in ("post", "put", "patch"):
-                statuses |= set(WITH_BODY)
-            if op.get("parameters"):
-                statuses.add(422)
-            for status in sorted(statuses):
-                responses[str(status)] = _problem(status)
+            _correct_operation(path, method, op, tokens=tokens)
     ready = schema["paths"]["/readyz"]["get"]["responses"]
     ready["503"] = {"description": "Not ready: the state names what is broken",
                     "content": {"application/json": {"schema": {"type": "object"}}}}
     schema["paths"]["/metrics"]["get"]["responses"]["200"] = {
         "description": "Prometheus text exposition format", "content": TEXT_PLAIN}
     return schema
+
+
+def _correct_operation(path: str, method: str, op: dict[str, Any], *, tokens: bool) -> None:
+    """One operation's problem responses: those of every route and its own, the token's on
+    ``/v1/`` (and its security requirement), the body's and the parameters' (422)."""
+    responses = op.setdefault("responses", {})
+    statuses = set(ALWAYS) | set(EXTRA.get((method, path), ()))
+    if path.startswith("/v1/"):
+        statuses |= set(AUTHENTICATED)
+        if tokens:
+            op["security"] = [{"bearer": []}]
+    if method in ("post", "put", "patch"):
+        statuses |= set(WITH_BODY)
+    if op.get("parameters"):
+        statuses.add(422)
+    for status in sorted(statuses):
+        responses[str(status)] = _problem(status)
 
 
 def _problem(status: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import Request, Response
@@ -99,15 +99,22 @@ async def _events(call: asyncio.Task[Result], queue: asyncio.Queue[StreamEvent],
                 return  # the finally below cancels the call
             if not done:
                 yield b": ping\n\n"
-        while not queue.empty():
-            event = queue.get_nowait()
-            yield frame(event.kind, event.payload())
-        exc = call.exception()
-        if exc is not None:
-            yield frame("error", problem_body(exc))
-        else:
-            yield frame("result", call.result().wire())
+        for chunk in _ending(call, queue):
+            yield chunk
     finally:
         gone.cancel()
         if not call.done():
             call.cancel()  # the service cleans up and audits in the call's own task
+
+
+def _ending(call: asyncio.Task[Result], queue: asyncio.Queue[StreamEvent]) -> Iterator[bytes]:
+    """The end of the stream of a call that is done: the events still queued, then its one
+    result (or error)."""
+    while not queue.empty():
+        event = queue.get_nowait()
+        yield frame(event.kind, event.payload())
+    exc = call.exception()
+    if exc is not None:
+        yield frame("error", problem_body(exc))
+    else:
+        yield frame("result", call.result().wire())

@@ -95,13 +95,16 @@ def _raise_for(result: Result) -> None:
     if result.policy is not None:
         extra["rule"] = result.policy.rule
     detail = result.message or result.stderr or str(result.status)
+    raise coded(_failure_code(result), detail, **extra)
+
+
+def _failure_code(result: Result) -> str:
+    """The problem table's code of a transfer that failed."""
     if result.status in (Status.denied, Status.rejected):
-        code = RefusedPath.code  # the policy's file rules, or the confinement
-    elif result.problem is None:
-        code = "execution-failure"  # stopped before the file operation (a limit, a cancel)
-    else:
-        code = result.problem if result.problem in PROBLEMS else "file-tool-error"
-    raise coded(code, detail, **extra)
+        return RefusedPath.code  # the policy's file rules, or the confinement
+    if result.problem is None:
+        return "execution-failure"  # stopped before the file operation (a limit, a cancel)
+    return result.problem if result.problem in PROBLEMS else "file-tool-error"
 
 
 async def upload(service: Sandboxd, client: str, session_id: str, path: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
@@ -179,25 +180,38 @@ def _json_position(body: object, loc: tuple[object, ...]) -> str:
 def _validation_problem(exc: RequestValidationError, content_type: str = "") -> Problem:
     errors = exc.errors()
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    field = ".".join(loc) or "(body)"
-    message = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
-        why = first.get("ctx", {}).get("error", "")
-        where = _json_position(exc.body, tuple(first.get("loc", ())))
-        return Problem(400, "invalid-json", "Request body is not valid JSON",
-                       f"the request body is not valid JSON: {why}{where}".rstrip(": "))
+        return _invalid_json(exc.body, first)
     if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), str | bytes):
-        # a body that is no JSON object at all: most often a client that sent it as text
-        sent = content_type.split(";")[0].strip() or "no Content-Type"
-        return Problem(
-            422, "invalid-request", "Invalid request",
-            f"the request body must be a JSON object sent as application/json (it came as "
-            f"{sent}); see /docs for this route's fields", field="(body)",
-            errors=[{"field": "", "message": message}])
+        return _not_an_object(first, content_type)
+    return _invalid_fields(first, errors)
+
+
+def _invalid_json(body: object, first: dict[str, Any]) -> Problem:
+    """The 400 for a body that is not JSON, with where the parser stopped."""
+    why = first.get("ctx", {}).get("error", "")
+    where = _json_position(body, tuple(first.get("loc", ())))
+    return Problem(400, "invalid-json", "Request body is not valid JSON",
+                   f"the request body is not valid JSON: {why}{where}".rstrip(": "))
+
+
+def _not_an_object(first: dict[str, Any], content_type: str) -> Problem:
+    """The 422 for a body that is no JSON object at all: most often a client that sent it as
+    text (its Content-Type named)."""
+    sent = content_type.split(";")[0].strip() or "no Content-Type"
     return Problem(
         422, "invalid-request", "Invalid request",
-        f"'{field}': {message}", field=field,
+        f"the request body must be a JSON object sent as application/json (it came as "
+        f"{sent}); see /docs for this route's fields", field="(body)",
+        errors=[{"field": "", "message": first.get("msg", "invalid request")}])
+
+
+def _invalid_fields(first: dict[str, Any], errors: Sequence[Any]) -> Problem:
+    """The 422 naming the first invalid field, and listing up to 20 of them."""
+    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "(body)"
+    return Problem(
+        422, "invalid-request", "Invalid request",
+        f"'{field}': {first.get('msg', 'invalid request')}", field=field,
         errors=[{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"),
                  "message": e.get("msg", "")} for e in errors[:20]],
     )

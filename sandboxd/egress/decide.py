@@ -51,19 +51,27 @@ def check_target(rules: EgressRules, host: str, port: int, method: str,
 def _l7(matching: list[Rule], host: str, port: int, method: str, path: str | None,
         where: str, terminated: bool = False) -> Verdict:
     if path is None:
-        plain = [r for r in matching if not r.l7]
-        if plain:
-            return Verdict(True, f"egress.allow: {plain[0].text}")
-        if terminated:  # a host with secrets: each request in the tunnel is checked
-            return Verdict(True, f"egress.allow: {matching[0].text}")
-        return _deny(f"egress.allow: {matching[0].text}",
-                     f"{host}:{port} is allowed by {where} for some methods or paths only, "
-                     "which the proxy cannot see inside a TLS tunnel")
+        return _tunnel(matching, host, port, where, terminated)
     for rule in matching:
         if rule.matches_request(method, path):
             return Verdict(True, f"egress.allow: {rule.text}")
     return _deny(f"egress.allow: {matching[0].text}",
                  f"{method} {path} on {host}:{port} is outside what {where} allows")
+
+
+def _tunnel(matching: list[Rule], host: str, port: int, where: str,
+            terminated: bool) -> Verdict:
+    """The verdict on a CONNECT tunnel, whose requests the proxy cannot read: allowed by an
+    entry with no method or path, or for a host with secrets (each request in the tunnel is
+    then checked); refused by entries with methods or paths only."""
+    plain = [r for r in matching if not r.l7]
+    if plain:
+        return Verdict(True, f"egress.allow: {plain[0].text}")
+    if terminated:
+        return Verdict(True, f"egress.allow: {matching[0].text}")
+    return _deny(f"egress.allow: {matching[0].text}",
+                 f"{host}:{port} is allowed by {where} for some methods or paths only, "
+                 "which the proxy cannot see inside a TLS tunnel")
 
 
 def check_address(rules: EgressRules, host: str, port: int,

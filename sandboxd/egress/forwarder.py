@@ -31,6 +31,49 @@ def peers_of(key: selectors.SelectorKey) -> tuple[socket.socket, socket.socket]:
     return src, key.data
 
 
+def _accept(listener: socket.socket, path: str, sel: selectors.BaseSelector,
+            peers: dict[socket.socket, socket.socket]) -> None:
+    """Pair a new local client with its own connection to the proxy socket (the client is
+    closed at :data:`MAX_PAIRS`, or when the proxy socket cannot be reached)."""
+    try:
+        client, _addr = listener.accept()
+    except OSError:
+        return
+    if len(peers) >= 2 * MAX_PAIRS:
+        client.close()
+        return
+    try:
+        up = _unix(path)
+    except OSError:
+        client.close()
+        return
+    for a, b in ((client, up), (up, client)):
+        a.setblocking(True)
+        peers[a] = b
+        sel.register(a, selectors.EVENT_READ, b)
+
+
+def _pump(key: selectors.SelectorKey, sel: selectors.BaseSelector,
+          peers: dict[socket.socket, socket.socket]) -> None:
+    """Pass what one side sent to its peer; at its end (or an error either way) close both."""
+    src, dst = peers_of(key)
+    try:
+        data = src.recv(CHUNK)
+    except OSError:
+        data = b""
+    if data:
+        try:
+            dst.sendall(data)
+            return
+        except OSError:
+            pass
+    for s in (src, dst):
+        if s in peers:
+            sel.unregister(s)
+            del peers[s]
+            s.close()
+
+
 def main(argv: list[str]) -> int:
     path, port = argv[1], int(argv[2])
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -47,39 +90,9 @@ def main(argv: list[str]) -> int:
     while True:
         for key, _ in sel.select():
             if key.data is None:
-                try:
-                    client, _addr = listener.accept()
-                except OSError:
-                    continue
-                if len(peers) >= 2 * MAX_PAIRS:
-                    client.close()
-                    continue
-                try:
-                    up = _unix(path)
-                except OSError:
-                    client.close()
-                    continue
-                for a, b in ((client, up), (up, client)):
-                    a.setblocking(True)
-                    peers[a] = b
-                    sel.register(a, selectors.EVENT_READ, b)
-                continue
-            src, dst = peers_of(key)
-            try:
-                data = src.recv(CHUNK)
-            except OSError:
-                data = b""
-            if data:
-                try:
-                    dst.sendall(data)
-                    continue
-                except OSError:
-                    pass
-            for s in (src, dst):
-                if s in peers:
-                    sel.unregister(s)
-                    del peers[s]
-                    s.close()
+                _accept(listener, path, sel, peers)
+            else:
+                _pump(key, sel, peers)
 
 
 if __name__ == "__main__":

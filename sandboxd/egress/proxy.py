@@ -88,6 +88,21 @@ class Conn:
     upstream: asyncio.StreamWriter | None = None
     cut: str | None = None  # why the daemon closed it (a reload)
 
+    def refusal_under(self, rules: EgressRules) -> str | None:
+        """Why ``rules`` would refuse this connection's judged target (``None``: they allow
+        it, or it was never judged)."""
+        if self.host is None or self.port is None or self.verdict is None:
+            return None
+        again = check_target(rules, self.host, self.port, self.method or "",
+                             self.path if self.method != "CONNECT" else None)
+        return None if again.allowed else again.reason
+
+    def close(self) -> None:
+        """Close the sandbox's side and the server's, when there is one."""
+        _close(self.writer)
+        if self.upstream is not None:
+            _close(self.upstream)
+
     def record(self) -> dict[str, Any]:
         """The connection's audit record (the verdict's reason and a cut when there are)."""
         v = self.verdict or MALFORMED
@@ -159,9 +174,7 @@ class EgressProxy:
         if ident.server is not None:
             ident.server.close()
         for conn in list(ident.open):
-            _close(conn.writer)
-            if conn.upstream is not None:
-                _close(conn.upstream)
+            conn.close()
 
     def update(self, ident: Identity, rules: EgressRules) -> int:
         """New rules for ``ident`` (a call under a reloaded policy): new connections follow
@@ -169,14 +182,10 @@ class EgressProxy:
         ident.rules = rules
         cut = 0
         for conn in list(ident.open):
-            if conn.host is None or conn.port is None or conn.verdict is None:
-                continue
-            again = check_target(rules, conn.host, conn.port, conn.method or "",
-                                 conn.path if conn.method != "CONNECT" else None)
-            if not again.allowed and conn.upstream is not None:
-                conn.cut = f"the policy no longer allows it: {again.reason}"
-                _close(conn.upstream)
-                _close(conn.writer)
+            why = conn.refusal_under(rules)
+            if why is not None and conn.upstream is not None:
+                conn.cut = f"the policy no longer allows it: {why}"
+                conn.close()
                 cut += 1
         return cut
 
@@ -204,9 +213,7 @@ class EgressProxy:
             pass
         finally:
             ident.open.discard(conn)
-            _close(writer)
-            if conn.upstream is not None:
-                _close(conn.upstream)
+            conn.close()
             if conn.method is not None or conn.verdict is not None:
                 await self._audit(conn)
 

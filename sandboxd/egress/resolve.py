@@ -72,22 +72,25 @@ class Resolver:
         return out
 
     async def _ask(self, host: str) -> list[IPAddress]:
-        assert self.server is not None
         out: list[IPAddress] = []
         for qtype in ("A", "AAAA"):
-            query = DNSRecord.question(host, qtype)
-            loop = asyncio.get_running_loop()
-            family = socket.AF_INET6 if ":" in self.server[0] else socket.AF_INET
-            transport, proto = await loop.create_datagram_endpoint(
-                functools.partial(_Query, query.pack()), remote_addr=self.server,
-                family=family)
-            try:
-                reply = DNSRecord.parse(await proto.answer)
-            finally:
-                transport.close()
-            if reply.header.id != query.header.id:
-                raise OSError("the resolver's answer does not match the query")
-            for rr in reply.rr:
-                if rr.rtype in (QTYPE.A, QTYPE.AAAA):
-                    out.append(ipaddress.ip_address(str(rr.rdata)))
+            out += await self._query(host, qtype)
         return out
+
+    async def _query(self, host: str, qtype: str) -> list[IPAddress]:
+        """The addresses of one question (``A`` or ``AAAA``) to the configured server
+        (``OSError`` for an answer to another query)."""
+        assert self.server is not None
+        query = DNSRecord.question(host, qtype)
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in self.server[0] else socket.AF_INET
+        transport, proto = await loop.create_datagram_endpoint(
+            functools.partial(_Query, query.pack()), remote_addr=self.server, family=family)
+        try:
+            reply = DNSRecord.parse(await proto.answer)
+        finally:
+            transport.close()
+        if reply.header.id != query.header.id:
+            raise OSError("the resolver's answer does not match the query")
+        return [ipaddress.ip_address(str(rr.rdata)) for rr in reply.rr
+                if rr.rtype in (QTYPE.A, QTYPE.AAAA)]

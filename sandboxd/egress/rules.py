@@ -78,22 +78,35 @@ def parse_entry(text: str) -> Rule:
     port = int(match["port"])
     if not 1 <= port <= 65535:
         raise ValueError(f"{text!r}: port {port} is not between 1 and 65535")
-    methods = frozenset(match["methods"].split(",")) if match["methods"] else frozenset()
-    unknown = sorted(methods - METHODS)
-    if unknown:
-        raise ValueError(f"{text!r}: unknown method(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(METHODS))})")
+    methods = _methods(text, match["methods"])
     target = match["target"].strip("[]")
     fields = {"text": text, "port": port, "methods": methods, "path": match["path"]}
     network = _network(target)
     if network is not None:
         return Rule(network=network, **fields)  # type: ignore[arg-type]
+    return Rule(host=_host(text, target), **fields)  # type: ignore[arg-type]
+
+
+def _methods(text: str, listed: str | None) -> frozenset[str]:
+    """The methods an entry lists (none: any method), each a known one."""
+    methods = frozenset(listed.split(",")) if listed else frozenset()
+    unknown = sorted(methods - METHODS)
+    if unknown:
+        raise ValueError(f"{text!r}: unknown method(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(METHODS))})")
+    return methods
+
+
+def _host(text: str, target: str) -> str:
+    """The host a name entry allows, lower case: ``.suffix`` for ``*.suffix`` (a suffix of
+    at least two labels), else the exact name."""
     name = target.lower()
-    bare = name[2:] if name.startswith("*.") else name
-    if not HOSTNAME.match(bare) or ("." not in bare and name.startswith("*.")):
+    wildcard = name.startswith("*.")
+    bare = name[2:] if wildcard else name
+    if not HOSTNAME.match(bare) or ("." not in bare and wildcard):
         raise ValueError(f"{text!r}: {target!r} is neither a host name, '*.suffix' nor an "
                          "IP address or CIDR")
-    return Rule(host="." + bare if name.startswith("*.") else bare, **fields)  # type: ignore[arg-type]
+    return "." + bare if wildcard else bare
 
 
 def _network(target: str) -> IPNetwork | None:

@@ -9,18 +9,19 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from sandboxd.egress.decide import Verdict, check_target, same_host
-from sandboxd.egress.rules import SecretSpec
+from sandboxd.egress.rules import EgressRules, SecretSpec
 from sandboxd.egress.tls import SecretUnavailable, ServerSide, masked, secret_value
 from sandboxd.egress.wire import (
     CONNECT_TIMEOUT_S,
     HEAD_TIMEOUT_S,
-    HOP_BY_HOP,
     IDLE_TIMEOUT_S,
     MAX_HEAD_BYTES,
     BadRequest,
+    Head,
     body_length,
     parse_head,
     refusal,
+    upstream_head,
 )
 from sandboxd.util.deadline import bounded
 
@@ -41,6 +42,23 @@ async def _head(side: ServerSide) -> tuple[bytes, bytes] | None:
     return head, rest
 
 
+async def _greet(side: ServerSide) -> tuple[bytes, bytes] | None:
+    """The TLS handshake with the sandbox, then the request's head and the bytes read past
+    it (``None``: the sandbox closed first)."""
+    await side.handshake()
+    return await _head(side)
+
+
+def _verdict(rules: EgressRules, host: str, port: int, head: Head) -> Verdict:
+    """The rules' verdict on the request's method and path, refused when its ``Host`` header
+    does not name the CONNECT host."""
+    verdict = check_target(rules, host, port, head.method, head.path)
+    if verdict.allowed and not same_host(host, head.header("host")):
+        verdict = Verdict(False, verdict.rule, f"the Host header {head.header('host')!r} "
+                          f"does not name the CONNECT host {host}")
+    return verdict
+
+
 async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter, hello: bytes, spec: SecretSpec) -> None:
     """Serve one request of a tunnel to ``conn.host`` that the proxy terminates."""
@@ -53,11 +71,7 @@ async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader
         return
     side = ServerSide(proxy.ca.context_for(conn.host), reader, writer, hello)
     try:
-        async def greet() -> tuple[bytes, bytes] | None:
-            await side.handshake()
-            return await _head(side)
-
-        got = await bounded(greet(), HEAD_TIMEOUT_S)
+        got = await bounded(_greet(side), HEAD_TIMEOUT_S)
         if got is None:
             return
         head = parse_head(got[0], origin=(conn.host, conn.port))
@@ -67,22 +81,15 @@ async def terminate(proxy: EgressProxy, conn: Conn, reader: asyncio.StreamReader
         await side.write(refusal(str(exc), conn.verdict.rule, 400))
         return
     conn.method, conn.path = head.method, head.path
-    verdict = check_target(rules, conn.host, conn.port, head.method, head.path)
-    if verdict.allowed and not same_host(conn.host, head.header("host")):
-        verdict = Verdict(False, verdict.rule, f"the Host header {head.header('host')!r} "
-                          f"does not name the CONNECT host {conn.host}")
-    conn.verdict = verdict
+    verdict = conn.verdict = _verdict(rules, conn.host, conn.port, head)
     if not verdict.allowed:
         await side.write(refusal(verdict.reason, verdict.rule))
         await side.close()
         return
-    name = spec.header.lower()
-    lines = [f"{head.method} {head.path} HTTP/1.1"]
-    lines += [f"{k}: {v}" for k, v in head.headers
-              if k.lower() not in HOP_BY_HOP and k.lower() not in (name, "accept-encoding")]
     # identity encoding: a compressed answer could carry the value past the mask
-    lines += [f"{spec.header}: {value}", "Accept-Encoding: identity", "Connection: close"]
-    out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + got[1][:length]
+    out = upstream_head(head, drop=frozenset({spec.header.lower(), "accept-encoding"}),
+                        add=(f"{spec.header}: {value}", "Accept-Encoding: identity"))
+    out += got[1][:length]
     assert conn.address is not None
     up_r, up_w = await bounded(asyncio.open_connection(
         conn.address, conn.port, ssl=proxy.upstream_tls, server_hostname=conn.host),

@@ -39,26 +39,38 @@ def secret_value(spec: SecretSpec) -> str:
     """The header value: ``prefix`` + the daemon's env variable or file (a file must be the
     daemon's own and readable by nobody else)."""
     if spec.env is not None:
-        value = os.environ.get(spec.env)
-        if value is None:
-            raise SecretUnavailable(f"the daemon has no environment variable {spec.env}")
+        value = _env_secret(spec.env)
     else:
         assert spec.file is not None
-        try:
-            fd = os.open(spec.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise SecretUnavailable(f"cannot open {spec.file}: {exc.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                raise SecretUnavailable(f"{spec.file} must be the daemon's own, mode 0600")
-            value = os.read(fd, 64 * 1024).decode("utf-8", "replace").strip()
-        finally:
-            os.close(fd)
+        value = _file_secret(spec.file)
     value = spec.prefix + value
     if not value or any(c in value for c in "\r\n\0"):
         raise SecretUnavailable("the secret's value is empty or spans lines")
     return value
+
+
+def _env_secret(name: str) -> str:
+    """The daemon's environment variable ``name``."""
+    value = os.environ.get(name)
+    if value is None:
+        raise SecretUnavailable(f"the daemon has no environment variable {name}")
+    return value
+
+
+def _file_secret(path: str) -> str:
+    """The stripped text of the file at ``path`` (its first 64 KiB), never through a
+    symlink, when the file is the daemon's own and readable by nobody else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SecretUnavailable(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise SecretUnavailable(f"{path} must be the daemon's own, mode 0600")
+        return os.read(fd, 64 * 1024).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

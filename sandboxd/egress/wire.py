@@ -94,6 +94,11 @@ def _target(method: str, target: str, origin: tuple[str, int] | None) -> tuple[s
     if method == "CONNECT":
         host, port = split_hostport(target, None)
         return host, port, ""
+    return _absolute(target)
+
+
+def _absolute(target: str) -> tuple[str, int, str]:
+    """The host, port and path of an absolute ``http://`` URL (no user info)."""
     url = urlsplit(target)
     if url.scheme != "http" or not url.netloc or "@" in url.netloc:
         raise BadRequest("only absolute http:// URLs (or CONNECT for https) are proxied")
@@ -116,12 +121,15 @@ def body_length(head: Head) -> int:
     return int(values[0])
 
 
-def upstream_head(head: Head) -> bytes:
-    """The request as the origin server gets it: origin form, no hop-by-hop headers, one
-    request per connection (``Connection: close``: every request is checked on its own)."""
+def upstream_head(head: Head, drop: frozenset[str] = frozenset(),
+                  add: tuple[str, ...] = ()) -> bytes:
+    """The request as the origin server gets it: origin form, no hop-by-hop headers (nor
+    those named in ``drop``, lower case), the lines of ``add``, and one request per connection
+    (``Connection: close``: every request is checked on its own)."""
+    dropped = HOP_BY_HOP | drop
     lines = [f"{head.method} {head.path} HTTP/1.1"]
-    lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in HOP_BY_HOP]
-    lines.append("Connection: close")
+    lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in dropped]
+    lines += [*add, "Connection: close"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -168,12 +176,18 @@ def client_hello_sni(record: bytes) -> str | None:
             kind = int.from_bytes(body[pos:pos + 2], "big")
             size = int.from_bytes(body[pos + 2:pos + 4], "big")
             ext = body[pos + 4:pos + 4 + size]
-            if kind == 0:  # server_name: list length, type (0: host_name), length, name
-                if len(ext) < 5 or ext[2] != 0:
-                    raise ValueError("malformed server_name")
-                size_name = int.from_bytes(ext[3:5], "big")
-                return ext[5:5 + size_name].decode("ascii").lower()
+            if kind == 0:
+                return _server_name(ext)
             pos += 4 + size
         return None
     except (IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"malformed ClientHello: {exc}") from None
+
+
+def _server_name(ext: bytes) -> str:
+    """The name of a ``server_name`` extension: list length, type (0: host_name), length,
+    name (``ValueError`` for another shape; ``UnicodeDecodeError`` for a name not ASCII)."""
+    if len(ext) < 5 or ext[2] != 0:
+        raise ValueError("malformed server_name")
+    size = int.from_bytes(ext[3:5], "big")
+    return ext[5:5 + size].decode("ascii").lower()

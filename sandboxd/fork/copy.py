@@ -101,20 +101,24 @@ class _Copy:
             dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                           | os.O_CLOEXEC, 0o600, dir_fd=dst_dir)
             try:
-                copied = 0
-                while copied <= st.st_size:  # a file growing meanwhile: at most its size
-                    chunk = min(_CHUNK, st.st_size - copied + 1)
-                    n = _copy_chunk(src, dst, chunk) if chunk else 0
-                    if n == 0:
-                        break
-                    copied += n
-                if copied > st.st_size:
-                    self._count(copied - st.st_size)
+                self._pour(src, dst, st.st_size)
                 self._give(dst, st.st_mode)
             finally:
                 os.close(dst)
         finally:
             os.close(src)
+
+    def _pour(self, src: int, dst: int, size: int) -> None:
+        """Copy ``src``, ``size`` bytes at its stat, into ``dst``: a file growing meanwhile is
+        read to at most one byte past that size, the excess counted against the quota."""
+        copied = 0
+        while copied <= size:
+            n = _copy_chunk(src, dst, min(_CHUNK, size - copied + 1))
+            if n == 0:
+                break
+            copied += n
+        if copied > size:
+            self._count(copied - size)
 
     def tree(self, src_root: int, dst_root: int) -> None:
         self.device = os.fstat(src_root).st_dev
@@ -142,28 +146,37 @@ class _Copy:
                     os.close(src)
                     os.close(dst)
                     continue
-                entry = entries.pop()
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    self.done.skipped += 1
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    self.file(src, dst, entry.name)
-                elif stat.S_ISLNK(st.st_mode) and self._own(st):
-                    self._count()
-                    os.symlink(os.readlink(entry.name, dir_fd=src), entry.name, dir_fd=dst)
-                    if self.uid is not None:
-                        os.chown(entry.name, self.uid, self.uid, dir_fd=dst,
-                                 follow_symlinks=False)
-                elif stat.S_ISDIR(st.st_mode) and self._own(st) and st.st_dev == self.device:
-                    self._subdir(src, dst, entry.name, enter)
-                else:
-                    self.done.skipped += 1
+                self._entry(src, dst, entries.pop(), enter)
         finally:
             for src, dst, _ in stack:
                 os.close(src)
                 os.close(dst)
+
+    def _entry(self, src: int, dst: int, entry: os.DirEntry[str],
+               enter: Callable[[int, int], None]) -> None:
+        """Copy one entry of the directory ``src`` into ``dst`` by its kind: a regular file,
+        a symlink and a directory on the same filesystem owned by the parent's uid; anything
+        else (or an entry gone meanwhile) is counted as skipped."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            self.done.skipped += 1
+            return
+        if stat.S_ISREG(st.st_mode):
+            self.file(src, dst, entry.name)
+        elif stat.S_ISLNK(st.st_mode) and self._own(st):
+            self._link(src, dst, entry.name)
+        elif stat.S_ISDIR(st.st_mode) and self._own(st) and st.st_dev == self.device:
+            self._subdir(src, dst, entry.name, enter)
+        else:
+            self.done.skipped += 1
+
+    def _link(self, src: int, dst: int, name: str) -> None:
+        """Copy the symlink ``name`` as a link (never followed), given to the fork's uid."""
+        self._count()
+        os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+        if self.uid is not None:
+            os.chown(name, self.uid, self.uid, dir_fd=dst, follow_symlinks=False)
 
     def _subdir(self, src: int, dst: int, name: str,
                 enter: Callable[[int, int], None]) -> None:

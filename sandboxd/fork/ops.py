@@ -15,6 +15,7 @@ from sandboxd.host.storage import is_no_space
 if TYPE_CHECKING:
     from sandboxd.service import Sandboxd
     from sandboxd.sessions.manager import Session
+    from sandboxd.util.reservations import Reservation
 
 log = logging.getLogger("sandboxd")
 
@@ -96,22 +97,34 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
             not_carried=[n["name"] for n in kernel.get("not_carried", [])],
             state_bytes=kernel.get("bytes", 0), transport=transport)
     except BaseException as exc:
-        for place in places:
-            place.release()
-        for child in children:
-            await asyncio.shield(service.sessions.drop(child))
-        if isinstance(exc, OSError) and is_no_space(exc):
-            raise StorageUnavailable(f"the session could not be forked: no space left "
-                                     f"({exc.strerror or exc})") from exc
-        if isinstance(exc, AuditFailure):
-            log.error("session %s: fork undone, the audit log refused it: %s", parent.id, exc)
+        await _undo(service, places, children, exc, parent.id)
         raise
-    for child in children:  # made and audited: each fork's first kernel restores the state
-        for name, blob in states.items():
-            if (carrier := kernel_carrier(service.backends[name])) is not None:
-                carrier.seed_kernel(child.id, blob)
+    _seed(service, children, states)
     views = [child.public(None) for child in children]
     return {"parent": parent.id, "sessions": views,
             "files": [{"bytes": c.bytes, "entries": c.entries, "skipped": c.skipped}
                       for c in copied],
             "kernel": kernel}
+
+
+async def _undo(service: Sandboxd, places: list[Reservation[str]], children: list[Session],
+                exc: BaseException, parent_id: str) -> None:
+    """Undo a fork that failed: its places are released and the forks already made dropped;
+    a full disk is raised as :class:`StorageUnavailable`, an audit refusal is logged."""
+    for place in places:
+        place.release()
+    for child in children:
+        await asyncio.shield(service.sessions.drop(child))
+    if isinstance(exc, OSError) and is_no_space(exc):
+        raise StorageUnavailable(f"the session could not be forked: no space left "
+                                 f"({exc.strerror or exc})") from exc
+    if isinstance(exc, AuditFailure):
+        log.error("session %s: fork undone, the audit log refused it: %s", parent_id, exc)
+
+
+def _seed(service: Sandboxd, children: list[Session], states: dict[str, bytes]) -> None:
+    """Give each fork, made and audited, the parent's kernel state its first kernel restores."""
+    for child in children:
+        for name, blob in states.items():
+            if (carrier := kernel_carrier(service.backends[name])) is not None:
+                carrier.seed_kernel(child.id, blob)

@@ -30,6 +30,16 @@ def _address(raw: str) -> str | bytes:
     return raw
 
 
+def _datagram(fields: tuple[str, ...]) -> bytes:
+    """The datagram of ``fields``: their non-empty lines, each ``KEY=value`` (else
+    :class:`ValueError`)."""
+    lines = [line for field in fields for line in field.split("\n") if line]
+    for line in lines:
+        if "=" not in line:
+            raise ValueError(f"invalid sd_notify field {line!r}: expected KEY=value")
+    return "\n".join(lines).encode()
+
+
 def notify(*fields: str, unset_environment: bool = False) -> bool:
     """Send ``fields`` (e.g. ``"READY=1"``, ``"STATUS=..."``) to systemd.
 
@@ -44,14 +54,10 @@ def notify(*fields: str, unset_environment: bool = False) -> bool:
         os.environ.pop(ENV_SOCKET, None)
     if not raw or not fields:
         return False
-    if not (raw.startswith("/") or raw.startswith("@")):
+    if not raw.startswith(("/", "@")):
         log.warning("ignoring NOTIFY_SOCKET=%r: not a path or an abstract socket name", raw)
         return False
-    lines = [line for field in fields for line in field.split("\n") if line]
-    for line in lines:
-        if "=" not in line:
-            raise ValueError(f"invalid sd_notify field {line!r}: expected KEY=value")
-    message = "\n".join(lines).encode()
+    message = _datagram(fields)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(_address(raw))

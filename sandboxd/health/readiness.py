@@ -57,13 +57,8 @@ class BackendProbes:
         passes, the default backend is available, and no backend is ``healing`` (rebuilding
         its own state that vanished under the daemon, e.g. the container runner directory)."""
         now = time.monotonic()
-        now_ok = {n: b.availability() for n, b in self.backends.items()}
-        available = {n: ok for n, (ok, _why) in now_ok.items()}
-        if (not fresh and self._cached is not None and now - self._cached[0] < READINESS_CACHE_S
-                and self._cached[1] == available):
-            # an unavailable backend's reason is read fresh (an image build's progress)
-            return self._cached[2], {n: r if r["available"] else {**r, "reason": now_ok[n][1]}
-                                     for n, r in self._cached[3].items()}
+        if not fresh and (kept := self._kept(now)) is not None:
+            return kept
         reports = {name: await self.report(name) for name in self.backends}
         # an unavailable backend other than the default is ok (its report says so), unless
         # it is healing
@@ -72,6 +67,18 @@ class BackendProbes:
         self._cached = (now, {n: bool(r["available"]) for n, r in reports.items()}, ready,
                         reports)
         return ready, reports
+
+    def _kept(self, now: float) -> tuple[bool, dict[str, dict[str, Any]]] | None:
+        """The cached answer while it is younger than :data:`READINESS_CACHE_S` and no
+        backend's availability changed (else ``None``); an unavailable backend's reason is
+        read fresh (an image build's progress)."""
+        now_ok = {n: b.availability() for n, b in self.backends.items()}
+        available = {n: ok for n, (ok, _why) in now_ok.items()}
+        cached = self._cached
+        if cached is None or now - cached[0] >= READINESS_CACHE_S or cached[1] != available:
+            return None
+        return cached[2], {n: r if r["available"] else {**r, "reason": now_ok[n][1]}
+                           for n, r in cached[3].items()}
 
     async def report(self, name: str) -> dict[str, Any]:
         """One backend's report, probed now: ``available`` and, when it is, its probe. The

@@ -59,19 +59,20 @@ class Health:
         probes_ok, backends = await self.probes.reports(fresh)
         quota = self.sessions.fs  # read fresh too: its mount helper may have died
         policy = policy_state(self.policy_refused)
-        images = {image: build for backend in self.probes.backends.values()
-                  if (builder := image_builder(backend)) is not None
-                  for image, build in builder.building().items()}
-        degraded = [] if policy["ok"] else ["policy"]
-        if any(b.get("state") not in ("built", "up to date") for b in images.values()):
-            degraded.append("images")
+        images = self._images()
         return Readiness(
             ready=probes_ok and all(v["ok"] for v in storage.values()) and quota.ok
             and not self.draining,
             draining=self.draining, backends=backends, storage=storage,
             workspace_quota={"mode": "kernel" if quota.kernel else "advisory",
                              "setting": quota.setting, "ok": quota.ok, "detail": quota.detail},
-            policy=policy, degraded=degraded, images=images)
+            policy=policy, degraded=_degraded(policy, images), images=images)
+
+    def _images(self) -> dict[str, dict[str, Any]]:
+        """The images the backends are building for their tools (or failed to build)."""
+        return {image: build for backend in self.probes.backends.values()
+                if (builder := image_builder(backend)) is not None
+                for image, build in builder.building().items()}
 
     def _storage_state(self) -> dict[str, dict[str, Any]]:
         audit = self.audit_problem()
@@ -95,8 +96,21 @@ class Health:
         except Exception as exc:
             log.error("could not audit %s: %s", event, exc)
         if event == "policy_loaded":
-            for listener in list(self.policy_listeners):
-                try:
-                    listener()
-                except Exception:
-                    log.exception("a policy listener failed")
+            self._tell_listeners()
+
+    def _tell_listeners(self) -> None:
+        """Call every policy listener (a failing one is logged, the others still called)."""
+        for listener in list(self.policy_listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("a policy listener failed")
+
+
+def _degraded(policy: dict[str, Any], images: dict[str, dict[str, Any]]) -> list[str]:
+    """What is wrong without making the daemon unready: a refused policy reload, an image
+    its tools need not built yet (or failed)."""
+    degraded = [] if policy["ok"] else ["policy"]
+    if any(b.get("state") not in ("built", "up to date") for b in images.values()):
+        degraded.append("images")
+    return degraded

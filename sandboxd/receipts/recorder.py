@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,20 +139,8 @@ def interrupted_calls(audit_path: Path) -> list[str]:
     """Request ids with an allowing decision but no result and not yet reported as
     interrupted, whatever the shutdown was (a crash, or a clean stop while the audit log could
     not take their results)."""
-    try:
-        with open(audit_path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4 * 1024 * 1024))
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
     open_calls: dict[str, None] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in _tail_records(audit_path):
         event = record.get("event")
         rid = record.get("request_id")
         if event == "interrupted":
@@ -163,3 +151,21 @@ def interrupted_calls(audit_path: Path) -> list[str]:
         elif event == "result" and rid:
             open_calls.pop(rid, None)
     return list(open_calls)
+
+
+def _tail_records(audit_path: Path) -> Iterator[Any]:
+    """The records of the audit log's last 4 MiB that parse as JSON (none when it cannot be
+    read): a record cut at the start of the tail is skipped."""
+    try:
+        with open(audit_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 4 * 1024 * 1024))
+            lines = fh.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue

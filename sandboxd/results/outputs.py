@@ -55,12 +55,18 @@ def _check_content(mime: str, value: Any) -> None:
     if not isinstance(value, str):
         raise ProtocolError(f"display item: {mime} content is not a string")
     if carried == "base64":
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise ProtocolError(f"display item: {mime} content is not base64") from None
-        if not raw.startswith(SIGNATURES[mime]):
-            raise ProtocolError(f"display item: {mime} content is not a {mime} image")
+        _check_image(mime, value)
+
+
+def _check_image(mime: str, value: str) -> None:
+    """An image's content: base64 that decodes to bytes starting with its format's
+    signature."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(f"display item: {mime} content is not base64") from None
+    if not raw.startswith(SIGNATURES[mime]):
+        raise ProtocolError(f"display item: {mime} content is not a {mime} image")
 
 
 def _cut_record(cut: object) -> tuple[str, int]:
@@ -74,9 +80,8 @@ def _cut_record(cut: object) -> tuple[str, int]:
     return mime, size
 
 
-def check_item(payload: bytes, caps: DisplayCaps) -> Output:
-    """The :class:`Output` a ``d`` frame stands for, validated (raises
-    :class:`ProtocolError`)."""
+def _one_member(payload: bytes, caps: DisplayCaps) -> dict[str, Any]:
+    """The JSON object of one member a ``d`` frame must carry, within the frame cap."""
     if len(payload) > caps.frame_bytes:
         raise ProtocolError("display item: over the frame cap")
     try:
@@ -85,19 +90,37 @@ def check_item(payload: bytes, caps: DisplayCaps) -> Output:
         raise ProtocolError(f"display item: not JSON ({type(exc).__name__})") from None
     if not isinstance(item, dict) or len(item) != 1:
         raise ProtocolError("display item: not an object with one member")
-    if "cut" in item:
-        return cut_note(*_cut_record(item["cut"]), caps)
-    data = item.get("data")
+    return item
+
+
+def _data_output(data: object) -> Output:
+    """The :class:`Output` of an item's ``data`` (MIME type to content), each content
+    checked."""
     if not isinstance(data, dict) or not data:
         raise ProtocolError("display item: no data")
     for mime, value in data.items():
         _check_content(mime, value)
+    return _bounded(data)
+
+
+def _bounded(data: dict[str, Any]) -> Output:
+    """The :class:`Output` of checked ``data``, bounded where the daemon accepts it: JSON
+    nested too deep is left out and the rest kept (a note when nothing is left)."""
     deep = [mime for mime, value in data.items() if MIME_TYPES[mime] == "json" and too_deep(value)]
-    if deep:  # bounded where the daemon accepts it: the JSON is left out, the rest kept
-        data = {m: v for m, v in data.items() if m not in deep} or {
-            "text/plain": f"[display item cut: {TOO_DEEP}]"}
-        return Output(data=data, truncated=True)
-    return Output(data=data)
+    if not deep:
+        return Output(data=data)
+    kept = {m: v for m, v in data.items() if m not in deep} or {
+        "text/plain": f"[display item cut: {TOO_DEEP}]"}
+    return Output(data=kept, truncated=True)
+
+
+def check_item(payload: bytes, caps: DisplayCaps) -> Output:
+    """The :class:`Output` a ``d`` frame stands for, validated (raises
+    :class:`ProtocolError`)."""
+    item = _one_member(payload, caps)
+    if "cut" in item:
+        return cut_note(*_cut_record(item["cut"]), caps)
+    return _data_output(item.get("data"))
 
 
 class DisplayCollector:

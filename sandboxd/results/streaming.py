@@ -41,6 +41,12 @@ class StreamEvent:
             return {"text": self.data}
         return self.data
 
+    def output(self) -> str | None:
+        """The text of an output chunk (``stdout`` or ``stderr``), else ``None``."""
+        if self.kind in ("stdout", "stderr") and isinstance(self.data, str):
+            return self.data
+        return None
+
 
 EventSink = Callable[[StreamEvent], None]
 

@@ -127,19 +127,30 @@ async def connect(sandbox_id: str, request: Request,
 @router.get("/sandboxes")
 async def list_sandboxes(request: Request, client: str = Depends(e2b_client)) -> Response:
     """The caller's sandboxes (never another client's), filtered by metadata and state."""
-    wanted: dict[str, str] = {}
-    raw = request.query_params.get("metadata")
-    if raw:  # the SDKs quote each key and value, then urlencode the pairs
-        wanted = {urllib.parse.unquote(k): urllib.parse.unquote(v)
-                  for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
+    wanted = _wanted_metadata(request.query_params.get("metadata"))
     states = set(filter(None, request.query_params.get("state", "").split(",")))
     template = request.query_params.get("template")
     records = sorted(_sandboxes(request).owned(client), key=lambda r: r.started_at)
-    listed = [_listed(request, r) for r in records
-              if all(r.metadata.get(k) == v for k, v in wanted.items())
-              and (not states or _state(request, r) in states)
-              and (not template or r.template == template)]
-    return JSONResponse(listed)
+    return JSONResponse([_listed(request, r) for r in records
+                         if _selected(request, r, wanted, states, template)])
+
+
+def _wanted_metadata(raw: str | None) -> dict[str, str]:
+    """The metadata a listing filters on: the SDKs quote each key and value, then urlencode
+    the pairs."""
+    if not raw:
+        return {}
+    return {urllib.parse.unquote(k): urllib.parse.unquote(v)
+            for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
+
+
+def _selected(request: Request, record: E2bSandbox, wanted: dict[str, str], states: set[str],
+              template: str | None) -> bool:
+    """Whether a sandbox is listed: its metadata holds ``wanted``, its state is one of
+    ``states`` and its template ``template`` (each: when given)."""
+    return (all(record.metadata.get(k) == v for k, v in wanted.items())
+            and (not states or _state(request, record) in states)
+            and (not template or record.template == template))
 
 
 @router.api_route("/sandboxes/metrics", methods=["GET"])

@@ -47,14 +47,20 @@ async def _call(request: Request, client: str, record: E2bSandbox, tool: str,
     """One tool call of the sandbox's session; a refusal or failure as a Connect error."""
     result: Result = await request.app.state.service.invoke(
         client, tool, InvokeRequest(arguments=arguments, session=record.id), transport=TRANSPORT)
-    if result.status in (Status.denied, Status.rejected):
-        raise connect.ConnectError("permission_denied", refusal(result))
     if result.status is not Status.ok:
-        text = result.message or result.stderr or result.status.value
-        code = "not_found" if ("does not exist" in text or "No such file" in text) else (
-            "failed_precondition")
-        raise connect.ConnectError(code, text.strip())
+        raise _failure(result)
     return result
+
+
+def _failure(result: Result) -> connect.ConnectError:
+    """The Connect error of a call that did not end ``ok``: refused by the policy, or failed
+    (``not_found`` when the path does not exist)."""
+    if result.status in (Status.denied, Status.rejected):
+        return connect.ConnectError("permission_denied", refusal(result))
+    text = result.message or result.stderr or result.status.value
+    code = "not_found" if ("does not exist" in text or "No such file" in text) else (
+        "failed_precondition")
+    return connect.ConnectError(code, text.strip())
 
 
 def _arg(path: str) -> str:
@@ -82,18 +88,27 @@ async def _list(request: Request, client: str, record: E2bSandbox, path: str,
     for _ in range(depth):
         below: list[str] = []
         for where in level:
-            listed = await _call(request, client, record, "list_files", {"path": where})
-            for item in listed.value or []:
-                entry = _entry(where, item)
-                entries.append(entry)
-                if len(entries) > MAX_LIST_ENTRIES:
-                    raise connect.ConnectError(
-                        "resource_exhausted", f"more than {MAX_LIST_ENTRIES} entries: list a"
-                        " deeper directory or with a smaller depth")
-                if entry["type"] == "FILE_TYPE_DIRECTORY":
-                    below.append(posixpath.normpath(posixpath.join(where, str(item["name"]))))
+            below += await _list_one(request, client, record, where, entries)
         level = below
     return entries
+
+
+async def _list_one(request: Request, client: str, record: E2bSandbox, where: str,
+                    entries: list[dict[str, Any]]) -> list[str]:
+    """List the directory ``where`` into ``entries`` (at most :data:`MAX_LIST_ENTRIES` in
+    all); the paths of its subdirectories."""
+    listed = await _call(request, client, record, "list_files", {"path": where})
+    below: list[str] = []
+    for item in listed.value or []:
+        entry = _entry(where, item)
+        entries.append(entry)
+        if len(entries) > MAX_LIST_ENTRIES:
+            raise connect.ConnectError(
+                "resource_exhausted", f"more than {MAX_LIST_ENTRIES} entries: list a"
+                " deeper directory or with a smaller depth")
+        if entry["type"] == "FILE_TYPE_DIRECTORY":
+            below.append(posixpath.normpath(posixpath.join(where, str(item["name"]))))
+    return below
 
 
 async def _stat(request: Request, client: str, record: E2bSandbox, path: str) -> dict[str, Any]:

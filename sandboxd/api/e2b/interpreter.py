@@ -88,16 +88,13 @@ async def execute(request: Request, client: str = Depends(e2b_client)) -> Respon
     if not isinstance(body.get("code"), str):
         raise Problem(400, "e2b-execute", "Bad request", "the body is {\"code\": \"...\"}")
     session = _context_session(record, body.get("context_id"))
-    name, lang = languages.language(record.languages.get(session) if session != record.id
-                                    else body.get("language"))
+    name, _ = languages.language(record.languages.get(session) if session != record.id
+                                 else body.get("language"))
     envs = _checked(body.get("env_vars"), "envs")
     service: Sandboxd = request.app.state.service
     queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
     started = asyncio.Event()
-    packages = pip_install(body["code"]) if name == "python" else None
-    tool, arguments = (("install_packages", {"packages": packages}) if packages
-                       else (lang.tool, {"code": _cell(service, record, session, name,
-                                                       body["code"], envs)}))
+    tool, arguments = _tool_call(service, record, session, name, body["code"], envs)
     call = asyncio.create_task(service.invoke(
         client, tool, InvokeRequest(arguments=arguments, session=session),
         transport=TRANSPORT, events=queue.put_nowait, started=started))
@@ -115,17 +112,23 @@ async def execute(request: Request, client: str = Depends(e2b_client)) -> Respon
                              media_type="application/x-ndjson")
 
 
+def _tool_call(service: Sandboxd, record: E2bSandbox, session: str, language: str,
+               code: str, envs: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """The tool a cell calls and its arguments: ``install_packages`` for a Python cell of
+    ``pip install`` lines only, else the language's tool with the cell (:func:`_cell`)."""
+    packages = pip_install(code) if language == "python" else None
+    if packages:
+        return "install_packages", {"packages": packages}
+    return (languages.LANGUAGES[language].tool,
+            {"code": _cell(service, record, session, language, code, envs)})
+
+
 async def _lines(service: Sandboxd, client: str, session: str, call: asyncio.Task[Result],
                  queue: asyncio.Queue[StreamEvent]) -> AsyncIterator[bytes]:
     finished = False
     try:
         while not call.done() or not queue.empty():
-            get = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({get, call}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
-                continue
-            line = results.event_line(get.result())
+            line = await _next_line(call, queue)
             if line is not None:
                 yield _line(line)
         for line in results.final_lines(call.result()):
@@ -136,6 +139,18 @@ async def _lines(service: Sandboxd, client: str, session: str, call: asyncio.Tas
             task = asyncio.ensure_future(_interrupt(service, client, session, call))
             _LEFT.add(task)
             task.add_done_callback(_LEFT.discard)
+
+
+async def _next_line(call: asyncio.Task[Result], queue: asyncio.Queue[StreamEvent]
+                     ) -> dict[str, Any] | None:
+    """The line of the call's next event (``None``: the call ended first, or the event is
+    nothing E2B shows)."""
+    get = asyncio.ensure_future(queue.get())
+    done, _ = await asyncio.wait({get, call}, return_when=asyncio.FIRST_COMPLETED)
+    if get not in done:
+        get.cancel()
+        return None
+    return results.event_line(get.result())
 
 
 async def _interrupt(service: Sandboxd, client: str, session: str,
@@ -160,10 +175,8 @@ def _cell(service: Sandboxd, record: E2bSandbox, session: str, language: str, co
     """The cell's code, preceded by what sets the sandbox's and the cell's variables (and
     unsets the previous cell's own), :mod:`~sandboxd.api.e2b.languages`. Not on the
     restricted backend: its Python cannot import ``os``, so no cell there can read them."""
-    tool = languages.LANGUAGES[language].tool
-    if (not record.envs and not envs and not record.cell_envs) or any(
-            s.backend == "restricted" for s in service.policy.tools_for(record.client)
-            if s.name == tool):
+    if (not record.envs and not envs and not record.cell_envs) or _restricted(
+            service, record.client, languages.LANGUAGES[language].tool):
         return code
     key = f"{session}/{language}"
     previous = record.cell_envs.pop(key, [])
@@ -171,6 +184,12 @@ def _cell(service: Sandboxd, record: E2bSandbox, session: str, language: str, co
         record.cell_envs[key] = sorted(envs)
     return languages.with_envs(languages.LANGUAGES[language], code, record.envs, envs,
                                previous)
+
+
+def _restricted(service: Sandboxd, client: str, tool: str) -> bool:
+    """Whether the client's policy runs ``tool`` on the restricted backend."""
+    return any(s.backend == "restricted" for s in service.policy.tools_for(client)
+               if s.name == tool)
 
 
 def _line(data: dict[str, Any]) -> bytes:
@@ -196,7 +215,7 @@ def _cwd_code(language: str, where: str) -> str:
 async def create_context(request: Request, client: str = Depends(e2b_client)) -> Response:
     record = _interpreter(request, client)
     body = await json_body(request)
-    name, lang = languages.language(body.get("language"))
+    name, _ = languages.language(body.get("language"))
     cwd = body.get("cwd") or HOME
     if not isinstance(cwd, str):
         raise Problem(400, "e2b-body", "Bad request", "cwd is a path")
@@ -205,19 +224,27 @@ async def create_context(request: Request, client: str = Depends(e2b_client)) ->
     sandboxes = _sandboxes(request)
     session = await service.create_session(
         client, sandboxes.expires_at(record) - time.time(), transport=TRANSPORT)
-    if where != ".":  # the kernel starts there (a python call: the policy decides it)
-        result = await service.invoke(
-            client, lang.tool, InvokeRequest(arguments={"code": _cwd_code(name, where)},
-                                             session=session.id), transport=TRANSPORT)
-        if result.status is not Status.ok:
-            await service.delete_session(client, session.id, transport=TRANSPORT)
-            raise Problem(403 if result.status is Status.denied else 400, "e2b-context-cwd",
-                          "Context not created", f"cwd {cwd}: {results.refusal(result)}")
+    if where != ".":  # the kernel starts there
+        await _enter(service, client, session.id, name, cwd, where)
     record.contexts[session.id] = cwd
     if name != languages.DEFAULT:
         record.languages[session.id] = name
     await asyncio.to_thread(sandboxes.save, record)
     return JSONResponse(_context(session.id, cwd, name))
+
+
+async def _enter(service: Sandboxd, client: str, session: str, language: str, cwd: str,
+                 where: str) -> None:
+    """Make and enter a new context's directory (a call of its language's tool: the policy
+    decides it); refused or failed, the context's session is deleted and a problem raised."""
+    result = await service.invoke(
+        client, languages.LANGUAGES[language].tool,
+        InvokeRequest(arguments={"code": _cwd_code(language, where)}, session=session),
+        transport=TRANSPORT)
+    if result.status is not Status.ok:
+        await service.delete_session(client, session, transport=TRANSPORT)
+        raise Problem(403 if result.status is Status.denied else 400, "e2b-context-cwd",
+                      "Context not created", f"cwd {cwd}: {results.refusal(result)}")
 
 
 @router.get("/contexts")

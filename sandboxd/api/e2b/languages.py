@@ -105,9 +105,16 @@ def with_envs(lang: Language, code: str, sandbox: Mapping[str, str],
               cell: Mapping[str, str], previous: Iterable[str]) -> str:
     """``code`` preceded by the line that sets the variables (nothing to do: ``code`` as it
     is). ``previous``: the names the kernel's last cell set of its own."""
-    back = [name for name in previous if name not in cell]
-    envs = Envs(sandbox, {n: sandbox[n] for n in back if n in sandbox},
-                tuple(sorted(n for n in back if n not in sandbox)), cell)
+    envs = _envs(sandbox, cell, previous)
     if not (sandbox or envs.reset or envs.unset or cell):
         return code
     return lang.envs(envs) + "\n" + code
+
+
+def _envs(sandbox: Mapping[str, str], cell: Mapping[str, str], previous: Iterable[str]) -> Envs:
+    """The variables a cell sets: the sandbox's and its own, and of the names the last cell
+    set of its own (``previous``) but this one does not, the sandbox's value back (``reset``)
+    or none (``unset``)."""
+    back = [name for name in previous if name not in cell]
+    return Envs(sandbox, {n: sandbox[n] for n in back if n in sandbox},
+                tuple(sorted(n for n in back if n not in sandbox)), cell)

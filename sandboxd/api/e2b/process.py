@@ -45,11 +45,17 @@ def command_line(config: dict[str, Any]) -> str:
     """The command line a process config runs: the script of ``bash -l -c <line>``, else
     the program and its arguments quoted."""
     cmd, args = config.get("cmd") or "", list(config.get("args") or [])
-    if cmd in _SHELLS and len(args) >= 2 and args[-2] == "-c" and set(args[:-2]) <= {"-l"}:
+    if _shell_script(cmd, args):
         return str(args[-1])
     if not cmd:
         raise connect.ConnectError("invalid_argument", "process.cmd names the program")
     return shlex.join([cmd, *map(str, args)])
+
+
+def _shell_script(cmd: str, args: list[Any]) -> bool:
+    """Whether ``cmd args`` is a shell running the script that ends ``args`` (``-c`` before
+    it, nothing but ``-l`` ahead)."""
+    return cmd in _SHELLS and len(args) >= 2 and args[-2] == "-c" and set(args[:-2]) <= {"-l"}
 
 
 @router.get("/health")
@@ -143,8 +149,9 @@ async def _events(job: Background, events: asyncio.Queue[StreamEvent]
     try:
         yield connect.envelope({"event": {"start": {"pid": job.pid}}})
         while (event := await commands.next_event(job, events)) is not None:
-            if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
-                data = base64.b64encode(event.data.encode()).decode()
+            text = event.output()
+            if text is not None:
+                data = base64.b64encode(text.encode()).decode()
                 yield connect.envelope({"event": {"data": {event.kind: data}}})
     finally:
         job.leave(events)
@@ -163,10 +170,11 @@ def _end(result: Result) -> dict[str, Any]:
     code = result.termination.exit_code
     if result.status is Status.ok:
         code = code or 0
-    end: dict[str, Any] = {"exited": code is not None and code >= 0,
-                           "exitCode": code if code is not None else -1,
-                           "status": f"exit status {code}" if code is not None
-                           else f"{result.status.value}: {result.termination.reason.value}"}
+    end: dict[str, Any] = (
+        {"exited": False, "exitCode": -1,
+         "status": f"{result.status.value}: {result.termination.reason.value}"}
+        if code is None else
+        {"exited": code >= 0, "exitCode": code, "status": f"exit status {code}"})
     if result.status is not Status.ok and result.message:
         end["error"] = result.message
     return end
@@ -203,17 +211,22 @@ async def send_input(request: Request) -> Response:
     try:
         _, record = await _record(request)
         message = await connect.unary_request(request)
-        stdin = _stdin(record, message)
-        data = (message.get("input") or {}).get("stdin") or ""
-        try:
-            if not isinstance(data, str):
-                raise ValueError("input.stdin must be bytes (base64)")
-            stdin.write(base64.b64decode(data, validate=True))
-        except (ValueError, StdinRefused) as exc:  # binascii.Error is a ValueError
-            raise connect.ConnectError("invalid_argument", f"stdin: {exc}") from None
+        _write_input(_stdin(record, message), message)
     except Exception as exc:
         return connect.unary_error(exc)
     return JSONResponse({})
+
+
+def _write_input(stdin: Stdin, message: dict[str, Any]) -> None:
+    """Write a ``SendInput``'s bytes (base64 in ``input.stdin``) to the command's stdin;
+    ``invalid_argument`` when they are not base64 or the stdin refuses them."""
+    data = (message.get("input") or {}).get("stdin") or ""
+    try:
+        if not isinstance(data, str):
+            raise ValueError("input.stdin must be bytes (base64)")
+        stdin.write(base64.b64decode(data, validate=True))
+    except (ValueError, StdinRefused) as exc:  # binascii.Error is a ValueError
+        raise connect.ConnectError("invalid_argument", f"stdin: {exc}") from None
 
 
 @router.post(SERVICE + "CloseStdin")

@@ -42,8 +42,9 @@ def bundle(data: dict[str, Any], main: bool) -> dict[str, Any]:
 
 def event_line(event: StreamEvent) -> dict[str, Any] | None:
     """One streamed event as a line (None: nothing E2B shows while the cell runs)."""
-    if event.kind in ("stdout", "stderr") and isinstance(event.data, str):
-        return {"type": event.kind, "text": event.data, "timestamp": _timestamp()}
+    text = event.output()
+    if text is not None:
+        return {"type": event.kind, "text": text, "timestamp": _timestamp()}
     if event.kind == "display" and isinstance(event.data, dict):
         return bundle(event.data.get("data") or {}, False)
     return None
@@ -65,10 +66,15 @@ def error(result: Result) -> dict[str, Any] | None:
     value and traceback (from its traceback on stderr), else the result's own reason."""
     if result.status is Status.ok:
         return None
-    if result.status is Status.error:
-        raised = _traceback_error(result.stderr) or _message_error(result)
-        if raised is not None:
-            return raised
+    if result.status is Status.error and (
+            raised := _traceback_error(result.stderr) or _message_error(result)) is not None:
+        return raised
+    return _status_error(result)
+
+
+def _status_error(result: Result) -> dict[str, Any]:
+    """The ``error`` line of a cell that raised nothing readable (timed out, killed, refused):
+    named after its status, its value the result's message (else its stderr's end)."""
     name = {Status.timeout: "TimeoutError", Status.killed: "KeyboardInterrupt"}.get(
         result.status, "SandboxdError")
     why = result.message or result.stderr.strip()[-4000:] or result.status.value

@@ -18,6 +18,7 @@ entries a snapshot (so at most twice that many events a poll).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import uuid
@@ -85,13 +86,9 @@ def _scan(dfd: int, prefix: str, top: str, recursive: bool, seen: Snapshot,
           stack: list[tuple[int, str]]) -> None:
     with os.scandir(dfd) as it:
         for entry in it:
-            if entry.name.startswith(".sandboxd-"):
-                continue
             name = prefix + entry.name
-            try:
-                rules.normalise_path(name if top == "." else f"{top}/{name}")
-            except rules.PathRefused:
-                continue  # a name the project's paths cannot spell: never reported
+            if entry.name.startswith(".sandboxd-") or not _spellable(top, name):
+                continue
             st = entry.stat(follow_symlinks=False)
             kind = _kind(st.st_mode)
             seen[name] = (kind, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -99,30 +96,57 @@ def _scan(dfd: int, prefix: str, top: str, recursive: bool, seen: Snapshot,
                 raise WatchTooLarge(f"the watched directory holds more than {MAX_WATCH_ENTRIES}"
                                     " entries: watch a smaller one")
             if kind == "dir" and recursive:
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                try:
-                    stack.append((os.open(entry.name, flags, dir_fd=dfd), name + "/"))
-                except OSError:
-                    continue  # gone or replaced by a symlink since the scan: not walked
+                _descend(dfd, entry.name, name, stack)
+
+
+def _spellable(top: str, name: str) -> bool:
+    """Whether the project's paths can spell ``name`` under ``top`` (never reported else)."""
+    try:
+        rules.normalise_path(name if top == "." else f"{top}/{name}")
+    except rules.PathRefused:
+        return False
+    return True
+
+
+def _descend(dfd: int, entry: str, name: str, stack: list[tuple[int, str]]) -> None:
+    """Queue the subdirectory ``entry`` of ``dfd`` for the walk, opened without following a
+    symlink (one gone or replaced by a symlink since the scan is not walked)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(OSError):
+        stack.append((os.open(entry, flags, dir_fd=dfd), name + "/"))
 
 
 def changes(old: Snapshot, new: Snapshot) -> list[dict[str, str]]:
     """envd's events (``name`` relative to the watched directory) from ``old`` to ``new``."""
-    events: list[tuple[str, str]] = []
     created = {name for name in new if name not in old}
+    events = [*_gone(old, new, created), *((name, "CREATE") for name in sorted(created)),
+              *_altered(old, new)]
+    return [{"name": name, "type": f"EVENT_TYPE_{kind}"} for name, kind in events]
+
+
+def _gone(old: Snapshot, new: Snapshot, created: set[str]) -> list[tuple[str, str]]:
+    """A name no longer there: RENAME when its inode reappears under a created name as the
+    same kind, else REMOVE."""
     moved_to = {new[name][1]: name for name in created}
+    events: list[tuple[str, str]] = []
     for name in sorted(set(old) - set(new)):
-        target = moved_to.get(old[name][1])  # the same inode under a new name, same kind
+        target = moved_to.get(old[name][1])
         renamed = target is not None and new[target][0] == old[name][0]
         events.append((name, "RENAME" if renamed else "REMOVE"))
-    events.extend((name, "CREATE") for name in sorted(created))
+    return events
+
+
+def _altered(old: Snapshot, new: Snapshot) -> list[tuple[str, str]]:
+    """A name in both: REMOVE then CREATE when another kind replaced it, WRITE when a file's
+    inode, size or mtime moved (written in place, or a new file renamed over it)."""
+    events: list[tuple[str, str]] = []
     for name in sorted(set(old) & set(new)):
         before, after = old[name], new[name]
         if before[0] != after[0]:
-            events.extend(((name, "REMOVE"), (name, "CREATE")))  # replaced by another kind
+            events.extend(((name, "REMOVE"), (name, "CREATE")))
         elif after[0] == "file" and before[1:] != after[1:]:
-            events.append((name, "WRITE"))  # in place, or a new file renamed over it
-    return [{"name": name, "type": f"EVENT_TYPE_{kind}"} for name, kind in events]
+            events.append((name, "WRITE"))
+    return events
 
 
 def new_watcher(path: str, recursive: bool, seen: Snapshot) -> Watcher:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.types import Message, Send
+from starlette.types import Message, Receive, Send
 
-__all__ = ["INVALID_REQUEST", "envelope_error", "request_id", "rpc_error", "with_request_id"]
+__all__ = ["INVALID_REQUEST", "envelope_error", "replay_body", "request_id", "rpc_error",
+           "with_request_id"]
 INVALID_REQUEST = -32600  # JSON-RPC 2.0 section 5.1 (no SDK import for a constant)
 PARSE_ERROR = -32700
 
@@ -29,8 +30,11 @@ def rpc_error(ident: str | int | None, code: int, message: str,
     return {"jsonrpc": "2.0", "id": ident, "error": error}
 
 
-def _valid_id(value: object) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+def _valid_id(value: object) -> str | int | None:
+    """``value`` when it is a valid JSON-RPC id (a string or an integer), else ``None``."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    return None
 
 
 def _parse(body: bytes) -> object:
@@ -43,15 +47,12 @@ def _parse(body: bytes) -> object:
 def request_id(body: bytes) -> str | int | None:
     """The ``id`` of the message in ``body`` when it has a valid one (else ``None``)."""
     message = _parse(body)
-    ident = message.get("id") if isinstance(message, dict) else None
-    return ident if _valid_id(ident) else None
+    return _valid_id(message.get("id")) if isinstance(message, dict) else None
 
 
 def envelope_error(body: bytes) -> dict[str, Any] | None:
     """The error answer for a message that is not one JSON-RPC 2.0 message as MCP has them,
-    or ``None`` when the SDK should read it (valid, or not JSON at all)."""
-    if not body.strip():
-        return None
+    or ``None`` when the SDK should read it (valid, or not JSON at all: blank included)."""
     message = _parse(body)
     if message is None:
         return None  # the SDK's parse error (-32700)
@@ -60,27 +61,46 @@ def envelope_error(body: bytes) -> dict[str, Any] | None:
                               "per request")
     if not isinstance(message, dict):
         return _invalid(None, "a JSON-RPC message is a JSON object")
-    ident = message.get("id")
-    echo = ident if _valid_id(ident) else None
+    echo = _valid_id(message.get("id"))
     if message.get("jsonrpc") != "2.0":
         return _invalid(echo, 'the message must have "jsonrpc": "2.0"')
     if "method" in message:
-        if not isinstance(message["method"], str):
-            return _invalid(echo, '"method" must be a string')
-        if "id" in message and echo is None:
-            return _invalid(None, '"id" must be a string or an integer (never null, a '
-                                  "fraction, a boolean, an array or an object)")
-        if "params" in message and not isinstance(message["params"], dict):
-            return _invalid(echo, '"params" must be an object')
-        return None
+        return _request_error(message, echo)
     if "result" in message or "error" in message:
         return None  # a client's answer to a server request: the SDK routes it
     return _invalid(echo, 'a message has a "method" (a request or a notification) or a '
                           '"result" or "error" (a response)')
 
 
+def _request_error(message: dict[str, Any], echo: str | int | None) -> dict[str, Any] | None:
+    """The error answer for a request or a notification (a message with a ``method``) whose
+    method, id or params are of the wrong type, else ``None``."""
+    if not isinstance(message["method"], str):
+        return _invalid(echo, '"method" must be a string')
+    if "id" in message and echo is None:
+        return _invalid(None, '"id" must be a string or an integer (never null, a '
+                              "fraction, a boolean, an array or an object)")
+    if "params" in message and not isinstance(message["params"], dict):
+        return _invalid(echo, '"params" must be an object')
+    return None
+
+
 def _invalid(ident: str | int | None, why: str) -> dict[str, Any]:
     return rpc_error(ident, INVALID_REQUEST, f"invalid JSON-RPC request: {why}")
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body, already read to check its envelope, given back first."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def with_request_id(send: Send, ident: str | int | None) -> Send:

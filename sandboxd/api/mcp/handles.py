@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandboxd.errors import UnknownTool
+from sandboxd.models import ToolSpec
 from sandboxd.service import Sandboxd
 from sandboxd.sessions.manager import Session, SessionError, SessionLimitReached, SessionNotFound
 from sandboxd.tools import ArgumentsInvalid, validate_arguments
@@ -107,14 +108,8 @@ class Handles:
         sessions while it is at a cap. The room is taken before the first ``await``, so that
         concurrent mints cannot overshoot."""
         live = self._live(client)
-        idle = sorted((s for s in live if not self._busy[s.id]), key=lambda s: s.expires_at)
         pending = self._minting.held(client)
-        native = len(self.service.sessions.owned(client))
-        native_cap = self.service.sessions.max_per_client
-        victims: list[Session] = []
-        while idle and (len(live) - len(victims) + pending >= self.per_client
-                        or native - len(victims) + pending >= native_cap):
-            victims.append(idle.pop(0))
+        victims = self._victims(client, live, pending)
         try:  # the room, taken before the first await (sandboxd.util.reservations)
             place = self._minting.reserve(client, Cap(
                 "mcp_max_sessions_per_client", len(live) - len(victims) + pending,
@@ -128,17 +123,34 @@ class Handles:
             self._minted.get(client, set()).discard(victim.id)
             self._ending.add(victim.id)
         try:
-            for victim in victims:
-                try:
-                    await self.service.end_session(victim, "session_deleted", transport="mcp",
-                                                   reason=EVICTED)
-                finally:
-                    self._ending.discard(victim.id)
+            await self._evict(victims)
             session = await self.service.create_session(client, None, transport="mcp")
         finally:
             place.release()
         self._minted.setdefault(client, set()).add(session.id)
         return session.id
+
+    def _victims(self, client: str, live: list[Session], pending: int) -> list[Session]:
+        """The least recently used idle minted sessions to end so that one more session
+        fits under both caps: MCP's per client (``live`` and ``pending`` mints) and the
+        service's."""
+        idle = sorted((s for s in live if not self._busy[s.id]), key=lambda s: s.expires_at)
+        native = len(self.service.sessions.owned(client))
+        native_cap = self.service.sessions.max_per_client
+        victims: list[Session] = []
+        while idle and (len(live) - len(victims) + pending >= self.per_client
+                        or native - len(victims) + pending >= native_cap):
+            victims.append(idle.pop(0))
+        return victims
+
+    async def _evict(self, victims: list[Session]) -> None:
+        """End the evicted sessions, each no longer marked as ending once its end is done."""
+        for victim in victims:
+            try:
+                await self.service.end_session(victim, "session_deleted", transport="mcp",
+                                               reason=EVICTED)
+            finally:
+                self._ending.discard(victim.id)
 
     async def session_for(self, client: str, tool: str, arguments: dict[str, Any],
                           meta_session: str | None) -> str | None:
@@ -146,26 +158,36 @@ class Handles:
         ``_meta``) names, which must be the caller's and alive (else nothing runs), or a new
         one minted for it. The tool and the arguments are checked first: a call that cannot
         run mints nothing. Takes ``session`` out of ``arguments``."""
-        specs = self.service.tools(client)
-        spec = next((s for s in specs if s.name == tool), None)
-        if spec is None:
-            raise UnknownTool(tool, sorted(s.name for s in specs))
+        spec = self._spec(client, tool)
         if not takes_handle(spec.parameters):
             return meta_session  # the tool's own argument is called "session"
         sid = take_handle(tool, arguments) or meta_session
         validate_arguments(tool, spec.parameters, arguments)
         if sid is not None:
-            try:
-                if sid in self._ending:
-                    raise _ended(sid)
-                self.service.session(client, sid)
-            except SessionNotFound as exc:
-                raise SessionNotFound(f"{exc}; leave out \"{ARGUMENT}\" to start a new "
-                                      "session") from None
-            return sid
+            return self._named(client, sid)
         if not spec.available:
             return None  # the service refuses it: no session for a call that cannot run
         return await self.mint(client)
+
+    def _spec(self, client: str, tool: str) -> ToolSpec:
+        """The client's tool named ``tool`` (:class:`UnknownTool` lists the ones it has)."""
+        specs = self.service.tools(client)
+        spec = next((s for s in specs if s.name == tool), None)
+        if spec is None:
+            raise UnknownTool(tool, sorted(s.name for s in specs))
+        return spec
+
+    def _named(self, client: str, sid: str) -> str:
+        """The session a call names, when it is the caller's, alive and not being evicted
+        (else :class:`SessionNotFound`, which says to leave it out)."""
+        try:
+            if sid in self._ending:
+                raise _ended(sid)
+            self.service.session(client, sid)
+        except SessionNotFound as exc:
+            raise SessionNotFound(f"{exc}; leave out \"{ARGUMENT}\" to start a new "
+                                  "session") from None
+        return sid
 
     @contextlib.contextmanager
     def use(self, sid: str) -> Iterator[None]:

@@ -11,8 +11,10 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 
 from sandboxd.api import problems
+from sandboxd.api.mcp.envelope import rpc_error
 from sandboxd.models import LimitsRequest
 
 LIMITS_META = "sandboxd/limits"
@@ -39,7 +41,7 @@ STATELESS_INSTRUCTIONS = _ABOUT + (
 def limits(meta: Any) -> LimitsRequest | None:
     """Lower limits a caller may ask for in ``_meta["sandboxd/limits"]`` (the HTTP body's
     ``limits``: each may only lower the effective limit); bad values are -32602 naming them."""
-    wanted = (meta or {}).get(LIMITS_META) if isinstance(meta, dict) else None
+    wanted = meta.get(LIMITS_META) if isinstance(meta, dict) else None
     if wanted is None:
         return None
     try:
@@ -61,3 +63,13 @@ def named_session(meta: Any) -> str | None:
         raise MCPError(types.INVALID_PARAMS, f"_meta.{SESSION_META}: a session id (a string)",
                        {"field": f"_meta.{SESSION_META}", "problem": "not a string"})
     return sid
+
+
+def unsupported_version(version: str, ident: str | int | None) -> JSONResponse:
+    """The answer to a version MCP never had, or one newer than this server (-32022 names
+    the ones it speaks: a client picks a mutual one, as the lifecycle's negotiation says)."""
+    error = rpc_error(ident, types.UNSUPPORTED_PROTOCOL_VERSION,
+                      f"protocol version {version[:40]!r} is not a version this server "
+                      f"speaks (it speaks {', '.join(VERSIONS)})",
+                      {"supported": list(VERSIONS), "requested": version[:40]})
+    return JSONResponse(error, status_code=400)

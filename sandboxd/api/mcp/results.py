@@ -76,10 +76,18 @@ def problem_answer(exc: SandboxdError, answer: McpAnswer, version: str,
     """A call that ended in ``exc``, answered as its row of the outcome table says: a
     JSON-RPC error (raised, for the SDK to send), or a tool error the model reads (naming
     the stateless call's session ``named`` unless the row says it names none)."""
-    if answer.rpc is not None and (answer.rpc_until is None
-                                   or not is_version_at_least(version, answer.rpc_until)):
-        raise MCPError(answer.rpc, str(exc),
+    code = _rpc_code(answer, version)
+    if code is not None:
+        raise MCPError(code, str(exc),
                        {key: getattr(exc, attr) for key, attr in answer.data} or None)
     text = answer.says.format(exc=exc, retry=max(1, getattr(exc, "retry_after", 1)))
     audited: Result | None = getattr(exc, "result", None) if answer.shows_result else None
     return named_result(error_result(text, audited), named if answer.names_session else None)
+
+
+def _rpc_code(answer: McpAnswer, version: str) -> int | None:
+    """The JSON-RPC error the row answers with at this protocol revision (``None``: a tool
+    error, from the row's ``rpc_until`` revision on or when it has no JSON-RPC error)."""
+    if answer.rpc_until is not None and is_version_at_least(version, answer.rpc_until):
+        return None
+    return answer.rpc

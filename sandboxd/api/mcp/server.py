@@ -53,9 +53,10 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS, is_version_at_least
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from sandboxd import __version__
 from sandboxd.api import problems
@@ -63,7 +64,12 @@ from sandboxd.api.auth import authenticate
 from sandboxd.api.mcp import forking
 from sandboxd.api.mcp import handles as mcp_handles
 from sandboxd.api.mcp.elicit import call_context
-from sandboxd.api.mcp.envelope import envelope_error, request_id, rpc_error, with_request_id
+from sandboxd.api.mcp.envelope import (
+    envelope_error,
+    replay_body,
+    request_id,
+    with_request_id,
+)
 from sandboxd.api.mcp.meta import (
     ARGUMENT_ERRORS_AS_RESULTS,
     INSTRUCTIONS,
@@ -71,6 +77,7 @@ from sandboxd.api.mcp.meta import (
     VERSIONS,
     limits,
     named_session,
+    unsupported_version,
 )
 from sandboxd.api.mcp.results import (
     call_result,
@@ -109,20 +116,6 @@ def _connection(ctx: Any) -> Any:
     the session ends), ``session_id`` and the standalone ``notify``. The lowlevel context does not
     expose it yet (mcp 2.3: ``ServerSession._connection``), hence the pinned SDK range."""
     return ctx.session._connection
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` with the body, already read, given back first."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 class _Server(Server[Any]):
@@ -216,14 +209,8 @@ class McpFrontDoor:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        if self._stop.is_set() or not self._serving:
-            await problems.problem_response(problems.Problem(
-                503, "draining", "Shutting down",
-                "the daemon is shutting down; retry on another instance or later",
-                headers={"Retry-After": "5"}))(scope, receive, send)
-            return
         try:
-            client = await authenticate(request)
+            client = await self._admit(request)
         except problems.Problem as exc:
             await problems.problem_response(exc)(scope, receive, send)
             return
@@ -235,19 +222,37 @@ class McpFrontDoor:
                 await JSONResponse(error, status_code=400)(scope, receive, send)
                 return
             ident = request_id(body)
-            receive = _replay(body, receive)
+            receive = replay_body(body, receive)
             send = with_request_id(send, ident)  # the SDK's own refusals say "id": null
         version = request.headers.get("mcp-protocol-version")
         if version is not None and version not in VERSIONS:
-            await self._unsupported_version(version, ident)(scope, receive, send)
+            await unsupported_version(version, ident)(scope, receive, send)
             return
         self.service.metrics.mcp_requests.labels(method=f"http_{scope['method']}").inc()
         scope[CLIENT_KEY] = client
         # the SDK binds a session to the identity that opened it: another client presenting its
         # id is answered 404 (the token itself is not kept)
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=client, scopes=[]))
-        session_id = request.headers.get("mcp-session-id")
-        if version in MODERN_PROTOCOL_VERSIONS:
+        await self._route(scope, receive, send, client, ident)
+
+    async def _admit(self, request: Request) -> str:
+        """The client of a request, authenticated like the HTTP API's (a 503 problem once the
+        daemon drains)."""
+        if self._stop.is_set() or not self._serving:
+            raise problems.Problem(
+                503, "draining", "Shutting down",
+                "the daemon is shutting down; retry on another instance or later",
+                headers={"Retry-After": "5"})
+        return await authenticate(request)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send, client: str,
+                     ident: str | int | None) -> None:
+        """Hand an admitted request to the SDK: a 2026-07-28 request as it is, one of an open
+        session as that session's (a DELETE frees its slot), any other within the caps on
+        MCP sessions (:meth:`_open`)."""
+        headers = Headers(scope=scope)
+        session_id = headers.get("mcp-session-id")
+        if headers.get("mcp-protocol-version") in MODERN_PROTOCOL_VERSIONS:
             # 2026-07-28: one request, one answer, no session to open (the SDK checks the
             # per-request envelope: _meta and the Mcp-Method/Mcp-Name headers)
             await self.manager.handle_request(scope, receive, send)
@@ -257,7 +262,12 @@ class McpFrontDoor:
                 send = self.slots.freeing(session_id, send)
             await self.manager.handle_request(scope, receive, send)
             return
-        # a request that may open a session: a slot first (or 429 naming the cap)
+        await self._open(scope, receive, send, client, ident)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send, client: str,
+                    ident: str | int | None) -> None:
+        """Hand the SDK a request that may open a session: a slot first (or 429 naming the
+        cap), settled once the SDK is done with it."""
         try:
             ticket = self.slots.reserve(client)
         except McpSessionLimit as exc:
@@ -270,16 +280,6 @@ class McpFrontDoor:
         finally:
             TICKET.reset(reset)
             self.slots.settle(ticket)
-
-    @staticmethod
-    def _unsupported_version(version: str, ident: str | int | None) -> JSONResponse:
-        """A version MCP never had, or one newer than this server (-32022 names the ones it
-        speaks: a client picks a mutual one, as the lifecycle's negotiation says)."""
-        error = rpc_error(ident, types.UNSUPPORTED_PROTOCOL_VERSION,
-                          f"protocol version {version[:40]!r} is not a version this server "
-                          f"speaks (it speaks {', '.join(VERSIONS)})",
-                          {"supported": list(VERSIONS), "requested": version[:40]})
-        return JSONResponse(error, status_code=400)
 
     # ------------------------------------------------------------ handlers
 
@@ -325,12 +325,7 @@ class McpFrontDoor:
         try:
             lower = limits(params.meta)
             arguments = dict(params.arguments or {})
-            if _stateless(ctx):
-                session = named = await self.handles.session_for(
-                    client, params.name, arguments, named_session(params.meta))
-            else:
-                session = (named_session(params.meta)
-                           or await self._sandbox_session(_connection(ctx), client))
+            session, named = await self._session(ctx, client, params, arguments)
             request = InvokeRequest(arguments=arguments, session=session, limits=lower)
             with self.handles.use(named) if named else contextlib.nullcontext():
                 result = await self._run(ctx, client, params.name, request)
@@ -342,6 +337,18 @@ class McpFrontDoor:
             return problem_answer(exc, answer, ctx.session.protocol_version, named)
         counter.labels(tool=params.name, status=result.status.value).inc()
         return named_result(call_result(result), named)
+
+    async def _session(self, ctx: Any, client: str, params: types.CallToolRequestParams,
+                       arguments: dict[str, Any]) -> tuple[str | None, str | None]:
+        """The session a call runs in, and the one its answer names (a stateless call's
+        handle, named or minted: :mod:`.handles`); else the one ``_meta`` names or the MCP
+        session's own."""
+        if _stateless(ctx):
+            sid = await self.handles.session_for(client, params.name, arguments,
+                                                 named_session(params.meta))
+            return sid, sid
+        return (named_session(params.meta)
+                or await self._sandbox_session(_connection(ctx), client)), None
 
     async def _fork(self, ctx: Any, client: str,
                     params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -446,13 +453,20 @@ class McpFrontDoor:
             connection = by_id.get(sid)
             if connection is not None:  # its sandboxd session is not deleted by the exit hook
                 connection.state.pop("sandbox_session", None)
-            transport = manager._server_instances.get(sid)
-            if transport is not None:
-                await manager._discard_session(sid, transport)  # 404 from now on
-                if transport.idle_scope is not None:
-                    transport.idle_scope.cancel()  # ends its server task as idle expiry does
+            await self._discard(sid)
             ended.append(sid[:8])
         return ended
+
+    async def _discard(self, sid: str) -> None:
+        """Forget the MCP session ``sid`` (404 from now on) and end its server task, as idle
+        expiry does."""
+        manager = self.manager
+        transport = manager._server_instances.get(sid)
+        if transport is None:
+            return
+        await manager._discard_session(sid, transport)
+        if transport.idle_scope is not None:
+            transport.idle_scope.cancel()
 
     # ------------------------------------------------------------ list_changed
 

@@ -171,10 +171,11 @@ class SessionManager(StreamableHTTPSessionManager):
             log.error("MCP session admission without a reserved slot: refused")
             return None
         transport = super()._admit_session(requestor)
-        if transport is not None and transport.mcp_session_id is not None and self.node_id:
+        if transport is None or transport.mcp_session_id is None:
+            return transport
+        if self.node_id:
             self._rename(transport, f"mcp_{self.node_id}_{transport.mcp_session_id}")
-        if transport is not None and transport.mcp_session_id is not None:
-            self.slots.admitted(ticket, transport.mcp_session_id, transport)
+        self.slots.admitted(ticket, transport.mcp_session_id, transport)
         return transport
 
     def _rename(self, transport: StreamableHTTPServerTransport, new: str) -> None:
