@@ -5,10 +5,14 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, fail, settings_for
+
+if TYPE_CHECKING:
+    from sandboxd.access.tokens import TokenEntry
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -92,11 +96,14 @@ def list_(tokens_file: Path | None = _FILE_OPTION,
         return
     typer.echo(f"{'CLIENT':<20} {'ID':<12}  {'CREATED':<20}  {'EXPIRES':<28}  LABEL")
     for entry in store.entries:
-        expiry = entry.expires or "never"
-        if entry.expired():
-            expiry += " (EXPIRED)"
-        typer.echo(f"{entry.client:<20} {entry.id:<12}  {entry.created or '-':<20}  "
-                   f"{expiry:<28}  {entry.label or ''}".rstrip())
+        typer.echo(_row(entry))
+
+
+def _row(entry: TokenEntry) -> str:
+    """One token's line of ``token list``."""
+    expiry = (entry.expires or "never") + (" (EXPIRED)" if entry.expired() else "")
+    return (f"{entry.client:<20} {entry.id:<12}  {entry.created or '-':<20}  "
+            f"{expiry:<28}  {entry.label or ''}".rstrip())
 
 
 @app.command("remove")
