@@ -62,6 +62,17 @@ def last_head(audit_path: Path,
         return None, None
     except OSError as exc:
         return None, (0, f"cannot read: {exc.strerror or exc}")
+    head, problem = _newest(lines, keys)
+    if problem is None and head is not None and keys is None:
+        problem = (0, "no receipt keys to check the signed heads' signatures with (give "
+                      "--key or --state-dir)")
+    return head, problem
+
+
+def _newest(lines: list[bytes],
+            keys: KeySet | None) -> tuple[SignedHead | None, Problem | None]:
+    """The newest signed head of the heads file's ``lines`` up to the first that is not one,
+    and that line's problem."""
     head: SignedHead | None = None
     for number, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -71,7 +82,4 @@ def last_head(audit_path: Path,
             return head, (number, found)
         if head is None or found.seq >= head.seq:
             head = found
-    if head is not None and keys is None:
-        return head, (0, "no receipt keys to check the signed heads' signatures with (give "
-                         "--key or --state-dir)")
     return head, None
