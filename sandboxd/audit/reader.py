@@ -74,8 +74,9 @@ def _parsed(f: Path, lineno: int, line: bytes) -> tuple[dict[str, Any], int, str
     try:
         record = json.loads(line)
         seq, prev = record["seq"], record["prev"]
-        if (not isinstance(seq, int) or isinstance(seq, bool)
-                or not isinstance(prev, str) or not isinstance(record["event"], str)):
+        # type() and not isinstance(): JSON's true and false are ints to isinstance
+        if type(seq) is not int or not isinstance(prev, str) or not isinstance(
+                record["event"], str):
             raise TypeError
     except (ValueError, KeyError, TypeError):
         raise _Broken(f, lineno, None, "not a valid audit record (edited or corrupt)") from None

@@ -66,7 +66,7 @@ def _chain_seq(path: Path, last: bytes) -> int:
     valid audit record)."""
     try:
         seq = json.loads(last)["seq"]
-        if not isinstance(seq, int) or isinstance(seq, bool):
+        if type(seq) is not int:  # not isinstance(): true and false are ints to it
             raise TypeError("seq")
     except (ValueError, KeyError, TypeError):
         raise AuditError(f"{path}: the last record is not a valid audit record; "

@@ -46,7 +46,7 @@ def _head(raw: bytes, number: int, keys: KeySet | None) -> SignedHead | str:
     if why is not None:
         return f"the signed head does not verify: {why}"
     seq, sha = record.get("seq"), record.get("sha256")
-    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(sha, str):
+    if type(seq) is not int or not isinstance(sha, str):  # true and false are ints too
         return _CORRUPT
     return SignedHead(seq, sha, str(record.get("ts")), number)
 
