@@ -328,18 +328,13 @@ class AuditLog:
     def _append(self, data: bytes) -> int:
         """Write one built line, or leave the file as it was (lock held); its commit ticket."""
         assert self._fd is not None
-        good = self._size
         try:
             view = memoryview(data)
             while view:
                 written = os.write(self._fd, view)
                 view = view[written:]
         except OSError as exc:
-            try:
-                os.ftruncate(self._fd, good)
-                os.fsync(self._fd)
-            except OSError as exc2:
-                self._broken = f"could not remove a partial record: {exc2.strerror or exc2}"
+            self._cut_partial()
             raise AuditError(f"{self.path}: cannot write the audit log: "
                              f"{exc.strerror or exc}") from exc
         self._size += len(data)
@@ -347,6 +342,16 @@ class AuditLog:
         self._prev = hashlib.sha256(data[:-1]).hexdigest()
         self._appended += 1
         return self._appended
+
+    def _cut_partial(self) -> None:
+        """Cut what a failed write left of a record (lock held); the log is unusable when
+        that fails too."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._broken = f"could not remove a partial record: {exc.strerror or exc}"
 
     def _doomed(self) -> list[Path]:
         """The oldest rotated files the retention settings no longer keep (a prefix)."""
