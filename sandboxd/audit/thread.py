@@ -124,10 +124,14 @@ class AuditThread:
                     waiting.append((item, value))
                 else:  # nothing durable to wait for (e.g. a decision its result commits)
                     _settle(item, value)
-        if not tickets:
-            return
+        if tickets:
+            self._commit(max(tickets), waiting)
+
+    def _commit(self, ticket: int, waiting: list[tuple[_Item, Any]]) -> None:
+        """Make every record up to ``ticket`` durable with one sync, then answer the writers
+        waiting for it (each gets the sync's failure, if it fails)."""
         try:
-            self.audit.commit(max(tickets))
+            self.audit.commit(ticket)
         except Exception as exc:
             for item, _ in waiting:
                 _settle(item, exc=exc)
