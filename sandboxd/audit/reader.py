@@ -149,8 +149,8 @@ class _Chain:
         report, anchor = self.report, self.anchor
         if anchor is None or report.anchored_by is not None:
             return
-        if (record["event"] == "audit_pruned" and record.get("anchor_seq") == anchor[0]
-                and record.get("anchor_prev") == anchor[1]):
+        names = (record["event"], record.get("anchor_seq"), record.get("anchor_prev"))
+        if names == ("audit_pruned", anchor[0], anchor[1]):
             report.anchor_seq, report.anchored_by = anchor[0], seq
 
     def _follows(self, f: Path, lineno: int, seq: int, prev: str) -> None:
