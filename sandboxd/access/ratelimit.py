@@ -42,17 +42,23 @@ class RateLimiter:
             return None
         now = self._clock()
         with self._lock:
-            calls = self._calls.get(client)
-            if calls is None:
-                if len(self._calls) >= self.MAX_CLIENTS:
-                    self._forget_idle(now)
-                calls = self._calls[client] = deque()
+            calls = self._calls_of(client, now)
             while calls and now - calls[0] >= self.WINDOW_S:
                 calls.popleft()
             if len(calls) < self.per_minute:
                 calls.append(now)
                 return None
             return max(calls[0] + self.WINDOW_S - now, 0.001)
+
+    def _calls_of(self, client: str, now: float) -> deque[float]:
+        """The admission times of ``client`` (lock held); a new client's table entry made
+        after the idle clients are forgotten, when the table is full."""
+        calls = self._calls.get(client)
+        if calls is None:
+            if len(self._calls) >= self.MAX_CLIENTS:
+                self._forget_idle(now)
+            calls = self._calls[client] = deque()
+        return calls
 
     def _forget_idle(self, now: float) -> None:
         idle = [c for c, calls in self._calls.items()
@@ -186,11 +192,15 @@ class FailedAuthGuard:
             self._buckets[peer] = (allowance - 1.0, now)
             return None
         self._buckets[peer] = (allowance, now)
-        if len(self._buckets) > 10_000:  # forget peers whose allowance is full again
-            for key, (a, ts) in list(self._buckets.items()):
-                if a + (now - ts) * self._rate >= self.limit:
-                    del self._buckets[key]
+        if len(self._buckets) > 10_000:
+            self._forget_full(now)
         return (1.0 - allowance) / self._rate
+
+    def _forget_full(self, now: float) -> None:
+        """Forget the peers whose allowance is full again (as if never seen)."""
+        for key, (a, ts) in list(self._buckets.items()):
+            if a + (now - ts) * self._rate >= self.limit:
+                del self._buckets[key]
 
     def pending(self) -> int:
         """Failures counted but not yet written."""
