@@ -13,6 +13,8 @@ from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.util.text import json_visible, visible
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from sandboxd.audit import VerifyReport
     from sandboxd.receipts.keys import KeySet
 
@@ -230,10 +232,16 @@ def tail(
     for record in last:
         show(record)
     if follow:
-        records = follow_records(log_path)
-        typer.echo(f"-- following {log_path} (Ctrl-C to stop) --", err=True)
-        try:
-            for record in filter(wanted, records):
-                show(record)
-        except KeyboardInterrupt:
-            raise typer.Exit(0) from None
+        _keep_showing(follow_records(log_path), log_path, wanted, show)
+
+
+def _keep_showing(records: Iterator[dict[str, Any]], log_path: Path,
+                  wanted: Callable[[dict[str, Any]], bool],
+                  show: Callable[[dict[str, Any]], None]) -> None:
+    """Show each new record ``wanted`` as it is written, until Ctrl-C (exit 0)."""
+    typer.echo(f"-- following {log_path} (Ctrl-C to stop) --", err=True)
+    try:
+        for record in filter(wanted, records):
+            show(record)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
