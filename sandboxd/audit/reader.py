@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -275,10 +276,11 @@ def _open_successor(path: Path, inode: int) -> Any:
     names shift on every rotation); the current file when ``inode`` left the chain."""
     while True:
         chain = _chain_inodes(path)
-        at = next((i for i, (_, ino) in enumerate(chain) if ino == inode), None)
-        if at is None or at + 1 >= len(chain):
-            return path.open("rb")  # ours was pruned: nothing between it and now is left
-        successor, expected = chain[at + 1]
+        after = next((nxt for (_, ino), nxt in itertools.pairwise(chain) if ino == inode),
+                     None)
+        if after is None:  # ours was pruned (nothing between it and now is left), or is current
+            return path.open("rb")
+        successor, expected = after
         with contextlib.suppress(FileNotFoundError):
             fh = successor.open("rb")
             if os.fstat(fh.fileno()).st_ino == expected:
