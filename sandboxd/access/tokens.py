@@ -431,14 +431,21 @@ def remove_tokens(path: Path, client: str) -> int:
     return len(entries) - len(kept)
 
 
-def remove_token_by_id(path: Path, prefix: str) -> TokenEntry:
-    """Revoke the one token whose hash starts with ``prefix`` (at least
-    :data:`MIN_ID_DIGITS` hex digits; ``sha256:`` may lead); TokenFileError when none or
-    several match."""
+def _id_digits(prefix: str) -> str:
+    """The hex digits of a token id as an admin types it (``sha256:`` may lead, ``…`` may
+    trail); TokenFileError when too few."""
     wanted = prefix.lower().removeprefix("sha256:").rstrip("…")
     if len(wanted) < MIN_ID_DIGITS or not re.fullmatch(r"[0-9a-f]+", wanted):
         raise TokenFileError(f"token id {prefix!r}: give at least {MIN_ID_DIGITS} hex digits "
                              "of the hash, as `sandboxd token list` shows")
+    return wanted
+
+
+def remove_token_by_id(path: Path, prefix: str) -> TokenEntry:
+    """Revoke the one token whose hash starts with ``prefix`` (at least
+    :data:`MIN_ID_DIGITS` hex digits; ``sha256:`` may lead); TokenFileError when none or
+    several match."""
+    wanted = _id_digits(prefix)
     path = Path(path)
     entries = _edit(path)
     matches = [e for e in entries if e.sha256.startswith(wanted)]
