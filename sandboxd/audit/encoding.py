@@ -178,8 +178,8 @@ def _bounded(obj: Any, chars: int) -> Any:
         return {k: _bounded(v, chars) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_bounded(v, chars) for v in obj]
-    if isinstance(obj, str) and len(obj) > chars:
-        return obj[:chars]
+    if isinstance(obj, str):
+        return obj[:chars]  # a shorter string is returned as it is
     return obj
 
 

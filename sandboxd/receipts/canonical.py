@@ -79,16 +79,17 @@ def check_receipt(receipt: Any, keys: KeySet, *, kind: str = RECEIPT_TYPE) -> st
 def check_result(result: dict[str, Any], receipt: dict[str, Any]) -> list[str]:
     """The fields of ``result`` (a result as the daemon returned it) that do not match its
     receipt; empty when every output and field does."""
-    problems = []
-    ours = result_hashes(result)
-    for name, digest in ours.items():
-        if receipt.get(name) != digest:
-            field = name.removesuffix("_sha256")
-            what = ("the result's other fields (id, status, message, resources, ...)"
-                    if field == "result" else f"{field}")
-            problems.append(f"{what}: the hash does not match the receipt's {name}")
-    for name in ("id", "tool", "session", "node", "backend", "status"):
-        if result.get(name) != receipt.get(name):
-            problems.append(f"{name}: {result.get(name)!r} in the result, "
-                            f"{receipt.get(name)!r} in the receipt")
-    return problems
+    problems = [_hash_problem(name) for name, digest in result_hashes(result).items()
+                if receipt.get(name) != digest]
+    return problems + [f"{name}: {result.get(name)!r} in the result, "
+                       f"{receipt.get(name)!r} in the receipt"
+                       for name in ("id", "tool", "session", "node", "backend", "status")
+                       if result.get(name) != receipt.get(name)]
+
+
+def _hash_problem(name: str) -> str:
+    """What a receipt's hash ``name`` that the result does not match says."""
+    field = name.removesuffix("_sha256")
+    what = ("the result's other fields (id, status, message, resources, ...)"
+            if field == "result" else field)
+    return f"{what}: the hash does not match the receipt's {name}"
