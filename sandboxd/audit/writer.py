@@ -237,13 +237,18 @@ class AuditLog:
                 return self._build(event, clean)
         except OSError as exc:
             self._broken = f"rotation failed: {exc.strerror or exc}"
-            with contextlib.suppress(OSError):
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-                    self._broken = None
+            self._reopen()
             raise AuditError(f"{self.path}: cannot rotate the audit log: "
                              f"{exc.strerror or exc}") from exc
         return record, data
+
+    def _reopen(self) -> None:
+        """After a failed rotation (lock held): reopen the current file if the rotation left
+        none open, and only then is the log usable again."""
+        with contextlib.suppress(OSError):
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._broken = None
 
     def durable_head(self) -> tuple[int, str]:
         """The seq and SHA-256 of the last record, once it is durable (what a signed head
