@@ -115,22 +115,30 @@ def remove(name: str | None = typer.Argument(None, help="Client name: remove all
            config: Path | None = CONFIG_OPTION) -> None:
     """Revoke tokens: every token of a client, or one token by its id. The daemon stops
     accepting them within a second, without a restart."""
-    from sandboxd.access.tokens import TokenFileError, remove_token_by_id, remove_tokens
+    from sandboxd.access.tokens import TokenFileError
 
     if (name is None) == (token_id is None):
         fail("give a client name or --id ID (not both)")
     path = _tokens_file(tokens_file, config)
     try:
-        if token_id is not None:
-            entry = remove_token_by_id(path, token_id)
-            typer.echo(f"removed token {entry.id} of client '{entry.client}'"
-                       + (f" ({entry.label})" if entry.label else "") + f" from {path}")
-            return
-        assert name is not None
-        removed = remove_tokens(path, name)
+        done = _revoke(path, name, token_id)
     except (TokenFileError, OSError) as exc:
         fail(str(exc), 1)
         return
+    typer.echo(done)
+
+
+def _revoke(path: Path, name: str | None, token_id: str | None) -> str:
+    """Revoke the token ``token_id``, else every token of client ``name``; what was done,
+    as one line (TokenFileError when nothing matched)."""
+    from sandboxd.access.tokens import TokenFileError, remove_token_by_id, remove_tokens
+
+    if token_id is not None:
+        entry = remove_token_by_id(path, token_id)
+        label = f" ({entry.label})" if entry.label else ""
+        return f"removed token {entry.id} of client '{entry.client}'{label} from {path}"
+    assert name is not None
+    removed = remove_tokens(path, name)
     if not removed:
-        fail(f"no token for client '{name}' in {path}", 1)
-    typer.echo(f"removed {removed} token(s) of client '{name}' from {path}")
+        raise TokenFileError(f"no token for client '{name}' in {path}")
+    return f"removed {removed} token(s) of client '{name}' from {path}"
