@@ -123,6 +123,18 @@ class ApprovalBook:
                           request_id=invocation, client=client, tool=tool, session=session,
                           rule=need.rule, approvers=need.by, elicit=need.elicit,
                           timeout_s=need.timeout_s, transport=transport)
+        approval, minutes = await self._wait(pending, decision)
+        if approval.state != "approved":
+            return _refused(decision, approval, need), admitted
+        if approval.scope == "session" and session is not None:
+            self._grants[(client, session, decision.source, need.rule)] = (
+                time.monotonic() + minutes * 60, approval)
+        return decision.model_copy(update={"approval": approval}), time.monotonic()
+
+    async def _wait(self, pending: Pending, decision: Decision) -> tuple[Approval, float]:
+        """The answer to ``pending`` and the minutes it covers; an expiry (audited) when none
+        came in time. A caller that goes away meanwhile withdraws the request."""
+        need = pending.rule
         self._pending[pending.id] = pending
         asker = self._elicit(pending) if need.elicit else None
         try:
@@ -135,20 +147,15 @@ class ApprovalBook:
             self._pending.pop(pending.id, None)
             await stop_task(asker)
         if answered:
-            approval, minutes = got
-        elif pending.answer.done():  # answered as the wait ran out: the answer stands
-            approval, minutes = pending.answer.result()
-        else:
-            approval, minutes = Approval(id=pending.id, state="expired", at=utc_iso()), 0.0
-            await self._audit(event="approval_expired", approval=pending.id,
-                              request_id=invocation, client=client, tool=tool,
-                              session=session, rule=need.rule, timeout_s=need.timeout_s)
-        if approval.state == "approved":
-            if approval.scope == "session" and session is not None:
-                self._grants[(client, session, decision.source, need.rule)] = (
-                    time.monotonic() + minutes * 60, approval)
-            return decision.model_copy(update={"approval": approval}), time.monotonic()
-        return _refused(decision, approval, need), admitted
+            return got
+        if pending.answer.done():  # answered as the wait ran out: the answer stands
+            return pending.answer.result()
+        expired = Approval(id=pending.id, state="expired", at=utc_iso())
+        await self._audit(event="approval_expired", approval=pending.id,
+                          request_id=pending.invocation, client=pending.client,
+                          tool=pending.tool, session=pending.session, rule=need.rule,
+                          timeout_s=need.timeout_s)
+        return expired, 0.0
 
     async def _withdrawn(self, pending: Pending, decision: Decision) -> None:
         """Audit a request whose caller went away, and its call's result (it never ran)."""

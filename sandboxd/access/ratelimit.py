@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.util.timefmt import utc_iso
@@ -42,17 +42,23 @@ class RateLimiter:
             return None
         now = self._clock()
         with self._lock:
-            calls = self._calls.get(client)
-            if calls is None:
-                if len(self._calls) >= self.MAX_CLIENTS:
-                    self._forget_idle(now)
-                calls = self._calls[client] = deque()
+            calls = self._calls_of(client, now)
             while calls and now - calls[0] >= self.WINDOW_S:
                 calls.popleft()
             if len(calls) < self.per_minute:
                 calls.append(now)
                 return None
             return max(calls[0] + self.WINDOW_S - now, 0.001)
+
+    def _calls_of(self, client: str, now: float) -> deque[float]:
+        """The admission times of ``client`` (lock held); a new client's table entry made
+        after the idle clients are forgotten, when the table is full."""
+        calls = self._calls.get(client)
+        if calls is None:
+            if len(self._calls) >= self.MAX_CLIENTS:
+                self._forget_idle(now)
+            calls = self._calls[client] = deque()
+        return calls
 
     def _forget_idle(self, now: float) -> None:
         idle = [c for c, calls in self._calls.items()
@@ -96,8 +102,8 @@ class _Failures:
     missing: int = 0
     unknown: int = 0
     expired: int = 0
-    digests: set[str] | None = None
-    paths: set[str] | None = None
+    digests: set[str] = field(default_factory=set)
+    paths: set[str] = field(default_factory=set)
     paths_more: int = 0
 
 
@@ -145,27 +151,10 @@ class FailedAuthGuard:
             wait = self._take(peer, now)
             entry = self._pending.get(peer)
             if entry is None:
-                entry = self._pending[peer] = _Failures(first=wall, last=wall, digests=set(),
-                                                        paths=set())
-            entry.last = wall
-            entry.count += 1
-            entry.limited += wait is not None
-            if digest is None:
-                entry.missing += 1
-            else:
-                if reason.startswith("expired"):
-                    entry.expired += 1
-                else:
-                    entry.unknown += 1
-                assert entry.digests is not None
-                entry.digests.add(digest)
-            assert entry.paths is not None
-            if path in entry.paths or len(entry.paths) < self.MAX_PATHS:
-                entry.paths.add(path)
-            else:
-                entry.paths_more += 1
+                entry = self._pending[peer] = _Failures(first=wall, last=wall)
+            self._count(entry, wall, wait is not None, reason, path, digest)
             full: list[tuple[str, _Failures]] = []
-            if entry.digests is not None and len(entry.digests) >= self.max_digests:
+            if len(entry.digests) >= self.max_digests:
                 full.append((peer, self._pending.pop(peer)))
             if len(self._pending) > self.max_peers:
                 full.extend(self._pending.items())
@@ -173,6 +162,26 @@ class FailedAuthGuard:
         for item in full:
             self._record(*item)
         return wait
+
+    def _count(self, entry: _Failures, wall: float, limited: bool, reason: str, path: str,
+               digest: str | None) -> None:
+        """Count one failure at ``wall`` in ``entry``: its kind, its token digest, and its
+        path (up to :attr:`MAX_PATHS` distinct ones; past that only counted)."""
+        entry.last = wall
+        entry.count += 1
+        entry.limited += limited
+        if digest is None:
+            entry.missing += 1
+        else:
+            entry.digests.add(digest)
+            if reason.startswith("expired"):
+                entry.expired += 1
+            else:
+                entry.unknown += 1
+        if path in entry.paths or len(entry.paths) < self.MAX_PATHS:
+            entry.paths.add(path)
+        else:
+            entry.paths_more += 1
 
     def _take(self, peer: str, now: float) -> float | None:
         if self.limit <= 0:
@@ -183,11 +192,15 @@ class FailedAuthGuard:
             self._buckets[peer] = (allowance - 1.0, now)
             return None
         self._buckets[peer] = (allowance, now)
-        if len(self._buckets) > 10_000:  # forget peers whose allowance is full again
-            for key, (a, ts) in list(self._buckets.items()):
-                if a + (now - ts) * self._rate >= self.limit:
-                    del self._buckets[key]
+        if len(self._buckets) > 10_000:
+            self._forget_full(now)
         return (1.0 - allowance) / self._rate
+
+    def _forget_full(self, now: float) -> None:
+        """Forget the peers whose allowance is full again (as if never seen)."""
+        for key, (a, ts) in list(self._buckets.items()):
+            if a + (now - ts) * self._rate >= self.limit:
+                del self._buckets[key]
 
     def pending(self) -> int:
         """Failures counted but not yet written."""
@@ -208,7 +221,7 @@ class FailedAuthGuard:
             "missing": entry.missing, "unknown": entry.unknown,
             "expired": entry.expired,
             "first": _iso(entry.first), "last": _iso(entry.last),
-            "digests": sorted(entry.digests or ()), "paths": sorted(entry.paths or ()),
+            "digests": sorted(entry.digests), "paths": sorted(entry.paths),
         }
         if entry.paths_more:
             fields["paths_more"] = entry.paths_more

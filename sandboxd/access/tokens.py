@@ -116,11 +116,23 @@ def _where(path: Path, node: Node) -> str:
     return f"{path}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
+def _named(node: Node, names: tuple[str, ...]) -> bool:
+    """Whether a mapping key is a scalar among ``names``."""
+    return isinstance(node, ScalarNode) and node.value in names
+
+
 def _scalar(mapping: MappingNode, key: str) -> tuple[Node, ScalarNode | None]:
     for k, v in mapping.value:
-        if isinstance(k, ScalarNode) and k.value == key:
+        if _named(k, (key,)):
             return k, v if isinstance(v, ScalarNode) else None
     return mapping, None
+
+
+def _only_keys(path: Path, mapping: MappingNode, names: tuple[str, ...], expected: str) -> None:
+    """Refuse the first key of ``mapping`` not among ``names``, at its place."""
+    unknown = next((k for k, _v in mapping.value if not _named(k, names)), None)
+    if unknown is not None:
+        raise TokenFileError(f"{_where(path, unknown)}: unknown key (expected {expected})")
 
 
 def _check_file_safety(path: Path) -> None:
@@ -148,27 +160,36 @@ def _read(path: Path) -> list[TokenEntry]:
     return _parse(path, text)
 
 
-def _tokens_node(path: Path, text: str) -> SequenceNode | None:
-    """The ``tokens`` list of a tokens file (None: an empty file or list)."""
+def _compose(path: Path, text: str) -> Node | None:
+    """The YAML node tree of a tokens file (None: an empty file); a syntax error at its
+    place."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}:1:1"
         raise TokenFileError(f"{at}: YAML syntax error: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise TokenFileError(f"{path}:1:1: YAML error: {exc}") from None
+
+
+def _is_null(node: Node) -> bool:
+    """Whether a value is an empty scalar (``tokens:`` with nothing after it)."""
+    return isinstance(node, ScalarNode) and node.value in ("", "null", "~")
+
+
+def _tokens_node(path: Path, text: str) -> SequenceNode | None:
+    """The ``tokens`` list of a tokens file (None: an empty file or list)."""
+    root = _compose(path, text)
     if root is None:
         return None
     if not isinstance(root, MappingNode):
         raise TokenFileError(f"{_where(path, root)}: expected a mapping with a 'tokens' list")
-    tokens_node: Node | None = None
-    for k, v in root.value:
-        if not (isinstance(k, ScalarNode) and k.value == "tokens"):
-            raise TokenFileError(f"{_where(path, k)}: unknown key (expected only 'tokens')")
-        tokens_node = v
-    if tokens_node is None or (isinstance(tokens_node, ScalarNode) and tokens_node.value in
-                               ("", "null", "~")):
+    _only_keys(path, root, ("tokens",), "only 'tokens'")
+    if not root.value:
+        return None
+    tokens_node: Node = root.value[-1][1]
+    if _is_null(tokens_node):
         return None
     if not isinstance(tokens_node, SequenceNode):
         raise TokenFileError(f"{_where(path, tokens_node)}: 'tokens' must be a list")
@@ -176,12 +197,15 @@ def _tokens_node(path: Path, text: str) -> SequenceNode | None:
 
 
 def _checked(path: Path, item: MappingNode, key: str, ok: Callable[[str], bool],
-             why: str) -> ScalarNode | None:
-    """The scalar ``key`` of ``item`` (None when absent), or the problem at its place."""
+             why: str) -> str | None:
+    """The value of the scalar ``key`` of ``item`` (None when absent), or the problem at its
+    place (``why``, with ``{value!r}`` standing for the value)."""
     node = _scalar(item, key)[1]
-    if node is not None and not ok(node.value):
-        raise TokenFileError(f"{_where(path, node)}: {why}")
-    return node
+    if node is None:
+        return None
+    if not ok(node.value):
+        raise TokenFileError(f"{_where(path, node)}: {why.format(value=node.value)}")
+    return str(node.value)
 
 
 def _required(path: Path, item: MappingNode, key: str, pattern: re.Pattern[str],
@@ -200,15 +224,18 @@ def _is_time(value: str) -> bool:
     return True
 
 
+def _value(item: MappingNode, key: str) -> str | None:
+    """The scalar ``key`` of ``item`` as it is (None when absent)."""
+    node = _scalar(item, key)[1]
+    return None if node is None else str(node.value)
+
+
 def _entry(path: Path, item: Node, seen: dict[str, int]) -> TokenEntry:
     """One entry of the ``tokens`` list, checked (``seen``: the hashes above it, by line)."""
     if not isinstance(item, MappingNode):
         raise TokenFileError(f"{_where(path, item)}: each token must be a mapping with "
                              "client and sha256")
-    for k, _v in item.value:
-        if not (isinstance(k, ScalarNode) and k.value in _KEYS):
-            raise TokenFileError(f"{_where(path, k)}: unknown key (expected "
-                                 f"{', '.join(_KEYS)})")
+    _only_keys(path, item, _KEYS, ", ".join(_KEYS))
     client = _required(path, item, "client", _CLIENT,
                        "client must be a name (letters, digits, '_', '.', '-')")
     digest = _required(path, item, "sha256", _HEX64, "sha256 must be 64 lowercase hex digits "
@@ -217,16 +244,13 @@ def _entry(path: Path, item: Node, seen: dict[str, int]) -> TokenEntry:
         raise TokenFileError(f"{_where(path, digest)}: duplicate token hash (first on line "
                              f"{seen[digest.value]})")
     seen[digest.value] = digest.start_mark.line + 1
-    expires = _checked(path, item, "expires", _is_time,
-                       "expires must be an ISO 8601 time, e.g. 2027-01-31T00:00:00Z")
-    role = _scalar(item, "role")[1]
-    if role is not None and role.value not in ROLES:
-        raise TokenFileError(f"{_where(path, role)}: unknown role {role.value!r} (roles: "
-                             f"{', '.join(ROLES)})")
-    created, label = _scalar(item, "created")[1], _scalar(item, "label")[1]
-    return TokenEntry(client.value, digest.value, created.value if created else None,
-                      label.value if label else None, expires.value if expires else None,
-                      role.value if role else None)
+    return TokenEntry(
+        client.value, digest.value,
+        created=_value(item, "created"), label=_value(item, "label"),
+        expires=_checked(path, item, "expires", _is_time,
+                         "expires must be an ISO 8601 time, e.g. 2027-01-31T00:00:00Z"),
+        role=_checked(path, item, "role", ROLES.__contains__,
+                      f"unknown role {{value!r}} (roles: {', '.join(ROLES)})"))
 
 
 def _parse(path: Path, text: str) -> list[TokenEntry]:
@@ -367,11 +391,9 @@ def _edit(path: Path) -> list[TokenEntry]:
     return TokenStore.load(path).entries if path.exists() else []
 
 
-def add_token(path: Path, client: str, *, label: str | None = None,
-              expires: datetime | None = None, role: str | None = None) -> str:
-    """Create a token for ``client`` (optionally labelled, optionally expiring), store only
-    its hash in ``path`` (created 0600 if needed), and return the plaintext token (the only
-    time it exists)."""
+def _check_request(client: str, label: str | None, role: str | None,
+                   expires: datetime | None, now: datetime) -> None:
+    """Refuse a new token's bad client name, label, role or expiry (TokenFileError)."""
     if not _CLIENT.match(client):
         raise TokenFileError(f"{client!r} is not a valid client name (letters, digits, '_', "
                              "'.', '-'; at most 64)")
@@ -379,9 +401,17 @@ def add_token(path: Path, client: str, *, label: str | None = None,
         raise TokenFileError("a label must be 1 to 200 printable characters")
     if role is not None and role not in ROLES:
         raise TokenFileError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
-    now = datetime.now(UTC)
     if expires is not None and expires <= now:
         raise TokenFileError(f"the expiry {iso(expires)} is not in the future")
+
+
+def add_token(path: Path, client: str, *, label: str | None = None,
+              expires: datetime | None = None, role: str | None = None) -> str:
+    """Create a token for ``client`` (optionally labelled, optionally expiring), store only
+    its hash in ``path`` (created 0600 if needed), and return the plaintext token (the only
+    time it exists)."""
+    now = datetime.now(UTC)
+    _check_request(client, label, role, expires, now)
     path = Path(path)
     entries = _edit(path)
     token = new_token()
@@ -401,14 +431,21 @@ def remove_tokens(path: Path, client: str) -> int:
     return len(entries) - len(kept)
 
 
-def remove_token_by_id(path: Path, prefix: str) -> TokenEntry:
-    """Revoke the one token whose hash starts with ``prefix`` (at least
-    :data:`MIN_ID_DIGITS` hex digits; ``sha256:`` may lead); TokenFileError when none or
-    several match."""
+def _id_digits(prefix: str) -> str:
+    """The hex digits of a token id as an admin types it (``sha256:`` may lead, ``…`` may
+    trail); TokenFileError when too few."""
     wanted = prefix.lower().removeprefix("sha256:").rstrip("…")
     if len(wanted) < MIN_ID_DIGITS or not re.fullmatch(r"[0-9a-f]+", wanted):
         raise TokenFileError(f"token id {prefix!r}: give at least {MIN_ID_DIGITS} hex digits "
                              "of the hash, as `sandboxd token list` shows")
+    return wanted
+
+
+def remove_token_by_id(path: Path, prefix: str) -> TokenEntry:
+    """Revoke the one token whose hash starts with ``prefix`` (at least
+    :data:`MIN_ID_DIGITS` hex digits; ``sha256:`` may lead); TokenFileError when none or
+    several match."""
+    wanted = _id_digits(prefix)
     path = Path(path)
     entries = _edit(path)
     matches = [e for e in entries if e.sha256.startswith(wanted)]
@@ -417,5 +454,6 @@ def remove_token_by_id(path: Path, prefix: str) -> TokenEntry:
     if len(matches) > 1:
         raise TokenFileError(f"token id {wanted} matches {len(matches)} tokens; give more "
                              "digits")
-    _write_atomic(path, _dump([e for e in entries if e is not matches[0]]))
+    entries.remove(matches[0])  # hashes are unique: this is the one entry
+    _write_atomic(path, _dump(entries))
     return matches[0]

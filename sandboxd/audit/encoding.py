@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -25,20 +26,22 @@ REDACTED = "[REDACTED]"
 # ------------------------------------------------------------------ serialisation
 
 
+#: how :func:`json_default` turns each kind of value into JSON, tried in order
+_AS_JSON: tuple[tuple[type | tuple[type, ...], Callable[[Any], Any]], ...] = (
+    (BaseModel, lambda obj: obj.model_dump(mode="json")),
+    (Enum, lambda obj: obj.value),
+    (Path, str),
+    (datetime, lambda obj: obj.isoformat()),
+    ((set, frozenset, tuple), list),
+    (bytes, lambda obj: obj.decode("utf-8", "replace")),
+)
+
+
 def json_default(obj: Any) -> Any:
     """``json.dumps`` ``default=``: models, enums, paths, datetimes, sets and bytes as JSON."""
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, Enum):
-        return obj.value
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, datetime):
-        return obj.isoformat()
-    if isinstance(obj, set | frozenset | tuple):
-        return list(obj)
-    if isinstance(obj, bytes):
-        return obj.decode("utf-8", "replace")
+    for kind, convert in _AS_JSON:
+        if isinstance(obj, kind):
+            return convert(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
@@ -175,8 +178,8 @@ def _bounded(obj: Any, chars: int) -> Any:
         return {k: _bounded(v, chars) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_bounded(v, chars) for v in obj]
-    if isinstance(obj, str) and len(obj) > chars:
-        return obj[:chars]
+    if isinstance(obj, str):
+        return obj[:chars]  # a shorter string is returned as it is
     return obj
 
 

@@ -56,10 +56,7 @@ def read_tail(path: Path) -> Tail:
             start = max(0, start - block)
             fh.seek(start)
             data = fh.read(size - start)
-            last_nl = data.rfind(b"\n")
-            if last_nl >= 0 and (data.rfind(b"\n", 0, last_nl) >= 0 or start == 0):
-                break
-            if start == 0:
+            if start == 0 or data.count(b"\n") >= 2:  # the last complete line is all here
                 break
             block *= 2
         last_nl = data.rfind(b"\n")

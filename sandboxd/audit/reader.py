@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -51,13 +52,14 @@ class VerifyReport:
         if not self.ok:
             return f"FAILED: {self.first_bad}"
         files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
-        head = (f"; head seq {self.head_seq} sha256 {self.head_hash}"
-                if self.head_seq is not None else "")
-        start = (f"; starts at seq {self.anchor_seq} (older records removed by retention, "
-                 f"recorded at seq {self.anchored_by})" if self.anchor_seq is not None else "")
-        signed = (f"; matches the signed head at seq {self.signed_seq}"
-                  if self.signed_seq is not None else "")
-        return f"ok: {self.records} records in {files}{head}{start}{signed}"
+        facts = (  # each said when it is known
+            (self.head_seq, f"; head seq {self.head_seq} sha256 {self.head_hash}"),
+            (self.anchor_seq, f"; starts at seq {self.anchor_seq} (older records removed by "
+                              f"retention, recorded at seq {self.anchored_by})"),
+            (self.signed_seq, f"; matches the signed head at seq {self.signed_seq}"),
+        )
+        known = "".join(text for value, text in facts if value is not None)
+        return f"ok: {self.records} records in {files}{known}"
 
 
 class _Broken(Exception):
@@ -73,8 +75,9 @@ def _parsed(f: Path, lineno: int, line: bytes) -> tuple[dict[str, Any], int, str
     try:
         record = json.loads(line)
         seq, prev = record["seq"], record["prev"]
-        if (not isinstance(seq, int) or isinstance(seq, bool)
-                or not isinstance(prev, str) or not isinstance(record["event"], str)):
+        # type() and not isinstance(): JSON's true and false are ints to isinstance
+        if type(seq) is not int or not isinstance(prev, str) or not isinstance(
+                record["event"], str):
             raise TypeError
     except (ValueError, KeyError, TypeError):
         raise _Broken(f, lineno, None, "not a valid audit record (edited or corrupt)") from None
@@ -107,12 +110,17 @@ class _Chain:
                 else:
                     pending = raw
         if pending is not None:
-            if not last_file:
-                raise _Broken(f, lineno, None, "incomplete last line in a rotated file")
-            self.report.warnings.append(
-                f"{f}:{lineno}: incomplete final line ({len(pending)} bytes, a crash "
-                "mid-write; that record was never acknowledged). It is removed, and the "
-                "removal recorded, the next time the daemon opens the log.")
+            self._torn_end(f, lineno, pending, last_file)
+
+    def _torn_end(self, f: Path, lineno: int, torn: bytes, last_file: bool) -> None:
+        """A file's final line without newline: in the current file a crash mid-write (a
+        warning: the daemon repairs it); in a rotated file, a broken chain."""
+        if not last_file:
+            raise _Broken(f, lineno, None, "incomplete last line in a rotated file")
+        self.report.warnings.append(
+            f"{f}:{lineno}: incomplete final line ({len(torn)} bytes, a crash "
+            "mid-write; that record was never acknowledged). It is removed, and the "
+            "removal recorded, the next time the daemon opens the log.")
 
     def record(self, f: Path, lineno: int, line: bytes) -> None:
         """Check one record against the chain so far; it becomes the chain's head."""
@@ -123,14 +131,18 @@ class _Chain:
             self.anchor = (seq, prev, f, lineno)  # an audit_pruned record must name it
         self._note_pruning(record, seq)
         self.prev_hash = hashlib.sha256(line).hexdigest()
-        signed = self.signed_head
-        if signed is not None and seq == signed[0] and self.prev_hash != signed[1]:
-            raise _Broken(f, lineno, seq, "the record is not the one the signed head names "
-                          "(the log was rewritten from here on)")
+        self._check_signed(f, lineno, seq)
         self.expected = seq + 1
         self.prev_where = (f, lineno)
         self.report.records += 1
         self.report.head_seq, self.report.head_hash = seq, self.prev_hash
+
+    def _check_signed(self, f: Path, lineno: int, seq: int) -> None:
+        """Fail when the record just hashed has the signed head's seq but not its hash."""
+        signed = self.signed_head
+        if signed is not None and seq == signed[0] and self.prev_hash != signed[1]:
+            raise _Broken(f, lineno, seq, "the record is not the one the signed head names "
+                          "(the log was rewritten from here on)")
 
     def _note_pruning(self, record: dict[str, Any], seq: int) -> None:
         """Note the first ``audit_pruned`` record that names the chain's first record (the
@@ -138,8 +150,8 @@ class _Chain:
         report, anchor = self.report, self.anchor
         if anchor is None or report.anchored_by is not None:
             return
-        if (record["event"] == "audit_pruned" and record.get("anchor_seq") == anchor[0]
-                and record.get("anchor_prev") == anchor[1]):
+        names = (record["event"], record.get("anchor_seq"), record.get("anchor_prev"))
+        if names == ("audit_pruned", anchor[0], anchor[1]):
             report.anchor_seq, report.anchored_by = anchor[0], seq
 
     def _follows(self, f: Path, lineno: int, seq: int, prev: str) -> None:
@@ -264,15 +276,24 @@ def _open_successor(path: Path, inode: int) -> Any:
     names shift on every rotation); the current file when ``inode`` left the chain."""
     while True:
         chain = _chain_inodes(path)
-        at = next((i for i, (_, ino) in enumerate(chain) if ino == inode), None)
-        if at is None or at + 1 >= len(chain):
-            return path.open("rb")  # ours was pruned: nothing between it and now is left
-        successor, expected = chain[at + 1]
+        after = next((nxt for (_, ino), nxt in itertools.pairwise(chain) if ino == inode),
+                     None)
+        if after is None:  # ours was pruned (nothing between it and now is left), or is current
+            return path.open("rb")
+        successor, expected = after
         with contextlib.suppress(FileNotFoundError):
             fh = successor.open("rb")
             if os.fstat(fh.fileno()).st_ino == expected:
                 return fh
             fh.close()  # rotated again between the listing and the open: look again
+
+
+def _inode(path: Path) -> int | None:
+    """The inode ``path`` names now (None: no file there)."""
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _follow(path: Path, interval_s: float, fh: Any, inode: int | None
@@ -288,11 +309,8 @@ def _follow(path: Path, interval_s: float, fh: Any, inode: int | None
                     yield json.loads(raw)
 
     while True:
-        try:
-            ino: int | None = os.stat(path).st_ino
-        except FileNotFoundError:
-            ino = None
-        if ino is not None and ino != inode:
+        ino = _inode(path)
+        if ino not in (None, inode):
             if fh is None or inode is None:
                 fh = path.open("rb")  # created after we started: read it from the start
             else:

@@ -80,10 +80,10 @@ def _decision_details(decision: Decision) -> dict[str, Any]:
     plan = decision.plan
     if plan is not None and plan.network:
         details["network"] = plan.network
-    if decision.allowed and plan is not None:
-        details |= _what_runs(plan)
     if not decision.allowed:
         details["message"] = cap(decision.message)
+    elif plan is not None:
+        details |= _what_runs(plan)
     if decision.approve is not None:  # it waits for a person's yes (approval_* records)
         details["approve"] = decision.approve.rule
     return details

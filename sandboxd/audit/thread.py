@@ -87,17 +87,7 @@ class AuditThread:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            stop = False
-            while True:  # everything queued meanwhile joins this batch
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
+            batch, stop = self._batch(first)
             try:
                 self._write(batch)
             except BaseException as exc:  # a bug: no waiter may hang on it
@@ -106,6 +96,18 @@ class AuditThread:
                     _settle(item, exc=AuditError(f"the audit writer failed: {exc}"))
             if stop:
                 return
+
+    def _batch(self, first: _Item) -> tuple[list[_Item], bool]:
+        """``first`` and everything queued meanwhile, and whether the stop mark came too."""
+        batch = [first]
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, False
+            if item is None:
+                return batch, True
+            batch.append(item)
 
     def _write(self, batch: list[_Item]) -> None:
         """Append the batch's records, sync once, then answer (see the module docstring)."""
@@ -122,10 +124,14 @@ class AuditThread:
                     waiting.append((item, value))
                 else:  # nothing durable to wait for (e.g. a decision its result commits)
                     _settle(item, value)
-        if not tickets:
-            return
+        if tickets:
+            self._commit(max(tickets), waiting)
+
+    def _commit(self, ticket: int, waiting: list[tuple[_Item, Any]]) -> None:
+        """Make every record up to ``ticket`` durable with one sync, then answer the writers
+        waiting for it (each gets the sync's failure, if it fails)."""
         try:
-            self.audit.commit(max(tickets))
+            self.audit.commit(ticket)
         except Exception as exc:
             for item, _ in waiting:
                 _settle(item, exc=exc)

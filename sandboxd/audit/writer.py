@@ -66,7 +66,7 @@ def _chain_seq(path: Path, last: bytes) -> int:
     valid audit record)."""
     try:
         seq = json.loads(last)["seq"]
-        if not isinstance(seq, int) or isinstance(seq, bool):
+        if type(seq) is not int:  # not isinstance(): true and false are ints to it
             raise TypeError("seq")
     except (ValueError, KeyError, TypeError):
         raise AuditError(f"{path}: the last record is not a valid audit record; "
@@ -102,14 +102,7 @@ class AuditLog:
         #: called with the last durable record's seq and hash when the log closes
         self.on_close: Callable[[int, str], None] | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                    0o600)
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise AuditError(f"{self.path}: the audit log is in use by another "
-                                 "process") from None
+            self._take_lock()
             torn = self._open()
             if not torn:
                 self._prune()  # files that aged out while the daemon was stopped
@@ -121,15 +114,31 @@ class AuditLog:
             self.close()
             raise
         if torn:
-            try:
-                self.write("audit_repaired", torn_bytes=len(torn),
-                           torn_sha256=hashlib.sha256(torn).hexdigest(),
-                           detail="an incomplete final line (crash mid-write) was removed")
-                with self._lock:
-                    self._prune()
-            except AuditError:
-                self.close()
-                raise
+            self._record_repair(torn)
+
+    def _take_lock(self) -> None:
+        """Hold the log's lock file: one process at a time writes a log."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AuditError(f"{self.path}: the audit log is in use by another "
+                             "process") from None
+
+    def _record_repair(self, torn: bytes) -> None:
+        """Record the removal of a torn final line, then apply retention (held back until
+        the removal was recorded); the log is closed when either fails."""
+        try:
+            self.write("audit_repaired", torn_bytes=len(torn),
+                       torn_sha256=hashlib.sha256(torn).hexdigest(),
+                       detail="an incomplete final line (crash mid-write) was removed")
+            with self._lock:
+                self._prune()
+        except AuditError:
+            self.close()
+            raise
 
     @property
     def seq(self) -> int:
@@ -153,14 +162,17 @@ class AuditLog:
             os.ftruncate(self._fd, tail.good_size)
             os.fsync(self._fd)
         self._size = tail.good_size
-        last = tail.last_line
-        if last is None:  # an empty current file: the chain ends in the newest rotated one
-            lines = (read_tail(f).last_line for f in reversed(rotated_files(self.path)))
-            last = next((line for line in lines if line is not None), None)
+        # an empty current file: the chain ends in the newest rotated one
+        last = tail.last_line if tail.last_line is not None else self._last_rotated_line()
         if last is not None:
             self._seq = _chain_seq(self.path, last)
             self._prev = hashlib.sha256(last).hexdigest()
         return tail.torn
+
+    def _last_rotated_line(self) -> bytes | None:
+        """The last record of the newest rotated file that holds one (None: none does)."""
+        lines = (read_tail(f).last_line for f in reversed(rotated_files(self.path)))
+        return next((line for line in lines if line is not None), None)
 
     def _rotate(self) -> None:
         assert self._fd is not None
@@ -225,13 +237,18 @@ class AuditLog:
                 return self._build(event, clean)
         except OSError as exc:
             self._broken = f"rotation failed: {exc.strerror or exc}"
-            with contextlib.suppress(OSError):
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-                    self._broken = None
+            self._reopen()
             raise AuditError(f"{self.path}: cannot rotate the audit log: "
                              f"{exc.strerror or exc}") from exc
         return record, data
+
+    def _reopen(self) -> None:
+        """After a failed rotation (lock held): reopen the current file if the rotation left
+        none open, and only then is the log usable again."""
+        with contextlib.suppress(OSError):
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._broken = None
 
     def durable_head(self) -> tuple[int, str]:
         """The seq and SHA-256 of the last record, once it is durable (what a signed head
@@ -264,16 +281,8 @@ class AuditLog:
         """Return once the record ``ticket`` (and every one before it) is durable: one
         ``fdatasync`` covers every record appended before it started. A failed sync makes
         the log unusable (what the kernel kept of the records is unknown)."""
-        with self._sync_cond:
-            while self._synced < ticket:
-                if self._broken:
-                    raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
-                if not self._syncing:
-                    self._syncing = True
-                    break
-                self._sync_cond.wait()
-            else:
-                return
+        if not self._lead_sync(ticket):
+            return
         upto = 0
         try:
             with self._lock:
@@ -296,6 +305,19 @@ class AuditLog:
                 self._syncing = False
                 self._sync_cond.notify_all()
 
+    def _lead_sync(self, ticket: int) -> bool:
+        """Wait until the record ``ticket`` is durable (False), or until no sync runs (True:
+        this thread runs the next one); :class:`AuditError` once the log is unusable."""
+        with self._sync_cond:
+            while self._synced < ticket:
+                if self._broken:
+                    raise AuditError(f"{self.path}: the audit log is unusable: {self._broken}")
+                if not self._syncing:
+                    self._syncing = True
+                    return True
+                self._sync_cond.wait()
+        return False
+
     def _build(self, event: str, fields: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """The next record of the chain and its line (with newline); ``fields`` are redacted."""
         record: dict[str, Any] = {"ts": _now(), "seq": self._seq + 1, "event": event}
@@ -311,18 +333,13 @@ class AuditLog:
     def _append(self, data: bytes) -> int:
         """Write one built line, or leave the file as it was (lock held); its commit ticket."""
         assert self._fd is not None
-        good = self._size
         try:
             view = memoryview(data)
             while view:
                 written = os.write(self._fd, view)
                 view = view[written:]
         except OSError as exc:
-            try:
-                os.ftruncate(self._fd, good)
-                os.fsync(self._fd)
-            except OSError as exc2:
-                self._broken = f"could not remove a partial record: {exc2.strerror or exc2}"
+            self._cut_partial()
             raise AuditError(f"{self.path}: cannot write the audit log: "
                              f"{exc.strerror or exc}") from exc
         self._size += len(data)
@@ -331,22 +348,30 @@ class AuditLog:
         self._appended += 1
         return self._appended
 
+    def _cut_partial(self) -> None:
+        """Cut what a failed write left of a record (lock held); the log is unusable when
+        that fails too."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._broken = f"could not remove a partial record: {exc.strerror or exc}"
+
     def _doomed(self) -> list[Path]:
         """The oldest rotated files the retention settings no longer keep (a prefix)."""
-        if self.retention_files is None and self.retention_days is None:
-            return []
         files = rotated_files(self.path)
+        # the files before index ``over`` are too many; any file may be too old
+        over = len(files) - self.retention_files if self.retention_files is not None else 0
         cutoff = (time.time() - self.retention_days * 86400
                   if self.retention_days is not None else None)
         doomed: list[Path] = []
         for index, f in enumerate(files):
-            too_many = (self.retention_files is not None
-                        and len(files) - index > self.retention_files)
             try:
                 too_old = cutoff is not None and f.stat().st_mtime < cutoff
             except OSError:
                 break
-            if not (too_many or too_old):
+            if index >= over and not too_old:
                 break
             doomed.append(f)
         return doomed
@@ -373,6 +398,12 @@ class AuditLog:
         self._append(data)
         assert self._fd is not None
         os.fdatasync(self._fd)  # durable before any file goes
+        self._delete(doomed)
+        return True
+
+    def _delete(self, doomed: list[Path]) -> None:
+        """Delete the files retention dropped, oldest first, stopping at the first that
+        resists (what stays is still a chain); the deletions made durable."""
         for f in doomed:
             try:
                 f.unlink()
@@ -382,7 +413,6 @@ class AuditLog:
                 break
         with contextlib.suppress(OSError):
             fsync_dir(self.path.parent)
-        return True
 
     def _anchor(self, doomed: list[Path]) -> tuple[int, str, int | None] | None:
         """What an ``audit_pruned`` record names: the seq and ``prev`` of the first record
@@ -432,21 +462,25 @@ class AuditLog:
     def close(self) -> None:
         """Close the file and release the lock (idempotent); the last head is handed to
         :attr:`on_close` first (the receipts sign it)."""
+        self._hand_over_head()
+        with self._lock:
+            if self._fd is not None:
+                with contextlib.suppress(OSError):  # records appended without a commit
+                    os.fdatasync(self._fd)
+            for fd in (self._fd, self._lock_fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self._fd = self._lock_fd = None
+
+    def _hand_over_head(self) -> None:
+        """Give :attr:`on_close` the last durable head of a log still usable; a failure is
+        logged (the log closes all the same)."""
         if self.on_close is not None and self._fd is not None and not self._broken:
             try:
                 self.on_close(*self.durable_head())
-            except Exception:  # the log closes all the same; the daemon's log says why
+            except Exception:  # the daemon's log says why
                 log.exception("%s: the audit log's final head could not be signed", self.path)
-        with self._lock:
-            for name in ("_fd", "_lock_fd"):
-                fd = getattr(self, name)
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        if name == "_fd":  # records appended without a commit
-                            os.fdatasync(fd)
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                    setattr(self, name, None)
 
     def __enter__(self) -> AuditLog:
         return self

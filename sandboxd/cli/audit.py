@@ -13,6 +13,8 @@ from sandboxd.cli.common import CONFIG_OPTION, STATE_DIR_OPTION, settings_for
 from sandboxd.util.text import json_visible, visible
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from sandboxd.audit import VerifyReport
     from sandboxd.receipts.keys import KeySet
 
@@ -34,29 +36,37 @@ def _receipt_keys(key: Path | None, path: Path | None, config: Path | None,
                   state_dir: Path | None) -> KeySet | None:
     """The key set to check the signed heads with; None when there is none (a warning).
 
-    ``--key`` first; else, for a log named on its own, the key set of the state directory
-    beside it (or the daemon's, when it is the daemon's log): never another daemon's keys,
-    which would call every head of this log forged; else the daemon's, from the settings."""
+    ``--key`` first; else the key set of :func:`_keys_directory`."""
     from sandboxd.cli.receipt import read_keyset_file
-    from sandboxd.config import load_settings
     from sandboxd.receipts.keys import ReceiptKeyError, load_keyset
 
     if key is not None:
         keys: KeySet = read_keyset_file(key)
         return keys
-    try:
-        settings = load_settings(config, state_dir=state_dir)
-    except (ValueError, OSError):  # settings errors are ValueErrors: a log checked alone
-        settings = None
-    directory = settings.state_dir if settings is not None else None
-    named_alone = path is not None and config is None and state_dir is None
-    if path is not None and named_alone and (settings is None
-                                             or path.absolute() != settings.audit_path):
-        directory = path.absolute().parent
+    directory = _keys_directory(path, config, state_dir)
     try:
         return load_keyset(directory) if directory is not None else None
     except ReceiptKeyError:
         return None
+
+
+def _keys_directory(path: Path | None, config: Path | None,
+                    state_dir: Path | None) -> Path | None:
+    """The state directory whose key set signed the heads of the log checked: for a log named
+    on its own, the one beside it (or the daemon's, when it is the daemon's log): never
+    another daemon's keys, which would call every head of this log forged; else the
+    daemon's, from the settings (None when there are none)."""
+    from sandboxd.config import load_settings
+
+    try:
+        settings = load_settings(config, state_dir=state_dir)
+    except (ValueError, OSError):  # settings errors are ValueErrors: a log checked alone
+        settings = None
+    if path is None or config is not None or state_dir is not None:  # not a log named alone
+        return settings.state_dir if settings is not None else None
+    if settings is None or path.absolute() != settings.audit_path:
+        return path.absolute().parent
+    return settings.state_dir
 
 
 @app.command("verify")
@@ -84,12 +94,17 @@ def verify_cmd(
         _judge_heads(report, log_path, head_problem, trusted=keys is not None)
     if as_json:
         typer.echo(_report_json(report, signed_seq))
-        raise typer.Exit(0 if report.ok else 1)
+    else:
+        _print_report(report, log_path)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _print_report(report: VerifyReport, log_path: Path) -> None:
+    """The verification report for a person: its warnings on stderr, then its summary."""
     for warning in report.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(report.summary() + (f" (log: {log_path})" if report.ok else ""))
-    if not report.ok:
-        raise typer.Exit(1)
 
 
 def _judge_heads(report: VerifyReport, log_path: Path, problem: tuple[int, str],
@@ -140,6 +155,24 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _outcome(record: dict[str, Any]) -> list[str]:
+    """How a result record's call ended: its termination reason and wall time."""
+    parts = []
+    termination = record.get("termination")
+    if isinstance(termination, dict) and termination.get("reason"):
+        parts.append(f"reason={_text(termination['reason'])}")
+    resources = record.get("resources")
+    if isinstance(resources, dict) and "wall_ms" in resources:
+        parts.append(f"wall={_text(resources['wall_ms'])}ms")
+    return parts
+
+
+def _others(record: dict[str, Any]) -> list[str]:
+    """The fields ``tail`` has no place of its own for, each as ``key=value``."""
+    return [f"{_text(str(key))}={_cut(_text(value), 160)}" for key, value in record.items()
+            if key not in _KNOWN and value not in (None, "", [], {})]
+
+
 def format_record(record: dict[str, Any]) -> str:
     """One readable line for a record. Every field is escaped (records carry text chosen by
     clients and sandboxed code: tool names, messages, arguments), so that a record is always
@@ -147,25 +180,15 @@ def format_record(record: dict[str, Any]) -> str:
     ts = _text(str(record.get("ts", ""))[:23].replace("T", " "))
     parts = [ts, f"#{_text(record.get('seq', '?'))}",
              f"{_text(record.get('event', '?')):<13}"]
-    for key in _SHOWN:
-        value = record.get(key)
-        if value not in (None, ""):
-            parts.append(f"{key}={_text(value)}")
-    termination = record.get("termination")
-    if isinstance(termination, dict) and termination.get("reason"):
-        parts.append(f"reason={_text(termination['reason'])}")
-    resources = record.get("resources")
-    if isinstance(resources, dict) and "wall_ms" in resources:
-        parts.append(f"wall={_text(resources['wall_ms'])}ms")
+    parts += [f"{key}={_text(record[key])}" for key in _SHOWN
+              if record.get(key) not in (None, "")]
+    parts += _outcome(record)
     if record.get("args_preview"):
         # a JSON text already: only its non-printable characters need escaping
         parts.append(f"args={json_visible(_cut(str(record['args_preview']), 120))}")
     if record.get("message"):
         parts.append(f'message="{_cut(_text(str(record["message"])), 160)}"')
-    for key, value in record.items():
-        if key not in _KNOWN and value not in (None, "", [], {}):
-            parts.append(f"{_text(str(key))}={_cut(_text(value), 160)}")
-    return "  ".join(parts)
+    return "  ".join(parts + _others(record))
 
 
 @app.command("tail")
@@ -205,18 +228,20 @@ def tail(
         typer.echo(json_visible(json.dumps(record, ensure_ascii=False)) if as_json
                    else format_record(record))
 
-    last: deque[dict[str, Any]] = deque(maxlen=max(lines, 0))
-    for record in read_records(log_path):
-        if wanted(record):
-            last.append(record)
+    last = deque(filter(wanted, read_records(log_path)), maxlen=max(lines, 0))
     for record in last:
         show(record)
     if follow:
-        records = follow_records(log_path)
-        typer.echo(f"-- following {log_path} (Ctrl-C to stop) --", err=True)
-        try:
-            for record in records:
-                if wanted(record):
-                    show(record)
-        except KeyboardInterrupt:
-            raise typer.Exit(0) from None
+        _keep_showing(follow_records(log_path), log_path, wanted, show)
+
+
+def _keep_showing(records: Iterator[dict[str, Any]], log_path: Path,
+                  wanted: Callable[[dict[str, Any]], bool],
+                  show: Callable[[dict[str, Any]], None]) -> None:
+    """Show each new record ``wanted`` as it is written, until Ctrl-C (exit 0)."""
+    typer.echo(f"-- following {log_path} (Ctrl-C to stop) --", err=True)
+    try:
+        for record in filter(wanted, records):
+            show(record)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None

@@ -129,8 +129,7 @@ def verify_cmd(
 
     data = _read_json(path, "result")
     keys = _keyset(key, config, state_dir)
-    result = data if isinstance(data, dict) and "receipt" in data else None
-    receipt = result["receipt"] if result is not None else data
+    result, receipt = _result_and_receipt(data)
     why = check_receipt(receipt, keys)
     if why is not None:
         typer.echo(f"FAILED: {path}: the receipt does not verify: {why}")
@@ -140,7 +139,21 @@ def verify_cmd(
         typer.echo(f"FAILED: {path}: the result does not match its receipt: {problem}")
     if problems:
         raise typer.Exit(1)
-    what = "the receipt and the result's outputs" if result is not None else "the receipt"
-    typer.echo(f"ok: {what} of {receipt.get('id')} (tool {receipt.get('tool')}, status "
-               f"{receipt.get('status')}, ended {receipt.get('ended')}, audit seq "
-               f"{(receipt.get('audit') or {}).get('seq')}) signed by key {receipt['key_id']}")
+    typer.echo(_verified(receipt, whole=result is not None))
+
+
+def _result_and_receipt(data: Any) -> tuple[dict[str, Any] | None, Any]:
+    """A result with its receipt inside (the result, the receipt), or a receipt alone
+    (None, the receipt)."""
+    if isinstance(data, dict) and "receipt" in data:
+        return data, data["receipt"]
+    return None, data
+
+
+def _verified(receipt: dict[str, Any], whole: bool) -> str:
+    """The line that says what a receipt that holds vouches for (``whole``: with the
+    result's outputs)."""
+    what = "the receipt and the result's outputs" if whole else "the receipt"
+    return (f"ok: {what} of {receipt.get('id')} (tool {receipt.get('tool')}, status "
+            f"{receipt.get('status')}, ended {receipt.get('ended')}, audit seq "
+            f"{(receipt.get('audit') or {}).get('seq')}) signed by key {receipt['key_id']}")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from sandboxd.cli.common import CONFIG_OPTION, fail, settings_for
+
+if TYPE_CHECKING:
+    from sandboxd.access.tokens import TokenEntry
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -92,11 +96,14 @@ def list_(tokens_file: Path | None = _FILE_OPTION,
         return
     typer.echo(f"{'CLIENT':<20} {'ID':<12}  {'CREATED':<20}  {'EXPIRES':<28}  LABEL")
     for entry in store.entries:
-        expiry = entry.expires or "never"
-        if entry.expired():
-            expiry += " (EXPIRED)"
-        typer.echo(f"{entry.client:<20} {entry.id:<12}  {entry.created or '-':<20}  "
-                   f"{expiry:<28}  {entry.label or ''}".rstrip())
+        typer.echo(_row(entry))
+
+
+def _row(entry: TokenEntry) -> str:
+    """One token's line of ``token list``."""
+    expiry = (entry.expires or "never") + (" (EXPIRED)" if entry.expired() else "")
+    return (f"{entry.client:<20} {entry.id:<12}  {entry.created or '-':<20}  "
+            f"{expiry:<28}  {entry.label or ''}".rstrip())
 
 
 @app.command("remove")
@@ -108,22 +115,30 @@ def remove(name: str | None = typer.Argument(None, help="Client name: remove all
            config: Path | None = CONFIG_OPTION) -> None:
     """Revoke tokens: every token of a client, or one token by its id. The daemon stops
     accepting them within a second, without a restart."""
-    from sandboxd.access.tokens import TokenFileError, remove_token_by_id, remove_tokens
+    from sandboxd.access.tokens import TokenFileError
 
     if (name is None) == (token_id is None):
         fail("give a client name or --id ID (not both)")
     path = _tokens_file(tokens_file, config)
     try:
-        if token_id is not None:
-            entry = remove_token_by_id(path, token_id)
-            typer.echo(f"removed token {entry.id} of client '{entry.client}'"
-                       + (f" ({entry.label})" if entry.label else "") + f" from {path}")
-            return
-        assert name is not None
-        removed = remove_tokens(path, name)
+        done = _revoke(path, name, token_id)
     except (TokenFileError, OSError) as exc:
         fail(str(exc), 1)
         return
+    typer.echo(done)
+
+
+def _revoke(path: Path, name: str | None, token_id: str | None) -> str:
+    """Revoke the token ``token_id``, else every token of client ``name``; what was done,
+    as one line (TokenFileError when nothing matched)."""
+    from sandboxd.access.tokens import TokenFileError, remove_token_by_id, remove_tokens
+
+    if token_id is not None:
+        entry = remove_token_by_id(path, token_id)
+        label = f" ({entry.label})" if entry.label else ""
+        return f"removed token {entry.id} of client '{entry.client}'{label} from {path}"
+    assert name is not None
+    removed = remove_tokens(path, name)
     if not removed:
-        fail(f"no token for client '{name}' in {path}", 1)
-    typer.echo(f"removed {removed} token(s) of client '{name}' from {path}")
+        raise TokenFileError(f"no token for client '{name}' in {path}")
+    return f"removed {removed} token(s) of client '{name}' from {path}"

@@ -32,22 +32,22 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _text(text: Any) -> str:
-    """SHA-256 of a text field's UTF-8 bytes (stdout, stderr)."""
-    return _sha(str(text).encode("utf-8", "surrogatepass"))
-
-
 #: the hashes of what most results hold (no value, no stderr): computed once
 _NULL, _EMPTY = _sha(b"null"), _sha(b"")
+
+
+def _text(text: Any) -> str:
+    """SHA-256 of a text field's UTF-8 bytes (stdout, stderr)."""
+    return _sha(str(text).encode("utf-8", "surrogatepass")) if text != "" else _EMPTY
 
 
 def result_hashes(wire: dict[str, Any]) -> dict[str, Any]:
     """The hashes a receipt holds of a result as a client gets it (its JSON as data)."""
     rest = {k: v for k, v in wire.items() if k not in NOT_HASHED}
-    stdout, stderr, value = wire.get("stdout", ""), wire.get("stderr", ""), wire.get("value")
+    value = wire.get("value")
     return {
-        "stdout_sha256": _text(stdout) if stdout != "" else _EMPTY,
-        "stderr_sha256": _text(stderr) if stderr != "" else _EMPTY,
+        "stdout_sha256": _text(wire.get("stdout", "")),
+        "stderr_sha256": _text(wire.get("stderr", "")),
         "value_sha256": _sha(canonical_json(value)) if value is not None else _NULL,
         "outputs_sha256": [_sha(canonical_json(item)) for item in wire.get("outputs") or []],
         "result_sha256": _sha(canonical_json(rest)),
@@ -79,19 +79,17 @@ def check_receipt(receipt: Any, keys: KeySet, *, kind: str = RECEIPT_TYPE) -> st
 def check_result(result: dict[str, Any], receipt: dict[str, Any]) -> list[str]:
     """The fields of ``result`` (a result as the daemon returned it) that do not match its
     receipt; empty when every output and field does."""
-    problems = []
-    ours = result_hashes(result)
-    for name, digest in ours.items():
-        if receipt.get(name) != digest:
-            field = name.removesuffix("_sha256")
-            what = ("the result's other fields (id, status, message, resources, ...)"
-                    if field == "result" else f"{field}")
-            problems.append(f"{what}: the hash does not match the receipt's {name}")
-    for name in ("id", "tool", "session", "node", "backend"):
-        if result.get(name) != receipt.get(name):
-            problems.append(f"{name}: {result.get(name)!r} in the result, "
-                            f"{receipt.get(name)!r} in the receipt")
-    if result.get("status") != receipt.get("status"):
-        problems.append(f"status: {result.get('status')!r} in the result, "
-                        f"{receipt.get('status')!r} in the receipt")
-    return problems
+    problems = [_hash_problem(name) for name, digest in result_hashes(result).items()
+                if receipt.get(name) != digest]
+    return problems + [f"{name}: {result.get(name)!r} in the result, "
+                       f"{receipt.get(name)!r} in the receipt"
+                       for name in ("id", "tool", "session", "node", "backend", "status")
+                       if result.get(name) != receipt.get(name)]
+
+
+def _hash_problem(name: str) -> str:
+    """What a receipt's hash ``name`` that the result does not match says."""
+    field = name.removesuffix("_sha256")
+    what = ("the result's other fields (id, status, message, resources, ...)"
+            if field == "result" else field)
+    return f"{what}: the hash does not match the receipt's {name}"

@@ -32,6 +32,25 @@ class SignedHead:
 Problem = tuple[int, str]
 
 
+_CORRUPT = "not a signed head (edited or corrupt)"
+
+
+def _head(raw: bytes, number: int, keys: KeySet | None) -> SignedHead | str:
+    """Line ``number`` of the heads file as a signed head (its signature checked when
+    ``keys`` are given), or why it is not one."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return _CORRUPT
+    why = check_receipt(record, keys, kind=HEAD_TYPE) if keys is not None else None
+    if why is not None:
+        return f"the signed head does not verify: {why}"
+    seq, sha = record.get("seq"), record.get("sha256")
+    if type(seq) is not int or not isinstance(sha, str):  # true and false are ints too
+        return _CORRUPT
+    return SignedHead(seq, sha, str(record.get("ts")), number)
+
+
 def last_head(audit_path: Path,
               keys: KeySet | None) -> tuple[SignedHead | None, Problem | None]:
     """The newest signed head of ``audit_path`` and, when a head line does not verify (or no
@@ -43,23 +62,24 @@ def last_head(audit_path: Path,
         return None, None
     except OSError as exc:
         return None, (0, f"cannot read: {exc.strerror or exc}")
+    head, problem = _newest(lines, keys)
+    if problem is None and head is not None and keys is None:
+        problem = (0, "no receipt keys to check the signed heads' signatures with (give "
+                      "--key or --state-dir)")
+    return head, problem
+
+
+def _newest(lines: list[bytes],
+            keys: KeySet | None) -> tuple[SignedHead | None, Problem | None]:
+    """The newest signed head of the heads file's ``lines`` up to the first that is not one,
+    and that line's problem."""
     head: SignedHead | None = None
     for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            return head, (number, "not a signed head (edited or corrupt)")
-        why = check_receipt(record, keys, kind=HEAD_TYPE) if keys is not None else None
-        if why is not None:
-            return head, (number, f"the signed head does not verify: {why}")
-        seq, sha = record.get("seq"), record.get("sha256")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(sha, str):
-            return head, (number, "not a signed head (edited or corrupt)")
-        if head is None or seq >= head.seq:
-            head = SignedHead(seq, sha, str(record.get("ts")), number)
-    if head is not None and keys is None:
-        return head, (0, "no receipt keys to check the signed heads' signatures with (give "
-                         "--key or --state-dir)")
+        found = _head(raw, number, keys)
+        if isinstance(found, str):
+            return head, (number, found)
+        if head is None or found.seq >= head.seq:
+            head = found
     return head, None
