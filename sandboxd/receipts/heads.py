@@ -42,6 +42,8 @@ def _head(raw: bytes, number: int, keys: KeySet | None) -> SignedHead | str:
         record = json.loads(raw)
     except ValueError:
         return _CORRUPT
+    if not isinstance(record, dict):  # JSON, but no head (a number, a list...)
+        return _CORRUPT
     why = check_receipt(record, keys, kind=HEAD_TYPE) if keys is not None else None
     if why is not None:
         return f"the signed head does not verify: {why}"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from httpx_sse import connect_sse
 
 from sandboxd.access.tokens import add_token
@@ -310,3 +311,20 @@ def test_the_heads_file_keeps_its_newest_heads(tmp_path: Path, monkeypatch: Any)
     assert json.loads(lines[-1])["seq"] == 59
     head, problem = last_head(tmp_path / "audit.jsonl", receipts.key.keyset)
     assert problem is None and head is not None and head.seq == 59
+
+
+@pytest.mark.parametrize("line", [b"5", b"[1, 2]", b'"head"', b"null", b"{"])
+def test_a_heads_line_that_is_no_head_is_a_problem_not_a_crash(tmp_path: Path,
+                                                               line: bytes) -> None:
+    """Read with or without keys, a line of JSON that is not an object is reported as a
+    corrupt head (it used to raise AttributeError when no keys were given)."""
+    from sandboxd.receipts import sign
+    from sandboxd.receipts.heads import last_head
+
+    receipts = sign.Receipts.open(tmp_path, tmp_path / "audit.jsonl", 60.0)
+    receipts.sign_head(0, f"{0:064x}", "periodic")
+    with open(tmp_path / "audit.jsonl.heads", "ab") as heads:
+        heads.write(line + b"\n")
+    for keys in (None, receipts.key.keyset):
+        _, problem = last_head(tmp_path / "audit.jsonl", keys)
+        assert problem is not None and "not a signed head" in problem[1], (keys, problem)
