@@ -17,21 +17,24 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
 def describe_output(item: Output) -> str:
     """What a model reads of one display item: an image as ``[image: 640x480 png]`` (it
     cannot see it here; MCP hosts also get the image itself), else its ``text/plain``."""
-    for mime in IMAGE_TYPES:
-        if mime in item.data:
-            kind = mime.split("/")[1].split("+")[0]
-            size = None
-            if mime == "image/png":
-                try:
-                    size = png_size(base64.b64decode(item.data[mime], validate=True))
-                except (binascii.Error, ValueError, TypeError):
-                    size = None
-            return f"[image: {size[0]}x{size[1]} {kind}]" if size else f"[image: {kind}]"
+    mime = next((m for m in IMAGE_TYPES if m in item.data), None)
+    if mime is not None:
+        kind = mime.split("/")[1].split("+")[0]
+        size = _png_size(item.data[mime]) if mime == "image/png" else None
+        return f"[image: {size[0]}x{size[1]} {kind}]" if size else f"[image: {kind}]"
     if "text/plain" in item.data:
         return str(item.data["text/plain"])
     if "application/json" in item.data:
         return json.dumps(item.data["application/json"], ensure_ascii=False)
     return "[display item: " + ", ".join(sorted(item.data)) + "]"
+
+
+def _png_size(data: str) -> tuple[int, int] | None:
+    """(width, height) of a base64 PNG, None when it does not decode."""
+    try:
+        return png_size(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError, TypeError):
+        return None
 
 
 def format_result(result: Result) -> str:
@@ -60,32 +63,43 @@ def result_parts(result: Result) -> list[str | Output]:
 
 def _lines(result: Result) -> list[str | Output]:
     """The lines a model reads, each image display item after its placeholder line."""
-    lines: list[str | Output] = []
     status = str(result.status)
-    if (status == "ok" and not result.stderr and not result.outputs
-            and not any(result.truncated.model_dump().values())):
-        if result.backend == "workspace" and result.stdout:
-            return [result.stdout]  # file tools: stdout is the content, value only metadata
-        if result.value is None and result.stdout:
-            return [result.stdout]
+    if status == "ok" and _only_stdout(result):
+        return [result.stdout]
+    lines: list[str | Output] = []
     if status != "ok":
         code = result.termination.exit_code
         lines.append(f"status: {status} ({result.termination.reason}"
                      + (f", exit code {code})" if code not in (None, 0) else ")"))
     lines.extend(_in_order(result))
-    # a rich last value (a DataFrame) comes back as a display item too: the model reads it once
-    shown = {o.data.get("text/plain") for o in result.outputs}
-    if result.value_repr is not None and result.value_repr not in shown:
-        lines.append("value: " + result.value_repr)  # Python's view: a tuple stays a tuple
-    elif result.value is not None and not (isinstance(result.value, str)
-                                           and result.value in shown):
-        if isinstance(result.value, str) and not result.stdout and status == "ok":
-            lines.append(result.value)
-        else:
-            lines.append("value: " + json.dumps(result.value, ensure_ascii=False, default=str))
+    lines.extend(_value_line(result, status))
     if status != "ok" and result.message:
         lines.append("message: " + result.message)
     return lines
+
+
+def _only_stdout(result: Result) -> bool:
+    """Whether a successful result is read as its bare stdout: nothing else to say, and
+    either a file tool (stdout is the content, value only metadata) or no value."""
+    if not result.stdout or result.stderr or result.outputs:
+        return False
+    if any(result.truncated.model_dump().values()):
+        return False
+    return result.backend == "workspace" or result.value is None
+
+
+def _value_line(result: Result, status: str) -> list[str | Output]:
+    """The last value's line, unless a display item already showed it."""
+    # a rich last value (a DataFrame) comes back as a display item too: the model reads it once
+    shown = {o.data.get("text/plain") for o in result.outputs}
+    if result.value_repr is not None and result.value_repr not in shown:
+        return ["value: " + result.value_repr]  # Python's view: a tuple stays a tuple
+    value = result.value
+    if value is None or (isinstance(value, str) and value in shown):
+        return []
+    if isinstance(value, str) and not result.stdout and status == "ok":
+        return [value]
+    return ["value: " + json.dumps(value, ensure_ascii=False, default=str)]
 
 
 def _in_order(result: Result) -> list[str | Output]:
