@@ -304,8 +304,7 @@ class Agent:
                                          headers=self._llm_headers()) as http:
                 registry = await self._resolve_tools(tools, sandbox)
                 run_session = session if session is not None else self.session
-                if (run_session is None and self.auto_session and sandbox is not None
-                        and any(t.fn is None for t in registry.values())):
+                if run_session is None and sandbox is not None and self._wants_session(registry):
                     opened_session = run_session = (await sandbox.create_session()).id
                 io = _AsyncIO(self, http, sandbox, registry, state, _fragment_sink(on_fragment),
                               hooks.on_tool_call_event, run_session, parallel_tool_calls,
@@ -315,12 +314,12 @@ class Agent:
             await _answer_pending(state, on_message)
             raise
         finally:
-            if opened_session is not None and sandbox is not None:
-                with contextlib.suppress(Exception):  # it expires with its TTL otherwise
-                    await sandbox.delete_session(opened_session)
-            if own_sandbox is not None:
-                await own_sandbox.aclose()
+            await _release(sandbox, opened_session, own_sandbox)
         return state.result()
+
+    def _wants_session(self, registry: dict[str, OfferedTool]) -> bool:
+        """Whether a run opens a session of its own: on by default, and a sandbox tool offered."""
+        return self.auto_session and any(t.fn is None for t in registry.values())
 
     def _async_sandbox(self) -> tuple[AsyncSandboxClient | None, AsyncSandboxClient | None]:
         """(the async client this run opens and closes, the async client it uses)."""
@@ -368,21 +367,29 @@ class Agent:
     async def _sandbox_registry(self, wanted: list[Any] | None,
                                 sandbox: AsyncSandboxClient | None) -> dict[str, OfferedTool]:
         """The sandboxd tools named in ``wanted`` (all of them when ``wanted`` is None)."""
-        names = [t for t in (wanted or []) if isinstance(t, str)]
-        if not ((wanted is None and sandbox is not None) or names):
+        if wanted is None:
+            schemas = {} if sandbox is None else await self._sandbox_tools(sandbox, refresh=False)
+            return {n: OfferedTool(n, schemas[n]) for n in sorted(schemas)}
+        names = [t for t in wanted if isinstance(t, str)]
+        if not names:
             return {}
         if sandbox is None:
             raise ValueError(f"sandboxd tools {names} need Agent(sandbox=SandboxClient(...))")
+        schemas = await self._schemas_naming(sandbox, names)
+        return {n: OfferedTool(n, schemas[n]) for n in names}
+
+    async def _schemas_naming(self, sandbox: AsyncSandboxClient,
+                              names: list[str]) -> dict[str, dict[str, Any]]:
+        """The sandbox's tool schemas, listed again when the cached list lacks one of ``names``;
+        ValueError when the sandbox has no such tool."""
         schemas = await self._sandbox_tools(sandbox, refresh=False)
-        missing = [n for n in names if n not in schemas]
-        if missing:
+        if not set(names) <= set(schemas):  # a tool the cached list predates
             schemas = await self._sandbox_tools(sandbox, refresh=True)
-            missing = [n for n in names if n not in schemas]
+        missing = [n for n in names if n not in schemas]
         if missing:
             raise ValueError(f"sandboxd has no tool named {', '.join(missing)} for this "
                              f"client (available: {', '.join(sorted(schemas)) or 'none'})")
-        return {n: OfferedTool(n, schemas[n])
-                for n in (names if wanted is not None else sorted(schemas))}
+        return schemas
 
     async def _sandbox_tools(self, sandbox: AsyncSandboxClient,
                              refresh: bool) -> dict[str, dict[str, Any]]:
@@ -390,3 +397,13 @@ class Agent:
             listed = await sandbox.tools("openai")
             self._sandbox_schemas = {t["function"]["name"]: t for t in listed}
         return self._sandbox_schemas
+
+
+async def _release(sandbox: AsyncSandboxClient | None, opened_session: str | None,
+                   own_sandbox: AsyncSandboxClient | None) -> None:
+    """End of a run: delete the session it opened, close the async client it made."""
+    if opened_session is not None and sandbox is not None:
+        with contextlib.suppress(Exception):  # it expires with its TTL otherwise
+            await sandbox.delete_session(opened_session)
+    if own_sandbox is not None:
+        await own_sandbox.aclose()

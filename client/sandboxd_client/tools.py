@@ -187,45 +187,15 @@ class ToolRunner:
         http_timeout = (tool_timeout_s + 60.0) if tool_timeout_s else None
         try:
             result = await self._invoke(sandbox, call, args, session, limits, http_timeout)
-        except InvalidArguments as exc:
-            field_name = exc.field or "(arguments)"
-            msg = (f"Error: invalid arguments for `{name}`: argument '{field_name}': "
-                   f"{exc.detail or exc.title}. Nothing was run. Fix that argument and call again.")
-            return None, ToolCallError("invalid_arguments", msg, exc.field), msg
-        except NotFound as exc:
-            msg = (f"Error: `{name}` is not available in the sandbox ({exc.detail}). "
-                   "Use another tool.")
-            return None, ToolCallError("unknown_tool", msg), msg
-        except RateLimited as exc:
-            msg = (f"Error: the sandbox is busy and did not run `{name}` "
-                   f"({exc.detail or 'rate limited'}). Try again later or do without it.")
-            return None, ToolCallError("sandbox_error", msg), msg
         except (ProblemError, ConnectionFailed) as exc:
-            msg = f"Error: the sandbox could not run `{name}`: {exc}. Nothing was run."
-            return None, ToolCallError("sandbox_error", msg), msg
-        status = str(result.status)
+            error = _not_run_error(name, exc)
+            return None, error, error.message
         body = format_result(result)
+        status = str(result.status)
         if status == "ok":
             return result, None, body
-        if status in ("denied", "rejected"):
-            rule = f" [{result.policy.source}: {result.policy.rule}]" if result.policy else ""
-            why = result.message or body
-            msg = (f"Denied by policy: {why}{rule}. The call was not run; do not repeat it. "
-                   "Choose an allowed alternative or tell the user it is not permitted.")
-            return result, ToolCallError("denied", msg), msg
-        if status == "timeout":
-            limit = (result.limits or {}).get("timeout_s", tool_timeout_s)
-            msg = (f"Error: `{name}` timed out after {limit:g} s and was stopped "
-                   f"({result.termination.reason}). Make the work smaller or faster and try "
-                   f"again.\n{body}")
-            return result, ToolCallError("timeout", msg), msg
-        if status == "killed":
-            msg = (f"Error: `{name}` was stopped: {result.termination.reason} "
-                   f"(a sandbox limit). Use less memory/processes/output and try again.\n{body}")
-            return result, ToolCallError("tool_error", msg), msg
-        msg = (f"Error: `{name}` failed.\n{body}\nRead the error above, fix the cause and try "
-               "again if it helps.")
-        return result, ToolCallError("tool_error", msg), msg
+        error = _RESULT_ERRORS.get(status, _failed)(name, result, body, tool_timeout_s)
+        return result, error, error.message
 
     async def _run_local(self, fn: Callable[..., Any], name: str, args: dict[str, Any],
                          tool_timeout_s: float | None
@@ -258,3 +228,59 @@ class ToolRunner:
             except (TypeError, ValueError):
                 text = repr(value)
         return value, None, text
+
+
+def _not_run_error(name: str, exc: ProblemError | ConnectionFailed) -> ToolCallError:
+    """What the model reads when the sandbox refused or could not take the call."""
+    if isinstance(exc, InvalidArguments):
+        field_name = exc.field or "(arguments)"
+        return ToolCallError("invalid_arguments", (
+            f"Error: invalid arguments for `{name}`: argument '{field_name}': "
+            f"{exc.detail or exc.title}. Nothing was run. Fix that argument and call again."),
+            exc.field)
+    if isinstance(exc, NotFound):
+        return ToolCallError("unknown_tool", f"Error: `{name}` is not available in the sandbox "
+                             f"({exc.detail}). Use another tool.")
+    if isinstance(exc, RateLimited):
+        return ToolCallError("sandbox_error", (
+            f"Error: the sandbox is busy and did not run `{name}` "
+            f"({exc.detail or 'rate limited'}). Try again later or do without it."))
+    return ToolCallError("sandbox_error",
+                         f"Error: the sandbox could not run `{name}`: {exc}. Nothing was run.")
+
+
+# what the model reads of a result that is not ok, by its status
+
+
+def _denied(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    rule = f" [{result.policy.source}: {result.policy.rule}]" if result.policy else ""
+    why = result.message or body
+    return ToolCallError("denied", (
+        f"Denied by policy: {why}{rule}. The call was not run; do not repeat it. "
+        "Choose an allowed alternative or tell the user it is not permitted."))
+
+
+def _timed_out(name: str, result: Result, body: str,
+               tool_timeout_s: float | None) -> ToolCallError:
+    limit = (result.limits or {}).get("timeout_s", tool_timeout_s)
+    return ToolCallError("timeout", (
+        f"Error: `{name}` timed out after {limit:g} s and was stopped "
+        f"({result.termination.reason}). Make the work smaller or faster and try "
+        f"again.\n{body}"))
+
+
+def _killed(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    return ToolCallError("tool_error", (
+        f"Error: `{name}` was stopped: {result.termination.reason} "
+        f"(a sandbox limit). Use less memory/processes/output and try again.\n{body}"))
+
+
+def _failed(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    return ToolCallError("tool_error", (
+        f"Error: `{name}` failed.\n{body}\nRead the error above, fix the cause and try "
+        "again if it helps."))
+
+
+_RESULT_ERRORS: dict[str, Callable[[str, Result, str, float | None], ToolCallError]] = {
+    "denied": _denied, "rejected": _denied, "timeout": _timed_out, "killed": _killed,
+}
