@@ -13,11 +13,15 @@ import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sandboxd import DEFAULT_URL, __version__
+
+if TYPE_CHECKING:
+    from sandboxd.config import Settings
+    from sandboxd.host.uidclaim import UidClaim
 
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
@@ -54,39 +58,12 @@ def serve(
     log_level: str = typer.Option("info", help="debug, info, warning, error"),
 ) -> None:
     """Run the daemon (loopback only unless configured otherwise)."""
-    from pydantic import ValidationError
-
-    from sandboxd.config import ConfigFileError, load_settings, settings_problems
-
-    try:
-        settings = load_settings(
-            config, host=host, port=port, uds=uds, state_dir=state_dir, policies_dir=policies,
-            audit_log=audit_log, tokens_file=tokens_file,
-            allow_unconfined=allow_unconfined or None,
-        )
-    except (ConfigFileError, ValidationError) as exc:
-        problems = settings_problems(exc, config)
-        for problem in problems[:-1]:  # every problem, one line each, as policy check does
-            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
-        _fail(f"bad setting: {problems[-1]}")
-        return
-    if settings.uds is None and not _is_loopback(settings.host):
-        if settings.tokens_file is None:
-            _fail(f"refusing to listen on {settings.host}: a non-loopback address needs auth "
-                  "tokens (--tokens-file; create one with `sandboxd token add NAME`)")
-        logging.getLogger("sandboxd").warning(
-            "listening on non-loopback address %s: every caller needs a token", settings.host)
+    settings = _settings(config, host=host, port=port, uds=uds, state_dir=state_dir,
+                         policies_dir=policies, audit_log=audit_log, tokens_file=tokens_file,
+                         allow_unconfined=allow_unconfined or None)
+    _check_exposure(settings)
     _lock_state_dir(settings.state_dir)  # first: a second serve on this directory says so
-    from sandboxd.host import uidclaim
-
-    try:  # held until the process exits (the kernel drops it then, SIGKILL included)
-        claim = uidclaim.claim_for(settings)
-    except uidclaim.UidRangeTaken as exc:
-        _fail(str(exc), EXIT_UID_RANGE)
-        return
-    except uidclaim.UidClaimError as exc:
-        _fail(str(exc), 1)
-        return
+    claim = _claim_uids(settings)  # held until the process exits (SIGKILL included)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if claim is not None:
@@ -102,6 +79,46 @@ def serve(
         if claim is not None:
             claim.release()
     raise typer.Exit(code)
+
+
+def _settings(config: Path | None, **options: Any) -> Settings:
+    """The daemon's settings, or exit 2 with every problem, one line each."""
+    from pydantic import ValidationError
+
+    from sandboxd.config import ConfigFileError, load_settings, settings_problems
+
+    try:
+        return load_settings(config, **options)
+    except (ConfigFileError, ValidationError) as exc:
+        problems = settings_problems(exc, config)
+        for problem in problems[:-1]:  # every problem, one line each, as policy check does
+            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
+        _fail(f"bad setting: {problems[-1]}")
+        raise AssertionError("unreachable") from None
+
+
+def _check_exposure(settings: Settings) -> None:
+    """Refuse a non-loopback address without tokens; warn when one is used with them."""
+    if settings.uds is not None or _is_loopback(settings.host):
+        return
+    if settings.tokens_file is None:
+        _fail(f"refusing to listen on {settings.host}: a non-loopback address needs auth "
+              "tokens (--tokens-file; create one with `sandboxd token add NAME`)")
+    logging.getLogger("sandboxd").warning(
+        "listening on non-loopback address %s: every caller needs a token", settings.host)
+
+
+def _claim_uids(settings: Settings) -> UidClaim | None:
+    """This daemon's claim on the sandbox uid range (None: nothing to claim), or exit."""
+    from sandboxd.host import uidclaim
+
+    try:
+        return uidclaim.claim_for(settings)
+    except uidclaim.UidRangeTaken as exc:
+        _fail(str(exc), EXIT_UID_RANGE)
+    except uidclaim.UidClaimError as exc:
+        _fail(str(exc), 1)
+    raise AssertionError("unreachable")
 
 
 def _lock_state_dir(state_dir: Path) -> None:
