@@ -42,30 +42,47 @@ _ARG_LINE = re.compile(r"^\s*\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
 _CHOICES = re.compile(r"\(choices:\s*(\[.*?\])\s*\)", re.IGNORECASE | re.DOTALL)
 
 
+_ARG_SECTIONS = frozenset({"args", "arguments", "parameters", "params", "keyword args",
+                           "keyword arguments"})
+
+
 def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """Split a Google-style docstring into (description, {argument: text})."""
     if not doc:
         return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    description: list[str] = []
+    description, arg_sections = _split_sections(inspect.cleandoc(doc).splitlines())
     args: dict[str, str] = {}
-    section: str | None = None
-    current: str | None = None
-    arg_indent: int | None = None
+    for section in arg_sections:
+        _read_args(section, args)
+    text = "\n".join(description).strip()
+    # keep paragraphs but join wrapped lines
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return "\n\n".join(paragraphs), args
+
+
+def _split_sections(lines: list[str]) -> tuple[list[str], list[list[str]]]:
+    """(the lines before the first section heading, the lines of each ``Args:``-like
+    section); other sections (``Returns:``, ``Raises:``...) are left out."""
+    description: list[str] = []
+    arg_sections: list[list[str]] = []
+    target = description
     for line in lines:
         m = _SECTION.match(line)
-        if m:
-            section = m.group(1).lower()
-            current, arg_indent = None, None
+        if m is None:
+            target.append(line)
             continue
-        if section is None:
-            description.append(line)
-            continue
-        if section not in ("args", "arguments", "parameters", "params",
-                           "keyword args", "keyword arguments"):
-            continue
-        if not line.strip():
-            continue
+        target = []
+        if m.group(1).lower() in _ARG_SECTIONS:
+            arg_sections.append(target)
+    return description, arg_sections
+
+
+def _read_args(lines: list[str], args: dict[str, str]) -> None:
+    """Add the ``name: text`` / ``name (type): text`` entries of one section to ``args``; a
+    line indented deeper than the entries continues the current one."""
+    current: str | None = None
+    arg_indent: int | None = None
+    for line in filter(str.strip, lines):
         indent = len(line) - len(line.lstrip())
         am = _ARG_LINE.match(line)
         if am and (arg_indent is None or indent <= arg_indent):
@@ -74,10 +91,6 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             args[current] = am.group(3).strip()
         elif current is not None:
             args[current] = (args[current] + " " + line.strip()).strip()
-    text = "\n".join(description).strip()
-    # keep paragraphs but join wrapped lines
-    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
-    return "\n\n".join(paragraphs), args
 
 
 _PLAIN: dict[Any, dict[str, Any]] = {
@@ -116,9 +129,12 @@ def _union_schema(annotation: Any, origin: Any, args: tuple[Any, ...],
         inner = type_schema(non_null[0], where)
         return _nullable(inner) if nullable else inner
     options = [type_schema(a, where) for a in non_null] + ([{"type": "null"}] if nullable else [])
-    if all(set(o) == {"type"} and isinstance(o["type"], str) for o in options):
-        return {"type": [o["type"] for o in options]}
-    return {"anyOf": options}
+    return {"type": [o["type"] for o in options]} if _all_plain(options) else {"anyOf": options}
+
+
+def _all_plain(options: list[dict[str, Any]]) -> bool:
+    """Whether every option is a bare ``{"type": name}`` (a type list can say them all)."""
+    return all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)
 
 
 def _nullable(inner: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +328,8 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> None:
     _check_alternatives(schema, value, path, name)
     for option in schema.get("allOf", []):
         validate(option, value, path)
-    _check_type_and_choices(schema, value, name)
+    _check_type(schema, value, name)
+    _check_choices(schema, value, name)
     check = next((c for t, c in _VALUE_CHECKS if isinstance(value, t)), None)
     if check is not None:
         check(schema, value, path, name)
@@ -338,13 +355,17 @@ def _match_any(options: list[Any], value: Any, path: str, name: str) -> None:
                         if errors else "does not match any allowed form")
 
 
-def _check_type_and_choices(schema: dict[str, Any], value: Any, name: str) -> None:
-    """The ``type``, ``const`` and ``enum`` keywords."""
+def _check_type(schema: dict[str, Any], value: Any, name: str) -> None:
+    """The ``type`` keyword: one JSON type or a list of them."""
     kind = schema.get("type")
     kinds = [] if kind is None else kind if isinstance(kind, list) else [kind]
     if kinds and not any(_type_ok(value, k) for k in kinds):
         raise ArgumentError(name, f"must be of type {' or '.join(kinds)}, "
                             f"got {_describe(value)}")
+
+
+def _check_choices(schema: dict[str, Any], value: Any, name: str) -> None:
+    """The ``const`` and ``enum`` keywords."""
     if "const" in schema and value != schema["const"]:
         raise ArgumentError(name, f"must be {_describe(schema['const'])}")
     if "enum" in schema and value not in schema["enum"]:
