@@ -74,25 +74,30 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
     except Exception as exc:
         return False, ProbeReport(backend=name, ok=False, detail=f"cannot load: {exc}")
     try:
-        try:
-            await _bounded(backend.start())
-        except Exception as exc:
-            return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
-        ok, why = backend.availability()
-        if not ok:
-            return False, ProbeReport(backend=name, ok=False, detail=f"unavailable: {why}")
-        try:
-            answered, report = await within(backend.probe(), PROBE_TIMEOUT_S)
-            if not answered:
-                report = ProbeReport(backend=name, ok=False, detail="probe timed out")
-        except Exception as exc:
-            report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
-        return True, report
+        return await _start_and_probe(name, backend)
     finally:
         try:
             await _bounded(backend.close())
         except Exception as exc:
             typer.echo(f"sandboxd doctor: closing the {name} backend failed: {exc}", err=True)
+
+
+async def _start_and_probe(name: str, backend: Any) -> tuple[bool, ProbeReport]:
+    """Start a constructed backend and, when it says it is available, run its probe."""
+    try:
+        await _bounded(backend.start())
+    except Exception as exc:
+        return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
+    ok, why = backend.availability()
+    if not ok:
+        return False, ProbeReport(backend=name, ok=False, detail=f"unavailable: {why}")
+    try:
+        answered, report = await within(backend.probe(), PROBE_TIMEOUT_S)
+    except Exception as exc:
+        return True, ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
+    if not answered:
+        return True, ProbeReport(backend=name, ok=False, detail="probe timed out")
+    return True, report
 
 
 # ------------------------------------------------------------------ host facts
@@ -370,18 +375,24 @@ def doctor(
     default_enabled = default in enabled_backends(settings)
     failed = _failed(results, names, default, default_enabled, strict)
     if as_json:
-        typer.echo(json.dumps({
-            "default_backend": default,
-            "ok": not failed,
-            "host": [c.model_dump() for c in host],
-            "daemon": None if live is None else {
-                "lock": str(live.path), "pid": live.pid, "note": note},
-            "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
-        }, indent=2))
+        typer.echo(_json_report(default, failed, host, live, note, results))
     else:
         _print_text(host, results, note, default, default_enabled)
     if failed:
         raise typer.Exit(1)
+
+
+def _json_report(default: str, failed: bool, host: list[ProbeCheck], live: Holder | None,
+                 note: str | None, results: Any) -> str:
+    """``--json``'s document: the verdict, the host facts, a live daemon, each backend."""
+    return json.dumps({
+        "default_backend": default,
+        "ok": not failed,
+        "host": [c.model_dump() for c in host],
+        "daemon": None if live is None else {
+            "lock": str(live.path), "pid": live.pid, "note": note},
+        "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
+    }, indent=2)
 
 
 def _failed(results: Any, names: list[str], default: str, default_enabled: bool,
