@@ -108,14 +108,20 @@ def _drop_oldest_exchange(out: list[Message]) -> bool:
                  None)
     if start is None:
         return False
-    end = start + 1
-    if out[start].get("tool_calls"):
-        while end < len(out) and out[end].get("role") == "tool":
-            end += 1
+    end = _exchange_end(out, start)
     if any(i in keep for i in range(start, end)):
         return False
     del out[start:end]
     return True
+
+
+def _exchange_end(out: list[Message], start: int) -> int:
+    """Where the exchange at ``start`` ends: after an assistant's tool calls, their results."""
+    end = start + 1
+    if out[start].get("tool_calls"):
+        while end < len(out) and out[end].get("role") == "tool":
+            end += 1
+    return end
 
 
 def _request_body(cfg: LLMSettings, sent: list[Message],

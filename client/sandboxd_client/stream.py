@@ -45,32 +45,17 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     payload that is already complete JSON starts a new event) and ``data:`` without a space.
     """
     buf: list[str] = []
-
-    def complete() -> bool:
-        try:
-            json.loads("\n".join(buf))
-        except ValueError:
-            return False
-        return True
-
     async for raw in lines:
         line = raw.rstrip("\r")
-        if not line:
-            if buf:
-                yield "\n".join(buf)
-                buf = []
-            continue
-        if line.startswith(":"):
-            continue
         if line.startswith("data:"):
-            payload = line[5:]
-            if payload.startswith(" "):
-                payload = payload[1:]
-            if buf and complete():
+            if buf and _complete_json("\n".join(buf)):
                 yield "\n".join(buf)
                 buf = []
-            buf.append(payload)
-        # event:, id:, retry: and anything else are ignored
+            buf.append(line[5:].removeprefix(" "))
+        elif not line and buf:
+            yield "\n".join(buf)
+            buf = []
+        # comments (":..."), event:, id:, retry: and anything else are ignored
     if buf:
         yield "\n".join(buf)
 
@@ -372,20 +357,21 @@ def _json_values(text: str) -> list[Any]:
 
 
 def _as_calls(values: Iterable[Any], known: set[str]) -> list[tuple[str, Any]]:
-    calls: list[tuple[str, Any]] = []
-    for value in values:
-        items = value if isinstance(value, list) else [value]
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            if "function" in item and isinstance(item["function"], dict):
-                item = item["function"]
-            name = item.get("name")
-            if not isinstance(name, str) or name not in known:
-                continue
-            args = item.get("arguments", item.get("parameters", {}))
-            calls.append((name, args))
-    return calls
+    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
+    return [call for call in map(_call_of, items) if call is not None and call[0] in known]
+
+
+def _call_of(item: Any) -> tuple[str, Any] | None:
+    """(name, arguments) of a call object (OpenAI's ``{"function": {...}}`` or a bare
+    ``{"name", "arguments"/"parameters"}``); None for anything else."""
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("function"), dict):
+        item = item["function"]
+    name = item.get("name")
+    if not isinstance(name, str):
+        return None
+    return name, item.get("arguments", item.get("parameters", {}))
 
 
 _Found = tuple[list[tuple[str, Any]], str]  # ((name, arguments) calls, the text without them)

@@ -97,25 +97,25 @@ class ToolRunner:
                           ) -> tuple[ToolCallRequest, ToolCallRecord | None]:
         error = self._invalid(call, registry)
         if error is not None and hook is not None:
-            answer = await maybe_await(hook(call, error))
-            if isinstance(answer, ToolCallRequest):
-                fixed = ToolCallRequest(call.id, answer.name, answer.arguments,
-                                        answer.raw_arguments, answer.parse_error, call.source)
-                error = self._invalid(fixed, registry)
-                if error is None:
-                    call = fixed
-            elif isinstance(answer, str):
-                error = ToolCallError(error.kind, answer, error.field)
+            call, error = await self._ask_hook(hook, call, error, registry)
         if error is not None:
             return call, ToolCallRecord(round_index, call, self._budget(error.message), error)
-        key = f"{call.name}\0{canonical_arguments(call.arguments)}"
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] >= 3:
-            msg = (f"Loop guard: you already called `{call.name}` with exactly these arguments "
-                   f"{seen[key] - 1} times and got the results above; it was not run again. "
-                   "Use those results, or try something different, or answer the user.")
-            return call, ToolCallRecord(round_index, call, msg, ToolCallError("loop_guard", msg))
-        return call, None
+        return call, _loop_guard(call, round_index, seen)
+
+    async def _ask_hook(self, hook: InvalidRequestHook, call: ToolCallRequest,
+                        error: ToolCallError, registry: dict[str, OfferedTool]
+                        ) -> tuple[ToolCallRequest, ToolCallError | None]:
+        """The invalid-request hook's say: a corrected call (used when it is valid), a
+        message for the model instead of ours, or nothing (ours stands)."""
+        answer = await maybe_await(hook(call, error))
+        if isinstance(answer, str):
+            return call, ToolCallError(error.kind, answer, error.field)
+        if not isinstance(answer, ToolCallRequest):
+            return call, error
+        fixed = ToolCallRequest(call.id, answer.name, answer.arguments,
+                                answer.raw_arguments, answer.parse_error, call.source)
+        still = self._invalid(fixed, registry)
+        return (call, still) if still is not None else (fixed, None)
 
     @staticmethod
     def _invalid(call: ToolCallRequest, registry: dict[str, OfferedTool]) -> ToolCallError | None:
@@ -228,6 +228,19 @@ class ToolRunner:
             except (TypeError, ValueError):
                 text = repr(value)
         return value, None, text
+
+
+def _loop_guard(call: ToolCallRequest, round_index: int,
+                seen: dict[str, int]) -> ToolCallRecord | None:
+    """Count the call; its third identical request (name and arguments) is not run."""
+    key = f"{call.name}\0{canonical_arguments(call.arguments)}"
+    seen[key] = seen.get(key, 0) + 1
+    if seen[key] < 3:
+        return None
+    msg = (f"Loop guard: you already called `{call.name}` with exactly these arguments "
+           f"{seen[key] - 1} times and got the results above; it was not run again. "
+           "Use those results, or try something different, or answer the user.")
+    return ToolCallRecord(round_index, call, msg, ToolCallError("loop_guard", msg))
 
 
 def _not_run_error(name: str, exc: ProblemError | ConnectionFailed) -> ToolCallError:
