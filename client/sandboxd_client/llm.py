@@ -195,7 +195,19 @@ def _content_text(content: Any) -> str:
     """A delta's ``content``: a string, or the texts of a list of content parts."""
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
+    return _text_of(content)
+
+
+def _text_of(value: Any) -> str:
+    """``value`` when it is a string, else ""."""
+    return value if isinstance(value, str) else ""
+
+
+def _stream_error(chunk: dict[str, Any]) -> LLMError:
+    """The error an ``{"error": ...}`` chunk reports."""
+    err = chunk["error"]
+    detail = err.get("message") if isinstance(err, dict) else str(err)
+    return LLMError(f"LLM server error in stream: {detail}", None, json.dumps(chunk))
 
 
 _EventKind = Literal["started", "name", "arguments", "ended", "failed"]
@@ -246,9 +258,7 @@ class _TurnReader:
         if not isinstance(chunk, dict):
             return
         if chunk.get("error"):
-            err = chunk["error"]
-            detail = err.get("message") if isinstance(err, dict) else str(err)
-            raise LLMError(f"LLM server error in stream: {detail}", None, json.dumps(chunk))
+            raise _stream_error(chunk)
         if isinstance(chunk.get("usage"), dict):
             self.turn.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
@@ -257,8 +267,8 @@ class _TurnReader:
 
     async def _choice(self, choice: dict[str, Any], full: bool) -> None:
         delta = (choice.get("message") if full else choice.get("delta")) or {}
-        r = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(r, str) and r:
+        r = _text_of(delta.get("reasoning_content") or delta.get("reasoning"))
+        if r:
             self.reasoning.append(r)
             await self._text(r, True)
         c = _content_text(delta.get("content"))

@@ -218,16 +218,20 @@ class ToolRunner:
             msg = (f"Error: `{name}` raised {type(exc).__name__}: {exc}. Fix the arguments if "
                    "that is the cause, or try something else.")
             return None, ToolCallError("tool_error", msg), msg
-        if isinstance(value, str):
-            text = value
-        elif value is None:
-            text = "(no result)"
-        else:
-            try:
-                text = json.dumps(value, ensure_ascii=False, default=str)
-            except (TypeError, ValueError):
-                text = repr(value)
-        return value, None, text
+        return value, None, _local_text(value)
+
+
+def _local_text(value: Any) -> str:
+    """What the model reads of a local function's return value: a string as it is, else
+    JSON (``repr`` for what JSON cannot say)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "(no result)"
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _loop_guard(call: ToolCallRequest, round_index: int,
