@@ -22,6 +22,7 @@ from sandboxd import DEFAULT_URL, __version__
 if TYPE_CHECKING:
     from sandboxd.config import Settings
     from sandboxd.host.uidclaim import UidClaim
+    from sandboxd_client import ToolOutput
 
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
@@ -415,9 +416,7 @@ def _invoke_arguments(json_args: str | None, arg: list[str]) -> dict[str, Any]:
 
 def _print_stream(items: Any) -> Any:
     """Print a streamed call's output as it arrives; return its result."""
-    from sandboxd.util.text import visible
     from sandboxd_client import ToolOutput
-    from sandboxd_client.render import describe_output
 
     ended_line = True
     for item in items:
@@ -425,19 +424,30 @@ def _print_stream(items: Any) -> Any:
             if not ended_line:
                 sys.stdout.write("\n")
             return item
-        if item.kind == "stdout":
-            sys.stdout.write(item.text)
-            sys.stdout.flush()
-            ended_line = item.text.endswith("\n")
-        elif item.kind == "stderr":
-            sys.stderr.write(item.text)
-            sys.stderr.flush()
-        elif item.item is not None:
-            if not ended_line:
-                sys.stdout.write("\n")
-            typer.echo(f"[display] {visible(describe_output(item.item))}")
-            ended_line = True
+        ended_line = _show_output(item, ended_line)
     return None
+
+
+def _show_output(item: ToolOutput, ended_line: bool) -> bool:
+    """Print one piece of a call's output (a display item on a line of its own); whether
+    stdout now stands at the start of a line."""
+    from sandboxd.util.text import visible
+    from sandboxd_client.render import describe_output
+
+    if item.kind == "stdout":
+        sys.stdout.write(item.text)
+        sys.stdout.flush()
+        return item.text.endswith("\n")
+    if item.kind == "stderr":
+        sys.stderr.write(item.text)
+        sys.stderr.flush()
+        return ended_line
+    if item.item is None:
+        return ended_line
+    if not ended_line:
+        sys.stdout.write("\n")
+    typer.echo(f"[display] {visible(describe_output(item.item))}")
+    return True
 
 
 def _save_images(result: Any, where: Path) -> None:
