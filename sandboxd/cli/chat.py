@@ -213,14 +213,7 @@ def _wind_down(client: Any, session_id: str | None, history_path: Path | None) -
 def _wanted_tools(client: Any, tools: str | None) -> list[str]:
     """The tools to offer the model (``--tools``, else every one available to this client),
     or exit 2 naming one that is unknown or unavailable."""
-    from sandboxd_client import SandboxError
-
-    try:
-        offered = client.tools("openai")
-        specs = {t.name: t for t in client.tools()}
-    except SandboxError as exc:
-        _fail_closing(client, f"cannot use sandboxd at {client.socket or client.url}: {exc}")
-    available = [t["function"]["name"] for t in offered]
+    available, specs = _listed_tools(client)
     if not tools:
         return available
     wanted = [t.strip() for t in tools.split(",") if t.strip()]
@@ -228,6 +221,19 @@ def _wanted_tools(client: Any, tools: str | None) -> list[str]:
     if problem is not None:
         _fail_closing(client, problem)
     return wanted
+
+
+def _listed_tools(client: Any) -> tuple[list[str], dict[str, Any]]:
+    """(the names of the tools available to this client, every tool's spec by name), or
+    exit 2 when sandboxd cannot be asked."""
+    from sandboxd_client import SandboxError
+
+    try:
+        offered = client.tools("openai")
+        specs = {t.name: t for t in client.tools()}
+    except SandboxError as exc:
+        _fail_closing(client, f"cannot use sandboxd at {client.socket or client.url}: {exc}")
+    return [t["function"]["name"] for t in offered], specs
 
 
 def _unusable(wanted: list[str], specs: dict[str, Any], available: list[str]) -> str | None:
