@@ -290,10 +290,9 @@ class Agent:
         invalid arguments: return ``None`` (default message), a string (message for the
         model), a corrected :class:`ToolCallRequest` (run instead), or raise to abort.
         """
-        if max_rounds < 1:
-            raise ValueError("max_rounds must be at least 1")
-        if max_parallel < 1:
-            raise ValueError("max_parallel must be at least 1")
+        for name, value in (("max_rounds", max_rounds), ("max_parallel", max_parallel)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1")
         state = LoopState(self._initial_messages(prompt_or_messages))
         hooks = Hooks(on_message, on_round_start, on_round_end, on_tool_result,
                       on_tool_call_event)
@@ -303,9 +302,8 @@ class Agent:
             async with httpx.AsyncClient(timeout=httpx.Timeout(self.llm_timeout_s, connect=30.0),
                                          headers=self._llm_headers()) as http:
                 registry = await self._resolve_tools(tools, sandbox)
-                run_session = session if session is not None else self.session
-                if run_session is None and sandbox is not None and self._wants_session(registry):
-                    opened_session = run_session = (await sandbox.create_session()).id
+                run_session, opened_session = await self._session_for(session, sandbox,
+                                                                      registry)
                 io = _AsyncIO(self, http, sandbox, registry, state, _fragment_sink(on_fragment),
                               hooks.on_tool_call_event, run_session, parallel_tool_calls,
                               max_parallel, tool_timeout_s, handle_invalid_tool_request)
@@ -317,9 +315,17 @@ class Agent:
             await _release(sandbox, opened_session, own_sandbox)
         return state.result()
 
-    def _wants_session(self, registry: dict[str, OfferedTool]) -> bool:
-        """Whether a run opens a session of its own: on by default, and a sandbox tool offered."""
-        return self.auto_session and any(t.fn is None for t in registry.values())
+    async def _session_for(self, session: str | None, sandbox: AsyncSandboxClient | None,
+                           registry: dict[str, OfferedTool]) -> tuple[str | None, str | None]:
+        """(the session a run uses, the one it opened for itself and deletes at its end): the
+        given one, else a new one when ``auto_session`` is on and a sandbox tool is offered."""
+        run_session = session if session is not None else self.session
+        if run_session is not None or sandbox is None or not self.auto_session:
+            return run_session, None
+        if not any(t.fn is None for t in registry.values()):
+            return None, None
+        opened = (await sandbox.create_session()).id
+        return opened, opened
 
     def _async_sandbox(self) -> tuple[AsyncSandboxClient | None, AsyncSandboxClient | None]:
         """(the async client this run opens and closes, the async client it uses)."""
