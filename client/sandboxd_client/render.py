@@ -106,11 +106,13 @@ def _in_order(result: Result) -> list[str | Output]:
     """stdout, stderr and display items in execution order (:meth:`Result.sequence`), a
     heading wherever the kind changes, the truncation notes after each stream's last part."""
     parts = result.sequence()
-    kinds = ["display" if isinstance(p, Output) else p[0] for p in parts]
-    last = {kind: i for i, kind in enumerate(kinds)}
+    last = {_kind(part): i for i, part in enumerate(parts)}
     lines: list[str | Output] = []
+    previous = None
     for i, part in enumerate(parts):
-        heading = [f"{kinds[i]}:"] if i == 0 or kinds[i - 1] != kinds[i] else []
+        kind = _kind(part)
+        heading = [f"{kind}:"] if kind != previous else []
+        previous = kind
         if isinstance(part, Output):
             lines.extend(heading + [describe_output(part)] + ([part] if part.image else []))
             continue
@@ -119,3 +121,8 @@ def _in_order(result: Result) -> list[str | Output]:
         if last[name] == i and getattr(result.truncated, name):
             lines.append(f"({name} was cut at the sandbox output limit)")
     return lines
+
+
+def _kind(part: Output | tuple[str, str]) -> str:
+    """A part's kind: ``display``, or the name of its stream."""
+    return "display" if isinstance(part, Output) else part[0]
