@@ -209,10 +209,7 @@ def _enum_schema(values: list[Any], where: str) -> dict[str, Any]:
 def function_tool_schema(fn: Callable[..., Any], *, name: str | None = None,
                          description: str | None = None) -> dict[str, Any]:
     """The OpenAI ``tools`` entry (``{"type": "function", "function": {...}}``) of ``fn``."""
-    tool_name = name or getattr(fn, "__name__", None)
-    if not tool_name or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
-        raise ToolDefinitionError(
-            f"{fn!r}: tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
+    tool_name = _tool_name(fn, name)
     where = f"tool {tool_name}"
     signature, hints = _signature_and_hints(fn, where)
     summary, arg_docs = parse_google_docstring(inspect.getdoc(fn))
@@ -232,6 +229,15 @@ def function_tool_schema(fn: Callable[..., Any], *, name: str | None = None,
                                   "required": required, "additionalProperties": False}
     return {"type": "function",
             "function": {"name": tool_name, "description": text, "parameters": parameters}}
+
+
+def _tool_name(fn: Callable[..., Any], name: str | None) -> str:
+    """The tool's name (``name``, else the function's), checked against OpenAI's pattern."""
+    tool_name = name or getattr(fn, "__name__", None)
+    if not tool_name or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
+        raise ToolDefinitionError(
+            f"{fn!r}: tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
+    return tool_name
 
 
 def _signature_and_hints(fn: Callable[..., Any],
@@ -263,15 +269,21 @@ def _parameter_schema(param: inspect.Parameter, annotation: Any, doc: str,
         doc = re.sub(r"\s+", " ", (doc[: m.start()] + doc[m.end():]).strip())
     if doc:
         schema["description"] = doc
-    if param.default is not param.empty:
-        default = param.default.value if isinstance(param.default, enum.Enum) else param.default
-        try:
-            json.dumps(default)
-        except (TypeError, ValueError):
-            pass  # not JSON: the parameter is optional, the default stays unstated
-        else:
-            schema["default"] = default
+    schema.update(_default_entry(param))
     return schema
+
+
+def _default_entry(param: inspect.Parameter) -> dict[str, Any]:
+    """``{"default": value}`` of a parameter with a default JSON can say (an Enum's value);
+    else nothing: a default that is not JSON stays unstated (the parameter is optional)."""
+    if param.default is param.empty:
+        return {}
+    default = param.default.value if isinstance(param.default, enum.Enum) else param.default
+    try:
+        json.dumps(default)
+    except (TypeError, ValueError):
+        return {}
+    return {"default": default}
 
 
 def _docstring_choices(text: str, where: str) -> list[Any]:
@@ -428,15 +440,20 @@ def _check_object(schema: dict[str, Any], value: dict[str, Any], path: str, name
     props = schema.get("properties", {})
     for req in schema.get("required", []):
         if req not in value:
-            raise ArgumentError(f"{path}.{req}" if path else req, "is required")
+            raise ArgumentError(_member_path(path, req), "is required")
     extra = schema.get("additionalProperties", True)
     for key in sorted(value):
-        sub_path = f"{path}.{key}" if path else key
+        sub_path = _member_path(path, key)
         if key not in props and extra is False:
             allowed = ", ".join(sorted(props)) or "none"
             raise ArgumentError(sub_path, f"is not a parameter of this tool "
                                 f"(parameters: {allowed})")
         validate(props.get(key, extra), value[key], sub_path)  # a non-dict schema admits all
+
+
+def _member_path(path: str, key: str) -> str:
+    """The path of an object's member ``key`` (``a.b``; the key alone at the top)."""
+    return f"{path}.{key}" if path else key
 
 
 # first match wins: a bool is an int to Python but gets no numeric checks
