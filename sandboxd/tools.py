@@ -307,13 +307,25 @@ def _located(err: ValidationError, schema: dict[str, Any],
     path = ".".join(str(p) for p in err.absolute_path)
     if path:
         return path, err.message
-    if err.validator == "required":
-        required = cast(list[str], err.validator_value)  # the schema's "required" list
-        missing = [name for name in required if name not in arguments]
-        return (missing[0] if missing else "(arguments)"), "is required"
-    if err.validator == "additionalProperties":
-        allowed = sorted((schema.get("properties") or {}).keys())
-        extra = sorted(set(arguments) - set(allowed))
-        return (extra[0] if extra else "(arguments)",
-                f"is not a parameter of this tool (parameters: {', '.join(allowed)})")
-    return "(arguments)", err.message
+    name_it = _TOP_LEVEL_ERRORS.get(str(err.validator))
+    return name_it(err, schema, arguments) if name_it else ("(arguments)", err.message)
+
+
+def _missing(err: ValidationError, schema: dict[str, Any],
+             arguments: dict[str, Any]) -> tuple[str, str]:
+    """A ``required`` error names the first missing parameter."""
+    required = cast(list[str], err.validator_value)  # the schema's "required" list
+    missing = [name for name in required if name not in arguments]
+    return (missing[0] if missing else "(arguments)"), "is required"
+
+
+def _unknown(err: ValidationError, schema: dict[str, Any],
+             arguments: dict[str, Any]) -> tuple[str, str]:
+    """An ``additionalProperties`` error names the first unknown parameter and the known."""
+    allowed = sorted((schema.get("properties") or {}).keys())
+    extra = sorted(set(arguments) - set(allowed))
+    return (extra[0] if extra else "(arguments)",
+            f"is not a parameter of this tool (parameters: {', '.join(allowed)})")
+
+
+_TOP_LEVEL_ERRORS = {"required": _missing, "additionalProperties": _unknown}
