@@ -129,7 +129,6 @@ def _existing(path: Path) -> Path:
 
 def host_checks(settings: Any) -> list[ProbeCheck]:
     """Facts about the host and the daemon's own confinement (informational)."""
-    from sandboxd.backends import registry
     from sandboxd.host.uids import identities
 
     root = os.geteuid() == 0
@@ -149,10 +148,19 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
                       _existing(Path(settings.audit_path).parent), "; not written yet"),
         _workspace_quota_check(settings),
     ]
+    return checks + _backend_host_checks(settings)
+
+
+def _backend_host_checks(settings: Any) -> list[ProbeCheck]:
+    """Each enabled backend's own host rows; one failing row for a backend that cannot say
+    (a backend's rows must not hide the others)."""
+    from sandboxd.backends import registry
+
+    checks: list[ProbeCheck] = []
     for entry in registry.enabled(settings):
         try:
             checks += entry.host_checks(settings)
-        except Exception as exc:  # a backend's rows must not hide the others
+        except Exception as exc:
             checks.append(ProbeCheck(name=f"{entry.name}_rows", ok=False,
                                      detail=f"could not be read: {exc}"))
     return checks
@@ -339,12 +347,17 @@ def _verdict_line(name: str, available: bool, ok: bool, default: str) -> str:
     return f"warn: {label} '{name}': {verdict} - its tools are unavailable"
 
 
-def _print_text(host: list[Any], results: Any, note: str | None, default: str,
-                default_enabled: bool) -> None:
+def _all_rows(host: list[ProbeCheck], results: Any) -> list[tuple[str, str, str, str]]:
+    """The table: the host rows (a failed one is a warning), then each backend's."""
     rows = [("host", c.name, "ok" if c.ok else "warn", c.detail) for c in host]
     for name, available, report in results:
         rows += _rows(name, available, report)
-    typer.echo(_table(rows))
+    return rows
+
+
+def _print_text(host: list[Any], results: Any, note: str | None, default: str,
+                default_enabled: bool) -> None:
+    typer.echo(_table(_all_rows(host, results)))
     typer.echo("")
     if note is not None:
         typer.echo(note)
