@@ -327,19 +327,23 @@ async def run(endpoint: str, uds: str | None, token: str | None) -> int:
         if problem is not None:
             say(problem)
             return EXIT_AUTH if "401" in problem else 1
-        bridge = Bridge(http, endpoint)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):  # as if stdin closed: DELETE, exit
-            loop.add_signal_handler(signum, stop.set)
-        pump = asyncio.create_task(_pump(bridge))
-        stopped = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait({pump, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if pump.done():
-                pump.result()  # the end of stdin, or a bug: raised
-        finally:
-            await stop_task(pump)
-            await stop_task(stopped)
-            await bridge.close()
+        await _pump_until_stopped(Bridge(http, endpoint))
     return 0
+
+
+async def _pump_until_stopped(bridge: Bridge) -> None:
+    """Pump the host's lines until stdin ends or SIGTERM/SIGINT, then end the session."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # as if stdin closed: DELETE, exit
+        loop.add_signal_handler(signum, stop.set)
+    pump = asyncio.create_task(_pump(bridge))
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({pump, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if pump.done():
+            pump.result()  # the end of stdin, or a bug: raised
+    finally:
+        await stop_task(pump)
+        await stop_task(stopped)
+        await bridge.close()
