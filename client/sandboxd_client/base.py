@@ -59,13 +59,18 @@ def lenient(model: type[M], data: Any) -> M:
             raise
         data = copy.deepcopy(data)
         for error in errors:
-            node: Any = data
-            *parents, last = error["loc"]
-            for key in parents:
-                node = node[key]
-            if isinstance(node, dict):
-                node.pop(last, None)
+            _drop_member(data, error["loc"])
         return model.model_validate(data)
+
+
+def _drop_member(data: Any, loc: tuple[int | str, ...]) -> None:
+    """Remove the member at ``loc`` (a validation error's location) from ``data``."""
+    *parents, last = loc
+    node = data
+    for key in parents:
+        node = node[key]
+    if isinstance(node, dict):
+        node.pop(last, None)
 
 
 def path_segment(value: str) -> str:
