@@ -271,10 +271,10 @@ class ThinkSplitter:
         self._pending = ""
         out: list[tuple[bool, str]] = []
         while data:
-            tags = [self.CLOSE] if self.inside else [self.OPEN, self.CLOSE]
-            hits = [(data.find(t), t) for t in tags if data.find(t) >= 0]
-            if hits:
-                i, tag = min(hits)
+            tags = self._tags()
+            hit = _first_tag(data, tags)
+            if hit is not None:
+                i, tag = hit
                 if i:
                     out.append((self.inside, data[:i]))
                 data = data[i + len(tag):]
@@ -289,10 +289,20 @@ class ThinkSplitter:
             break
         return out
 
+    def _tags(self) -> list[str]:
+        """The tags that mean something now: inside reasoning only its end."""
+        return [self.CLOSE] if self.inside else [self.OPEN, self.CLOSE]
+
     def flush(self) -> list[tuple[bool, str]]:
         """Whatever was held back at the end of the stream."""
         data, self._pending = self._pending, ""
         return [(self.inside, data)] if data else []
+
+
+def _first_tag(data: str, tags: list[str]) -> tuple[int, str] | None:
+    """(position, tag) of the earliest of ``tags`` in ``data``; None when there is none."""
+    hits = [(data.find(t), t) for t in tags if data.find(t) >= 0]
+    return min(hits) if hits else None
 
 
 def _partial_tag_length(data: str, tags: list[str]) -> int:
