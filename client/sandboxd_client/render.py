@@ -19,14 +19,19 @@ def describe_output(item: Output) -> str:
     cannot see it here; MCP hosts also get the image itself), else its ``text/plain``."""
     mime = next((m for m in IMAGE_TYPES if m in item.data), None)
     if mime is not None:
-        kind = mime.split("/")[1].split("+")[0]
-        size = _png_size(item.data[mime]) if mime == "image/png" else None
-        return f"[image: {size[0]}x{size[1]} {kind}]" if size else f"[image: {kind}]"
+        return _image_placeholder(mime, item.data[mime])
     if "text/plain" in item.data:
         return str(item.data["text/plain"])
     if "application/json" in item.data:
         return json.dumps(item.data["application/json"], ensure_ascii=False)
     return "[display item: " + ", ".join(sorted(item.data)) + "]"
+
+
+def _image_placeholder(mime: str, data: str) -> str:
+    """``[image: 640x480 png]`` (the size when a PNG says it), ``[image: jpeg]``."""
+    kind = mime.split("/")[1].split("+")[0]
+    size = _png_size(data) if mime == "image/png" else None
+    return f"[image: {size[0]}x{size[1]} {kind}]" if size else f"[image: {kind}]"
 
 
 def _png_size(data: str) -> tuple[int, int] | None:
