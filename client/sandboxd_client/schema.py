@@ -110,14 +110,22 @@ def type_schema(annotation: Any, where: str = "") -> dict[str, Any]:
         return _enum_schema([m.value for m in annotation], where)
     origin = get_origin(annotation)
     args = get_args(annotation)
-    if origin is typing.Annotated:
-        return type_schema(args[0], where)
-    if origin is Literal:
-        return _enum_schema(list(args), where)
     build = _GENERIC_BY_ORIGIN.get(origin) or _GENERIC_BY_NAME.get(getattr(origin, "__name__", ""))
     if build is None:
         raise ToolDefinitionError(f"{where}: cannot describe type {annotation!r} in JSON Schema")
     return build(annotation, origin, args, where)
+
+
+def _annotated_schema(annotation: Any, origin: Any, args: tuple[Any, ...],
+                      where: str) -> dict[str, Any]:
+    """``Annotated[X, ...]``: X's schema (the metadata says nothing JSON Schema needs)."""
+    return type_schema(args[0], where)
+
+
+def _literal_schema(annotation: Any, origin: Any, args: tuple[Any, ...],
+                    where: str) -> dict[str, Any]:
+    """``Literal[...]``: an enum of its values."""
+    return _enum_schema(list(args), where)
 
 
 def _union_schema(annotation: Any, origin: Any, args: tuple[Any, ...],
@@ -180,6 +188,7 @@ def _mapping_schema(annotation: Any, origin: Any, args: tuple[Any, ...],
 
 _GenericBuilder = Callable[[Any, Any, tuple[Any, ...], str], dict[str, Any]]
 _GENERIC_BY_ORIGIN: dict[Any, _GenericBuilder] = {
+    typing.Annotated: _annotated_schema, Literal: _literal_schema,
     Union: _union_schema, types.UnionType: _union_schema,
     list: _sequence_schema, set: _sequence_schema, frozenset: _sequence_schema,
     typing.Sequence: _sequence_schema, typing.MutableSequence: _sequence_schema,
