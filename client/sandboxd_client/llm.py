@@ -159,10 +159,15 @@ async def complete(cfg: LLMSettings, http: httpx.AsyncClient, messages: list[Mes
         cfg.stream_usage = False
         body.pop("stream_options")
         turn = await stream(http, url, body, round_index, emit_fragment, on_event)
-    prompt_tokens = (turn.usage or {}).get("prompt_tokens")
+    _calibrate(cfg, turn.usage, sent_chars)
+    return turn
+
+
+def _calibrate(cfg: LLMSettings, usage: dict[str, Any] | None, sent_chars: int) -> None:
+    """Learn the characters per token from the server's count of the prompt (1 to 8)."""
+    prompt_tokens = (usage or {}).get("prompt_tokens")
     if isinstance(prompt_tokens, int) and prompt_tokens > 0:
         cfg.chars_per_token = min(8.0, max(1.0, sent_chars / prompt_tokens))
-    return turn
 
 
 async def stream(http: httpx.AsyncClient, url: str, body: dict[str, Any],

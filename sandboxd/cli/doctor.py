@@ -412,10 +412,15 @@ def _failed(results: Any, names: list[str], default: str, default_enabled: bool,
             strict: bool) -> bool:
     """Whether the doctor exits 1: the default backend is disabled, unavailable or failing,
     or (``--strict``) any other enabled backend is."""
-    proven = {n for n, available, report in results if available and report.ok}
+    proven = _proven(results)
     if not default_enabled or (default in names and default not in proven):
         return True
     return strict and any(n not in proven for n, _a, _r in results if n != default)
+
+
+def _proven(results: Any) -> set[str]:
+    """The backends that are available and whose confinement holds."""
+    return {n for n, available, report in results if available and report.ok}
 
 
 def register(app: typer.Typer) -> None:
