@@ -374,8 +374,7 @@ class Agent:
                                 sandbox: AsyncSandboxClient | None) -> dict[str, OfferedTool]:
         """The sandboxd tools named in ``wanted`` (all of them when ``wanted`` is None)."""
         if wanted is None:
-            schemas = {} if sandbox is None else await self._sandbox_tools(sandbox, refresh=False)
-            return {n: OfferedTool(n, schemas[n]) for n in sorted(schemas)}
+            return await self._every_sandbox_tool(sandbox)
         names = [t for t in wanted if isinstance(t, str)]
         if not names:
             return {}
@@ -383,6 +382,14 @@ class Agent:
             raise ValueError(f"sandboxd tools {names} need Agent(sandbox=SandboxClient(...))")
         schemas = await self._schemas_naming(sandbox, names)
         return {n: OfferedTool(n, schemas[n]) for n in names}
+
+    async def _every_sandbox_tool(self, sandbox: AsyncSandboxClient | None
+                                  ) -> dict[str, OfferedTool]:
+        """Every tool the sandbox offers this client, by name (none without a sandbox)."""
+        if sandbox is None:
+            return {}
+        schemas = await self._sandbox_tools(sandbox, refresh=False)
+        return {n: OfferedTool(n, schemas[n]) for n in sorted(schemas)}
 
     async def _schemas_naming(self, sandbox: AsyncSandboxClient,
                               names: list[str]) -> dict[str, dict[str, Any]]:
