@@ -221,14 +221,21 @@ def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) 
     """The base image to build FROM: python:3.12-slim online, else the debootstrap rootfs
     (made here when missing or when ``rebuild_base``)."""
     if offline is None:
-        offline = not (_has_image(client, ONLINE_BASE) or registry_reachable())
-        if offline:
-            typer.echo("no container registry reachable: building offline (debootstrap)")
+        offline = _no_registry(client)
     if not offline:
         return ONLINE_BASE
     if rebuild_base or not _has_image(client, OFFLINE_BASE):
         _debootstrap_base(context)
     return OFFLINE_BASE
+
+
+def _no_registry(client: Any) -> bool:
+    """Whether to build offline when not told: no online base here and no registry reachable
+    (said on a line)."""
+    offline = not (_has_image(client, ONLINE_BASE) or registry_reachable())
+    if offline:
+        typer.echo("no container registry reachable: building offline (debootstrap)")
+    return offline
 
 
 def _debootstrap_base(context: Path) -> None:
