@@ -152,17 +152,10 @@ async def _serve(settings: Any, log_level: str) -> int:
     app = create_app(settings)
     http = _guarded_http(settings, app.state.service)
     # ws="none": the API has no WebSocket route, so no upgrade path out of the guarded protocol
-    if settings.uds is not None:
-        settings.uds.parent.mkdir(parents=True, exist_ok=True)
-        config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level, http=http,
-                                ws="none", proxy_headers=False, server_header=False,
-                                access_log=settings.access_log,
-                                timeout_graceful_shutdown=_graceful(settings))
-    else:
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http,
-                                ws="none", log_level=log_level, proxy_headers=False,
-                                server_header=False, access_log=settings.access_log,
-                                timeout_graceful_shutdown=_graceful(settings))
+    config = uvicorn.Config(app, **_listen_on(settings), log_level=log_level, http=http,
+                            ws="none", proxy_headers=False, server_header=False,
+                            access_log=settings.access_log,
+                            timeout_graceful_shutdown=_graceful(settings))
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
     try:
         await server.serve()
@@ -176,6 +169,14 @@ async def _serve(settings: Any, log_level: str) -> int:
     if settings.uds is not None:
         settings.uds.unlink(missing_ok=True)
     return 0 if server.started else 1
+
+
+def _listen_on(settings: Any) -> dict[str, Any]:
+    """uvicorn's address: the unix socket (its directory made), else host and port."""
+    if settings.uds is None:
+        return {"host": settings.host, "port": settings.port}
+    settings.uds.parent.mkdir(parents=True, exist_ok=True)
+    return {"uds": str(settings.uds)}
 
 
 def _graceful(settings: Any) -> Any:
