@@ -119,19 +119,10 @@ class ToolRunner:
 
     @staticmethod
     def _invalid(call: ToolCallRequest, registry: dict[str, OfferedTool]) -> ToolCallError | None:
-        names = ", ".join(sorted(registry)) or "none"
         if call.name not in registry:
-            shown = f"`{call.name}`" if call.name else "(no name)"
-            return ToolCallError("unknown_tool", f"Error: there is no tool named {shown}. "
-                                 f"Available tools: {names}. Call one of them by its exact name.")
+            return _unknown_tool_error(call, registry)
         if call.arguments is None:
-            raw = call.raw_arguments if len(call.raw_arguments) <= 200 else (
-                call.raw_arguments[:200] + "...")
-            return ToolCallError(
-                "bad_json",
-                f"Error: the arguments of your `{call.name}` call are not valid JSON "
-                f"({call.parse_error}): {raw!r}. Nothing was run. Call `{call.name}` again with "
-                "the arguments as one complete JSON object.")
+            return _bad_json_error(call)
         try:
             validate(registry[call.name].parameters, call.arguments)
         except ArgumentError as exc:
@@ -232,6 +223,25 @@ def _local_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def _unknown_tool_error(call: ToolCallRequest, registry: dict[str, OfferedTool]) -> ToolCallError:
+    """A call of a tool that is not offered: the model reads the names it can use."""
+    names = ", ".join(sorted(registry)) or "none"
+    shown = f"`{call.name}`" if call.name else "(no name)"
+    return ToolCallError("unknown_tool", f"Error: there is no tool named {shown}. "
+                         f"Available tools: {names}. Call one of them by its exact name.")
+
+
+def _bad_json_error(call: ToolCallRequest) -> ToolCallError:
+    """A call whose arguments are not JSON: the model reads why and their start."""
+    raw = call.raw_arguments if len(call.raw_arguments) <= 200 else (
+        call.raw_arguments[:200] + "...")
+    return ToolCallError(
+        "bad_json",
+        f"Error: the arguments of your `{call.name}` call are not valid JSON "
+        f"({call.parse_error}): {raw!r}. Nothing was run. Call `{call.name}` again with "
+        "the arguments as one complete JSON object.")
 
 
 def _loop_guard(call: ToolCallRequest, round_index: int,
