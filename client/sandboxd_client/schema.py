@@ -438,10 +438,14 @@ def _check_array(schema: dict[str, Any], value: list[Any], path: str, name: str)
         sub = prefix[i] if i < len(prefix) else schema.get("items")
         if isinstance(sub, dict):
             validate(sub, item, f"{path}[{i}]" if path else f"[{i}]")
-    if schema.get("uniqueItems"):
-        seen = [json.dumps(v, sort_keys=True) for v in value]
-        if len(set(seen)) != len(seen):
-            raise ArgumentError(name, "must not contain duplicate items")
+    if schema.get("uniqueItems") and _has_duplicates(value):
+        raise ArgumentError(name, "must not contain duplicate items")
+
+
+def _has_duplicates(items: list[Any]) -> bool:
+    """Whether two items are the same JSON value (objects compared whatever their key order)."""
+    seen = [json.dumps(v, sort_keys=True) for v in items]
+    return len(set(seen)) != len(seen)
 
 
 def _check_object(schema: dict[str, Any], value: dict[str, Any], path: str, name: str) -> None:

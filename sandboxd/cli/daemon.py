@@ -399,20 +399,26 @@ def invoke(
 def _invoke_arguments(json_args: str | None, arg: list[str]) -> dict[str, Any]:
     """The call's arguments: the ``--json`` object, then each ``--arg key=value`` on top
     (exit 2, one line, when either is malformed)."""
-    arguments: dict[str, Any] = {}
-    if json_args is not None:
-        try:
-            arguments = json.loads(json_args)
-        except ValueError as exc:
-            _fail(f"--json is not valid JSON: {exc}")
-        if not isinstance(arguments, dict):
-            _fail("--json must be a JSON object")
+    arguments = _json_object(json_args) if json_args is not None else {}
     for item in arg:
         key, sep, value = item.partition("=")
         if not sep or not key:
             _fail(f"--arg '{item}' must look like key=value")
         arguments[key] = value
     return arguments
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``--json``'s object, or exit 2 with one line."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        _fail(f"--json is not valid JSON: {exc}")
+        raise AssertionError("unreachable") from None
+    if isinstance(value, dict):
+        return value
+    _fail("--json must be a JSON object")
+    raise AssertionError("unreachable")
 
 
 def _print_stream(items: Any) -> Any:
