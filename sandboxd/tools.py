@@ -260,6 +260,7 @@ def _children(path: str, value: Any) -> list[tuple[str, Any]]:
 
 
 def _child_path(path: str, key: object) -> str:
+    """The path of member ``key`` under ``path`` (``a.b``; the key alone at the top)."""
     return f"{path}.{key}" if path else str(key)
 
 

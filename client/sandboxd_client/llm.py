@@ -63,6 +63,7 @@ def fit(cfg: LLMSettings, messages: list[Message], tools: list[dict[str, Any]]) 
     budget = max(1, cfg.context_tokens - (cfg.max_tokens or 1024))
 
     def over_budget(msgs: list[Message]) -> bool:
+        """Whether ``msgs`` exceed the context budget."""
         return _sent_chars(msgs, tools) / cfg.chars_per_token > budget
 
     if not over_budget(messages):
@@ -271,6 +272,7 @@ class _TurnReader:
                 await self._choice(choice, full)
 
     async def _choice(self, choice: dict[str, Any], full: bool) -> None:
+        """One choice of a chunk: its reasoning, text, call fragments and finish reason."""
         delta = (choice.get("message") if full else choice.get("delta")) or {}
         r = _text_of(delta.get("reasoning_content") or delta.get("reasoning"))
         if r:
@@ -285,20 +287,24 @@ class _TurnReader:
             self.turn.finish_reason = choice["finish_reason"]
 
     async def _text(self, piece: str, is_reasoning: bool) -> None:
+        """Report a piece of text (reasoning or not) to the caller."""
         await self.emit_fragment(Fragment(piece, is_reasoning, self.round_index))
 
     async def _content(self, piece: str) -> None:
+        """Keep a piece of content and report it, split around ``<think>`` tags."""
         self.raw_content.append(piece)
         for is_reasoning, part in self.think.feed(piece):
             await self._text(part, is_reasoning)
 
     async def _event(self, kind: _EventKind, index: int, name: str | None = None,
                      text: str = "") -> None:
+        """Report a tool call's progress, when someone listens."""
         if self.on_event is not None:
             await maybe_await(self.on_event(ToolCallEvent(kind, index, self.round_index, name,
                                                           text)))
 
     async def _call_fragment(self, frag: dict[str, Any]) -> None:
+        """Feed a tool-call fragment to the assembler and report what it started or added."""
         index, created, named = self.assembler.feed(frag)
         slot = self.assembler.slots[index]
         if created:

@@ -364,6 +364,7 @@ def _check_alternatives(schema: dict[str, Any], value: Any, path: str, name: str
 
 
 def _match_any(options: list[Any], value: Any, path: str, name: str) -> None:
+    """Raise unless ``value`` matches one of ``options`` (the first failure is shown)."""
     errors = []
     for option in options:
         try:
@@ -421,12 +422,14 @@ def _check_bounds(schema: dict[str, Any], measure: Any, name: str,
 
 
 def _check_string(schema: dict[str, Any], value: str, path: str, name: str) -> None:
+    """Length bounds and ``pattern`` of a string."""
     _check_bounds(schema, len(value), name, _LENGTH_BOUNDS)
     if "pattern" in schema and not re.search(schema["pattern"], value):
         raise ArgumentError(name, f"must match the pattern {schema['pattern']!r}")
 
 
 def _check_number(schema: dict[str, Any], value: float, path: str, name: str) -> None:
+    """``minimum``/``maximum`` and their exclusive forms."""
     _check_bounds(schema, value, name, _NUMBER_BOUNDS)
 
 

@@ -280,6 +280,7 @@ def _not_run_error(name: str, exc: ProblemError | ConnectionFailed) -> ToolCallE
 
 
 def _denied(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    """A call the policy refused: the model is told not to repeat it."""
     rule = f" [{result.policy.source}: {result.policy.rule}]" if result.policy else ""
     why = result.message or body
     return ToolCallError("denied", (
@@ -289,6 +290,7 @@ def _denied(name: str, result: Result, body: str, tool_timeout_s: float | None) 
 
 def _timed_out(name: str, result: Result, body: str,
                tool_timeout_s: float | None) -> ToolCallError:
+    """A call stopped at its time limit, with what it printed."""
     limit = (result.limits or {}).get("timeout_s", tool_timeout_s)
     return ToolCallError("timeout", (
         f"Error: `{name}` timed out after {limit:g} s and was stopped "
@@ -297,12 +299,14 @@ def _timed_out(name: str, result: Result, body: str,
 
 
 def _killed(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    """A call stopped by another sandbox limit, with what it printed."""
     return ToolCallError("tool_error", (
         f"Error: `{name}` was stopped: {result.termination.reason} "
         f"(a sandbox limit). Use less memory/processes/output and try again.\n{body}"))
 
 
 def _failed(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    """A call that ran and failed: its output, to fix the cause."""
     return ToolCallError("tool_error", (
         f"Error: `{name}` failed.\n{body}\nRead the error above, fix the cause and try "
         "again if it helps."))
