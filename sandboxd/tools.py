@@ -9,10 +9,10 @@ sees them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
 
 from sandboxd.errors import SandboxdError
 from sandboxd.models import ToolKind
@@ -232,18 +232,36 @@ def _lone_surrogate(arguments: dict[str, Any]) -> str | None:
     stack: list[tuple[str, Any]] = [("", arguments)]
     while stack:
         path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path or "(arguments)"
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                stack += [(path or "(arguments)", str(key)),
-                          (f"{path}.{key}" if path else str(key), item)]
-        elif isinstance(value, list):
-            stack += [(f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value)]
+        if not isinstance(value, str):
+            stack += _children(path, value)
+        elif not _is_text(value):
+            return path or "(arguments)"
     return None
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (UTF-8 can encode it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _children(path: str, value: Any) -> list[tuple[str, Any]]:
+    """The (path, value) pairs inside a dict or list: a dict's keys (as strings, at the dict's
+    own path) and its values, a list's items; nothing for a scalar."""
+    if isinstance(value, dict):
+        return [pair for key, item in value.items()
+                for pair in ((path or "(arguments)", str(key)), (_child_path(path, key), item))]
+    if isinstance(value, list):
+        return [(_child_path(path, i), item) for i, item in enumerate(value)]
+    return []
+
+
+def _child_path(path: str, key: object) -> str:
+    """The path of member ``key`` under ``path`` (``a.b``; the key alone at the top)."""
+    return f"{path}.{key}" if path else str(key)
 
 
 #: a validator per schema object (the policy's: a reload makes new ones), kept with the schema
@@ -280,19 +298,35 @@ def validate_arguments(tool: str, schema: dict[str, Any], arguments: dict[str, A
         validator.iter_errors(arguments),
         key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path], e.message),
     )
-    if not errors:
-        return
-    err = errors[0]
+    if errors:
+        raise ArgumentsInvalid(tool, *_located(errors[0], schema, arguments))
+
+
+def _located(err: ValidationError, schema: dict[str, Any],
+             arguments: dict[str, Any]) -> tuple[str, str]:
+    """(field, message) of a validation error; a missing or unknown parameter is named."""
     path = ".".join(str(p) for p in err.absolute_path)
-    if not path and err.validator == "required":
-        missing = [name for name in err.validator_value if name not in arguments]
-        path = missing[0] if missing else "(arguments)"
-        raise ArgumentsInvalid(tool, path, "is required")
-    if not path and err.validator == "additionalProperties":
-        allowed = sorted((schema.get("properties") or {}).keys())
-        extra = sorted(set(arguments) - set(allowed))
-        name = extra[0] if extra else "(arguments)"
-        raise ArgumentsInvalid(
-            tool, name, f"is not a parameter of this tool (parameters: {', '.join(allowed)})"
-        )
-    raise ArgumentsInvalid(tool, path or "(arguments)", err.message)
+    if path:
+        return path, err.message
+    name_it = _TOP_LEVEL_ERRORS.get(str(err.validator))
+    return name_it(err, schema, arguments) if name_it else ("(arguments)", err.message)
+
+
+def _missing(err: ValidationError, schema: dict[str, Any],
+             arguments: dict[str, Any]) -> tuple[str, str]:
+    """A ``required`` error names the first missing parameter."""
+    required = cast(list[str], err.validator_value)  # the schema's "required" list
+    missing = [name for name in required if name not in arguments]
+    return (missing[0] if missing else "(arguments)"), "is required"
+
+
+def _unknown(err: ValidationError, schema: dict[str, Any],
+             arguments: dict[str, Any]) -> tuple[str, str]:
+    """An ``additionalProperties`` error names the first unknown parameter and the known."""
+    allowed = sorted((schema.get("properties") or {}).keys())
+    extra = sorted(set(arguments) - set(allowed))
+    return (extra[0] if extra else "(arguments)",
+            f"is not a parameter of this tool (parameters: {', '.join(allowed)})")
+
+
+_TOP_LEVEL_ERRORS = {"required": _missing, "additionalProperties": _unknown}

@@ -290,10 +290,9 @@ class Agent:
         invalid arguments: return ``None`` (default message), a string (message for the
         model), a corrected :class:`ToolCallRequest` (run instead), or raise to abort.
         """
-        if max_rounds < 1:
-            raise ValueError("max_rounds must be at least 1")
-        if max_parallel < 1:
-            raise ValueError("max_parallel must be at least 1")
+        for name, value in (("max_rounds", max_rounds), ("max_parallel", max_parallel)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1")
         state = LoopState(self._initial_messages(prompt_or_messages))
         hooks = Hooks(on_message, on_round_start, on_round_end, on_tool_result,
                       on_tool_call_event)
@@ -303,10 +302,8 @@ class Agent:
             async with httpx.AsyncClient(timeout=httpx.Timeout(self.llm_timeout_s, connect=30.0),
                                          headers=self._llm_headers()) as http:
                 registry = await self._resolve_tools(tools, sandbox)
-                run_session = session if session is not None else self.session
-                if (run_session is None and self.auto_session and sandbox is not None
-                        and any(t.fn is None for t in registry.values())):
-                    opened_session = run_session = (await sandbox.create_session()).id
+                run_session, opened_session = await self._session_for(session, sandbox,
+                                                                      registry)
                 io = _AsyncIO(self, http, sandbox, registry, state, _fragment_sink(on_fragment),
                               hooks.on_tool_call_event, run_session, parallel_tool_calls,
                               max_parallel, tool_timeout_s, handle_invalid_tool_request)
@@ -315,12 +312,20 @@ class Agent:
             await _answer_pending(state, on_message)
             raise
         finally:
-            if opened_session is not None and sandbox is not None:
-                with contextlib.suppress(Exception):  # it expires with its TTL otherwise
-                    await sandbox.delete_session(opened_session)
-            if own_sandbox is not None:
-                await own_sandbox.aclose()
+            await _release(sandbox, opened_session, own_sandbox)
         return state.result()
+
+    async def _session_for(self, session: str | None, sandbox: AsyncSandboxClient | None,
+                           registry: dict[str, OfferedTool]) -> tuple[str | None, str | None]:
+        """(the session a run uses, the one it opened for itself and deletes at its end): the
+        given one, else a new one when ``auto_session`` is on and a sandbox tool is offered."""
+        run_session = session if session is not None else self.session
+        if run_session is not None or sandbox is None or not self.auto_session:
+            return run_session, None
+        if not any(t.fn is None for t in registry.values()):
+            return None, None
+        opened = (await sandbox.create_session()).id
+        return opened, opened
 
     def _async_sandbox(self) -> tuple[AsyncSandboxClient | None, AsyncSandboxClient | None]:
         """(the async client this run opens and closes, the async client it uses)."""
@@ -368,21 +373,36 @@ class Agent:
     async def _sandbox_registry(self, wanted: list[Any] | None,
                                 sandbox: AsyncSandboxClient | None) -> dict[str, OfferedTool]:
         """The sandboxd tools named in ``wanted`` (all of them when ``wanted`` is None)."""
-        names = [t for t in (wanted or []) if isinstance(t, str)]
-        if not ((wanted is None and sandbox is not None) or names):
+        if wanted is None:
+            return await self._every_sandbox_tool(sandbox)
+        names = [t for t in wanted if isinstance(t, str)]
+        if not names:
             return {}
         if sandbox is None:
             raise ValueError(f"sandboxd tools {names} need Agent(sandbox=SandboxClient(...))")
+        schemas = await self._schemas_naming(sandbox, names)
+        return {n: OfferedTool(n, schemas[n]) for n in names}
+
+    async def _every_sandbox_tool(self, sandbox: AsyncSandboxClient | None
+                                  ) -> dict[str, OfferedTool]:
+        """Every tool the sandbox offers this client, by name (none without a sandbox)."""
+        if sandbox is None:
+            return {}
         schemas = await self._sandbox_tools(sandbox, refresh=False)
-        missing = [n for n in names if n not in schemas]
-        if missing:
+        return {n: OfferedTool(n, schemas[n]) for n in sorted(schemas)}
+
+    async def _schemas_naming(self, sandbox: AsyncSandboxClient,
+                              names: list[str]) -> dict[str, dict[str, Any]]:
+        """The sandbox's tool schemas, listed again when the cached list lacks one of ``names``;
+        ValueError when the sandbox has no such tool."""
+        schemas = await self._sandbox_tools(sandbox, refresh=False)
+        if not set(names) <= set(schemas):  # a tool the cached list predates
             schemas = await self._sandbox_tools(sandbox, refresh=True)
-            missing = [n for n in names if n not in schemas]
+        missing = [n for n in names if n not in schemas]
         if missing:
             raise ValueError(f"sandboxd has no tool named {', '.join(missing)} for this "
                              f"client (available: {', '.join(sorted(schemas)) or 'none'})")
-        return {n: OfferedTool(n, schemas[n])
-                for n in (names if wanted is not None else sorted(schemas))}
+        return schemas
 
     async def _sandbox_tools(self, sandbox: AsyncSandboxClient,
                              refresh: bool) -> dict[str, dict[str, Any]]:
@@ -390,3 +410,13 @@ class Agent:
             listed = await sandbox.tools("openai")
             self._sandbox_schemas = {t["function"]["name"]: t for t in listed}
         return self._sandbox_schemas
+
+
+async def _release(sandbox: AsyncSandboxClient | None, opened_session: str | None,
+                   own_sandbox: AsyncSandboxClient | None) -> None:
+    """End of a run: delete the session it opened, close the async client it made."""
+    if opened_session is not None and sandbox is not None:
+        with contextlib.suppress(Exception):  # it expires with its TTL otherwise
+            await sandbox.delete_session(opened_session)
+    if own_sandbox is not None:
+        await own_sandbox.aclose()

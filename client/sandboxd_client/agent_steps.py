@@ -135,13 +135,18 @@ class _Round:
     withheld: bool  # the loop guard took the tools away
     offer: bool
 
+    @classmethod
+    def of(cls, index: int, max_rounds: int, withheld: bool, has_tools: bool) -> _Round:
+        """Round ``index`` of ``max_rounds``: tools are offered unless it is the last one or
+        the loop guard withheld them."""
+        last = index == max_rounds - 1
+        return cls(index, last, withheld, has_tools and not last and not withheld)
+
 
 def _round(state: LoopState, registry: dict[str, OfferedTool], round_index: int,
            max_rounds: int, hooks: Hooks) -> Generator[Effect, Any, bool]:
     """One round: ask the model, then answer its calls; True when the run ends here."""
-    last = round_index == max_rounds - 1
-    withheld = state.tools_withheld
-    rnd = _Round(round_index, last, withheld, bool(registry) and not last and not withheld)
+    rnd = _Round.of(round_index, max_rounds, state.tools_withheld, bool(registry))
     yield from _notify(hooks.on_round_start, round_index)
     turn: Turn = yield Ask([t.schema for t in registry.values()] if rnd.offer else [],
                            round_index)
@@ -167,11 +172,17 @@ def _answer_turn(state: LoopState, rnd: _Round, turn: Turn, calls: list[ToolCall
         state.final_text = strip_think(content)
         state.stop_reason = "loop_guard" if rnd.withheld and not rnd.last else "max_rounds"
     else:
-        records: list[ToolCallRecord] = yield RunCalls(calls, rnd.index)
-        for rec in records:
-            yield from _record(state, rec, hooks)
-        if any(r.error and r.error.kind == "loop_guard" for r in records):
-            state.tools_withheld = True
+        yield from _run_calls(state, calls, rnd.index, hooks)
+
+
+def _run_calls(state: LoopState, calls: list[ToolCallRequest], round_index: int,
+               hooks: Hooks) -> Steps:
+    """Have the calls run, answer each; a loop-guard refusal withholds the tools from now."""
+    records: list[ToolCallRecord] = yield RunCalls(calls, round_index)
+    for rec in records:
+        yield from _record(state, rec, hooks)
+    if any(r.error and r.error.kind == "loop_guard" for r in records):
+        state.tools_withheld = True
 
 
 def _notify(fn: Callable[..., Any] | None, *args: Any) -> Steps:

@@ -59,13 +59,18 @@ def lenient(model: type[M], data: Any) -> M:
             raise
         data = copy.deepcopy(data)
         for error in errors:
-            node: Any = data
-            *parents, last = error["loc"]
-            for key in parents:
-                node = node[key]
-            if isinstance(node, dict):
-                node.pop(last, None)
+            _drop_member(data, error["loc"])
         return model.model_validate(data)
+
+
+def _drop_member(data: Any, loc: tuple[int | str, ...]) -> None:
+    """Remove the member at ``loc`` (a validation error's location) from ``data``."""
+    *parents, last = loc
+    node = data
+    for key in parents:
+        node = node[key]
+    if isinstance(node, dict):
+        node.pop(last, None)
 
 
 def path_segment(value: str) -> str:
@@ -102,6 +107,19 @@ def invoke_body(arguments: dict[str, Any] | None, kwargs: dict[str, Any],
     return {"arguments": args, "limits": limits_json(limits)}
 
 
+def _environment_defaults(url: str | None, socket: str | os.PathLike[str] | None,
+                          token: str | None) -> tuple[str | None,
+                                                      str | os.PathLike[str] | None, str | None]:
+    """(url, socket, token) with ``SANDBOXD_URL``/``SANDBOXD_SOCKET`` when neither address is
+    given and ``SANDBOXD_TOKEN`` when no token is (an empty variable counts as unset)."""
+    if url is None and socket is None:
+        url = os.environ.get("SANDBOXD_URL") or None
+        socket = os.environ.get("SANDBOXD_SOCKET") or None
+    if token is None:
+        token = os.environ.get("SANDBOXD_TOKEN") or None
+    return url, socket, token
+
+
 class ClientBase:
     """Configuration and response handling shared by the sync and async clients."""
 
@@ -118,12 +136,7 @@ class ClientBase:
         connect_retries: int = 3,
         headers: dict[str, str] | None = None,
     ) -> None:
-        if url is None and socket is None:
-            url = os.environ.get("SANDBOXD_URL") or None
-            sock_env = os.environ.get("SANDBOXD_SOCKET")
-            socket = sock_env or None
-        if token is None:
-            token = os.environ.get("SANDBOXD_TOKEN") or None
+        url, socket, token = _environment_defaults(url, socket, token)
         self.socket = os.fspath(socket) if socket is not None else None
         # over a unix socket the host part is only used for the Host header
         self.url = (url or ("http://sandboxd" if self.socket else DEFAULT_URL)).rstrip("/")

@@ -104,18 +104,21 @@ _BY_STATUS: dict[int, type[ProblemError]] = {
 def problem_error(status: int, body: Any, retry_after: float | None = None) -> ProblemError:
     """Build the typed exception for an HTTP error status and its (decoded) body."""
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ProblemError)
-    if isinstance(body, dict):
-        extra = {k: v for k, v in body.items() if k not in ("type", "title", "status", "detail")}
-        return cls(
-            status,
-            title=str(body.get("title") or ""),
-            detail=str(body.get("detail") or ""),
-            type=str(body.get("type") or "about:blank"),
-            extra=extra,
-            retry_after=retry_after,
-        )
-    text = body if isinstance(body, str) else ""
-    return cls(status, detail=text[:500], retry_after=retry_after)
+    return cls(status, **_problem_fields(body), retry_after=retry_after)
+
+
+_PROBLEM_MEMBERS = ("type", "title", "status", "detail")
+
+
+def _problem_fields(body: Any) -> dict[str, Any]:
+    """The exception's fields from a problem document (RFC 9457; other members go to
+    ``extra``), or the start of a body that is only text."""
+    if not isinstance(body, dict):
+        return {"detail": (body if isinstance(body, str) else "")[:500]}
+    return {"title": str(body.get("title") or ""),
+            "detail": str(body.get("detail") or ""),
+            "type": str(body.get("type") or "about:blank"),
+            "extra": {k: v for k, v in body.items() if k not in _PROBLEM_MEMBERS}}
 
 
 def retry_after_seconds(value: str | None) -> float | None:

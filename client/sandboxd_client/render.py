@@ -17,21 +17,29 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
 def describe_output(item: Output) -> str:
     """What a model reads of one display item: an image as ``[image: 640x480 png]`` (it
     cannot see it here; MCP hosts also get the image itself), else its ``text/plain``."""
-    for mime in IMAGE_TYPES:
-        if mime in item.data:
-            kind = mime.split("/")[1].split("+")[0]
-            size = None
-            if mime == "image/png":
-                try:
-                    size = png_size(base64.b64decode(item.data[mime], validate=True))
-                except (binascii.Error, ValueError, TypeError):
-                    size = None
-            return f"[image: {size[0]}x{size[1]} {kind}]" if size else f"[image: {kind}]"
+    mime = next((m for m in IMAGE_TYPES if m in item.data), None)
+    if mime is not None:
+        return _image_placeholder(mime, item.data[mime])
     if "text/plain" in item.data:
         return str(item.data["text/plain"])
     if "application/json" in item.data:
         return json.dumps(item.data["application/json"], ensure_ascii=False)
     return "[display item: " + ", ".join(sorted(item.data)) + "]"
+
+
+def _image_placeholder(mime: str, data: str) -> str:
+    """``[image: 640x480 png]`` (the size when a PNG says it), ``[image: jpeg]``."""
+    kind = mime.split("/")[1].split("+")[0]
+    size = _png_size(data) if mime == "image/png" else None
+    return f"[image: {size[0]}x{size[1]} {kind}]" if size else f"[image: {kind}]"
+
+
+def _png_size(data: str) -> tuple[int, int] | None:
+    """(width, height) of a base64 PNG, None when it does not decode."""
+    try:
+        return png_size(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError, TypeError):
+        return None
 
 
 def format_result(result: Result) -> str:
@@ -60,43 +68,56 @@ def result_parts(result: Result) -> list[str | Output]:
 
 def _lines(result: Result) -> list[str | Output]:
     """The lines a model reads, each image display item after its placeholder line."""
-    lines: list[str | Output] = []
     status = str(result.status)
-    if (status == "ok" and not result.stderr and not result.outputs
-            and not any(result.truncated.model_dump().values())):
-        if result.backend == "workspace" and result.stdout:
-            return [result.stdout]  # file tools: stdout is the content, value only metadata
-        if result.value is None and result.stdout:
-            return [result.stdout]
+    if status == "ok" and _only_stdout(result):
+        return [result.stdout]
+    lines: list[str | Output] = []
     if status != "ok":
         code = result.termination.exit_code
         lines.append(f"status: {status} ({result.termination.reason}"
                      + (f", exit code {code})" if code not in (None, 0) else ")"))
     lines.extend(_in_order(result))
-    # a rich last value (a DataFrame) comes back as a display item too: the model reads it once
-    shown = {o.data.get("text/plain") for o in result.outputs}
-    if result.value_repr is not None and result.value_repr not in shown:
-        lines.append("value: " + result.value_repr)  # Python's view: a tuple stays a tuple
-    elif result.value is not None and not (isinstance(result.value, str)
-                                           and result.value in shown):
-        if isinstance(result.value, str) and not result.stdout and status == "ok":
-            lines.append(result.value)
-        else:
-            lines.append("value: " + json.dumps(result.value, ensure_ascii=False, default=str))
+    lines.extend(_value_line(result, status))
     if status != "ok" and result.message:
         lines.append("message: " + result.message)
     return lines
+
+
+def _only_stdout(result: Result) -> bool:
+    """Whether a successful result is read as its bare stdout: nothing else to say, and
+    either a file tool (stdout is the content, value only metadata) or no value."""
+    if not result.stdout or result.stderr or result.outputs:
+        return False
+    if any(result.truncated.model_dump().values()):
+        return False
+    return result.backend == "workspace" or result.value is None
+
+
+def _value_line(result: Result, status: str) -> list[str | Output]:
+    """The last value's line, unless a display item already showed it."""
+    # a rich last value (a DataFrame) comes back as a display item too: the model reads it once
+    shown = {o.data.get("text/plain") for o in result.outputs}
+    if result.value_repr is not None and result.value_repr not in shown:
+        return ["value: " + result.value_repr]  # Python's view: a tuple stays a tuple
+    value = result.value
+    if value is None or (isinstance(value, str) and value in shown):
+        return []
+    if isinstance(value, str) and not result.stdout and status == "ok":
+        return [value]
+    return ["value: " + json.dumps(value, ensure_ascii=False, default=str)]
 
 
 def _in_order(result: Result) -> list[str | Output]:
     """stdout, stderr and display items in execution order (:meth:`Result.sequence`), a
     heading wherever the kind changes, the truncation notes after each stream's last part."""
     parts = result.sequence()
-    kinds = ["display" if isinstance(p, Output) else p[0] for p in parts]
-    last = {kind: i for i, kind in enumerate(kinds)}
+    last = {_kind(part): i for i, part in enumerate(parts)}
     lines: list[str | Output] = []
+    previous = None
     for i, part in enumerate(parts):
-        heading = [f"{kinds[i]}:"] if i == 0 or kinds[i - 1] != kinds[i] else []
+        kind = _kind(part)
+        heading = [f"{kind}:"] if kind != previous else []
+        previous = kind
         if isinstance(part, Output):
             lines.extend(heading + [describe_output(part)] + ([part] if part.image else []))
             continue
@@ -105,3 +126,8 @@ def _in_order(result: Result) -> list[str | Output]:
         if last[name] == i and getattr(result.truncated, name):
             lines.append(f"({name} was cut at the sandbox output limit)")
     return lines
+
+
+def _kind(part: Output | tuple[str, str]) -> str:
+    """A part's kind: ``display``, or the name of its stream."""
+    return "display" if isinstance(part, Output) else part[0]

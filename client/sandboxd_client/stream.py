@@ -45,32 +45,17 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     payload that is already complete JSON starts a new event) and ``data:`` without a space.
     """
     buf: list[str] = []
-
-    def complete() -> bool:
-        try:
-            json.loads("\n".join(buf))
-        except ValueError:
-            return False
-        return True
-
     async for raw in lines:
         line = raw.rstrip("\r")
-        if not line:
-            if buf:
-                yield "\n".join(buf)
-                buf = []
-            continue
-        if line.startswith(":"):
-            continue
         if line.startswith("data:"):
-            payload = line[5:]
-            if payload.startswith(" "):
-                payload = payload[1:]
-            if buf and complete():
+            if buf and _complete_json("\n".join(buf)):
                 yield "\n".join(buf)
                 buf = []
-            buf.append(payload)
-        # event:, id:, retry: and anything else are ignored
+            buf.append(line[5:].removeprefix(" "))
+        elif not line and buf:
+            yield "\n".join(buf)
+            buf = []
+        # comments (":..."), event:, id:, retry: and anything else are ignored
     if buf:
         yield "\n".join(buf)
 
@@ -109,6 +94,17 @@ class _Slot:
     def raw(self) -> str:
         return "".join(self.parts)
 
+    def assign_once(self, fid: Any, kind: Any, name: Any) -> bool:
+        """Set id, type and name the first time each arrives; True when the name just did."""
+        if fid and self.id is None:
+            self.id = str(fid)
+        if kind and self.type is None:
+            self.type = str(kind)
+        if not name or self.name is not None:
+            return False
+        self.name = str(name)
+        return True
+
 
 def _complete_json(text: str) -> bool:
     text = text.strip()
@@ -135,41 +131,24 @@ class ToolCallAssembler:
             self._by_index[key] = slot
         return slot
 
+    def _current(self, index: Any) -> _Slot | None:
+        """The slot a fragment continues: its index's, or the latest without one."""
+        if index is not None:
+            return self._by_index.get(index)
+        return self.slots[-1] if self.slots else None
+
     def feed(self, fragment: dict[str, Any]) -> tuple[int, bool, bool]:
         """Add one fragment; return (slot position, slot just created, name just received)."""
         index = fragment.get("index")
         fid = fragment.get("id") or None
         fn = fragment.get("function") or {}
         name = fn.get("name") or None
-        args = fn.get("arguments")
-        created = False
-        if index is not None:
-            slot = self._by_index.get(index)
-            if slot is None or (name and fid and slot.id and fid != slot.id):
-                slot, created = self._new(index), True
-        else:
-            slot = self.slots[-1] if self.slots else None
-            if slot is None:
-                slot, created = self._new(None), True
-            elif name and slot.name is not None:
-                if fid and slot.id:
-                    starts_new = fid != slot.id
-                else:
-                    starts_new = name != slot.name or _complete_json(slot.raw)
-                if starts_new:
-                    slot, created = self._new(None), True
-        if fid and slot.id is None:
-            slot.id = str(fid)
-        if fragment.get("type") and slot.type is None:
-            slot.type = str(fragment["type"])
-        named = False
-        if name and slot.name is None:
-            slot.name = str(name)
-            named = True
-        if isinstance(args, str):
-            slot.parts.append(args)
-        elif isinstance(args, dict | list):
-            slot.parts.append(json.dumps(args, ensure_ascii=False))
+        slot = self._current(index)
+        created = slot is None or _starts_new_call(slot, index, fid, name)
+        if slot is None or created:
+            slot = self._new(index)
+        named = slot.assign_once(fid, fragment.get("type"), name)
+        slot.parts.extend(_argument_text(fn.get("arguments")))
         return self.slots.index(slot), created, named
 
     def finish(self, truncated: bool = False) -> list[ToolCallRequest]:
@@ -178,6 +157,28 @@ class ToolCallAssembler:
         for slot in self.slots:
             calls.extend(split_arguments(slot.id, slot.name or "", slot.raw, truncated))
         return unique_ids(calls)
+
+
+def _starts_new_call(slot: _Slot, index: Any, fid: str | None, name: str | None) -> bool:
+    """Whether a named fragment opens a new call instead of continuing ``slot`` (module rules)."""
+    if not name:
+        return False
+    if index is not None:
+        return bool(fid and slot.id and fid != slot.id)
+    if slot.name is None:
+        return False
+    if fid and slot.id:
+        return fid != slot.id
+    return name != slot.name or _complete_json(slot.raw)
+
+
+def _argument_text(args: Any) -> list[str]:
+    """A fragment's ``arguments`` as text to append (an object is re-encoded; else nothing)."""
+    if isinstance(args, str):
+        return [args]
+    if isinstance(args, dict | list):
+        return [json.dumps(args, ensure_ascii=False)]
+    return []
 
 
 def unique_ids(calls: list[ToolCallRequest]) -> list[ToolCallRequest]:
@@ -199,6 +200,13 @@ def _decode_one(text: str) -> Any:
     return value
 
 
+def _skip_separators(text: str, pos: int) -> int:
+    """The first position at or after ``pos`` that is not whitespace, ``,`` or ``;``."""
+    while pos < len(text) and text[pos] in " \t\r\n,;":
+        pos += 1
+    return pos
+
+
 def split_arguments(call_id: str | None, name: str, raw: str,
                     truncated: bool = False) -> list[ToolCallRequest]:
     """Parse one slot's argument text into one or more calls (``}{`` splits)."""
@@ -208,33 +216,38 @@ def split_arguments(call_id: str | None, name: str, raw: str,
         return [ToolCallRequest(first_id, name, {}, raw)]
     decoder = json.JSONDecoder()
     out: list[ToolCallRequest] = []
-    pos = 0
+    pos = _skip_separators(text, 0)
     while pos < len(text):
-        while pos < len(text) and text[pos] in " \t\r\n,;":
-            pos += 1
-        if pos >= len(text):
-            break
+        call_id = first_id if not out else ""
         try:
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
-            rest = text[pos:]
-            # a plain ValueError (an integer of over 4300 digits) has no position
-            why = ("the reply hit the length limit before the arguments were complete"
-                   if truncated else f"{exc.msg} at character {exc.pos - pos}"
-                   if isinstance(exc, json.JSONDecodeError) else str(exc))
-            out.append(ToolCallRequest(first_id if not out else "", name, None, rest, why))
+            why = _undecodable_reason(exc, pos, truncated)
+            out.append(ToolCallRequest(call_id, name, None, text[pos:], why))
             break
-        piece = text[pos:end]
-        if isinstance(value, str) and value.strip().startswith("{"):
-            with contextlib.suppress(ValueError):
-                value = json.loads(value)
-        if isinstance(value, dict):
-            out.append(ToolCallRequest(first_id if not out else "", name, value, piece))
-        else:
-            why = f"arguments must be a JSON object, got {type(value).__name__}"
-            out.append(ToolCallRequest(first_id if not out else "", name, None, piece, why))
-        pos = end
+        out.append(_decoded_call(call_id, name, value, text[pos:end]))
+        pos = _skip_separators(text, end)
     return out
+
+
+def _undecodable_reason(exc: ValueError, pos: int, truncated: bool) -> str:
+    """Why arguments starting at ``pos`` did not decode, for the model to read."""
+    if truncated:
+        return "the reply hit the length limit before the arguments were complete"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos - pos}"
+    return str(exc)  # a plain ValueError (an integer of over 4300 digits) has no position
+
+
+def _decoded_call(call_id: str, name: str, value: Any, piece: str) -> ToolCallRequest:
+    """The call of one decoded argument value (a JSON string holding an object is unwrapped)."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, dict):
+        return ToolCallRequest(call_id, name, value, piece)
+    why = f"arguments must be a JSON object, got {type(value).__name__}"
+    return ToolCallRequest(call_id, name, None, piece, why)
 
 
 # ---------------------------------------------------------------- <think> in content
@@ -258,20 +271,16 @@ class ThinkSplitter:
         self._pending = ""
         out: list[tuple[bool, str]] = []
         while data:
-            tags = [self.CLOSE] if self.inside else [self.OPEN, self.CLOSE]
-            hits = [(data.find(t), t) for t in tags if data.find(t) >= 0]
-            if hits:
-                i, tag = min(hits)
+            tags = self._tags()
+            hit = _first_tag(data, tags)
+            if hit is not None:
+                i, tag = hit
                 if i:
                     out.append((self.inside, data[:i]))
                 data = data[i + len(tag):]
                 self.inside = tag == self.OPEN
                 continue
-            keep = 0
-            for k in range(min(len(self.CLOSE), len(data)), 0, -1):
-                if any(t.startswith(data[-k:]) for t in tags):
-                    keep = k
-                    break
+            keep = _partial_tag_length(data, tags)
             if keep:
                 self._pending = data[-keep:]
                 data = data[:-keep]
@@ -280,10 +289,27 @@ class ThinkSplitter:
             break
         return out
 
+    def _tags(self) -> list[str]:
+        """The tags that mean something now: inside reasoning only its end."""
+        return [self.CLOSE] if self.inside else [self.OPEN, self.CLOSE]
+
     def flush(self) -> list[tuple[bool, str]]:
         """Whatever was held back at the end of the stream."""
         data, self._pending = self._pending, ""
         return [(self.inside, data)] if data else []
+
+
+def _first_tag(data: str, tags: list[str]) -> tuple[int, str] | None:
+    """(position, tag) of the earliest of ``tags`` in ``data``; None when there is none."""
+    hits = [(data.find(t), t) for t in tags if data.find(t) >= 0]
+    return min(hits) if hits else None
+
+
+def _partial_tag_length(data: str, tags: list[str]) -> int:
+    """Length of the longest tail of ``data`` that could be the start of one of ``tags``."""
+    longest = min(max(len(t) for t in tags), len(data))
+    return next((k for k in range(longest, 0, -1) if any(t.startswith(data[-k:]) for t in tags)),
+                0)
 
 
 def split_think(text: str) -> tuple[str, str]:
@@ -328,36 +354,96 @@ def _json_values(text: str) -> list[Any]:
     """Every JSON value in ``text`` (objects or arrays), separated by whitespace, ``;`` or ``,``."""
     decoder = json.JSONDecoder()
     values: list[Any] = []
-    pos = 0
     text = text.strip()
+    pos = _skip_separators(text, 0)
     while pos < len(text):
-        while pos < len(text) and text[pos] in " \t\r\n;,":
-            pos += 1
-        if pos >= len(text):
-            break
         try:
             value, pos = decoder.raw_decode(text, pos)
         except ValueError:
             break
         values.append(value)
+        pos = _skip_separators(text, pos)
     return values
 
 
 def _as_calls(values: Iterable[Any], known: set[str]) -> list[tuple[str, Any]]:
-    calls: list[tuple[str, Any]] = []
-    for value in values:
-        items = value if isinstance(value, list) else [value]
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            if "function" in item and isinstance(item["function"], dict):
-                item = item["function"]
-            name = item.get("name")
-            if not isinstance(name, str) or name not in known:
-                continue
-            args = item.get("arguments", item.get("parameters", {}))
-            calls.append((name, args))
-    return calls
+    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
+    return [call for call in map(_call_of, items) if call is not None and call[0] in known]
+
+
+def _call_of(item: Any) -> tuple[str, Any] | None:
+    """(name, arguments) of a call object (OpenAI's ``{"function": {...}}`` or a bare
+    ``{"name", "arguments"/"parameters"}``); None for anything else."""
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("function"), dict):
+        item = item["function"]
+    name = item.get("name")
+    if not isinstance(name, str):
+        return None
+    return name, item.get("arguments", item.get("parameters", {}))
+
+
+_Found = tuple[list[tuple[str, Any]], str]  # ((name, arguments) calls, the text without them)
+
+
+def _hermes_calls(text: str, known: set[str]) -> _Found:
+    """Hermes/Qwen ``<tool_call>{…}</tool_call>`` blocks."""
+    found = [call for block in _HERMES.finditer(text)
+             for call in _as_calls(_json_values(block.group(1)), known)]
+    return found, _HERMES.sub("", text) if found else text
+
+
+def _llama_calls(text: str, known: set[str]) -> _Found:
+    """Llama 3 ``<|python_tag|>{…}``: the calls follow the tag."""
+    before, after = text.split(_LLAMA_TAG, 1)
+    found = _as_calls(_json_values(_SPECIAL_TOKENS.sub("", after)), known)
+    return found, before if found else text
+
+
+def _mistral_calls(text: str, known: set[str]) -> _Found:
+    """Mistral ``[TOOL_CALLS][…]`` lists and ``[TOOL_CALLS]name[ARGS]{…}`` segments."""
+    before, after = text.split(_MISTRAL_TAG, 1)
+    found: list[tuple[str, Any]] = []
+    for segment in _SPECIAL_TOKENS.sub("", after).split(_MISTRAL_TAG):
+        seg = segment.strip()
+        if seg.startswith(("[", "{")):
+            found.extend(_as_calls(_json_values(seg), known))
+        else:
+            found.extend(_mistral_named_calls(seg, known))
+    return found, before if found else text
+
+
+def _mistral_named_calls(seg: str, known: set[str]) -> list[tuple[str, Any]]:
+    """The ``name[CALL_ID]id[ARGS]{…}`` calls at the start of ``seg``, until one fails."""
+    decoder = json.JSONDecoder()
+    found: list[tuple[str, Any]] = []
+    pos = 0
+    while m := _MISTRAL_NAMED.match(seg, pos):
+        try:
+            args, pos = decoder.raw_decode(seg, m.end())
+        except ValueError:
+            break
+        if m.group(1) in known:
+            found.append((m.group(1), args))
+    return found
+
+
+def _bare_json_calls(text: str, known: set[str]) -> _Found:
+    """A reply that is nothing but call objects (Llama 3.x JSON tool calling)."""
+    stripped = _SPECIAL_TOKENS.sub("", text).strip()
+    if not stripped.startswith(("{", "[")):
+        return [], text
+    values = _json_values(stripped)
+    calls = _as_calls(values, known)
+    if calls and len(calls) == sum(len(v) if isinstance(v, list) else 1 for v in values):
+        return calls, ""
+    return [], text
+
+
+# the first marker present picks the format; no marker: a bare JSON reply
+_TEXT_CALL_FORMATS = (("<tool_call>", _hermes_calls), (_LLAMA_TAG, _llama_calls),
+                      (_MISTRAL_TAG, _mistral_calls))
 
 
 def parse_text_tool_calls(content: str, known: set[str]) -> tuple[list[ToolCallRequest], str]:
@@ -369,49 +455,8 @@ def parse_text_tool_calls(content: str, known: set[str]) -> tuple[list[ToolCallR
     are accepted; anything else stays text.
     """
     text = strip_think(content)
-    found: list[tuple[str, Any]] = []
-    rest = text
-    if "<tool_call>" in text:
-        for block in _HERMES.finditer(text):
-            found.extend(_as_calls(_json_values(block.group(1)), known))
-        if found:
-            rest = _HERMES.sub("", text)
-    elif _LLAMA_TAG in text:
-        before, after = text.split(_LLAMA_TAG, 1)
-        found = _as_calls(_json_values(_SPECIAL_TOKENS.sub("", after)), known)
-        if found:
-            rest = before
-    elif _MISTRAL_TAG in text:
-        before, after = text.split(_MISTRAL_TAG, 1)
-        after = _SPECIAL_TOKENS.sub("", after)
-        segments = after.split(_MISTRAL_TAG)
-        for segment in segments:
-            seg = segment.strip()
-            if seg.startswith(("[", "{")):
-                found.extend(_as_calls(_json_values(seg), known))
-                continue
-            decoder = json.JSONDecoder()
-            pos = 0
-            while True:
-                m = _MISTRAL_NAMED.match(seg, pos)
-                if not m:
-                    break
-                try:
-                    args, pos = decoder.raw_decode(seg, m.end())
-                except ValueError:
-                    break
-                if m.group(1) in known:
-                    found.append((m.group(1), args))
-        if found:
-            rest = before
-    else:
-        stripped = _SPECIAL_TOKENS.sub("", text).strip()
-        if stripped.startswith(("{", "[")):
-            values = _json_values(stripped)
-            calls = _as_calls(values, known)
-            # only when the whole reply is call objects (Llama 3.x JSON tool calling)
-            if calls and len(calls) == sum(len(v) if isinstance(v, list) else 1 for v in values):
-                found, rest = calls, ""
+    parse = next((p for marker, p in _TEXT_CALL_FORMATS if marker in text), _bare_json_calls)
+    found, rest = parse(text, known)
     requests: list[ToolCallRequest] = []
     for name, args in found:
         raw = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)

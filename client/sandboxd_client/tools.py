@@ -97,41 +97,32 @@ class ToolRunner:
                           ) -> tuple[ToolCallRequest, ToolCallRecord | None]:
         error = self._invalid(call, registry)
         if error is not None and hook is not None:
-            answer = await maybe_await(hook(call, error))
-            if isinstance(answer, ToolCallRequest):
-                fixed = ToolCallRequest(call.id, answer.name, answer.arguments,
-                                        answer.raw_arguments, answer.parse_error, call.source)
-                error = self._invalid(fixed, registry)
-                if error is None:
-                    call = fixed
-            elif isinstance(answer, str):
-                error = ToolCallError(error.kind, answer, error.field)
+            call, error = await self._ask_hook(hook, call, error, registry)
         if error is not None:
             return call, ToolCallRecord(round_index, call, self._budget(error.message), error)
-        key = f"{call.name}\0{canonical_arguments(call.arguments)}"
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] >= 3:
-            msg = (f"Loop guard: you already called `{call.name}` with exactly these arguments "
-                   f"{seen[key] - 1} times and got the results above; it was not run again. "
-                   "Use those results, or try something different, or answer the user.")
-            return call, ToolCallRecord(round_index, call, msg, ToolCallError("loop_guard", msg))
-        return call, None
+        return call, _loop_guard(call, round_index, seen)
+
+    async def _ask_hook(self, hook: InvalidRequestHook, call: ToolCallRequest,
+                        error: ToolCallError, registry: dict[str, OfferedTool]
+                        ) -> tuple[ToolCallRequest, ToolCallError | None]:
+        """The invalid-request hook's say: a corrected call (used when it is valid), a
+        message for the model instead of ours, or nothing (ours stands)."""
+        answer = await maybe_await(hook(call, error))
+        if isinstance(answer, str):
+            return call, ToolCallError(error.kind, answer, error.field)
+        if not isinstance(answer, ToolCallRequest):
+            return call, error
+        fixed = ToolCallRequest(call.id, answer.name, answer.arguments,
+                                answer.raw_arguments, answer.parse_error, call.source)
+        still = self._invalid(fixed, registry)
+        return (call, still) if still is not None else (fixed, None)
 
     @staticmethod
     def _invalid(call: ToolCallRequest, registry: dict[str, OfferedTool]) -> ToolCallError | None:
-        names = ", ".join(sorted(registry)) or "none"
         if call.name not in registry:
-            shown = f"`{call.name}`" if call.name else "(no name)"
-            return ToolCallError("unknown_tool", f"Error: there is no tool named {shown}. "
-                                 f"Available tools: {names}. Call one of them by its exact name.")
+            return _unknown_tool_error(call, registry)
         if call.arguments is None:
-            raw = call.raw_arguments if len(call.raw_arguments) <= 200 else (
-                call.raw_arguments[:200] + "...")
-            return ToolCallError(
-                "bad_json",
-                f"Error: the arguments of your `{call.name}` call are not valid JSON "
-                f"({call.parse_error}): {raw!r}. Nothing was run. Call `{call.name}` again with "
-                "the arguments as one complete JSON object.")
+            return _bad_json_error(call)
         try:
             validate(registry[call.name].parameters, call.arguments)
         except ArgumentError as exc:
@@ -187,45 +178,15 @@ class ToolRunner:
         http_timeout = (tool_timeout_s + 60.0) if tool_timeout_s else None
         try:
             result = await self._invoke(sandbox, call, args, session, limits, http_timeout)
-        except InvalidArguments as exc:
-            field_name = exc.field or "(arguments)"
-            msg = (f"Error: invalid arguments for `{name}`: argument '{field_name}': "
-                   f"{exc.detail or exc.title}. Nothing was run. Fix that argument and call again.")
-            return None, ToolCallError("invalid_arguments", msg, exc.field), msg
-        except NotFound as exc:
-            msg = (f"Error: `{name}` is not available in the sandbox ({exc.detail}). "
-                   "Use another tool.")
-            return None, ToolCallError("unknown_tool", msg), msg
-        except RateLimited as exc:
-            msg = (f"Error: the sandbox is busy and did not run `{name}` "
-                   f"({exc.detail or 'rate limited'}). Try again later or do without it.")
-            return None, ToolCallError("sandbox_error", msg), msg
         except (ProblemError, ConnectionFailed) as exc:
-            msg = f"Error: the sandbox could not run `{name}`: {exc}. Nothing was run."
-            return None, ToolCallError("sandbox_error", msg), msg
-        status = str(result.status)
+            error = _not_run_error(name, exc)
+            return None, error, error.message
         body = format_result(result)
+        status = str(result.status)
         if status == "ok":
             return result, None, body
-        if status in ("denied", "rejected"):
-            rule = f" [{result.policy.source}: {result.policy.rule}]" if result.policy else ""
-            why = result.message or body
-            msg = (f"Denied by policy: {why}{rule}. The call was not run; do not repeat it. "
-                   "Choose an allowed alternative or tell the user it is not permitted.")
-            return result, ToolCallError("denied", msg), msg
-        if status == "timeout":
-            limit = (result.limits or {}).get("timeout_s", tool_timeout_s)
-            msg = (f"Error: `{name}` timed out after {limit:g} s and was stopped "
-                   f"({result.termination.reason}). Make the work smaller or faster and try "
-                   f"again.\n{body}")
-            return result, ToolCallError("timeout", msg), msg
-        if status == "killed":
-            msg = (f"Error: `{name}` was stopped: {result.termination.reason} "
-                   f"(a sandbox limit). Use less memory/processes/output and try again.\n{body}")
-            return result, ToolCallError("tool_error", msg), msg
-        msg = (f"Error: `{name}` failed.\n{body}\nRead the error above, fix the cause and try "
-               "again if it helps.")
-        return result, ToolCallError("tool_error", msg), msg
+        error = _RESULT_ERRORS.get(status, _failed)(name, result, body, tool_timeout_s)
+        return result, error, error.message
 
     async def _run_local(self, fn: Callable[..., Any], name: str, args: dict[str, Any],
                          tool_timeout_s: float | None
@@ -248,13 +209,109 @@ class ToolRunner:
             msg = (f"Error: `{name}` raised {type(exc).__name__}: {exc}. Fix the arguments if "
                    "that is the cause, or try something else.")
             return None, ToolCallError("tool_error", msg), msg
-        if isinstance(value, str):
-            text = value
-        elif value is None:
-            text = "(no result)"
-        else:
-            try:
-                text = json.dumps(value, ensure_ascii=False, default=str)
-            except (TypeError, ValueError):
-                text = repr(value)
-        return value, None, text
+        return value, None, _local_text(value)
+
+
+def _local_text(value: Any) -> str:
+    """What the model reads of a local function's return value: a string as it is, else
+    JSON (``repr`` for what JSON cannot say)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "(no result)"
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _unknown_tool_error(call: ToolCallRequest, registry: dict[str, OfferedTool]) -> ToolCallError:
+    """A call of a tool that is not offered: the model reads the names it can use."""
+    names = ", ".join(sorted(registry)) or "none"
+    shown = f"`{call.name}`" if call.name else "(no name)"
+    return ToolCallError("unknown_tool", f"Error: there is no tool named {shown}. "
+                         f"Available tools: {names}. Call one of them by its exact name.")
+
+
+def _bad_json_error(call: ToolCallRequest) -> ToolCallError:
+    """A call whose arguments are not JSON: the model reads why and their start."""
+    raw = call.raw_arguments if len(call.raw_arguments) <= 200 else (
+        call.raw_arguments[:200] + "...")
+    return ToolCallError(
+        "bad_json",
+        f"Error: the arguments of your `{call.name}` call are not valid JSON "
+        f"({call.parse_error}): {raw!r}. Nothing was run. Call `{call.name}` again with "
+        "the arguments as one complete JSON object.")
+
+
+def _loop_guard(call: ToolCallRequest, round_index: int,
+                seen: dict[str, int]) -> ToolCallRecord | None:
+    """Count the call; its third identical request (name and arguments) is not run."""
+    key = f"{call.name}\0{canonical_arguments(call.arguments)}"
+    seen[key] = seen.get(key, 0) + 1
+    if seen[key] < 3:
+        return None
+    msg = (f"Loop guard: you already called `{call.name}` with exactly these arguments "
+           f"{seen[key] - 1} times and got the results above; it was not run again. "
+           "Use those results, or try something different, or answer the user.")
+    return ToolCallRecord(round_index, call, msg, ToolCallError("loop_guard", msg))
+
+
+def _not_run_error(name: str, exc: ProblemError | ConnectionFailed) -> ToolCallError:
+    """What the model reads when the sandbox refused or could not take the call."""
+    if isinstance(exc, InvalidArguments):
+        field_name = exc.field or "(arguments)"
+        return ToolCallError("invalid_arguments", (
+            f"Error: invalid arguments for `{name}`: argument '{field_name}': "
+            f"{exc.detail or exc.title}. Nothing was run. Fix that argument and call again."),
+            exc.field)
+    if isinstance(exc, NotFound):
+        return ToolCallError("unknown_tool", f"Error: `{name}` is not available in the sandbox "
+                             f"({exc.detail}). Use another tool.")
+    if isinstance(exc, RateLimited):
+        return ToolCallError("sandbox_error", (
+            f"Error: the sandbox is busy and did not run `{name}` "
+            f"({exc.detail or 'rate limited'}). Try again later or do without it."))
+    return ToolCallError("sandbox_error",
+                         f"Error: the sandbox could not run `{name}`: {exc}. Nothing was run.")
+
+
+# what the model reads of a result that is not ok, by its status
+
+
+def _denied(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    """A call the policy refused: the model is told not to repeat it."""
+    rule = f" [{result.policy.source}: {result.policy.rule}]" if result.policy else ""
+    why = result.message or body
+    return ToolCallError("denied", (
+        f"Denied by policy: {why}{rule}. The call was not run; do not repeat it. "
+        "Choose an allowed alternative or tell the user it is not permitted."))
+
+
+def _timed_out(name: str, result: Result, body: str,
+               tool_timeout_s: float | None) -> ToolCallError:
+    """A call stopped at its time limit, with what it printed."""
+    limit = (result.limits or {}).get("timeout_s", tool_timeout_s)
+    return ToolCallError("timeout", (
+        f"Error: `{name}` timed out after {limit:g} s and was stopped "
+        f"({result.termination.reason}). Make the work smaller or faster and try "
+        f"again.\n{body}"))
+
+
+def _killed(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    """A call stopped by another sandbox limit, with what it printed."""
+    return ToolCallError("tool_error", (
+        f"Error: `{name}` was stopped: {result.termination.reason} "
+        f"(a sandbox limit). Use less memory/processes/output and try again.\n{body}"))
+
+
+def _failed(name: str, result: Result, body: str, tool_timeout_s: float | None) -> ToolCallError:
+    """A call that ran and failed: its output, to fix the cause."""
+    return ToolCallError("tool_error", (
+        f"Error: `{name}` failed.\n{body}\nRead the error above, fix the cause and try "
+        "again if it helps."))
+
+
+_RESULT_ERRORS: dict[str, Callable[[str, Result, str, float | None], ToolCallError]] = {
+    "denied": _denied, "rejected": _denied, "timeout": _timed_out, "killed": _killed,
+}

@@ -70,26 +70,26 @@ class _Display:
             self.write("\n")
 
     def fragment(self, fragment: Any) -> None:
-        if fragment.reasoning:
-            if not self.show_reasoning:
-                return
-            if not self.in_reasoning:
-                self.newline()
-                self.write("\033[2m[thinking] " if self.tty else "[thinking] ")
-                self.in_reasoning = True
-            self.write(fragment.content)
+        if not fragment.reasoning:
+            self._end_reasoning("\n")
+        elif not self.show_reasoning:
             return
-        if self.in_reasoning:
-            self.write("\033[0m\n" if self.tty else "\n")
-            self.in_reasoning = False
+        elif not self.in_reasoning:
+            self.newline()
+            self.write("\033[2m[thinking] " if self.tty else "[thinking] ")
+            self.in_reasoning = True
         self.write(fragment.content)
+
+    def _end_reasoning(self, after: str) -> None:
+        """Leave the dimmed ``[thinking]`` text, if in it, writing ``after``."""
+        if self.in_reasoning:
+            self.write(("\033[0m" if self.tty else "") + after)
+            self.in_reasoning = False
 
     def message(self, message: dict[str, Any]) -> None:
         if message.get("role") != "assistant" or not message.get("tool_calls"):
             return
-        if self.in_reasoning:
-            self.write("\033[0m" if self.tty else "")
-            self.in_reasoning = False
+        self._end_reasoning("")
         self.newline()
         for call in message["tool_calls"]:
             fn = call.get("function", {})
@@ -213,14 +213,7 @@ def _wind_down(client: Any, session_id: str | None, history_path: Path | None) -
 def _wanted_tools(client: Any, tools: str | None) -> list[str]:
     """The tools to offer the model (``--tools``, else every one available to this client),
     or exit 2 naming one that is unknown or unavailable."""
-    from sandboxd_client import SandboxError
-
-    try:
-        offered = client.tools("openai")
-        specs = {t.name: t for t in client.tools()}
-    except SandboxError as exc:
-        _fail_closing(client, f"cannot use sandboxd at {client.socket or client.url}: {exc}")
-    available = [t["function"]["name"] for t in offered]
+    available, specs = _listed_tools(client)
     if not tools:
         return available
     wanted = [t.strip() for t in tools.split(",") if t.strip()]
@@ -228,6 +221,19 @@ def _wanted_tools(client: Any, tools: str | None) -> list[str]:
     if problem is not None:
         _fail_closing(client, problem)
     return wanted
+
+
+def _listed_tools(client: Any) -> tuple[list[str], dict[str, Any]]:
+    """(the names of the tools available to this client, every tool's spec by name), or
+    exit 2 when sandboxd cannot be asked."""
+    from sandboxd_client import SandboxError
+
+    try:
+        offered = client.tools("openai")
+        specs = {t.name: t for t in client.tools()}
+    except SandboxError as exc:
+        _fail_closing(client, f"cannot use sandboxd at {client.socket or client.url}: {exc}")
+    return [t["function"]["name"] for t in offered], specs
 
 
 def _unusable(wanted: list[str], specs: dict[str, Any], available: list[str]) -> str | None:
@@ -252,20 +258,20 @@ class _Conversation:
         self.failures = 0
 
     def run(self) -> None:
-        while True:
-            try:
-                line = input("you> " if self.interactive else "")
-            except EOFError:
-                self.display.newline()
-                return
-            except KeyboardInterrupt:
-                self.display.write("\n(Ctrl-D or /exit to quit)\n")
-                continue
-            text = line.strip()
-            if text in ("/exit", "/quit"):
-                return
+        while (text := self._read()) not in (None, "/exit", "/quit"):
             if text and not self.command(text):
                 self.turn(text)
+
+    def _read(self) -> str | None:
+        """The user's next line, stripped ("" after a Ctrl-C); None at the end of input."""
+        try:
+            return input("you> " if self.interactive else "").strip()
+        except EOFError:
+            self.display.newline()
+            return None
+        except KeyboardInterrupt:
+            self.display.write("\n(Ctrl-D or /exit to quit)\n")
+            return ""
 
     def command(self, text: str) -> bool:
         """Handle a slash command; False when ``text`` is for the model (a path or a
@@ -303,24 +309,30 @@ class _Conversation:
                                     on_fragment=display.fragment,
                                     on_tool_result=display.tool_result, **self.options)
         except KeyboardInterrupt:
-            history.extend(added)
-            if history[-1].get("role") == "user":
-                history.append({"role": "assistant", "content": "[interrupted by the user]"})
-            display.newline()
+            self._keep(added, {"role": "assistant", "content": "[interrupted by the user]"})
             display.write("[cancelled]\n")
             return
         except LLMError as exc:
             self.failures += 1
-            history.extend(added)
-            if history[-1].get("role") == "user":
-                history.pop()
-            display.newline()
+            self._keep(added, None)
             typer.echo(f"error: {exc}", err=True)
             return
         self.history = result.messages
         display.newline()
         if result.stop_reason != "answer":
             display.write(f"[stopped: {result.stop_reason.replace('_', ' ')}]\n")
+
+
+    def _keep(self, added: list[dict[str, Any]], answer: dict[str, Any] | None) -> None:
+        """After a turn that did not finish: keep the messages it added; a question left
+        unanswered gets ``answer``, or is dropped when there is none."""
+        self.history.extend(added)
+        if self.history[-1].get("role") == "user":
+            if answer is None:
+                self.history.pop()
+            else:
+                self.history.append(answer)
+        self.display.newline()
 
 
 def _setup_readline(path: Path) -> None:

@@ -52,32 +52,19 @@ def clean(config: Path | None = CONFIG_OPTION, state_dir: Path | None = STATE_DI
               help="Leave the daemon's containers alone (remove only the directory)")) -> None:
     """Remove a stopped daemon's state directory: unmount its workspaces, remove the
     containers its stop kept, then the directory."""
-    from sandboxd.host import statelock
     from sandboxd.workspaces import fstree
-    from sandboxd.workspaces.mount_helper import unmount
-    from sandboxd.workspaces.quota import mounts_below
 
     settings = settings_for(config, state_dir)
     state = Path(settings.state_dir)
     if not state.is_dir():
         return
-    try:
-        lock = statelock.acquire(state)
-    except statelock.StateDirLocked as exc:
-        who = f"pid {exc.pid}" if exc.pid else "another process"
-        fail(f"clean refused: a daemon ({who}) serves {state}; stop it first", 1)
-        return
+    lock = _lock(state)
     try:
         if settings.container_enabled and not keep_containers:
             why = _containers(settings)
             if why is not None:
                 typer.echo(f"sandboxd clean: containers left alone: {why}", err=True)
-        for point in mounts_below(state):  # deepest first
-            try:
-                unmount(point)
-            except OSError as exc:
-                fail(f"clean: cannot unmount {point}: {exc.strerror or exc}; nothing removed "
-                     "below it", 1)
+        _unmount_below(state)
         try:
             fstree.remove_tree(state)
         except OSError as exc:
@@ -85,6 +72,31 @@ def clean(config: Path | None = CONFIG_OPTION, state_dir: Path | None = STATE_DI
     finally:
         os.close(lock)
     typer.echo(f"removed {state}")
+
+
+def _lock(state: Path) -> int:
+    """The state directory's lock, or exit 1 naming the daemon that holds it."""
+    from sandboxd.host import statelock
+
+    try:
+        return statelock.acquire(state)
+    except statelock.StateDirLocked as exc:
+        who = f"pid {exc.pid}" if exc.pid else "another process"
+        fail(f"clean refused: a daemon ({who}) serves {state}; stop it first", 1)
+        raise AssertionError("unreachable") from None
+
+
+def _unmount_below(state: Path) -> None:
+    """Unmount every mount below ``state``, deepest first, or exit 1 at the first failure."""
+    from sandboxd.workspaces.mount_helper import unmount
+    from sandboxd.workspaces.quota import mounts_below
+
+    for point in mounts_below(state):  # deepest first
+        try:
+            unmount(point)
+        except OSError as exc:
+            fail(f"clean: cannot unmount {point}: {exc.strerror or exc}; nothing removed "
+                 "below it", 1)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,11 +13,16 @@ import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sandboxd import DEFAULT_URL, __version__
+
+if TYPE_CHECKING:
+    from sandboxd.config import Settings
+    from sandboxd.host.uidclaim import UidClaim
+    from sandboxd_client import ToolOutput
 
 # Exit statuses of `serve` (docs/operations.md lists them).
 EXIT_SELF_TEST = 3  # start-up refused: policies, backends or the confinement self-test
@@ -54,39 +59,12 @@ def serve(
     log_level: str = typer.Option("info", help="debug, info, warning, error"),
 ) -> None:
     """Run the daemon (loopback only unless configured otherwise)."""
-    from pydantic import ValidationError
-
-    from sandboxd.config import ConfigFileError, load_settings, settings_problems
-
-    try:
-        settings = load_settings(
-            config, host=host, port=port, uds=uds, state_dir=state_dir, policies_dir=policies,
-            audit_log=audit_log, tokens_file=tokens_file,
-            allow_unconfined=allow_unconfined or None,
-        )
-    except (ConfigFileError, ValidationError) as exc:
-        problems = settings_problems(exc, config)
-        for problem in problems[:-1]:  # every problem, one line each, as policy check does
-            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
-        _fail(f"bad setting: {problems[-1]}")
-        return
-    if settings.uds is None and not _is_loopback(settings.host):
-        if settings.tokens_file is None:
-            _fail(f"refusing to listen on {settings.host}: a non-loopback address needs auth "
-                  "tokens (--tokens-file; create one with `sandboxd token add NAME`)")
-        logging.getLogger("sandboxd").warning(
-            "listening on non-loopback address %s: every caller needs a token", settings.host)
+    settings = _settings(config, host=host, port=port, uds=uds, state_dir=state_dir,
+                         policies_dir=policies, audit_log=audit_log, tokens_file=tokens_file,
+                         allow_unconfined=allow_unconfined or None)
+    _check_exposure(settings)
     _lock_state_dir(settings.state_dir)  # first: a second serve on this directory says so
-    from sandboxd.host import uidclaim
-
-    try:  # held until the process exits (the kernel drops it then, SIGKILL included)
-        claim = uidclaim.claim_for(settings)
-    except uidclaim.UidRangeTaken as exc:
-        _fail(str(exc), EXIT_UID_RANGE)
-        return
-    except uidclaim.UidClaimError as exc:
-        _fail(str(exc), 1)
-        return
+    claim = _claim_uids(settings)  # held until the process exits (SIGKILL included)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if claim is not None:
@@ -102,6 +80,46 @@ def serve(
         if claim is not None:
             claim.release()
     raise typer.Exit(code)
+
+
+def _settings(config: Path | None, **options: Any) -> Settings:
+    """The daemon's settings, or exit 2 with every problem, one line each."""
+    from pydantic import ValidationError
+
+    from sandboxd.config import ConfigFileError, load_settings, settings_problems
+
+    try:
+        return load_settings(config, **options)
+    except (ConfigFileError, ValidationError) as exc:
+        problems = settings_problems(exc, config)
+        for problem in problems[:-1]:  # every problem, one line each, as policy check does
+            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
+        _fail(f"bad setting: {problems[-1]}")
+        raise AssertionError("unreachable") from None
+
+
+def _check_exposure(settings: Settings) -> None:
+    """Refuse a non-loopback address without tokens; warn when one is used with them."""
+    if settings.uds is not None or _is_loopback(settings.host):
+        return
+    if settings.tokens_file is None:
+        _fail(f"refusing to listen on {settings.host}: a non-loopback address needs auth "
+              "tokens (--tokens-file; create one with `sandboxd token add NAME`)")
+    logging.getLogger("sandboxd").warning(
+        "listening on non-loopback address %s: every caller needs a token", settings.host)
+
+
+def _claim_uids(settings: Settings) -> UidClaim | None:
+    """This daemon's claim on the sandbox uid range (None: nothing to claim), or exit."""
+    from sandboxd.host import uidclaim
+
+    try:
+        return uidclaim.claim_for(settings)
+    except uidclaim.UidRangeTaken as exc:
+        _fail(str(exc), EXIT_UID_RANGE)
+    except uidclaim.UidClaimError as exc:
+        _fail(str(exc), 1)
+    raise AssertionError("unreachable")
 
 
 def _lock_state_dir(state_dir: Path) -> None:
@@ -134,17 +152,10 @@ async def _serve(settings: Any, log_level: str) -> int:
     app = create_app(settings)
     http = _guarded_http(settings, app.state.service)
     # ws="none": the API has no WebSocket route, so no upgrade path out of the guarded protocol
-    if settings.uds is not None:
-        settings.uds.parent.mkdir(parents=True, exist_ok=True)
-        config = uvicorn.Config(app, uds=str(settings.uds), log_level=log_level, http=http,
-                                ws="none", proxy_headers=False, server_header=False,
-                                access_log=settings.access_log,
-                                timeout_graceful_shutdown=_graceful(settings))
-    else:
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http,
-                                ws="none", log_level=log_level, proxy_headers=False,
-                                server_header=False, access_log=settings.access_log,
-                                timeout_graceful_shutdown=_graceful(settings))
+    config = uvicorn.Config(app, **_listen_on(settings), log_level=log_level, http=http,
+                            ws="none", proxy_headers=False, server_header=False,
+                            access_log=settings.access_log,
+                            timeout_graceful_shutdown=_graceful(settings))
     server = DrainingServer(config, app.state.service, settings.drain_grace_s)
     try:
         await server.serve()
@@ -158,6 +169,14 @@ async def _serve(settings: Any, log_level: str) -> int:
     if settings.uds is not None:
         settings.uds.unlink(missing_ok=True)
     return 0 if server.started else 1
+
+
+def _listen_on(settings: Any) -> dict[str, Any]:
+    """uvicorn's address: the unix socket (its directory made), else host and port."""
+    if settings.uds is None:
+        return {"host": settings.host, "port": settings.port}
+    settings.uds.parent.mkdir(parents=True, exist_ok=True)
+    return {"uds": str(settings.uds)}
 
 
 def _graceful(settings: Any) -> Any:
@@ -380,14 +399,7 @@ def invoke(
 def _invoke_arguments(json_args: str | None, arg: list[str]) -> dict[str, Any]:
     """The call's arguments: the ``--json`` object, then each ``--arg key=value`` on top
     (exit 2, one line, when either is malformed)."""
-    arguments: dict[str, Any] = {}
-    if json_args is not None:
-        try:
-            arguments = json.loads(json_args)
-        except ValueError as exc:
-            _fail(f"--json is not valid JSON: {exc}")
-        if not isinstance(arguments, dict):
-            _fail("--json must be a JSON object")
+    arguments = _json_object(json_args) if json_args is not None else {}
     for item in arg:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -396,11 +408,22 @@ def _invoke_arguments(json_args: str | None, arg: list[str]) -> dict[str, Any]:
     return arguments
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """``--json``'s object, or exit 2 with one line."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        _fail(f"--json is not valid JSON: {exc}")
+        raise AssertionError("unreachable") from None
+    if isinstance(value, dict):
+        return value
+    _fail("--json must be a JSON object")
+    raise AssertionError("unreachable")
+
+
 def _print_stream(items: Any) -> Any:
     """Print a streamed call's output as it arrives; return its result."""
-    from sandboxd.util.text import visible
     from sandboxd_client import ToolOutput
-    from sandboxd_client.render import describe_output
 
     ended_line = True
     for item in items:
@@ -408,19 +431,30 @@ def _print_stream(items: Any) -> Any:
             if not ended_line:
                 sys.stdout.write("\n")
             return item
-        if item.kind == "stdout":
-            sys.stdout.write(item.text)
-            sys.stdout.flush()
-            ended_line = item.text.endswith("\n")
-        elif item.kind == "stderr":
-            sys.stderr.write(item.text)
-            sys.stderr.flush()
-        elif item.item is not None:
-            if not ended_line:
-                sys.stdout.write("\n")
-            typer.echo(f"[display] {visible(describe_output(item.item))}")
-            ended_line = True
+        ended_line = _show_output(item, ended_line)
     return None
+
+
+def _show_output(item: ToolOutput, ended_line: bool) -> bool:
+    """Print one piece of a call's output (a display item on a line of its own); whether
+    stdout now stands at the start of a line."""
+    from sandboxd.util.text import visible
+    from sandboxd_client.render import describe_output
+
+    if item.kind == "stdout":
+        sys.stdout.write(item.text)
+        sys.stdout.flush()
+        return item.text.endswith("\n")
+    if item.kind == "stderr":
+        sys.stderr.write(item.text)
+        sys.stderr.flush()
+        return ended_line
+    if item.item is None:
+        return ended_line
+    if not ended_line:
+        sys.stdout.write("\n")
+    typer.echo(f"[display] {visible(describe_output(item.item))}")
+    return True
 
 
 def _save_images(result: Any, where: Path) -> None:

@@ -74,25 +74,30 @@ async def probe_backend(name: str, settings: Any) -> tuple[bool, ProbeReport]:
     except Exception as exc:
         return False, ProbeReport(backend=name, ok=False, detail=f"cannot load: {exc}")
     try:
-        try:
-            await _bounded(backend.start())
-        except Exception as exc:
-            return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
-        ok, why = backend.availability()
-        if not ok:
-            return False, ProbeReport(backend=name, ok=False, detail=f"unavailable: {why}")
-        try:
-            answered, report = await within(backend.probe(), PROBE_TIMEOUT_S)
-            if not answered:
-                report = ProbeReport(backend=name, ok=False, detail="probe timed out")
-        except Exception as exc:
-            report = ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
-        return True, report
+        return await _start_and_probe(name, backend)
     finally:
         try:
             await _bounded(backend.close())
         except Exception as exc:
             typer.echo(f"sandboxd doctor: closing the {name} backend failed: {exc}", err=True)
+
+
+async def _start_and_probe(name: str, backend: Any) -> tuple[bool, ProbeReport]:
+    """Start a constructed backend and, when it says it is available, run its probe."""
+    try:
+        await _bounded(backend.start())
+    except Exception as exc:
+        return False, ProbeReport(backend=name, ok=False, detail=f"start failed: {exc}")
+    ok, why = backend.availability()
+    if not ok:
+        return False, ProbeReport(backend=name, ok=False, detail=f"unavailable: {why}")
+    try:
+        answered, report = await within(backend.probe(), PROBE_TIMEOUT_S)
+    except Exception as exc:
+        return True, ProbeReport(backend=name, ok=False, detail=f"probe crashed: {exc}")
+    if not answered:
+        return True, ProbeReport(backend=name, ok=False, detail="probe timed out")
+    return True, report
 
 
 # ------------------------------------------------------------------ host facts
@@ -124,7 +129,6 @@ def _existing(path: Path) -> Path:
 
 def host_checks(settings: Any) -> list[ProbeCheck]:
     """Facts about the host and the daemon's own confinement (informational)."""
-    from sandboxd.backends import registry
     from sandboxd.host.uids import identities
 
     root = os.geteuid() == 0
@@ -144,10 +148,19 @@ def host_checks(settings: Any) -> list[ProbeCheck]:
                       _existing(Path(settings.audit_path).parent), "; not written yet"),
         _workspace_quota_check(settings),
     ]
+    return checks + _backend_host_checks(settings)
+
+
+def _backend_host_checks(settings: Any) -> list[ProbeCheck]:
+    """Each enabled backend's own host rows; one failing row for a backend that cannot say
+    (a backend's rows must not hide the others)."""
+    from sandboxd.backends import registry
+
+    checks: list[ProbeCheck] = []
     for entry in registry.enabled(settings):
         try:
             checks += entry.host_checks(settings)
-        except Exception as exc:  # a backend's rows must not hide the others
+        except Exception as exc:
             checks.append(ProbeCheck(name=f"{entry.name}_rows", ok=False,
                                      detail=f"could not be read: {exc}"))
     return checks
@@ -334,12 +347,17 @@ def _verdict_line(name: str, available: bool, ok: bool, default: str) -> str:
     return f"warn: {label} '{name}': {verdict} - its tools are unavailable"
 
 
-def _print_text(host: list[Any], results: Any, note: str | None, default: str,
-                default_enabled: bool) -> None:
+def _all_rows(host: list[ProbeCheck], results: Any) -> list[tuple[str, str, str, str]]:
+    """The table: the host rows (a failed one is a warning), then each backend's."""
     rows = [("host", c.name, "ok" if c.ok else "warn", c.detail) for c in host]
     for name, available, report in results:
         rows += _rows(name, available, report)
-    typer.echo(_table(rows))
+    return rows
+
+
+def _print_text(host: list[Any], results: Any, note: str | None, default: str,
+                default_enabled: bool) -> None:
+    typer.echo(_table(_all_rows(host, results)))
     typer.echo("")
     if note is not None:
         typer.echo(note)
@@ -370,28 +388,39 @@ def doctor(
     default_enabled = default in enabled_backends(settings)
     failed = _failed(results, names, default, default_enabled, strict)
     if as_json:
-        typer.echo(json.dumps({
-            "default_backend": default,
-            "ok": not failed,
-            "host": [c.model_dump() for c in host],
-            "daemon": None if live is None else {
-                "lock": str(live.path), "pid": live.pid, "note": note},
-            "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
-        }, indent=2))
+        typer.echo(_json_report(default, failed, host, live, note, results))
     else:
         _print_text(host, results, note, default, default_enabled)
     if failed:
         raise typer.Exit(1)
 
 
+def _json_report(default: str, failed: bool, host: list[ProbeCheck], live: Holder | None,
+                 note: str | None, results: Any) -> str:
+    """``--json``'s document: the verdict, the host facts, a live daemon, each backend."""
+    return json.dumps({
+        "default_backend": default,
+        "ok": not failed,
+        "host": [c.model_dump() for c in host],
+        "daemon": None if live is None else {
+            "lock": str(live.path), "pid": live.pid, "note": note},
+        "backends": [{"available": a, **r.model_dump()} for _n, a, r in results],
+    }, indent=2)
+
+
 def _failed(results: Any, names: list[str], default: str, default_enabled: bool,
             strict: bool) -> bool:
     """Whether the doctor exits 1: the default backend is disabled, unavailable or failing,
     or (``--strict``) any other enabled backend is."""
-    proven = {n for n, available, report in results if available and report.ok}
+    proven = _proven(results)
     if not default_enabled or (default in names and default not in proven):
         return True
     return strict and any(n not in proven for n, _a, _r in results if n != default)
+
+
+def _proven(results: Any) -> set[str]:
+    """The backends that are available and whose confinement holds."""
+    return {n for n, available, report in results if available and report.ok}
 
 
 def register(app: typer.Typer) -> None:

@@ -170,29 +170,35 @@ def _docker_build(client: Any, context: Path, dockerfile: str, tag: str,
     import docker
 
     tmp = Path(tempfile.mkdtemp(prefix="sandboxd-build-"))
-    tail: list[str] = []
     try:
         stream = client.api.build(path=str(build_context(context, tmp)), dockerfile=dockerfile,
                                   tag=tag, rm=True, forcerm=True, pull=False,
                                   buildargs=buildargs, labels=labels or None,
                                   network_mode=network_mode, decode=True)
-        step, said = "", time.monotonic()
-        for chunk in stream:
-            if "error" in chunk:
-                _fail(f"docker build of {dockerfile} failed: {chunk['error']}\n"
-                      + "".join(tail)[-2000:])
-            text = str(chunk.get("stream", ""))
-            tail = [*tail, text][-200:]
-            if text.startswith("Step "):
-                step, said = text.split(" :", 1)[0], time.monotonic()
-                typer.echo(f"{STEP_PREFIX}{text.strip()[:160]}")
-            elif time.monotonic() - said >= HEARTBEAT_S:  # a long step (apt, pip) goes on
-                said = time.monotonic()
-                typer.echo(f"  {step or 'the build'} still running: {text.strip()[:100]}")
+        _follow_build(stream, dockerfile)
     except docker.errors.APIError as exc:
         _fail(f"docker build of {dockerfile} failed: {exc.explanation or exc}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _follow_build(stream: Any, dockerfile: str) -> None:
+    """Read a build's decoded chunks: a line per step as it starts, a heartbeat line during a
+    long step; exit with the last output on the first error chunk."""
+    tail: list[str] = []
+    step, said = "", time.monotonic()
+    for chunk in stream:
+        if "error" in chunk:
+            _fail(f"docker build of {dockerfile} failed: {chunk['error']}\n"
+                  + "".join(tail)[-2000:])
+        text = str(chunk.get("stream", ""))
+        tail = [*tail, text][-200:]
+        if text.startswith("Step "):
+            step, said = text.split(" :", 1)[0], time.monotonic()
+            typer.echo(f"{STEP_PREFIX}{text.strip()[:160]}")
+        elif time.monotonic() - said >= HEARTBEAT_S:  # a long step (apt, pip) goes on
+            said = time.monotonic()
+            typer.echo(f"  {step or 'the build'} still running: {text.strip()[:100]}")
 
 
 #: how often a step without output of its own (debootstrap: minutes) says it is still going
@@ -215,21 +221,33 @@ def _base(client: Any, context: Path, offline: bool | None, rebuild_base: bool) 
     """The base image to build FROM: python:3.12-slim online, else the debootstrap rootfs
     (made here when missing or when ``rebuild_base``)."""
     if offline is None:
-        offline = not (_has_image(client, ONLINE_BASE) or registry_reachable())
-        if offline:
-            typer.echo("no container registry reachable: building offline (debootstrap)")
+        offline = _no_registry(client)
     if not offline:
         return ONLINE_BASE
     if rebuild_base or not _has_image(client, OFFLINE_BASE):
-        script = context / "offline" / "build-rootfs.sh"
-        typer.echo(f"building the base rootfs {OFFLINE_BASE} with debootstrap ...")
-        env = dict(os.environ)
-        env.setdefault("DOCKER", "/usr/bin/docker" if Path("/usr/bin/docker").exists()
-                       else "docker")
-        code = _run_with_heartbeat([str(script), OFFLINE_BASE], env, OFFLINE_BASE)
-        if code != 0:
-            _fail(f"{script} failed (exit {code})")
+        _debootstrap_base(context)
     return OFFLINE_BASE
+
+
+def _no_registry(client: Any) -> bool:
+    """Whether to build offline when not told: no online base here and no registry reachable
+    (said on a line)."""
+    offline = not (_has_image(client, ONLINE_BASE) or registry_reachable())
+    if offline:
+        typer.echo("no container registry reachable: building offline (debootstrap)")
+    return offline
+
+
+def _debootstrap_base(context: Path) -> None:
+    """Make the offline base image with the debootstrap script, or exit with its status."""
+    script = context / "offline" / "build-rootfs.sh"
+    typer.echo(f"building the base rootfs {OFFLINE_BASE} with debootstrap ...")
+    env = dict(os.environ)
+    env.setdefault("DOCKER", "/usr/bin/docker" if Path("/usr/bin/docker").exists()
+                   else "docker")
+    code = _run_with_heartbeat([str(script), OFFLINE_BASE], env, OFFLINE_BASE)
+    if code != 0:
+        _fail(f"{script} failed (exit {code})")
 
 
 def _deps(client: Any, context: Path, profile: Profile, base: str) -> str:
@@ -249,6 +267,12 @@ def _deps(client: Any, context: Path, profile: Profile, base: str) -> str:
                   {"sandboxd.deps.sha256": digest}, network_mode="host")
     typer.echo(f"built {profile.deps_tag} in {time.monotonic() - started:.1f} s")
     return profile.deps_tag
+
+
+def _is_current(labels: dict[str, str], digest: str, own_digest: str) -> bool:
+    """Whether an image's labels say it was built from this runner and this profile."""
+    return (labels.get("sandboxd.runner.sha256") == digest
+            and labels.get(PROFILE_DIGEST_LABEL, "") == own_digest)
 
 
 def _profile(name: str) -> Profile:
@@ -310,8 +334,7 @@ def build(
     own_digest = profile_digest(context, profile)
     client = _docker_client(settings)
     labels = _labels(_has_image(client, name))
-    if if_missing and labels.get("sandboxd.runner.sha256") == digest and \
-            labels.get(PROFILE_DIGEST_LABEL, "") == own_digest:
+    if if_missing and _is_current(labels, digest, own_digest):
         typer.echo(f"{name} is up to date")
         return
 

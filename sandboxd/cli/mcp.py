@@ -36,7 +36,7 @@ def _read_token(token: str | None, token_file: Path | None) -> str | None:
     except OSError as exc:
         _say(f"{token_file}: cannot read the token file: {exc.strerror or exc}")
         raise typer.Exit(2) from exc
-    if not text or any(c.isspace() for c in text):
+    if text.split() != [text]:  # empty, or whitespace inside: not one token
         _say(f"{token_file}:1: the token file must hold one token on one line")
         raise typer.Exit(2)
     return text
@@ -48,9 +48,7 @@ def _endpoint(url: str, socket: Path | None) -> tuple[str, str | None]:
         socket, url = Path(url[len("unix:"):]), "http://sandboxd"
     elif socket is not None:
         url = "http://sandboxd"  # over a unix socket the host part is only the Host header
-    base = url.rstrip("/")
-    if base.endswith("/mcp"):
-        base = base[: -len("/mcp")]
+    base = url.rstrip("/").removesuffix("/mcp")
     return f"{base}/mcp", os.fspath(socket) if socket is not None else None
 
 

@@ -144,12 +144,16 @@ class Bridge:
         if method == "notifications/cancelled" and self._cancel_stateless(message):
             return
         headers = self._headers(message)
-        # initialize goes in order: the session id it brings goes on every later message
-        if isinstance(method, str) and "id" in message and method != "initialize":
+        if _posted_apart(message):
             self._start_request(message, headers)
             return
-        await self._post(message, headers)  # notifications and answers: in order
-        if method == "notifications/initialized" and self.session_id and self.listener is None:
+        await self._post(message, headers)  # notifications, answers, initialize: in order
+        if method == "notifications/initialized":
+            self._start_listener()
+
+    def _start_listener(self) -> None:
+        """Open the handshake era's notification stream, once, when a session exists."""
+        if self.session_id and self.listener is None:
             self.listener = asyncio.create_task(self._listen())
 
     def _cancel_stateless(self, message: dict[str, Any]) -> bool:
@@ -195,7 +199,12 @@ class Bridge:
         if kind.startswith("text/event-stream"):
             async for data in _events(response):
                 self._deliver(data, message)
-            return
+        else:
+            await self._answer_whole(response, kind, message, request, ident)
+
+    async def _answer_whole(self, response: httpx.Response, kind: str, message: Any,
+                            request: bool, ident: Any) -> None:
+        """A response that is one body: a JSON-RPC answer for the host, or a refusal."""
         body = await response.aread()
         text = body.decode("utf-8", errors="replace")
         if not request:  # a notification or an answer: the host expects nothing back
@@ -245,6 +254,13 @@ class Bridge:
             headers = _session_headers(self.session_id, self.version, {})
             with contextlib.suppress(httpx.HTTPError):
                 await self.http.delete(self.endpoint, headers=headers, timeout=DELETE_TIMEOUT_S)
+
+
+def _posted_apart(message: dict[str, Any]) -> bool:
+    """Whether a host message is a request answered in its own task: any but ``initialize``,
+    which goes in order (the session id it brings goes on every later message)."""
+    method = message.get("method")
+    return isinstance(method, str) and "id" in message and method != "initialize"
 
 
 def _error(ident: Any, message: str) -> dict[str, Any]:
@@ -311,19 +327,23 @@ async def run(endpoint: str, uds: str | None, token: str | None) -> int:
         if problem is not None:
             say(problem)
             return EXIT_AUTH if "401" in problem else 1
-        bridge = Bridge(http, endpoint)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):  # as if stdin closed: DELETE, exit
-            loop.add_signal_handler(signum, stop.set)
-        pump = asyncio.create_task(_pump(bridge))
-        stopped = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait({pump, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if pump.done():
-                pump.result()  # the end of stdin, or a bug: raised
-        finally:
-            await stop_task(pump)
-            await stop_task(stopped)
-            await bridge.close()
+        await _pump_until_stopped(Bridge(http, endpoint))
     return 0
+
+
+async def _pump_until_stopped(bridge: Bridge) -> None:
+    """Pump the host's lines until stdin ends or SIGTERM/SIGINT, then end the session."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # as if stdin closed: DELETE, exit
+        loop.add_signal_handler(signum, stop.set)
+    pump = asyncio.create_task(_pump(bridge))
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({pump, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if pump.done():
+            pump.result()  # the end of stdin, or a bug: raised
+    finally:
+        await stop_task(pump)
+        await stop_task(stopped)
+        await bridge.close()

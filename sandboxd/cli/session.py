@@ -92,11 +92,7 @@ def fork(session_id: str = typer.Argument(..., metavar="ID"),
     was not carried is noted on stderr."""
     made = _call(url, token, lambda c: c.fork_session(session_id, count))
     if as_json:
-        typer.echo(json.dumps({"parent": made.parent,
-                               "sessions": [_raw(i) for i in made.sessions],
-                               "kernel": {"carried": made.kernel_carried,
-                                          "reason": made.kernel_reason,
-                                          "not_carried": made.not_carried}}, indent=2))
+        typer.echo(json.dumps(_fork_document(made), indent=2))
         return
     for info in made.sessions:
         typer.echo(info.id)
@@ -104,6 +100,13 @@ def fork(session_id: str = typer.Argument(..., metavar="ID"),
         typer.echo(f"note: {made.kernel_reason}", err=True)
     for name, why in made.not_carried.items():
         typer.echo(f"note: {name} was not carried ({why})", err=True)
+
+
+def _fork_document(made: Any) -> dict[str, Any]:
+    """``fork --json``: the parent, the new sessions, what of the kernel was carried."""
+    return {"parent": made.parent, "sessions": [_raw(i) for i in made.sessions],
+            "kernel": {"carried": made.kernel_carried, "reason": made.kernel_reason,
+                       "not_carried": made.not_carried}}
 
 
 @app.command("restart")

@@ -110,28 +110,44 @@ def add(packages: list[str] = typer.Argument(..., help="Packages: name or name==
                                       help="Use no package index (only --find-links)"),
         config: Path | None = CONFIG_OPTION) -> None:
     """Download wheels of packages and their dependencies into the wheelhouse."""
-    from sandboxd.policy.models import PACKAGE_SPEC
-
-    bad = [p for p in packages if not PACKAGE_SPEC.match(p)]
-    if bad:
-        fail(f"{bad[0]!r} is not a package name, or a name and an exact version such as "
-             "'name==1.2'")
+    _check_specs(packages)
     path = _wheelhouse(directory, config, create=True)
-    if python_version is None or platform is None:
-        asked = _image_target(settings_for(config, None).python_image)
-        python_version, platform = python_version or asked[0], platform or asked[1]
+    python_version, platform = _target(python_version, platform, config)
     argv: list[Any] = [sys.executable, "-m", "pip", "download", "--only-binary=:all:",
                        "--dest", str(path), "--python-version", python_version,
                        "--platform", platform, "--disable-pip-version-check", "--no-input",
-                       "--progress-bar", "off",
-                       *(["--find-links", str(find_links)] if find_links is not None else []),
-                       *(["--no-index"] if no_index else [])]
+                       "--progress-bar", "off", *_source_options(find_links, no_index)]
     done = _pip_download([*argv, "--", *packages])
     for wheel in path.glob("*.whl"):  # the sandbox user reads them through a read-only mount
         wheel.chmod(0o644)
     added = _saved_wheels(done.stdout)
     typer.echo(f"{len(added)} wheel(s) saved in {path}" + (
         ": " + ", ".join(added) if added else " (they were there already)"))
+
+
+def _check_specs(packages: list[str]) -> None:
+    """Exit 2 with one line unless every package is a name or ``name==version``."""
+    from sandboxd.policy.models import PACKAGE_SPEC
+
+    bad = [p for p in packages if not PACKAGE_SPEC.match(p)]
+    if bad:
+        fail(f"{bad[0]!r} is not a package name, or a name and an exact version such as "
+             "'name==1.2'")
+
+
+def _target(python_version: str | None, platform: str | None,
+            config: Path | None) -> tuple[str, str]:
+    """(python version, platform tag): the options', the image asked for any not given."""
+    if python_version is not None and platform is not None:
+        return python_version, platform
+    asked = _image_target(settings_for(config, None).python_image)
+    return python_version or asked[0], platform or asked[1]
+
+
+def _source_options(find_links: Path | None, no_index: bool) -> list[str]:
+    """pip's ``--find-links``/``--no-index`` options, as given."""
+    return [*(["--find-links", str(find_links)] if find_links is not None else []),
+            *(["--no-index"] if no_index else [])]
 
 
 def _saved_wheels(output: str) -> list[str]:

@@ -39,15 +39,13 @@ def json_visible(text: str) -> str:
     value, but nothing in it can move a cursor, start an escape sequence or reorder a line."""
     if text.isprintable():
         return text
-    out = []
-    for c in text:
-        if c.isprintable():
-            out.append(c)
-            continue
-        code = ord(c)
-        if code > 0xFFFF:
-            code -= 0x10000
-            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
-        else:
-            out.append(f"\\u{code:04x}")
-    return "".join(out)
+    return "".join(c if c.isprintable() else _json_escape(c) for c in text)
+
+
+def _json_escape(char: str) -> str:
+    """The JSON escape of one character: ``\\uXXXX``, a surrogate pair above U+FFFF."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
