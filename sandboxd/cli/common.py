@@ -34,19 +34,26 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def settings_for(config: Path | None, state_dir: Path | None, **overrides: Any) -> Settings:
-    """The daemon's settings as ``serve`` would resolve them, or exit 2 with one line."""
+    """The daemon's settings as ``serve`` resolves them (the backends' own sections checked
+    by their registry too), or exit 2 with every problem, one line each."""
     from pydantic import ValidationError
 
+    from sandboxd.backends import registry
     from sandboxd.config import ConfigFileError, load_settings, settings_problems
 
     try:
-        return load_settings(config, state_dir=state_dir, **overrides)
+        settings = load_settings(config, state_dir=state_dir, **overrides)
+        registry.check_sections(settings)
     except (ConfigFileError, ValidationError, OSError) as exc:
         problems = settings_problems(exc, config)
         for problem in problems[:-1]:  # every problem, one line each, as policy check does
             typer.echo(f"sandboxd: bad setting: {problem}", err=True)
         fail(f"bad setting: {problems[-1]}")
         raise AssertionError("unreachable") from None
+    except ValueError as exc:  # a backend's section (pydantic's errors are ValueErrors too)
+        fail(f"bad setting: {exc}")
+        raise AssertionError("unreachable") from None
+    return settings
 
 
 def settings_policies_dir(config: Path | None) -> Path | None:

@@ -59,9 +59,11 @@ def serve(
     log_level: str = typer.Option("info", help="debug, info, warning, error"),
 ) -> None:
     """Run the daemon (loopback only unless configured otherwise)."""
-    settings = _settings(config, host=host, port=port, uds=uds, state_dir=state_dir,
-                         policies_dir=policies, audit_log=audit_log, tokens_file=tokens_file,
-                         allow_unconfined=allow_unconfined or None)
+    from sandboxd.cli.common import settings_for
+
+    settings = settings_for(config, host=host, port=port, uds=uds, state_dir=state_dir,
+                            policies_dir=policies, audit_log=audit_log,
+                            tokens_file=tokens_file, allow_unconfined=allow_unconfined or None)
     _check_exposure(settings)
     _lock_state_dir(settings.state_dir)  # first: a second serve on this directory says so
     claim = _claim_uids(settings)  # held until the process exits (SIGKILL included)
@@ -80,22 +82,6 @@ def serve(
         if claim is not None:
             claim.release()
     raise typer.Exit(code)
-
-
-def _settings(config: Path | None, **options: Any) -> Settings:
-    """The daemon's settings, or exit 2 with every problem, one line each."""
-    from pydantic import ValidationError
-
-    from sandboxd.config import ConfigFileError, load_settings, settings_problems
-
-    try:
-        return load_settings(config, **options)
-    except (ConfigFileError, ValidationError) as exc:
-        problems = settings_problems(exc, config)
-        for problem in problems[:-1]:  # every problem, one line each, as policy check does
-            typer.echo(f"sandboxd: bad setting: {problem}", err=True)
-        _fail(f"bad setting: {problems[-1]}")
-        raise AssertionError("unreachable") from None
 
 
 def _check_exposure(settings: Settings) -> None:

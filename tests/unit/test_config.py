@@ -61,3 +61,22 @@ def test_a_bad_config_file_reports_every_problem_at_its_line(tmp_path: Path) -> 
     ], r.stderr
     r = cli.run("serve", "--config", str(config), env={**env, "SANDBOXD_PORT": "nope"})
     assert "sandboxd: bad setting: port: " in r.stderr and "(got 'nope')" in r.stderr, r.stderr
+
+
+def test_serve_refuses_a_backends_section_no_backend_has(tmp_path: Path) -> None:
+    """The settings sit below the backends, so a ``backends.<name>`` section is checked by
+    the backend registry where the CLI loads the settings: one line, exit 2, before anything
+    starts."""
+    import os
+
+    from tests.support import cli
+
+    config = tmp_path / "sandboxd.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\nbackends:\n  bogus: {{}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    r = cli.run("serve", "--config", str(config), env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "sandboxd: bad setting: backends.bogus: no backend of that name has a settings section "
+        "(none has)"], r.stderr
+    assert not (tmp_path / "state").exists()  # nothing was started, nothing made
