@@ -99,6 +99,11 @@ def user_builtins(req: WorkerRequest, display: Callable[..., None] | None = None
     return bi
 
 
+# Rated D by radon (complexity 24) and kept whole on purpose: the user's code runs in this
+# frame, and the traceback a cell shows drops exactly this one frame (``tb.tb_next``); the
+# exception handlers that follow must survive a cell that broke what they use (``len``,
+# ``print``) and an interrupt that may land at any line while ``cell.running`` is set, so the
+# steps are not spread over frames that would have to know of each other.
 def execute(code: str, namespace: dict[str, Any], display: Callable[..., None] | None = None,
             cell: CellState = CELL) -> tuple[int, Any]:
     """Run ``code`` in ``namespace`` as a cell: (exit status, value of a last expression).
