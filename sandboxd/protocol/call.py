@@ -181,6 +181,23 @@ class WorkerRequest(Record):
 # ---------------------------------------------------------------- the report
 
 
+def _json_parts(item: Any, what: str) -> Any:
+    """The values inside one part of a JSON value (a dict's values, a list's items; none in
+    a scalar), or ``ValueError`` when the part is not JSON (a key that is not a string, a
+    number that is not finite, another type)."""
+    if isinstance(item, dict):
+        if not all(isinstance(k, str) for k in item):
+            raise ValueError(f"{what} has a key that is not a string")
+        return item.values()
+    if isinstance(item, list):
+        return item
+    if isinstance(item, float) and not math.isfinite(item):
+        raise ValueError(f"{what} has a number that is not finite")
+    if item is not None and not isinstance(item, str | int | bool | float):
+        raise ValueError(f"{what} has a {type(item).__name__}, not a JSON value")
+    return ()
+
+
 class JsonValue(Codec[Any]):
     """A value made of JSON types only (dict keys strings, finite floats), within
     :data:`MAX_VALUE_NODES` (walked without recursion)."""
@@ -188,21 +205,10 @@ class JsonValue(Codec[Any]):
     def decode(self, value: Any, what: str) -> Any:
         todo, seen = [value], 0
         while todo:
-            item = todo.pop()
             seen += 1
             if seen > MAX_VALUE_NODES:
                 raise ValueError(f"{what} has more than {MAX_VALUE_NODES} parts")
-            if isinstance(item, dict):
-                if not all(isinstance(k, str) for k in item):
-                    raise ValueError(f"{what} has a key that is not a string")
-                todo.extend(item.values())
-            elif isinstance(item, list):
-                todo.extend(item)
-            elif isinstance(item, float):
-                if not math.isfinite(item):
-                    raise ValueError(f"{what} has a number that is not finite")
-            elif item is not None and not isinstance(item, str | int | bool):
-                raise ValueError(f"{what} has a {type(item).__name__}, not a JSON value")
+            todo.extend(_json_parts(todo.pop(), what))
         return value
 
 
