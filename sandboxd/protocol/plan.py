@@ -145,6 +145,25 @@ class Pipeline(Record):
         Choice(get_args(RunIf)).decode(self.run_if, "run_if")
 
 
+#: how :meth:`Plan.render` writes a redirect's mode and a pipeline's condition
+_MODES = {"read": "<", "write": ">", "append": ">>", "readwrite": "<>", "dup": ">&",
+          "close": ">&"}
+_JOINS = {"always": "; ", "ok": " && ", "failed": " || "}
+
+
+def _redirect_target(r: Redirect) -> str:
+    """What a redirect goes to, as a shell writes it: a quoted path, a descriptor, or ``-``."""
+    if r.mode == "close":
+        return "-"
+    return str(r.dup) if r.mode == "dup" else shlex.quote(r.path or "")
+
+
+def _command_text(cmd: PlannedCommand) -> str:
+    """One command as a shell would read it: its quoted words, then its redirects."""
+    return " ".join(shlex.quote(a) for a in cmd.argv) + "".join(
+        f" {r.fd}{_MODES[r.mode]}{_redirect_target(r)}" for r in cmd.redirects)
+
+
 @dataclass(frozen=True)
 class Plan(Record):
     """What a command tool runs, exactly as the policy checked it: pipelines evaluated left to
@@ -170,22 +189,11 @@ class Plan(Record):
     def render(self) -> str:
         """The plan written as a command line, every word quoted (for people: audit records,
         ``policy explain``); environment and exec restrictions are not shown."""
-        modes = {"read": "<", "write": ">", "append": ">>", "readwrite": "<>"}
-        joins = {"always": "; ", "ok": " && ", "failed": " || "}
         out = ""
         for i, pipeline in enumerate(self.pipelines):
             if i:
-                out += joins[pipeline.run_if]
-            words = []
-            for cmd in pipeline.commands:
-                text = " ".join(shlex.quote(a) for a in cmd.argv)
-                for r in cmd.redirects:
-                    target = ("-" if r.mode == "close" else str(r.dup) if r.mode == "dup"
-                              else shlex.quote(r.path or ""))
-                    op = ">&" if r.mode in ("dup", "close") else modes[r.mode]
-                    text += f" {r.fd}{op}{target}"
-                words.append(text)
-            out += " | ".join(words)
+                out += _JOINS[pipeline.run_if]
+            out += " | ".join(_command_text(cmd) for cmd in pipeline.commands)
         return out
 
     @property
