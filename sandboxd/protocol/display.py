@@ -160,6 +160,10 @@ REPR_METHODS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: the methods that make an object's display rich (``_repr_json_`` alone does not)
+_RICH_METHODS = ("_repr_mimebundle_", *(name for name, _ in REPR_METHODS[:5]))
+
+
 def _figure_png(obj: Any) -> str | None:
     """A matplotlib figure as base64 PNG (duck-typed: the runner imports no matplotlib)."""
     import base64
@@ -181,8 +185,7 @@ def has_rich_repr(obj: Any) -> bool:
     ``_repr_html_``...): a cell's last value like that is displayed, as Jupyter does."""
     if isinstance(obj, type) or obj is None:
         return False
-    return is_figure(obj) or callable(getattr(obj, "_repr_mimebundle_", None)) or any(
-        callable(getattr(obj, name, None)) for name, _ in REPR_METHODS[:5])
+    return is_figure(obj) or any(callable(getattr(obj, name, None)) for name in _RICH_METHODS)
 
 
 def plain_bundle(obj: Any, caps: DisplayCaps | None = None) -> dict[str, Any]:
@@ -248,6 +251,23 @@ def _rich_data(obj: Any) -> dict[str, Any]:
     return data
 
 
+def _json_encodes(value: Any) -> bool:
+    """Whether ``value`` encodes as JSON (no NaN or infinity)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def _repr_text(obj: Any) -> str:
+    """``obj``'s repr, or a note naming the exception its ``__repr__`` raised."""
+    try:
+        return repr(obj)
+    except Exception as exc:
+        return f"<repr failed: {type(exc).__name__}>"
+
+
 def mime_bundle(obj: Any) -> dict[str, Any]:
     """The mime bundle of ``obj`` by IPython's conventions (``_repr_mimebundle_``, then the
     ``_repr_*_`` methods; a matplotlib figure as PNG), always with ``text/plain`` (its repr);
@@ -256,14 +276,8 @@ def mime_bundle(obj: Any) -> dict[str, Any]:
     if not has_rich_repr(obj) and not callable(getattr(obj, "_repr_json_", None)):
         return plain_bundle(obj)
     data = {} if isinstance(obj, type) else _rich_data(obj)
-    if "application/json" in data:
-        try:
-            json.dumps(data["application/json"], allow_nan=False)
-        except (TypeError, ValueError, RecursionError):
-            del data["application/json"]
+    if not _json_encodes(data.get("application/json")):
+        del data["application/json"]
     if not isinstance(data.get("text/plain"), str):
-        try:
-            data["text/plain"] = repr(obj)
-        except Exception as exc:
-            data["text/plain"] = f"<repr failed: {type(exc).__name__}>"
+        data["text/plain"] = _repr_text(obj)
     return data
