@@ -337,6 +337,18 @@ class WorkspaceFS:
         if self.setting == "advisory":
             self.kernel, self.detail = False, "advisory (workspace_quota=advisory)"
             return
+        self._probe_mount()
+        if self.kernel and helper and self.helper is None:
+            self._start_helper()
+        if not self.kernel:
+            if self.setting == "kernel":
+                log.error("workspace_quota=kernel but %s", self.detail)
+            else:
+                log.warning("workspace quota is %s", self.detail)
+
+    def _probe_mount(self) -> None:
+        """Set the mode by whether this process can mount (and unmount) a tiny tmpfs below
+        ``root``, and say why in :attr:`detail`."""
         probe = self.root / f"{PROBE_NAME}-{os.getpid()}"
         try:
             if is_mount_point(probe):
@@ -361,22 +373,21 @@ class WorkspaceFS:
         finally:
             with contextlib.suppress(OSError):
                 fstree.remove_tree(probe)
-        if self.kernel and helper and self.helper is None:
-            try:
-                self.helper = MountHelper(self.root)
-            except OSError as exc:
-                self.kernel = False
-                self.detail = f"advisory: the mount helper could not start ({exc})"
-            else:
-                refused = forbid_mounts_to_this_process()
-                self.detail += (", mounted by a helper process (the daemon itself cannot "
-                                "mount)" if refused is None else
-                                f", mounted by a helper process (the daemon could not forbid "
-                                f"itself to mount: {refused})")
-        if self.setting == "kernel" and not self.kernel:
-            log.error("workspace_quota=kernel but %s", self.detail)
-        elif not self.kernel:
-            log.warning("workspace quota is %s", self.detail)
+
+    def _start_helper(self) -> None:
+        """Start the mount helper and forbid mounts to this process from then on; advisory
+        quotas when the helper cannot start."""
+        try:
+            self.helper = MountHelper(self.root)
+        except OSError as exc:
+            self.kernel = False
+            self.detail = f"advisory: the mount helper could not start ({exc})"
+        else:
+            refused = forbid_mounts_to_this_process()
+            self.detail += (", mounted by a helper process (the daemon itself cannot "
+                            "mount)" if refused is None else
+                            f", mounted by a helper process (the daemon could not forbid "
+                            f"itself to mount: {refused})")
 
     @property
     def ok(self) -> bool:
