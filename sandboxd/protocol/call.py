@@ -193,7 +193,7 @@ def _json_parts(item: Any, what: str) -> Any:
         return item
     if isinstance(item, float) and not math.isfinite(item):
         raise ValueError(f"{what} has a number that is not finite")
-    if item is not None and not isinstance(item, str | int | bool | float):
+    if not isinstance(item, str | int | float | None):  # bool is an int
         raise ValueError(f"{what} has a {type(item).__name__}, not a JSON value")
     return ()
 

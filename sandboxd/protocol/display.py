@@ -93,7 +93,7 @@ def json_lossy(value: Any) -> bool:
 def value_repr(value: Any) -> str | None:
     """Python's repr of a last value whose JSON is lossy (:func:`json_lossy`), cut at
     :data:`MAX_VALUE_REPR`; None when the JSON says it all or repr fails."""
-    if value is None or not json_lossy(value):
+    if not json_lossy(value):
         return None
     try:
         return repr(value)[:MAX_VALUE_REPR]

@@ -43,6 +43,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -148,17 +149,19 @@ def quota_message(usage: Usage) -> str:
             "or start a new session")
 
 
+#: what a write that found the workspace full printed (strerror of ENOSPC and EDQUOT)
+_FULL_ERRORS = re.compile("No space left on device|Disk quota exceeded")
+
+
 def full_note(usage: Usage | None, output_tail: str, quota: Usage) -> str | None:
     """What a call's result tells the model when its workspace is full, or None: a write that
     failed with ENOSPC (or, under an advisory quota, EFBIG at the per-file cap) otherwise
     reads as an obscure OS error. ``usage``: the workspace's after the call (None: not
     measured); ``output_tail``: the end of its output, all there is to go by when the
     workspace is gone with its sandbox (a one-shot container's own tmpfs), against ``quota``."""
-    if usage is None or not (usage.full or usage.over):
-        if not any(s in output_tail for s in ("No space left on device", "Disk quota exceeded")):
-            return None
-        usage = quota
-    return quota_message(usage)
+    if usage is not None and (usage.full or usage.over):
+        return quota_message(usage)
+    return quota_message(quota) if _FULL_ERRORS.search(output_tail) else None
 
 
 def mounted_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage | None:
