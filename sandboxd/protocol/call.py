@@ -37,7 +37,7 @@ from .decode import (
 )
 from .display import MAX_VALUE_REPR, DisplayCaps
 from .limits import FORK_STATE_BYTES, Limits
-from .plan import MAX_NAMES, NAMES, Plan
+from .plan import MAX_NAMES, NAMES, Plan, freeze_lists
 
 #: what a request asks: python code, bash or javascript/typescript code (always in that
 #: language's kernel), a command plan,
@@ -158,10 +158,7 @@ class WorkerRequest(Record):
     runner: RunnerPart = member(Part[RunnerPart](RunnerPart), factory=RunnerPart)
 
     def __post_init__(self) -> None:
-        for name in ("imports_allow", "imports_deny"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
+        freeze_lists(self, "imports_allow", "imports_deny")
         Choice(_KINDS).decode(self.kind, "kind")
         if self.kind == "plan" and self.plan is None:
             raise ValueError("a plan request needs its plan")

@@ -59,9 +59,7 @@ def check_env(env: Any, what: str = "env") -> dict[str, str]:
     if len(env) > MAX_VARS:
         raise ValueError(f"{what} has {len(env)} variables; at most {MAX_VARS} are accepted")
     out = {name: _checked_variable(name, value, what) for name, value in env.items()}
-    total = sum(len(name) + len(value.encode("utf-8", "surrogatepass"))
-                for name, value in out.items())
-    if total > MAX_TOTAL_BYTES:
+    if sum(map(len, out)) + sum(map(_utf8_size, out.values())) > MAX_TOTAL_BYTES:
         raise ValueError(f"{what} is over {MAX_TOTAL_BYTES} bytes in all")
     return out
 
@@ -89,7 +87,12 @@ def _checked_value(name: str, value: Any, what: str) -> str:
     """``value``, or ``ValueError`` unless it is a string within :data:`MAX_VALUE_BYTES`, no NUL."""
     if not isinstance(value, str):
         raise ValueError(f"{what}[{name}] must be a string")
-    if "\x00" in value or len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+    if "\x00" in value or _utf8_size(value) > MAX_VALUE_BYTES:
         raise ValueError(f"{what}[{name}] must be at most {MAX_VALUE_BYTES} bytes, "
                          "without NUL")
     return value
+
+
+def _utf8_size(text: str) -> int:
+    """``text``'s size in bytes, as UTF-8 (a lone surrogate as its three bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -70,7 +70,7 @@ KERNEL_LANES: dict[ToolKind, str] = {ToolKind.bash: " bash", ToolKind.javascript
 
 # ---------------------------------------------------------------- the command plan
 
-def _freeze(obj: object, *names: str) -> None:
+def freeze_lists(obj: object, *names: str) -> None:
     """Turn the list fields ``names`` of a frozen dataclass into tuples (deeply immutable)."""
     for name in names:
         value = getattr(obj, name)
@@ -121,7 +121,7 @@ class PlannedCommand(Record):
         ListOf(Nested[Redirect](Redirect), MAX_REDIRECTS), ())
 
     def __post_init__(self) -> None:
-        _freeze(self, "argv", "exec_only", "redirects")
+        freeze_lists(self, "argv", "exec_only", "redirects")
         if not self.argv:
             raise ValueError("a planned command needs at least one word")
 
@@ -139,7 +139,7 @@ class Pipeline(Record):
         ListOf(Nested[PlannedCommand](PlannedCommand), MAX_COMMANDS, least=1))
 
     def __post_init__(self) -> None:
-        _freeze(self, "commands")
+        freeze_lists(self, "commands")
         if not self.commands:
             raise ValueError("a pipeline needs at least one command")
         Choice(get_args(RunIf)).decode(self.run_if, "run_if")
@@ -178,7 +178,7 @@ class Plan(Record):
         ListOf(Nested[Pipeline](Pipeline), MAX_PIPELINES, least=1))
 
     def __post_init__(self) -> None:
-        _freeze(self, "pipelines")
+        freeze_lists(self, "pipelines")
         if not self.pipelines:
             raise ValueError("a plan needs at least one pipeline")
 
@@ -243,7 +243,7 @@ class ExecutionPlan(Record):
     programs: tuple[str, ...] = member(NAMES, ())
 
     def __post_init__(self) -> None:
-        _freeze(self, "imports_allow", "imports_deny", "programs")
+        freeze_lists(self, "imports_allow", "imports_deny", "programs")
 
     @property
     def argv(self) -> list[str] | None:
