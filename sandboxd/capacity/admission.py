@@ -74,18 +74,11 @@ class Capacity:
         live_kernels = len(self.kernels.live())
         headroom = memory.available - self.reserve
         sessions = len(self.sessions.registered())
-        uids: dict[str, Any] | None = None
-        full: list[str] = []
-        if self.uids is not None:
-            in_use = self.uids.in_use
-            uids = {"count": self.uids.count, "in_use": in_use,
-                    "derived": "sandbox_uid_count" in self.derived}
-            if self.uids.count - in_use <= self.keep_free:
-                full.append("sandbox_uids")
-        if live_kernels >= self.kernels.limit:
-            full.append("max_kernels")
-        if headroom < self.kernel_bytes:
-            full.append("memory")
+        uids = self._uids_view()
+        full = [name for name, hit in (
+            ("sandbox_uids", uids is not None and uids["count"] - uids["in_use"] <= self.keep_free),
+            ("max_kernels", live_kernels >= self.kernels.limit),
+            ("memory", headroom < self.kernel_bytes)) if hit]
         view: dict[str, Any] = {
             "sessions": {"live": sessions, "max_per_client": self.sessions.max_per_client},
             "kernels": {"live": live_kernels, "max": self.kernels.limit,
@@ -101,6 +94,14 @@ class Capacity:
         if client is not None:
             view["sessions"]["yours"] = len(self.sessions.owned(client))
         return view
+
+    def _uids_view(self) -> dict[str, Any] | None:
+        """The sandbox uid range in :meth:`view`: its size, how many are in use, whether its
+        size was derived; None without a range."""
+        if self.uids is None:
+            return None
+        return {"count": self.uids.count, "in_use": self.uids.in_use,
+                "derived": "sandbox_uid_count" in self.derived}
 
     def register(self, registry: CollectorRegistry) -> None:
         """The same figures as ``/metrics`` gauges (read when scraped)."""

@@ -37,16 +37,28 @@ def kernel_lost(result: Result) -> Result:
     """The result, whose message says the session's Python state is gone when its kernel
     was lost (the one sentence of :func:`~sandboxd.models.kernel_lost_message`), or that it
     is kept when its code was interrupted (:data:`~sandboxd.models.KERNEL_INTERRUPTED_MESSAGE`)."""
-    if result.kernel is not None and result.kernel.interrupted and not result.kernel.lost:
-        if result.message and KERNEL_INTERRUPTED_MESSAGE in result.message:
-            return result
-        message = "; ".join(m for m in (result.message, KERNEL_INTERRUPTED_MESSAGE) if m)
-        return result.model_copy(update={"message": message})
-    if result.kernel is None or not result.kernel.lost:
+    kernel = result.kernel
+    if kernel is None:
         return result
+    if kernel.lost:
+        return _state_lost(result)
+    return _state_kept(result) if kernel.interrupted else result
+
+
+def _state_lost(result: Result) -> Result:
+    """The result of a call whose kernel was lost, its message saying so (once)."""
     if result.message and KERNEL_LOST_MESSAGE.split("{why}")[0] in result.message:
         return result  # said already
     return result.model_copy(update={"message": kernel_lost_message(result)})
+
+
+def _state_kept(result: Result) -> Result:
+    """The result of an interrupted call, its message saying the kernel's state is kept
+    (once, after what it says already)."""
+    if result.message and KERNEL_INTERRUPTED_MESSAGE in result.message:
+        return result
+    message = "; ".join(m for m in (result.message, KERNEL_INTERRUPTED_MESSAGE) if m)
+    return result.model_copy(update={"message": message})
 
 
 def workspace_full(seen: QuotaSeen, result: Result) -> Result:

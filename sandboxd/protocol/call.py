@@ -37,7 +37,7 @@ from .decode import (
 )
 from .display import MAX_VALUE_REPR, DisplayCaps
 from .limits import FORK_STATE_BYTES, Limits
-from .plan import MAX_NAMES, NAMES, Plan
+from .plan import MAX_NAMES, NAMES, Plan, freeze_lists
 
 #: what a request asks: python code, bash or javascript/typescript code (always in that
 #: language's kernel), a command plan,
@@ -158,10 +158,7 @@ class WorkerRequest(Record):
     runner: RunnerPart = member(Part[RunnerPart](RunnerPart), factory=RunnerPart)
 
     def __post_init__(self) -> None:
-        for name in ("imports_allow", "imports_deny"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
+        freeze_lists(self, "imports_allow", "imports_deny")
         Choice(_KINDS).decode(self.kind, "kind")
         if self.kind == "plan" and self.plan is None:
             raise ValueError("a plan request needs its plan")
@@ -181,6 +178,23 @@ class WorkerRequest(Record):
 # ---------------------------------------------------------------- the report
 
 
+def _json_parts(item: Any, what: str) -> Any:
+    """The values inside one part of a JSON value (a dict's values, a list's items; none in
+    a scalar), or ``ValueError`` when the part is not JSON (a key that is not a string, a
+    number that is not finite, another type)."""
+    if isinstance(item, dict):
+        if not all(isinstance(k, str) for k in item):
+            raise ValueError(f"{what} has a key that is not a string")
+        return item.values()
+    if isinstance(item, list):
+        return item
+    if isinstance(item, float) and not math.isfinite(item):
+        raise ValueError(f"{what} has a number that is not finite")
+    if not isinstance(item, str | int | float | None):  # bool is an int
+        raise ValueError(f"{what} has a {type(item).__name__}, not a JSON value")
+    return ()
+
+
 class JsonValue(Codec[Any]):
     """A value made of JSON types only (dict keys strings, finite floats), within
     :data:`MAX_VALUE_NODES` (walked without recursion)."""
@@ -188,21 +202,10 @@ class JsonValue(Codec[Any]):
     def decode(self, value: Any, what: str) -> Any:
         todo, seen = [value], 0
         while todo:
-            item = todo.pop()
             seen += 1
             if seen > MAX_VALUE_NODES:
                 raise ValueError(f"{what} has more than {MAX_VALUE_NODES} parts")
-            if isinstance(item, dict):
-                if not all(isinstance(k, str) for k in item):
-                    raise ValueError(f"{what} has a key that is not a string")
-                todo.extend(item.values())
-            elif isinstance(item, list):
-                todo.extend(item)
-            elif isinstance(item, float):
-                if not math.isfinite(item):
-                    raise ValueError(f"{what} has a number that is not finite")
-            elif item is not None and not isinstance(item, str | int | bool):
-                raise ValueError(f"{what} has a {type(item).__name__}, not a JSON value")
+            todo.extend(_json_parts(todo.pop(), what))
         return value
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,24 +44,33 @@ MAX_JSON_DEPTH = 64
 TOO_DEEP = f"its JSON nests deeper than {MAX_JSON_DEPTH} levels"
 
 
-def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether the JSON value ``value`` (lists, dicts, scalars) nests deeper than ``limit``
-    levels; iterative, so a deep value costs no recursion."""
+def _depth_first(value: Any) -> Iterator[tuple[Any, int]]:
+    """``value`` and every value nested in its lists and dicts (a dict's values), each with
+    its depth (1 at the top): depth first and without recursion, so a deep value costs none;
+    a container's items are walked only when its reader asks for the next one after it."""
     todo = [(value, 1)]
     while todo:
         item, depth = todo.pop()
+        yield item, depth
         if isinstance(item, dict):
             item = list(item.values())
-        elif not isinstance(item, list):
-            continue
-        if depth > limit:
-            return True
-        todo.extend((v, depth + 1) for v in item if isinstance(v, (list, dict)))
-    return False
+        if isinstance(item, list):
+            todo.extend((v, depth + 1) for v in item)
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON value ``value`` (lists, dicts, scalars) nests deeper than ``limit``
+    levels; iterative, so a deep value costs no recursion."""
+    return any(depth > limit and isinstance(item, (list, dict))
+               for item, depth in _depth_first(value))
 
 
 #: the longest ``value_repr`` a sandbox reports (characters; longer is cut)
 MAX_VALUE_REPR = 64 * 1024
+
+
+#: the scalar types JSON keeps as they are (exactly these, not subclasses)
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def json_lossy(value: Any) -> bool:
@@ -69,22 +79,13 @@ def json_lossy(value: Any) -> bool:
     ``float``, ``bool``, ``None``, ``list`` and ``dict`` with ``str`` keys, of exactly those
     types (a tuple reads as a list, ``{1: 2}`` as ``{"1": 2}``). Iterative; a value over
     :data:`MAX_JSON_DEPTH` counts as lossy."""
-    plain = (str, int, float, bool, type(None))
-    todo = [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
+    for item, depth in _depth_first(value):
         kind = type(item)
-        if kind in plain:
+        if kind in _JSON_SCALARS:
             continue
-        if depth > MAX_JSON_DEPTH:
+        if depth > MAX_JSON_DEPTH or kind not in (dict, list):
             return True
-        if kind is dict:
-            if any(type(k) is not str for k in item):
-                return True
-            todo.extend((v, depth + 1) for v in item.values())
-        elif kind is list:
-            todo.extend((v, depth + 1) for v in item)
-        else:
+        if kind is dict and not set(map(type, item)) <= {str}:
             return True
     return False
 
@@ -92,7 +93,7 @@ def json_lossy(value: Any) -> bool:
 def value_repr(value: Any) -> str | None:
     """Python's repr of a last value whose JSON is lossy (:func:`json_lossy`), cut at
     :data:`MAX_VALUE_REPR`; None when the JSON says it all or repr fails."""
-    if value is None or not json_lossy(value):
+    if not json_lossy(value):
         return None
     try:
         return repr(value)[:MAX_VALUE_REPR]
@@ -159,6 +160,10 @@ REPR_METHODS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: the methods that make an object's display rich (``_repr_json_`` alone does not)
+_RICH_METHODS = ("_repr_mimebundle_", *(name for name, _ in REPR_METHODS[:5]))
+
+
 def _figure_png(obj: Any) -> str | None:
     """A matplotlib figure as base64 PNG (duck-typed: the runner imports no matplotlib)."""
     import base64
@@ -180,8 +185,7 @@ def has_rich_repr(obj: Any) -> bool:
     ``_repr_html_``...): a cell's last value like that is displayed, as Jupyter does."""
     if isinstance(obj, type) or obj is None:
         return False
-    return is_figure(obj) or callable(getattr(obj, "_repr_mimebundle_", None)) or any(
-        callable(getattr(obj, name, None)) for name, _ in REPR_METHODS[:5])
+    return is_figure(obj) or any(callable(getattr(obj, name, None)) for name in _RICH_METHODS)
 
 
 def plain_bundle(obj: Any, caps: DisplayCaps | None = None) -> dict[str, Any]:
@@ -199,9 +203,17 @@ def plain_bundle(obj: Any, caps: DisplayCaps | None = None) -> dict[str, Any]:
     return data
 
 
-def _first(got: Any) -> Any:
-    """What a repr method gave, without its metadata (IPython's ``(data, metadata)``)."""
-    return got[0] if isinstance(got, tuple) else got
+def _call(obj: Any, name: str) -> Any:
+    """What ``obj``'s method ``name`` gives, without its metadata (IPython's ``(data,
+    metadata)``), or None when it has no such method or it fails."""
+    method = getattr(obj, name, None)
+    if not callable(method):
+        return None
+    try:
+        got = method()
+        return got[0] if isinstance(got, tuple) else got
+    except Exception:
+        return None
 
 
 def _repr_content(obj: Any, name: str, mime: str) -> Any:
@@ -209,37 +221,51 @@ def _repr_content(obj: Any, name: str, mime: str) -> Any:
     image as base64), or None when it has no such method, fails or gives the wrong type."""
     import base64
 
-    method = getattr(obj, name, None)
-    if not callable(method):
-        return None
-    try:
-        got = _first(method())
-    except Exception:
-        return None
+    got = _call(obj, name)
     if mime in SIGNATURES and isinstance(got, bytes):
         got = base64.b64encode(got).decode("ascii")
     return got if MIME_TYPES[mime] == "json" or isinstance(got, str) else None
 
 
+def _bundle_data(obj: Any) -> dict[str, Any]:
+    """The :data:`MIME_TYPES` in what ``obj``'s ``_repr_mimebundle_`` gives; none when it
+    has no such method, fails or gives no dict."""
+    got = _call(obj, "_repr_mimebundle_")
+    try:
+        return {k: v for k, v in got.items() if k in MIME_TYPES} if isinstance(got, dict) else {}
+    except Exception:
+        return {}
+
+
 def _rich_data(obj: Any) -> dict[str, Any]:
     """The :data:`MIME_TYPES` an instance gives by IPython's conventions:
     ``_repr_mimebundle_``, then each ``_repr_*_`` method, a matplotlib figure as PNG."""
-    data: dict[str, Any] = {}
-    method = getattr(obj, "_repr_mimebundle_", None)
-    if callable(method):
-        with contextlib.suppress(Exception):
-            got = _first(method())
-            if isinstance(got, dict):
-                data.update({k: v for k, v in got.items() if k in MIME_TYPES})
+    data = _bundle_data(obj)
     for name, mime in REPR_METHODS:
-        if mime not in data:
-            got = _repr_content(obj, name, mime)
-            if got is not None:
-                data[mime] = got
+        got = None if mime in data else _repr_content(obj, name, mime)
+        if got is not None:
+            data[mime] = got
     if "image/png" not in data and is_figure(obj):
         with contextlib.suppress(Exception):
             data["image/png"] = _figure_png(obj)
     return data
+
+
+def _json_encodes(value: Any) -> bool:
+    """Whether ``value`` encodes as JSON (no NaN or infinity)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def _repr_text(obj: Any) -> str:
+    """``obj``'s repr, or a note naming the exception its ``__repr__`` raised."""
+    try:
+        return repr(obj)
+    except Exception as exc:
+        return f"<repr failed: {type(exc).__name__}>"
 
 
 def mime_bundle(obj: Any) -> dict[str, Any]:
@@ -250,14 +276,8 @@ def mime_bundle(obj: Any) -> dict[str, Any]:
     if not has_rich_repr(obj) and not callable(getattr(obj, "_repr_json_", None)):
         return plain_bundle(obj)
     data = {} if isinstance(obj, type) else _rich_data(obj)
-    if "application/json" in data:
-        try:
-            json.dumps(data["application/json"], allow_nan=False)
-        except (TypeError, ValueError, RecursionError):
-            del data["application/json"]
+    if not _json_encodes(data.get("application/json")):
+        del data["application/json"]
     if not isinstance(data.get("text/plain"), str):
-        try:
-            data["text/plain"] = repr(obj)
-        except Exception as exc:
-            data["text/plain"] = f"<repr failed: {type(exc).__name__}>"
+        data["text/plain"] = _repr_text(obj)
     return data

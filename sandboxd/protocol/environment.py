@@ -38,14 +38,16 @@ REFUSED_PREFIXES = {
 REFUSED_SUFFIXES = {"_PROXY": "the egress proxy is the only way out of a sandbox"}
 
 
+#: how a name is matched against each table of refused names, in the order they are tried
+_REFUSALS = ((str.__eq__, REFUSED_NAMES), (str.startswith, REFUSED_PREFIXES),
+             (str.endswith, REFUSED_SUFFIXES))
+
+
 def refused_because(name: str) -> str | None:
     """Why ``name`` may not be set by a caller, else None."""
     upper = name.upper()
-    if upper in REFUSED_NAMES:
-        return REFUSED_NAMES[upper]
-    return next((why for prefix, why in REFUSED_PREFIXES.items() if upper.startswith(prefix)),
-                next((why for suffix, why in REFUSED_SUFFIXES.items()
-                      if upper.endswith(suffix)), None))
+    return next((why for matches, table in _REFUSALS for part, why in table.items()
+                 if matches(upper, part)), None)
 
 
 def check_env(env: Any, what: str = "env") -> dict[str, str]:
@@ -57,25 +59,40 @@ def check_env(env: Any, what: str = "env") -> dict[str, str]:
     if len(env) > MAX_VARS:
         raise ValueError(f"{what} has {len(env)} variables; at most {MAX_VARS} are accepted")
     out = {name: _checked_variable(name, value, what) for name, value in env.items()}
-    total = sum(len(name) + len(value.encode("utf-8", "surrogatepass"))
-                for name, value in out.items())
-    if total > MAX_TOTAL_BYTES:
+    if sum(map(len, out)) + sum(map(_utf8_size, out.values())) > MAX_TOTAL_BYTES:
         raise ValueError(f"{what} is over {MAX_TOTAL_BYTES} bytes in all")
     return out
 
 
 def _checked_variable(name: Any, value: Any, what: str) -> str:
-    """One variable's value, its name and value checked (``ValueError`` otherwise)."""
+    """One variable's value, its name and value checked (``ValueError`` otherwise): the
+    name's form, then the value, then whether the name is refused."""
+    _check_name_form(name, what)
+    checked = _checked_value(name, value, what)
+    why = refused_because(name)
+    if why is not None:
+        raise ValueError(f"{what}: {name} may not be set ({why})")
+    return checked
+
+
+def _check_name_form(name: Any, what: str) -> None:
+    """``ValueError`` unless ``name`` is a variable name within :data:`MAX_NAME_BYTES`."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{what}: {name!r} is not a variable name (letters, digits, _)")
     if len(name) > MAX_NAME_BYTES:
         raise ValueError(f"{what}: the name {name[:32]}... is over {MAX_NAME_BYTES} bytes")
+
+
+def _checked_value(name: str, value: Any, what: str) -> str:
+    """``value``, or ``ValueError`` unless it is a string within :data:`MAX_VALUE_BYTES`, no NUL."""
     if not isinstance(value, str):
         raise ValueError(f"{what}[{name}] must be a string")
-    if "\x00" in value or len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+    if "\x00" in value or _utf8_size(value) > MAX_VALUE_BYTES:
         raise ValueError(f"{what}[{name}] must be at most {MAX_VALUE_BYTES} bytes, "
                          "without NUL")
-    why = refused_because(name)
-    if why is not None:
-        raise ValueError(f"{what}: {name} may not be set ({why})")
     return value
+
+
+def _utf8_size(text: str) -> int:
+    """``text``'s size in bytes, as UTF-8 (a lone surrogate as its three bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))

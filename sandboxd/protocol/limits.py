@@ -47,23 +47,33 @@ class LimitInfo:
         """The policy key of this limit's maximum."""
         return f"max_{self.policy}"
 
+    @property
+    def whole(self) -> bool:
+        """Whether this limit is a whole number (a size or a count, not seconds or CPUs)."""
+        return self.unit in ("bytes", "count")
+
+    def number(self, value: float) -> float:
+        """``value`` as this limit's field holds it: ``int`` when :attr:`whole`."""
+        return int(value) if self.whole else float(value)
+
+    def bound_text(self, bound: float) -> str:
+        """A bound as an error says it: ``1024`` for a size or count, ``0.001`` otherwise."""
+        return format(self.number(bound), "d" if self.whole else "g")
+
     def bounds(self) -> dict[str, float]:
         """``{"minimum": ..., "maximum": ...}`` as JSON Schema says them (whole numbers for
         sizes and counts)."""
-        whole = self.unit in ("bytes", "count")
-        return {"minimum": int(self.minimum) if whole else self.minimum,
-                "maximum": int(self.maximum) if whole else self.maximum}
+        return {"minimum": self.number(self.minimum), "maximum": self.number(self.maximum)}
 
     def check(self, name: str, value: Any) -> float:
         """``value`` if it is a number within this limit's bounds, else ``ValueError``."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{name} must be a number")
-        if self.unit != "seconds" and self.unit != "cpus" and not float(value).is_integer():
+        if self.whole and not float(value).is_integer():
             raise ValueError(f"{name} must be a whole number")
         if not math.isfinite(value) or not self.minimum <= value <= self.maximum:
-            low, high = (f"{int(b)}" if self.unit in ("bytes", "count") else f"{b:g}"
-                         for b in (self.minimum, self.maximum))
-            raise ValueError(f"{name} must be between {low} and {high}")
+            raise ValueError(f"{name} must be between {self.bound_text(self.minimum)} and "
+                             f"{self.bound_text(self.maximum)}")
         return value
 
 
@@ -136,10 +146,8 @@ class Limits:
             raise ValueError(f"{what} must have exactly the keys {sorted(LIMITS)} and network")
         if not isinstance(data["network"], bool):
             raise ValueError("network must be true or false")
-        values: dict[str, Any] = {}
-        for name, info in LIMITS.items():
-            value = info.check(name, data[name])
-            values[name] = int(value) if info.unit in ("bytes", "count") else float(value)
+        values: dict[str, Any] = {name: info.number(info.check(name, data[name]))
+                                  for name, info in LIMITS.items()}
         return cls(**values, network=data["network"])
 
 

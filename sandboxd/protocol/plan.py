@@ -70,7 +70,7 @@ KERNEL_LANES: dict[ToolKind, str] = {ToolKind.bash: " bash", ToolKind.javascript
 
 # ---------------------------------------------------------------- the command plan
 
-def _freeze(obj: object, *names: str) -> None:
+def freeze_lists(obj: object, *names: str) -> None:
     """Turn the list fields ``names`` of a frozen dataclass into tuples (deeply immutable)."""
     for name in names:
         value = getattr(obj, name)
@@ -121,7 +121,7 @@ class PlannedCommand(Record):
         ListOf(Nested[Redirect](Redirect), MAX_REDIRECTS), ())
 
     def __post_init__(self) -> None:
-        _freeze(self, "argv", "exec_only", "redirects")
+        freeze_lists(self, "argv", "exec_only", "redirects")
         if not self.argv:
             raise ValueError("a planned command needs at least one word")
 
@@ -139,10 +139,29 @@ class Pipeline(Record):
         ListOf(Nested[PlannedCommand](PlannedCommand), MAX_COMMANDS, least=1))
 
     def __post_init__(self) -> None:
-        _freeze(self, "commands")
+        freeze_lists(self, "commands")
         if not self.commands:
             raise ValueError("a pipeline needs at least one command")
         Choice(get_args(RunIf)).decode(self.run_if, "run_if")
+
+
+#: how :meth:`Plan.render` writes a redirect's mode and a pipeline's condition
+_MODES = {"read": "<", "write": ">", "append": ">>", "readwrite": "<>", "dup": ">&",
+          "close": ">&"}
+_JOINS = {"always": "; ", "ok": " && ", "failed": " || "}
+
+
+def _redirect_target(r: Redirect) -> str:
+    """What a redirect goes to, as a shell writes it: a quoted path, a descriptor, or ``-``."""
+    if r.mode == "close":
+        return "-"
+    return str(r.dup) if r.mode == "dup" else shlex.quote(r.path or "")
+
+
+def _command_text(cmd: PlannedCommand) -> str:
+    """One command as a shell would read it: its quoted words, then its redirects."""
+    return " ".join(shlex.quote(a) for a in cmd.argv) + "".join(
+        f" {r.fd}{_MODES[r.mode]}{_redirect_target(r)}" for r in cmd.redirects)
 
 
 @dataclass(frozen=True)
@@ -159,7 +178,7 @@ class Plan(Record):
         ListOf(Nested[Pipeline](Pipeline), MAX_PIPELINES, least=1))
 
     def __post_init__(self) -> None:
-        _freeze(self, "pipelines")
+        freeze_lists(self, "pipelines")
         if not self.pipelines:
             raise ValueError("a plan needs at least one pipeline")
 
@@ -170,22 +189,11 @@ class Plan(Record):
     def render(self) -> str:
         """The plan written as a command line, every word quoted (for people: audit records,
         ``policy explain``); environment and exec restrictions are not shown."""
-        modes = {"read": "<", "write": ">", "append": ">>", "readwrite": "<>"}
-        joins = {"always": "; ", "ok": " && ", "failed": " || "}
         out = ""
         for i, pipeline in enumerate(self.pipelines):
             if i:
-                out += joins[pipeline.run_if]
-            words = []
-            for cmd in pipeline.commands:
-                text = " ".join(shlex.quote(a) for a in cmd.argv)
-                for r in cmd.redirects:
-                    target = ("-" if r.mode == "close" else str(r.dup) if r.mode == "dup"
-                              else shlex.quote(r.path or ""))
-                    op = ">&" if r.mode in ("dup", "close") else modes[r.mode]
-                    text += f" {r.fd}{op}{target}"
-                words.append(text)
-            out += " | ".join(words)
+                out += _JOINS[pipeline.run_if]
+            out += " | ".join(_command_text(cmd) for cmd in pipeline.commands)
         return out
 
     @property
@@ -235,7 +243,7 @@ class ExecutionPlan(Record):
     programs: tuple[str, ...] = member(NAMES, ())
 
     def __post_init__(self) -> None:
-        _freeze(self, "imports_allow", "imports_deny", "programs")
+        freeze_lists(self, "imports_allow", "imports_deny", "programs")
 
     @property
     def argv(self) -> list[str] | None:

@@ -43,6 +43,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -148,17 +149,19 @@ def quota_message(usage: Usage) -> str:
             "or start a new session")
 
 
+#: what a write that found the workspace full printed (strerror of ENOSPC and EDQUOT)
+_FULL_ERRORS = re.compile("No space left on device|Disk quota exceeded")
+
+
 def full_note(usage: Usage | None, output_tail: str, quota: Usage) -> str | None:
     """What a call's result tells the model when its workspace is full, or None: a write that
     failed with ENOSPC (or, under an advisory quota, EFBIG at the per-file cap) otherwise
     reads as an obscure OS error. ``usage``: the workspace's after the call (None: not
     measured); ``output_tail``: the end of its output, all there is to go by when the
     workspace is gone with its sandbox (a one-shot container's own tmpfs), against ``quota``."""
-    if usage is None or not (usage.full or usage.over):
-        if not any(s in output_tail for s in ("No space left on device", "Disk quota exceeded")):
-            return None
-        usage = quota
-    return quota_message(usage)
+    if usage is not None and (usage.full or usage.over):
+        return quota_message(usage)
+    return quota_message(quota) if _FULL_ERRORS.search(output_tail) else None
 
 
 def mounted_usage(path: Path, quota_bytes: int, quota_entries: int) -> Usage | None:
@@ -337,6 +340,18 @@ class WorkspaceFS:
         if self.setting == "advisory":
             self.kernel, self.detail = False, "advisory (workspace_quota=advisory)"
             return
+        self._probe_mount()
+        if self.kernel and helper and self.helper is None:
+            self._start_helper()
+        if not self.kernel:
+            if self.setting == "kernel":
+                log.error("workspace_quota=kernel but %s", self.detail)
+            else:
+                log.warning("workspace quota is %s", self.detail)
+
+    def _probe_mount(self) -> None:
+        """Set the mode by whether this process can mount (and unmount) a tiny tmpfs below
+        ``root``, and say why in :attr:`detail`."""
         probe = self.root / f"{PROBE_NAME}-{os.getpid()}"
         try:
             if is_mount_point(probe):
@@ -361,22 +376,21 @@ class WorkspaceFS:
         finally:
             with contextlib.suppress(OSError):
                 fstree.remove_tree(probe)
-        if self.kernel and helper and self.helper is None:
-            try:
-                self.helper = MountHelper(self.root)
-            except OSError as exc:
-                self.kernel = False
-                self.detail = f"advisory: the mount helper could not start ({exc})"
-            else:
-                refused = forbid_mounts_to_this_process()
-                self.detail += (", mounted by a helper process (the daemon itself cannot "
-                                "mount)" if refused is None else
-                                f", mounted by a helper process (the daemon could not forbid "
-                                f"itself to mount: {refused})")
-        if self.setting == "kernel" and not self.kernel:
-            log.error("workspace_quota=kernel but %s", self.detail)
-        elif not self.kernel:
-            log.warning("workspace quota is %s", self.detail)
+
+    def _start_helper(self) -> None:
+        """Start the mount helper and forbid mounts to this process from then on; advisory
+        quotas when the helper cannot start."""
+        try:
+            self.helper = MountHelper(self.root)
+        except OSError as exc:
+            self.kernel = False
+            self.detail = f"advisory: the mount helper could not start ({exc})"
+        else:
+            refused = forbid_mounts_to_this_process()
+            self.detail += (", mounted by a helper process (the daemon itself cannot "
+                            "mount)" if refused is None else
+                            f", mounted by a helper process (the daemon could not forbid "
+                            f"itself to mount: {refused})")
 
     @property
     def ok(self) -> bool:
