@@ -232,11 +232,23 @@ def test_a_caller_that_goes_away_withdraws_its_request(gated: Gated) -> None:
         [pending] = gated.pending()
     # the connection closed while the call waited: no longer pending, audited, never ran
     gated.pending(0)
-    records = audit_records(gated.daemon.audit_path)
-    [withdrawn] = [r for r in records if r["event"] == "approval_withdrawn"
-                   and r["approval"] == pending["id"]]
-    [result] = [r for r in records if r["event"] == "result"
-                and r["request_id"] == withdrawn["request_id"]]
+
+    def withdrawn_and_result() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The withdrawal's record and its call's result, once both are written (the request
+        leaves the pending list before the two records are)."""
+        records = audit_records(gated.daemon.audit_path)
+        withdrawn = [r for r in records if r["event"] == "approval_withdrawn"
+                     and r["approval"] == pending["id"]]
+        results = [r for r in records if r["event"] == "result" and withdrawn
+                   and r["request_id"] == withdrawn[0]["request_id"]]
+        return (withdrawn[0], results[0]) if results else None
+
+    withdrawn, result = wait_until(withdrawn_and_result, timeout=30,
+                                   what="the withdrawal and its result audited")
+    assert len([r for r in audit_records(gated.daemon.audit_path)
+                if r.get("approval") == pending["id"]
+                and r["event"] == "approval_withdrawn"]) == 1
+    assert withdrawn["request_id"] == result["request_id"]
     assert result["status"] == "killed"
     assert not (gated.workspace(sid) / "proof.txt").exists()
 

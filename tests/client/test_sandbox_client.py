@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -178,13 +179,19 @@ def test_connection_failure_is_typed() -> None:
         client.tools()
 
 
-def _rate_limited_app(plan: list[tuple[int, dict[str, str]]], seen: list[float]) -> Starlette:
+#: a header's value, or a function that makes it when the answer is sent (an HTTP-date "two
+#: seconds from now" must be "now" for the server, not for the test that planned it)
+Header = str | Callable[[], str]
+
+
+def _rate_limited_app(plan: list[tuple[int, dict[str, Header]]], seen: list[float]) -> Starlette:
     ok = {"id": "inv_1", "tool": "python", "status": "ok",
           "termination": {"reason": "exited", "exit_code": 0}, "stdout": "done\n"}
 
     async def invoke(request: Request) -> JSONResponse:
         seen.append(time.monotonic())
-        status, headers = plan[min(len(seen) - 1, len(plan) - 1)]
+        status, planned = plan[min(len(seen) - 1, len(plan) - 1)]
+        headers = {k: v() if callable(v) else v for k, v in planned.items()}
         if status == 429:
             return JSONResponse({"type": "https://sandboxd.dev/problems/rate-limited",
                                  "title": "Too many requests", "status": 429,
@@ -198,7 +205,8 @@ def _rate_limited_app(plan: list[tuple[int, dict[str, str]]], seen: list[float])
 def test_429_retried_after_retry_after() -> None:
     seen: list[float] = []
     retried: list[tuple[str, int, float]] = []
-    plan = [(429, {"Retry-After": "1"}), (429, {"Retry-After": "1"}), (200, {})]
+    plan: list[tuple[int, dict[str, Header]]] = [
+        (429, {"Retry-After": "1"}), (429, {"Retry-After": "1"}), (200, {})]
     with StubServer(_rate_limited_app(plan, seen)) as stub, SandboxClient(
             stub.url, retries=2,
             on_retry=lambda e, n, wait: retried.append((type(e).__name__, n, wait))) as client:
@@ -212,8 +220,10 @@ def test_429_retried_after_retry_after() -> None:
 
 async def test_429_http_date_and_exhausted_retries() -> None:
     seen: list[float] = []
-    date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 2))
-    plan = [(429, {"Retry-After": date})]
+    def date() -> str:  # two seconds from when the server answers, at second resolution
+        return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 2))
+
+    plan: list[tuple[int, dict[str, Header]]] = [(429, {"Retry-After": date})]
     with StubServer(_rate_limited_app(plan, seen)) as stub:
         async with AsyncSandboxClient(stub.url, retries=1, max_retry_wait=5) as client:
             with pytest.raises(RateLimited) as info:
