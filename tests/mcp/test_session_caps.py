@@ -86,7 +86,12 @@ async def test_initialize_flood_is_refused_past_the_cap_and_memory_stays_put(
         assert http.delete(url, headers=_session(http, url, first)).status_code == 200
         before = _rss(d)
         lanes = asyncio.Semaphore(width)
-        async with httpx.AsyncClient(timeout=60) as flooder:
+        # one kept-alive connection per lane: the flood is of initializes, not of connections
+        # (httpx's default pool keeps 20 of up to 100, closing and opening the rest as it
+        # goes; under heavy load that churn could meet the daemon's own closing of idle
+        # connections on a reused one, a reset that is not what this test is about)
+        pool = httpx.Limits(max_connections=width, max_keepalive_connections=width)
+        async with httpx.AsyncClient(timeout=60, limits=pool) as flooder:
 
             async def initialize() -> httpx.Response:
                 async with lanes:
