@@ -11,6 +11,7 @@ only: the container image carries this package.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -252,21 +253,15 @@ class Record:
     @classmethod
     def wire_fields(cls) -> tuple[tuple[Field[Any], Member], ...]:
         """Each wire member's field and metadata, in declaration order (a :class:`Part` is
-        one field here; :meth:`wire_names` lists its members)."""
-        return tuple((f, f.metadata["wire"]) for f in fields(cast(Any, cls))
-                     if "wire" in f.metadata)
+        one field here; :meth:`wire_names` lists its members). Worked out once per class:
+        every report and request on the call path decodes through it."""
+        return _wire_fields(cast(type, cls))
 
     @classmethod
     def wire_names(cls, required: bool = False) -> tuple[str, ...]:
         """The names of the members on the wire, a part's in its place (``required``: only
-        those a record must send)."""
-        names: list[str] = []
-        for f, spec in cls.wire_fields():
-            if isinstance(spec.codec, Part):
-                names.extend(spec.codec.kind.wire_names(required))
-            elif not required or spec.required or not _has_default(f):
-                names.append(f.name)
-        return tuple(names)
+        those a record must send); worked out once per class."""
+        return _wire_names(cast(type, cls), required)
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready form (:meth:`from_wire` reads it back)."""
@@ -288,10 +283,31 @@ class Record:
         values = {}
         for f, spec in cls.wire_fields():
             if isinstance(spec.codec, Part):
-                mine = set(spec.codec.kind.wire_names())
+                mine = _name_set(spec.codec.kind)
                 values[f.name] = spec.codec.decode({k: v for k, v in d.items() if k in mine},
                                                    what)
             elif f.name in d:
                 values[f.name] = spec.codec.decode(
                     d[f.name], cls.WIRE_MEMBER.format(what=what, name=f.name))
         return cast(Self, cast(Any, cls)(**values))
+
+
+@functools.cache
+def _wire_fields(cls: type) -> tuple[tuple[Field[Any], Member], ...]:
+    return tuple((f, f.metadata["wire"]) for f in fields(cast(Any, cls)) if "wire" in f.metadata)
+
+
+@functools.cache
+def _wire_names(cls: type, required: bool) -> tuple[str, ...]:
+    names: list[str] = []
+    for f, spec in _wire_fields(cls):
+        if isinstance(spec.codec, Part):
+            names.extend(_wire_names(spec.codec.kind, required))
+        elif not required or spec.required or not _has_default(f):
+            names.append(f.name)
+    return tuple(names)
+
+
+@functools.cache
+def _name_set(cls: type) -> frozenset[str]:
+    return frozenset(_wire_names(cls, False))
