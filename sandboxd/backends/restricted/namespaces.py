@@ -27,6 +27,8 @@ import ctypes
 import os
 import select
 
+from sandboxd.backends.restricted import forking
+
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 
@@ -86,10 +88,10 @@ class NamespaceForker:
         setns(self._own, CLONE_NEWPID)
 
     def fork(self) -> int:
-        """Like ``os.fork()``; in the child ``os.getpid() == 1``."""
+        """Like :func:`.forking.fork`; in the child ``os.getpid() == 1``."""
         unshare(CLONE_NEWPID)
         try:
-            return os.fork()
+            return forking.fork()
         finally:
             if os.getpid() != 1:  # the zygote: later children go back to its own namespace
                 setns(self._own, CLONE_NEWPID)

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandboxd.backends.restricted import worker
+from sandboxd.backends.restricted import forking, worker
 from sandboxd.backends.restricted.zygote_protocol import (
     CTRL,
     FDS1,
@@ -107,6 +107,7 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         cfg["zygote_pid"] = os.getpid()
         cfg["landlock_abi"] = landlock.landlock_abi()
+        forking.check_single_threaded()
         gc.collect()
         gc.freeze()  # the workers' GC then never walks (and copies) the zygote's objects
 
@@ -159,7 +160,7 @@ class Zygote:
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SNDBUF)
         cgroup = "w" + os.urandom(8).hex()
         try:
-            pid = self.forker.fork() if self.forker is not None else os.fork()
+            pid = self.forker.fork() if self.forker is not None else forking.fork()
         except OSError:
             ours.close()
             theirs.close()
@@ -167,6 +168,7 @@ class Zygote:
         if pid == 0:  # the worker
             status = 71
             try:
+                forking.after_fork_in_worker()
                 ours.close()
                 status = worker.run_worker(
                     theirs,
