@@ -2,12 +2,17 @@
 a session whose kernel is already running.
 
     python bench/bench_kernel_container.py [--repeats 3] [--calls 200] [--http]
+                                           [--create-to-first N [--floor PATH]]
 
 Prints p50/p95 latency of sequential calls in one session, and calls/s with 4 concurrent
 clients (each in its own session: the calls of one session run one at a time), each figure
 the median over ``--repeats`` runs. The backend is driven in-process (no HTTP, no policy):
 the figures are the backend's own; ``--http`` adds the same through a real daemon (HTTP,
-policy, audit). Goal on a 2-core machine: p50 <= 10 ms.
+policy, audit). Goal on a 2-core machine: p50 <= 10 ms. ``--create-to-first N`` instead
+times, through a real daemon, N sessions created one after another, each to its first
+result (``POST /v1/sessions`` and a first ``python`` call, which starts the session's
+container and kernel), beside the zygote floor of the same run
+(``../shared/bench/zygote_floor.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from sandboxd.models import Invocation, Limits, Status, ToolKind
 from sandboxd.protocol.plan import ExecutionPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tests.support.daemon import running_daemon
 
@@ -166,12 +172,46 @@ def http_figures(repeats: int, calls: int) -> None:
           f"{statistics.median(x[2] for x in runs):.0f} calls/s")
 
 
+def create_to_first(n: int, floor: Path) -> None:
+    """ms from a session's creation to its first result, container backend, over HTTP."""
+    from bench_receipts import zygote_floor_ms
+
+    print(f"zygote floor (same run): p50 {zygote_floor_ms(floor, 200):.2f} ms")
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        (tmp / "policies").mkdir()
+        (tmp / "policies" / "bench.yaml").write_text(POLICY)
+        env = {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0"}
+        with running_daemon(tmp, policies_dir=tmp / "policies", env=env) as d, \
+                httpx.Client(base_url=d.url, timeout=120) as c:
+            ms = []
+            for _ in range(n + 1):  # the first one warms the daemon's own paths
+                start = time.perf_counter()
+                sid = c.post("/v1/sessions").json()["id"]
+                body = c.post("/v1/tools/python/invoke", json={
+                    "arguments": {"code": "x = 0\nprint(x)"}, "session": sid}).json()
+                ms.append((time.perf_counter() - start) * 1000)
+                if body.get("stdout") != "0\n":
+                    raise RuntimeError(f"bad result: {body}")
+                c.delete(f"/v1/sessions/{sid}")
+            ms = ms[1:]
+    print(f"container session, create to first result (n={n}): p50 {pct(ms, 0.5):.0f} ms, "
+          f"p95 {pct(ms, 0.95):.0f} ms, p99 {pct(ms, 0.99):.0f} ms")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--http", action="store_true", help="also through a real daemon")
+    ap.add_argument("--create-to-first", type=int, default=0, metavar="N",
+                    help="only: N container sessions, each from creation to first result")
+    ap.add_argument("--floor", type=Path,
+                    default=Path(__file__).resolve().parents[2] / "shared/bench/zygote_floor.py")
     args = ap.parse_args()
+    if args.create_to_first:
+        create_to_first(args.create_to_first, args.floor)
+        return
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         settings = Settings(state_dir=tmp / "state", instance=f"bk{secrets.token_hex(4)}",
