@@ -97,7 +97,7 @@ def prime(rounds: int = 12) -> None:
     # the call's own request and report too: every worker decodes one and encodes the
     # other, and their code (the records' codecs, JSON) would otherwise be quickened in
     # each worker's copy of its pages (measured: ~0.2 MiB of an idle kernel's private memory)
-    wire = json.loads(json.dumps(WorkerRequest(
+    request = json.loads(json.dumps(WorkerRequest(
         kind="python", id="c0", code="1", imports_allow=("math",), kernel=True,
         restricted=RestrictedPart(workspace="/", uid=1, cpu_seconds=2, max_file_bytes=1),
     ).to_wire()))
@@ -111,7 +111,7 @@ def prime(rounds: int = 12) -> None:
             max_file_bytes=1,
             emit=lambda kind, data: None,
         )
-        WorkerRequest.from_wire(wire)
+        WorkerRequest.from_wire(request)
         _report(WorkerReport(outcome="ok", value=1, has_value=True, value_repr="1",
                              cpu_ms=1, wall_ms=1, worker_us=1, peak_memory_bytes=1))
     lang.reset_run_state()
