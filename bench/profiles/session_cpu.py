@@ -2,8 +2,9 @@
 client (this process), the daemon, the zygote (with the workers it reaped), the other helpers
 (the mount helper), and what is left of the machine's busy time (the kernels, alive at the
 end, and the kernel threads). With ``--perf``, a system-wide ``perf record`` of the same
-sessions adds each process role's share of samples spent in page faults (a kernel's are
-mostly copy-on-write copies of the zygote's pages) and its top system calls.
+sessions (Debian's ``linux-perf``, not in the project's install list) adds each process
+role's share of samples spent in page faults (a kernel's are mostly copy-on-write copies of
+the zygote's pages) and its top system calls.
 
 A real daemon (restricted backend only, rate limit off), ``--sessions`` created one after
 another, each with its first ``python`` call (``bench_scale``'s: a 10,000-item list); the
