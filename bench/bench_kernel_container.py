@@ -38,6 +38,8 @@ from sandboxd.protocol.plan import ExecutionPlan
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_receipts import FLOOR, zygote_floor_ms
+
 from tests.support.daemon import running_daemon
 
 CLIENTS = 4
@@ -174,8 +176,6 @@ def http_figures(repeats: int, calls: int) -> None:
 
 def create_to_first(n: int, floor: Path) -> None:
     """ms from a session's creation to its first result, container backend, over HTTP."""
-    from bench_receipts import zygote_floor_ms
-
     print(f"zygote floor (same run): p50 {zygote_floor_ms(floor, 200):.2f} ms")
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
@@ -206,8 +206,7 @@ async def main() -> None:
     ap.add_argument("--http", action="store_true", help="also through a real daemon")
     ap.add_argument("--create-to-first", type=int, default=0, metavar="N",
                     help="only: N container sessions, each from creation to first result")
-    ap.add_argument("--floor", type=Path,
-                    default=Path(__file__).resolve().parents[2] / "shared/bench/zygote_floor.py")
+    ap.add_argument("--floor", type=Path, default=FLOOR)
     args = ap.parse_args()
     if args.create_to_first:
         create_to_first(args.create_to_first, args.floor)

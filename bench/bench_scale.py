@@ -111,7 +111,7 @@ class Harness:
 def threaded(n: int, work, start_gap_s: float = 0.0, prepare=None) -> list:  # type: ignore[no-untyped-def]
     """``work`` on ``n`` threads, at once (a barrier) or ``start_gap_s`` apart; ``prepare``
     runs on each thread before that, off the clock (an HTTP client's TLS context costs
-    ~20 ms of this process's CPU: a hundred made inside the burst would time the client)."""
+    ~33 ms of this process's CPU: a hundred made inside the burst would time the client)."""
     out: list = [None] * n
     barrier = threading.Barrier(n) if not start_gap_s else None
 
