@@ -198,11 +198,14 @@ class ContainerBackend(Backend, KernelLanguages, Pausable, ImageBuilder, SelfHea
             log.warning("removed %d container(s) left by a previous run or an engine outage",
                         len(removed))
         images = {self.config.python_image, self.config.shell_image}
+        built = self.builds.awaiting_check()  # ended before this check: it answers for them
         for image in sorted(images):
             problem = await boxes.engine(engine.image_problem, client, image)
             if problem:
                 boxes.available = (False, problem)
+                self.builds.settle(built)
                 return False
+        self.builds.settle(built)
         boxes.engine_error = None
         self._probe_cache = None
         boxes.available = (True, None)
@@ -217,6 +220,8 @@ class ContainerBackend(Backend, KernelLanguages, Pausable, ImageBuilder, SelfHea
         """An image build ended: check the images now (the engine watch reconnects when they
         were missing), not at the watch's next backoff."""
         watch = self.boxes.watch
+        if watch is None or watch.is_up:  # it reconnects (and checks them) only when down
+            self.builds.settle(self.builds.awaiting_check())
         if watch is not None:
             watch.wake.set()
 

@@ -59,6 +59,9 @@ class ImageBuild:
     stage: str | None = None  # the image being built now (a profile's package layer first)
     step: str | None = None  # "5/15": the engine's step of ``stage``
     detail: str | None = None  # why it failed
+    #: how a build that did not fail ended (built, up to date), while its state stays
+    #: "checking" until the backend has looked at its images since (:meth:`ImageBuilds.settle`)
+    ended: str | None = None
     tail: list[str] = field(default_factory=list)
 
     def progress(self) -> str:
@@ -127,6 +130,16 @@ class ImageBuilds:
                 return why
         return None
 
+    def awaiting_check(self) -> list[ImageBuild]:
+        """The builds that ended since the backend last checked its images."""
+        return [b for b in self.builds if b.ended is not None]
+
+    def settle(self, builds: list[ImageBuild]) -> None:
+        """The backend checked its images after ``builds`` ended: they report their end."""
+        for build in builds:
+            if build.ended is not None:
+                build.state, build.ended = build.ended, None
+
     def pending(self, image: str) -> bool:
         """Whether a build of ``image`` is waiting or under way."""
         return any(image in b.images and b.state in PENDING for b in self.builds)
@@ -163,6 +176,10 @@ class ImageBuilds:
                 log.error("image build %s failed: %s", build.profile, build.detail)
             else:
                 log.warning("image build %s: %s", build.profile, build.state)
+                # until the backend has checked its images again, its last word on them
+                # (an image missing) is older than the build: the build still stands in the
+                # way, not a missing image
+                build.ended, build.state = build.state, "checking"
             self.done()
 
     async def _build(self, build: ImageBuild) -> None:
