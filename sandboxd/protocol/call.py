@@ -289,6 +289,8 @@ class WorkerReport(Record):
         report = super().from_wire(data, what)
         if "value" in data and "has_value" not in data:
             return replace(report, has_value=True)
+        if not report.has_value and report.value is not None:  # a value it says it has not
+            return replace(report, value=None)
         return report
 
     def with_value(self, value: Any, value_repr: str | None = None) -> WorkerReport:
