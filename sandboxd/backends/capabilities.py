@@ -48,6 +48,16 @@ class KernelLanguages(KernelHost, Protocol):
 
 
 @runtime_checkable
+class Hibernating(Protocol):
+    """A kernel host that puts idle kernels to sleep on disk: they are still the sessions'
+    live kernels (:meth:`KernelHost.kernel_sessions` lists them) but hold no memory, so they
+    do not count against ``max_kernels``; waking one is admitted as starting one is."""
+
+    def hibernated_sessions(self) -> set[str]:
+        """Ids of the sessions whose kernel sleeps on disk now."""
+
+
+@runtime_checkable
 class KernelCarrier(Protocol):
     """A backend that can carry a session kernel's state to the session's forks."""
 
@@ -143,13 +153,26 @@ def self_healing(backend: Backend) -> SelfHealing | None:
     return backend if isinstance(backend, SelfHealing) else None
 
 
-def live_kernels(backend: Backend) -> set[tuple[str, str]]:
+def live_kernels(backend: Backend, *, resident: bool = False) -> set[tuple[str, str]]:
     """``(session id, language)`` of each live kernel on the backend now (none when it keeps
-    no kernels; all Python on a kernel host without :class:`KernelLanguages`)."""
+    no kernels; all Python on a kernel host without :class:`KernelLanguages`); ``resident``:
+    only those in memory (a :class:`Hibernating` host's sleeping ones left out)."""
     if isinstance(backend, KernelLanguages):
-        return backend.session_kernels()
-    host = kernel_host(backend)
-    return {(sid, PYTHON) for sid in host.kernel_sessions()} if host is not None else set()
+        live = backend.session_kernels()
+    else:
+        host = kernel_host(backend)
+        live = {(sid, PYTHON) for sid in host.kernel_sessions()} if host is not None else set()
+    if resident and isinstance(backend, Hibernating):
+        asleep = backend.hibernated_sessions()
+        live = {(sid, language) for sid, language in live
+                if not (language == PYTHON and sid in asleep)}
+    return live
+
+
+def hibernated_kernels(backends: Mapping[str, Backend]) -> int:
+    """How many kernels sleep on disk on the ``backends`` now."""
+    return sum(len(b.hibernated_sessions()) for b in backends.values()
+               if isinstance(b, Hibernating))
 
 
 def kernel_names(backends: Mapping[str, Backend], session_id: str) -> list[str]:

@@ -82,7 +82,8 @@ class Capacity:
         view: dict[str, Any] = {
             "sessions": {"live": sessions, "max_per_client": self.sessions.max_per_client},
             "kernels": {"live": live_kernels, "max": self.kernels.limit,
-                        "derived": "max_kernels" in self.derived},
+                        "derived": "max_kernels" in self.derived,
+                        "hibernated": self.kernels.hibernated()},
             "memory": {"total_bytes": memory.total, "available_bytes": memory.available,
                        "reserve_bytes": self.reserve, "headroom_bytes": max(headroom, 0),
                        "kernel_bytes": self.kernel_bytes,
@@ -112,6 +113,8 @@ class Capacity:
               lambda: len(self.sessions.registered()))
         gauge("sandboxd_kernels_live", "Live session kernels (and those being started)",
               lambda: len(self.kernels.live()))
+        gauge("sandboxd_kernels_hibernated", "Session kernels asleep on disk (they hold no "
+              "memory and do not count against max_kernels)", self.kernels.hibernated)
         gauge("sandboxd_kernels_max", "max_kernels (derived from memory unless set)",
               lambda: self.kernels.limit)
         gauge("sandboxd_memory_available_bytes", "Memory a new sandbox could use now",

@@ -223,6 +223,14 @@ class Settings(BaseSettings):
                     "a KeyboardInterrupt; a kernel back in its loop within this many seconds "
                     "keeps its variables, else it is killed (a runaway call need not cost the "
                     "session its state)")
+    kernel_hibernate_after_s: float = Field(
+        default=0.0, ge=0,
+        description="A restricted session kernel that has run no call for this many seconds "
+                    "is hibernated: its state is pickled inside its sandbox and written to "
+                    "the state directory, the kernel ends, and the session's next python call "
+                    "restores it in a fresh kernel (module-internal state such as random's "
+                    "generator starts anew, as in a fork). A kernel whose state cannot be "
+                    "pickled whole stays in memory. 0: never")
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
     sandbox_uid: int = 10001  # the image's user (images are built with it)

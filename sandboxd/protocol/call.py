@@ -269,6 +269,9 @@ class WorkerReport(Record):
     probe: dict[str, tuple[bool, str]] | None = member(
         OrNone(MapOf(Text(MAX_PROBE_NAME), ProbeCheck(), MAX_PROBE_CHECKS, "checks")), None,
         omit_default=True)
+    #: a kernel's first call could not restore the state it was given (a fork's parent's,
+    #: or its own from before it was hibernated): it starts empty, the code did not run
+    restore_failed: bool = member(_FLAG, False, omit_default=True)
     #: a kernel's snapshot: the names it left out, with why
     not_carried: dict[str, str] | None = member(
         OrNone(MapOf(Text(MAX_PROBE_NAME * 4), Text(MAX_REPORT_TEXT), MAX_NAMES, "names")),

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sandboxd.backends.base import Backend, kernel_name
 from sandboxd.backends.capabilities import (
     KernelHost,
+    hibernated_kernels,
     kernel_backends,
     kernel_host,
     live_kernels,
@@ -89,9 +90,14 @@ class KernelCap:
         return self._on_backends() | self._reserved.keys()
 
     def _on_backends(self) -> set[KernelKey]:
-        """Kernels alive on the backends now (one per session and language)."""
+        """Kernels alive in memory on the backends now (one per session and language; a
+        hibernated one holds none: waking it is admitted as a new one)."""
         return {(kernel_name(name, language), sid) for name, backend in self.backends.items()
-                for sid, language in live_kernels(backend)}
+                for sid, language in live_kernels(backend, resident=True)}
+
+    def hibernated(self) -> int:
+        """How many kernels sleep on disk now (they hold no memory)."""
+        return hibernated_kernels(self.backends)
 
     def admit(self, session_id: str | None, kernel: str | None, *,
               python: bool) -> KernelTicket:

@@ -131,6 +131,7 @@ BOUNDS = {
         "kernel_interrupted": "bool",
         "not_idle": "text <= 4096 or null",
         "probe": "map <= 64 of (text <= 64: [bool, text <= 4096]) or null",
+        "restore_failed": "bool",
         "not_carried": "map <= 4096 of (text <= 256: text <= 4096) or null",
     },
     "ExecutionPlan": {

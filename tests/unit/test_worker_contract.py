@@ -195,6 +195,7 @@ BAD_REPORTS = [
     ({"probe": {"seccomp": [1, "x"]}}, "the report's probe[seccomp] must be [true or false"),
     ({"probe": {"seccomp": [True]}}, "the report's probe[seccomp] must be [true or false"),
     ({"probe": {"seccomp": [True, "x" * 5000]}}, "the report's probe[seccomp] detail must"),
+    ({"restore_failed": "yes"}, "the report's restore_failed must be true or false"),
     ({"not_carried": []}, "the report's not_carried must be an object of at most"),
     ({"not_carried": {"x" * 300: "why"}}, "the report's not_carried key must be a string"),
     ({"not_carried": {"gen": 1}}, "the report's not_carried[gen] must be a string"),

@@ -94,7 +94,7 @@ class RestrictedBackend(Backend, KernelHost, KernelCarrier):
         self.restarts = 0
         self._health: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
-        self.kernels = KernelPool(self)  # session kernels (see .kernel)
+        self.kernels = KernelPool(self, carry.snapshot_locked)  # session kernels (see .kernel)
 
     @classmethod
     def from_settings(cls, settings: Settings, uids: UidPool | None = None) -> RestrictedBackend:
@@ -130,6 +130,7 @@ class RestrictedBackend(Backend, KernelHost, KernelCarrier):
             return
         self._unavailable = None
         self._health = asyncio.create_task(self._health_loop(), name="restricted-health")
+        self.kernels.hibernation.start()
         log.info(
             "restricted: zygote pid %d, %s, landlock ABI %d, %s",
             self._zygote.pid if self._zygote else -1,
@@ -172,8 +173,12 @@ class RestrictedBackend(Backend, KernelHost, KernelCarrier):
         await self.kernels.end(session_id, "the session was closed", forget=True)
 
     def kernel_sessions(self) -> set[str]:
-        """Sessions with a live kernel."""
-        return self.kernels.live()
+        """Sessions with a live kernel (in memory, or hibernated: see .hibernation)."""
+        return self.kernels.live() | self.kernels.hibernation.sessions()
+
+    def hibernated_sessions(self) -> set[str]:
+        """Sessions whose kernel sleeps on disk (see .hibernation)."""
+        return self.kernels.hibernation.sessions()
 
     def interrupt_kernel(self, session_id: str) -> bool:
         """Interrupt the call in the session's kernel (see :meth:`.KernelPool.interrupt`)."""

@@ -38,45 +38,55 @@ def _lost(why: str) -> KernelState:
 
 async def snapshot(pool: KernelPool, sid: str, limit: int,
                    deadline: float) -> KernelState | None:
-    """The pickled state of the session's live kernel (``None``: it has none)."""
-    from sandboxd.backends.restricted.kernel import cpu_seconds_used
-
+    """The pickled state of the session's live kernel (``None``: it has none); a hibernated
+    kernel's is the state it was hibernated with (:mod:`.hibernation`)."""
     lock = pool.locks.setdefault(sid, asyncio.Lock())
     async with lock:
+        asleep = await pool.hibernation.state(sid)
+        if asleep is not None:
+            return KernelState(asleep, {})
         k = pool.kernels.get(sid)
         if k is None or not k.alive:
             return None
-        allow, deny = k.imports
-        remaining = max(0.05, deadline - time.monotonic())
-        msg = WorkerRequest(kind="python", id=f"s{secrets.token_hex(8)}", kernel=True,
-                            snapshot=True, state_bytes=limit, limits=k.limits,
-                            imports_allow=allow, imports_deny=deny,
-                            restricted=RestrictedPart(cpu_seconds=math.ceil(remaining) + 1,
-                                                      uid=k.uid, workspace=k.workspace))
-        reader = FrameReader(asyncio.get_running_loop(), k.worker.sock.fileno(),
-                             k.limits.output_bytes, remaining, until_report=True,
-                             state_bytes=limit)
-        k.zygote.in_use += 1
-        try:
-            k.cpu_s = cpu_seconds_used(k.worker.pid, k.uid)
-            msg = pool._move_cpu_limit(k, msg)
-            k.wake.clear()
-            reader.on_stop = k.wake.set
-            k.busy = True
-            await standby.send(asyncio.get_running_loop(), k.worker, msg)
-            return await _answer(pool, sid, k, reader, deadline)
-        except asyncio.CancelledError:
-            reader.close()
-            await asyncio.shield(pool._stop(sid, k, "its fork was cancelled mid-snapshot"))
-            raise
-        except (OSError, ValueError) as exc:
-            reader.close()
-            await pool._stop(sid, k, "its snapshot failed")
-            return _lost(f"the snapshot failed ({type(exc).__name__}: {exc})")
-        finally:
-            k.zygote.in_use -= 1
-            k.busy = False
-            reader.close()
+        return await snapshot_locked(pool, sid, k, limit, deadline)
+
+
+async def snapshot_locked(pool: KernelPool, sid: str, k: SessionKernel, limit: int,
+                          deadline: float) -> KernelState:
+    """:func:`snapshot` of the live kernel ``k``, the session's lock held by the caller."""
+    from sandboxd.backends.restricted.kernel import cpu_seconds_used
+
+    allow, deny = k.imports
+    remaining = max(0.05, deadline - time.monotonic())
+    msg = WorkerRequest(kind="python", id=f"s{secrets.token_hex(8)}", kernel=True,
+                        snapshot=True, state_bytes=limit, limits=k.limits,
+                        imports_allow=allow, imports_deny=deny,
+                        restricted=RestrictedPart(cpu_seconds=math.ceil(remaining) + 1,
+                                                  uid=k.uid, workspace=k.workspace))
+    reader = FrameReader(asyncio.get_running_loop(), k.worker.sock.fileno(),
+                         k.limits.output_bytes, remaining, until_report=True,
+                         state_bytes=limit)
+    k.zygote.in_use += 1
+    try:
+        k.cpu_s = cpu_seconds_used(k.worker.pid, k.uid)
+        msg = pool._move_cpu_limit(k, msg)
+        k.wake.clear()
+        reader.on_stop = k.wake.set
+        k.busy = True
+        await standby.send(asyncio.get_running_loop(), k.worker, msg)
+        return await _answer(pool, sid, k, reader, deadline)
+    except asyncio.CancelledError:
+        reader.close()
+        await asyncio.shield(pool._stop(sid, k, "its snapshot was cancelled"))
+        raise
+    except (OSError, ValueError) as exc:
+        reader.close()
+        await pool._stop(sid, k, "its snapshot failed")
+        return _lost(f"the snapshot failed ({type(exc).__name__}: {exc})")
+    finally:
+        k.zygote.in_use -= 1
+        k.busy = False
+        reader.close()
 
 
 async def _answer(pool: KernelPool, sid: str, k: SessionKernel, reader: FrameReader,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxd.backends.settings import from_settings, reads
+from sandboxd.protocol.limits import FORK_STATE_BYTES
 
 if TYPE_CHECKING:
     from sandboxd.config import Settings
@@ -31,6 +32,10 @@ class RestrictedConfig:
     sandbox_uid_count: int = field(default=900, metadata=reads())
     # an interrupted kernel may come back this long
     kernel_interrupt_grace_s: float = field(default=2.0, metadata=reads())
+    # an idle kernel sleeps on disk after this long (0: never; see .hibernation)
+    kernel_hibernate_after_s: float = field(default=0.0, metadata=reads())
+    # the most bytes a kernel's pickled state may take (a fork's, a hibernated kernel's)
+    fork_state_bytes: int = field(default=FORK_STATE_BYTES, metadata=reads())
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RestrictedConfig:

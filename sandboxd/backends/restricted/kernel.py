@@ -48,7 +48,6 @@ import logging
 import math
 import os
 import resource
-import select
 import signal
 import time
 from dataclasses import dataclass, field, replace
@@ -58,7 +57,9 @@ from sandboxd.backends.base import CancelledAfterCleanup
 from sandboxd.backends.call import BackendCall
 from sandboxd.backends.kernel_verdict import Ended, Observed, kernel_verdict
 from sandboxd.backends.restricted import health, idle, outcome, standby
+from sandboxd.backends.restricted.deaths import Deaths
 from sandboxd.backends.restricted.frames import FrameReader
+from sandboxd.backends.restricted.hibernation import Hibernation, Snapshot
 from sandboxd.backends.restricted.worker_call import Exchange, WorkerCall
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
@@ -121,6 +122,10 @@ class SessionKernel:
     #: set when the call in flight ends (its reader stopped) or an interrupt is asked for
     #: it (``POST .../interrupt``): the call waits on this one event
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: when its last call ended (``time.monotonic()``; see :mod:`.hibernation`)
+    idle_since: float = field(default_factory=time.monotonic)
+    #: ``calls`` when its state was last found not to hibernate whole (-1: never)
+    unpicklable_at: int = -1
 
     @property
     def alive(self) -> bool:
@@ -133,41 +138,10 @@ class SessionKernel:
         return not pidfd_dead(pidfd)
 
 
-class _Deaths:
-    """The live kernels' pidfds in one epoll set: which kernels died since the last look, in
-    one system call whatever their number (a poll of each kernel's pidfd made every call
-    cost a system call per live kernel, several times a call)."""
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll()
-        self.sessions: dict[int, str] = {}  # pidfd -> session id
-
-    def watch(self, pidfd: int, sid: str) -> None:
-        self.epoll.register(pidfd, select.EPOLLIN)  # readable once the process has exited
-        self.sessions[pidfd] = sid
-
-    def forget(self, pidfd: int | None) -> None:
-        if pidfd is not None and self.sessions.pop(pidfd, None) is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.epoll.unregister(pidfd)
-
-    def died(self) -> list[str]:
-        """The sessions whose kernel has exited since the last look (each said once)."""
-        if not self.sessions:
-            return []
-        gone = []
-        for fd, _ in self.epoll.poll(0):
-            sid = self.sessions.get(fd)
-            self.forget(fd)
-            if sid is not None:
-                gone.append(sid)
-        return gone
-
-
 class KernelPool:
     """The restricted backend's session kernels."""
 
-    def __init__(self, backend: RestrictedBackend) -> None:
+    def __init__(self, backend: RestrictedBackend, snapshot: Snapshot) -> None:
         self.backend = backend
         self.kernels: dict[str, SessionKernel] = {}
         self.locks: dict[str, asyncio.Lock] = {}
@@ -182,7 +156,12 @@ class KernelPool:
         self.running: set[str] = set()
         self.unwatched: set[str] = set()
         self.zygotes: set[ZygoteHandle] = set()
-        self.deaths = _Deaths()
+        self.deaths = Deaths()
+        config = backend.config
+        #: the idle kernels asleep on disk (see .hibernation)
+        self.hibernation = Hibernation(self, config.state_dir / "hibernated",
+                                       config.kernel_hibernate_after_s, config.fork_state_bytes,
+                                       snapshot)
 
     def seed(self, sid: str, state: bytes) -> None:
         """The session's next fresh kernel restores ``state`` (its parent's, pickled in the
@@ -233,16 +212,23 @@ class KernelPool:
                                   or k.uid != inv.uid):
                 await self._stop(sid, k, "replaced")  # died between calls (its zygote died)
                 k = None
+            asleep = self.hibernation.asleep.get(sid) if k is None else None
+            if asleep is not None and (asleep.workspace != str(inv.workspace)
+                                       or asleep.uid != inv.uid):
+                self.hibernation.drop(sid)
+                asleep = None
             if time.monotonic() >= deadline:  # it waited for the session's previous calls
                 result = outcome.result(
                     call, Status.timeout, Reason.wall_timeout,
                     cleanup=Cleanup(verified=True),
                     message="the call's time ran out while it waited for the session's "
                             "previous call; it did not run (the session's state is kept)")
-                result.kernel = Kernel(calls=k.calls if k is not None else 0)
+                result.kernel = Kernel(calls=k.calls if k is not None else
+                                       asleep.calls if asleep is not None else 0)
                 return result
-            if k is not None:  # memory, CPU share, pids, rlimits: the kernel's (its first call's)
-                limits = limits.kept_by_kernel(k.limits)
+            kept = k.limits if k is not None else asleep.limits if asleep is not None else None
+            if kept is not None:  # memory, CPU share, pids, rlimits: the kernel's (its first)
+                limits = limits.kept_by_kernel(kept)
             wc = WorkerCall(call, replace(standby.request(call, code), limits=limits,
                                           kernel=True))
             if k is None:
@@ -266,8 +252,12 @@ class KernelPool:
         assert inv.session is not None
         self._started(inv.session, k)
         state = self.pending.pop(inv.session, b"")
+        woken = None if state else await self.hibernation.wake(inv.session)
+        if woken is not None:  # it goes on: its calls are counted on
+            k.calls, state = woken[0].calls, woken[1]
         return await self._call(k, replace(wc, request=replace(msg, state_bytes=len(state))),
-                                fresh=True, started_at=started_at, state=state)
+                                fresh=True, started_at=started_at, state=state,
+                                woken=woken is not None)
 
     def _move_cpu_limit(self, k: SessionKernel, msg: WorkerRequest) -> WorkerRequest:
         """This call's CPU allowance on top of what the kernel used so far (see the module
@@ -289,7 +279,8 @@ class KernelPool:
         return msg
 
     async def _call(self, k: SessionKernel, wc: WorkerCall, *, fresh: bool,
-                    started_at: float | None = None, state: bytes = b"") -> Result:
+                    started_at: float | None = None, state: bytes = b"",
+                    woken: bool = False) -> Result:
         inv, limits, deadline, msg = wc.invocation, wc.limits, wc.deadline, wc.request
         started_at = time.monotonic() if started_at is None else started_at
         z, worker = k.zygote, k.worker
@@ -310,9 +301,14 @@ class KernelPool:
         finally:
             z.in_use -= 1
             k.busy = False
+            k.idle_since = time.monotonic()
             reader.close()
         if run.lost and k.ended and run.crashed is None and run.reason is None:
             run.crashed = f"the kernel was ended ({k.ended})"
+        if woken and reader.report is not None and reader.report.restore_failed:
+            k.calls = 1  # its hibernated state is lost: an empty kernel, as the message says
+        elif woken:  # its state came back: the session's kernel goes on
+            fresh = False
         seen = Observed(Ended.FINISHED, fresh, k.calls, back=not run.lost,
                         interrupted=run.interrupted)
         if run.lost:
@@ -471,6 +467,7 @@ class KernelPool:
         queued are refused, and any kernel is ended once they are done. True when a live
         kernel was ended."""
         self.pending.pop(sid, None)  # a restarted or closed fork starts empty
+        slept = self.hibernation.drop(sid)
         if forget:
             self.closed[sid] = None
             while len(self.closed) > CLOSED_MEMORY:
@@ -488,10 +485,11 @@ class KernelPool:
                 await self._stop(sid, current, why)
         if forget and not lock.locked():
             self.locks.pop(sid, None)
-        return was_alive
+        return was_alive or slept
 
     async def close(self) -> None:
         """End every kernel (the backend closes)."""
+        await self.hibernation.stop()
         for sid in list(self.kernels):
             with contextlib.suppress(Exception):
                 await self.end(sid, "the sandbox backend closed", forget=True)

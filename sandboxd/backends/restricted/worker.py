@@ -331,7 +331,7 @@ def _answer(worker: _Confined, msg: WorkerRequest, state: bytes) -> WorkerReport
     if state and namespace is not None and (
             failed := restore_state(namespace, state, msg, worker.workspace, worker.spec,
                                     worker.emit)):
-        return WorkerReport(outcome="error", exit_code=1, message=failed)
+        return WorkerReport(outcome="error", exit_code=1, message=failed, restore_failed=True)
     return WorkerReport(**lang.run_user_code(
         msg.code,
         imports_allow=list(msg.imports_allow),
@@ -383,7 +383,8 @@ def snapshot_state(namespace: dict[str, Any], msg: WorkerRequest, wfd: int) -> W
 
 def restore_state(namespace: dict[str, Any], state: bytes, msg: WorkerRequest,
                   workspace: str, spec: Any, emit: Any) -> str | None:
-    """A fork's fresh kernel: its parent's state put into ``namespace`` before its first call
+    """A fork's or a woken kernel's fresh process: the carried state (its parent's, or its
+    own from before it was hibernated) put into ``namespace`` before its first call
     (:func:`.lang.carry.restore`, with this call's trusted globals already set: restoring may
     run user code). Returns why it failed (the namespace stays empty), else None."""
     from sandboxd.backends.restricted import lang
@@ -400,8 +401,9 @@ def restore_state(namespace: dict[str, Any], state: bytes, msg: WorkerRequest,
     try:
         carry.restore(namespace, state, hook)
     except BaseException as exc:
-        return (f"the session state forked from its parent could not be restored "
-                f"({type(exc).__name__}: {str(exc)[:300]}); this kernel starts empty")[:4096]
+        return (f"the session's state carried to this kernel could not be restored "
+                f"({type(exc).__name__}: {str(exc)[:300]}); this kernel starts empty and the "
+                "call's code did not run")[:4096]
     finally:
         stdout.flush()
     return None
