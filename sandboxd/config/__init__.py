@@ -228,9 +228,9 @@ class Settings(BaseSettings):
         description="A restricted session kernel that has run no call for this many seconds "
                     "is hibernated: its state is pickled inside its sandbox and written to "
                     "the state directory, the kernel ends, and the session's next python call "
-                    "restores it in a fresh kernel (module-internal state such as random's "
-                    "generator starts anew, as in a fork). A kernel whose state cannot be "
-                    "pickled whole stays in memory. 0: never")
+                    "restores it in a fresh kernel, random's generator and decimal's context "
+                    "included. A kernel whose state cannot be pickled whole stays in memory. "
+                    "0: never")
 
     # --- sandbox identity (the unprivileged uid/gid code runs as when the daemon is root)
     sandbox_uid: int = 10001  # the image's user (images are built with it)

@@ -133,7 +133,7 @@ class WorkerRequest(Record):
 
     On the wire the parts' members sit among the common ones (one flat object, as before
     they were typed apart: a runner built before reads it); every member is sent but
-    ``programs``, ``snapshot``, ``state_bytes`` and ``stdin`` at their defaults (a runner
+    ``programs``, ``snapshot``, ``state_bytes``, ``woken`` and ``stdin`` at their defaults (a runner
     built before them reads the rest); a missing one takes its default."""
 
     WIRE_NAME = "request"
@@ -153,6 +153,9 @@ class WorkerRequest(Record):
     #: a fork's first call: this many bytes of its parent's pickled state follow the request
     #: (restored in the fresh kernel before the call); a snapshot: the most it may write
     state_bytes: int = member(Int(0, FORK_STATE_BYTES), 0, omit_default=True)
+    #: those bytes are the kernel's own state from before it was hibernated: the modules'
+    #: state it carries (``random``'s generator, ``decimal``'s context) comes back too
+    woken: bool = member(_FLAG, False, omit_default=True)
     restricted: RestrictedPart = member(Part[RestrictedPart](RestrictedPart),
                                         factory=RestrictedPart)
     runner: RunnerPart = member(Part[RunnerPart](RunnerPart), factory=RunnerPart)

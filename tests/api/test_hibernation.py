@@ -4,7 +4,8 @@ written to the state directory, the kernel process ends, and the session's next 
 in a fresh kernel with its state (``kernel.fresh: false``, ``calls`` counted on). A kernel
 holding what cannot be pickled stays awake; a state that cannot be restored is said (the code
 does not run); a sleeping kernel holds no place under ``max_kernels``; restart and close drop
-it; a crash loses it as it loses a kernel in memory, and says so."""
+it; a crash loses it as it loses a kernel in memory, and says so. The modules' own state
+(``random``'s generator, ``decimal``'s context) wakes with it."""
 
 from __future__ import annotations
 
@@ -113,6 +114,30 @@ def test_an_idle_kernel_sleeps_on_disk_and_wakes_with_its_state(
     assert _python(d, child, "len(x)")["value"] == 11
     again = _python(d, sid, "len(x)")
     assert again["value"] == 11 and again["kernel"]["calls"] == 3, again
+
+
+def test_a_woken_kernel_goes_on_with_its_modules_state(
+        tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    """``random``'s generator and ``decimal``'s context live in the modules, not in the
+    names: a woken kernel draws the numbers it would have drawn awake, and keeps its
+    precision."""
+    d = _start(tmp_path, daemons, ENV)
+    awake, sleeper = (d.client.post("/v1/sessions").json()["id"] for _ in range(2))
+    setup = ("import random\nimport decimal\nrandom.seed(1234)\nrandom.random()\n"
+             "decimal.getcontext().prec = 5\n0")
+    draw = "[random.random() for i in range(3)], str(decimal.Decimal(1) / decimal.Decimal(7))"
+    for sid in (awake, sleeper):
+        assert _python(d, sid, setup)["status"] == "ok"
+    expected = _python(d, awake, draw)["value"]
+    assert expected[1] == "0.14286", expected
+    _wait_asleep(d, sleeper)
+    body = _python(d, sleeper, draw)
+    assert body["kernel"]["fresh"] is False and body["value"] == expected, body
+    # a fork does not take them: its generator is its own (siblings must not draw alike)
+    r = d.client.post(f"/v1/sessions/{awake}/fork", json={"count": 1})
+    assert r.status_code == 201, r.text
+    child = r.json()["sessions"][0]["id"]
+    assert _python(d, child, draw)["value"][0] != _python(d, awake, draw)["value"][0]
 
 
 def test_what_cannot_be_pickled_keeps_a_kernel_awake(

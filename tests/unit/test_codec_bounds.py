@@ -89,6 +89,7 @@ BOUNDS = {
         "kernel": "bool",
         "snapshot": "bool",
         "state_bytes": "int 0..268435456",
+        "woken": "bool",
         "workspace": "text <= 1048576",
         "uid": "int 0..4294967295 or null",
         "cpu_seconds": "int 0..2147483648",

@@ -139,6 +139,7 @@ BAD_REQUESTS = [
     (_request(snapshot=1), "snapshot must be true or false"),
     (_request(state_bytes=call.FORK_STATE_BYTES + 1), "state_bytes must be a whole number"),
     (_request(state_bytes=-1), "state_bytes must be a whole number"),
+    (_request(woken="yes"), "woken must be true or false"),
 ]
 
 

@@ -13,9 +13,10 @@ the call say so (``kernel.fresh: true``, the message why; the code did not run).
 
 Only a whole state hibernates: a kernel holding a name that cannot be pickled (an open file,
 a generator), or more than ``fork_state_bytes``, stays awake (until a later call changes its
-state); so does one when the disk lacks room. What a woken kernel does not carry, as a fork
-does not: the internal state of modules (``random``'s generator is reseeded, ``decimal``'s
-context is the default again) and the iteration order of a set rebuilt from the pickle.
+state); so does one when the disk lacks room. The modules' own state a session sets
+(``random``'s generator, ``decimal``'s context) wakes with it (:mod:`.lang.module_state`);
+not carried: other module-level settings, object ids, the iteration order of a set (rebuilt
+from the pickle).
 
 Truth across a restart: a hibernated kernel is one of the session's live kernels
 (:meth:`.KernelPool.live`), so the session's metadata lists it as any other; a stop or a crash

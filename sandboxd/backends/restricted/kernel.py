@@ -255,9 +255,9 @@ class KernelPool:
         woken = None if state else await self.hibernation.wake(inv.session)
         if woken is not None:  # it goes on: its calls are counted on
             k.calls, state = woken[0].calls, woken[1]
-        return await self._call(k, replace(wc, request=replace(msg, state_bytes=len(state))),
-                                fresh=True, started_at=started_at, state=state,
-                                woken=woken is not None)
+        msg = replace(msg, state_bytes=len(state), woken=woken is not None)
+        return await self._call(k, replace(wc, request=msg), fresh=True,
+                                started_at=started_at, state=state, woken=woken is not None)
 
     def _move_cpu_limit(self, k: SessionKernel, msg: WorkerRequest) -> WorkerRequest:
         """This call's CPU allowance on top of what the kernel used so far (see the module

@@ -399,7 +399,7 @@ def restore_state(namespace: dict[str, Any], state: bytes, msg: WorkerRequest,
     lang.refresh_namespace(namespace, lang.make_globals(
         hook, WorkspaceOpener(workspace, spec.max_file_bytes), stdout))
     try:
-        carry.restore(namespace, state, hook)
+        carry.restore(namespace, state, hook, woken=msg.woken)
     except BaseException as exc:
         return (f"the session's state carried to this kernel could not be restored "
                 f"({type(exc).__name__}: {str(exc)[:300]}); this kernel starts empty and the "

@@ -38,6 +38,7 @@ from typing import Any
 import cloudpickle
 from cloudpickle import cloudpickle as _cp
 
+from sandboxd.backends.restricted.lang import module_state
 from sandboxd.backends.restricted.lang.allowlist import (
     ALLOWED_METACLASSES,
     SAFE_BUILTIN_NAMES,
@@ -47,6 +48,9 @@ from sandboxd.backends.restricted.lang.guards import user_classes
 from sandboxd.backends.restricted.lang.module_allowlist import MODULES
 from sandboxd.backends.restricted.lang.modules import ImportHook, make_proxy
 from sandboxd.backends.restricted.lang.proxy import ModuleProxy
+
+#: the key of the modules' state beside the names (no name can take it: not an identifier)
+MODULES_KEY = "\x00modules"
 
 #: the longest reason a name is not carried for (the report bounds it again)
 MAX_WHY = 200
@@ -225,8 +229,10 @@ def snapshot(namespace: dict[str, Any], hook: ImportHook,
     exposed = _exposed(hook)
     names = user_names(namespace)
     not_carried: dict[str, str] = {}
+    modules = {MODULES_KEY: module_state.capture()}  # (a woken kernel applies it; a fork not)
     try:
-        whole = _dump_or_why({n: namespace[n] for n in names}, namespace, exposed, limit)
+        whole = _dump_or_why({**{n: namespace[n] for n in names}, **modules}, namespace,
+                             exposed, limit)
         if isinstance(whole, Pickled):
             return whole, {}, None
         # find the culprits one by one, then carry the others together
@@ -234,7 +240,7 @@ def snapshot(namespace: dict[str, Any], hook: ImportHook,
             alone = _dump_or_why(namespace[name], namespace, exposed, limit)
             if not isinstance(alone, Pickled):
                 not_carried[name] = alone
-        kept = {n: namespace[n] for n in names if n not in not_carried}
+        kept = {**{n: namespace[n] for n in names if n not in not_carried}, **modules}
         return _dump(kept, namespace, exposed, limit), not_carried, None
     except TooLarge as exc:
         return None, not_carried, str(exc)
@@ -372,15 +378,22 @@ class _Unpickler(pickle.Unpickler):
         return cls
 
 
-def restore(namespace: dict[str, Any], blob: bytes, hook: ImportHook) -> list[str]:
+def restore(namespace: dict[str, Any], blob: bytes, hook: ImportHook, *,
+            woken: bool = False) -> list[str]:
     """Put the names pickled in ``blob`` into ``namespace`` (whose trusted entries are set
-    already: restoring may run user code, e.g. a class's ``__eq__`` for a set). Returns the
-    names restored; raises on anything :class:`_Unpickler` refuses (nothing is put in then)."""
+    already: restoring may run user code, e.g. a class's ``__eq__`` for a set); ``woken``
+    (the kernel's own state from before it was hibernated): the modules' state too
+    (:mod:`.module_state`). Returns the names restored; raises on anything
+    :class:`_Unpickler` refuses (nothing is put in then)."""
     try:
         loaded = _Unpickler(io.BytesIO(blob), namespace, hook).load()
-        if type(loaded) is not dict or not all(type(k) is str and not k.startswith("_")
-                                               for k in loaded):
+        if type(loaded) is not dict:
             raise pickle.UnpicklingError("the state is not a namespace")
+        modules = loaded.pop(MODULES_KEY, None)
+        if not all(type(k) is str and not k.startswith("_") for k in loaded):
+            raise pickle.UnpicklingError("the state is not a namespace")
+        if woken and modules is not None:
+            module_state.apply(modules)
     except BaseException:
         for name in user_names(namespace):  # what functions' states put in already
             del namespace[name]
