@@ -17,7 +17,7 @@ request, no isolation; its path: ``--floor``).
 The daemon runs with the default settings except ``max_sessions_per_client``, the rate limit
 (off), the container backend (off) and ``kernel_hibernate_after_s`` (``--after``).
 
-    python bench/bench_hibernate.py [--sessions 200] [--after 3] [--floor PATH]
+    python bench/bench_hibernate.py [--sessions 200] [--after 30] [--floor PATH]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def timed(c: httpx.Client, sid: str, code: str) -> tuple[float, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=200)
-    parser.add_argument("--after", type=float, default=3.0,
+    parser.add_argument("--after", type=float, default=30.0,
                         help="kernel_hibernate_after_s of the daemon")
     parser.add_argument("--floor", type=Path, default=FLOOR)
     args = parser.parse_args()
