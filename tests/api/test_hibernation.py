@@ -154,7 +154,7 @@ def test_what_cannot_be_pickled_keeps_a_kernel_awake(
     assert body["value"] == [0, 1] and body["kernel"]["calls"] == 2, body
 
 
-def test_a_state_that_cannot_be_restored_is_said_and_the_code_does_not_run(
+def test_a_state_that_cannot_be_restored_or_read_is_said(
         tmp_path: Path, daemons: list[RunningDaemon]) -> None:
     d = _start(tmp_path, daemons, ENV)
     sid = d.client.post("/v1/sessions").json()["id"]
@@ -164,10 +164,19 @@ def test_a_state_that_cannot_be_restored_is_said_and_the_code_does_not_run(
     body = _python(d, sid, "open('ran', 'w').close()\nx")
     assert body["status"] == "error", body
     assert "could not be restored" in body["message"], body
-    assert body["kernel"]["fresh"] is True and body["kernel"]["calls"] == 1, body
+    assert body["kernel"] == {"fresh": True, "calls": 1, "lost": True,
+                              "reason": "not_restored", "interrupted": False}, body
     assert not (d.state_dir / "workspaces" / sid / "ran").exists()
     body = _python(d, sid, "y = 1\ny")
     assert body["status"] == "ok" and body["kernel"]["calls"] == 2, body
+    assert body["kernel"]["lost"] is False, body
+    # a state file gone while it slept: the call runs in a fresh kernel, and says the loss
+    path = _wait_asleep(d, sid)
+    path.unlink()
+    body = _python(d, sid, "try:\n    y\nexcept NameError:\n    y = 'gone'\ny")
+    assert body["status"] == "ok" and body["value"] == "gone", body
+    assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "not_restored", body
+    assert body["kernel"]["fresh"] is True and "cannot be read" in body["message"], body
 
 
 def test_a_sleeping_kernel_holds_no_place_under_max_kernels(

@@ -8,8 +8,9 @@ that long is asked, between calls and under its session's lock, for a snapshot o
 own sandbox); the bytes are written to ``<state_dir>/hibernated/`` (0600, the daemon's) and
 the kernel is ended and verified gone. The session's next ``python`` call starts a fresh
 kernel that restores them before it runs the call (the fork's path): the result says
-``kernel.fresh: false`` and ``calls`` goes on counting; a state that cannot be restored makes
-the call say so (``kernel.fresh: true``, the message why; the code did not run).
+``kernel.fresh: false`` and ``calls`` goes on counting; a state that cannot be read or
+restored makes the call say so (``kernel.lost``, reason ``not_restored``, the message why; a
+state that does not restore does not run the code).
 
 Only a whole state hibernates: a kernel holding a name that cannot be pickled (an open file,
 a generator), or more than ``fork_state_bytes``, stays awake (until a later call changes its
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandboxd.models import Limits
+from sandboxd.models import Limits, Result
 from sandboxd.util.deadline import stop_task
 from sandboxd.workspaces import fstree
 
@@ -58,6 +59,8 @@ log = logging.getLogger("sandboxd.restricted")
 SNAPSHOT_S = 60.0
 #: a state is written only while the disk keeps this much free after it
 MIN_FREE_BYTES = 1024 ** 3
+#: ``kernel.reason`` of a call whose session's hibernated state was lost as it woke
+NOT_RESTORED = "not_restored"
 #: the shortest pause of the sweep between two looks
 MIN_PAUSE_S = 0.05
 #: a session id that names a state file as it is (the daemon makes them; anything else
@@ -79,6 +82,31 @@ class Asleep:
     uid: int | None
     #: when it went to sleep (``time.time()``)
     since: float
+
+
+@dataclass
+class Woken:
+    """A sleeping kernel taken by its session's next call."""
+
+    asleep: Asleep
+    #: its state, as written (empty: lost)
+    state: bytes
+    #: why its state is lost (it could not be read, or the fresh kernel could not restore
+    #: it), else None
+    lost: str | None = None
+
+    def tell(self, result: Result) -> Result:
+        """The call's result, which says that the session's state is lost when it is (the
+        kernel it ran in is fresh: ``kernel.lost``, reason ``not_restored``), unless the call
+        lost its kernel for a reason of its own."""
+        kernel = result.kernel
+        if self.lost is None or kernel is None or kernel.lost:
+            return result
+        result.kernel = kernel.model_copy(update={"lost": True, "reason": NOT_RESTORED})
+        said = (f"the session's kernel was hibernated and {self.lost}: its variables are lost "
+                "(its files are kept)")
+        result.message = said if result.message is None else f"{said}; {result.message}"
+        return result
 
 
 class Hibernation:
@@ -137,23 +165,21 @@ class Hibernation:
             os.unlink(asleep.path)
         return True
 
-    async def wake(self, sid: str) -> tuple[Asleep, bytes] | None:
-        """Take the session's sleeping kernel: its record and state (the file goes). A state
-        that cannot be read is logged and lost: None is then returned as for no kernel, and
-        the call starts a fresh one (its result says ``fresh``)."""
+    async def wake(self, sid: str) -> Woken | None:
+        """Take the session's sleeping kernel, if it has one: its record and state (the file
+        goes). A state that cannot be read is lost, and the call that woke it says so."""
         asleep = self.asleep.get(sid)
         if asleep is None:
             return None
         try:
-            state = await asyncio.to_thread(_read, asleep)
+            woken = Woken(asleep, await asyncio.to_thread(_read, asleep))
         except OSError as exc:
             log.warning("restricted: session %s: the state of its hibernated kernel cannot be "
                         "read (%s): it is lost", sid, exc)
-            self.drop(sid)
-            return None
+            woken = Woken(asleep, b"", lost=f"its saved state cannot be read ({exc})")
         self.drop(sid)
         self.woken += 1
-        return asleep, state
+        return woken
 
     # ----------------------------------------------------------------- the sweep
 

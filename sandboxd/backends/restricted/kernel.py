@@ -59,7 +59,7 @@ from sandboxd.backends.kernel_verdict import Ended, Observed, kernel_verdict
 from sandboxd.backends.restricted import health, idle, outcome, standby
 from sandboxd.backends.restricted.deaths import Deaths
 from sandboxd.backends.restricted.frames import FrameReader
-from sandboxd.backends.restricted.hibernation import Hibernation, Snapshot
+from sandboxd.backends.restricted.hibernation import Hibernation, Snapshot, Woken
 from sandboxd.backends.restricted.worker_call import Exchange, WorkerCall
 from sandboxd.backends.restricted.zygote_client import StandbyWorker, ZygoteDied, ZygoteHandle
 from sandboxd.backends.restricted.zygote_protocol import cgroup_limits
@@ -253,11 +253,12 @@ class KernelPool:
         self._started(inv.session, k)
         state = self.pending.pop(inv.session, b"")
         woken = None if state else await self.hibernation.wake(inv.session)
-        if woken is not None:  # it goes on: its calls are counted on
-            k.calls, state = woken[0].calls, woken[1]
-        msg = replace(msg, state_bytes=len(state), woken=woken is not None)
-        return await self._call(k, replace(wc, request=msg), fresh=True,
-                                started_at=started_at, state=state, woken=woken is not None)
+        if woken is not None and woken.state:  # it goes on: its calls are counted on
+            k.calls, state = woken.asleep.calls, woken.state
+        msg = replace(msg, state_bytes=len(state), woken=bool(state) and woken is not None)
+        result = await self._call(k, replace(wc, request=msg), fresh=True,
+                                  started_at=started_at, state=state, woken=woken)
+        return result if woken is None else woken.tell(result)
 
     def _move_cpu_limit(self, k: SessionKernel, msg: WorkerRequest) -> WorkerRequest:
         """This call's CPU allowance on top of what the kernel used so far (see the module
@@ -280,7 +281,7 @@ class KernelPool:
 
     async def _call(self, k: SessionKernel, wc: WorkerCall, *, fresh: bool,
                     started_at: float | None = None, state: bytes = b"",
-                    woken: bool = False) -> Result:
+                    woken: Woken | None = None) -> Result:
         inv, limits, deadline, msg = wc.invocation, wc.limits, wc.deadline, wc.request
         started_at = time.monotonic() if started_at is None else started_at
         z, worker = k.zygote, k.worker
@@ -305,10 +306,11 @@ class KernelPool:
             reader.close()
         if run.lost and k.ended and run.crashed is None and run.reason is None:
             run.crashed = f"the kernel was ended ({k.ended})"
-        if woken and reader.report is not None and reader.report.restore_failed:
-            k.calls = 1  # its hibernated state is lost: an empty kernel, as the message says
-        elif woken:  # its state came back: the session's kernel goes on
-            fresh = False
+        if woken is not None and woken.state:  # was its state restored? (its own word)
+            if reader.report is not None and reader.report.restore_failed:
+                k.calls, woken.lost = 1, "its saved state could not be restored"
+            else:  # the session's kernel goes on
+                fresh = False
         seen = Observed(Ended.FINISHED, fresh, k.calls, back=not run.lost,
                         interrupted=run.interrupted)
         if run.lost:
