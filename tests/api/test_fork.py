@@ -25,19 +25,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
         yield d
 
 
-def _python(d: RunningDaemon, sid: str, code: str) -> dict:
-    r = d.invoke("python", {"code": code}, session=sid)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def test_forks_get_the_parents_files_and_diverge(daemon: RunningDaemon) -> None:
     d = daemon
     parent = d.client.post("/v1/sessions").json()["id"]
     wrote = d.invoke("write_file", {"path": "data/deep/notes.txt",
                                     "content": "from the parent"}, session=parent).json()
     assert wrote["status"] == "ok", wrote
-    assert _python(d, parent, "x = 41")["status"] == "ok"
+    assert d.python(parent, "x = 41")["status"] == "ok"
     # what a sandbox that escaped its language layer could leave (and what it could not)
     workspace = d.state_dir / "workspaces" / parent
     owner = os.stat(workspace).st_uid
@@ -58,7 +52,7 @@ def test_forks_get_the_parents_files_and_diverge(daemon: RunningDaemon) -> None:
     one, two = (s["id"] for s in body["sessions"])
     assert len({parent, one, two}) == 3
     for child in (one, two):
-        seen = _python(d, child, "try:\n    x\n    had = True\nexcept NameError:\n"
+        seen = d.python(child, "try:\n    x\n    had = True\nexcept NameError:\n"
                                  "    had = False\n[open('data/link').read(), had]")
         assert seen["value"] == ["from the parent", True], seen
         assert os.readlink(d.state_dir / "workspaces" / child / "data" / "link") == \
@@ -66,11 +60,11 @@ def test_forks_get_the_parents_files_and_diverge(daemon: RunningDaemon) -> None:
         assert not (d.state_dir / "workspaces" / child / "pipe").exists()
         assert seen["kernel"]["fresh"], seen["kernel"]
     # each diverges on its own: writes in one are seen nowhere else
-    _python(d, one, "open('data/deep/notes.txt', 'w').write('one was here')\n"
+    d.python(one, "open('data/deep/notes.txt', 'w').write('one was here')\n"
                     "open('only-one', 'w').write('1')")
-    assert _python(d, parent, "[open('data/deep/notes.txt').read(), x]")[
+    assert d.python(parent, "[open('data/deep/notes.txt').read(), x]")[
         "value"] == ["from the parent", 41]
-    assert _python(d, two, "open('data/deep/notes.txt').read()")[
+    assert d.python(two, "open('data/deep/notes.txt').read()")[
         "value"] == "from the parent"
     assert not (d.state_dir / "workspaces" / two / "only-one").exists()
     workspaces = d.state_dir / "workspaces"

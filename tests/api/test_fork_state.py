@@ -26,17 +26,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
         yield d
 
 
-def _python(d: RunningDaemon, sid: str, code: str) -> dict:
-    r = d.invoke("python", {"code": code}, session=sid)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def _defined(d: RunningDaemon, sid: str, *names: str) -> list[str]:
     """Which of ``names`` the session's kernel has."""
     code = "had = []\n" + "".join(f"try:\n    {n}\n    had.append('{n}')\nexcept NameError:\n"
                                   "    pass\n" for n in names) + "had"
-    return _python(d, sid, code)["value"]
+    return d.python(sid, code)["value"]
 
 
 def _fork(d: RunningDaemon, sid: str, count: int) -> dict:
@@ -73,7 +67,7 @@ def test_variables_imports_and_functions_are_carried_and_forks_diverge(
         daemon: RunningDaemon) -> None:
     d = daemon
     parent = d.client.post("/v1/sessions").json()["id"]
-    assert _python(d, parent, SETUP)["status"] == "ok"
+    assert d.python(parent, SETUP)["status"] == "ok"
     body = _fork(d, parent, 2)
     kernel = body["kernel"]
     assert kernel["carried"] is True and kernel["parent_backends"] == ["restricted"], kernel
@@ -83,20 +77,20 @@ def test_variables_imports_and_functions_are_carried_and_forks_diverge(
     assert "generator" in left_out["gen"]
     one, two = (s["id"] for s in body["sessions"])
     # a function defined before the fork reads the fork's global, changed after it
-    seen = _python(d, one, "x = 100\nalias.append(1)\n"
+    seen = d.python(one, "x = 100\nalias.append(1)\n"
                            "[f(), scale(2), c.bump(), data['k'], list(od), shared, "
                            "math.sqrt(16)]")
     assert seen["status"] == "ok", seen
     assert seen["value"] == [101, 6, 2, [1, 2, 3], ["a"], [0, 1], 4.0], seen
     assert seen["kernel"]["fresh"] is True
     # the other fork and the parent are untouched by it
-    assert _python(d, two, "[f(), c.n, shared]")["value"] == [42, 1, [0]]
-    assert _python(d, parent, "[f(), c.n, shared]")["value"] == [42, 1, [0]]
+    assert d.python(two, "[f(), c.n, shared]")["value"] == [42, 1, [0]]
+    assert d.python(parent, "[f(), c.n, shared]")["value"] == [42, 1, [0]]
     # what was not carried is absent in the fork, present in the parent
     assert _defined(d, one, "gen", "handle", "f") == ["f"]
     assert _defined(d, parent, "gen", "handle") == ["gen", "handle"]
     # a user class rebuilt in the fork is the fork's own: its instances can be changed
-    assert _python(d, two, "class Sub(Counter):\n    pass\ns = Sub()\ns.bump()")[
+    assert d.python(two, "class Sub(Counter):\n    pass\ns = Sub()\ns.bump()")[
         "value"] == 1
     records = [x for x in audit_records(d.audit_path) if x["event"] == "session_forked"
                and x["session"] == parent]
@@ -114,7 +108,7 @@ def test_a_restarted_fork_starts_empty_and_a_session_without_kernel_carries_noth
     empty = _fork(d, parent, 1)
     assert empty["kernel"]["carried"] is False
     assert "no live Python kernel" in empty["kernel"]["reason"]
-    assert _python(d, parent, "y = 7")["status"] == "ok"
+    assert d.python(parent, "y = 7")["status"] == "ok"
     child = _fork(d, parent, 1)["sessions"][0]["id"]
     assert d.client.post(f"/v1/sessions/{child}/restart").status_code == 200
     assert _defined(d, child, "y") == []
@@ -126,7 +120,7 @@ def test_a_state_over_the_limit_is_not_carried_and_the_parent_keeps_it(
         daemon: RunningDaemon) -> None:
     d = daemon
     parent = d.client.post("/v1/sessions").json()["id"]
-    assert _python(d, parent, f"blob = b'x' * {STATE_LIMIT + 1024}\nsmall = 1")[
+    assert d.python(parent, f"blob = b'x' * {STATE_LIMIT + 1024}\nsmall = 1")[
         "status"] == "ok"
     body = _fork(d, parent, 2)
     kernel = body["kernel"]
@@ -134,7 +128,7 @@ def test_a_state_over_the_limit_is_not_carried_and_the_parent_keeps_it(
     assert f"larger than {STATE_LIMIT} bytes" in kernel["reason"], kernel
     for s in body["sessions"]:  # nothing half-made: no fork has any of it
         assert _defined(d, s["id"], "blob", "small") == []
-    assert _python(d, parent, "[len(blob), small]")["value"] == [STATE_LIMIT + 1024, 1]
+    assert d.python(parent, "[len(blob), small]")["value"] == [STATE_LIMIT + 1024, 1]
     records = [x for x in audit_records(d.audit_path) if x["event"] == "session_forked"
                and x["session"] == parent]
     assert [x["kernel_carried"] for x in records] == [False]

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
+from tests.support.daemon import RunningDaemon, daemon_list, start_on_state, uid_range_env
 from tests.support.wait import wait_until
 
 AFTER_S = 0.3
@@ -43,20 +43,6 @@ f(1)
 def daemons(tmp_path: Path) -> Iterator[list[RunningDaemon]]:
     with daemon_list() as started:
         yield started
-
-
-def _start(tmp_path: Path, daemons: list[RunningDaemon], env: dict[str, str]) -> RunningDaemon:
-    where = tmp_path / f"d{len(daemons)}"
-    where.mkdir()
-    d = start_daemon(where, state_dir=tmp_path / "state", env=env)
-    daemons.append(d)
-    return d
-
-
-def _python(d: RunningDaemon, sid: str, code: str) -> dict:
-    r = d.invoke("python", {"code": code}, session=sid)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def _asleep(d: RunningDaemon) -> Path:
@@ -89,9 +75,9 @@ def _kernel_sessions(d: RunningDaemon) -> set[str]:
 
 def test_an_idle_kernel_sleeps_on_disk_and_wakes_with_its_state(
         tmp_path: Path, daemons: list[RunningDaemon]) -> None:
-    d = _start(tmp_path, daemons, ENV)
+    d = start_on_state(tmp_path, daemons, ENV)
     sid = d.client.post("/v1/sessions").json()["id"]
-    first = _python(d, sid, SETUP)
+    first = d.python(sid, SETUP)
     assert first["value"] == 11 and first["kernel"]["fresh"] is True, first
     path = _wait_asleep(d, sid)
     mode = path.stat()
@@ -101,7 +87,7 @@ def test_an_idle_kernel_sleeps_on_disk_and_wakes_with_its_state(
     assert "sandboxd_kernels_hibernated 1.0" in d.client.get("/metrics").text
     view = d.client.get(f"/v1/sessions/{sid}").json()
     assert view["kernel"] == {"live": True, "backends": ["restricted"]}, view
-    woke = _python(d, sid, "x.append(5)\n(f(2), b.v, math.floor(math.pi))")
+    woke = d.python(sid, "x.append(5)\n(f(2), b.v, math.floor(math.pi))")
     assert woke["status"] == "ok" and woke["value"] == [13, 7, 3], woke
     assert woke["kernel"]["fresh"] is False and woke["kernel"]["calls"] == 2, woke
     assert not path.exists()
@@ -111,8 +97,8 @@ def test_an_idle_kernel_sleeps_on_disk_and_wakes_with_its_state(
     r = d.client.post(f"/v1/sessions/{sid}/fork", json={"count": 1})
     assert r.status_code == 201 and r.json()["kernel"]["carried"] is True, r.text
     child = r.json()["sessions"][0]["id"]
-    assert _python(d, child, "len(x)")["value"] == 11
-    again = _python(d, sid, "len(x)")
+    assert d.python(child, "len(x)")["value"] == 11
+    again = d.python(sid, "len(x)")
     assert again["value"] == 11 and again["kernel"]["calls"] == 3, again
 
 
@@ -121,59 +107,59 @@ def test_a_woken_kernel_goes_on_with_its_modules_state(
     """``random``'s generator and ``decimal``'s context live in the modules, not in the
     names: a woken kernel draws the numbers it would have drawn awake, and keeps its
     precision."""
-    d = _start(tmp_path, daemons, ENV)
+    d = start_on_state(tmp_path, daemons, ENV)
     awake, sleeper = (d.client.post("/v1/sessions").json()["id"] for _ in range(2))
     setup = ("import random\nimport decimal\nrandom.seed(1234)\nrandom.random()\n"
              "decimal.getcontext().prec = 5\n0")
     draw = "[random.random() for i in range(3)], str(decimal.Decimal(1) / decimal.Decimal(7))"
     for sid in (awake, sleeper):
-        assert _python(d, sid, setup)["status"] == "ok"
-    expected = _python(d, awake, draw)["value"]
+        assert d.python(sid, setup)["status"] == "ok"
+    expected = d.python(awake, draw)["value"]
     assert expected[1] == "0.14286", expected
     _wait_asleep(d, sleeper)
-    body = _python(d, sleeper, draw)
+    body = d.python(sleeper, draw)
     assert body["kernel"]["fresh"] is False and body["value"] == expected, body
     # a fork does not take them: its generator is its own (siblings must not draw alike)
     r = d.client.post(f"/v1/sessions/{awake}/fork", json={"count": 1})
     assert r.status_code == 201, r.text
     child = r.json()["sessions"][0]["id"]
-    assert _python(d, child, draw)["value"][0] != _python(d, awake, draw)["value"][0]
+    assert d.python(child, draw)["value"][0] != d.python(awake, draw)["value"][0]
 
 
 def test_what_cannot_be_pickled_keeps_a_kernel_awake(
         tmp_path: Path, daemons: list[RunningDaemon]) -> None:
     """The sweep looks at the kernels in the order they fell idle: once a kernel idle since
     later sleeps, the earlier one was looked at, and it stayed awake."""
-    d = _start(tmp_path, daemons, ENV)
+    d = start_on_state(tmp_path, daemons, ENV)
     awake, later = (d.client.post("/v1/sessions").json()["id"] for _ in range(2))
-    assert _python(d, awake, "g = (i for i in range(3))\nx = 1\nx")["value"] == 1
-    assert _python(d, later, "x = 2\nx")["value"] == 2
+    assert d.python(awake, "g = (i for i in range(3))\nx = 1\nx")["value"] == 1
+    assert d.python(later, "x = 2\nx")["value"] == 2
     _wait_asleep(d, later)
     assert awake in _kernel_sessions(d) and not _state_file(d, awake).exists()
-    body = _python(d, awake, "next(g), x")
+    body = d.python(awake, "next(g), x")
     assert body["value"] == [0, 1] and body["kernel"]["calls"] == 2, body
 
 
 def test_a_state_that_cannot_be_restored_or_read_is_said(
         tmp_path: Path, daemons: list[RunningDaemon]) -> None:
-    d = _start(tmp_path, daemons, ENV)
+    d = start_on_state(tmp_path, daemons, ENV)
     sid = d.client.post("/v1/sessions").json()["id"]
-    assert _python(d, sid, SETUP)["status"] == "ok"
+    assert d.python(sid, SETUP)["status"] == "ok"
     path = _wait_asleep(d, sid)
     path.write_bytes(b"\x00" * path.stat().st_size)  # the same size, not a pickle
-    body = _python(d, sid, "open('ran', 'w').close()\nx")
+    body = d.python(sid, "open('ran', 'w').close()\nx")
     assert body["status"] == "error", body
     assert "could not be restored" in body["message"], body
     assert body["kernel"] == {"fresh": True, "calls": 1, "lost": True,
                               "reason": "not_restored", "interrupted": False}, body
     assert not (d.state_dir / "workspaces" / sid / "ran").exists()
-    body = _python(d, sid, "y = 1\ny")
+    body = d.python(sid, "y = 1\ny")
     assert body["status"] == "ok" and body["kernel"]["calls"] == 2, body
     assert body["kernel"]["lost"] is False, body
     # a state file gone while it slept: the call runs in a fresh kernel, and says the loss
     path = _wait_asleep(d, sid)
     path.unlink()
-    body = _python(d, sid, "try:\n    y\nexcept NameError:\n    y = 'gone'\ny")
+    body = d.python(sid, "try:\n    y\nexcept NameError:\n    y = 'gone'\ny")
     assert body["status"] == "ok" and body["value"] == "gone", body
     assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "not_restored", body
     assert body["kernel"]["fresh"] is True and "cannot be read" in body["message"], body
@@ -181,18 +167,18 @@ def test_a_state_that_cannot_be_restored_or_read_is_said(
 
 def test_a_sleeping_kernel_holds_no_place_under_max_kernels(
         tmp_path: Path, daemons: list[RunningDaemon]) -> None:
-    d = _start(tmp_path, daemons, {**ENV, "SANDBOXD_MAX_KERNELS": "1"})
+    d = start_on_state(tmp_path, daemons, {**ENV, "SANDBOXD_MAX_KERNELS": "1"})
     asleep, other = (d.client.post("/v1/sessions").json()["id"] for _ in range(2))
-    assert _python(d, asleep, "x = 1\nx")["value"] == 1
+    assert d.python(asleep, "x = 1\nx")["value"] == 1
     _wait_asleep(d, asleep)
     # the one place is free while it sleeps: another session's kernel starts
-    assert _python(d, other, "2")["value"] == 2
+    assert d.python(other, "2")["value"] == 2
     # restart and close drop a sleeping kernel (and its file)
     _wait_asleep(d, other)
     r = d.client.post(f"/v1/sessions/{asleep}/restart")
     assert r.status_code == 200 and r.json()["restarted"] == ["restricted"], r.text
     assert not _state_file(d, asleep).exists()
-    body = _python(d, asleep, "try:\n    x\nexcept NameError:\n    x = 'gone'\nx")
+    body = d.python(asleep, "try:\n    x\nexcept NameError:\n    x = 'gone'\nx")
     assert body["value"] == "gone" and body["kernel"]["fresh"] is True, body
     assert d.client.delete(f"/v1/sessions/{other}").status_code == 204
     assert not _state_file(d, other).exists()
@@ -204,23 +190,23 @@ def test_a_crash_or_a_stop_loses_a_sleeping_kernel_and_says_so(
     ``daemon_crash``, a clean stop as ``daemon_restart`` (its file goes either way)."""
     # plain-directory workspaces (advisory quotas) outlive a clean stop; the same uid range
     env = {**ENV, "SANDBOXD_WORKSPACE_QUOTA": "advisory", **uid_range_env()}
-    first = _start(tmp_path, daemons, env)
+    first = start_on_state(tmp_path, daemons, env)
     sid = first.client.post("/v1/sessions").json()["id"]
-    assert _python(first, sid, "x = 41\nx")["value"] == 41
+    assert first.python(sid, "x = 41\nx")["value"] == 41
     _wait_asleep(first, sid)
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
-    second = _start(tmp_path, daemons, env)
+    second = start_on_state(tmp_path, daemons, env)
     assert not _asleep(second).exists() or list(_asleep(second).iterdir()) == []
     recovered = {r["session"]: r for r in audit_records(second.audit_path, "session_recovered")}
     assert recovered[sid]["kernels_lost"] == [{"backend": "restricted",
                                                "reason": "daemon_crash"}], recovered
-    body = _python(second, sid, "try:\n    x\nexcept NameError:\n    x = 'gone'\nx")
+    body = second.python(sid, "try:\n    x\nexcept NameError:\n    x = 'gone'\nx")
     assert body["value"] == "gone", body
     assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_crash", body
     _wait_asleep(second, sid)
     assert second.stop() == 0
     assert not _asleep(second).exists()
-    third = _start(tmp_path, daemons, env)
-    body = _python(third, sid, "try:\n    x\nexcept NameError:\n    x = 'gone'\nx")
+    third = start_on_state(tmp_path, daemons, env)
+    body = third.python(sid, "try:\n    x\nexcept NameError:\n    x = 'gone'\nx")
     assert body["value"] == "gone", body
     assert body["kernel"]["lost"] is True and body["kernel"]["reason"] == "daemon_restart", body

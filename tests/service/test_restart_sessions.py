@@ -21,7 +21,7 @@ import pytest
 
 from tests.security.test_workspace_limits import kernel_quota  # noqa: F401
 from tests.support.audit import audit_records
-from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
+from tests.support.daemon import RunningDaemon, daemon_list, start_on_state, uid_range_env
 from tests.support.mounts import detach_below, mounts_below
 from tests.support.wait import wait_until
 
@@ -41,14 +41,6 @@ def daemons(tmp_path: Path) -> Iterator[list[RunningDaemon]]:
         yield started
     left = detach_below(tmp_path / "state" / "workspaces")  # never leave a mount on the host
     assert left == [], "a workspace mount outlived the test"
-
-
-def _start(tmp_path: Path, daemons: list[RunningDaemon], env: dict[str, str]) -> RunningDaemon:
-    where = tmp_path / f"d{len(daemons)}"
-    where.mkdir()
-    d = start_daemon(where, state_dir=tmp_path / "state", env=env)
-    daemons.append(d)
-    return d
 
 
 def _session_with_state(d: RunningDaemon) -> str:
@@ -81,7 +73,7 @@ def test_restart_keeps_sound_sessions_and_ends_tampered_ones(
     sound session keeps its files and says its kernel was lost; the two whose workspace was
     tampered with while no daemon ran end, audited."""
     env = {**ENV, **uid_range_env()}  # the same uid range for both daemons
-    first = _start(tmp_path, daemons, env)
+    first = start_on_state(tmp_path, daemons, env)
     chowned, covered, sid = (_session_with_state(first) for _ in range(3))
     ws_root = tmp_path / "state" / "workspaces"
     assert first.stop() == 0
@@ -91,7 +83,7 @@ def test_restart_keeps_sound_sessions_and_ends_tampered_ones(
     os.chown(ws_root / chowned, 0, 0)  # its owner changed
     _mount_tmpfs(ws_root / covered)  # something else mounted in its place
     (ws_root / covered / "planted").symlink_to("/etc")
-    second = _start(tmp_path, daemons, env)
+    second = start_on_state(tmp_path, daemons, env)
     for gone in (chowned, covered):
         assert second.client.get(f"/v1/sessions/{gone}").status_code == 404
         assert not (ws_root / gone).exists()
@@ -122,7 +114,7 @@ def test_restart_keeps_sound_sessions_and_ends_tampered_ones(
 def test_without_the_setting_a_stop_ends_tmpfs_sessions(
         tmp_path: Path, kernel_quota: None, daemons: list[RunningDaemon]) -> None:  # noqa: F811
     env = {**ENV, "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false", **uid_range_env()}
-    first = _start(tmp_path, daemons, env)
+    first = start_on_state(tmp_path, daemons, env)
     sid = _session_with_state(first)
     assert first.stop() == 0
     ws_root = tmp_path / "state" / "workspaces"
@@ -130,7 +122,7 @@ def test_without_the_setting_a_stop_ends_tmpfs_sessions(
     ended = [r for r in audit_records(first.audit_path, "session_expired")
              if r.get("session") == sid]
     assert len(ended) == 1 and "stopped" in ended[0]["reason"], ended
-    second = _start(tmp_path, daemons, env)
+    second = start_on_state(tmp_path, daemons, env)
     assert second.client.get(f"/v1/sessions/{sid}").status_code == 404
     assert audit_records(second.audit_path, "session_recovered") == []
 
@@ -143,7 +135,7 @@ def test_a_crash_reports_each_kernel_it_ended(
     lost it; a session that never ran python and one whose kernel was restarted (ended
     cleanly) before the crash report no loss."""
     env = {**ENV, **uid_range_env()}  # the same uid range for both daemons
-    first = _start(tmp_path, daemons, env)
+    first = start_on_state(tmp_path, daemons, env)
     live = _session_with_state(first)
     never = first.client.post("/v1/sessions").json()["id"]
     r = first.invoke("write_file", {"path": "notes.txt", "content": "kept"}, session=never)
@@ -158,7 +150,7 @@ def test_a_crash_reports_each_kernel_it_ended(
                timeout=120, what="the busy session's first call running")
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     in_flight.join(30)
-    second = _start(tmp_path, daemons, env)
+    second = start_on_state(tmp_path, daemons, env)
 
     recovered = {r["session"]: r for r in audit_records(second.audit_path, "session_recovered")}
     crashed = [{"backend": "restricted", "reason": "daemon_crash"}]
@@ -193,10 +185,10 @@ def test_without_the_setting_a_stop_reports_the_kernels_of_directory_sessions(
     ``daemon_restart`` (never ``daemon_crash``, never nothing)."""
     env = {**ENV, "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false",
            "SANDBOXD_WORKSPACE_QUOTA": "advisory", **uid_range_env()}
-    first = _start(tmp_path, daemons, env)
+    first = start_on_state(tmp_path, daemons, env)
     sid = _session_with_state(first)
     assert first.stop() == 0
-    second = _start(tmp_path, daemons, env)
+    second = start_on_state(tmp_path, daemons, env)
     recovered = audit_records(second.audit_path, "session_recovered")
     assert [(r["session"], r["kernels_lost"]) for r in recovered] == [
         (sid, [{"backend": "restricted", "reason": "daemon_restart"}])], recovered

@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -160,6 +161,13 @@ class RunningDaemon:
     def invoke(self, tool: str, arguments: dict, **body: object) -> httpx.Response:
         """POST /v1/tools/{tool}/invoke."""
         return self.client.post(f"/v1/tools/{tool}/invoke", json={"arguments": arguments, **body})
+
+    def python(self, session: str, code: str) -> dict[str, Any]:
+        """A session's ``python`` call that must be answered 200: its result."""
+        r = self.invoke("python", {"code": code}, session=session)
+        assert r.status_code == 200, r.text
+        result: dict[str, Any] = r.json()
+        return result
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Send ``sig`` and wait for the process; returns its exit code."""
@@ -324,6 +332,17 @@ def daemon_list() -> Iterator[list[RunningDaemon]]:
         for d in started:
             d.client.close()
             d.stop()
+
+
+def start_on_state(tmp_path: Path, daemons: list[RunningDaemon],
+                   env: dict[str, str]) -> RunningDaemon:
+    """One more daemon (of a :func:`daemon_list`) on the test's one state directory,
+    ``tmp_path/state``: a restart as a test sees it."""
+    where = tmp_path / f"d{len(daemons)}"
+    where.mkdir()
+    d = start_daemon(where, state_dir=tmp_path / "state", env=env)
+    daemons.append(d)
+    return d
 
 
 @contextlib.contextmanager
