@@ -15,7 +15,8 @@ request, no isolation; its path: ``--floor``).
   fresh kernel, no state to restore).
 
 The daemon runs with the default settings except ``max_sessions_per_client``, the rate limit
-(off), the container backend (off) and ``kernel_hibernate_after_s`` (``--after``).
+(off), the container backend (off), ``kernel_hibernate_after_s`` (``--after``) and, for more
+sessions than the derived uid range holds, ``sandbox_uid_count``.
 
     python bench/bench_hibernate.py [--sessions 200] [--after 30] [--floor PATH]
 """
@@ -65,6 +66,9 @@ def main() -> None:
     env = {"SANDBOXD_MAX_SESSIONS_PER_CLIENT": str(args.sessions + 100),
            "SANDBOXD_RATE_LIMIT_PER_MINUTE": "0", "SANDBOXD_CONTAINER_ENABLED": "false",
            "SANDBOXD_SANDBOX_UID_FIRST": "43000",
+           # each session holds its uid while its kernel sleeps: past the derived range
+           # (max_kernels + 256), the range is raised as an admin would
+           "SANDBOXD_SANDBOX_UID_COUNT": str(max(3200, args.sessions + 300)),
            "SANDBOXD_KERNEL_HIBERNATE_AFTER_S": str(args.after)}
     with tempfile.TemporaryDirectory(prefix="bench-hibernate-") as tmp:
         os.chmod(tmp, 0o755)
