@@ -154,3 +154,23 @@ def test_unrecorded_result_is_interrupted_at_next_start(tmp_path: Path, tmpfs
                     for rid in r.get("requests", [])]
         assert ran_id in reported
         assert verify(d.audit_path).ok
+
+
+def test_a_kernel_stays_awake_when_its_state_has_no_room_on_disk(
+        tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]
+    """Hibernation writes a state only while the state directory's filesystem keeps its
+    margin free (the audit log and the sessions' files live there too): on a small disk the
+    idle kernel stays in memory, with its variables, and the log says why."""
+    state = tmpfs(tmp_path / "state", "64m")
+    env = {**ENV, "SANDBOXD_KERNEL_HIBERNATE_AFTER_S": "0.2",
+           "SANDBOXD_AUDIT_LOG": str(tmp_path / "audit" / "audit.jsonl")}
+    (tmp_path / "audit").mkdir()
+    with running_daemon(tmp_path, state_dir=state, env=env) as d:
+        sid = d.client.post("/v1/sessions").json()["id"]
+        assert d.python(sid, "x = 41\nx")["value"] == 41
+        wait_until(lambda: "stays awake: the disk has too little room" in d.log(), timeout=60,
+                   what="the sweep's word that the kernel stays awake")
+        assert list((state / "hibernated").iterdir()) == []
+        assert d.client.get("/v1/capacity").json()["kernels"]["hibernated"] == 0
+        body = d.python(sid, "x + 1")
+        assert body["value"] == 42 and body["kernel"]["calls"] == 2, body

@@ -57,8 +57,10 @@ log = logging.getLogger("sandboxd.restricted")
 #: how long a kernel's snapshot may take before it is given up (the kernel is then ended:
 #: a kernel that does not answer a snapshot in time is lost, as a fork's parent is)
 SNAPSHOT_S = 60.0
-#: a state is written only while the disk keeps this much free after it
+#: a state is written only while its filesystem keeps this much free after it (the audit log
+#: and the sessions' files live there too), or this share of it if that is more
 MIN_FREE_BYTES = 1024 ** 3
+MIN_FREE_SHARE = 0.05
 #: ``kernel.reason`` of a call whose session's hibernated state was lost as it woke
 NOT_RESTORED = "not_restored"
 #: the shortest pause of the sweep between two looks
@@ -248,7 +250,8 @@ class Hibernation:
         """Write the state (a new 0600 file); why it was not written, else None."""
         path = self._path(sid)
         try:
-            if shutil.disk_usage(self.directory).free - len(blob) < MIN_FREE_BYTES:
+            disk = shutil.disk_usage(self.directory)
+            if disk.free - len(blob) < max(MIN_FREE_BYTES, disk.total * MIN_FREE_SHARE):
                 return "the disk has too little room to hibernate it"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
