@@ -13,6 +13,7 @@ every member (mypy refuses to build one that does not; ``tests/unit/test_backend
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Protocol, runtime_checkable
 
 from sandboxd.backends.base import PYTHON, Backend, KernelState, kernel_name
@@ -22,9 +23,11 @@ from sandboxd.backends.base import PYTHON, Backend, KernelState, kernel_name
 class KernelHost(Protocol):
     """A backend that keeps a persistent Python kernel per session between its calls."""
 
-    def kernel_sessions(self) -> set[str]:
+    def kernel_sessions(self) -> AbstractSet[str]:
         """Ids of the sessions that have a live kernel on this backend now (the service caps
-        their number host-wide: ``max_kernels``)."""
+        their number host-wide: ``max_kernels``). Asked on every kernel call, for one
+        session's membership or the count: a host with thousands of sessions answers with a
+        view of what it keeps, not a copy."""
 
     async def restart_kernel(self, session_id: str) -> bool:
         """End the session's kernel, if it has one (the next session ``python`` call starts a
@@ -53,8 +56,9 @@ class Hibernating(Protocol):
     live kernels (:meth:`KernelHost.kernel_sessions` lists them) but hold no memory, so they
     do not count against ``max_kernels``; waking one is admitted as starting one is."""
 
-    def hibernated_sessions(self) -> set[str]:
-        """Ids of the sessions whose kernel sleeps on disk now."""
+    def hibernated_sessions(self) -> AbstractSet[str]:
+        """Ids of the sessions whose kernel sleeps on disk now (a view, as
+        :meth:`KernelHost.kernel_sessions`)."""
 
 
 @runtime_checkable
@@ -153,6 +157,11 @@ def self_healing(backend: Backend) -> SelfHealing | None:
     return backend if isinstance(backend, SelfHealing) else None
 
 
+def hibernating(backend: Backend) -> Hibernating | None:
+    """The backend as :class:`Hibernating`, or None when its kernels never sleep."""
+    return backend if isinstance(backend, Hibernating) else None
+
+
 def live_kernels(backend: Backend, *, resident: bool = False) -> set[tuple[str, str]]:
     """``(session id, language)`` of each live kernel on the backend now (none when it keeps
     no kernels; all Python on a kernel host without :class:`KernelLanguages`); ``resident``:
@@ -162,8 +171,9 @@ def live_kernels(backend: Backend, *, resident: bool = False) -> set[tuple[str, 
     else:
         host = kernel_host(backend)
         live = {(sid, PYTHON) for sid in host.kernel_sessions()} if host is not None else set()
-    if resident and isinstance(backend, Hibernating):
-        asleep = backend.hibernated_sessions()
+    sleeper = hibernating(backend) if resident else None
+    if sleeper is not None:
+        asleep = sleeper.hibernated_sessions()
         live = {(sid, language) for sid, language in live
                 if not (language == PYTHON and sid in asleep)}
     return live
@@ -171,15 +181,44 @@ def live_kernels(backend: Backend, *, resident: bool = False) -> set[tuple[str, 
 
 def hibernated_kernels(backends: Mapping[str, Backend]) -> int:
     """How many kernels sleep on disk on the ``backends`` now."""
-    return sum(len(b.hibernated_sessions()) for b in backends.values()
-               if isinstance(b, Hibernating))
+    return sum(len(h.hibernated_sessions()) for b in backends.values()
+               if (h := hibernating(b)) is not None)
 
 
-def kernel_names(backends: Mapping[str, Backend], session_id: str) -> list[str]:
+def kernel_languages(backend: Backend, session_id: str, *, resident: bool = False) -> list[str]:
+    """The languages of the session's live kernels on the backend: :func:`live_kernels` of
+    one session, in one look at the host's view (no scan of every session's kernels on a
+    kernel host without languages)."""
+    if isinstance(backend, KernelLanguages):
+        languages = sorted(lang for sid, lang in backend.session_kernels() if sid == session_id)
+    else:
+        host = kernel_host(backend)
+        languages = [PYTHON] if host is not None and session_id in host.kernel_sessions() else []
+    sleeper = hibernating(backend) if resident and PYTHON in languages else None
+    if sleeper is not None and session_id in sleeper.hibernated_sessions():
+        languages.remove(PYTHON)
+    return languages
+
+
+def kernel_count(backend: Backend, *, resident: bool = False) -> int:
+    """How many live kernels the backend has: ``len(live_kernels(backend, resident=...))``
+    without building it (a kernel host's view and its sleepers' are counted)."""
+    if isinstance(backend, KernelLanguages):
+        return len(live_kernels(backend, resident=resident))
+    host = kernel_host(backend)
+    if host is None:
+        return 0
+    sleeper = hibernating(backend) if resident else None
+    return len(host.kernel_sessions()) - (
+        len(sleeper.hibernated_sessions()) if sleeper is not None else 0)
+
+
+def kernel_names(backends: Mapping[str, Backend], session_id: str, *,
+                 resident: bool = False) -> list[str]:
     """Names (:func:`~sandboxd.backends.base.kernel_name`) of the session's live kernels on
-    the ``backends``."""
+    the ``backends`` (``resident``: those in memory)."""
     return sorted(kernel_name(name, language) for name, backend in backends.items()
-                  for sid, language in live_kernels(backend) if sid == session_id)
+                  for language in kernel_languages(backend, session_id, resident=resident))
 
 
 def kernel_backends(backends: Mapping[str, Backend], session_id: str) -> list[str]:

@@ -25,7 +25,9 @@ from sandboxd.backends.capabilities import (
     KernelHost,
     hibernated_kernels,
     kernel_backends,
+    kernel_count,
     kernel_host,
+    kernel_names,
     live_kernels,
     pausable,
 )
@@ -95,6 +97,22 @@ class KernelCap:
         return {(kernel_name(name, language), sid) for name, backend in self.backends.items()
                 for sid, language in live_kernels(backend, resident=True)}
 
+    def _resident(self, key: KernelKey) -> bool:
+        """``key in self._on_backends()``, in one look at the session's kernels."""
+        kernel, sid = key
+        return kernel in kernel_names(self.backends, sid, resident=True)
+
+    def _count(self) -> int:
+        """``len(self.live())``, without building it (the reserved kernels are few; the
+        backends' are counted)."""
+        return (sum(kernel_count(b, resident=True) for b in self.backends.values())
+                + len(self._starting()))
+
+    def _starting(self) -> list[KernelKey]:
+        """The kernels being started by calls in flight (reserved, not on a backend yet)."""
+        reserved = self._reserved.keys()  # (a copy: few)
+        return [key for key in reserved if not self._resident(key)]
+
     def hibernated(self) -> int:
         """How many kernels sleep on disk now (they hold no memory)."""
         return hibernated_kernels(self.backends)
@@ -107,19 +125,20 @@ class KernelCap:
         if session_id is None or kernel is None or not python:
             return _NoKernel()
         key = (kernel, session_id)
-        on_backends = self._on_backends()  # once: a scan of every live kernel
-        live = on_backends | self._reserved.keys()
-        if key in live:  # its kernel is counted already: the call shares it
+        # one look at this session's kernels and a count of the others': no scan of every
+        # live kernel, which a host with thousands of sessions would pay on every call
+        if self._reserved.held(key) or self._resident(key):  # counted already: shared
             return self._reserved.reserve(key)
+        live = self._count()
         try:
-            cap = Cap("max_kernels", len(live), self.limit)
+            cap = Cap("max_kernels", live, self.limit)
             if cap.count < cap.limit:  # room under the cap: is there room in memory?
-                self.gate(len(self._reserved.keys() - on_backends))
+                self.gate(len(self._starting()))
             return self._reserved.reserve(key, cap)
         except CapReached:
             raise KernelLimitReached(
                 f"this call needs a new session kernel ({kernel}) for session "
-                f"'{session_id}', but the host already runs {len(live)} session kernels "
+                f"'{session_id}', but the host already runs {live} session kernels "
                 "(a session's python and bash kernels count one each), its limit "
                 f"(max_kernels = {self.limit}); retry later, delete sessions that are no "
                 "longer needed, or run the code without a session") from None

@@ -17,6 +17,7 @@ import pytest
 from sandboxd.backends import registry
 from sandboxd.backends.base import Backend
 from sandboxd.backends.capabilities import (
+    Hibernating,
     ImageBuilder,
     KernelCarrier,
     KernelHost,
@@ -24,10 +25,13 @@ from sandboxd.backends.capabilities import (
     Pausable,
     SelfHealing,
     SessionKeeper,
+    hibernating,
     image_builder,
     kernel_backends,
     kernel_carrier,
+    kernel_count,
     kernel_host,
+    kernel_languages,
     kernel_names,
     live_kernels,
     pausable,
@@ -37,11 +41,11 @@ from sandboxd.backends.scripted import ScriptedBackend
 
 #: what every backend must do
 CORE = {"name", "start", "close", "availability", "run", "close_session", "probe"}
-CAPABILITIES: tuple[type, ...] = (KernelHost, KernelLanguages, KernelCarrier, Pausable,
-                                  ImageBuilder, SelfHealing, SessionKeeper)
+CAPABILITIES: tuple[type, ...] = (KernelHost, KernelLanguages, KernelCarrier, Hibernating,
+                                  Pausable, ImageBuilder, SelfHealing, SessionKeeper)
 #: what each registered backend declares (a new backend adds its row)
 DECLARES: dict[str, set[type]] = {
-    "restricted": {KernelHost, KernelCarrier},
+    "restricted": {KernelHost, KernelCarrier, Hibernating},
     "container": {KernelHost, KernelLanguages, Pausable, ImageBuilder, SelfHealing,
                   SessionKeeper},
     "workspace": set(),
@@ -50,8 +54,8 @@ DECLARES: dict[str, set[type]] = {
 SCRIPTED: set[type] = {KernelHost}
 #: the helper a caller asks for each capability (SessionKeeper's callers ask isinstance)
 HELPERS: dict[type, Any] = {KernelHost: kernel_host, KernelCarrier: kernel_carrier,
-                            Pausable: pausable, ImageBuilder: image_builder,
-                            SelfHealing: self_healing}
+                            Hibernating: hibernating, Pausable: pausable,
+                            ImageBuilder: image_builder, SelfHealing: self_healing}
 
 
 def own_members(proto: type) -> set[str]:
@@ -172,3 +176,77 @@ def test_kernels_are_listed_only_where_they_are_kept() -> None:
     assert live_kernels(scripted) == {("s1", "python")} and live_kernels(files) == set()
     assert kernel_names(backends, "s1") == ["restricted"] == kernel_backends(backends, "s1")
     assert kernel_names(backends, "s2") == [] == kernel_backends(backends, "s2")
+
+
+class _Host(ScriptedBackend, Hibernating):
+    """A kernel host some of whose kernels sleep (as the restricted backend's do)."""
+
+    def __init__(self, live: set[str], asleep: set[str]) -> None:
+        super().__init__("restricted")
+        self.kernels = {sid: 1 for sid in live | asleep}
+        self.asleep = asleep
+
+    def hibernated_sessions(self) -> set[str]:
+        return self.asleep
+
+
+class _Languages(ScriptedBackend, KernelLanguages):
+    """A kernel host with a kernel per language (as the container backend)."""
+
+    def __init__(self, kernels: set[tuple[str, str]]) -> None:
+        super().__init__("container")
+        self.pairs = kernels
+
+    def session_kernels(self) -> set[tuple[str, str]]:
+        return set(self.pairs)
+
+    def kernel_sessions(self) -> set[str]:
+        return {sid for sid, _ in self.pairs}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_sessions_look_agrees_with_the_scan_of_every_kernel(seed: int) -> None:
+    """The per-session and counting helpers a kernel call asks (kernel_languages,
+    kernel_names, kernel_count, KernelCap.admit) answer exactly what the scan of every live
+    kernel (live_kernels) answers, sleepers and languages included."""
+    import random
+
+    from sandboxd.backends.base import kernel_name
+    from sandboxd.errors import KernelLimitReached
+    from sandboxd.sessions.kernels import KernelCap
+
+    rnd = random.Random(seed)
+    sids = [f"s{i}" for i in range(12)]
+    live = {s for s in sids if rnd.random() < 0.5}
+    asleep = {s for s in sids if s not in live and rnd.random() < 0.5}
+    pairs = {(s, lang) for s in sids for lang in ("python", "bash") if rnd.random() < 0.3}
+    backends: dict[str, Any] = {"restricted": _Host(live, asleep),
+                                "container": _Languages(pairs)}
+    for resident in (False, True):
+        for name, b in backends.items():
+            scanned = live_kernels(b, resident=resident)
+            assert kernel_count(b, resident=resident) == len(scanned)
+            for sid in [*sids, "unknown"]:
+                assert kernel_languages(b, sid, resident=resident) == sorted(
+                    lang for s, lang in scanned if s == sid)
+        for sid in sids:
+            assert kernel_names(backends, sid, resident=resident) == sorted(
+                kernel_name(n, lang) for n, b in backends.items()
+                for s, lang in live_kernels(b, resident=resident) if s == sid)
+    # the cap: each admission counts as the full scan would, reservations included
+    cap = KernelCap(rnd.randint(1, 30), backends)
+    held = []
+    for _ in range(20):
+        sid, kernel = rnd.choice(sids), rnd.choice(["restricted", "container",
+                                                     "container:bash"])
+        before = cap.live()
+        shared = (kernel, sid) in before
+        try:
+            held.append(cap.admit(sid, kernel, python=True))
+        except KernelLimitReached:
+            assert not shared and len(before) >= cap.limit
+        else:
+            assert shared or len(before) < cap.limit
+        assert cap._count() == len(cap.live())
+    for r in held:
+        r.release()

@@ -38,11 +38,12 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from sandboxd.backends.base import Backend, KernelState
 from sandboxd.backends.call import BackendCall
-from sandboxd.backends.capabilities import KernelCarrier, KernelHost
+from sandboxd.backends.capabilities import Hibernating, KernelCarrier, KernelHost
 from sandboxd.backends.restricted import carry, health, landlock, namespaces, outcome, standby
 from sandboxd.backends.restricted.cgroups import CgroupLayout
 from sandboxd.backends.restricted.config import RestrictedConfig
@@ -68,12 +69,13 @@ from sandboxd.models import (
 )
 from sandboxd.protocol.call import WorkerReport
 from sandboxd.util.deadline import stop_task
+from sandboxd.util.setview import DisjointUnion
 from sandboxd.workspaces import fstree
 
 log = logging.getLogger("sandboxd.restricted")
 
 
-class RestrictedBackend(Backend, KernelHost, KernelCarrier):
+class RestrictedBackend(Backend, KernelHost, KernelCarrier, Hibernating):
     """RestrictedPython in a confined, pre-forked worker process (see the package docs)."""
 
     name = outcome.BACKEND_NAME
@@ -172,11 +174,12 @@ class RestrictedBackend(Backend, KernelHost, KernelCarrier):
         """End the session's kernel, if it has one (verified gone)."""
         await self.kernels.end(session_id, "the session was closed", forget=True)
 
-    def kernel_sessions(self) -> set[str]:
-        """Sessions with a live kernel (in memory, or hibernated: see .hibernation)."""
-        return self.kernels.live() | self.kernels.hibernation.sessions()
+    def kernel_sessions(self) -> AbstractSet[str]:
+        """Sessions with a live kernel, in memory or hibernated (see .hibernation): a view
+        of the two sets, which never share a session."""
+        return DisjointUnion(self.kernels.live(), self.kernels.hibernation.sessions())
 
-    def hibernated_sessions(self) -> set[str]:
+    def hibernated_sessions(self) -> AbstractSet[str]:
         """Sessions whose kernel sleeps on disk (see .hibernation)."""
         return self.kernels.hibernation.sessions()
 

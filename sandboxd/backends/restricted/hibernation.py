@@ -36,6 +36,7 @@ import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -150,8 +151,10 @@ class Hibernation:
         # (a write under way in its thread when the sweep was cancelled ends in here too)
         fstree.remove_tree_quietly(self.directory)
 
-    def sessions(self) -> set[str]:
-        return set(self.asleep)
+    def sessions(self) -> AbstractSet[str]:
+        """The sessions whose kernel sleeps (a view: never one whose kernel runs, see
+        :meth:`take` and :meth:`hibernate`)."""
+        return self.asleep.keys()
 
     async def state(self, sid: str) -> bytes | None:
         """A sleeping kernel's state (for a fork of its session), without waking it."""
@@ -167,21 +170,29 @@ class Hibernation:
             os.unlink(asleep.path)
         return True
 
-    async def wake(self, sid: str) -> Woken | None:
-        """Take the session's sleeping kernel, if it has one: its record and state (the file
-        goes). A state that cannot be read is lost, and the call that woke it says so."""
+    async def read(self, sid: str) -> Woken | None:
+        """The session's sleeping kernel, if it has one, and its state, read (it sleeps on
+        until :meth:`take`). A state that cannot be read is lost, and the call that wakes
+        it says so."""
         asleep = self.asleep.get(sid)
         if asleep is None:
             return None
         try:
-            woken = Woken(asleep, await asyncio.to_thread(_read, asleep))
+            return Woken(asleep, await asyncio.to_thread(_read, asleep))
         except OSError as exc:
             log.warning("restricted: session %s: the state of its hibernated kernel cannot be "
                         "read (%s): it is lost", sid, exc)
-            woken = Woken(asleep, b"", lost=f"its saved state cannot be read ({exc})")
+            return Woken(asleep, b"", lost=f"its saved state cannot be read ({exc})")
+
+    def take(self, sid: str, read: Woken | None) -> Woken | None:
+        """Wake the session's sleeping kernel as its fresh process starts (no await between
+        the two): what :meth:`read` read, unless it no longer sleeps as it was then (a
+        restart or close dropped it meanwhile: its state must not come back)."""
+        if read is None or self.asleep.get(sid) is not read.asleep:
+            return None
         self.drop(sid)
         self.woken += 1
-        return woken
+        return read
 
     # ----------------------------------------------------------------- the sweep
 
@@ -236,6 +247,7 @@ class Hibernation:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path(sid))
                 return False
+            pool._ending(sid, k, "hibernated")  # it leaves the running set as it falls asleep
             self.asleep[sid] = Asleep(path=self._path(sid), size=len(state.blob or b""),
                                       calls=k.calls, limits=k.limits, workspace=k.workspace,
                                       uid=k.uid, since=time.time())

@@ -50,6 +50,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -168,15 +169,16 @@ class KernelPool:
         parent's sandbox) before its first call; a restart or close drops it."""
         self.pending[sid] = state
 
-    def live(self) -> set[str]:
+    def live(self) -> AbstractSet[str]:
         """Sessions whose kernel is alive (:attr:`SessionKernel.alive` of each): the running
         ones less those whose pidfd says they exited (one ``epoll_wait``), unless a kernel
-        has no pidfd or a zygote died (then each is looked at)."""
+        has no pidfd or a zygote died (then each is looked at). The running set itself, not
+        a copy (read it, never change it): this is asked on every call."""
         self.running.difference_update(self.deaths.died())
         if self.unwatched or not all(z.alive for z in self.zygotes):
             self.zygotes = {k.zygote for k in self.kernels.values()}
             return {sid for sid, k in self.kernels.items() if k.alive}
-        return set(self.running)
+        return self.running
 
     def _started(self, sid: str, k: SessionKernel) -> None:
         """``k`` is the session's kernel from now on (see :meth:`live`)."""
@@ -237,7 +239,9 @@ class KernelPool:
 
     async def _first(self, wc: WorkerCall) -> Result:
         inv, limits, deadline, msg = wc.invocation, wc.limits, wc.deadline, wc.request
+        assert inv.session is not None
         started_at = time.monotonic()
+        read = await self.hibernation.read(inv.session)  # its state, if it sleeps
         try:
             z, worker = await self.backend.take_worker(deadline)
         except (ZygoteDied, TimeoutError) as exc:
@@ -245,14 +249,15 @@ class KernelPool:
                               if isinstance(exc, TimeoutError) else (Status.error, Reason.exited))
             result = outcome.result(wc, status, reason, cleanup=Cleanup(verified=True),
                                     message=f"no sandbox worker: {exc}")
-            result.kernel = Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
+            result.kernel = (Kernel(fresh=True, calls=0, lost=True, reason=reason.value)
+                             if read is None else Kernel(calls=read.asleep.calls))  # sleeps on
             return result
         z.took(worker, cgroup_limits(limits))
         k = SessionKernel(z, worker, str(inv.workspace), inv.uid, limits)
-        assert inv.session is not None
         self._started(inv.session, k)
         state = self.pending.pop(inv.session, b"")
-        woken = None if state else await self.hibernation.wake(inv.session)
+        # (a sleeper leaves the asleep set as it joins the running one: never both)
+        woken = None if state else self.hibernation.take(inv.session, read)
         if woken is not None and woken.state:  # it goes on: its calls are counted on
             k.calls, state = woken.asleep.calls, woken.state
         msg = replace(msg, state_bytes=len(state), woken=bool(state) and woken is not None)
