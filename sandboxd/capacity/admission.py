@@ -71,7 +71,7 @@ class Capacity:
         """``GET /v1/capacity``: sessions, kernels, sandbox uids and memory headroom, and
         ``full``: what would refuse a new session or kernel now."""
         memory = self.memory()
-        live_kernels = len(self.kernels.live())
+        live_kernels = self.kernels.count()
         headroom = memory.available - self.reserve
         sessions = len(self.sessions.registered())
         uids = self._uids_view()
@@ -112,7 +112,7 @@ class Capacity:
         gauge("sandboxd_sessions_live", "Live sessions, every client",
               lambda: len(self.sessions.registered()))
         gauge("sandboxd_kernels_live", "Live session kernels (and those being started)",
-              lambda: len(self.kernels.live()))
+              self.kernels.count)
         gauge("sandboxd_kernels_hibernated", "Session kernels asleep on disk (they hold no "
               "memory and do not count against max_kernels)", self.kernels.hibernated)
         gauge("sandboxd_kernels_max", "max_kernels (derived from memory unless set)",

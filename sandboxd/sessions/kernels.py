@@ -102,7 +102,7 @@ class KernelCap:
         kernel, sid = key
         return kernel in kernel_names(self.backends, sid, resident=True)
 
-    def _count(self) -> int:
+    def count(self) -> int:
         """``len(self.live())``, without building it (the reserved kernels are few; the
         backends' are counted)."""
         return (sum(kernel_count(b, resident=True) for b in self.backends.values())
@@ -129,7 +129,7 @@ class KernelCap:
         # live kernel, which a host with thousands of sessions would pay on every call
         if self._reserved.held(key) or self._resident(key):  # counted already: shared
             return self._reserved.reserve(key)
-        live = self._count()
+        live = self.count()
         try:
             cap = Cap("max_kernels", live, self.limit)
             if cap.count < cap.limit:  # room under the cap: is there room in memory?

@@ -223,7 +223,7 @@ def test_one_sessions_look_agrees_with_the_scan_of_every_kernel(seed: int) -> No
     backends: dict[str, Any] = {"restricted": _Host(live, asleep),
                                 "container": _Languages(pairs)}
     for resident in (False, True):
-        for name, b in backends.items():
+        for b in backends.values():
             scanned = live_kernels(b, resident=resident)
             assert kernel_count(b, resident=resident) == len(scanned)
             for sid in [*sids, "unknown"]:
@@ -247,6 +247,6 @@ def test_one_sessions_look_agrees_with_the_scan_of_every_kernel(seed: int) -> No
             assert not shared and len(before) >= cap.limit
         else:
             assert shared or len(before) < cap.limit
-        assert cap._count() == len(cap.live())
+        assert cap.count() == len(cap.live())
     for r in held:
         r.release()

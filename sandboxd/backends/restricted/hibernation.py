@@ -23,7 +23,7 @@ Truth across a restart: a hibernated kernel is one of the session's live kernels
 (:meth:`.KernelPool.live`), so the session's metadata lists it as any other; a stop or a crash
 loses it as it loses a kernel in memory (``daemon_restart``, ``daemon_crash``), and a start
 clears the directory. It does not count against ``max_kernels`` nor the memory headroom
-(:meth:`resident`): waking it is admitted as a new kernel is.
+(``live_kernels(..., resident=True)`` leaves it out): waking it is admitted as a new kernel is.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandboxd.backends.restricted.zygote_protocol import write_all
 from sandboxd.models import Limits, Result
 from sandboxd.util.deadline import stop_task
 from sandboxd.workspaces import fstree
@@ -83,8 +84,6 @@ class Asleep:
     limits: Limits
     workspace: str
     uid: int | None
-    #: when it went to sleep (``time.time()``)
-    since: float
 
 
 @dataclass
@@ -126,9 +125,6 @@ class Hibernation:
         self.limit_bytes = limit_bytes
         self.asleep: dict[str, Asleep] = {}
         self._task: asyncio.Task[None] | None = None
-        #: how many kernels went to sleep and woke since the start (``/metrics``)
-        self.slept = 0
-        self.woken = 0
 
     @property
     def enabled(self) -> bool:
@@ -191,7 +187,6 @@ class Hibernation:
         if read is None or self.asleep.get(sid) is not read.asleep:
             return None
         self.drop(sid)
-        self.woken += 1
         return read
 
     # ----------------------------------------------------------------- the sweep
@@ -250,9 +245,8 @@ class Hibernation:
             pool._ending(sid, k, "hibernated")  # it leaves the running set as it falls asleep
             self.asleep[sid] = Asleep(path=self._path(sid), size=len(state.blob or b""),
                                       calls=k.calls, limits=k.limits, workspace=k.workspace,
-                                      uid=k.uid, since=time.time())
+                                      uid=k.uid)
             await pool._stop(sid, k, "hibernated")
-            self.slept += 1
             return True
 
     def _path(self, sid: str) -> Path:
@@ -270,9 +264,7 @@ class Hibernation:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
                          | os.O_NOFOLLOW, 0o600)
             try:
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, blob)
             finally:
                 os.close(fd)
         except OSError as exc:
