@@ -175,17 +175,35 @@ def http_figures(repeats: int, calls: int) -> None:
 
 
 def create_to_first(n: int, floor: Path) -> None:
-    """ms from a session's creation to its first result, container backend, over HTTP."""
+    """ms from a session's creation to its first result, container backend, over HTTP: cold
+    (``session_pool_size`` 0: the first call starts the container), and with the default
+    ready sessions (:mod:`sandboxd.sessions.ready`), a session every half second (the pool
+    refills between two) and back to back (faster than it refills)."""
     print(f"zygote floor (same run): p50 {zygote_floor_ms(floor, 200):.2f} ms")
+    default = str(Settings().session_pool_size)
+    for label, size, gap in (("cold (session_pool_size 0)", "0", 0.0),
+                             (f"ready sessions (default {default}), a session every 0.5 s",
+                              default, 0.5),
+                             (f"ready sessions (default {default}), back to back", default,
+                              0.0)):
+        ms = _sessions_to_first(n, {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0",
+                                    "SANDBOXD_SESSION_POOL_SIZE": size}, gap)
+        print(f"container session, create to first result, {label} (n={n}): "
+              f"p50 {pct(ms, 0.5):.0f} ms, p95 {pct(ms, 0.95):.0f} ms, "
+              f"p99 {pct(ms, 0.99):.0f} ms", flush=True)
+
+
+def _sessions_to_first(n: int, env: dict[str, str], gap: float) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         (tmp / "policies").mkdir()
         (tmp / "policies" / "bench.yaml").write_text(POLICY)
-        env = {"SANDBOXD_RATE_LIMIT_PER_MINUTE": "0"}
         with running_daemon(tmp, policies_dir=tmp / "policies", env=env) as d, \
                 httpx.Client(base_url=d.url, timeout=120) as c:
+            want = int(env["SANDBOXD_SESSION_POOL_SIZE"])
             ms = []
             for _ in range(n + 1):  # the first one warms the daemon's own paths
+                _wait_ready(c, want if gap else 0)
                 start = time.perf_counter()
                 sid = c.post("/v1/sessions").json()["id"]
                 body = c.post("/v1/tools/python/invoke", json={
@@ -194,9 +212,17 @@ def create_to_first(n: int, floor: Path) -> None:
                 if body.get("stdout") != "0\n":
                     raise RuntimeError(f"bad result: {body}")
                 c.delete(f"/v1/sessions/{sid}")
-            ms = ms[1:]
-    print(f"container session, create to first result (n={n}): p50 {pct(ms, 0.5):.0f} ms, "
-          f"p95 {pct(ms, 0.95):.0f} ms, p99 {pct(ms, 0.99):.0f} ms")
+                time.sleep(gap)
+            return ms[1:]
+
+
+def _wait_ready(c: httpx.Client, want: int, within_s: float = 60) -> None:
+    """Wait until the daemon has ``want`` ready sessions (GET /v1/capacity)."""
+    end = time.monotonic() + within_s
+    while c.get("/v1/capacity").json()["sessions"]["ready"] < want:
+        if time.monotonic() > end:
+            raise RuntimeError(f"the daemon did not make {want} ready sessions")
+        time.sleep(0.05)
 
 
 async def main() -> None:

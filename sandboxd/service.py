@@ -66,6 +66,7 @@ from sandboxd.results.streaming import EventSink
 from sandboxd.scheduler import ClientPools, Overloaded, Scheduler
 from sandboxd.sessions.kernels import KernelCap, KernelTicket, SessionService
 from sandboxd.sessions.manager import Session, SessionEnded, SessionManager
+from sandboxd.sessions.ready import ready_sessions
 from sandboxd.sessions.restarts import Restarts, kernel_of
 from sandboxd.tools import validate_arguments
 from sandboxd.util.deadline import stop_task, within
@@ -122,6 +123,8 @@ class Sandboxd:
                                  uids=self.uids)
         self.kernel_cap.gate = self.capacity.admit_kernel
         self.session_ops.admit_session = self.capacity.admit_session
+        self.session_ops.ready = ready = ready_sessions(self.sessions, self.backends, self.policy)
+        self.capacity.ready = lambda: sum(len(r.queue) for r in ready)
         self.capacity.register(self.metrics.registry)
         self.stop_clock = StopClock(settings.shutdown_timeout_s)  # a stop's bound
         self.drains = Drain(self.health, self.stop_clock)  # the calls in flight at a stop
@@ -170,6 +173,8 @@ class Sandboxd:
         )
         # kept containers are re-adopted while it serves
         await self.restarts.start_recovery(self.end_session)
+        for ready in self.session_ops.ready:  # sessions made ahead, their sandbox started
+            ready.start()
         wire_egress(self.backends.values(), self.policy, self.metrics, self._record,
                     self.policy_listeners)  # the egress proxy's records and reloads
         self._tasks = [
@@ -196,6 +201,9 @@ class Sandboxd:
         if survive and self._started:
             with contextlib.suppress(Exception):  # bounded: what is not kept by then is not
                 await within(self.restarts.keep_sessions(), self.stop_clock.left())
+        for ready in self.session_ops.ready:  # never kept: nobody's sessions yet (what is
+            with contextlib.suppress(Exception):  # left by the bound goes with the backend)
+                await within(ready.close(), self.stop_clock.left())
         with contextlib.suppress(Exception):  # tmpfs workspaces outlive the daemon if kept
             await self.sessions.close(self.session_ops.end_at_stop,
                                       survive=survive and self._started)

@@ -43,6 +43,8 @@ class Capacity:
         self.sessions = sessions
         self.uids = uids
         self.keep_free = sessions.keep_free
+        #: how many sessions are made ahead, their sandbox started (sandboxd.sessions.ready)
+        self.ready: Callable[[], int] = lambda: 0
 
     def memory(self) -> MemoryReading:
         """The memory a new sandbox can use now."""
@@ -80,7 +82,8 @@ class Capacity:
             ("max_kernels", live_kernels >= self.kernels.limit),
             ("memory", headroom < self.kernel_bytes)) if hit]
         view: dict[str, Any] = {
-            "sessions": {"live": sessions, "max_per_client": self.sessions.max_per_client},
+            "sessions": {"live": sessions, "max_per_client": self.sessions.max_per_client,
+                         "ready": self.ready()},
             "kernels": {"live": live_kernels, "max": self.kernels.limit,
                         "derived": "max_kernels" in self.derived,
                         "hibernated": self.kernels.hibernated()},
@@ -111,6 +114,8 @@ class Capacity:
 
         gauge("sandboxd_sessions_live", "Live sessions, every client",
               lambda: len(self.sessions.registered()))
+        gauge("sandboxd_sessions_ready", "Sessions made ahead with their sandbox started, "
+              "for clients' next new sessions", lambda: self.ready())
         gauge("sandboxd_kernels_live", "Live session kernels (and those being started)",
               self.kernels.count)
         gauge("sandboxd_kernels_hibernated", "Session kernels asleep on disk (they hold no "

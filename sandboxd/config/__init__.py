@@ -264,6 +264,11 @@ class Settings(BaseSettings):
                     "or stale, offline, in the background, once: their tools answer 503 with "
                     "the build's progress until it is done (`make run` sets it); '': none")
     warm_pool_size: int = Field(default=2, ge=0)
+    session_pool_size: int = Field(
+        default=2, ge=0,
+        description="Sessions made ahead with their container started (while some policy "
+                    "runs python in containers): a new session's first call does not wait "
+                    "for its container to start; 0: none")
     seccomp_profile: Path | None = Field(
         default=None, description="None: the shipped policies/seccomp.json"
     )

@@ -191,6 +191,15 @@ class PolicyStore:
         pol = self.policy_for(client)
         return specs.tool_specs(pol) if pol is not None else []
 
+    def runs_python_on(self, backend: str, client: str | None = None) -> bool:
+        """Whether ``client``'s ``python`` tool runs on ``backend`` (None: some client's;
+        what a backend's ready sessions are made for, :mod:`sandboxd.sessions.ready`)."""
+        if self._set is None:
+            return False
+        pols = [self.policy_for(client)] if client is not None else self.policies()
+        return any(s.name == "python" and s.backend == backend
+                   for pol in pols if pol is not None for s in specs.tool_specs(pol))
+
     def decide(self, client: str, tool: str, arguments: dict[str, Any],
                requested: LimitsRequest | None, site: CallSite | None = None) -> Decision:
         """The decision for one call; ``arguments`` are already schema-valid. ``site``: where

@@ -40,6 +40,7 @@ from sandboxd.errors import (
 )
 from sandboxd.host.storage import is_no_space
 from sandboxd.sessions.manager import SessionNotFound
+from sandboxd.sessions.ready import Ready, ReadySessions
 from sandboxd.util.reservations import Cap, CapReached, Ledger, Reservation
 
 if TYPE_CHECKING:
@@ -163,6 +164,8 @@ class SessionService:
         self.health = health
         self.record = record
         self.note_kernels = note_kernels
+        #: sessions made ahead with their sandbox started (the service fills it)
+        self.ready: list[ReadySessions] = []
         #: the ends of sessions under way (each runs to its end, :meth:`end_session`)
         self._endings: set[asyncio.Future[dict[str, Any]]] = set()
         #: refuses a new session while the host has no room (sandboxd.capacity: memory
@@ -199,10 +202,15 @@ class SessionService:
                            "instance or later")
         self.health.check_state_dir()
         self.admit_session()  # memory headroom, before the first await
+        (place,) = self.sessions.reserve_places(client)
+        ready = self._ready_for(client)
         try:
-            session = await self.sessions.create(client, ttl_s)
-        except OSError as exc:
-            if is_no_space(exc):
+            session = await self.sessions.create(client, ttl_s, place=place,
+                                                 ready=ready[1].made if ready else None)
+        except BaseException as exc:
+            if ready is not None:  # (create undid its workspace and uid)
+                await ready[0].discard(ready[1], workspace=False)
+            if isinstance(exc, OSError) and is_no_space(exc):
                 raise StorageUnavailable(f"no session can be created: the state directory is "
                                          f"full ({exc.strerror or exc})") from exc
             raise
@@ -211,8 +219,21 @@ class SessionService:
                               transport=transport)
         except AuditFailure:
             await self.sessions.drop(session)
+            if ready is not None:
+                await ready[0].discard(ready[1], workspace=False)
             raise
+        if ready is not None:
+            ready[0].claim(ready[1], client)  # its first call finds its sandbox started
         return session
+
+    def _ready_for(self, client: str) -> tuple[ReadySessions, Ready] | None:
+        """A ready session for a new session of ``client`` (:mod:`sandboxd.sessions.ready`),
+        with the pool it came from; None when none serves it."""
+        for pool in self.ready:
+            taken = pool.take(client)
+            if taken is not None:
+                return pool, taken
+        return None
 
     async def restart_session(self, client: str, session_id: str, *,
                               transport: str = "http") -> dict[str, Any]:

@@ -37,7 +37,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sandboxd.errors import HostFull
@@ -68,6 +68,7 @@ TEMP_PREFIX = "tmp-"
 
 __all__ = [
     "TEMP_PREFIX",
+    "Prepared",
     "Session",
     "SessionEnded",
     "SessionError",
@@ -76,6 +77,15 @@ __all__ = [
     "SessionNotFound",
     "SessionOverQuota",
 ]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A session's id, uid and workspace, made before it is registered."""
+
+    sid: str
+    uid: int | None
+    workspace: Path
 
 
 #: how far ahead of a session's expiry :meth:`SessionManager.touch` writes it to its file
@@ -138,24 +148,30 @@ class SessionManager:
 
     async def create(self, client: str, ttl_s: float | None = None, *,
                      place: Reservation[str] | None = None,
-                     fill: Callable[[Path, int | None], Awaitable[None]] | None = None
-                     ) -> Session:
+                     fill: Callable[[Path, int | None], Awaitable[None]] | None = None,
+                     ready: Prepared | None = None) -> Session:
         """A new session with an empty workspace (``fill``: what fills it, before the session
-        is registered). Its place under ``max_per_client`` is reserved before the first await
+        is registered; ``ready``: one :meth:`prepare` made ahead, whose id, uid and workspace
+        it takes). Its place under ``max_per_client`` is reserved before the first await
         (:mod:`sandboxd.util.reservations`; ``place``: one :meth:`reserve_places` took) and held
         until it is registered: a burst of creations admits exactly the cap."""
         if place is None:
             (place,) = self.reserve_places(client)
         try:
-            return await self._create(client, ttl_s, fill)
+            made = ready if ready is not None else await self.prepare()
+            try:
+                if fill is not None:
+                    await fill(made.workspace, made.uid)
+                return self._register(client, ttl_s, made)
+            except BaseException:
+                await self.unprepare(made)
+                raise
         finally:
             place.release()  # registered (it counts itself) or failed
 
-    async def _create(self, client: str, ttl_s: float | None,
-                      fill: Callable[[Path, int | None], Awaitable[None]] | None = None
-                      ) -> Session:
-        ttl = min(ttl_s or self.ttl_s, self.ttl_s)
-        now = time.time()
+    async def prepare(self) -> Prepared:
+        """A new session's id, uid and empty workspace, not registered yet (:meth:`create`
+        registers it; :meth:`unprepare` undoes it). :class:`HostFull` when no uid is left."""
         sid = new_id("ses", self.node_id or None)
         uid = None
         if self.uids is not None:
@@ -165,23 +181,33 @@ class SessionManager:
                 raise HostFull(f"the host is full, no session can be created now: {exc} "
                                "(sandbox_uid_count)", full="sandbox_uids") from None
         try:
-            workspace = await self._create_workspace(sid, uid)
-            if fill is not None:
-                await fill(workspace, uid)
-            session = Session(sid, client, now, now + ttl, ttl, self.quota_bytes,
-                              str(workspace), uid, self.quota_entries, self.node_id)
-            self._sessions[sid] = session
-            # its file holds the expiry ahead from the start (as :meth:`touch` writes it):
-            # the touch of its first call then rewrites nothing
-            self._save(replace(session, expires_at=session.expires_at + self._ahead(session)))
+            return Prepared(sid, uid, await self._create_workspace(sid, uid))
         except BaseException:
-            self._sessions.pop(sid, None)
-            await asyncio.to_thread(self._remove_workspace, self.root / sid)
-            (self.meta_dir / f"{sid}.json").unlink(missing_ok=True)
-            self.meta_dir.joinpath(f"{sid}.tmp").unlink(missing_ok=True)
             if self.uids is not None:
                 self.uids.release(sid)
             raise
+
+    async def unprepare(self, made: Prepared) -> None:
+        """Undo :meth:`prepare` (or a registration that failed): the workspace, the session's
+        files and its uid go."""
+        sid = made.sid
+        self._sessions.pop(sid, None)
+        await asyncio.to_thread(self._remove_workspace, self.root / sid)
+        (self.meta_dir / f"{sid}.json").unlink(missing_ok=True)
+        self.meta_dir.joinpath(f"{sid}.tmp").unlink(missing_ok=True)
+        if self.uids is not None:
+            self.uids.release(sid)
+
+    def _register(self, client: str, ttl_s: float | None, made: Prepared) -> Session:
+        """Register a prepared session of ``client`` (its file written before it is used)."""
+        ttl = min(ttl_s or self.ttl_s, self.ttl_s)
+        now = time.time()
+        session = Session(made.sid, client, now, now + ttl, ttl, self.quota_bytes,
+                          str(made.workspace), made.uid, self.quota_entries, self.node_id)
+        self._sessions[made.sid] = session
+        # its file holds the expiry ahead from the start (as :meth:`touch` writes it): the
+        # touch of its first call then rewrites nothing
+        self._save(replace(session, expires_at=session.expires_at + self._ahead(session)))
         return session
 
     def identity(self, session: Session | None, invocation_id: str) -> int | None:

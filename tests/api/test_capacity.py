@@ -36,7 +36,8 @@ def test_capacity_reports_sessions_kernels_and_memory(tmp_path: Path) -> None:
         view = d.client.get("/v1/capacity").json()
         assert view["sessions"]["live"] == 1 and view["sessions"]["yours"] == 1
         assert d.http(bob).get("/v1/capacity").json()["sessions"] == {
-            "live": 1, "yours": 0, "max_per_client": d.settings.max_sessions_per_client}
+            "live": 1, "yours": 0, "max_per_client": d.settings.max_sessions_per_client,
+            "ready": 0}
         assert view["kernels"]["live"] == 1
         assert view["kernels"]["max"] == d.settings.max_kernels
         memory = view["memory"]

@@ -37,8 +37,9 @@ PASSED_SETTINGS = {"SANDBOXD_PYTHON_IMAGE", "SANDBOXD_SHELL_IMAGE",
 #: settings every test daemon gets unless its ``env`` says otherwise. No warm container pool:
 #: most test daemons never call a container tool, and two idle containers per daemon start
 #: cost seconds of CPU each under the VM job's emulation; the tests of the pool
-#: and of container calls set ``SANDBOXD_WARM_POOL_SIZE`` themselves.
-TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0",
+#: and of container calls set ``SANDBOXD_WARM_POOL_SIZE`` themselves. No ready sessions
+#: either (each holds a started container), but in the tests of them.
+TEST_DEFAULTS = {"SANDBOXD_WARM_POOL_SIZE": "0", "SANDBOXD_SESSION_POOL_SIZE": "0",
                  # a test daemon's state goes with the test: a stop ends its sessions (and so
                  # leaves no mount or container behind) unless the test keeps them
                  "SANDBOXD_SESSIONS_SURVIVE_RESTART": "false"}

@@ -68,6 +68,7 @@ from sandboxd.backends.container.dockerapi import APIError, Engine, EngineError
 from sandboxd.backends.container.oneshot import run_oneshot
 from sandboxd.backends.container.pool import WarmPool
 from sandboxd.backends.container.probe import run_probe
+from sandboxd.backends.container.ready import ReadyContainers
 from sandboxd.backends.container.sessions import SessionContainers
 from sandboxd.backends.container.watch import PING_TIMEOUT_S, EngineWatch
 from sandboxd.config import Settings
@@ -104,6 +105,7 @@ class ContainerBackend(Backend, KernelLanguages, Pausable, ImageBuilder, SelfHea
         self.boxes = Boxes(config, self.uids)
         self.pool = WarmPool(self.boxes)
         self.sessions = SessionContainers(self.boxes)
+        self.ready = ReadyContainers(self.boxes, self.sessions)  # ready sessions' containers
         self._probe_cache: tuple[float, ProbeReport] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._ping_client: Engine | None = None

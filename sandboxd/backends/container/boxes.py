@@ -68,6 +68,9 @@ class Box:
     wheelhouse: bool | None = False
     #: the egress proxy's identity of this container (None: no egress)
     egress: Identity | None = None
+    #: made before its session had a client (a ready session's, :mod:`.ready`), with no
+    #: network and no egress: its first call checks that it wants none either
+    prestarted: bool = False
 
 
 class Boxes:

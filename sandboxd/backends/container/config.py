@@ -36,6 +36,8 @@ class ContainerConfig:
     session_quota_bytes: int = field(default=100 * 1024 * 1024, metadata=reads())
     session_quota_entries: int = field(default=65536, metadata=reads())
     warm_pool_size: int = field(default=2, metadata=reads())
+    # ready sessions whose container is started ahead (sandboxd.sessions.ready)
+    session_pool_size: int = field(default=2, metadata=reads())
     # an interrupted session kernel may come back this long
     kernel_interrupt_grace_s: float = field(default=2.0, metadata=reads())
     # an idle session container is paused (0: never)

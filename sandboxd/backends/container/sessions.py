@@ -127,7 +127,11 @@ class SessionContainers:
         async with lock:
             self._check_open(key)
             box = self.by_key.get(key)
-            if box is not None and not box.dead:
+            if box is not None and box.prestarted and not box.dead:
+                box.prestarted = False  # (:mod:`.ready`) made with no network and no egress
+                if plan.network is not None or plan.egress is not None:
+                    await self.drop(key, box)  # its call wants them: one made for it
+            if box is not None and not box.dead and self.by_key.get(key) is box:
                 if box.egress is not None and plan.egress is not None:
                     # this call's decision, under the policy in force now: new connections
                     # follow it, open ones it no longer allows are cut
