@@ -11,7 +11,9 @@ the figures are the backend's own; ``--http`` adds the same through a real daemo
 policy, audit). Goal on a 2-core machine: p50 <= 10 ms. ``--create-to-first N`` instead
 times, through a real daemon, N sessions created one after another, each to its first
 result (``POST /v1/sessions`` and a first ``python`` call, which starts the session's
-container and kernel), beside the zygote floor of the same run
+kernel, and its container unless a ready session had it started), three ways: cold
+(``session_pool_size`` 0), from a full pool of ready sessions (the default size), and back to
+back with the default pool (faster than it refills); beside the zygote floor of the same run
 (``../shared/bench/zygote_floor.py``).
 """
 
@@ -177,12 +179,12 @@ def http_figures(repeats: int, calls: int) -> None:
 def create_to_first(n: int, floor: Path) -> None:
     """ms from a session's creation to its first result, container backend, over HTTP: cold
     (``session_pool_size`` 0: the first call starts the container), and with the default
-    ready sessions (:mod:`sandboxd.sessions.ready`), a session every half second (the pool
-    refills between two) and back to back (faster than it refills)."""
+    ready sessions (:mod:`sandboxd.sessions.ready`), each session created once the pool is
+    full again (and half a second later) and back to back (faster than it refills)."""
     print(f"zygote floor (same run): p50 {zygote_floor_ms(floor, 200):.2f} ms")
     default = str(Settings().session_pool_size)
     for label, size, gap in (("cold (session_pool_size 0)", "0", 0.0),
-                             (f"ready sessions (default {default}), a session every 0.5 s",
+                             (f"ready sessions (default {default}), each session from a full pool",
                               default, 0.5),
                              (f"ready sessions (default {default}), back to back", default,
                               0.0)):
