@@ -24,8 +24,9 @@ from sandboxd.util.deadline import within
 
 #: ready session containers may reserve at most this share of the host's free memory
 READY_MEMORY_SHARE = 0.25
-#: how long a new container's runner may take to connect before it counts as failed
-RUNNER_CONNECT_S = 60.0
+#: how long a new container's runner may take to connect before it counts as failed (a
+#: bound for a hang: an emulated host takes tens of seconds; the refill waits meanwhile)
+RUNNER_CONNECT_S = 300.0
 
 
 @dataclass(frozen=True)
