@@ -90,11 +90,6 @@ class ReadySessions:
         self._closing = False
         self._discards: set[asyncio.Future[None]] = set()  # removals under way
 
-    @property
-    def workspaces(self) -> set[Path]:
-        """The workspaces of the ready sessions (no session file names them)."""
-        return {r.made.workspace for r in self.queue}
-
     def start(self) -> None:
         """Start keeping the number up."""
         if self._task is None:
