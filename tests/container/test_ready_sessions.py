@@ -20,7 +20,7 @@ import pytest
 
 from sandboxd.access.tokens import add_token
 from sandboxd.workspaces.quota import mounts_below
-from tests.support.daemon import RunningDaemon, start_daemon
+from tests.support.daemon import RunningDaemon, daemon_list, start_daemon
 from tests.support.wait import wait_until
 
 from .conftest import labelled
@@ -40,6 +40,12 @@ CONTAINERS = SLOW_ENGINE_POLICY + '  write_file: {paths: {allow: ["**"]}, max_by
 #: every client's python in containers, with a network (the ready ones have none)
 NETWORK_POLICY = SLOW_ENGINE_POLICY.replace("network: none", "network: bridge", 1)
 assert NETWORK_POLICY != SLOW_ENGINE_POLICY
+
+
+#: the tests of the daemon's own logic (the VM job runs those of mounts and containers)
+SAME_LOGIC = pytest.mark.same_on_every_host(
+    "which client takes a ready session and which policy wants them is the daemon's own "
+    "logic; the mounts and containers of ready sessions are the other tests'")
 
 
 def _start(tmp_path: Path, instance: str, *, policy: str = CONTAINERS,
@@ -65,13 +71,8 @@ def _start(tmp_path: Path, instance: str, *, policy: str = CONTAINERS,
 
 @pytest.fixture
 def daemons() -> Iterator[list[RunningDaemon]]:
-    started: list[RunningDaemon] = []
-    try:
+    with daemon_list() as started:
         yield started
-    finally:
-        for d in started:
-            d.client.close()
-            d.stop()
 
 
 def _ready(d: RunningDaemon, want: int) -> None:
@@ -127,9 +128,7 @@ def test_a_new_session_takes_a_ready_one_and_its_container(docker_client: Any,
     assert view["id"] == sid
 
 
-@pytest.mark.same_on_every_host(
-    "which client takes a ready session and which policy wants them is the daemon's own "
-    "logic; the mounts and containers of ready sessions are the other tests'")
+@SAME_LOGIC
 def test_a_client_whose_python_runs_elsewhere_never_takes_one(docker_client: Any,
                                                              tmp_path: Path,
                                                              daemons: list[RunningDaemon],
@@ -147,9 +146,7 @@ def test_a_client_whose_python_runs_elsewhere_never_takes_one(docker_client: Any
     assert set(_sessions(docker_client, instance)) == {waiting}
 
 
-@pytest.mark.same_on_every_host(
-    "which client takes a ready session and which policy wants them is the daemon's own "
-    "logic; the mounts and containers of ready sessions are the other tests'")
+@SAME_LOGIC
 def test_a_call_that_wants_a_network_gets_a_container_made_for_it(
         docker_client: Any, tmp_path: Path, daemons: list[RunningDaemon]) -> None:
     instance = f"rdy{secrets.token_hex(4)}"
@@ -206,9 +203,7 @@ def test_the_start_after_a_crash_removes_the_ready_sessions_it_left(
         assert r.status_code == 404, r.text
 
 
-@pytest.mark.same_on_every_host(
-    "which client takes a ready session and which policy wants them is the daemon's own "
-    "logic; the mounts and containers of ready sessions are the other tests'")
+@SAME_LOGIC
 def test_they_are_made_once_a_policy_runs_python_in_containers(
         docker_client: Any, tmp_path: Path, daemons: list[RunningDaemon]) -> None:
     instance = f"rdy{secrets.token_hex(4)}"
