@@ -7,7 +7,8 @@ default python image, default limits, no network, the wheelhouse when there is o
 it is the session's container (``(client, session, image)``): its first call finds it, changes
 its limits to the call's (as every call does), and uses it, unless the call's policy wants
 what it was not made with (a network, egress rules): then it is replaced by a container made
-for the call (:meth:`~sandboxd.backends.container.sessions.SessionContainers.made_for`).
+for the call (:class:`~sandboxd.backends.container.sessions.SessionContainers`, where a call
+finds its session's container).
 """
 
 from __future__ import annotations
