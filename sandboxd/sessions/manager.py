@@ -182,9 +182,8 @@ class SessionManager:
                                "(sandbox_uid_count)", full="sandbox_uids") from None
         try:
             return Prepared(sid, uid, await self._create_workspace(sid, uid))
-        except BaseException:
-            if self.uids is not None:
-                self.uids.release(sid)
+        except BaseException:  # whatever of it was made goes
+            await self.unprepare(Prepared(sid, uid, self.root / sid))
             raise
 
     async def unprepare(self, made: Prepared) -> None:
