@@ -20,7 +20,7 @@ import pytest
 
 from sandboxd.access.tokens import add_token
 from sandboxd.workspaces.quota import mounts_below
-from tests.support.daemon import RunningDaemon, daemon_list, start_daemon
+from tests.support.daemon import RunningDaemon, daemon_list, start_daemon, uid_range_env
 from tests.support.wait import wait_until
 
 from .conftest import labelled
@@ -49,7 +49,8 @@ SAME_LOGIC = pytest.mark.same_on_every_host(
 
 
 def _start(tmp_path: Path, instance: str, *, policy: str = CONTAINERS,
-           size: str = "1", name: str = "d") -> RunningDaemon:
+           size: str = "1", name: str = "d", extra: dict[str, str] | None = None
+           ) -> RunningDaemon:
     """A daemon on ``tmp_path/state``; the policies in ``tmp_path/policies``; its client the
     token's ``alice`` (``tmp_path/bob`` holds the token of the client ``elsewhere``)."""
     where = tmp_path / name
@@ -64,7 +65,7 @@ def _start(tmp_path: Path, instance: str, *, policy: str = CONTAINERS,
         (tmp_path / "bob").write_text(add_token(tokens, "elsewhere"))
     env = daemon_env(instance) | {"SANDBOXD_WARM_POOL_SIZE": "0",
                                   "SANDBOXD_SESSION_POOL_SIZE": size,
-                                  "SANDBOXD_TOKENS_FILE": str(tokens)}
+                                  "SANDBOXD_TOKENS_FILE": str(tokens)} | (extra or {})
     return start_daemon(where, policies_dir=policies, env=env, state_dir=tmp_path / "state",
                         token=(tmp_path / "alice").read_text())
 
@@ -227,3 +228,25 @@ def test_they_are_made_once_a_policy_runs_python_in_containers(
                and not (tmp_path / "state" / "workspaces" / waiting).exists(),
                timeout=120, what="the ready session's removal", detail=d.log)
     assert not [m for m in mounts_below(tmp_path / "state") if m.name == waiting]
+
+
+@SAME_LOGIC
+def test_a_taken_one_keeps_its_container_and_kernel_across_a_restart(
+        docker_client: Any, tmp_path: Path, daemons: list[RunningDaemon]) -> None:
+    instance = f"rdy{secrets.token_hex(4)}"
+    # (the restarted daemon has the same uid range: a session keeps its uid across it)
+    keep = {"SANDBOXD_SESSIONS_SURVIVE_RESTART": "true"} | uid_range_env()
+    d = _start(tmp_path, instance, extra=keep)
+    _ready(d, 1)
+    (waiting,) = _sessions(docker_client, instance).values()
+    sid = d.client.post("/v1/sessions").json()["id"]
+    assert waiting.labels["sandboxd.session"] == sid
+    assert d.python(sid, "x = 41")["status"] == "ok"
+    assert d.stop() == 0  # a clean stop keeps the session's container, removes the ready one
+    d.client.close()
+    assert set(_sessions(docker_client, instance)) == {sid}
+    again = _start(tmp_path, instance, name="again", size="0", extra=keep)
+    daemons.append(again)
+    result = again.python(sid, "print(x + 1)")
+    assert result["stdout"] == "42\n" and not result["kernel"].get("lost"), result
+    assert waiting.id in {c.id for c in labelled(docker_client, instance)}
