@@ -157,3 +157,61 @@ def test_daemon_started_while_engine_down(tmp_path: Path, engine: PrivateDockerd
         assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
     wait_until(lambda: not engine.containers(f"{LABEL}={instance}"), timeout=30,
                what="no container left")
+
+
+READY_POLICY = """\
+version: 1
+name: ready
+clients: ["*"]
+limits: {timeout: 120s, max_timeout: 180s}
+tools:
+  python:
+    backend: container
+"""
+
+
+def _ready_count(d: RunningDaemon) -> int:
+    return int(d.client.get("/v1/capacity").json()["sessions"]["ready"])
+
+
+def test_ready_sessions_are_remade_after_the_engine_comes_back(
+        tmp_path: Path, engine: PrivateDockerd) -> None:
+    """Sessions made ahead with their container started (``session_pool_size``) die with
+    the engine: none is handed out meanwhile, and once it is back they are made anew, the
+    dead ones removed, and a new session takes a working one."""
+    if engine.proc is None or engine.proc.poll() is not None:
+        engine.start()
+    instance = "faultsready"
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "ready.yaml").write_text(READY_POLICY)
+    env = _env(engine, instance) | {"SANDBOXD_WARM_POOL_SIZE": "0",
+                                    "SANDBOXD_SESSION_POOL_SIZE": "2"}
+    with running_daemon(tmp_path, env=env, policies_dir=policies) as d:
+        wait_until(lambda: _ready_count(d) == 2, timeout=120, what="two ready sessions",
+                   detail=d.log)
+        before = {c["Labels"]["sandboxd.session"] for c in engine.containers(
+            f"{LABEL}={instance}")}
+        engine.stop(signal.SIGTERM)
+        wait_until(lambda: _ready_count(d) == 0, timeout=30, what="no ready session while the "
+                   "engine is away", detail=d.log)
+        sid = d.client.post("/v1/sessions").json()["id"]
+        assert sid not in before  # not one whose container died
+        r = d.invoke("python", {"code": "print(1)"}, session=sid)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
+        engine.start()
+        wait_until(lambda: _ready_count(d) == 2, timeout=120, what="ready sessions made anew",
+                   detail=d.log)
+
+        def sessions_now() -> set[str]:
+            return {c["Labels"].get("sandboxd.session", "") for c in engine.containers(
+                f"{LABEL}={instance}")}
+        wait_until(lambda: not sessions_now() & before, timeout=60,
+                   what="the dead ready sessions' containers removed", detail=sessions_now)
+        fresh = d.client.post("/v1/sessions").json()["id"]
+        assert fresh in sessions_now()
+        result = d.python(fresh, "print(6 * 7)")
+        assert result["status"] == "ok" and result["stdout"] == "42\n", result
+        assert not [p for p in (d.state_dir / "workspaces").iterdir() if p.name in before]
+    wait_until(lambda: not engine.containers(f"{LABEL}={instance}"), timeout=60,
+               what="no container left")
