@@ -3,8 +3,11 @@ sessions made ahead with their container started (``session_pool_size``). A new 
 one and its first call runs in the container that was waiting (made before the session was
 asked for); it is a whole session of its own (its own uid and workspace, files before the first
 call, another ready one made in its place); a client whose python tool runs elsewhere never
-gets one; a call whose policy wants a network gets a container made for it; a stop, and the
-start after a crash, leave no container, workspace or mount of a ready session behind."""
+gets one; they follow the policies (made once one runs python in containers, removed once
+none does); a call whose policy wants a network gets a container made for it; a taken one
+keeps its container and kernel across a clean restart; a stop, and the start after a crash,
+leave no container, workspace or mount of a ready session behind (the engine's outage is
+tests/faults/test_docker.py's)."""
 
 from __future__ import annotations
 
