@@ -248,7 +248,9 @@ def test_a_taken_one_keeps_its_container_and_kernel_across_a_restart(
     assert d.stop() == 0  # a clean stop keeps the session's container, removes the ready one
     d.client.close()
     assert set(_sessions(docker_client, instance)) == {sid}
-    again = _start(tmp_path, instance, name="again", size="0", extra=keep)
+    # (its own stop ends the session: nothing of the test outlives it)
+    again = _start(tmp_path, instance, name="again", size="0",
+                   extra=keep | {"SANDBOXD_SESSIONS_SURVIVE_RESTART": "false"})
     daemons.append(again)
     result = again.python(sid, "print(x + 1)")
     assert result["stdout"] == "42\n" and not result["kernel"].get("lost"), result
