@@ -267,8 +267,8 @@ class Settings(BaseSettings):
     session_pool_size: int = Field(
         default=2, ge=0,
         description="Sessions made ahead with their container started (while some policy "
-                    "runs python in containers): a new session's first call does not wait "
-                    "for its container to start; 0: none")
+                    "runs python in containers of the default image, with no network): a "
+                    "new session's first call does not wait for its container; 0: none")
     seccomp_profile: Path | None = Field(
         default=None, description="None: the shipped policies/seccomp.json"
     )

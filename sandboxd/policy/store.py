@@ -16,7 +16,7 @@ from typing import Any
 
 from sandboxd.errors import UnknownTool
 from sandboxd.models import Decision, Explanation, LimitsRequest, ToolSpec
-from sandboxd.policy import engine, specs
+from sandboxd.policy import egress_checks, engine, specs
 from sandboxd.policy.loader import LoadedPolicy, PolicyError, PolicySet, load_set
 from sandboxd.policy.site import CallSite
 from sandboxd.tools import validate_arguments
@@ -192,13 +192,19 @@ class PolicyStore:
         return specs.tool_specs(pol) if pol is not None else []
 
     def runs_python_on(self, backend: str, client: str | None = None) -> bool:
-        """Whether ``client``'s ``python`` tool runs on ``backend`` (None: some client's;
-        what a backend's ready sessions are made for, :mod:`sandboxd.sessions.ready`)."""
+        """Whether ``client``'s ``python`` tool (None: some client's) runs on ``backend`` in
+        a sandbox a ready session holds (:mod:`sandboxd.sessions.ready`): the backend's own
+        image, no network, no egress rules."""
         if self._set is None:
             return False
         pols = [self.policy_for(client)] if client is not None else self.policies()
-        return any(s.name == "python" and s.backend == backend
-                   for pol in pols if pol is not None for s in specs.tool_specs(pol))
+        for pol in pols:
+            cfg = pol.spec.tools.python if pol is not None else None
+            if (pol is not None and cfg is not None and cfg.enabled and cfg.backend == backend
+                    and not cfg.image and specs.tool_network(pol, cfg) in (None, "none")
+                    and egress_checks.effective(cfg, pol.spec) is None):
+                return True
+        return False
 
     def decide(self, client: str, tool: str, arguments: dict[str, Any],
                requested: LimitsRequest | None, site: CallSite | None = None) -> Decision:

@@ -16,10 +16,12 @@ other image, a network, egress rules) is replaced at that call, as a lost one wo
 Nothing is shared: a ready session is a whole session made early, never given to two
 clients; a taken one is replaced in the background. Sized by the backend
 (``session_pool_size`` and the host's free memory); made only while some policy sends
-``python`` to that backend. A ready session's uid comes from the sessions' share of the uid
-pool, as a session's does. A stop removes them (sandbox, workspace, uid); after a crash the next
-start removes their workspaces (no session file names them) and containers, as it removes any
-a crash leaves.
+``python`` to that backend in the sandbox a ready one holds (the backend's own image, no
+network, no egress rules: :meth:`PolicyStore.runs_python_on
+<sandboxd.policy.store.PolicyStore.runs_python_on>`), and taken only by such a client. A
+ready session's uid comes from the sessions' share of the uid pool, as a session's does. A
+stop removes them (sandbox, workspace, uid); after a crash the next start removes their
+workspaces (no session file names them) and containers, as it removes any a crash leaves.
 """
 
 from __future__ import annotations

@@ -154,13 +154,18 @@ def test_a_client_whose_python_runs_elsewhere_never_takes_one(docker_client: Any
 def test_a_call_that_wants_a_network_gets_a_container_made_for_it(
         docker_client: Any, tmp_path: Path, daemons: list[RunningDaemon]) -> None:
     instance = f"rdy{secrets.token_hex(4)}"
-    d = _start(tmp_path, instance, policy=NETWORK_POLICY)
+    d = _start(tmp_path, instance)
     daemons.append(d)
     _ready(d, 1)
     (waiting,) = _sessions(docker_client, instance).values()
     sid = d.client.post("/v1/sessions").json()["id"]
     assert waiting.labels["sandboxd.session"] == sid
     assert waiting.attrs["HostConfig"]["NetworkMode"] == "none"
+    _ready(d, 1)
+    # the admin gives python a network before the session's first call: no ready session
+    # is made for it any more (theirs have none), and that call gets a container with it
+    (tmp_path / "policies" / "containers.yaml").write_text(NETWORK_POLICY)
+    _ready(d, 0)
     result = d.python(sid, "print('up')")
     assert result["status"] == "ok" and result["stdout"] == "up\n", result
     (serving,) = [c for s, c in _sessions(docker_client, instance).items() if s == sid]
