@@ -322,6 +322,15 @@ class Boxes:
         """:meth:`destroy`, carried to its end even when the caller is cancelled."""
         return await _carried(self.destroy(box))
 
+    async def destroy_holding_uid(self, box: Box) -> bool:
+        """:meth:`destroy_shielded` of a box that runs as a session's uid: unconfirmed (the
+        engine is away), the box keeps holding that uid under its own name until it is
+        (:meth:`destroy` frees it then): a uid is free only when nothing runs as it."""
+        verified = await self.destroy_shielded(box)
+        if not verified and box.uid is not None and self.uids is not None:
+            self.uids.hold_also(box.name, box.uid)
+        return verified
+
     async def end_shielded(self, box: Box, *, fast: bool = True) -> tuple[bool, str]:
         """:meth:`end`, carried to its end even when the caller is cancelled."""
         return await _carried(self.end(box, fast=fast))

@@ -85,11 +85,7 @@ class ReadyContainers:
         self.sessions.by_key[key] = box
 
     async def discard(self, handle: object) -> None:
-        box = _ready(handle).box
-        verified = await self.boxes.destroy_shielded(box)
-        if not verified and box.uid is not None and self.boxes.uids is not None:
-            # its uid stays held (under its name) until the engine confirms the removal
-            self.boxes.uids.hold_also(box.name, box.uid)
+        await self.boxes.destroy_holding_uid(_ready(handle).box)
 
 
 def _ready(handle: object) -> ReadyBox:

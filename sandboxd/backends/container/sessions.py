@@ -396,17 +396,12 @@ class SessionContainers:
                                               "started")
 
     async def drop(self, key: SessionKey, box: Box) -> bool:
-        """Forget and remove one session container; True once its removal is confirmed.
-        Unconfirmed (the engine is away), the container keeps the session's uid under its
-        own name until it is (:meth:`Boxes.destroy` frees it): a uid is free only when
-        nothing runs as it."""
+        """Forget and remove one session container; True once its removal is confirmed
+        (:meth:`Boxes.destroy_holding_uid`)."""
         if self.by_key.get(key) is box:
             del self.by_key[key]
         box.kernel_calls = 0
-        verified = await self.boxes.destroy_shielded(box)
-        if not verified and box.uid is not None and self.boxes.uids is not None:
-            self.boxes.uids.hold_also(box.name, box.uid)
-        return verified
+        return await self.boxes.destroy_holding_uid(box)
 
     async def close(self, session_id: str) -> None:
         """Remove the session's container(s); none is made for it from now on. Idempotent."""
