@@ -16,7 +16,9 @@ from sandboxd.util.deadline import stop_task
 
 log = logging.getLogger("sandboxd.container")
 
-POOL_MEMORY_SHARE = 0.25  # idle pool containers may reserve at most this share of free memory
+#: idle containers (the warm pool's, ready sessions') may reserve at most this share of
+#: the host's free memory, each kind
+POOL_MEMORY_SHARE = 0.25
 POOL_PARALLEL_STARTS = 2
 
 
@@ -41,14 +43,11 @@ class WarmPool:
         size = self.boxes.config.warm_pool_size
         if size <= 0:
             return 0
-        try:
-            free = procinfo.mem_available()
-            per = max(s.memory for s in self.shapes.values()) if self.shapes else (
-                Limits().memory_bytes)
-            size = min(size, max(1, int(free * POOL_MEMORY_SHARE) // per))
-        except Exception:  # an odd host: trust the setting
-            pass
-        return size
+        per = max(s.memory for s in self.shapes.values()) if self.shapes else (
+            Limits().memory_bytes)
+        room = idle_room(per)
+        return size if room is None else min(size, max(1, room))
+
 
     def start(self, images: set[str]) -> None:
         """Serve ``images`` (with default limits until calls say otherwise) and (re)fill."""
@@ -151,3 +150,12 @@ class WarmPool:
         if not boxes:  # otherwise the refill waits until this call is over (see oneshot.py)
             self.refill.set()
         return choice
+
+
+def idle_room(per: int) -> int | None:
+    """How many idle containers of ``per`` bytes of memory fit in :data:`POOL_MEMORY_SHARE`
+    of the host's free memory now; None on an odd host (the caller trusts its setting)."""
+    try:
+        return int(procinfo.mem_available() * POOL_MEMORY_SHARE) // per
+    except Exception:
+        return None

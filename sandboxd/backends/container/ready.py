@@ -18,13 +18,11 @@ from pathlib import Path
 
 from sandboxd.backends.container import engine
 from sandboxd.backends.container.boxes import Box, Boxes, runner_lost
+from sandboxd.backends.container.pool import idle_room
 from sandboxd.backends.container.sessions import SessionContainers
-from sandboxd.host import procinfo
 from sandboxd.models import Limits
 from sandboxd.util.deadline import within
 
-#: ready session containers may reserve at most this share of the host's free memory
-READY_MEMORY_SHARE = 0.25
 #: how long a new container's runner may take to connect before it counts as failed (a
 #: bound for a hang: an emulated host takes tens of seconds; the refill waits meanwhile)
 RUNNER_CONNECT_S = 300.0
@@ -50,11 +48,8 @@ class ReadyContainers:
         size = self.boxes.config.session_pool_size
         if size <= 0 or self.boxes.closing or not self.boxes.available[0]:
             return 0
-        try:
-            per = Limits().memory_bytes
-            return min(size, int(procinfo.mem_available() * READY_MEMORY_SHARE) // per)
-        except Exception:  # an odd host: trust the setting
-            return size
+        room = idle_room(Limits().memory_bytes)
+        return size if room is None else min(size, room)
 
     async def prestart(self, session: str, uid: int | None, workspace: Path) -> ReadyBox:
         """Start the container of the prepared session ``session`` (its uid and workspace);
