@@ -81,11 +81,11 @@ class ReadySessions:
     """The ready sessions of one backend, and the task that keeps their number up."""
 
     def __init__(self, sessions: SessionManager, host: PrestartsSessions,
-                 wanted_for: Callable[[], bool], serves: Callable[[str], bool]) -> None:
+                 serves: Callable[[str | None], bool]) -> None:
         self.sessions = sessions
         self.host = host
-        self.wanted_for = wanted_for  # some policy sends sessions to this backend
-        self.serves = serves  # this client's sessions run there
+        #: whether this client's sessions (None: some client's) can take one
+        self.serves = serves
         self.queue: deque[Ready] = deque()
         self.refill = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -101,7 +101,7 @@ class ReadySessions:
     def wanted(self) -> int:
         """How many ready sessions there should be now."""
         try:
-            return self.host.ready_wanted() if self.wanted_for() else 0
+            return self.host.ready_wanted() if self.serves(None) else 0
         except Exception:  # a policy or host that cannot say: none
             log.exception("ready sessions: how many are wanted is not known")
             return 0
@@ -110,7 +110,7 @@ class ReadySessions:
         """A ready session for ``client``'s new session, or None (its sessions do not run on
         this backend, or none is ready). The caller registers it, then :meth:`claim`\\ s it
         or :meth:`discard`\\ s it."""
-        if self._closing or not self.queue or not self._serves(client):
+        if self._closing or not self.queue or not self.serves(client):
             return None
         while self.queue:
             ready = self.queue.popleft()
@@ -119,12 +119,6 @@ class ReadySessions:
                 return ready
             self._discard_soon(ready)
         return None
-
-    def _serves(self, client: str) -> bool:
-        try:
-            return self.serves(client)
-        except Exception:  # no policy for the client (its session creation says so)
-            return False
 
     def claim(self, ready: Ready, client: str) -> None:
         """The session of ``ready`` is ``client``'s now: its sandbox is filed under it."""
@@ -212,7 +206,6 @@ def ready_sessions(sessions: SessionManager, backends: Mapping[str, object],
     for name, backend in backends.items():
         host = getattr(backend, "ready", None)
         if isinstance(host, PrestartsSessions):
-            made.append(ReadySessions(
-                sessions, host, wanted_for=functools.partial(policy.runs_python_on, name),
-                serves=functools.partial(policy.runs_python_on, name)))
+            made.append(ReadySessions(sessions, host,
+                                      functools.partial(policy.runs_python_on, name)))
     return made
