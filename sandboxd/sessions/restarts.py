@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.base import PYTHON, kernel_fields, kernel_name
-from sandboxd.backends.capabilities import SessionKeeper, kernel_names
+from sandboxd.backends.capabilities import kernel_names, session_keeper
 from sandboxd.errors import AuditFailure
 from sandboxd.models import Kernel, Result
 from sandboxd.protocol.plan import KERNEL_KINDS, ToolKind
@@ -42,6 +42,7 @@ from sandboxd.workspaces.quota import FS_SOURCE, unescape_mountinfo
 
 if TYPE_CHECKING:
     from sandboxd.backends.base import Backend
+    from sandboxd.backends.capabilities import SessionKeeper
     from sandboxd.config import Settings
     from sandboxd.sessions.manager import Session, SessionManager
 
@@ -173,8 +174,8 @@ class Restarts:
         self._note_crashes()
         expected = {s.id: (s.client, s.workspace, s.uid) for s in self.sessions.registered()}
         for backend in self.backends.values():
-            if isinstance(backend, SessionKeeper):
-                backend.expect_sessions(expected)
+            if (keeper := session_keeper(backend)) is not None:
+                keeper.expect_sessions(expected)
 
     def note_kernel_starting(self, session: Session | None, kernel: str | None) -> None:
         """As a session kernel call reaches its ``kernel`` (a name of
@@ -228,9 +229,9 @@ class Restarts:
         registered = self.sessions.registered()
         ids = {s.id for s in registered}
         for name, backend in self.backends.items():
-            if isinstance(backend, SessionKeeper):
+            if (keeper := session_keeper(backend)) is not None:
                 try:
-                    kept = await backend.keep_sessions(ids)
+                    kept = await keeper.keep_sessions(ids)
                 except Exception:
                     log.exception("backend %s could not keep its sessions", name)
                 else:
@@ -240,8 +241,8 @@ class Restarts:
         """In the background after start: wait for the keepers' re-adoption (each bounds its
         own by ``adopt_timeout_s``), then audit the recovery."""
         for backend in self.backends.values():
-            if isinstance(backend, SessionKeeper):
-                await backend.adopted()
+            if (keeper := session_keeper(backend)) is not None:
+                await keeper.adopted()
         await self._audit_recovery(end_session)
 
     async def start_recovery(self, end_session: EndSession) -> None:
@@ -249,8 +250,12 @@ class Restarts:
         re-adopts (the daemon serves meanwhile; :meth:`recovered`); ``end_session`` ends a
         session whose kept state did not check out."""
         self.recovery = asyncio.create_task(self._recover(end_session), name="session-recovery")
-        if not any(isinstance(b, SessionKeeper) and b.adopting for b in self.backends.values()):
+        if not any(k.adopting for k in self._keepers()):
             await asyncio.wait({self.recovery})
+
+    def _keepers(self) -> list[SessionKeeper]:
+        """The backends whose session state can outlive the daemon."""
+        return [k for b in self.backends.values() if (k := session_keeper(b)) is not None]
 
     async def recovered(self, session: Session | None) -> None:
         """Before a call of ``session``, or its end: when the last stop kept one of its
@@ -259,7 +264,7 @@ class Restarts:
         task = self.recovery
         if session is None or task is None or task.done() or not session.kernels_at_stop:
             return
-        keepers = [b for b in self.backends.values() if isinstance(b, SessionKeeper)]
+        keepers = self._keepers()
         for keeper in keepers:
             await within(keeper.adopted(session.id), self.settings.adopt_timeout_s)
         if any(session.id in k.adoption_failed for k in keepers):  # the recovery ends it
@@ -273,13 +278,13 @@ class Restarts:
             await self._audit_quietly("session_expired", session, reason=why)
         self.sessions.refused.clear()
         for name, backend in self.backends.items():
-            if not isinstance(backend, SessionKeeper):
+            if (keeper := session_keeper(backend)) is None:
                 continue
-            failed = backend.adoption_failed
+            failed = keeper.adoption_failed
             for ended in [s for s in self.sessions.registered() if s.id in failed]:
                 await end_session(ended, "session_expired",
                                        reason=f"{name}: {failed[ended.id]}")
-            backend.adoption_failed = {}
+            keeper.adoption_failed = {}
         for session in self.sessions.registered():
             live = self.kernel_names(session.id)
             lost = [{**kernel_fields(k), "reason": r} for k in sorted(

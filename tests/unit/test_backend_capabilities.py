@@ -25,6 +25,7 @@ from sandboxd.backends.capabilities import (
     Pausable,
     SelfHealing,
     SessionKeeper,
+    declares,
     hibernating,
     image_builder,
     kernel_backends,
@@ -36,6 +37,7 @@ from sandboxd.backends.capabilities import (
     live_kernels,
     pausable,
     self_healing,
+    session_keeper,
 )
 from sandboxd.backends.scripted import ScriptedBackend
 
@@ -52,10 +54,11 @@ DECLARES: dict[str, set[type]] = {
 }
 #: the in-process backend of the service tests: it emulates kernels, nothing else
 SCRIPTED: set[type] = {KernelHost}
-#: the helper a caller asks for each capability (SessionKeeper's callers ask isinstance)
+#: the helper a caller asks for each capability
 HELPERS: dict[type, Any] = {KernelHost: kernel_host, KernelCarrier: kernel_carrier,
                             Hibernating: hibernating, Pausable: pausable,
-                            ImageBuilder: image_builder, SelfHealing: self_healing}
+                            ImageBuilder: image_builder, SelfHealing: self_healing,
+                            SessionKeeper: session_keeper}
 
 
 def own_members(proto: type) -> set[str]:
@@ -176,6 +179,16 @@ def test_kernels_are_listed_only_where_they_are_kept() -> None:
     assert live_kernels(scripted) == {("s1", "python")} and live_kernels(files) == set()
     assert kernel_names(backends, "s1") == ["restricted"] == kernel_backends(backends, "s1")
     assert kernel_names(backends, "s2") == [] == kernel_backends(backends, "s2")
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CLASSES))
+def test_declares_answers_what_isinstance_answers(name: str) -> None:
+    """The helpers ask :func:`declares` (the class's declaration, looked up once): for every
+    backend and capability it agrees with ``isinstance`` and the runtime-checkable protocol,
+    which checks the members one by one."""
+    backend = object.__new__(ALL_CLASSES[name])
+    for capability in CAPABILITIES:
+        assert declares(backend, capability) == isinstance(backend, capability), capability
 
 
 class _Host(ScriptedBackend, Hibernating):
