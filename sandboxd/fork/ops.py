@@ -66,31 +66,32 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
     before the first await, each is made and filled with a copy of the parent's files before
     it is registered, and the fork is audited as one ``session_forked`` record (parent and
     children, whether the kernel's state is carried and the names left out). The parent's
-    live kernel pickles its state inside its sandbox first (:func:`snapshot`); each fork's
-    first kernel restores it inside its own. All or nothing: a fork that fails removes those
-    already made, and no fork is given a state before all are made and audited."""
+    live kernel pickles its state inside its sandbox (:func:`snapshot`) while the forks are
+    made; each fork's first kernel restores it inside its own. All or nothing: a fork that
+    fails removes those already made (after the snapshot has ended: one cut short would end
+    the parent's kernel), and no fork is given a state before all are made and audited."""
     parent = service.sessions.get(session_id, client)
     if service.draining:
         raise Draining("the daemon is shutting down; fork the session once it is back")
     service.health.check_state_dir()
     places = service.sessions.reserve_places(client, count)
     children: list[Session] = []
-    copied: list[Copied] = []
+    copied: dict[str, Copied] = {}
     try:
         service.capacity.admit_session()
         with service.sessions.in_use(parent):  # it does not expire under the copy
-            kernel, states = await snapshot(service, parent.id,
-                                            service.kernel_backends(parent.id))
-
-            async def fill(workspace: Path, uid: int | None) -> None:
-                copied.append(await asyncio.to_thread(
-                    copy_workspace, parent.workspace, str(workspace), owner=parent.uid,
-                    uid=uid, max_bytes=parent.quota_bytes,
-                    max_entries=parent.quota_entries or service.settings.session_quota_entries))
-
-            for place in places:
-                children.append(await service.sessions.create(
-                    client, parent.ttl_s, place=place, fill=fill))
+            # the kernel pickles its state in its own process while the daemon's threads
+            # copy the files: the two take the same order of time, on different cores
+            snap = asyncio.ensure_future(
+                snapshot(service, parent.id, service.kernel_backends(parent.id)))
+            try:
+                await _make(service, client, parent, places, copied, children)
+            except BaseException:
+                await asyncio.wait({snap})  # a snapshot is never cut: it ends the kernel
+                if not snap.cancelled():
+                    snap.exception()  # (its own failure is not the one raised)
+                raise
+            kernel, states = await snap
         await service.recorder.record(
             service.audit.write, event="session_forked", client=client, session=parent.id,
             children=[c.id for c in children], kernel_carried=kernel["carried"],
@@ -101,10 +102,44 @@ async def fork_session(service: Sandboxd, client: str, session_id: str, count: i
         raise
     _seed(service, children, states)
     views = [child.public(None) for child in children]
+    files = [copied[child.workspace] for child in children]
     return {"parent": parent.id, "sessions": views,
             "files": [{"bytes": c.bytes, "entries": c.entries, "skipped": c.skipped}
-                      for c in copied],
+                      for c in files],
             "kernel": kernel}
+
+
+async def _make(service: Sandboxd, client: str, parent: Session,
+                places: list[Reservation[str]], copied: dict[str, Copied],
+                children: list[Session]) -> None:
+    """The forks, made at once (their copies run on the daemon's worker threads), added to
+    ``children`` in the order of ``places``, each one's copy in ``copied`` by its workspace.
+    When one fails, or the fork is cancelled, every other still ends (made or undone by
+    :meth:`~sandboxd.sessions.manager.SessionManager.create`) before the first error is
+    raised: those made are in ``children`` for the caller's undo."""
+
+    async def fill(workspace: Path, uid: int | None) -> None:
+        copied[str(workspace)] = await asyncio.to_thread(
+            copy_workspace, parent.workspace, str(workspace), owner=parent.uid, uid=uid,
+            max_bytes=parent.quota_bytes,
+            max_entries=parent.quota_entries or service.settings.session_quota_entries)
+
+    tasks = [asyncio.ensure_future(service.sessions.create(client, parent.ttl_s, place=place,
+                                                           fill=fill))
+             for place in places]
+    try:
+        await asyncio.wait(tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        raise
+    finally:
+        children += [t.result() for t in tasks
+                     if t.done() and not t.cancelled() and t.exception() is None]
+    errors = [e for t in tasks if (e := t.exception()) is not None]
+    if errors:
+        raise errors[0]
 
 
 async def _undo(service: Sandboxd, places: list[Reservation[str]], children: list[Session],
