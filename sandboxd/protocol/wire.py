@@ -16,6 +16,11 @@ as the header is seen, before any payload is buffered), and a decoder has a budg
 and bytes over its lifetime. The buffered bytes never exceed one header plus the largest
 payload allowed. :meth:`Decoder.feed` does work proportional to the bytes it is given: callers
 bound the bytes per call (one ``read`` of at most ``READ_BYTES``) to bound the work per read.
+
+A decoder made with ``direct_bytes`` reads a payload of at least that many bytes (its header
+checked first, as any) into a buffer of its own, the size the header announced: the caller
+reads into :meth:`Decoder.into` and reports what it read with :meth:`Decoder.filled` (a
+kernel's pickled state, tens of MB, is then copied once, not three times).
 """
 
 from __future__ import annotations
@@ -60,28 +65,75 @@ class Decoder:
         *,
         max_frames: int | None = None,
         max_bytes: int | None = None,
+        direct_bytes: int | None = None,
     ) -> None:
         self.sizes = dict(sizes)
         self.max_frames = max_frames
         self.max_bytes = max_bytes
+        self.direct_bytes = direct_bytes
         self.frames = 0
         self.total = 0
         self.buf = bytearray()
         self._need: tuple[bytes, int, int] | None = None  # header of the frame being read
+        #: the payload being read into a buffer of its own (see ``direct_bytes``), and how
+        #: much of it is there
+        self._direct: bytearray | None = None
+        self._got = 0
 
     @property
     def buffered(self) -> int:
         """Bytes held, waiting for the rest of a frame."""
         return len(self.buf)
 
-    def feed(self, data: bytes) -> list[Frame]:
-        """Add ``data`` and return the frames it completes (raises :class:`ProtocolError`)."""
-        self.total += len(data)
+    def _count(self, n: int) -> None:
+        self.total += n
         if self.max_bytes is not None and self.total > self.max_bytes:
             raise ProtocolError(f"more than {self.max_bytes} bytes on the channel")
+
+    def into(self) -> memoryview | None:
+        """Where the next read may go: the unread rest of a payload read into its own buffer
+        (see ``direct_bytes``), or None (read, then :meth:`feed`)."""
+        if self._direct is None:
+            return None
+        return memoryview(self._direct)[self._got:]
+
+    def filled(self, n: int) -> list[Frame]:
+        """``n`` bytes were read into :meth:`into`'s view: the frame, once they complete it
+        (raises :class:`ProtocolError` past the byte budget)."""
+        direct = self._direct
+        if direct is None or not 0 < n <= len(direct) - self._got:
+            raise ValueError("filled() without a read into() its view")
+        self._count(n)
+        self._got += n
+        return [self._finish_direct()] if self._got == len(direct) else []
+
+    def _finish_direct(self) -> Frame:
+        assert self._need is not None and self._direct is not None
+        kind, call, _ = self._need
+        frame = Frame(kind, call, self._direct)  # type: ignore[arg-type]  # (a bytearray)
+        self._need, self._direct, self._got = None, None, 0
+        return frame
+
+    def _feed_direct(self, data: bytes) -> tuple[list[Frame], bytes]:
+        """``data`` given to :meth:`feed` while a payload is read into its own buffer: what
+        it completes, and what is left after it."""
+        assert self._direct is not None
+        take = min(len(data), len(self._direct) - self._got)
+        self._direct[self._got : self._got + take] = data[:take]
+        self._got += take
+        done = [self._finish_direct()] if self._got == len(self._direct) else []
+        return done, data[take:]
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add ``data`` and return the frames it completes (raises :class:`ProtocolError`)."""
+        self._count(len(data))
+        out: list[Frame] = []
+        if self._direct is not None:
+            out, data = self._feed_direct(data)
+            if not data:
+                return out
         self.buf += data
         buf, pos = self.buf, 0
-        out: list[Frame] = []
         try:
             while True:
                 if self._need is None:
@@ -101,6 +153,17 @@ class Decoder:
                         raise ProtocolError(f"more than {self.max_frames} frames")
                     pos += HEADER.size
                     self._need = (kind, call, size)
+                    if self.direct_bytes is not None and size >= self.direct_bytes:
+                        # its own buffer, of the size checked above; what is here goes in
+                        self._direct = bytearray(size)
+                        self._got = min(len(buf) - pos, size)
+                        with memoryview(buf) as view:
+                            self._direct[: self._got] = view[pos : pos + self._got]
+                        pos += self._got
+                        if self._got < size:
+                            return out
+                        out.append(self._finish_direct())
+                        continue
                 kind, call, size = self._need
                 if len(buf) - pos < size:
                     return out

@@ -91,7 +91,9 @@ class FrameReader:
         if state_bytes:  # a kernel's snapshot: one ``s`` frame of its pickled state
             sizes[b"s"] = (0, state_bytes)
             total += HEADER.size + state_bytes
-        self.decoder = Decoder(sizes, max_frames=frames, max_bytes=total)
+        # a snapshot's state is read straight into a buffer of its own (one copy of it)
+        self.decoder = Decoder(sizes, max_frames=frames, max_bytes=total,
+                               direct_bytes=STATE_READ_BYTES if state_bytes else None)
         #: bytes per read: a snapshot's large state in fewer wake-ups (still bounded work)
         self.read_bytes = STATE_READ_BYTES if state_bytes else READ_BYTES
         #: a snapshot's state, as opaque bytes (the daemon never unpickles it)
@@ -117,18 +119,25 @@ class FrameReader:
 
     def _on_readable(self) -> None:
         """One bounded read per callback; the loop serves others before the next one."""
+        into = self.decoder.into()
         try:
-            chunk = os.read(self.fd, self.read_bytes)
+            if into is not None:
+                with into, into[: self.read_bytes] as view:
+                    n = os.readv(self.fd, [view])
+            else:
+                chunk = os.read(self.fd, self.read_bytes)
+                n = len(chunk)
         except BlockingIOError:
             return
         except OSError:
-            chunk = b""
-        if not chunk:
+            n = 0
+        if not n:
             self.eof = True
             self._stop()
             return
         try:
-            for frame in self.decoder.feed(chunk):
+            for frame in (self.decoder.filled(n) if into is not None
+                          else self.decoder.feed(chunk)):
                 self._take(frame.kind, frame.payload)
                 if self.overflow:
                     break
