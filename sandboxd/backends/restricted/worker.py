@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.restricted.lang.state import STATE, after_emit, interrupt_user_code
 from sandboxd.backends.restricted.self_test import self_test
-from sandboxd.backends.restricted.zygote_protocol import recv_exact, recv_msg, write_all
+from sandboxd.backends.restricted.zygote_protocol import recv_buffer, recv_msg, write_all
 from sandboxd.protocol import wire
 from sandboxd.protocol.call import KERNEL_SURVIVES, RestrictedPart, WorkerReport, WorkerRequest
 
@@ -265,7 +265,7 @@ def _enter(sock: _socket.socket, raw: Any, setup_error: str | None, standby: _St
     except ValueError as exc:
         return _setup_failed(f"the call's request: {exc}")
     # a fork's first call: its parent's pickled state follows the request
-    state = _receive(sock, lambda s: recv_exact(s, msg.state_bytes)) if msg.state_bytes else b""
+    state = _receive(sock, lambda s: recv_buffer(s, msg.state_bytes)) if msg.state_bytes else b""
     uid_range, uid = standby.cfg.get("uid_range"), msg.restricted.uid
     if uid_range is not None and (uid is None or not 0 <= uid - uid_range[0] < uid_range[1]):
         return _setup_failed(f"the call's uid {uid!r} is not a sandbox uid")

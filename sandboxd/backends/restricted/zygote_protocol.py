@@ -64,6 +64,20 @@ def recv_exact(sock: _socket.socket, n: int, use_read: bool = False) -> bytes:
     return b"".join(chunks)
 
 
+def recv_buffer(sock: _socket.socket, n: int) -> bytearray:
+    """``n`` bytes from a stream socket, read straight into one buffer (a fork's state, tens
+    of MB: one copy, where chunks joined would be two and a page fault per fresh page)."""
+    buf = bytearray(n)
+    with memoryview(buf) as view:
+        got = 0
+        while got < n:
+            k = sock.recv_into(view[got:], min(n - got, 1 << 20))
+            if not k:
+                raise EOFError
+            got += k
+    return buf
+
+
 def recv_msg(sock: _socket.socket, use_read: bool = False) -> dict[str, Any]:
     """Length-prefixed JSON from a stream socket. Plain ``recv``/``read``: descriptors (nobody
     sends any) would be discarded by the kernel, never installed in this process."""

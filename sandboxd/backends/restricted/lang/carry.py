@@ -378,7 +378,35 @@ class _Unpickler(pickle.Unpickler):
         return cls
 
 
-def restore(namespace: dict[str, Any], blob: bytes, hook: ImportHook, *,
+class _InPlace:
+    """The pickled state as the unpickler's file, read where it lies (``io.BytesIO`` shares a
+    ``bytes`` but copies a ``bytearray``, which a received state is): a large value's payload
+    goes once, from here into the value's own buffer (``readinto``)."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self._data = data
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._data) if n < 0 else min(len(self._data), self._pos + n)
+        out = self._view[self._pos : end].tobytes()
+        self._pos = end
+        return out
+
+    def readinto(self, target: Any) -> int:
+        with memoryview(target) as into, into.cast("B") as flat:
+            n = min(len(flat), len(self._data) - self._pos)
+            flat[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def readline(self) -> bytes:
+        end = self._data.find(b"\n", self._pos)
+        return self.read(-1 if end < 0 else end + 1 - self._pos)
+
+
+def restore(namespace: dict[str, Any], blob: bytes | bytearray, hook: ImportHook, *,
             woken: bool = False) -> list[str]:
     """Put the names pickled in ``blob`` into ``namespace`` (whose trusted entries are set
     already: restoring may run user code, e.g. a class's ``__eq__`` for a set); ``woken``
@@ -386,7 +414,7 @@ def restore(namespace: dict[str, Any], blob: bytes, hook: ImportHook, *,
     (:mod:`.module_state`). Returns the names restored; raises on anything
     :class:`_Unpickler` refuses (nothing is put in then)."""
     try:
-        loaded = _Unpickler(io.BytesIO(blob), namespace, hook).load()
+        loaded = _Unpickler(_InPlace(blob), namespace, hook).load()
         if type(loaded) is not dict:
             raise pickle.UnpicklingError("the state is not a namespace")
         modules = loaded.pop(MODULES_KEY, None)
