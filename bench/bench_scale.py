@@ -109,26 +109,26 @@ class Harness:
 
 
 def threaded(n: int, work, start_gap_s: float = 0.0, prepare=None) -> list:  # type: ignore[no-untyped-def]
-    """``work`` on ``n`` threads, at once (a barrier) or ``start_gap_s`` apart; ``prepare``
-    runs on each thread before that, off the clock (an HTTP client's TLS context costs
-    ~33 ms of this process's CPU: a hundred made inside the burst would time the client)."""
+    """``work`` on ``n`` threads, at once or the i-th ``i * start_gap_s`` after the first;
+    ``prepare`` runs on each thread before that, off the clock and before any work starts
+    (an HTTP client's TLS context costs ~33 ms of this process's CPU: made inside the burst,
+    or while the staggered sessions before it run, it would time the client)."""
     out: list = [None] * n
-    barrier = threading.Barrier(n) if not start_gap_s else None
+    start: list[float] = []  # when the last thread is prepared
+    barrier = threading.Barrier(n + 1, action=lambda: start.append(time.perf_counter()))
 
     def run(i: int) -> None:
         if prepare is not None:
             prepare()
-        if barrier is not None:
-            barrier.wait()
+        barrier.wait()
+        if start_gap_s:
+            time.sleep(max(0.0, start[0] + i * start_gap_s - time.perf_counter()))
         out[i] = work()
 
-    threads = []
-    for i in range(n):
-        t = threading.Thread(target=run, args=(i,))
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
         t.start()
-        threads.append(t)
-        if start_gap_s:
-            time.sleep(start_gap_s)
+    barrier.wait()
     for t in threads:
         t.join()
     return out
