@@ -14,7 +14,9 @@ first ``python`` call, which starts its kernel and gives it state, a 10,000-item
 * fork: a session whose kernel holds 50 MB of state and whose workspace holds 50 MB of files,
   forked ``--forks`` times one by one (p50; the parent's kernel pickles its state in its
   sandbox) with each fork's first call (its fresh kernel restores the state), and once with
-  ``count: 16``. The 1-minute load average is printed beside every figure (a shared machine).
+  ``count: 16``; beside them the copy floor of the same run (50 MB copied into fresh memory:
+  a fork that copies pays it for the state and again for the files). The 1-minute load
+  average is printed beside every figure (a shared machine).
 
 The daemon runs with the default settings except ``max_sessions_per_client`` (the client's
 cap, which a harness's admin raises), the per-client rate limit (off: a harness's admin sets
@@ -195,7 +197,22 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
 
 
+def fresh_copy_ms(size: int = 50_000_000, runs: int = 7) -> float:
+    """p50 ms of one copy of ``size`` bytes into fresh memory in this process: the floor of a
+    fork that copies (its state and its files each land in pages nobody had)."""
+    src = bytes(size)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        dst = bytearray(src)
+        times.append((time.perf_counter() - t0) * 1000)
+        del dst
+    return statistics.median(times)
+
+
 def fork_phase(h: Harness, forks: int) -> None:
+    print(f"copy floor (same run): 50 MB into fresh memory p50 {fresh_copy_ms():.1f} ms "
+          f"({load()})")
     c = h.client()
     sid = c.post("/v1/sessions", json={}).json()["id"]
     code = ("blob = bytearray(50_000_000)\nfor i in range(50):\n"
