@@ -137,7 +137,7 @@ async def _make(service: Sandboxd, client: str, parent: Session,
     finally:
         children += [t.result() for t in tasks
                      if t.done() and not t.cancelled() and t.exception() is None]
-    errors = [e for t in tasks if (e := t.exception()) is not None]
+    errors = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
     if errors:
         raise errors[0]
 
