@@ -137,9 +137,11 @@ async def _make(service: Sandboxd, client: str, parent: Session,
     finally:
         children += [t.result() for t in tasks
                      if t.done() and not t.cancelled() and t.exception() is None]
-    errors = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
-    if errors:
-        raise errors[0]
+    errors = [asyncio.CancelledError("a fork's creation was cancelled") if t.cancelled()
+              else t.exception() for t in tasks]
+    failed = next((e for e in errors if e is not None), None)
+    if failed is not None:
+        raise failed
 
 
 async def _undo(service: Sandboxd, places: list[Reservation[str]], children: list[Session],
