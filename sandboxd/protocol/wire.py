@@ -79,6 +79,7 @@ class Decoder:
         #: much of it is there
         self._direct: bytearray | None = None
         self._got = 0
+        self._took = 0  # bytes the last _fill_direct took
 
     @property
     def buffered(self) -> int:
@@ -114,22 +115,22 @@ class Decoder:
         self._need, self._direct, self._got = None, None, 0
         return frame
 
-    def _feed_direct(self, data: bytes) -> tuple[list[Frame], bytes]:
-        """``data`` given to :meth:`feed` while a payload is read into its own buffer: what
-        it completes, and what is left after it."""
+    def _fill_direct(self, data: bytes | memoryview) -> list[Frame]:
+        """Put what of ``data`` the payload read into its own buffer still lacks there; the
+        frame once it is whole. The bytes taken are :attr:`_took`."""
         assert self._direct is not None
-        take = min(len(data), len(self._direct) - self._got)
-        self._direct[self._got : self._got + take] = data[:take]
-        self._got += take
-        done = [self._finish_direct()] if self._got == len(self._direct) else []
-        return done, data[take:]
+        self._took = min(len(data), len(self._direct) - self._got)
+        self._direct[self._got : self._got + self._took] = data[: self._took]
+        self._got += self._took
+        return [self._finish_direct()] if self._got == len(self._direct) else []
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add ``data`` and return the frames it completes (raises :class:`ProtocolError`)."""
         self._count(len(data))
         out: list[Frame] = []
         if self._direct is not None:
-            out, data = self._feed_direct(data)
+            out = self._fill_direct(data)
+            data = data[self._took :]
             if not data:
                 return out
         self.buf += data
@@ -156,13 +157,12 @@ class Decoder:
                     if self.direct_bytes is not None and size >= self.direct_bytes:
                         # its own buffer, of the size checked above; what is here goes in
                         self._direct = bytearray(size)
-                        self._got = min(len(buf) - pos, size)
                         with memoryview(buf) as view:
-                            self._direct[: self._got] = view[pos : pos + self._got]
-                        pos += self._got
-                        if self._got < size:
+                            done = self._fill_direct(view[pos : pos + size])
+                        pos += self._took
+                        if not done:
                             return out
-                        out.append(self._finish_direct())
+                        out += done
                         continue
                 kind, call, size = self._need
                 if len(buf) - pos < size:
