@@ -50,28 +50,23 @@ def send_packet(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None 
         sock.send(data)
 
 
-def recv_exact(sock: _socket.socket, n: int, use_read: bool = False) -> bytes:
-    """``n`` bytes from a stream socket (``use_read``: with ``read(2)``, for a confined worker
-    whose seccomp filter denies ``recvfrom``)."""
-    chunks = []
-    fd = sock.fileno()
-    while n:
-        chunk = os.read(fd, min(n, 1 << 20)) if use_read else sock.recv(min(n, 1 << 20))
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def recv_buffer(sock: _socket.socket, n: int) -> bytearray:
+def recv_buffer(sock: _socket.socket, n: int, use_read: bool = False) -> bytearray:
     """``n`` bytes from a stream socket, read straight into one buffer (a fork's state, tens
-    of MB: one copy, where chunks joined would be two and a page fault per fresh page)."""
+    of MB: one copy, where chunks joined would be two and a page fault per fresh page);
+    ``use_read``: with ``read(2)``, for a confined worker whose seccomp filter denies
+    ``recvfrom``."""
     buf = bytearray(n)
+    fd = sock.fileno()
     with memoryview(buf) as view:
         got = 0
         while got < n:
-            k = sock.recv_into(view[got:], min(n - got, 1 << 20))
+            want = min(n - got, 1 << 20)
+            if use_read:
+                chunk = os.read(fd, want)
+                view[got : got + len(chunk)] = chunk
+                k = len(chunk)
+            else:
+                k = sock.recv_into(view[got:], want)
             if not k:
                 raise EOFError
             got += k
@@ -81,8 +76,8 @@ def recv_buffer(sock: _socket.socket, n: int) -> bytearray:
 def recv_msg(sock: _socket.socket, use_read: bool = False) -> dict[str, Any]:
     """Length-prefixed JSON from a stream socket. Plain ``recv``/``read``: descriptors (nobody
     sends any) would be discarded by the kernel, never installed in this process."""
-    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size, use_read))
-    msg: dict[str, Any] = json.loads(recv_exact(sock, size, use_read))
+    (size,) = HEADER.unpack(recv_buffer(sock, HEADER.size, use_read))
+    msg: dict[str, Any] = json.loads(recv_buffer(sock, size, use_read))
     return msg
 
 
