@@ -147,6 +147,21 @@ fi
   # TEST_MARKS (guest/test-suite.sh): unset = its default, "not same_on_every_host"
   [ -n "${TEST_MARKS+set}" ] && echo "export TEST_MARKS='$TEST_MARKS'"
   echo '[ -n "$TEST_DIRS" ] || unset TEST_DIRS'
+  # A heartbeat in the kernel's log (so on the serial console, never through the 9p share, which
+  # a stalled guest may be waiting on): every 120 s the uptime, load, free memory, memory
+  # pressure and the tasks in uninterruptible sleep. When a run reaches its limit, the report
+  # below shows the last beats: beats to the end mean the guest ran and its jobs were stuck
+  # (on what: the D-state tasks); beats that stop date a guest or emulator that froze.
+  cat <<'BEAT'
+( exec </dev/null >/dev/null 2>&1
+  while sleep 120; do
+    d=$(grep -l '^State:[[:space:]]*D' /proc/[0-9]*/status 2>/dev/null | head -n 5 | while read -r f; do
+          p=${f%/status}; printf ' %s:%s' "$(cat "$p/comm")" "$(cat "$p/wchan")"; done)
+    echo "<5>vm-heartbeat: up $(cut -d' ' -f1 /proc/uptime) s, load $(cut -d' ' -f1-3 /proc/loadavg)," \
+      "MemAvailable $(awk '/^MemAvailable/ {print int($2/1024)}' /proc/meminfo) MiB," \
+      "memory pressure $(head -n1 /proc/pressure/memory 2>/dev/null | cut -d' ' -f2-3); D:${d:- none}" > /dev/kmsg
+  done ) & beat_pid=$!
+BEAT
   service='t=$(date +%s); bash /share/guest/service-checks.sh || rc=1; echo "service-job $(( $(date +%s) - t ))" >> /share/results/guest-phases.txt'
   tests='t=$(date +%s); bash /share/guest/test-suite.sh || rc=1; echo "tests-job $(( $(date +%s) - t ))" >> /share/results/guest-phases.txt'
   IFS=, read -ra jl <<< "$JOBS"
@@ -170,6 +185,7 @@ fi
       [ "$j" = tests ] && echo "$tests"
     done
   fi
+  echo 'kill "$beat_pid" 2>/dev/null'
   echo 'exit $rc'
 } > "$OUT/job.sh"
 
@@ -199,7 +215,11 @@ fi
 echo; echo "== phases (s)"; column -t "$T"
 case $rc in
   0) echo "ci.sh: all green" ;;
-  124) echo "ci.sh: FAILED: time limit reached" ;;
+  124) echo "ci.sh: FAILED: time limit reached"
+       # whether the guest lived to the end (the job's heartbeat, above) and what it last said
+       echo "ci.sh: the guest's last heartbeats and console lines ($OUT/console.log):"
+       grep -a 'vm-heartbeat' "$OUT/console.log" | tail -n 4 || true
+       grep -av 'vm-heartbeat' "$OUT/console.log" | tail -n 8 || true ;;
   125) echo "ci.sh: FAILED: the VM did not run the job (see $OUT/console.log)" ;;
   *) echo "ci.sh: FAILED (job exit $rc); details in $OUT/results" ;;
 esac
