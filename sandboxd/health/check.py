@@ -18,11 +18,16 @@ from sandboxd.host.unixhttp import UnixHTTPConnection
 SOCKET = "/run/sandboxd/sandboxd.sock"
 #: below the ``HEALTHCHECK --timeout`` of 15 s, so the check reports instead of being killed
 TIMEOUT_S = 14.0
+#: how much of an unready answer's body the check prints (the engine keeps 4 KiB of output)
+WHY_BYTES = 2048
 
 
-def ready(path: str = SOCKET, port: int | None = None, timeout: float = TIMEOUT_S) -> bool:
-    """Whether the daemon answers ``/readyz`` with 200: on ``path`` when it exists, else on
-    127.0.0.1 at ``port`` (default ``SANDBOXD_PORT``, else the daemon's default port)."""
+def verdict(path: str = SOCKET, port: int | None = None,
+            timeout: float = TIMEOUT_S) -> tuple[bool, str]:
+    """``(healthy, why not)``: whether the daemon answers ``/readyz`` with 200 on ``path``
+    when it exists, else on 127.0.0.1 at ``port`` (default ``SANDBOXD_PORT``, else the
+    daemon's default port); when not, one line saying why (the status and the start of the
+    body, whose ``backends``, ``storage`` and ``draining`` name what fails; or the error)."""
     conn: http.client.HTTPConnection
     if os.path.exists(path):
         conn = UnixHTTPConnection(path, timeout)
@@ -32,15 +37,29 @@ def ready(path: str = SOCKET, port: int | None = None, timeout: float = TIMEOUT_
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("GET", "/readyz")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
+        response = conn.getresponse()
+        if response.status == 200:
+            return True, ""
+        body = response.read(WHY_BYTES).decode("utf-8", "replace")
+        return False, f"/readyz answered {response.status}: {' '.join(body.split())}"
+    except (OSError, http.client.HTTPException) as exc:
+        return False, f"/readyz: {type(exc).__name__}: {exc}"
     finally:
         conn.close()
 
 
+def ready(path: str = SOCKET, port: int | None = None, timeout: float = TIMEOUT_S) -> bool:
+    """Whether the daemon answers ``/readyz`` with 200 (:func:`verdict`)."""
+    return verdict(path, port, timeout)[0]
+
+
 def main() -> None:
-    sys.exit(0 if ready(SOCKET) else 1)
+    """Exit 0 when healthy; else print why (the engine keeps it in the container's health
+    log, which ``docker inspect`` shows) and exit 1."""
+    healthy, why = verdict(SOCKET)
+    if not healthy:
+        print(why, flush=True)
+    sys.exit(0 if healthy else 1)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,20 @@ import pytest
 
 from sandboxd.health import check as healthcheck
 
+#: what the test servers answer /readyz with (the shape of an unready daemon's answer)
+BODY = json.dumps({"ready": False, "draining": False,
+                   "backends": {"restricted": {"ok": False, "detail": "probe timed out"}}},
+                  indent=2).encode()
+
 
 def _handler(status: int, seen: list[str]) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
             self.send_response(status)
-            self.send_header("Content-Length", "0")
+            self.send_header("Content-Length", str(len(BODY)))
             self.end_headers()
+            self.wfile.write(BODY)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -108,12 +114,51 @@ def test_a_silent_daemon_is_unhealthy_within_the_timeout(tmp_path: Path) -> None
 
 def test_the_image_command_exits_by_the_answer(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """`python -I -m sandboxd.health.check`, as the Dockerfile runs it, with the socket path
-    pointed at the test's server."""
+    pointed at the test's server: unhealthy, it prints why on one line (the engine keeps the
+    output in the container's health log); healthy, nothing."""
     code = ("import sys, sandboxd.health.check as h; h.SOCKET = sys.argv[1]; h.main()")
     for status, rc in ((200, 0), (503, 1)):
         path, _ = serve(status, unix=True)
-        run = subprocess.run([sys.executable, "-I", "-c", code, str(path)], timeout=60)
+        run = subprocess.run([sys.executable, "-I", "-c", code, str(path)], timeout=60,
+                             capture_output=True, text=True)
         assert run.returncode == rc, (status, run)
+        if status == 200:
+            assert run.stdout == "", run.stdout
+        else:
+            assert run.stdout.count("\n") == 1, run.stdout
+            assert run.stdout.startswith("/readyz answered 503: {"), run.stdout
+            assert '"detail": "probe timed out"' in run.stdout, run.stdout
+
+
+def test_why_names_the_error_when_nothing_answers(tmp_path: Path) -> None:
+    dead = tmp_path / "dead.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(dead))
+    healthy, why = healthcheck.verdict(str(dead))
+    assert not healthy and why.startswith("/readyz: ConnectionRefusedError"), why
+
+
+def test_why_is_bounded(tmp_path: Path) -> None:
+    """A daemon's answer is printed up to WHY_BYTES, however long it is."""
+    path = tmp_path / "long.sock"
+    body = b"x" * (healthcheck.WHY_BYTES * 4)
+
+    def answer(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        server = threading.Thread(target=answer, args=(listener,))
+        server.start()
+        healthy, why = healthcheck.verdict(str(path), timeout=30)
+        server.join(timeout=30)
+    assert not healthy
+    assert why == "/readyz answered 503: " + "x" * healthcheck.WHY_BYTES
 
 
 def test_it_imports_nothing_but_the_standard_library() -> None:
