@@ -79,7 +79,6 @@ class Decoder:
         #: much of it is there
         self._direct: bytearray | None = None
         self._got = 0
-        self._took = 0  # bytes the last _fill_direct took
 
     @property
     def buffered(self) -> int:
@@ -115,22 +114,22 @@ class Decoder:
         self._need, self._direct, self._got = None, None, 0
         return frame
 
-    def _fill_direct(self, data: bytes | memoryview) -> list[Frame]:
-        """Put what of ``data`` the payload read into its own buffer still lacks there; the
-        frame once it is whole. The bytes taken are :attr:`_took`."""
+    def _fill_direct(self, data: bytes | memoryview) -> tuple[list[Frame], int]:
+        """Put what of ``data`` the payload read into its own buffer still lacks there: the
+        frame once it is whole, and how many bytes of ``data`` it took."""
         assert self._direct is not None
-        self._took = min(len(data), len(self._direct) - self._got)
-        self._direct[self._got : self._got + self._took] = data[: self._took]
-        self._got += self._took
-        return [self._finish_direct()] if self._got == len(self._direct) else []
+        took = min(len(data), len(self._direct) - self._got)
+        self._direct[self._got : self._got + took] = data[:took]
+        self._got += took
+        return ([self._finish_direct()] if self._got == len(self._direct) else []), took
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add ``data`` and return the frames it completes (raises :class:`ProtocolError`)."""
         self._count(len(data))
         out: list[Frame] = []
         if self._direct is not None:
-            out = self._fill_direct(data)
-            data = data[self._took :]
+            out, took = self._fill_direct(data)
+            data = data[took:]
             if not data:
                 return out
         self.buf += data
@@ -158,8 +157,8 @@ class Decoder:
                         # its own buffer, of the size checked above; what is here goes in
                         self._direct = bytearray(size)
                         with memoryview(buf) as view:
-                            done = self._fill_direct(view[pos : pos + size])
-                        pos += self._took
+                            done, took = self._fill_direct(view[pos : pos + size])
+                        pos += took
                         if not done:
                             return out
                         out += done
