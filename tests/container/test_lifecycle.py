@@ -116,6 +116,40 @@ async def test_cancelled_calls_leave_no_container(docker_client: Any, tmp_path: 
         await backend.close()
 
 
+@pytest.mark.parametrize("session", [None, "made-then-cancelled"])
+async def test_a_container_made_as_its_call_is_cancelled_is_removed(
+        docker_client: Any, tmp_path: Path, session: str | None) -> None:
+    """The cancel lands just as the engine has made the call's container (the moment the
+    timed cases above hit only by chance): the container is removed before the cancellation
+    goes on, and the cancellation names it."""
+    backend = ContainerBackend.from_settings(make_settings(tmp_path, warm_pool_size=0))
+    await backend.start()
+    made: list[str] = []
+    real_new = backend.boxes.new
+
+    async def new_then_cancelled(**spec: Any) -> Any:
+        box = await real_new(**spec)
+        made.append(box.name)
+        task = asyncio.current_task()
+        assert task is not None
+        # the call's own task, which awaits this creation: cancelled now that it is made
+        next(t for t in asyncio.all_tasks() if t is not task and t.get_name() == "call").cancel()
+        return box
+
+    backend.boxes.new = new_then_cancelled  # type: ignore[method-assign]
+    try:
+        call = asyncio.create_task(run(backend, workspace(tmp_path, "c"), argv=["true"],
+                                       timeout=60, session=session), name="call")
+        with pytest.raises(CancelledAfterCleanup) as info:
+            await call
+        assert len(made) == 1, made
+        assert info.value.cleanup.verified, info.value.cleanup
+        assert info.value.cleanup.detail == f"container {made[0]} removed", info.value.cleanup
+        assert labelled(docker_client, backend.config.instance_name) == []
+    finally:
+        await backend.close()
+
+
 async def test_unavailable_when_the_image_is_missing(docker_client: Any,
                                                      tmp_path: Path) -> None:
     backend = ContainerBackend.from_settings(make_settings(

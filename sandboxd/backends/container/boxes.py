@@ -32,6 +32,7 @@ from sandboxd.egress.resolve import Resolver
 from sandboxd.egress.rules import EgressRules
 from sandboxd.errors import ToolUnavailable
 from sandboxd.host.uids import UidPool
+from sandboxd.util.deadline import within
 from sandboxd.workspaces import fstree
 
 log = logging.getLogger("sandboxd.container")
@@ -234,6 +235,21 @@ class Boxes:
         if box.egress is not None:
             await self._start_forwarder(box)
         return box
+
+    async def new_within(self, new: Awaitable[Box], timeout: float) -> Box | None:
+        """``new`` (a :meth:`new` call) within ``timeout`` seconds: the box, or None when it
+        was not made in time (whatever it had started is removed). A box made just as the
+        caller is cancelled is removed before the cancellation goes on, and the cancellation
+        says so: dropped, it would run unseen until the backend closes."""
+        made: list[Box] = []
+        try:
+            done, box = await within(new, timeout, orphan=made.append)
+        except asyncio.CancelledError:
+            if not made:
+                raise
+            verified = await self.destroy_holding_uid(made[0])
+            raise CancelledAfterCleanup(verified, gone(made[0], verified)) from None
+        return box if done else None
 
     async def _start_forwarder(self, box: Box) -> None:
         """Start the egress forwarder of ``box`` (removing the box when it does not come up)."""

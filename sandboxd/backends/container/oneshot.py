@@ -19,7 +19,6 @@ from sandboxd.backends.container.calls import (
 )
 from sandboxd.backends.container.pool import WarmPool
 from sandboxd.models import Result
-from sandboxd.util.deadline import within
 
 PROBE_CLIENT = "sandboxd-probe"
 
@@ -69,13 +68,13 @@ async def _container(boxes: Boxes, pool: WarmPool, call: ContainerCall) -> Box:
         box = pool.take(call.image)
         if box is not None:
             return box
-    made, new = await within(
+    new = await boxes.new_within(
         boxes.new(image=call.image, shape=call.shape, role="oneshot", invocation=invocation.id,
                   workspace=None if own_tmpfs else invocation.workspace,
                   network=plan.network, uid=invocation.uid, egress=plan.egress,
                   client=invocation.client, tool=invocation.tool),
         call.call.left())
-    if not made:
+    if new is None:
         raise TimeoutError
     return new
 

@@ -140,14 +140,14 @@ class SessionContainers:
                 return box
             if not invocation.workspace.is_dir():  # never made anew: the engine would
                 raise RuntimeError(f"the workspace of session {key[1]} is missing")
-            made, new = await within(
+            new = await self.boxes.new_within(
                 self.boxes.new(image=call.image, shape=call.shape, role="session",
                                invocation=invocation.id, workspace=invocation.workspace,
                                network=plan.network, session=invocation.session,
                                uid=invocation.uid, egress=plan.egress,
                                client=invocation.client, tool=invocation.tool),
                 call.call.left())
-            if not made:
+            if new is None:
                 raise TimeoutError
             self.by_key[key] = new
             return new
